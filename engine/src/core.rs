@@ -1,0 +1,181 @@
+//! `EngineCore`: the busy loop that owns the scheduler and the executor on
+//! its own thread. Each turn: apply queued commands (new requests, aborts),
+//! then `schedule -> execute -> update`, then send each request its new
+//! tokens. It blocks only when there is no work.
+
+use std::sync::Arc;
+use std::sync::mpsc::{Receiver, TryRecvError};
+use std::time::Instant;
+
+use tokio::sync::mpsc::UnboundedSender;
+
+use crate::error::EngineError;
+use crate::executor::Executor;
+use crate::request::{FinishReason, GenerateRequest, RequestId, Usage};
+use crate::scheduler::{Scheduler, Sequence};
+use crate::stats::StatsCell;
+
+/// What the core sends back to a request's stream.
+#[derive(Debug, Clone, PartialEq)]
+pub enum CoreEvent {
+    Token(u32),
+    Finished { reason: FinishReason, usage: Usage },
+    Failed(EngineError),
+}
+
+/// Messages from handles to the core.
+#[derive(Debug)]
+pub enum Command {
+    Add { id: RequestId, req: GenerateRequest, events: UnboundedSender<CoreEvent> },
+    Abort(RequestId),
+    Shutdown,
+}
+
+/// The engine loop's state.
+pub struct EngineCore {
+    scheduler: Scheduler,
+    executor: Box<dyn Executor>,
+    commands: Receiver<Command>,
+    senders: std::collections::HashMap<RequestId, UnboundedSender<CoreEvent>>,
+    eos: Vec<u32>,
+    stats: Arc<StatsCell>,
+}
+
+impl EngineCore {
+    pub fn new(
+        scheduler: Scheduler,
+        executor: Box<dyn Executor>,
+        commands: Receiver<Command>,
+        eos: Vec<u32>,
+        stats: Arc<StatsCell>,
+    ) -> Self {
+        Self { scheduler, executor, commands, senders: Default::default(), eos, stats }
+    }
+
+    /// Runs until `Shutdown` or until every handle is dropped.
+    pub fn run(mut self) {
+        loop {
+            if !self.apply_commands() {
+                break;
+            }
+            if self.scheduler.has_work() {
+                self.step();
+            }
+        }
+        for seq in self.scheduler.drain() {
+            self.finish(seq, Err(EngineError::Shutdown));
+        }
+    }
+
+    /// Applies pending commands, blocking for one when idle. Returns false
+    /// when the engine should stop.
+    fn apply_commands(&mut self) -> bool {
+        if !self.scheduler.has_work() {
+            match self.commands.recv() {
+                Ok(cmd) => {
+                    if !self.apply(cmd) {
+                        return false;
+                    }
+                }
+                Err(_) => return false,
+            }
+        }
+        loop {
+            match self.commands.try_recv() {
+                Ok(cmd) => {
+                    if !self.apply(cmd) {
+                        return false;
+                    }
+                }
+                Err(TryRecvError::Empty) => return true,
+                Err(TryRecvError::Disconnected) => return self.scheduler.has_work(),
+            }
+        }
+    }
+
+    fn apply(&mut self, cmd: Command) -> bool {
+        match cmd {
+            Command::Add { id, req, events } => {
+                let seq = Sequence::new(id, req, &self.eos);
+                match self.scheduler.add(seq) {
+                    Ok(()) => {
+                        self.senders.insert(id, events);
+                    }
+                    Err(_) => {
+                        let waiting = self.scheduler.num_waiting();
+                        let _ = events.send(CoreEvent::Failed(EngineError::Overloaded { waiting }));
+                    }
+                }
+            }
+            Command::Abort(id) => {
+                if let Some(seq) = self.scheduler.abort(id) {
+                    self.finish(seq, Ok(FinishReason::Abort));
+                }
+            }
+            Command::Shutdown => return false,
+        }
+        self.publish_stats();
+        true
+    }
+
+    /// One `schedule -> execute -> update` iteration.
+    fn step(&mut self) {
+        let batch = self.scheduler.schedule();
+        if batch.is_empty() {
+            return;
+        }
+        let started = Instant::now();
+        let logits = match self.executor.execute(&batch) {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::error!(error = %e, "engine step failed");
+                for seq in self.scheduler.fail(&batch) {
+                    self.finish(seq, Err(e.clone()));
+                }
+                return;
+            }
+        };
+        let (tokens, finished) = self.scheduler.update(&batch, &logits);
+        let mut dead = Vec::new();
+        for t in &tokens {
+            let alive = self.senders.get(&t.seq).is_some_and(|tx| tx.send(CoreEvent::Token(t.token)).is_ok());
+            if !alive && t.finish.is_none() {
+                dead.push(t.seq);
+            }
+        }
+        for seq in finished {
+            let reason = tokens.iter().find(|t| t.seq == seq.id).and_then(|t| t.finish);
+            self.finish(seq, Ok(reason.unwrap_or(FinishReason::Stop)));
+        }
+        // A receiver that is gone is a client that left: abort its sequence.
+        for id in dead {
+            if let Some(seq) = self.scheduler.abort(id) {
+                self.finish(seq, Ok(FinishReason::Abort));
+            }
+        }
+        self.stats.record_step(batch.num_tokens(), tokens.len(), started.elapsed());
+        self.publish_stats();
+    }
+
+    /// Frees a sequence and tells its stream how it ended.
+    fn finish(&mut self, seq: Sequence, outcome: Result<FinishReason, EngineError>) {
+        self.executor.release(seq.id);
+        let Some(tx) = self.senders.remove(&seq.id) else { return };
+        let event = match outcome {
+            Ok(reason) => CoreEvent::Finished {
+                reason,
+                usage: Usage {
+                    prompt_tokens: seq.req.prompt_tokens.len(),
+                    completion_tokens: seq.output.len(),
+                    cached_tokens: 0,
+                },
+            },
+            Err(e) => CoreEvent::Failed(e),
+        };
+        let _ = tx.send(event);
+    }
+
+    fn publish_stats(&self) {
+        self.stats.set_queue(self.scheduler.num_running(), self.scheduler.num_waiting());
+    }
+}

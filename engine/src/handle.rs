@@ -1,0 +1,160 @@
+//! `EngineHandle`: the one interface the server uses to generate text.
+//! Cloneable and cheap; it validates requests, hands them to the core
+//! thread, and returns a `RequestStream` of events.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{self, Sender};
+use std::thread::JoinHandle;
+
+use candle_core::Device;
+
+use crate::chat::{ChatMessage, ChatTemplate, TemplateChoice};
+use crate::core::{Command, EngineCore};
+use crate::error::{EngineError, Result};
+use crate::executor::LocalExecutor;
+use crate::loader::{LoadedModel, load_gguf};
+use crate::output::{OutputProcessor, RequestStream};
+use crate::request::{GenerateRequest, RequestId};
+use crate::scheduler::{Scheduler, SchedulerConfig};
+use crate::stats::{EngineStats, StatsCell};
+use crate::tokenizer::TextTokenizer;
+
+/// Static facts about the served model.
+#[derive(Debug)]
+pub struct ModelInfo {
+    pub architecture: String,
+    pub context_length: usize,
+    pub vocab_size: usize,
+}
+
+/// Shared between every clone of a handle.
+struct Shared {
+    commands: Sender<Command>,
+    tokenizer: Arc<TextTokenizer>,
+    template: ChatTemplate,
+    info: ModelInfo,
+    stats: Arc<StatsCell>,
+    next_id: AtomicU64,
+    thread: std::sync::Mutex<Option<JoinHandle<()>>>,
+}
+
+/// A running text-generation engine.
+#[derive(Clone)]
+pub struct EngineHandle {
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for EngineHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EngineHandle").field("info", &self.shared.info).finish_non_exhaustive()
+    }
+}
+
+impl EngineHandle {
+    /// Loads a GGUF model and starts its engine thread.
+    pub fn start_gguf(path: &Path, template: &TemplateChoice, mut config: SchedulerConfig) -> Result<Self> {
+        let loaded = load_gguf(path, &Device::Cpu, template)?;
+        config.max_model_len = config.max_model_len.min(loaded.model.config.context_length);
+        Ok(Self::start(loaded, config))
+    }
+
+    /// Starts the engine thread around an already loaded model.
+    pub fn start(loaded: LoadedModel, config: SchedulerConfig) -> Self {
+        let LoadedModel { model, tokenizer, template } = loaded;
+        let info = ModelInfo {
+            architecture: model.config.architecture.clone(),
+            context_length: config.max_model_len,
+            vocab_size: model.config.vocab_size,
+        };
+        let (tx, rx) = mpsc::channel();
+        let stats = Arc::new(StatsCell::default());
+        let eos: Vec<u32> = tokenizer.eog_ids().iter().copied().collect();
+        let core = EngineCore::new(
+            Scheduler::new(config),
+            Box::new(LocalExecutor::new(model)),
+            rx,
+            eos,
+            stats.clone(),
+        );
+        let thread = std::thread::Builder::new()
+            .name("synor-engine".into())
+            .spawn(move || core.run())
+            .ok();
+        let shared = Shared {
+            commands: tx,
+            tokenizer: Arc::new(tokenizer),
+            template,
+            info,
+            stats,
+            next_id: AtomicU64::new(1),
+            thread: std::sync::Mutex::new(thread),
+        };
+        Self { shared: Arc::new(shared) }
+    }
+
+    /// Validates `req` and queues it; the stream yields its events.
+    pub fn submit(&self, req: GenerateRequest) -> Result<RequestStream> {
+        self.validate(&req)?;
+        let id = RequestId(self.shared.next_id.fetch_add(1, Ordering::Relaxed));
+        let (events, rx) = tokio::sync::mpsc::unbounded_channel();
+        let processor = OutputProcessor::new(self.shared.tokenizer.clone(), &req.prompt_tokens, req.params.stop.clone());
+        self.shared
+            .commands
+            .send(Command::Add { id, req, events })
+            .map_err(|_| EngineError::Shutdown)?;
+        Ok(RequestStream::new(id, rx, processor, self.shared.commands.clone()))
+    }
+
+    fn validate(&self, req: &GenerateRequest) -> Result<()> {
+        req.params.validate()?;
+        if req.prompt_tokens.is_empty() {
+            return Err(EngineError::Validation { field: "prompt", message: "the prompt is empty".into() });
+        }
+        let vocab = self.shared.info.vocab_size as u32;
+        if let Some(bad) = req.prompt_tokens.iter().find(|&&t| t >= vocab) {
+            return Err(EngineError::Validation {
+                field: "prompt",
+                message: format!("token id {bad} is outside the vocabulary (size {vocab})"),
+            });
+        }
+        let max = self.shared.info.context_length;
+        let (p, m) = (req.prompt_tokens.len(), req.params.max_tokens);
+        if p + m > max {
+            return Err(EngineError::ContextLength { max_context: max, prompt_tokens: p, max_tokens: m });
+        }
+        Ok(())
+    }
+
+    /// Aborts a request (its stream then ends with `FinishReason::Abort`).
+    pub fn abort(&self, id: RequestId) {
+        let _ = self.shared.commands.send(Command::Abort(id));
+    }
+
+    pub fn stats(&self) -> EngineStats {
+        self.shared.stats.snapshot()
+    }
+
+    pub fn info(&self) -> &ModelInfo {
+        &self.shared.info
+    }
+
+    pub fn tokenizer(&self) -> &TextTokenizer {
+        &self.shared.tokenizer
+    }
+
+    /// Renders a conversation with the model's chat template.
+    pub fn render_chat(&self, messages: &[ChatMessage]) -> Result<String> {
+        self.shared.template.render(messages)
+    }
+
+    /// Stops the engine thread after failing whatever is still queued.
+    pub fn shutdown(&self) {
+        let _ = self.shared.commands.send(Command::Shutdown);
+        let thread = self.shared.thread.lock().ok().and_then(|mut t| t.take());
+        if let Some(t) = thread {
+            let _ = t.join();
+        }
+    }
+}

@@ -1,0 +1,33 @@
+//! Synor's inference engine: model loading (GGUF llama-family decoders,
+//! BERT encoders), tokenization and chat templates, sampling, and the
+//! continuous-batching core behind `EngineHandle`, the only interface the
+//! server uses. No HTTP and no SQL live here.
+//!
+//! Flow: `EngineHandle::submit` validates a `GenerateRequest` and sends it to
+//! the `EngineCore` thread, which runs `schedule -> execute -> update` steps
+//! through an `Executor`; token ids flow back to the request's
+//! `RequestStream`, which detokenizes incrementally and applies stop strings.
+
+pub mod chat;
+pub mod core;
+pub mod embed;
+pub mod error;
+pub mod executor;
+pub mod handle;
+pub mod loader;
+pub mod model;
+pub mod output;
+pub mod request;
+pub mod sampling;
+pub mod scheduler;
+pub mod stats;
+pub mod tokenizer;
+
+pub use chat::{ChatMessage, TemplateChoice};
+pub use embed::{EmbeddingHandle, Embeddings};
+pub use error::EngineError;
+pub use handle::{EngineHandle, ModelInfo};
+pub use output::RequestStream;
+pub use request::{FinishReason, GenerateRequest, RequestId, SamplingParams, TokenEvent, Usage};
+pub use scheduler::SchedulerConfig;
+pub use stats::EngineStats;

@@ -1,0 +1,163 @@
+//! The request side of generation: `OutputProcessor` turns the core's token
+//! ids into text events (incremental detokenization, stop strings), and
+//! `RequestStream` is the `Stream` a caller holds. Dropping the stream
+//! before it finished aborts the request in the core (a client that
+//! disconnects stops the work within one step).
+
+use std::collections::VecDeque;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::mpsc::Sender;
+use std::task::{Context, Poll};
+
+use tokio::sync::mpsc::UnboundedReceiver;
+use tokio_stream::Stream;
+
+use crate::core::{Command, CoreEvent};
+use crate::error::EngineError;
+use crate::request::{FinishReason, RequestId, TokenEvent, Usage};
+use crate::tokenizer::TextTokenizer;
+use crate::tokenizer::detok::{IncrementalDetokenizer, StopMatcher};
+
+/// Detokenizes one request's tokens and applies its stop strings.
+#[derive(Debug)]
+pub struct OutputProcessor {
+    tokenizer: Arc<TextTokenizer>,
+    detok: IncrementalDetokenizer,
+    stops: StopMatcher,
+    prompt_tokens: usize,
+    generated: usize,
+}
+
+/// What feeding one core event produced.
+#[derive(Debug, Default, PartialEq)]
+pub struct Processed {
+    pub events: Vec<TokenEvent>,
+    /// The request ended here (a stop string matched): abort it in the core.
+    pub abort_core: bool,
+}
+
+impl OutputProcessor {
+    pub fn new(tokenizer: Arc<TextTokenizer>, prompt: &[u32], stop: Vec<String>) -> Self {
+        Self {
+            tokenizer,
+            detok: IncrementalDetokenizer::new(prompt),
+            stops: StopMatcher::new(stop),
+            prompt_tokens: prompt.len(),
+            generated: 0,
+        }
+    }
+
+    /// Feeds one event from the core.
+    pub fn process(&mut self, event: CoreEvent) -> Processed {
+        match event {
+            CoreEvent::Token(id) => self.token(id),
+            CoreEvent::Finished { reason, usage } => {
+                let mut text = self.detok.flush(&self.tokenizer).unwrap_or_default();
+                let step = self.stops.push(&text);
+                text = step.emit;
+                let reason = if step.stopped { FinishReason::Stop } else { reason };
+                if !step.stopped {
+                    text.push_str(&self.stops.flush());
+                }
+                let mut events = Vec::new();
+                if !text.is_empty() {
+                    events.push(TokenEvent::Delta { text, token_ids: Vec::new() });
+                }
+                events.push(TokenEvent::Finished { reason, usage });
+                Processed { events, abort_core: false }
+            }
+            CoreEvent::Failed(e) => Processed { events: vec![TokenEvent::Failed(e)], abort_core: false },
+        }
+    }
+
+    fn token(&mut self, id: u32) -> Processed {
+        self.generated += 1;
+        let text = match self.detok.push(&self.tokenizer, id) {
+            Ok(t) => t,
+            Err(e) => return Processed { events: vec![TokenEvent::Failed(e)], abort_core: true },
+        };
+        let step = self.stops.push(&text);
+        let mut events = vec![TokenEvent::Delta { text: step.emit, token_ids: vec![id] }];
+        if step.stopped {
+            let usage = Usage { prompt_tokens: self.prompt_tokens, completion_tokens: self.generated, cached_tokens: 0 };
+            events.push(TokenEvent::Finished { reason: FinishReason::Stop, usage });
+        }
+        Processed { events, abort_core: step.stopped }
+    }
+}
+
+/// The stream of one request's events. Ends after `Finished` or `Failed`.
+pub struct RequestStream {
+    id: RequestId,
+    rx: UnboundedReceiver<CoreEvent>,
+    processor: OutputProcessor,
+    commands: Sender<Command>,
+    ready: VecDeque<TokenEvent>,
+    done: bool,
+}
+
+impl RequestStream {
+    pub(crate) fn new(
+        id: RequestId,
+        rx: UnboundedReceiver<CoreEvent>,
+        processor: OutputProcessor,
+        commands: Sender<Command>,
+    ) -> Self {
+        Self { id, rx, processor, commands, ready: VecDeque::new(), done: false }
+    }
+
+    pub fn id(&self) -> RequestId {
+        self.id
+    }
+
+    fn push(&mut self, processed: Processed) {
+        if processed.abort_core {
+            let _ = self.commands.send(Command::Abort(self.id));
+        }
+        for ev in processed.events {
+            if matches!(ev, TokenEvent::Finished { .. } | TokenEvent::Failed(_)) {
+                self.done = true;
+                self.ready.push_back(ev);
+                self.rx.close();
+                return;
+            }
+            self.ready.push_back(ev);
+        }
+    }
+}
+
+impl Stream for RequestStream {
+    type Item = TokenEvent;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<TokenEvent>> {
+        let this = &mut *self;
+        loop {
+            if let Some(ev) = this.ready.pop_front() {
+                return Poll::Ready(Some(ev));
+            }
+            if this.done {
+                return Poll::Ready(None);
+            }
+            match this.rx.poll_recv(cx) {
+                Poll::Ready(Some(ev)) => {
+                    let processed = this.processor.process(ev);
+                    this.push(processed);
+                }
+                Poll::Ready(None) => {
+                    this.done = true;
+                    return Poll::Ready(Some(TokenEvent::Failed(EngineError::Shutdown)));
+                }
+                Poll::Pending => return Poll::Pending,
+            }
+        }
+    }
+}
+
+impl Drop for RequestStream {
+    fn drop(&mut self) {
+        if !self.done {
+            let _ = self.commands.send(Command::Abort(self.id));
+        }
+    }
+}

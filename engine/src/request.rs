@@ -1,0 +1,167 @@
+//! Validated generation requests and the events a request's stream yields.
+//!
+//! `GenerateRequest` is the engine's own type, built by the server from the
+//! wire DTO (parse, don't validate): by the time the engine sees it, the
+//! prompt is tokenized and every sampling parameter is in range.
+
+use crate::error::{EngineError, Result};
+
+/// Engine-assigned identifier of one request (one sequence).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct RequestId(pub u64);
+
+impl std::fmt::Display for RequestId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "req-{}", self.0)
+    }
+}
+
+/// Per-request sampling and stopping parameters.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SamplingParams {
+    /// 0 means greedy decoding.
+    pub temperature: f32,
+    /// Nucleus sampling mass in (0, 1].
+    pub top_p: f32,
+    /// Keep only the k most likely tokens; 0 disables.
+    pub top_k: usize,
+    /// Seed of this request's own RNG: the same seed gives the same output.
+    pub seed: Option<u64>,
+    /// Maximum number of generated tokens.
+    pub max_tokens: usize,
+    /// Stop strings; the output is cut before the first match.
+    pub stop: Vec<String>,
+    /// Extra token ids that end generation (besides the model's EOS ids).
+    pub stop_token_ids: Vec<u32>,
+    /// Keep generating past EOS (benchmarks with fixed output lengths).
+    pub ignore_eos: bool,
+}
+
+impl Default for SamplingParams {
+    fn default() -> Self {
+        Self {
+            temperature: 1.0,
+            top_p: 1.0,
+            top_k: 0,
+            seed: None,
+            max_tokens: 16,
+            stop: Vec::new(),
+            stop_token_ids: Vec::new(),
+            ignore_eos: false,
+        }
+    }
+}
+
+/// The most stop strings a request may carry (OpenAI allows 4).
+pub const MAX_STOP_STRINGS: usize = 4;
+
+impl SamplingParams {
+    /// Checks every field's range; errors name the field.
+    pub fn validate(&self) -> Result<()> {
+        if !(0.0..=2.0).contains(&self.temperature) || self.temperature.is_nan() {
+            return Err(EngineError::validation(
+                "temperature",
+                format!("temperature must be between 0 and 2, got {}", self.temperature),
+            ));
+        }
+        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
+            return Err(EngineError::validation(
+                "top_p",
+                format!("top_p must be in (0, 1], got {}", self.top_p),
+            ));
+        }
+        if self.max_tokens == 0 {
+            return Err(EngineError::validation(
+                "max_tokens",
+                "max_tokens must be at least 1",
+            ));
+        }
+        if self.stop.len() > MAX_STOP_STRINGS {
+            return Err(EngineError::validation(
+                "stop",
+                format!("at most {MAX_STOP_STRINGS} stop sequences are allowed"),
+            ));
+        }
+        if self.stop.iter().any(String::is_empty) {
+            return Err(EngineError::validation("stop", "stop sequences must not be empty"));
+        }
+        Ok(())
+    }
+}
+
+/// A validated request for the engine: a tokenized prompt and its parameters.
+#[derive(Debug, Clone)]
+pub struct GenerateRequest {
+    pub prompt_tokens: Vec<u32>,
+    pub params: SamplingParams,
+}
+
+/// Why a sequence stopped. Finished states only; the API maps them to
+/// OpenAI's `finish_reason`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FinishReason {
+    /// EOS, a stop token id or a stop string.
+    Stop,
+    /// `max_tokens` or the model's context length was reached.
+    Length,
+    /// The caller aborted (client disconnect).
+    Abort,
+}
+
+impl FinishReason {
+    /// OpenAI's name for this reason.
+    pub fn as_openai(self) -> &'static str {
+        match self {
+            Self::Stop => "stop",
+            Self::Length => "length",
+            Self::Abort => "abort",
+        }
+    }
+}
+
+/// Token counts of one finished (or cut) request.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Usage {
+    pub prompt_tokens: usize,
+    pub completion_tokens: usize,
+    /// Prompt tokens served from the prefix cache instead of recomputed.
+    pub cached_tokens: usize,
+}
+
+/// What a request's stream yields, in order: zero or more `Delta`s, then
+/// exactly one `Finished` or `Failed`.
+#[derive(Debug, Clone, PartialEq)]
+pub enum TokenEvent {
+    /// Newly decoded text (possibly empty while a multi-byte character or a
+    /// possible stop string is held back) and the token ids behind it.
+    Delta { text: String, token_ids: Vec<u32> },
+    Finished { reason: FinishReason, usage: Usage },
+    Failed(EngineError),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_params_are_valid() {
+        assert!(SamplingParams::default().validate().is_ok());
+    }
+
+    #[test]
+    fn out_of_range_fields_are_named() {
+        let cases: [(SamplingParams, &str); 5] = [
+            (SamplingParams { temperature: 5.0, ..Default::default() }, "temperature"),
+            (SamplingParams { temperature: f32::NAN, ..Default::default() }, "temperature"),
+            (SamplingParams { top_p: 0.0, ..Default::default() }, "top_p"),
+            (SamplingParams { max_tokens: 0, ..Default::default() }, "max_tokens"),
+            (SamplingParams { stop: vec![String::new()], ..Default::default() }, "stop"),
+        ];
+        for (params, want) in cases {
+            match params.validate() {
+                Err(EngineError::Validation { field, .. }) => assert_eq!(field, want),
+                other => panic!("expected a validation error on {want}, got {other:?}"),
+            }
+        }
+    }
+}

@@ -1,0 +1,55 @@
+//! Engine statistics shared lock-free between the core (writer) and the
+//! handles (readers): queue depths, steps, tokens and step time.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+/// A point-in-time copy of the engine's counters.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct EngineStats {
+    pub num_running: u64,
+    pub num_waiting: u64,
+    pub steps: u64,
+    /// Tokens run through the model (prefill and decode).
+    pub batched_tokens: u64,
+    /// Tokens sampled.
+    pub generated_tokens: u64,
+    /// Total time spent in forward passes.
+    pub busy_micros: u64,
+}
+
+/// The atomics behind `EngineStats`.
+#[derive(Debug, Default)]
+pub struct StatsCell {
+    running: AtomicU64,
+    waiting: AtomicU64,
+    steps: AtomicU64,
+    batched_tokens: AtomicU64,
+    generated_tokens: AtomicU64,
+    busy_micros: AtomicU64,
+}
+
+impl StatsCell {
+    pub fn set_queue(&self, running: usize, waiting: usize) {
+        self.running.store(running as u64, Ordering::Relaxed);
+        self.waiting.store(waiting as u64, Ordering::Relaxed);
+    }
+
+    pub fn record_step(&self, batched: usize, generated: usize, took: Duration) {
+        self.steps.fetch_add(1, Ordering::Relaxed);
+        self.batched_tokens.fetch_add(batched as u64, Ordering::Relaxed);
+        self.generated_tokens.fetch_add(generated as u64, Ordering::Relaxed);
+        self.busy_micros.fetch_add(took.as_micros() as u64, Ordering::Relaxed);
+    }
+
+    pub fn snapshot(&self) -> EngineStats {
+        EngineStats {
+            num_running: self.running.load(Ordering::Relaxed),
+            num_waiting: self.waiting.load(Ordering::Relaxed),
+            steps: self.steps.load(Ordering::Relaxed),
+            batched_tokens: self.batched_tokens.load(Ordering::Relaxed),
+            generated_tokens: self.generated_tokens.load(Ordering::Relaxed),
+            busy_micros: self.busy_micros.load(Ordering::Relaxed),
+        }
+    }
+}

@@ -1,0 +1,219 @@
+//! Builds a `tokenizers::Tokenizer` from GGUF metadata, as llama.cpp does,
+//! so any llama-family GGUF works without a `tokenizer.json`.
+//!
+//! Two vocabulary kinds are supported (`tokenizer.ggml.model`):
+//! - `gpt2`: byte-level BPE from `tokens` + `merges`, with the pre-tokenizer
+//!   named by `tokenizer.ggml.pre` (SmolLM2's `smollm` splits digits one by
+//!   one, then applies the byte-level regex);
+//! - `llama`: SentencePiece vocabularies (`tokens` + `scores`), rebuilt as a
+//!   Unigram model with byte fallback, the `▁` space convention and a BOS.
+//!
+//! Tokens typed CONTROL (3) or USER_DEFINED (4) become added tokens so chat
+//! markers like `<|im_start|>` are matched whole.
+
+use std::collections::HashMap;
+
+use candle_core::quantized::gguf_file::Value;
+use tokenizers::decoders::byte_fallback::ByteFallback;
+use tokenizers::decoders::byte_level::ByteLevel as ByteLevelDecoder;
+use tokenizers::decoders::fuse::Fuse;
+use tokenizers::decoders::sequence::Sequence as DecoderSequence;
+use tokenizers::decoders::strip::Strip;
+use tokenizers::models::bpe::{BPE, Vocab};
+use tokenizers::models::unigram::Unigram;
+use tokenizers::normalizers::{Prepend, Replace, Sequence as NormalizerSequence};
+use tokenizers::pre_tokenizers::byte_level::ByteLevel;
+use tokenizers::pre_tokenizers::digits::Digits;
+use tokenizers::pre_tokenizers::sequence::Sequence as PreSequence;
+use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
+use tokenizers::{AddedToken, DecoderWrapper, NormalizerWrapper, PreTokenizerWrapper, Tokenizer};
+
+use crate::error::{EngineError, Result};
+
+const TOKEN_TYPE_CONTROL: i32 = 3;
+const TOKEN_TYPE_USER_DEFINED: i32 = 4;
+
+/// The GPT-4 / Llama-3 style split regex used by `llama-bpe` vocabularies.
+const LLAMA3_PATTERN: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+/// Qwen2's split regex (digits one at a time).
+const QWEN2_PATTERN: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+
+/// Special token ids and flags read alongside the vocabulary.
+#[derive(Debug, Clone, Default)]
+pub struct SpecialTokens {
+    pub bos: Option<u32>,
+    pub eos: Option<u32>,
+    /// Prepend BOS when encoding a prompt (`tokenizer.ggml.add_bos_token`).
+    pub add_bos: bool,
+}
+
+/// Typed read access to GGUF metadata.
+pub(crate) struct Meta<'a>(pub &'a HashMap<String, Value>);
+
+impl Meta<'_> {
+    fn get(&self, key: &str) -> Result<&Value> {
+        self.0
+            .get(key)
+            .ok_or_else(|| EngineError::Load(format!("GGUF metadata has no `{key}`")))
+    }
+
+    pub fn string(&self, key: &str) -> Result<&str> {
+        self.get(key)?
+            .to_string()
+            .map(String::as_str)
+            .map_err(|e| EngineError::Load(format!("`{key}`: {e}")))
+    }
+
+    pub fn u32(&self, key: &str) -> Result<u32> {
+        let v = self.get(key)?;
+        v.to_u32()
+            .or_else(|_| v.to_i32().map(|x| x as u32))
+            .or_else(|_| v.to_u64().map(|x| x as u32))
+            .map_err(|e| EngineError::Load(format!("`{key}`: {e}")))
+    }
+
+    pub fn f32(&self, key: &str) -> Result<f32> {
+        self.get(key)?
+            .to_f32()
+            .map_err(|e| EngineError::Load(format!("`{key}`: {e}")))
+    }
+
+    pub fn bool(&self, key: &str) -> Result<bool> {
+        self.get(key)?
+            .to_bool()
+            .map_err(|e| EngineError::Load(format!("`{key}`: {e}")))
+    }
+
+    pub fn array(&self, key: &str) -> Result<&Vec<Value>> {
+        self.get(key)?
+            .to_vec()
+            .map_err(|e| EngineError::Load(format!("`{key}`: {e}")))
+    }
+
+    pub fn strings(&self, key: &str) -> Result<Vec<String>> {
+        self.array(key)?
+            .iter()
+            .map(|v| v.to_string().cloned())
+            .collect::<std::result::Result<_, _>>()
+            .map_err(|e| EngineError::Load(format!("`{key}`: {e}")))
+    }
+}
+
+/// Builds the tokenizer and reads its special tokens from GGUF metadata.
+pub fn tokenizer_from_gguf(metadata: &HashMap<String, Value>) -> Result<(Tokenizer, SpecialTokens)> {
+    let meta = Meta(metadata);
+    let kind = meta.string("tokenizer.ggml.model")?;
+    let tokens = meta.strings("tokenizer.ggml.tokens")?;
+    let types: Vec<i32> = match meta.array("tokenizer.ggml.token_type") {
+        Ok(v) => v.iter().map(|x| x.to_i32().unwrap_or(1)).collect(),
+        Err(_) => vec![1; tokens.len()],
+    };
+    let mut tokenizer = match kind {
+        "gpt2" => byte_level_bpe(&meta, &tokens)?,
+        "llama" => sentencepiece_unigram(&meta, &tokens)?,
+        other => {
+            return Err(EngineError::Load(format!(
+                "tokenizer model `{other}` is not supported (expected gpt2 or llama)"
+            )));
+        }
+    };
+    let specials: Vec<AddedToken> = tokens
+        .iter()
+        .zip(&types)
+        .filter(|(_, t)| matches!(**t, TOKEN_TYPE_CONTROL | TOKEN_TYPE_USER_DEFINED))
+        .map(|(tok, t)| AddedToken::from(tok.clone(), *t == TOKEN_TYPE_CONTROL))
+        .collect();
+    tokenizer
+        .add_special_tokens(specials)
+        .map_err(|e| EngineError::Load(format!("special tokens: {e}")))?;
+    let special = SpecialTokens {
+        bos: meta.u32("tokenizer.ggml.bos_token_id").ok(),
+        eos: meta.u32("tokenizer.ggml.eos_token_id").ok(),
+        // llama.cpp's default: SentencePiece vocabularies add BOS, BPE ones don't.
+        add_bos: meta
+            .bool("tokenizer.ggml.add_bos_token")
+            .unwrap_or(kind == "llama"),
+    };
+    Ok((tokenizer, special))
+}
+
+fn byte_level_bpe(meta: &Meta<'_>, tokens: &[String]) -> Result<Tokenizer> {
+    let vocab: Vocab = tokens.iter().enumerate().map(|(i, t)| (t.clone(), i as u32)).collect();
+    let merges = meta
+        .strings("tokenizer.ggml.merges")?
+        .into_iter()
+        .map(|m| {
+            m.split_once(' ')
+                .map(|(a, b)| (a.to_string(), b.to_string()))
+                .ok_or_else(|| EngineError::Load(format!("malformed BPE merge `{m}`")))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let bpe = BPE::builder()
+        .vocab_and_merges(vocab, merges)
+        .build()
+        .map_err(|e| EngineError::Load(format!("BPE: {e}")))?;
+    let mut tokenizer = Tokenizer::new(bpe);
+    let pre = meta.string("tokenizer.ggml.pre").unwrap_or("default");
+    tokenizer.with_pre_tokenizer(Some(bpe_pre_tokenizer(pre)?));
+    tokenizer.with_decoder(Some(DecoderWrapper::ByteLevel(ByteLevelDecoder::default())));
+    Ok(tokenizer)
+}
+
+/// The pre-tokenizer llama.cpp uses for each `tokenizer.ggml.pre` name.
+fn bpe_pre_tokenizer(pre: &str) -> Result<PreTokenizerWrapper> {
+    let byte_level = |use_regex| PreTokenizerWrapper::ByteLevel(ByteLevel::new(false, true, use_regex));
+    let split = |pattern: &str| -> Result<PreTokenizerWrapper> {
+        let split = Split::new(
+            SplitPattern::Regex(pattern.to_string()),
+            tokenizers::SplitDelimiterBehavior::Isolated,
+            false,
+        )
+        .map_err(|e| EngineError::Load(format!("pre-tokenizer regex: {e}")))?;
+        Ok(PreTokenizerWrapper::Split(split))
+    };
+    Ok(match pre {
+        "smollm" => PreTokenizerWrapper::Sequence(PreSequence::new(vec![
+            PreTokenizerWrapper::Digits(Digits::new(true)),
+            byte_level(true),
+        ])),
+        "llama-bpe" | "llama3" | "dbrx" | "smaug-bpe" => {
+            PreTokenizerWrapper::Sequence(PreSequence::new(vec![split(LLAMA3_PATTERN)?, byte_level(false)]))
+        }
+        "qwen2" | "deepseek-r1-qwen" => {
+            PreTokenizerWrapper::Sequence(PreSequence::new(vec![split(QWEN2_PATTERN)?, byte_level(false)]))
+        }
+        other => {
+            if other != "default" && other != "gpt-2" && other != "gpt2" {
+                tracing::warn!(pre = other, "unknown GGUF pre-tokenizer; using GPT-2 byte-level");
+            }
+            byte_level(true)
+        }
+    })
+}
+
+fn sentencepiece_unigram(meta: &Meta<'_>, tokens: &[String]) -> Result<Tokenizer> {
+    let scores: Vec<f64> = match meta.array("tokenizer.ggml.scores") {
+        Ok(v) => v.iter().map(|s| s.to_f32().map(f64::from).unwrap_or(0.0)).collect(),
+        Err(_) => vec![0.0; tokens.len()],
+    };
+    let vocab: Vec<(String, f64)> = tokens.iter().cloned().zip(scores).collect();
+    let unk = meta.u32("tokenizer.ggml.unknown_token_id").map(|u| u as usize).ok();
+    let unigram = Unigram::from(vocab, unk, true)
+        .map_err(|e| EngineError::Load(format!("SentencePiece vocabulary: {e}")))?;
+    let mut tokenizer = Tokenizer::new(unigram);
+    let replace = |from: &str, to: &str| {
+        Replace::new(from, to).map_err(|e| EngineError::Load(format!("normalizer: {e}")))
+    };
+    tokenizer.with_normalizer(Some(NormalizerWrapper::Sequence(NormalizerSequence::new(vec![
+        NormalizerWrapper::Prepend(Prepend::new("▁".to_string())),
+        NormalizerWrapper::Replace(replace(" ", "▁")?),
+    ]))))
+    .map_err(|e| EngineError::Load(format!("normalizer: {e}")))?;
+    tokenizer.with_decoder(Some(DecoderWrapper::Sequence(DecoderSequence::new(vec![
+        DecoderWrapper::Replace(replace("▁", " ")?),
+        DecoderWrapper::ByteFallback(ByteFallback::new()),
+        DecoderWrapper::Fuse(Fuse::new()),
+        DecoderWrapper::Strip(Strip::new(' ', 1, 0)),
+    ]))));
+    Ok(tokenizer)
+}

@@ -1,0 +1,24 @@
+//! Shared helpers for the engine integration tests: where the models are.
+
+use std::path::PathBuf;
+
+/// The models directory (`SYNOR_MODELS_DIR`, else `<workspace>/models`).
+pub fn models_dir() -> PathBuf {
+    std::env::var_os("SYNOR_MODELS_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../models"))
+}
+
+/// Path of a model file, failing loudly (with the fix) when it is missing.
+pub fn model_path(rel: &str) -> PathBuf {
+    let p = models_dir().join(rel);
+    assert!(p.exists(), "{} is missing: run `make models` first", p.display());
+    p
+}
+
+#[allow(dead_code)]
+pub const SMOLLM2: &str = "smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf";
+#[allow(dead_code)]
+pub const TINY: &str = "tiny/tiny.gguf";
+#[allow(dead_code)]
+pub const MINILM: &str = "all-minilm-l6-v2";

