@@ -1,1 +1,15 @@
-fn main() {}
+//! The `synor` binary: parse the command line, set up logging, run.
+
+use clap::Parser;
+use server::config::{Cli, Command};
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Serve(args) => {
+            server::telemetry::init(&args.log_format);
+            let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+            rt.block_on(server::startup::serve(args))
+        }
+    }
+}

@@ -1,0 +1,101 @@
+//! `ApiJson<T>`: a JSON body extractor whose failures are OpenAI errors that
+//! name the offending field (via `serde_path_to_error`), instead of axum's
+//! plain-text rejections.
+
+use axum::body::Bytes;
+use axum::extract::{FromRequest, Request};
+use axum::http::header;
+use serde::de::DeserializeOwned;
+
+use crate::error::ApiError;
+
+/// A request body parsed as JSON into `T`.
+#[derive(Debug)]
+pub struct ApiJson<T>(pub T);
+
+impl<S, T> FromRequest<S> for ApiJson<T>
+where
+    S: Send + Sync,
+    T: DeserializeOwned,
+{
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
+        let is_json = req
+            .headers()
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_none_or(|ct| ct.starts_with("application/json") || ct.contains("+json"));
+        if !is_json {
+            return Err(ApiError::InvalidJson {
+                message: "expected a JSON body (Content-Type: application/json)".into(),
+                param: None,
+            });
+        }
+        let bytes = Bytes::from_request(req, state).await.map_err(|e| {
+            if e.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
+                ApiError::PayloadTooLarge
+            } else {
+                ApiError::InvalidJson { message: format!("could not read the body: {e}"), param: None }
+            }
+        })?;
+        parse(&bytes).map(ApiJson)
+    }
+}
+
+/// Parses `bytes` as `T`, naming the field that failed.
+pub fn parse<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+    let de = &mut serde_json::Deserializer::from_slice(bytes);
+    serde_path_to_error::deserialize(de).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.into_inner();
+        let param = (path != ".").then_some(path);
+        let message = match (&param, inner.classify()) {
+            (_, serde_json::error::Category::Syntax | serde_json::error::Category::Eof) => {
+                format!("the body is not valid JSON: {inner}")
+            }
+            (Some(p), _) => format!("invalid value for `{p}`: {inner}"),
+            (None, _) => format!("invalid request: {inner}"),
+        };
+        ApiError::InvalidJson { message, param }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, serde::Deserialize)]
+    #[allow(dead_code)]
+    struct T {
+        a: u32,
+        b: Vec<Inner>,
+    }
+
+    #[derive(Debug, serde::Deserialize)]
+    #[allow(dead_code)]
+    struct Inner {
+        c: String,
+    }
+
+    fn err(body: &str) -> (String, Option<String>) {
+        match parse::<T>(body.as_bytes()) {
+            Err(ApiError::InvalidJson { message, param }) => (message, param),
+            other => panic!("expected InvalidJson, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn malformed_json_is_reported_as_such() {
+        assert!(err("{\"a\": 1,").0.contains("not valid JSON"));
+    }
+
+    #[test]
+    fn wrong_types_name_the_field_path() {
+        let (msg, param) = err(r#"{"a": 1, "b": [{"c": 5}]}"#);
+        assert_eq!(param.as_deref(), Some("b[0].c"));
+        assert!(msg.contains("b[0].c"), "{msg}");
+        let (msg, _) = err(r#"{"b": []}"#);
+        assert!(msg.contains("missing field `a`"), "{msg}");
+    }
+}

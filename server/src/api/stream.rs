@@ -1,0 +1,135 @@
+//! From engine streams to OpenAI answers: submitting a request's choices,
+//! collecting them for a plain JSON response, and encoding them as SSE
+//! chunks (`data: {...}` ... `data: [DONE]`) with an optional usage chunk.
+//! Dropping any of these streams (a client that left) aborts the requests.
+
+use std::convert::Infallible;
+
+use axum::response::sse::{Event, KeepAlive, Sse};
+use engine::{EngineHandle, FinishReason, GenerateRequest, RequestStream, TokenEvent, Usage};
+use futures_util::stream::{self, BoxStream, Stream, StreamExt};
+use serde::Serialize;
+
+use super::types::UsageDto;
+use crate::error::ApiError;
+
+/// How one choice ended, with its full text.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Outcome {
+    pub text: String,
+    pub finish: FinishReason,
+    pub usage: Usage,
+}
+
+/// Submits every choice; if one is refused, the others are dropped (aborted).
+pub fn submit_all(engine: &EngineHandle, requests: Vec<GenerateRequest>) -> Result<Vec<RequestStream>, ApiError> {
+    requests
+        .into_iter()
+        .map(|r| engine.submit(r).map_err(ApiError::from))
+        .collect()
+}
+
+/// Runs one choice to the end.
+pub async fn collect(mut stream: RequestStream) -> Result<Outcome, ApiError> {
+    let mut text = String::new();
+    while let Some(ev) = stream.next().await {
+        match ev {
+            TokenEvent::Delta { text: t, .. } => text.push_str(&t),
+            TokenEvent::Finished { reason, usage } => return Ok(Outcome { text, finish: reason, usage }),
+            TokenEvent::Failed(e) => return Err(e.into()),
+        }
+    }
+    Err(engine::EngineError::Shutdown.into())
+}
+
+/// Runs every choice concurrently, in order.
+pub async fn collect_all(streams: Vec<RequestStream>) -> Result<Vec<Outcome>, ApiError> {
+    futures_util::future::try_join_all(streams.into_iter().map(collect)).await
+}
+
+/// Interleaves the events of several choices, tagged with their index.
+pub fn merge(streams: Vec<RequestStream>) -> BoxStream<'static, (usize, TokenEvent)> {
+    stream::select_all(
+        streams
+            .into_iter()
+            .enumerate()
+            .map(|(i, s)| s.map(move |ev| (i, ev)).boxed()),
+    )
+    .boxed()
+}
+
+/// Builds the JSON payloads of one endpoint's stream.
+pub trait ChunkEncoder: Send + 'static {
+    /// Payloads sent before any token (chat sends the role here).
+    fn start(&mut self, choices: usize) -> Vec<String>;
+    /// A text delta of choice `index`.
+    fn delta(&mut self, index: usize, text: String) -> String;
+    /// The closing chunk of choice `index`.
+    fn finish(&mut self, index: usize, reason: FinishReason) -> String;
+    /// The usage chunk (after every choice finished).
+    fn usage(&mut self, usage: UsageDto) -> String;
+}
+
+/// Serializes a chunk; our chunk types always serialize.
+pub fn to_json<T: Serialize>(value: &T) -> String {
+    serde_json::to_string(value).unwrap_or_else(|e| format!("{{\"error\":{{\"message\":\"{e}\"}}}}"))
+}
+
+struct SseState<E> {
+    events: BoxStream<'static, (usize, TokenEvent)>,
+    encoder: E,
+    usage: UsageDto,
+    include_usage: bool,
+    done: bool,
+}
+
+fn data(payload: String) -> Result<Event, Infallible> {
+    Ok(Event::default().data(payload))
+}
+
+/// The SSE response of a generation: chunks, then usage, then `[DONE]`.
+pub fn sse<E: ChunkEncoder>(
+    streams: Vec<RequestStream>,
+    mut encoder: E,
+    include_usage: bool,
+) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
+    let head: Vec<_> = encoder.start(streams.len()).into_iter().map(data).collect();
+    let state = SseState { events: merge(streams), encoder, usage: UsageDto::default(), include_usage, done: false };
+    let body = stream::unfold(state, |mut st| async move {
+        if st.done {
+            return None;
+        }
+        let out = match st.events.next().await {
+            Some((i, ev)) => on_event(&mut st, i, ev),
+            None => {
+                st.done = true;
+                let mut out = Vec::new();
+                if st.include_usage {
+                    out.push(st.encoder.usage(st.usage));
+                }
+                out.push("[DONE]".to_string());
+                out
+            }
+        };
+        Some((stream::iter(out.into_iter().map(data).collect::<Vec<_>>()), st))
+    })
+    .flatten();
+    Sse::new(stream::iter(head).chain(body)).keep_alive(KeepAlive::default())
+}
+
+fn on_event<E: ChunkEncoder>(st: &mut SseState<E>, i: usize, ev: TokenEvent) -> Vec<String> {
+    match ev {
+        TokenEvent::Delta { text, .. } if text.is_empty() => Vec::new(),
+        TokenEvent::Delta { text, .. } => vec![st.encoder.delta(i, text)],
+        TokenEvent::Finished { reason, usage } => {
+            st.usage.add(&usage);
+            vec![st.encoder.finish(i, reason)]
+        }
+        TokenEvent::Failed(e) => {
+            st.done = true;
+            let err = ApiError::from(e);
+            tracing::warn!(error = %err, "generation failed mid-stream");
+            vec![to_json(&serde_json::json!({ "error": err.to_object() })), "[DONE]".to_string()]
+        }
+    }
+}

@@ -1,0 +1,193 @@
+//! Command line and environment configuration: one typed tree (clap derive,
+//! every option also from a `SYNOR_*` variable), with the defaults `make run`
+//! relies on: 127.0.0.1:8080, the default models under `./models`, and a
+//! SQLite file under `./data`.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+/// Synor Compute: OpenAI-compatible inference serving.
+#[derive(Debug, Parser)]
+#[command(name = "synor", version, about)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Serve the configured models over the OpenAI-compatible HTTP API.
+    Serve(ServeArgs),
+}
+
+/// Options of `synor serve`.
+#[derive(Debug, Clone, Args)]
+pub struct ServeArgs {
+    /// Address to listen on (port 0 picks a free port).
+    #[arg(long, env = "SYNOR_BIND", default_value = "127.0.0.1:8080")]
+    pub bind: SocketAddr,
+
+    #[command(flatten)]
+    pub models: ModelArgs,
+
+    #[command(flatten)]
+    pub scheduler: SchedulerArgs,
+
+    /// Largest accepted request body, in bytes (larger bodies get 413).
+    #[arg(long, env = "SYNOR_MAX_BODY_BYTES", default_value_t = 4 * 1024 * 1024)]
+    pub max_body_bytes: usize,
+
+    /// Database of the ledger and market (SQLite file or Postgres URL).
+    #[arg(long, env = "SYNOR_DATABASE_URL", default_value = "sqlite://data/synor.db")]
+    pub database_url: String,
+
+    /// Log format: `text` or `json`.
+    #[arg(long, env = "SYNOR_LOG_FORMAT", default_value = "text", value_parser = ["text", "json"])]
+    pub log_format: String,
+}
+
+/// Which models to load.
+#[derive(Debug, Clone, Args)]
+pub struct ModelArgs {
+    /// Directory that relative model paths are resolved against.
+    #[arg(long, env = "SYNOR_MODELS_DIR", default_value = "models")]
+    pub models_dir: PathBuf,
+
+    /// Generative model: a llama-family GGUF file.
+    #[arg(long, env = "SYNOR_MODEL", default_value = "smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf")]
+    pub model: PathBuf,
+
+    /// Name clients use for the generative model (default: its folder name).
+    #[arg(long, env = "SYNOR_SERVED_MODEL_NAME")]
+    pub served_model_name: Option<String>,
+
+    /// Chat template: `auto`, `gguf` (the stored one, verbatim), `chatml`,
+    /// or a path to a Jinja file.
+    #[arg(long, env = "SYNOR_CHAT_TEMPLATE", default_value = "auto")]
+    pub chat_template: String,
+
+    /// Embedding model folder (BERT safetensors); `none` disables it.
+    #[arg(long, env = "SYNOR_EMBEDDING_MODEL", default_value = "all-minilm-l6-v2")]
+    pub embedding_model: PathBuf,
+
+    /// Name clients use for the embedding model (default: its folder name).
+    #[arg(long, env = "SYNOR_EMBEDDING_MODEL_NAME")]
+    pub embedding_model_name: Option<String>,
+}
+
+impl ModelArgs {
+    fn resolve(&self, p: &std::path::Path) -> PathBuf {
+        if p.is_absolute() { p.to_path_buf() } else { self.models_dir.join(p) }
+    }
+
+    /// Path of the generative model file.
+    pub fn model_path(&self) -> PathBuf {
+        self.resolve(&self.model)
+    }
+
+    /// Path of the embedding model folder, unless disabled.
+    pub fn embedding_path(&self) -> Option<PathBuf> {
+        (self.embedding_model.as_os_str() != "none").then(|| self.resolve(&self.embedding_model))
+    }
+
+    /// The generative model's public name.
+    pub fn model_name(&self) -> String {
+        self.served_model_name.clone().unwrap_or_else(|| derived_name(&self.model))
+    }
+
+    /// The embedding model's public name.
+    pub fn embedding_name(&self) -> String {
+        self.embedding_model_name
+            .clone()
+            .unwrap_or_else(|| derived_name(&self.embedding_model))
+    }
+}
+
+/// A model's default name: its folder for `dir/file.gguf`, else its stem.
+fn derived_name(p: &std::path::Path) -> String {
+    let is_file = p.extension().is_some_and(|e| e == "gguf");
+    let named = if is_file { p.parent().filter(|d| !d.as_os_str().is_empty()) } else { Some(p) };
+    named
+        .and_then(|d| d.file_name())
+        .or_else(|| p.file_stem())
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "model".to_string())
+}
+
+/// Continuous-batching limits.
+#[derive(Debug, Clone, Args)]
+pub struct SchedulerArgs {
+    /// Most sequences decoded together in one step.
+    #[arg(long, env = "SYNOR_MAX_NUM_SEQS", default_value_t = 16)]
+    pub max_num_seqs: usize,
+
+    /// Token budget of one engine step (prefill chunks plus decode tokens).
+    #[arg(long, env = "SYNOR_MAX_NUM_BATCHED_TOKENS", default_value_t = 512)]
+    pub max_num_batched_tokens: usize,
+
+    /// Requests allowed to wait for a slot; beyond that, 503 at once.
+    #[arg(long, env = "SYNOR_MAX_WAITING", default_value_t = 256)]
+    pub max_waiting: usize,
+
+    /// Context length cap (prompt plus output); default: the model's.
+    #[arg(long, env = "SYNOR_MAX_MODEL_LEN")]
+    pub max_model_len: Option<usize>,
+}
+
+impl SchedulerArgs {
+    pub fn to_engine(&self) -> engine::SchedulerConfig {
+        engine::SchedulerConfig {
+            max_num_seqs: self.max_num_seqs.max(1),
+            max_num_batched_tokens: self.max_num_batched_tokens.max(1),
+            max_waiting: self.max_waiting,
+            max_model_len: self.max_model_len.unwrap_or(usize::MAX),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn serve(args: &[&str]) -> ServeArgs {
+        let mut argv = vec!["synor", "serve"];
+        argv.extend_from_slice(args);
+        match Cli::try_parse_from(argv).expect("parses").command {
+            Command::Serve(s) => s,
+        }
+    }
+
+    #[test]
+    fn defaults_serve_the_default_models_on_loopback_8080() {
+        let s = serve(&[]);
+        assert_eq!(s.bind, "127.0.0.1:8080".parse().expect("addr"));
+        assert_eq!(s.models.model_name(), "smollm2-135m-instruct");
+        assert_eq!(s.models.embedding_name(), "all-minilm-l6-v2");
+        assert_eq!(
+            s.models.model_path(),
+            PathBuf::from("models/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf")
+        );
+        assert_eq!(s.models.embedding_path(), Some(PathBuf::from("models/all-minilm-l6-v2")));
+        assert_eq!(s.database_url, "sqlite://data/synor.db");
+        assert_eq!(s.scheduler.to_engine().max_num_seqs, 16);
+    }
+
+    #[test]
+    fn names_and_paths_follow_the_options() {
+        let s = serve(&["--model", "/abs/tiny.gguf", "--embedding-model", "none", "--bind", "127.0.0.1:0"]);
+        assert_eq!(s.models.model_path(), PathBuf::from("/abs/tiny.gguf"));
+        assert_eq!(s.models.model_name(), "abs");
+        assert_eq!(s.models.embedding_path(), None);
+        let s = serve(&["--model", "tiny.gguf", "--served-model-name", "t"]);
+        assert_eq!(s.models.model_name(), "t");
+        assert_eq!(derived_name(std::path::Path::new("tiny.gguf")), "tiny");
+    }
+
+    #[test]
+    fn bad_values_are_refused() {
+        assert!(Cli::try_parse_from(["synor", "serve", "--bind", "nowhere"]).is_err());
+        assert!(Cli::try_parse_from(["synor", "serve", "--log-format", "xml"]).is_err());
+    }
+}

@@ -1,0 +1,107 @@
+//! `POST /v1/chat/completions`: chat through the model's template, as a
+//! JSON answer or an SSE stream of `chat.completion.chunk`s.
+
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use axum::{Json, Router};
+use engine::FinishReason;
+
+use crate::api::json::ApiJson;
+use crate::api::stream::{self, ChunkEncoder, to_json};
+use crate::api::types::{
+    AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletion, ChatCompletionChunk, ChatCompletionRequest, Delta,
+    UsageDto,
+};
+use crate::api::{response_id, unix_now, validate};
+use crate::error::ApiError;
+use crate::state::AppState;
+
+pub fn router() -> Router<AppState> {
+    Router::new().route("/v1/chat/completions", post(chat_completions))
+}
+
+async fn chat_completions(
+    State(state): State<AppState>,
+    ApiJson(req): ApiJson<ChatCompletionRequest>,
+) -> Result<Response, ApiError> {
+    let engine = state.models.text(&req.model)?;
+    let valid = validate::chat(&req, engine)?;
+    let streams = stream::submit_all(engine, valid.requests)?;
+    let encoder = ChatEncoder { id: response_id("chatcmpl"), created: unix_now(), model: req.model };
+    if valid.stream {
+        return Ok(stream::sse(streams, encoder, valid.include_usage).into_response());
+    }
+    let outcomes = stream::collect_all(streams).await?;
+    let mut usage = UsageDto::default();
+    let choices = outcomes
+        .into_iter()
+        .enumerate()
+        .map(|(index, o)| {
+            usage.add(&o.usage);
+            ChatChoice {
+                index,
+                message: AssistantMessage { role: "assistant", content: o.text },
+                logprobs: None,
+                finish_reason: Some(o.finish.as_openai()),
+            }
+        })
+        .collect();
+    let body = ChatCompletion {
+        id: encoder.id,
+        object: "chat.completion",
+        created: encoder.created,
+        model: encoder.model,
+        choices,
+        usage,
+    };
+    Ok(Json(body).into_response())
+}
+
+/// Encodes chat streams as `chat.completion.chunk`s.
+struct ChatEncoder {
+    id: String,
+    created: u64,
+    model: String,
+}
+
+impl ChatEncoder {
+    fn chunk(&self, choices: Vec<ChatChunkChoice>, usage: Option<UsageDto>) -> String {
+        to_json(&ChatCompletionChunk {
+            id: self.id.clone(),
+            object: "chat.completion.chunk",
+            created: self.created,
+            model: self.model.clone(),
+            choices,
+            usage,
+        })
+    }
+
+    fn choice(index: usize, delta: Delta, finish: Option<FinishReason>) -> ChatChunkChoice {
+        ChatChunkChoice { index, delta, logprobs: None, finish_reason: finish.map(FinishReason::as_openai) }
+    }
+}
+
+impl ChunkEncoder for ChatEncoder {
+    fn start(&mut self, choices: usize) -> Vec<String> {
+        (0..choices)
+            .map(|i| {
+                let delta = Delta { role: Some("assistant"), content: Some(String::new()) };
+                self.chunk(vec![Self::choice(i, delta, None)], None)
+            })
+            .collect()
+    }
+
+    fn delta(&mut self, index: usize, text: String) -> String {
+        let delta = Delta { role: None, content: Some(text) };
+        self.chunk(vec![Self::choice(index, delta, None)], None)
+    }
+
+    fn finish(&mut self, index: usize, reason: FinishReason) -> String {
+        self.chunk(vec![Self::choice(index, Delta::default(), Some(reason))], None)
+    }
+
+    fn usage(&mut self, usage: UsageDto) -> String {
+        self.chunk(Vec::new(), Some(usage))
+    }
+}
