@@ -132,16 +132,27 @@ mod tests {
     #[test]
     fn chatml_renders_messages_and_generation_prompt() {
         let t = ChatTemplate::new(CHATML_TEMPLATE, "", "").expect("compiles");
-        let out = t.render(&[ChatMessage::new("user", "Hi")]).expect("renders");
-        assert_eq!(out, "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
+        let out = t
+            .render(&[ChatMessage::new("user", "Hi")])
+            .expect("renders");
+        assert_eq!(
+            out,
+            "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+        );
     }
 
     #[test]
     fn python_string_methods_and_raise_exception_work() {
         let src = "{% if messages[0]['role'] == 'bad' %}{{ raise_exception('roles must alternate') }}{% endif %}{{ messages[0]['content'].strip() }}";
         let t = ChatTemplate::new(src, "<s>", "</s>").expect("compiles");
-        assert_eq!(t.render(&[ChatMessage::new("user", "  x  ")]).expect("renders"), "x");
-        let err = t.render(&[ChatMessage::new("bad", "x")]).expect_err("raises");
+        assert_eq!(
+            t.render(&[ChatMessage::new("user", "  x  ")])
+                .expect("renders"),
+            "x"
+        );
+        let err = t
+            .render(&[ChatMessage::new("bad", "x")])
+            .expect_err("raises");
         assert!(err.to_string().contains("roles must alternate"), "{err}");
     }
 
@@ -153,8 +164,16 @@ mod tests {
         assert_eq!(auto.resolve(Some(smol)).expect("resolves"), CHATML_TEMPLATE);
         assert_eq!(auto.resolve(Some(other)).expect("resolves"), other);
         assert_eq!(auto.resolve(None).expect("resolves"), CHATML_TEMPLATE);
-        assert_eq!(TemplateChoice::Stored.resolve(Some(smol)).expect("resolves"), smol);
-        assert_eq!("chatml".parse::<TemplateChoice>(), Ok(TemplateChoice::ChatMl));
+        assert_eq!(
+            TemplateChoice::Stored
+                .resolve(Some(smol))
+                .expect("resolves"),
+            smol
+        );
+        assert_eq!(
+            "chatml".parse::<TemplateChoice>(),
+            Ok(TemplateChoice::ChatMl)
+        );
         assert!(matches!(
             TemplateChoice::File("/nonexistent.jinja".into()).resolve(None),
             Err(EngineError::Load(_))
@@ -163,6 +182,9 @@ mod tests {
 
     #[test]
     fn a_broken_template_is_a_load_error() {
-        assert!(matches!(ChatTemplate::new("{% for %}", "", ""), Err(EngineError::Load(_))));
+        assert!(matches!(
+            ChatTemplate::new("{% for %}", "", ""),
+            Err(EngineError::Load(_))
+        ));
     }
 }

@@ -26,7 +26,11 @@ pub enum CoreEvent {
 /// Messages from handles to the core.
 #[derive(Debug)]
 pub enum Command {
-    Add { id: RequestId, req: GenerateRequest, events: UnboundedSender<CoreEvent> },
+    Add {
+        id: RequestId,
+        req: GenerateRequest,
+        events: UnboundedSender<CoreEvent>,
+    },
     Abort(RequestId),
     Shutdown,
 }
@@ -49,7 +53,14 @@ impl EngineCore {
         eos: Vec<u32>,
         stats: Arc<StatsCell>,
     ) -> Self {
-        Self { scheduler, executor, commands, senders: Default::default(), eos, stats }
+        Self {
+            scheduler,
+            executor,
+            commands,
+            senders: Default::default(),
+            eos,
+            stats,
+        }
     }
 
     /// Runs until `Shutdown` or until every handle is dropped.
@@ -138,13 +149,19 @@ impl EngineCore {
         let (tokens, finished) = self.scheduler.update(&batch, &logits);
         let mut dead = Vec::new();
         for t in &tokens {
-            let alive = self.senders.get(&t.seq).is_some_and(|tx| tx.send(CoreEvent::Token(t.token)).is_ok());
+            let alive = self
+                .senders
+                .get(&t.seq)
+                .is_some_and(|tx| tx.send(CoreEvent::Token(t.token)).is_ok());
             if !alive && t.finish.is_none() {
                 dead.push(t.seq);
             }
         }
         for seq in finished {
-            let reason = tokens.iter().find(|t| t.seq == seq.id).and_then(|t| t.finish);
+            let reason = tokens
+                .iter()
+                .find(|t| t.seq == seq.id)
+                .and_then(|t| t.finish);
             self.finish(seq, Ok(reason.unwrap_or(FinishReason::Stop)));
         }
         // A receiver that is gone is a client that left: abort its sequence.
@@ -153,14 +170,17 @@ impl EngineCore {
                 self.finish(seq, Ok(FinishReason::Abort));
             }
         }
-        self.stats.record_step(batch.num_tokens(), tokens.len(), started.elapsed());
+        self.stats
+            .record_step(batch.num_tokens(), tokens.len(), started.elapsed());
         self.publish_stats();
     }
 
     /// Frees a sequence and tells its stream how it ended.
     fn finish(&mut self, seq: Sequence, outcome: Result<FinishReason, EngineError>) {
         self.executor.release(seq.id);
-        let Some(tx) = self.senders.remove(&seq.id) else { return };
+        let Some(tx) = self.senders.remove(&seq.id) else {
+            return;
+        };
         let event = match outcome {
             Ok(reason) => CoreEvent::Finished {
                 reason,
@@ -176,6 +196,7 @@ impl EngineCore {
     }
 
     fn publish_stats(&self) {
-        self.stats.set_queue(self.scheduler.num_running(), self.scheduler.num_waiting());
+        self.stats
+            .set_queue(self.scheduler.num_running(), self.scheduler.num_waiting());
     }
 }

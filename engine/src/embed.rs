@@ -45,20 +45,29 @@ impl EmbeddingHandle {
                     }
                     let result = model
                         .embed(&inputs)
-                        .map(|(vectors, prompt_tokens)| Embeddings { vectors, prompt_tokens });
+                        .map(|(vectors, prompt_tokens)| Embeddings {
+                            vectors,
+                            prompt_tokens,
+                        });
                     let _ = reply.send(result);
                 }
             })
             .map_err(|e| EngineError::Load(format!("embedding thread: {e}")))?;
         tracing::info!(path = %dir.display(), dimensions, "loaded embedding model");
-        Ok(Self { jobs, dimensions, max_tokens })
+        Ok(Self {
+            jobs,
+            dimensions,
+            max_tokens,
+        })
     }
 
     /// Embeds `inputs` (one vector each, in order).
     pub async fn embed(&self, inputs: Vec<String>) -> Result<Embeddings> {
         let (tx, rx) = oneshot::channel();
         self.jobs.try_send((inputs, tx)).map_err(|e| match e {
-            mpsc::error::TrySendError::Full(_) => EngineError::Overloaded { waiting: QUEUE_DEPTH },
+            mpsc::error::TrySendError::Full(_) => EngineError::Overloaded {
+                waiting: QUEUE_DEPTH,
+            },
             mpsc::error::TrySendError::Closed(_) => EngineError::Shutdown,
         })?;
         rx.await.map_err(|_| EngineError::Shutdown)?

@@ -8,7 +8,10 @@ use thiserror::Error;
 pub enum EngineError {
     /// A request parameter is out of range or malformed; `field` names it.
     #[error("{message}")]
-    Validation { field: &'static str, message: String },
+    Validation {
+        field: &'static str,
+        message: String,
+    },
     /// The prompt plus the requested output does not fit the model's context.
     #[error(
         "this model's maximum context length is {max_context} tokens, but you requested {} tokens ({prompt_tokens} in the prompt, {max_tokens} for the completion); shorten the prompt or lower max_tokens", prompt_tokens + max_tokens

@@ -27,7 +27,10 @@ pub struct LocalExecutor {
 
 impl LocalExecutor {
     pub fn new(model: Llama) -> Self {
-        Self { model, kv: KvStore::new() }
+        Self {
+            model,
+            kv: KvStore::new(),
+        }
     }
 }
 

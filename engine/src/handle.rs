@@ -48,13 +48,19 @@ pub struct EngineHandle {
 
 impl std::fmt::Debug for EngineHandle {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("EngineHandle").field("info", &self.shared.info).finish_non_exhaustive()
+        f.debug_struct("EngineHandle")
+            .field("info", &self.shared.info)
+            .finish_non_exhaustive()
     }
 }
 
 impl EngineHandle {
     /// Loads a GGUF model and starts its engine thread.
-    pub fn start_gguf(path: &Path, template: &TemplateChoice, mut config: SchedulerConfig) -> Result<Self> {
+    pub fn start_gguf(
+        path: &Path,
+        template: &TemplateChoice,
+        mut config: SchedulerConfig,
+    ) -> Result<Self> {
         let loaded = load_gguf(path, &Device::Cpu, template)?;
         config.max_model_len = config.max_model_len.min(loaded.model.config.context_length);
         Ok(Self::start(loaded, config))
@@ -62,7 +68,11 @@ impl EngineHandle {
 
     /// Starts the engine thread around an already loaded model.
     pub fn start(loaded: LoadedModel, config: SchedulerConfig) -> Self {
-        let LoadedModel { model, tokenizer, template } = loaded;
+        let LoadedModel {
+            model,
+            tokenizer,
+            template,
+        } = loaded;
         let info = ModelInfo {
             architecture: model.config.architecture.clone(),
             context_length: config.max_model_len,
@@ -91,7 +101,9 @@ impl EngineHandle {
             next_id: AtomicU64::new(1),
             thread: std::sync::Mutex::new(thread),
         };
-        Self { shared: Arc::new(shared) }
+        Self {
+            shared: Arc::new(shared),
+        }
     }
 
     /// Validates `req` and queues it; the stream yields its events.
@@ -99,18 +111,30 @@ impl EngineHandle {
         self.validate(&req)?;
         let id = RequestId(self.shared.next_id.fetch_add(1, Ordering::Relaxed));
         let (events, rx) = tokio::sync::mpsc::unbounded_channel();
-        let processor = OutputProcessor::new(self.shared.tokenizer.clone(), &req.prompt_tokens, req.params.stop.clone());
+        let processor = OutputProcessor::new(
+            self.shared.tokenizer.clone(),
+            &req.prompt_tokens,
+            req.params.stop.clone(),
+        );
         self.shared
             .commands
             .send(Command::Add { id, req, events })
             .map_err(|_| EngineError::Shutdown)?;
-        Ok(RequestStream::new(id, rx, processor, self.shared.commands.clone()))
+        Ok(RequestStream::new(
+            id,
+            rx,
+            processor,
+            self.shared.commands.clone(),
+        ))
     }
 
     fn validate(&self, req: &GenerateRequest) -> Result<()> {
         req.params.validate()?;
         if req.prompt_tokens.is_empty() {
-            return Err(EngineError::Validation { field: "prompt", message: "the prompt is empty".into() });
+            return Err(EngineError::Validation {
+                field: "prompt",
+                message: "the prompt is empty".into(),
+            });
         }
         let vocab = self.shared.info.vocab_size as u32;
         if let Some(bad) = req.prompt_tokens.iter().find(|&&t| t >= vocab) {
@@ -122,7 +146,11 @@ impl EngineHandle {
         let max = self.shared.info.context_length;
         let (p, m) = (req.prompt_tokens.len(), req.params.max_tokens);
         if p + m > max {
-            return Err(EngineError::ContextLength { max_context: max, prompt_tokens: p, max_tokens: m });
+            return Err(EngineError::ContextLength {
+                max_context: max,
+                prompt_tokens: p,
+                max_tokens: m,
+            });
         }
         Ok(())
     }

@@ -25,12 +25,19 @@ pub fn load_gguf(path: &Path, device: &Device, template: &TemplateChoice) -> Res
     let file = std::fs::File::open(path)
         .map_err(|e| EngineError::Load(format!("{}: {e}", path.display())))?;
     let mut reader = std::io::BufReader::new(file);
-    let ct = gguf_file::Content::read(&mut reader)
-        .map_err(|e| EngineError::Load(format!("{} is not a readable GGUF file: {e}", path.display())))?;
+    let ct = gguf_file::Content::read(&mut reader).map_err(|e| {
+        EngineError::Load(format!(
+            "{} is not a readable GGUF file: {e}",
+            path.display()
+        ))
+    })?;
     let model = Llama::load(&ct, &mut reader, device)?;
     let (tok, special) = tokenizer_from_gguf(&ct.metadata)?;
     let tokenizer = TextTokenizer::new(tok, special);
-    let stored = ct.metadata.get("tokenizer.chat_template").and_then(|v| v.to_string().ok());
+    let stored = ct
+        .metadata
+        .get("tokenizer.chat_template")
+        .and_then(|v| v.to_string().ok());
     let source = template.resolve(stored.map(String::as_str))?;
     let template = ChatTemplate::new(&source, tokenizer.bos_text(), tokenizer.eos_text())?;
     tracing::info!(
@@ -40,5 +47,9 @@ pub fn load_gguf(path: &Path, device: &Device, template: &TemplateChoice) -> Res
         vocab = model.config.vocab_size,
         "loaded GGUF model"
     );
-    Ok(LoadedModel { model, tokenizer, template })
+    Ok(LoadedModel {
+        model,
+        tokenizer,
+        template,
+    })
 }

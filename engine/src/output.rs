@@ -56,18 +56,31 @@ impl OutputProcessor {
                 let mut text = self.detok.flush(&self.tokenizer).unwrap_or_default();
                 let step = self.stops.push(&text);
                 text = step.emit;
-                let reason = if step.stopped { FinishReason::Stop } else { reason };
+                let reason = if step.stopped {
+                    FinishReason::Stop
+                } else {
+                    reason
+                };
                 if !step.stopped {
                     text.push_str(&self.stops.flush());
                 }
                 let mut events = Vec::new();
                 if !text.is_empty() {
-                    events.push(TokenEvent::Delta { text, token_ids: Vec::new() });
+                    events.push(TokenEvent::Delta {
+                        text,
+                        token_ids: Vec::new(),
+                    });
                 }
                 events.push(TokenEvent::Finished { reason, usage });
-                Processed { events, abort_core: false }
+                Processed {
+                    events,
+                    abort_core: false,
+                }
             }
-            CoreEvent::Failed(e) => Processed { events: vec![TokenEvent::Failed(e)], abort_core: false },
+            CoreEvent::Failed(e) => Processed {
+                events: vec![TokenEvent::Failed(e)],
+                abort_core: false,
+            },
         }
     }
 
@@ -75,15 +88,33 @@ impl OutputProcessor {
         self.generated += 1;
         let text = match self.detok.push(&self.tokenizer, id) {
             Ok(t) => t,
-            Err(e) => return Processed { events: vec![TokenEvent::Failed(e)], abort_core: true },
+            Err(e) => {
+                return Processed {
+                    events: vec![TokenEvent::Failed(e)],
+                    abort_core: true,
+                };
+            }
         };
         let step = self.stops.push(&text);
-        let mut events = vec![TokenEvent::Delta { text: step.emit, token_ids: vec![id] }];
+        let mut events = vec![TokenEvent::Delta {
+            text: step.emit,
+            token_ids: vec![id],
+        }];
         if step.stopped {
-            let usage = Usage { prompt_tokens: self.prompt_tokens, completion_tokens: self.generated, cached_tokens: 0 };
-            events.push(TokenEvent::Finished { reason: FinishReason::Stop, usage });
+            let usage = Usage {
+                prompt_tokens: self.prompt_tokens,
+                completion_tokens: self.generated,
+                cached_tokens: 0,
+            };
+            events.push(TokenEvent::Finished {
+                reason: FinishReason::Stop,
+                usage,
+            });
         }
-        Processed { events, abort_core: step.stopped }
+        Processed {
+            events,
+            abort_core: step.stopped,
+        }
     }
 }
 
@@ -104,7 +135,14 @@ impl RequestStream {
         processor: OutputProcessor,
         commands: Sender<Command>,
     ) -> Self {
-        Self { id, rx, processor, commands, ready: VecDeque::new(), done: false }
+        Self {
+            id,
+            rx,
+            processor,
+            commands,
+            ready: VecDeque::new(),
+            done: false,
+        }
     }
 
     pub fn id(&self) -> RequestId {

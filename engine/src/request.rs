@@ -61,7 +61,10 @@ impl SamplingParams {
         if !(0.0..=2.0).contains(&self.temperature) || self.temperature.is_nan() {
             return Err(EngineError::validation(
                 "temperature",
-                format!("temperature must be between 0 and 2, got {}", self.temperature),
+                format!(
+                    "temperature must be between 0 and 2, got {}",
+                    self.temperature
+                ),
             ));
         }
         if !(self.top_p > 0.0 && self.top_p <= 1.0) {
@@ -83,7 +86,10 @@ impl SamplingParams {
             ));
         }
         if self.stop.iter().any(String::is_empty) {
-            return Err(EngineError::validation("stop", "stop sequences must not be empty"));
+            return Err(EngineError::validation(
+                "stop",
+                "stop sequences must not be empty",
+            ));
         }
         Ok(())
     }
@@ -134,8 +140,14 @@ pub struct Usage {
 pub enum TokenEvent {
     /// Newly decoded text (possibly empty while a multi-byte character or a
     /// possible stop string is held back) and the token ids behind it.
-    Delta { text: String, token_ids: Vec<u32> },
-    Finished { reason: FinishReason, usage: Usage },
+    Delta {
+        text: String,
+        token_ids: Vec<u32>,
+    },
+    Finished {
+        reason: FinishReason,
+        usage: Usage,
+    },
     Failed(EngineError),
 }
 
@@ -151,11 +163,41 @@ mod tests {
     #[test]
     fn out_of_range_fields_are_named() {
         let cases: [(SamplingParams, &str); 5] = [
-            (SamplingParams { temperature: 5.0, ..Default::default() }, "temperature"),
-            (SamplingParams { temperature: f32::NAN, ..Default::default() }, "temperature"),
-            (SamplingParams { top_p: 0.0, ..Default::default() }, "top_p"),
-            (SamplingParams { max_tokens: 0, ..Default::default() }, "max_tokens"),
-            (SamplingParams { stop: vec![String::new()], ..Default::default() }, "stop"),
+            (
+                SamplingParams {
+                    temperature: 5.0,
+                    ..Default::default()
+                },
+                "temperature",
+            ),
+            (
+                SamplingParams {
+                    temperature: f32::NAN,
+                    ..Default::default()
+                },
+                "temperature",
+            ),
+            (
+                SamplingParams {
+                    top_p: 0.0,
+                    ..Default::default()
+                },
+                "top_p",
+            ),
+            (
+                SamplingParams {
+                    max_tokens: 0,
+                    ..Default::default()
+                },
+                "max_tokens",
+            ),
+            (
+                SamplingParams {
+                    stop: vec![String::new()],
+                    ..Default::default()
+                },
+                "stop",
+            ),
         ];
         for (params, want) in cases {
             match params.validate() {

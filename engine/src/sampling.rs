@@ -108,7 +108,13 @@ mod tests {
     use super::*;
 
     fn params(temperature: f32, top_p: f32, top_k: usize, seed: u64) -> SamplingParams {
-        SamplingParams { temperature, top_p, top_k, seed: Some(seed), ..Default::default() }
+        SamplingParams {
+            temperature,
+            top_p,
+            top_k,
+            seed: Some(seed),
+            ..Default::default()
+        }
     }
 
     #[test]
@@ -142,6 +148,9 @@ mod tests {
         let picks: Vec<u32> = (0..400).map(|_| k2.sample(&logits)).collect();
         assert!(picks.iter().all(|&t| t == 0 || t == 3));
         let zeros = picks.iter().filter(|&&t| t == 0).count();
-        assert!((20..100).contains(&zeros), "token 0 drawn {zeros}/400 times");
+        assert!(
+            (20..100).contains(&zeros),
+            "token 0 drawn {zeros}/400 times"
+        );
     }
 }

@@ -27,7 +27,12 @@ pub struct SchedulerConfig {
 
 impl Default for SchedulerConfig {
     fn default() -> Self {
-        Self { max_num_seqs: 16, max_num_batched_tokens: 512, max_waiting: 256, max_model_len: 2048 }
+        Self {
+            max_num_seqs: 16,
+            max_num_batched_tokens: 512,
+            max_waiting: 256,
+            max_model_len: 2048,
+        }
     }
 }
 
@@ -51,7 +56,14 @@ impl Sequence {
             stop_ids.extend_from_slice(eos);
         }
         let sampler = Sampler::new(&req.params);
-        Self { id, req, output: Vec::new(), num_computed: 0, sampler, stop_ids }
+        Self {
+            id,
+            req,
+            output: Vec::new(),
+            num_computed: 0,
+            sampler,
+            stop_ids,
+        }
     }
 
     pub fn len(&self) -> usize {
@@ -64,7 +76,11 @@ impl Sequence {
 
     fn token(&self, i: usize) -> u32 {
         let p = self.req.prompt_tokens.len();
-        if i < p { self.req.prompt_tokens[i] } else { self.output[i - p] }
+        if i < p {
+            self.req.prompt_tokens[i]
+        } else {
+            self.output[i - p]
+        }
     }
 }
 
@@ -86,7 +102,11 @@ pub struct Scheduler {
 
 impl Scheduler {
     pub fn new(config: SchedulerConfig) -> Self {
-        Self { config, waiting: VecDeque::new(), running: Vec::new() }
+        Self {
+            config,
+            waiting: VecDeque::new(),
+            running: Vec::new(),
+        }
     }
 
     pub fn num_waiting(&self) -> usize {
@@ -133,7 +153,9 @@ impl Scheduler {
             }
         }
         while budget > 0 && self.running.len() < self.config.max_num_seqs {
-            let Some(seq) = self.waiting.pop_front() else { break };
+            let Some(seq) = self.waiting.pop_front() else {
+                break;
+            };
             if let Some(chunk) = next_chunk(&seq, budget) {
                 budget -= chunk.tokens.len();
                 batch.chunks.push(chunk);
@@ -145,11 +167,17 @@ impl Scheduler {
 
     /// Applies a step's results: advances computed counts, samples from each
     /// logits row, and removes finished sequences (returned with the tokens).
-    pub fn update(&mut self, batch: &ModelBatch, logits: &[Vec<f32>]) -> (Vec<StepToken>, Vec<Sequence>) {
+    pub fn update(
+        &mut self,
+        batch: &ModelBatch,
+        logits: &[Vec<f32>],
+    ) -> (Vec<StepToken>, Vec<Sequence>) {
         let mut rows = logits.iter();
         let mut tokens = Vec::new();
         for chunk in &batch.chunks {
-            let Some(seq) = self.running.iter_mut().find(|s| s.id == chunk.seq) else { continue };
+            let Some(seq) = self.running.iter_mut().find(|s| s.id == chunk.seq) else {
+                continue;
+            };
             seq.num_computed = chunk.start_pos + chunk.tokens.len();
             if !chunk.want_logits {
                 continue;
@@ -158,7 +186,11 @@ impl Scheduler {
             let token = seq.sampler.sample(row);
             seq.output.push(token);
             let finish = finish_reason(seq, token, self.config.max_model_len);
-            tokens.push(StepToken { seq: seq.id, token, finish });
+            tokens.push(StepToken {
+                seq: seq.id,
+                token,
+                finish,
+            });
         }
         let mut finished = Vec::new();
         for t in tokens.iter().filter(|t| t.finish.is_some()) {
@@ -178,7 +210,11 @@ impl Scheduler {
 
     /// Removes the sequences of a failed step.
     pub fn fail(&mut self, batch: &ModelBatch) -> Vec<Sequence> {
-        batch.chunks.iter().filter_map(|c| self.abort(c.seq)).collect()
+        batch
+            .chunks
+            .iter()
+            .filter_map(|c| self.abort(c.seq))
+            .collect()
     }
 }
 

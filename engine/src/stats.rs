@@ -37,9 +37,12 @@ impl StatsCell {
 
     pub fn record_step(&self, batched: usize, generated: usize, took: Duration) {
         self.steps.fetch_add(1, Ordering::Relaxed);
-        self.batched_tokens.fetch_add(batched as u64, Ordering::Relaxed);
-        self.generated_tokens.fetch_add(generated as u64, Ordering::Relaxed);
-        self.busy_micros.fetch_add(took.as_micros() as u64, Ordering::Relaxed);
+        self.batched_tokens
+            .fetch_add(batched as u64, Ordering::Relaxed);
+        self.generated_tokens
+            .fetch_add(generated as u64, Ordering::Relaxed);
+        self.busy_micros
+            .fetch_add(took.as_micros() as u64, Ordering::Relaxed);
     }
 
     pub fn snapshot(&self) -> EngineStats {

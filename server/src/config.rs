@@ -40,7 +40,11 @@ pub struct ServeArgs {
     pub max_body_bytes: usize,
 
     /// Database of the ledger and market (SQLite file or Postgres URL).
-    #[arg(long, env = "SYNOR_DATABASE_URL", default_value = "sqlite://data/synor.db")]
+    #[arg(
+        long,
+        env = "SYNOR_DATABASE_URL",
+        default_value = "sqlite://data/synor.db"
+    )]
     pub database_url: String,
 
     /// Log format: `text` or `json`.
@@ -56,7 +60,11 @@ pub struct ModelArgs {
     pub models_dir: PathBuf,
 
     /// Generative model: a llama-family GGUF file.
-    #[arg(long, env = "SYNOR_MODEL", default_value = "smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf")]
+    #[arg(
+        long,
+        env = "SYNOR_MODEL",
+        default_value = "smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf"
+    )]
     pub model: PathBuf,
 
     /// Name clients use for the generative model (default: its folder name).
@@ -69,7 +77,11 @@ pub struct ModelArgs {
     pub chat_template: String,
 
     /// Embedding model folder (BERT safetensors); `none` disables it.
-    #[arg(long, env = "SYNOR_EMBEDDING_MODEL", default_value = "all-minilm-l6-v2")]
+    #[arg(
+        long,
+        env = "SYNOR_EMBEDDING_MODEL",
+        default_value = "all-minilm-l6-v2"
+    )]
     pub embedding_model: PathBuf,
 
     /// Name clients use for the embedding model (default: its folder name).
@@ -79,7 +91,11 @@ pub struct ModelArgs {
 
 impl ModelArgs {
     fn resolve(&self, p: &std::path::Path) -> PathBuf {
-        if p.is_absolute() { p.to_path_buf() } else { self.models_dir.join(p) }
+        if p.is_absolute() {
+            p.to_path_buf()
+        } else {
+            self.models_dir.join(p)
+        }
     }
 
     /// Path of the generative model file.
@@ -94,7 +110,9 @@ impl ModelArgs {
 
     /// The generative model's public name.
     pub fn model_name(&self) -> String {
-        self.served_model_name.clone().unwrap_or_else(|| derived_name(&self.model))
+        self.served_model_name
+            .clone()
+            .unwrap_or_else(|| derived_name(&self.model))
     }
 
     /// The embedding model's public name.
@@ -108,7 +126,11 @@ impl ModelArgs {
 /// A model's default name: its folder for `dir/file.gguf`, else its stem.
 fn derived_name(p: &std::path::Path) -> String {
     let is_file = p.extension().is_some_and(|e| e == "gguf");
-    let named = if is_file { p.parent().filter(|d| !d.as_os_str().is_empty()) } else { Some(p) };
+    let named = if is_file {
+        p.parent().filter(|d| !d.as_os_str().is_empty())
+    } else {
+        Some(p)
+    };
     named
         .and_then(|d| d.file_name())
         .or_else(|| p.file_stem())
@@ -169,14 +191,24 @@ mod tests {
             s.models.model_path(),
             PathBuf::from("models/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf")
         );
-        assert_eq!(s.models.embedding_path(), Some(PathBuf::from("models/all-minilm-l6-v2")));
+        assert_eq!(
+            s.models.embedding_path(),
+            Some(PathBuf::from("models/all-minilm-l6-v2"))
+        );
         assert_eq!(s.database_url, "sqlite://data/synor.db");
         assert_eq!(s.scheduler.to_engine().max_num_seqs, 16);
     }
 
     #[test]
     fn names_and_paths_follow_the_options() {
-        let s = serve(&["--model", "/abs/tiny.gguf", "--embedding-model", "none", "--bind", "127.0.0.1:0"]);
+        let s = serve(&[
+            "--model",
+            "/abs/tiny.gguf",
+            "--embedding-model",
+            "none",
+            "--bind",
+            "127.0.0.1:0",
+        ]);
         assert_eq!(s.models.model_path(), PathBuf::from("/abs/tiny.gguf"));
         assert_eq!(s.models.model_name(), "abs");
         assert_eq!(s.models.embedding_path(), None);

@@ -13,7 +13,10 @@ use serde::Serialize;
 pub enum ApiError {
     /// The body is not valid JSON or does not match the request schema.
     #[error("{message}")]
-    InvalidJson { message: String, param: Option<String> },
+    InvalidJson {
+        message: String,
+        param: Option<String>,
+    },
     /// A field has a value we refuse; `param` names it.
     #[error("{message}")]
     InvalidParam { param: String, message: String },
@@ -22,7 +25,10 @@ pub enum ApiError {
     ModelNotFound(String),
     /// The model exists but cannot serve this endpoint.
     #[error("the model `{model}` does not support {endpoint}")]
-    WrongModelKind { model: String, endpoint: &'static str },
+    WrongModelKind {
+        model: String,
+        endpoint: &'static str,
+    },
     /// No route matches the path.
     #[error("no route for {0}")]
     RouteNotFound(String),
@@ -54,21 +60,48 @@ pub struct ErrorObject<'a> {
 
 impl ApiError {
     pub fn invalid(param: impl Into<String>, message: impl Into<String>) -> Self {
-        Self::InvalidParam { param: param.into(), message: message.into() }
+        Self::InvalidParam {
+            param: param.into(),
+            message: message.into(),
+        }
     }
 
     /// Status, OpenAI error type, param and code.
-    fn parts(&self) -> (StatusCode, &'static str, Option<String>, Option<&'static str>) {
+    fn parts(
+        &self,
+    ) -> (
+        StatusCode,
+        &'static str,
+        Option<String>,
+        Option<&'static str>,
+    ) {
         use StatusCode as S;
         const INVALID: &str = "invalid_request_error";
         match self {
             Self::InvalidJson { param, .. } => (S::BAD_REQUEST, INVALID, param.clone(), None),
-            Self::InvalidParam { param, .. } => (S::BAD_REQUEST, INVALID, Some(param.clone()), None),
-            Self::ModelNotFound(_) => (S::NOT_FOUND, INVALID, Some("model".into()), Some("model_not_found")),
+            Self::InvalidParam { param, .. } => {
+                (S::BAD_REQUEST, INVALID, Some(param.clone()), None)
+            }
+            Self::ModelNotFound(_) => (
+                S::NOT_FOUND,
+                INVALID,
+                Some("model".into()),
+                Some("model_not_found"),
+            ),
             Self::WrongModelKind { .. } => (S::BAD_REQUEST, INVALID, Some("model".into()), None),
             Self::RouteNotFound(_) => (S::NOT_FOUND, INVALID, None, Some("not_found")),
-            Self::MethodNotAllowed => (S::METHOD_NOT_ALLOWED, INVALID, None, Some("method_not_allowed")),
-            Self::PayloadTooLarge => (S::PAYLOAD_TOO_LARGE, INVALID, None, Some("payload_too_large")),
+            Self::MethodNotAllowed => (
+                S::METHOD_NOT_ALLOWED,
+                INVALID,
+                None,
+                Some("method_not_allowed"),
+            ),
+            Self::PayloadTooLarge => (
+                S::PAYLOAD_TOO_LARGE,
+                INVALID,
+                None,
+                Some("payload_too_large"),
+            ),
             Self::Engine(e) => engine_parts(e),
         }
     }
@@ -76,12 +109,19 @@ impl ApiError {
     /// The OpenAI error object (also sent as an SSE event mid-stream).
     pub fn to_object(&self) -> ErrorObject<'static> {
         let (status, kind, param, code) = self.parts();
-        let message = if status.is_server_error() && !matches!(self, Self::Engine(EngineError::Overloaded { .. })) {
+        let message = if status.is_server_error()
+            && !matches!(self, Self::Engine(EngineError::Overloaded { .. }))
+        {
             "the server had an error while processing your request".to_string()
         } else {
             self.to_string()
         };
-        ErrorObject { message, kind, param, code }
+        ErrorObject {
+            message,
+            kind,
+            param,
+            code,
+        }
     }
 
     pub fn status(&self) -> StatusCode {
@@ -89,17 +129,39 @@ impl ApiError {
     }
 }
 
-fn engine_parts(e: &EngineError) -> (StatusCode, &'static str, Option<String>, Option<&'static str>) {
+fn engine_parts(
+    e: &EngineError,
+) -> (
+    StatusCode,
+    &'static str,
+    Option<String>,
+    Option<&'static str>,
+) {
     use StatusCode as S;
     const INVALID: &str = "invalid_request_error";
     match e {
-        EngineError::Validation { field, .. } => (S::BAD_REQUEST, INVALID, Some((*field).into()), None),
-        EngineError::ContextLength { .. } => {
-            (S::BAD_REQUEST, INVALID, Some("messages".into()), Some("context_length_exceeded"))
+        EngineError::Validation { field, .. } => {
+            (S::BAD_REQUEST, INVALID, Some((*field).into()), None)
         }
+        EngineError::ContextLength { .. } => (
+            S::BAD_REQUEST,
+            INVALID,
+            Some("messages".into()),
+            Some("context_length_exceeded"),
+        ),
         EngineError::Template(_) => (S::BAD_REQUEST, INVALID, Some("messages".into()), None),
-        EngineError::Overloaded { .. } => (S::SERVICE_UNAVAILABLE, "server_error", None, Some("overloaded")),
-        EngineError::Shutdown => (S::SERVICE_UNAVAILABLE, "server_error", None, Some("unavailable")),
+        EngineError::Overloaded { .. } => (
+            S::SERVICE_UNAVAILABLE,
+            "server_error",
+            None,
+            Some("overloaded"),
+        ),
+        EngineError::Shutdown => (
+            S::SERVICE_UNAVAILABLE,
+            "server_error",
+            None,
+            Some("unavailable"),
+        ),
         EngineError::Load(_) | EngineError::Tokenizer(_) | EngineError::Execution(_) => {
             (S::INTERNAL_SERVER_ERROR, "server_error", None, None)
         }
@@ -114,9 +176,16 @@ impl IntoResponse for ApiError {
         } else {
             tracing::debug!(error = %self, "request rejected");
         }
-        let mut resp = (status, Json(Body { error: self.to_object() })).into_response();
+        let mut resp = (
+            status,
+            Json(Body {
+                error: self.to_object(),
+            }),
+        )
+            .into_response();
         if status == StatusCode::SERVICE_UNAVAILABLE || status == StatusCode::TOO_MANY_REQUESTS {
-            resp.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+            resp.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
         }
         resp
     }
@@ -128,13 +197,26 @@ mod tests {
 
     #[test]
     fn engine_errors_map_to_openai_statuses_and_codes() {
-        let ctx = ApiError::from(EngineError::ContextLength { max_context: 10, prompt_tokens: 8, max_tokens: 5 });
+        let ctx = ApiError::from(EngineError::ContextLength {
+            max_context: 10,
+            prompt_tokens: 8,
+            max_tokens: 5,
+        });
         assert_eq!(ctx.status(), StatusCode::BAD_REQUEST);
         assert_eq!(ctx.to_object().code, Some("context_length_exceeded"));
-        let v = ApiError::from(EngineError::Validation { field: "top_p", message: "bad".into() });
+        let v = ApiError::from(EngineError::Validation {
+            field: "top_p",
+            message: "bad".into(),
+        });
         assert_eq!(v.to_object().param.as_deref(), Some("top_p"));
-        assert_eq!(ApiError::from(EngineError::Overloaded { waiting: 3 }).status(), StatusCode::SERVICE_UNAVAILABLE);
-        assert_eq!(ApiError::ModelNotFound("x".into()).status(), StatusCode::NOT_FOUND);
+        assert_eq!(
+            ApiError::from(EngineError::Overloaded { waiting: 3 }).status(),
+            StatusCode::SERVICE_UNAVAILABLE
+        );
+        assert_eq!(
+            ApiError::ModelNotFound("x".into()).status(),
+            StatusCode::NOT_FOUND
+        );
     }
 
     #[test]
@@ -147,6 +229,11 @@ mod tests {
     #[test]
     fn overload_answers_carry_retry_after() {
         let resp = ApiError::from(EngineError::Overloaded { waiting: 1 }).into_response();
-        assert_eq!(resp.headers().get(header::RETRY_AFTER).map(|v| v.as_bytes()), Some(&b"1"[..]));
+        assert_eq!(
+            resp.headers()
+                .get(header::RETRY_AFTER)
+                .map(|v| v.as_bytes()),
+            Some(&b"1"[..])
+        );
     }
 }

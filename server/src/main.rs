@@ -8,7 +8,9 @@ fn main() -> anyhow::Result<()> {
     match cli.command {
         Command::Serve(args) => {
             server::telemetry::init(&args.log_format);
-            let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()?;
             rt.block_on(server::startup::serve(args))
         }
     }

@@ -20,12 +20,29 @@ pub async fn load_models(args: &ServeArgs) -> anyhow::Result<ModelRegistry> {
         let path = args.models.model_path();
         let template: TemplateChoice = args.models.chat_template.parse().unwrap_or_default();
         let engine = EngineHandle::start_gguf(&path, &template, args.scheduler.to_engine())
-            .with_context(|| format!("loading {} (run `make models` to fetch the defaults)", path.display()))?;
-        models.push(ServedModel { name: args.models.model_name(), created, kind: ModelKind::Text(engine) });
+            .with_context(|| {
+                format!(
+                    "loading {} (run `make models` to fetch the defaults)",
+                    path.display()
+                )
+            })?;
+        models.push(ServedModel {
+            name: args.models.model_name(),
+            created,
+            kind: ModelKind::Text(engine),
+        });
         if let Some(dir) = args.models.embedding_path() {
-            let embed = EmbeddingHandle::start(&dir)
-                .with_context(|| format!("loading {} (run `make models` to fetch the defaults)", dir.display()))?;
-            models.push(ServedModel { name: args.models.embedding_name(), created, kind: ModelKind::Embedding(embed) });
+            let embed = EmbeddingHandle::start(&dir).with_context(|| {
+                format!(
+                    "loading {} (run `make models` to fetch the defaults)",
+                    dir.display()
+                )
+            })?;
+            models.push(ServedModel {
+                name: args.models.embedding_name(),
+                created,
+                kind: ModelKind::Embedding(embed),
+            });
         }
         Ok(ModelRegistry::new(models))
     })
@@ -36,13 +53,19 @@ pub async fn load_models(args: &ServeArgs) -> anyhow::Result<ModelRegistry> {
 /// Runs `synor serve` until a shutdown signal.
 pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let registry = Arc::new(load_models(&args).await?);
-    let state = AppState { models: registry.clone() };
-    let listener = TcpListener::bind(args.bind).await.with_context(|| format!("binding {}", args.bind))?;
+    let state = AppState {
+        models: registry.clone(),
+    };
+    let listener = TcpListener::bind(args.bind)
+        .await
+        .with_context(|| format!("binding {}", args.bind))?;
     let addr = listener.local_addr()?;
     tracing::info!(%addr, "synor listening");
     println!("synor listening on http://{addr}");
     let app = crate::app(state, args.max_body_bytes);
-    axum::serve(listener, app).with_graceful_shutdown(shutdown_signal()).await?;
+    axum::serve(listener, app)
+        .with_graceful_shutdown(shutdown_signal())
+        .await?;
     registry.shutdown();
     tracing::info!("synor stopped");
     Ok(())

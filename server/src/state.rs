@@ -48,7 +48,10 @@ impl ModelRegistry {
     pub fn text(&self, name: &str) -> Result<&EngineHandle, ApiError> {
         match &self.get(name)?.kind {
             ModelKind::Text(h) => Ok(h),
-            ModelKind::Embedding(_) => Err(ApiError::WrongModelKind { model: name.into(), endpoint: "text generation" }),
+            ModelKind::Embedding(_) => Err(ApiError::WrongModelKind {
+                model: name.into(),
+                endpoint: "text generation",
+            }),
         }
     }
 
@@ -56,7 +59,10 @@ impl ModelRegistry {
     pub fn embedding(&self, name: &str) -> Result<&EmbeddingHandle, ApiError> {
         match &self.get(name)?.kind {
             ModelKind::Embedding(h) => Ok(h),
-            ModelKind::Text(_) => Err(ApiError::WrongModelKind { model: name.into(), endpoint: "embeddings" }),
+            ModelKind::Text(_) => Err(ApiError::WrongModelKind {
+                model: name.into(),
+                endpoint: "embeddings",
+            }),
         }
     }
 

@@ -47,12 +47,14 @@ impl BertEmbedder {
     /// Loads the model folder `dir`.
     pub fn load(dir: &Path, device: &Device) -> Result<Self> {
         let read = |name: &str| {
-            std::fs::read_to_string(dir.join(name)).map_err(|e| load_err(&dir.join(name).display().to_string(), e))
+            std::fs::read_to_string(dir.join(name))
+                .map_err(|e| load_err(&dir.join(name).display().to_string(), e))
         };
-        let config: Config = serde_json::from_str(&read("config.json")?).map_err(|e| load_err("config.json", e))?;
+        let config: Config =
+            serde_json::from_str(&read("config.json")?).map_err(|e| load_err("config.json", e))?;
         check_pooling(&read("1_Pooling/config.json").unwrap_or_default())?;
-        let mut tokenizer =
-            Tokenizer::from_file(dir.join("tokenizer.json")).map_err(|e| load_err("tokenizer.json", e))?;
+        let mut tokenizer = Tokenizer::from_file(dir.join("tokenizer.json"))
+            .map_err(|e| load_err("tokenizer.json", e))?;
         let max_tokens = config.max_position_embeddings;
         tokenizer.with_padding(Some(PaddingParams {
             strategy: PaddingStrategy::BatchLongest,
@@ -73,7 +75,13 @@ impl BertEmbedder {
         )
         .map_err(|e| load_err("model.safetensors", e))?;
         let model = BertModel::load(vb, &config).map_err(|e| load_err("BERT weights", e))?;
-        Ok(Self { model, tokenizer, dimensions: config.hidden_size, max_tokens, device: device.clone() })
+        Ok(Self {
+            model,
+            tokenizer,
+            dimensions: config.hidden_size,
+            max_tokens,
+            device: device.clone(),
+        })
     }
 
     /// Embeds `inputs`; returns one unit vector per input and the number of
@@ -122,8 +130,12 @@ fn check_pooling(json: &str) -> Result<()> {
     if json.is_empty() {
         return Ok(());
     }
-    let v: serde_json::Value = serde_json::from_str(json).map_err(|e| load_err("1_Pooling/config.json", e))?;
-    if v.get("pooling_mode_mean_tokens").and_then(serde_json::Value::as_bool) == Some(false) {
+    let v: serde_json::Value =
+        serde_json::from_str(json).map_err(|e| load_err("1_Pooling/config.json", e))?;
+    if v.get("pooling_mode_mean_tokens")
+        .and_then(serde_json::Value::as_bool)
+        == Some(false)
+    {
         return Err(EngineError::Load(
             "only mean-pooling sentence-transformers models are supported".into(),
         ));

@@ -62,12 +62,19 @@ impl LlamaConfig {
             n_layer: meta.u32(&key("block_count"))? as usize,
             hidden,
             n_head,
-            n_kv_head: meta.u32(&key("attention.head_count_kv")).map_or(n_head, |v| v as usize),
+            n_kv_head: meta
+                .u32(&key("attention.head_count_kv"))
+                .map_or(n_head, |v| v as usize),
             head_dim,
-            rms_eps: f64::from(meta.f32(&key("attention.layer_norm_rms_epsilon")).unwrap_or(1e-5)),
+            rms_eps: f64::from(
+                meta.f32(&key("attention.layer_norm_rms_epsilon"))
+                    .unwrap_or(1e-5),
+            ),
             rope_theta: meta.f32(&key("rope.freq_base")).unwrap_or(10_000.0),
             rope_neox,
-            context_length: meta.u32(&key("context_length")).map_or(2048, |v| v as usize),
+            context_length: meta
+                .u32(&key("context_length"))
+                .map_or(2048, |v| v as usize),
             vocab_size,
             architecture: arch,
         })
@@ -176,14 +183,27 @@ impl Llama {
             });
         }
         let (cos, sin) = rope_tables(&config, device)?;
-        Ok(Self { config, embed, layers, norm, lm_head, cos, sin, device: device.clone() })
+        Ok(Self {
+            config,
+            embed,
+            layers,
+            norm,
+            lm_head,
+            cos,
+            sin,
+            device: device.clone(),
+        })
     }
 
     /// Runs one step over `batch`, appending each chunk's keys and values to
     /// its sequence's KV in `kv`. Returns logits `[n, vocab]` for the chunks
     /// with `want_logits`, in batch order.
     pub fn forward(&self, batch: &ModelBatch, kv: &mut KvStore) -> Result<Tensor> {
-        let tokens: Vec<u32> = batch.chunks.iter().flat_map(|c| c.tokens.iter().copied()).collect();
+        let tokens: Vec<u32> = batch
+            .chunks
+            .iter()
+            .flat_map(|c| c.tokens.iter().copied())
+            .collect();
         let positions: Vec<u32> = batch
             .chunks
             .iter()
@@ -208,7 +228,11 @@ impl Llama {
         let mut x = self.embed.index_select(&ids, 0)?;
         for (li, layer) in self.layers.iter().enumerate() {
             let h = candle_nn::ops::rms_norm(&x, &layer.attn_norm, self.config.rms_eps as f32)?;
-            let step = Step { cos: &cos, sin: &sin, batch };
+            let step = Step {
+                cos: &cos,
+                sin: &sin,
+                batch,
+            };
             let attn = self.attention(li, &h, &step, kv)?;
             x = (x + layer.wo.forward(&attn)?)?;
             let h = candle_nn::ops::rms_norm(&x, &layer.ffn_norm, self.config.rms_eps as f32)?;
@@ -224,13 +248,21 @@ impl Llama {
     }
 
     /// Self-attention of one layer for every chunk in the batch.
-    fn attention(&self, li: usize, h: &Tensor, step: &Step<'_>, kv: &mut KvStore) -> Result<Tensor> {
+    fn attention(
+        &self,
+        li: usize,
+        h: &Tensor,
+        step: &Step<'_>,
+        kv: &mut KvStore,
+    ) -> Result<Tensor> {
         let c = &self.config;
         let layer = &self.layers[li];
         let (cos, sin, batch) = (step.cos, step.sin, step.batch);
         let t = h.dim(0)?;
         let heads = |x: Tensor, n: usize| -> Result<Tensor> {
-            Ok(x.reshape((1, t, n, c.head_dim))?.transpose(1, 2)?.contiguous()?)
+            Ok(x.reshape((1, t, n, c.head_dim))?
+                .transpose(1, 2)?
+                .contiguous()?)
         };
         let q = self.rope(&heads(layer.wq.forward(h)?, c.n_head)?, cos, sin)?;
         let k = self.rope(&heads(layer.wk.forward(h)?, c.n_kv_head)?, cos, sin)?;
@@ -263,7 +295,15 @@ impl Llama {
         let mut scores = q.matmul(&k.t()?)?; // (nkv, group*n, L)
         if n > 1 {
             let mask: Vec<f32> = (0..n)
-                .flat_map(|i| (0..l).map(move |j| if j <= start + i { 0.0 } else { f32::NEG_INFINITY }))
+                .flat_map(|i| {
+                    (0..l).map(move |j| {
+                        if j <= start + i {
+                            0.0
+                        } else {
+                            f32::NEG_INFINITY
+                        }
+                    })
+                })
                 .collect();
             let mask = Tensor::from_vec(mask, (1, 1, n, l), &self.device)?;
             scores = scores

@@ -47,7 +47,9 @@ pub struct SeqKv {
 impl SeqKv {
     /// Number of positions cached.
     pub fn len(&self) -> usize {
-        self.layers.first().map_or(0, |(k, _)| k.dims().get(2).copied().unwrap_or(0))
+        self.layers
+            .first()
+            .map_or(0, |(k, _)| k.dims().get(2).copied().unwrap_or(0))
     }
 
     pub fn is_empty(&self) -> bool {

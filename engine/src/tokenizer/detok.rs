@@ -39,7 +39,10 @@ impl IncrementalDetokenizer {
         self.ids.push(id);
         let prefix = tok.decode(&self.ids[self.prefix_offset..self.read_offset])?;
         let full = tok.decode(&self.ids[self.prefix_offset..])?;
-        if full.len() > prefix.len() && !full.ends_with('\u{FFFD}') && full.is_char_boundary(prefix.len()) {
+        if full.len() > prefix.len()
+            && !full.ends_with('\u{FFFD}')
+            && full.is_char_boundary(prefix.len())
+        {
             let delta = full[prefix.len()..].to_string();
             self.prefix_offset = self.read_offset;
             self.read_offset = self.ids.len();
@@ -90,20 +93,33 @@ impl StopMatcher {
     /// Feeds a text delta.
     pub fn push(&mut self, delta: &str) -> StopStep {
         if self.stops.is_empty() {
-            return StopStep { emit: delta.to_string(), stopped: false };
+            return StopStep {
+                emit: delta.to_string(),
+                stopped: false,
+            };
         }
         self.pending.push_str(delta);
-        let first = self.stops.iter().filter_map(|s| self.pending.find(s.as_str())).min();
+        let first = self
+            .stops
+            .iter()
+            .filter_map(|s| self.pending.find(s.as_str()))
+            .min();
         if let Some(pos) = first {
             let emit = self.pending[..pos].to_string();
             self.pending.clear();
-            return StopStep { emit, stopped: true };
+            return StopStep {
+                emit,
+                stopped: true,
+            };
         }
         let hold = self.held_tail_len();
         let cut = self.pending.len() - hold;
         let emit = self.pending[..cut].to_string();
         self.pending.drain(..cut);
-        StopStep { emit, stopped: false }
+        StopStep {
+            emit,
+            stopped: false,
+        }
     }
 
     /// Releases held-back text when generation ends without a match.
@@ -117,7 +133,11 @@ impl StopMatcher {
         let p = &self.pending;
         p.char_indices()
             .map(|(i, _)| i)
-            .find(|&i| self.stops.iter().any(|s| s.len() > p.len() - i && s.starts_with(&p[i..])))
+            .find(|&i| {
+                self.stops
+                    .iter()
+                    .any(|s| s.len() > p.len() - i && s.starts_with(&p[i..]))
+            })
             .map_or(0, |i| p.len() - i)
     }
 }
@@ -142,12 +162,18 @@ mod tests {
 
     #[test]
     fn stop_string_split_across_deltas_is_found() {
-        assert_eq!(run(&["END"], &["abc E", "N", "D tail"]), ("abc ".to_string(), true));
+        assert_eq!(
+            run(&["END"], &["abc E", "N", "D tail"]),
+            ("abc ".to_string(), true)
+        );
     }
 
     #[test]
     fn partial_stop_prefix_is_released_when_it_does_not_complete() {
-        assert_eq!(run(&["END"], &["abc E", "x"]), ("abc Ex".to_string(), false));
+        assert_eq!(
+            run(&["END"], &["abc E", "x"]),
+            ("abc Ex".to_string(), false)
+        );
         assert_eq!(run(&["END"], &["abc EN"]), ("abc EN".to_string(), false));
     }
 
@@ -158,7 +184,10 @@ mod tests {
 
     #[test]
     fn held_text_respects_multibyte_characters() {
-        assert_eq!(run(&["éx"], &["caf", "é", "!"]), ("café!".to_string(), false));
+        assert_eq!(
+            run(&["éx"], &["caf", "é", "!"]),
+            ("café!".to_string(), false)
+        );
         assert_eq!(run(&["éx"], &["café", "x"]), ("caf".to_string(), true));
     }
 

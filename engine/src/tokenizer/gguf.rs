@@ -100,7 +100,9 @@ impl Meta<'_> {
 }
 
 /// Builds the tokenizer and reads its special tokens from GGUF metadata.
-pub fn tokenizer_from_gguf(metadata: &HashMap<String, Value>) -> Result<(Tokenizer, SpecialTokens)> {
+pub fn tokenizer_from_gguf(
+    metadata: &HashMap<String, Value>,
+) -> Result<(Tokenizer, SpecialTokens)> {
     let meta = Meta(metadata);
     let kind = meta.string("tokenizer.ggml.model")?;
     let tokens = meta.strings("tokenizer.ggml.tokens")?;
@@ -138,7 +140,11 @@ pub fn tokenizer_from_gguf(metadata: &HashMap<String, Value>) -> Result<(Tokeniz
 }
 
 fn byte_level_bpe(meta: &Meta<'_>, tokens: &[String]) -> Result<Tokenizer> {
-    let vocab: Vocab = tokens.iter().enumerate().map(|(i, t)| (t.clone(), i as u32)).collect();
+    let vocab: Vocab = tokens
+        .iter()
+        .enumerate()
+        .map(|(i, t)| (t.clone(), i as u32))
+        .collect();
     let merges = meta
         .strings("tokenizer.ggml.merges")?
         .into_iter()
@@ -161,7 +167,8 @@ fn byte_level_bpe(meta: &Meta<'_>, tokens: &[String]) -> Result<Tokenizer> {
 
 /// The pre-tokenizer llama.cpp uses for each `tokenizer.ggml.pre` name.
 fn bpe_pre_tokenizer(pre: &str) -> Result<PreTokenizerWrapper> {
-    let byte_level = |use_regex| PreTokenizerWrapper::ByteLevel(ByteLevel::new(false, true, use_regex));
+    let byte_level =
+        |use_regex| PreTokenizerWrapper::ByteLevel(ByteLevel::new(false, true, use_regex));
     let split = |pattern: &str| -> Result<PreTokenizerWrapper> {
         let split = Split::new(
             SplitPattern::Regex(pattern.to_string()),
@@ -177,14 +184,21 @@ fn bpe_pre_tokenizer(pre: &str) -> Result<PreTokenizerWrapper> {
             byte_level(true),
         ])),
         "llama-bpe" | "llama3" | "dbrx" | "smaug-bpe" => {
-            PreTokenizerWrapper::Sequence(PreSequence::new(vec![split(LLAMA3_PATTERN)?, byte_level(false)]))
+            PreTokenizerWrapper::Sequence(PreSequence::new(vec![
+                split(LLAMA3_PATTERN)?,
+                byte_level(false),
+            ]))
         }
-        "qwen2" | "deepseek-r1-qwen" => {
-            PreTokenizerWrapper::Sequence(PreSequence::new(vec![split(QWEN2_PATTERN)?, byte_level(false)]))
-        }
+        "qwen2" | "deepseek-r1-qwen" => PreTokenizerWrapper::Sequence(PreSequence::new(vec![
+            split(QWEN2_PATTERN)?,
+            byte_level(false),
+        ])),
         other => {
             if other != "default" && other != "gpt-2" && other != "gpt2" {
-                tracing::warn!(pre = other, "unknown GGUF pre-tokenizer; using GPT-2 byte-level");
+                tracing::warn!(
+                    pre = other,
+                    "unknown GGUF pre-tokenizer; using GPT-2 byte-level"
+                );
             }
             byte_level(true)
         }
@@ -193,22 +207,31 @@ fn bpe_pre_tokenizer(pre: &str) -> Result<PreTokenizerWrapper> {
 
 fn sentencepiece_unigram(meta: &Meta<'_>, tokens: &[String]) -> Result<Tokenizer> {
     let scores: Vec<f64> = match meta.array("tokenizer.ggml.scores") {
-        Ok(v) => v.iter().map(|s| s.to_f32().map(f64::from).unwrap_or(0.0)).collect(),
+        Ok(v) => v
+            .iter()
+            .map(|s| s.to_f32().map(f64::from).unwrap_or(0.0))
+            .collect(),
         Err(_) => vec![0.0; tokens.len()],
     };
     let vocab: Vec<(String, f64)> = tokens.iter().cloned().zip(scores).collect();
-    let unk = meta.u32("tokenizer.ggml.unknown_token_id").map(|u| u as usize).ok();
+    let unk = meta
+        .u32("tokenizer.ggml.unknown_token_id")
+        .map(|u| u as usize)
+        .ok();
     let unigram = Unigram::from(vocab, unk, true)
         .map_err(|e| EngineError::Load(format!("SentencePiece vocabulary: {e}")))?;
     let mut tokenizer = Tokenizer::new(unigram);
     let replace = |from: &str, to: &str| {
         Replace::new(from, to).map_err(|e| EngineError::Load(format!("normalizer: {e}")))
     };
-    tokenizer.with_normalizer(Some(NormalizerWrapper::Sequence(NormalizerSequence::new(vec![
-        NormalizerWrapper::Prepend(Prepend::new("▁".to_string())),
-        NormalizerWrapper::Replace(replace(" ", "▁")?),
-    ]))))
-    .map_err(|e| EngineError::Load(format!("normalizer: {e}")))?;
+    tokenizer
+        .with_normalizer(Some(NormalizerWrapper::Sequence(NormalizerSequence::new(
+            vec![
+                NormalizerWrapper::Prepend(Prepend::new("▁".to_string())),
+                NormalizerWrapper::Replace(replace(" ", "▁")?),
+            ],
+        ))))
+        .map_err(|e| EngineError::Load(format!("normalizer: {e}")))?;
     tokenizer.with_decoder(Some(DecoderWrapper::Sequence(DecoderSequence::new(vec![
         DecoderWrapper::Replace(replace("▁", " ")?),
         DecoderWrapper::ByteFallback(ByteFallback::new()),

@@ -13,7 +13,14 @@ use crate::error::{EngineError, Result};
 pub use gguf::SpecialTokens;
 
 /// End-of-generation markers llama.cpp also treats as EOS when present.
-const EOG_TOKENS: &[&str] = &["<|im_end|>", "<|eot_id|>", "<|end|>", "<|endoftext|>", "</s>", "<end_of_turn>"];
+const EOG_TOKENS: &[&str] = &[
+    "<|im_end|>",
+    "<|eot_id|>",
+    "<|end|>",
+    "<|endoftext|>",
+    "</s>",
+    "<end_of_turn>",
+];
 
 /// A tokenizer plus the ids that matter to generation.
 #[derive(Clone)]
@@ -37,12 +44,21 @@ impl std::fmt::Debug for TextTokenizer {
 
 impl TextTokenizer {
     pub fn new(inner: Tokenizer, special: SpecialTokens) -> Self {
-        let mut eog: BTreeSet<u32> = EOG_TOKENS.iter().filter_map(|t| inner.token_to_id(t)).collect();
+        let mut eog: BTreeSet<u32> = EOG_TOKENS
+            .iter()
+            .filter_map(|t| inner.token_to_id(t))
+            .collect();
         eog.extend(special.eos);
         let text_of = |id: Option<u32>| id.and_then(|i| inner.id_to_token(i)).unwrap_or_default();
         let bos_text = text_of(special.bos);
         let eos_text = text_of(special.eos);
-        Self { inner, special, eog, bos_text, eos_text }
+        Self {
+            inner,
+            special,
+            eog,
+            bos_text,
+            eos_text,
+        }
     }
 
     /// Encodes a prompt: special tokens in the text (chat markers) are

@@ -12,7 +12,11 @@ pub fn models_dir() -> PathBuf {
 /// Path of a model file, failing loudly (with the fix) when it is missing.
 pub fn model_path(rel: &str) -> PathBuf {
     let p = models_dir().join(rel);
-    assert!(p.exists(), "{} is missing: run `make models` first", p.display());
+    assert!(
+        p.exists(),
+        "{} is missing: run `make models` first",
+        p.display()
+    );
     p
 }
 

@@ -6,6 +6,7 @@ use axum::body::Bytes;
 use axum::extract::{FromRequest, Request};
 use axum::http::header;
 use serde::de::DeserializeOwned;
+use serde_json::error::Category;
 
 use crate::error::ApiError;
 
@@ -36,7 +37,10 @@ where
             if e.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
                 ApiError::PayloadTooLarge
             } else {
-                ApiError::InvalidJson { message: format!("could not read the body: {e}"), param: None }
+                ApiError::InvalidJson {
+                    message: format!("could not read the body: {e}"),
+                    param: None,
+                }
             }
         })?;
         parse(&bytes).map(ApiJson)
@@ -49,15 +53,26 @@ pub fn parse<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
     serde_path_to_error::deserialize(de).map_err(|e| {
         let path = e.path().to_string();
         let inner = e.into_inner();
-        let param = (path != ".").then_some(path);
-        let message = match (&param, inner.classify()) {
-            (_, serde_json::error::Category::Syntax | serde_json::error::Category::Eof) => {
-                format!("the body is not valid JSON: {inner}")
-            }
-            (Some(p), _) => format!("invalid value for `{p}`: {inner}"),
-            (None, _) => format!("invalid request: {inner}"),
-        };
-        ApiError::InvalidJson { message, param }
+        if matches!(
+            inner.classify(),
+            Category::Syntax | Category::Eof | Category::Io
+        ) {
+            let message = format!("the body is not valid JSON: {inner}");
+            return ApiError::InvalidJson {
+                message,
+                param: None,
+            };
+        }
+        match (path != ".").then_some(path) {
+            Some(p) => ApiError::InvalidJson {
+                message: format!("invalid value for `{p}`: {inner}"),
+                param: Some(p),
+            },
+            None => ApiError::InvalidJson {
+                message: format!("invalid request: {inner}"),
+                param: None,
+            },
+        }
     })
 }
 
@@ -87,7 +102,9 @@ mod tests {
 
     #[test]
     fn malformed_json_is_reported_as_such() {
-        assert!(err("{\"a\": 1,").0.contains("not valid JSON"));
+        let (msg, param) = err("{\"a\": 1,");
+        assert!(msg.contains("not valid JSON"), "{msg}");
+        assert_eq!(param, None);
     }
 
     #[test]

@@ -22,7 +22,10 @@ pub struct Outcome {
 }
 
 /// Submits every choice; if one is refused, the others are dropped (aborted).
-pub fn submit_all(engine: &EngineHandle, requests: Vec<GenerateRequest>) -> Result<Vec<RequestStream>, ApiError> {
+pub fn submit_all(
+    engine: &EngineHandle,
+    requests: Vec<GenerateRequest>,
+) -> Result<Vec<RequestStream>, ApiError> {
     requests
         .into_iter()
         .map(|r| engine.submit(r).map_err(ApiError::from))
@@ -35,7 +38,13 @@ pub async fn collect(mut stream: RequestStream) -> Result<Outcome, ApiError> {
     while let Some(ev) = stream.next().await {
         match ev {
             TokenEvent::Delta { text: t, .. } => text.push_str(&t),
-            TokenEvent::Finished { reason, usage } => return Ok(Outcome { text, finish: reason, usage }),
+            TokenEvent::Finished { reason, usage } => {
+                return Ok(Outcome {
+                    text,
+                    finish: reason,
+                    usage,
+                });
+            }
             TokenEvent::Failed(e) => return Err(e.into()),
         }
     }
@@ -72,7 +81,8 @@ pub trait ChunkEncoder: Send + 'static {
 
 /// Serializes a chunk; our chunk types always serialize.
 pub fn to_json<T: Serialize>(value: &T) -> String {
-    serde_json::to_string(value).unwrap_or_else(|e| format!("{{\"error\":{{\"message\":\"{e}\"}}}}"))
+    serde_json::to_string(value)
+        .unwrap_or_else(|e| format!("{{\"error\":{{\"message\":\"{e}\"}}}}"))
 }
 
 struct SseState<E> {
@@ -94,7 +104,13 @@ pub fn sse<E: ChunkEncoder>(
     include_usage: bool,
 ) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
     let head: Vec<_> = encoder.start(streams.len()).into_iter().map(data).collect();
-    let state = SseState { events: merge(streams), encoder, usage: UsageDto::default(), include_usage, done: false };
+    let state = SseState {
+        events: merge(streams),
+        encoder,
+        usage: UsageDto::default(),
+        include_usage,
+        done: false,
+    };
     let body = stream::unfold(state, |mut st| async move {
         if st.done {
             return None;
@@ -111,7 +127,10 @@ pub fn sse<E: ChunkEncoder>(
                 out
             }
         };
-        Some((stream::iter(out.into_iter().map(data).collect::<Vec<_>>()), st))
+        Some((
+            stream::iter(out.into_iter().map(data).collect::<Vec<_>>()),
+            st,
+        ))
     })
     .flatten();
     Sse::new(stream::iter(head).chain(body)).keep_alive(KeepAlive::default())
@@ -129,7 +148,10 @@ fn on_event<E: ChunkEncoder>(st: &mut SseState<E>, i: usize, ev: TokenEvent) -> 
             st.done = true;
             let err = ApiError::from(e);
             tracing::warn!(error = %err, "generation failed mid-stream");
-            vec![to_json(&serde_json::json!({ "error": err.to_object() })), "[DONE]".to_string()]
+            vec![
+                to_json(&serde_json::json!({ "error": err.to_object() })),
+                "[DONE]".to_string(),
+            ]
         }
     }
 }

@@ -4,7 +4,9 @@
 
 use engine::{ChatMessage, EngineHandle, GenerateRequest, SamplingParams};
 
-use super::types::{ChatCompletionRequest, CommonParams, CompletionRequest, MessageContent, Prompt};
+use super::types::{
+    ChatCompletionRequest, CommonParams, CompletionRequest, MessageContent, Prompt,
+};
 use crate::error::ApiError;
 
 /// OpenAI's default `max_tokens` for legacy completions.
@@ -30,19 +32,27 @@ fn refuse(param: &str, message: impl Into<String>) -> ApiError {
 /// Checks the shared fields and refuses what we do not support.
 fn check_common(c: &CommonParams) -> Result<(), ApiError> {
     if let Some(name) = c.unknown.keys().next() {
-        return Err(refuse(name, format!("unrecognized request argument supplied: {name}")));
+        return Err(refuse(
+            name,
+            format!("unrecognized request argument supplied: {name}"),
+        ));
     }
     match c.n {
         None | Some(1) => {}
         Some(0) => return Err(refuse("n", "n must be at least 1")),
         Some(_) => return Err(refuse("n", "n > 1 is not supported yet")),
     }
-    for (name, v) in [("presence_penalty", c.presence_penalty), ("frequency_penalty", c.frequency_penalty)] {
+    for (name, v) in [
+        ("presence_penalty", c.presence_penalty),
+        ("frequency_penalty", c.frequency_penalty),
+    ] {
         match v {
             Some(x) if !(-2.0..=2.0).contains(&x) => {
                 return Err(refuse(name, format!("{name} must be between -2 and 2")));
             }
-            Some(x) if x != 0.0 => return Err(refuse(name, format!("{name} is not supported yet"))),
+            Some(x) if x != 0.0 => {
+                return Err(refuse(name, format!("{name} is not supported yet")));
+            }
             _ => {}
         }
     }
@@ -50,7 +60,10 @@ fn check_common(c: &CommonParams) -> Result<(), ApiError> {
         return Err(refuse("logit_bias", "logit_bias is not supported yet"));
     }
     if c.stream_options.is_some() && !c.stream {
-        return Err(refuse("stream_options", "stream_options is only allowed when stream is true"));
+        return Err(refuse(
+            "stream_options",
+            "stream_options is only allowed when stream is true",
+        ));
     }
     Ok(())
 }
@@ -81,7 +94,10 @@ fn max_tokens(field: &str, given: Option<i64>, default: usize) -> Result<usize, 
     match given {
         None => Ok(default),
         Some(n) if n >= 1 => Ok(n as usize),
-        Some(n) => Err(refuse(field, format!("{field} must be at least 1, got {n}"))),
+        Some(n) => Err(refuse(
+            field,
+            format!("{field} must be at least 1, got {n}"),
+        )),
     }
 }
 
@@ -96,7 +112,10 @@ fn message_text(i: usize, content: &Option<MessageContent>) -> Result<String, Ap
             .map(|p| match (p.kind.as_str(), &p.text) {
                 ("text", Some(t)) => Ok(t.as_str()),
                 ("text", None) => Err(refuse(&param, "a text part needs `text`")),
-                (other, _) => Err(refuse(&param, format!("content parts of type `{other}` are not supported"))),
+                (other, _) => Err(refuse(
+                    &param,
+                    format!("content parts of type `{other}` are not supported"),
+                )),
             })
             .collect::<Result<Vec<_>, _>>()
             .map(|v| v.concat()),
@@ -104,10 +123,16 @@ fn message_text(i: usize, content: &Option<MessageContent>) -> Result<String, Ap
 }
 
 /// Validates a chat request and renders its prompt with `engine`'s template.
-pub fn chat(req: &ChatCompletionRequest, engine: &EngineHandle) -> Result<ValidGeneration, ApiError> {
+pub fn chat(
+    req: &ChatCompletionRequest,
+    engine: &EngineHandle,
+) -> Result<ValidGeneration, ApiError> {
     check_common(&req.common)?;
     if req.messages.is_empty() {
-        return Err(refuse("messages", "messages must contain at least one message"));
+        return Err(refuse(
+            "messages",
+            "messages must contain at least one message",
+        ));
     }
     if req.logprobs == Some(true) || req.top_logprobs.is_some() {
         return Err(refuse("logprobs", "logprobs are not supported yet"));
@@ -118,7 +143,10 @@ pub fn chat(req: &ChatCompletionRequest, engine: &EngineHandle) -> Result<ValidG
     if let Some(rf) = &req.response_format
         && rf.get("type").and_then(|t| t.as_str()) != Some("text")
     {
-        return Err(refuse("response_format", "only response_format {\"type\": \"text\"} is supported yet"));
+        return Err(refuse(
+            "response_format",
+            "only response_format {\"type\": \"text\"} is supported yet",
+        ));
     }
     let mut messages = Vec::with_capacity(req.messages.len());
     for (i, m) in req.messages.iter().enumerate() {
@@ -126,8 +154,18 @@ pub fn chat(req: &ChatCompletionRequest, engine: &EngineHandle) -> Result<ValidG
             "system" | "developer" => "system",
             "user" => "user",
             "assistant" => "assistant",
-            "tool" => return Err(refuse(&format!("messages[{i}].role"), "tool messages are not supported yet")),
-            other => return Err(refuse(&format!("messages[{i}].role"), format!("unknown role `{other}`"))),
+            "tool" => {
+                return Err(refuse(
+                    &format!("messages[{i}].role"),
+                    "tool messages are not supported yet",
+                ));
+            }
+            other => {
+                return Err(refuse(
+                    &format!("messages[{i}].role"),
+                    format!("unknown role `{other}`"),
+                ));
+            }
         };
         messages.push(ChatMessage::new(role, message_text(i, &m.content)?));
     }
@@ -137,18 +175,32 @@ pub fn chat(req: &ChatCompletionRequest, engine: &EngineHandle) -> Result<ValidG
         Some(n) => ("max_completion_tokens", Some(n)),
         None => ("max_tokens", req.max_tokens),
     };
-    let room = engine.info().context_length.saturating_sub(prompt_tokens.len()).max(1);
+    let room = engine
+        .info()
+        .context_length
+        .saturating_sub(prompt_tokens.len())
+        .max(1);
     let params = sampling(&req.common, max_tokens(field, given, room)?)?;
     Ok(ValidGeneration {
-        requests: vec![GenerateRequest { prompt_tokens, params }],
+        requests: vec![GenerateRequest {
+            prompt_tokens,
+            params,
+        }],
         stream: req.common.stream,
-        include_usage: req.common.stream_options.as_ref().is_some_and(|o| o.include_usage),
+        include_usage: req
+            .common
+            .stream_options
+            .as_ref()
+            .is_some_and(|o| o.include_usage),
         echo: vec![None],
     })
 }
 
 /// Validates a completions request; each prompt becomes one choice.
-pub fn completion(req: &CompletionRequest, engine: &EngineHandle) -> Result<ValidGeneration, ApiError> {
+pub fn completion(
+    req: &CompletionRequest,
+    engine: &EngineHandle,
+) -> Result<ValidGeneration, ApiError> {
     check_common(&req.common)?;
     if req.suffix.as_ref().is_some_and(|s| !s.is_empty()) {
         return Err(refuse("suffix", "suffix is not supported"));
@@ -161,7 +213,10 @@ pub fn completion(req: &CompletionRequest, engine: &EngineHandle) -> Result<Vali
     }
     let prompts: Vec<Vec<u32>> = match &req.prompt {
         Prompt::Text(t) => vec![engine.tokenizer().encode_prompt(t)?],
-        Prompt::Texts(ts) => ts.iter().map(|t| engine.tokenizer().encode_prompt(t)).collect::<Result<_, _>>()?,
+        Prompt::Texts(ts) => ts
+            .iter()
+            .map(|t| engine.tokenizer().encode_prompt(t))
+            .collect::<Result<_, _>>()?,
         Prompt::Tokens(ids) => vec![ids.clone()],
         Prompt::TokenLists(lists) => lists.clone(),
     };
@@ -169,21 +224,37 @@ pub fn completion(req: &CompletionRequest, engine: &EngineHandle) -> Result<Vali
         return Err(refuse("prompt", "prompt must not be empty"));
     }
     if prompts.len() > MAX_PROMPTS {
-        return Err(refuse("prompt", format!("at most {MAX_PROMPTS} prompts per request")));
+        return Err(refuse(
+            "prompt",
+            format!("at most {MAX_PROMPTS} prompts per request"),
+        ));
     }
     let max = max_tokens("max_tokens", req.max_tokens, COMPLETIONS_DEFAULT_MAX_TOKENS)?;
     let params = sampling(&req.common, max)?;
     let echo = prompts
         .iter()
-        .map(|p| if req.echo { engine.tokenizer().decode(p).map(Some) } else { Ok(None) })
+        .map(|p| {
+            if req.echo {
+                engine.tokenizer().decode(p).map(Some)
+            } else {
+                Ok(None)
+            }
+        })
         .collect::<Result<Vec<_>, _>>()?;
     Ok(ValidGeneration {
         requests: prompts
             .into_iter()
-            .map(|prompt_tokens| GenerateRequest { prompt_tokens, params: params.clone() })
+            .map(|prompt_tokens| GenerateRequest {
+                prompt_tokens,
+                params: params.clone(),
+            })
             .collect(),
         stream: req.common.stream,
-        include_usage: req.common.stream_options.as_ref().is_some_and(|o| o.include_usage),
+        include_usage: req
+            .common
+            .stream_options
+            .as_ref()
+            .is_some_and(|o| o.include_usage),
         echo,
     })
 }

@@ -10,8 +10,8 @@ use engine::FinishReason;
 use crate::api::json::ApiJson;
 use crate::api::stream::{self, ChunkEncoder, to_json};
 use crate::api::types::{
-    AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletion, ChatCompletionChunk, ChatCompletionRequest, Delta,
-    UsageDto,
+    AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletion, ChatCompletionChunk,
+    ChatCompletionRequest, Delta, UsageDto,
 };
 use crate::api::{response_id, unix_now, validate};
 use crate::error::ApiError;
@@ -28,7 +28,11 @@ async fn chat_completions(
     let engine = state.models.text(&req.model)?;
     let valid = validate::chat(&req, engine)?;
     let streams = stream::submit_all(engine, valid.requests)?;
-    let encoder = ChatEncoder { id: response_id("chatcmpl"), created: unix_now(), model: req.model };
+    let encoder = ChatEncoder {
+        id: response_id("chatcmpl"),
+        created: unix_now(),
+        model: req.model,
+    };
     if valid.stream {
         return Ok(stream::sse(streams, encoder, valid.include_usage).into_response());
     }
@@ -41,7 +45,10 @@ async fn chat_completions(
             usage.add(&o.usage);
             ChatChoice {
                 index,
-                message: AssistantMessage { role: "assistant", content: o.text },
+                message: AssistantMessage {
+                    role: "assistant",
+                    content: o.text,
+                },
                 logprobs: None,
                 finish_reason: Some(o.finish.as_openai()),
             }
@@ -78,7 +85,12 @@ impl ChatEncoder {
     }
 
     fn choice(index: usize, delta: Delta, finish: Option<FinishReason>) -> ChatChunkChoice {
-        ChatChunkChoice { index, delta, logprobs: None, finish_reason: finish.map(FinishReason::as_openai) }
+        ChatChunkChoice {
+            index,
+            delta,
+            logprobs: None,
+            finish_reason: finish.map(FinishReason::as_openai),
+        }
     }
 }
 
@@ -86,19 +98,28 @@ impl ChunkEncoder for ChatEncoder {
     fn start(&mut self, choices: usize) -> Vec<String> {
         (0..choices)
             .map(|i| {
-                let delta = Delta { role: Some("assistant"), content: Some(String::new()) };
+                let delta = Delta {
+                    role: Some("assistant"),
+                    content: Some(String::new()),
+                };
                 self.chunk(vec![Self::choice(i, delta, None)], None)
             })
             .collect()
     }
 
     fn delta(&mut self, index: usize, text: String) -> String {
-        let delta = Delta { role: None, content: Some(text) };
+        let delta = Delta {
+            role: None,
+            content: Some(text),
+        };
         self.chunk(vec![Self::choice(index, delta, None)], None)
     }
 
     fn finish(&mut self, index: usize, reason: FinishReason) -> String {
-        self.chunk(vec![Self::choice(index, Delta::default(), Some(reason))], None)
+        self.chunk(
+            vec![Self::choice(index, Delta::default(), Some(reason))],
+            None,
+        )
     }
 
     fn usage(&mut self, usage: UsageDto) -> String {

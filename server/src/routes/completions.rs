@@ -25,8 +25,12 @@ async fn completions(
     let engine = state.models.text(&req.model)?;
     let valid = validate::completion(&req, engine)?;
     let streams = stream::submit_all(engine, valid.requests)?;
-    let mut encoder =
-        CompletionEncoder { id: response_id("cmpl"), created: unix_now(), model: req.model, echo: valid.echo };
+    let mut encoder = CompletionEncoder {
+        id: response_id("cmpl"),
+        created: unix_now(),
+        model: req.model,
+        echo: valid.echo,
+    };
     if valid.stream {
         return Ok(stream::sse(streams, encoder, valid.include_usage).into_response());
     }
@@ -37,8 +41,17 @@ async fn completions(
         .enumerate()
         .map(|(index, o)| {
             usage.add(&o.usage);
-            let prefix = encoder.echo.get_mut(index).and_then(Option::take).unwrap_or_default();
-            CompletionChoice { index, text: prefix + &o.text, logprobs: None, finish_reason: Some(o.finish.as_openai()) }
+            let prefix = encoder
+                .echo
+                .get_mut(index)
+                .and_then(Option::take)
+                .unwrap_or_default();
+            CompletionChoice {
+                index,
+                text: prefix + &o.text,
+                logprobs: None,
+                finish_reason: Some(o.finish.as_openai()),
+            }
         })
         .collect();
     let body = Completion {
@@ -74,17 +87,28 @@ impl CompletionEncoder {
     }
 
     fn text(&self, index: usize, text: String, finish: Option<FinishReason>) -> String {
-        let choice =
-            CompletionChoice { index, text, logprobs: None, finish_reason: finish.map(FinishReason::as_openai) };
+        let choice = CompletionChoice {
+            index,
+            text,
+            logprobs: None,
+            finish_reason: finish.map(FinishReason::as_openai),
+        };
         self.chunk(vec![choice], None)
     }
 }
 
 impl ChunkEncoder for CompletionEncoder {
     fn start(&mut self, _choices: usize) -> Vec<String> {
-        let echoes: Vec<(usize, String)> =
-            self.echo.iter_mut().enumerate().filter_map(|(i, e)| e.take().map(|t| (i, t))).collect();
-        echoes.into_iter().map(|(i, t)| self.text(i, t, None)).collect()
+        let echoes: Vec<(usize, String)> = self
+            .echo
+            .iter_mut()
+            .enumerate()
+            .filter_map(|(i, e)| e.take().map(|t| (i, t)))
+            .collect();
+        echoes
+            .into_iter()
+            .map(|(i, t)| self.text(i, t, None))
+            .collect()
     }
 
     fn delta(&mut self, index: usize, text: String) -> String {

@@ -15,13 +15,24 @@ pub fn router() -> Router<AppState> {
 }
 
 fn card(m: &ServedModel) -> ModelCard {
-    ModelCard { id: m.name.clone(), object: "model", created: m.created, owned_by: "synor" }
+    ModelCard {
+        id: m.name.clone(),
+        object: "model",
+        created: m.created,
+        owned_by: "synor",
+    }
 }
 
 async fn list(State(state): State<AppState>) -> Json<ModelList> {
-    Json(ModelList { object: "list", data: state.models.list().iter().map(card).collect() })
+    Json(ModelList {
+        object: "list",
+        data: state.models.list().iter().map(card).collect(),
+    })
 }
 
-async fn retrieve(State(state): State<AppState>, Path(id): Path<String>) -> Result<Json<ModelCard>, ApiError> {
+async fn retrieve(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Json<ModelCard>, ApiError> {
     Ok(Json(card(state.models.get(&id)?)))
 }

@@ -1,0 +1,55 @@
+# Synor Compute: the two commands are `make run` and `make test`.
+# Everything they need (models, Python test client) is fetched by the repo's
+# own scripts; nothing is installed system-wide except by .ci/run.
+
+SHELL := /bin/bash
+CARGO ?= cargo
+PYTHON ?= python3
+export SYNOR_MODELS_DIR ?= $(CURDIR)/models
+TARGET_DIR := $(or $(CARGO_TARGET_DIR),$(CURDIR)/target)
+VENV := $(CURDIR)/.py/venv
+
+MODEL_FILES := \
+	$(SYNOR_MODELS_DIR)/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf \
+	$(SYNOR_MODELS_DIR)/all-minilm-l6-v2/model.safetensors \
+	$(SYNOR_MODELS_DIR)/all-minilm-l6-v2/config.json \
+	$(SYNOR_MODELS_DIR)/all-minilm-l6-v2/tokenizer.json \
+	$(SYNOR_MODELS_DIR)/all-minilm-l6-v2/1_Pooling/config.json \
+	$(SYNOR_MODELS_DIR)/tiny/tiny.gguf
+
+.PHONY: run test models check lint unit e2e build bench-chat clean-models
+
+## run: fetch the default models if missing, then serve them on 127.0.0.1:8080
+run: $(MODEL_FILES)
+	$(CARGO) run --release -p server --bin synor -- serve
+
+## test: formatting, lints, every cargo test, and the OpenAI-SDK end-to-end test
+test: $(MODEL_FILES) lint unit e2e
+
+## models: fetch and verify the default models (sha256) into $(SYNOR_MODELS_DIR)
+models:
+	scripts/fetch-models.sh
+
+$(MODEL_FILES) &:
+	scripts/fetch-models.sh
+
+lint:
+	$(CARGO) fmt --all -- --check
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
+
+unit: $(MODEL_FILES)
+	$(CARGO) test --workspace
+
+build:
+	$(CARGO) build -p server --bin synor
+
+$(VENV)/.installed: tests/e2e/requirements.txt
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install --quiet --disable-pip-version-check -r tests/e2e/requirements.txt
+	touch $@
+
+e2e: $(MODEL_FILES) build $(VENV)/.installed
+	SYNOR_BIN=$(TARGET_DIR)/debug/synor $(VENV)/bin/python -m pytest -q tests/e2e
+
+clean-models:
+	rm -rf $(SYNOR_MODELS_DIR)
