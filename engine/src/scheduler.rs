@@ -244,3 +244,177 @@ fn next_chunk(seq: &Sequence, budget: usize) -> Option<SeqChunk> {
         want_logits: end == len,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::{HashMap, HashSet};
+
+    use rand::rngs::StdRng;
+    use rand::{Rng, SeedableRng};
+
+    use super::*;
+    use crate::request::SamplingParams;
+
+    const VOCAB: usize = 50;
+    const EOS: u32 = 0;
+
+    fn seq(id: u64, prompt_len: usize, max_tokens: usize) -> Sequence {
+        let params = SamplingParams {
+            temperature: 1.0,
+            seed: Some(id),
+            max_tokens,
+            ..Default::default()
+        };
+        let req = GenerateRequest {
+            prompt_tokens: (0..prompt_len as u32).map(|i| 1 + i % 40).collect(),
+            params,
+        };
+        Sequence::new(RequestId(id), req, &[EOS])
+    }
+
+    /// Checks one planned step against the scheduler's limits and the
+    /// sequences' computed counts.
+    fn check_step(s: &Scheduler, batch: &ModelBatch, computed: &HashMap<RequestId, usize>) {
+        assert!(
+            batch.num_tokens() <= s.config.max_num_batched_tokens,
+            "token budget exceeded"
+        );
+        assert!(s.running.len() <= s.config.max_num_seqs, "too many running");
+        assert!(
+            s.waiting.len() <= s.config.max_waiting,
+            "waiting queue overflow"
+        );
+        let mut seen = HashSet::new();
+        for c in &batch.chunks {
+            assert!(seen.insert(c.seq), "{} scheduled twice in one step", c.seq);
+            assert!(!c.tokens.is_empty());
+            let seq = s
+                .running
+                .iter()
+                .find(|q| q.id == c.seq)
+                .expect("scheduled sequences are running");
+            assert_eq!(
+                c.start_pos,
+                computed.get(&c.seq).copied().unwrap_or(0),
+                "chunk does not continue the KV"
+            );
+            assert_eq!(c.want_logits, c.start_pos + c.tokens.len() == seq.len());
+        }
+    }
+
+    #[test]
+    fn random_workloads_keep_the_invariants_and_finish_every_request() {
+        for seed in 0..40u64 {
+            let mut rng = StdRng::seed_from_u64(seed);
+            let config = SchedulerConfig {
+                max_num_seqs: rng.random_range(1..6),
+                max_num_batched_tokens: rng.random_range(1..64),
+                max_waiting: rng.random_range(1..8),
+                max_model_len: 200,
+            };
+            let mut s = Scheduler::new(config);
+            let mut computed: HashMap<RequestId, usize> = HashMap::new();
+            let mut live: HashSet<RequestId> = HashSet::new();
+            let mut next_id = 0u64;
+            for _ in 0..400 {
+                match rng.random_range(0..10) {
+                    0..=2 => {
+                        next_id += 1;
+                        let sq = seq(next_id, rng.random_range(1..80), rng.random_range(1..40));
+                        if s.add(sq).is_ok() {
+                            live.insert(RequestId(next_id));
+                        }
+                    }
+                    3 if !live.is_empty() => {
+                        let id = *live
+                            .iter()
+                            .nth(rng.random_range(0..live.len()))
+                            .expect("non-empty");
+                        assert!(
+                            s.abort(id).is_some(),
+                            "live request unknown to the scheduler"
+                        );
+                        live.remove(&id);
+                        computed.remove(&id);
+                    }
+                    _ => step(&mut s, &mut rng, &mut computed, &mut live),
+                }
+            }
+            // With no new work, everything drains within a bounded number of steps.
+            for _ in 0..10_000 {
+                if !s.has_work() {
+                    break;
+                }
+                step(&mut s, &mut rng, &mut computed, &mut live);
+            }
+            assert!(
+                !s.has_work() && live.is_empty(),
+                "seed {seed}: requests never finished"
+            );
+        }
+    }
+
+    fn step(
+        s: &mut Scheduler,
+        rng: &mut StdRng,
+        computed: &mut HashMap<RequestId, usize>,
+        live: &mut HashSet<RequestId>,
+    ) {
+        let batch = s.schedule();
+        check_step(s, &batch, computed);
+        let logits: Vec<Vec<f32>> = batch
+            .chunks
+            .iter()
+            .filter(|c| c.want_logits)
+            .map(|_| (0..VOCAB).map(|_| rng.random_range(-1.0..1.0)).collect())
+            .collect();
+        let (tokens, finished) = s.update(&batch, &logits);
+        assert_eq!(
+            tokens.len(),
+            logits.len(),
+            "one sampled token per logits row"
+        );
+        for c in &batch.chunks {
+            computed.insert(c.seq, c.start_pos + c.tokens.len());
+        }
+        for f in &finished {
+            assert!(f.output.len() <= f.req.params.max_tokens);
+            let last = *f.output.last().expect("finished sequences sampled a token");
+            assert!(last == EOS || f.output.len() == f.req.params.max_tokens || f.len() >= 200);
+            assert!(
+                live.remove(&f.id),
+                "{} finished twice or was never added",
+                f.id
+            );
+            computed.remove(&f.id);
+        }
+    }
+
+    #[test]
+    fn running_sequences_are_scheduled_before_waiting_ones() {
+        let mut s = Scheduler::new(SchedulerConfig {
+            max_num_seqs: 4,
+            max_num_batched_tokens: 10,
+            max_waiting: 8,
+            max_model_len: 100,
+        });
+        s.add(seq(1, 8, 5)).expect("room");
+        let first = s.schedule();
+        assert_eq!(first.chunks.len(), 1);
+        s.update(&first, &[vec![-100.0, 100.0]]);
+        s.add(seq(2, 30, 5)).expect("room");
+        let second = s.schedule();
+        assert_eq!(
+            second.chunks[0].seq,
+            RequestId(1),
+            "the running decode goes first"
+        );
+        assert_eq!(second.chunks[0].tokens.len(), 1);
+        assert_eq!(
+            second.chunks[1].tokens.len(),
+            9,
+            "the new prompt gets the rest of the budget"
+        );
+        assert!(!second.chunks[1].want_logits);
+    }
+}

@@ -66,3 +66,73 @@ async fn smollm2_answers_the_capital_of_france_greedily() {
     assert_eq!(b.0, text);
     handle.shutdown();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stop_string_cuts_the_answer_before_it() {
+    let handle = EngineHandle::start_gguf(
+        &common::model_path(common::SMOLLM2),
+        &Default::default(),
+        SchedulerConfig::default(),
+    )
+    .expect("load SmolLM2");
+    let prompt = chat_prompt(&handle, "What is the capital of France?");
+    let params = SamplingParams {
+        temperature: 0.0,
+        max_tokens: 40,
+        stop: vec![" Paris".into()],
+        ..Default::default()
+    };
+    let (text, reason, _) = collect(&handle, prompt, params).await;
+    assert_eq!(text, "The capital of France is");
+    assert_eq!(reason, FinishReason::Stop);
+    handle.shutdown();
+}
+
+#[test]
+fn the_gguf_tokenizer_matches_smollm2s_reference_ids() {
+    let loaded = engine::loader::load_gguf(
+        &common::model_path(common::SMOLLM2),
+        &candle_core::Device::Cpu,
+        &Default::default(),
+    )
+    .expect("load");
+    let tok = &loaded.tokenizer;
+    // Pinned ids: the ChatML markers are vocab specials (1 <|im_start|>, 2 <|im_end|>, 198 "\n").
+    let ids = tok
+        .encode_prompt("<|im_start|>user\nWhat is the capital of France?<|im_end|>\n")
+        .expect("encode");
+    assert_eq!(
+        ids,
+        [1, 4093, 198, 1780, 314, 260, 3575, 282, 4649, 47, 2, 198]
+    );
+    // The `smollm` pre-tokenizer splits digits one by one.
+    assert_eq!(tok.encode_prompt("12345").expect("encode").len(), 5);
+    assert!(tok.eog_ids().contains(&2));
+}
+
+#[test]
+fn incremental_detokenization_reassembles_text_without_broken_characters() {
+    use engine::tokenizer::detok::IncrementalDetokenizer;
+    let loaded = engine::loader::load_gguf(
+        &common::model_path(common::SMOLLM2),
+        &candle_core::Device::Cpu,
+        &Default::default(),
+    )
+    .expect("load");
+    let tok = &loaded.tokenizer;
+    let text = "Grüße, 世界! 🦀 naïve café — ½ ∑ 12345\n\ttabs";
+    let ids = tok.encode_prompt(text).expect("encode");
+    let prompt = tok.encode_prompt("Say:").expect("encode");
+    let mut detok = IncrementalDetokenizer::new(&prompt);
+    let mut out = String::new();
+    for &id in &ids {
+        let delta = detok.push(tok, id).expect("push");
+        assert!(
+            !delta.contains('\u{FFFD}'),
+            "broken character in delta {delta:?}"
+        );
+        out.push_str(&delta);
+    }
+    out.push_str(&detok.flush(tok).expect("flush"));
+    assert_eq!(out, text);
+}

@@ -276,47 +276,10 @@ impl Llama {
                 .get_mut(&chunk.seq)
                 .ok_or_else(|| EngineError::Execution(format!("no KV for {}", chunk.seq)))?;
             let (kc, vc) = append_kv(seq_kv, li, k.narrow(2, offset, n)?, v.narrow(2, offset, n)?)?;
-            outs.push(self.attend(&q.narrow(2, offset, n)?, &kc, &vc, chunk.start_pos)?);
+            outs.push(attend(&q.narrow(2, offset, n)?, &kc, &vc, chunk.start_pos)?);
             offset += n;
         }
         Ok(Tensor::cat(&outs, 0)?)
-    }
-
-    /// Causal GQA attention of one sequence: `q (1, nh, n, hd)` against
-    /// `k, v (1, nkv, L, hd)` where the chunk starts at position `start`.
-    fn attend(&self, q: &Tensor, k: &Tensor, v: &Tensor, start: usize) -> Result<Tensor> {
-        let c = &self.config;
-        let n = q.dim(2)?;
-        let l = k.dim(2)?;
-        let group = c.n_head / c.n_kv_head;
-        let q = q.reshape((c.n_kv_head, group * n, c.head_dim))?;
-        let k = k.squeeze(0)?;
-        let v = v.squeeze(0)?;
-        let mut scores = q.matmul(&k.t()?)?; // (nkv, group*n, L)
-        if n > 1 {
-            let mask: Vec<f32> = (0..n)
-                .flat_map(|i| {
-                    (0..l).map(move |j| {
-                        if j <= start + i {
-                            0.0
-                        } else {
-                            f32::NEG_INFINITY
-                        }
-                    })
-                })
-                .collect();
-            let mask = Tensor::from_vec(mask, (1, 1, n, l), &self.device)?;
-            scores = scores
-                .reshape((c.n_kv_head, group, n, l))?
-                .broadcast_add(&mask)?
-                .reshape((c.n_kv_head, group * n, l))?;
-        }
-        let probs = candle_nn::ops::softmax_last_dim(&scores)?;
-        let out = probs.matmul(&v)?; // (nkv, group*n, hd)
-        Ok(out
-            .reshape((c.n_head, n, c.head_dim))?
-            .transpose(0, 1)?
-            .reshape((n, c.n_head * c.head_dim))?)
     }
 
     fn rope(&self, x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
@@ -333,6 +296,44 @@ struct Step<'a> {
     cos: &'a Tensor,
     sin: &'a Tensor,
     batch: &'a ModelBatch,
+}
+
+/// Causal GQA attention of one sequence: `q (1, nh, n, hd)` (already
+/// scaled) against `k, v (1, nkv, L, hd)`, the chunk starting at position
+/// `start`. Returns `(n, nh * hd)`.
+fn attend(q: &Tensor, k: &Tensor, v: &Tensor, start: usize) -> Result<Tensor> {
+    let (_, n_head, n, head_dim) = q.dims4()?;
+    let n_kv_head = k.dim(1)?;
+    let l = k.dim(2)?;
+    let group = n_head / n_kv_head;
+    let q = q.reshape((n_kv_head, group * n, head_dim))?;
+    let k = k.squeeze(0)?;
+    let v = v.squeeze(0)?;
+    let mut scores = q.matmul(&k.t()?)?; // (nkv, group*n, L)
+    if n > 1 {
+        let mask: Vec<f32> = (0..n)
+            .flat_map(|i| {
+                (0..l).map(move |j| {
+                    if j <= start + i {
+                        0.0
+                    } else {
+                        f32::NEG_INFINITY
+                    }
+                })
+            })
+            .collect();
+        let mask = Tensor::from_vec(mask, (1, 1, n, l), q.device())?;
+        scores = scores
+            .reshape((n_kv_head, group, n, l))?
+            .broadcast_add(&mask)?
+            .reshape((n_kv_head, group * n, l))?;
+    }
+    let probs = candle_nn::ops::softmax_last_dim(&scores)?;
+    let out = probs.matmul(&v)?; // (nkv, group*n, hd)
+    Ok(out
+        .reshape((n_head, n, head_dim))?
+        .transpose(0, 1)?
+        .reshape((n, n_head * head_dim))?)
 }
 
 /// Row index (in the flattened batch) of each chunk's last token, for the
@@ -395,4 +396,149 @@ fn rope_tables(c: &LlamaConfig, device: &Device) -> Result<(Tensor, Tensor)> {
         .reshape((c.context_length, 1))?;
     let freqs = pos.matmul(&inv)?;
     Ok((freqs.cos()?.contiguous()?, freqs.sin()?.contiguous()?))
+}
+
+#[cfg(test)]
+mod tests {
+    use kernels::reference;
+    use rand::rngs::StdRng;
+    use rand::{Rng, SeedableRng};
+
+    use super::*;
+
+    fn random(rng: &mut StdRng, n: usize) -> Vec<f32> {
+        (0..n).map(|_| rng.random_range(-1.0..1.0)).collect()
+    }
+
+    fn max_diff(a: &[f32], b: &[f32]) -> f32 {
+        assert_eq!(a.len(), b.len());
+        a.iter()
+            .zip(b)
+            .map(|(x, y)| (x - y).abs())
+            .fold(0.0, f32::max)
+    }
+
+    fn cfg(head_dim: usize, rope_neox: bool) -> LlamaConfig {
+        LlamaConfig {
+            architecture: "llama".into(),
+            n_layer: 1,
+            hidden: 4 * head_dim,
+            n_head: 4,
+            n_kv_head: 2,
+            head_dim,
+            rms_eps: 1e-5,
+            rope_theta: 10_000.0,
+            rope_neox,
+            context_length: 64,
+            vocab_size: 10,
+        }
+    }
+
+    #[test]
+    fn attention_matches_the_reference_for_chunks_at_any_offset() {
+        let mut rng = StdRng::seed_from_u64(7);
+        let (nh, nkv, d) = (6, 2, 8);
+        for (n, l) in [(1, 1), (1, 9), (5, 5), (4, 13)] {
+            let q = random(&mut rng, nh * n * d);
+            let k = random(&mut rng, nkv * l * d);
+            let v = random(&mut rng, nkv * l * d);
+            let dev = Device::Cpu;
+            let qt = (Tensor::from_vec(q.clone(), (1, nh, n, d), &dev).expect("q")
+                * (1.0 / (d as f64).sqrt()))
+            .expect("scale");
+            let kt = Tensor::from_vec(k.clone(), (1, nkv, l, d), &dev).expect("k");
+            let vt = Tensor::from_vec(v.clone(), (1, nkv, l, d), &dev).expect("v");
+            let got = attend(&qt, &kt, &vt, l - n)
+                .expect("attend")
+                .flatten_all()
+                .expect("flat")
+                .to_vec1::<f32>()
+                .expect("vec");
+            let shape = reference::AttnShape {
+                n_head: nh,
+                n_kv_head: nkv,
+                head_dim: d,
+                n_q: n,
+                n_kv: l,
+            };
+            let want = reference::causal_attention(&q, &k, &v, shape);
+            assert!(
+                max_diff(&got, &want) < 1e-5,
+                "n={n} l={l}: {}",
+                max_diff(&got, &want)
+            );
+        }
+    }
+
+    #[test]
+    fn rope_tables_gathered_by_position_match_the_reference_in_both_layouts() {
+        let mut rng = StdRng::seed_from_u64(3);
+        for neox in [false, true] {
+            let c = cfg(8, neox);
+            let (cos, sin) = rope_tables(&c, &Device::Cpu).expect("tables");
+            let positions = [0u32, 5, 1, 63];
+            let (h, t, d) = (3, positions.len(), c.head_dim);
+            let x = random(&mut rng, h * t * d);
+            let pos = Tensor::new(&positions[..], &Device::Cpu).expect("pos");
+            let (cos, sin) = (
+                cos.index_select(&pos, 0).expect("cos"),
+                sin.index_select(&pos, 0).expect("sin"),
+            );
+            let xt = Tensor::from_vec(x.clone(), (1, h, t, d), &Device::Cpu).expect("x");
+            let got = if neox {
+                candle_nn::rotary_emb::rope(&xt, &cos, &sin)
+            } else {
+                candle_nn::rotary_emb::rope_i(&xt, &cos, &sin)
+            }
+            .expect("rope")
+            .flatten_all()
+            .expect("flat")
+            .to_vec1::<f32>()
+            .expect("vec");
+            let mut want = x;
+            for (i, head) in want.chunks_mut(d).enumerate() {
+                let p = positions[i % t] as usize;
+                if neox {
+                    reference::rope_neox(head, p, c.rope_theta)
+                } else {
+                    reference::rope_interleaved(head, p, c.rope_theta)
+                }
+            }
+            assert!(
+                max_diff(&got, &want) < 1e-4,
+                "neox={neox}: {}",
+                max_diff(&got, &want)
+            );
+        }
+    }
+
+    #[test]
+    fn rms_norm_matches_the_reference() {
+        let mut rng = StdRng::seed_from_u64(5);
+        let (rows, dim) = (7, 48);
+        let x = random(&mut rng, rows * dim);
+        let w = random(&mut rng, dim);
+        let xt = Tensor::from_vec(x.clone(), (rows, dim), &Device::Cpu).expect("x");
+        let wt = Tensor::from_vec(w.clone(), dim, &Device::Cpu).expect("w");
+        let got = candle_nn::ops::rms_norm(&xt, &wt, 1e-5)
+            .expect("norm")
+            .flatten_all()
+            .expect("flat")
+            .to_vec1::<f32>()
+            .expect("vec");
+        assert!(max_diff(&got, &reference::rms_norm(&x, &w, 1e-5)) < 1e-5);
+    }
+
+    #[test]
+    fn truncating_kv_rewinds_and_a_gap_is_an_error() {
+        let t = Tensor::zeros((1, 2, 5, 4), DType::F32, &Device::Cpu).expect("zeros");
+        let mut kv = SeqKv {
+            layers: vec![(t.clone(), t)],
+        };
+        truncate_kv(&mut kv, 3).expect("rewind");
+        assert_eq!(kv.len(), 3);
+        assert!(truncate_kv(&mut kv, 4).is_err());
+        truncate_kv(&mut kv, 0).expect("reset");
+        assert!(kv.is_empty());
+    }
 }

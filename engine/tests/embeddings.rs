@@ -1,0 +1,64 @@
+//! all-MiniLM-L6-v2 through `EmbeddingHandle` against published values.
+
+mod common;
+
+use engine::EmbeddingHandle;
+
+/// sentence-transformers' reference embedding of "This is an example sentence".
+const REFERENCE: [f32; 6] = [
+    0.06765693, 0.06349593, 0.04871314, 0.07930495, 0.03744806, 0.00265273,
+];
+
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    a.iter().zip(b).map(|(x, y)| x * y).sum()
+}
+
+#[tokio::test]
+async fn minilm_matches_the_reference_embedding() {
+    let h = EmbeddingHandle::start(&common::model_path(common::MINILM)).expect("load");
+    let out = h
+        .embed(vec!["This is an example sentence".into()])
+        .await
+        .expect("embed");
+    let v = &out.vectors[0];
+    assert_eq!(v.len(), 384);
+    for (got, want) in v.iter().zip(REFERENCE) {
+        assert!((got - want).abs() < 1e-4, "{:?} vs {REFERENCE:?}", &v[..6]);
+    }
+    assert!((dot(v, v) - 1.0).abs() < 1e-4, "not unit length");
+}
+
+#[tokio::test]
+async fn padding_in_a_batch_does_not_change_an_embedding() {
+    let h = EmbeddingHandle::start(&common::model_path(common::MINILM)).expect("load");
+    let short = "This is an example sentence".to_string();
+    let long =
+        "A much longer sentence that forces the short one in the same batch to be padded a lot"
+            .to_string();
+    let alone = h.embed(vec![short.clone()]).await.expect("embed");
+    let batch = h.embed(vec![long, short]).await.expect("embed");
+    let d = alone.vectors[0]
+        .iter()
+        .zip(&batch.vectors[1])
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0, f32::max);
+    assert!(d < 1e-5, "padding changed the embedding by {d}");
+    // Similar sentences are closer than unrelated ones.
+    let s = h
+        .embed(vec![
+            "A cat sits on the mat".into(),
+            "A kitten is sitting on a rug".into(),
+            "Quarterly revenue grew".into(),
+        ])
+        .await
+        .expect("embed");
+    assert!(dot(&s.vectors[0], &s.vectors[1]) > dot(&s.vectors[0], &s.vectors[2]) + 0.2);
+}
+
+#[tokio::test]
+async fn inputs_past_the_position_limit_are_truncated_not_fatal() {
+    let h = EmbeddingHandle::start(&common::model_path(common::MINILM)).expect("load");
+    let long = "word ".repeat(3000);
+    let out = h.embed(vec![long]).await.expect("embed");
+    assert_eq!(out.prompt_tokens, h.max_tokens);
+}

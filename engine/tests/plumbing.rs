@@ -1,0 +1,227 @@
+//! Engine plumbing on the 1M-parameter random-weight fixture (`tiny.gguf`):
+//! lengths, aborts, overload, seeds and limits, where the text is noise.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use engine::{
+    EngineError, EngineHandle, FinishReason, GenerateRequest, RequestStream, SamplingParams,
+    SchedulerConfig, TemplateChoice, TokenEvent,
+};
+use tokio_stream::StreamExt;
+
+fn tiny(config: SchedulerConfig) -> EngineHandle {
+    EngineHandle::start_gguf(
+        &common::model_path(common::TINY),
+        &TemplateChoice::Auto,
+        config,
+    )
+    .expect("load tiny")
+}
+
+fn req(prompt: Vec<u32>, max_tokens: usize, seed: Option<u64>) -> GenerateRequest {
+    let params = SamplingParams {
+        temperature: 1.0,
+        seed,
+        max_tokens,
+        ignore_eos: true,
+        ..Default::default()
+    };
+    GenerateRequest {
+        prompt_tokens: prompt,
+        params,
+    }
+}
+
+/// Drains a stream: (token ids, finish reason or error).
+async fn drain(mut s: RequestStream) -> (Vec<u32>, Result<(FinishReason, usize), EngineError>) {
+    let mut ids = Vec::new();
+    while let Some(ev) = s.next().await {
+        match ev {
+            TokenEvent::Delta { token_ids, .. } => ids.extend(token_ids),
+            TokenEvent::Finished { reason, usage } => {
+                return (ids, Ok((reason, usage.completion_tokens)));
+            }
+            TokenEvent::Failed(e) => return (ids, Err(e)),
+        }
+    }
+    panic!("stream ended without a final event");
+}
+
+async fn wait_idle(h: &EngineHandle) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while h.stats().num_running + h.stats().num_waiting > 0 {
+        assert!(
+            Instant::now() < deadline,
+            "engine still busy: {:?}",
+            h.stats()
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+#[tokio::test]
+async fn max_tokens_ends_the_sequence_with_length() {
+    let h = tiny(SchedulerConfig::default());
+    let (ids, end) = drain(
+        h.submit(req(vec![1, 100, 200], 7, Some(1)))
+            .expect("submit"),
+    )
+    .await;
+    assert_eq!(end, Ok((FinishReason::Length, 7)));
+    assert_eq!(ids.len(), 7);
+    h.shutdown();
+}
+
+#[tokio::test]
+async fn the_same_seed_gives_the_same_tokens_alone_or_in_a_batch() {
+    let h = tiny(SchedulerConfig::default());
+    let alone = drain(
+        h.submit(req(vec![1, 5, 6, 7], 20, Some(42)))
+            .expect("submit"),
+    )
+    .await;
+    let batch = futures_join(
+        &h,
+        vec![
+            req(vec![1, 9, 9, 9, 9, 9, 9], 30, Some(1)),
+            req(vec![1, 5, 6, 7], 20, Some(42)),
+            req(vec![1, 300], 25, None),
+        ],
+    )
+    .await;
+    assert_eq!(batch[1].0, alone.0);
+    assert!(
+        batch
+            .iter()
+            .all(|(_, end)| matches!(end, Ok((FinishReason::Length, _))))
+    );
+    h.shutdown();
+}
+
+async fn futures_join(
+    h: &EngineHandle,
+    reqs: Vec<GenerateRequest>,
+) -> Vec<(Vec<u32>, Result<(FinishReason, usize), EngineError>)> {
+    let streams: Vec<_> = reqs
+        .into_iter()
+        .map(|r| h.submit(r).expect("submit"))
+        .collect();
+    let mut out = Vec::new();
+    let handles: Vec<_> = streams
+        .into_iter()
+        .map(|s| tokio::spawn(drain(s)))
+        .collect();
+    for j in handles {
+        out.push(j.await.expect("join"));
+    }
+    out
+}
+
+#[tokio::test]
+async fn dropping_a_stream_aborts_its_sequence() {
+    let h = tiny(SchedulerConfig::default());
+    let mut s = h.submit(req(vec![1, 2, 3], 1500, None)).expect("submit");
+    for _ in 0..3 {
+        assert!(matches!(s.next().await, Some(TokenEvent::Delta { .. })));
+    }
+    drop(s);
+    wait_idle(&h).await;
+    let steps = h.stats().steps;
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(
+        h.stats().steps,
+        steps,
+        "the engine kept stepping after the abort"
+    );
+    h.shutdown();
+}
+
+#[tokio::test]
+async fn a_full_waiting_queue_refuses_at_once() {
+    let h = tiny(SchedulerConfig {
+        max_num_seqs: 1,
+        max_waiting: 1,
+        ..Default::default()
+    });
+    let results = futures_join(
+        &h,
+        (0..4).map(|i| req(vec![1, 10 + i], 200, None)).collect(),
+    )
+    .await;
+    let overloaded = results
+        .iter()
+        .filter(|(_, e)| matches!(e, Err(EngineError::Overloaded { .. })))
+        .count();
+    let done = results
+        .iter()
+        .filter(|(_, e)| matches!(e, Ok((FinishReason::Length, 200))))
+        .count();
+    assert!(overloaded >= 1, "{results:?}");
+    assert_eq!(overloaded + done, 4);
+    wait_idle(&h).await;
+    h.shutdown();
+}
+
+#[tokio::test]
+async fn invalid_requests_are_refused_before_queueing() {
+    let h = tiny(SchedulerConfig::default());
+    let ctx = h.info().context_length;
+    let too_long = req(vec![1; ctx - 5], 10, None);
+    assert!(matches!(
+        h.submit(too_long),
+        Err(EngineError::ContextLength { .. })
+    ));
+    assert!(matches!(
+        h.submit(req(vec![], 5, None)),
+        Err(EngineError::Validation {
+            field: "prompt",
+            ..
+        })
+    ));
+    assert!(matches!(
+        h.submit(req(vec![1, 999_999], 5, None)),
+        Err(EngineError::Validation {
+            field: "prompt",
+            ..
+        })
+    ));
+    let mut bad = req(vec![1, 2], 5, None);
+    bad.params.top_p = 1.5;
+    assert!(matches!(
+        h.submit(bad),
+        Err(EngineError::Validation { field: "top_p", .. })
+    ));
+    assert_eq!(h.stats().steps, 0);
+    h.shutdown();
+}
+
+#[tokio::test]
+async fn a_prompt_longer_than_the_step_budget_is_prefilled_in_chunks() {
+    let h = tiny(SchedulerConfig {
+        max_num_batched_tokens: 16,
+        ..Default::default()
+    });
+    let prompt: Vec<u32> = (0..100).map(|i| 1 + i % 500).collect();
+    let chunked = drain(h.submit(req(prompt.clone(), 5, Some(3))).expect("submit")).await;
+    h.shutdown();
+    let whole = tiny(SchedulerConfig::default());
+    let single = drain(whole.submit(req(prompt, 5, Some(3))).expect("submit")).await;
+    assert_eq!(chunked.0, single.0, "chunked prefill changed the output");
+    whole.shutdown();
+}
+
+#[tokio::test]
+async fn shutdown_fails_queued_requests_instead_of_hanging() {
+    let h = tiny(SchedulerConfig::default());
+    let s = h.submit(req(vec![1, 2], 1800, None)).expect("submit");
+    let task = tokio::spawn(drain(s));
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    h.shutdown();
+    let (_, end) = tokio::time::timeout(Duration::from_secs(5), task)
+        .await
+        .expect("no hang")
+        .expect("join");
+    assert_eq!(end, Err(EngineError::Shutdown));
+}
