@@ -57,48 +57,98 @@ pub struct StreamOptions {
     pub include_usage: bool,
 }
 
-/// Sampling fields shared by chat and completions requests.
-#[derive(Debug, Clone, Default, Deserialize)]
+/// Sampling fields shared by chat and completions requests (a view built
+/// from either request; the fields are declared on each request so that
+/// type errors name their field, which `#[serde(flatten)]` would hide).
+#[derive(Debug, Clone, Default)]
 pub struct CommonParams {
     pub temperature: Option<f32>,
     pub top_p: Option<f32>,
-    /// vLLM extension.
     pub top_k: Option<i64>,
     pub n: Option<u32>,
     pub stop: Option<StringOrList>,
     pub seed: Option<i64>,
-    #[serde(default)]
     pub stream: bool,
     pub stream_options: Option<StreamOptions>,
     pub presence_penalty: Option<f32>,
     pub frequency_penalty: Option<f32>,
     pub logit_bias: Option<BTreeMap<String, f32>>,
-    pub user: Option<String>,
-    /// vLLM extension: keep generating past EOS.
-    #[serde(default)]
     pub ignore_eos: bool,
-    /// vLLM extension: extra token ids that end generation.
-    #[serde(default)]
     pub stop_token_ids: Vec<u32>,
-    /// Anything else: refused by name rather than silently ignored.
-    #[serde(flatten)]
-    pub unknown: BTreeMap<String, Value>,
+    pub unknown: Vec<String>,
 }
 
-/// `POST /v1/chat/completions`.
-#[derive(Debug, Clone, Deserialize)]
-pub struct ChatCompletionRequest {
-    pub model: String,
-    pub messages: Vec<ChatMessageDto>,
-    pub max_tokens: Option<i64>,
-    pub max_completion_tokens: Option<i64>,
-    pub logprobs: Option<bool>,
-    pub top_logprobs: Option<u32>,
-    pub response_format: Option<Value>,
-    pub tools: Option<Vec<Value>>,
-    pub tool_choice: Option<Value>,
-    #[serde(flatten)]
-    pub common: CommonParams,
+/// Declares a request struct with its own fields plus the shared sampling
+/// fields, and `common()` to view the latter as `CommonParams`.
+macro_rules! generation_request {
+    ($(#[$meta:meta])* pub struct $name:ident { $($(#[$fmeta:meta])* pub $field:ident: $ty:ty,)* }) => {
+        $(#[$meta])*
+        #[derive(Debug, Clone, Deserialize)]
+        pub struct $name {
+            $($(#[$fmeta])* pub $field: $ty,)*
+            pub temperature: Option<f32>,
+            pub top_p: Option<f32>,
+            /// vLLM extension.
+            pub top_k: Option<i64>,
+            pub n: Option<u32>,
+            pub stop: Option<StringOrList>,
+            pub seed: Option<i64>,
+            #[serde(default)]
+            pub stream: bool,
+            pub stream_options: Option<StreamOptions>,
+            pub presence_penalty: Option<f32>,
+            pub frequency_penalty: Option<f32>,
+            pub logit_bias: Option<BTreeMap<String, f32>>,
+            /// Accepted; end-user ids are not used yet.
+            pub user: Option<String>,
+            /// vLLM extension: keep generating past EOS.
+            #[serde(default)]
+            pub ignore_eos: bool,
+            /// vLLM extension: extra token ids that end generation.
+            #[serde(default)]
+            pub stop_token_ids: Vec<u32>,
+            /// Anything else: refused by name rather than silently ignored.
+            #[serde(flatten)]
+            pub unknown: BTreeMap<String, Value>,
+        }
+
+        impl $name {
+            /// The shared sampling fields.
+            pub fn common(&self) -> CommonParams {
+                CommonParams {
+                    temperature: self.temperature,
+                    top_p: self.top_p,
+                    top_k: self.top_k,
+                    n: self.n,
+                    stop: self.stop.clone(),
+                    seed: self.seed,
+                    stream: self.stream,
+                    stream_options: self.stream_options.clone(),
+                    presence_penalty: self.presence_penalty,
+                    frequency_penalty: self.frequency_penalty,
+                    logit_bias: self.logit_bias.clone(),
+                    ignore_eos: self.ignore_eos,
+                    stop_token_ids: self.stop_token_ids.clone(),
+                    unknown: self.unknown.keys().cloned().collect(),
+                }
+            }
+        }
+    };
+}
+
+generation_request! {
+    /// `POST /v1/chat/completions`.
+    pub struct ChatCompletionRequest {
+        pub model: String,
+        pub messages: Vec<ChatMessageDto>,
+        pub max_tokens: Option<i64>,
+        pub max_completion_tokens: Option<i64>,
+        pub logprobs: Option<bool>,
+        pub top_logprobs: Option<u32>,
+        pub response_format: Option<Value>,
+        pub tools: Option<Vec<Value>>,
+        pub tool_choice: Option<Value>,
+    }
 }
 
 /// The `prompt` of a completions request.
@@ -111,19 +161,18 @@ pub enum Prompt {
     TokenLists(Vec<Vec<u32>>),
 }
 
-/// `POST /v1/completions`.
-#[derive(Debug, Clone, Deserialize)]
-pub struct CompletionRequest {
-    pub model: String,
-    pub prompt: Prompt,
-    pub max_tokens: Option<i64>,
-    #[serde(default)]
-    pub echo: bool,
-    pub suffix: Option<String>,
-    pub logprobs: Option<u32>,
-    pub best_of: Option<u32>,
-    #[serde(flatten)]
-    pub common: CommonParams,
+generation_request! {
+    /// `POST /v1/completions`.
+    pub struct CompletionRequest {
+        pub model: String,
+        pub prompt: Prompt,
+        pub max_tokens: Option<i64>,
+        #[serde(default)]
+        pub echo: bool,
+        pub suffix: Option<String>,
+        pub logprobs: Option<u32>,
+        pub best_of: Option<u32>,
+    }
 }
 
 /// The `input` of an embeddings request.

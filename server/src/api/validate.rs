@@ -31,7 +31,7 @@ fn refuse(param: &str, message: impl Into<String>) -> ApiError {
 
 /// Checks the shared fields and refuses what we do not support.
 fn check_common(c: &CommonParams) -> Result<(), ApiError> {
-    if let Some(name) = c.unknown.keys().next() {
+    if let Some(name) = c.unknown.first() {
         return Err(refuse(
             name,
             format!("unrecognized request argument supplied: {name}"),
@@ -127,7 +127,8 @@ pub fn chat(
     req: &ChatCompletionRequest,
     engine: &EngineHandle,
 ) -> Result<ValidGeneration, ApiError> {
-    check_common(&req.common)?;
+    let common = req.common();
+    check_common(&common)?;
     if req.messages.is_empty() {
         return Err(refuse(
             "messages",
@@ -180,15 +181,14 @@ pub fn chat(
         .context_length
         .saturating_sub(prompt_tokens.len())
         .max(1);
-    let params = sampling(&req.common, max_tokens(field, given, room)?)?;
+    let params = sampling(&common, max_tokens(field, given, room)?)?;
     Ok(ValidGeneration {
         requests: vec![GenerateRequest {
             prompt_tokens,
             params,
         }],
-        stream: req.common.stream,
-        include_usage: req
-            .common
+        stream: common.stream,
+        include_usage: common
             .stream_options
             .as_ref()
             .is_some_and(|o| o.include_usage),
@@ -201,7 +201,8 @@ pub fn completion(
     req: &CompletionRequest,
     engine: &EngineHandle,
 ) -> Result<ValidGeneration, ApiError> {
-    check_common(&req.common)?;
+    let common = req.common();
+    check_common(&common)?;
     if req.suffix.as_ref().is_some_and(|s| !s.is_empty()) {
         return Err(refuse("suffix", "suffix is not supported"));
     }
@@ -230,7 +231,7 @@ pub fn completion(
         ));
     }
     let max = max_tokens("max_tokens", req.max_tokens, COMPLETIONS_DEFAULT_MAX_TOKENS)?;
-    let params = sampling(&req.common, max)?;
+    let params = sampling(&common, max)?;
     let echo = prompts
         .iter()
         .map(|p| {
@@ -249,9 +250,8 @@ pub fn completion(
                 params: params.clone(),
             })
             .collect(),
-        stream: req.common.stream,
-        include_usage: req
-            .common
+        stream: common.stream,
+        include_usage: common
             .stream_options
             .as_ref()
             .is_some_and(|o| o.include_usage),

@@ -1,0 +1,83 @@
+//! Tests against the real `synor` binary on port 0.
+
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt;
+use serde_json::{Value, json};
+
+use crate::helpers::{Synor, TINY};
+
+async fn running(client: &reqwest::Client, synor: &Synor) -> u64 {
+    let health: Value = client
+        .get(synor.url("/health"))
+        .send()
+        .await
+        .expect("health")
+        .json()
+        .await
+        .expect("json");
+    health["models"][0]["running"]
+        .as_u64()
+        .expect("running count")
+        + health["models"][0]["waiting"].as_u64().unwrap_or(0)
+}
+
+#[tokio::test]
+async fn a_client_that_disconnects_mid_stream_stops_its_generation() {
+    let synor = Synor::start();
+    let client = reqwest::Client::new();
+    let body = json!({
+        "model": TINY, "messages": [{"role": "user", "content": "go"}],
+        "max_tokens": 1500, "ignore_eos": true, "stream": true,
+    });
+    let resp = client
+        .post(synor.url("/v1/chat/completions"))
+        .json(&body)
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(resp.status(), 200);
+    let mut bytes = resp.bytes_stream();
+    let mut seen = 0;
+    while seen < 5 {
+        let chunk = bytes.next().await.expect("stream open").expect("chunk");
+        seen += String::from_utf8_lossy(&chunk).matches("data: ").count();
+    }
+    assert_eq!(running(&client, &synor).await, 1);
+    drop(bytes); // hang up
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while running(&client, &synor).await > 0 {
+        assert!(
+            Instant::now() < deadline,
+            "generation kept running after the client left"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // The server is still healthy and serving.
+    let ok = client
+        .post(synor.url("/v1/chat/completions"))
+        .json(&json!({"model": TINY, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}))
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(ok.status(), 200);
+}
+
+#[tokio::test]
+async fn sigterm_stops_the_server_cleanly() {
+    let synor = Synor::start();
+    let client = reqwest::Client::new();
+    let models: Value = client
+        .get(synor.url("/v1/models"))
+        .send()
+        .await
+        .expect("models")
+        .json()
+        .await
+        .expect("json");
+    assert_eq!(models["data"][0]["id"], TINY);
+    let status = tokio::task::spawn_blocking(move || synor.terminate())
+        .await
+        .expect("join");
+    assert!(status.success(), "exit status {status:?}");
+}

@@ -1,0 +1,222 @@
+//! Test helpers: model paths, an in-process app on the tiny fixture plus
+//! MiniLM, request helpers, and a real `synor` process on a free port.
+
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, LazyLock};
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::body::Body;
+use axum::http::{Request, StatusCode};
+use engine::{EmbeddingHandle, EngineHandle, SchedulerConfig, TemplateChoice};
+use http_body_util::BodyExt;
+use serde_json::Value;
+use server::state::{AppState, ModelKind, ModelRegistry, ServedModel};
+use tower::ServiceExt;
+
+pub const TINY: &str = "tiny";
+pub const MINILM: &str = "minilm";
+pub const BODY_LIMIT: usize = 64 * 1024;
+
+pub fn models_dir() -> PathBuf {
+    std::env::var_os("SYNOR_MODELS_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../models"))
+}
+
+pub fn model_path(rel: &str) -> PathBuf {
+    let p = models_dir().join(rel);
+    assert!(
+        p.exists(),
+        "{} is missing: run `make models` first",
+        p.display()
+    );
+    p
+}
+
+static STATE: LazyLock<AppState> = LazyLock::new(|| {
+    let tiny = EngineHandle::start_gguf(
+        &model_path("tiny/tiny.gguf"),
+        &TemplateChoice::Auto,
+        SchedulerConfig::default(),
+    )
+    .expect("load tiny");
+    let minilm = EmbeddingHandle::start(&model_path("all-minilm-l6-v2")).expect("load minilm");
+    let models = vec![
+        ServedModel {
+            name: TINY.into(),
+            created: 1,
+            kind: ModelKind::Text(tiny),
+        },
+        ServedModel {
+            name: MINILM.into(),
+            created: 1,
+            kind: ModelKind::Embedding(minilm),
+        },
+    ];
+    AppState {
+        models: Arc::new(ModelRegistry::new(models)),
+    }
+});
+
+/// The full router over the shared test models.
+pub fn app() -> Router {
+    server::app(STATE.clone(), BODY_LIMIT)
+}
+
+/// A response: status, headers and body bytes.
+pub struct Reply {
+    pub status: StatusCode,
+    pub content_type: String,
+    pub body: Vec<u8>,
+}
+
+impl Reply {
+    pub fn json(&self) -> Value {
+        serde_json::from_slice(&self.body)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.text()))
+    }
+
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+
+    /// Asserts an OpenAI error body with `status`; returns its `error` object.
+    pub fn error(&self, status: StatusCode) -> Value {
+        assert_eq!(self.status, status, "{}", self.text());
+        let err = self.json()["error"].clone();
+        for key in ["message", "type", "param", "code"] {
+            assert!(err.get(key).is_some(), "error lacks `{key}`: {err}");
+        }
+        err
+    }
+
+    /// The `data:` payloads of an SSE body.
+    pub fn sse_data(&self) -> Vec<String> {
+        self.text()
+            .lines()
+            .filter_map(|l| l.strip_prefix("data: ").map(str::to_string))
+            .collect()
+    }
+}
+
+pub async fn send(method: &str, uri: &str, content_type: Option<&str>, body: Vec<u8>) -> Reply {
+    let mut req = Request::builder().method(method).uri(uri);
+    if let Some(ct) = content_type {
+        req = req.header("content-type", ct);
+    }
+    let resp = app()
+        .oneshot(req.body(Body::from(body)).expect("request"))
+        .await
+        .expect("infallible");
+    let status = resp.status();
+    let content_type = resp
+        .headers()
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_string();
+    let body = resp
+        .into_body()
+        .collect()
+        .await
+        .expect("body")
+        .to_bytes()
+        .to_vec();
+    Reply {
+        status,
+        content_type,
+        body,
+    }
+}
+
+pub async fn post(uri: &str, body: Value) -> Reply {
+    send(
+        "POST",
+        uri,
+        Some("application/json"),
+        body.to_string().into_bytes(),
+    )
+    .await
+}
+
+pub async fn get(uri: &str) -> Reply {
+    send("GET", uri, None, Vec::new()).await
+}
+
+/// A real `synor serve` process on a free port, killed on drop.
+pub struct Synor {
+    pub base: String,
+    child: Child,
+}
+
+impl Synor {
+    /// Starts the binary with the tiny model and no embedding model.
+    pub fn start() -> Self {
+        let child = Command::new(env!("CARGO_BIN_EXE_synor"))
+            .args([
+                "serve",
+                "--bind",
+                "127.0.0.1:0",
+                "--embedding-model",
+                "none",
+                "--served-model-name",
+                TINY,
+            ])
+            .arg("--model")
+            .arg(model_path("tiny/tiny.gguf"))
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn synor");
+        let mut synor = Self {
+            base: String::new(),
+            child,
+        };
+        let stdout = synor.child.stdout.take().expect("stdout");
+        let mut lines = BufReader::new(stdout).lines();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            assert!(
+                Instant::now() < deadline,
+                "synor did not report its address"
+            );
+            let line = lines
+                .next()
+                .expect("synor exited before listening")
+                .expect("read stdout");
+            if let Some(url) = line.split("listening on ").nth(1) {
+                synor.base = url.trim().to_string();
+                return synor;
+            }
+        }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+
+    /// Sends SIGTERM and waits for the exit status.
+    pub fn terminate(mut self) -> std::process::ExitStatus {
+        let pid = self.child.id().to_string();
+        let _ = Command::new("kill").args(["-TERM", &pid]).status();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(status) = self.child.try_wait().expect("wait") {
+                return status;
+            }
+            assert!(Instant::now() < deadline, "synor did not stop on SIGTERM");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Synor {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

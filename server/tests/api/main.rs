@@ -1,0 +1,6 @@
+//! The server's one integration test binary: in-process router tests
+//! (`router`) and tests against the real `synor` binary on port 0 (`binary`).
+
+mod binary;
+mod helpers;
+mod router;
