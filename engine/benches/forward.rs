@@ -1,0 +1,70 @@
+//! Forward-pass timing on the default model: prefill chunks and batched
+//! decode steps of several sizes. Run with
+//! `cargo bench -p engine --bench forward` (models fetched by `make models`).
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use candle_core::Device;
+use engine::RequestId;
+use engine::loader::load_gguf;
+use engine::model::{KvStore, ModelBatch, SeqChunk};
+
+fn model_path() -> PathBuf {
+    std::env::var_os("SYNOR_MODELS_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../models"))
+        .join("smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf")
+}
+
+fn chunk(seq: u64, start: usize, n: usize) -> SeqChunk {
+    SeqChunk {
+        seq: RequestId(seq),
+        tokens: (0..n as u32).map(|i| 100 + i).collect(),
+        start_pos: start,
+        want_logits: true,
+    }
+}
+
+fn main() {
+    let loaded =
+        load_gguf(&model_path(), &Device::Cpu, &Default::default()).expect("run `make models`");
+    let model = loaded.model;
+    for n in [1usize, 16, 128, 512] {
+        let mut kv = KvStore::new();
+        let batch = ModelBatch {
+            chunks: vec![chunk(1, 0, n)],
+        };
+        model.forward(&batch, &mut kv).expect("warm-up");
+        let reps = 3;
+        let t = Instant::now();
+        for _ in 0..reps {
+            model.forward(&batch, &mut kv).expect("forward");
+        }
+        let ms = t.elapsed().as_secs_f64() * 1e3 / reps as f64;
+        println!(
+            "prefill {n:>4} tokens: {ms:8.1} ms  ({:.0} tok/s)",
+            n as f64 / ms * 1e3
+        );
+    }
+    for seqs in [1usize, 4, 16] {
+        let mut kv = KvStore::new();
+        let prefill = ModelBatch {
+            chunks: (0..seqs as u64).map(|s| chunk(s, 0, 32)).collect(),
+        };
+        model.forward(&prefill, &mut kv).expect("prefill");
+        let steps = 16;
+        let t = Instant::now();
+        for step in 0..steps {
+            let batch = ModelBatch {
+                chunks: (0..seqs as u64).map(|s| chunk(s, 32 + step, 1)).collect(),
+            };
+            model.forward(&batch, &mut kv).expect("decode");
+        }
+        let ms = t.elapsed().as_secs_f64() * 1e3 / steps as f64;
+        println!(
+            "decode {seqs:>3} seqs: {ms:8.1} ms/step  ({:.0} tok/s aggregate)",
+            seqs as f64 / ms * 1e3
+        );
+    }
+}
