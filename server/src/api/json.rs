@@ -22,17 +22,11 @@ where
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
-        let is_json = req
+        let content_type = req
             .headers()
             .get(header::CONTENT_TYPE)
             .and_then(|v| v.to_str().ok())
-            .is_none_or(|ct| ct.starts_with("application/json") || ct.contains("+json"));
-        if !is_json {
-            return Err(ApiError::InvalidJson {
-                message: "expected a JSON body (Content-Type: application/json)".into(),
-                param: None,
-            });
-        }
+            .map(str::to_string);
         let bytes = Bytes::from_request(req, state).await.map_err(|e| {
             if e.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
                 ApiError::PayloadTooLarge
@@ -43,8 +37,20 @@ where
                 }
             }
         })?;
-        parse(&bytes).map(ApiJson)
+        // Like OpenAI's own API, parse the body as JSON whatever the header
+        // says (curl -d sends form encoding), but say so when that fails.
+        parse(&bytes).map(ApiJson).map_err(|e| match (e, content_type) {
+            (ApiError::InvalidJson { message, param }, Some(ct)) if !is_json(&ct) => ApiError::InvalidJson {
+                message: format!("{message} (the request was sent as `{ct}`; send JSON with Content-Type: application/json)"),
+                param,
+            },
+            (e, _) => e,
+        })
     }
+}
+
+fn is_json(content_type: &str) -> bool {
+    content_type.starts_with("application/json") || content_type.contains("+json")
 }
 
 /// Parses `bytes` as `T`, naming the field that failed.

@@ -294,7 +294,20 @@ async fn malformed_bodies_oversized_bodies_and_unknown_routes() {
         b"{}".to_vec(),
     )
     .await;
-    r.error(StatusCode::BAD_REQUEST);
+    let msg = r.error(StatusCode::BAD_REQUEST)["message"].to_string();
+    assert!(msg.contains("Content-Type: application/json"), "{msg}");
+    // `curl -d` sends form encoding; a JSON body is still accepted.
+    let form = "application/x-www-form-urlencoded";
+    let r = send(
+        "POST",
+        "/v1/completions",
+        Some(form),
+        json!({"model": TINY, "prompt": "a", "max_tokens": 1})
+            .to_string()
+            .into_bytes(),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
     let big = json!({"model": TINY, "prompt": "x".repeat(BODY_LIMIT * 2)});
     post("/v1/completions", big)
         .await
