@@ -1,10 +1,15 @@
 //! Compute kernels for Synor's engine and the plain-Rust reference
 //! implementations they are tested against.
 //!
-//! `reference` holds straightforward, obviously-correct versions of every
-//! op a forward pass needs (RMSNorm, RoPE in both layouts, softmax, causal
-//! grouped-query attention). They are the test oracle for the engine's
-//! tensor code and for the SIMD, WGSL and CUDA kernels that later issues add
-//! beside them.
+//! - `quant`: GGML block formats (Q4_0, Q4_1, Q8_0) and Q8 activations;
+//! - `cpu`: quantized matmul, multi-threaded, AVX-512 VNNI / AVX2 / scalar,
+//!   picked at run time;
+//! - `reference`: straightforward, obviously-correct versions of every op a
+//!   forward pass needs (RMSNorm, RoPE, softmax, causal GQA attention, f32
+//!   matmul): the test oracle for the fast paths here and in the engine.
 
+pub mod cpu;
+pub mod quant;
 pub mod reference;
+
+pub use quant::{KernelError, QMatrix, QuantType};

@@ -1,0 +1,264 @@
+//! Quantized matrix multiplication on the CPU: `y = x · Wᵀ` for activation
+//! rows `x` (f32, quantized to Q8 on the fly) and a GGML-quantized weight
+//! matrix `W`. The weight rows are split across threads (rayon); within a
+//! thread, SIMD tiles reuse each unpacked weight block for several
+//! activation rows, so a batched step reads each weight once.
+//!
+//! The instruction set is picked once at run time: AVX-512 VNNI, then
+//! AVX2+FMA+F16C, then portable scalar code. `SYNOR_KERNELS=scalar|avx2`
+//! forces a lower path (for tests and comparisons).
+
+pub mod scalar;
+#[cfg(target_arch = "x86_64")]
+pub mod x86;
+
+use std::sync::OnceLock;
+
+use rayon::prelude::*;
+
+use crate::quant::{KernelError, Q8Block, QMatrix, quantize_activations};
+
+/// The SIMD path in use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Isa {
+    Scalar,
+    Avx2,
+    Avx512Vnni,
+}
+
+impl Isa {
+    /// The best path this CPU supports, capped by `SYNOR_KERNELS`.
+    pub fn detect() -> Self {
+        static ISA: OnceLock<Isa> = OnceLock::new();
+        *ISA.get_or_init(|| {
+            let best = Self::best_supported();
+            match std::env::var("SYNOR_KERNELS").as_deref() {
+                Ok("scalar") => Self::Scalar,
+                Ok("avx2") if best != Self::Scalar => Self::Avx2,
+                _ => best,
+            }
+        })
+    }
+
+    /// Every path this CPU can run (for tests).
+    pub fn all_supported() -> Vec<Self> {
+        let best = Self::best_supported();
+        [Self::Scalar, Self::Avx2, Self::Avx512Vnni]
+            .into_iter()
+            .filter(|&i| i <= best)
+            .collect()
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    fn best_supported() -> Self {
+        use std::arch::is_x86_feature_detected as has;
+        let avx2 = has!("avx2") && has!("fma") && has!("f16c");
+        if avx2 && has!("avx512f") && has!("avx512vl") && has!("avx512vnni") {
+            Self::Avx512Vnni
+        } else if avx2 {
+            Self::Avx2
+        } else {
+            Self::Scalar
+        }
+    }
+
+    #[cfg(not(target_arch = "x86_64"))]
+    fn best_supported() -> Self {
+        Self::Scalar
+    }
+}
+
+impl PartialOrd for Isa {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some((*self as u8).cmp(&(*other as u8)))
+    }
+}
+
+/// Output rows per parallel task: enough work to amortize scheduling.
+const ROWS_PER_TASK: usize = 64;
+
+/// `out[i * w.rows + r] = Σ_k x[i * w.cols + k] * W[r][k]` for `m` rows of `x`.
+pub fn matmul(w: &QMatrix, x: &[f32], m: usize, out: &mut [f32]) -> Result<(), KernelError> {
+    matmul_with(Isa::detect(), w, x, m, out)
+}
+
+/// `matmul` on a chosen instruction set (falls back to scalar if unsupported).
+pub fn matmul_with(
+    isa: Isa,
+    w: &QMatrix,
+    x: &[f32],
+    m: usize,
+    out: &mut [f32],
+) -> Result<(), KernelError> {
+    if x.len() != m * w.cols {
+        return Err(KernelError::Shape {
+            what: "activations",
+            expected: m * w.cols,
+            got: x.len(),
+        });
+    }
+    if out.len() != m * w.rows {
+        return Err(KernelError::Shape {
+            what: "output",
+            expected: m * w.rows,
+            got: out.len(),
+        });
+    }
+    let isa = if Isa::all_supported().contains(&isa) {
+        isa
+    } else {
+        Isa::Scalar
+    };
+    let acts = quantize_activations(x, w.cols);
+    let job = Job {
+        isa,
+        w,
+        acts: &acts,
+        nb: w.blocks_per_row(),
+        m,
+    };
+    if m == 1 {
+        out.par_chunks_mut(ROWS_PER_TASK)
+            .enumerate()
+            .for_each(|(t, ys)| job.rows(t * ROWS_PER_TASK, ys));
+        return Ok(());
+    }
+    // Threads own disjoint weight rows; each writes [row][act] then we transpose.
+    let mut t_out = vec![0.0f32; m * w.rows];
+    t_out
+        .par_chunks_mut(ROWS_PER_TASK * m)
+        .enumerate()
+        .for_each(|(t, ys)| job.rows(t * ROWS_PER_TASK, ys));
+    for r in 0..w.rows {
+        for i in 0..m {
+            out[i * w.rows + r] = t_out[r * m + i];
+        }
+    }
+    Ok(())
+}
+
+/// One matmul call: the weights, the quantized activations and the path.
+struct Job<'a> {
+    isa: Isa,
+    w: &'a QMatrix,
+    acts: &'a [Q8Block],
+    /// Blocks per row.
+    nb: usize,
+    /// Activation rows.
+    m: usize,
+}
+
+impl Job<'_> {
+    /// Fills `ys` (`[row][act]`, weight rows from `r0`) with dot products.
+    fn rows(&self, r0: usize, ys: &mut [f32]) {
+        match self.isa {
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 | Isa::Avx512Vnni => simd::rows(self, r0, ys),
+            _ => {
+                let (m, nb) = (self.m, self.nb);
+                for r in 0..ys.len() / m {
+                    let wr = self.w.row(r0 + r);
+                    for i in 0..m {
+                        ys[r * m + i] =
+                            scalar::dot_row(self.w.ty, wr, &self.acts[i * nb..(i + 1) * nb]);
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod simd {
+    //! Walks a block of rows in SIMD tiles.
+    #![allow(unsafe_code)]
+
+    use super::x86::{self, Q4_0, Q4_1, Q8_0};
+    use super::{Isa, Job, Q8Block};
+    use crate::quant::QuantType;
+
+    /// Weight rows `r0..` (as many as `ys` holds) against every activation
+    /// row. Only called with `Isa::Avx2` or `Isa::Avx512Vnni` (checked).
+    pub fn rows(job: &Job<'_>, r0: usize, ys: &mut [f32]) {
+        let ctx = Ctx {
+            job,
+            r0,
+            vnni: job.isa == Isa::Avx512Vnni,
+        };
+        let rows = ys.len() / job.m;
+        match job.w.ty {
+            QuantType::Q4_0 => ctx.run::<Q4_0>(rows, ys),
+            QuantType::Q4_1 => ctx.run::<Q4_1>(rows, ys),
+            QuantType::Q8_0 => ctx.run::<Q8_0>(rows, ys),
+        }
+    }
+
+    struct Ctx<'a, 'b> {
+        job: &'a Job<'b>,
+        r0: usize,
+        /// AVX-512 VNNI tiles, else AVX2 tiles.
+        vnni: bool,
+    }
+
+    impl Ctx<'_, '_> {
+        fn run<const T: u8>(&self, rows: usize, ys: &mut [f32]) {
+            let mut r = 0;
+            if self.job.m >= 4 {
+                while r + 2 <= rows {
+                    self.tiles::<T, 2, 4>(r, ys);
+                    r += 2;
+                }
+            } else {
+                while r + 4 <= rows {
+                    self.tiles::<T, 4, 1>(r, ys);
+                    r += 4;
+                }
+            }
+            while r < rows {
+                self.tiles::<T, 1, 1>(r, ys);
+                r += 1;
+            }
+        }
+
+        /// Rows `r..r + NR` against every activation row, `MR` at a time.
+        fn tiles<const T: u8, const NR: usize, const MR: usize>(&self, r: usize, ys: &mut [f32]) {
+            let Job { w, acts, nb, m, .. } = *self.job;
+            let wp: [*const u8; NR] = std::array::from_fn(|k| w.row(self.r0 + r + k).as_ptr());
+            let mut i = 0;
+            while i + MR <= m {
+                let x: [*const Q8Block; MR] =
+                    std::array::from_fn(|k| acts[(i + k) * nb..].as_ptr());
+                let out = self.tile::<T, NR, MR>(wp, x);
+                for (k, row) in out.iter().enumerate() {
+                    ys[(r + k) * m + i..][..MR].copy_from_slice(row);
+                }
+                i += MR;
+            }
+            while i < m {
+                let x = [acts[i * nb..].as_ptr()];
+                let out = self.tile::<T, NR, 1>(wp, x);
+                for (k, row) in out.iter().enumerate() {
+                    ys[(r + k) * m + i] = row[0];
+                }
+                i += 1;
+            }
+        }
+
+        fn tile<const T: u8, const NR: usize, const MR: usize>(
+            &self,
+            w: [*const u8; NR],
+            x: [*const Q8Block; MR],
+        ) -> [[f32; MR]; NR] {
+            // SAFETY: `isa` was checked against the CPU's features; the row
+            // pointers come from `QMatrix::row` (each `nb` blocks long) and the
+            // activation pointers start rows of `nb` blocks inside `acts`.
+            unsafe {
+                if self.vnni {
+                    x86::tile_vnni::<T, NR, MR>(w, x, self.job.nb)
+                } else {
+                    x86::tile_avx2::<T, NR, MR>(w, x, self.job.nb)
+                }
+            }
+        }
+    }
+}

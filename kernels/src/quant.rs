@@ -1,0 +1,284 @@
+//! Quantized block formats (GGML layouts, as stored in GGUF files) and the
+//! Q8 activation blocks the integer dot products run against.
+//!
+//! Every format packs 32 weights per block:
+//! - `Q4_0`: f16 scale `d`, 16 bytes of nibbles; `w = d * (q - 8)`;
+//! - `Q4_1`: f16 scale `d`, f16 min `m`, 16 bytes of nibbles; `w = d * q + m`;
+//! - `Q8_0`: f16 scale `d`, 32 signed bytes; `w = d * q`.
+//!
+//! Nibble order follows GGML: byte `j` holds weight `j` in its low nibble
+//! and weight `j + 16` in its high nibble.
+
+use half::f16;
+
+/// Weights (and activations) per quantization block.
+pub const QK: usize = 32;
+
+/// A supported weight format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum QuantType {
+    Q4_0,
+    Q4_1,
+    Q8_0,
+}
+
+impl QuantType {
+    /// Bytes of one 32-weight block.
+    pub const fn block_bytes(self) -> usize {
+        match self {
+            Self::Q4_0 => 18,
+            Self::Q4_1 => 20,
+            Self::Q8_0 => 34,
+        }
+    }
+}
+
+/// Errors of kernel inputs (shapes and sizes that do not fit).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum KernelError {
+    #[error("{what}: expected {expected}, got {got}")]
+    Shape {
+        what: &'static str,
+        expected: usize,
+        got: usize,
+    },
+    #[error("the column count {0} is not a multiple of {QK}")]
+    Unaligned(usize),
+}
+
+/// A quantized weight matrix: `rows` output features, each a row of `cols`
+/// inputs, stored as GGML blocks (row-major, `cols / 32` blocks per row).
+#[derive(Debug, Clone)]
+pub struct QMatrix {
+    pub ty: QuantType,
+    pub rows: usize,
+    pub cols: usize,
+    data: Vec<u8>,
+}
+
+impl QMatrix {
+    /// Wraps raw GGML block bytes, checking their length.
+    pub fn new(
+        ty: QuantType,
+        rows: usize,
+        cols: usize,
+        data: Vec<u8>,
+    ) -> Result<Self, KernelError> {
+        if !cols.is_multiple_of(QK) {
+            return Err(KernelError::Unaligned(cols));
+        }
+        let expected = rows * cols / QK * ty.block_bytes();
+        if data.len() != expected {
+            return Err(KernelError::Shape {
+                what: "quantized bytes",
+                expected,
+                got: data.len(),
+            });
+        }
+        Ok(Self {
+            ty,
+            rows,
+            cols,
+            data,
+        })
+    }
+
+    /// Blocks per row.
+    pub fn blocks_per_row(&self) -> usize {
+        self.cols / QK
+    }
+
+    /// The bytes of row `r`.
+    pub fn row(&self, r: usize) -> &[u8] {
+        let len = self.blocks_per_row() * self.ty.block_bytes();
+        &self.data[r * len..(r + 1) * len]
+    }
+
+    /// Dequantizes row `r` (the reference for every kernel).
+    pub fn dequantize_row(&self, r: usize) -> Vec<f32> {
+        let bb = self.ty.block_bytes();
+        self.row(r)
+            .chunks_exact(bb)
+            .flat_map(|b| dequantize_block(self.ty, b))
+            .collect()
+    }
+
+    /// Quantizes `rows x cols` f32 weights (row-major) into `ty`, as GGML's
+    /// reference quantizers do. Used by tests and benchmarks.
+    pub fn quantize(
+        ty: QuantType,
+        rows: usize,
+        cols: usize,
+        w: &[f32],
+    ) -> Result<Self, KernelError> {
+        if w.len() != rows * cols {
+            return Err(KernelError::Shape {
+                what: "weights",
+                expected: rows * cols,
+                got: w.len(),
+            });
+        }
+        if !cols.is_multiple_of(QK) {
+            return Err(KernelError::Unaligned(cols));
+        }
+        let data = w
+            .chunks_exact(QK)
+            .flat_map(|b| quantize_block(ty, b))
+            .collect();
+        Self::new(ty, rows, cols, data)
+    }
+}
+
+pub(crate) fn f16_at(b: &[u8], at: usize) -> f32 {
+    f16::from_bits(u16::from_le_bytes([b[at], b[at + 1]])).to_f32()
+}
+
+/// Dequantizes one block.
+fn dequantize_block(ty: QuantType, b: &[u8]) -> [f32; QK] {
+    let mut out = [0.0; QK];
+    match ty {
+        QuantType::Q4_0 | QuantType::Q4_1 => {
+            let d = f16_at(b, 0);
+            let (m, qs) = if ty == QuantType::Q4_1 {
+                (f16_at(b, 2), &b[4..20])
+            } else {
+                (-8.0 * d, &b[2..18])
+            };
+            for j in 0..16 {
+                out[j] = d * f32::from(qs[j] & 0x0F) + m;
+                out[j + 16] = d * f32::from(qs[j] >> 4) + m;
+            }
+        }
+        QuantType::Q8_0 => {
+            let d = f16_at(b, 0);
+            for (o, &q) in out.iter_mut().zip(&b[2..34]) {
+                *o = d * f32::from(q as i8);
+            }
+        }
+    }
+    out
+}
+
+fn quantize_block(ty: QuantType, x: &[f32]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(ty.block_bytes());
+    match ty {
+        QuantType::Q4_0 => {
+            // Scale by the value of largest magnitude, mapped to -8.
+            let max = x
+                .iter()
+                .copied()
+                .fold(0.0f32, |a, v| if v.abs() > a.abs() { v } else { a });
+            let d = max / -8.0;
+            let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+            out.extend_from_slice(&f16::from_f32(d).to_bits().to_le_bytes());
+            let q = |v: f32| ((v * id + 8.5) as i32).clamp(0, 15) as u8;
+            out.extend((0..16).map(|j| q(x[j]) | (q(x[j + 16]) << 4)));
+        }
+        QuantType::Q4_1 => {
+            let min = x.iter().copied().fold(f32::INFINITY, f32::min);
+            let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let d = (max - min) / 15.0;
+            let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+            out.extend_from_slice(&f16::from_f32(d).to_bits().to_le_bytes());
+            out.extend_from_slice(&f16::from_f32(min).to_bits().to_le_bytes());
+            let q = |v: f32| (((v - min) * id + 0.5) as i32).clamp(0, 15) as u8;
+            out.extend((0..16).map(|j| q(x[j]) | (q(x[j + 16]) << 4)));
+        }
+        QuantType::Q8_0 => {
+            let amax = x.iter().fold(0.0f32, |a, v| a.max(v.abs()));
+            let d = amax / 127.0;
+            let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+            out.extend_from_slice(&f16::from_f32(d).to_bits().to_le_bytes());
+            out.extend(
+                x.iter()
+                    .map(|v| (v * id).round().clamp(-127.0, 127.0) as i8 as u8),
+            );
+        }
+    }
+    out
+}
+
+/// One activation block quantized to 8 bits: `x ~ d * q`, with `s = d * sum(q)`
+/// kept for the formats that have an offset (GGML's Q8_1).
+#[derive(Debug, Clone, Copy, PartialEq)]
+#[repr(C, align(8))]
+pub struct Q8Block {
+    pub d: f32,
+    pub s: f32,
+    pub qs: [i8; QK],
+}
+
+/// Quantizes activation rows (`cols` wide, a multiple of 32) to Q8 blocks.
+pub fn quantize_activations(x: &[f32], cols: usize) -> Vec<Q8Block> {
+    x.chunks_exact(QK)
+        .map(|b| {
+            let amax = b.iter().fold(0.0f32, |a, v| a.max(v.abs()));
+            let d = amax / 127.0;
+            let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+            let mut qs = [0i8; QK];
+            let mut sum = 0i32;
+            for (q, v) in qs.iter_mut().zip(b) {
+                *q = (v * id).round() as i8;
+                sum += i32::from(*q);
+            }
+            debug_assert!(cols.is_multiple_of(QK));
+            Q8Block {
+                d,
+                s: d * sum as f32,
+                qs,
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ramp(n: usize) -> Vec<f32> {
+        (0..n)
+            .map(|i| ((i * 7919) % 97) as f32 / 48.0 - 1.0)
+            .collect()
+    }
+
+    #[test]
+    fn quantize_then_dequantize_stays_within_one_step() {
+        let w = ramp(64);
+        for (ty, step) in [
+            (QuantType::Q4_0, 2.0 / 7.0),
+            (QuantType::Q4_1, 2.0 / 15.0),
+            (QuantType::Q8_0, 1.0 / 127.0),
+        ] {
+            let m = QMatrix::quantize(ty, 2, 32, &w).expect("quantize");
+            let back: Vec<f32> = (0..2).flat_map(|r| m.dequantize_row(r)).collect();
+            let err = w
+                .iter()
+                .zip(&back)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0.0, f32::max);
+            assert!(err <= step * 1.01, "{ty:?}: error {err} > {step}");
+        }
+    }
+
+    #[test]
+    fn wrong_sizes_are_errors_not_panics() {
+        assert!(matches!(
+            QMatrix::new(QuantType::Q4_1, 2, 32, vec![0; 39]),
+            Err(KernelError::Shape { .. })
+        ));
+        assert_eq!(
+            QMatrix::new(QuantType::Q8_0, 1, 33, vec![]).err(),
+            Some(KernelError::Unaligned(33))
+        );
+    }
+
+    #[test]
+    fn activation_blocks_keep_their_sum() {
+        let x = ramp(64);
+        let q = quantize_activations(&x, 64);
+        for (b, chunk) in q.iter().zip(x.chunks(32)) {
+            let sum: f32 = chunk.iter().sum();
+            assert!((b.s - sum).abs() < 0.05, "{} vs {sum}", b.s);
+        }
+    }
+}

@@ -1,0 +1,109 @@
+//! Every quantized-matmul path against the plain-Rust reference on seeded
+//! random inputs, for every format and for the batch shapes the engine uses.
+
+use kernels::cpu::{Isa, matmul_with};
+use kernels::quant::{QK, quantize_activations};
+use kernels::{QMatrix, QuantType};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+fn random(rng: &mut StdRng, n: usize) -> Vec<f32> {
+    (0..n).map(|_| rng.random_range(-1.0f32..1.0)).collect()
+}
+
+/// The exact value the integer kernels approximate: dequantized weights
+/// times dequantized (Q8) activations, accumulated in f64.
+fn reference(w: &QMatrix, x: &[f32], m: usize) -> Vec<f32> {
+    let acts = quantize_activations(x, w.cols);
+    let nb = w.cols / QK;
+    let xq: Vec<f64> = acts
+        .iter()
+        .flat_map(|b| b.qs.iter().map(move |&q| f64::from(b.d) * f64::from(q)))
+        .collect();
+    let rows: Vec<Vec<f32>> = (0..w.rows).map(|r| w.dequantize_row(r)).collect();
+    let mut out = vec![0.0; m * w.rows];
+    for i in 0..m {
+        for (r, wr) in rows.iter().enumerate() {
+            let xi = &xq[i * nb * QK..(i + 1) * nb * QK];
+            out[i * w.rows + r] = wr
+                .iter()
+                .zip(xi)
+                .map(|(&a, &b)| f64::from(a) * b)
+                .sum::<f64>() as f32;
+        }
+    }
+    out
+}
+
+#[test]
+fn every_path_matches_the_reference_for_every_format_and_batch() {
+    let mut rng = StdRng::seed_from_u64(11);
+    let shapes = [
+        (1, 96, 64),
+        (3, 130, 96),
+        (4, 64, 576),
+        (7, 37, 128),
+        (16, 200, 64),
+    ];
+    for ty in [QuantType::Q4_0, QuantType::Q4_1, QuantType::Q8_0] {
+        for &(m, rows, cols) in &shapes {
+            let w = QMatrix::quantize(ty, rows, cols, &random(&mut rng, rows * cols))
+                .expect("quantize");
+            let x = random(&mut rng, m * cols);
+            let want = reference(&w, &x, m);
+            for isa in Isa::all_supported() {
+                let mut got = vec![f32::NAN; m * rows];
+                matmul_with(isa, &w, &x, m, &mut got).expect("matmul");
+                let err = got
+                    .iter()
+                    .zip(&want)
+                    .map(|(a, b)| (a - b).abs())
+                    .fold(0.0, f32::max);
+                let scale = want.iter().fold(1.0f32, |a, v| a.max(v.abs()));
+                assert!(
+                    err <= 2e-5 * scale * (cols as f32).sqrt(),
+                    "{ty:?} {isa:?} m={m} {rows}x{cols}: max error {err}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn quantized_matmul_approximates_the_float_product() {
+    // Against the unquantized activations the error is the Q8 rounding only.
+    let mut rng = StdRng::seed_from_u64(5);
+    let (m, rows, cols) = (2, 50, 256);
+    let w = QMatrix::quantize(QuantType::Q4_1, rows, cols, &random(&mut rng, rows * cols))
+        .expect("quantize");
+    let x = random(&mut rng, m * cols);
+    let mut got = vec![0.0; m * rows];
+    kernels::cpu::matmul(&w, &x, m, &mut got).expect("matmul");
+    let acts = quantize_activations(&x, cols);
+    for i in 0..m {
+        for r in 0..rows {
+            let wr = w.dequantize_row(r);
+            let exact: f32 = wr.iter().zip(&x[i * cols..]).map(|(a, b)| a * b).sum();
+            // Each activation is off by at most half its block's step d.
+            let bound: f32 = wr
+                .chunks(QK)
+                .zip(&acts[i * cols / QK..])
+                .map(|(wb, xb)| wb.iter().map(|v| v.abs()).sum::<f32>() * xb.d / 2.0)
+                .sum();
+            let err = (got[i * rows + r] - exact).abs();
+            assert!(
+                err <= bound + 1e-4,
+                "{} vs {exact}: error {err} > bound {bound}",
+                got[i * rows + r]
+            );
+        }
+    }
+}
+
+#[test]
+fn mismatched_shapes_are_errors() {
+    let w = QMatrix::quantize(QuantType::Q8_0, 4, 32, &[0.5; 128]).expect("quantize");
+    let mut out = vec![0.0; 4];
+    assert!(kernels::cpu::matmul(&w, &[0.0; 31], 1, &mut out).is_err());
+    assert!(kernels::cpu::matmul(&w, &[0.0; 32], 1, &mut [0.0; 3]).is_err());
+}
