@@ -5,10 +5,14 @@
 use std::path::PathBuf;
 use std::time::Instant;
 
-use candle_core::Device;
 use engine::RequestId;
+use engine::kv_cache::KvStorage;
 use engine::loader::load_gguf;
-use engine::model::{KvStore, ModelBatch, SeqChunk};
+use engine::model::{ModelBatch, SeqChunk};
+
+const BLOCK: usize = 16;
+/// Blocks per sequence (enough for 1024 positions).
+const BLOCKS_PER_SEQ: usize = 64;
 
 fn model_path() -> PathBuf {
     std::env::var_os("SYNOR_MODELS_DIR")
@@ -18,20 +22,22 @@ fn model_path() -> PathBuf {
 }
 
 fn chunk(seq: u64, start: usize, n: usize) -> SeqChunk {
+    let first = seq as u32 * BLOCKS_PER_SEQ as u32;
     SeqChunk {
         seq: RequestId(seq),
         tokens: (0..n as u32).map(|i| 100 + i).collect(),
         start_pos: start,
         want_logits: true,
+        block_table: (first..first + BLOCKS_PER_SEQ as u32).collect(),
     }
 }
 
 fn main() {
     let loaded =
-        load_gguf(&model_path(), &Device::Cpu, &Default::default()).expect("run `make models`");
+        load_gguf(&model_path(), &Default::default()).expect("run `make models`");
     let model = loaded.model;
+    let mut kv = KvStorage::new(model.config.kv_layout(BLOCK, 32 * BLOCKS_PER_SEQ));
     for n in [1usize, 16, 128, 512] {
-        let mut kv = KvStore::new();
         let batch = ModelBatch {
             chunks: vec![chunk(1, 0, n)],
         };
@@ -48,7 +54,6 @@ fn main() {
         );
     }
     for seqs in [1usize, 4, 16] {
-        let mut kv = KvStore::new();
         let prefill = ModelBatch {
             chunks: (0..seqs as u64).map(|s| chunk(s, 0, 32)).collect(),
         };

@@ -65,23 +65,23 @@ impl EngineCore {
 
     /// Runs until `Shutdown` or until every handle is dropped.
     pub fn run(mut self) {
+        let mut idle = true;
         loop {
-            if !self.apply_commands() {
+            if !self.apply_commands(idle) {
                 break;
             }
-            if self.scheduler.has_work() {
-                self.step();
-            }
+            idle = !self.scheduler.has_work() || !self.step();
         }
         for seq in self.scheduler.drain() {
             self.finish(seq, Err(EngineError::Shutdown));
         }
     }
 
-    /// Applies pending commands, blocking for one when idle. Returns false
-    /// when the engine should stop.
-    fn apply_commands(&mut self) -> bool {
-        if !self.scheduler.has_work() {
+    /// Applies pending commands, blocking for one when idle (no work, or a
+    /// step that could schedule nothing). Returns false when the engine
+    /// should stop.
+    fn apply_commands(&mut self, idle: bool) -> bool {
+        if idle {
             match self.commands.recv() {
                 Ok(cmd) => {
                     if !self.apply(cmd) {
@@ -129,11 +129,11 @@ impl EngineCore {
         true
     }
 
-    /// One `schedule -> execute -> update` iteration.
-    fn step(&mut self) {
+    /// One `schedule -> execute -> update` iteration; false if nothing ran.
+    fn step(&mut self) -> bool {
         let batch = self.scheduler.schedule();
         if batch.is_empty() {
-            return;
+            return false;
         }
         let started = Instant::now();
         let logits = match self.executor.execute(&batch) {
@@ -143,7 +143,7 @@ impl EngineCore {
                 for seq in self.scheduler.fail(&batch) {
                     self.finish(seq, Err(e.clone()));
                 }
-                return;
+                return true;
             }
         };
         let (tokens, finished) = self.scheduler.update(&batch, &logits);
@@ -173,6 +173,7 @@ impl EngineCore {
         self.stats
             .record_step(batch.num_tokens(), tokens.len(), started.elapsed());
         self.publish_stats();
+        true
     }
 
     /// Frees a sequence and tells its stream how it ended.
@@ -185,9 +186,9 @@ impl EngineCore {
             Ok(reason) => CoreEvent::Finished {
                 reason,
                 usage: Usage {
-                    prompt_tokens: seq.req.prompt_tokens.len(),
-                    completion_tokens: seq.output.len(),
-                    cached_tokens: 0,
+                    prompt_tokens: seq.prompt_len,
+                    completion_tokens: seq.output().len(),
+                    cached_tokens: seq.num_cached_tokens.unwrap_or(0),
                 },
             },
             Err(e) => CoreEvent::Failed(e),

@@ -8,12 +8,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{self, Sender};
 use std::thread::JoinHandle;
 
-use candle_core::Device;
-
 use crate::chat::{ChatMessage, ChatTemplate, TemplateChoice};
 use crate::core::{Command, EngineCore};
 use crate::error::{EngineError, Result};
 use crate::executor::LocalExecutor;
+use crate::kv_cache::{KvLayout, KvManager};
 use crate::loader::{LoadedModel, load_gguf};
 use crate::output::{OutputProcessor, RequestStream};
 use crate::request::{GenerateRequest, RequestId};
@@ -21,12 +20,32 @@ use crate::scheduler::{Scheduler, SchedulerConfig};
 use crate::stats::{EngineStats, StatsCell};
 use crate::tokenizer::TextTokenizer;
 
+/// Everything that shapes an engine: scheduling limits and KV memory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EngineConfig {
+    pub scheduler: SchedulerConfig,
+    /// Bytes of KV cache (f16 keys and values of every layer).
+    pub kv_cache_memory: usize,
+    /// Positions per KV block.
+    pub block_size: usize,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        Self { scheduler: SchedulerConfig::default(), kv_cache_memory: 1 << 30, block_size: 16 }
+    }
+}
+
 /// Static facts about the served model.
 #[derive(Debug)]
 pub struct ModelInfo {
     pub architecture: String,
+    /// Longest sequence served (model context, capped by the KV capacity).
     pub context_length: usize,
     pub vocab_size: usize,
+    /// KV blocks and positions per block.
+    pub kv_blocks: usize,
+    pub block_size: usize,
 }
 
 /// Shared between every clone of a handle.
@@ -56,34 +75,44 @@ impl std::fmt::Debug for EngineHandle {
 
 impl EngineHandle {
     /// Loads a GGUF model and starts its engine thread.
-    pub fn start_gguf(
-        path: &Path,
-        template: &TemplateChoice,
-        mut config: SchedulerConfig,
-    ) -> Result<Self> {
-        let loaded = load_gguf(path, &Device::Cpu, template)?;
-        config.max_model_len = config.max_model_len.min(loaded.model.config.context_length);
-        Ok(Self::start(loaded, config))
+    pub fn start_gguf(path: &Path, template: &TemplateChoice, config: EngineConfig) -> Result<Self> {
+        Self::start(load_gguf(path, template)?, config)
     }
 
-    /// Starts the engine thread around an already loaded model.
-    pub fn start(loaded: LoadedModel, config: SchedulerConfig) -> Self {
-        let LoadedModel {
-            model,
-            tokenizer,
-            template,
-        } = loaded;
+    /// Starts the engine thread around an already loaded model, sizing the
+    /// KV cache from `config.kv_cache_memory`.
+    pub fn start(loaded: LoadedModel, config: EngineConfig) -> Result<Self> {
+        let LoadedModel { model, tokenizer, template } = loaded;
+        let mc = &model.config;
+        let block_size = config.block_size.max(1);
+        let per_block = block_size * KvLayout::bytes_per_token(mc.n_layer, mc.n_kv_head, mc.head_dim);
+        let num_blocks = config.kv_cache_memory / per_block.max(1);
+        if num_blocks == 0 {
+            return Err(EngineError::Load(format!(
+                "--kv-cache-memory {} bytes is less than one KV block ({per_block} bytes)",
+                config.kv_cache_memory
+            )));
+        }
+        let mut sched = config.scheduler;
+        let capacity = num_blocks * block_size;
+        sched.max_model_len = sched.max_model_len.min(mc.context_length).min(capacity);
+        if capacity < mc.context_length {
+            tracing::warn!(capacity, context = mc.context_length, "the KV cache holds less than one full context");
+        }
         let info = ModelInfo {
-            architecture: model.config.architecture.clone(),
-            context_length: config.max_model_len,
-            vocab_size: model.config.vocab_size,
+            architecture: mc.architecture.clone(),
+            context_length: sched.max_model_len,
+            vocab_size: mc.vocab_size,
+            kv_blocks: num_blocks,
+            block_size,
         };
+        let layout = mc.kv_layout(block_size, num_blocks);
         let (tx, rx) = mpsc::channel();
         let stats = Arc::new(StatsCell::default());
         let eos: Vec<u32> = tokenizer.eog_ids().iter().copied().collect();
         let core = EngineCore::new(
-            Scheduler::new(config),
-            Box::new(LocalExecutor::new(model)),
+            Scheduler::new(sched, KvManager::new(num_blocks, block_size)),
+            Box::new(LocalExecutor::new(model, layout)),
             rx,
             eos,
             stats.clone(),
@@ -91,7 +120,7 @@ impl EngineHandle {
         let thread = std::thread::Builder::new()
             .name("synor-engine".into())
             .spawn(move || core.run())
-            .ok();
+            .map_err(|e| EngineError::Load(format!("engine thread: {e}")))?;
         let shared = Shared {
             commands: tx,
             tokenizer: Arc::new(tokenizer),
@@ -99,11 +128,9 @@ impl EngineHandle {
             info,
             stats,
             next_id: AtomicU64::new(1),
-            thread: std::sync::Mutex::new(thread),
+            thread: std::sync::Mutex::new(Some(thread)),
         };
-        Self {
-            shared: Arc::new(shared),
-        }
+        Ok(Self { shared: Arc::new(shared) })
     }
 
     /// Validates `req` and queues it; the stream yields its events.

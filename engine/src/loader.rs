@@ -3,7 +3,6 @@
 
 use std::path::Path;
 
-use candle_core::Device;
 use candle_core::quantized::gguf_file;
 
 use crate::chat::{ChatTemplate, TemplateChoice};
@@ -20,8 +19,8 @@ pub struct LoadedModel {
     pub template: ChatTemplate,
 }
 
-/// Loads `path` (a llama-family GGUF) onto `device`.
-pub fn load_gguf(path: &Path, device: &Device, template: &TemplateChoice) -> Result<LoadedModel> {
+/// Loads `path` (a llama-family GGUF).
+pub fn load_gguf(path: &Path, template: &TemplateChoice) -> Result<LoadedModel> {
     let file = std::fs::File::open(path)
         .map_err(|e| EngineError::Load(format!("{}: {e}", path.display())))?;
     let mut reader = std::io::BufReader::new(file);
@@ -31,7 +30,7 @@ pub fn load_gguf(path: &Path, device: &Device, template: &TemplateChoice) -> Res
             path.display()
         ))
     })?;
-    let model = Llama::load(&ct, &mut reader, device)?;
+    let model = Llama::load(&ct, &mut reader)?;
     let (tok, special) = tokenizer_from_gguf(&ct.metadata)?;
     let tokenizer = TextTokenizer::new(tok, special);
     let stored = ct

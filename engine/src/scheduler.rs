@@ -1,15 +1,20 @@
 //! Continuous-batching scheduler in the vLLM v1 shape: each step,
 //! `schedule()` spends one token budget, running sequences first (a decode
 //! token each, or the next prefill chunk), then admits waiting ones while
-//! the budget and the running limit allow; `update()` takes the step's
-//! logits, samples, and decides which sequences finished. Aborts are
-//! applied between steps. This scheduler owns no model state: the executor
-//! holds KV, the core drives both.
+//! the budget, the running limit and the KV blocks allow; `update()` takes
+//! the step's logits, samples, and decides which sequences finished.
+//!
+//! The scheduler owns the block tables (`KvManager`): a new sequence starts
+//! from its longest cached prefix, every chunk is backed by blocks before it
+//! runs, and when blocks run out the most recently admitted running
+//! sequence is preempted (its blocks freed, to be recomputed later) rather
+//! than failing or stalling. Aborts are applied between steps.
 
 use std::collections::VecDeque;
 
+use crate::kv_cache::KvManager;
 use crate::model::{ModelBatch, SeqChunk};
-use crate::request::{FinishReason, GenerateRequest, RequestId};
+use crate::request::{FinishReason, GenerateRequest, RequestId, SamplingParams};
 use crate::sampling::Sampler;
 
 /// Limits that shape each step.
@@ -27,12 +32,7 @@ pub struct SchedulerConfig {
 
 impl Default for SchedulerConfig {
     fn default() -> Self {
-        Self {
-            max_num_seqs: 16,
-            max_num_batched_tokens: 512,
-            max_waiting: 256,
-            max_model_len: 2048,
-        }
+        Self { max_num_seqs: 16, max_num_batched_tokens: 512, max_waiting: 256, max_model_len: 2048 }
     }
 }
 
@@ -40,10 +40,14 @@ impl Default for SchedulerConfig {
 #[derive(Debug)]
 pub struct Sequence {
     pub id: RequestId,
-    pub req: GenerateRequest,
-    pub output: Vec<u32>,
-    /// Tokens whose KV the executor holds.
+    pub params: SamplingParams,
+    /// Prompt followed by the generated tokens.
+    pub tokens: Vec<u32>,
+    pub prompt_len: usize,
+    /// Leading tokens whose KV is computed (in this sequence's blocks).
     pub num_computed: usize,
+    /// Prompt tokens served from the prefix cache at first admission.
+    pub num_cached_tokens: Option<usize>,
     pub sampler: Sampler,
     /// Tokens of this sequence that end generation (EOS ids and stop ids).
     pub stop_ids: Vec<u32>,
@@ -56,31 +60,30 @@ impl Sequence {
             stop_ids.extend_from_slice(eos);
         }
         let sampler = Sampler::new(&req.params);
+        let prompt_len = req.prompt_tokens.len();
         Self {
             id,
-            req,
-            output: Vec::new(),
+            params: req.params,
+            tokens: req.prompt_tokens,
+            prompt_len,
             num_computed: 0,
+            num_cached_tokens: None,
             sampler,
             stop_ids,
         }
     }
 
     pub fn len(&self) -> usize {
-        self.req.prompt_tokens.len() + self.output.len()
+        self.tokens.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.len() == 0
+        self.tokens.is_empty()
     }
 
-    fn token(&self, i: usize) -> u32 {
-        let p = self.req.prompt_tokens.len();
-        if i < p {
-            self.req.prompt_tokens[i]
-        } else {
-            self.output[i - p]
-        }
+    /// Generated tokens so far.
+    pub fn output(&self) -> &[u32] {
+        &self.tokens[self.prompt_len..]
     }
 }
 
@@ -96,17 +99,20 @@ pub struct StepToken {
 #[derive(Debug)]
 pub struct Scheduler {
     config: SchedulerConfig,
+    kv: KvManager,
     waiting: VecDeque<Sequence>,
     running: Vec<Sequence>,
+    /// Sequences preempted so far.
+    pub preemptions: u64,
 }
 
 impl Scheduler {
-    pub fn new(config: SchedulerConfig) -> Self {
-        Self {
-            config,
-            waiting: VecDeque::new(),
-            running: Vec::new(),
-        }
+    pub fn new(config: SchedulerConfig, kv: KvManager) -> Self {
+        Self { config, kv, waiting: VecDeque::new(), running: Vec::new(), preemptions: 0 }
+    }
+
+    pub fn kv(&self) -> &KvManager {
+        &self.kv
     }
 
     pub fn num_waiting(&self) -> usize {
@@ -130,72 +136,120 @@ impl Scheduler {
         Ok(())
     }
 
-    /// Removes a sequence wherever it is; returns it if it was known.
+    /// Removes a sequence wherever it is (freeing its blocks).
     pub fn abort(&mut self, id: RequestId) -> Option<Sequence> {
-        if let Some(i) = self.running.iter().position(|s| s.id == id) {
-            return Some(self.running.remove(i));
-        }
-        let i = self.waiting.iter().position(|s| s.id == id)?;
-        self.waiting.remove(i)
+        let seq = if let Some(i) = self.running.iter().position(|s| s.id == id) {
+            self.running.remove(i)
+        } else {
+            let i = self.waiting.iter().position(|s| s.id == id)?;
+            self.waiting.remove(i)?
+        };
+        self.kv.free(id);
+        Some(seq)
     }
 
     /// Plans the next step: running sequences first, then admissions.
     pub fn schedule(&mut self) -> ModelBatch {
         let mut budget = self.config.max_num_batched_tokens;
         let mut batch = ModelBatch::default();
-        for seq in &self.running {
-            if budget == 0 {
-                break;
+        let mut preempted = false;
+        let mut i = 0;
+        while i < self.running.len() && budget > 0 {
+            let seq = &self.running[i];
+            let n = (seq.len() - seq.num_computed).min(budget);
+            if n == 0 {
+                i += 1;
+                continue;
             }
-            if let Some(chunk) = next_chunk(seq, budget) {
-                budget -= chunk.tokens.len();
-                batch.chunks.push(chunk);
+            let (id, end) = (seq.id, seq.num_computed + n);
+            if self.kv.allocate(id, end) {
+                batch.chunks.push(self.chunk(i, n));
+                budget -= n;
+                i += 1;
+                continue;
             }
+            // Out of blocks: preempt from the back (the newest admissions).
+            preempted = true;
+            let victim = self.running.len() - 1;
+            self.preempt(victim);
+            // If that was this very sequence, it waits with the rest.
         }
-        while budget > 0 && self.running.len() < self.config.max_num_seqs {
-            let Some(seq) = self.waiting.pop_front() else {
-                break;
-            };
-            if let Some(chunk) = next_chunk(&seq, budget) {
-                budget -= chunk.tokens.len();
-                batch.chunks.push(chunk);
-            }
-            self.running.push(seq);
+        if !preempted {
+            self.admit(&mut budget, &mut batch);
         }
         batch
     }
 
-    /// Applies a step's results: advances computed counts, samples from each
-    /// logits row, and removes finished sequences (returned with the tokens).
-    pub fn update(
-        &mut self,
-        batch: &ModelBatch,
-        logits: &[Vec<f32>],
-    ) -> (Vec<StepToken>, Vec<Sequence>) {
+    /// Admits waiting sequences while budget, slots and blocks allow.
+    fn admit(&mut self, budget: &mut usize, batch: &mut ModelBatch) {
+        while *budget > 0 && self.running.len() < self.config.max_num_seqs {
+            let Some(seq) = self.waiting.front_mut() else { break };
+            let hit = self.kv.start(seq.id, &seq.tokens);
+            seq.num_computed = hit;
+            let n = (seq.len() - hit).min(*budget);
+            if !self.kv.allocate(seq.id, hit + n) {
+                let id = seq.id;
+                seq.num_computed = 0;
+                self.kv.free(id);
+                break;
+            }
+            seq.num_cached_tokens.get_or_insert(hit.min(seq.prompt_len));
+            let Some(seq) = self.waiting.pop_front() else { break };
+            self.running.push(seq);
+            batch.chunks.push(self.chunk(self.running.len() - 1, n));
+            *budget -= n;
+        }
+    }
+
+    /// Frees a running sequence's blocks and requeues it for recompute.
+    fn preempt(&mut self, index: usize) {
+        let mut seq = self.running.remove(index);
+        self.kv.free(seq.id);
+        seq.num_computed = 0;
+        self.preemptions += 1;
+        tracing::debug!(seq = %seq.id, "preempted (out of KV blocks)");
+        self.waiting.push_front(seq);
+    }
+
+    /// The next `n` tokens of running sequence `index` as a chunk.
+    fn chunk(&self, index: usize, n: usize) -> SeqChunk {
+        let seq = &self.running[index];
+        let start = seq.num_computed;
+        SeqChunk {
+            seq: seq.id,
+            tokens: seq.tokens[start..start + n].to_vec(),
+            start_pos: start,
+            want_logits: start + n == seq.len(),
+            block_table: self.kv.table(seq.id).to_vec(),
+        }
+    }
+
+    /// Applies a step's results: advances computed counts, registers full
+    /// blocks in the prefix cache, samples from each logits row, and removes
+    /// finished sequences (returned, blocks freed).
+    pub fn update(&mut self, batch: &ModelBatch, logits: &[Vec<f32>]) -> (Vec<StepToken>, Vec<Sequence>) {
         let mut rows = logits.iter();
         let mut tokens = Vec::new();
+        let max_len = self.config.max_model_len;
         for chunk in &batch.chunks {
-            let Some(seq) = self.running.iter_mut().find(|s| s.id == chunk.seq) else {
-                continue;
-            };
+            let Some(seq) = self.running.iter_mut().find(|s| s.id == chunk.seq) else { continue };
             seq.num_computed = chunk.start_pos + chunk.tokens.len();
+            self.kv.cache_computed(seq.id, &seq.tokens, seq.num_computed);
             if !chunk.want_logits {
                 continue;
             }
             let Some(row) = rows.next() else { break };
             let token = seq.sampler.sample(row);
-            seq.output.push(token);
-            let finish = finish_reason(seq, token, self.config.max_model_len);
-            tokens.push(StepToken {
-                seq: seq.id,
-                token,
-                finish,
-            });
+            seq.tokens.push(token);
+            let finish = finish_reason(seq, token, max_len);
+            tokens.push(StepToken { seq: seq.id, token, finish });
         }
         let mut finished = Vec::new();
         for t in tokens.iter().filter(|t| t.finish.is_some()) {
             if let Some(i) = self.running.iter().position(|s| s.id == t.seq) {
-                finished.push(self.running.remove(i));
+                let seq = self.running.remove(i);
+                self.kv.free(seq.id);
+                finished.push(seq);
             }
         }
         (tokens, finished)
@@ -205,16 +259,15 @@ impl Scheduler {
     pub fn drain(&mut self) -> Vec<Sequence> {
         let mut all: Vec<Sequence> = self.running.drain(..).collect();
         all.extend(self.waiting.drain(..));
+        for s in &all {
+            self.kv.free(s.id);
+        }
         all
     }
 
     /// Removes the sequences of a failed step.
     pub fn fail(&mut self, batch: &ModelBatch) -> Vec<Sequence> {
-        batch
-            .chunks
-            .iter()
-            .filter_map(|c| self.abort(c.seq))
-            .collect()
+        batch.chunks.iter().filter_map(|c| self.abort(c.seq)).collect()
     }
 }
 
@@ -222,83 +275,51 @@ impl Scheduler {
 fn finish_reason(seq: &Sequence, token: u32, max_model_len: usize) -> Option<FinishReason> {
     if seq.stop_ids.contains(&token) {
         Some(FinishReason::Stop)
-    } else if seq.output.len() >= seq.req.params.max_tokens || seq.len() >= max_model_len {
+    } else if seq.output().len() >= seq.params.max_tokens || seq.len() >= max_model_len {
         Some(FinishReason::Length)
     } else {
         None
     }
 }
 
-/// The next chunk a sequence computes within `budget` tokens, if any.
-fn next_chunk(seq: &Sequence, budget: usize) -> Option<SeqChunk> {
-    let len = seq.len();
-    let start = seq.num_computed;
-    if start >= len || budget == 0 {
-        return None;
-    }
-    let end = len.min(start + budget);
-    Some(SeqChunk {
-        seq: seq.id,
-        tokens: (start..end).map(|i| seq.token(i)).collect(),
-        start_pos: start,
-        want_logits: end == len,
-    })
-}
-
 #[cfg(test)]
 mod tests {
-    use std::collections::{HashMap, HashSet};
+    use std::collections::HashSet;
 
     use rand::rngs::StdRng;
     use rand::{Rng, SeedableRng};
 
     use super::*;
-    use crate::request::SamplingParams;
 
     const VOCAB: usize = 50;
     const EOS: u32 = 0;
 
     fn seq(id: u64, prompt_len: usize, max_tokens: usize) -> Sequence {
-        let params = SamplingParams {
-            temperature: 1.0,
-            seed: Some(id),
-            max_tokens,
-            ..Default::default()
-        };
-        let req = GenerateRequest {
-            prompt_tokens: (0..prompt_len as u32).map(|i| 1 + i % 40).collect(),
-            params,
-        };
-        Sequence::new(RequestId(id), req, &[EOS])
+        let params = SamplingParams { temperature: 1.0, seed: Some(id), max_tokens, ..Default::default() };
+        // Prompts share prefixes (few distinct patterns), so the prefix cache hits.
+        let prompt_tokens = (0..prompt_len as u32).map(|i| 1 + (i + (id as u32 % 3) * 7) % 40).collect();
+        Sequence::new(RequestId(id), GenerateRequest { prompt_tokens, params }, &[EOS])
     }
 
-    /// Checks one planned step against the scheduler's limits and the
+    /// Checks one planned step against the limits, the block tables and the
     /// sequences' computed counts.
-    fn check_step(s: &Scheduler, batch: &ModelBatch, computed: &HashMap<RequestId, usize>) {
-        assert!(
-            batch.num_tokens() <= s.config.max_num_batched_tokens,
-            "token budget exceeded"
-        );
+    fn check_step(s: &Scheduler, batch: &ModelBatch) {
+        assert!(batch.num_tokens() <= s.config.max_num_batched_tokens, "token budget exceeded");
         assert!(s.running.len() <= s.config.max_num_seqs, "too many running");
-        assert!(
-            s.waiting.len() <= s.config.max_waiting,
-            "waiting queue overflow"
-        );
+        // New requests stop at max_waiting; preempted ones may add up to a batch.
+        assert!(s.waiting.len() <= s.config.max_waiting + s.config.max_num_seqs, "waiting queue overflow");
+        s.kv.check().unwrap_or_else(|e| panic!("KV invariants: {e}"));
+        let bs = s.kv.block_size();
         let mut seen = HashSet::new();
         for c in &batch.chunks {
             assert!(seen.insert(c.seq), "{} scheduled twice in one step", c.seq);
             assert!(!c.tokens.is_empty());
-            let seq = s
-                .running
-                .iter()
-                .find(|q| q.id == c.seq)
-                .expect("scheduled sequences are running");
-            assert_eq!(
-                c.start_pos,
-                computed.get(&c.seq).copied().unwrap_or(0),
-                "chunk does not continue the KV"
-            );
+            let seq = s.running.iter().find(|q| q.id == c.seq).expect("scheduled sequences are running");
+            assert_eq!(c.start_pos, seq.num_computed, "chunk does not continue the KV");
+            assert_eq!(c.tokens.as_slice(), &seq.tokens[c.start_pos..c.start_pos + c.tokens.len()]);
             assert_eq!(c.want_logits, c.start_pos + c.tokens.len() == seq.len());
+            assert!(c.block_table.len() * bs >= c.start_pos + c.tokens.len(), "chunk not backed by blocks");
+            assert_eq!(c.block_table.as_slice(), s.kv.table(c.seq));
         }
     }
 
@@ -310,10 +331,12 @@ mod tests {
                 max_num_seqs: rng.random_range(1..6),
                 max_num_batched_tokens: rng.random_range(1..64),
                 max_waiting: rng.random_range(1..8),
-                max_model_len: 200,
+                max_model_len: 120,
             };
-            let mut s = Scheduler::new(config);
-            let mut computed: HashMap<RequestId, usize> = HashMap::new();
+            // Small pools force preemption; every request still fits alone.
+            let block_size = rng.random_range(1..9);
+            let num_blocks = 120usize.div_ceil(block_size) + rng.random_range(0..40);
+            let mut s = Scheduler::new(config, KvManager::new(num_blocks, block_size));
             let mut live: HashSet<RequestId> = HashSet::new();
             let mut next_id = 0u64;
             for _ in 0..400 {
@@ -326,42 +349,29 @@ mod tests {
                         }
                     }
                     3 if !live.is_empty() => {
-                        let id = *live
-                            .iter()
-                            .nth(rng.random_range(0..live.len()))
-                            .expect("non-empty");
-                        assert!(
-                            s.abort(id).is_some(),
-                            "live request unknown to the scheduler"
-                        );
+                        let id = *live.iter().nth(rng.random_range(0..live.len())).expect("non-empty");
+                        assert!(s.abort(id).is_some(), "live request unknown to the scheduler");
                         live.remove(&id);
-                        computed.remove(&id);
                     }
-                    _ => step(&mut s, &mut rng, &mut computed, &mut live),
+                    _ => step(&mut s, &mut rng, &mut live),
                 }
             }
             // With no new work, everything drains within a bounded number of steps.
-            for _ in 0..10_000 {
+            for _ in 0..20_000 {
                 if !s.has_work() {
                     break;
                 }
-                step(&mut s, &mut rng, &mut computed, &mut live);
+                step(&mut s, &mut rng, &mut live);
             }
-            assert!(
-                !s.has_work() && live.is_empty(),
-                "seed {seed}: requests never finished"
-            );
+            assert!(!s.has_work() && live.is_empty(), "seed {seed}: requests never finished");
+            assert_eq!(s.kv.pool().num_free(), num_blocks, "seed {seed}: blocks leaked");
+            assert_eq!(s.kv.num_tables(), 0);
         }
     }
 
-    fn step(
-        s: &mut Scheduler,
-        rng: &mut StdRng,
-        computed: &mut HashMap<RequestId, usize>,
-        live: &mut HashSet<RequestId>,
-    ) {
+    fn step(s: &mut Scheduler, rng: &mut StdRng, live: &mut HashSet<RequestId>) {
         let batch = s.schedule();
-        check_step(s, &batch, computed);
+        check_step(s, &batch);
         let logits: Vec<Vec<f32>> = batch
             .chunks
             .iter()
@@ -369,52 +379,66 @@ mod tests {
             .map(|_| (0..VOCAB).map(|_| rng.random_range(-1.0..1.0)).collect())
             .collect();
         let (tokens, finished) = s.update(&batch, &logits);
-        assert_eq!(
-            tokens.len(),
-            logits.len(),
-            "one sampled token per logits row"
-        );
-        for c in &batch.chunks {
-            computed.insert(c.seq, c.start_pos + c.tokens.len());
-        }
+        assert_eq!(tokens.len(), logits.len(), "one sampled token per logits row");
         for f in &finished {
-            assert!(f.output.len() <= f.req.params.max_tokens);
-            let last = *f.output.last().expect("finished sequences sampled a token");
-            assert!(last == EOS || f.output.len() == f.req.params.max_tokens || f.len() >= 200);
-            assert!(
-                live.remove(&f.id),
-                "{} finished twice or was never added",
-                f.id
-            );
-            computed.remove(&f.id);
+            assert!(f.output().len() <= f.params.max_tokens);
+            let last = *f.output().last().expect("finished sequences sampled a token");
+            assert!(last == EOS || f.output().len() == f.params.max_tokens || f.len() >= 120);
+            assert!(live.remove(&f.id), "{} finished twice or was never added", f.id);
         }
+    }
+
+    fn config(max_num_batched_tokens: usize) -> SchedulerConfig {
+        SchedulerConfig { max_num_seqs: 4, max_num_batched_tokens, max_waiting: 8, max_model_len: 100 }
     }
 
     #[test]
     fn running_sequences_are_scheduled_before_waiting_ones() {
-        let mut s = Scheduler::new(SchedulerConfig {
-            max_num_seqs: 4,
-            max_num_batched_tokens: 10,
-            max_waiting: 8,
-            max_model_len: 100,
-        });
+        let mut s = Scheduler::new(config(10), KvManager::new(64, 4));
         s.add(seq(1, 8, 5)).expect("room");
         let first = s.schedule();
         assert_eq!(first.chunks.len(), 1);
         s.update(&first, &[vec![-100.0, 100.0]]);
         s.add(seq(2, 30, 5)).expect("room");
         let second = s.schedule();
-        assert_eq!(
-            second.chunks[0].seq,
-            RequestId(1),
-            "the running decode goes first"
-        );
+        assert_eq!(second.chunks[0].seq, RequestId(1), "the running decode goes first");
         assert_eq!(second.chunks[0].tokens.len(), 1);
-        assert_eq!(
-            second.chunks[1].tokens.len(),
-            9,
-            "the new prompt gets the rest of the budget"
-        );
+        assert_eq!(second.chunks[1].tokens.len(), 9, "the new prompt gets the rest of the budget");
         assert!(!second.chunks[1].want_logits);
+    }
+
+    #[test]
+    fn a_shared_prefix_is_not_recomputed() {
+        let mut s = Scheduler::new(config(512), KvManager::new(64, 4));
+        s.add(seq(3, 30, 1)).expect("room");
+        let b = s.schedule();
+        s.update(&b, &[vec![0.0; VOCAB]]);
+        // Same prompt pattern (id % 3 equal): 28 of 30 tokens come from cache.
+        s.add(seq(6, 30, 1)).expect("room");
+        let b = s.schedule();
+        assert_eq!(b.chunks[0].start_pos, 28);
+        assert_eq!(b.chunks[0].tokens.len(), 2);
+        assert_eq!(s.kv.prefix_hits, 28);
+    }
+
+    #[test]
+    fn running_out_of_blocks_preempts_the_newest_sequence() {
+        // 6 blocks of 4 = 24 positions; two 10-token prompts fit, growth does not.
+        let mut s = Scheduler::new(config(64), KvManager::new(6, 4));
+        s.add(seq(1, 10, 20)).expect("room");
+        s.add(seq(2, 11, 20)).expect("room");
+        let mut preempted_at = None;
+        for step in 0..40 {
+            let b = s.schedule();
+            check_step(&s, &b);
+            if s.preemptions > 0 && preempted_at.is_none() {
+                preempted_at = Some(step);
+                assert_eq!(s.running.len(), 1);
+                assert_eq!(s.running[0].id, RequestId(1), "the older sequence keeps running");
+            }
+            let n = b.chunks.iter().filter(|c| c.want_logits).count();
+            s.update(&b, &vec![vec![-100.0, 100.0]; n]);
+        }
+        assert!(preempted_at.is_some(), "no preemption happened");
     }
 }

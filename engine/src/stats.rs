@@ -16,6 +16,20 @@ pub struct EngineStats {
     pub generated_tokens: u64,
     /// Total time spent in forward passes.
     pub busy_micros: u64,
+    /// Fraction of KV blocks in use, in parts per million.
+    pub kv_usage_ppm: u64,
+    /// Prompt tokens looked up in the prefix cache, and found there.
+    pub prefix_queries: u64,
+    pub prefix_hits: u64,
+    /// Sequences preempted for lack of KV blocks.
+    pub preemptions: u64,
+}
+
+impl EngineStats {
+    /// Fraction of KV blocks in use, 0..=1.
+    pub fn kv_usage(&self) -> f64 {
+        self.kv_usage_ppm as f64 / 1e6
+    }
 }
 
 /// The atomics behind `EngineStats`.
@@ -27,9 +41,20 @@ pub struct StatsCell {
     batched_tokens: AtomicU64,
     generated_tokens: AtomicU64,
     busy_micros: AtomicU64,
+    kv_usage_ppm: AtomicU64,
+    prefix_queries: AtomicU64,
+    prefix_hits: AtomicU64,
+    preemptions: AtomicU64,
 }
 
 impl StatsCell {
+    pub fn set_cache(&self, usage: f64, queries: u64, hits: u64, preemptions: u64) {
+        self.kv_usage_ppm.store((usage * 1e6) as u64, Ordering::Relaxed);
+        self.prefix_queries.store(queries, Ordering::Relaxed);
+        self.prefix_hits.store(hits, Ordering::Relaxed);
+        self.preemptions.store(preemptions, Ordering::Relaxed);
+    }
+
     pub fn set_queue(&self, running: usize, waiting: usize) {
         self.running.store(running as u64, Ordering::Relaxed);
         self.waiting.store(waiting as u64, Ordering::Relaxed);
@@ -53,6 +78,10 @@ impl StatsCell {
             batched_tokens: self.batched_tokens.load(Ordering::Relaxed),
             generated_tokens: self.generated_tokens.load(Ordering::Relaxed),
             busy_micros: self.busy_micros.load(Ordering::Relaxed),
+            kv_usage_ppm: self.kv_usage_ppm.load(Ordering::Relaxed),
+            prefix_queries: self.prefix_queries.load(Ordering::Relaxed),
+            prefix_hits: self.prefix_hits.load(Ordering::Relaxed),
+            preemptions: self.preemptions.load(Ordering::Relaxed),
         }
     }
 }

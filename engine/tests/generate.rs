@@ -3,7 +3,7 @@
 mod common;
 
 use engine::{
-    ChatMessage, EngineHandle, FinishReason, GenerateRequest, SamplingParams, SchedulerConfig,
+    ChatMessage, EngineHandle, FinishReason, GenerateRequest, SamplingParams, EngineConfig,
     TokenEvent,
 };
 use tokio_stream::StreamExt;
@@ -44,7 +44,7 @@ async fn smollm2_answers_the_capital_of_france_greedily() {
     let handle = EngineHandle::start_gguf(
         &common::model_path(common::SMOLLM2),
         &Default::default(),
-        SchedulerConfig::default(),
+        EngineConfig::default(),
     )
     .expect("load SmolLM2");
     let prompt = chat_prompt(&handle, "What is the capital of France?");
@@ -72,7 +72,7 @@ async fn a_stop_string_cuts_the_answer_before_it() {
     let handle = EngineHandle::start_gguf(
         &common::model_path(common::SMOLLM2),
         &Default::default(),
-        SchedulerConfig::default(),
+        EngineConfig::default(),
     )
     .expect("load SmolLM2");
     let prompt = chat_prompt(&handle, "What is the capital of France?");
@@ -90,11 +90,7 @@ async fn a_stop_string_cuts_the_answer_before_it() {
 
 #[test]
 fn the_gguf_tokenizer_matches_smollm2s_reference_ids() {
-    let loaded = engine::loader::load_gguf(
-        &common::model_path(common::SMOLLM2),
-        &candle_core::Device::Cpu,
-        &Default::default(),
-    )
+    let loaded = engine::loader::load_gguf(&common::model_path(common::SMOLLM2), &Default::default())
     .expect("load");
     let tok = &loaded.tokenizer;
     // Pinned ids: the ChatML markers are vocab specials (1 <|im_start|>, 2 <|im_end|>, 198 "\n").
@@ -113,11 +109,7 @@ fn the_gguf_tokenizer_matches_smollm2s_reference_ids() {
 #[test]
 fn incremental_detokenization_reassembles_text_without_broken_characters() {
     use engine::tokenizer::detok::IncrementalDetokenizer;
-    let loaded = engine::loader::load_gguf(
-        &common::model_path(common::SMOLLM2),
-        &candle_core::Device::Cpu,
-        &Default::default(),
-    )
+    let loaded = engine::loader::load_gguf(&common::model_path(common::SMOLLM2), &Default::default())
     .expect("load");
     let tok = &loaded.tokenizer;
     let text = "Grüße, 世界! 🦀 naïve café — ½ ∑ 12345\n\ttabs";

@@ -7,11 +7,12 @@ use std::time::{Duration, Instant};
 
 use engine::{
     EngineError, EngineHandle, FinishReason, GenerateRequest, RequestStream, SamplingParams,
-    SchedulerConfig, TemplateChoice, TokenEvent,
+    EngineConfig, SchedulerConfig, TemplateChoice, TokenEvent,
 };
 use tokio_stream::StreamExt;
 
-fn tiny(config: SchedulerConfig) -> EngineHandle {
+fn tiny(scheduler: SchedulerConfig) -> EngineHandle {
+    let config = EngineConfig { scheduler, ..Default::default() };
     EngineHandle::start_gguf(
         &common::model_path(common::TINY),
         &TemplateChoice::Auto,

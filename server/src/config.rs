@@ -156,15 +156,45 @@ pub struct SchedulerArgs {
     /// Context length cap (prompt plus output); default: the model's.
     #[arg(long, env = "SYNOR_MAX_MODEL_LEN")]
     pub max_model_len: Option<usize>,
+
+    /// Memory for the paged KV cache (f16), e.g. `1GiB`, `512MiB`, `2G`.
+    #[arg(long, env = "SYNOR_KV_CACHE_MEMORY", default_value = "1GiB", value_parser = parse_size)]
+    pub kv_cache_memory: usize,
+
+    /// Positions per KV block.
+    #[arg(long, env = "SYNOR_BLOCK_SIZE", default_value_t = 16, value_parser = clap::value_parser!(u16).range(1..=1024))]
+    pub block_size: u16,
+}
+
+/// Parses a byte size: a number with an optional `K`, `M`, `G` (powers of
+/// 1024; a trailing `iB` or `B` is accepted).
+pub fn parse_size(s: &str) -> Result<usize, String> {
+    let t = s.trim();
+    let t = t.strip_suffix("iB").or_else(|| t.strip_suffix('B')).unwrap_or(t);
+    let (num, mult) = match t.chars().last().map(|c| c.to_ascii_uppercase()) {
+        Some('K') => (&t[..t.len() - 1], 1usize << 10),
+        Some('M') => (&t[..t.len() - 1], 1 << 20),
+        Some('G') => (&t[..t.len() - 1], 1 << 30),
+        _ => (t, 1),
+    };
+    let n: f64 = num.trim().parse().map_err(|_| format!("`{s}` is not a size like 512MiB or 2GiB"))?;
+    if !(n.is_finite() && n > 0.0) {
+        return Err(format!("`{s}` must be a positive size"));
+    }
+    Ok((n * mult as f64) as usize)
 }
 
 impl SchedulerArgs {
-    pub fn to_engine(&self) -> engine::SchedulerConfig {
-        engine::SchedulerConfig {
-            max_num_seqs: self.max_num_seqs.max(1),
-            max_num_batched_tokens: self.max_num_batched_tokens.max(1),
-            max_waiting: self.max_waiting,
-            max_model_len: self.max_model_len.unwrap_or(usize::MAX),
+    pub fn to_engine(&self) -> engine::EngineConfig {
+        engine::EngineConfig {
+            scheduler: engine::SchedulerConfig {
+                max_num_seqs: self.max_num_seqs.max(1),
+                max_num_batched_tokens: self.max_num_batched_tokens.max(1),
+                max_waiting: self.max_waiting,
+                max_model_len: self.max_model_len.unwrap_or(usize::MAX),
+            },
+            kv_cache_memory: self.kv_cache_memory,
+            block_size: usize::from(self.block_size),
         }
     }
 }
@@ -237,6 +267,18 @@ mod tests {
         let s = serve(&["--model", "tiny.gguf", "--served-model-name", "t"]);
         assert_eq!(s.models.model_name(), "t");
         assert_eq!(derived_name(std::path::Path::new("tiny.gguf")), "tiny");
+    }
+
+    #[test]
+    fn sizes_parse_with_binary_units() {
+        assert_eq!(parse_size("1GiB"), Ok(1 << 30));
+        assert_eq!(parse_size("512MiB"), Ok(512 << 20));
+        assert_eq!(parse_size("2G"), Ok(2 << 30));
+        assert_eq!(parse_size("1.5k"), Ok(1536));
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert!(parse_size("lots").is_err());
+        assert!(parse_size("-1G").is_err());
+        assert_eq!(default_of("kv_cache_memory"), "1GiB");
     }
 
     #[test]

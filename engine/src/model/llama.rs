@@ -1,22 +1,25 @@
-//! Batched llama-family decoder over quantized GGUF weights (Llama, Mistral,
-//! SmolLM2, Qwen2 shapes).
+//! Batched llama-family decoder over GGUF weights (Llama, Mistral, SmolLM2,
+//! Qwen2 shapes), in plain Rust on top of `kernels`.
 //!
 //! One forward pass takes the chunks of many sequences, each at its own
 //! position, as one `[tokens, hidden]` matrix: every weight matrix is read
-//! once per step for the whole batch (the point of continuous batching).
-//! Attention runs per sequence against that sequence's own KV.
+//! once per step for the whole batch (the point of continuous batching),
+//! through the quantized SIMD matmul. Keys and values go to the paged
+//! `KvStorage` at the slots the sequence's block table names, and attention
+//! reads them from there, block by block.
 //! RoPE follows llama.cpp: GGUF llama weights store Q/K rows for the
-//! interleaved layout (`rope_i`); Qwen2 uses the NeoX halves layout.
+//! interleaved layout (pairs `2i, 2i+1`); Qwen2 uses NeoX halves.
 
 use std::io::{Read, Seek};
-use std::sync::Arc;
 
+use candle_core::Device;
 use candle_core::quantized::gguf_file::Content;
-use candle_core::quantized::{QMatMul, QTensor};
-use candle_core::{DType, Device, Module, Tensor};
 
-use super::{KvStore, ModelBatch, SeqChunk, SeqKv};
+use super::attention::{AttnShape, paged_attention};
+use super::weights::{Linear, vector};
+use super::{ModelBatch, SeqChunk};
 use crate::error::{EngineError, Result};
+use crate::kv_cache::{KvLayout, KvStorage};
 use crate::tokenizer::gguf::Meta;
 
 /// Architecture hyper-parameters read from GGUF metadata.
@@ -28,7 +31,7 @@ pub struct LlamaConfig {
     pub n_head: usize,
     pub n_kv_head: usize,
     pub head_dim: usize,
-    pub rms_eps: f64,
+    pub rms_eps: f32,
     pub rope_theta: f32,
     pub rope_neox: bool,
     pub context_length: usize,
@@ -52,60 +55,53 @@ impl LlamaConfig {
         let key = |k: &str| format!("{arch}.{k}");
         let n_head = meta.u32(&key("attention.head_count"))? as usize;
         let hidden = meta.u32(&key("embedding_length"))? as usize;
-        let head_dim = hidden / n_head.max(1);
         let vocab_size = ct
             .tensor_infos
             .get("token_embd.weight")
             .map(|t| t.shape.dims()[0])
             .ok_or_else(|| EngineError::Load("GGUF has no token_embd.weight".into()))?;
-        Ok(Self {
+        let config = Self {
             n_layer: meta.u32(&key("block_count"))? as usize,
             hidden,
             n_head,
-            n_kv_head: meta
-                .u32(&key("attention.head_count_kv"))
-                .map_or(n_head, |v| v as usize),
-            head_dim,
-            rms_eps: f64::from(
-                meta.f32(&key("attention.layer_norm_rms_epsilon"))
-                    .unwrap_or(1e-5),
-            ),
+            n_kv_head: meta.u32(&key("attention.head_count_kv")).map_or(n_head, |v| v as usize),
+            head_dim: hidden / n_head.max(1),
+            rms_eps: meta.f32(&key("attention.layer_norm_rms_epsilon")).unwrap_or(1e-5),
             rope_theta: meta.f32(&key("rope.freq_base")).unwrap_or(10_000.0),
             rope_neox,
-            context_length: meta
-                .u32(&key("context_length"))
-                .map_or(2048, |v| v as usize),
+            context_length: meta.u32(&key("context_length")).map_or(2048, |v| v as usize),
             vocab_size,
             architecture: arch,
-        })
+        };
+        config.check()?;
+        Ok(config)
+    }
+
+    fn check(&self) -> Result<()> {
+        let ok = self.n_head > 0
+            && self.n_kv_head > 0
+            && self.n_head % self.n_kv_head == 0
+            && self.head_dim % 2 == 0
+            && self.head_dim * self.n_head == self.hidden;
+        if ok { Ok(()) } else { Err(EngineError::Load(format!("inconsistent attention shape: {self:?}"))) }
+    }
+
+    /// The KV layout for `num_blocks` blocks of `block_size` positions.
+    pub fn kv_layout(&self, block_size: usize, num_blocks: usize) -> KvLayout {
+        KvLayout { n_layer: self.n_layer, n_kv_head: self.n_kv_head, head_dim: self.head_dim, block_size, num_blocks }
     }
 }
 
-/// A linear layer with quantized weights and an optional f32 bias.
-#[derive(Debug, Clone)]
-struct Linear {
-    w: QMatMul,
-    b: Option<Tensor>,
-}
-
-impl Linear {
-    fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let y = self.w.forward(x)?;
-        Ok(match &self.b {
-            Some(b) => y.broadcast_add(b)?,
-            None => y,
-        })
-    }
-}
-
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 struct Layer {
-    attn_norm: Tensor,
+    attn_norm: Vec<f32>,
     wq: Linear,
     wk: Linear,
     wv: Linear,
+    /// Q, K, V biases (Qwen2), if any.
+    bias: Option<[Vec<f32>; 3]>,
     wo: Linear,
-    ffn_norm: Tensor,
+    ffn_norm: Vec<f32>,
     w_gate: Linear,
     w_up: Linear,
     w_down: Linear,
@@ -115,287 +111,255 @@ struct Layer {
 #[derive(Debug)]
 pub struct Llama {
     pub config: LlamaConfig,
-    embed: Tensor,
+    embed: Linear,
     layers: Vec<Layer>,
-    norm: Tensor,
-    lm_head: QMatMul,
-    cos: Tensor,
-    sin: Tensor,
-    device: Device,
+    norm: Vec<f32>,
+    lm_head: Linear,
+    /// `cos`/`sin` of position `p`, pair `i` at `p * head_dim / 2 + i`.
+    cos: Vec<f32>,
+    sin: Vec<f32>,
 }
 
 struct Loader<'a, R> {
     ct: &'a Content,
     reader: &'a mut R,
-    device: &'a Device,
 }
 
 impl<R: Read + Seek> Loader<'_, R> {
-    fn qtensor(&mut self, name: &str) -> Result<Arc<QTensor>> {
+    fn qtensor(&mut self, name: &str) -> Result<candle_core::quantized::QTensor> {
         self.ct
-            .tensor(self.reader, name, self.device)
-            .map(Arc::new)
+            .tensor(self.reader, name, &Device::Cpu)
             .map_err(|e| EngineError::Load(format!("tensor `{name}`: {e}")))
     }
 
-    fn f32(&mut self, name: &str) -> Result<Tensor> {
-        Ok(self.qtensor(name)?.dequantize(self.device)?)
+    fn linear(&mut self, name: &str) -> Result<Linear> {
+        let qt = self.qtensor(name)?;
+        Linear::from_qtensor(name, &qt)
     }
 
-    fn linear(&mut self, name: &str) -> Result<Linear> {
-        let w = QMatMul::from_arc(self.qtensor(&format!("{name}.weight"))?)?;
-        let bias = format!("{name}.bias");
-        let b = if self.ct.tensor_infos.contains_key(&bias) {
-            Some(self.f32(&bias)?)
+    fn vector(&mut self, name: &str) -> Result<Vec<f32>> {
+        let qt = self.qtensor(name)?;
+        vector(name, &qt)
+    }
+
+    fn has(&self, name: &str) -> bool {
+        self.ct.tensor_infos.contains_key(name)
+    }
+
+    fn layer(&mut self, i: usize) -> Result<Layer> {
+        let p = format!("blk.{i}");
+        let bias = if self.has(&format!("{p}.attn_q.bias")) {
+            Some([
+                self.vector(&format!("{p}.attn_q.bias"))?,
+                self.vector(&format!("{p}.attn_k.bias"))?,
+                self.vector(&format!("{p}.attn_v.bias"))?,
+            ])
         } else {
             None
         };
-        Ok(Linear { w, b })
+        Ok(Layer {
+            attn_norm: self.vector(&format!("{p}.attn_norm.weight"))?,
+            wq: self.linear(&format!("{p}.attn_q.weight"))?,
+            wk: self.linear(&format!("{p}.attn_k.weight"))?,
+            wv: self.linear(&format!("{p}.attn_v.weight"))?,
+            bias,
+            wo: self.linear(&format!("{p}.attn_output.weight"))?,
+            ffn_norm: self.vector(&format!("{p}.ffn_norm.weight"))?,
+            w_gate: self.linear(&format!("{p}.ffn_gate.weight"))?,
+            w_up: self.linear(&format!("{p}.ffn_up.weight"))?,
+            w_down: self.linear(&format!("{p}.ffn_down.weight"))?,
+        })
     }
 }
 
 impl Llama {
-    /// Loads a GGUF file's weights onto `device`.
-    pub fn load<R: Read + Seek>(ct: &Content, reader: &mut R, device: &Device) -> Result<Self> {
+    /// Loads a GGUF file's weights (quantized ones stay quantized).
+    pub fn load<R: Read + Seek>(ct: &Content, reader: &mut R) -> Result<Self> {
         let config = LlamaConfig::from_gguf(ct)?;
-        let mut ld = Loader { ct, reader, device };
-        let embed_q = ld.qtensor("token_embd.weight")?;
-        let embed = embed_q.dequantize(device)?;
-        let lm_head = if ct.tensor_infos.contains_key("output.weight") {
-            QMatMul::from_arc(ld.qtensor("output.weight")?)?
-        } else {
-            QMatMul::from_arc(embed_q)? // tied embeddings
-        };
-        let norm = ld.f32("output_norm.weight")?;
-        let mut layers = Vec::with_capacity(config.n_layer);
-        for i in 0..config.n_layer {
-            let p = format!("blk.{i}");
-            layers.push(Layer {
-                attn_norm: ld.f32(&format!("{p}.attn_norm.weight"))?,
-                wq: ld.linear(&format!("{p}.attn_q"))?,
-                wk: ld.linear(&format!("{p}.attn_k"))?,
-                wv: ld.linear(&format!("{p}.attn_v"))?,
-                wo: ld.linear(&format!("{p}.attn_output"))?,
-                ffn_norm: ld.f32(&format!("{p}.ffn_norm.weight"))?,
-                w_gate: ld.linear(&format!("{p}.ffn_gate"))?,
-                w_up: ld.linear(&format!("{p}.ffn_up"))?,
-                w_down: ld.linear(&format!("{p}.ffn_down"))?,
-            });
-        }
-        let (cos, sin) = rope_tables(&config, device)?;
-        Ok(Self {
-            config,
-            embed,
-            layers,
-            norm,
-            lm_head,
-            cos,
-            sin,
-            device: device.clone(),
-        })
+        let mut ld = Loader { ct, reader };
+        let embed = ld.linear("token_embd.weight")?;
+        let lm_head = if ld.has("output.weight") { ld.linear("output.weight")? } else { embed.clone() };
+        let norm = ld.vector("output_norm.weight")?;
+        let layers = (0..config.n_layer).map(|i| ld.layer(i)).collect::<Result<Vec<_>>>()?;
+        let (cos, sin) = rope_tables(&config);
+        Ok(Self { config, embed, layers, norm, lm_head, cos, sin })
     }
 
-    /// Runs one step over `batch`, appending each chunk's keys and values to
-    /// its sequence's KV in `kv`. Returns logits `[n, vocab]` for the chunks
-    /// with `want_logits`, in batch order.
-    pub fn forward(&self, batch: &ModelBatch, kv: &mut KvStore) -> Result<Tensor> {
-        let tokens: Vec<u32> = batch
-            .chunks
-            .iter()
-            .flat_map(|c| c.tokens.iter().copied())
-            .collect();
-        let positions: Vec<u32> = batch
-            .chunks
-            .iter()
-            .flat_map(|c| (c.start_pos..c.start_pos + c.tokens.len()).map(|p| p as u32))
-            .collect();
-        if let Some(&max) = positions.iter().max()
-            && max as usize >= self.config.context_length
-        {
-            return Err(EngineError::Execution(format!(
-                "position {max} is past the context length {}",
-                self.config.context_length
-            )));
+    /// Runs one step over `batch`, writing each chunk's keys and values into
+    /// `kv` at the slots of its block table. Returns one logits row per
+    /// chunk with `want_logits`, in batch order.
+    pub fn forward(&self, batch: &ModelBatch, kv: &mut KvStorage) -> Result<Vec<Vec<f32>>> {
+        let c = &self.config;
+        let tokens = self.check_batch(batch, kv)?;
+        let t = tokens.len();
+        let mut x = Vec::with_capacity(t * c.hidden);
+        for tok in &tokens {
+            x.extend(self.embed.row(tok.id as usize)?);
         }
-        for c in &batch.chunks {
-            let entry = kv.entry(c.seq).or_default();
-            truncate_kv(entry, c.start_pos)?;
-        }
-        let ids = Tensor::new(tokens.as_slice(), &self.device)?;
-        let pos = Tensor::new(positions.as_slice(), &self.device)?;
-        let cos = self.cos.index_select(&pos, 0)?;
-        let sin = self.sin.index_select(&pos, 0)?;
-        let mut x = self.embed.index_select(&ids, 0)?;
         for (li, layer) in self.layers.iter().enumerate() {
-            let h = candle_nn::ops::rms_norm(&x, &layer.attn_norm, self.config.rms_eps as f32)?;
-            let step = Step {
-                cos: &cos,
-                sin: &sin,
-                batch,
-            };
-            let attn = self.attention(li, &h, &step, kv)?;
-            x = (x + layer.wo.forward(&attn)?)?;
-            let h = candle_nn::ops::rms_norm(&x, &layer.ffn_norm, self.config.rms_eps as f32)?;
-            let gate = candle_nn::ops::silu(&layer.w_gate.forward(&h)?)?;
-            let mlp = layer.w_down.forward(&(gate * layer.w_up.forward(&h)?)?)?;
-            x = (x + mlp)?;
+            let h = rms_norm(&x, &layer.attn_norm, c.rms_eps);
+            let attn = self.attention(li, layer, &h, &tokens, batch, kv)?;
+            add_in_place(&mut x, &layer.wo.forward(&attn, t)?);
+            let h = rms_norm(&x, &layer.ffn_norm, c.rms_eps);
+            let mut gate = layer.w_gate.forward(&h, t)?;
+            let up = layer.w_up.forward(&h, t)?;
+            for (g, u) in gate.iter_mut().zip(&up) {
+                *g = silu(*g) * u;
+            }
+            add_in_place(&mut x, &layer.w_down.forward(&gate, t)?);
         }
         let rows = logit_rows(&batch.chunks);
-        let rows = Tensor::new(rows.as_slice(), &self.device)?;
-        let last = x.index_select(&rows, 0)?;
-        let last = candle_nn::ops::rms_norm(&last, &self.norm, self.config.rms_eps as f32)?;
-        Ok(self.lm_head.forward(&last)?)
+        let mut last = Vec::with_capacity(rows.len() * c.hidden);
+        for &r in &rows {
+            last.extend_from_slice(&x[r * c.hidden..(r + 1) * c.hidden]);
+        }
+        let last = rms_norm(&last, &self.norm, c.rms_eps);
+        let logits = self.lm_head.forward(&last, rows.len())?;
+        Ok(logits.chunks(self.lm_head.rows()).map(<[f32]>::to_vec).collect())
     }
 
-    /// Self-attention of one layer for every chunk in the batch.
+    /// Flattens the batch into tokens, checking positions and block tables.
+    fn check_batch(&self, batch: &ModelBatch, kv: &KvStorage) -> Result<Vec<TokenRef>> {
+        let bs = kv.layout.block_size;
+        let mut out = Vec::with_capacity(batch.num_tokens());
+        for (ci, chunk) in batch.chunks.iter().enumerate() {
+            let end = chunk.start_pos + chunk.tokens.len();
+            if end > self.config.context_length {
+                return Err(EngineError::Execution(format!(
+                    "position {end} is past the context length {}",
+                    self.config.context_length
+                )));
+            }
+            if chunk.block_table.len() * bs < end {
+                return Err(EngineError::Execution(format!("{}: block table too short for {end} positions", chunk.seq)));
+            }
+            if let Some(&b) = chunk.block_table.iter().find(|&&b| b as usize >= kv.layout.num_blocks) {
+                return Err(EngineError::Execution(format!("block {b} is outside the KV cache")));
+            }
+            for (i, &id) in chunk.tokens.iter().enumerate() {
+                if id as usize >= self.config.vocab_size {
+                    return Err(EngineError::Execution(format!("token {id} is outside the vocabulary")));
+                }
+                out.push(TokenRef { id, pos: chunk.start_pos + i, chunk: ci });
+            }
+        }
+        Ok(out)
+    }
+
+    /// Self-attention of one layer for every token of the batch.
     fn attention(
         &self,
         li: usize,
-        h: &Tensor,
-        step: &Step<'_>,
-        kv: &mut KvStore,
-    ) -> Result<Tensor> {
+        layer: &Layer,
+        h: &[f32],
+        tokens: &[TokenRef],
+        batch: &ModelBatch,
+        kv: &mut KvStorage,
+    ) -> Result<Vec<f32>> {
         let c = &self.config;
-        let layer = &self.layers[li];
-        let (cos, sin, batch) = (step.cos, step.sin, step.batch);
-        let t = h.dim(0)?;
-        let heads = |x: Tensor, n: usize| -> Result<Tensor> {
-            Ok(x.reshape((1, t, n, c.head_dim))?
-                .transpose(1, 2)?
-                .contiguous()?)
-        };
-        let q = self.rope(&heads(layer.wq.forward(h)?, c.n_head)?, cos, sin)?;
-        let k = self.rope(&heads(layer.wk.forward(h)?, c.n_kv_head)?, cos, sin)?;
-        let v = heads(layer.wv.forward(h)?, c.n_kv_head)?;
-        let q = (q * (1.0 / (c.head_dim as f64).sqrt()))?;
-        let mut outs = Vec::with_capacity(batch.chunks.len());
-        let mut offset = 0;
-        for chunk in &batch.chunks {
-            let n = chunk.tokens.len();
-            let seq_kv = kv
-                .get_mut(&chunk.seq)
-                .ok_or_else(|| EngineError::Execution(format!("no KV for {}", chunk.seq)))?;
-            let (kc, vc) = append_kv(seq_kv, li, k.narrow(2, offset, n)?, v.narrow(2, offset, n)?)?;
-            outs.push(attend(&q.narrow(2, offset, n)?, &kc, &vc, chunk.start_pos)?);
-            offset += n;
+        let t = tokens.len();
+        let (qd, kd) = (c.n_head * c.head_dim, c.n_kv_head * c.head_dim);
+        let mut q = layer.wq.forward(h, t)?;
+        let mut k = layer.wk.forward(h, t)?;
+        let mut v = layer.wv.forward(h, t)?;
+        if let Some([bq, bk, bv]) = &layer.bias {
+            add_rows(&mut q, bq);
+            add_rows(&mut k, bk);
+            add_rows(&mut v, bv);
         }
-        Ok(Tensor::cat(&outs, 0)?)
+        let bs = kv.layout.block_size;
+        for (i, tok) in tokens.iter().enumerate() {
+            self.rope(&mut q[i * qd..(i + 1) * qd], tok.pos);
+            self.rope(&mut k[i * kd..(i + 1) * kd], tok.pos);
+            let block = batch.chunks[tok.chunk].block_table[tok.pos / bs];
+            kv.write(li, block, tok.pos % bs, &k[i * kd..(i + 1) * kd], &v[i * kd..(i + 1) * kd]);
+        }
+        let shape = AttnShape { n_head: c.n_head, n_kv_head: c.n_kv_head, head_dim: c.head_dim, block_size: bs };
+        let queries: Vec<(usize, &[u32])> =
+            tokens.iter().map(|tok| (tok.pos, batch.chunks[tok.chunk].block_table.as_slice())).collect();
+        Ok(paged_attention(&q, &queries, kv, li, shape))
     }
 
-    fn rope(&self, x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
-        Ok(if self.config.rope_neox {
-            candle_nn::rotary_emb::rope(x, cos, sin)?
-        } else {
-            candle_nn::rotary_emb::rope_i(x, cos, sin)?
-        })
+    /// Rotates every head of one token's q or k at `pos`, in place.
+    fn rope(&self, x: &mut [f32], pos: usize) {
+        let hd = self.config.head_dim;
+        let half = hd / 2;
+        let (cos, sin) = (&self.cos[pos * half..(pos + 1) * half], &self.sin[pos * half..(pos + 1) * half]);
+        for head in x.chunks_exact_mut(hd) {
+            for i in 0..half {
+                let (a, b) = if self.config.rope_neox { (i, i + half) } else { (2 * i, 2 * i + 1) };
+                let (x0, x1) = (head[a], head[b]);
+                head[a] = x0 * cos[i] - x1 * sin[i];
+                head[b] = x0 * sin[i] + x1 * cos[i];
+            }
+        }
     }
 }
 
-/// Per-step inputs shared by every layer.
-struct Step<'a> {
-    cos: &'a Tensor,
-    sin: &'a Tensor,
-    batch: &'a ModelBatch,
-}
-
-/// Causal GQA attention of one sequence: `q (1, nh, n, hd)` (already
-/// scaled) against `k, v (1, nkv, L, hd)`, the chunk starting at position
-/// `start`. Returns `(n, nh * hd)`.
-fn attend(q: &Tensor, k: &Tensor, v: &Tensor, start: usize) -> Result<Tensor> {
-    let (_, n_head, n, head_dim) = q.dims4()?;
-    let n_kv_head = k.dim(1)?;
-    let l = k.dim(2)?;
-    let group = n_head / n_kv_head;
-    let q = q.reshape((n_kv_head, group * n, head_dim))?;
-    let k = k.squeeze(0)?;
-    let v = v.squeeze(0)?;
-    let mut scores = q.matmul(&k.t()?)?; // (nkv, group*n, L)
-    if n > 1 {
-        let mask: Vec<f32> = (0..n)
-            .flat_map(|i| {
-                (0..l).map(move |j| {
-                    if j <= start + i {
-                        0.0
-                    } else {
-                        f32::NEG_INFINITY
-                    }
-                })
-            })
-            .collect();
-        let mask = Tensor::from_vec(mask, (1, 1, n, l), q.device())?;
-        scores = scores
-            .reshape((n_kv_head, group, n, l))?
-            .broadcast_add(&mask)?
-            .reshape((n_kv_head, group * n, l))?;
-    }
-    let probs = candle_nn::ops::softmax_last_dim(&scores)?;
-    let out = probs.matmul(&v)?; // (nkv, group*n, hd)
-    Ok(out
-        .reshape((n_head, n, head_dim))?
-        .transpose(0, 1)?
-        .reshape((n, n_head * head_dim))?)
+/// One token of the flattened batch.
+#[derive(Debug, Clone, Copy)]
+struct TokenRef {
+    id: u32,
+    pos: usize,
+    chunk: usize,
 }
 
 /// Row index (in the flattened batch) of each chunk's last token, for the
 /// chunks that want logits.
-fn logit_rows(chunks: &[SeqChunk]) -> Vec<u32> {
+fn logit_rows(chunks: &[SeqChunk]) -> Vec<usize> {
     let mut rows = Vec::new();
     let mut end = 0;
     for c in chunks {
         end += c.tokens.len();
         if c.want_logits {
-            rows.push((end - 1) as u32);
+            rows.push(end - 1);
         }
     }
     rows
 }
 
-/// Drops cached positions at or past `len` (recompute after preemption or
-/// a rewound draft); a gap (cache shorter than `len`) is a caller bug.
-fn truncate_kv(kv: &mut SeqKv, len: usize) -> Result<()> {
-    let have = kv.len();
-    if have < len {
-        return Err(EngineError::Execution(format!(
-            "KV holds {have} positions but the chunk starts at {len}"
-        )));
+/// RMSNorm of each row (`weight.len()` wide).
+pub fn rms_norm(x: &[f32], weight: &[f32], eps: f32) -> Vec<f32> {
+    let dim = weight.len();
+    let mut out = Vec::with_capacity(x.len());
+    for row in x.chunks_exact(dim) {
+        let ms = row.iter().map(|v| v * v).sum::<f32>() / dim as f32;
+        let inv = 1.0 / (ms + eps).sqrt();
+        out.extend(row.iter().zip(weight).map(|(v, w)| v * inv * w));
     }
-    if have > len {
-        if len == 0 {
-            kv.layers.clear();
-        } else {
-            for (k, v) in &mut kv.layers {
-                *k = k.narrow(2, 0, len)?;
-                *v = v.narrow(2, 0, len)?;
-            }
+    out
+}
+
+fn silu(x: f32) -> f32 {
+    x / (1.0 + (-x).exp())
+}
+
+fn add_in_place(x: &mut [f32], y: &[f32]) {
+    for (a, b) in x.iter_mut().zip(y) {
+        *a += b;
+    }
+}
+
+fn add_rows(x: &mut [f32], bias: &[f32]) {
+    for row in x.chunks_exact_mut(bias.len()) {
+        add_in_place(row, bias);
+    }
+}
+
+/// `cos`/`sin` tables for every position and rotary pair.
+fn rope_tables(c: &LlamaConfig) -> (Vec<f32>, Vec<f32>) {
+    let half = c.head_dim / 2;
+    let inv: Vec<f32> = (0..half).map(|i| 1.0 / c.rope_theta.powf((2 * i) as f32 / c.head_dim as f32)).collect();
+    let mut cos = Vec::with_capacity(c.context_length * half);
+    let mut sin = Vec::with_capacity(c.context_length * half);
+    for p in 0..c.context_length {
+        for f in &inv {
+            let (s, co) = (p as f32 * f).sin_cos();
+            cos.push(co);
+            sin.push(s);
         }
     }
-    Ok(())
-}
-
-fn append_kv(kv: &mut SeqKv, layer: usize, k: Tensor, v: Tensor) -> Result<(Tensor, Tensor)> {
-    if kv.layers.len() == layer {
-        kv.layers.push((k.contiguous()?, v.contiguous()?));
-    } else {
-        let (kc, vc) = &kv.layers[layer];
-        let kn = Tensor::cat(&[kc, &k], 2)?;
-        let vn = Tensor::cat(&[vc, &v], 2)?;
-        kv.layers[layer] = (kn, vn);
-    }
-    Ok(kv.layers[layer].clone())
-}
-
-fn rope_tables(c: &LlamaConfig, device: &Device) -> Result<(Tensor, Tensor)> {
-    let inv: Vec<f32> = (0..c.head_dim)
-        .step_by(2)
-        .map(|i| 1.0 / c.rope_theta.powf(i as f32 / c.head_dim as f32))
-        .collect();
-    let n = inv.len();
-    let inv = Tensor::from_vec(inv, (1, n), device)?;
-    let pos = Tensor::arange(0u32, c.context_length as u32, device)?
-        .to_dtype(DType::F32)?
-        .reshape((c.context_length, 1))?;
-    let freqs = pos.matmul(&inv)?;
-    Ok((freqs.cos()?.contiguous()?, freqs.sin()?.contiguous()?))
+    (cos, sin)
 }
 
 #[cfg(test)]
@@ -412,133 +376,77 @@ mod tests {
 
     fn max_diff(a: &[f32], b: &[f32]) -> f32 {
         assert_eq!(a.len(), b.len());
-        a.iter()
-            .zip(b)
-            .map(|(x, y)| (x - y).abs())
-            .fold(0.0, f32::max)
+        a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
     }
 
-    fn cfg(head_dim: usize, rope_neox: bool) -> LlamaConfig {
-        LlamaConfig {
+    fn tiny_llama(rope_neox: bool) -> Llama {
+        let config = LlamaConfig {
             architecture: "llama".into(),
-            n_layer: 1,
-            hidden: 4 * head_dim,
+            n_layer: 0,
+            hidden: 32,
             n_head: 4,
             n_kv_head: 2,
-            head_dim,
+            head_dim: 8,
             rms_eps: 1e-5,
             rope_theta: 10_000.0,
             rope_neox,
             context_length: 64,
-            vocab_size: 10,
-        }
+            vocab_size: 4,
+        };
+        let (cos, sin) = rope_tables(&config);
+        let dense = |rows, cols| Linear::Dense {
+            w: candle_core::Tensor::zeros((rows, cols), candle_core::DType::F32, &Device::Cpu).expect("zeros"),
+            rows,
+            cols,
+        };
+        Llama { embed: dense(4, 32), lm_head: dense(4, 32), layers: Vec::new(), norm: vec![1.0; 32], config, cos, sin }
     }
 
     #[test]
-    fn attention_matches_the_reference_for_chunks_at_any_offset() {
-        let mut rng = StdRng::seed_from_u64(7);
-        let (nh, nkv, d) = (6, 2, 8);
-        for (n, l) in [(1, 1), (1, 9), (5, 5), (4, 13)] {
-            let q = random(&mut rng, nh * n * d);
-            let k = random(&mut rng, nkv * l * d);
-            let v = random(&mut rng, nkv * l * d);
-            let dev = Device::Cpu;
-            let qt = (Tensor::from_vec(q.clone(), (1, nh, n, d), &dev).expect("q")
-                * (1.0 / (d as f64).sqrt()))
-            .expect("scale");
-            let kt = Tensor::from_vec(k.clone(), (1, nkv, l, d), &dev).expect("k");
-            let vt = Tensor::from_vec(v.clone(), (1, nkv, l, d), &dev).expect("v");
-            let got = attend(&qt, &kt, &vt, l - n)
-                .expect("attend")
-                .flatten_all()
-                .expect("flat")
-                .to_vec1::<f32>()
-                .expect("vec");
-            let shape = reference::AttnShape {
-                n_head: nh,
-                n_kv_head: nkv,
-                head_dim: d,
-                n_q: n,
-                n_kv: l,
-            };
-            let want = reference::causal_attention(&q, &k, &v, shape);
-            assert!(
-                max_diff(&got, &want) < 1e-5,
-                "n={n} l={l}: {}",
-                max_diff(&got, &want)
-            );
-        }
-    }
-
-    #[test]
-    fn rope_tables_gathered_by_position_match_the_reference_in_both_layouts() {
+    fn rope_matches_the_reference_in_both_layouts() {
         let mut rng = StdRng::seed_from_u64(3);
         for neox in [false, true] {
-            let c = cfg(8, neox);
-            let (cos, sin) = rope_tables(&c, &Device::Cpu).expect("tables");
-            let positions = [0u32, 5, 1, 63];
-            let (h, t, d) = (3, positions.len(), c.head_dim);
-            let x = random(&mut rng, h * t * d);
-            let pos = Tensor::new(&positions[..], &Device::Cpu).expect("pos");
-            let (cos, sin) = (
-                cos.index_select(&pos, 0).expect("cos"),
-                sin.index_select(&pos, 0).expect("sin"),
-            );
-            let xt = Tensor::from_vec(x.clone(), (1, h, t, d), &Device::Cpu).expect("x");
-            let got = if neox {
-                candle_nn::rotary_emb::rope(&xt, &cos, &sin)
-            } else {
-                candle_nn::rotary_emb::rope_i(&xt, &cos, &sin)
-            }
-            .expect("rope")
-            .flatten_all()
-            .expect("flat")
-            .to_vec1::<f32>()
-            .expect("vec");
-            let mut want = x;
-            for (i, head) in want.chunks_mut(d).enumerate() {
-                let p = positions[i % t] as usize;
-                if neox {
-                    reference::rope_neox(head, p, c.rope_theta)
-                } else {
-                    reference::rope_interleaved(head, p, c.rope_theta)
+            let m = tiny_llama(neox);
+            for pos in [0usize, 1, 17, 63] {
+                let x = random(&mut rng, 32);
+                let mut got = x.clone();
+                m.rope(&mut got, pos);
+                let mut want = x;
+                for head in want.chunks_mut(8) {
+                    if neox {
+                        reference::rope_neox(head, pos, 10_000.0);
+                    } else {
+                        reference::rope_interleaved(head, pos, 10_000.0);
+                    }
                 }
+                assert!(max_diff(&got, &want) < 1e-5, "neox={neox} pos={pos}");
             }
-            assert!(
-                max_diff(&got, &want) < 1e-4,
-                "neox={neox}: {}",
-                max_diff(&got, &want)
-            );
         }
     }
 
     #[test]
     fn rms_norm_matches_the_reference() {
         let mut rng = StdRng::seed_from_u64(5);
-        let (rows, dim) = (7, 48);
-        let x = random(&mut rng, rows * dim);
-        let w = random(&mut rng, dim);
-        let xt = Tensor::from_vec(x.clone(), (rows, dim), &Device::Cpu).expect("x");
-        let wt = Tensor::from_vec(w.clone(), dim, &Device::Cpu).expect("w");
-        let got = candle_nn::ops::rms_norm(&xt, &wt, 1e-5)
-            .expect("norm")
-            .flatten_all()
-            .expect("flat")
-            .to_vec1::<f32>()
-            .expect("vec");
-        assert!(max_diff(&got, &reference::rms_norm(&x, &w, 1e-5)) < 1e-5);
+        let x = random(&mut rng, 7 * 48);
+        let w = random(&mut rng, 48);
+        assert!(max_diff(&rms_norm(&x, &w, 1e-5), &reference::rms_norm(&x, &w, 1e-5)) < 1e-5);
     }
 
     #[test]
-    fn truncating_kv_rewinds_and_a_gap_is_an_error() {
-        let t = Tensor::zeros((1, 2, 5, 4), DType::F32, &Device::Cpu).expect("zeros");
-        let mut kv = SeqKv {
-            layers: vec![(t.clone(), t)],
+    fn batches_past_the_context_or_the_block_table_are_errors() {
+        let m = tiny_llama(false);
+        let mut kv = KvStorage::new(m.config.kv_layout(4, 4));
+        let chunk = |start, table: Vec<u32>| SeqChunk {
+            seq: crate::request::RequestId(1),
+            tokens: vec![1, 2],
+            start_pos: start,
+            want_logits: true,
+            block_table: table,
         };
-        truncate_kv(&mut kv, 3).expect("rewind");
-        assert_eq!(kv.len(), 3);
-        assert!(truncate_kv(&mut kv, 4).is_err());
-        truncate_kv(&mut kv, 0).expect("reset");
-        assert!(kv.is_empty());
+        let mut err = |b: SeqChunk| m.forward(&ModelBatch { chunks: vec![b] }, &mut kv).is_err();
+        assert!(err(chunk(63, vec![0; 16])), "past the context");
+        assert!(err(chunk(3, vec![0])), "table too short");
+        assert!(err(chunk(0, vec![9])), "block outside the cache");
+        assert!(!err(chunk(0, vec![0])));
     }
 }

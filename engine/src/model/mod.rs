@@ -1,13 +1,12 @@
 //! Models: the batched llama-family decoder, the BERT encoder for
 //! embeddings, and the batch description a forward pass takes.
 
+pub mod attention;
 pub mod bert;
 pub mod llama;
+pub mod weights;
 
-use std::collections::HashMap;
-
-use candle_core::Tensor;
-
+use crate::kv_cache::BlockId;
 use crate::request::RequestId;
 
 /// One sequence's share of a step: `tokens` at positions
@@ -20,6 +19,8 @@ pub struct SeqChunk {
     /// Whether the step needs this sequence's next-token logits (only for
     /// the chunk that ends its prompt, and for decode tokens).
     pub want_logits: bool,
+    /// The sequence's KV blocks, covering at least `start_pos + tokens.len()`.
+    pub block_table: Vec<BlockId>,
 }
 
 /// Everything one forward pass runs: chunks of many sequences together.
@@ -37,25 +38,3 @@ impl ModelBatch {
         self.chunks.is_empty()
     }
 }
-
-/// Per-layer keys and values of one sequence, shape `(1, n_kv_heads, len, head_dim)`.
-#[derive(Debug, Clone, Default)]
-pub struct SeqKv {
-    pub layers: Vec<(Tensor, Tensor)>,
-}
-
-impl SeqKv {
-    /// Number of positions cached.
-    pub fn len(&self) -> usize {
-        self.layers
-            .first()
-            .map_or(0, |(k, _)| k.dims().get(2).copied().unwrap_or(0))
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-}
-
-/// The KV state of every live sequence, owned by an executor.
-pub type KvStore = HashMap<RequestId, SeqKv>;

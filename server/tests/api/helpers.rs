@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use axum::Router;
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
-use engine::{EmbeddingHandle, EngineHandle, SchedulerConfig, TemplateChoice};
+use engine::{EmbeddingHandle, EngineConfig, EngineHandle, TemplateChoice};
 use http_body_util::BodyExt;
 use serde_json::Value;
 use server::state::{AppState, ModelKind, ModelRegistry, ServedModel};
@@ -40,7 +40,7 @@ static STATE: LazyLock<AppState> = LazyLock::new(|| {
     let tiny = EngineHandle::start_gguf(
         &model_path("tiny/tiny.gguf"),
         &TemplateChoice::Auto,
-        SchedulerConfig::default(),
+        EngineConfig::default(),
     )
     .expect("load tiny");
     let minilm = EmbeddingHandle::start(&model_path("all-minilm-l6-v2")).expect("load minilm");

@@ -1,0 +1,96 @@
+//! Weight matrices as the forward pass uses them: GGML-quantized matrices
+//! run through `kernels::cpu::matmul` (weights stay quantized), anything
+//! else (F16, F32, K-quants for now) dequantized once and multiplied with
+//! candle's f32 GEMM.
+
+use std::sync::Arc;
+
+use candle_core::quantized::{GgmlDType, QTensor};
+use candle_core::{Device, Tensor};
+use kernels::{QMatrix, QuantType};
+
+use crate::error::{EngineError, Result};
+
+/// A `rows x cols` weight matrix (`y = x · Wᵀ`).
+#[derive(Debug, Clone)]
+pub enum Linear {
+    Quant(Arc<QMatrix>),
+    Dense { w: Tensor, rows: usize, cols: usize },
+}
+
+fn quant_type(dtype: GgmlDType) -> Option<QuantType> {
+    match dtype {
+        GgmlDType::Q4_0 => Some(QuantType::Q4_0),
+        GgmlDType::Q4_1 => Some(QuantType::Q4_1),
+        GgmlDType::Q8_0 => Some(QuantType::Q8_0),
+        _ => None,
+    }
+}
+
+impl Linear {
+    /// Wraps a 2-D GGUF tensor (`(rows, cols)` in candle's order).
+    pub fn from_qtensor(name: &str, qt: &QTensor) -> Result<Self> {
+        let (rows, cols) = qt
+            .shape()
+            .dims2()
+            .map_err(|e| EngineError::Load(format!("`{name}` is not a matrix: {e}")))?;
+        if let Some(ty) = quant_type(qt.dtype())
+            && cols % kernels::quant::QK == 0
+        {
+            let bytes = qt.data().map_err(|e| EngineError::Load(format!("`{name}`: {e}")))?;
+            let m = QMatrix::new(ty, rows, cols, bytes.into_owned())
+                .map_err(|e| EngineError::Load(format!("`{name}`: {e}")))?;
+            return Ok(Self::Quant(Arc::new(m)));
+        }
+        let w = qt.dequantize(&Device::Cpu)?;
+        Ok(Self::Dense { w, rows, cols })
+    }
+
+    pub fn rows(&self) -> usize {
+        match self {
+            Self::Quant(m) => m.rows,
+            Self::Dense { rows, .. } => *rows,
+        }
+    }
+
+    pub fn cols(&self) -> usize {
+        match self {
+            Self::Quant(m) => m.cols,
+            Self::Dense { cols, .. } => *cols,
+        }
+    }
+
+    /// `m` rows of `x` (`m x cols`) times `Wᵀ`: `m x rows`.
+    pub fn forward(&self, x: &[f32], m: usize) -> Result<Vec<f32>> {
+        match self {
+            Self::Quant(w) => {
+                let mut out = vec![0.0; m * w.rows];
+                kernels::cpu::matmul(w, x, m, &mut out).map_err(|e| EngineError::Execution(e.to_string()))?;
+                Ok(out)
+            }
+            Self::Dense { w, cols, .. } => {
+                let xt = Tensor::from_slice(x, (m, *cols), &Device::Cpu)?;
+                Ok(xt.matmul(&w.t()?)?.flatten_all()?.to_vec1::<f32>()?)
+            }
+        }
+    }
+
+    /// Row `r` of the matrix as f32 (embedding lookup).
+    pub fn row(&self, r: usize) -> Result<Vec<f32>> {
+        if r >= self.rows() {
+            return Err(EngineError::Execution(format!("row {r} out of range ({} rows)", self.rows())));
+        }
+        match self {
+            Self::Quant(m) => Ok(m.dequantize_row(r)),
+            Self::Dense { w, .. } => Ok(w.get(r)?.to_vec1::<f32>()?),
+        }
+    }
+}
+
+/// A 1-D f32 tensor from GGUF (norm weights, biases).
+pub fn vector(name: &str, qt: &QTensor) -> Result<Vec<f32>> {
+    qt.dequantize(&Device::Cpu)?
+        .flatten_all()?
+        .to_vec1::<f32>()
+        .map_err(|e| EngineError::Load(format!("`{name}`: {e}")))
+}
