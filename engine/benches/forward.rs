@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use engine::RequestId;
-use engine::kv_cache::KvStorage;
+use engine::executor::{Executor, LocalExecutor};
 use engine::loader::load_gguf;
 use engine::model::{ModelBatch, SeqChunk};
 
@@ -33,19 +33,21 @@ fn chunk(seq: u64, start: usize, n: usize) -> SeqChunk {
 }
 
 fn main() {
-    let loaded =
-        load_gguf(&model_path(), &Default::default()).expect("run `make models`");
-    let model = loaded.model;
-    let mut kv = KvStorage::new(model.config.kv_layout(BLOCK, 32 * BLOCKS_PER_SEQ));
-    for n in [1usize, 16, 128, 512] {
+    let loaded = load_gguf(&model_path(), &Default::default()).expect("run `make models`");
+    let layout = loaded.model.config.kv_layout(BLOCK, 32 * BLOCKS_PER_SEQ);
+    let mut exec = LocalExecutor::new(loaded.model, layout).expect("executor");
+    // `cargo bench --bench forward -- decode` runs only the decode part.
+    let only_decode = std::env::args().any(|a| a == "decode");
+    let prefill_sizes: &[usize] = if only_decode { &[] } else { &[1, 16, 128, 512] };
+    for &n in prefill_sizes {
         let batch = ModelBatch {
             chunks: vec![chunk(1, 0, n)],
         };
-        model.forward(&batch, &mut kv).expect("warm-up");
+        exec.execute(&batch).expect("warm-up");
         let reps = 3;
         let t = Instant::now();
         for _ in 0..reps {
-            model.forward(&batch, &mut kv).expect("forward");
+            exec.execute(&batch).expect("forward");
         }
         let ms = t.elapsed().as_secs_f64() * 1e3 / reps as f64;
         println!(
@@ -57,14 +59,14 @@ fn main() {
         let prefill = ModelBatch {
             chunks: (0..seqs as u64).map(|s| chunk(s, 0, 32)).collect(),
         };
-        model.forward(&prefill, &mut kv).expect("prefill");
-        let steps = 16;
+        exec.execute(&prefill).expect("prefill");
+        let steps = if only_decode { 200 } else { 16 };
         let t = Instant::now();
         for step in 0..steps {
             let batch = ModelBatch {
                 chunks: (0..seqs as u64).map(|s| chunk(s, 32 + step, 1)).collect(),
             };
-            model.forward(&batch, &mut kv).expect("decode");
+            exec.execute(&batch).expect("decode");
         }
         let ms = t.elapsed().as_secs_f64() * 1e3 / steps as f64;
         println!(

@@ -2,7 +2,7 @@
 //! the scheduler assigned. The scheduler only talks to this trait, so
 //! remote workers and GPU executors plug in beside the local CPU one.
 
-use crate::error::Result;
+use crate::error::{EngineError, Result};
 use crate::kv_cache::{KvLayout, KvStorage};
 use crate::model::ModelBatch;
 use crate::model::llama::Llama;
@@ -18,22 +18,37 @@ pub trait Executor: Send {
     fn release(&mut self, seq: RequestId);
 }
 
-/// The in-process CPU executor: the model and the paged KV memory.
+/// The in-process CPU executor: the model, the paged KV memory, and a
+/// thread pool the whole step runs in (so the step's own thread is one of
+/// the workers and the many short parallel regions of a decode step do not
+/// each wake a sleeping pool).
 #[derive(Debug)]
 pub struct LocalExecutor {
     model: Llama,
     kv: KvStorage,
+    pool: rayon::ThreadPool,
 }
 
 impl LocalExecutor {
-    pub fn new(model: Llama, layout: KvLayout) -> Self {
-        Self { model, kv: KvStorage::new(layout) }
+    pub fn new(model: Llama, layout: KvLayout) -> Result<Self> {
+        let threads = std::thread::available_parallelism().map_or(1, usize::from);
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .thread_name(|i| format!("synor-compute-{i}"))
+            .build()
+            .map_err(|e| EngineError::Load(format!("compute threads: {e}")))?;
+        Ok(Self {
+            model,
+            kv: KvStorage::new(layout),
+            pool,
+        })
     }
 }
 
 impl Executor for LocalExecutor {
     fn execute(&mut self, batch: &ModelBatch) -> Result<Vec<Vec<f32>>> {
-        self.model.forward(batch, &mut self.kv)
+        let Self { model, kv, pool } = self;
+        pool.install(|| model.forward(batch, kv))
     }
 
     fn release(&mut self, _seq: RequestId) {}

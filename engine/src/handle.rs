@@ -32,7 +32,11 @@ pub struct EngineConfig {
 
 impl Default for EngineConfig {
     fn default() -> Self {
-        Self { scheduler: SchedulerConfig::default(), kv_cache_memory: 1 << 30, block_size: 16 }
+        Self {
+            scheduler: SchedulerConfig::default(),
+            kv_cache_memory: 1 << 30,
+            block_size: 16,
+        }
     }
 }
 
@@ -75,17 +79,26 @@ impl std::fmt::Debug for EngineHandle {
 
 impl EngineHandle {
     /// Loads a GGUF model and starts its engine thread.
-    pub fn start_gguf(path: &Path, template: &TemplateChoice, config: EngineConfig) -> Result<Self> {
+    pub fn start_gguf(
+        path: &Path,
+        template: &TemplateChoice,
+        config: EngineConfig,
+    ) -> Result<Self> {
         Self::start(load_gguf(path, template)?, config)
     }
 
     /// Starts the engine thread around an already loaded model, sizing the
     /// KV cache from `config.kv_cache_memory`.
     pub fn start(loaded: LoadedModel, config: EngineConfig) -> Result<Self> {
-        let LoadedModel { model, tokenizer, template } = loaded;
+        let LoadedModel {
+            model,
+            tokenizer,
+            template,
+        } = loaded;
         let mc = &model.config;
         let block_size = config.block_size.max(1);
-        let per_block = block_size * KvLayout::bytes_per_token(mc.n_layer, mc.n_kv_head, mc.head_dim);
+        let per_block =
+            block_size * KvLayout::bytes_per_token(mc.n_layer, mc.n_kv_head, mc.head_dim);
         let num_blocks = config.kv_cache_memory / per_block.max(1);
         if num_blocks == 0 {
             return Err(EngineError::Load(format!(
@@ -97,7 +110,11 @@ impl EngineHandle {
         let capacity = num_blocks * block_size;
         sched.max_model_len = sched.max_model_len.min(mc.context_length).min(capacity);
         if capacity < mc.context_length {
-            tracing::warn!(capacity, context = mc.context_length, "the KV cache holds less than one full context");
+            tracing::warn!(
+                capacity,
+                context = mc.context_length,
+                "the KV cache holds less than one full context"
+            );
         }
         let info = ModelInfo {
             architecture: mc.architecture.clone(),
@@ -112,7 +129,7 @@ impl EngineHandle {
         let eos: Vec<u32> = tokenizer.eog_ids().iter().copied().collect();
         let core = EngineCore::new(
             Scheduler::new(sched, KvManager::new(num_blocks, block_size)),
-            Box::new(LocalExecutor::new(model, layout)),
+            Box::new(LocalExecutor::new(model, layout)?),
             rx,
             eos,
             stats.clone(),
@@ -130,7 +147,9 @@ impl EngineHandle {
             next_id: AtomicU64::new(1),
             thread: std::sync::Mutex::new(Some(thread)),
         };
-        Ok(Self { shared: Arc::new(shared) })
+        Ok(Self {
+            shared: Arc::new(shared),
+        })
     }
 
     /// Validates `req` and queues it; the stream yields its events.

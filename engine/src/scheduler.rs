@@ -32,7 +32,12 @@ pub struct SchedulerConfig {
 
 impl Default for SchedulerConfig {
     fn default() -> Self {
-        Self { max_num_seqs: 16, max_num_batched_tokens: 512, max_waiting: 256, max_model_len: 2048 }
+        Self {
+            max_num_seqs: 16,
+            max_num_batched_tokens: 512,
+            max_waiting: 256,
+            max_model_len: 2048,
+        }
     }
 }
 
@@ -108,7 +113,13 @@ pub struct Scheduler {
 
 impl Scheduler {
     pub fn new(config: SchedulerConfig, kv: KvManager) -> Self {
-        Self { config, kv, waiting: VecDeque::new(), running: Vec::new(), preemptions: 0 }
+        Self {
+            config,
+            kv,
+            waiting: VecDeque::new(),
+            running: Vec::new(),
+            preemptions: 0,
+        }
     }
 
     pub fn kv(&self) -> &KvManager {
@@ -183,7 +194,9 @@ impl Scheduler {
     /// Admits waiting sequences while budget, slots and blocks allow.
     fn admit(&mut self, budget: &mut usize, batch: &mut ModelBatch) {
         while *budget > 0 && self.running.len() < self.config.max_num_seqs {
-            let Some(seq) = self.waiting.front_mut() else { break };
+            let Some(seq) = self.waiting.front_mut() else {
+                break;
+            };
             let hit = self.kv.start(seq.id, &seq.tokens);
             seq.num_computed = hit;
             let n = (seq.len() - hit).min(*budget);
@@ -194,7 +207,9 @@ impl Scheduler {
                 break;
             }
             seq.num_cached_tokens.get_or_insert(hit.min(seq.prompt_len));
-            let Some(seq) = self.waiting.pop_front() else { break };
+            let Some(seq) = self.waiting.pop_front() else {
+                break;
+            };
             self.running.push(seq);
             batch.chunks.push(self.chunk(self.running.len() - 1, n));
             *budget -= n;
@@ -227,14 +242,21 @@ impl Scheduler {
     /// Applies a step's results: advances computed counts, registers full
     /// blocks in the prefix cache, samples from each logits row, and removes
     /// finished sequences (returned, blocks freed).
-    pub fn update(&mut self, batch: &ModelBatch, logits: &[Vec<f32>]) -> (Vec<StepToken>, Vec<Sequence>) {
+    pub fn update(
+        &mut self,
+        batch: &ModelBatch,
+        logits: &[Vec<f32>],
+    ) -> (Vec<StepToken>, Vec<Sequence>) {
         let mut rows = logits.iter();
         let mut tokens = Vec::new();
         let max_len = self.config.max_model_len;
         for chunk in &batch.chunks {
-            let Some(seq) = self.running.iter_mut().find(|s| s.id == chunk.seq) else { continue };
+            let Some(seq) = self.running.iter_mut().find(|s| s.id == chunk.seq) else {
+                continue;
+            };
             seq.num_computed = chunk.start_pos + chunk.tokens.len();
-            self.kv.cache_computed(seq.id, &seq.tokens, seq.num_computed);
+            self.kv
+                .cache_computed(seq.id, &seq.tokens, seq.num_computed);
             if !chunk.want_logits {
                 continue;
             }
@@ -242,7 +264,11 @@ impl Scheduler {
             let token = seq.sampler.sample(row);
             seq.tokens.push(token);
             let finish = finish_reason(seq, token, max_len);
-            tokens.push(StepToken { seq: seq.id, token, finish });
+            tokens.push(StepToken {
+                seq: seq.id,
+                token,
+                finish,
+            });
         }
         let mut finished = Vec::new();
         for t in tokens.iter().filter(|t| t.finish.is_some()) {
@@ -267,7 +293,11 @@ impl Scheduler {
 
     /// Removes the sequences of a failed step.
     pub fn fail(&mut self, batch: &ModelBatch) -> Vec<Sequence> {
-        batch.chunks.iter().filter_map(|c| self.abort(c.seq)).collect()
+        batch
+            .chunks
+            .iter()
+            .filter_map(|c| self.abort(c.seq))
+            .collect()
     }
 }
 
@@ -295,30 +325,64 @@ mod tests {
     const EOS: u32 = 0;
 
     fn seq(id: u64, prompt_len: usize, max_tokens: usize) -> Sequence {
-        let params = SamplingParams { temperature: 1.0, seed: Some(id), max_tokens, ..Default::default() };
+        let params = SamplingParams {
+            temperature: 1.0,
+            seed: Some(id),
+            max_tokens,
+            ..Default::default()
+        };
         // Prompts share prefixes (few distinct patterns), so the prefix cache hits.
-        let prompt_tokens = (0..prompt_len as u32).map(|i| 1 + (i + (id as u32 % 3) * 7) % 40).collect();
-        Sequence::new(RequestId(id), GenerateRequest { prompt_tokens, params }, &[EOS])
+        let prompt_tokens = (0..prompt_len as u32)
+            .map(|i| 1 + (i + (id as u32 % 3) * 7) % 40)
+            .collect();
+        Sequence::new(
+            RequestId(id),
+            GenerateRequest {
+                prompt_tokens,
+                params,
+            },
+            &[EOS],
+        )
     }
 
     /// Checks one planned step against the limits, the block tables and the
     /// sequences' computed counts.
     fn check_step(s: &Scheduler, batch: &ModelBatch) {
-        assert!(batch.num_tokens() <= s.config.max_num_batched_tokens, "token budget exceeded");
+        assert!(
+            batch.num_tokens() <= s.config.max_num_batched_tokens,
+            "token budget exceeded"
+        );
         assert!(s.running.len() <= s.config.max_num_seqs, "too many running");
         // New requests stop at max_waiting; preempted ones may add up to a batch.
-        assert!(s.waiting.len() <= s.config.max_waiting + s.config.max_num_seqs, "waiting queue overflow");
-        s.kv.check().unwrap_or_else(|e| panic!("KV invariants: {e}"));
+        assert!(
+            s.waiting.len() <= s.config.max_waiting + s.config.max_num_seqs,
+            "waiting queue overflow"
+        );
+        s.kv.check()
+            .unwrap_or_else(|e| panic!("KV invariants: {e}"));
         let bs = s.kv.block_size();
         let mut seen = HashSet::new();
         for c in &batch.chunks {
             assert!(seen.insert(c.seq), "{} scheduled twice in one step", c.seq);
             assert!(!c.tokens.is_empty());
-            let seq = s.running.iter().find(|q| q.id == c.seq).expect("scheduled sequences are running");
-            assert_eq!(c.start_pos, seq.num_computed, "chunk does not continue the KV");
-            assert_eq!(c.tokens.as_slice(), &seq.tokens[c.start_pos..c.start_pos + c.tokens.len()]);
+            let seq = s
+                .running
+                .iter()
+                .find(|q| q.id == c.seq)
+                .expect("scheduled sequences are running");
+            assert_eq!(
+                c.start_pos, seq.num_computed,
+                "chunk does not continue the KV"
+            );
+            assert_eq!(
+                c.tokens.as_slice(),
+                &seq.tokens[c.start_pos..c.start_pos + c.tokens.len()]
+            );
             assert_eq!(c.want_logits, c.start_pos + c.tokens.len() == seq.len());
-            assert!(c.block_table.len() * bs >= c.start_pos + c.tokens.len(), "chunk not backed by blocks");
+            assert!(
+                c.block_table.len() * bs >= c.start_pos + c.tokens.len(),
+                "chunk not backed by blocks"
+            );
             assert_eq!(c.block_table.as_slice(), s.kv.table(c.seq));
         }
     }
@@ -349,8 +413,14 @@ mod tests {
                         }
                     }
                     3 if !live.is_empty() => {
-                        let id = *live.iter().nth(rng.random_range(0..live.len())).expect("non-empty");
-                        assert!(s.abort(id).is_some(), "live request unknown to the scheduler");
+                        let id = *live
+                            .iter()
+                            .nth(rng.random_range(0..live.len()))
+                            .expect("non-empty");
+                        assert!(
+                            s.abort(id).is_some(),
+                            "live request unknown to the scheduler"
+                        );
                         live.remove(&id);
                     }
                     _ => step(&mut s, &mut rng, &mut live),
@@ -363,8 +433,15 @@ mod tests {
                 }
                 step(&mut s, &mut rng, &mut live);
             }
-            assert!(!s.has_work() && live.is_empty(), "seed {seed}: requests never finished");
-            assert_eq!(s.kv.pool().num_free(), num_blocks, "seed {seed}: blocks leaked");
+            assert!(
+                !s.has_work() && live.is_empty(),
+                "seed {seed}: requests never finished"
+            );
+            assert_eq!(
+                s.kv.pool().num_free(),
+                num_blocks,
+                "seed {seed}: blocks leaked"
+            );
             assert_eq!(s.kv.num_tables(), 0);
         }
     }
@@ -379,17 +456,33 @@ mod tests {
             .map(|_| (0..VOCAB).map(|_| rng.random_range(-1.0..1.0)).collect())
             .collect();
         let (tokens, finished) = s.update(&batch, &logits);
-        assert_eq!(tokens.len(), logits.len(), "one sampled token per logits row");
+        assert_eq!(
+            tokens.len(),
+            logits.len(),
+            "one sampled token per logits row"
+        );
         for f in &finished {
             assert!(f.output().len() <= f.params.max_tokens);
-            let last = *f.output().last().expect("finished sequences sampled a token");
+            let last = *f
+                .output()
+                .last()
+                .expect("finished sequences sampled a token");
             assert!(last == EOS || f.output().len() == f.params.max_tokens || f.len() >= 120);
-            assert!(live.remove(&f.id), "{} finished twice or was never added", f.id);
+            assert!(
+                live.remove(&f.id),
+                "{} finished twice or was never added",
+                f.id
+            );
         }
     }
 
     fn config(max_num_batched_tokens: usize) -> SchedulerConfig {
-        SchedulerConfig { max_num_seqs: 4, max_num_batched_tokens, max_waiting: 8, max_model_len: 100 }
+        SchedulerConfig {
+            max_num_seqs: 4,
+            max_num_batched_tokens,
+            max_waiting: 8,
+            max_model_len: 100,
+        }
     }
 
     #[test]
@@ -401,9 +494,17 @@ mod tests {
         s.update(&first, &[vec![-100.0, 100.0]]);
         s.add(seq(2, 30, 5)).expect("room");
         let second = s.schedule();
-        assert_eq!(second.chunks[0].seq, RequestId(1), "the running decode goes first");
+        assert_eq!(
+            second.chunks[0].seq,
+            RequestId(1),
+            "the running decode goes first"
+        );
         assert_eq!(second.chunks[0].tokens.len(), 1);
-        assert_eq!(second.chunks[1].tokens.len(), 9, "the new prompt gets the rest of the budget");
+        assert_eq!(
+            second.chunks[1].tokens.len(),
+            9,
+            "the new prompt gets the rest of the budget"
+        );
         assert!(!second.chunks[1].want_logits);
     }
 
@@ -434,7 +535,11 @@ mod tests {
             if s.preemptions > 0 && preempted_at.is_none() {
                 preempted_at = Some(step);
                 assert_eq!(s.running.len(), 1);
-                assert_eq!(s.running[0].id, RequestId(1), "the older sequence keeps running");
+                assert_eq!(
+                    s.running[0].id,
+                    RequestId(1),
+                    "the older sequence keeps running"
+                );
             }
             let n = b.chunks.iter().filter(|c| c.want_logits).count();
             s.update(&b, &vec![vec![-100.0, 100.0]; n]);

@@ -49,7 +49,8 @@ pub struct StatsCell {
 
 impl StatsCell {
     pub fn set_cache(&self, usage: f64, queries: u64, hits: u64, preemptions: u64) {
-        self.kv_usage_ppm.store((usage * 1e6) as u64, Ordering::Relaxed);
+        self.kv_usage_ppm
+            .store((usage * 1e6) as u64, Ordering::Relaxed);
         self.prefix_queries.store(queries, Ordering::Relaxed);
         self.prefix_hits.store(hits, Ordering::Relaxed);
         self.preemptions.store(preemptions, Ordering::Relaxed);

@@ -3,7 +3,7 @@
 mod common;
 
 use engine::{
-    ChatMessage, EngineHandle, FinishReason, GenerateRequest, SamplingParams, EngineConfig,
+    ChatMessage, EngineConfig, EngineHandle, FinishReason, GenerateRequest, SamplingParams,
     TokenEvent,
 };
 use tokio_stream::StreamExt;
@@ -90,8 +90,9 @@ async fn a_stop_string_cuts_the_answer_before_it() {
 
 #[test]
 fn the_gguf_tokenizer_matches_smollm2s_reference_ids() {
-    let loaded = engine::loader::load_gguf(&common::model_path(common::SMOLLM2), &Default::default())
-    .expect("load");
+    let loaded =
+        engine::loader::load_gguf(&common::model_path(common::SMOLLM2), &Default::default())
+            .expect("load");
     let tok = &loaded.tokenizer;
     // Pinned ids: the ChatML markers are vocab specials (1 <|im_start|>, 2 <|im_end|>, 198 "\n").
     let ids = tok
@@ -109,8 +110,9 @@ fn the_gguf_tokenizer_matches_smollm2s_reference_ids() {
 #[test]
 fn incremental_detokenization_reassembles_text_without_broken_characters() {
     use engine::tokenizer::detok::IncrementalDetokenizer;
-    let loaded = engine::loader::load_gguf(&common::model_path(common::SMOLLM2), &Default::default())
-    .expect("load");
+    let loaded =
+        engine::loader::load_gguf(&common::model_path(common::SMOLLM2), &Default::default())
+            .expect("load");
     let tok = &loaded.tokenizer;
     let text = "Grüße, 世界! 🦀 naïve café — ½ ∑ 12345\n\ttabs";
     let ids = tok.encode_prompt(text).expect("encode");

@@ -6,13 +6,16 @@ mod common;
 use std::time::{Duration, Instant};
 
 use engine::{
-    EngineError, EngineHandle, FinishReason, GenerateRequest, RequestStream, SamplingParams,
-    EngineConfig, SchedulerConfig, TemplateChoice, TokenEvent,
+    EngineConfig, EngineError, EngineHandle, FinishReason, GenerateRequest, RequestStream,
+    SamplingParams, SchedulerConfig, TemplateChoice, TokenEvent,
 };
 use tokio_stream::StreamExt;
 
 fn tiny(scheduler: SchedulerConfig) -> EngineHandle {
-    let config = EngineConfig { scheduler, ..Default::default() };
+    let config = EngineConfig {
+        scheduler,
+        ..Default::default()
+    };
     EngineHandle::start_gguf(
         &common::model_path(common::TINY),
         &TemplateChoice::Auto,

@@ -94,6 +94,30 @@ impl QMatrix {
         &self.data[r * len..(r + 1) * len]
     }
 
+    /// Stacks matrices with the same format and width into one (their rows
+    /// in order), so several projections of one input run as one matmul.
+    pub fn concat(parts: &[&QMatrix]) -> Result<Self, KernelError> {
+        let first = parts.first().ok_or(KernelError::Shape {
+            what: "matrices to stack",
+            expected: 1,
+            got: 0,
+        })?;
+        let mut data = Vec::new();
+        let mut rows = 0;
+        for p in parts {
+            if p.ty != first.ty || p.cols != first.cols {
+                return Err(KernelError::Shape {
+                    what: "stacked matrix width",
+                    expected: first.cols,
+                    got: p.cols,
+                });
+            }
+            data.extend_from_slice(&p.data);
+            rows += p.rows;
+        }
+        Self::new(first.ty, rows, first.cols, data)
+    }
+
     /// Dequantizes row `r` (the reference for every kernel).
     pub fn dequantize_row(&self, r: usize) -> Vec<f32> {
         let bb = self.ty.block_bytes();
@@ -218,7 +242,9 @@ pub fn quantize_activations(x: &[f32], cols: usize) -> Vec<Q8Block> {
             let mut qs = [0i8; QK];
             let mut sum = 0i32;
             for (q, v) in qs.iter_mut().zip(b) {
-                *q = (v * id).round() as i8;
+                // Round half away from zero without a libm call.
+                let t = v * id;
+                *q = (t + 0.5f32.copysign(t)) as i8;
                 sum += i32::from(*q);
             }
             debug_assert!(cols.is_multiple_of(QK));
@@ -270,6 +296,18 @@ mod tests {
             QMatrix::new(QuantType::Q8_0, 1, 33, vec![]).err(),
             Some(KernelError::Unaligned(33))
         );
+    }
+
+    #[test]
+    fn stacking_keeps_rows_in_order_and_refuses_mismatches() {
+        let a = QMatrix::quantize(QuantType::Q4_1, 2, 32, &ramp(64)).expect("a");
+        let b = QMatrix::quantize(QuantType::Q4_1, 1, 32, &ramp(32)).expect("b");
+        let ab = QMatrix::concat(&[&a, &b]).expect("stack");
+        assert_eq!(ab.rows, 3);
+        assert_eq!(ab.dequantize_row(2), b.dequantize_row(0));
+        assert_eq!(ab.dequantize_row(1), a.dequantize_row(1));
+        let c = QMatrix::quantize(QuantType::Q8_0, 1, 32, &ramp(32)).expect("c");
+        assert!(QMatrix::concat(&[&a, &c]).is_err());
     }
 
     #[test]

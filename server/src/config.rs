@@ -170,14 +170,20 @@ pub struct SchedulerArgs {
 /// 1024; a trailing `iB` or `B` is accepted).
 pub fn parse_size(s: &str) -> Result<usize, String> {
     let t = s.trim();
-    let t = t.strip_suffix("iB").or_else(|| t.strip_suffix('B')).unwrap_or(t);
+    let t = t
+        .strip_suffix("iB")
+        .or_else(|| t.strip_suffix('B'))
+        .unwrap_or(t);
     let (num, mult) = match t.chars().last().map(|c| c.to_ascii_uppercase()) {
         Some('K') => (&t[..t.len() - 1], 1usize << 10),
         Some('M') => (&t[..t.len() - 1], 1 << 20),
         Some('G') => (&t[..t.len() - 1], 1 << 30),
         _ => (t, 1),
     };
-    let n: f64 = num.trim().parse().map_err(|_| format!("`{s}` is not a size like 512MiB or 2GiB"))?;
+    let n: f64 = num
+        .trim()
+        .parse()
+        .map_err(|_| format!("`{s}` is not a size like 512MiB or 2GiB"))?;
     if !(n.is_finite() && n > 0.0) {
         return Err(format!("`{s}` must be a positive size"));
     }

@@ -156,7 +156,10 @@ impl BlockPool {
         for (id, b) in self.blocks.iter().enumerate() {
             let queued = free_ids.contains(&(id as BlockId));
             if queued != (b.ref_cnt == 0) {
-                return Err(format!("block {id}: ref_cnt {} but queued={queued}", b.ref_cnt));
+                return Err(format!(
+                    "block {id}: ref_cnt {} but queued={queued}",
+                    b.ref_cnt
+                ));
             }
             if queued != b.free_stamp.is_some() {
                 return Err(format!("block {id}: stale free stamp"));
@@ -165,7 +168,11 @@ impl BlockPool {
         for (hash, &id) in &self.cache {
             match &self.blocks[id as usize].cached {
                 Some((h, _)) if h == hash => {}
-                _ => return Err(format!("cache entry {hash:?} points at block {id} holding something else")),
+                _ => {
+                    return Err(format!(
+                        "cache entry {hash:?} points at block {id} holding something else"
+                    ));
+                }
             }
         }
         Ok(())

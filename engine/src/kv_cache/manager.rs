@@ -78,7 +78,9 @@ impl KvManager {
         let full = tokens.len().saturating_sub(1) / bs;
         for chunk in tokens.chunks(bs).take(full) {
             let hash = chain_hash(table.last_hash, chunk);
-            let Some(id) = self.pool.lookup(hash, chunk) else { break };
+            let Some(id) = self.pool.lookup(hash, chunk) else {
+                break;
+            };
             self.pool.touch(&[id]);
             table.blocks.push(id);
             table.last_hash = Some(hash);
@@ -110,7 +112,9 @@ impl KvManager {
     /// Registers `seq`'s blocks that are now full of computed positions.
     pub fn cache_computed(&mut self, seq: RequestId, tokens: &[u32], num_computed: usize) {
         let bs = self.block_size;
-        let Some(t) = self.tables.get_mut(&seq) else { return };
+        let Some(t) = self.tables.get_mut(&seq) else {
+            return;
+        };
         let full = (num_computed.min(tokens.len()) / bs).min(t.blocks.len());
         while t.num_cached < full {
             let i = t.num_cached;
@@ -146,7 +150,10 @@ impl KvManager {
         for id in 0..self.pool.num_blocks() as BlockId {
             let want = refs.get(&id).copied().unwrap_or(0);
             if self.pool.ref_cnt(id) != want {
-                return Err(format!("block {id}: ref_cnt {} but {want} tables use it", self.pool.ref_cnt(id)));
+                return Err(format!(
+                    "block {id}: ref_cnt {} but {want} tables use it",
+                    self.pool.ref_cnt(id)
+                ));
             }
         }
         Ok(())
@@ -187,7 +194,11 @@ mod tests {
         assert!(m.allocate(RequestId(1), 8));
         m.cache_computed(RequestId(1), &a, 8);
         m.free(RequestId(1));
-        assert_eq!(m.start(RequestId(2), &a), 4, "the second block holds the last token");
+        assert_eq!(
+            m.start(RequestId(2), &a),
+            4,
+            "the second block holds the last token"
+        );
     }
 
     #[test]
@@ -213,10 +224,18 @@ mod tests {
                         // Few distinct prefixes, so hits are common.
                         let base = rng.random_range(0..3u32);
                         let len = rng.random_range(1..30);
-                        let toks: Vec<u32> = (0..len).map(|i| if i < 12 { base * 100 + i } else { rng.random_range(0..5) }).collect();
+                        let toks: Vec<u32> = (0..len)
+                            .map(|i| {
+                                if i < 12 {
+                                    base * 100 + i
+                                } else {
+                                    rng.random_range(0..5)
+                                }
+                            })
+                            .collect();
                         let id = RequestId(step);
                         let hit = m.start(id, &toks);
-                        assert!(hit < toks.len() && hit % m.block_size() == 0);
+                        assert!(hit < toks.len() && hit.is_multiple_of(m.block_size()));
                         if m.allocate(id, toks.len()) {
                             m.cache_computed(id, &toks, toks.len());
                             live.push((id, toks));
@@ -240,7 +259,8 @@ mod tests {
                     }
                     _ => {}
                 }
-                m.check().unwrap_or_else(|e| panic!("seed {seed} step {step}: {e}"));
+                m.check()
+                    .unwrap_or_else(|e| panic!("seed {seed} step {step}: {e}"));
                 let mut seen = std::collections::HashSet::new();
                 for (id, _) in &live {
                     for &b in m.table(*id) {
@@ -254,7 +274,11 @@ mod tests {
             for (id, _) in live.drain(..) {
                 m.free(id);
             }
-            assert_eq!(m.pool().num_free(), m.pool().num_blocks(), "seed {seed}: blocks leaked");
+            assert_eq!(
+                m.pool().num_free(),
+                m.pool().num_blocks(),
+                "seed {seed}: blocks leaked"
+            );
             assert_eq!(m.num_tables(), 0);
         }
     }

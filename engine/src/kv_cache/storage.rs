@@ -63,7 +63,10 @@ impl KvStorage {
     pub fn new(layout: KvLayout) -> Self {
         let n = layout.num_blocks * layout.block_len();
         let layers = (0..layout.n_layer)
-            .map(|_| LayerKv { k: vec![0u16; n], v: vec![0u16; n] })
+            .map(|_| LayerKv {
+                k: vec![0u16; n],
+                v: vec![0u16; n],
+            })
             .collect();
         Self { layout, layers }
     }

@@ -23,21 +23,38 @@ pub struct AttnShape {
 /// `q` is `[token][n_head * head_dim]` (RoPE applied); `queries[t]` gives
 /// token `t`'s position and its sequence's block table. Returns
 /// `[token][n_head * head_dim]`.
-pub fn paged_attention(q: &[f32], queries: &[(usize, &[u32])], kv: &KvStorage, layer: usize, s: AttnShape) -> Vec<f32> {
+pub fn paged_attention(
+    q: &[f32],
+    queries: &[(usize, &[u32])],
+    kv: &KvStorage,
+    layer: usize,
+    s: AttnShape,
+) -> Vec<f32> {
     let group = s.n_head / s.n_kv_head;
     let mut out = vec![0.0f32; queries.len() * s.n_head * s.head_dim];
-    out.par_chunks_mut(group * s.head_dim).enumerate().for_each(|(task, o)| {
-        let (t, kvh) = (task / s.n_kv_head, task % s.n_kv_head);
-        let (pos, table) = queries[t];
-        let qs = &q[(t * s.n_head + kvh * group) * s.head_dim..][..group * s.head_dim];
-        attend_one(qs, pos, table, kv, layer, kvh, s, o);
-    });
+    out.par_chunks_mut(group * s.head_dim)
+        .enumerate()
+        .for_each(|(task, o)| {
+            let (t, kvh) = (task / s.n_kv_head, task % s.n_kv_head);
+            let (pos, table) = queries[t];
+            let qs = &q[(t * s.n_head + kvh * group) * s.head_dim..][..group * s.head_dim];
+            attend_one(qs, pos, table, kv, layer, kvh, s, o);
+        });
     out
 }
 
 /// Attention of one token's `group` query heads sharing KV head `kvh`.
 #[allow(clippy::too_many_arguments)]
-fn attend_one(qs: &[f32], pos: usize, table: &[u32], kv: &KvStorage, layer: usize, kvh: usize, s: AttnShape, o: &mut [f32]) {
+fn attend_one(
+    qs: &[f32],
+    pos: usize,
+    table: &[u32],
+    kv: &KvStorage,
+    layer: usize,
+    kvh: usize,
+    s: AttnShape,
+    o: &mut [f32],
+) {
     let (hd, bs) = (s.head_dim, s.block_size);
     let group = qs.len() / hd;
     let n = pos + 1;
@@ -47,7 +64,8 @@ fn attend_one(qs: &[f32], pos: usize, table: &[u32], kv: &KvStorage, layer: usiz
     let lkv = &kv.layers[layer];
     for (bi, &block) in table.iter().enumerate().take(n.div_ceil(bs)) {
         let len = bs.min(n - bi * bs);
-        lkv.k(kv.offset(block, kvh, 0), len * hd).convert_to_f32_slice(&mut buf[..len * hd]);
+        lkv.k(kv.offset(block, kvh, 0), len * hd)
+            .convert_to_f32_slice(&mut buf[..len * hd]);
         for g in 0..group {
             let qv = &qs[g * hd..(g + 1) * hd];
             for (slot, kvec) in buf[..len * hd].chunks_exact(hd).enumerate() {
@@ -61,7 +79,8 @@ fn attend_one(qs: &[f32], pos: usize, table: &[u32], kv: &KvStorage, layer: usiz
     o.fill(0.0);
     for (bi, &block) in table.iter().enumerate().take(n.div_ceil(bs)) {
         let len = bs.min(n - bi * bs);
-        lkv.v(kv.offset(block, kvh, 0), len * hd).convert_to_f32_slice(&mut buf[..len * hd]);
+        lkv.v(kv.offset(block, kvh, 0), len * hd)
+            .convert_to_f32_slice(&mut buf[..len * hd]);
         for g in 0..group {
             let og = &mut o[g * hd..(g + 1) * hd];
             for (slot, vvec) in buf[..len * hd].chunks_exact(hd).enumerate() {
@@ -78,7 +97,12 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
     // Eight partial sums let the compiler vectorize without reassociation.
     let mut acc = [0.0f32; 8];
     let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
-    let tail: f32 = ca.remainder().iter().zip(cb.remainder()).map(|(x, y)| x * y).sum();
+    let tail: f32 = ca
+        .remainder()
+        .iter()
+        .zip(cb.remainder())
+        .map(|(x, y)| x * y)
+        .sum();
     for (x, y) in ca.zip(cb) {
         for i in 0..8 {
             acc[i] += x[i] * y[i];
@@ -121,7 +145,13 @@ mod tests {
     fn paged_attention_matches_the_reference_through_scattered_blocks() {
         let mut rng = StdRng::seed_from_u64(9);
         let (nh, nkv, hd, bs) = (6, 2, 8, 4);
-        let layout = KvLayout { n_layer: 1, n_kv_head: nkv, head_dim: hd, block_size: bs, num_blocks: 16 };
+        let layout = KvLayout {
+            n_layer: 1,
+            n_kv_head: nkv,
+            head_dim: hd,
+            block_size: bs,
+            num_blocks: 16,
+        };
         for l in [1usize, 5, 13] {
             let mut kv = KvStorage::new(layout);
             // A deliberately scrambled block table.
@@ -129,22 +159,51 @@ mod tests {
             let k = random(&mut rng, l * nkv * hd);
             let v = random(&mut rng, l * nkv * hd);
             for p in 0..l {
-                kv.write(0, table[p / bs], p % bs, &k[p * nkv * hd..][..nkv * hd], &v[p * nkv * hd..][..nkv * hd]);
+                kv.write(
+                    0,
+                    table[p / bs],
+                    p % bs,
+                    &k[p * nkv * hd..][..nkv * hd],
+                    &v[p * nkv * hd..][..nkv * hd],
+                );
             }
             // Queries for the last 1..3 positions, as a chunk would have.
             let n_q = l.min(3);
             let q = random(&mut rng, n_q * nh * hd);
-            let queries: Vec<(usize, &[u32])> = (l - n_q..l).map(|p| (p, table.as_slice())).collect();
-            let shape = AttnShape { n_head: nh, n_kv_head: nkv, head_dim: hd, block_size: bs };
+            let queries: Vec<(usize, &[u32])> =
+                (l - n_q..l).map(|p| (p, table.as_slice())).collect();
+            let shape = AttnShape {
+                n_head: nh,
+                n_kv_head: nkv,
+                head_dim: hd,
+                block_size: bs,
+            };
             let got = paged_attention(&q, &queries, &kv, 0, shape);
             // Reference layouts: q [head][token][d], k/v [kv_head][pos][d].
             let to_heads = |x: &[f32], heads: usize, n: usize| -> Vec<f32> {
-                (0..heads).flat_map(|h| (0..n).flat_map(move |t| x[(t * heads + h) * hd..][..hd].to_vec())).collect()
+                (0..heads)
+                    .flat_map(|h| {
+                        (0..n).flat_map(move |t| x[(t * heads + h) * hd..][..hd].to_vec())
+                    })
+                    .collect()
             };
-            let (kr, vr) = (to_heads(&round_f16(&k), nkv, l), to_heads(&round_f16(&v), nkv, l));
-            let ref_shape = reference::AttnShape { n_head: nh, n_kv_head: nkv, head_dim: hd, n_q, n_kv: l };
+            let (kr, vr) = (
+                to_heads(&round_f16(&k), nkv, l),
+                to_heads(&round_f16(&v), nkv, l),
+            );
+            let ref_shape = reference::AttnShape {
+                n_head: nh,
+                n_kv_head: nkv,
+                head_dim: hd,
+                n_q,
+                n_kv: l,
+            };
             let want = reference::causal_attention(&to_heads(&q, nh, n_q), &kr, &vr, ref_shape);
-            let err = got.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0.0, f32::max);
+            let err = got
+                .iter()
+                .zip(&want)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0.0, f32::max);
             assert!(err < 1e-5, "l={l}: {err}");
         }
     }

@@ -16,7 +16,7 @@ use candle_core::Device;
 use candle_core::quantized::gguf_file::Content;
 
 use super::attention::{AttnShape, paged_attention};
-use super::weights::{Linear, vector};
+use super::weights::{Linear, MultiLinear, vector};
 use super::{ModelBatch, SeqChunk};
 use crate::error::{EngineError, Result};
 use crate::kv_cache::{KvLayout, KvStorage};
@@ -64,12 +64,18 @@ impl LlamaConfig {
             n_layer: meta.u32(&key("block_count"))? as usize,
             hidden,
             n_head,
-            n_kv_head: meta.u32(&key("attention.head_count_kv")).map_or(n_head, |v| v as usize),
+            n_kv_head: meta
+                .u32(&key("attention.head_count_kv"))
+                .map_or(n_head, |v| v as usize),
             head_dim: hidden / n_head.max(1),
-            rms_eps: meta.f32(&key("attention.layer_norm_rms_epsilon")).unwrap_or(1e-5),
+            rms_eps: meta
+                .f32(&key("attention.layer_norm_rms_epsilon"))
+                .unwrap_or(1e-5),
             rope_theta: meta.f32(&key("rope.freq_base")).unwrap_or(10_000.0),
             rope_neox,
-            context_length: meta.u32(&key("context_length")).map_or(2048, |v| v as usize),
+            context_length: meta
+                .u32(&key("context_length"))
+                .map_or(2048, |v| v as usize),
             vocab_size,
             architecture: arch,
         };
@@ -80,30 +86,41 @@ impl LlamaConfig {
     fn check(&self) -> Result<()> {
         let ok = self.n_head > 0
             && self.n_kv_head > 0
-            && self.n_head % self.n_kv_head == 0
-            && self.head_dim % 2 == 0
+            && self.n_head.is_multiple_of(self.n_kv_head)
+            && self.head_dim.is_multiple_of(2)
             && self.head_dim * self.n_head == self.hidden;
-        if ok { Ok(()) } else { Err(EngineError::Load(format!("inconsistent attention shape: {self:?}"))) }
+        if ok {
+            Ok(())
+        } else {
+            Err(EngineError::Load(format!(
+                "inconsistent attention shape: {self:?}"
+            )))
+        }
     }
 
     /// The KV layout for `num_blocks` blocks of `block_size` positions.
     pub fn kv_layout(&self, block_size: usize, num_blocks: usize) -> KvLayout {
-        KvLayout { n_layer: self.n_layer, n_kv_head: self.n_kv_head, head_dim: self.head_dim, block_size, num_blocks }
+        KvLayout {
+            n_layer: self.n_layer,
+            n_kv_head: self.n_kv_head,
+            head_dim: self.head_dim,
+            block_size,
+            num_blocks,
+        }
     }
 }
 
 #[derive(Debug)]
 struct Layer {
     attn_norm: Vec<f32>,
-    wq: Linear,
-    wk: Linear,
-    wv: Linear,
+    /// Q, K and V projections (stacked when their formats allow).
+    qkv: MultiLinear,
     /// Q, K, V biases (Qwen2), if any.
     bias: Option<[Vec<f32>; 3]>,
     wo: Linear,
     ffn_norm: Vec<f32>,
-    w_gate: Linear,
-    w_up: Linear,
+    /// Gate and up projections (stacked when their formats allow).
+    gate_up: MultiLinear,
     w_down: Linear,
 }
 
@@ -159,14 +176,18 @@ impl<R: Read + Seek> Loader<'_, R> {
         };
         Ok(Layer {
             attn_norm: self.vector(&format!("{p}.attn_norm.weight"))?,
-            wq: self.linear(&format!("{p}.attn_q.weight"))?,
-            wk: self.linear(&format!("{p}.attn_k.weight"))?,
-            wv: self.linear(&format!("{p}.attn_v.weight"))?,
+            qkv: MultiLinear::new(vec![
+                self.linear(&format!("{p}.attn_q.weight"))?,
+                self.linear(&format!("{p}.attn_k.weight"))?,
+                self.linear(&format!("{p}.attn_v.weight"))?,
+            ])?,
             bias,
             wo: self.linear(&format!("{p}.attn_output.weight"))?,
             ffn_norm: self.vector(&format!("{p}.ffn_norm.weight"))?,
-            w_gate: self.linear(&format!("{p}.ffn_gate.weight"))?,
-            w_up: self.linear(&format!("{p}.ffn_up.weight"))?,
+            gate_up: MultiLinear::new(vec![
+                self.linear(&format!("{p}.ffn_gate.weight"))?,
+                self.linear(&format!("{p}.ffn_up.weight"))?,
+            ])?,
             w_down: self.linear(&format!("{p}.ffn_down.weight"))?,
         })
     }
@@ -178,11 +199,25 @@ impl Llama {
         let config = LlamaConfig::from_gguf(ct)?;
         let mut ld = Loader { ct, reader };
         let embed = ld.linear("token_embd.weight")?;
-        let lm_head = if ld.has("output.weight") { ld.linear("output.weight")? } else { embed.clone() };
+        let lm_head = if ld.has("output.weight") {
+            ld.linear("output.weight")?
+        } else {
+            embed.clone()
+        };
         let norm = ld.vector("output_norm.weight")?;
-        let layers = (0..config.n_layer).map(|i| ld.layer(i)).collect::<Result<Vec<_>>>()?;
+        let layers = (0..config.n_layer)
+            .map(|i| ld.layer(i))
+            .collect::<Result<Vec<_>>>()?;
         let (cos, sin) = rope_tables(&config);
-        Ok(Self { config, embed, layers, norm, lm_head, cos, sin })
+        Ok(Self {
+            config,
+            embed,
+            layers,
+            norm,
+            lm_head,
+            cos,
+            sin,
+        })
     }
 
     /// Runs one step over `batch`, writing each chunk's keys and values into
@@ -201,8 +236,11 @@ impl Llama {
             let attn = self.attention(li, layer, &h, &tokens, batch, kv)?;
             add_in_place(&mut x, &layer.wo.forward(&attn, t)?);
             let h = rms_norm(&x, &layer.ffn_norm, c.rms_eps);
-            let mut gate = layer.w_gate.forward(&h, t)?;
-            let up = layer.w_up.forward(&h, t)?;
+            let [mut gate, up]: [Vec<f32>; 2] = layer
+                .gate_up
+                .forward(&h, t)?
+                .try_into()
+                .map_err(|_| EngineError::Execution("gate/up split".into()))?;
             for (g, u) in gate.iter_mut().zip(&up) {
                 *g = silu(*g) * u;
             }
@@ -215,7 +253,10 @@ impl Llama {
         }
         let last = rms_norm(&last, &self.norm, c.rms_eps);
         let logits = self.lm_head.forward(&last, rows.len())?;
-        Ok(logits.chunks(self.lm_head.rows()).map(<[f32]>::to_vec).collect())
+        Ok(logits
+            .chunks(self.lm_head.rows())
+            .map(<[f32]>::to_vec)
+            .collect())
     }
 
     /// Flattens the batch into tokens, checking positions and block tables.
@@ -231,16 +272,31 @@ impl Llama {
                 )));
             }
             if chunk.block_table.len() * bs < end {
-                return Err(EngineError::Execution(format!("{}: block table too short for {end} positions", chunk.seq)));
+                return Err(EngineError::Execution(format!(
+                    "{}: block table too short for {end} positions",
+                    chunk.seq
+                )));
             }
-            if let Some(&b) = chunk.block_table.iter().find(|&&b| b as usize >= kv.layout.num_blocks) {
-                return Err(EngineError::Execution(format!("block {b} is outside the KV cache")));
+            if let Some(&b) = chunk
+                .block_table
+                .iter()
+                .find(|&&b| b as usize >= kv.layout.num_blocks)
+            {
+                return Err(EngineError::Execution(format!(
+                    "block {b} is outside the KV cache"
+                )));
             }
             for (i, &id) in chunk.tokens.iter().enumerate() {
                 if id as usize >= self.config.vocab_size {
-                    return Err(EngineError::Execution(format!("token {id} is outside the vocabulary")));
+                    return Err(EngineError::Execution(format!(
+                        "token {id} is outside the vocabulary"
+                    )));
                 }
-                out.push(TokenRef { id, pos: chunk.start_pos + i, chunk: ci });
+                out.push(TokenRef {
+                    id,
+                    pos: chunk.start_pos + i,
+                    chunk: ci,
+                });
             }
         }
         Ok(out)
@@ -259,9 +315,11 @@ impl Llama {
         let c = &self.config;
         let t = tokens.len();
         let (qd, kd) = (c.n_head * c.head_dim, c.n_kv_head * c.head_dim);
-        let mut q = layer.wq.forward(h, t)?;
-        let mut k = layer.wk.forward(h, t)?;
-        let mut v = layer.wv.forward(h, t)?;
+        let [mut q, mut k, mut v]: [Vec<f32>; 3] = layer
+            .qkv
+            .forward(h, t)?
+            .try_into()
+            .map_err(|_| EngineError::Execution("q/k/v split".into()))?;
         if let Some([bq, bk, bv]) = &layer.bias {
             add_rows(&mut q, bq);
             add_rows(&mut k, bk);
@@ -272,11 +330,24 @@ impl Llama {
             self.rope(&mut q[i * qd..(i + 1) * qd], tok.pos);
             self.rope(&mut k[i * kd..(i + 1) * kd], tok.pos);
             let block = batch.chunks[tok.chunk].block_table[tok.pos / bs];
-            kv.write(li, block, tok.pos % bs, &k[i * kd..(i + 1) * kd], &v[i * kd..(i + 1) * kd]);
+            kv.write(
+                li,
+                block,
+                tok.pos % bs,
+                &k[i * kd..(i + 1) * kd],
+                &v[i * kd..(i + 1) * kd],
+            );
         }
-        let shape = AttnShape { n_head: c.n_head, n_kv_head: c.n_kv_head, head_dim: c.head_dim, block_size: bs };
-        let queries: Vec<(usize, &[u32])> =
-            tokens.iter().map(|tok| (tok.pos, batch.chunks[tok.chunk].block_table.as_slice())).collect();
+        let shape = AttnShape {
+            n_head: c.n_head,
+            n_kv_head: c.n_kv_head,
+            head_dim: c.head_dim,
+            block_size: bs,
+        };
+        let queries: Vec<(usize, &[u32])> = tokens
+            .iter()
+            .map(|tok| (tok.pos, batch.chunks[tok.chunk].block_table.as_slice()))
+            .collect();
         Ok(paged_attention(&q, &queries, kv, li, shape))
     }
 
@@ -284,10 +355,17 @@ impl Llama {
     fn rope(&self, x: &mut [f32], pos: usize) {
         let hd = self.config.head_dim;
         let half = hd / 2;
-        let (cos, sin) = (&self.cos[pos * half..(pos + 1) * half], &self.sin[pos * half..(pos + 1) * half]);
+        let (cos, sin) = (
+            &self.cos[pos * half..(pos + 1) * half],
+            &self.sin[pos * half..(pos + 1) * half],
+        );
         for head in x.chunks_exact_mut(hd) {
             for i in 0..half {
-                let (a, b) = if self.config.rope_neox { (i, i + half) } else { (2 * i, 2 * i + 1) };
+                let (a, b) = if self.config.rope_neox {
+                    (i, i + half)
+                } else {
+                    (2 * i, 2 * i + 1)
+                };
                 let (x0, x1) = (head[a], head[b]);
                 head[a] = x0 * cos[i] - x1 * sin[i];
                 head[b] = x0 * sin[i] + x1 * cos[i];
@@ -349,7 +427,9 @@ fn add_rows(x: &mut [f32], bias: &[f32]) {
 /// `cos`/`sin` tables for every position and rotary pair.
 fn rope_tables(c: &LlamaConfig) -> (Vec<f32>, Vec<f32>) {
     let half = c.head_dim / 2;
-    let inv: Vec<f32> = (0..half).map(|i| 1.0 / c.rope_theta.powf((2 * i) as f32 / c.head_dim as f32)).collect();
+    let inv: Vec<f32> = (0..half)
+        .map(|i| 1.0 / c.rope_theta.powf((2 * i) as f32 / c.head_dim as f32))
+        .collect();
     let mut cos = Vec::with_capacity(c.context_length * half);
     let mut sin = Vec::with_capacity(c.context_length * half);
     for p in 0..c.context_length {
@@ -376,7 +456,10 @@ mod tests {
 
     fn max_diff(a: &[f32], b: &[f32]) -> f32 {
         assert_eq!(a.len(), b.len());
-        a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+        a.iter()
+            .zip(b)
+            .map(|(x, y)| (x - y).abs())
+            .fold(0.0, f32::max)
     }
 
     fn tiny_llama(rope_neox: bool) -> Llama {
@@ -395,11 +478,20 @@ mod tests {
         };
         let (cos, sin) = rope_tables(&config);
         let dense = |rows, cols| Linear::Dense {
-            w: candle_core::Tensor::zeros((rows, cols), candle_core::DType::F32, &Device::Cpu).expect("zeros"),
+            w: candle_core::Tensor::zeros((rows, cols), candle_core::DType::F32, &Device::Cpu)
+                .expect("zeros"),
             rows,
             cols,
         };
-        Llama { embed: dense(4, 32), lm_head: dense(4, 32), layers: Vec::new(), norm: vec![1.0; 32], config, cos, sin }
+        Llama {
+            embed: dense(4, 32),
+            lm_head: dense(4, 32),
+            layers: Vec::new(),
+            norm: vec![1.0; 32],
+            config,
+            cos,
+            sin,
+        }
     }
 
     #[test]

@@ -23,7 +23,18 @@ fn quant_type(dtype: GgmlDType) -> Option<QuantType> {
         GgmlDType::Q4_0 => Some(QuantType::Q4_0),
         GgmlDType::Q4_1 => Some(QuantType::Q4_1),
         GgmlDType::Q8_0 => Some(QuantType::Q8_0),
-        _ => None,
+        GgmlDType::F32
+        | GgmlDType::F16
+        | GgmlDType::BF16
+        | GgmlDType::Q5_0
+        | GgmlDType::Q5_1
+        | GgmlDType::Q8_1
+        | GgmlDType::Q2K
+        | GgmlDType::Q3K
+        | GgmlDType::Q4K
+        | GgmlDType::Q5K
+        | GgmlDType::Q6K
+        | GgmlDType::Q8K => None,
     }
 }
 
@@ -35,9 +46,11 @@ impl Linear {
             .dims2()
             .map_err(|e| EngineError::Load(format!("`{name}` is not a matrix: {e}")))?;
         if let Some(ty) = quant_type(qt.dtype())
-            && cols % kernels::quant::QK == 0
+            && cols.is_multiple_of(kernels::quant::QK)
         {
-            let bytes = qt.data().map_err(|e| EngineError::Load(format!("`{name}`: {e}")))?;
+            let bytes = qt
+                .data()
+                .map_err(|e| EngineError::Load(format!("`{name}`: {e}")))?;
             let m = QMatrix::new(ty, rows, cols, bytes.into_owned())
                 .map_err(|e| EngineError::Load(format!("`{name}`: {e}")))?;
             return Ok(Self::Quant(Arc::new(m)));
@@ -65,7 +78,8 @@ impl Linear {
         match self {
             Self::Quant(w) => {
                 let mut out = vec![0.0; m * w.rows];
-                kernels::cpu::matmul(w, x, m, &mut out).map_err(|e| EngineError::Execution(e.to_string()))?;
+                kernels::cpu::matmul(w, x, m, &mut out)
+                    .map_err(|e| EngineError::Execution(e.to_string()))?;
                 Ok(out)
             }
             Self::Dense { w, cols, .. } => {
@@ -78,7 +92,10 @@ impl Linear {
     /// Row `r` of the matrix as f32 (embedding lookup).
     pub fn row(&self, r: usize) -> Result<Vec<f32>> {
         if r >= self.rows() {
-            return Err(EngineError::Execution(format!("row {r} out of range ({} rows)", self.rows())));
+            return Err(EngineError::Execution(format!(
+                "row {r} out of range ({} rows)",
+                self.rows()
+            )));
         }
         match self {
             Self::Quant(m) => Ok(m.dequantize_row(r)),
@@ -93,4 +110,57 @@ pub fn vector(name: &str, qt: &QTensor) -> Result<Vec<f32>> {
         .flatten_all()?
         .to_vec1::<f32>()
         .map_err(|e| EngineError::Load(format!("`{name}`: {e}")))
+}
+
+/// Several projections of the same input (Q/K/V, or gate/up). When they
+/// share a quantized format they are stacked into one matrix, so one matmul
+/// (one pass over the input, one parallel region) computes all of them.
+#[derive(Debug, Clone)]
+pub enum MultiLinear {
+    /// One stacked matrix and the row count of each part, in order.
+    Fused {
+        w: Linear,
+        rows: Vec<usize>,
+    },
+    Separate(Vec<Linear>),
+}
+
+impl MultiLinear {
+    pub fn new(parts: Vec<Linear>) -> Result<Self> {
+        let quant: Option<Vec<&QMatrix>> = parts
+            .iter()
+            .map(|p| match p {
+                Linear::Quant(m) => Some(m.as_ref()),
+                Linear::Dense { .. } => None,
+            })
+            .collect();
+        if let Some(ms) = quant
+            && let Ok(stacked) = QMatrix::concat(&ms)
+        {
+            let rows = ms.iter().map(|m| m.rows).collect();
+            return Ok(Self::Fused {
+                w: Linear::Quant(Arc::new(stacked)),
+                rows,
+            });
+        }
+        Ok(Self::Separate(parts))
+    }
+
+    /// `m` rows of `x` through every part: one `m x rows_i` output per part.
+    pub fn forward(&self, x: &[f32], m: usize) -> Result<Vec<Vec<f32>>> {
+        let (w, rows) = match self {
+            Self::Separate(parts) => return parts.iter().map(|p| p.forward(x, m)).collect(),
+            Self::Fused { w, rows } => (w, rows),
+        };
+        let all = w.forward(x, m)?;
+        let mut outs: Vec<Vec<f32>> = rows.iter().map(|r| Vec::with_capacity(m * r)).collect();
+        for row in all.chunks_exact(w.rows()) {
+            let mut at = 0;
+            for (out, &n) in outs.iter_mut().zip(rows) {
+                out.extend_from_slice(&row[at..at + n]);
+                at += n;
+            }
+        }
+        Ok(outs)
+    }
 }

@@ -116,26 +116,27 @@ pub fn matmul_with(
         acts: &acts,
         nb: w.blocks_per_row(),
         m,
+        out: OutPtr(out.as_mut_ptr()),
     };
-    if m == 1 {
-        out.par_chunks_mut(ROWS_PER_TASK)
-            .enumerate()
-            .for_each(|(t, ys)| job.rows(t * ROWS_PER_TASK, ys));
-        return Ok(());
-    }
-    // Threads own disjoint weight rows; each writes [row][act] then we transpose.
-    let mut t_out = vec![0.0f32; m * w.rows];
-    t_out
-        .par_chunks_mut(ROWS_PER_TASK * m)
-        .enumerate()
-        .for_each(|(t, ys)| job.rows(t * ROWS_PER_TASK, ys));
-    for r in 0..w.rows {
-        for i in 0..m {
-            out[i * w.rows + r] = t_out[r * m + i];
-        }
-    }
+    let tasks = w.rows.div_ceil(ROWS_PER_TASK);
+    (0..tasks).into_par_iter().for_each(|t| {
+        let r0 = t * ROWS_PER_TASK;
+        job.rows(r0, ROWS_PER_TASK.min(w.rows - r0));
+    });
     Ok(())
 }
+
+/// The output buffer, shared by the tasks of one matmul. Each task writes
+/// only the columns (weight rows) it owns, so no element is written twice.
+#[derive(Clone, Copy)]
+struct OutPtr(*mut f32);
+
+// SAFETY: tasks write disjoint elements (see `Job::store`), and the buffer
+// outlives the parallel loop (it is borrowed mutably by `matmul_with`).
+#[allow(unsafe_code)]
+unsafe impl Send for OutPtr {}
+#[allow(unsafe_code)]
+unsafe impl Sync for OutPtr {}
 
 /// One matmul call: the weights, the quantized activations and the path.
 struct Job<'a> {
@@ -146,25 +147,40 @@ struct Job<'a> {
     nb: usize,
     /// Activation rows.
     m: usize,
+    /// `m x w.rows` output, row-major.
+    out: OutPtr,
 }
 
 impl Job<'_> {
-    /// Fills `ys` (`[row][act]`, weight rows from `r0`) with dot products.
-    fn rows(&self, r0: usize, ys: &mut [f32]) {
+    /// Computes weight rows `r0..r0 + n` against every activation row.
+    fn rows(&self, r0: usize, n: usize) {
         match self.isa {
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx2 | Isa::Avx512Vnni => simd::rows(self, r0, ys),
+            Isa::Avx2 | Isa::Avx512Vnni => simd::rows(self, r0, n),
             _ => {
-                let (m, nb) = (self.m, self.nb);
-                for r in 0..ys.len() / m {
-                    let wr = self.w.row(r0 + r);
-                    for i in 0..m {
-                        ys[r * m + i] =
-                            scalar::dot_row(self.w.ty, wr, &self.acts[i * nb..(i + 1) * nb]);
+                let nb = self.nb;
+                for r in r0..r0 + n {
+                    let wr = self.w.row(r);
+                    for i in 0..self.m {
+                        self.store(
+                            i,
+                            r,
+                            scalar::dot_row(self.w.ty, wr, &self.acts[i * nb..(i + 1) * nb]),
+                        );
                     }
                 }
             }
         }
+    }
+
+    /// Writes output `(act row i, weight row r)`.
+    #[allow(unsafe_code)]
+    fn store(&self, i: usize, r: usize, v: f32) {
+        assert!(i < self.m && r < self.w.rows, "output index out of range");
+        // SAFETY: in bounds (checked above) of the `m x rows` buffer, and
+        // weight row `r` belongs to exactly one task, so no two threads
+        // write the same element.
+        unsafe { *self.out.0.add(i * self.w.rows + r) = v };
     }
 }
 
@@ -177,19 +193,18 @@ mod simd {
     use super::{Isa, Job, Q8Block};
     use crate::quant::QuantType;
 
-    /// Weight rows `r0..` (as many as `ys` holds) against every activation
-    /// row. Only called with `Isa::Avx2` or `Isa::Avx512Vnni` (checked).
-    pub fn rows(job: &Job<'_>, r0: usize, ys: &mut [f32]) {
+    /// Weight rows `r0..r0 + rows` against every activation row. Only
+    /// called with `Isa::Avx2` or `Isa::Avx512Vnni` (checked by the caller).
+    pub fn rows(job: &Job<'_>, r0: usize, rows: usize) {
         let ctx = Ctx {
             job,
             r0,
             vnni: job.isa == Isa::Avx512Vnni,
         };
-        let rows = ys.len() / job.m;
         match job.w.ty {
-            QuantType::Q4_0 => ctx.run::<Q4_0>(rows, ys),
-            QuantType::Q4_1 => ctx.run::<Q4_1>(rows, ys),
-            QuantType::Q8_0 => ctx.run::<Q8_0>(rows, ys),
+            QuantType::Q4_0 => ctx.run::<Q4_0>(rows),
+            QuantType::Q4_1 => ctx.run::<Q4_1>(rows),
+            QuantType::Q8_0 => ctx.run::<Q8_0>(rows),
         }
     }
 
@@ -201,27 +216,27 @@ mod simd {
     }
 
     impl Ctx<'_, '_> {
-        fn run<const T: u8>(&self, rows: usize, ys: &mut [f32]) {
+        fn run<const T: u8>(&self, rows: usize) {
             let mut r = 0;
             if self.job.m >= 4 {
                 while r + 2 <= rows {
-                    self.tiles::<T, 2, 4>(r, ys);
+                    self.tiles::<T, 2, 4>(r);
                     r += 2;
                 }
             } else {
                 while r + 4 <= rows {
-                    self.tiles::<T, 4, 1>(r, ys);
+                    self.tiles::<T, 4, 1>(r);
                     r += 4;
                 }
             }
             while r < rows {
-                self.tiles::<T, 1, 1>(r, ys);
+                self.tiles::<T, 1, 1>(r);
                 r += 1;
             }
         }
 
         /// Rows `r..r + NR` against every activation row, `MR` at a time.
-        fn tiles<const T: u8, const NR: usize, const MR: usize>(&self, r: usize, ys: &mut [f32]) {
+        fn tiles<const T: u8, const NR: usize, const MR: usize>(&self, r: usize) {
             let Job { w, acts, nb, m, .. } = *self.job;
             let wp: [*const u8; NR] = std::array::from_fn(|k| w.row(self.r0 + r + k).as_ptr());
             let mut i = 0;
@@ -230,7 +245,9 @@ mod simd {
                     std::array::from_fn(|k| acts[(i + k) * nb..].as_ptr());
                 let out = self.tile::<T, NR, MR>(wp, x);
                 for (k, row) in out.iter().enumerate() {
-                    ys[(r + k) * m + i..][..MR].copy_from_slice(row);
+                    for (j, &v) in row.iter().enumerate() {
+                        self.job.store(i + j, self.r0 + r + k, v);
+                    }
                 }
                 i += MR;
             }
@@ -238,7 +255,7 @@ mod simd {
                 let x = [acts[i * nb..].as_ptr()];
                 let out = self.tile::<T, NR, 1>(wp, x);
                 for (k, row) in out.iter().enumerate() {
-                    ys[(r + k) * m + i] = row[0];
+                    self.job.store(i, self.r0 + r + k, row[0]);
                 }
                 i += 1;
             }
