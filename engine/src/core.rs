@@ -197,7 +197,14 @@ impl EngineCore {
     }
 
     fn publish_stats(&self) {
+        let kv = self.scheduler.kv();
         self.stats
             .set_queue(self.scheduler.num_running(), self.scheduler.num_waiting());
+        self.stats.set_cache(
+            kv.pool().usage(),
+            kv.prefix_queries,
+            kv.prefix_hits,
+            self.scheduler.preemptions,
+        );
     }
 }

@@ -130,3 +130,125 @@ fn incremental_detokenization_reassembles_text_without_broken_characters() {
     out.push_str(&detok.flush(tok).expect("flush"));
     assert_eq!(out, text);
 }
+
+async fn greedy_ids(
+    handle: &EngineHandle,
+    prompt: Vec<u32>,
+    max_tokens: usize,
+) -> (Vec<u32>, usize) {
+    let params = SamplingParams {
+        temperature: 0.0,
+        max_tokens,
+        ..Default::default()
+    };
+    let mut stream = handle
+        .submit(GenerateRequest {
+            prompt_tokens: prompt,
+            params,
+        })
+        .expect("submit");
+    let mut ids = Vec::new();
+    while let Some(ev) = stream.next().await {
+        match ev {
+            TokenEvent::Delta { token_ids, .. } => ids.extend(token_ids),
+            TokenEvent::Finished { usage, .. } => return (ids, usage.cached_tokens),
+            TokenEvent::Failed(e) => panic!("generation failed: {e}"),
+        }
+    }
+    panic!("stream ended without Finished");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prompts_decoded_together_match_each_decoded_alone() {
+    let handle = EngineHandle::start_gguf(
+        &common::model_path(common::SMOLLM2),
+        &Default::default(),
+        EngineConfig::default(),
+    )
+    .expect("load SmolLM2");
+    let questions = [
+        "What is the capital of France?",
+        "Name three colours.",
+        "Write a haiku about the sea, please, with vivid imagery and a twist at the end.",
+        "What is 12 times 12?",
+        "Who wrote Hamlet?",
+        "Explain photosynthesis in one sentence.",
+        "List the days of the week.",
+        "Why is the sky blue? Answer briefly but precisely, like a physics teacher would.",
+    ];
+    let prompts: Vec<Vec<u32>> = questions.iter().map(|q| chat_prompt(&handle, q)).collect();
+    let mut alone = Vec::new();
+    for p in &prompts {
+        alone.push(greedy_ids(&handle, p.clone(), 24).await.0);
+    }
+    // Arrive at different times, so prefills and decodes share steps.
+    let tasks: Vec<_> = prompts
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            let (h, p) = (handle.clone(), p.clone());
+            tokio::spawn(async move {
+                tokio::time::sleep(std::time::Duration::from_millis(15 * i as u64)).await;
+                greedy_ids(&h, p, 24).await.0
+            })
+        })
+        .collect();
+    for (i, t) in tasks.into_iter().enumerate() {
+        assert_eq!(
+            t.await.expect("join"),
+            alone[i],
+            "prompt {i} changed when batched"
+        );
+    }
+    assert!(
+        handle.stats().batched_tokens > handle.stats().steps,
+        "nothing was batched"
+    );
+    handle.shutdown();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shared_200_token_prefix_is_computed_once_and_gives_the_same_answer() {
+    let path = common::model_path(common::SMOLLM2);
+    let handle = EngineHandle::start_gguf(&path, &Default::default(), EngineConfig::default())
+        .expect("load");
+    let system = "You are a meticulous assistant. ".repeat(36);
+    let ask = |q: &str| {
+        let msgs = [
+            ChatMessage::new("system", system.as_str()),
+            ChatMessage::new("user", q),
+        ];
+        handle
+            .tokenizer()
+            .encode_prompt(&handle.render_chat(&msgs).expect("template"))
+            .expect("tokenize")
+    };
+    let (a, b) = (
+        ask("What is the capital of France?"),
+        ask("What is the capital of Italy?"),
+    );
+    let shared = a.iter().zip(&b).take_while(|(x, y)| x == y).count();
+    assert!(shared >= 200, "prefix only {shared} tokens");
+    let (_, cached_a) = greedy_ids(&handle, a, 8).await;
+    assert_eq!(cached_a, 0);
+    let before = handle.stats();
+    let (ids_b, cached_b) = greedy_ids(&handle, b.clone(), 8).await;
+    let computed = handle.stats().batched_tokens - before.batched_tokens;
+    assert_eq!(
+        cached_b,
+        shared / 16 * 16,
+        "whole shared blocks come from the cache"
+    );
+    // Only the uncached suffix is prefilled (plus at most 7 decode steps).
+    let suffix = (b.len() - cached_b) as u64;
+    assert!(
+        (suffix..=suffix + 7).contains(&computed),
+        "computed {computed} tokens, suffix {suffix}"
+    );
+    handle.shutdown();
+    // The cached prefix gives exactly what a cold engine computes.
+    let cold = EngineHandle::start_gguf(&path, &Default::default(), EngineConfig::default())
+        .expect("load");
+    assert_eq!(greedy_ids(&cold, b, 8).await.0, ids_b);
+    cold.shutdown();
+}

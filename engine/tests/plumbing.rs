@@ -229,3 +229,52 @@ async fn shutdown_fails_queued_requests_instead_of_hanging() {
         .expect("join");
     assert_eq!(end, Err(EngineError::Shutdown));
 }
+
+#[tokio::test]
+async fn a_tiny_kv_cache_preempts_and_every_request_still_completes_correctly() {
+    // 16 blocks of 16 positions = 256 positions for six 90-position requests.
+    let small = EngineConfig {
+        kv_cache_memory: 16 * 16 * 128,
+        ..Default::default()
+    };
+    let h = EngineHandle::start_gguf(
+        &common::model_path(common::TINY),
+        &TemplateChoice::Auto,
+        small,
+    )
+    .expect("load tiny");
+    assert_eq!(h.info().kv_blocks, 16);
+    let reqs: Vec<GenerateRequest> = (0..6)
+        .map(|i| req((0..30).map(|t| 1 + t * 7 + i).collect(), 60, Some(i as u64)))
+        .collect();
+    let together = futures_join(&h, reqs.clone()).await;
+    assert!(h.stats().preemptions > 0, "no preemption: {:?}", h.stats());
+    wait_idle(&h).await;
+    assert_eq!(
+        h.stats().kv_usage(),
+        0.0,
+        "blocks still held after every request finished"
+    );
+    h.shutdown();
+    // Recomputed sequences continue exactly as uninterrupted ones.
+    let roomy = tiny(SchedulerConfig::default());
+    for (r, got) in reqs.into_iter().zip(together) {
+        let alone = drain(roomy.submit(r).expect("submit")).await;
+        assert_eq!(got, alone);
+    }
+    roomy.shutdown();
+}
+
+#[tokio::test]
+async fn aborting_frees_blocks_at_once() {
+    let h = tiny(SchedulerConfig::default());
+    let mut s = h
+        .submit(req((1..200).collect(), 500, None))
+        .expect("submit");
+    s.next().await;
+    assert!(h.stats().kv_usage() > 0.0);
+    drop(s);
+    wait_idle(&h).await;
+    assert_eq!(h.stats().kv_usage(), 0.0);
+    h.shutdown();
+}

@@ -1,4 +1,5 @@
-//! `GET /health`: liveness, with each model's engine queue for a quick look.
+//! `GET /health`: liveness, with each model's engine statistics (queue,
+//! KV usage, prefix cache, preemptions, steps) for a quick look.
 
 use axum::extract::State;
 use axum::routing::get;
@@ -19,7 +20,17 @@ async fn health(State(state): State<AppState>) -> Json<Value> {
         .map(|m| match &m.kind {
             ModelKind::Text(h) => {
                 let s = h.stats();
-                json!({ "id": m.name, "kind": "text", "running": s.num_running, "waiting": s.num_waiting })
+                let info = h.info();
+                json!({
+                    "id": m.name, "kind": "text",
+                    "running": s.num_running, "waiting": s.num_waiting,
+                    "kv_cache_usage": s.kv_usage(), "kv_blocks": info.kv_blocks, "block_size": info.block_size,
+                    "max_model_len": info.context_length,
+                    "prefix_cache_queries": s.prefix_queries, "prefix_cache_hits": s.prefix_hits,
+                    "preemptions": s.preemptions, "steps": s.steps,
+                    "batched_tokens": s.batched_tokens, "generated_tokens": s.generated_tokens,
+                    "busy_seconds": s.busy_micros as f64 / 1e6,
+                })
             }
             ModelKind::Embedding(_) => json!({ "id": m.name, "kind": "embedding" }),
         })
