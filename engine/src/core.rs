@@ -11,15 +11,21 @@ use tokio::sync::mpsc::UnboundedSender;
 
 use crate::error::EngineError;
 use crate::executor::Executor;
-use crate::request::{FinishReason, GenerateRequest, RequestId, Usage};
+use crate::request::{FinishReason, GenerateRequest, RequestId, TokenLogprob, Usage};
 use crate::scheduler::{Scheduler, Sequence};
 use crate::stats::StatsCell;
 
 /// What the core sends back to a request's stream.
 #[derive(Debug, Clone, PartialEq)]
 pub enum CoreEvent {
-    Token(u32),
-    Finished { reason: FinishReason, usage: Usage },
+    Token {
+        id: u32,
+        logprob: Option<TokenLogprob>,
+    },
+    Finished {
+        reason: FinishReason,
+        usage: Usage,
+    },
     Failed(EngineError),
 }
 
@@ -28,7 +34,9 @@ pub enum CoreEvent {
 pub enum Command {
     Add {
         id: RequestId,
-        req: GenerateRequest,
+        req: Box<GenerateRequest>,
+        /// For choices 2..n: the first choice, whose prompt blocks it shares.
+        wait_for: Option<RequestId>,
         events: UnboundedSender<CoreEvent>,
     },
     Abort(RequestId),
@@ -106,8 +114,14 @@ impl EngineCore {
 
     fn apply(&mut self, cmd: Command) -> bool {
         match cmd {
-            Command::Add { id, req, events } => {
-                let seq = Sequence::new(id, req, &self.eos);
+            Command::Add {
+                id,
+                req,
+                wait_for,
+                events,
+            } => {
+                let mut seq = Sequence::new(id, *req, &self.eos);
+                seq.wait_for = wait_for;
                 match self.scheduler.add(seq) {
                     Ok(()) => {
                         self.senders.insert(id, events);
@@ -149,10 +163,13 @@ impl EngineCore {
         let (tokens, finished) = self.scheduler.update(&batch, &logits);
         let mut dead = Vec::new();
         for t in &tokens {
-            let alive = self
-                .senders
-                .get(&t.seq)
-                .is_some_and(|tx| tx.send(CoreEvent::Token(t.token)).is_ok());
+            let alive = self.senders.get(&t.seq).is_some_and(|tx| {
+                tx.send(CoreEvent::Token {
+                    id: t.token,
+                    logprob: t.logprob.clone(),
+                })
+                .is_ok()
+            });
             if !alive && t.finish.is_none() {
                 dead.push(t.seq);
             }

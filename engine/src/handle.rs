@@ -152,9 +152,38 @@ impl EngineHandle {
         })
     }
 
-    /// Validates `req` and queues it; the stream yields its events.
+    /// Validates a single-choice `req` and queues it.
     pub fn submit(&self, req: GenerateRequest) -> Result<RequestStream> {
+        if req.params.n != 1 {
+            return Err(EngineError::Validation {
+                field: "n",
+                message: "use submit_n for n > 1".into(),
+            });
+        }
         self.validate(&req)?;
+        self.enqueue(req, None)
+    }
+
+    /// Validates `req` and queues its `n` choices; choice `i` samples with
+    /// seed `seed + i` (when seeded), and choices 2..n wait for the first
+    /// one's prompt so they share its KV blocks instead of recomputing them.
+    pub fn submit_n(&self, req: GenerateRequest) -> Result<Vec<RequestStream>> {
+        self.validate(&req)?;
+        let n = req.params.n;
+        let mut streams = Vec::with_capacity(n);
+        let mut first = None;
+        for i in 0..n {
+            let mut choice = req.clone();
+            choice.params.n = 1;
+            choice.params.seed = req.params.seed.map(|s| s.wrapping_add(i as u64));
+            let stream = self.enqueue(choice, first)?;
+            first.get_or_insert(stream.id());
+            streams.push(stream);
+        }
+        Ok(streams)
+    }
+
+    fn enqueue(&self, req: GenerateRequest, wait_for: Option<RequestId>) -> Result<RequestStream> {
         let id = RequestId(self.shared.next_id.fetch_add(1, Ordering::Relaxed));
         let (events, rx) = tokio::sync::mpsc::unbounded_channel();
         let processor = OutputProcessor::new(
@@ -164,7 +193,12 @@ impl EngineHandle {
         );
         self.shared
             .commands
-            .send(Command::Add { id, req, events })
+            .send(Command::Add {
+                id,
+                req: Box::new(req),
+                wait_for,
+                events,
+            })
             .map_err(|_| EngineError::Shutdown)?;
         Ok(RequestStream::new(
             id,
@@ -186,6 +220,12 @@ impl EngineHandle {
         if let Some(bad) = req.prompt_tokens.iter().find(|&&t| t >= vocab) {
             return Err(EngineError::Validation {
                 field: "prompt",
+                message: format!("token id {bad} is outside the vocabulary (size {vocab})"),
+            });
+        }
+        if let Some((bad, _)) = req.params.logit_bias.iter().find(|(t, _)| *t >= vocab) {
+            return Err(EngineError::Validation {
+                field: "logit_bias",
                 message: format!("token id {bad} is outside the vocabulary (size {vocab})"),
             });
         }

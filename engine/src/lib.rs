@@ -29,6 +29,9 @@ pub use embed::{EmbeddingHandle, Embeddings};
 pub use error::EngineError;
 pub use handle::{EngineConfig, EngineHandle, ModelInfo};
 pub use output::RequestStream;
-pub use request::{FinishReason, GenerateRequest, RequestId, SamplingParams, TokenEvent, Usage};
+pub use request::{
+    FinishReason, GenerateRequest, RequestId, SamplingParams, TokenEvent, TokenLogprob, Usage,
+};
 pub use scheduler::SchedulerConfig;
 pub use stats::EngineStats;
+pub use tokenizer::TextTokenizer;

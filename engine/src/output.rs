@@ -15,7 +15,7 @@ use tokio_stream::Stream;
 
 use crate::core::{Command, CoreEvent};
 use crate::error::EngineError;
-use crate::request::{FinishReason, RequestId, TokenEvent, Usage};
+use crate::request::{FinishReason, RequestId, TokenEvent, TokenLogprob, Usage};
 use crate::tokenizer::TextTokenizer;
 use crate::tokenizer::detok::{IncrementalDetokenizer, StopMatcher};
 
@@ -25,15 +25,17 @@ pub struct OutputProcessor {
     tokenizer: Arc<TextTokenizer>,
     detok: IncrementalDetokenizer,
     stops: StopMatcher,
-    prompt_tokens: usize,
     generated: usize,
+    /// A stop string matched: tokens after it are dropped, and the core's
+    /// final event (after our abort) only supplies the cached-token count.
+    stopped: bool,
 }
 
 /// What feeding one core event produced.
 #[derive(Debug, Default, PartialEq)]
 pub struct Processed {
     pub events: Vec<TokenEvent>,
-    /// The request ended here (a stop string matched): abort it in the core.
+    /// A stop string matched here: abort the sequence in the core.
     pub abort_core: bool,
 }
 
@@ -43,40 +45,30 @@ impl OutputProcessor {
             tokenizer,
             detok: IncrementalDetokenizer::new(prompt),
             stops: StopMatcher::new(stop),
-            prompt_tokens: prompt.len(),
             generated: 0,
+            stopped: false,
         }
     }
 
     /// Feeds one event from the core.
     pub fn process(&mut self, event: CoreEvent) -> Processed {
         match event {
-            CoreEvent::Token(id) => self.token(id),
-            CoreEvent::Finished { reason, usage } => {
-                let mut text = self.detok.flush(&self.tokenizer).unwrap_or_default();
-                let step = self.stops.push(&text);
-                text = step.emit;
-                let reason = if step.stopped {
-                    FinishReason::Stop
-                } else {
-                    reason
+            CoreEvent::Token { .. } if self.stopped => Processed::default(),
+            CoreEvent::Token { id, logprob } => self.token(id, logprob),
+            CoreEvent::Finished { usage, .. } if self.stopped => {
+                let usage = Usage {
+                    completion_tokens: self.generated,
+                    ..usage
                 };
-                if !step.stopped {
-                    text.push_str(&self.stops.flush());
-                }
-                let mut events = Vec::new();
-                if !text.is_empty() {
-                    events.push(TokenEvent::Delta {
-                        text,
-                        token_ids: Vec::new(),
-                    });
-                }
-                events.push(TokenEvent::Finished { reason, usage });
                 Processed {
-                    events,
+                    events: vec![TokenEvent::Finished {
+                        reason: FinishReason::Stop,
+                        usage,
+                    }],
                     abort_core: false,
                 }
             }
+            CoreEvent::Finished { reason, usage } => self.finish(reason, usage),
             CoreEvent::Failed(e) => Processed {
                 events: vec![TokenEvent::Failed(e)],
                 abort_core: false,
@@ -84,7 +76,34 @@ impl OutputProcessor {
         }
     }
 
-    fn token(&mut self, id: u32) -> Processed {
+    fn finish(&mut self, reason: FinishReason, usage: Usage) -> Processed {
+        let flushed = self.detok.flush(&self.tokenizer).unwrap_or_default();
+        let step = self.stops.push(&flushed);
+        let mut text = step.emit;
+        if !step.stopped {
+            text.push_str(&self.stops.flush());
+        }
+        let reason = if step.stopped {
+            FinishReason::Stop
+        } else {
+            reason
+        };
+        let mut events = Vec::new();
+        if !text.is_empty() {
+            events.push(TokenEvent::Delta {
+                text,
+                token_ids: Vec::new(),
+                logprobs: Vec::new(),
+            });
+        }
+        events.push(TokenEvent::Finished { reason, usage });
+        Processed {
+            events,
+            abort_core: false,
+        }
+    }
+
+    fn token(&mut self, id: u32, logprob: Option<TokenLogprob>) -> Processed {
         self.generated += 1;
         let text = match self.detok.push(&self.tokenizer, id) {
             Ok(t) => t,
@@ -96,23 +115,14 @@ impl OutputProcessor {
             }
         };
         let step = self.stops.push(&text);
-        let mut events = vec![TokenEvent::Delta {
+        self.stopped = step.stopped;
+        let delta = TokenEvent::Delta {
             text: step.emit,
             token_ids: vec![id],
-        }];
-        if step.stopped {
-            let usage = Usage {
-                prompt_tokens: self.prompt_tokens,
-                completion_tokens: self.generated,
-                cached_tokens: 0,
-            };
-            events.push(TokenEvent::Finished {
-                reason: FinishReason::Stop,
-                usage,
-            });
-        }
+            logprobs: logprob.into_iter().collect(),
+        };
         Processed {
-            events,
+            events: vec![delta],
             abort_core: step.stopped,
         }
     }

@@ -35,7 +35,27 @@ pub struct SamplingParams {
     pub stop_token_ids: Vec<u32>,
     /// Keep generating past EOS (benchmarks with fixed output lengths).
     pub ignore_eos: bool,
+    /// Drop tokens below `min_p` times the top token's probability; 0 disables.
+    pub min_p: f32,
+    /// Divides positive logits (multiplies negative ones) of every token seen
+    /// in the prompt or output; 1 disables (as in vLLM and transformers).
+    pub repetition_penalty: f32,
+    /// Subtracted once per occurrence of a token in the output (OpenAI).
+    pub frequency_penalty: f32,
+    /// Subtracted once if a token occurs in the output at all (OpenAI).
+    pub presence_penalty: f32,
+    /// Added to the logits of the given tokens, before everything else.
+    pub logit_bias: Vec<(u32, f32)>,
+    /// Report the sampled token's log-probability and this many alternatives.
+    pub logprobs: Option<usize>,
+    /// Number of completions (choices) generated for the prompt.
+    pub n: usize,
 }
+
+/// The most alternatives `logprobs` may ask for (OpenAI allows 20).
+pub const MAX_TOP_LOGPROBS: usize = 20;
+/// The most choices one request may ask for.
+pub const MAX_N: usize = 16;
 
 impl Default for SamplingParams {
     fn default() -> Self {
@@ -48,6 +68,13 @@ impl Default for SamplingParams {
             stop: Vec::new(),
             stop_token_ids: Vec::new(),
             ignore_eos: false,
+            min_p: 0.0,
+            repetition_penalty: 1.0,
+            frequency_penalty: 0.0,
+            presence_penalty: 0.0,
+            logit_bias: Vec::new(),
+            logprobs: None,
+            n: 1,
         }
     }
 }
@@ -89,6 +116,58 @@ impl SamplingParams {
             return Err(EngineError::validation(
                 "stop",
                 "stop sequences must not be empty",
+            ));
+        }
+        self.validate_processors()
+    }
+
+    fn validate_processors(&self) -> Result<()> {
+        if !(0.0..=1.0).contains(&self.min_p) {
+            return Err(EngineError::validation(
+                "min_p",
+                format!("min_p must be in [0, 1], got {}", self.min_p),
+            ));
+        }
+        if !(self.repetition_penalty > 0.0 && self.repetition_penalty <= 2.0) {
+            return Err(EngineError::validation(
+                "repetition_penalty",
+                format!(
+                    "repetition_penalty must be in (0, 2], got {}",
+                    self.repetition_penalty
+                ),
+            ));
+        }
+        for (field, v) in [
+            ("frequency_penalty", self.frequency_penalty),
+            ("presence_penalty", self.presence_penalty),
+        ] {
+            if !(-2.0..=2.0).contains(&v) {
+                return Err(EngineError::validation(
+                    field,
+                    format!("{field} must be between -2 and 2, got {v}"),
+                ));
+            }
+        }
+        if let Some(&(_, b)) = self
+            .logit_bias
+            .iter()
+            .find(|(_, b)| !(-100.0..=100.0).contains(b))
+        {
+            return Err(EngineError::validation(
+                "logit_bias",
+                format!("logit_bias values must be between -100 and 100, got {b}"),
+            ));
+        }
+        if self.logprobs.is_some_and(|k| k > MAX_TOP_LOGPROBS) {
+            return Err(EngineError::validation(
+                "top_logprobs",
+                format!("at most {MAX_TOP_LOGPROBS} top logprobs"),
+            ));
+        }
+        if !(1..=MAX_N).contains(&self.n) {
+            return Err(EngineError::validation(
+                "n",
+                format!("n must be between 1 and {MAX_N}"),
             ));
         }
         Ok(())
@@ -134,15 +213,28 @@ pub struct Usage {
     pub cached_tokens: usize,
 }
 
+/// The log-probability of a sampled token and of the most likely tokens
+/// at that step (from the model's raw distribution, before sampling
+/// parameters are applied, as vLLM reports them).
+#[derive(Debug, Clone, PartialEq)]
+pub struct TokenLogprob {
+    pub token: u32,
+    pub logprob: f32,
+    /// The top alternatives, most likely first.
+    pub top: Vec<(u32, f32)>,
+}
+
 /// What a request's stream yields, in order: zero or more `Delta`s, then
 /// exactly one `Finished` or `Failed`.
 #[derive(Debug, Clone, PartialEq)]
 pub enum TokenEvent {
     /// Newly decoded text (possibly empty while a multi-byte character or a
-    /// possible stop string is held back) and the token ids behind it.
+    /// possible stop string is held back), the token ids behind it, and
+    /// their log-probabilities when requested.
     Delta {
         text: String,
         token_ids: Vec<u32>,
+        logprobs: Vec<TokenLogprob>,
     },
     Finished {
         reason: FinishReason,

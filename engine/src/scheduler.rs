@@ -14,7 +14,7 @@ use std::collections::VecDeque;
 
 use crate::kv_cache::KvManager;
 use crate::model::{ModelBatch, SeqChunk};
-use crate::request::{FinishReason, GenerateRequest, RequestId, SamplingParams};
+use crate::request::{FinishReason, GenerateRequest, RequestId, SamplingParams, TokenLogprob};
 use crate::sampling::Sampler;
 
 /// Limits that shape each step.
@@ -56,6 +56,9 @@ pub struct Sequence {
     pub sampler: Sampler,
     /// Tokens of this sequence that end generation (EOS ids and stop ids).
     pub stop_ids: Vec<u32>,
+    /// For the 2nd..nth choice of a request: the first choice, whose prompt
+    /// blocks this one waits for so it can share them instead of recomputing.
+    pub wait_for: Option<RequestId>,
 }
 
 impl Sequence {
@@ -64,7 +67,7 @@ impl Sequence {
         if !req.params.ignore_eos {
             stop_ids.extend_from_slice(eos);
         }
-        let sampler = Sampler::new(&req.params);
+        let sampler = Sampler::new(&req.params, &req.prompt_tokens);
         let prompt_len = req.prompt_tokens.len();
         Self {
             id,
@@ -75,6 +78,7 @@ impl Sequence {
             num_cached_tokens: None,
             sampler,
             stop_ids,
+            wait_for: None,
         }
     }
 
@@ -93,10 +97,11 @@ impl Sequence {
 }
 
 /// What one step samples for one sequence, and whether that ended it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct StepToken {
     pub seq: RequestId,
     pub token: u32,
+    pub logprob: Option<TokenLogprob>,
     pub finish: Option<FinishReason>,
 }
 
@@ -191,12 +196,23 @@ impl Scheduler {
         batch
     }
 
-    /// Admits waiting sequences while budget, slots and blocks allow.
+    /// Admits waiting sequences (first come, first served) while budget,
+    /// slots and blocks allow. Sibling choices wait for their first choice's
+    /// prompt, then start from its cached blocks.
     fn admit(&mut self, budget: &mut usize, batch: &mut ModelBatch) {
-        while *budget > 0 && self.running.len() < self.config.max_num_seqs {
-            let Some(seq) = self.waiting.front_mut() else {
-                break;
-            };
+        let mut idx = 0;
+        while *budget > 0
+            && self.running.len() < self.config.max_num_seqs
+            && idx < self.waiting.len()
+        {
+            if self.waiting[idx]
+                .wait_for
+                .is_some_and(|p| self.prefilling(p))
+            {
+                idx += 1;
+                continue;
+            }
+            let seq = &mut self.waiting[idx];
             let hit = self.kv.start(seq.id, &seq.tokens);
             seq.num_computed = hit;
             let n = (seq.len() - hit).min(*budget);
@@ -207,13 +223,19 @@ impl Scheduler {
                 break;
             }
             seq.num_cached_tokens.get_or_insert(hit.min(seq.prompt_len));
-            let Some(seq) = self.waiting.pop_front() else {
+            let Some(seq) = self.waiting.remove(idx) else {
                 break;
             };
             self.running.push(seq);
             batch.chunks.push(self.chunk(self.running.len() - 1, n));
             *budget -= n;
         }
+    }
+
+    /// Whether `id` is known and has not finished computing its prompt.
+    fn prefilling(&self, id: RequestId) -> bool {
+        let pending = |s: &Sequence| s.id == id && s.num_computed + 1 < s.prompt_len;
+        self.waiting.iter().any(pending) || self.running.iter().any(pending)
     }
 
     /// Frees a running sequence's blocks and requeues it for recompute.
@@ -261,12 +283,13 @@ impl Scheduler {
                 continue;
             }
             let Some(row) = rows.next() else { break };
-            let token = seq.sampler.sample(row);
+            let (token, logprob) = seq.sampler.sample(row);
             seq.tokens.push(token);
             let finish = finish_reason(seq, token, max_len);
             tokens.push(StepToken {
                 seq: seq.id,
                 token,
+                logprob,
                 finish,
             });
         }

@@ -272,9 +272,51 @@ async fn aborting_frees_blocks_at_once() {
         .submit(req((1..200).collect(), 500, None))
         .expect("submit");
     s.next().await;
-    assert!(h.stats().kv_usage() > 0.0);
+    // Stats are published at the end of the step that sent the token.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while h.stats().kv_usage() == 0.0 {
+        assert!(Instant::now() < deadline, "KV usage never rose");
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
     drop(s);
     wait_idle(&h).await;
     assert_eq!(h.stats().kv_usage(), 0.0);
+    h.shutdown();
+}
+
+#[tokio::test]
+async fn n_choices_share_the_prompt_blocks_and_sample_independently() {
+    let h = tiny(SchedulerConfig::default());
+    let prompt: Vec<u32> = (1..101).collect();
+    let mut r = req(prompt, 8, Some(5));
+    r.params.n = 4;
+    let streams = h.submit_n(r).expect("submit");
+    assert_eq!(streams.len(), 4);
+    let mut outs = Vec::new();
+    for s in streams {
+        outs.push(drain(s).await);
+    }
+    let distinct: std::collections::HashSet<_> = outs.iter().map(|o| o.0.clone()).collect();
+    assert!(distinct.len() > 1, "choices are identical");
+    // The first choice computes 100 prompt tokens; the others reuse 96.
+    let stats = h.stats();
+    assert_eq!(stats.prefix_hits, 3 * 96, "{stats:?}");
+    assert!(stats.batched_tokens <= 100 + 3 * 4 + 4 * 7, "{stats:?}");
+    // A single-choice submit refuses n > 1 with a clear field.
+    let mut bad = req(vec![1], 2, None);
+    bad.params.n = 2;
+    assert!(matches!(
+        h.submit(bad),
+        Err(EngineError::Validation { field: "n", .. })
+    ));
+    let mut bias = req(vec![1], 2, None);
+    bias.params.logit_bias = vec![(999_999, 1.0)];
+    assert!(matches!(
+        h.submit(bias),
+        Err(EngineError::Validation {
+            field: "logit_bias",
+            ..
+        })
+    ));
     h.shutdown();
 }

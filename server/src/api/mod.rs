@@ -2,6 +2,7 @@
 //! errors, conversion into engine requests, and SSE encoding.
 
 pub mod json;
+pub mod logprobs;
 pub mod stream;
 pub mod types;
 pub mod validate;

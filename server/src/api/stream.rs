@@ -6,41 +6,55 @@
 use std::convert::Infallible;
 
 use axum::response::sse::{Event, KeepAlive, Sse};
-use engine::{EngineHandle, FinishReason, GenerateRequest, RequestStream, TokenEvent, Usage};
+use engine::{
+    EngineHandle, FinishReason, GenerateRequest, RequestStream, TokenEvent, TokenLogprob, Usage,
+};
 use futures_util::stream::{self, BoxStream, Stream, StreamExt};
 use serde::Serialize;
 
 use super::types::UsageDto;
 use crate::error::ApiError;
 
-/// How one choice ended, with its full text.
+/// How one choice ended, with its full text and log-probabilities.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Outcome {
     pub text: String,
+    pub logprobs: Vec<TokenLogprob>,
     pub finish: FinishReason,
     pub usage: Usage,
 }
 
-/// Submits every choice; if one is refused, the others are dropped (aborted).
+/// Submits every request's `n` choices, flattened in order; if one is
+/// refused, the others are dropped (aborted).
 pub fn submit_all(
     engine: &EngineHandle,
     requests: Vec<GenerateRequest>,
 ) -> Result<Vec<RequestStream>, ApiError> {
-    requests
-        .into_iter()
-        .map(|r| engine.submit(r).map_err(ApiError::from))
-        .collect()
+    let mut all = Vec::new();
+    for r in requests {
+        all.extend(engine.submit_n(r)?);
+    }
+    Ok(all)
 }
 
 /// Runs one choice to the end.
 pub async fn collect(mut stream: RequestStream) -> Result<Outcome, ApiError> {
     let mut text = String::new();
+    let mut logprobs = Vec::new();
     while let Some(ev) = stream.next().await {
         match ev {
-            TokenEvent::Delta { text: t, .. } => text.push_str(&t),
+            TokenEvent::Delta {
+                text: t,
+                logprobs: lp,
+                ..
+            } => {
+                text.push_str(&t);
+                logprobs.extend(lp);
+            }
             TokenEvent::Finished { reason, usage } => {
                 return Ok(Outcome {
                     text,
+                    logprobs,
                     finish: reason,
                     usage,
                 });
@@ -71,8 +85,9 @@ pub fn merge(streams: Vec<RequestStream>) -> BoxStream<'static, (usize, TokenEve
 pub trait ChunkEncoder: Send + 'static {
     /// Payloads sent before any token (chat sends the role here).
     fn start(&mut self, choices: usize) -> Vec<String>;
-    /// A text delta of choice `index`.
-    fn delta(&mut self, index: usize, text: String) -> String;
+    /// A text delta of choice `index`, with the log-probabilities of the
+    /// tokens behind it (empty unless requested).
+    fn delta(&mut self, index: usize, text: String, logprobs: &[TokenLogprob]) -> String;
     /// The closing chunk of choice `index`.
     fn finish(&mut self, index: usize, reason: FinishReason) -> String;
     /// The usage chunk (after every choice finished).
@@ -138,8 +153,10 @@ pub fn sse<E: ChunkEncoder>(
 
 fn on_event<E: ChunkEncoder>(st: &mut SseState<E>, i: usize, ev: TokenEvent) -> Vec<String> {
     match ev {
-        TokenEvent::Delta { text, .. } if text.is_empty() => Vec::new(),
-        TokenEvent::Delta { text, .. } => vec![st.encoder.delta(i, text)],
+        TokenEvent::Delta { text, logprobs, .. } if text.is_empty() && logprobs.is_empty() => {
+            Vec::new()
+        }
+        TokenEvent::Delta { text, logprobs, .. } => vec![st.encoder.delta(i, text, &logprobs)],
         TokenEvent::Finished { reason, usage } => {
             st.usage.add(&usage);
             vec![st.encoder.finish(i, reason)]

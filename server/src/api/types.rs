@@ -75,6 +75,8 @@ pub struct CommonParams {
     pub logit_bias: Option<BTreeMap<String, f32>>,
     pub ignore_eos: bool,
     pub stop_token_ids: Vec<u32>,
+    pub min_p: Option<f32>,
+    pub repetition_penalty: Option<f32>,
     pub unknown: Vec<String>,
 }
 
@@ -107,6 +109,10 @@ macro_rules! generation_request {
             /// vLLM extension: extra token ids that end generation.
             #[serde(default)]
             pub stop_token_ids: Vec<u32>,
+            /// vLLM extension: min-p sampling.
+            pub min_p: Option<f32>,
+            /// vLLM extension: repetition penalty (1 disables).
+            pub repetition_penalty: Option<f32>,
             /// Anything else: refused by name rather than silently ignored.
             #[serde(flatten)]
             pub unknown: BTreeMap<String, Value>,
@@ -129,6 +135,8 @@ macro_rules! generation_request {
                     logit_bias: self.logit_bias.clone(),
                     ignore_eos: self.ignore_eos,
                     stop_token_ids: self.stop_token_ids.clone(),
+                    min_p: self.min_p,
+                    repetition_penalty: self.repetition_penalty,
                     unknown: self.unknown.keys().cloned().collect(),
                 }
             }

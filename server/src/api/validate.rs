@@ -21,8 +21,10 @@ pub struct ValidGeneration {
     pub requests: Vec<GenerateRequest>,
     pub stream: bool,
     pub include_usage: bool,
-    /// Prompt text to prepend to each choice (`echo`).
+    /// Prompt text to prepend to each choice (`echo`), one per choice.
     pub echo: Vec<Option<String>>,
+    /// Whether choices report log-probabilities.
+    pub logprobs: bool,
 }
 
 fn refuse(param: &str, message: impl Into<String>) -> ApiError {
@@ -37,28 +39,6 @@ fn check_common(c: &CommonParams) -> Result<(), ApiError> {
             format!("unrecognized request argument supplied: {name}"),
         ));
     }
-    match c.n {
-        None | Some(1) => {}
-        Some(0) => return Err(refuse("n", "n must be at least 1")),
-        Some(_) => return Err(refuse("n", "n > 1 is not supported yet")),
-    }
-    for (name, v) in [
-        ("presence_penalty", c.presence_penalty),
-        ("frequency_penalty", c.frequency_penalty),
-    ] {
-        match v {
-            Some(x) if !(-2.0..=2.0).contains(&x) => {
-                return Err(refuse(name, format!("{name} must be between -2 and 2")));
-            }
-            Some(x) if x != 0.0 => {
-                return Err(refuse(name, format!("{name} is not supported yet")));
-            }
-            _ => {}
-        }
-    }
-    if c.logit_bias.as_ref().is_some_and(|b| !b.is_empty()) {
-        return Err(refuse("logit_bias", "logit_bias is not supported yet"));
-    }
     if c.stream_options.is_some() && !c.stream {
         return Err(refuse(
             "stream_options",
@@ -68,12 +48,38 @@ fn check_common(c: &CommonParams) -> Result<(), ApiError> {
     Ok(())
 }
 
-/// Sampling parameters from the shared fields; `max_tokens` already resolved.
-fn sampling(c: &CommonParams, max_tokens: usize) -> Result<SamplingParams, ApiError> {
+/// `logit_bias` keys are token ids written as strings.
+fn logit_bias(c: &CommonParams) -> Result<Vec<(u32, f32)>, ApiError> {
+    let Some(map) = &c.logit_bias else {
+        return Ok(Vec::new());
+    };
+    map.iter()
+        .map(|(k, &v)| {
+            k.parse::<u32>().map(|t| (t, v)).map_err(|_| {
+                refuse(
+                    "logit_bias",
+                    format!("logit_bias keys must be token ids, got `{k}`"),
+                )
+            })
+        })
+        .collect()
+}
+
+/// Sampling parameters from the shared fields; `max_tokens` and `logprobs`
+/// already resolved.
+fn sampling(
+    c: &CommonParams,
+    max_tokens: usize,
+    logprobs: Option<usize>,
+) -> Result<SamplingParams, ApiError> {
     let top_k = match c.top_k {
         None | Some(-1) | Some(0) => 0,
         Some(k) if k > 0 => k as usize,
         Some(_) => return Err(refuse("top_k", "top_k must be -1 (disabled) or positive")),
+    };
+    let n = match c.n {
+        None => 1,
+        Some(n) => n as usize,
     };
     let params = SamplingParams {
         temperature: c.temperature.unwrap_or(1.0),
@@ -84,6 +90,13 @@ fn sampling(c: &CommonParams, max_tokens: usize) -> Result<SamplingParams, ApiEr
         stop: c.stop.clone().map(|s| s.into_vec()).unwrap_or_default(),
         stop_token_ids: c.stop_token_ids.clone(),
         ignore_eos: c.ignore_eos,
+        min_p: c.min_p.unwrap_or(0.0),
+        repetition_penalty: c.repetition_penalty.unwrap_or(1.0),
+        frequency_penalty: c.frequency_penalty.unwrap_or(0.0),
+        presence_penalty: c.presence_penalty.unwrap_or(0.0),
+        logit_bias: logit_bias(c)?,
+        logprobs,
+        n,
     };
     params.validate()?;
     Ok(params)
@@ -135,9 +148,16 @@ pub fn chat(
             "messages must contain at least one message",
         ));
     }
-    if req.logprobs == Some(true) || req.top_logprobs.is_some() {
-        return Err(refuse("logprobs", "logprobs are not supported yet"));
-    }
+    let logprobs = match (req.logprobs, req.top_logprobs) {
+        (Some(true), k) => Some(k.unwrap_or(0) as usize),
+        (_, Some(_)) => {
+            return Err(refuse(
+                "top_logprobs",
+                "top_logprobs requires logprobs: true",
+            ));
+        }
+        (_, None) => None,
+    };
     if req.tools.as_ref().is_some_and(|t| !t.is_empty()) || req.tool_choice.is_some() {
         return Err(refuse("tools", "tools are not supported yet"));
     }
@@ -181,7 +201,7 @@ pub fn chat(
         .context_length
         .saturating_sub(prompt_tokens.len())
         .max(1);
-    let params = sampling(&common, max_tokens(field, given, room)?)?;
+    let params = sampling(&common, max_tokens(field, given, room)?, logprobs)?;
     Ok(ValidGeneration {
         requests: vec![GenerateRequest {
             prompt_tokens,
@@ -192,11 +212,17 @@ pub fn chat(
             .stream_options
             .as_ref()
             .is_some_and(|o| o.include_usage),
-        echo: vec![None],
+        echo: vec![None; params_n(&common)],
+        logprobs: logprobs.is_some(),
     })
 }
 
-/// Validates a completions request; each prompt becomes one choice.
+/// Choices per prompt (validated later by the engine).
+fn params_n(c: &CommonParams) -> usize {
+    c.n.map_or(1, |n| n as usize)
+}
+
+/// Validates a completions request; each prompt becomes `n` choices.
 pub fn completion(
     req: &CompletionRequest,
     engine: &EngineHandle,
@@ -206,9 +232,7 @@ pub fn completion(
     if req.suffix.as_ref().is_some_and(|s| !s.is_empty()) {
         return Err(refuse("suffix", "suffix is not supported"));
     }
-    if req.logprobs.is_some() {
-        return Err(refuse("logprobs", "logprobs are not supported yet"));
-    }
+    let logprobs = req.logprobs.map(|k| k as usize);
     if req.best_of.is_some_and(|b| b != 1) {
         return Err(refuse("best_of", "best_of other than 1 is not supported"));
     }
@@ -231,17 +255,17 @@ pub fn completion(
         ));
     }
     let max = max_tokens("max_tokens", req.max_tokens, COMPLETIONS_DEFAULT_MAX_TOKENS)?;
-    let params = sampling(&common, max)?;
-    let echo = prompts
-        .iter()
-        .map(|p| {
-            if req.echo {
-                engine.tokenizer().decode(p).map(Some)
-            } else {
-                Ok(None)
-            }
-        })
-        .collect::<Result<Vec<_>, _>>()?;
+    let params = sampling(&common, max, logprobs)?;
+    // One entry per choice: prompt i's n choices come together.
+    let mut echo = Vec::with_capacity(prompts.len() * params.n);
+    for p in &prompts {
+        let text = if req.echo {
+            Some(engine.tokenizer().decode(p)?)
+        } else {
+            None
+        };
+        echo.extend(std::iter::repeat_n(text, params.n));
+    }
     Ok(ValidGeneration {
         requests: prompts
             .into_iter()
@@ -256,5 +280,6 @@ pub fn completion(
             .as_ref()
             .is_some_and(|o| o.include_usage),
         echo,
+        logprobs: logprobs.is_some(),
     })
 }

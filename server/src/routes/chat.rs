@@ -1,11 +1,12 @@
 //! `POST /v1/chat/completions`: chat through the model's template, as a
-//! JSON answer or an SSE stream of `chat.completion.chunk`s.
+//! JSON answer or an SSE stream of `chat.completion.chunk`s; `n` choices,
+//! optional log-probabilities.
 
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Json, Router};
-use engine::FinishReason;
+use engine::{EngineHandle, FinishReason, TokenLogprob};
 
 use crate::api::json::ApiJson;
 use crate::api::stream::{self, ChunkEncoder, to_json};
@@ -13,7 +14,7 @@ use crate::api::types::{
     AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletion, ChatCompletionChunk,
     ChatCompletionRequest, Delta, UsageDto,
 };
-use crate::api::{response_id, unix_now, validate};
+use crate::api::{logprobs, response_id, unix_now, validate};
 use crate::error::ApiError;
 use crate::state::AppState;
 
@@ -32,6 +33,8 @@ async fn chat_completions(
         id: response_id("chatcmpl"),
         created: unix_now(),
         model: req.model,
+        engine: engine.clone(),
+        logprobs: valid.logprobs,
     };
     if valid.stream {
         return Ok(stream::sse(streams, encoder, valid.include_usage).into_response());
@@ -45,11 +48,11 @@ async fn chat_completions(
             usage.add(&o.usage);
             ChatChoice {
                 index,
+                logprobs: encoder.logprobs_of(&o.logprobs),
                 message: AssistantMessage {
                     role: "assistant",
                     content: o.text,
                 },
-                logprobs: None,
                 finish_reason: Some(o.finish.as_openai()),
             }
         })
@@ -70,6 +73,9 @@ struct ChatEncoder {
     id: String,
     created: u64,
     model: String,
+    /// For rendering token strings in log-probabilities.
+    engine: EngineHandle,
+    logprobs: bool,
 }
 
 impl ChatEncoder {
@@ -84,13 +90,23 @@ impl ChatEncoder {
         })
     }
 
-    fn choice(index: usize, delta: Delta, finish: Option<FinishReason>) -> ChatChunkChoice {
-        ChatChunkChoice {
-            index,
-            delta,
-            logprobs: None,
-            finish_reason: finish.map(FinishReason::as_openai),
-        }
+    fn logprobs_of(&self, lps: &[TokenLogprob]) -> Option<serde_json::Value> {
+        self.logprobs
+            .then(|| logprobs::chat(self.engine.tokenizer(), lps))
+    }
+}
+
+fn choice(
+    index: usize,
+    delta: Delta,
+    logprobs: Option<serde_json::Value>,
+    finish: Option<FinishReason>,
+) -> ChatChunkChoice {
+    ChatChunkChoice {
+        index,
+        delta,
+        logprobs,
+        finish_reason: finish.map(FinishReason::as_openai),
     }
 }
 
@@ -102,22 +118,25 @@ impl ChunkEncoder for ChatEncoder {
                     role: Some("assistant"),
                     content: Some(String::new()),
                 };
-                self.chunk(vec![Self::choice(i, delta, None)], None)
+                self.chunk(vec![choice(i, delta, None, None)], None)
             })
             .collect()
     }
 
-    fn delta(&mut self, index: usize, text: String) -> String {
+    fn delta(&mut self, index: usize, text: String, lps: &[TokenLogprob]) -> String {
         let delta = Delta {
             role: None,
             content: Some(text),
         };
-        self.chunk(vec![Self::choice(index, delta, None)], None)
+        self.chunk(
+            vec![choice(index, delta, self.logprobs_of(lps), None)],
+            None,
+        )
     }
 
     fn finish(&mut self, index: usize, reason: FinishReason) -> String {
         self.chunk(
-            vec![Self::choice(index, Delta::default(), Some(reason))],
+            vec![choice(index, Delta::default(), None, Some(reason))],
             None,
         )
     }

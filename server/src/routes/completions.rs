@@ -1,16 +1,17 @@
 //! `POST /v1/completions`: raw-prompt completion (string, strings, or token
-//! ids; one choice per prompt), as JSON or an SSE stream.
+//! ids; `n` choices per prompt), as JSON or an SSE stream, with optional
+//! log-probabilities in the legacy shape.
 
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Json, Router};
-use engine::FinishReason;
+use engine::{EngineHandle, FinishReason, TokenLogprob};
 
 use crate::api::json::ApiJson;
 use crate::api::stream::{self, ChunkEncoder, to_json};
 use crate::api::types::{Completion, CompletionChoice, CompletionRequest, UsageDto};
-use crate::api::{response_id, unix_now, validate};
+use crate::api::{logprobs, response_id, unix_now, validate};
 use crate::error::ApiError;
 use crate::state::AppState;
 
@@ -29,31 +30,32 @@ async fn completions(
         id: response_id("cmpl"),
         created: unix_now(),
         model: req.model,
+        offsets: vec![0; valid.echo.len()],
         echo: valid.echo,
+        engine: engine.clone(),
+        logprobs: valid.logprobs,
     };
     if valid.stream {
         return Ok(stream::sse(streams, encoder, valid.include_usage).into_response());
     }
     let outcomes = stream::collect_all(streams).await?;
     let mut usage = UsageDto::default();
-    let choices = outcomes
-        .into_iter()
-        .enumerate()
-        .map(|(index, o)| {
-            usage.add(&o.usage);
-            let prefix = encoder
-                .echo
-                .get_mut(index)
-                .and_then(Option::take)
-                .unwrap_or_default();
-            CompletionChoice {
-                index,
-                text: prefix + &o.text,
-                logprobs: None,
-                finish_reason: Some(o.finish.as_openai()),
-            }
-        })
-        .collect();
+    let mut choices = Vec::with_capacity(outcomes.len());
+    for (index, o) in outcomes.into_iter().enumerate() {
+        usage.add(&o.usage);
+        let prefix = encoder
+            .echo
+            .get_mut(index)
+            .and_then(Option::take)
+            .unwrap_or_default();
+        let logprobs = encoder.logprobs_of(&o.logprobs, prefix.len());
+        choices.push(CompletionChoice {
+            index,
+            text: prefix + &o.text,
+            logprobs,
+            finish_reason: Some(o.finish.as_openai()),
+        });
+    }
     let body = Completion {
         id: encoder.id,
         object: "text_completion",
@@ -72,6 +74,10 @@ struct CompletionEncoder {
     model: String,
     /// Prompt text to send first, per choice (`echo`).
     echo: Vec<Option<String>>,
+    /// Text already sent per choice (for `text_offset`).
+    offsets: Vec<usize>,
+    engine: EngineHandle,
+    logprobs: bool,
 }
 
 impl CompletionEncoder {
@@ -86,11 +92,31 @@ impl CompletionEncoder {
         })
     }
 
-    fn text(&self, index: usize, text: String, finish: Option<FinishReason>) -> String {
+    fn logprobs_of(&self, lps: &[TokenLogprob], offset: usize) -> Option<serde_json::Value> {
+        self.logprobs
+            .then(|| logprobs::completion(self.engine.tokenizer(), lps, offset))
+    }
+
+    fn text(
+        &mut self,
+        index: usize,
+        text: String,
+        lps: &[TokenLogprob],
+        finish: Option<FinishReason>,
+    ) -> String {
+        let offset = self.offsets.get(index).copied().unwrap_or(0);
+        let logprobs = if finish.is_none() {
+            self.logprobs_of(lps, offset)
+        } else {
+            None
+        };
+        if let Some(o) = self.offsets.get_mut(index) {
+            *o += text.len();
+        }
         let choice = CompletionChoice {
             index,
             text,
-            logprobs: None,
+            logprobs,
             finish_reason: finish.map(FinishReason::as_openai),
         };
         self.chunk(vec![choice], None)
@@ -107,16 +133,27 @@ impl ChunkEncoder for CompletionEncoder {
             .collect();
         echoes
             .into_iter()
-            .map(|(i, t)| self.text(i, t, None))
+            .map(|(i, t)| {
+                if let Some(o) = self.offsets.get_mut(i) {
+                    *o += t.len();
+                }
+                let choice = CompletionChoice {
+                    index: i,
+                    text: t,
+                    logprobs: None,
+                    finish_reason: None,
+                };
+                self.chunk(vec![choice], None)
+            })
             .collect()
     }
 
-    fn delta(&mut self, index: usize, text: String) -> String {
-        self.text(index, text, None)
+    fn delta(&mut self, index: usize, text: String, lps: &[TokenLogprob]) -> String {
+        self.text(index, text, lps, None)
     }
 
     fn finish(&mut self, index: usize, reason: FinishReason) -> String {
-        self.text(index, String::new(), Some(reason))
+        self.text(index, String::new(), &[], Some(reason))
     }
 
     fn usage(&mut self, usage: UsageDto) -> String {

@@ -173,10 +173,19 @@ async fn invalid_parameters_are_named() {
             json!({"max_completion_tokens": -3}),
             "max_completion_tokens",
         ),
-        (json!({"n": 2}), "n"),
-        (json!({"presence_penalty": 0.5}), "presence_penalty"),
-        (json!({"logit_bias": {"5": 1.0}}), "logit_bias"),
-        (json!({"logprobs": true}), "logprobs"),
+        (json!({"n": 99}), "n"),
+        (json!({"n": 0}), "n"),
+        (json!({"presence_penalty": 2.5}), "presence_penalty"),
+        (json!({"frequency_penalty": -3}), "frequency_penalty"),
+        (json!({"repetition_penalty": 0}), "repetition_penalty"),
+        (json!({"min_p": 1.5}), "min_p"),
+        (json!({"logit_bias": {"five": 1.0}}), "logit_bias"),
+        (json!({"logit_bias": {"5": 500.0}}), "logit_bias"),
+        (json!({"top_logprobs": 2}), "top_logprobs"),
+        (
+            json!({"logprobs": true, "top_logprobs": 50}),
+            "top_logprobs",
+        ),
         (json!({"tools": [{"type": "function"}]}), "tools"),
         (
             json!({"response_format": {"type": "json_object"}}),
@@ -214,6 +223,48 @@ async fn invalid_parameters_are_named() {
         assert_eq!(err["param"], param, "for {extra}: {err}");
         assert_eq!(err["type"], "invalid_request_error");
     }
+}
+
+#[tokio::test]
+async fn n_choices_share_a_prompt_and_report_log_probabilities() {
+    let body = chat(json!({"n": 3, "temperature": 1.0, "logprobs": true, "top_logprobs": 2}));
+    let v = post("/v1/chat/completions", body).await.json();
+    let choices = v["choices"].as_array().expect("choices");
+    assert_eq!(choices.len(), 3);
+    for (i, c) in choices.iter().enumerate() {
+        assert_eq!(c["index"], i);
+        let content = c["logprobs"]["content"]
+            .as_array()
+            .expect("logprobs content");
+        assert_eq!(content.len(), 5, "one entry per generated token");
+        for e in content {
+            assert!(e["logprob"].as_f64().is_some_and(|l| l <= 0.0));
+            assert_eq!(e["top_logprobs"].as_array().map(Vec::len), Some(2));
+            assert!(e["bytes"].is_array() && e["token"].is_string());
+        }
+    }
+    assert_eq!(v["usage"]["completion_tokens"], 15);
+    // Seeded choices differ from one another (seed + i each).
+    let texts: std::collections::HashSet<String> = choices
+        .iter()
+        .map(|c| c["message"]["content"].to_string())
+        .collect();
+    assert!(texts.len() > 1, "all choices identical: {texts:?}");
+}
+
+#[tokio::test]
+async fn completions_report_legacy_logprobs_and_accept_penalties() {
+    let body = json!({
+        "model": TINY, "prompt": "a b c", "max_tokens": 4, "ignore_eos": true, "logprobs": 3,
+        "presence_penalty": 0.5, "frequency_penalty": 0.5, "logit_bias": {"7": -100}, "n": 2, "seed": 4,
+    });
+    let v = post("/v1/completions", body).await.json();
+    assert_eq!(v["choices"].as_array().map(Vec::len), Some(2));
+    let lp = &v["choices"][0]["logprobs"];
+    assert_eq!(lp["tokens"].as_array().map(Vec::len), Some(4));
+    assert_eq!(lp["token_logprobs"].as_array().map(Vec::len), Some(4));
+    assert_eq!(lp["top_logprobs"][0].as_object().map(|o| o.len()), Some(3));
+    assert_eq!(lp["text_offset"][0], 0);
 }
 
 #[tokio::test]
