@@ -29,6 +29,7 @@ fn chunk(seq: u64, start: usize, n: usize) -> SeqChunk {
         start_pos: start,
         want_logits: true,
         block_table: (first..first + BLOCKS_PER_SEQ as u32).collect(),
+        draft: Vec::new(),
     }
 }
 

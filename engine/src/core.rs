@@ -177,7 +177,7 @@ impl EngineCore {
         for seq in finished {
             let reason = tokens
                 .iter()
-                .find(|t| t.seq == seq.id)
+                .find(|t| t.seq == seq.id && t.finish.is_some())
                 .and_then(|t| t.finish);
             self.finish(seq, Ok(reason.unwrap_or(FinishReason::Stop)));
         }
@@ -223,5 +223,7 @@ impl EngineCore {
             kv.prefix_hits,
             self.scheduler.preemptions,
         );
+        self.stats
+            .set_spec(self.scheduler.spec_proposed, self.scheduler.spec_accepted);
     }
 }

@@ -28,6 +28,10 @@ pub struct SchedulerConfig {
     pub max_waiting: usize,
     /// Longest sequence (prompt plus output) the model may hold.
     pub max_model_len: usize,
+    /// Prompt-lookup speculative decoding: draft tokens per step (0 = off).
+    pub num_speculative_tokens: usize,
+    /// Longest n-gram matched when looking up drafts (down to 1).
+    pub spec_ngram_max: usize,
 }
 
 impl Default for SchedulerConfig {
@@ -37,6 +41,8 @@ impl Default for SchedulerConfig {
             max_num_batched_tokens: 512,
             max_waiting: 256,
             max_model_len: 2048,
+            num_speculative_tokens: 0,
+            spec_ngram_max: 3,
         }
     }
 }
@@ -114,6 +120,9 @@ pub struct Scheduler {
     running: Vec<Sequence>,
     /// Sequences preempted so far.
     pub preemptions: u64,
+    /// Speculative draft tokens proposed and accepted so far.
+    pub spec_proposed: u64,
+    pub spec_accepted: u64,
 }
 
 impl Scheduler {
@@ -124,6 +133,8 @@ impl Scheduler {
             waiting: VecDeque::new(),
             running: Vec::new(),
             preemptions: 0,
+            spec_proposed: 0,
+            spec_accepted: 0,
         }
     }
 
@@ -177,10 +188,16 @@ impl Scheduler {
                 i += 1;
                 continue;
             }
-            let (id, end) = (seq.id, seq.num_computed + n);
+            let draft = if n == 1 {
+                self.draft_for(seq, budget - 1)
+            } else {
+                Vec::new()
+            };
+            let (id, end) = (seq.id, seq.num_computed + n + draft.len());
             if self.kv.allocate(id, end) {
-                batch.chunks.push(self.chunk(i, n));
-                budget -= n;
+                budget -= n + draft.len();
+                self.spec_proposed += draft.len() as u64;
+                batch.chunks.push(self.chunk(i, n, draft));
                 i += 1;
                 continue;
             }
@@ -194,6 +211,24 @@ impl Scheduler {
             self.admit(&mut budget, &mut batch);
         }
         batch
+    }
+
+    /// Prompt-lookup drafts for a decoding sequence: the tokens that followed
+    /// the latest earlier occurrence of its last n-gram (longest first),
+    /// capped so they never pass `max_tokens` or the context.
+    fn draft_for(&self, seq: &Sequence, budget: usize) -> Vec<u32> {
+        let c = &self.config;
+        let room_out = seq.params.max_tokens.saturating_sub(seq.output().len() + 1);
+        let room_ctx = c.max_model_len.saturating_sub(seq.len() + 1);
+        let k = c
+            .num_speculative_tokens
+            .min(budget)
+            .min(room_out)
+            .min(room_ctx);
+        if k == 0 {
+            return Vec::new();
+        }
+        prompt_lookup(&seq.tokens, k, c.spec_ngram_max)
     }
 
     /// Admits waiting sequences (first come, first served) while budget,
@@ -227,7 +262,9 @@ impl Scheduler {
                 break;
             };
             self.running.push(seq);
-            batch.chunks.push(self.chunk(self.running.len() - 1, n));
+            batch
+                .chunks
+                .push(self.chunk(self.running.len() - 1, n, Vec::new()));
             *budget -= n;
         }
     }
@@ -249,21 +286,29 @@ impl Scheduler {
     }
 
     /// The next `n` tokens of running sequence `index` as a chunk.
-    fn chunk(&self, index: usize, n: usize) -> SeqChunk {
+    fn chunk(&self, index: usize, n: usize, draft: Vec<u32>) -> SeqChunk {
         let seq = &self.running[index];
         let start = seq.num_computed;
+        let mut tokens = seq.tokens[start..start + n].to_vec();
+        tokens.extend_from_slice(&draft);
         SeqChunk {
             seq: seq.id,
-            tokens: seq.tokens[start..start + n].to_vec(),
+            tokens,
             start_pos: start,
             want_logits: start + n == seq.len(),
             block_table: self.kv.table(seq.id).to_vec(),
+            draft,
         }
     }
 
     /// Applies a step's results: advances computed counts, registers full
     /// blocks in the prefix cache, samples from each logits row, and removes
     /// finished sequences (returned, blocks freed).
+    ///
+    /// A chunk with drafts yields one row per draft plus one: each row is
+    /// sampled exactly as plain decoding would (so greedy and seeded outputs
+    /// are unchanged), and verification stops at the first sample that
+    /// differs from the draft; that sample is the step's correction.
     pub fn update(
         &mut self,
         batch: &ModelBatch,
@@ -273,25 +318,31 @@ impl Scheduler {
         let mut tokens = Vec::new();
         let max_len = self.config.max_model_len;
         for chunk in &batch.chunks {
+            let chunk_rows: Vec<&Vec<f32>> = rows.by_ref().take(chunk.num_logits()).collect();
             let Some(seq) = self.running.iter_mut().find(|s| s.id == chunk.seq) else {
                 continue;
             };
-            seq.num_computed = chunk.start_pos + chunk.tokens.len();
+            let computed = chunk.start_pos + chunk.tokens.len() - chunk.draft.len();
+            let mut accepted = 0;
+            for (j, row) in chunk_rows.into_iter().enumerate() {
+                let (token, logprob) = seq.sampler.sample(row);
+                seq.tokens.push(token);
+                let finish = finish_reason(seq, token, max_len);
+                tokens.push(StepToken {
+                    seq: seq.id,
+                    token,
+                    logprob,
+                    finish,
+                });
+                if finish.is_some() || chunk.draft.get(j) != Some(&token) {
+                    break;
+                }
+                accepted += 1;
+            }
+            self.spec_accepted += accepted as u64;
+            seq.num_computed = computed + accepted;
             self.kv
                 .cache_computed(seq.id, &seq.tokens, seq.num_computed);
-            if !chunk.want_logits {
-                continue;
-            }
-            let Some(row) = rows.next() else { break };
-            let (token, logprob) = seq.sampler.sample(row);
-            seq.tokens.push(token);
-            let finish = finish_reason(seq, token, max_len);
-            tokens.push(StepToken {
-                seq: seq.id,
-                token,
-                logprob,
-                finish,
-            });
         }
         let mut finished = Vec::new();
         for t in tokens.iter().filter(|t| t.finish.is_some()) {
@@ -322,6 +373,21 @@ impl Scheduler {
             .filter_map(|c| self.abort(c.seq))
             .collect()
     }
+}
+
+/// Prompt lookup: finds the latest earlier occurrence of the last `n`
+/// tokens (`n` from `ngram_max` down to 1) and proposes up to `k` of the
+/// tokens that followed it.
+pub fn prompt_lookup(tokens: &[u32], k: usize, ngram_max: usize) -> Vec<u32> {
+    let len = tokens.len();
+    for n in (1..=ngram_max.min(len.saturating_sub(1))).rev() {
+        let pattern = &tokens[len - n..];
+        if let Some(i) = (0..len - n).rev().find(|&i| &tokens[i..i + n] == pattern) {
+            let from = i + n;
+            return tokens[from..(from + k).min(len)].to_vec();
+        }
+    }
+    Vec::new()
 }
 
 /// Whether `token`, just appended to `seq`, ends it.
@@ -397,11 +463,17 @@ mod tests {
                 c.start_pos, seq.num_computed,
                 "chunk does not continue the KV"
             );
+            let real = c.tokens.len() - c.draft.len();
             assert_eq!(
-                c.tokens.as_slice(),
-                &seq.tokens[c.start_pos..c.start_pos + c.tokens.len()]
+                &c.tokens[..real],
+                &seq.tokens[c.start_pos..c.start_pos + real]
             );
-            assert_eq!(c.want_logits, c.start_pos + c.tokens.len() == seq.len());
+            assert_eq!(&c.tokens[real..], c.draft.as_slice());
+            assert_eq!(c.want_logits, c.start_pos + real == seq.len());
+            assert!(
+                c.draft.is_empty()
+                    || (real == 1 && c.draft.len() <= s.config.num_speculative_tokens)
+            );
             assert!(
                 c.block_table.len() * bs >= c.start_pos + c.tokens.len(),
                 "chunk not backed by blocks"
@@ -419,6 +491,8 @@ mod tests {
                 max_num_batched_tokens: rng.random_range(1..64),
                 max_waiting: rng.random_range(1..8),
                 max_model_len: 120,
+                num_speculative_tokens: rng.random_range(0..4),
+                spec_ngram_max: 3,
             };
             // Small pools force preemption; every request still fits alone.
             let block_size = rng.random_range(1..9);
@@ -475,15 +549,12 @@ mod tests {
         let logits: Vec<Vec<f32>> = batch
             .chunks
             .iter()
-            .filter(|c| c.want_logits)
+            .flat_map(|c| 0..c.num_logits())
             .map(|_| (0..VOCAB).map(|_| rng.random_range(-1.0..1.0)).collect())
             .collect();
         let (tokens, finished) = s.update(&batch, &logits);
-        assert_eq!(
-            tokens.len(),
-            logits.len(),
-            "one sampled token per logits row"
-        );
+        assert!(tokens.len() <= logits.len(), "more tokens than logits rows");
+        assert!(tokens.len() >= batch.chunks.iter().filter(|c| c.want_logits).count());
         for f in &finished {
             assert!(f.output().len() <= f.params.max_tokens);
             let last = *f
@@ -505,7 +576,21 @@ mod tests {
             max_num_batched_tokens,
             max_waiting: 8,
             max_model_len: 100,
+            ..Default::default()
         }
+    }
+
+    #[test]
+    fn prompt_lookup_proposes_what_followed_the_latest_match() {
+        // "... 5 6 7 8 ... 5 6" -> the last 2-gram (5 6) was followed by 7 8 9.
+        let t = [1, 5, 6, 7, 8, 9, 2, 5, 6];
+        assert_eq!(prompt_lookup(&t, 3, 3), [7, 8, 9]);
+        assert_eq!(prompt_lookup(&t, 1, 3), [7]);
+        // Longest n-gram wins: "3 4" occurs twice, "2 3 4" once (followed by 9).
+        let t = [2, 3, 4, 9, 0, 3, 4, 7, 2, 3, 4];
+        assert_eq!(prompt_lookup(&t, 2, 3), [9, 0]);
+        assert!(prompt_lookup(&[1, 2, 3], 4, 3).is_empty());
+        assert!(prompt_lookup(&[], 4, 3).is_empty());
     }
 
     #[test]

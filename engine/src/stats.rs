@@ -23,6 +23,9 @@ pub struct EngineStats {
     pub prefix_hits: u64,
     /// Sequences preempted for lack of KV blocks.
     pub preemptions: u64,
+    /// Speculative draft tokens proposed and accepted.
+    pub spec_proposed: u64,
+    pub spec_accepted: u64,
 }
 
 impl EngineStats {
@@ -45,6 +48,8 @@ pub struct StatsCell {
     prefix_queries: AtomicU64,
     prefix_hits: AtomicU64,
     preemptions: AtomicU64,
+    spec_proposed: AtomicU64,
+    spec_accepted: AtomicU64,
 }
 
 impl StatsCell {
@@ -59,6 +64,11 @@ impl StatsCell {
     pub fn set_queue(&self, running: usize, waiting: usize) {
         self.running.store(running as u64, Ordering::Relaxed);
         self.waiting.store(waiting as u64, Ordering::Relaxed);
+    }
+
+    pub fn set_spec(&self, proposed: u64, accepted: u64) {
+        self.spec_proposed.store(proposed, Ordering::Relaxed);
+        self.spec_accepted.store(accepted, Ordering::Relaxed);
     }
 
     pub fn record_step(&self, batched: usize, generated: usize, took: Duration) {
@@ -83,6 +93,8 @@ impl StatsCell {
             prefix_queries: self.prefix_queries.load(Ordering::Relaxed),
             prefix_hits: self.prefix_hits.load(Ordering::Relaxed),
             preemptions: self.preemptions.load(Ordering::Relaxed),
+            spec_proposed: self.spec_proposed.load(Ordering::Relaxed),
+            spec_accepted: self.spec_accepted.load(Ordering::Relaxed),
         }
     }
 }

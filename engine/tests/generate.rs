@@ -252,3 +252,26 @@ async fn a_shared_200_token_prefix_is_computed_once_and_gives_the_same_answer() 
     assert_eq!(greedy_ids(&cold, b, 8).await.0, ids_b);
     cold.shutdown();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn greedy_output_is_identical_with_prompt_lookup_speculation() {
+    let path = common::model_path(common::SMOLLM2);
+    let mut spec = EngineConfig::default();
+    spec.scheduler.num_speculative_tokens = 4;
+    let with = EngineHandle::start_gguf(&path, &Default::default(), spec).expect("load");
+    let without = EngineHandle::start_gguf(&path, &Default::default(), EngineConfig::default())
+        .expect("load");
+    let q = "Repeat this list exactly, twice: apple, banana, cherry, date, elderberry, fig, grape.";
+    let prompt = chat_prompt(&with, q);
+    let (a, _) = greedy_ids(&with, prompt.clone(), 48).await;
+    let (b, _) = greedy_ids(&without, prompt, 48).await;
+    assert_eq!(a, b);
+    let s = with.stats();
+    assert!(s.spec_accepted > 0, "no draft accepted: {s:?}");
+    assert!(
+        s.steps < without.stats().steps,
+        "speculation saved no steps"
+    );
+    with.shutdown();
+    without.shutdown();
+}

@@ -320,3 +320,36 @@ async fn n_choices_share_the_prompt_blocks_and_sample_independently() {
     ));
     h.shutdown();
 }
+
+#[tokio::test]
+async fn prompt_lookup_speculation_never_changes_seeded_outputs() {
+    let spec = SchedulerConfig {
+        num_speculative_tokens: 4,
+        ..Default::default()
+    };
+    let with = tiny(spec);
+    let without = tiny(SchedulerConfig::default());
+    // Repetitive prompts, and a bias that keeps the random model's samples
+    // inside the prompt's alphabet, so the n-gram lookup finds drafts.
+    let reqs: Vec<GenerateRequest> = (0..4u32)
+        .map(|i| {
+            let mut r = req(
+                (0..60).map(|t| 1 + (t % (3 + i))).collect(),
+                40,
+                Some(u64::from(i)),
+            );
+            r.params.logit_bias = (1..4).map(|t| (t, 100.0)).collect();
+            r
+        })
+        .collect();
+    let a = futures_join(&with, reqs.clone()).await;
+    let b = futures_join(&without, reqs).await;
+    assert_eq!(a, b);
+    let s = with.stats();
+    assert!(
+        s.spec_proposed > 0 && s.spec_accepted > 0,
+        "no drafts proposed or accepted: {s:?}"
+    );
+    with.shutdown();
+    without.shutdown();
+}

@@ -157,6 +157,15 @@ pub struct SchedulerArgs {
     #[arg(long, env = "SYNOR_MAX_MODEL_LEN")]
     pub max_model_len: Option<usize>,
 
+    /// Prompt-lookup speculative decoding: draft tokens verified per step
+    /// (0 turns it off). Outputs are identical with it on.
+    #[arg(long, env = "SYNOR_NUM_SPECULATIVE_TOKENS", default_value_t = 0)]
+    pub num_speculative_tokens: usize,
+
+    /// Longest n-gram the prompt lookup matches.
+    #[arg(long, env = "SYNOR_SPEC_NGRAM_MAX", default_value_t = 3, value_parser = clap::value_parser!(u8).range(1..=16))]
+    pub spec_ngram_max: u8,
+
     /// Memory for the paged KV cache (f16), e.g. `1GiB`, `512MiB`, `2G`.
     #[arg(long, env = "SYNOR_KV_CACHE_MEMORY", default_value = "1GiB", value_parser = parse_size)]
     pub kv_cache_memory: usize,
@@ -198,6 +207,8 @@ impl SchedulerArgs {
                 max_num_batched_tokens: self.max_num_batched_tokens.max(1),
                 max_waiting: self.max_waiting,
                 max_model_len: self.max_model_len.unwrap_or(usize::MAX),
+                num_speculative_tokens: self.num_speculative_tokens,
+                spec_ngram_max: usize::from(self.spec_ngram_max),
             },
             kv_cache_memory: self.kv_cache_memory,
             block_size: usize::from(self.block_size),

@@ -222,7 +222,7 @@ impl Llama {
 
     /// Runs one step over `batch`, writing each chunk's keys and values into
     /// `kv` at the slots of its block table. Returns one logits row per
-    /// chunk with `want_logits`, in batch order.
+    /// chunk, for its last `num_logits()` positions, in batch order.
     pub fn forward(&self, batch: &ModelBatch, kv: &mut KvStorage) -> Result<Vec<Vec<f32>>> {
         let c = &self.config;
         let tokens = self.check_batch(batch, kv)?;
@@ -382,16 +382,14 @@ struct TokenRef {
     chunk: usize,
 }
 
-/// Row index (in the flattened batch) of each chunk's last token, for the
-/// chunks that want logits.
+/// Rows (in the flattened batch) whose logits the chunks want: the last
+/// `num_logits()` positions of each chunk, in order.
 fn logit_rows(chunks: &[SeqChunk]) -> Vec<usize> {
     let mut rows = Vec::new();
     let mut end = 0;
     for c in chunks {
         end += c.tokens.len();
-        if c.want_logits {
-            rows.push(end - 1);
-        }
+        rows.extend(end - c.num_logits()..end);
     }
     rows
 }
@@ -534,6 +532,7 @@ mod tests {
             start_pos: start,
             want_logits: true,
             block_table: table,
+            draft: Vec::new(),
         };
         let mut err = |b: SeqChunk| m.forward(&ModelBatch { chunks: vec![b] }, &mut kv).is_err();
         assert!(err(chunk(63, vec![0; 16])), "past the context");

@@ -21,6 +21,20 @@ pub struct SeqChunk {
     pub want_logits: bool,
     /// The sequence's KV blocks, covering at least `start_pos + tokens.len()`.
     pub block_table: Vec<BlockId>,
+    /// Speculative tokens at the end of `tokens` (prompt-lookup drafts): the
+    /// chunk then wants logits for its last `draft.len() + 1` positions.
+    pub draft: Vec<u32>,
+}
+
+impl SeqChunk {
+    /// Logits rows this chunk produces.
+    pub fn num_logits(&self) -> usize {
+        if self.want_logits {
+            self.draft.len() + 1
+        } else {
+            0
+        }
+    }
 }
 
 /// Everything one forward pass runs: chunks of many sequences together.

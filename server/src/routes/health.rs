@@ -27,7 +27,8 @@ async fn health(State(state): State<AppState>) -> Json<Value> {
                     "kv_cache_usage": s.kv_usage(), "kv_blocks": info.kv_blocks, "block_size": info.block_size,
                     "max_model_len": info.context_length,
                     "prefix_cache_queries": s.prefix_queries, "prefix_cache_hits": s.prefix_hits,
-                    "preemptions": s.preemptions, "steps": s.steps,
+                    "preemptions": s.preemptions,
+                    "spec_draft_tokens": s.spec_proposed, "spec_accepted_tokens": s.spec_accepted, "steps": s.steps,
                     "batched_tokens": s.batched_tokens, "generated_tokens": s.generated_tokens,
                     "busy_seconds": s.busy_micros as f64 / 1e6,
                 })
