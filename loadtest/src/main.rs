@@ -1,8 +1,8 @@
 //! `synor-loadtest`: a serving benchmark that speaks only HTTP and SSE, so it
 //! measures Synor and any other OpenAI-compatible server the same way.
-//! This first version runs sequential streamed chat requests and reports
-//! TTFT, TPOT, ITL, E2E latency and output throughput with vLLM's
-//! definitions; concurrency, rates and datasets come next.
+//! This first version runs streamed chat requests with a fixed number in
+//! flight (`--max-concurrency`) and reports TTFT, TPOT, ITL, E2E latency and
+//! throughput with vLLM's definitions; request rates and datasets come next.
 
 mod client;
 mod stats;
@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::bail;
 use clap::Parser;
+use futures_util::StreamExt;
 
 use crate::client::{ChatJob, RequestResult, stream_chat};
 
@@ -27,15 +28,22 @@ struct Args {
     /// The user message of every request.
     #[arg(long, default_value = "What is the capital of France?")]
     prompt: String,
-    /// Requests to run, one after another (after one warm-up request).
+    /// Requests to run (after one warm-up request).
     #[arg(long, default_value_t = 5)]
     num_prompts: u32,
+    /// Requests in flight at once (1 = one after another).
+    #[arg(long, default_value_t = 1)]
+    max_concurrency: u32,
     /// `max_tokens` of each request.
     #[arg(long, default_value_t = 128)]
     max_tokens: u32,
     /// Ask the server to ignore EOS so every request produces `max_tokens`.
     #[arg(long)]
     ignore_eos: bool,
+    /// Send the prompt verbatim to every request (by default each request
+    /// gets a distinct numbered prefix, so no prefix cache can share work).
+    #[arg(long)]
+    same_prompt: bool,
     /// Bearer token, if the server needs one.
     #[arg(long, env = "OPENAI_API_KEY")]
     api_key: Option<String>,
@@ -101,8 +109,8 @@ fn report(results: &[RequestResult], wall: Duration, percentiles: &[f64]) {
 }
 
 async fn run(args: Args) -> anyhow::Result<()> {
-    if args.num_prompts == 0 || args.max_tokens == 0 {
-        bail!("--num-prompts and --max-tokens must be at least 1");
+    if args.num_prompts == 0 || args.max_tokens == 0 || args.max_concurrency == 0 {
+        bail!("--num-prompts, --max-tokens and --max-concurrency must be at least 1");
     }
     let client = reqwest::Client::new();
     let job = ChatJob {
@@ -115,10 +123,22 @@ async fn run(args: Args) -> anyhow::Result<()> {
     };
     stream_chat(&client, &job).await?; // warm-up
     let started = Instant::now();
-    let mut results = Vec::new();
-    for _ in 0..args.num_prompts {
-        results.push(stream_chat(&client, &job).await?);
-    }
+    let jobs: Vec<ChatJob> = (0..args.num_prompts)
+        .map(|i| {
+            let mut j = job.clone();
+            if !args.same_prompt {
+                j.prompt = format!("[{i}] {}", job.prompt);
+            }
+            j
+        })
+        .collect();
+    let results: Vec<RequestResult> = futures_util::stream::iter(&jobs)
+        .map(|j| stream_chat(&client, j))
+        .buffer_unordered(args.max_concurrency as usize)
+        .collect::<Vec<_>>()
+        .await
+        .into_iter()
+        .collect::<anyhow::Result<_>>()?;
     report(&results, started.elapsed(), &args.percentiles);
     Ok(())
 }

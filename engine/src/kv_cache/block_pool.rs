@@ -1,11 +1,13 @@
 //! `BlockPool`: the fixed set of KV blocks, their reference counts, and the
 //! prefix cache over them (after vLLM v1's `BlockPool`).
 //!
-//! A block is either in use (`ref_cnt > 0`) or free. Free blocks wait in an
-//! LRU queue; a free block that still holds a full, hashed prefix stays
-//! findable by its hash until it is handed out again (then the hash is
-//! evicted). Cached blocks also keep their tokens, so a hash collision can
-//! never serve another prefix's keys and values.
+//! A block is either in use (`ref_cnt > 0`) or free. Free blocks that hold
+//! nothing reusable wait on a stack and are handed out first, most recently
+//! used first (warm memory, and the cache is kept as long as possible);
+//! free blocks that still hold a full, hashed prefix wait in an LRU queue,
+//! stay findable by their hash, and are evicted oldest first only when no
+//! empty block is left. Cached blocks also keep their tokens, so a hash
+//! collision can never serve another prefix's keys and values.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -29,7 +31,9 @@ struct Block {
 #[derive(Debug)]
 pub struct BlockPool {
     blocks: Vec<Block>,
-    /// Free blocks, oldest release first.
+    /// Free blocks holding nothing reusable; the top is handed out first.
+    empty: Vec<BlockId>,
+    /// Free blocks holding a cached prefix, oldest release first.
     free: BTreeMap<u64, BlockId>,
     next_stamp: u64,
     cache: HashMap<BlockHash, BlockId>,
@@ -37,16 +41,13 @@ pub struct BlockPool {
 
 impl BlockPool {
     pub fn new(num_blocks: usize) -> Self {
-        let mut pool = Self {
+        Self {
             blocks: vec![Block::default(); num_blocks],
+            empty: (0..num_blocks as BlockId).rev().collect(),
             free: BTreeMap::new(),
             next_stamp: 0,
             cache: HashMap::new(),
-        };
-        for id in 0..num_blocks as BlockId {
-            pool.push_free(id);
         }
-        pool
     }
 
     pub fn num_blocks(&self) -> usize {
@@ -54,7 +55,7 @@ impl BlockPool {
     }
 
     pub fn num_free(&self) -> usize {
-        self.free.len()
+        self.empty.len() + self.free.len()
     }
 
     /// Fraction of blocks in use.
@@ -62,24 +63,33 @@ impl BlockPool {
         if self.blocks.is_empty() {
             return 0.0;
         }
-        1.0 - self.free.len() as f64 / self.blocks.len() as f64
+        1.0 - self.num_free() as f64 / self.blocks.len() as f64
     }
 
+    /// Queues a block that just became free.
     fn push_free(&mut self, id: BlockId) {
+        if self.blocks[id as usize].cached.is_none() {
+            self.empty.push(id);
+            return;
+        }
         let stamp = self.next_stamp;
         self.next_stamp += 1;
         self.free.insert(stamp, id);
         self.blocks[id as usize].free_stamp = Some(stamp);
     }
 
-    /// Takes `n` blocks (all or none), evicting their cached prefixes.
+    /// Takes `n` blocks (all or none): empty ones first, then the least
+    /// recently used cached ones, whose prefixes are evicted.
     pub fn allocate(&mut self, n: usize) -> Option<Vec<BlockId>> {
-        if n > self.free.len() {
+        if n > self.num_free() {
             return None;
         }
         let mut out = Vec::with_capacity(n);
         for _ in 0..n {
-            let (_, id) = self.free.pop_first()?;
+            let id = match self.empty.pop() {
+                Some(id) => id,
+                None => self.free.pop_first()?.1,
+            };
             let b = &mut self.blocks[id as usize];
             b.free_stamp = None;
             b.ref_cnt = 1;
@@ -140,6 +150,11 @@ impl BlockPool {
         for b in &mut self.blocks {
             b.cached = None;
         }
+        let evicted: Vec<BlockId> = std::mem::take(&mut self.free).into_values().collect();
+        for id in evicted {
+            self.blocks[id as usize].free_stamp = None;
+            self.empty.push(id);
+        }
     }
 
     /// Reference count of a block (tests and assertions).
@@ -149,21 +164,30 @@ impl BlockPool {
 
     /// Checks the pool's internal invariants; returns the first violation.
     pub fn check(&self) -> Result<(), String> {
-        let free_ids: std::collections::HashSet<BlockId> = self.free.values().copied().collect();
-        if free_ids.len() != self.free.len() {
-            return Err("a block is queued as free twice".into());
+        let mut queued = vec![0u32; self.blocks.len()];
+        for &id in self.empty.iter().chain(self.free.values()) {
+            queued[id as usize] += 1;
         }
         for (id, b) in self.blocks.iter().enumerate() {
-            let queued = free_ids.contains(&(id as BlockId));
-            if queued != (b.ref_cnt == 0) {
-                return Err(format!(
-                    "block {id}: ref_cnt {} but queued={queued}",
-                    b.ref_cnt
-                ));
+            let q = queued[id];
+            if q > 1 {
+                return Err(format!("block {id} is queued as free {q} times"));
             }
-            if queued != b.free_stamp.is_some() {
-                return Err(format!("block {id}: stale free stamp"));
+            if (q == 1) != (b.ref_cnt == 0) {
+                return Err(format!("block {id}: ref_cnt {} but queued={q}", b.ref_cnt));
             }
+            if b.free_stamp.is_some() != (q == 1 && b.cached.is_some()) {
+                return Err(format!("block {id}: stale LRU stamp"));
+            }
+        }
+        if let Some(&id) = self
+            .empty
+            .iter()
+            .find(|&&id| self.blocks[id as usize].cached.is_some())
+        {
+            return Err(format!(
+                "block {id} holds a cached prefix but sits with the empty blocks"
+            ));
         }
         for (hash, &id) in &self.cache {
             match &self.blocks[id as usize].cached {
@@ -176,5 +200,40 @@ impl BlockPool {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn empty_blocks_are_reused_before_cached_prefixes_are_evicted() {
+        let mut p = BlockPool::new(4);
+        let a = p.allocate(2).expect("room");
+        assert_eq!(a, [0, 1], "fresh blocks come in id order");
+        p.cache(0, BlockHash(7), &[1, 2]);
+        p.free(a.iter().rev().copied());
+        // Block 1 held nothing: it is handed out again first (warm memory).
+        assert_eq!(p.allocate(1), Some(vec![1]));
+        assert_eq!(p.lookup(BlockHash(7), &[1, 2]), Some(0));
+        assert_eq!(p.allocate(2), Some(vec![2, 3]));
+        // Only now is the cached prefix evicted.
+        assert_eq!(p.allocate(1), Some(vec![0]));
+        assert_eq!(p.lookup(BlockHash(7), &[1, 2]), None);
+        assert_eq!(p.allocate(1), None);
+        p.check().expect("invariants");
+    }
+
+    #[test]
+    fn a_hash_match_with_other_tokens_is_not_a_hit() {
+        let mut p = BlockPool::new(2);
+        let a = p.allocate(1).expect("room");
+        p.cache(a[0], BlockHash(3), &[9, 9]);
+        assert_eq!(p.lookup(BlockHash(3), &[9, 8]), None);
+        p.reset_cache();
+        assert_eq!(p.lookup(BlockHash(3), &[9, 9]), None);
+        p.free(a);
+        p.check().expect("invariants");
     }
 }

@@ -3,9 +3,9 @@
 //! layout is `[kv_head][slot][head_dim]`, so one head's keys for a whole
 //! block are contiguous (converted to f32 in one call by attention).
 //!
-//! Values are kept as raw f16 bits in zero-initialised `u16` vectors: the
-//! allocator hands those out as untouched pages, so resident memory grows
-//! with the blocks actually used, not with the configured budget.
+//! Blocks are allocated on first write, so resident memory follows the
+//! blocks actually used (the pool reuses warm blocks first), not the
+//! configured budget.
 
 use half::f16;
 use half::slice::HalfBitsSliceExt;
@@ -32,63 +32,83 @@ impl KvLayout {
     }
 }
 
-/// Keys and values of one layer (f16 bits).
+/// Keys and values of one layer: per block, f16 bits, allocated lazily.
 #[derive(Debug)]
 pub struct LayerKv {
-    k: Vec<u16>,
-    v: Vec<u16>,
-}
-
-impl LayerKv {
-    /// `len` keys starting at `at`, as f16.
-    pub fn k(&self, at: usize, len: usize) -> &[f16] {
-        self.k[at..at + len].reinterpret_cast()
-    }
-
-    /// `len` values starting at `at`, as f16.
-    pub fn v(&self, at: usize, len: usize) -> &[f16] {
-        self.v[at..at + len].reinterpret_cast()
-    }
+    k: Vec<Option<Box<[u16]>>>,
+    v: Vec<Option<Box<[u16]>>>,
 }
 
 /// The whole paged cache.
 #[derive(Debug)]
 pub struct KvStorage {
     pub layout: KvLayout,
-    pub layers: Vec<LayerKv>,
+    layers: Vec<LayerKv>,
+    /// Zeros returned for blocks never written (never read in practice).
+    zeros: Box<[u16]>,
 }
 
 impl KvStorage {
-    /// Allocates (zeroed) storage for `layout`.
+    /// Creates the cache; no block memory is allocated yet.
     pub fn new(layout: KvLayout) -> Self {
-        let n = layout.num_blocks * layout.block_len();
         let layers = (0..layout.n_layer)
             .map(|_| LayerKv {
-                k: vec![0u16; n],
-                v: vec![0u16; n],
+                k: vec![None; layout.num_blocks],
+                v: vec![None; layout.num_blocks],
             })
             .collect();
-        Self { layout, layers }
+        Self {
+            layout,
+            layers,
+            zeros: vec![0u16; layout.block_len()].into_boxed_slice(),
+        }
     }
 
-    /// Offset of `(block, kv_head, slot)`'s vector in a layer's K or V.
-    pub fn offset(&self, block: u32, head: usize, slot: usize) -> usize {
+    fn head_range(&self, head: usize, slots: usize) -> std::ops::Range<usize> {
         let l = &self.layout;
-        ((block as usize * l.n_kv_head + head) * l.block_size + slot) * l.head_dim
+        let at = head * l.block_size * l.head_dim;
+        at..at + slots * l.head_dim
+    }
+
+    /// Keys of `head` for the first `slots` positions of `block`, as f16.
+    pub fn k(&self, layer: usize, block: u32, head: usize, slots: usize) -> &[f16] {
+        let data = self.layers[layer].k[block as usize]
+            .as_deref()
+            .unwrap_or(&self.zeros);
+        data[self.head_range(head, slots)].reinterpret_cast()
+    }
+
+    /// Values of `head` for the first `slots` positions of `block`, as f16.
+    pub fn v(&self, layer: usize, block: u32, head: usize, slots: usize) -> &[f16] {
+        let data = self.layers[layer].v[block as usize]
+            .as_deref()
+            .unwrap_or(&self.zeros);
+        data[self.head_range(head, slots)].reinterpret_cast()
     }
 
     /// Writes one position's keys and values (`n_kv_head * head_dim` each).
     pub fn write(&mut self, layer: usize, block: u32, slot: usize, k: &[f32], v: &[f32]) {
-        let hd = self.layout.head_dim;
-        for h in 0..self.layout.n_kv_head {
-            let at = self.offset(block, h, slot);
-            let lk = &mut self.layers[layer];
-            for (dst, src) in lk.k[at..at + hd].iter_mut().zip(&k[h * hd..(h + 1) * hd]) {
-                *dst = f16::from_f32(*src).to_bits();
-            }
-            for (dst, src) in lk.v[at..at + hd].iter_mut().zip(&v[h * hd..(h + 1) * hd]) {
-                *dst = f16::from_f32(*src).to_bits();
-            }
+        let l = self.layout;
+        let fresh = || vec![0u16; l.block_len()].into_boxed_slice();
+        let lk = &mut self.layers[layer];
+        write_heads(lk.k[block as usize].get_or_insert_with(fresh), &l, slot, k);
+        write_heads(lk.v[block as usize].get_or_insert_with(fresh), &l, slot, v);
+    }
+
+    /// Blocks holding memory in the first layer (for memory accounting).
+    pub fn allocated_blocks(&self) -> usize {
+        self.layers
+            .first()
+            .map_or(0, |l| l.k.iter().filter(|b| b.is_some()).count())
+    }
+}
+
+fn write_heads(block: &mut [u16], l: &KvLayout, slot: usize, x: &[f32]) {
+    let hd = l.head_dim;
+    for h in 0..l.n_kv_head {
+        let at = (h * l.block_size + slot) * hd;
+        for (dst, src) in block[at..at + hd].iter_mut().zip(&x[h * hd..(h + 1) * hd]) {
+            *dst = f16::from_f32(*src).to_bits();
         }
     }
 }

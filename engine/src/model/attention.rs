@@ -61,10 +61,9 @@ fn attend_one(
     let scale = 1.0 / (hd as f32).sqrt();
     let mut scores = vec![0.0f32; group * n];
     let mut buf = vec![0.0f32; bs * hd];
-    let lkv = &kv.layers[layer];
     for (bi, &block) in table.iter().enumerate().take(n.div_ceil(bs)) {
         let len = bs.min(n - bi * bs);
-        lkv.k(kv.offset(block, kvh, 0), len * hd)
+        kv.k(layer, block, kvh, len)
             .convert_to_f32_slice(&mut buf[..len * hd]);
         for g in 0..group {
             let qv = &qs[g * hd..(g + 1) * hd];
@@ -79,7 +78,7 @@ fn attend_one(
     o.fill(0.0);
     for (bi, &block) in table.iter().enumerate().take(n.div_ceil(bs)) {
         let len = bs.min(n - bi * bs);
-        lkv.v(kv.offset(block, kvh, 0), len * hd)
+        kv.v(layer, block, kvh, len)
             .convert_to_f32_slice(&mut buf[..len * hd]);
         for g in 0..group {
             let og = &mut o[g * hd..(g + 1) * hd];
