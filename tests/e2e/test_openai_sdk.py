@@ -111,3 +111,29 @@ def test_bad_requests_get_openai_errors_and_the_server_keeps_serving(client, ser
     r = client.chat.completions.create(model=CHAT_MODEL, messages=QUESTION, temperature=0, max_tokens=4)
     assert r.choices[0].message.content
     assert server["proc"].poll() is None
+
+
+def test_n_choices_logprobs_and_penalties_through_the_sdk(client):
+    r = client.chat.completions.create(
+        model=CHAT_MODEL,
+        messages=QUESTION,
+        n=2,
+        seed=7,
+        temperature=0.8,
+        max_tokens=6,
+        logprobs=True,
+        top_logprobs=2,
+        presence_penalty=0.5,
+        frequency_penalty=0.5,
+    )
+    assert [c.index for c in r.choices] == [0, 1]
+    assert sum(len(c.logprobs.content) for c in r.choices) == r.usage.completion_tokens
+    for c in r.choices:
+        for t in c.logprobs.content:
+            assert t.logprob <= 0.0 and len(t.top_logprobs) == 2
+    # The same seed gives the same choices again.
+    again = client.chat.completions.create(
+        model=CHAT_MODEL, messages=QUESTION, n=2, seed=7, temperature=0.8, max_tokens=6,
+        presence_penalty=0.5, frequency_penalty=0.5,
+    )
+    assert [c.message.content for c in again.choices] == [c.message.content for c in r.choices]
