@@ -50,6 +50,9 @@ pub struct SamplingParams {
     pub logprobs: Option<usize>,
     /// Number of completions (choices) generated for the prompt.
     pub n: usize,
+    /// Scheduling priority: lower values are admitted first and preempted
+    /// last (vLLM's convention); ties go to the earlier request.
+    pub priority: i32,
 }
 
 /// The most alternatives `logprobs` may ask for (OpenAI allows 20).
@@ -75,6 +78,7 @@ impl Default for SamplingParams {
             logit_bias: Vec::new(),
             logprobs: None,
             n: 1,
+            priority: 0,
         }
     }
 }

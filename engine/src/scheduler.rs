@@ -96,6 +96,11 @@ impl Sequence {
         self.tokens.is_empty()
     }
 
+    /// Scheduling order: priority first, then arrival.
+    fn order(&self) -> (i32, RequestId) {
+        (self.params.priority, self.id)
+    }
+
     /// Generated tokens so far.
     pub fn output(&self) -> &[u32] {
         &self.tokens[self.prompt_len..]
@@ -159,8 +164,15 @@ impl Scheduler {
         if self.waiting.len() >= self.config.max_waiting {
             return Err(Box::new(seq));
         }
-        self.waiting.push_back(seq);
+        self.enqueue(seq);
         Ok(())
+    }
+
+    /// Inserts into the waiting queue in (priority, arrival) order.
+    fn enqueue(&mut self, seq: Sequence) {
+        let key = seq.order();
+        let at = self.waiting.partition_point(|w| w.order() <= key);
+        self.waiting.insert(at, seq);
     }
 
     /// Removes a sequence wherever it is (freeing its blocks).
@@ -201,9 +213,12 @@ impl Scheduler {
                 i += 1;
                 continue;
             }
-            // Out of blocks: preempt from the back (the newest admissions).
+            // Out of blocks: preempt the least urgent sequence not yet
+            // scheduled this step (lowest priority, then newest).
             preempted = true;
-            let victim = self.running.len() - 1;
+            let victim = (i..self.running.len())
+                .max_by_key(|&j| self.running[j].order())
+                .unwrap_or(i);
             self.preempt(victim);
             // If that was this very sequence, it waits with the rest.
         }
@@ -282,7 +297,7 @@ impl Scheduler {
         seq.num_computed = 0;
         self.preemptions += 1;
         tracing::debug!(seq = %seq.id, "preempted (out of KV blocks)");
-        self.waiting.push_front(seq);
+        self.enqueue(seq);
     }
 
     /// The next `n` tokens of running sequence `index` as a chunk.
@@ -628,6 +643,28 @@ mod tests {
         assert_eq!(b.chunks[0].start_pos, 28);
         assert_eq!(b.chunks[0].tokens.len(), 2);
         assert_eq!(s.kv.prefix_hits, 28);
+    }
+
+    #[test]
+    fn higher_priority_requests_are_admitted_first_and_preempted_last() {
+        let mut s = Scheduler::new(
+            SchedulerConfig {
+                max_num_seqs: 1,
+                ..config(512)
+            },
+            KvManager::new(64, 4),
+        );
+        let mut low = seq(1, 4, 2);
+        low.params.priority = 5;
+        let mut high = seq(2, 4, 2);
+        high.params.priority = -1;
+        s.add(low).expect("room");
+        s.add(high).expect("room");
+        s.add(seq(3, 4, 2)).expect("room");
+        let order: Vec<u64> = s.waiting.iter().map(|q| q.id.0).collect();
+        assert_eq!(order, [2, 3, 1]);
+        let b = s.schedule();
+        assert_eq!(b.chunks[0].seq, RequestId(2));
     }
 
     #[test]

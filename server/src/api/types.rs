@@ -77,6 +77,7 @@ pub struct CommonParams {
     pub stop_token_ids: Vec<u32>,
     pub min_p: Option<f32>,
     pub repetition_penalty: Option<f32>,
+    pub priority: Option<i32>,
     pub unknown: Vec<String>,
 }
 
@@ -113,6 +114,8 @@ macro_rules! generation_request {
             pub min_p: Option<f32>,
             /// vLLM extension: repetition penalty (1 disables).
             pub repetition_penalty: Option<f32>,
+            /// vLLM extension: scheduling priority (lower runs first).
+            pub priority: Option<i32>,
             /// Anything else: refused by name rather than silently ignored.
             #[serde(flatten)]
             pub unknown: BTreeMap<String, Value>,
@@ -137,6 +140,7 @@ macro_rules! generation_request {
                     stop_token_ids: self.stop_token_ids.clone(),
                     min_p: self.min_p,
                     repetition_penalty: self.repetition_penalty,
+                    priority: self.priority,
                     unknown: self.unknown.keys().cloned().collect(),
                 }
             }

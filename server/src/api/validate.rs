@@ -97,6 +97,7 @@ fn sampling(
         logit_bias: logit_bias(c)?,
         logprobs,
         n,
+        priority: c.priority.unwrap_or(0),
     };
     params.validate()?;
     Ok(params)
