@@ -32,6 +32,15 @@ async fn collect(
     panic!("stream ended without Finished");
 }
 
+fn smollm2(config: EngineConfig) -> EngineHandle {
+    EngineHandle::start_gguf(
+        &common::model_path(common::SMOLLM2),
+        &Default::default(),
+        config,
+    )
+    .expect("load SmolLM2")
+}
+
 fn chat_prompt(handle: &EngineHandle, question: &str) -> Vec<u32> {
     let text = handle
         .render_chat(&[ChatMessage::new("user", question)])
@@ -41,12 +50,7 @@ fn chat_prompt(handle: &EngineHandle, question: &str) -> Vec<u32> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn smollm2_answers_the_capital_of_france_greedily() {
-    let handle = EngineHandle::start_gguf(
-        &common::model_path(common::SMOLLM2),
-        &Default::default(),
-        EngineConfig::default(),
-    )
-    .expect("load SmolLM2");
+    let handle = smollm2(EngineConfig::default());
     let prompt = chat_prompt(&handle, "What is the capital of France?");
     let params = SamplingParams {
         temperature: 0.0,
@@ -69,12 +73,7 @@ async fn smollm2_answers_the_capital_of_france_greedily() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stop_string_cuts_the_answer_before_it() {
-    let handle = EngineHandle::start_gguf(
-        &common::model_path(common::SMOLLM2),
-        &Default::default(),
-        EngineConfig::default(),
-    )
-    .expect("load SmolLM2");
+    let handle = smollm2(EngineConfig::default());
     let prompt = chat_prompt(&handle, "What is the capital of France?");
     let params = SamplingParams {
         temperature: 0.0,
@@ -160,12 +159,7 @@ async fn greedy_ids(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn prompts_decoded_together_match_each_decoded_alone() {
-    let handle = EngineHandle::start_gguf(
-        &common::model_path(common::SMOLLM2),
-        &Default::default(),
-        EngineConfig::default(),
-    )
-    .expect("load SmolLM2");
+    let handle = smollm2(EngineConfig::default());
     let questions = [
         "What is the capital of France?",
         "Name three colours.",
@@ -209,9 +203,7 @@ async fn prompts_decoded_together_match_each_decoded_alone() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_shared_200_token_prefix_is_computed_once_and_gives_the_same_answer() {
-    let path = common::model_path(common::SMOLLM2);
-    let handle = EngineHandle::start_gguf(&path, &Default::default(), EngineConfig::default())
-        .expect("load");
+    let handle = smollm2(EngineConfig::default());
     let system = "You are a meticulous assistant. ".repeat(36);
     let ask = |q: &str| {
         let msgs = [
@@ -247,20 +239,17 @@ async fn a_shared_200_token_prefix_is_computed_once_and_gives_the_same_answer() 
     );
     handle.shutdown();
     // The cached prefix gives exactly what a cold engine computes.
-    let cold = EngineHandle::start_gguf(&path, &Default::default(), EngineConfig::default())
-        .expect("load");
+    let cold = smollm2(EngineConfig::default());
     assert_eq!(greedy_ids(&cold, b, 8).await.0, ids_b);
     cold.shutdown();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn greedy_output_is_identical_with_prompt_lookup_speculation() {
-    let path = common::model_path(common::SMOLLM2);
     let mut spec = EngineConfig::default();
     spec.scheduler.num_speculative_tokens = 4;
-    let with = EngineHandle::start_gguf(&path, &Default::default(), spec).expect("load");
-    let without = EngineHandle::start_gguf(&path, &Default::default(), EngineConfig::default())
-        .expect("load");
+    let with = smollm2(spec);
+    let without = smollm2(EngineConfig::default());
     let q = "Repeat this list exactly, twice: apple, banana, cherry, date, elderberry, fig, grape.";
     let prompt = chat_prompt(&with, q);
     let (a, _) = greedy_ids(&with, prompt.clone(), 48).await;

@@ -43,6 +43,17 @@ pub enum ApiError {
     Engine(#[from] EngineError),
 }
 
+/// OpenAI's error type for requests the client must fix.
+const INVALID: &str = "invalid_request_error";
+
+/// Status, OpenAI error type, param and code of one error.
+type Parts = (
+    StatusCode,
+    &'static str,
+    Option<String>,
+    Option<&'static str>,
+);
+
 #[derive(Serialize)]
 struct Body<'a> {
     error: ErrorObject<'a>,
@@ -67,16 +78,8 @@ impl ApiError {
     }
 
     /// Status, OpenAI error type, param and code.
-    fn parts(
-        &self,
-    ) -> (
-        StatusCode,
-        &'static str,
-        Option<String>,
-        Option<&'static str>,
-    ) {
+    fn parts(&self) -> Parts {
         use StatusCode as S;
-        const INVALID: &str = "invalid_request_error";
         match self {
             Self::InvalidJson { param, .. } => (S::BAD_REQUEST, INVALID, param.clone(), None),
             Self::InvalidParam { param, .. } => {
@@ -129,16 +132,8 @@ impl ApiError {
     }
 }
 
-fn engine_parts(
-    e: &EngineError,
-) -> (
-    StatusCode,
-    &'static str,
-    Option<String>,
-    Option<&'static str>,
-) {
+fn engine_parts(e: &EngineError) -> Parts {
     use StatusCode as S;
-    const INVALID: &str = "invalid_request_error";
     match e {
         EngineError::Validation { field, .. } => {
             (S::BAD_REQUEST, INVALID, Some((*field).into()), None)
