@@ -110,10 +110,14 @@ pub fn matmul_with(
         Isa::Scalar
     };
     let acts = quantize_activations(x, w.cols);
+    let act_d: Vec<f32> = acts.iter().map(|b| b.d).collect();
+    let act_s: Vec<f32> = acts.iter().map(|b| b.s).collect();
     let job = Job {
         isa,
         w,
         acts: &acts,
+        act_d: &act_d,
+        act_s: &act_s,
         nb: w.blocks_per_row(),
         m,
         out: OutPtr(out.as_mut_ptr()),
@@ -143,6 +147,9 @@ struct Job<'a> {
     isa: Isa,
     w: &'a QMatrix,
     acts: &'a [Q8Block],
+    /// Each block's `d` and `s`, contiguous (vector loads in the SIMD tiles).
+    act_d: &'a [f32],
+    act_s: &'a [f32],
     /// Blocks per row.
     nb: usize,
     /// Activation rows.
@@ -237,13 +244,26 @@ mod simd {
 
         /// Rows `r..r + NR` against every activation row, `MR` at a time.
         fn tiles<const T: u8, const NR: usize, const MR: usize>(&self, r: usize) {
-            let Job { w, acts, nb, m, .. } = *self.job;
+            let Job {
+                w,
+                acts,
+                act_d,
+                act_s,
+                nb,
+                m,
+                ..
+            } = *self.job;
+            let scales = |i: usize| x86::ActScales {
+                d: act_d[i * nb..].as_ptr(),
+                s: act_s[i * nb..].as_ptr(),
+            };
             let wp: [*const u8; NR] = std::array::from_fn(|k| w.row(self.r0 + r + k).as_ptr());
             let mut i = 0;
             while i + MR <= m {
                 let x: [*const Q8Block; MR] =
                     std::array::from_fn(|k| acts[(i + k) * nb..].as_ptr());
-                let out = self.tile::<T, NR, MR>(wp, x);
+                let xs: [x86::ActScales; MR] = std::array::from_fn(|k| scales(i + k));
+                let out = self.tile::<T, NR, MR>(wp, x, xs);
                 for (k, row) in out.iter().enumerate() {
                     for (j, &v) in row.iter().enumerate() {
                         self.job.store(i + j, self.r0 + r + k, v);
@@ -253,7 +273,7 @@ mod simd {
             }
             while i < m {
                 let x = [acts[i * nb..].as_ptr()];
-                let out = self.tile::<T, NR, 1>(wp, x);
+                let out = self.tile::<T, NR, 1>(wp, x, [scales(i)]);
                 for (k, row) in out.iter().enumerate() {
                     self.job.store(i, self.r0 + r + k, row[0]);
                 }
@@ -265,15 +285,16 @@ mod simd {
             &self,
             w: [*const u8; NR],
             x: [*const Q8Block; MR],
+            xs: [x86::ActScales; MR],
         ) -> [[f32; MR]; NR] {
             // SAFETY: `isa` was checked against the CPU's features; the row
             // pointers come from `QMatrix::row` (each `nb` blocks long) and the
             // activation pointers start rows of `nb` blocks inside `acts`.
             unsafe {
                 if self.vnni {
-                    x86::tile_vnni::<T, NR, MR>(w, x, self.job.nb)
+                    x86::tile_vnni::<T, NR, MR>(w, x, xs, self.job.nb)
                 } else {
-                    x86::tile_avx2::<T, NR, MR>(w, x, self.job.nb)
+                    x86::tile_avx2::<T, NR, MR>(w, x, xs, self.job.nb)
                 }
             }
         }
