@@ -226,14 +226,14 @@ mod simd {
         fn run<const T: u8>(&self, rows: usize) {
             let mut r = 0;
             if self.job.m >= 4 {
-                while r + 2 <= rows {
-                    self.tiles::<T, 2, 4>(r);
-                    r += 2;
+                while r + 1 <= rows {
+                    self.tiles::<T, 1, 4>(r);
+                    r += 1;
                 }
             } else {
-                while r + 4 <= rows {
-                    self.tiles::<T, 4, 1>(r);
-                    r += 4;
+                while r + 2 <= rows {
+                    self.tiles::<T, 2, 1>(r);
+                    r += 2;
                 }
             }
             while r < rows {
