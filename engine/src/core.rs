@@ -161,6 +161,11 @@ impl EngineCore {
             }
         };
         let (tokens, finished) = self.scheduler.update(&batch, &logits);
+        // Counters first, so a client that sees this step's tokens also sees
+        // this step in the statistics.
+        self.stats
+            .record_step(batch.num_tokens(), tokens.len(), started.elapsed());
+        self.publish_stats();
         let mut dead = Vec::new();
         for t in &tokens {
             let alive = self.senders.get(&t.seq).is_some_and(|tx| {
@@ -187,8 +192,6 @@ impl EngineCore {
                 self.finish(seq, Ok(FinishReason::Abort));
             }
         }
-        self.stats
-            .record_step(batch.num_tokens(), tokens.len(), started.elapsed());
         self.publish_stats();
         true
     }

@@ -226,7 +226,7 @@ mod simd {
         fn run<const T: u8>(&self, rows: usize) {
             let mut r = 0;
             if self.job.m >= 4 {
-                while r + 1 <= rows {
+                while r < rows {
                     self.tiles::<T, 1, 4>(r);
                     r += 1;
                 }
