@@ -56,7 +56,7 @@ fn main() {
             n as f64 / ms * 1e3
         );
     }
-    for seqs in [1usize, 4, 16] {
+    for seqs in [1usize, 4, 16, 32] {
         let prefill = ModelBatch {
             chunks: (0..seqs as u64).map(|s| chunk(s, 0, 32)).collect(),
         };
