@@ -1,12 +1,12 @@
 //! Causal grouped-query attention over the paged KV cache.
 //!
-//! Each (query token, KV head) pair is one parallel task: it converts the
-//! keys of one block at a time from f16 (contiguous per head, see
-//! `KvStorage`), scores every query head of its group against them, takes a
+//! Each (query token, KV head) pair is one parallel task: block by block it
+//! scores every query head of its group against the f16 keys (contiguous
+//! per head, see `KvStorage`) with the SIMD loops in `kernels`, takes a
 //! numerically stable softmax over the visible positions `0..=pos`, then
 //! accumulates the values the same way.
 
-use half::slice::HalfFloatSliceExt;
+use kernels::cpu::attention::{scores_f16, weighted_sum_f16};
 use rayon::prelude::*;
 
 use crate::kv_cache::KvStorage;
@@ -36,78 +36,70 @@ pub fn paged_attention(
         .enumerate()
         .for_each(|(task, o)| {
             let (t, kvh) = (task / s.n_kv_head, task % s.n_kv_head);
-            let (pos, table) = queries[t];
             let qs = &q[(t * s.n_head + kvh * group) * s.head_dim..][..group * s.head_dim];
-            attend_one(qs, pos, table, kv, layer, kvh, s, o);
+            attend_one(
+                LayerCtx {
+                    kv,
+                    layer,
+                    shape: s,
+                },
+                qs,
+                queries[t],
+                kvh,
+                o,
+            );
         });
     out
 }
 
-/// Attention of one token's `group` query heads sharing KV head `kvh`.
-#[allow(clippy::too_many_arguments)]
-fn attend_one(
-    qs: &[f32],
-    pos: usize,
-    table: &[u32],
-    kv: &KvStorage,
+/// What every attention task of one layer shares.
+#[derive(Clone, Copy)]
+struct LayerCtx<'a> {
+    kv: &'a KvStorage,
     layer: usize,
+    shape: AttnShape,
+}
+
+/// Attention of one token's `group` query heads `qs`, which share KV head
+/// `kvh`, over positions `0..=pos` of the sequence with block table `table`.
+fn attend_one(
+    c: LayerCtx<'_>,
+    qs: &[f32],
+    (pos, table): (usize, &[u32]),
     kvh: usize,
-    s: AttnShape,
     o: &mut [f32],
 ) {
-    let (hd, bs) = (s.head_dim, s.block_size);
+    let (hd, bs) = (c.shape.head_dim, c.shape.block_size);
     let group = qs.len() / hd;
     let n = pos + 1;
     let scale = 1.0 / (hd as f32).sqrt();
     let mut scores = vec![0.0f32; group * n];
-    let mut buf = vec![0.0f32; bs * hd];
-    for (bi, &block) in table.iter().enumerate().take(n.div_ceil(bs)) {
+    let blocks = table.iter().enumerate().take(n.div_ceil(bs));
+    for (bi, &block) in blocks.clone() {
         let len = bs.min(n - bi * bs);
-        kv.k(layer, block, kvh, len)
-            .convert_to_f32_slice(&mut buf[..len * hd]);
+        let keys = c.kv.k(c.layer, block, kvh, len);
         for g in 0..group {
-            let qv = &qs[g * hd..(g + 1) * hd];
-            for (slot, kvec) in buf[..len * hd].chunks_exact(hd).enumerate() {
-                scores[g * n + bi * bs + slot] = dot(qv, kvec) * scale;
-            }
+            let at = g * n + bi * bs;
+            scores_f16(
+                &qs[g * hd..(g + 1) * hd],
+                keys,
+                scale,
+                &mut scores[at..at + len],
+            );
         }
     }
     for row in scores.chunks_exact_mut(n) {
         softmax_in_place(row);
     }
     o.fill(0.0);
-    for (bi, &block) in table.iter().enumerate().take(n.div_ceil(bs)) {
+    for (bi, &block) in blocks {
         let len = bs.min(n - bi * bs);
-        kv.v(layer, block, kvh, len)
-            .convert_to_f32_slice(&mut buf[..len * hd]);
+        let values = c.kv.v(c.layer, block, kvh, len);
         for g in 0..group {
-            let og = &mut o[g * hd..(g + 1) * hd];
-            for (slot, vvec) in buf[..len * hd].chunks_exact(hd).enumerate() {
-                let p = scores[g * n + bi * bs + slot];
-                for (a, b) in og.iter_mut().zip(vvec) {
-                    *a += p * b;
-                }
-            }
+            let at = g * n + bi * bs;
+            weighted_sum_f16(&scores[at..at + len], values, &mut o[g * hd..(g + 1) * hd]);
         }
     }
-}
-
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    // Eight partial sums let the compiler vectorize without reassociation.
-    let mut acc = [0.0f32; 8];
-    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
-    let tail: f32 = ca
-        .remainder()
-        .iter()
-        .zip(cb.remainder())
-        .map(|(x, y)| x * y)
-        .sum();
-    for (x, y) in ca.zip(cb) {
-        for i in 0..8 {
-            acc[i] += x[i] * y[i];
-        }
-    }
-    acc.iter().sum::<f32>() + tail
 }
 
 fn softmax_in_place(row: &mut [f32]) {

@@ -8,6 +8,7 @@
 //! AVX2+FMA+F16C, then portable scalar code. `SYNOR_KERNELS=scalar|avx2`
 //! forces a lower path (for tests and comparisons).
 
+pub mod attention;
 pub mod scalar;
 #[cfg(target_arch = "x86_64")]
 pub mod x86;
