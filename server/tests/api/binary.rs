@@ -81,3 +81,60 @@ async fn sigterm_stops_the_server_cleanly() {
         .expect("join");
     assert!(status.success(), "exit status {status:?}");
 }
+
+#[tokio::test]
+async fn a_storm_of_cancelled_and_finished_streams_leaves_nothing_behind() {
+    let synor = Synor::start();
+    let client = reqwest::Client::new();
+    let mut tasks = Vec::new();
+    for i in 0..24u64 {
+        let (client, url) = (client.clone(), synor.url("/v1/chat/completions"));
+        tasks.push(tokio::spawn(async move {
+            let body = json!({
+                "model": TINY, "messages": [{"role": "user", "content": format!("request {i}")}],
+                "max_tokens": 40 + i, "ignore_eos": true, "stream": true, "n": 1 + i % 3, "seed": i,
+            });
+            let resp = client.post(url).json(&body).send().await.expect("send");
+            assert_eq!(resp.status(), 200);
+            let mut bytes = resp.bytes_stream();
+            // Every other client hangs up after a few chunks.
+            let limit = if i % 2 == 0 { 3 } else { usize::MAX };
+            let mut chunks = 0;
+            let mut done = false;
+            while let Some(piece) = bytes.next().await {
+                let text = String::from_utf8_lossy(&piece.expect("chunk")).into_owned();
+                chunks += text.matches("data: ").count();
+                done |= text.contains("[DONE]");
+                if chunks >= limit {
+                    break;
+                }
+            }
+            assert!(done || i % 2 == 0, "request {i} ended without [DONE]");
+        }));
+    }
+    for t in tasks {
+        t.await.expect("client task");
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let health: Value = client
+            .get(synor.url("/health"))
+            .send()
+            .await
+            .expect("health")
+            .json()
+            .await
+            .expect("json");
+        let m = &health["models"][0];
+        let idle =
+            m["running"] == 0 && m["waiting"] == 0 && m["kv_cache_usage"].as_f64() == Some(0.0);
+        if idle {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "engine not idle after the storm: {m}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
