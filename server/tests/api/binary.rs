@@ -7,7 +7,8 @@ use serde_json::{Value, json};
 
 use crate::helpers::{Synor, TINY};
 
-async fn running(client: &reqwest::Client, synor: &Synor) -> u64 {
+/// The first model's statistics from `/health`.
+async fn engine_stats(client: &reqwest::Client, synor: &Synor) -> Value {
     let health: Value = client
         .get(synor.url("/health"))
         .send()
@@ -16,10 +17,13 @@ async fn running(client: &reqwest::Client, synor: &Synor) -> u64 {
         .json()
         .await
         .expect("json");
-    health["models"][0]["running"]
-        .as_u64()
-        .expect("running count")
-        + health["models"][0]["waiting"].as_u64().unwrap_or(0)
+    health["models"][0].clone()
+}
+
+/// Sequences running or waiting in the engine.
+async fn running(client: &reqwest::Client, synor: &Synor) -> u64 {
+    let m = engine_stats(client, synor).await;
+    m["running"].as_u64().expect("running count") + m["waiting"].as_u64().unwrap_or(0)
 }
 
 #[tokio::test]
@@ -117,15 +121,7 @@ async fn a_storm_of_cancelled_and_finished_streams_leaves_nothing_behind() {
     }
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        let health: Value = client
-            .get(synor.url("/health"))
-            .send()
-            .await
-            .expect("health")
-            .json()
-            .await
-            .expect("json");
-        let m = &health["models"][0];
+        let m = engine_stats(&client, &synor).await;
         let idle =
             m["running"] == 0 && m["waiting"] == 0 && m["kv_cache_usage"].as_f64() == Some(0.0);
         if idle {
