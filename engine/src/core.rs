@@ -11,6 +11,7 @@ use tokio::sync::mpsc::UnboundedSender;
 
 use crate::error::EngineError;
 use crate::executor::Executor;
+use crate::model::ModelBatch;
 use crate::request::{FinishReason, GenerateRequest, RequestId, TokenLogprob, Usage};
 use crate::scheduler::{Scheduler, Sequence};
 use crate::stats::StatsCell;
@@ -150,7 +151,7 @@ impl EngineCore {
             return false;
         }
         let started = Instant::now();
-        let logits = match self.executor.execute(&batch) {
+        let logits = match self.execute_guarded(&batch) {
             Ok(l) => l,
             Err(e) => {
                 tracing::error!(error = %e, "engine step failed");
@@ -196,6 +197,21 @@ impl EngineCore {
         true
     }
 
+    /// Runs the executor; a panic inside it (a bug) fails this step's
+    /// sequences instead of killing the engine thread for every request.
+    fn execute_guarded(&mut self, batch: &ModelBatch) -> Result<Vec<Vec<f32>>, EngineError> {
+        let executor = &mut self.executor;
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| executor.execute(batch)))
+            .unwrap_or_else(|panic| {
+                let msg = panic
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "unknown panic".to_string());
+                Err(EngineError::Execution(format!("executor panicked: {msg}")))
+            })
+    }
+
     /// Frees a sequence and tells its stream how it ended.
     fn finish(&mut self, seq: Sequence, outcome: Result<FinishReason, EngineError>) {
         self.executor.release(seq.id);
@@ -228,5 +244,89 @@ impl EngineCore {
         );
         self.stats
             .set_spec(self.scheduler.spec_proposed, self.scheduler.spec_accepted);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::mpsc;
+
+    use super::*;
+    use crate::kv_cache::KvManager;
+    use crate::request::SamplingParams;
+    use crate::scheduler::SchedulerConfig;
+
+    /// Panics on any step that includes request 1; otherwise always
+    /// predicts token 3.
+    struct Flaky;
+
+    impl Executor for Flaky {
+        fn execute(&mut self, batch: &ModelBatch) -> crate::error::Result<Vec<Vec<f32>>> {
+            assert!(
+                batch.chunks.iter().all(|c| c.seq != RequestId(1)),
+                "kernel bug on request 1"
+            );
+            Ok(batch
+                .chunks
+                .iter()
+                .flat_map(|c| 0..c.num_logits())
+                .map(|_| vec![0.0, 0.0, 0.0, 9.0])
+                .collect())
+        }
+
+        fn release(&mut self, _seq: RequestId) {}
+    }
+
+    fn add(tx: &mpsc::Sender<Command>, id: u64) -> tokio::sync::mpsc::UnboundedReceiver<CoreEvent> {
+        let (events, rx) = tokio::sync::mpsc::unbounded_channel();
+        let params = SamplingParams {
+            temperature: 0.0,
+            max_tokens: 2,
+            ..Default::default()
+        };
+        let req = Box::new(GenerateRequest {
+            prompt_tokens: vec![1, 2],
+            params,
+        });
+        tx.send(Command::Add {
+            id: RequestId(id),
+            req,
+            wait_for: None,
+            events,
+        })
+        .expect("core alive");
+        rx
+    }
+
+    #[test]
+    fn a_panicking_executor_fails_its_requests_and_the_engine_keeps_serving() {
+        let (tx, rx) = mpsc::channel();
+        let sched = Scheduler::new(SchedulerConfig::default(), KvManager::new(16, 4));
+        let core = EngineCore::new(
+            sched,
+            Box::new(Flaky),
+            rx,
+            vec![0],
+            Arc::new(StatsCell::default()),
+        );
+        let thread = std::thread::spawn(move || core.run());
+        let mut bad = add(&tx, 1);
+        match bad.blocking_recv() {
+            Some(CoreEvent::Failed(EngineError::Execution(msg))) => {
+                assert!(msg.contains("kernel bug"), "{msg}")
+            }
+            other => panic!("expected an execution failure, got {other:?}"),
+        }
+        let mut good = add(&tx, 2);
+        let first = good.blocking_recv();
+        assert_eq!(
+            first,
+            Some(CoreEvent::Token {
+                id: 3,
+                logprob: None
+            })
+        );
+        tx.send(Command::Shutdown).expect("core alive");
+        thread.join().expect("engine thread survived");
     }
 }
