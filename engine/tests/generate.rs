@@ -8,28 +8,51 @@ use engine::{
 };
 use tokio_stream::StreamExt;
 
-async fn collect(
-    handle: &EngineHandle,
-    prompt: Vec<u32>,
-    params: SamplingParams,
-) -> (String, FinishReason, usize) {
-    let mut stream = handle
-        .submit(GenerateRequest {
-            prompt_tokens: prompt,
-            params,
-        })
-        .expect("submit");
-    let mut text = String::new();
+/// Everything one finished request produced.
+struct Run {
+    text: String,
+    ids: Vec<u32>,
+    reason: FinishReason,
+    usage: engine::Usage,
+}
+
+/// Submits one request and drains its stream.
+async fn run(handle: &EngineHandle, prompt: Vec<u32>, params: SamplingParams) -> Run {
+    let req = GenerateRequest {
+        prompt_tokens: prompt,
+        params,
+    };
+    let mut stream = handle.submit(req).expect("submit");
+    let (mut text, mut ids) = (String::new(), Vec::new());
     while let Some(ev) = stream.next().await {
         match ev {
-            TokenEvent::Delta { text: t, .. } => text.push_str(&t),
+            TokenEvent::Delta {
+                text: t, token_ids, ..
+            } => {
+                text.push_str(&t);
+                ids.extend(token_ids);
+            }
             TokenEvent::Finished { reason, usage } => {
-                return (text, reason, usage.completion_tokens);
+                return Run {
+                    text,
+                    ids,
+                    reason,
+                    usage,
+                };
             }
             TokenEvent::Failed(e) => panic!("generation failed: {e}"),
         }
     }
     panic!("stream ended without Finished");
+}
+
+async fn collect(
+    handle: &EngineHandle,
+    prompt: Vec<u32>,
+    params: SamplingParams,
+) -> (String, FinishReason, usize) {
+    let r = run(handle, prompt, params).await;
+    (r.text, r.reason, r.usage.completion_tokens)
 }
 
 fn smollm2(config: EngineConfig) -> EngineHandle {
@@ -140,21 +163,8 @@ async fn greedy_ids(
         max_tokens,
         ..Default::default()
     };
-    let mut stream = handle
-        .submit(GenerateRequest {
-            prompt_tokens: prompt,
-            params,
-        })
-        .expect("submit");
-    let mut ids = Vec::new();
-    while let Some(ev) = stream.next().await {
-        match ev {
-            TokenEvent::Delta { token_ids, .. } => ids.extend(token_ids),
-            TokenEvent::Finished { usage, .. } => return (ids, usage.cached_tokens),
-            TokenEvent::Failed(e) => panic!("generation failed: {e}"),
-        }
-    }
-    panic!("stream ended without Finished");
+    let r = run(handle, prompt, params).await;
+    (r.ids, r.usage.cached_tokens)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
