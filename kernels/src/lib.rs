@@ -2,6 +2,7 @@
 //! implementations they are tested against.
 //!
 //! - `quant`: GGML block formats (Q4_0, Q4_1, Q8_0) and Q8 activations;
+//! - `layout`: the interleaved 16-row weight layout the kernels read;
 //! - `cpu`: quantized matmul, multi-threaded, AVX-512 VNNI / AVX2 / scalar,
 //!   picked at run time;
 //! - `reference`: straightforward, obviously-correct versions of every op a
@@ -9,6 +10,7 @@
 //!   matmul): the test oracle for the fast paths here and in the engine.
 
 pub mod cpu;
+pub mod layout;
 pub mod quant;
 pub mod reference;
 

@@ -11,6 +11,8 @@
 
 use half::f16;
 
+use crate::layout;
+
 /// Weights (and activations) per quantization block.
 pub const QK: usize = 32;
 
@@ -47,7 +49,8 @@ pub enum KernelError {
 }
 
 /// A quantized weight matrix: `rows` output features, each a row of `cols`
-/// inputs, stored as GGML blocks (row-major, `cols / 32` blocks per row).
+/// inputs (`cols / 32` blocks per row), stored in the interleaved layout of
+/// `crate::layout` (16 rows per group) that the kernels read.
 #[derive(Debug, Clone)]
 pub struct QMatrix {
     pub ty: QuantType,
@@ -57,29 +60,25 @@ pub struct QMatrix {
 }
 
 impl QMatrix {
-    /// Wraps raw GGML block bytes, checking their length.
-    pub fn new(
-        ty: QuantType,
-        rows: usize,
-        cols: usize,
-        data: Vec<u8>,
-    ) -> Result<Self, KernelError> {
+    /// Takes raw GGML block bytes (row-major), checking their length, and
+    /// repacks them.
+    pub fn new(ty: QuantType, rows: usize, cols: usize, ggml: &[u8]) -> Result<Self, KernelError> {
         if !cols.is_multiple_of(QK) {
             return Err(KernelError::Unaligned(cols));
         }
         let expected = rows * cols / QK * ty.block_bytes();
-        if data.len() != expected {
+        if ggml.len() != expected {
             return Err(KernelError::Shape {
                 what: "quantized bytes",
                 expected,
-                got: data.len(),
+                got: ggml.len(),
             });
         }
         Ok(Self {
             ty,
             rows,
             cols,
-            data,
+            data: layout::pack(ty, rows, cols, ggml),
         })
     }
 
@@ -88,10 +87,24 @@ impl QMatrix {
         self.cols / QK
     }
 
-    /// The bytes of row `r`.
-    pub fn row(&self, r: usize) -> &[u8] {
-        let len = self.blocks_per_row() * self.ty.block_bytes();
-        &self.data[r * len..(r + 1) * len]
+    /// Groups of `layout::GROUP` rows (the last one may be padded).
+    pub fn groups(&self) -> usize {
+        self.rows.div_ceil(layout::GROUP)
+    }
+
+    /// The packed bytes of group `g`: `blocks_per_row` group blocks.
+    pub fn group(&self, g: usize) -> &[u8] {
+        let len = self.blocks_per_row() * layout::group_block_bytes(self.ty);
+        &self.data[g * len..(g + 1) * len]
+    }
+
+    /// The GGML bytes of row `r`.
+    pub fn ggml_row(&self, r: usize) -> Vec<u8> {
+        let gbb = layout::group_block_bytes(self.ty);
+        self.group(r / layout::GROUP)
+            .chunks_exact(gbb)
+            .flat_map(|gb| layout::read_lane(self.ty, gb, r % layout::GROUP))
+            .collect()
     }
 
     /// Stacks matrices with the same format and width into one (their rows
@@ -102,7 +115,7 @@ impl QMatrix {
             expected: 1,
             got: 0,
         })?;
-        let mut data = Vec::new();
+        let mut ggml = Vec::new();
         let mut rows = 0;
         for p in parts {
             if p.ty != first.ty || p.cols != first.cols {
@@ -112,16 +125,16 @@ impl QMatrix {
                     got: p.cols,
                 });
             }
-            data.extend_from_slice(&p.data);
+            ggml.extend((0..p.rows).flat_map(|r| p.ggml_row(r)));
             rows += p.rows;
         }
-        Self::new(first.ty, rows, first.cols, data)
+        Self::new(first.ty, rows, first.cols, &ggml)
     }
 
     /// Dequantizes row `r` (the reference for every kernel).
     pub fn dequantize_row(&self, r: usize) -> Vec<f32> {
         let bb = self.ty.block_bytes();
-        self.row(r)
+        self.ggml_row(r)
             .chunks_exact(bb)
             .flat_map(|b| dequantize_block(self.ty, b))
             .collect()
@@ -145,11 +158,11 @@ impl QMatrix {
         if !cols.is_multiple_of(QK) {
             return Err(KernelError::Unaligned(cols));
         }
-        let data = w
+        let data: Vec<u8> = w
             .chunks_exact(QK)
             .flat_map(|b| quantize_block(ty, b))
             .collect();
-        Self::new(ty, rows, cols, data)
+        Self::new(ty, rows, cols, &data)
     }
 }
 
@@ -234,27 +247,34 @@ pub struct Q8Block {
 
 /// Quantizes activation rows (`cols` wide, a multiple of 32) to Q8 blocks.
 pub fn quantize_activations(x: &[f32], cols: usize) -> Vec<Q8Block> {
-    x.chunks_exact(QK)
-        .map(|b| {
-            let amax = b.iter().fold(0.0f32, |a, v| a.max(v.abs()));
-            let d = amax / 127.0;
-            let id = if d != 0.0 { 1.0 / d } else { 0.0 };
-            let mut qs = [0i8; QK];
-            let mut sum = 0i32;
-            for (q, v) in qs.iter_mut().zip(b) {
-                // Round half away from zero without a libm call.
-                let t = v * id;
-                *q = (t + 0.5f32.copysign(t)) as i8;
-                sum += i32::from(*q);
-            }
-            debug_assert!(cols.is_multiple_of(QK));
-            Q8Block {
-                d,
-                s: d * sum as f32,
-                qs,
-            }
-        })
-        .collect()
+    debug_assert!(cols.is_multiple_of(QK));
+    x.chunks_exact(QK).map(quantize_block_q8).collect()
+}
+
+/// One block of 32 activations to Q8 (round half away from zero, as GGML).
+pub fn quantize_block_q8(b: &[f32]) -> Q8Block {
+    // Eight partial maxima: a shape the compiler turns into vector code.
+    let mut m = [0.0f32; 8];
+    for c in b.chunks_exact(8) {
+        for (mi, v) in m.iter_mut().zip(c) {
+            *mi = mi.max(v.abs());
+        }
+    }
+    let amax = m.iter().fold(0.0f32, |a, &v| a.max(v));
+    let d = amax / 127.0;
+    let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+    let mut qs = [0i8; QK];
+    for (q, v) in qs.iter_mut().zip(b) {
+        // Round half away from zero without a libm call.
+        let t = v * id;
+        *q = (t + 0.5f32.copysign(t)) as i8;
+    }
+    let sum: i32 = qs.iter().map(|&q| i32::from(q)).sum();
+    Q8Block {
+        d,
+        s: d * sum as f32,
+        qs,
+    }
 }
 
 #[cfg(test)]
@@ -289,11 +309,11 @@ mod tests {
     #[test]
     fn wrong_sizes_are_errors_not_panics() {
         assert!(matches!(
-            QMatrix::new(QuantType::Q4_1, 2, 32, vec![0; 39]),
+            QMatrix::new(QuantType::Q4_1, 2, 32, &[0; 39]),
             Err(KernelError::Shape { .. })
         ));
         assert_eq!(
-            QMatrix::new(QuantType::Q8_0, 1, 33, vec![]).err(),
+            QMatrix::new(QuantType::Q8_0, 1, 33, &[]).err(),
             Some(KernelError::Unaligned(33))
         );
     }

@@ -44,6 +44,9 @@ fn every_path_matches_the_reference_for_every_format_and_batch() {
         (4, 64, 576),
         (7, 37, 128),
         (16, 200, 64),
+        (11, 48, 96),
+        (20, 33, 160),
+        (64, 40, 288),
     ];
     for ty in [QuantType::Q4_0, QuantType::Q4_1, QuantType::Q8_0] {
         for &(m, rows, cols) in &shapes {

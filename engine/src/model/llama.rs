@@ -16,6 +16,7 @@ use candle_core::Device;
 use candle_core::quantized::gguf_file::Content;
 
 use super::attention::{AttnShape, paged_attention};
+use super::ops::{add_in_place, rms_norm, swiglu};
 use super::weights::{Linear, MultiLinear, vector};
 use super::{ModelBatch, SeqChunk};
 use crate::error::{EngineError, Result};
@@ -236,14 +237,7 @@ impl Llama {
             let attn = self.attention(li, layer, &h, &tokens, batch, kv)?;
             add_in_place(&mut x, &layer.wo.forward(&attn, t)?);
             let h = rms_norm(&x, &layer.ffn_norm, c.rms_eps);
-            let [mut gate, up]: [Vec<f32>; 2] = layer
-                .gate_up
-                .forward(&h, t)?
-                .try_into()
-                .map_err(|_| EngineError::Execution("gate/up split".into()))?;
-            for (g, u) in gate.iter_mut().zip(&up) {
-                *g = silu(*g) * u;
-            }
+            let gate = swiglu(&layer.gate_up.forward_concat(&h, t)?, layer.w_down.cols());
             add_in_place(&mut x, &layer.w_down.forward(&gate, t)?);
         }
         let rows = logit_rows(&batch.chunks);
@@ -394,28 +388,6 @@ fn logit_rows(chunks: &[SeqChunk]) -> Vec<usize> {
     rows
 }
 
-/// RMSNorm of each row (`weight.len()` wide).
-pub fn rms_norm(x: &[f32], weight: &[f32], eps: f32) -> Vec<f32> {
-    let dim = weight.len();
-    let mut out = Vec::with_capacity(x.len());
-    for row in x.chunks_exact(dim) {
-        let ms = row.iter().map(|v| v * v).sum::<f32>() / dim as f32;
-        let inv = 1.0 / (ms + eps).sqrt();
-        out.extend(row.iter().zip(weight).map(|(v, w)| v * inv * w));
-    }
-    out
-}
-
-fn silu(x: f32) -> f32 {
-    x / (1.0 + (-x).exp())
-}
-
-fn add_in_place(x: &mut [f32], y: &[f32]) {
-    for (a, b) in x.iter_mut().zip(y) {
-        *a += b;
-    }
-}
-
 fn add_rows(x: &mut [f32], bias: &[f32]) {
     for row in x.chunks_exact_mut(bias.len()) {
         add_in_place(row, bias);
@@ -512,14 +484,6 @@ mod tests {
                 assert!(max_diff(&got, &want) < 1e-5, "neox={neox} pos={pos}");
             }
         }
-    }
-
-    #[test]
-    fn rms_norm_matches_the_reference() {
-        let mut rng = StdRng::seed_from_u64(5);
-        let x = random(&mut rng, 7 * 48);
-        let w = random(&mut rng, 48);
-        assert!(max_diff(&rms_norm(&x, &w, 1e-5), &reference::rms_norm(&x, &w, 1e-5)) < 1e-5);
     }
 
     #[test]

@@ -4,6 +4,7 @@
 pub mod attention;
 pub mod bert;
 pub mod llama;
+pub mod ops;
 pub mod weights;
 
 use crate::kv_cache::BlockId;

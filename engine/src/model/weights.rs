@@ -51,7 +51,7 @@ impl Linear {
             let bytes = qt
                 .data()
                 .map_err(|e| EngineError::Load(format!("`{name}`: {e}")))?;
-            let m = QMatrix::new(ty, rows, cols, bytes.into_owned())
+            let m = QMatrix::new(ty, rows, cols, &bytes)
                 .map_err(|e| EngineError::Load(format!("`{name}`: {e}")))?;
             return Ok(Self::Quant(Arc::new(m)));
         }
@@ -144,6 +144,27 @@ impl MultiLinear {
             });
         }
         Ok(Self::Separate(parts))
+    }
+
+    /// `m` rows of `x` through every part, the parts' outputs side by side
+    /// in each row (`m x Σ rows_i`).
+    pub fn forward_concat(&self, x: &[f32], m: usize) -> Result<Vec<f32>> {
+        match self {
+            Self::Fused { w, .. } => w.forward(x, m),
+            Self::Separate(parts) => {
+                let outs = parts
+                    .iter()
+                    .map(|p| p.forward(x, m))
+                    .collect::<Result<Vec<_>>>()?;
+                let mut all = Vec::with_capacity(outs.iter().map(Vec::len).sum());
+                for i in 0..m {
+                    for (out, p) in outs.iter().zip(parts) {
+                        all.extend_from_slice(&out[i * p.rows()..(i + 1) * p.rows()]);
+                    }
+                }
+                Ok(all)
+            }
+        }
     }
 
     /// `m` rows of `x` through every part: one `m x rows_i` output per part.

@@ -1,8 +1,9 @@
 //! Quantized matrix multiplication on the CPU: `y = x · Wᵀ` for activation
-//! rows `x` (f32, quantized to Q8 on the fly) and a GGML-quantized weight
-//! matrix `W`. The weight rows are split across threads (rayon); within a
-//! thread, SIMD tiles reuse each unpacked weight block for several
-//! activation rows, so a batched step reads each weight once.
+//! rows `x` (f32, quantized to Q8 on the fly) and a quantized weight matrix
+//! `W` in the interleaved 16-row layout (`crate::layout`). Groups of 16
+//! weight rows are split across threads (rayon); within a thread, SIMD
+//! tiles reuse each unpacked weight block for up to 8 activation rows, so a
+//! batched step reads each weight once.
 //!
 //! The instruction set is picked once at run time: AVX-512 VNNI, then
 //! AVX2+FMA+F16C, then portable scalar code. `SYNOR_KERNELS=scalar|avx2`
@@ -17,7 +18,8 @@ use std::sync::OnceLock;
 
 use rayon::prelude::*;
 
-use crate::quant::{KernelError, Q8Block, QMatrix, quantize_activations};
+use crate::layout::GROUP;
+use crate::quant::{KernelError, Q8Block, QK, QMatrix, quantize_activations, quantize_block_q8};
 
 /// The SIMD path in use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -75,8 +77,9 @@ impl PartialOrd for Isa {
     }
 }
 
-/// Output rows per parallel task: enough work to amortize scheduling.
-const ROWS_PER_TASK: usize = 64;
+/// Multiply-accumulates per parallel task: enough work to amortize the
+/// scheduling (about a few microseconds).
+const MACS_PER_TASK: usize = 1 << 19;
 
 /// `out[i * w.rows + r] = Σ_k x[i * w.cols + k] * W[r][k]` for `m` rows of `x`.
 pub fn matmul(w: &QMatrix, x: &[f32], m: usize, out: &mut [f32]) -> Result<(), KernelError> {
@@ -110,29 +113,61 @@ pub fn matmul_with(
     } else {
         Isa::Scalar
     };
-    let acts = quantize_activations(x, w.cols);
-    let act_d: Vec<f32> = acts.iter().map(|b| b.d).collect();
-    let act_s: Vec<f32> = acts.iter().map(|b| b.s).collect();
+    let acts = quantize_rows(x, w.cols);
     let job = Job {
         isa,
         w,
         acts: &acts,
-        act_d: &act_d,
-        act_s: &act_s,
         nb: w.blocks_per_row(),
         m,
         out: OutPtr(out.as_mut_ptr()),
     };
-    let tasks = w.rows.div_ceil(ROWS_PER_TASK);
-    (0..tasks).into_par_iter().for_each(|t| {
-        let r0 = t * ROWS_PER_TASK;
-        job.rows(r0, ROWS_PER_TASK.min(w.rows - r0));
-    });
+    let groups = w.groups();
+    let per_task = groups_per_task(groups, m * w.cols * GROUP);
+    (0..groups.div_ceil(per_task))
+        .into_par_iter()
+        .for_each(|t| {
+            let g0 = t * per_task;
+            for g in g0..(g0 + per_task).min(groups) {
+                job.group(g);
+            }
+        });
     Ok(())
 }
 
+/// The activations as Q8 blocks; large batches are quantized in parallel.
+fn quantize_rows(x: &[f32], cols: usize) -> Vec<Q8Block> {
+    if x.len() < 16 * 1024 {
+        return quantize_activations(x, cols);
+    }
+    let mut acts = vec![
+        Q8Block {
+            d: 0.0,
+            s: 0.0,
+            qs: [0; QK],
+        };
+        x.len() / QK
+    ];
+    acts.par_chunks_mut(256)
+        .zip(x.par_chunks(256 * QK))
+        .for_each(|(a, xs)| {
+            for (blk, xb) in a.iter_mut().zip(xs.chunks_exact(QK)) {
+                *blk = quantize_block_q8(xb);
+            }
+        });
+    acts
+}
+
+/// Groups per task: about `MACS_PER_TASK` of work, but at least four tasks
+/// per thread when there are enough groups (work stealing evens them out).
+fn groups_per_task(groups: usize, macs_per_group: usize) -> usize {
+    let balanced = groups.div_ceil(4 * rayon::current_num_threads()).max(1);
+    (MACS_PER_TASK / macs_per_group.max(1)).clamp(1, balanced)
+}
+
 /// The output buffer, shared by the tasks of one matmul. Each task writes
-/// only the columns (weight rows) it owns, so no element is written twice.
+/// only the columns (weight rows) of its own groups, so no element is
+/// written twice.
 #[derive(Clone, Copy)]
 struct OutPtr(*mut f32);
 
@@ -148,9 +183,6 @@ struct Job<'a> {
     isa: Isa,
     w: &'a QMatrix,
     acts: &'a [Q8Block],
-    /// Each block's `d` and `s`, contiguous (vector loads in the SIMD tiles).
-    act_d: &'a [f32],
-    act_s: &'a [f32],
     /// Blocks per row.
     nb: usize,
     /// Activation rows.
@@ -160,144 +192,87 @@ struct Job<'a> {
 }
 
 impl Job<'_> {
-    /// Computes weight rows `r0..r0 + n` against every activation row.
-    fn rows(&self, r0: usize, n: usize) {
+    /// Computes the 16 weight rows of group `g` against every activation row.
+    fn group(&self, g: usize) {
         match self.isa {
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx2 | Isa::Avx512Vnni => simd::rows(self, r0, n),
+            Isa::Avx2 | Isa::Avx512Vnni => simd::group(self, g),
             _ => {
                 let nb = self.nb;
-                for r in r0..r0 + n {
-                    let wr = self.w.row(r);
-                    for i in 0..self.m {
-                        self.store(
-                            i,
-                            r,
-                            scalar::dot_row(self.w.ty, wr, &self.acts[i * nb..(i + 1) * nb]),
-                        );
-                    }
+                for i in 0..self.m {
+                    let acts = &self.acts[i * nb..(i + 1) * nb];
+                    let sums = scalar::dot_group(self.w.ty, self.w.group(g), acts);
+                    self.store(i, g, &sums);
                 }
             }
         }
     }
 
-    /// Writes output `(act row i, weight row r)`.
+    /// Writes the results of group `g` for activation row `i` (the padding
+    /// lanes of a last, partial group are dropped).
     #[allow(unsafe_code)]
-    fn store(&self, i: usize, r: usize, v: f32) {
-        assert!(i < self.m && r < self.w.rows, "output index out of range");
-        // SAFETY: in bounds (checked above) of the `m x rows` buffer, and
-        // weight row `r` belongs to exactly one task, so no two threads
-        // write the same element.
-        unsafe { *self.out.0.add(i * self.w.rows + r) = v };
+    fn store(&self, i: usize, g: usize, sums: &[f32; GROUP]) {
+        let r0 = g * GROUP;
+        let n = GROUP.min(self.w.rows - r0);
+        assert!(i < self.m, "output row out of range");
+        // SAFETY: `i < m` and `r0 + n <= rows`, so the `n` elements starting
+        // at `i * rows + r0` lie in the `m x rows` buffer; group `g` belongs
+        // to exactly one task, so no two threads write the same element.
+        unsafe {
+            std::ptr::copy_nonoverlapping(sums.as_ptr(), self.out.0.add(i * self.w.rows + r0), n);
+        }
     }
 }
 
 #[cfg(target_arch = "x86_64")]
 mod simd {
-    //! Walks a block of rows in SIMD tiles.
+    //! Walks the activation rows of one weight group in SIMD tiles.
     #![allow(unsafe_code)]
 
     use super::x86::{self, Q4_0, Q4_1, Q8_0};
     use super::{Isa, Job, Q8Block};
     use crate::quant::QuantType;
 
-    /// Weight rows `r0..r0 + rows` against every activation row. Only
-    /// called with `Isa::Avx2` or `Isa::Avx512Vnni` (checked by the caller).
-    pub fn rows(job: &Job<'_>, r0: usize, rows: usize) {
-        let ctx = Ctx {
-            job,
-            r0,
-            vnni: job.isa == Isa::Avx512Vnni,
-        };
+    /// Group `g` against every activation row. Only called with
+    /// `Isa::Avx2` or `Isa::Avx512Vnni` (checked by the caller).
+    pub fn group(job: &Job<'_>, g: usize) {
         match job.w.ty {
-            QuantType::Q4_0 => ctx.run::<Q4_0>(rows),
-            QuantType::Q4_1 => ctx.run::<Q4_1>(rows),
-            QuantType::Q8_0 => ctx.run::<Q8_0>(rows),
+            QuantType::Q4_0 => run::<Q4_0>(job, g),
+            QuantType::Q4_1 => run::<Q4_1>(job, g),
+            QuantType::Q8_0 => run::<Q8_0>(job, g),
         }
     }
 
-    struct Ctx<'a, 'b> {
-        job: &'a Job<'b>,
-        r0: usize,
-        /// AVX-512 VNNI tiles, else AVX2 tiles.
-        vnni: bool,
-    }
-
-    impl Ctx<'_, '_> {
-        fn run<const T: u8>(&self, rows: usize) {
-            let mut r = 0;
-            if self.job.m >= 4 {
-                while r < rows {
-                    self.tiles::<T, 1, 4>(r);
-                    r += 1;
-                }
-            } else {
-                while r + 2 <= rows {
-                    self.tiles::<T, 2, 1>(r);
-                    r += 2;
-                }
-            }
-            while r < rows {
-                self.tiles::<T, 1, 1>(r);
-                r += 1;
-            }
-        }
-
-        /// Rows `r..r + NR` against every activation row, `MR` at a time.
-        fn tiles<const T: u8, const NR: usize, const MR: usize>(&self, r: usize) {
-            let Job {
-                w,
-                acts,
-                act_d,
-                act_s,
-                nb,
-                m,
-                ..
-            } = *self.job;
-            let scales = |i: usize| x86::ActScales {
-                d: act_d[i * nb..].as_ptr(),
-                s: act_s[i * nb..].as_ptr(),
+    fn run<const T: u8>(job: &Job<'_>, g: usize) {
+        let mut i = 0;
+        while i < job.m {
+            i += match job.m - i {
+                n if n >= 8 => tile::<T, 8>(job, g, i),
+                n if n >= 4 => tile::<T, 4>(job, g, i),
+                n if n >= 2 => tile::<T, 2>(job, g, i),
+                _ => tile::<T, 1>(job, g, i),
             };
-            let wp: [*const u8; NR] = std::array::from_fn(|k| w.row(self.r0 + r + k).as_ptr());
-            let mut i = 0;
-            while i + MR <= m {
-                let x: [*const Q8Block; MR] =
-                    std::array::from_fn(|k| acts[(i + k) * nb..].as_ptr());
-                let xs: [x86::ActScales; MR] = std::array::from_fn(|k| scales(i + k));
-                let out = self.tile::<T, NR, MR>(wp, x, xs);
-                for (k, row) in out.iter().enumerate() {
-                    for (j, &v) in row.iter().enumerate() {
-                        self.job.store(i + j, self.r0 + r + k, v);
-                    }
-                }
-                i += MR;
-            }
-            while i < m {
-                let x = [acts[i * nb..].as_ptr()];
-                let out = self.tile::<T, NR, 1>(wp, x, [scales(i)]);
-                for (k, row) in out.iter().enumerate() {
-                    self.job.store(i, self.r0 + r + k, row[0]);
-                }
-                i += 1;
-            }
         }
+    }
 
-        fn tile<const T: u8, const NR: usize, const MR: usize>(
-            &self,
-            w: [*const u8; NR],
-            x: [*const Q8Block; MR],
-            xs: [x86::ActScales; MR],
-        ) -> [[f32; MR]; NR] {
-            // SAFETY: `isa` was checked against the CPU's features; the row
-            // pointers come from `QMatrix::row` (each `nb` blocks long) and the
-            // activation pointers start rows of `nb` blocks inside `acts`.
-            unsafe {
-                if self.vnni {
-                    x86::tile_vnni::<T, NR, MR>(w, x, xs, self.job.nb)
-                } else {
-                    x86::tile_avx2::<T, NR, MR>(w, x, xs, self.job.nb)
-                }
+    /// Activation rows `i..i + MR` against group `g`; returns `MR`.
+    fn tile<const T: u8, const MR: usize>(job: &Job<'_>, g: usize, i: usize) -> usize {
+        let nb = job.nb;
+        let w = job.w.group(g);
+        let x: [*const Q8Block; MR] = std::array::from_fn(|k| job.acts[(i + k) * nb..].as_ptr());
+        // SAFETY: `isa` was checked against the CPU's features; `w` holds
+        // `nb` group blocks of format `T` and each `x[k]` starts a row of
+        // `nb` activation blocks inside `acts`.
+        let out = unsafe {
+            if job.isa == Isa::Avx512Vnni {
+                x86::group_vnni::<T, MR>(w.as_ptr(), x, nb)
+            } else {
+                x86::group_avx2::<T, MR>(w.as_ptr(), x, nb)
             }
+        };
+        for (k, sums) in out.iter().enumerate() {
+            job.store(i + k, g, sums);
         }
+        MR
     }
 }

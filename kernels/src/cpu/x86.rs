@@ -1,232 +1,186 @@
-//! x86-64 SIMD tiles for quantized matmul: AVX2 (`maddubs`) and AVX-512
-//! VNNI (`vpdpbusd` on 256-bit lanes). A tile computes `NR` weight rows
-//! against `MR` activation rows, so each unpacked weight block is reused
-//! `MR` times from registers and each activation block `NR` times.
-//!
-//! Unsigned-by-signed byte products: Q4 nibbles are already unsigned; for
-//! Q8_0 weights the sign is moved onto the activation (`|w| * sign(x, w)`).
+//! x86-64 SIMD tiles for quantized matmul over the interleaved 16-row
+//! layout (`crate::layout`): AVX-512 VNNI (`vpdpbusd` on 512-bit vectors,
+//! one lane per weight row) and AVX2 (`maddubs` + `madd`, two 256-bit
+//! halves of 8 rows). A tile computes one group of 16 weight rows against
+//! `MR` activation rows, so each unpacked weight block is reused `MR` times
+//! from registers. Four activation bytes are broadcast to every lane; the
+//! per-row sums need no horizontal reduction.
 #![allow(unsafe_code)]
 
 use std::arch::x86_64::*;
 
+use crate::layout::{GROUP, group_block_bytes, quants_offset};
 use crate::quant::{Q8Block, QuantType};
-
-/// Per-block scales (`d`) and scaled sums (`s`) of one activation row,
-/// contiguous, so eight of them load as one vector.
-#[derive(Debug, Clone, Copy)]
-pub struct ActScales {
-    pub d: *const f32,
-    pub s: *const f32,
-}
-
-/// The 32 weights of one block as bytes: unsigned nibbles (Q4) or signed
-/// bytes (Q8_0), in activation order.
-///
-/// # Safety
-/// `blk` must point at a whole block of format `T`; AVX2 must be enabled.
-#[inline(always)]
-unsafe fn unpack<const T: u8>(blk: *const u8, m4: __m128i) -> __m256i {
-    unsafe {
-        match T {
-            Q4_0 | Q4_1 => {
-                let raw = _mm_loadu_si128(blk.add(if T == Q4_1 { 4 } else { 2 }).cast());
-                let lo = _mm_and_si128(raw, m4);
-                let hi = _mm_and_si128(_mm_srli_epi16(raw, 4), m4);
-                _mm256_set_m128i(hi, lo)
-            }
-            _ => _mm256_loadu_si256(blk.add(2).cast()),
-        }
-    }
-}
-
-/// Lane `k` of the result is the sum of the eight lanes of `v[k]`.
-#[inline(always)]
-fn reduce8(v: [__m256i; 8]) -> __m256i {
-    // SAFETY: only called from functions compiled with AVX2 enabled.
-    unsafe {
-        let t0 = _mm256_hadd_epi32(v[0], v[1]);
-        let t1 = _mm256_hadd_epi32(v[2], v[3]);
-        let t2 = _mm256_hadd_epi32(v[4], v[5]);
-        let t3 = _mm256_hadd_epi32(v[6], v[7]);
-        let u0 = _mm256_hadd_epi32(t0, t1);
-        let u1 = _mm256_hadd_epi32(t2, t3);
-        let lo = _mm256_permute2x128_si256(u0, u1, 0x20);
-        let hi = _mm256_permute2x128_si256(u0, u1, 0x31);
-        _mm256_add_epi32(lo, hi)
-    }
-}
 
 /// `QuantType` as a const-generic tag (branches fold away per format).
 pub const Q4_0: u8 = 0;
 pub const Q4_1: u8 = 1;
 pub const Q8_0: u8 = 2;
 
-pub const fn tag(ty: QuantType) -> u8 {
-    match ty {
-        QuantType::Q4_0 => Q4_0,
-        QuantType::Q4_1 => Q4_1,
-        QuantType::Q8_0 => Q8_0,
-    }
-}
-
-const fn block_bytes(t: u8) -> usize {
+const fn ty(t: u8) -> QuantType {
     match t {
-        Q4_0 => 18,
-        Q4_1 => 20,
-        _ => 34,
+        Q4_0 => QuantType::Q4_0,
+        Q4_1 => QuantType::Q4_1,
+        _ => QuantType::Q8_0,
     }
 }
 
-/// Generates a tile function for one instruction set; `$dot` turns
-/// (unsigned a, signed b) byte vectors into eight i32 lane sums.
-macro_rules! tile_fn {
-    ($name:ident, $features:literal, $dot:expr) => {
-        /// Computes `out[r][i] = dot(w[r], x[i])` for an `NR x MR` tile.
-        ///
-        /// # Safety
-        /// The CPU must support the enabled features; every `w[r]` must point
-        /// at `nb` blocks of format `T` and every `x[i]` at `nb` Q8 blocks.
-        #[target_feature(enable = $features)]
-        pub unsafe fn $name<const T: u8, const NR: usize, const MR: usize>(
-            w: [*const u8; NR],
-            x: [*const Q8Block; MR],
-            xs: [ActScales; MR],
-            nb: usize,
-        ) -> [[f32; MR]; NR] {
-            let dot = $dot;
-            let m4 = _mm_set1_epi8(0x0F);
-            let mut acc = [[_mm256_setzero_ps(); MR]; NR];
-            let mut off = [[0.0f32; MR]; NR];
-            // Groups of 8 blocks: eight integer dot products are reduced into
-            // one vector of per-block sums, then scaled (and offset) with
-            // vector ops, instead of scalar work per block.
-            let groups = nb / 8;
-            for g in 0..groups {
-                let mut wv = [[_mm256_setzero_si256(); 8]; NR];
-                let mut dvec = [_mm256_setzero_ps(); NR];
-                let mut ovec = [_mm256_setzero_ps(); NR];
-                for r in 0..NR {
-                    let mut d16 = [0u16; 8];
-                    let mut m16 = [0u16; 8];
-                    for k in 0..8 {
-                        // SAFETY: block `8g + k` of row `r` is in bounds.
-                        let blk = unsafe { w[r].add((g * 8 + k) * block_bytes(T)) };
-                        d16[k] = unsafe { blk.cast::<u16>().read_unaligned() };
-                        if T == Q4_1 {
-                            m16[k] = unsafe { blk.add(2).cast::<u16>().read_unaligned() };
-                        }
-                        wv[r][k] = unsafe { unpack::<T>(blk, m4) };
-                    }
-                    dvec[r] = unsafe { _mm256_cvtph_ps(_mm_loadu_si128(d16.as_ptr().cast())) };
-                    ovec[r] = match T {
-                        Q4_1 => unsafe { _mm256_cvtph_ps(_mm_loadu_si128(m16.as_ptr().cast())) },
-                        Q4_0 => _mm256_mul_ps(dvec[r], _mm256_set1_ps(-8.0)),
-                        _ => _mm256_setzero_ps(),
-                    };
-                }
-                for i in 0..MR {
-                    // SAFETY: group `g` of activation row `i` is in bounds.
-                    let xdv = unsafe { _mm256_loadu_ps(xs[i].d.add(g * 8)) };
-                    let xsv = unsafe { _mm256_loadu_ps(xs[i].s.add(g * 8)) };
-                    let mut xv = [_mm256_setzero_si256(); 8];
-                    for (k, v) in xv.iter_mut().enumerate() {
-                        *v = unsafe {
-                            _mm256_loadu_si256((*x[i].add(g * 8 + k)).qs.as_ptr().cast())
-                        };
-                    }
-                    for r in 0..NR {
-                        let mut p = [_mm256_setzero_si256(); 8];
-                        for k in 0..8 {
-                            p[k] = if T == Q8_0 {
-                                dot(
-                                    _mm256_sign_epi8(wv[r][k], wv[r][k]),
-                                    _mm256_sign_epi8(xv[k], wv[r][k]),
-                                )
-                            } else {
-                                dot(wv[r][k], xv[k])
-                            };
-                        }
-                        let sums = _mm256_cvtepi32_ps(reduce8(p));
-                        acc[r][i] = _mm256_fmadd_ps(sums, _mm256_mul_ps(dvec[r], xdv), acc[r][i]);
-                        if T != Q8_0 {
-                            acc[r][i] = _mm256_fmadd_ps(ovec[r], xsv, acc[r][i]);
-                        }
-                    }
-                }
-            }
-            for b in groups * 8..nb {
-                let mut wv = [_mm256_setzero_si256(); NR];
-                let mut d = [0.0f32; NR];
-                let mut o = [0.0f32; NR];
-                for r in 0..NR {
-                    // SAFETY: block `b` of row `r` is in bounds (caller contract).
-                    let blk = unsafe { w[r].add(b * block_bytes(T)) };
-                    let scales = unsafe {
-                        _mm_cvtph_ps(_mm_cvtsi32_si128(blk.cast::<i32>().read_unaligned()))
-                    };
-                    d[r] = _mm_cvtss_f32(scales);
-                    match T {
-                        Q4_0 | Q4_1 => {
-                            let qs = unsafe { blk.add(if T == Q4_1 { 4 } else { 2 }) };
-                            let raw = unsafe { _mm_loadu_si128(qs.cast()) };
-                            let lo = _mm_and_si128(raw, m4);
-                            let hi = _mm_and_si128(_mm_srli_epi16(raw, 4), m4);
-                            wv[r] = _mm256_set_m128i(hi, lo);
-                            o[r] = if T == Q4_1 {
-                                _mm_cvtss_f32(_mm_shuffle_ps(scales, scales, 1))
-                            } else {
-                                -8.0 * d[r]
-                            };
-                        }
-                        _ => wv[r] = unsafe { _mm256_loadu_si256(blk.add(2).cast()) },
-                    }
-                }
-                for i in 0..MR {
-                    // SAFETY: block `b` of activation row `i` is in bounds.
-                    let xb = unsafe { &*x[i].add(b) };
-                    let xv = unsafe { _mm256_loadu_si256(xb.qs.as_ptr().cast()) };
-                    for r in 0..NR {
-                        let p = if T == Q8_0 {
-                            dot(_mm256_sign_epi8(wv[r], wv[r]), _mm256_sign_epi8(xv, wv[r]))
-                        } else {
-                            dot(wv[r], xv)
-                        };
-                        let scale = _mm256_set1_ps(d[r] * xb.d);
-                        acc[r][i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), scale, acc[r][i]);
-                        off[r][i] += o[r] * xb.s;
-                    }
-                }
-            }
-            let mut out = [[0.0f32; MR]; NR];
-            for r in 0..NR {
-                for i in 0..MR {
-                    out[r][i] = hsum(acc[r][i]) + off[r][i];
-                }
-            }
-            out
-        }
-    };
-}
-
+/// Four activation bytes (weights `4c..4c + 4` of a block) as one i32.
+///
+/// # Safety
+/// `xb` must point at a valid block and `c < 8`.
 #[inline(always)]
-fn hsum(v: __m256) -> f32 {
-    // SAFETY: only called from functions compiled with AVX enabled.
+unsafe fn act_chunk(xb: *const Q8Block, c: usize) -> i32 {
+    unsafe { (*xb).qs.as_ptr().cast::<i32>().add(c).read_unaligned() }
+}
+
+/// Computes `out[i][lane] = dot(w[lane], x[i])` for one 16-row group.
+///
+/// # Safety
+/// The CPU must support AVX-512 F/BW/VL/VNNI and F16C; `g` must point at
+/// `nb` group blocks of format `T` and every `x[i]` at `nb` Q8 blocks.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub unsafe fn group_vnni<const T: u8, const MR: usize>(
+    g: *const u8,
+    x: [*const Q8Block; MR],
+    nb: usize,
+) -> [[f32; GROUP]; MR] {
+    let gbb = group_block_bytes(ty(T));
+    let q = quants_offset(ty(T));
+    let m4 = _mm512_set1_epi8(0x0F);
+    let mut acc = [_mm512_setzero_ps(); MR];
+    for b in 0..nb {
+        // SAFETY (whole loop body): block `b` of the group and of every
+        // activation row is in bounds (caller contract).
+        let base = unsafe { g.add(b * gbb) };
+        let dw = _mm512_cvtph_ps(unsafe { _mm256_loadu_si256(base.cast()) });
+        let ow = match T {
+            Q4_1 => _mm512_cvtph_ps(unsafe { _mm256_loadu_si256(base.add(2 * GROUP).cast()) }),
+            Q4_0 => _mm512_mul_ps(dw, _mm512_set1_ps(-8.0)),
+            _ => _mm512_mul_ps(dw, _mm512_set1_ps(-128.0)),
+        };
+        let mut wv = [_mm512_setzero_si512(); 8];
+        if T == Q8_0 {
+            for (c, v) in wv.iter_mut().enumerate() {
+                *v = unsafe { _mm512_loadu_si512(base.add(q + 64 * c).cast()) };
+            }
+        } else {
+            for l in 0..4 {
+                let raw = unsafe { _mm512_loadu_si512(base.add(q + 64 * l).cast()) };
+                wv[l] = _mm512_and_si512(raw, m4);
+                wv[l + 4] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), m4);
+            }
+        }
+        for (i, a) in acc.iter_mut().enumerate() {
+            let xb = unsafe { x[i].add(b) };
+            // Two chains of four, so the dependent `vpdpbusd`s overlap.
+            let mut s0 = _mm512_setzero_si512();
+            let mut s1 = _mm512_setzero_si512();
+            for c in (0..8).step_by(2) {
+                let x0 = _mm512_set1_epi32(unsafe { act_chunk(xb, c) });
+                let x1 = _mm512_set1_epi32(unsafe { act_chunk(xb, c + 1) });
+                s0 = _mm512_dpbusd_epi32(s0, wv[c], x0);
+                s1 = _mm512_dpbusd_epi32(s1, wv[c + 1], x1);
+            }
+            let sums = _mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1));
+            let (xd, xs) = unsafe { ((*xb).d, (*xb).s) };
+            *a = _mm512_fmadd_ps(sums, _mm512_mul_ps(dw, _mm512_set1_ps(xd)), *a);
+            *a = _mm512_fmadd_ps(ow, _mm512_set1_ps(xs), *a);
+        }
+    }
+    let mut out = [[0.0f32; GROUP]; MR];
+    for (o, a) in out.iter_mut().zip(acc) {
+        // SAFETY: `o` holds 16 floats.
+        unsafe { _mm512_storeu_ps(o.as_mut_ptr(), a) };
+    }
+    out
+}
+
+/// The eight 4-weight chunks of one half (8 rows) of a group block, as
+/// bytes `maddubs` can take: unsigned nibbles (Q4) or signed bytes (Q8_0,
+/// whose `+128` is removed here; the sign is moved onto the activation).
+///
+/// # Safety
+/// AVX2 must be enabled; `base` must point at a whole group block.
+#[inline(always)]
+unsafe fn half_weights<const T: u8>(base: *const u8, half: usize) -> [__m256i; 8] {
+    let q = quants_offset(ty(T));
     unsafe {
-        let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-        let s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
-        _mm_cvtss_f32(s)
+        let mut wv = [_mm256_setzero_si256(); 8];
+        if T == Q8_0 {
+            let flip = _mm256_set1_epi8(-128);
+            for (c, v) in wv.iter_mut().enumerate() {
+                let raw = _mm256_loadu_si256(base.add(q + 64 * c + 32 * half).cast());
+                *v = _mm256_xor_si256(raw, flip);
+            }
+        } else {
+            let m4 = _mm256_set1_epi8(0x0F);
+            for l in 0..4 {
+                let raw = _mm256_loadu_si256(base.add(q + 64 * l + 32 * half).cast());
+                wv[l] = _mm256_and_si256(raw, m4);
+                wv[l + 4] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
+            }
+        }
+        wv
     }
 }
 
-// The closures are defined inside the generated functions, so they inherit
-// those functions' target features (and the intrinsics are safe to call).
-tile_fn!(tile_avx2, "avx2,fma,f16c", |a: __m256i, b: __m256i| {
-    _mm256_madd_epi16(_mm256_maddubs_epi16(a, b), _mm256_set1_epi16(1))
-});
-
-tile_fn!(
-    tile_vnni,
-    "avx2,fma,f16c,avx512f,avx512vl,avx512vnni",
-    |a: __m256i, b: __m256i| { _mm256_dpbusd_epi32(_mm256_setzero_si256(), a, b) }
-);
+/// The AVX2 version of `group_vnni`.
+///
+/// # Safety
+/// The CPU must support AVX2, FMA and F16C; `g` must point at `nb` group
+/// blocks of format `T` and every `x[i]` at `nb` Q8 blocks.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn group_avx2<const T: u8, const MR: usize>(
+    g: *const u8,
+    x: [*const Q8Block; MR],
+    nb: usize,
+) -> [[f32; GROUP]; MR] {
+    let gbb = group_block_bytes(ty(T));
+    let ones = _mm256_set1_epi16(1);
+    let mut acc = [[_mm256_setzero_ps(); 2]; MR];
+    for b in 0..nb {
+        // SAFETY (whole loop body): block `b` of the group and of every
+        // activation row is in bounds (caller contract).
+        let base = unsafe { g.add(b * gbb) };
+        for h in 0..2 {
+            let dw = _mm256_cvtph_ps(unsafe { _mm_loadu_si128(base.add(16 * h).cast()) });
+            let ow = match T {
+                Q4_1 => {
+                    _mm256_cvtph_ps(unsafe { _mm_loadu_si128(base.add(2 * GROUP + 16 * h).cast()) })
+                }
+                Q4_0 => _mm256_mul_ps(dw, _mm256_set1_ps(-8.0)),
+                _ => _mm256_setzero_ps(),
+            };
+            let wv = unsafe { half_weights::<T>(base, h) };
+            for (i, a) in acc.iter_mut().enumerate() {
+                let xb = unsafe { x[i].add(b) };
+                let mut s = _mm256_setzero_si256();
+                for (c, &w) in wv.iter().enumerate() {
+                    let xc = _mm256_set1_epi32(unsafe { act_chunk(xb, c) });
+                    let p = if T == Q8_0 {
+                        _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(xc, w))
+                    } else {
+                        _mm256_maddubs_epi16(w, xc)
+                    };
+                    s = _mm256_add_epi32(s, _mm256_madd_epi16(p, ones));
+                }
+                let (xd, xs) = unsafe { ((*xb).d, (*xb).s) };
+                let sums = _mm256_cvtepi32_ps(s);
+                a[h] = _mm256_fmadd_ps(sums, _mm256_mul_ps(dw, _mm256_set1_ps(xd)), a[h]);
+                if T != Q8_0 {
+                    a[h] = _mm256_fmadd_ps(ow, _mm256_set1_ps(xs), a[h]);
+                }
+            }
+        }
+    }
+    let mut out = [[0.0f32; GROUP]; MR];
+    for (o, a) in out.iter_mut().zip(acc) {
+        // SAFETY: `o` holds 16 floats, two halves of 8.
+        unsafe {
+            _mm256_storeu_ps(o.as_mut_ptr(), a[0]);
+            _mm256_storeu_ps(o.as_mut_ptr().add(8), a[1]);
+        }
+    }
+    out
+}

@@ -1,0 +1,149 @@
+//! Row-wise operations of the decoder between the matmuls: RMSNorm, the
+//! SwiGLU gate and residual adds. Each runs in parallel over rows (on the
+//! executor's thread pool) once a batch is large enough to pay for it, so a
+//! long prefill does not leave a core idle between matmuls.
+
+use rayon::prelude::*;
+
+/// Rows per parallel task; smaller batches run on the calling thread.
+const ROWS_PER_TASK: usize = 16;
+
+/// RMSNorm of each row (`weight.len()` wide).
+pub fn rms_norm(x: &[f32], weight: &[f32], eps: f32) -> Vec<f32> {
+    let dim = weight.len();
+    let mut out = vec![0.0; x.len()];
+    let norm_rows = |(o, xs): (&mut [f32], &[f32])| {
+        for (orow, row) in o.chunks_exact_mut(dim).zip(xs.chunks_exact(dim)) {
+            let inv = 1.0 / (mean_square(row) + eps).sqrt();
+            for ((o, v), w) in orow.iter_mut().zip(row).zip(weight) {
+                *o = v * inv * w;
+            }
+        }
+    };
+    for_rows(&mut out, x, dim, norm_rows);
+    out
+}
+
+/// Mean of squares, in eight partial sums (vectorizes; f32 order is fixed).
+fn mean_square(row: &[f32]) -> f32 {
+    let mut acc = [0.0f32; 8];
+    let chunks = row.chunks_exact(8);
+    let tail: f32 = chunks.remainder().iter().map(|v| v * v).sum();
+    for c in chunks {
+        for (a, v) in acc.iter_mut().zip(c) {
+            *a += v * v;
+        }
+    }
+    (acc.iter().sum::<f32>() + tail) / row.len() as f32
+}
+
+/// SwiGLU over fused gate/up rows (`[gate | up]`, each `n` wide):
+/// `silu(gate) * up`, one `n`-wide row per input row.
+pub fn swiglu(gate_up: &[f32], n: usize) -> Vec<f32> {
+    let mut out = vec![0.0; gate_up.len() / 2];
+    for_rows(&mut out, gate_up, n, |(o, gu): (&mut [f32], &[f32])| {
+        for (orow, row) in o.chunks_exact_mut(n).zip(gu.chunks_exact(2 * n)) {
+            let (g, u) = row.split_at(n);
+            for ((o, &g), &u) in orow.iter_mut().zip(g).zip(u) {
+                *o = g / (1.0 + (-g).exp()) * u;
+            }
+        }
+    });
+    out
+}
+
+/// `x += y`, element-wise.
+pub fn add_in_place(x: &mut [f32], y: &[f32]) {
+    const CHUNK: usize = 16 * 1024;
+    let add = |(a, b): (&mut [f32], &[f32])| {
+        for (a, b) in a.iter_mut().zip(b) {
+            *a += b;
+        }
+    };
+    if x.len() <= CHUNK {
+        add((x, y));
+    } else {
+        x.par_chunks_mut(CHUNK)
+            .zip(y.par_chunks(CHUNK))
+            .for_each(add);
+    }
+}
+
+/// Applies `f` to matching row ranges of `out` (`out_w` wide) and `x`
+/// (same row count): in parallel tasks of `ROWS_PER_TASK` rows when there
+/// are more rows than that.
+fn for_rows<F>(out: &mut [f32], x: &[f32], out_w: usize, f: F)
+where
+    F: Fn((&mut [f32], &[f32])) + Sync + Send,
+{
+    let rows = out.len() / out_w;
+    if rows == 0 {
+        return;
+    }
+    let in_w = x.len() / rows;
+    if rows <= ROWS_PER_TASK {
+        f((out, x));
+    } else {
+        out.par_chunks_mut(ROWS_PER_TASK * out_w)
+            .zip(x.par_chunks(ROWS_PER_TASK * in_w))
+            .for_each(f);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use kernels::reference;
+
+    use super::*;
+
+    fn ramp(n: usize) -> Vec<f32> {
+        (0..n)
+            .map(|i| ((i * 7919) % 101) as f32 / 50.0 - 1.0)
+            .collect()
+    }
+
+    fn max_diff(a: &[f32], b: &[f32]) -> f32 {
+        assert_eq!(a.len(), b.len());
+        a.iter()
+            .zip(b)
+            .map(|(x, y)| (x - y).abs())
+            .fold(0.0, f32::max)
+    }
+
+    #[test]
+    fn rms_norm_matches_the_reference_serial_and_parallel() {
+        let w = ramp(36);
+        for rows in [1, 3, 40] {
+            let x = ramp(rows * 36);
+            let got = rms_norm(&x, &w, 1e-5);
+            assert!(max_diff(&got, &reference::rms_norm(&x, &w, 1e-5)) < 1e-5);
+        }
+    }
+
+    #[test]
+    fn swiglu_gates_each_row_with_its_own_half() {
+        for rows in [2, 37] {
+            let n = 5;
+            let gu = ramp(rows * 2 * n);
+            let got = swiglu(&gu, n);
+            for r in 0..rows {
+                for j in 0..n {
+                    let (g, u) = (gu[r * 2 * n + j], gu[r * 2 * n + n + j]);
+                    let want = g / (1.0 + (-g).exp()) * u;
+                    assert!((got[r * n + j] - want).abs() < 1e-6, "row {r} col {j}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn add_in_place_adds_every_element() {
+        for n in [10, 40_000] {
+            let mut x = ramp(n);
+            let y = ramp(n);
+            let want: Vec<f32> = x.iter().map(|v| v * 2.0).collect();
+            add_in_place(&mut x, &y);
+            assert!(max_diff(&x, &want) < 1e-6);
+        }
+    }
+}
