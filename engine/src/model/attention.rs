@@ -6,7 +6,7 @@
 //! numerically stable softmax over the visible positions `0..=pos`, then
 //! accumulates the values the same way.
 
-use kernels::cpu::attention::{scores_f16, weighted_sum_f16};
+use kernels::cpu::attention::{HeadGroup, scores_f16, weighted_sum_f16};
 use rayon::prelude::*;
 
 use crate::kv_cache::KvStorage;
@@ -70,23 +70,19 @@ fn attend_one(
     o: &mut [f32],
 ) {
     let (hd, bs) = (c.shape.head_dim, c.shape.block_size);
-    let group = qs.len() / hd;
     let n = pos + 1;
     let scale = 1.0 / (hd as f32).sqrt();
-    let mut scores = vec![0.0f32; group * n];
+    let mut scores = vec![0.0f32; qs.len() / hd * n];
     let blocks = table.iter().enumerate().take(n.div_ceil(bs));
     for (bi, &block) in blocks.clone() {
         let len = bs.min(n - bi * bs);
         let keys = c.kv.k(c.layer, block, kvh, len);
-        for g in 0..group {
-            let at = g * n + bi * bs;
-            scores_f16(
-                &qs[g * hd..(g + 1) * hd],
-                keys,
-                scale,
-                &mut scores[at..at + len],
-            );
-        }
+        let heads = HeadGroup {
+            q: qs,
+            hd,
+            stride: n,
+        };
+        scores_f16(heads, keys, len, scale, &mut scores[bi * bs..]);
     }
     for row in scores.chunks_exact_mut(n) {
         softmax_in_place(row);
@@ -95,10 +91,7 @@ fn attend_one(
     for (bi, &block) in blocks {
         let len = bs.min(n - bi * bs);
         let values = c.kv.v(c.layer, block, kvh, len);
-        for g in 0..group {
-            let at = g * n + bi * bs;
-            weighted_sum_f16(&scores[at..at + len], values, &mut o[g * hd..(g + 1) * hd]);
-        }
+        weighted_sum_f16(&scores[bi * bs..], n, values, len, o, hd);
     }
 }
 

@@ -19,7 +19,7 @@ use std::sync::OnceLock;
 use rayon::prelude::*;
 
 use crate::layout::GROUP;
-use crate::quant::{KernelError, Q8Block, QK, QMatrix, quantize_activations, quantize_block_q8};
+use crate::quant::{KernelError, Q8Block, QK, QMatrix, quantize_block_q8};
 
 /// The SIMD path in use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -113,7 +113,7 @@ pub fn matmul_with(
     } else {
         Isa::Scalar
     };
-    let acts = quantize_rows(x, w.cols);
+    let acts = quantize_rows(isa, x);
     let job = Job {
         isa,
         w,
@@ -135,10 +135,22 @@ pub fn matmul_with(
     Ok(())
 }
 
+/// One Q8 block, with SIMD where the chosen path has it.
+fn quantize_block(isa: Isa, b: &[f32]) -> Q8Block {
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        #[allow(unsafe_code)]
+        // SAFETY: `isa` was checked against the CPU's features; `b` holds
+        // one 32-value block.
+        Isa::Avx2 | Isa::Avx512Vnni => unsafe { x86::quantize_block_avx2(b) },
+        _ => quantize_block_q8(b),
+    }
+}
+
 /// The activations as Q8 blocks; large batches are quantized in parallel.
-fn quantize_rows(x: &[f32], cols: usize) -> Vec<Q8Block> {
+fn quantize_rows(isa: Isa, x: &[f32]) -> Vec<Q8Block> {
     if x.len() < 16 * 1024 {
-        return quantize_activations(x, cols);
+        return x.chunks_exact(QK).map(|b| quantize_block(isa, b)).collect();
     }
     let mut acts = vec![
         Q8Block {
@@ -152,7 +164,7 @@ fn quantize_rows(x: &[f32], cols: usize) -> Vec<Q8Block> {
         .zip(x.par_chunks(256 * QK))
         .for_each(|(a, xs)| {
             for (blk, xb) in a.iter_mut().zip(xs.chunks_exact(QK)) {
-                *blk = quantize_block_q8(xb);
+                *blk = quantize_block(isa, xb);
             }
         });
     acts
