@@ -11,6 +11,8 @@ use engine::loader::load_gguf;
 use engine::model::{ModelBatch, SeqChunk};
 
 const BLOCK: usize = 16;
+/// Prompt tokens before the decode steps (llama-batched-bench's `-npp 128`).
+const PROMPT: usize = 128;
 /// Blocks per sequence (enough for 1024 positions).
 const BLOCKS_PER_SEQ: usize = 64;
 
@@ -37,7 +39,9 @@ fn main() {
     let loaded = load_gguf(&model_path(), &Default::default()).expect("run `make models`");
     let layout = loaded.model.config.kv_layout(BLOCK, 32 * BLOCKS_PER_SEQ);
     let mut exec = LocalExecutor::new(loaded.model, layout).expect("executor");
-    // `cargo bench --bench forward -- decode` runs only the decode part.
+    // `cargo bench --bench forward -- decode` runs only the decode part, 128
+    // steps after 128-token prompts: the shape of llama-batched-bench's
+    // `-npp 128 -ntg 128`.
     let only_decode = std::env::args().any(|a| a == "decode");
     let prefill_sizes: &[usize] = if only_decode { &[] } else { &[1, 16, 128, 512] };
     for &n in prefill_sizes {
@@ -58,14 +62,16 @@ fn main() {
     }
     for seqs in [1usize, 4, 16, 32] {
         let prefill = ModelBatch {
-            chunks: (0..seqs as u64).map(|s| chunk(s, 0, 32)).collect(),
+            chunks: (0..seqs as u64).map(|s| chunk(s, 0, PROMPT)).collect(),
         };
         exec.execute(&prefill).expect("prefill");
-        let steps = if only_decode { 200 } else { 16 };
+        let steps = if only_decode { 128 } else { 16 };
         let t = Instant::now();
         for step in 0..steps {
             let batch = ModelBatch {
-                chunks: (0..seqs as u64).map(|s| chunk(s, 32 + step, 1)).collect(),
+                chunks: (0..seqs as u64)
+                    .map(|s| chunk(s, PROMPT + step, 1))
+                    .collect(),
             };
             exec.execute(&batch).expect("decode");
         }

@@ -38,7 +38,7 @@ impl Default for SchedulerConfig {
     fn default() -> Self {
         Self {
             max_num_seqs: 16,
-            max_num_batched_tokens: 512,
+            max_num_batched_tokens: 256,
             max_waiting: 256,
             max_model_len: 2048,
             num_speculative_tokens: 0,

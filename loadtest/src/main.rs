@@ -1,150 +1,85 @@
-//! `synor-loadtest`: a serving benchmark that speaks only HTTP and SSE, so it
-//! measures Synor and any other OpenAI-compatible server the same way.
-//! This first version runs streamed chat requests with a fixed number in
-//! flight (`--max-concurrency`) and reports TTFT, TPOT, ITL, E2E latency and
-//! throughput with vLLM's definitions; request rates and datasets come next.
+//! The `synor-loadtest` binary: runs a benchmark (or compares two result
+//! files) and turns every error into one line and exit status 1.
 
-mod client;
-mod stats;
+use std::time::Duration;
 
-use std::time::{Duration, Instant};
-
-use anyhow::bail;
 use clap::Parser;
-use futures_util::StreamExt;
+use loadtest::cli::{Cli, Command, RunArgs};
+use loadtest::report::{self, BenchResult, RunInfo};
+use loadtest::{bench, compare, metrics, plot, probe};
 
-use crate::client::{ChatJob, RequestResult, stream_chat};
-
-/// Benchmark an OpenAI-compatible chat endpoint.
-#[derive(Debug, Parser)]
-#[command(name = "synor-loadtest", version, about)]
-struct Args {
-    /// Server base URL (without /v1).
-    #[arg(long, default_value = "http://127.0.0.1:8080")]
-    base_url: String,
-    /// Model name to request.
-    #[arg(long, default_value = "smollm2-135m-instruct")]
-    model: String,
-    /// The user message of every request.
-    #[arg(long, default_value = "What is the capital of France?")]
-    prompt: String,
-    /// Requests to run (after one warm-up request).
-    #[arg(long, default_value_t = 5)]
-    num_prompts: u32,
-    /// Requests in flight at once (1 = one after another).
-    #[arg(long, default_value_t = 1)]
-    max_concurrency: u32,
-    /// `max_tokens` of each request.
-    #[arg(long, default_value_t = 128)]
-    max_tokens: u32,
-    /// Ask the server to ignore EOS so every request produces `max_tokens`.
-    #[arg(long)]
-    ignore_eos: bool,
-    /// Send the prompt verbatim to every request (by default each request
-    /// gets a distinct numbered prefix, so no prefix cache can share work).
-    #[arg(long)]
-    same_prompt: bool,
-    /// Bearer token, if the server needs one.
-    #[arg(long, env = "OPENAI_API_KEY")]
-    api_key: Option<String>,
-    /// Percentiles to report.
-    #[arg(long, value_delimiter = ',', default_value = "50,90,99")]
-    percentiles: Vec<f64>,
-}
-
-fn print_metric(name: &str, values: &[Duration], percentiles: &[f64]) {
-    let Some(s) = stats::summarize(values, percentiles) else {
-        println!("{name:<28} n/a");
-        return;
+async fn run(args: RunArgs) -> anyhow::Result<bool> {
+    let plan = args.plan()?;
+    let slo = args.slo()?;
+    let out = bench::run(&plan).await?;
+    let aggregates = metrics::aggregate(
+        &out.records,
+        out.duration,
+        out.peak_concurrency,
+        &args.percentiles,
+        slo,
+    );
+    let cancellation_check = match plan.cancel_after {
+        Some(_) => {
+            probe::check_drained(&args.base_url, Duration::from_secs_f64(args.drain_grace)).await
+        }
+        None => None,
     };
-    let pcts: Vec<String> = s
-        .percentiles
-        .iter()
-        .map(|(p, v)| format!("p{p}={v:.2}"))
-        .collect();
-    println!(
-        "{name:<28} mean={:.2} median={:.2} std={:.2} {} (ms)",
-        s.mean,
-        s.median,
-        s.std,
-        pcts.join(" ")
-    );
-}
-
-fn report(results: &[RequestResult], wall: Duration, percentiles: &[f64]) {
-    let out: u64 = results.iter().map(|r| r.output_tokens).sum();
-    let inp: u64 = results.iter().map(|r| r.prompt_tokens).sum();
-    println!("============ Serving Benchmark Result ============");
-    println!("{:<28} {}", "Successful requests:", results.len());
-    println!(
-        "{:<28} {:.2}",
-        "Benchmark duration (s):",
-        wall.as_secs_f64()
-    );
-    println!("{:<28} {inp}", "Total input tokens:");
-    println!("{:<28} {out}", "Total generated tokens:");
-    println!(
-        "{:<28} {:.2}",
-        "Request throughput (req/s):",
-        results.len() as f64 / wall.as_secs_f64()
-    );
-    println!(
-        "{:<28} {:.2}",
-        "Output token throughput (tok/s):",
-        out as f64 / wall.as_secs_f64()
-    );
-    let ttft: Vec<_> = results.iter().map(|r| r.ttft).collect();
-    let tpot: Vec<_> = results.iter().filter_map(RequestResult::tpot).collect();
-    let itl: Vec<_> = results.iter().flat_map(|r| r.itl.iter().copied()).collect();
-    let e2e: Vec<_> = results.iter().map(|r| r.e2e).collect();
-    print_metric("TTFT", &ttft, percentiles);
-    print_metric("TPOT (NVIDIA: ITL)", &tpot, percentiles);
-    print_metric("ITL (inter-chunk gap)", &itl, percentiles);
-    print_metric("E2E latency", &e2e, percentiles);
-    let decode: Vec<f64> = tpot.iter().map(|d| 1.0 / d.as_secs_f64()).collect();
-    if !decode.is_empty() {
-        let mean = decode.iter().sum::<f64>() / decode.len() as f64;
-        println!("{:<28} {mean:.1}", "Per-request decode (tok/s):");
-    }
-}
-
-async fn run(args: Args) -> anyhow::Result<()> {
-    if args.num_prompts == 0 || args.max_tokens == 0 || args.max_concurrency == 0 {
-        bail!("--num-prompts, --max-tokens and --max-concurrency must be at least 1");
-    }
-    let client = reqwest::Client::new();
-    let job = ChatJob {
-        base_url: args.base_url.clone(),
-        model: args.model.clone(),
-        prompt: args.prompt.clone(),
-        max_tokens: args.max_tokens,
-        ignore_eos: args.ignore_eos,
-        api_key: args.api_key.clone(),
+    let result = BenchResult {
+        run: RunInfo {
+            date: report::utc_now(),
+            base_url: args.base_url.clone(),
+            model: args.model.clone(),
+            endpoint: format!("{:?}", args.endpoint).to_lowercase(),
+            dataset: format!("{:?}", args.dataset()),
+            num_prompts: args.num_prompts,
+            request_rate: args.request_rate.clone(),
+            burstiness: args.burstiness,
+            max_concurrency: args.max_concurrency,
+            seed: args.seed,
+            command: std::env::args().collect::<Vec<_>>().join(" "),
+        },
+        aggregates,
+        cancellation_check,
+        output_tokens_per_second: metrics::tokens_per_second(&out.records),
+        details: args.save_detailed.then(|| report::details(&out.records)),
     };
-    stream_chat(&client, &job).await?; // warm-up
-    let started = Instant::now();
-    let jobs: Vec<ChatJob> = (0..args.num_prompts)
-        .map(|i| {
-            let mut j = job.clone();
-            if !args.same_prompt {
-                j.prompt = format!("[{i}] {}", job.prompt);
-            }
-            j
-        })
-        .collect();
-    let results: Vec<RequestResult> = futures_util::stream::iter(&jobs)
-        .map(|j| stream_chat(&client, j))
-        .buffer_unordered(args.max_concurrency as usize)
-        .collect::<Vec<_>>()
-        .await
-        .into_iter()
-        .collect::<anyhow::Result<_>>()?;
-    report(&results, started.elapsed(), &args.percentiles);
-    Ok(())
+    print!("{}", report::render(&result));
+    if plan.cancel_after.is_some() && result.cancellation_check.is_none() {
+        println!(
+            "Cancellation check: n/a (the server has neither /metrics gauges nor /health stats)"
+        );
+    }
+    if let Some(path) = &args.result_file {
+        result.write(path)?;
+        println!("result written to {}", path.display());
+    }
+    if let Some(dir) = &args.plot_dir {
+        for p in plot::write_all(dir, &out.records)? {
+            println!("plot written to {}", p.display());
+        }
+    }
+    let a = &result.aggregates;
+    let nothing_worked = a.completed == 0 && a.cancelled == 0 && a.rejected == 0;
+    let storm_failed = result
+        .cancellation_check
+        .as_ref()
+        .is_some_and(|c| !c.passed);
+    Ok(!nothing_worked && !storm_failed)
+}
+
+fn compare_files(a: &std::path::Path, b: &std::path::Path) -> anyhow::Result<bool> {
+    let (ra, rb) = (BenchResult::read(a)?, BenchResult::read(b)?);
+    let name = |p: &std::path::Path| {
+        p.file_stem()
+            .map_or("?".into(), |s| s.to_string_lossy().into_owned())
+    };
+    print!("{}", compare::render(&ra, &rb, (&name(a), &name(b))));
+    Ok(true)
 }
 
 fn main() {
-    let args = Args::parse();
+    let cli = Cli::parse();
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -155,8 +90,16 @@ fn main() {
             std::process::exit(1);
         }
     };
-    if let Err(e) = rt.block_on(run(args)) {
-        eprintln!("synor-loadtest: {e:#}");
-        std::process::exit(1);
+    let outcome = match cli.command {
+        Some(Command::Compare { a, b }) => compare_files(&a, &b),
+        None => rt.block_on(run(cli.run)),
+    };
+    match outcome {
+        Ok(true) => {}
+        Ok(false) => std::process::exit(1),
+        Err(e) => {
+            eprintln!("synor-loadtest: {e:#}");
+            std::process::exit(1);
+        }
     }
 }

@@ -146,7 +146,9 @@ pub struct SchedulerArgs {
     pub max_num_seqs: usize,
 
     /// Token budget of one engine step (prefill chunks plus decode tokens).
-    #[arg(long, env = "SYNOR_MAX_NUM_BATCHED_TOKENS", default_value_t = 512)]
+    /// 256 keeps a step that carries a prefill chunk under ~200 ms on two
+    /// cores, so running streams do not stall (see BENCHMARKS.md).
+    #[arg(long, env = "SYNOR_MAX_NUM_BATCHED_TOKENS", default_value_t = 256)]
     pub max_num_batched_tokens: usize,
 
     /// Requests allowed to wait for a slot; beyond that, 503 at once.

@@ -1,0 +1,26 @@
+//! `synor-loadtest`: a serving benchmark that speaks only HTTP and SSE, so
+//! it measures Synor and any other OpenAI-compatible server (llama.cpp's
+//! `llama-server`, vLLM, Ollama) the same way. Metrics follow vLLM's
+//! `benchmark_serving` definitions.
+//!
+//! - `cli`: arguments and their validation;
+//! - `dataset`: the requests to send (random, chat JSONL, paraphrase sets);
+//! - `traffic`: arrival times (Poisson / gamma) and the concurrency cap;
+//! - `client`: one streamed request, timed chunk by chunk;
+//! - `bench`: runs a benchmark and gathers the outcomes;
+//! - `metrics`: aggregates (percentiles, goodput, throughput);
+//! - `report`: the console block and the JSON result file;
+//! - `plot`: SVG plots of the distributions and of throughput over time;
+//! - `compare`: side-by-side table of two result files;
+//! - `probe`: the server's own view of running work (cancellation check).
+
+pub mod bench;
+pub mod cli;
+pub mod client;
+pub mod compare;
+pub mod dataset;
+pub mod metrics;
+pub mod plot;
+pub mod probe;
+pub mod report;
+pub mod traffic;
