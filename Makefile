@@ -41,7 +41,7 @@ unit: $(MODEL_FILES)
 	$(CARGO) test --workspace
 
 build:
-	$(CARGO) build -p server --bin synor
+	$(CARGO) build -p server -p loadtest --bins
 
 $(VENV)/.installed: tests/e2e/requirements.txt
 	$(PYTHON) -m venv $(VENV)
@@ -49,7 +49,8 @@ $(VENV)/.installed: tests/e2e/requirements.txt
 	touch $@
 
 e2e: $(MODEL_FILES) build $(VENV)/.installed
-	SYNOR_BIN=$(TARGET_DIR)/debug/synor $(VENV)/bin/python -m pytest -q tests/e2e
+	SYNOR_BIN=$(TARGET_DIR)/debug/synor LOADTEST_BIN=$(TARGET_DIR)/debug/synor-loadtest \
+		$(VENV)/bin/python -m pytest -q tests/e2e
 
 clean-models:
 	rm -rf $(SYNOR_MODELS_DIR)

@@ -1,0 +1,74 @@
+"""`synor-loadtest` end to end against the real `synor` binary: a short run
+writes a valid JSON result and SVG plots; a cancellation storm leaves
+nothing running; bad arguments are one line and a non-zero exit."""
+
+import json
+import os
+import re
+import subprocess
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+BIN = os.environ.get("LOADTEST_BIN", os.path.join(ROOT, "target", "debug", "synor-loadtest"))
+
+
+def loadtest(*args, timeout=300):
+    return subprocess.run(
+        [BIN, "--no-progress", *args], capture_output=True, text=True, timeout=timeout
+    )
+
+
+def test_a_run_writes_a_valid_result_and_plots(server, tmp_path):
+    result = tmp_path / "result.json"
+    plots = tmp_path / "plots"
+    p = loadtest(
+        "--base-url", server["base"],
+        "--num-prompts", "6", "--max-concurrency", "3",
+        "--random-input-len", "24", "--random-output-len", "12", "--ignore-eos",
+        "--goodput", "ttft:60000",
+        "--result-file", str(result), "--save-detailed", "--plot-dir", str(plots),
+    )
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "Serving Benchmark Result" in p.stdout and "TPOT (NVIDIA: ITL)" in p.stdout
+    r = json.loads(result.read_text())
+    a = r["aggregates"]
+    assert a["completed"] == 6 and a["failed"] == 0
+    assert a["total_output_tokens"] == 6 * 12
+    assert a["total_input_tokens"] > 6 * 24
+    assert 1 <= a["peak_concurrency"] <= 3
+    assert a["goodput"] is not None and a["goodput"] > 0
+    for k in ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms"):
+        assert set(a[k]["percentiles"]) == {"p50", "p90", "p99"}
+        assert a[k]["median"] > 0
+    assert len(r["details"]) == 6 and all(d["status"] == "ok" for d in r["details"])
+    assert r["run"]["date"].endswith("Z")
+    for name in ("ttft.svg", "itl.svg", "throughput.svg"):
+        svg = (plots / name).read_text()
+        assert svg.lstrip().startswith("<svg") and svg.rstrip().endswith("</svg>"), name
+        assert "<rect" in svg or "<polyline" in svg, name
+    # The comparison of a file with itself shows ratios of 1.
+    c = subprocess.run([BIN, "compare", str(result), str(result)], capture_output=True, text=True)
+    assert c.returncode == 0 and "1.00x" in c.stdout
+
+
+def test_a_cancellation_storm_leaves_nothing_running(server):
+    p = loadtest(
+        "--base-url", server["base"], "--num-prompts", "8", "--max-concurrency", "8",
+        "--random-input-len", "16", "--random-output-len", "200", "--ignore-eos",
+        "--cancel-after", "2",
+    )
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "Cancellation check: PASS" in p.stdout
+    assert re.search(r"Cancelled by the client:\s+8\n", p.stdout), p.stdout
+
+
+def test_bad_arguments_are_one_clear_line():
+    for args, needle in [
+        (["--request-rate", "0"], "greater than 0"),
+        (["--dataset", "chat", "--dataset-path", "/no/such.jsonl"], "cannot read the dataset file"),
+        (["--base-url", "http://127.0.0.1:9", "--num-prompts", "1"], "warm-up request failed"),
+    ]:
+        p = loadtest(*args, timeout=60)
+        assert p.returncode == 1, (args, p.stdout, p.stderr)
+        lines = p.stderr.strip().splitlines()
+        assert len(lines) == 1 and needle in lines[0], (args, p.stderr)
+        assert "panicked" not in p.stderr
