@@ -19,6 +19,8 @@ use crate::stats::StatsCell;
 /// What the core sends back to a request's stream.
 #[derive(Debug, Clone, PartialEq)]
 pub enum CoreEvent {
+    /// The scheduler took the request (sent first, before any token).
+    Accepted,
     Token {
         id: u32,
         logprob: Option<TokenLogprob>,
@@ -125,6 +127,7 @@ impl EngineCore {
                 seq.wait_for = wait_for;
                 match self.scheduler.add(seq) {
                     Ok(()) => {
+                        let _ = events.send(CoreEvent::Accepted);
                         self.senders.insert(id, events);
                     }
                     Err(_) => {
@@ -311,6 +314,7 @@ mod tests {
         );
         let thread = std::thread::spawn(move || core.run());
         let mut bad = add(&tx, 1);
+        assert_eq!(bad.blocking_recv(), Some(CoreEvent::Accepted));
         match bad.blocking_recv() {
             Some(CoreEvent::Failed(EngineError::Execution(msg))) => {
                 assert!(msg.contains("kernel bug"), "{msg}")
@@ -318,6 +322,7 @@ mod tests {
             other => panic!("expected an execution failure, got {other:?}"),
         }
         let mut good = add(&tx, 2);
+        assert_eq!(good.blocking_recv(), Some(CoreEvent::Accepted));
         let first = good.blocking_recv();
         assert_eq!(
             first,

@@ -53,6 +53,7 @@ impl OutputProcessor {
     /// Feeds one event from the core.
     pub fn process(&mut self, event: CoreEvent) -> Processed {
         match event {
+            CoreEvent::Accepted => Processed::default(),
             CoreEvent::Token { .. } if self.stopped => Processed::default(),
             CoreEvent::Token { id, logprob } => self.token(id, logprob),
             CoreEvent::Finished { usage, .. } if self.stopped => {
@@ -136,6 +137,8 @@ pub struct RequestStream {
     commands: Sender<Command>,
     ready: VecDeque<TokenEvent>,
     done: bool,
+    /// The core has accepted the request (see `admitted`).
+    admitted: bool,
 }
 
 impl RequestStream {
@@ -152,11 +155,38 @@ impl RequestStream {
             commands,
             ready: VecDeque::new(),
             done: false,
+            admitted: false,
         }
     }
 
     pub fn id(&self) -> RequestId {
         self.id
+    }
+
+    /// Waits until the engine has taken the request into its queue, or
+    /// refused it (`Overloaded`, `Shutdown`), so an API can answer a
+    /// refusal with a status code before it starts streaming.
+    pub async fn admitted(&mut self) -> Result<(), EngineError> {
+        while !self.admitted && !self.done {
+            match self.rx.recv().await {
+                Some(CoreEvent::Accepted) => self.admitted = true,
+                Some(CoreEvent::Failed(e)) => {
+                    self.done = true;
+                    self.rx.close();
+                    return Err(e);
+                }
+                Some(ev) => {
+                    self.admitted = true;
+                    let processed = self.processor.process(ev);
+                    self.push(processed);
+                }
+                None => {
+                    self.done = true;
+                    return Err(EngineError::Shutdown);
+                }
+            }
+        }
+        Ok(())
     }
 
     fn push(&mut self, processed: Processed) {

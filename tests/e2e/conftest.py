@@ -22,14 +22,13 @@ def _pump(stream, lines):
         lines.put(line)
 
 
-@pytest.fixture(scope="session")
-def server():
+def _synor(*extra):
     binary = os.environ.get("SYNOR_BIN", os.path.join(ROOT, "target", "debug", "synor"))
     env = dict(os.environ)
     env.setdefault("SYNOR_MODELS_DIR", os.path.join(ROOT, "models"))
     env.setdefault("RUST_LOG", "warn")
     proc = subprocess.Popen(
-        [binary, "serve", "--bind", "127.0.0.1:0"],
+        [binary, "serve", "--bind", "127.0.0.1:0", *extra],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -60,6 +59,21 @@ def server():
     except subprocess.TimeoutExpired:
         proc.kill()
         raise
+
+
+@pytest.fixture(scope="session")
+def server():
+    yield from _synor()
+
+
+@pytest.fixture(scope="session")
+def tiny_server():
+    """The tiny fixture model with one sequence slot and one waiting place,
+    so a burst of requests overflows the queue."""
+    yield from _synor(
+        "--model", "tiny/tiny.gguf", "--embedding-model", "none",
+        "--max-num-seqs", "1", "--max-waiting", "1",
+    )
 
 
 @pytest.fixture(scope="session")

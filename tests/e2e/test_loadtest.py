@@ -72,3 +72,20 @@ def test_bad_arguments_are_one_clear_line():
         lines = p.stderr.strip().splitlines()
         assert len(lines) == 1 and needle in lines[0], (args, p.stderr)
         assert "panicked" not in p.stderr
+
+
+def test_overload_is_counted_apart_with_retry_after(tiny_server, tmp_path):
+    result = tmp_path / "overload.json"
+    p = loadtest(
+        "--base-url", tiny_server["base"], "--model", "tiny",
+        "--num-prompts", "12", "--max-concurrency", "12",
+        "--random-input-len", "8", "--random-output-len", "64", "--ignore-eos",
+        "--result-file", str(result),
+    )
+    assert p.returncode == 0, p.stdout + p.stderr
+    a = json.loads(result.read_text())["aggregates"]
+    assert a["failed"] == 0, a["errors"]
+    assert a["rejected"] > 0 and a["completed"] > 0
+    assert a["completed"] + a["rejected"] == 12
+    assert a["retry_after_s"] is not None and a["retry_after_s"]["mean"] >= 1
+    assert "Retry-After" in p.stdout

@@ -24,15 +24,20 @@ pub struct Outcome {
     pub usage: Usage,
 }
 
-/// Submits every request's `n` choices, flattened in order; if one is
-/// refused, the others are dropped (aborted).
-pub fn submit_all(
+/// Submits every request's `n` choices, flattened in order, and waits until
+/// the engine has admitted each of them, so an overloaded engine is answered
+/// with 503 and `Retry-After` before any response starts; if one is refused,
+/// the others are dropped (aborted).
+pub async fn submit_all(
     engine: &EngineHandle,
     requests: Vec<GenerateRequest>,
 ) -> Result<Vec<RequestStream>, ApiError> {
     let mut all = Vec::new();
     for r in requests {
         all.extend(engine.submit_n(r)?);
+    }
+    for s in &mut all {
+        s.admitted().await?;
     }
     Ok(all)
 }

@@ -28,7 +28,7 @@ async fn chat_completions(
 ) -> Result<Response, ApiError> {
     let engine = state.models.text(&req.model)?;
     let valid = validate::chat(&req, engine)?;
-    let streams = stream::submit_all(engine, valid.requests)?;
+    let streams = stream::submit_all(engine, valid.requests).await?;
     let encoder = ChatEncoder {
         id: response_id("chatcmpl"),
         created: unix_now(),

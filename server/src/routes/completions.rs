@@ -25,7 +25,7 @@ async fn completions(
 ) -> Result<Response, ApiError> {
     let engine = state.models.text(&req.model)?;
     let valid = validate::completion(&req, engine)?;
-    let streams = stream::submit_all(engine, valid.requests)?;
+    let streams = stream::submit_all(engine, valid.requests).await?;
     let mut encoder = CompletionEncoder {
         id: response_id("cmpl"),
         created: unix_now(),
