@@ -2,6 +2,7 @@
 //! implementations they are tested against.
 //!
 //! - `quant`: GGML block formats (Q4_0, Q4_1, Q8_0) and Q8 activations;
+//! - `kquant`: K-quant weights brought into those formats (Q4_K as Q4_1);
 //! - `layout`: the interleaved 16-row weight layout the kernels read;
 //! - `cpu`: quantized matmul, multi-threaded, AVX-512 VNNI / AVX2 / scalar,
 //!   picked at run time;
@@ -10,6 +11,7 @@
 //!   matmul): the test oracle for the fast paths here and in the engine.
 
 pub mod cpu;
+pub mod kquant;
 pub mod layout;
 pub mod quant;
 pub mod reference;

@@ -1,7 +1,8 @@
-//! Weight matrices as the forward pass uses them: GGML-quantized matrices
-//! run through `kernels::cpu::matmul` (weights stay quantized), anything
-//! else (F16, F32, K-quants for now) dequantized once and multiplied with
-//! candle's f32 GEMM.
+//! Weight matrices as the forward pass uses them. Quantized GGUF tensors
+//! stay quantized and run through `kernels::cpu::matmul`: Q4_0, Q4_1 and
+//! Q8_0 as they are, Q4_K transcoded to Q4_1, the other K-quants and
+//! Q5_0/Q5_1 requantized to Q8_0 (a finer step than theirs). F16, BF16 and
+//! F32 tensors are kept in f32 and multiplied with candle's GEMM.
 
 use std::sync::Arc;
 
@@ -18,23 +19,38 @@ pub enum Linear {
     Dense { w: Tensor, rows: usize, cols: usize },
 }
 
-fn quant_type(dtype: GgmlDType) -> Option<QuantType> {
+/// How a GGUF tensor type is brought into the kernels' formats.
+enum Plan {
+    /// Used as it is.
+    Native(QuantType),
+    /// Q4_K, transcoded block by block into Q4_1.
+    Q4kAsQ4_1,
+    /// Dequantized and requantized into Q8_0.
+    Requantize,
+    /// Kept as f32.
+    Dense,
+}
+
+fn plan(dtype: GgmlDType, cols: usize) -> Plan {
+    use kernels::quant::QK;
+    if !cols.is_multiple_of(QK) {
+        return Plan::Dense;
+    }
     match dtype {
-        GgmlDType::Q4_0 => Some(QuantType::Q4_0),
-        GgmlDType::Q4_1 => Some(QuantType::Q4_1),
-        GgmlDType::Q8_0 => Some(QuantType::Q8_0),
-        GgmlDType::F32
-        | GgmlDType::F16
-        | GgmlDType::BF16
+        GgmlDType::Q4_0 => Plan::Native(QuantType::Q4_0),
+        GgmlDType::Q4_1 => Plan::Native(QuantType::Q4_1),
+        GgmlDType::Q8_0 => Plan::Native(QuantType::Q8_0),
+        GgmlDType::Q4K if cols.is_multiple_of(kernels::kquant::QK_K) => Plan::Q4kAsQ4_1,
+        GgmlDType::Q4K
         | GgmlDType::Q5_0
         | GgmlDType::Q5_1
         | GgmlDType::Q8_1
         | GgmlDType::Q2K
         | GgmlDType::Q3K
-        | GgmlDType::Q4K
         | GgmlDType::Q5K
         | GgmlDType::Q6K
-        | GgmlDType::Q8K => None,
+        | GgmlDType::Q8K => Plan::Requantize,
+        GgmlDType::F32 | GgmlDType::F16 | GgmlDType::BF16 => Plan::Dense,
     }
 }
 
@@ -45,14 +61,27 @@ impl Linear {
             .shape()
             .dims2()
             .map_err(|e| EngineError::Load(format!("`{name}` is not a matrix: {e}")))?;
-        if let Some(ty) = quant_type(qt.dtype())
-            && cols.is_multiple_of(kernels::quant::QK)
-        {
-            let bytes = qt
-                .data()
-                .map_err(|e| EngineError::Load(format!("`{name}`: {e}")))?;
-            let m = QMatrix::new(ty, rows, cols, &bytes)
-                .map_err(|e| EngineError::Load(format!("`{name}`: {e}")))?;
+        let load = |e: &dyn std::fmt::Display| EngineError::Load(format!("`{name}`: {e}"));
+        let m = match plan(qt.dtype(), cols) {
+            Plan::Dense => None,
+            Plan::Native(ty) => {
+                let bytes = qt.data().map_err(|e| load(&e))?;
+                Some(QMatrix::new(ty, rows, cols, &bytes).map_err(|e| load(&e))?)
+            }
+            Plan::Q4kAsQ4_1 => {
+                let bytes = qt.data().map_err(|e| load(&e))?;
+                let q41 = kernels::kquant::q4k_to_q4_1(&bytes).map_err(|e| load(&e))?;
+                Some(QMatrix::new(QuantType::Q4_1, rows, cols, &q41).map_err(|e| load(&e))?)
+            }
+            Plan::Requantize => {
+                let w = qt
+                    .dequantize(&Device::Cpu)?
+                    .flatten_all()?
+                    .to_vec1::<f32>()?;
+                Some(QMatrix::quantize(QuantType::Q8_0, rows, cols, &w).map_err(|e| load(&e))?)
+            }
+        };
+        if let Some(m) = m {
             return Ok(Self::Quant(Arc::new(m)));
         }
         let w = qt.dequantize(&Device::Cpu)?;
@@ -183,5 +212,57 @@ impl MultiLinear {
             }
         }
         Ok(outs)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use candle_core::quantized::{GgmlDType, QTensor};
+    use candle_core::{Device, Tensor};
+
+    use super::*;
+
+    fn ramp(n: usize, k: usize) -> Vec<f32> {
+        (0..n)
+            .map(|i| ((i * 7919 + k * 31) % 1009) as f32 / 504.0 - 1.0)
+            .collect()
+    }
+
+    #[test]
+    fn k_quants_stay_quantized_and_match_their_dequantized_product() {
+        let (rows, cols, m) = (48, 512, 3);
+        let w = Tensor::from_vec(ramp(rows * cols, 1), (rows, cols), &Device::Cpu).expect("w");
+        let x = ramp(m * cols, 2);
+        for dtype in [
+            GgmlDType::Q4K,
+            GgmlDType::Q6K,
+            GgmlDType::Q5K,
+            GgmlDType::Q5_0,
+        ] {
+            let qt = QTensor::quantize(&w, dtype).expect("quantize");
+            let lin = Linear::from_qtensor("w", &qt).expect("load");
+            assert!(matches!(lin, Linear::Quant(_)), "{dtype:?} stays quantized");
+            let got = lin.forward(&x, m).expect("forward");
+            // The exact product with candle's dequantized weights.
+            let deq = qt.dequantize(&Device::Cpu).expect("deq");
+            let xt = Tensor::from_slice(&x, (m, cols), &Device::Cpu).expect("x");
+            let want = xt.matmul(&deq.t().expect("t")).expect("mm");
+            let want = want
+                .flatten_all()
+                .expect("flat")
+                .to_vec1::<f32>()
+                .expect("vec");
+            let scale = want.iter().fold(0.0f32, |a, v| a.max(v.abs()));
+            let err = got
+                .iter()
+                .zip(&want)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0.0, f32::max);
+            // Activations are quantized to 8 bits (and Q4_K scales to f16).
+            assert!(
+                err <= 0.02 * scale,
+                "{dtype:?}: max error {err} (scale {scale})"
+            );
+        }
     }
 }
