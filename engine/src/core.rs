@@ -13,7 +13,7 @@ use crate::error::EngineError;
 use crate::executor::Executor;
 use crate::model::ModelBatch;
 use crate::request::{FinishReason, GenerateRequest, RequestId, TokenLogprob, Usage};
-use crate::scheduler::{Scheduler, Sequence};
+use crate::scheduler::{Scheduler, Sequence, StepToken};
 use crate::stats::StatsCell;
 
 /// What the core sends back to a request's stream.
@@ -41,6 +41,8 @@ pub enum Command {
         /// For choices 2..n: the first choice, whose prompt blocks it shares.
         wait_for: Option<RequestId>,
         events: UnboundedSender<CoreEvent>,
+        /// When the handle submitted it (latencies count from here).
+        arrived: Instant,
     },
     Abort(RequestId),
     Shutdown,
@@ -52,8 +54,19 @@ pub struct EngineCore {
     executor: Box<dyn Executor>,
     commands: Receiver<Command>,
     senders: std::collections::HashMap<RequestId, UnboundedSender<CoreEvent>>,
+    /// Latency bookkeeping of each live request.
+    timing: std::collections::HashMap<RequestId, Timing>,
     eos: Vec<u32>,
     stats: Arc<StatsCell>,
+}
+
+/// When a request arrived, whether it has been scheduled, and when it last
+/// produced tokens.
+#[derive(Debug, Clone, Copy)]
+struct Timing {
+    arrived: Instant,
+    scheduled: bool,
+    last_token: Option<Instant>,
 }
 
 impl EngineCore {
@@ -69,6 +82,7 @@ impl EngineCore {
             executor,
             commands,
             senders: Default::default(),
+            timing: Default::default(),
             eos,
             stats,
         }
@@ -122,6 +136,7 @@ impl EngineCore {
                 req,
                 wait_for,
                 events,
+                arrived,
             } => {
                 let mut seq = Sequence::new(id, *req, &self.eos);
                 seq.wait_for = wait_for;
@@ -129,6 +144,12 @@ impl EngineCore {
                     Ok(()) => {
                         let _ = events.send(CoreEvent::Accepted);
                         self.senders.insert(id, events);
+                        let t = Timing {
+                            arrived,
+                            scheduled: false,
+                            last_token: None,
+                        };
+                        self.timing.insert(id, t);
                     }
                     Err(_) => {
                         let waiting = self.scheduler.num_waiting();
@@ -154,6 +175,7 @@ impl EngineCore {
             return false;
         }
         let started = Instant::now();
+        self.record_scheduled(&batch);
         let logits = match self.execute_guarded(&batch) {
             Ok(l) => l,
             Err(e) => {
@@ -170,6 +192,7 @@ impl EngineCore {
         self.stats
             .record_step(batch.num_tokens(), tokens.len(), started.elapsed());
         self.publish_stats();
+        self.record_tokens(&tokens);
         let mut dead = Vec::new();
         for t in &tokens {
             let alive = self.senders.get(&t.seq).is_some_and(|tx| {
@@ -200,6 +223,35 @@ impl EngineCore {
         true
     }
 
+    /// Queue time of the batch's requests scheduled for the first time.
+    fn record_scheduled(&mut self, batch: &ModelBatch) {
+        for c in &batch.chunks {
+            if let Some(t) = self.timing.get_mut(&c.seq)
+                && !t.scheduled
+            {
+                t.scheduled = true;
+                self.stats.latency.queue.observe(t.arrived.elapsed());
+            }
+        }
+    }
+
+    /// Time to first token, or the gap since the request's previous
+    /// token-emitting step (several tokens of one step count once).
+    fn record_tokens(&mut self, tokens: &[StepToken]) {
+        let now = Instant::now();
+        for tok in tokens {
+            let Some(t) = self.timing.get_mut(&tok.seq) else {
+                continue;
+            };
+            match t.last_token {
+                Some(prev) if prev == now => continue,
+                Some(prev) => self.stats.latency.itl.observe(now - prev),
+                None => self.stats.latency.ttft.observe(now - t.arrived),
+            }
+            t.last_token = Some(now);
+        }
+    }
+
     /// Runs the executor; a panic inside it (a bug) fails this step's
     /// sequences instead of killing the engine thread for every request.
     fn execute_guarded(&mut self, batch: &ModelBatch) -> Result<Vec<Vec<f32>>, EngineError> {
@@ -218,6 +270,11 @@ impl EngineCore {
     /// Frees a sequence and tells its stream how it ended.
     fn finish(&mut self, seq: Sequence, outcome: Result<FinishReason, EngineError>) {
         self.executor.release(seq.id);
+        if let (Some(t), Ok(reason)) = (self.timing.remove(&seq.id), &outcome) {
+            let latency = &self.stats.latency;
+            latency.e2e.observe(t.arrived.elapsed());
+            latency.record_finish(*reason, seq.prompt_len, seq.output().len());
+        }
         let Some(tx) = self.senders.remove(&seq.id) else {
             return;
         };
@@ -296,6 +353,7 @@ mod tests {
             req,
             wait_for: None,
             events,
+            arrived: Instant::now(),
         })
         .expect("core alive");
         rx

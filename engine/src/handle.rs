@@ -13,6 +13,7 @@ use crate::core::{Command, EngineCore};
 use crate::error::{EngineError, Result};
 use crate::executor::LocalExecutor;
 use crate::kv_cache::{KvLayout, KvManager};
+use crate::latency::LatencyStats;
 use crate::loader::{LoadedModel, load_gguf};
 use crate::output::{OutputProcessor, RequestStream};
 use crate::request::{GenerateRequest, RequestId};
@@ -198,6 +199,7 @@ impl EngineHandle {
                 req: Box::new(req),
                 wait_for,
                 events,
+                arrived: std::time::Instant::now(),
             })
             .map_err(|_| EngineError::Shutdown)?;
         Ok(RequestStream::new(
@@ -248,6 +250,11 @@ impl EngineHandle {
 
     pub fn stats(&self) -> EngineStats {
         self.shared.stats.snapshot()
+    }
+
+    /// Latency distributions and request counters since start.
+    pub fn latency(&self) -> LatencyStats {
+        self.shared.stats.latency.snapshot()
     }
 
     pub fn info(&self) -> &ModelInfo {

@@ -15,6 +15,7 @@ pub mod error;
 pub mod executor;
 pub mod handle;
 pub mod kv_cache;
+pub mod latency;
 pub mod loader;
 pub mod model;
 pub mod output;
@@ -28,6 +29,7 @@ pub use chat::{ChatMessage, TemplateChoice};
 pub use embed::{EmbeddingHandle, Embeddings};
 pub use error::EngineError;
 pub use handle::{EngineConfig, EngineHandle, ModelInfo};
+pub use latency::{HistogramSnapshot, LatencyStats};
 pub use output::RequestStream;
 pub use request::{
     FinishReason, GenerateRequest, RequestId, SamplingParams, TokenEvent, TokenLogprob, Usage,

@@ -1,8 +1,11 @@
 //! Engine statistics shared lock-free between the core (writer) and the
-//! handles (readers): queue depths, steps, tokens and step time.
+//! handles (readers): queue depths, steps, tokens and step time, and (in
+//! `latency`) per-request latency distributions.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
+
+use crate::latency::LatencyCell;
 
 /// A point-in-time copy of the engine's counters.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -50,6 +53,8 @@ pub struct StatsCell {
     preemptions: AtomicU64,
     spec_proposed: AtomicU64,
     spec_accepted: AtomicU64,
+    /// Per-request latency distributions and counters.
+    pub latency: LatencyCell,
 }
 
 impl StatsCell {

@@ -5,6 +5,8 @@
 pub mod api;
 pub mod config;
 pub mod error;
+pub mod metrics;
+pub mod observe;
 pub mod routes;
 pub mod startup;
 pub mod state;
@@ -14,7 +16,6 @@ use axum::Router;
 use axum::extract::DefaultBodyLimit;
 use axum::response::{IntoResponse, Response};
 use tower_http::catch_panic::CatchPanicLayer;
-use tower_http::trace::TraceLayer;
 
 use crate::state::AppState;
 
@@ -22,8 +23,14 @@ use crate::state::AppState;
 pub fn app(state: AppState, max_body_bytes: usize) -> Router {
     routes::router()
         .layer(DefaultBodyLimit::max(max_body_bytes))
-        .layer(TraceLayer::new_for_http())
         .layer(CatchPanicLayer::custom(panic_response))
+        // Outermost, so it sees (and counts) the answers of the layers
+        // inside it, panics included. `Router::layer` runs after routing,
+        // so the matched route is known.
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            observe::observe,
+        ))
         .with_state(state)
 }
 

@@ -53,9 +53,7 @@ pub async fn load_models(args: &ServeArgs) -> anyhow::Result<ModelRegistry> {
 /// Runs `synor serve` until a shutdown signal.
 pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let registry = Arc::new(load_models(&args).await?);
-    let state = AppState {
-        models: registry.clone(),
-    };
+    let state = AppState::new(registry.clone());
     let listener = TcpListener::bind(args.bind)
         .await
         .with_context(|| format!("binding {}", args.bind))?;

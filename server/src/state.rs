@@ -80,4 +80,15 @@ impl ModelRegistry {
 #[derive(Debug, Clone)]
 pub struct AppState {
     pub models: Arc<ModelRegistry>,
+    /// HTTP request counts for `/metrics`.
+    pub http: Arc<crate::metrics::HttpMetrics>,
+}
+
+impl AppState {
+    pub fn new(models: Arc<ModelRegistry>) -> Self {
+        Self {
+            models,
+            http: Arc::default(),
+        }
+    }
 }

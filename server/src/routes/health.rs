@@ -1,5 +1,7 @@
 //! `GET /health`: liveness, with each model's engine statistics (queue,
 //! KV usage, prefix cache, preemptions, steps) for a quick look.
+//! `GET /ready`: 200 once models are loaded and serving, else 503 (for load
+//! balancers and orchestrators).
 
 use axum::extract::State;
 use axum::routing::get;
@@ -9,7 +11,9 @@ use serde_json::{Value, json};
 use crate::state::{AppState, ModelKind};
 
 pub fn router() -> Router<AppState> {
-    Router::new().route("/health", get(health))
+    Router::new()
+        .route("/health", get(health))
+        .route("/ready", get(ready))
 }
 
 async fn health(State(state): State<AppState>) -> Json<Value> {
@@ -37,4 +41,20 @@ async fn health(State(state): State<AppState>) -> Json<Value> {
         })
         .collect();
     Json(json!({ "status": "ok", "models": models }))
+}
+
+async fn ready(State(state): State<AppState>) -> axum::response::Response {
+    use axum::http::StatusCode;
+    use axum::response::IntoResponse;
+    let models: Vec<&str> = state
+        .models
+        .list()
+        .iter()
+        .map(|m| m.name.as_str())
+        .collect();
+    if models.is_empty() {
+        let body = json!({ "status": "not ready", "reason": "no model is loaded" });
+        return (StatusCode::SERVICE_UNAVAILABLE, Json(body)).into_response();
+    }
+    Json(json!({ "status": "ready", "models": models })).into_response()
 }

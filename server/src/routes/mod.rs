@@ -20,6 +20,7 @@ pub fn router() -> Router<AppState> {
         .merge(embeddings::router())
         .merge(models::router())
         .merge(health::router())
+        .merge(crate::metrics::router())
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
 }

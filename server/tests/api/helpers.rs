@@ -56,9 +56,7 @@ static STATE: LazyLock<AppState> = LazyLock::new(|| {
             kind: ModelKind::Embedding(minilm),
         },
     ];
-    AppState {
-        models: Arc::new(ModelRegistry::new(models)),
-    }
+    AppState::new(Arc::new(ModelRegistry::new(models)))
 });
 
 /// The full router over the shared test models.

@@ -1,6 +1,8 @@
 //! The server's one integration test binary: in-process router tests
-//! (`router`) and tests against the real `synor` binary on port 0 (`binary`).
+//! (`router`, `observability`) and tests against the real `synor` binary on
+//! port 0 (`binary`).
 
 mod binary;
 mod helpers;
+mod observability;
 mod router;

@@ -1,0 +1,270 @@
+//! `GET /metrics`: Prometheus text exposition. Per text model (label
+//! `model_name`), names aligned with vLLM's: queue gauges, KV cache usage,
+//! prefix cache and token counters, finished requests by reason, and the
+//! TTFT / inter-token / end-to-end / queue-time histograms the engine
+//! records; plus HTTP request counts by route, method and status.
+
+use std::collections::BTreeMap;
+use std::fmt::Write;
+use std::sync::Mutex;
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::header::CONTENT_TYPE;
+use axum::response::IntoResponse;
+use axum::routing::get;
+use engine::HistogramSnapshot;
+
+use crate::state::{AppState, ModelKind};
+
+/// HTTP request counts, by (route, method, status).
+#[derive(Debug, Default)]
+pub struct HttpMetrics {
+    counts: Mutex<BTreeMap<(String, String, u16), u64>>,
+}
+
+impl HttpMetrics {
+    pub fn record(&self, route: &str, method: &str, status: u16) {
+        let mut c = self.counts.lock().unwrap_or_else(|e| e.into_inner());
+        *c.entry((route.to_string(), method.to_string(), status))
+            .or_default() += 1;
+    }
+
+    fn snapshot(&self) -> Vec<((String, String, u16), u64)> {
+        let c = self.counts.lock().unwrap_or_else(|e| e.into_inner());
+        c.iter().map(|(k, v)| (k.clone(), *v)).collect()
+    }
+}
+
+pub fn router() -> Router<AppState> {
+    Router::new().route("/metrics", get(metrics))
+}
+
+async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
+    (
+        [(CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
+        render(&state),
+    )
+}
+
+/// Escapes a label value.
+fn label(v: &str) -> String {
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+struct Family<'a> {
+    name: &'a str,
+    kind: &'a str,
+    help: &'a str,
+}
+
+impl Family<'_> {
+    fn header(&self, out: &mut String) {
+        let _ = writeln!(out, "# HELP {} {}", self.name, self.help);
+        let _ = writeln!(out, "# TYPE {} {}", self.name, self.kind);
+    }
+}
+
+/// The whole exposition.
+pub fn render(state: &AppState) -> String {
+    let mut out = String::new();
+    let text: Vec<(String, engine::EngineStats, engine::LatencyStats)> = state
+        .models
+        .list()
+        .iter()
+        .filter_map(|m| match &m.kind {
+            ModelKind::Text(h) => Some((label(&m.name), h.stats(), h.latency())),
+            ModelKind::Embedding(_) => None,
+        })
+        .collect();
+    let scalar =
+        |out: &mut String,
+         f: Family<'_>,
+         get: &dyn Fn(&engine::EngineStats, &engine::LatencyStats) -> f64| {
+            f.header(out);
+            for (name, s, l) in &text {
+                let _ = writeln!(out, "{}{{model_name=\"{name}\"}} {}", f.name, get(s, l));
+            }
+        };
+    let fam = |name, kind, help| Family { name, kind, help };
+    scalar(
+        &mut out,
+        fam(
+            "synor:num_requests_running",
+            "gauge",
+            "Requests in the running batch.",
+        ),
+        &|s, _| s.num_running as f64,
+    );
+    scalar(
+        &mut out,
+        fam(
+            "synor:num_requests_waiting",
+            "gauge",
+            "Requests waiting to be scheduled.",
+        ),
+        &|s, _| s.num_waiting as f64,
+    );
+    scalar(
+        &mut out,
+        fam(
+            "synor:kv_cache_usage_perc",
+            "gauge",
+            "Fraction of KV cache blocks in use (0-1).",
+        ),
+        &|s, _| s.kv_usage(),
+    );
+    scalar(
+        &mut out,
+        fam(
+            "synor:prefix_cache_queries_total",
+            "counter",
+            "Prompt tokens looked up in the prefix cache.",
+        ),
+        &|s, _| s.prefix_queries as f64,
+    );
+    scalar(
+        &mut out,
+        fam(
+            "synor:prefix_cache_hits_total",
+            "counter",
+            "Prompt tokens found in the prefix cache.",
+        ),
+        &|s, _| s.prefix_hits as f64,
+    );
+    scalar(
+        &mut out,
+        fam(
+            "synor:num_preemptions_total",
+            "counter",
+            "Sequences preempted for lack of KV blocks.",
+        ),
+        &|s, _| s.preemptions as f64,
+    );
+    scalar(
+        &mut out,
+        fam(
+            "synor:prompt_tokens_total",
+            "counter",
+            "Prompt tokens of finished requests.",
+        ),
+        &|_, l| l.prompt_tokens as f64,
+    );
+    scalar(
+        &mut out,
+        fam(
+            "synor:generation_tokens_total",
+            "counter",
+            "Generated tokens of finished requests.",
+        ),
+        &|_, l| l.generation_tokens as f64,
+    );
+    scalar(
+        &mut out,
+        fam(
+            "synor:engine_steps_total",
+            "counter",
+            "Engine steps (forward passes).",
+        ),
+        &|s, _| s.steps as f64,
+    );
+    let f = fam(
+        "synor:request_success_total",
+        "counter",
+        "Finished requests, by finish reason.",
+    );
+    f.header(&mut out);
+    for (name, _, l) in &text {
+        for (reason, n) in &l.finished {
+            let _ = writeln!(
+                out,
+                "{}{{model_name=\"{name}\",finished_reason=\"{reason}\"}} {n}",
+                f.name
+            );
+        }
+    }
+    type Pick = fn(&engine::LatencyStats) -> &HistogramSnapshot;
+    let histograms: [(&str, &str, Pick); 4] = [
+        (
+            "synor:time_to_first_token_seconds",
+            "Time from submission to the first token.",
+            |l| &l.ttft,
+        ),
+        (
+            "synor:inter_token_latency_seconds",
+            "Time between token-emitting steps of a request.",
+            |l| &l.itl,
+        ),
+        (
+            "synor:e2e_request_latency_seconds",
+            "Time from submission to the end of a request.",
+            |l| &l.e2e,
+        ),
+        (
+            "synor:request_queue_time_seconds",
+            "Time from submission to the first scheduled step.",
+            |l| &l.queue,
+        ),
+    ];
+    for (name, help, pick) in histograms {
+        fam(name, "histogram", help).header(&mut out);
+        for (model, _, l) in &text {
+            histogram(&mut out, name, &format!("model_name=\"{model}\""), pick(l));
+        }
+    }
+    let f = fam(
+        "synor:http_requests_total",
+        "counter",
+        "HTTP requests, by route, method and status.",
+    );
+    f.header(&mut out);
+    for ((route, method, status), n) in state.http.snapshot() {
+        let _ = writeln!(
+            out,
+            "{}{{route=\"{}\",method=\"{}\",status=\"{status}\"}} {n}",
+            f.name,
+            label(&route),
+            label(&method)
+        );
+    }
+    out
+}
+
+/// Cumulative `_bucket` lines, then `_sum` and `_count`.
+fn histogram(out: &mut String, name: &str, labels: &str, h: &HistogramSnapshot) {
+    let mut cumulative = 0;
+    for (bound, n) in h.bounds.iter().zip(&h.counts) {
+        cumulative += n;
+        let _ = writeln!(out, "{name}_bucket{{{labels},le=\"{bound}\"}} {cumulative}");
+    }
+    let _ = writeln!(out, "{name}_bucket{{{labels},le=\"+Inf\"}} {}", h.count());
+    let _ = writeln!(out, "{name}_sum{{{labels}}} {}", h.sum_seconds);
+    let _ = writeln!(out, "{name}_count{{{labels}}} {}", h.count());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn histograms_are_cumulative_with_inf_sum_and_count() {
+        let h = HistogramSnapshot {
+            bounds: &[0.1, 1.0],
+            counts: vec![2, 1, 3],
+            sum_seconds: 7.5,
+        };
+        let mut out = String::new();
+        histogram(&mut out, "x", "model_name=\"m\"", &h);
+        assert_eq!(
+            out,
+            "x_bucket{model_name=\"m\",le=\"0.1\"} 2\n\
+             x_bucket{model_name=\"m\",le=\"1\"} 3\n\
+             x_bucket{model_name=\"m\",le=\"+Inf\"} 6\n\
+             x_sum{model_name=\"m\"} 7.5\n\
+             x_count{model_name=\"m\"} 6\n"
+        );
+        assert_eq!(label("a\"b\\c"), "a\\\"b\\\\c");
+    }
+}
