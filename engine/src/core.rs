@@ -9,6 +9,7 @@ use std::time::Instant;
 
 use tokio::sync::mpsc::UnboundedSender;
 
+use crate::constraint::Constraint;
 use crate::error::EngineError;
 use crate::executor::Executor;
 use crate::model::ModelBatch;
@@ -43,6 +44,8 @@ pub enum Command {
         events: UnboundedSender<CoreEvent>,
         /// When the handle submitted it (latencies count from here).
         arrived: Instant,
+        /// Structured output: the matcher and its end-of-output token.
+        constraint: Option<(Box<Constraint>, u32)>,
     },
     Abort(RequestId),
     Shutdown,
@@ -137,8 +140,17 @@ impl EngineCore {
                 wait_for,
                 events,
                 arrived,
+                constraint,
             } => {
                 let mut seq = Sequence::new(id, *req, &self.eos);
+                if let Some((c, eos)) = constraint {
+                    // A finished structured output ends the sequence, even
+                    // with `ignore_eos`.
+                    if !seq.stop_ids.contains(&eos) {
+                        seq.stop_ids.push(eos);
+                    }
+                    seq.sampler.constrain(*c, eos);
+                }
                 seq.wait_for = wait_for;
                 match self.scheduler.add(seq) {
                     Ok(()) => {
@@ -354,6 +366,7 @@ mod tests {
             wait_for: None,
             events,
             arrived: Instant::now(),
+            constraint: None,
         })
         .expect("core alive");
         rx

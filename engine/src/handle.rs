@@ -3,12 +3,13 @@
 //! thread, and returns a `RequestStream` of events.
 
 use std::path::Path;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{self, Sender};
+use std::sync::{Arc, OnceLock};
 use std::thread::JoinHandle;
 
 use crate::chat::{ChatMessage, ChatTemplate, TemplateChoice};
+use crate::constraint::{Constraint, ConstraintFactory};
 use crate::core::{Command, EngineCore};
 use crate::error::{EngineError, Result};
 use crate::executor::LocalExecutor;
@@ -62,6 +63,8 @@ struct Shared {
     stats: Arc<StatsCell>,
     next_id: AtomicU64,
     thread: std::sync::Mutex<Option<JoinHandle<()>>>,
+    /// Built on the first structured-output request (the token trie).
+    constraints: OnceLock<std::result::Result<Arc<ConstraintFactory>, String>>,
 }
 
 /// A running text-generation engine.
@@ -147,6 +150,7 @@ impl EngineHandle {
             stats,
             next_id: AtomicU64::new(1),
             thread: std::sync::Mutex::new(Some(thread)),
+            constraints: OnceLock::new(),
         };
         Ok(Self {
             shared: Arc::new(shared),
@@ -162,7 +166,42 @@ impl EngineHandle {
             });
         }
         self.validate(&req)?;
-        self.enqueue(req, None)
+        let constraint = self.constraint_for(&req)?;
+        self.enqueue(req, None, constraint)
+    }
+
+    /// The end-of-output token of constrained generation.
+    fn constraint_eos(&self) -> u32 {
+        let t = &self.shared.tokenizer;
+        t.special()
+            .eos
+            .or_else(|| t.eog_ids().first().copied())
+            .unwrap_or(0)
+    }
+
+    /// A matcher for the request's grammar, if it has one.
+    fn constraint_for(&self, req: &GenerateRequest) -> Result<Option<Constraint>> {
+        let Some(grammar) = &req.params.grammar else {
+            return Ok(None);
+        };
+        let factory = self
+            .shared
+            .constraints
+            .get_or_init(|| {
+                ConstraintFactory::new(
+                    &self.shared.tokenizer,
+                    self.shared.info.vocab_size,
+                    self.constraint_eos(),
+                )
+                .map(Arc::new)
+                .map_err(|e| e.to_string())
+            })
+            .as_ref()
+            .map_err(|e| EngineError::Validation {
+                field: "response_format",
+                message: e.clone(),
+            })?;
+        factory.matcher(grammar, "response_format").map(Some)
     }
 
     /// Validates `req` and queues its `n` choices; choice `i` samples with
@@ -170,6 +209,7 @@ impl EngineHandle {
     /// one's prompt so they share its KV blocks instead of recomputing them.
     pub fn submit_n(&self, req: GenerateRequest) -> Result<Vec<RequestStream>> {
         self.validate(&req)?;
+        let constraint = self.constraint_for(&req)?;
         let n = req.params.n;
         let mut streams = Vec::with_capacity(n);
         let mut first = None;
@@ -177,14 +217,19 @@ impl EngineHandle {
             let mut choice = req.clone();
             choice.params.n = 1;
             choice.params.seed = req.params.seed.map(|s| s.wrapping_add(i as u64));
-            let stream = self.enqueue(choice, first)?;
+            let stream = self.enqueue(choice, first, constraint.clone())?;
             first.get_or_insert(stream.id());
             streams.push(stream);
         }
         Ok(streams)
     }
 
-    fn enqueue(&self, req: GenerateRequest, wait_for: Option<RequestId>) -> Result<RequestStream> {
+    fn enqueue(
+        &self,
+        req: GenerateRequest,
+        wait_for: Option<RequestId>,
+        constraint: Option<Constraint>,
+    ) -> Result<RequestStream> {
         let id = RequestId(self.shared.next_id.fetch_add(1, Ordering::Relaxed));
         let (events, rx) = tokio::sync::mpsc::unbounded_channel();
         let processor = OutputProcessor::new(
@@ -200,6 +245,7 @@ impl EngineHandle {
                 wait_for,
                 events,
                 arrived: std::time::Instant::now(),
+                constraint: constraint.map(|c| (Box::new(c), self.constraint_eos())),
             })
             .map_err(|_| EngineError::Shutdown)?;
         Ok(RequestStream::new(

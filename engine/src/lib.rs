@@ -9,6 +9,7 @@
 //! `RequestStream`, which detokenizes incrementally and applies stop strings.
 
 pub mod chat;
+pub mod constraint;
 pub mod core;
 pub mod embed;
 pub mod error;
@@ -26,6 +27,7 @@ pub mod stats;
 pub mod tokenizer;
 
 pub use chat::{ChatMessage, TemplateChoice};
+pub use constraint::Grammar;
 pub use embed::{EmbeddingHandle, Embeddings};
 pub use error::EngineError;
 pub use handle::{EngineConfig, EngineHandle, ModelInfo};

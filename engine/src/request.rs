@@ -53,6 +53,8 @@ pub struct SamplingParams {
     /// Scheduling priority: lower values are admitted first and preempted
     /// last (vLLM's convention); ties go to the earlier request.
     pub priority: i32,
+    /// Structured output: what every completion must match.
+    pub grammar: Option<crate::constraint::Grammar>,
 }
 
 /// The most alternatives `logprobs` may ask for (OpenAI allows 20).
@@ -79,6 +81,7 @@ impl Default for SamplingParams {
             logprobs: None,
             n: 1,
             priority: 0,
+            grammar: None,
         }
     }
 }

@@ -10,6 +10,7 @@ use std::collections::HashMap;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
+use crate::constraint::Constraint;
 use crate::request::{SamplingParams, TokenLogprob};
 
 /// Temperatures below this are treated as greedy.
@@ -33,6 +34,8 @@ pub struct Sampler {
     output_counts: HashMap<u32, u32>,
     /// Tokens of the prompt (for the repetition penalty).
     prompt_tokens: std::collections::HashSet<u32>,
+    /// Structured output: the matcher and the token that ends the output.
+    constraint: Option<(Constraint, u32)>,
 }
 
 impl Sampler {
@@ -59,12 +62,22 @@ impl Sampler {
             rng,
             output_counts: HashMap::new(),
             prompt_tokens,
+            constraint: None,
         }
+    }
+
+    /// Restricts every later sample to what `c` allows (`eos` ends it).
+    pub fn constrain(&mut self, c: Constraint, eos: u32) {
+        self.constraint = Some((c, eos));
     }
 
     /// Picks the next token from raw `logits` and records it.
     pub fn sample(&mut self, logits: &[f32]) -> (u32, Option<TokenLogprob>) {
-        let processed = self.apply_processors(logits);
+        let mut processed = self.apply_processors(logits);
+        if let Some((c, eos)) = &mut self.constraint {
+            let masked = processed.get_or_insert_with(|| logits.to_vec());
+            c.mask(masked, *eos);
+        }
         let scores = processed.as_deref().unwrap_or(logits);
         let token = if self.temperature < GREEDY_EPS {
             argmax(scores)
@@ -72,6 +85,9 @@ impl Sampler {
             self.draw(scores)
         };
         *self.output_counts.entry(token).or_default() += 1;
+        if let Some((c, _)) = &mut self.constraint {
+            c.consume(token);
+        }
         let lp = self.logprobs.map(|k| logprobs(logits, token, k));
         (token, lp)
     }

@@ -274,3 +274,78 @@ async fn greedy_output_is_identical_with_prompt_lookup_speculation() {
     with.shutdown();
     without.shutdown();
 }
+
+/// Structured output: a JSON schema with seeded random sampling (so the
+/// constraint, not greedy luck, keeps it valid), then any JSON object.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn constrained_outputs_parse_and_match_their_schema() {
+    let handle = smollm2(EngineConfig::default());
+    let schema = serde_json::json!({
+        "type": "object",
+        "properties": {
+            "city": {"type": "string", "maxLength": 24},
+            "population": {"type": "integer", "minimum": 0},
+            "capital": {"type": "boolean"}
+        },
+        "required": ["city", "population", "capital"],
+        "additionalProperties": false
+    });
+    for seed in 0..3 {
+        let params = SamplingParams {
+            temperature: 1.0,
+            seed: Some(seed),
+            max_tokens: 120,
+            grammar: Some(engine::Grammar::JsonSchema(schema.clone())),
+            ..Default::default()
+        };
+        let prompt = chat_prompt(&handle, "Describe Paris as JSON.");
+        let r = run(&handle, prompt, params).await;
+        assert_eq!(r.reason, FinishReason::Stop, "seed {seed}: {}", r.text);
+        let v: serde_json::Value = serde_json::from_str(&r.text)
+            .unwrap_or_else(|e| panic!("seed {seed}: not JSON ({e}): {}", r.text));
+        let obj = v.as_object().expect("an object");
+        assert_eq!(obj.len(), 3, "{v}");
+        assert!(
+            obj["city"]
+                .as_str()
+                .is_some_and(|c| c.chars().count() <= 24)
+        );
+        assert!(obj["population"].as_u64().is_some(), "{v}");
+        assert!(obj["capital"].is_boolean(), "{v}");
+    }
+    let params = SamplingParams {
+        temperature: 0.0,
+        max_tokens: 400,
+        grammar: Some(engine::Grammar::JsonObject),
+        ..Default::default()
+    };
+    let r = run(
+        &handle,
+        chat_prompt(
+            &handle,
+            "Reply with a JSON object whose only key is \"answer\": what is 2 + 2?",
+        ),
+        params,
+    )
+    .await;
+    assert_eq!(r.reason, FinishReason::Stop, "{}", r.text);
+    let v: serde_json::Value = serde_json::from_str(&r.text).expect("JSON");
+    assert!(v.is_object(), "{}", r.text);
+    let bad = SamplingParams {
+        grammar: Some(engine::Grammar::JsonSchema(
+            serde_json::json!({"type": "no-such-type"}),
+        )),
+        ..Default::default()
+    };
+    let req = GenerateRequest {
+        prompt_tokens: vec![1, 2],
+        params: bad,
+    };
+    assert!(matches!(
+        handle.submit(req),
+        Err(engine::EngineError::Validation {
+            field: "response_format",
+            ..
+        })
+    ));
+}

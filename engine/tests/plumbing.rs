@@ -353,3 +353,22 @@ async fn prompt_lookup_speculation_never_changes_seeded_outputs() {
     with.shutdown();
     without.shutdown();
 }
+
+#[tokio::test]
+async fn a_regex_grammar_shapes_the_output_of_a_sentencepiece_model() {
+    let h = tiny(SchedulerConfig::default());
+    for seed in 0..4 {
+        let mut r = req(vec![1, 100, 200], 40, Some(seed));
+        r.params.grammar = Some(engine::Grammar::Regex("[0-9]{3}-[a-z]{2}".into()));
+        let (ids, end) = drain(h.submit(r).expect("submit")).await;
+        let (reason, _) = end.expect("finished");
+        assert_eq!(reason, FinishReason::Stop, "seed {seed}");
+        let text = h.tokenizer().decode(&ids[..ids.len() - 1]).expect("decode");
+        let ok = text.len() == 6
+            && text[..3].bytes().all(|b| b.is_ascii_digit())
+            && &text[3..4] == "-"
+            && text[4..].bytes().all(|b| b.is_ascii_lowercase());
+        assert!(ok, "seed {seed}: {text:?}");
+    }
+    h.shutdown();
+}

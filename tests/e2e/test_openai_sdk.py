@@ -137,3 +137,56 @@ def test_n_choices_logprobs_and_penalties_through_the_sdk(client):
         presence_penalty=0.5, frequency_penalty=0.5,
     )
     assert [c.message.content for c in again.choices] == [c.message.content for c in r.choices]
+
+
+CITY_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "city": {"type": "string", "maxLength": 30},
+        "country": {"type": "string", "maxLength": 30},
+        "population": {"type": "integer", "minimum": 0},
+    },
+    "required": ["city", "country", "population"],
+    "additionalProperties": False,
+}
+
+
+def test_json_schema_output_parses_and_validates_every_time(client):
+    for seed in range(3):
+        r = client.chat.completions.create(
+            model=CHAT_MODEL,
+            messages=[{"role": "user", "content": "Describe the capital of France as JSON."}],
+            max_tokens=150,
+            temperature=0.8,
+            seed=seed,
+            response_format={
+                "type": "json_schema",
+                "json_schema": {"name": "city", "schema": CITY_SCHEMA, "strict": True},
+            },
+        )
+        choice = r.choices[0]
+        assert choice.finish_reason == "stop", choice.message.content
+        v = json.loads(choice.message.content)
+        assert set(v) == {"city", "country", "population"}
+        assert isinstance(v["city"], str) and len(v["city"]) <= 30
+        assert isinstance(v["population"], int) and v["population"] >= 0
+
+
+def test_json_object_output_is_an_object_and_bad_formats_are_named(client):
+    stream = client.chat.completions.create(
+        model=CHAT_MODEL,
+        messages=[{"role": "user", "content": 'Reply with a JSON object whose only key is "answer": what is 2 + 2?'}],
+        max_tokens=100,
+        temperature=0,
+        response_format={"type": "json_object"},
+        stream=True,
+    )
+    text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+    assert isinstance(json.loads(text), dict), text
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(
+            model=CHAT_MODEL,
+            messages=[{"role": "user", "content": "hi"}],
+            response_format={"type": "json_schema", "json_schema": {"name": "x"}},
+        )
+    assert e.value.body["param"] == "response_format.json_schema.schema"

@@ -92,6 +92,11 @@ impl TextTokenizer {
     }
 
     /// Token ids that end generation.
+    /// The model's special tokens (BOS, EOS, whether BOS is added).
+    pub fn special(&self) -> &SpecialTokens {
+        &self.special
+    }
+
     pub fn eog_ids(&self) -> &BTreeSet<u32> {
         &self.eog
     }
@@ -106,5 +111,10 @@ impl TextTokenizer {
 
     pub fn vocab_size(&self) -> usize {
         self.inner.get_vocab_size(true)
+    }
+
+    /// The wrapped Hugging Face tokenizer.
+    pub fn inner(&self) -> &Tokenizer {
+        &self.inner
     }
 }

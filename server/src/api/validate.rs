@@ -2,7 +2,7 @@
 //! names the field it refuses; parameters we cannot honour yet are refused
 //! with a 400 rather than silently ignored.
 
-use engine::{ChatMessage, EngineHandle, GenerateRequest, SamplingParams};
+use engine::{ChatMessage, EngineHandle, GenerateRequest, Grammar, SamplingParams};
 
 use super::types::{
     ChatCompletionRequest, CommonParams, CompletionRequest, MessageContent, Prompt,
@@ -98,6 +98,7 @@ fn sampling(
         logprobs,
         n,
         priority: c.priority.unwrap_or(0),
+        grammar: None,
     };
     params.validate()?;
     Ok(params)
@@ -162,14 +163,7 @@ pub fn chat(
     if req.tools.as_ref().is_some_and(|t| !t.is_empty()) || req.tool_choice.is_some() {
         return Err(refuse("tools", "tools are not supported yet"));
     }
-    if let Some(rf) = &req.response_format
-        && rf.get("type").and_then(|t| t.as_str()) != Some("text")
-    {
-        return Err(refuse(
-            "response_format",
-            "only response_format {\"type\": \"text\"} is supported yet",
-        ));
-    }
+    let grammar = response_format(req.response_format.as_ref())?;
     let mut messages = Vec::with_capacity(req.messages.len());
     for (i, m) in req.messages.iter().enumerate() {
         let role = match m.role.as_str() {
@@ -202,7 +196,8 @@ pub fn chat(
         .context_length
         .saturating_sub(prompt_tokens.len())
         .max(1);
-    let params = sampling(&common, max_tokens(field, given, room)?, logprobs)?;
+    let mut params = sampling(&common, max_tokens(field, given, room)?, logprobs)?;
+    params.grammar = grammar;
     Ok(ValidGeneration {
         requests: vec![GenerateRequest {
             prompt_tokens,
@@ -216,6 +211,45 @@ pub fn chat(
         echo: vec![None; params_n(&common)],
         logprobs: logprobs.is_some(),
     })
+}
+
+/// OpenAI's `response_format`: `text` (no constraint), `json_object`, or
+/// `json_schema` with a `name` and a `schema`.
+fn response_format(rf: Option<&serde_json::Value>) -> Result<Option<Grammar>, ApiError> {
+    let Some(rf) = rf else { return Ok(None) };
+    match rf.get("type").and_then(|t| t.as_str()) {
+        Some("text") => Ok(None),
+        Some("json_object") => Ok(Some(Grammar::JsonObject)),
+        Some("json_schema") => {
+            let js = rf.get("json_schema").ok_or_else(|| {
+                refuse(
+                    "response_format.json_schema",
+                    "json_schema is required for this type",
+                )
+            })?;
+            if !js.get("name").is_some_and(|n| n.is_string()) {
+                return Err(refuse(
+                    "response_format.json_schema.name",
+                    "the schema needs a `name`",
+                ));
+            }
+            match js.get("schema") {
+                Some(schema) if schema.is_object() => Ok(Some(Grammar::JsonSchema(schema.clone()))),
+                _ => Err(refuse(
+                    "response_format.json_schema.schema",
+                    "`schema` must be a JSON Schema object",
+                )),
+            }
+        }
+        Some(other) => Err(refuse(
+            "response_format.type",
+            format!("unknown response_format type `{other}` (text, json_object or json_schema)"),
+        )),
+        None => Err(refuse(
+            "response_format.type",
+            "response_format needs a `type`",
+        )),
+    }
 }
 
 /// Choices per prompt (validated later by the engine).

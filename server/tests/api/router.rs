@@ -188,7 +188,16 @@ async fn invalid_parameters_are_named() {
         ),
         (json!({"tools": [{"type": "function"}]}), "tools"),
         (
-            json!({"response_format": {"type": "json_object"}}),
+            json!({"response_format": {"type": "xml"}}),
+            "response_format.type",
+        ),
+        (
+            json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}),
+            "response_format.json_schema.schema",
+        ),
+        (
+            json!({"response_format": {"type": "json_schema",
+                "json_schema": {"name": "x", "schema": {"type": "no-such-type"}}}}),
             "response_format",
         ),
         (json!({"stop": ["a", "b", "c", "d", "e"]}), "stop"),
