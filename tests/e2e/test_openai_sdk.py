@@ -190,3 +190,42 @@ def test_json_object_output_is_an_object_and_bad_formats_are_named(client):
             response_format={"type": "json_schema", "json_schema": {"name": "x"}},
         )
     assert e.value.body["param"] == "response_format.json_schema.schema"
+
+
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Get the current weather in a city.",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "maxLength": 40}},
+            "required": ["city"],
+            "additionalProperties": False,
+        },
+    },
+}
+
+
+def test_tool_calls_parse_and_a_tool_result_continues_the_conversation(client):
+    messages = [{"role": "user", "content": "What is the weather in Paris?"}]
+    r = client.chat.completions.create(
+        model=CHAT_MODEL, messages=messages, tools=[WEATHER_TOOL], tool_choice="required",
+        max_tokens=100, temperature=0,
+    )
+    choice = r.choices[0]
+    assert choice.finish_reason == "tool_calls", choice.message
+    call = choice.message.tool_calls[0]
+    assert call.function.name == "get_weather"
+    args = json.loads(call.function.arguments)
+    assert isinstance(args["city"], str) and len(args["city"]) <= 40
+    messages += [
+        {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+        {"role": "tool", "tool_call_id": call.id, "content": "18 C and sunny"},
+    ]
+    r2 = client.chat.completions.create(
+        model=CHAT_MODEL, messages=messages, tools=[WEATHER_TOOL], tool_choice="none",
+        max_tokens=40, temperature=0,
+    )
+    assert r2.choices[0].message.content
+    assert r2.choices[0].message.tool_calls is None

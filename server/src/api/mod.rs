@@ -4,6 +4,7 @@
 pub mod json;
 pub mod logprobs;
 pub mod stream;
+pub mod tools;
 pub mod types;
 pub mod validate;
 

@@ -91,8 +91,9 @@ pub trait ChunkEncoder: Send + 'static {
     /// Payloads sent before any token (chat sends the role here).
     fn start(&mut self, choices: usize) -> Vec<String>;
     /// A text delta of choice `index`, with the log-probabilities of the
-    /// tokens behind it (empty unless requested).
-    fn delta(&mut self, index: usize, text: String, logprobs: &[TokenLogprob]) -> String;
+    /// tokens behind it (empty unless requested); `None` when the encoder
+    /// holds the text back (a tool-call envelope is sent whole at the end).
+    fn delta(&mut self, index: usize, text: String, logprobs: &[TokenLogprob]) -> Option<String>;
     /// The closing chunk of choice `index`.
     fn finish(&mut self, index: usize, reason: FinishReason) -> String;
     /// The usage chunk (after every choice finished).
@@ -161,7 +162,9 @@ fn on_event<E: ChunkEncoder>(st: &mut SseState<E>, i: usize, ev: TokenEvent) -> 
         TokenEvent::Delta { text, logprobs, .. } if text.is_empty() && logprobs.is_empty() => {
             Vec::new()
         }
-        TokenEvent::Delta { text, logprobs, .. } => vec![st.encoder.delta(i, text, &logprobs)],
+        TokenEvent::Delta { text, logprobs, .. } => {
+            st.encoder.delta(i, text, &logprobs).into_iter().collect()
+        }
         TokenEvent::Finished { reason, usage } => {
             st.usage.add(&usage);
             vec![st.encoder.finish(i, reason)]

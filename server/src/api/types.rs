@@ -49,6 +49,12 @@ pub struct ChatMessageDto {
     pub content: Option<MessageContent>,
     #[serde(default)]
     pub name: Option<String>,
+    /// Calls an assistant turn made (function calling).
+    #[serde(default)]
+    pub tool_calls: Option<Vec<Value>>,
+    /// The call a `tool` message answers.
+    #[serde(default)]
+    pub tool_call_id: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -235,7 +241,9 @@ impl UsageDto {
 #[derive(Debug, Clone, Serialize)]
 pub struct AssistantMessage {
     pub role: &'static str,
-    pub content: String,
+    pub content: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<Value>>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -262,6 +270,8 @@ pub struct Delta {
     pub role: Option<&'static str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub content: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<Value>>,
 }
 
 #[derive(Debug, Clone, Serialize)]

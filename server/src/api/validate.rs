@@ -4,8 +4,9 @@
 
 use engine::{ChatMessage, EngineHandle, GenerateRequest, Grammar, SamplingParams};
 
+use super::tools;
 use super::types::{
-    ChatCompletionRequest, CommonParams, CompletionRequest, MessageContent, Prompt,
+    ChatCompletionRequest, ChatMessageDto, CommonParams, CompletionRequest, MessageContent, Prompt,
 };
 use crate::error::ApiError;
 
@@ -25,6 +26,8 @@ pub struct ValidGeneration {
     pub echo: Vec<Option<String>>,
     /// Whether choices report log-probabilities.
     pub logprobs: bool,
+    /// Whether the output is a tool-call envelope (`api::tools`).
+    pub tools: bool,
 }
 
 fn refuse(param: &str, message: impl Into<String>) -> ApiError {
@@ -160,31 +163,27 @@ pub fn chat(
         }
         (_, None) => None,
     };
-    if req.tools.as_ref().is_some_and(|t| !t.is_empty()) || req.tool_choice.is_some() {
-        return Err(refuse("tools", "tools are not supported yet"));
+    let mut grammar = response_format(req.response_format.as_ref())?;
+    let tool_plan = tools::plan(
+        req.tools.as_deref().unwrap_or_default(),
+        req.tool_choice.as_ref(),
+    )?;
+    if let Some(p) = &tool_plan {
+        if grammar.is_some() {
+            return Err(refuse(
+                "response_format",
+                "response_format cannot be combined with tools",
+            ));
+        }
+        if logprobs.is_some() {
+            return Err(refuse("logprobs", "logprobs cannot be combined with tools"));
+        }
+        grammar = Some(p.grammar.clone());
     }
-    let grammar = response_format(req.response_format.as_ref())?;
-    let mut messages = Vec::with_capacity(req.messages.len());
-    for (i, m) in req.messages.iter().enumerate() {
-        let role = match m.role.as_str() {
-            "system" | "developer" => "system",
-            "user" => "user",
-            "assistant" => "assistant",
-            "tool" => {
-                return Err(refuse(
-                    &format!("messages[{i}].role"),
-                    "tool messages are not supported yet",
-                ));
-            }
-            other => {
-                return Err(refuse(
-                    &format!("messages[{i}].role"),
-                    format!("unknown role `{other}`"),
-                ));
-            }
-        };
-        messages.push(ChatMessage::new(role, message_text(i, &m.content)?));
-    }
+    let messages = chat_messages(
+        &req.messages,
+        tool_plan.as_ref().map(|p| p.preamble.as_str()),
+    )?;
     let text = engine.render_chat(&messages)?;
     let prompt_tokens = engine.tokenizer().encode_prompt(&text)?;
     let (field, given) = match req.max_completion_tokens {
@@ -210,7 +209,48 @@ pub fn chat(
             .is_some_and(|o| o.include_usage),
         echo: vec![None; params_n(&common)],
         logprobs: logprobs.is_some(),
+        tools: tool_plan.is_some(),
     })
+}
+
+/// The conversation as the template gets it: roles normalized, tool
+/// exchanges written out as text, and the tools' `preamble` in the system
+/// message.
+fn chat_messages(
+    dtos: &[ChatMessageDto],
+    preamble: Option<&str>,
+) -> Result<Vec<ChatMessage>, ApiError> {
+    let mut messages = Vec::with_capacity(dtos.len() + 1);
+    for (i, m) in dtos.iter().enumerate() {
+        let role = match m.role.as_str() {
+            "system" | "developer" => "system",
+            "user" | "tool" => "user",
+            "assistant" => "assistant",
+            other => {
+                return Err(refuse(
+                    &format!("messages[{i}].role"),
+                    format!("unknown role `{other}`"),
+                ));
+            }
+        };
+        let is_call = m.tool_calls.as_ref().is_some_and(|c| !c.is_empty());
+        let content = match (&m.content, is_call) {
+            (None, true) => None,
+            (c, _) => Some(message_text(i, c)?),
+        };
+        let text = match tools::exchange_text(m, content.clone()) {
+            Some(t) => t,
+            None => content.unwrap_or_default(),
+        };
+        messages.push(ChatMessage::new(role, text));
+    }
+    if let Some(pre) = preamble {
+        match messages.first_mut().filter(|m| m.role == "system") {
+            Some(sys) => sys.content = format!("{}\n\n{pre}", sys.content),
+            None => messages.insert(0, ChatMessage::new("system", pre.to_string())),
+        }
+    }
+    Ok(messages)
 }
 
 /// OpenAI's `response_format`: `text` (no constraint), `json_object`, or
@@ -316,5 +356,6 @@ pub fn completion(
             .is_some_and(|o| o.include_usage),
         echo,
         logprobs: logprobs.is_some(),
+        tools: false,
     })
 }

@@ -10,6 +10,7 @@ use engine::{EngineHandle, FinishReason, TokenLogprob};
 
 use crate::api::json::ApiJson;
 use crate::api::stream::{self, ChunkEncoder, to_json};
+use crate::api::tools::{ToolOutput, parse_output};
 use crate::api::types::{
     AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletion, ChatCompletionChunk,
     ChatCompletionRequest, Delta, UsageDto,
@@ -35,6 +36,8 @@ async fn chat_completions(
         model: req.model,
         engine: engine.clone(),
         logprobs: valid.logprobs,
+        tools: valid.tools,
+        held: Vec::new(),
     };
     if valid.stream {
         return Ok(stream::sse(streams, encoder, valid.include_usage).into_response());
@@ -46,14 +49,12 @@ async fn chat_completions(
         .enumerate()
         .map(|(index, o)| {
             usage.add(&o.usage);
+            let (message, finish) = assistant(o.text, o.finish, encoder.tools);
             ChatChoice {
                 index,
                 logprobs: encoder.logprobs_of(&o.logprobs),
-                message: AssistantMessage {
-                    role: "assistant",
-                    content: o.text,
-                },
-                finish_reason: Some(o.finish.as_openai()),
+                message,
+                finish_reason: Some(finish),
             }
         })
         .collect();
@@ -76,6 +77,42 @@ struct ChatEncoder {
     /// For rendering token strings in log-probabilities.
     engine: EngineHandle,
     logprobs: bool,
+    /// The output is a tool-call envelope: held back per choice, then sent
+    /// whole as content or `tool_calls` with the finish.
+    tools: bool,
+    held: Vec<String>,
+}
+
+/// One tool call in OpenAI's shape.
+fn tool_call(name: String, arguments: String) -> serde_json::Value {
+    serde_json::json!({
+        "id": response_id("call"),
+        "type": "function",
+        "function": {"name": name, "arguments": arguments},
+    })
+}
+
+/// A finished choice as an assistant message and its finish reason; with
+/// tools, the envelope becomes `tool_calls` (reason `tool_calls`) or content.
+fn assistant(text: String, finish: FinishReason, tools: bool) -> (AssistantMessage, &'static str) {
+    let text = match tools.then(|| parse_output(&text)) {
+        Some(ToolOutput::Call { name, arguments }) => {
+            let message = AssistantMessage {
+                role: "assistant",
+                content: None,
+                tool_calls: Some(vec![tool_call(name, arguments)]),
+            };
+            return (message, "tool_calls");
+        }
+        Some(ToolOutput::Content(c)) => c,
+        None => text,
+    };
+    let message = AssistantMessage {
+        role: "assistant",
+        content: Some(text),
+        tool_calls: None,
+    };
+    (message, finish.as_openai())
 }
 
 impl ChatEncoder {
@@ -117,28 +154,63 @@ impl ChunkEncoder for ChatEncoder {
                 let delta = Delta {
                     role: Some("assistant"),
                     content: Some(String::new()),
+                    tool_calls: None,
                 };
                 self.chunk(vec![choice(i, delta, None, None)], None)
             })
             .collect()
     }
 
-    fn delta(&mut self, index: usize, text: String, lps: &[TokenLogprob]) -> String {
+    fn delta(&mut self, index: usize, text: String, lps: &[TokenLogprob]) -> Option<String> {
+        if self.tools {
+            if self.held.len() <= index {
+                self.held.resize(index + 1, String::new());
+            }
+            self.held[index].push_str(&text);
+            return None;
+        }
         let delta = Delta {
             role: None,
             content: Some(text),
+            tool_calls: None,
         };
-        self.chunk(
+        Some(self.chunk(
             vec![choice(index, delta, self.logprobs_of(lps), None)],
             None,
-        )
+        ))
     }
 
     fn finish(&mut self, index: usize, reason: FinishReason) -> String {
-        self.chunk(
-            vec![choice(index, Delta::default(), None, Some(reason))],
-            None,
-        )
+        if !self.tools {
+            let c = choice(index, Delta::default(), None, Some(reason));
+            return self.chunk(vec![c], None);
+        }
+        let text = self
+            .held
+            .get_mut(index)
+            .map(std::mem::take)
+            .unwrap_or_default();
+        let (message, finish) = assistant(text, reason, true);
+        let delta = Delta {
+            role: None,
+            content: message.content,
+            tool_calls: message.tool_calls.map(|calls| {
+                calls
+                    .into_iter()
+                    .map(|mut c| {
+                        c["index"] = 0.into();
+                        c
+                    })
+                    .collect()
+            }),
+        };
+        let c = ChatChunkChoice {
+            index,
+            delta,
+            logprobs: None,
+            finish_reason: Some(finish),
+        };
+        self.chunk(vec![c], None)
     }
 
     fn usage(&mut self, usage: UsageDto) -> String {

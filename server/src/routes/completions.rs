@@ -148,8 +148,8 @@ impl ChunkEncoder for CompletionEncoder {
             .collect()
     }
 
-    fn delta(&mut self, index: usize, text: String, lps: &[TokenLogprob]) -> String {
-        self.text(index, text, lps, None)
+    fn delta(&mut self, index: usize, text: String, lps: &[TokenLogprob]) -> Option<String> {
+        Some(self.text(index, text, lps, None))
     }
 
     fn finish(&mut self, index: usize, reason: FinishReason) -> String {

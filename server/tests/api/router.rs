@@ -186,7 +186,11 @@ async fn invalid_parameters_are_named() {
             json!({"logprobs": true, "top_logprobs": 50}),
             "top_logprobs",
         ),
-        (json!({"tools": [{"type": "function"}]}), "tools"),
+        (
+            json!({"tools": [{"type": "function"}]}),
+            "tools[0].function",
+        ),
+        (json!({"tool_choice": "required"}), "tool_choice"),
         (
             json!({"response_format": {"type": "xml"}}),
             "response_format.type",
@@ -376,4 +380,56 @@ async fn malformed_bodies_oversized_bodies_and_unknown_routes() {
     send("DELETE", "/v1/chat/completions", None, Vec::new())
         .await
         .error(StatusCode::METHOD_NOT_ALLOWED);
+}
+
+fn weather_tool() -> Value {
+    json!({"type": "function", "function": {"name": "get_weather", "description": "Current weather.",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 5}},
+            "required": ["city"], "additionalProperties": false}}})
+}
+
+#[tokio::test]
+async fn a_forced_tool_call_names_the_function_with_valid_arguments() {
+    let forced = json!({"tools": [weather_tool()], "max_tokens": 200, "ignore_eos": false,
+        "tool_choice": {"type": "function", "function": {"name": "get_weather"}}});
+    let v = post("/v1/chat/completions", chat(forced.clone()))
+        .await
+        .json();
+    let choice = &v["choices"][0];
+    assert_eq!(choice["finish_reason"], "tool_calls", "{v}");
+    assert!(choice["message"]["content"].is_null());
+    let call = &choice["message"]["tool_calls"][0];
+    assert_eq!(call["type"], "function");
+    assert_eq!(call["function"]["name"], "get_weather");
+    assert!(
+        call["id"]
+            .as_str()
+            .is_some_and(|id| id.starts_with("call-"))
+    );
+    let args: Value =
+        serde_json::from_str(call["function"]["arguments"].as_str().expect("a string"))
+            .expect("arguments are JSON");
+    assert!(
+        args["city"]
+            .as_str()
+            .is_some_and(|c| c.chars().count() <= 5),
+        "{args}"
+    );
+    // Streamed: one chunk carries the whole call, with its index.
+    let mut streamed = forced;
+    streamed["stream"] = json!(true);
+    let r = post("/v1/chat/completions", chat(streamed)).await;
+    let chunks: Vec<Value> = r
+        .sse_data()
+        .iter()
+        .filter(|d| *d != "[DONE]")
+        .map(|d| serde_json::from_str(d).expect("chunk"))
+        .collect();
+    let last = chunks.last().expect("chunks");
+    assert_eq!(last["choices"][0]["finish_reason"], "tool_calls", "{last}");
+    let call = &last["choices"][0]["delta"]["tool_calls"][0];
+    assert_eq!(
+        (call["index"].as_u64(), &call["function"]["name"]),
+        (Some(0), &json!("get_weather"))
+    );
 }
