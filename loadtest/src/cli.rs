@@ -31,6 +31,8 @@ pub struct Cli {
 pub enum Command {
     /// Print two result files side by side, with ratios (b / a).
     Compare { a: PathBuf, b: PathBuf },
+    /// Latency of cheap requests (e.g. `/v1/models`) at a fixed concurrency.
+    Overhead(crate::overhead::OverheadArgs),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

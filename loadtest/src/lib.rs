@@ -11,6 +11,7 @@
 //! - `metrics`: aggregates (percentiles, goodput, throughput);
 //! - `report`: the console block and the JSON result file;
 //! - `plot`: SVG plots of the distributions and of throughput over time;
+//! - `overhead`: latency of cheap requests (the HTTP path itself);
 //! - `compare`: side-by-side table of two result files;
 //! - `probe`: the server's own view of running work (cancellation check).
 
@@ -20,6 +21,7 @@ pub mod client;
 pub mod compare;
 pub mod dataset;
 pub mod metrics;
+pub mod overhead;
 pub mod plot;
 pub mod probe;
 pub mod report;

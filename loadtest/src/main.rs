@@ -68,6 +68,25 @@ async fn run(args: RunArgs) -> anyhow::Result<bool> {
     Ok(!nothing_worked && !storm_failed)
 }
 
+async fn overhead(a: loadtest::overhead::OverheadArgs) -> anyhow::Result<bool> {
+    let r = loadtest::overhead::run(&a).await?;
+    let l = &r.latency_ms;
+    let pct = report::sorted_percentiles(l);
+    let pct: Vec<String> = pct.iter().map(|(p, v)| format!("p{p} {v:.2}")).collect();
+    println!(
+        "{} {} x{} at concurrency {}: mean {:.2} ms, {} ms; {:.0} req/s; statuses {:?}",
+        if a.body.is_some() { "POST" } else { "GET" },
+        a.path,
+        a.requests,
+        a.concurrency,
+        l.mean,
+        pct.join(", "),
+        r.throughput,
+        r.statuses
+    );
+    Ok(true)
+}
+
 fn compare_files(a: &std::path::Path, b: &std::path::Path) -> anyhow::Result<bool> {
     let (ra, rb) = (BenchResult::read(a)?, BenchResult::read(b)?);
     let name = |p: &std::path::Path| {
@@ -92,6 +111,7 @@ fn main() {
     };
     let outcome = match cli.command {
         Some(Command::Compare { a, b }) => compare_files(&a, &b),
+        Some(Command::Overhead(o)) => rt.block_on(overhead(o)),
         None => rt.block_on(run(cli.run)),
     };
     match outcome {
