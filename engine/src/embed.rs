@@ -20,7 +20,14 @@ pub struct Embeddings {
     pub prompt_tokens: usize,
 }
 
-type Job = (Vec<String>, oneshot::Sender<Result<Embeddings>>);
+/// What to embed: texts, or token ids used as given.
+#[derive(Debug, Clone, PartialEq)]
+pub enum EmbedInput {
+    Texts(Vec<String>),
+    Tokens(Vec<Vec<u32>>),
+}
+
+type Job = (EmbedInput, oneshot::Sender<Result<Embeddings>>);
 
 /// A running embedding model.
 #[derive(Debug, Clone)]
@@ -43,12 +50,14 @@ impl EmbeddingHandle {
                     if reply.is_closed() {
                         continue; // the caller left
                     }
-                    let result = model
-                        .embed(&inputs)
-                        .map(|(vectors, prompt_tokens)| Embeddings {
-                            vectors,
-                            prompt_tokens,
-                        });
+                    let result = match &inputs {
+                        EmbedInput::Texts(t) => model.embed(t),
+                        EmbedInput::Tokens(t) => model.embed_ids(t),
+                    };
+                    let result = result.map(|(vectors, prompt_tokens)| Embeddings {
+                        vectors,
+                        prompt_tokens,
+                    });
                     let _ = reply.send(result);
                 }
             })
@@ -63,6 +72,11 @@ impl EmbeddingHandle {
 
     /// Embeds `inputs` (one vector each, in order).
     pub async fn embed(&self, inputs: Vec<String>) -> Result<Embeddings> {
+        self.embed_input(EmbedInput::Texts(inputs)).await
+    }
+
+    /// Embeds texts or token-id lists (one vector each, in order).
+    pub async fn embed_input(&self, inputs: EmbedInput) -> Result<Embeddings> {
         let (tx, rx) = oneshot::channel();
         self.jobs.try_send((inputs, tx)).map_err(|e| match e {
             mpsc::error::TrySendError::Full(_) => EngineError::Overloaded {

@@ -28,7 +28,7 @@ pub mod tokenizer;
 
 pub use chat::{ChatMessage, TemplateChoice};
 pub use constraint::Grammar;
-pub use embed::{EmbeddingHandle, Embeddings};
+pub use embed::{EmbedInput, EmbeddingHandle, Embeddings};
 pub use error::EngineError;
 pub use handle::{EngineConfig, EngineHandle, ModelInfo};
 pub use latency::{HistogramSnapshot, LatencyStats};

@@ -97,6 +97,47 @@ impl BertEmbedder {
         Ok((out, tokens))
     }
 
+    /// Embeds pre-tokenized inputs, used as given (no special tokens are
+    /// added), each truncated to `max_tokens`.
+    pub fn embed_ids(&self, inputs: &[Vec<u32>]) -> Result<(Vec<Vec<f32>>, usize)> {
+        let vocab = self.tokenizer.get_vocab_size(true) as u32;
+        for (i, ids) in inputs.iter().enumerate() {
+            if ids.is_empty() {
+                return Err(EngineError::Validation {
+                    field: "input",
+                    message: format!("input {i} has no tokens"),
+                });
+            }
+            if let Some(bad) = ids.iter().find(|&&t| t >= vocab) {
+                return Err(EngineError::Validation {
+                    field: "input",
+                    message: format!("token id {bad} is outside the vocabulary (size {vocab})"),
+                });
+            }
+        }
+        let mut out = Vec::with_capacity(inputs.len());
+        let mut tokens = 0;
+        for chunk in inputs.chunks(SUB_BATCH) {
+            let len = chunk
+                .iter()
+                .map(|c| c.len().min(self.max_tokens))
+                .max()
+                .unwrap_or(0);
+            let (mut ids, mut mask) = (Vec::new(), Vec::new());
+            for c in chunk {
+                let n = c.len().min(self.max_tokens);
+                ids.extend_from_slice(&c[..n]);
+                ids.extend(std::iter::repeat_n(0, len - n));
+                mask.extend((0..len).map(|j| u32::from(j < n)));
+            }
+            let types = vec![0; ids.len()];
+            let (vecs, n) = self.pool(ids, types, mask, (chunk.len(), len))?;
+            out.extend(vecs);
+            tokens += n;
+        }
+        Ok((out, tokens))
+    }
+
     fn embed_batch(&self, inputs: &[String]) -> Result<(Vec<Vec<f32>>, usize)> {
         let enc = self
             .tokenizer
@@ -110,6 +151,18 @@ impl BertEmbedder {
         let ids = flat(&|e| e.get_ids());
         let types = flat(&|e| e.get_type_ids());
         let mask = flat(&|e| e.get_attention_mask());
+        self.pool(ids, types, mask, (rows, len))
+    }
+
+    /// The encoder over padded `(rows, len)` ids, mean-pooled over the mask
+    /// and L2-normalized; also the number of real (unmasked) tokens.
+    fn pool(
+        &self,
+        ids: Vec<u32>,
+        types: Vec<u32>,
+        mask: Vec<u32>,
+        (rows, len): (usize, usize),
+    ) -> Result<(Vec<Vec<f32>>, usize)> {
         let tokens = mask.iter().filter(|&&m| m == 1).count();
         let ids = Tensor::from_vec(ids, (rows, len), &self.device)?;
         let types = Tensor::from_vec(types, (rows, len), &self.device)?;

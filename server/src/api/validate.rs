@@ -180,6 +180,9 @@ pub fn chat(
         }
         grammar = Some(p.grammar.clone());
     }
+    // The sampling parameters are cheap to check: refuse bad ones before
+    // rendering the template and tokenizing (the expensive part).
+    sampling(&common, 1, logprobs)?;
     let messages = chat_messages(
         &req.messages,
         tool_plan.as_ref().map(|p| p.preamble.as_str()),

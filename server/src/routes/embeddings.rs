@@ -5,6 +5,7 @@ use axum::extract::State;
 use axum::routing::post;
 use axum::{Json, Router};
 use base64::Engine as _;
+use engine::EmbedInput;
 
 use crate::api::json::ApiJson;
 use crate::api::types::{
@@ -50,32 +51,7 @@ async fn embeddings(
             format!("this model only produces {} dimensions", model.dimensions),
         ));
     }
-    let inputs = match req.input {
-        EmbeddingInput::Text(t) => vec![t],
-        EmbeddingInput::Texts(ts) => ts,
-        EmbeddingInput::Tokens(_) | EmbeddingInput::TokenLists(_) => {
-            return Err(ApiError::invalid(
-                "input",
-                "token-id inputs are not supported for this model yet",
-            ));
-        }
-    };
-    if inputs.is_empty() {
-        return Err(ApiError::invalid("input", "input must not be empty"));
-    }
-    if inputs.len() > MAX_INPUTS {
-        return Err(ApiError::invalid(
-            "input",
-            format!("at most {MAX_INPUTS} inputs per request"),
-        ));
-    }
-    if let Some(i) = inputs.iter().position(String::is_empty) {
-        return Err(ApiError::invalid(
-            format!("input[{i}]"),
-            "inputs must not be empty strings",
-        ));
-    }
-    let out = model.embed(inputs).await?;
+    let out = model.embed_input(inputs(req.input)?).await?;
     let data = out
         .vectors
         .into_iter()
@@ -95,6 +71,38 @@ async fn embeddings(
             total_tokens: out.prompt_tokens,
         },
     }))
+}
+
+/// The inputs as the engine takes them: texts, or token ids used as given;
+/// at least one, at most `MAX_INPUTS`, none empty.
+fn inputs(input: EmbeddingInput) -> Result<EmbedInput, ApiError> {
+    let (n, empty) = match &input {
+        EmbeddingInput::Text(t) => (1, t.is_empty().then_some(0)),
+        EmbeddingInput::Texts(ts) => (ts.len(), ts.iter().position(String::is_empty)),
+        EmbeddingInput::Tokens(ids) => (1, ids.is_empty().then_some(0)),
+        EmbeddingInput::TokenLists(ls) => (ls.len(), ls.iter().position(Vec::is_empty)),
+    };
+    if n == 0 {
+        return Err(ApiError::invalid("input", "input must not be empty"));
+    }
+    if n > MAX_INPUTS {
+        return Err(ApiError::invalid(
+            "input",
+            format!("at most {MAX_INPUTS} inputs per request"),
+        ));
+    }
+    if let Some(i) = empty {
+        return Err(ApiError::invalid(
+            format!("input[{i}]"),
+            "inputs must not be empty",
+        ));
+    }
+    Ok(match input {
+        EmbeddingInput::Text(t) => EmbedInput::Texts(vec![t]),
+        EmbeddingInput::Texts(ts) => EmbedInput::Texts(ts),
+        EmbeddingInput::Tokens(ids) => EmbedInput::Tokens(vec![ids]),
+        EmbeddingInput::TokenLists(ls) => EmbedInput::Tokens(ls),
+    })
 }
 
 fn encode(v: Vec<f32>, base64: bool) -> EmbeddingVector {

@@ -330,7 +330,7 @@ async fn embedding_inputs_are_checked() {
             json!({"model": MINILM, "input": "x", "encoding_format": "hex"}),
             "encoding_format",
         ),
-        (json!({"model": MINILM, "input": [[1, 2]]}), "input"),
+        (json!({"model": MINILM, "input": [[1, 999_999]]}), "input"),
     ] {
         let r = post("/v1/embeddings", body).await;
         assert_eq!(r.error(StatusCode::BAD_REQUEST)["param"], param);
@@ -432,4 +432,43 @@ async fn a_forced_tool_call_names_the_function_with_valid_arguments() {
         (call["index"].as_u64(), &call["function"]["name"]),
         (Some(0), &json!("get_weather"))
     );
+}
+
+#[tokio::test]
+async fn token_id_embeddings_match_the_text_they_encode() {
+    // "hello world" in MiniLM's WordPiece vocabulary, with [CLS] and [SEP].
+    let text = post(
+        "/v1/embeddings",
+        json!({"model": MINILM, "input": "hello world"}),
+    )
+    .await;
+    let ids = post(
+        "/v1/embeddings",
+        json!({"model": MINILM, "input": [[101, 7592, 2088, 102], [101, 7592, 102]]}),
+    )
+    .await;
+    assert_eq!(ids.status, StatusCode::OK, "{}", ids.text());
+    let (a, b) = (text.json(), ids.json());
+    let va = a["data"][0]["embedding"].as_array().expect("vector");
+    let vb = b["data"][0]["embedding"].as_array().expect("vector");
+    let dot: f64 = va
+        .iter()
+        .zip(vb)
+        .map(|(x, y)| x.as_f64().unwrap_or(0.0) * y.as_f64().unwrap_or(0.0))
+        .sum();
+    assert!(dot > 0.9999, "cosine {dot}");
+    assert_eq!(b["data"].as_array().map(Vec::len), Some(2));
+    assert_eq!(b["usage"]["prompt_tokens"], 7);
+    let bad = post(
+        "/v1/embeddings",
+        json!({"model": MINILM, "input": [999_999]}),
+    )
+    .await;
+    assert_eq!(bad.error(StatusCode::BAD_REQUEST)["param"], "input");
+    let empty = post(
+        "/v1/embeddings",
+        json!({"model": MINILM, "input": [[101], []]}),
+    )
+    .await;
+    assert_eq!(empty.error(StatusCode::BAD_REQUEST)["param"], "input[1]");
 }
