@@ -21,7 +21,7 @@ MODEL_FILES := \
 
 ## run: fetch the default models if missing, then serve them on 127.0.0.1:8080
 run: $(MODEL_FILES)
-	$(CARGO) run --release -p server --bin synor -- serve
+	$(CARGO) run --release -p server --bin synor -- serve --open
 
 ## test: formatting, lints, every cargo test, and the OpenAI-SDK end-to-end test
 test: $(MODEL_FILES) lint unit e2e

@@ -19,7 +19,45 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Serve the configured models over the OpenAI-compatible HTTP API.
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
+    /// Manage API keys in the database.
+    Keys(KeysArgs),
+}
+
+/// Options of `synor keys`.
+#[derive(Debug, Clone, Args)]
+pub struct KeysArgs {
+    /// Database holding the keys (SQLite file or Postgres URL).
+    #[arg(
+        long,
+        env = "SYNOR_DATABASE_URL",
+        default_value = "sqlite://data/synor.db"
+    )]
+    pub database_url: String,
+    #[command(subcommand)]
+    pub action: KeysAction,
+}
+
+#[derive(Debug, Clone, Subcommand)]
+pub enum KeysAction {
+    /// Create a key; its secret is printed once.
+    Create {
+        #[arg(long)]
+        name: String,
+        /// Requests per minute.
+        #[arg(long)]
+        rpm: Option<i64>,
+        /// Tokens per minute (prompt plus max_tokens, charged at admission).
+        #[arg(long)]
+        tpm: Option<i64>,
+        /// Requests in flight at once.
+        #[arg(long)]
+        max_concurrent: Option<i64>,
+    },
+    /// List keys (never their secrets).
+    List,
+    /// Revoke a key by id.
+    Revoke { id: String },
 }
 
 /// Options of `synor serve`.
@@ -50,6 +88,15 @@ pub struct ServeArgs {
     /// Log format: `text` or `json`.
     #[arg(long, env = "SYNOR_LOG_FORMAT", default_value = "text", value_parser = ["text", "json"])]
     pub log_format: String,
+
+    /// Open single-user mode: no API key needed (loopback addresses only;
+    /// `make run` uses it).
+    #[arg(long, env = "SYNOR_OPEN")]
+    pub open: bool,
+
+    /// Token for the admin API (`/admin/...`); unset disables it.
+    #[arg(long, env = "SYNOR_ADMIN_TOKEN", hide_env_values = true)]
+    pub admin_token: Option<String>,
 }
 
 /// Which models to load.
@@ -226,7 +273,8 @@ mod tests {
         let mut argv = vec!["synor", "serve"];
         argv.extend_from_slice(args);
         match Cli::try_parse_from(argv).expect("parses").command {
-            Command::Serve(s) => s,
+            Command::Serve(s) => *s,
+            Command::Keys(_) => panic!("parsed `serve` as `keys`"),
         }
     }
 

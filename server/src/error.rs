@@ -38,6 +38,24 @@ pub enum ApiError {
     /// The request body is larger than the configured limit.
     #[error("the request body is larger than this server accepts")]
     PayloadTooLarge,
+    /// No API key, or one that is wrong or revoked.
+    #[error("{0}")]
+    Unauthorized(&'static str),
+    /// The admin token is missing or wrong, or no admin token is set.
+    #[error("this route needs the admin token")]
+    AdminOnly,
+    /// A per-key limit is reached; retry after this many seconds.
+    #[error("rate limit reached for this key ({what}); retry in {retry_after} s")]
+    RateLimited {
+        what: &'static str,
+        retry_after: u64,
+    },
+    /// No such (active) API key.
+    #[error("no active key `{0}`")]
+    KeyNotFound(String),
+    /// The database failed (details are logged, not sent).
+    #[error("storage: {0}")]
+    Storage(String),
     /// Anything the engine refused or failed with.
     #[error(transparent)]
     Engine(#[from] EngineError),
@@ -105,6 +123,21 @@ impl ApiError {
                 None,
                 Some("payload_too_large"),
             ),
+            Self::Unauthorized(_) => (S::UNAUTHORIZED, INVALID, None, Some("invalid_api_key")),
+            Self::AdminOnly => (S::UNAUTHORIZED, INVALID, None, Some("invalid_admin_token")),
+            Self::RateLimited { .. } => (
+                S::TOO_MANY_REQUESTS,
+                "rate_limit_error",
+                None,
+                Some("rate_limit_exceeded"),
+            ),
+            Self::KeyNotFound(_) => (
+                S::NOT_FOUND,
+                INVALID,
+                Some("id".into()),
+                Some("key_not_found"),
+            ),
+            Self::Storage(_) => (S::INTERNAL_SERVER_ERROR, "server_error", None, None),
             Self::Engine(e) => engine_parts(e),
         }
     }
@@ -178,7 +211,12 @@ impl IntoResponse for ApiError {
             }),
         )
             .into_response();
-        if status == StatusCode::SERVICE_UNAVAILABLE || status == StatusCode::TOO_MANY_REQUESTS {
+        if let Self::RateLimited { retry_after, .. } = self {
+            resp.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(retry_after.max(1)));
+        } else if status == StatusCode::SERVICE_UNAVAILABLE
+            || status == StatusCode::TOO_MANY_REQUESTS
+        {
             resp.headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
         }

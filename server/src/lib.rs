@@ -3,13 +3,16 @@
 //! in-process tests); `startup` loads models, binds and serves.
 
 pub mod api;
+pub mod auth;
 pub mod config;
 pub mod error;
+pub mod keys_cli;
 pub mod metrics;
 pub mod observe;
 pub mod routes;
 pub mod startup;
 pub mod state;
+pub mod store;
 pub mod telemetry;
 
 use axum::Router;
@@ -21,7 +24,7 @@ use crate::state::AppState;
 
 /// The full application router with its middleware.
 pub fn app(state: AppState, max_body_bytes: usize) -> Router {
-    routes::router()
+    routes::router(&state)
         .layer(DefaultBodyLimit::max(max_body_bytes))
         .layer(CatchPanicLayer::custom(panic_response))
         // Outermost, so it sees (and counts) the answers of the layers

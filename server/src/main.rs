@@ -11,7 +11,13 @@ fn main() -> anyhow::Result<()> {
             let rt = tokio::runtime::Builder::new_multi_thread()
                 .enable_all()
                 .build()?;
-            rt.block_on(server::startup::serve(args))
+            rt.block_on(server::startup::serve(*args))
+        }
+        Command::Keys(args) => {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?;
+            rt.block_on(server::keys_cli::run(args))
         }
     }
 }

@@ -8,8 +8,10 @@ use anyhow::Context;
 use engine::{EmbeddingHandle, EngineHandle, TemplateChoice};
 use tokio::net::TcpListener;
 
+use crate::auth::Auth;
 use crate::config::ServeArgs;
 use crate::state::{AppState, ModelKind, ModelRegistry, ServedModel};
+use crate::store::Db;
 
 /// Loads every configured model.
 pub async fn load_models(args: &ServeArgs) -> anyhow::Result<ModelRegistry> {
@@ -52,8 +54,22 @@ pub async fn load_models(args: &ServeArgs) -> anyhow::Result<ModelRegistry> {
 
 /// Runs `synor serve` until a shutdown signal.
 pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    if args.open && !args.bind.ip().is_loopback() {
+        anyhow::bail!(
+            "--open (no API keys) is only allowed on a loopback address, not {}",
+            args.bind
+        );
+    }
+    let auth = if args.open {
+        Auth::open()
+    } else {
+        let db = Db::connect(&args.database_url)
+            .await
+            .with_context(|| format!("opening the database {}", args.database_url))?;
+        Auth::with_keys(db, args.admin_token.clone())
+    };
     let registry = Arc::new(load_models(&args).await?);
-    let state = AppState::new(registry.clone());
+    let state = AppState::with_auth(registry.clone(), auth);
     let listener = TcpListener::bind(args.bind)
         .await
         .with_context(|| format!("binding {}", args.bind))?;

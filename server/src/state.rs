@@ -82,13 +82,21 @@ pub struct AppState {
     pub models: Arc<ModelRegistry>,
     /// HTTP request counts for `/metrics`.
     pub http: Arc<crate::metrics::HttpMetrics>,
+    /// API keys, limits and the admin token.
+    pub auth: Arc<crate::auth::Auth>,
 }
 
 impl AppState {
+    /// Open mode: no keys needed.
     pub fn new(models: Arc<ModelRegistry>) -> Self {
+        Self::with_auth(models, crate::auth::Auth::open())
+    }
+
+    pub fn with_auth(models: Arc<ModelRegistry>, auth: crate::auth::Auth) -> Self {
         Self {
             models,
             http: Arc::default(),
+            auth: Arc::new(auth),
         }
     }
 }

@@ -22,7 +22,9 @@ def _pump(stream, lines):
         lines.put(line)
 
 
-def _synor(*extra):
+def _synor(*extra, open_mode=True):
+    if open_mode:
+        extra = ("--open", *extra)
     binary = os.environ.get("SYNOR_BIN", os.path.join(ROOT, "target", "debug", "synor"))
     env = dict(os.environ)
     env.setdefault("SYNOR_MODELS_DIR", os.path.join(ROOT, "models"))
@@ -81,3 +83,16 @@ def client(server):
     from openai import OpenAI
 
     return OpenAI(base_url=server["base"] + "/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+@pytest.fixture(scope="session")
+def keyed_server(tmp_path_factory):
+    """The tiny model behind API keys, on a fresh SQLite database."""
+    db = "sqlite://" + str(tmp_path_factory.mktemp("keys") / "synor.db")
+    for info in _synor(
+        "--model", "tiny/tiny.gguf", "--embedding-model", "none",
+        "--database-url", db, "--admin-token", "e2e-admin",
+        open_mode=False,
+    ):
+        info["database_url"] = db
+        yield info

@@ -5,7 +5,7 @@
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
-use axum::{Json, Router};
+use axum::{Extension, Json, Router};
 use engine::{EngineHandle, FinishReason, TokenLogprob};
 
 use crate::api::json::ApiJson;
@@ -14,6 +14,7 @@ use crate::api::types::{Completion, CompletionChoice, CompletionRequest, UsageDt
 use crate::api::{logprobs, response_id, unix_now, validate};
 use crate::error::ApiError;
 use crate::state::AppState;
+use crate::store::keys::KeyRecord;
 
 pub fn router() -> Router<AppState> {
     Router::new().route("/v1/completions", post(completions))
@@ -21,10 +22,12 @@ pub fn router() -> Router<AppState> {
 
 async fn completions(
     State(state): State<AppState>,
+    key: Option<Extension<KeyRecord>>,
     ApiJson(req): ApiJson<CompletionRequest>,
 ) -> Result<Response, ApiError> {
     let engine = state.models.text(&req.model)?;
     let valid = validate::completion(&req, engine)?;
+    crate::auth::charge(&state, key.as_deref(), &valid.requests)?;
     let streams = stream::submit_all(engine, valid.requests).await?;
     let mut encoder = CompletionEncoder {
         id: response_id("cmpl"),

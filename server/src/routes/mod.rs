@@ -1,6 +1,7 @@
 //! The HTTP routes: each resource module owns its `router()`; this one
 //! merges them and answers unknown paths in the OpenAI error shape.
 
+pub mod admin;
 pub mod chat;
 pub mod completions;
 pub mod embeddings;
@@ -12,13 +13,21 @@ use axum::Router;
 use crate::error::ApiError;
 use crate::state::AppState;
 
-/// Every route of the public API.
-pub fn router() -> Router<AppState> {
-    Router::new()
+/// Every route: the `/v1` API behind the key check, then health, metrics
+/// and admin routes.
+pub fn router(state: &AppState) -> Router<AppState> {
+    let v1 = Router::new()
         .merge(chat::router())
         .merge(completions::router())
         .merge(embeddings::router())
         .merge(models::router())
+        .route_layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            crate::auth::require_key,
+        ));
+    Router::new()
+        .merge(v1)
+        .merge(admin::router())
         .merge(health::router())
         .merge(crate::metrics::router())
         .fallback(not_found)

@@ -64,6 +64,11 @@ pub fn app() -> Router {
     server::app(STATE.clone(), BODY_LIMIT)
 }
 
+/// The shared test models under another access policy.
+pub fn app_with_auth(auth: server::auth::Auth) -> Router {
+    server::app(AppState::with_auth(STATE.models.clone(), auth), BODY_LIMIT)
+}
+
 /// A response: status, headers and body bytes.
 pub struct Reply {
     pub status: StatusCode,
@@ -156,6 +161,7 @@ impl Synor {
         let child = Command::new(env!("CARGO_BIN_EXE_synor"))
             .args([
                 "serve",
+                "--open",
                 "--bind",
                 "127.0.0.1:0",
                 "--embedding-model",

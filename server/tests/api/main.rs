@@ -4,5 +4,6 @@
 
 mod binary;
 mod helpers;
+mod keys;
 mod observability;
 mod router;

@@ -1,0 +1,127 @@
+//! Who may call the API. With a database of keys, every `/v1` request needs
+//! `Authorization: Bearer <key>` naming an active key (401 otherwise) and
+//! passes its per-key limits (429 with `Retry-After`). In open mode (one
+//! user on loopback, the `make run` default) no key is needed. Admin routes
+//! need the admin token.
+
+pub mod limits;
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::http::HeaderMap;
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use futures_util::StreamExt;
+
+use crate::error::ApiError;
+use crate::state::AppState;
+use crate::store::Db;
+use crate::store::keys::KeyRecord;
+use limits::Limiter;
+
+/// The server's access policy.
+#[derive(Debug, Clone, Default)]
+pub struct Auth {
+    /// Key storage; `None` in open mode.
+    pub db: Option<Db>,
+    pub admin_token: Option<String>,
+    pub limiter: Arc<Limiter>,
+}
+
+impl Auth {
+    /// No keys needed (single user).
+    pub fn open() -> Self {
+        Self::default()
+    }
+
+    pub fn with_keys(db: Db, admin_token: Option<String>) -> Self {
+        Self {
+            db: Some(db),
+            admin_token,
+            limiter: Arc::default(),
+        }
+    }
+
+    /// Checks the admin token (compared in constant time).
+    pub fn check_admin(&self, headers: &HeaderMap) -> Result<(), ApiError> {
+        let (Some(want), Some(got)) = (&self.admin_token, bearer(headers)) else {
+            return Err(ApiError::AdminOnly);
+        };
+        let same = want.len() == got.len()
+            && want
+                .bytes()
+                .zip(got.bytes())
+                .fold(0u8, |a, (x, y)| a | (x ^ y))
+                == 0;
+        if same {
+            Ok(())
+        } else {
+            Err(ApiError::AdminOnly)
+        }
+    }
+}
+
+fn bearer(headers: &HeaderMap) -> Option<&str> {
+    headers
+        .get("authorization")?
+        .to_str()
+        .ok()?
+        .strip_prefix("Bearer ")
+        .map(str::trim)
+}
+
+/// Middleware for `/v1` routes: authenticate, apply the key's limits, and
+/// hand the key to the handler (as an extension) for token accounting. The
+/// concurrency slot is held until the response body (a stream, maybe) ends.
+pub async fn require_key(State(state): State<AppState>, mut req: Request, next: Next) -> Response {
+    let Some(db) = &state.auth.db else {
+        return next.run(req).await;
+    };
+    let key = match bearer(req.headers()) {
+        None => Err(ApiError::Unauthorized(
+            "no API key: send Authorization: Bearer <key>",
+        )),
+        Some(secret) => match db.find_key(secret).await {
+            Ok(Some(k)) => Ok(k),
+            Ok(None) => Err(ApiError::Unauthorized("incorrect or revoked API key")),
+            Err(e) => Err(ApiError::Storage(e.to_string())),
+        },
+    };
+    let key: KeyRecord = match key {
+        Ok(k) => k,
+        Err(e) => return e.into_response(),
+    };
+    let permit = match state.auth.limiter.admit(&key, Instant::now()) {
+        Ok(p) => p,
+        Err(e) => return e.into_response(),
+    };
+    req.extensions_mut().insert(key);
+    let resp = next.run(req).await;
+    let (parts, body) = resp.into_parts();
+    let body = body.into_data_stream().map(move |chunk| {
+        let _held = &permit;
+        chunk
+    });
+    Response::from_parts(parts, Body::from_stream(body))
+}
+
+/// Charges a validated request's worst-case tokens (prompt plus
+/// `max_tokens`, for every choice) to the caller's key, if there is one.
+pub fn charge(
+    state: &AppState,
+    key: Option<&KeyRecord>,
+    requests: &[engine::GenerateRequest],
+) -> Result<(), ApiError> {
+    let Some(key) = key else { return Ok(()) };
+    let tokens: usize = requests
+        .iter()
+        .map(|r| (r.prompt_tokens.len() + r.params.max_tokens) * r.params.n.max(1))
+        .sum();
+    state
+        .auth
+        .limiter
+        .charge(key, tokens as u64, Instant::now())
+}

@@ -1,0 +1,98 @@
+//! Admin API (needs `Authorization: Bearer <admin token>`): create, list and
+//! revoke API keys. A created key's secret is returned once.
+
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{delete, get};
+use axum::{Json, Router};
+use serde::Deserialize;
+use serde_json::json;
+
+use crate::api::json::ApiJson;
+use crate::error::ApiError;
+use crate::state::AppState;
+use crate::store::Db;
+use crate::store::keys::Limits;
+
+pub fn router() -> Router<AppState> {
+    Router::new()
+        .route("/admin/keys", get(list).post(create))
+        .route("/admin/keys/{id}", delete(revoke))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CreateKey {
+    name: String,
+    #[serde(default)]
+    rpm_limit: Option<i64>,
+    #[serde(default)]
+    tpm_limit: Option<i64>,
+    #[serde(default)]
+    max_concurrent: Option<i64>,
+}
+
+/// The admin check, then the key database.
+fn keys_db<'a>(state: &'a AppState, headers: &HeaderMap) -> Result<&'a Db, ApiError> {
+    state.auth.check_admin(headers)?;
+    state
+        .auth
+        .db
+        .as_ref()
+        .ok_or_else(|| ApiError::invalid("key", "this server runs in open mode, without API keys"))
+}
+
+fn storage(e: crate::store::StoreError) -> ApiError {
+    ApiError::Storage(e.to_string())
+}
+
+async fn create(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    ApiJson(req): ApiJson<CreateKey>,
+) -> Result<Response, ApiError> {
+    let db = keys_db(&state, &headers)?;
+    if req.name.trim().is_empty() || req.name.len() > 128 {
+        return Err(ApiError::invalid("name", "a key name is 1-128 characters"));
+    }
+    let limits = Limits {
+        rpm: req.rpm_limit,
+        tpm: req.tpm_limit,
+        max_concurrent: req.max_concurrent,
+    };
+    for (field, v) in [
+        ("rpm_limit", limits.rpm),
+        ("tpm_limit", limits.tpm),
+        ("max_concurrent", limits.max_concurrent),
+    ] {
+        if v.is_some_and(|v| v < 1) {
+            return Err(ApiError::invalid(
+                field,
+                "limits are at least 1 (omit for unlimited)",
+            ));
+        }
+    }
+    let (rec, secret) = db.create_key(&req.name, limits).await.map_err(storage)?;
+    let mut body = serde_json::to_value(&rec).unwrap_or_default();
+    body["key"] = secret.into();
+    Ok((StatusCode::CREATED, Json(body)).into_response())
+}
+
+async fn list(State(state): State<AppState>, headers: HeaderMap) -> Result<Response, ApiError> {
+    let db = keys_db(&state, &headers)?;
+    let keys = db.list_keys().await.map_err(storage)?;
+    Ok(Json(json!({"object": "list", "data": keys})).into_response())
+}
+
+async fn revoke(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    let db = keys_db(&state, &headers)?;
+    if !db.revoke_key(&id).await.map_err(storage)? {
+        return Err(ApiError::KeyNotFound(id));
+    }
+    Ok(Json(json!({"id": id, "revoked": true})).into_response())
+}

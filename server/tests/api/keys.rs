@@ -1,0 +1,225 @@
+//! API keys in process, on a fresh SQLite file: 401 without a valid key,
+//! admin routes behind the admin token, limits that trip (429 with
+//! `Retry-After`) and recover, revocation.
+
+use axum::Router;
+use axum::body::Body;
+use axum::http::{Request, Response, StatusCode};
+use http_body_util::BodyExt;
+use serde_json::{Value, json};
+use server::auth::Auth;
+use server::store::Db;
+use tower::ServiceExt;
+
+use crate::helpers::{TINY, app_with_auth};
+
+const ADMIN: &str = "admin-secret-for-tests";
+
+async fn keyed_app() -> Router {
+    let dir = std::env::temp_dir().join(format!("synor-api-keys-{}", uuid_like()));
+    let db = Db::connect(&format!("sqlite://{}/k.db", dir.display()))
+        .await
+        .expect("sqlite");
+    app_with_auth(Auth::with_keys(db, Some(ADMIN.into())))
+}
+
+fn uuid_like() -> String {
+    format!("{:?}-{}", std::thread::current().id(), std::process::id()).replace(['(', ')'], "")
+        + &std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos())
+            .to_string()
+}
+
+async fn call(
+    app: &Router,
+    method: &str,
+    uri: &str,
+    bearer: Option<&str>,
+    body: Option<Value>,
+) -> Response<Body> {
+    let mut req = Request::builder().method(method).uri(uri);
+    if let Some(b) = bearer {
+        req = req.header("authorization", format!("Bearer {b}"));
+    }
+    let body = match body {
+        Some(v) => {
+            req = req.header("content-type", "application/json");
+            Body::from(v.to_string())
+        }
+        None => Body::empty(),
+    };
+    app.clone()
+        .oneshot(req.body(body).expect("request"))
+        .await
+        .expect("response")
+}
+
+async fn json_of(resp: Response<Body>) -> Value {
+    let bytes = resp.into_body().collect().await.expect("body").to_bytes();
+    serde_json::from_slice(&bytes).unwrap_or(Value::Null)
+}
+
+async fn create(app: &Router, body: Value) -> String {
+    let r = call(app, "POST", "/admin/keys", Some(ADMIN), Some(body)).await;
+    assert_eq!(r.status(), StatusCode::CREATED);
+    json_of(r).await["key"]
+        .as_str()
+        .expect("secret")
+        .to_string()
+}
+
+fn chat(max_tokens: u32, stream: bool) -> Value {
+    json!({"model": TINY, "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": max_tokens, "ignore_eos": true, "stream": stream})
+}
+
+#[tokio::test]
+async fn keys_gate_the_api_and_admin_routes_need_the_admin_token() {
+    let app = keyed_app().await;
+    let r = call(&app, "GET", "/v1/models", None, None).await;
+    assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
+    assert_eq!(json_of(r).await["error"]["code"], "invalid_api_key");
+    assert_eq!(
+        call(&app, "GET", "/health", None, None).await.status(),
+        StatusCode::OK
+    );
+    // Admin routes refuse no token and a user key alike.
+    let anon = call(
+        &app,
+        "POST",
+        "/admin/keys",
+        None,
+        Some(json!({"name": "x"})),
+    )
+    .await;
+    assert_eq!(anon.status(), StatusCode::UNAUTHORIZED);
+    let secret = create(&app, json!({"name": "tenant-a"})).await;
+    let as_user = call(&app, "GET", "/admin/keys", Some(&secret), None).await;
+    assert_eq!(as_user.status(), StatusCode::UNAUTHORIZED);
+    assert_eq!(
+        call(&app, "GET", "/v1/models", Some(&secret), None)
+            .await
+            .status(),
+        StatusCode::OK
+    );
+    let wrong = format!("{secret}x");
+    assert_eq!(
+        call(&app, "GET", "/v1/models", Some(&wrong), None)
+            .await
+            .status(),
+        StatusCode::UNAUTHORIZED
+    );
+    // Listing never shows secrets; revoking locks the key out at once.
+    let list = json_of(call(&app, "GET", "/admin/keys", Some(ADMIN), None).await).await;
+    let id = list["data"][0]["id"].as_str().expect("id").to_string();
+    assert!(!list.to_string().contains(&secret));
+    let del = call(
+        &app,
+        "DELETE",
+        &format!("/admin/keys/{id}"),
+        Some(ADMIN),
+        None,
+    )
+    .await;
+    assert_eq!(del.status(), StatusCode::OK);
+    assert_eq!(
+        call(&app, "GET", "/v1/models", Some(&secret), None)
+            .await
+            .status(),
+        StatusCode::UNAUTHORIZED
+    );
+    let again = call(
+        &app,
+        "DELETE",
+        &format!("/admin/keys/{id}"),
+        Some(ADMIN),
+        None,
+    )
+    .await;
+    assert_eq!(again.status(), StatusCode::NOT_FOUND);
+    let bad = call(
+        &app,
+        "POST",
+        "/admin/keys",
+        Some(ADMIN),
+        Some(json!({"name": "x", "rpm_limit": 0})),
+    )
+    .await;
+    assert_eq!(json_of(bad).await["error"]["param"], "rpm_limit");
+}
+
+#[tokio::test]
+async fn limits_trip_with_retry_after_and_recover() {
+    let app = keyed_app().await;
+    let rpm = create(&app, json!({"name": "rpm", "rpm_limit": 2})).await;
+    for _ in 0..2 {
+        assert_eq!(
+            call(&app, "GET", "/v1/models", Some(&rpm), None)
+                .await
+                .status(),
+            StatusCode::OK
+        );
+    }
+    let r = call(&app, "GET", "/v1/models", Some(&rpm), None).await;
+    assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
+    let retry: u64 = r.headers()["retry-after"]
+        .to_str()
+        .expect("ascii")
+        .parse()
+        .expect("seconds");
+    assert!((1..=60).contains(&retry), "{retry}");
+    assert_eq!(json_of(r).await["error"]["code"], "rate_limit_exceeded");
+
+    // One stream in flight holds the only slot until its body ends.
+    let one = create(&app, json!({"name": "one", "max_concurrent": 1})).await;
+    let first = call(
+        &app,
+        "POST",
+        "/v1/chat/completions",
+        Some(&one),
+        Some(chat(4, true)),
+    )
+    .await;
+    assert_eq!(first.status(), StatusCode::OK);
+    let second = call(
+        &app,
+        "POST",
+        "/v1/chat/completions",
+        Some(&one),
+        Some(chat(4, false)),
+    )
+    .await;
+    assert_eq!(second.status(), StatusCode::TOO_MANY_REQUESTS);
+    let _ = first.into_body().collect().await.expect("stream");
+    let third = call(
+        &app,
+        "POST",
+        "/v1/chat/completions",
+        Some(&one),
+        Some(chat(4, false)),
+    )
+    .await;
+    assert_eq!(third.status(), StatusCode::OK);
+
+    // Tokens per minute are charged at admission: prompt plus max_tokens.
+    let tpm = create(&app, json!({"name": "tpm", "tpm_limit": 60})).await;
+    let big = call(
+        &app,
+        "POST",
+        "/v1/chat/completions",
+        Some(&tpm),
+        Some(chat(100, false)),
+    )
+    .await;
+    assert_eq!(big.status(), StatusCode::TOO_MANY_REQUESTS);
+    let small = call(
+        &app,
+        "POST",
+        "/v1/chat/completions",
+        Some(&tpm),
+        Some(chat(4, false)),
+    )
+    .await;
+    assert_eq!(small.status(), StatusCode::OK);
+}
