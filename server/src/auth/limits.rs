@@ -185,7 +185,7 @@ mod tests {
         assert!(l.charge(&k, 50, now + Duration::from_secs(1)).is_err());
         l.charge(&k, 40, now + Duration::from_secs(2))
             .expect("fits exactly");
-        l.charge(&k, 100, now + Duration::from_secs(61))
-            .expect("window passed");
+        l.charge(&k, 100, now + Duration::from_secs(63))
+            .expect("both charges left the window");
     }
 }
