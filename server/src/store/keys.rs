@@ -163,17 +163,19 @@ impl Db {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    async fn db() -> Db {
-        let dir =
-            std::env::temp_dir().join(format!("synor-keys-{}", uuid::Uuid::new_v4().simple()));
-        let url = format!("sqlite://{}/t.db", dir.display());
-        Db::connect(&url).await.expect("sqlite")
-    }
+    use crate::store::testing;
 
     #[tokio::test]
-    async fn keys_are_found_by_secret_only_while_active() {
-        let db = db().await;
+    async fn keys_work_the_same_on_sqlite_and_postgres() {
+        for url in [testing::sqlite_url(), testing::postgres_url()] {
+            let db = Db::connect(&url)
+                .await
+                .unwrap_or_else(|e| panic!("{url}: {e}"));
+            keys_are_found_by_secret_only_while_active(&db).await;
+        }
+    }
+
+    async fn keys_are_found_by_secret_only_while_active(db: &Db) {
         let limits = Limits {
             rpm: Some(5),
             tpm: None,
@@ -185,14 +187,24 @@ mod tests {
         let found = db.find_key(&secret).await.expect("find").expect("active");
         assert_eq!((found.id.as_str(), found.limits), (k.id.as_str(), limits));
         assert!(db.find_key("sk-synor-wrong").await.expect("find").is_none());
-        assert_eq!(db.list_keys().await.expect("list").len(), 1);
+        let listed = db.list_keys().await.expect("list");
+        assert!(
+            listed
+                .iter()
+                .any(|l| l.id == k.id && l.revoked_at.is_none())
+        );
         assert!(db.revoke_key(&k.id).await.expect("revoke"));
         assert!(
             !db.revoke_key(&k.id).await.expect("again"),
             "revoking twice is a no-op"
         );
         assert!(db.find_key(&secret).await.expect("find").is_none());
-        assert!(db.list_keys().await.expect("list")[0].revoked_at.is_some());
+        let listed = db.list_keys().await.expect("list");
+        assert!(
+            listed
+                .iter()
+                .any(|l| l.id == k.id && l.revoked_at.is_some())
+        );
     }
 
     #[test]

@@ -93,3 +93,40 @@ pub fn now() -> i64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs() as i64)
 }
+
+/// Test helpers: a reachable PostgreSQL (started if it is down, with the
+/// machine's own command) and a fresh SQLite file.
+#[cfg(test)]
+pub mod testing {
+    /// `SYNOR_TEST_POSTGRES_URL`, default the local `test` database.
+    pub fn postgres_url() -> String {
+        let url = std::env::var("SYNOR_TEST_POSTGRES_URL")
+            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
+        let up = || {
+            std::process::Command::new("pg_isready")
+                .args(["-h", "127.0.0.1", "-p", "5432"])
+                .output()
+                .is_ok_and(|o| o.status.success())
+        };
+        if !up() {
+            let _ = std::process::Command::new("sh")
+                .args([
+                    "-c",
+                    "pg_ctlcluster --skip-systemctl-redirect $(ls /etc/postgresql) main start",
+                ])
+                .status();
+            for _ in 0..50 {
+                if up() {
+                    break;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(200));
+            }
+        }
+        url
+    }
+
+    pub fn sqlite_url() -> String {
+        let dir = std::env::temp_dir().join(format!("synor-db-{}", uuid::Uuid::new_v4().simple()));
+        format!("sqlite://{}/t.db", dir.display())
+    }
+}
