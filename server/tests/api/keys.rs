@@ -16,19 +16,12 @@ use crate::helpers::{TINY, app_with_auth};
 const ADMIN: &str = "admin-secret-for-tests";
 
 async fn keyed_app() -> Router {
-    let dir = std::env::temp_dir().join(format!("synor-api-keys-{}", uuid_like()));
+    let dir =
+        std::env::temp_dir().join(format!("synor-api-keys-{}", uuid::Uuid::new_v4().simple()));
     let db = Db::connect(&format!("sqlite://{}/k.db", dir.display()))
         .await
         .expect("sqlite");
     app_with_auth(Auth::with_keys(db, Some(ADMIN.into())))
-}
-
-fn uuid_like() -> String {
-    format!("{:?}-{}", std::thread::current().id(), std::process::id()).replace(['(', ')'], "")
-        + &std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos())
-            .to_string()
 }
 
 async fn call(
@@ -67,6 +60,10 @@ async fn create(app: &Router, body: Value) -> String {
         .as_str()
         .expect("secret")
         .to_string()
+}
+
+async fn chat_as(app: &Router, key: &str, body: Value) -> Response<Body> {
+    call(app, "POST", "/v1/chat/completions", Some(key), Some(body)).await
 }
 
 fn chat(max_tokens: u32, stream: bool) -> Value {
@@ -173,53 +170,18 @@ async fn limits_trip_with_retry_after_and_recover() {
 
     // One stream in flight holds the only slot until its body ends.
     let one = create(&app, json!({"name": "one", "max_concurrent": 1})).await;
-    let first = call(
-        &app,
-        "POST",
-        "/v1/chat/completions",
-        Some(&one),
-        Some(chat(4, true)),
-    )
-    .await;
+    let first = chat_as(&app, &one, chat(4, true)).await;
     assert_eq!(first.status(), StatusCode::OK);
-    let second = call(
-        &app,
-        "POST",
-        "/v1/chat/completions",
-        Some(&one),
-        Some(chat(4, false)),
-    )
-    .await;
+    let second = chat_as(&app, &one, chat(4, false)).await;
     assert_eq!(second.status(), StatusCode::TOO_MANY_REQUESTS);
     let _ = first.into_body().collect().await.expect("stream");
-    let third = call(
-        &app,
-        "POST",
-        "/v1/chat/completions",
-        Some(&one),
-        Some(chat(4, false)),
-    )
-    .await;
+    let third = chat_as(&app, &one, chat(4, false)).await;
     assert_eq!(third.status(), StatusCode::OK);
 
     // Tokens per minute are charged at admission: prompt plus max_tokens.
     let tpm = create(&app, json!({"name": "tpm", "tpm_limit": 60})).await;
-    let big = call(
-        &app,
-        "POST",
-        "/v1/chat/completions",
-        Some(&tpm),
-        Some(chat(100, false)),
-    )
-    .await;
+    let big = chat_as(&app, &tpm, chat(100, false)).await;
     assert_eq!(big.status(), StatusCode::TOO_MANY_REQUESTS);
-    let small = call(
-        &app,
-        "POST",
-        "/v1/chat/completions",
-        Some(&tpm),
-        Some(chat(4, false)),
-    )
-    .await;
+    let small = chat_as(&app, &tpm, chat(4, false)).await;
     assert_eq!(small.status(), StatusCode::OK);
 }
