@@ -99,6 +99,16 @@ pub struct ServeArgs {
     pub admin_token: Option<String>,
 }
 
+/// `NAME=PATH` of `--extra-model`.
+fn parse_extra_model(s: &str) -> Result<(String, PathBuf), String> {
+    match s.split_once('=') {
+        Some((name, path)) if !name.is_empty() && !path.is_empty() => {
+            Ok((name.to_string(), PathBuf::from(path)))
+        }
+        _ => Err(format!("expected NAME=PATH, got `{s}`")),
+    }
+}
+
 /// Which models to load.
 #[derive(Debug, Clone, Args)]
 pub struct ModelArgs {
@@ -134,6 +144,10 @@ pub struct ModelArgs {
     /// Name clients use for the embedding model (default: its folder name).
     #[arg(long, env = "SYNOR_EMBEDDING_MODEL_NAME")]
     pub embedding_model_name: Option<String>,
+
+    /// More generative models to serve, as `NAME=PATH` (repeatable).
+    #[arg(long = "extra-model", value_name = "NAME=PATH", value_parser = parse_extra_model)]
+    pub extra_models: Vec<(String, PathBuf)>,
 }
 
 impl ModelArgs {
@@ -352,5 +366,19 @@ mod tests {
     fn bad_values_are_refused() {
         assert!(Cli::try_parse_from(["synor", "serve", "--bind", "nowhere"]).is_err());
         assert!(Cli::try_parse_from(["synor", "serve", "--log-format", "xml"]).is_err());
+    }
+
+    #[test]
+    fn extra_models_are_name_path_pairs() {
+        let s = serve(&["--extra-model", "a=x/a.gguf", "--extra-model", "b=/b.gguf"]);
+        assert_eq!(
+            s.models.extra_models,
+            vec![
+                ("a".into(), PathBuf::from("x/a.gguf")),
+                ("b".into(), PathBuf::from("/b.gguf"))
+            ]
+        );
+        assert!(Cli::try_parse_from(["synor", "serve", "--extra-model", "noequals"]).is_err());
+        assert!(Cli::try_parse_from(["synor", "serve", "--extra-model", "=x"]).is_err());
     }
 }

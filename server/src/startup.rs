@@ -5,48 +5,53 @@
 use std::sync::Arc;
 
 use anyhow::Context;
-use engine::{EmbeddingHandle, EngineHandle, TemplateChoice};
 use tokio::net::TcpListener;
 
 use crate::auth::Auth;
 use crate::config::ServeArgs;
-use crate::state::{AppState, ModelKind, ModelRegistry, ServedModel};
+use crate::state::{AppState, Kind, ModelLoader, ModelRegistry};
 use crate::store::Db;
+
+/// How this server loads models (also those the admin API adds later).
+pub fn loader(args: &ServeArgs) -> ModelLoader {
+    ModelLoader {
+        models_dir: args.models.models_dir.clone(),
+        engine: args.scheduler.to_engine(),
+        template: args.models.chat_template.parse().unwrap_or_default(),
+    }
+}
 
 /// Loads every configured model.
 pub async fn load_models(args: &ServeArgs) -> anyhow::Result<ModelRegistry> {
     let args = args.clone();
     tokio::task::spawn_blocking(move || {
-        let created = crate::api::unix_now();
-        let mut models = Vec::new();
-        let path = args.models.model_path();
-        let template: TemplateChoice = args.models.chat_template.parse().unwrap_or_default();
-        let engine = EngineHandle::start_gguf(&path, &template, args.scheduler.to_engine())
-            .with_context(|| {
-                format!(
-                    "loading {} (run `make models` to fetch the defaults)",
-                    path.display()
-                )
-            })?;
-        models.push(ServedModel {
-            name: args.models.model_name(),
-            created,
-            kind: ModelKind::Text(engine),
-        });
-        if let Some(dir) = args.models.embedding_path() {
-            let embed = EmbeddingHandle::start(&dir).with_context(|| {
-                format!(
-                    "loading {} (run `make models` to fetch the defaults)",
-                    dir.display()
-                )
-            })?;
-            models.push(ServedModel {
-                name: args.models.embedding_name(),
-                created,
-                kind: ModelKind::Embedding(embed),
-            });
+        let loader = loader(&args);
+        let m = &args.models;
+        // Paths as given: the loader resolves them against the models dir.
+        let mut wanted = vec![(m.model_name(), m.model.clone(), Kind::Text)];
+        if m.embedding_path().is_some() {
+            wanted.push((
+                m.embedding_name(),
+                m.embedding_model.clone(),
+                Kind::Embedding,
+            ));
         }
-        Ok(ModelRegistry::new(models))
+        wanted.extend(
+            m.extra_models
+                .iter()
+                .map(|(n, p)| (n.clone(), p.clone(), Kind::Text)),
+        );
+        let registry = ModelRegistry::default();
+        for (name, path, kind) in wanted {
+            let model = loader.load(&name, &path, kind).with_context(|| {
+                format!(
+                    "loading {} (run `make models` to fetch the defaults)",
+                    loader.resolve(&path).display()
+                )
+            })?;
+            registry.add(model).map_err(|e| anyhow::anyhow!("{e}"))?;
+        }
+        Ok(registry)
     })
     .await
     .context("model loading panicked")?
@@ -69,7 +74,7 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         Auth::with_keys(db, args.admin_token.clone())
     };
     let registry = Arc::new(load_models(&args).await?);
-    let state = AppState::with_auth(registry.clone(), auth);
+    let state = AppState::with_auth(registry.clone(), auth).with_loader(loader(&args));
     let listener = TcpListener::bind(args.bind)
         .await
         .with_context(|| format!("binding {}", args.bind))?;

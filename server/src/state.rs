@@ -1,9 +1,10 @@
 //! `AppState`: what every handler can reach, typed. Today the served models;
 //! later issues add the ledger, the market and the provider registry.
 
-use std::sync::Arc;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock};
 
-use engine::{EmbeddingHandle, EngineHandle};
+use engine::{EmbeddingHandle, EngineError, EngineHandle, TemplateChoice};
 
 use crate::error::ApiError;
 
@@ -22,31 +23,45 @@ pub struct ServedModel {
     pub kind: ModelKind,
 }
 
-/// The models this server answers for, by name.
+/// The models this server answers for, by name. Models can be added and
+/// removed while serving (admin API); handlers take cheap clones of the
+/// handles, so a removal never pulls a model from under a running request
+/// (its engine stops, and such requests end with an error).
 #[derive(Debug, Default)]
 pub struct ModelRegistry {
-    models: Vec<ServedModel>,
+    models: RwLock<Vec<ServedModel>>,
 }
 
 impl ModelRegistry {
     pub fn new(models: Vec<ServedModel>) -> Self {
-        Self { models }
+        Self {
+            models: RwLock::new(models),
+        }
     }
 
-    pub fn list(&self) -> &[ServedModel] {
-        &self.models
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, Vec<ServedModel>> {
+        self.models.read().unwrap_or_else(|e| e.into_inner())
     }
 
-    pub fn get(&self, name: &str) -> Result<&ServedModel, ApiError> {
-        self.models
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, Vec<ServedModel>> {
+        self.models.write().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn list(&self) -> Vec<ServedModel> {
+        self.read().clone()
+    }
+
+    pub fn get(&self, name: &str) -> Result<ServedModel, ApiError> {
+        self.read()
             .iter()
             .find(|m| m.name == name)
+            .cloned()
             .ok_or_else(|| ApiError::ModelNotFound(name.to_string()))
     }
 
     /// A generative model, or why not.
-    pub fn text(&self, name: &str) -> Result<&EngineHandle, ApiError> {
-        match &self.get(name)?.kind {
+    pub fn text(&self, name: &str) -> Result<EngineHandle, ApiError> {
+        match self.get(name)?.kind {
             ModelKind::Text(h) => Ok(h),
             ModelKind::Embedding(_) => Err(ApiError::WrongModelKind {
                 model: name.into(),
@@ -56,8 +71,8 @@ impl ModelRegistry {
     }
 
     /// An embedding model, or why not.
-    pub fn embedding(&self, name: &str) -> Result<&EmbeddingHandle, ApiError> {
-        match &self.get(name)?.kind {
+    pub fn embedding(&self, name: &str) -> Result<EmbeddingHandle, ApiError> {
+        match self.get(name)?.kind {
             ModelKind::Embedding(h) => Ok(h),
             ModelKind::Text(_) => Err(ApiError::WrongModelKind {
                 model: name.into(),
@@ -66,13 +81,87 @@ impl ModelRegistry {
         }
     }
 
+    /// Serves one more model; refused if the name is taken.
+    pub fn add(&self, model: ServedModel) -> Result<(), ApiError> {
+        let mut models = self.write();
+        if models.iter().any(|m| m.name == model.name) {
+            return Err(ApiError::invalid(
+                "name",
+                format!("a model named `{}` is already served", model.name),
+            ));
+        }
+        models.push(model);
+        Ok(())
+    }
+
+    /// Stops serving `name` and stops its engine.
+    pub fn remove(&self, name: &str) -> Result<(), ApiError> {
+        let removed = {
+            let mut models = self.write();
+            let i = models
+                .iter()
+                .position(|m| m.name == name)
+                .ok_or_else(|| ApiError::ModelNotFound(name.to_string()))?;
+            models.remove(i)
+        };
+        if let ModelKind::Text(h) = removed.kind {
+            h.shutdown();
+        }
+        Ok(())
+    }
+
     /// Stops every engine thread.
     pub fn shutdown(&self) {
-        for m in &self.models {
+        for m in self.read().iter() {
             if let ModelKind::Text(h) = &m.kind {
                 h.shutdown();
             }
         }
+    }
+}
+
+/// What a model is, for loading.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Kind {
+    Text,
+    Embedding,
+}
+
+/// How models are loaded: where relative paths point, and the engine
+/// settings every text model gets.
+#[derive(Debug, Clone, Default)]
+pub struct ModelLoader {
+    pub models_dir: PathBuf,
+    pub engine: engine::EngineConfig,
+    pub template: TemplateChoice,
+}
+
+impl ModelLoader {
+    pub fn resolve(&self, path: &Path) -> PathBuf {
+        if path.is_absolute() {
+            path.to_path_buf()
+        } else {
+            self.models_dir.join(path)
+        }
+    }
+
+    /// Loads a model (blocking: run it off the async runtime).
+    pub fn load(&self, name: &str, path: &Path, kind: Kind) -> Result<ServedModel, EngineError> {
+        let path = self.resolve(path);
+        let kind = match kind {
+            Kind::Text => ModelKind::Text(EngineHandle::start_gguf(
+                &path,
+                &self.template,
+                self.engine.clone(),
+            )?),
+            Kind::Embedding => ModelKind::Embedding(EmbeddingHandle::start(&path)?),
+        };
+        Ok(ServedModel {
+            name: name.to_string(),
+            created: crate::api::unix_now(),
+            kind,
+        })
     }
 }
 
@@ -84,6 +173,8 @@ pub struct AppState {
     pub http: Arc<crate::metrics::HttpMetrics>,
     /// API keys, limits and the admin token.
     pub auth: Arc<crate::auth::Auth>,
+    /// Loads models added through the admin API.
+    pub loader: Arc<ModelLoader>,
 }
 
 impl AppState {
@@ -97,6 +188,12 @@ impl AppState {
             models,
             http: Arc::default(),
             auth: Arc::new(auth),
+            loader: Arc::default(),
         }
+    }
+
+    pub fn with_loader(mut self, loader: ModelLoader) -> Self {
+        self.loader = Arc::new(loader);
+        self
     }
 }

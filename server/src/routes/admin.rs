@@ -1,17 +1,18 @@
 //! Admin API (needs `Authorization: Bearer <admin token>`): create, list and
-//! revoke API keys. A created key's secret is returned once.
+//! revoke API keys (a created key's secret is returned once); load and
+//! unload models without a restart.
 
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{delete, get};
+use axum::routing::{delete, get, post};
 use axum::{Json, Router};
 use serde::Deserialize;
 use serde_json::json;
 
 use crate::api::json::ApiJson;
 use crate::error::ApiError;
-use crate::state::AppState;
+use crate::state::{AppState, Kind};
 use crate::store::Db;
 use crate::store::keys::Limits;
 
@@ -19,6 +20,62 @@ pub fn router() -> Router<AppState> {
     Router::new()
         .route("/admin/keys", get(list).post(create))
         .route("/admin/keys/{id}", delete(revoke))
+        .route("/admin/models", post(load_model))
+        .route("/admin/models/{name}", delete(unload_model))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LoadModel {
+    name: String,
+    /// A GGUF file (text) or a model folder (embedding), relative to the
+    /// models directory or absolute.
+    path: std::path::PathBuf,
+    #[serde(default = "text_kind")]
+    kind: Kind,
+}
+
+fn text_kind() -> Kind {
+    Kind::Text
+}
+
+async fn load_model(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    ApiJson(req): ApiJson<LoadModel>,
+) -> Result<Response, ApiError> {
+    state.auth.check_admin(&headers)?;
+    if req.name.trim().is_empty() || req.name.len() > 128 {
+        return Err(ApiError::invalid(
+            "name",
+            "a model name is 1-128 characters",
+        ));
+    }
+    if state.models.get(&req.name).is_ok() {
+        return Err(ApiError::invalid(
+            "name",
+            format!("a model named `{}` is already served", req.name),
+        ));
+    }
+    let loader = state.loader.clone();
+    let (name, path, kind) = (req.name.clone(), req.path.clone(), req.kind);
+    let model = tokio::task::spawn_blocking(move || loader.load(&name, &path, kind))
+        .await
+        .map_err(|e| ApiError::Storage(format!("model loading panicked: {e}")))?
+        .map_err(|e| ApiError::invalid("path", format!("cannot load the model: {e}")))?;
+    state.models.add(model)?;
+    let body = json!({"id": req.name, "object": "model", "loaded": true});
+    Ok((StatusCode::CREATED, Json(body)).into_response())
+}
+
+async fn unload_model(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Path(name): Path<String>,
+) -> Result<Response, ApiError> {
+    state.auth.check_admin(&headers)?;
+    state.models.remove(&name)?;
+    Ok(Json(json!({"id": name, "object": "model", "deleted": true})).into_response())
 }
 
 #[derive(Debug, Deserialize)]

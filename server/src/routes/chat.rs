@@ -29,7 +29,7 @@ async fn chat_completions(
     key: Option<Extension<KeyRecord>>,
     ApiJson(req): ApiJson<ChatCompletionRequest>,
 ) -> Result<Response, ApiError> {
-    let engine = state.models.text(&req.model)?;
+    let engine = &state.models.text(&req.model)?;
     let valid = validate::chat(&req, engine)?;
     crate::auth::charge(&state, key.as_deref(), &valid.requests)?;
     let streams = stream::submit_all(engine, valid.requests).await?;

@@ -25,7 +25,7 @@ async fn completions(
     key: Option<Extension<KeyRecord>>,
     ApiJson(req): ApiJson<CompletionRequest>,
 ) -> Result<Response, ApiError> {
-    let engine = state.models.text(&req.model)?;
+    let engine = &state.models.text(&req.model)?;
     let valid = validate::completion(&req, engine)?;
     crate::auth::charge(&state, key.as_deref(), &valid.requests)?;
     let streams = stream::submit_all(engine, valid.requests).await?;

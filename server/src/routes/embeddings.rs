@@ -26,7 +26,7 @@ async fn embeddings(
     State(state): State<AppState>,
     ApiJson(req): ApiJson<EmbeddingRequest>,
 ) -> Result<Json<EmbeddingResponse>, ApiError> {
-    let model = state.models.embedding(&req.model)?;
+    let model = &state.models.embedding(&req.model)?;
     if let Some(name) = req.unknown.keys().next() {
         return Err(ApiError::invalid(
             name,

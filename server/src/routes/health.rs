@@ -46,12 +46,7 @@ async fn health(State(state): State<AppState>) -> Json<Value> {
 async fn ready(State(state): State<AppState>) -> axum::response::Response {
     use axum::http::StatusCode;
     use axum::response::IntoResponse;
-    let models: Vec<&str> = state
-        .models
-        .list()
-        .iter()
-        .map(|m| m.name.as_str())
-        .collect();
+    let models: Vec<String> = state.models.list().into_iter().map(|m| m.name).collect();
     if models.is_empty() {
         let body = json!({ "status": "not ready", "reason": "no model is loaded" });
         return (StatusCode::SERVICE_UNAVAILABLE, Json(body)).into_response();

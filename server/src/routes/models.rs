@@ -34,5 +34,5 @@ async fn retrieve(
     State(state): State<AppState>,
     Path(id): Path<String>,
 ) -> Result<Json<ModelCard>, ApiError> {
-    Ok(Json(card(state.models.get(&id)?)))
+    Ok(Json(card(&state.models.get(&id)?)))
 }

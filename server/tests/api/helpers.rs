@@ -66,7 +66,12 @@ pub fn app() -> Router {
 
 /// The shared test models under another access policy.
 pub fn app_with_auth(auth: server::auth::Auth) -> Router {
-    server::app(AppState::with_auth(STATE.models.clone(), auth), BODY_LIMIT)
+    let loader = server::state::ModelLoader {
+        models_dir: models_dir(),
+        ..Default::default()
+    };
+    let state = AppState::with_auth(STATE.models.clone(), auth).with_loader(loader);
+    server::app(state, BODY_LIMIT)
 }
 
 /// A response: status, headers and body bytes.

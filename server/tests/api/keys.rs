@@ -185,3 +185,61 @@ async fn limits_trip_with_retry_after_and_recover() {
     let small = chat_as(&app, &tpm, chat(4, false)).await;
     assert_eq!(small.status(), StatusCode::OK);
 }
+
+#[tokio::test]
+async fn admins_load_and_unload_models_without_a_restart() {
+    let app = keyed_app().await;
+    let key = create(&app, json!({"name": "models"})).await;
+    let spec = json!({"name": "tiny-extra", "path": "tiny/tiny.gguf"});
+    let anon = call(
+        &app,
+        "POST",
+        "/admin/models",
+        Some(&key),
+        Some(spec.clone()),
+    )
+    .await;
+    assert_eq!(anon.status(), StatusCode::UNAUTHORIZED);
+    let loaded = call(
+        &app,
+        "POST",
+        "/admin/models",
+        Some(ADMIN),
+        Some(spec.clone()),
+    )
+    .await;
+    assert_eq!(loaded.status(), StatusCode::CREATED);
+    let list = json_of(call(&app, "GET", "/v1/models", Some(&key), None).await).await;
+    assert!(list.to_string().contains("tiny-extra"), "{list}");
+    let mut body = chat(3, false);
+    body["model"] = json!("tiny-extra");
+    assert_eq!(
+        chat_as(&app, &key, body.clone()).await.status(),
+        StatusCode::OK
+    );
+    let twice = call(&app, "POST", "/admin/models", Some(ADMIN), Some(spec)).await;
+    assert_eq!(json_of(twice).await["error"]["param"], "name");
+    let bad = json!({"name": "nope", "path": "no/such.gguf"});
+    let bad = call(&app, "POST", "/admin/models", Some(ADMIN), Some(bad)).await;
+    assert_eq!(json_of(bad).await["error"]["param"], "path");
+    let gone = call(
+        &app,
+        "DELETE",
+        "/admin/models/tiny-extra",
+        Some(ADMIN),
+        None,
+    )
+    .await;
+    assert_eq!(gone.status(), StatusCode::OK);
+    let r = chat_as(&app, &key, body).await;
+    assert_eq!(r.status(), StatusCode::NOT_FOUND);
+    let again = call(
+        &app,
+        "DELETE",
+        "/admin/models/tiny-extra",
+        Some(ADMIN),
+        None,
+    )
+    .await;
+    assert_eq!(again.status(), StatusCode::NOT_FOUND);
+}
