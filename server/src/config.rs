@@ -94,6 +94,11 @@ pub struct ServeArgs {
     #[arg(long, env = "SYNOR_OPEN")]
     pub open: bool,
 
+    /// Seconds that running streams get to finish after SIGTERM/SIGINT
+    /// (new connections are refused at once).
+    #[arg(long, env = "SYNOR_SHUTDOWN_GRACE", default_value_t = 30.0)]
+    pub shutdown_grace: f64,
+
     /// Token for the admin API (`/admin/...`); unset disables it.
     #[arg(long, env = "SYNOR_ADMIN_TOKEN", hide_env_values = true)]
     pub admin_token: Option<String>,

@@ -82,9 +82,22 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     tracing::info!(%addr, "synor listening");
     println!("synor listening on http://{addr}");
     let app = crate::app(state, args.max_body_bytes);
-    axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown_signal())
-        .await?;
+    let (stopping, mut stop) = tokio::sync::watch::channel(false);
+    let server = axum::serve(listener, app).with_graceful_shutdown(async move {
+        shutdown_signal().await;
+        let _ = stopping.send(true);
+    });
+    // After the signal, open streams get `--shutdown-grace` to finish; then
+    // the engines stop, which ends whatever is still running.
+    let grace = std::time::Duration::from_secs_f64(args.shutdown_grace.max(0.0));
+    let deadline = async move {
+        let _ = stop.wait_for(|s| *s).await;
+        tokio::time::sleep(grace).await;
+    };
+    tokio::select! {
+        r = server => r?,
+        () = deadline => tracing::warn!(?grace, "shutdown grace period over; ending open streams"),
+    }
     registry.shutdown();
     tracing::info!("synor stopped");
     Ok(())

@@ -87,6 +87,37 @@ async fn sigterm_stops_the_server_cleanly() {
 }
 
 #[tokio::test]
+async fn sigterm_gives_open_streams_a_bounded_grace_then_exits() {
+    let synor = Synor::start_with(&["--shutdown-grace", "1"]);
+    let client = reqwest::Client::new();
+    let body = json!({"model": TINY, "messages": [{"role": "user", "content": "go"}],
+        "max_tokens": 1900, "ignore_eos": true, "stream": true});
+    let resp = client
+        .post(synor.url("/v1/chat/completions"))
+        .json(&body)
+        .send()
+        .await
+        .expect("send");
+    let mut bytes = resp.bytes_stream();
+    let _ = bytes.next().await.expect("a first chunk");
+    let started = Instant::now();
+    let stopped = tokio::task::spawn_blocking(move || synor.terminate());
+    // The stream ends (finished, or cut after the grace period), not hangs.
+    let drained = tokio::time::timeout(Duration::from_secs(20), async {
+        while let Some(Ok(_)) = bytes.next().await {}
+    })
+    .await;
+    assert!(drained.is_ok(), "the stream outlived the grace period");
+    let status = stopped.await.expect("join");
+    assert!(status.success(), "exit status {status:?}");
+    assert!(
+        started.elapsed() < Duration::from_secs(15),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
+#[tokio::test]
 async fn a_storm_of_cancelled_and_finished_streams_leaves_nothing_behind() {
     let synor = Synor::start();
     let client = reqwest::Client::new();

@@ -163,6 +163,11 @@ pub struct Synor {
 impl Synor {
     /// Starts the binary with the tiny model and no embedding model.
     pub fn start() -> Self {
+        Self::start_with(&[])
+    }
+
+    /// `start`, with extra `serve` arguments.
+    pub fn start_with(extra: &[&str]) -> Self {
         let child = Command::new(env!("CARGO_BIN_EXE_synor"))
             .args([
                 "serve",
@@ -176,6 +181,7 @@ impl Synor {
             ])
             .arg("--model")
             .arg(model_path("tiny/tiny.gguf"))
+            .args(extra)
             .env("RUST_LOG", "warn")
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
