@@ -22,6 +22,11 @@ pub enum Command {
     Serve(Box<ServeArgs>),
     /// Manage API keys in the database.
     Keys(KeysArgs),
+    /// Write the OpenAPI description (default: openapi/openapi.json).
+    Openapi {
+        #[arg(long, default_value = "openapi/openapi.json")]
+        out: PathBuf,
+    },
 }
 
 /// Options of `synor keys`.
@@ -293,7 +298,9 @@ mod tests {
         argv.extend_from_slice(args);
         match Cli::try_parse_from(argv).expect("parses").command {
             Command::Serve(s) => *s,
-            Command::Keys(_) => panic!("parsed `serve` as `keys`"),
+            Command::Keys(_) | Command::Openapi { .. } => {
+                panic!("parsed `serve` as another command")
+            }
         }
     }
 

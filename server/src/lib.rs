@@ -9,6 +9,7 @@ pub mod error;
 pub mod keys_cli;
 pub mod metrics;
 pub mod observe;
+pub mod openapi;
 pub mod routes;
 pub mod startup;
 pub mod state;

@@ -13,6 +13,11 @@ fn main() -> anyhow::Result<()> {
                 .build()?;
             rt.block_on(server::startup::serve(*args))
         }
+        Command::Openapi { out } => {
+            std::fs::write(&out, server::openapi::json())?;
+            println!("wrote {}", out.display());
+            Ok(())
+        }
         Command::Keys(args) => {
             let rt = tokio::runtime::Builder::new_current_thread()
                 .enable_all()

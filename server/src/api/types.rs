@@ -6,9 +6,10 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+use utoipa::ToSchema;
 
 /// `string` or `[string]` (the `stop` field).
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, ToSchema)]
 #[serde(untagged)]
 pub enum StringOrList {
     One(String),
@@ -25,7 +26,7 @@ impl StringOrList {
 }
 
 /// A content part of a chat message.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, ToSchema)]
 pub struct ContentPart {
     #[serde(rename = "type")]
     pub kind: String,
@@ -34,7 +35,7 @@ pub struct ContentPart {
 }
 
 /// Chat message content: a string or a list of parts.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, ToSchema)]
 #[serde(untagged)]
 pub enum MessageContent {
     Text(String),
@@ -42,7 +43,7 @@ pub enum MessageContent {
 }
 
 /// One message of a chat request.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, ToSchema)]
 pub struct ChatMessageDto {
     pub role: String,
     #[serde(default)]
@@ -51,13 +52,14 @@ pub struct ChatMessageDto {
     pub name: Option<String>,
     /// Calls an assistant turn made (function calling).
     #[serde(default)]
+    #[schema(value_type = Option<Vec<Object>>)]
     pub tool_calls: Option<Vec<Value>>,
     /// The call a `tool` message answers.
     #[serde(default)]
     pub tool_call_id: Option<String>,
 }
 
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, ToSchema)]
 pub struct StreamOptions {
     #[serde(default)]
     pub include_usage: bool,
@@ -92,7 +94,7 @@ pub struct CommonParams {
 macro_rules! generation_request {
     ($(#[$meta:meta])* pub struct $name:ident { $($(#[$fmeta:meta])* pub $field:ident: $ty:ty,)* }) => {
         $(#[$meta])*
-        #[derive(Debug, Clone, Deserialize)]
+        #[derive(Debug, Clone, Deserialize, ToSchema)]
         pub struct $name {
             $($(#[$fmeta])* pub $field: $ty,)*
             pub temperature: Option<f32>,
@@ -124,6 +126,7 @@ macro_rules! generation_request {
             pub priority: Option<i32>,
             /// Anything else: refused by name rather than silently ignored.
             #[serde(flatten)]
+            #[schema(ignore)]
             pub unknown: BTreeMap<String, Value>,
         }
 
@@ -163,14 +166,17 @@ generation_request! {
         pub max_completion_tokens: Option<i64>,
         pub logprobs: Option<bool>,
         pub top_logprobs: Option<u32>,
+        #[schema(value_type = Option<Object>)]
         pub response_format: Option<Value>,
+        #[schema(value_type = Option<Vec<Object>>)]
         pub tools: Option<Vec<Value>>,
+        #[schema(value_type = Option<Object>)]
         pub tool_choice: Option<Value>,
     }
 }
 
 /// The `prompt` of a completions request.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, ToSchema)]
 #[serde(untagged)]
 pub enum Prompt {
     Text(String),
@@ -194,7 +200,7 @@ generation_request! {
 }
 
 /// The `input` of an embeddings request.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, ToSchema)]
 #[serde(untagged)]
 pub enum EmbeddingInput {
     Text(String),
@@ -204,7 +210,7 @@ pub enum EmbeddingInput {
 }
 
 /// `POST /v1/embeddings`.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, ToSchema)]
 pub struct EmbeddingRequest {
     pub model: String,
     pub input: EmbeddingInput,
@@ -212,11 +218,12 @@ pub struct EmbeddingRequest {
     pub dimensions: Option<u32>,
     pub user: Option<String>,
     #[serde(flatten)]
+    #[schema(ignore)]
     pub unknown: BTreeMap<String, Value>,
 }
 
 /// Token counts, as OpenAI reports them.
-#[derive(Debug, Clone, Copy, Default, Serialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, Serialize, PartialEq, Eq, ToSchema)]
 pub struct UsageDto {
     pub prompt_tokens: usize,
     pub completion_tokens: usize,
@@ -224,7 +231,7 @@ pub struct UsageDto {
     pub prompt_tokens_details: PromptTokensDetails,
 }
 
-#[derive(Debug, Clone, Copy, Default, Serialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, Serialize, PartialEq, Eq, ToSchema)]
 pub struct PromptTokensDetails {
     pub cached_tokens: usize,
 }
@@ -238,23 +245,25 @@ impl UsageDto {
     }
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct AssistantMessage {
     pub role: &'static str,
     pub content: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Vec<Object>>)]
     pub tool_calls: Option<Vec<Value>>,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct ChatChoice {
     pub index: usize,
     pub message: AssistantMessage,
+    #[schema(value_type = Option<Object>)]
     pub logprobs: Option<Value>,
     pub finish_reason: Option<&'static str>,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct ChatCompletion {
     pub id: String,
     pub object: &'static str,
@@ -264,25 +273,27 @@ pub struct ChatCompletion {
     pub usage: UsageDto,
 }
 
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Default, Serialize, ToSchema)]
 pub struct Delta {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub role: Option<&'static str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub content: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Vec<Object>>)]
     pub tool_calls: Option<Vec<Value>>,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct ChatChunkChoice {
     pub index: usize,
     pub delta: Delta,
+    #[schema(value_type = Option<Object>)]
     pub logprobs: Option<Value>,
     pub finish_reason: Option<&'static str>,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct ChatCompletionChunk {
     pub id: String,
     pub object: &'static str,
@@ -293,16 +304,17 @@ pub struct ChatCompletionChunk {
     pub usage: Option<UsageDto>,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct CompletionChoice {
     pub index: usize,
     pub text: String,
+    #[schema(value_type = Option<Object>)]
     pub logprobs: Option<Value>,
     pub finish_reason: Option<&'static str>,
 }
 
 /// A completions response, or one chunk of a streamed one (same shape).
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct Completion {
     pub id: String,
     pub object: &'static str,
@@ -313,27 +325,27 @@ pub struct Completion {
     pub usage: Option<UsageDto>,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, ToSchema)]
 #[serde(untagged)]
 pub enum EmbeddingVector {
     Float(Vec<f32>),
     Base64(String),
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct EmbeddingData {
     pub object: &'static str,
     pub index: usize,
     pub embedding: EmbeddingVector,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct EmbeddingUsage {
     pub prompt_tokens: usize,
     pub total_tokens: usize,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct EmbeddingResponse {
     pub object: &'static str,
     pub data: Vec<EmbeddingData>,
@@ -341,7 +353,7 @@ pub struct EmbeddingResponse {
     pub usage: EmbeddingUsage,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct ModelCard {
     pub id: String,
     pub object: &'static str,
@@ -349,7 +361,7 @@ pub struct ModelCard {
     pub owned_by: &'static str,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct ModelList {
     pub object: &'static str,
     pub data: Vec<ModelCard>,

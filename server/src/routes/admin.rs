@@ -24,12 +24,13 @@ pub fn router() -> Router<AppState> {
         .route("/admin/models/{name}", delete(unload_model))
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
-struct LoadModel {
+pub(crate) struct LoadModel {
     name: String,
     /// A GGUF file (text) or a model folder (embedding), relative to the
     /// models directory or absolute.
+    #[schema(value_type = String)]
     path: std::path::PathBuf,
     #[serde(default = "text_kind")]
     kind: Kind,
@@ -39,7 +40,11 @@ fn text_kind() -> Kind {
     Kind::Text
 }
 
-async fn load_model(
+/// Loads a model and starts serving it.
+#[utoipa::path(post, path = "/admin/models", tag = "admin", request_body = LoadModel,
+    responses((status = 201, description = "Loaded", body = Object), (status = 400, description = "Bad name or path", body = crate::openapi::ErrorResponse), (status = 401, description = "Missing or wrong admin token", body = crate::openapi::ErrorResponse)),
+    security(("admin_token" = [])))]
+pub(crate) async fn load_model(
     State(state): State<AppState>,
     headers: HeaderMap,
     ApiJson(req): ApiJson<LoadModel>,
@@ -68,7 +73,12 @@ async fn load_model(
     Ok((StatusCode::CREATED, Json(body)).into_response())
 }
 
-async fn unload_model(
+/// Stops serving a model.
+#[utoipa::path(delete, path = "/admin/models/{name}", tag = "admin",
+    params(("name" = String, Path, description = "The model's name")),
+    responses((status = 200, description = "Unloaded", body = Object), (status = 404, description = "No such model", body = crate::openapi::ErrorResponse), (status = 401, description = "Missing or wrong admin token", body = crate::openapi::ErrorResponse)),
+    security(("admin_token" = [])))]
+pub(crate) async fn unload_model(
     State(state): State<AppState>,
     headers: HeaderMap,
     Path(name): Path<String>,
@@ -78,9 +88,9 @@ async fn unload_model(
     Ok(Json(json!({"id": name, "object": "model", "deleted": true})).into_response())
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
-struct CreateKey {
+pub(crate) struct CreateKey {
     name: String,
     #[serde(default)]
     rpm_limit: Option<i64>,
@@ -104,7 +114,11 @@ fn storage(e: crate::store::StoreError) -> ApiError {
     ApiError::Storage(e.to_string())
 }
 
-async fn create(
+/// Creates an API key; its secret is in the answer, once.
+#[utoipa::path(post, path = "/admin/keys", tag = "admin", request_body = CreateKey,
+    responses((status = 201, description = "Created, with `key`", body = Object), (status = 400, description = "Bad name or limits", body = crate::openapi::ErrorResponse), (status = 401, description = "Missing or wrong admin token", body = crate::openapi::ErrorResponse)),
+    security(("admin_token" = [])))]
+pub(crate) async fn create(
     State(state): State<AppState>,
     headers: HeaderMap,
     ApiJson(req): ApiJson<CreateKey>,
@@ -136,13 +150,25 @@ async fn create(
     Ok((StatusCode::CREATED, Json(body)).into_response())
 }
 
-async fn list(State(state): State<AppState>, headers: HeaderMap) -> Result<Response, ApiError> {
+/// Lists API keys (never their secrets).
+#[utoipa::path(get, path = "/admin/keys", tag = "admin",
+    responses((status = 200, description = "Every key", body = Object), (status = 401, description = "Missing or wrong admin token", body = crate::openapi::ErrorResponse)),
+    security(("admin_token" = [])))]
+pub(crate) async fn list(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
     let db = keys_db(&state, &headers)?;
     let keys = db.list_keys().await.map_err(storage)?;
     Ok(Json(json!({"object": "list", "data": keys})).into_response())
 }
 
-async fn revoke(
+/// Revokes an API key.
+#[utoipa::path(delete, path = "/admin/keys/{id}", tag = "admin",
+    params(("id" = String, Path, description = "The key's id")),
+    responses((status = 200, description = "Revoked", body = Object), (status = 404, description = "No such active key", body = crate::openapi::ErrorResponse), (status = 401, description = "Missing or wrong admin token", body = crate::openapi::ErrorResponse)),
+    security(("admin_token" = [])))]
+pub(crate) async fn revoke(
     State(state): State<AppState>,
     headers: HeaderMap,
     Path(id): Path<String>,

@@ -24,7 +24,12 @@ pub fn router() -> Router<AppState> {
     Router::new().route("/v1/chat/completions", post(chat_completions))
 }
 
-async fn chat_completions(
+/// Chat completion (JSON, or an SSE stream of `chat.completion.chunk`s).
+#[utoipa::path(post, path = "/v1/chat/completions", tag = "generation",
+    request_body = ChatCompletionRequest,
+    responses((status = 200, description = "A completion, or with `stream: true` an SSE stream of chunks", body = ChatCompletion), (status = 400, description = "Invalid request", body = crate::openapi::ErrorResponse), (status = 401, description = "Missing or invalid API key", body = crate::openapi::ErrorResponse), (status = 429, description = "A per-key limit is reached (see Retry-After)", body = crate::openapi::ErrorResponse), (status = 503, description = "Overloaded (see Retry-After)", body = crate::openapi::ErrorResponse)),
+    security(("api_key" = [])))]
+pub(crate) async fn chat_completions(
     State(state): State<AppState>,
     key: Option<Extension<KeyRecord>>,
     ApiJson(req): ApiJson<ChatCompletionRequest>,

@@ -20,7 +20,12 @@ pub fn router() -> Router<AppState> {
     Router::new().route("/v1/completions", post(completions))
 }
 
-async fn completions(
+/// Text completion (JSON, or an SSE stream).
+#[utoipa::path(post, path = "/v1/completions", tag = "generation",
+    request_body = CompletionRequest,
+    responses((status = 200, description = "A completion, or with `stream: true` an SSE stream", body = Completion), (status = 400, description = "Invalid request", body = crate::openapi::ErrorResponse), (status = 401, description = "Missing or invalid API key", body = crate::openapi::ErrorResponse), (status = 429, description = "A per-key limit is reached (see Retry-After)", body = crate::openapi::ErrorResponse), (status = 503, description = "Overloaded (see Retry-After)", body = crate::openapi::ErrorResponse)),
+    security(("api_key" = [])))]
+pub(crate) async fn completions(
     State(state): State<AppState>,
     key: Option<Extension<KeyRecord>>,
     ApiJson(req): ApiJson<CompletionRequest>,

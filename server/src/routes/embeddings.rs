@@ -22,7 +22,12 @@ pub fn router() -> Router<AppState> {
     Router::new().route("/v1/embeddings", post(embeddings))
 }
 
-async fn embeddings(
+/// Embeddings of texts or token-id lists.
+#[utoipa::path(post, path = "/v1/embeddings", tag = "embeddings",
+    request_body = EmbeddingRequest,
+    responses((status = 200, description = "One vector per input", body = EmbeddingResponse), (status = 400, description = "Invalid request", body = crate::openapi::ErrorResponse), (status = 401, description = "Missing or invalid API key", body = crate::openapi::ErrorResponse), (status = 429, description = "A per-key limit is reached (see Retry-After)", body = crate::openapi::ErrorResponse), (status = 503, description = "Overloaded (see Retry-After)", body = crate::openapi::ErrorResponse)),
+    security(("api_key" = [])))]
+pub(crate) async fn embeddings(
     State(state): State<AppState>,
     ApiJson(req): ApiJson<EmbeddingRequest>,
 ) -> Result<Json<EmbeddingResponse>, ApiError> {

@@ -16,7 +16,10 @@ pub fn router() -> Router<AppState> {
         .route("/ready", get(ready))
 }
 
-async fn health(State(state): State<AppState>) -> Json<Value> {
+/// Liveness, with each model's engine statistics.
+#[utoipa::path(get, path = "/health", tag = "operations",
+    responses((status = 200, description = "Up, with engine statistics", body = Object)))]
+pub(crate) async fn health(State(state): State<AppState>) -> Json<Value> {
     let models: Vec<Value> = state
         .models
         .list()
@@ -43,7 +46,10 @@ async fn health(State(state): State<AppState>) -> Json<Value> {
     Json(json!({ "status": "ok", "models": models }))
 }
 
-async fn ready(State(state): State<AppState>) -> axum::response::Response {
+/// Readiness: 200 once models are loaded.
+#[utoipa::path(get, path = "/ready", tag = "operations",
+    responses((status = 200, description = "Ready", body = Object), (status = 503, description = "Not ready", body = Object)))]
+pub(crate) async fn ready(State(state): State<AppState>) -> axum::response::Response {
     use axum::http::StatusCode;
     use axum::response::IntoResponse;
     let models: Vec<String> = state.models.list().into_iter().map(|m| m.name).collect();

@@ -28,10 +28,24 @@ pub fn router(state: &AppState) -> Router<AppState> {
     Router::new()
         .merge(v1)
         .merge(admin::router())
+        .route("/openapi.json", axum::routing::get(openapi_json))
+        .merge(
+            utoipa_swagger_ui::SwaggerUi::new("/docs").url("/docs/openapi.json", {
+                use utoipa::OpenApi;
+                crate::openapi::ApiDoc::openapi()
+            }),
+        )
         .merge(health::router())
         .merge(crate::metrics::router())
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
+}
+
+async fn openapi_json() -> impl axum::response::IntoResponse {
+    (
+        [(axum::http::header::CONTENT_TYPE, "application/json")],
+        crate::openapi::json(),
+    )
 }
 
 async fn not_found(uri: axum::http::Uri) -> ApiError {

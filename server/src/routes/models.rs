@@ -23,14 +23,24 @@ fn card(m: &ServedModel) -> ModelCard {
     }
 }
 
-async fn list(State(state): State<AppState>) -> Json<ModelList> {
+/// The served models.
+#[utoipa::path(get, path = "/v1/models", tag = "models",
+    responses((status = 200, description = "Every served model", body = ModelList)),
+    security(("api_key" = [])))]
+pub(crate) async fn list(State(state): State<AppState>) -> Json<ModelList> {
     Json(ModelList {
         object: "list",
         data: state.models.list().iter().map(card).collect(),
     })
 }
 
-async fn retrieve(
+/// One served model.
+#[utoipa::path(get, path = "/v1/models/{id}", tag = "models",
+    params(("id" = String, Path, description = "The model's name")),
+    responses((status = 200, description = "The model", body = ModelCard),
+        (status = 404, description = "No such model", body = crate::openapi::ErrorResponse)),
+    security(("api_key" = [])))]
+pub(crate) async fn retrieve(
     State(state): State<AppState>,
     Path(id): Path<String>,
 ) -> Result<Json<ModelCard>, ApiError> {

@@ -99,3 +99,15 @@ async fn request_ids_are_honoured_or_made() {
     assert_ne!(resp.headers()["x-request-id"], "bad id");
     let _ = resp.into_body().collect().await;
 }
+
+#[tokio::test]
+async fn the_openapi_document_and_its_docs_page_are_served_without_a_key() {
+    let doc = get("/openapi.json").await;
+    assert_eq!(doc.status, StatusCode::OK);
+    let v = doc.json();
+    assert!(v["openapi"].as_str().is_some_and(|s| s.starts_with('3')));
+    assert!(v["paths"]["/v1/chat/completions"]["post"].is_object());
+    let page = get("/docs/").await;
+    assert_eq!(page.status, StatusCode::OK);
+    assert!(page.text().contains("swagger"), "{}", page.text());
+}

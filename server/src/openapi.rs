@@ -1,0 +1,97 @@
+//! The OpenAPI description of the HTTP API, generated from the code
+//! (utoipa): served at `/openapi.json`, browsable offline at `/docs`
+//! (vendored Swagger UI), and written to `openapi/openapi.json` by
+//! `synor openapi` (a test fails when that file is stale).
+
+use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+use utoipa::{Modify, OpenApi, ToSchema};
+
+use crate::routes;
+
+/// The OpenAI error shape, as sent with every error status.
+#[derive(ToSchema)]
+pub struct ErrorResponse {
+    pub error: ErrorDetail,
+}
+
+#[derive(ToSchema)]
+pub struct ErrorDetail {
+    pub message: String,
+    #[schema(rename = "type")]
+    pub kind: String,
+    pub param: Option<String>,
+    pub code: Option<String>,
+}
+
+struct Security;
+
+impl Modify for Security {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        let bearer =
+            || SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build());
+        let components = openapi.components.get_or_insert_with(Default::default);
+        components.add_security_scheme("api_key", bearer());
+        components.add_security_scheme("admin_token", bearer());
+    }
+}
+
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "Synor Compute",
+        description = "OpenAI-compatible inference serving: chat, completions, embeddings; operations and admin routes."
+    ),
+    paths(
+        routes::chat::chat_completions,
+        routes::completions::completions,
+        routes::embeddings::embeddings,
+        routes::models::list,
+        routes::models::retrieve,
+        routes::health::health,
+        routes::health::ready,
+        crate::metrics::metrics,
+        routes::admin::create,
+        routes::admin::list,
+        routes::admin::revoke,
+        routes::admin::load_model,
+        routes::admin::unload_model,
+    ),
+    modifiers(&Security)
+)]
+pub struct ApiDoc;
+
+/// The document as pretty JSON (what `openapi/openapi.json` holds).
+pub fn json() -> String {
+    ApiDoc::openapi()
+        .to_pretty_json()
+        .unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"))
+        + "\n"
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_committed_openapi_file_is_current() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../openapi/openapi.json");
+        let committed = std::fs::read_to_string(path).unwrap_or_default();
+        assert!(
+            committed == super::json(),
+            "openapi/openapi.json is stale: run `cargo run -p server --bin synor -- openapi`"
+        );
+    }
+
+    #[test]
+    fn every_public_route_is_described() {
+        let doc = super::json();
+        for path in [
+            "/v1/chat/completions",
+            "/v1/completions",
+            "/v1/embeddings",
+            "/v1/models",
+            "/admin/keys",
+            "/metrics",
+        ] {
+            assert!(doc.contains(&format!("\"{path}\"")), "{path} is missing");
+        }
+    }
+}
