@@ -419,17 +419,10 @@ mod tests {
     use rand::{Rng, SeedableRng};
 
     use super::*;
+    use crate::model::max_diff;
 
     fn random(rng: &mut StdRng, n: usize) -> Vec<f32> {
         (0..n).map(|_| rng.random_range(-1.0..1.0)).collect()
-    }
-
-    fn max_diff(a: &[f32], b: &[f32]) -> f32 {
-        assert_eq!(a.len(), b.len());
-        a.iter()
-            .zip(b)
-            .map(|(x, y)| (x - y).abs())
-            .fold(0.0, f32::max)
     }
 
     fn tiny_llama(rope_neox: bool) -> Llama {

@@ -53,3 +53,13 @@ impl ModelBatch {
         self.chunks.is_empty()
     }
 }
+
+/// Largest absolute difference of two equal-length slices (test helper).
+#[cfg(test)]
+pub(crate) fn max_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
+}

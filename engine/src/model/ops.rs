@@ -95,19 +95,12 @@ mod tests {
     use kernels::reference;
 
     use super::*;
+    use crate::model::max_diff;
 
     fn ramp(n: usize) -> Vec<f32> {
         (0..n)
             .map(|i| ((i * 7919) % 101) as f32 / 50.0 - 1.0)
             .collect()
-    }
-
-    fn max_diff(a: &[f32], b: &[f32]) -> f32 {
-        assert_eq!(a.len(), b.len());
-        a.iter()
-            .zip(b)
-            .map(|(x, y)| (x - y).abs())
-            .fold(0.0, f32::max)
     }
 
     #[test]

@@ -48,6 +48,10 @@ async fn call(
         .expect("response")
 }
 
+async fn status_of(app: &Router, method: &str, uri: &str, bearer: Option<&str>) -> StatusCode {
+    call(app, method, uri, bearer, None).await.status()
+}
+
 async fn json_of(resp: Response<Body>) -> Value {
     let bytes = resp.into_body().collect().await.expect("body").to_bytes();
     serde_json::from_slice(&bytes).unwrap_or(Value::Null)
@@ -78,7 +82,7 @@ async fn keys_gate_the_api_and_admin_routes_need_the_admin_token() {
     assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
     assert_eq!(json_of(r).await["error"]["code"], "invalid_api_key");
     assert_eq!(
-        call(&app, "GET", "/health", None, None).await.status(),
+        status_of(&app, "GET", "/health", None).await,
         StatusCode::OK
     );
     // Admin routes refuse no token and a user key alike.
@@ -95,16 +99,12 @@ async fn keys_gate_the_api_and_admin_routes_need_the_admin_token() {
     let as_user = call(&app, "GET", "/admin/keys", Some(&secret), None).await;
     assert_eq!(as_user.status(), StatusCode::UNAUTHORIZED);
     assert_eq!(
-        call(&app, "GET", "/v1/models", Some(&secret), None)
-            .await
-            .status(),
+        status_of(&app, "GET", "/v1/models", Some(&secret)).await,
         StatusCode::OK
     );
     let wrong = format!("{secret}x");
     assert_eq!(
-        call(&app, "GET", "/v1/models", Some(&wrong), None)
-            .await
-            .status(),
+        status_of(&app, "GET", "/v1/models", Some(&wrong)).await,
         StatusCode::UNAUTHORIZED
     );
     // Listing never shows secrets; revoking locks the key out at once.
@@ -121,9 +121,7 @@ async fn keys_gate_the_api_and_admin_routes_need_the_admin_token() {
     .await;
     assert_eq!(del.status(), StatusCode::OK);
     assert_eq!(
-        call(&app, "GET", "/v1/models", Some(&secret), None)
-            .await
-            .status(),
+        status_of(&app, "GET", "/v1/models", Some(&secret)).await,
         StatusCode::UNAUTHORIZED
     );
     let again = call(
@@ -152,9 +150,7 @@ async fn limits_trip_with_retry_after_and_recover() {
     let rpm = create(&app, json!({"name": "rpm", "rpm_limit": 2})).await;
     for _ in 0..2 {
         assert_eq!(
-            call(&app, "GET", "/v1/models", Some(&rpm), None)
-                .await
-                .status(),
+            status_of(&app, "GET", "/v1/models", Some(&rpm)).await,
             StatusCode::OK
         );
     }
