@@ -22,6 +22,8 @@ pub enum Command {
     Serve(Box<ServeArgs>),
     /// Manage API keys in the database.
     Keys(KeysArgs),
+    /// Manage ledger accounts: list, create, top up.
+    Accounts(AccountsArgs),
     /// Write the OpenAPI description (default: openapi/openapi.json).
     Openapi {
         #[arg(long, default_value = "openapi/openapi.json")]
@@ -58,11 +60,52 @@ pub enum KeysAction {
         /// Requests in flight at once.
         #[arg(long)]
         max_concurrent: Option<i64>,
+        /// The user account it spends from (default: a new account).
+        #[arg(long)]
+        account: Option<String>,
+        /// Most the key may spend (an amount like 2.5).
+        #[arg(long)]
+        budget: Option<String>,
     },
     /// List keys (never their secrets).
     List,
     /// Revoke a key by id.
     Revoke { id: String },
+}
+
+/// Options of `synor accounts`.
+#[derive(Debug, Clone, Args)]
+pub struct AccountsArgs {
+    /// The ledger's database (SQLite file or Postgres URL).
+    #[arg(
+        long,
+        env = "SYNOR_DATABASE_URL",
+        default_value = "sqlite://data/synor.db"
+    )]
+    pub database_url: String,
+    #[command(subcommand)]
+    pub action: AccountsAction,
+}
+
+#[derive(Debug, Clone, Subcommand)]
+pub enum AccountsAction {
+    /// List accounts with their balances.
+    List,
+    /// Create a user account.
+    Create {
+        #[arg(long)]
+        name: String,
+        /// How far below zero it may go (an amount like 10).
+        #[arg(long, default_value = "0")]
+        credit_limit: String,
+    },
+    /// Credit an amount (like 25 or 0.5) to an account.
+    Topup {
+        id: String,
+        amount: String,
+        #[arg(long, default_value = "")]
+        memo: String,
+    },
 }
 
 /// Options of `synor serve`.
@@ -298,7 +341,7 @@ mod tests {
         argv.extend_from_slice(args);
         match Cli::try_parse_from(argv).expect("parses").command {
             Command::Serve(s) => *s,
-            Command::Keys(_) | Command::Openapi { .. } => {
+            Command::Keys(_) | Command::Accounts(_) | Command::Openapi { .. } => {
                 panic!("parsed `serve` as another command")
             }
         }

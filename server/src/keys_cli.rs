@@ -1,11 +1,16 @@
-//! `synor keys create|list|revoke`: the same key operations as the admin
-//! API, straight on the database (for bootstrapping and scripts).
+//! `synor keys create|list|revoke` and `synor accounts list|create|topup`:
+//! the same operations as the admin API, straight on the database (for
+//! bootstrapping and scripts).
 
 use anyhow::Context;
 
-use crate::config::{KeysAction, KeysArgs};
+use crate::config::{AccountsAction, AccountsArgs, KeysAction, KeysArgs};
+use crate::ledger::Ledger;
+use crate::ledger::accounts::AccountKind;
+use crate::ledger::money::format_units;
+use crate::ledger::money::parse_units;
 use crate::store::Db;
-use crate::store::keys::Limits;
+use crate::store::keys::{Limits, NewKey};
 
 pub async fn run(args: KeysArgs) -> anyhow::Result<()> {
     let db = Db::connect(&args.database_url)
@@ -17,21 +22,30 @@ pub async fn run(args: KeysArgs) -> anyhow::Result<()> {
             rpm,
             tpm,
             max_concurrent,
+            account,
+            budget,
         } => {
             if [rpm, tpm, max_concurrent].iter().flatten().any(|&v| v < 1) {
                 anyhow::bail!("limits are at least 1 (omit one for unlimited)");
             }
-            let (rec, secret) = db
-                .create_key(
-                    &name,
-                    Limits {
-                        rpm,
-                        tpm,
-                        max_concurrent,
-                    },
-                )
-                .await?;
-            println!("created {} ({})", rec.id, rec.name);
+            let budget = budget
+                .map(|b| parse_units(&b).map_err(anyhow::Error::msg))
+                .transpose()?;
+            let new = NewKey {
+                name,
+                limits: Limits {
+                    rpm,
+                    tpm,
+                    max_concurrent,
+                },
+                account_id: account,
+                budget,
+            };
+            let (rec, secret) = db.create_key(&new).await?;
+            println!(
+                "created {} ({}) for account {}",
+                rec.id, rec.name, rec.account_id
+            );
             println!("key: {secret}");
             println!("(this is the only time the key is shown)");
         }
@@ -59,6 +73,42 @@ pub async fn run(args: KeysArgs) -> anyhow::Result<()> {
                 anyhow::bail!("no active key {id}");
             }
             println!("revoked {id}");
+        }
+    }
+    Ok(())
+}
+
+pub async fn accounts(args: AccountsArgs) -> anyhow::Result<()> {
+    let db = Db::connect(&args.database_url)
+        .await
+        .with_context(|| format!("opening the database {}", args.database_url))?;
+    let ledger = Ledger::offline(db);
+    match args.action {
+        AccountsAction::List => {
+            for a in ledger.accounts().await? {
+                println!(
+                    "{:<42} {:<9} balance={} held={} credit_limit={}  {}",
+                    a.id,
+                    a.kind,
+                    format_units(a.balance),
+                    format_units(a.held),
+                    format_units(a.credit_limit),
+                    a.name
+                );
+            }
+        }
+        AccountsAction::Create { name, credit_limit } => {
+            let limit = parse_units(&credit_limit).map_err(anyhow::Error::msg)?;
+            let a = ledger
+                .create_account(AccountKind::User, &name, limit)
+                .await?;
+            println!("created {} ({})", a.id, a.name);
+        }
+        AccountsAction::Topup { id, amount, memo } => {
+            let amount = parse_units(&amount).map_err(anyhow::Error::msg)?;
+            let tx = ledger.top_up(&id, amount, &memo).await?;
+            let a = ledger.account(&id).await?;
+            println!("{tx}: {id} balance {}", format_units(a.balance));
         }
     }
     Ok(())

@@ -7,6 +7,7 @@ pub mod auth;
 pub mod config;
 pub mod error;
 pub mod keys_cli;
+pub mod ledger;
 pub mod metrics;
 pub mod observe;
 pub mod openapi;

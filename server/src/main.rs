@@ -24,5 +24,11 @@ fn main() -> anyhow::Result<()> {
                 .build()?;
             rt.block_on(server::keys_cli::run(args))
         }
+        Command::Accounts(args) => {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?;
+            rt.block_on(server::keys_cli::accounts(args))
+        }
     }
 }

@@ -62,3 +62,7 @@ def test_admin_routes_need_the_admin_token(keyed_server):
     made = json.loads(create("e2e-admin").read())
     assert made["key"].startswith("sk-synor-")
     assert chat(sdk(base, made["key"])).choices[0].finish_reason == "length"
+    # A tenant's API key is not an admin token.
+    with pytest.raises(urllib.error.HTTPError) as e:
+        create(made["key"])
+    assert e.value.code == 401

@@ -45,6 +45,7 @@ pub enum MessageContent {
 /// One message of a chat request.
 #[derive(Debug, Clone, Deserialize, ToSchema)]
 pub struct ChatMessageDto {
+    #[schema(schema_with = role_schema)]
     pub role: String,
     #[serde(default)]
     pub content: Option<MessageContent>,
@@ -101,6 +102,7 @@ macro_rules! generation_request {
             pub top_p: Option<f32>,
             /// vLLM extension.
             pub top_k: Option<i64>,
+            #[schema(minimum = 1, maximum = 16)]
             pub n: Option<u32>,
             pub stop: Option<StringOrList>,
             pub seed: Option<i64>,
@@ -161,10 +163,14 @@ generation_request! {
     /// `POST /v1/chat/completions`.
     pub struct ChatCompletionRequest {
         pub model: String,
+        #[schema(min_items = 1)]
         pub messages: Vec<ChatMessageDto>,
+        #[schema(minimum = 1)]
         pub max_tokens: Option<i64>,
+        #[schema(minimum = 1)]
         pub max_completion_tokens: Option<i64>,
         pub logprobs: Option<bool>,
+        #[schema(maximum = 20)]
         pub top_logprobs: Option<u32>,
         #[schema(value_type = Option<Object>)]
         pub response_format: Option<Value>,
@@ -190,11 +196,15 @@ generation_request! {
     pub struct CompletionRequest {
         pub model: String,
         pub prompt: Prompt,
+        #[schema(minimum = 1)]
         pub max_tokens: Option<i64>,
         #[serde(default)]
         pub echo: bool,
         pub suffix: Option<String>,
+        #[schema(maximum = 20)]
         pub logprobs: Option<u32>,
+        /// Only 1 (the default) is supported.
+        #[schema(minimum = 1, maximum = 1)]
         pub best_of: Option<u32>,
     }
 }
@@ -214,6 +224,7 @@ pub enum EmbeddingInput {
 pub struct EmbeddingRequest {
     pub model: String,
     pub input: EmbeddingInput,
+    #[schema(schema_with = encoding_format_schema)]
     pub encoding_format: Option<String>,
     pub dimensions: Option<u32>,
     pub user: Option<String>,
@@ -365,4 +376,21 @@ pub struct ModelCard {
 pub struct ModelList {
     pub object: &'static str,
     pub data: Vec<ModelCard>,
+}
+
+/// `role`: one of the chat roles we accept.
+fn role_schema() -> utoipa::openapi::Object {
+    string_enum(&["system", "developer", "user", "assistant", "tool"])
+}
+
+/// `encoding_format`: `float` (default) or `base64`.
+fn encoding_format_schema() -> utoipa::openapi::Object {
+    string_enum(&["float", "base64"])
+}
+
+fn string_enum(values: &[&str]) -> utoipa::openapi::Object {
+    utoipa::openapi::ObjectBuilder::new()
+        .schema_type(utoipa::openapi::Type::String)
+        .enum_values(Some(values.iter().copied()))
+        .build()
 }

@@ -132,6 +132,9 @@ mod tests {
         KeyRecord {
             id: "k".into(),
             name: "t".into(),
+            account_id: "user:t".into(),
+            budget: None,
+            spent: 0,
             prefix: "sk".into(),
             limits,
             created_at: 0,

@@ -14,7 +14,7 @@ use crate::api::json::ApiJson;
 use crate::error::ApiError;
 use crate::state::{AppState, Kind};
 use crate::store::Db;
-use crate::store::keys::Limits;
+use crate::store::keys::{Limits, NewKey};
 
 pub fn router() -> Router<AppState> {
     Router::new()
@@ -98,6 +98,12 @@ pub(crate) struct CreateKey {
     tpm_limit: Option<i64>,
     #[serde(default)]
     max_concurrent: Option<i64>,
+    /// The user account the key spends from (default: a new account).
+    #[serde(default)]
+    account_id: Option<String>,
+    /// Most the key may spend, in micro-units (default: no budget).
+    #[serde(default)]
+    budget: Option<i64>,
 }
 
 /// The admin check, then the key database.
@@ -144,7 +150,22 @@ pub(crate) async fn create(
             ));
         }
     }
-    let (rec, secret) = db.create_key(&req.name, limits).await.map_err(storage)?;
+    if req.budget.is_some_and(|b| b < 0) {
+        return Err(ApiError::invalid("budget", "a budget cannot be negative"));
+    }
+    let new = NewKey {
+        name: req.name,
+        limits,
+        account_id: req.account_id,
+        budget: req.budget,
+    };
+    let (rec, secret) = db.create_key(&new).await.map_err(|e| {
+        if let crate::store::StoreError::UnknownAccount(a) = &e {
+            ApiError::invalid("account_id", format!("no user account `{a}`"))
+        } else {
+            storage(e)
+        }
+    })?;
     let mut body = serde_json::to_value(&rec).unwrap_or_default();
     body["key"] = secret.into();
     Ok((StatusCode::CREATED, Json(body)).into_response())

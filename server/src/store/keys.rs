@@ -1,7 +1,8 @@
 //! API keys: created with a random secret that is shown once, stored as
 //! its SHA-256 only, looked up by that hash and compared in constant time;
 //! per-key limits (requests and tokens per minute, concurrent requests);
-//! revocation.
+//! revocation. Every key belongs to a user account (the ledger's), made
+//! for it unless one is given, and may have a spending budget.
 
 use rand::Rng;
 use sha2::{Digest, Sha256};
@@ -24,11 +25,36 @@ pub struct Limits {
     pub max_concurrent: Option<i64>,
 }
 
+/// What a new key is: its name, limits, account and budget.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NewKey {
+    pub name: String,
+    pub limits: Limits,
+    /// The user account it spends from; `None` makes a new one.
+    pub account_id: Option<String>,
+    /// Most the key may spend, in micro-units; `None` is unlimited.
+    pub budget: Option<i64>,
+}
+
+impl NewKey {
+    pub fn named(name: &str) -> Self {
+        Self {
+            name: name.to_string(),
+            ..Self::default()
+        }
+    }
+}
+
 /// A key as listed (never with its secret).
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct KeyRecord {
     pub id: String,
     pub name: String,
+    /// The user account it spends from.
+    pub account_id: String,
+    /// Spending budget (micro-units), if any, and what it has spent.
+    pub budget: Option<i64>,
+    pub spent: i64,
     /// The secret's first characters, to tell keys apart.
     pub prefix: String,
     pub limits: Limits,
@@ -52,6 +78,11 @@ fn record(row: &AnyRow) -> Result<KeyRecord, sqlx::Error> {
     Ok(KeyRecord {
         id: row.try_get("id")?,
         name: row.try_get("name")?,
+        account_id: row
+            .try_get::<Option<String>, _>("account_id")?
+            .unwrap_or_default(),
+        budget: row.try_get("budget")?,
+        spent: row.try_get("spent")?,
         prefix: row.try_get("prefix")?,
         limits: Limits {
             rpm: row.try_get("rpm_limit")?,
@@ -66,17 +97,15 @@ fn record(row: &AnyRow) -> Result<KeyRecord, sqlx::Error> {
 /// The listed columns (a macro, so queries stay string literals).
 macro_rules! columns {
     () => {
-        "id, name, prefix, rpm_limit, tpm_limit, max_concurrent, created_at, revoked_at"
+        "id, name, account_id, budget, spent, prefix, rpm_limit, tpm_limit, max_concurrent, \
+         created_at, revoked_at"
     };
 }
 
 impl Db {
     /// Creates a key; returns it with its secret (shown once, never stored).
-    pub async fn create_key(
-        &self,
-        name: &str,
-        limits: Limits,
-    ) -> Result<(KeyRecord, String), StoreError> {
+    pub async fn create_key(&self, new: &NewKey) -> Result<(KeyRecord, String), StoreError> {
+        let (name, limits) = (new.name.as_str(), new.limits);
         // The RNG is not `Send`: finish with it before any `.await`.
         let body: String = {
             let mut rng = rand::rng();
@@ -88,12 +117,41 @@ impl Db {
         let id = format!("key_{}", uuid::Uuid::new_v4().simple());
         let prefix: String = secret.chars().take(SECRET_PREFIX.len() + 4).collect();
         let t = now();
+        let mut tx = self.pool.begin().await?;
+        let account_id = match &new.account_id {
+            Some(a) => {
+                let kind: Option<String> =
+                    sqlx::query_scalar("SELECT kind FROM accounts WHERE id = $1")
+                        .bind(a)
+                        .fetch_optional(&mut *tx)
+                        .await?;
+                if kind.as_deref() != Some("user") {
+                    return Err(StoreError::UnknownAccount(a.clone()));
+                }
+                a.clone()
+            }
+            None => {
+                let a = format!("user:{}", uuid::Uuid::new_v4().simple());
+                sqlx::query(
+                    "INSERT INTO accounts (id, kind, name, created_at) VALUES ($1, 'user', $2, $3)",
+                )
+                .bind(&a)
+                .bind(name)
+                .bind(t)
+                .execute(&mut *tx)
+                .await?;
+                a
+            }
+        };
         sqlx::query(
-            "INSERT INTO api_keys (id, name, prefix, secret_hash, rpm_limit, tpm_limit, max_concurrent, created_at, updated_at) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+            "INSERT INTO api_keys (id, name, account_id, budget, prefix, secret_hash, rpm_limit, \
+             tpm_limit, max_concurrent, created_at, updated_at) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
         )
         .bind(&id)
         .bind(name)
+        .bind(&account_id)
+        .bind(new.budget)
         .bind(&prefix)
         .bind(hash(&secret))
         .bind(limits.rpm)
@@ -101,11 +159,15 @@ impl Db {
         .bind(limits.max_concurrent)
         .bind(t)
         .bind(t)
-        .execute(&self.pool)
+        .execute(&mut *tx)
         .await?;
+        tx.commit().await?;
         let rec = KeyRecord {
             id,
             name: name.to_string(),
+            account_id,
+            budget: new.budget,
+            spent: 0,
             prefix,
             limits,
             created_at: t,
@@ -167,7 +229,7 @@ mod tests {
 
     #[tokio::test]
     async fn keys_work_the_same_on_sqlite_and_postgres() {
-        for url in [testing::sqlite_url(), testing::postgres_url()] {
+        for url in [testing::sqlite_url(), testing::fresh_postgres_url().await] {
             let db = Db::connect(&url)
                 .await
                 .unwrap_or_else(|e| panic!("{url}: {e}"));
@@ -181,7 +243,12 @@ mod tests {
             tpm: None,
             max_concurrent: Some(2),
         };
-        let (k, secret) = db.create_key("ci", limits).await.expect("create");
+        let new = NewKey {
+            limits,
+            ..NewKey::named("ci")
+        };
+        let (k, secret) = db.create_key(&new).await.expect("create");
+        assert!(k.account_id.starts_with("user:"));
         assert!(secret.starts_with(SECRET_PREFIX) && secret.len() == SECRET_PREFIX.len() + 40);
         assert!(secret.starts_with(&k.prefix));
         let found = db.find_key(&secret).await.expect("find").expect("active");

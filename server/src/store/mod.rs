@@ -21,6 +21,8 @@ pub enum StoreError {
         path: String,
         source: std::io::Error,
     },
+    #[error("no user account `{0}`")]
+    UnknownAccount(String),
     #[error("database: {0}")]
     Sql(#[from] sqlx::Error),
     #[error("migrations: {0}")]
@@ -123,6 +125,47 @@ pub mod testing {
             }
         }
         url
+    }
+
+    /// A URL of a fresh, empty schema in the test database, so each test
+    /// migrates and audits its own tables. Schemas left by runs older than
+    /// an hour are dropped.
+    pub async fn fresh_postgres_url() -> String {
+        use sqlx::Connection;
+        let base = postgres_url();
+        sqlx::any::install_default_drivers();
+        let mut conn = sqlx::AnyConnection::connect(&base)
+            .await
+            .unwrap_or_else(|e| panic!("{base}: {e}"));
+        let t = super::now();
+        let old = sqlx::query(
+            "SELECT CAST(nspname AS TEXT) AS nspname FROM pg_namespace WHERE nspname LIKE 't\\_%' ESCAPE '\\'",
+        )
+        .fetch_all(&mut conn)
+        .await
+        .expect("schemas");
+        for row in old {
+            use sqlx::Row;
+            let name: String = row.get(0);
+            let born: i64 = name
+                .split('_')
+                .nth(1)
+                .and_then(|x| x.parse().ok())
+                .unwrap_or(t);
+            if t - born > 3600 {
+                let drop = format!("DROP SCHEMA IF EXISTS {name} CASCADE");
+                let _ = sqlx::query(sqlx::AssertSqlSafe(drop))
+                    .execute(&mut conn)
+                    .await;
+            }
+        }
+        let name = format!("t_{t}_{}", uuid::Uuid::new_v4().simple());
+        let create = format!("CREATE SCHEMA {name}");
+        sqlx::query(sqlx::AssertSqlSafe(create))
+            .execute(&mut conn)
+            .await
+            .expect("create schema");
+        format!("{base}?options[search_path]={name}")
     }
 
     pub fn sqlite_url() -> String {

@@ -1,0 +1,253 @@
+//! Accounts and what admins and users read of them: creating accounts,
+//! crediting top-ups (a journal transaction against `deposits`), credit
+//! limits, and the usage records of an account.
+
+use serde::Serialize;
+use sqlx::Row;
+use sqlx::any::AnyRow;
+
+use super::money::Micros;
+use super::{DEPOSITS, Ledger, LedgerError};
+use crate::store::now;
+
+/// What an account is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum AccountKind {
+    User,
+    Provider,
+    Treasury,
+    System,
+}
+
+impl AccountKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::User => "user",
+            Self::Provider => "provider",
+            Self::Treasury => "treasury",
+            Self::System => "system",
+        }
+    }
+}
+
+/// An account as stored (amounts in micro-units).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+pub struct Account {
+    pub id: String,
+    pub kind: String,
+    pub name: String,
+    pub balance: Micros,
+    pub held: Micros,
+    pub credit_limit: Micros,
+    /// Never refused (open mode's local user, system accounts).
+    pub unlimited: bool,
+    pub created_at: i64,
+}
+
+impl Account {
+    /// What a new hold may use: balance + credit limit - holds.
+    pub fn available(&self) -> Micros {
+        self.balance + self.credit_limit - self.held
+    }
+}
+
+/// One request's usage record.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+pub struct UsageRecord {
+    pub request_id: String,
+    pub key_id: Option<String>,
+    pub model: String,
+    pub provider_id: String,
+    pub prompt_tokens: i64,
+    pub cached_tokens: i64,
+    pub completion_tokens: i64,
+    /// What the user paid (micro-units).
+    pub cost: Micros,
+    pub provider_amount: Micros,
+    pub fee: Micros,
+    /// `finished`, `cut` or `failed`.
+    pub outcome: String,
+    pub created_at: i64,
+}
+
+fn account(r: &AnyRow) -> Result<Account, sqlx::Error> {
+    Ok(Account {
+        id: r.try_get("id")?,
+        kind: r.try_get("kind")?,
+        name: r.try_get("name")?,
+        balance: r.try_get("balance")?,
+        held: r.try_get("held")?,
+        credit_limit: r.try_get("credit_limit")?,
+        unlimited: r.try_get::<i64, _>("unlimited")? != 0,
+        created_at: r.try_get("created_at")?,
+    })
+}
+
+fn usage(r: &AnyRow) -> Result<UsageRecord, sqlx::Error> {
+    Ok(UsageRecord {
+        request_id: r.try_get("request_id")?,
+        key_id: r.try_get("key_id")?,
+        model: r.try_get("model")?,
+        provider_id: r.try_get("provider_id")?,
+        prompt_tokens: r.try_get("prompt_tokens")?,
+        cached_tokens: r.try_get("cached_tokens")?,
+        completion_tokens: r.try_get("completion_tokens")?,
+        cost: r.try_get("cost")?,
+        provider_amount: r.try_get("provider_amount")?,
+        fee: r.try_get("fee")?,
+        outcome: r.try_get("outcome")?,
+        created_at: r.try_get("created_at")?,
+    })
+}
+
+const ACCOUNT_COLUMNS: &str = "id, kind, name, balance, held, credit_limit, unlimited, created_at";
+
+impl Ledger {
+    /// Creates an account with a fresh id (`user:...`, `provider:...`).
+    pub async fn create_account(
+        &self,
+        kind: AccountKind,
+        name: &str,
+        credit_limit: Micros,
+    ) -> Result<Account, LedgerError> {
+        if credit_limit < 0 {
+            return Err(LedgerError::InvalidAmount(
+                "credit_limit cannot be negative".into(),
+            ));
+        }
+        let id = format!("{}:{}", kind.as_str(), uuid::Uuid::new_v4().simple());
+        let t = now();
+        sqlx::query(
+            "INSERT INTO accounts (id, kind, name, credit_limit, created_at) VALUES ($1, $2, $3, $4, $5)",
+        )
+        .bind(&id)
+        .bind(kind.as_str())
+        .bind(name)
+        .bind(credit_limit)
+        .bind(t)
+        .execute(&self.db.pool)
+        .await?;
+        self.account(&id).await
+    }
+
+    pub async fn account(&self, id: &str) -> Result<Account, LedgerError> {
+        let sql = format!("SELECT {ACCOUNT_COLUMNS} FROM accounts WHERE id = $1");
+        let row = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(id)
+            .fetch_optional(&self.db.pool)
+            .await?;
+        row.map(|r| account(&r))
+            .transpose()?
+            .ok_or_else(|| LedgerError::UnknownAccount(id.to_string()))
+    }
+
+    /// Every account, by id.
+    pub async fn accounts(&self) -> Result<Vec<Account>, LedgerError> {
+        let sql = format!("SELECT {ACCOUNT_COLUMNS} FROM accounts ORDER BY id");
+        let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .fetch_all(&self.db.pool)
+            .await?;
+        Ok(rows.iter().map(account).collect::<Result<_, _>>()?)
+    }
+
+    /// Credits `amount` (> 0) to `account` from `deposits`; returns the
+    /// journal transaction id.
+    pub async fn top_up(
+        &self,
+        account_id: &str,
+        amount: Micros,
+        memo: &str,
+    ) -> Result<String, LedgerError> {
+        if amount <= 0 {
+            return Err(LedgerError::InvalidAmount(
+                "a top-up must be positive".into(),
+            ));
+        }
+        let mut tx = self.db.pool.begin().await?;
+        let credited = sqlx::query("UPDATE accounts SET balance = balance + $1 WHERE id = $2")
+            .bind(amount)
+            .bind(account_id)
+            .execute(&mut *tx)
+            .await?;
+        if credited.rows_affected() == 0 {
+            return Err(LedgerError::UnknownAccount(account_id.to_string()));
+        }
+        sqlx::query("UPDATE accounts SET balance = balance - $1 WHERE id = $2")
+            .bind(amount)
+            .bind(DEPOSITS)
+            .execute(&mut *tx)
+            .await?;
+        let tx_id = format!("topup:{}", uuid::Uuid::new_v4().simple());
+        sqlx::query(
+            "INSERT INTO journal (id, kind, memo, created_at) VALUES ($1, 'topup', $2, $3)",
+        )
+        .bind(&tx_id)
+        .bind(memo)
+        .bind(now())
+        .execute(&mut *tx)
+        .await?;
+        sqlx::query(
+            "INSERT INTO entries (tx_id, account_id, amount) VALUES ($1, $2, $3), ($4, $5, $6)",
+        )
+        .bind(&tx_id)
+        .bind(account_id)
+        .bind(amount)
+        .bind(&tx_id)
+        .bind(DEPOSITS)
+        .bind(-amount)
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(tx_id)
+    }
+
+    /// Sets how far below zero an account may go.
+    pub async fn set_credit_limit(&self, id: &str, limit: Micros) -> Result<(), LedgerError> {
+        if limit < 0 {
+            return Err(LedgerError::InvalidAmount(
+                "credit_limit cannot be negative".into(),
+            ));
+        }
+        let done = sqlx::query("UPDATE accounts SET credit_limit = $1 WHERE id = $2")
+            .bind(limit)
+            .bind(id)
+            .execute(&self.db.pool)
+            .await?;
+        if done.rows_affected() == 0 {
+            return Err(LedgerError::UnknownAccount(id.to_string()));
+        }
+        Ok(())
+    }
+
+    /// The newest usage records of an account (`limit` at most).
+    pub async fn usage(
+        &self,
+        account_id: &str,
+        limit: i64,
+    ) -> Result<Vec<UsageRecord>, LedgerError> {
+        let rows = sqlx::query(
+            "SELECT request_id, key_id, model, provider_id, prompt_tokens, cached_tokens, \
+             completion_tokens, cost, provider_amount, fee, outcome, created_at \
+             FROM usage_records WHERE account_id = $1 ORDER BY created_at DESC, request_id LIMIT $2",
+        )
+        .bind(account_id)
+        .bind(limit)
+        .fetch_all(&self.db.pool)
+        .await?;
+        Ok(rows.iter().map(usage).collect::<Result<_, _>>()?)
+    }
+
+    /// The usage record of one request, if it was settled.
+    pub async fn usage_of(&self, request_id: &str) -> Result<Option<UsageRecord>, LedgerError> {
+        let row = sqlx::query(
+            "SELECT request_id, key_id, model, provider_id, prompt_tokens, cached_tokens, \
+             completion_tokens, cost, provider_amount, fee, outcome, created_at \
+             FROM usage_records WHERE request_id = $1",
+        )
+        .bind(request_id)
+        .fetch_optional(&self.db.pool)
+        .await?;
+        Ok(row.map(|r| usage(&r)).transpose()?)
+    }
+}

@@ -1,0 +1,143 @@
+//! Placing a hold: before a request runs, its worst case is reserved on
+//! the user's account (and on its key's budget) in one transaction; the
+//! conditional updates make the check and the reservation one step, so
+//! concurrent requests (on any replica) can never overdraw an account.
+
+use sqlx::Row;
+
+use super::money::{Micros, Quote};
+use super::{Ledger, LedgerError};
+use crate::store::now;
+
+/// One request's reservation.
+#[derive(Debug, Clone)]
+pub struct HoldRequest<'a> {
+    /// Unique per request; its usage record and journal entry carry it.
+    pub request_id: &'a str,
+    pub account_id: &'a str,
+    pub key_id: Option<&'a str>,
+    pub quote: &'a Quote,
+    /// The worst case (`quote.worst_case(..)`).
+    pub amount: Micros,
+}
+
+impl Ledger {
+    /// Reserves `h.amount`, or refuses: `InsufficientQuota` when the
+    /// account's balance (plus its credit limit) minus what is already held
+    /// cannot cover it, `BudgetExceeded` when the key's budget cannot.
+    pub async fn hold(&self, h: HoldRequest<'_>) -> Result<(), LedgerError> {
+        if self.jobs.is_closed() {
+            return Err(LedgerError::Closed);
+        }
+        if h.amount < 0 {
+            return Err(LedgerError::InvalidAmount(
+                "a hold cannot be negative".into(),
+            ));
+        }
+        let mut tx = self.db.pool.begin().await?;
+        let reserved = sqlx::query(
+            "UPDATE accounts SET held = held + $1 WHERE id = $2 \
+             AND (unlimited = 1 OR balance - held - $3 >= -credit_limit)",
+        )
+        .bind(h.amount)
+        .bind(h.account_id)
+        .bind(h.amount)
+        .execute(&mut *tx)
+        .await?;
+        if reserved.rows_affected() == 0 {
+            drop(tx);
+            return Err(self.refusal(h.account_id, h.amount).await);
+        }
+        if let Some(key) = h.key_id {
+            let ok = sqlx::query(
+                "UPDATE api_keys SET held = held + $1 WHERE id = $2 \
+                 AND (budget IS NULL OR spent + held + $3 <= budget)",
+            )
+            .bind(h.amount)
+            .bind(key)
+            .bind(h.amount)
+            .execute(&mut *tx)
+            .await?;
+            if ok.rows_affected() == 0 {
+                drop(tx);
+                return Err(self.budget_refusal(key, h.amount).await);
+            }
+        }
+        insert_hold(&mut tx, &h, self.instance()).await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// Why an account refused a hold of `need`.
+    async fn refusal(&self, account: &str, need: Micros) -> LedgerError {
+        let row = sqlx::query(
+            "SELECT balance - held + credit_limit AS available FROM accounts WHERE id = $1",
+        )
+        .bind(account)
+        .fetch_optional(&self.db.pool)
+        .await;
+        match row {
+            Ok(Some(r)) => LedgerError::InsufficientQuota {
+                need,
+                available: r.try_get("available").unwrap_or(0),
+            },
+            Ok(None) => LedgerError::UnknownAccount(account.to_string()),
+            Err(e) => e.into(),
+        }
+    }
+
+    async fn budget_refusal(&self, key: &str, need: Micros) -> LedgerError {
+        let row =
+            sqlx::query("SELECT budget - spent - held AS remaining FROM api_keys WHERE id = $1")
+                .bind(key)
+                .fetch_optional(&self.db.pool)
+                .await;
+        match row {
+            Ok(Some(r)) => LedgerError::BudgetExceeded {
+                need,
+                remaining: r
+                    .try_get::<Option<i64>, _>("remaining")
+                    .ok()
+                    .flatten()
+                    .unwrap_or(0),
+            },
+            Ok(None) => LedgerError::UnknownAccount(format!("key {key}")),
+            Err(e) => e.into(),
+        }
+    }
+}
+
+async fn insert_hold(
+    tx: &mut sqlx::Transaction<'_, sqlx::Any>,
+    h: &HoldRequest<'_>,
+    instance: &str,
+) -> Result<(), LedgerError> {
+    let q = h.quote;
+    let done = sqlx::query(
+        "INSERT INTO holds (request_id, account_id, key_id, model, provider_id, amount, \
+         price_input, price_cached, price_output, fee_bps, payout_bps, instance_id, state, created_at) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, 'open', $13)",
+    )
+    .bind(h.request_id)
+    .bind(h.account_id)
+    .bind(h.key_id)
+    .bind(&q.model)
+    .bind(&q.provider_id)
+    .bind(h.amount)
+    .bind(q.prices.input)
+    .bind(q.prices.cached_input)
+    .bind(q.prices.output)
+    .bind(q.fee_bps)
+    .bind(q.payout_bps)
+    .bind(instance)
+    .bind(now())
+    .execute(&mut **tx)
+    .await;
+    match done {
+        Ok(_) => Ok(()),
+        Err(sqlx::Error::Database(d)) if d.is_unique_violation() => {
+            Err(LedgerError::DuplicateHold(h.request_id.to_string()))
+        }
+        Err(e) => Err(e.into()),
+    }
+}

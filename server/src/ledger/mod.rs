@@ -1,0 +1,198 @@
+//! The ledger: accounts, a double-entry journal (every transaction's
+//! entries sum to zero), holds that reserve a user's worst case while a
+//! request runs, and settlement from one usage record per request, exactly
+//! once. It works the same on PostgreSQL and SQLite (through `store::Db`)
+//! and knows nothing of HTTP or the engine.
+//!
+//! - `money`: amounts, prices, quotes, costs and splits (pure arithmetic).
+//! - `accounts`: accounts, top-ups, per-key budgets, queries.
+//! - `holds`: placing a hold (refused when funds or budget cannot cover it).
+//! - `settle`: the batching writer that settles or releases holds.
+//! - `recovery`: instance heartbeats; holds of a dead instance are released.
+//! - `audit`: the invariants, checked against the journal.
+
+pub mod accounts;
+pub mod audit;
+pub mod holds;
+pub mod money;
+pub mod recovery;
+pub mod settle;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::{mpsc, oneshot};
+
+use crate::store::Db;
+pub use money::{Micros, Prices, Quote, Tokens};
+
+/// The system accounts every database has (created by the migration).
+pub const DEPOSITS: &str = "deposits";
+pub const TREASURY: &str = "treasury";
+pub const HOUSE_PROVIDER: &str = "provider:house";
+pub const LOCAL_USER: &str = "user:local";
+
+/// What the ledger refuses or fails with.
+#[derive(Debug, thiserror::Error)]
+pub enum LedgerError {
+    #[error(
+        "insufficient funds: this request may cost up to {} but the account has {} available",
+        money::format_units(*need), money::format_units(*available)
+    )]
+    InsufficientQuota { need: Micros, available: Micros },
+    #[error(
+        "key budget exhausted: this request may cost up to {} but the key has {} left",
+        money::format_units(*need), money::format_units(*remaining)
+    )]
+    BudgetExceeded { need: Micros, remaining: Micros },
+    #[error("no account `{0}`")]
+    UnknownAccount(String),
+    #[error("{0}")]
+    InvalidAmount(String),
+    #[error("a hold for request `{0}` already exists")]
+    DuplicateHold(String),
+    #[error("the ledger is shut down")]
+    Closed,
+    #[error("database: {0}")]
+    Sql(#[from] sqlx::Error),
+}
+
+/// How a request ended, for its usage record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Outcome {
+    /// Ran to a finish reason.
+    Finished,
+    /// The client left (or the server stopped) before the end.
+    Cut,
+    /// Failed on our side: recorded, not billed.
+    Failed,
+}
+
+impl Outcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Finished => "finished",
+            Self::Cut => "cut",
+            Self::Failed => "failed",
+        }
+    }
+}
+
+/// What closing a hold did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Closed {
+    /// Settled from usage; the user paid `cost`.
+    Billed { cost: Micros },
+    /// Released without a charge.
+    Released,
+    /// Already settled or released (closing twice is a no-op).
+    AlreadyClosed,
+}
+
+/// Timings of the background tasks.
+#[derive(Debug, Clone, Copy)]
+pub struct LedgerConfig {
+    /// How often this instance says it is alive.
+    pub heartbeat: Duration,
+    /// Silence after which an instance counts as dead and its holds are
+    /// released.
+    pub stale_after: Duration,
+}
+
+impl Default for LedgerConfig {
+    fn default() -> Self {
+        Self {
+            heartbeat: Duration::from_secs(2),
+            stale_after: Duration::from_secs(15),
+        }
+    }
+}
+
+/// The ledger of one server instance (cheap to clone).
+#[derive(Debug, Clone)]
+pub struct Ledger {
+    pub db: Db,
+    instance: Arc<str>,
+    jobs: mpsc::UnboundedSender<settle::Job>,
+}
+
+impl Ledger {
+    /// Registers this instance, releases what dead instances left open, and
+    /// starts the settlement writer and the heartbeat.
+    pub async fn start(db: Db, config: LedgerConfig) -> Result<Self, LedgerError> {
+        let instance: Arc<str> = format!("inst_{}", uuid::Uuid::new_v4().simple()).into();
+        recovery::register(&db, &instance).await?;
+        let released = recovery::release_dead(&db, config.stale_after).await?;
+        if released > 0 {
+            tracing::warn!(released, "released holds left open by a stopped server");
+        }
+        let (jobs, rx) = mpsc::unbounded_channel();
+        tokio::spawn(settle::writer(db.clone(), rx));
+        tokio::spawn(recovery::heartbeat(db.clone(), instance.clone(), config));
+        Ok(Self { db, instance, jobs })
+    }
+
+    /// A ledger for reading and administration only (the CLI): no
+    /// instance, no writer; holds and settlements are refused.
+    pub fn offline(db: Db) -> Self {
+        let (jobs, _) = mpsc::unbounded_channel();
+        Self {
+            db,
+            instance: "offline".into(),
+            jobs,
+        }
+    }
+
+    /// This server instance's id (holds carry it).
+    pub fn instance(&self) -> &str {
+        &self.instance
+    }
+
+    /// Settles a hold from its usage; waits for the commit.
+    pub async fn settle(
+        &self,
+        request_id: &str,
+        tokens: Tokens,
+        outcome: Outcome,
+    ) -> Result<Closed, LedgerError> {
+        self.close(request_id, Some((tokens, outcome))).await
+    }
+
+    /// Releases a hold without a charge (the request never ran).
+    pub async fn release(&self, request_id: &str) -> Result<Closed, LedgerError> {
+        self.close(request_id, None).await
+    }
+
+    async fn close(
+        &self,
+        request_id: &str,
+        usage: Option<(Tokens, Outcome)>,
+    ) -> Result<Closed, LedgerError> {
+        let (tx, rx) = oneshot::channel();
+        self.jobs
+            .send(settle::Job::close(request_id, usage, Some(tx)))
+            .map_err(|_| LedgerError::Closed)?;
+        rx.await.map_err(|_| LedgerError::Closed)?
+    }
+
+    /// Queues a settlement without waiting (for `Drop` paths); failures are
+    /// logged, and the hold stays open for recovery.
+    pub fn settle_later(&self, request_id: &str, tokens: Tokens, outcome: Outcome) {
+        let job = settle::Job::close(request_id, Some((tokens, outcome)), None);
+        if self.jobs.send(job).is_err() {
+            tracing::error!(request_id, "ledger closed: settlement left to recovery");
+        }
+    }
+
+    /// Waits until every settlement queued so far is committed.
+    pub async fn flush(&self) {
+        let (tx, rx) = oneshot::channel();
+        if self.jobs.send(settle::Job::Flush(tx)).is_ok() {
+            let _ = rx.await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,413 @@
+//! The settlement writer: one task per instance takes queued settlements
+//! and releases and commits them in batches (one transaction per batch, a
+//! handful of statements whatever its size). Exactly-once comes from the
+//! first statement: only holds still `open` are closed, and only the rows
+//! it returns are billed, so a second settlement of a request (in the same
+//! batch, a later one, or on another replica) does nothing.
+
+use std::collections::{HashMap, HashSet};
+
+use sqlx::any::AnyRow;
+use sqlx::{AssertSqlSafe, Row};
+use tokio::sync::{mpsc, oneshot};
+
+use super::money::{Prices, Quote, Tokens};
+use super::{Closed, LedgerError, Micros, Outcome, TREASURY};
+use crate::store::{Db, now};
+
+/// Most closings per transaction.
+const MAX_BATCH: usize = 256;
+/// Attempts of a whole batch before closing its items one by one.
+const ATTEMPTS: usize = 3;
+
+type Reply = oneshot::Sender<Result<Closed, LedgerError>>;
+
+/// Work for the writer.
+#[derive(Debug)]
+pub enum Job {
+    Close(Item, Option<Reply>),
+    /// Answered once everything queued before it is committed.
+    Flush(oneshot::Sender<()>),
+}
+
+/// One hold to close: settled from `usage`, or released when `None`.
+#[derive(Debug, Clone)]
+pub struct Item {
+    pub request_id: String,
+    pub usage: Option<(Tokens, Outcome)>,
+}
+
+impl Job {
+    pub fn close(request_id: &str, usage: Option<(Tokens, Outcome)>, reply: Option<Reply>) -> Self {
+        let item = Item {
+            request_id: request_id.to_string(),
+            usage,
+        };
+        Self::Close(item, reply)
+    }
+}
+
+/// Runs until every sender is gone.
+pub async fn writer(db: Db, mut rx: mpsc::UnboundedReceiver<Job>) {
+    while let Some(first) = rx.recv().await {
+        let mut batch = Vec::new();
+        let mut flushes = Vec::new();
+        let mut next = Some(first);
+        while let Some(job) = next.take() {
+            match job {
+                Job::Close(item, reply) => batch.push((item, reply)),
+                Job::Flush(done) => {
+                    flushes.push(done);
+                    break;
+                }
+            }
+            if batch.len() < MAX_BATCH {
+                next = rx.try_recv().ok();
+            }
+        }
+        if !batch.is_empty() {
+            run(&db, batch).await;
+        }
+        for done in flushes {
+            let _ = done.send(());
+        }
+    }
+}
+
+/// Commits a batch (retrying a failed transaction), falling back to one
+/// transaction per item so one bad item cannot block the others.
+async fn run(db: &Db, batch: Vec<(Item, Option<Reply>)>) {
+    let items: Vec<Item> = batch.iter().map(|(i, _)| i.clone()).collect();
+    let mut last = None;
+    for _ in 0..ATTEMPTS {
+        match close_batch(db, &items).await {
+            Ok(results) => {
+                for ((_, reply), r) in batch.into_iter().zip(results) {
+                    answer(reply, Ok(r));
+                }
+                return;
+            }
+            Err(e) => last = Some(e),
+        }
+    }
+    if let Some(e) = last {
+        tracing::warn!(error = %e, n = items.len(), "settlement batch failed; closing one by one");
+    }
+    for (item, reply) in batch {
+        let r = close_batch(db, std::slice::from_ref(&item)).await;
+        if let Err(e) = &r {
+            tracing::error!(request_id = %item.request_id, error = %e, "settlement failed; hold left open");
+        }
+        answer(reply, r.map(|mut v| v.remove(0)).map_err(Into::into));
+    }
+}
+
+fn answer(reply: Option<Reply>, r: Result<Closed, LedgerError>) {
+    if let Some(reply) = reply {
+        let _ = reply.send(r);
+    }
+}
+
+/// A hold as stored.
+struct HoldRow {
+    request_id: String,
+    account_id: String,
+    key_id: Option<String>,
+    amount: Micros,
+    quote: Quote,
+}
+
+fn hold_row(r: &AnyRow) -> Result<HoldRow, sqlx::Error> {
+    Ok(HoldRow {
+        request_id: r.try_get("request_id")?,
+        account_id: r.try_get("account_id")?,
+        key_id: r.try_get("key_id")?,
+        amount: r.try_get("amount")?,
+        quote: Quote {
+            provider_id: r.try_get("provider_id")?,
+            model: r.try_get("model")?,
+            prices: Prices {
+                input: r.try_get("price_input")?,
+                cached_input: r.try_get("price_cached")?,
+                output: r.try_get("price_output")?,
+            },
+            fee_bps: r.try_get("fee_bps")?,
+            payout_bps: r.try_get("payout_bps")?,
+        },
+    })
+}
+
+/// `($a, $b, ...), (...)`: `rows` tuples of `cols` placeholders from `$start`.
+fn tuples(rows: usize, cols: usize, start: usize) -> String {
+    (0..rows)
+        .map(|r| {
+            let cells: Vec<String> = (0..cols)
+                .map(|c| format!("${}", start + r * cols + c))
+                .collect();
+            format!("({})", cells.join(", "))
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Closes the open holds among `ids` as `state`, returning those it closed.
+async fn close_holds(
+    tx: &mut sqlx::Transaction<'_, sqlx::Any>,
+    ids: &[&str],
+    state: &'static str,
+) -> Result<Vec<HoldRow>, sqlx::Error> {
+    if ids.is_empty() {
+        return Ok(Vec::new());
+    }
+    let list: Vec<String> = (0..ids.len()).map(|i| format!("${}", i + 3)).collect();
+    let sql = format!(
+        "UPDATE holds SET state = $1, closed_at = $2 WHERE state = 'open' AND request_id IN ({}) \
+         RETURNING request_id, account_id, key_id, model, provider_id, amount, price_input, \
+         price_cached, price_output, fee_bps, payout_bps",
+        list.join(", ")
+    );
+    let mut q = sqlx::query(AssertSqlSafe(sql)).bind(state).bind(now());
+    for id in ids {
+        q = q.bind(*id);
+    }
+    q.fetch_all(&mut **tx).await?.iter().map(hold_row).collect()
+}
+
+/// The money movements of one batch.
+#[derive(Default)]
+struct Moves {
+    /// Per account: (balance change, held change).
+    accounts: HashMap<String, (Micros, Micros)>,
+    /// Per key: (spent change, held change).
+    keys: HashMap<String, (Micros, Micros)>,
+    /// (request id, account, amount) entries of each usage transaction.
+    entries: Vec<(String, String, Micros)>,
+    /// Usage records: hold, tokens, outcome, cost, provider share, fee.
+    usage: Vec<(HoldRow, Tokens, Outcome, Micros, Micros, Micros)>,
+}
+
+impl Moves {
+    fn account(&mut self, id: &str, balance: Micros, held: Micros) {
+        let e = self.accounts.entry(id.to_string()).or_default();
+        e.0 += balance;
+        e.1 += held;
+    }
+
+    fn key(&mut self, id: &Option<String>, spent: Micros, held: Micros) {
+        if let Some(id) = id {
+            let e = self.keys.entry(id.clone()).or_default();
+            e.0 += spent;
+            e.1 += held;
+        }
+    }
+
+    fn release(&mut self, h: &HoldRow) {
+        self.account(&h.account_id, 0, -h.amount);
+        self.key(&h.key_id, 0, -h.amount);
+    }
+
+    /// Bills `h` for `t`: the user pays at most the hold; the provider and
+    /// the treasury share the cost.
+    fn settle(&mut self, h: HoldRow, t: Tokens, outcome: Outcome) -> Micros {
+        let cost = match outcome {
+            Outcome::Failed => 0,
+            Outcome::Finished | Outcome::Cut => h.quote.cost(t).min(h.amount),
+        };
+        let split = h.quote.split(cost);
+        self.account(&h.account_id, -cost, -h.amount);
+        self.key(&h.key_id, cost, -h.amount);
+        if cost > 0 {
+            self.account(&h.quote.provider_id, split.provider, 0);
+            self.account(TREASURY, split.treasury, 0);
+            let rid = &h.request_id;
+            for (acct, amount) in [
+                (h.account_id.clone(), -cost),
+                (h.quote.provider_id.clone(), split.provider),
+                (TREASURY.to_string(), split.treasury),
+            ] {
+                if amount != 0 {
+                    self.entries.push((rid.clone(), acct, amount));
+                }
+            }
+        }
+        self.usage
+            .push((h, t, outcome, cost, split.provider, split.treasury));
+        cost
+    }
+}
+
+/// One transaction: close the open holds among `items`, write usage
+/// records and journal entries, move balances. Returns one result per item.
+async fn close_batch(db: &Db, items: &[Item]) -> Result<Vec<Closed>, sqlx::Error> {
+    let mut seen = HashSet::new();
+    let first: Vec<bool> = items.iter().map(|i| seen.insert(&i.request_id)).collect();
+    let pick = |settle: bool| -> Vec<&str> {
+        items
+            .iter()
+            .zip(&first)
+            .filter(|(i, f)| **f && i.usage.is_some() == settle)
+            .map(|(i, _)| i.request_id.as_str())
+            .collect()
+    };
+    let mut tx = db.pool.begin().await?;
+    let settled = close_holds(&mut tx, &pick(true), "settled").await?;
+    let released = close_holds(&mut tx, &pick(false), "released").await?;
+    let mut moves = Moves::default();
+    let mut results: HashMap<String, Closed> = HashMap::new();
+    for h in &released {
+        moves.release(h);
+        results.insert(h.request_id.clone(), Closed::Released);
+    }
+    let usage_of: HashMap<&str, (Tokens, Outcome)> = items
+        .iter()
+        .zip(&first)
+        .filter_map(|(i, f)| Some((i.request_id.as_str(), i.usage.filter(|_| *f)?)))
+        .collect();
+    for h in settled {
+        let (t, outcome) = usage_of[h.request_id.as_str()];
+        let rid = h.request_id.clone();
+        let cost = moves.settle(h, t, outcome);
+        results.insert(rid, Closed::Billed { cost });
+    }
+    write_moves(&mut tx, &moves).await?;
+    tx.commit().await?;
+    Ok(items
+        .iter()
+        .zip(first)
+        .map(|(i, f)| match (f, results.get(&i.request_id)) {
+            (true, Some(r)) => *r,
+            _ => Closed::AlreadyClosed,
+        })
+        .collect())
+}
+
+async fn write_moves(
+    tx: &mut sqlx::Transaction<'_, sqlx::Any>,
+    m: &Moves,
+) -> Result<(), sqlx::Error> {
+    update_balances(tx, "accounts", "balance", &m.accounts).await?;
+    update_balances(tx, "api_keys", "spent", &m.keys).await?;
+    insert_usage(tx, &m.usage).await?;
+    insert_journal(tx, &m.entries).await
+}
+
+/// `UPDATE <table> SET <first> = <first> + d0, held = held + d1` for every
+/// row in `deltas`, in one statement (rows in id order).
+async fn update_balances(
+    tx: &mut sqlx::Transaction<'_, sqlx::Any>,
+    table: &str,
+    first: &str,
+    deltas: &HashMap<String, (Micros, Micros)>,
+) -> Result<(), sqlx::Error> {
+    if deltas.is_empty() {
+        return Ok(());
+    }
+    let mut rows: Vec<_> = deltas.iter().collect();
+    rows.sort_by(|a, b| a.0.cmp(b.0));
+    let case = |offset: usize| -> String {
+        let arms: Vec<String> = (0..rows.len())
+            .map(|i| {
+                format!(
+                    "WHEN ${} THEN CAST(${} AS BIGINT)",
+                    3 * i + 1,
+                    3 * i + 1 + offset
+                )
+            })
+            .collect();
+        format!("CASE id {} ELSE 0 END", arms.join(" "))
+    };
+    let ids: Vec<String> = (0..rows.len()).map(|i| format!("${}", 3 * i + 1)).collect();
+    let sql = format!(
+        "UPDATE {table} SET {first} = {first} + {}, held = held + {} WHERE id IN ({})",
+        case(1),
+        case(2),
+        ids.join(", ")
+    );
+    let mut q = sqlx::query(AssertSqlSafe(sql));
+    for (id, (d0, d1)) in rows {
+        q = q.bind(id.as_str()).bind(*d0).bind(*d1);
+    }
+    q.execute(&mut **tx).await?;
+    Ok(())
+}
+
+async fn insert_usage(
+    tx: &mut sqlx::Transaction<'_, sqlx::Any>,
+    usage: &[(HoldRow, Tokens, Outcome, Micros, Micros, Micros)],
+) -> Result<(), sqlx::Error> {
+    if usage.is_empty() {
+        return Ok(());
+    }
+    let sql = format!(
+        "INSERT INTO usage_records (request_id, account_id, key_id, model, provider_id, \
+         prompt_tokens, cached_tokens, completion_tokens, cost, provider_amount, fee, outcome, \
+         created_at) VALUES {}",
+        tuples(usage.len(), 13, 1)
+    );
+    let t = now();
+    let mut q = sqlx::query(AssertSqlSafe(sql));
+    for (h, tok, outcome, cost, provider, fee) in usage {
+        q = q
+            .bind(h.request_id.as_str())
+            .bind(h.account_id.as_str())
+            .bind(h.key_id.as_deref())
+            .bind(h.quote.model.as_str())
+            .bind(h.quote.provider_id.as_str())
+            .bind(tok.prompt as i64)
+            .bind(tok.cached.min(tok.prompt) as i64)
+            .bind(tok.completion as i64)
+            .bind(*cost)
+            .bind(*provider)
+            .bind(*fee)
+            .bind(outcome.as_str())
+            .bind(t);
+    }
+    q.execute(&mut **tx).await?;
+    Ok(())
+}
+
+/// One `usage` journal transaction per billed request (its id derived from
+/// the request id, which is also its unique `ref`), with its entries.
+async fn insert_journal(
+    tx: &mut sqlx::Transaction<'_, sqlx::Any>,
+    entries: &[(String, String, Micros)],
+) -> Result<(), sqlx::Error> {
+    if entries.is_empty() {
+        return Ok(());
+    }
+    let mut refs: Vec<&str> = entries.iter().map(|e| e.0.as_str()).collect();
+    refs.dedup();
+    let sql = format!(
+        "INSERT INTO journal (id, kind, ref, created_at) VALUES {}",
+        tuples(refs.len(), 4, 1)
+    );
+    let t = now();
+    let mut q = sqlx::query(AssertSqlSafe(sql));
+    for r in &refs {
+        q = q.bind(format!("usage:{r}")).bind("usage").bind(*r).bind(t);
+    }
+    q.execute(&mut **tx).await?;
+    let sql = format!(
+        "INSERT INTO entries (tx_id, account_id, amount) VALUES {}",
+        tuples(entries.len(), 3, 1)
+    );
+    let mut q = sqlx::query(AssertSqlSafe(sql));
+    for (rid, acct, amount) in entries {
+        q = q
+            .bind(format!("usage:{rid}"))
+            .bind(acct.as_str())
+            .bind(*amount);
+    }
+    q.execute(&mut **tx).await?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::tuples;
+
+    #[test]
+    fn placeholders_number_rows_then_columns() {
+        assert_eq!(tuples(2, 2, 3), "($3, $4), ($5, $6)");
+    }
+}

@@ -1,0 +1,402 @@
+//! Ledger tests on both backends: a seeded random walk of top-ups, holds,
+//! settlements, releases and repeated settlements checked against a model
+//! and the audit after every step; concurrent holds that must never
+//! overdraw; key budgets; recovery of a dead instance's holds.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+use super::accounts::AccountKind;
+use super::holds::HoldRequest;
+use super::money::{BPS, Prices};
+use super::*;
+use crate::store::keys::NewKey;
+use crate::store::testing;
+
+/// No background recovery during the tests (they drive it themselves).
+const QUIET: LedgerConfig = LedgerConfig {
+    heartbeat: Duration::from_secs(3600),
+    stale_after: Duration::from_secs(3600),
+};
+
+async fn ledgers() -> Vec<Ledger> {
+    let mut out = Vec::new();
+    for url in [testing::sqlite_url(), testing::fresh_postgres_url().await] {
+        let db = Db::connect(&url)
+            .await
+            .unwrap_or_else(|e| panic!("{url}: {e}"));
+        out.push(Ledger::start(db, QUIET).await.expect("ledger"));
+    }
+    out
+}
+
+fn quote(payout_bps: i64) -> Quote {
+    Quote {
+        provider_id: HOUSE_PROVIDER.into(),
+        model: "m".into(),
+        prices: Prices {
+            input: 150_000,
+            cached_input: 15_000,
+            output: 600_000,
+        },
+        fee_bps: 700,
+        payout_bps,
+    }
+}
+
+async fn assert_clean(l: &Ledger) {
+    let audit = l.audit().await.expect("audit");
+    assert!(audit.violations.is_empty(), "{:?}", audit.violations);
+}
+
+/// A request in flight in the random walk.
+struct Open {
+    id: String,
+    account: String,
+    quote: Quote,
+    amount: Micros,
+    prompt: u64,
+    max: u64,
+}
+
+/// What the model expects of each user account: (balance, held, limit).
+type Expect = HashMap<String, (Micros, Micros, Micros)>;
+
+#[tokio::test]
+async fn random_walks_keep_every_invariant_on_both_backends() {
+    for l in ledgers().await {
+        for seed in [1u64, 2] {
+            random_walk(&l, seed, 250).await;
+        }
+    }
+}
+
+async fn random_walk(l: &Ledger, seed: u64, steps: usize) {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let mut expect = Expect::new();
+    let mut users = Vec::new();
+    for limit in [0, 0, 1_000, 5_000] {
+        let a = l
+            .create_account(AccountKind::User, "walk", limit)
+            .await
+            .expect("account");
+        expect.insert(a.id.clone(), (0, 0, limit));
+        users.push(a.id);
+    }
+    let mut open: Vec<Open> = Vec::new();
+    let mut closed: Vec<String> = Vec::new();
+    // Holds refused and accepted: a walk must see both.
+    let mut outcomes = [0usize; 2];
+    for step in 0..steps {
+        let user = users[rng.random_range(0..users.len())].clone();
+        match rng.random_range(0..10) {
+            0 | 1 => {
+                let amount = rng.random_range(1..4_000);
+                l.top_up(&user, amount, "walk").await.expect("top up");
+                expect.get_mut(&user).expect("user").0 += amount;
+            }
+            2..=4 => {
+                let ok = try_hold(l, &mut rng, &mut expect, &mut open, &user, seed, step).await;
+                outcomes[usize::from(ok)] += 1;
+            }
+            5..=7 if !open.is_empty() => {
+                let o = open.swap_remove(rng.random_range(0..open.len()));
+                settle_one(l, &mut rng, &mut expect, &o).await;
+                closed.push(o.id);
+            }
+            8 if !open.is_empty() => {
+                let o = open.swap_remove(rng.random_range(0..open.len()));
+                assert_eq!(l.release(&o.id).await.expect("release"), Closed::Released);
+                expect.get_mut(&o.account).expect("user").1 -= o.amount;
+                closed.push(o.id);
+            }
+            _ if !closed.is_empty() => {
+                let id = &closed[rng.random_range(0..closed.len())];
+                let t = Tokens {
+                    prompt: 1,
+                    cached: 0,
+                    completion: 1,
+                };
+                assert_eq!(
+                    l.settle(id, t, Outcome::Finished).await.expect("again"),
+                    Closed::AlreadyClosed
+                );
+                assert_eq!(l.release(id).await.expect("again"), Closed::AlreadyClosed);
+            }
+            _ => {}
+        }
+        assert_clean(l).await;
+        if step % 25 == 0 {
+            for (id, &(balance, held, _)) in &expect {
+                let a = l.account(id).await.expect("account");
+                assert_eq!((a.balance, a.held), (balance, held), "{id} at step {step}");
+            }
+        }
+    }
+    assert!(
+        outcomes[0] > 5 && outcomes[1] > 5 && closed.len() > 20,
+        "{outcomes:?}"
+    );
+}
+
+async fn try_hold(
+    l: &Ledger,
+    rng: &mut StdRng,
+    expect: &mut Expect,
+    open: &mut Vec<Open>,
+    user: &str,
+    seed: u64,
+    step: usize,
+) -> bool {
+    let q = quote([5_000, BPS, 12_000][rng.random_range(0..3)]);
+    let (prompt, max) = (rng.random_range(1..4_000), rng.random_range(1..2_000));
+    let amount = q.worst_case(prompt, max);
+    let id = format!("req-{}-{seed}-{step}", l.instance());
+    let h = HoldRequest {
+        request_id: &id,
+        account_id: user,
+        key_id: None,
+        quote: &q,
+        amount,
+    };
+    let (balance, held, limit) = expect[user];
+    let fits = balance - held - amount >= -limit;
+    match l.hold(h).await {
+        Ok(()) => {
+            assert!(
+                fits,
+                "hold of {amount} accepted with {balance}/{held}/{limit}"
+            );
+            expect.get_mut(user).expect("user").1 += amount;
+            let account = user.to_string();
+            open.push(Open {
+                id,
+                account,
+                quote: q,
+                amount,
+                prompt,
+                max,
+            });
+            true
+        }
+        Err(LedgerError::InsufficientQuota { need, available }) => {
+            assert!(!fits);
+            assert_eq!((need, available), (amount, balance - held + limit));
+            false
+        }
+        Err(e) => panic!("hold: {e}"),
+    }
+}
+
+async fn settle_one(l: &Ledger, rng: &mut StdRng, expect: &mut Expect, o: &Open) {
+    let t = Tokens {
+        prompt: o.prompt,
+        cached: rng.random_range(0..=o.prompt),
+        completion: rng.random_range(0..=o.max),
+    };
+    let outcome = [Outcome::Finished, Outcome::Cut, Outcome::Failed][rng.random_range(0..3)];
+    let want = if outcome == Outcome::Failed {
+        0
+    } else {
+        o.quote.cost(t)
+    };
+    let got = l.settle(&o.id, t, outcome).await.expect("settle");
+    assert_eq!(got, Closed::Billed { cost: want });
+    let e = expect.get_mut(&o.account).expect("user");
+    e.0 -= want;
+    e.1 -= o.amount;
+    let rec = l.usage_of(&o.id).await.expect("usage").expect("recorded");
+    assert_eq!(
+        (rec.cost, rec.completion_tokens as u64),
+        (want, t.completion)
+    );
+    assert_eq!(rec.provider_amount + rec.fee, want);
+}
+
+#[tokio::test]
+async fn concurrent_holds_never_overdraw_and_concurrent_settlements_bill_once() {
+    for l in ledgers().await {
+        let user = l
+            .create_account(AccountKind::User, "race", 0)
+            .await
+            .expect("user");
+        let q = quote(BPS);
+        let each = q.worst_case(1000, 100);
+        l.top_up(&user.id, each * 25, "race").await.expect("top up");
+        let tasks: Vec<_> = (0..60)
+            .map(|i| {
+                let (l, q, account) = (l.clone(), q.clone(), user.id.clone());
+                tokio::spawn(async move {
+                    let id = format!("race-{}-{i}", l.instance());
+                    let h = HoldRequest {
+                        request_id: &id,
+                        account_id: &account,
+                        key_id: None,
+                        quote: &q,
+                        amount: each,
+                    };
+                    l.hold(h).await.map(|()| id)
+                })
+            })
+            .collect();
+        let mut held = Vec::new();
+        for t in tasks {
+            match t.await.expect("task") {
+                Ok(id) => held.push(id),
+                Err(LedgerError::InsufficientQuota { .. }) => {}
+                Err(e) => panic!("{e}"),
+            }
+        }
+        assert_eq!(held.len(), 25, "exactly the funded number of holds");
+        // Every hold settled three times at once: billed once each.
+        let t = Tokens {
+            prompt: 1000,
+            cached: 0,
+            completion: 100,
+        };
+        let settles: Vec<_> = held
+            .iter()
+            .flat_map(|id| (0..3).map(move |_| id.clone()))
+            .map(|id| {
+                let l = l.clone();
+                tokio::spawn(async move { l.settle(&id, t, Outcome::Finished).await })
+            })
+            .collect();
+        let mut billed = 0;
+        for s in settles {
+            if let Closed::Billed { cost } = s.await.expect("task").expect("settle") {
+                assert_eq!(cost, each);
+                billed += 1;
+            }
+        }
+        assert_eq!(billed, 25);
+        let a = l.account(&user.id).await.expect("account");
+        assert_eq!((a.balance, a.held), (0, 0));
+        assert_clean(&l).await;
+    }
+}
+
+#[tokio::test]
+async fn key_budgets_cap_spending() {
+    for l in ledgers().await {
+        let q = quote(BPS);
+        let each = q.worst_case(100, 10);
+        let new = NewKey {
+            budget: Some(each * 2),
+            ..NewKey::named("budget")
+        };
+        let (key, _) = l.db.create_key(&new).await.expect("key");
+        l.top_up(&key.account_id, each * 10, "budget")
+            .await
+            .expect("top up");
+        let mut results = Vec::new();
+        for i in 0..3 {
+            let id = format!("budget-{}-{i}", l.instance());
+            let h = HoldRequest {
+                request_id: &id,
+                account_id: &key.account_id,
+                key_id: Some(&key.id),
+                quote: &q,
+                amount: each,
+            };
+            results.push(l.hold(h).await.map(|()| id));
+        }
+        assert!(
+            matches!(results[2], Err(LedgerError::BudgetExceeded { .. })),
+            "{:?}",
+            results[2]
+        );
+        let first = results[0].as_ref().expect("first");
+        let t = Tokens {
+            prompt: 100,
+            cached: 0,
+            completion: 5,
+        };
+        let Closed::Billed { cost } = l.settle(first, t, Outcome::Cut).await.expect("settle")
+        else {
+            panic!("not billed");
+        };
+        assert!(cost < each, "a cut request pays for what it used");
+        // Releasing the other hold makes room for a full request again.
+        l.release(results[1].as_ref().expect("second"))
+            .await
+            .expect("release");
+        let id = format!("budget-{}-3", l.instance());
+        let h = HoldRequest {
+            request_id: &id,
+            account_id: &key.account_id,
+            key_id: Some(&key.id),
+            quote: &q,
+            amount: each,
+        };
+        l.hold(h).await.expect("room again");
+        assert_clean(&l).await;
+    }
+}
+
+#[tokio::test]
+async fn holds_of_a_dead_instance_are_released_and_never_billed_twice() {
+    for l in ledgers().await {
+        let user = l
+            .create_account(AccountKind::User, "crash", 0)
+            .await
+            .expect("user");
+        l.top_up(&user.id, 1_000_000, "crash")
+            .await
+            .expect("top up");
+        let q = quote(BPS);
+        let ids: Vec<String> = (0..3)
+            .map(|i| format!("crash-{}-{i}", l.instance()))
+            .collect();
+        for id in &ids {
+            let h = HoldRequest {
+                request_id: id,
+                account_id: &user.id,
+                key_id: None,
+                quote: &q,
+                amount: 1000,
+            };
+            l.hold(h).await.expect("hold");
+        }
+        let t = Tokens {
+            prompt: 10,
+            cached: 0,
+            completion: 10,
+        };
+        l.settle(&ids[0], t, Outcome::Finished)
+            .await
+            .expect("settle");
+        // A second instance is alive: a live instance's holds are kept.
+        let other = Ledger::start(l.db.clone(), QUIET).await.expect("second");
+        assert_eq!(
+            recovery::release_dead(&other.db, Duration::from_secs(15))
+                .await
+                .expect("sweep"),
+            0
+        );
+        // The first instance goes silent.
+        sqlx::query("UPDATE instances SET heartbeat_at = 0 WHERE id = $1")
+            .bind(l.instance())
+            .execute(&l.db.pool)
+            .await
+            .expect("silence");
+        let released = recovery::release_dead(&other.db, Duration::from_secs(15))
+            .await
+            .expect("sweep");
+        assert_eq!(released, 2);
+        assert_eq!(
+            other
+                .settle(&ids[1], t, Outcome::Finished)
+                .await
+                .expect("late"),
+            Closed::AlreadyClosed
+        );
+        let a = other.account(&user.id).await.expect("account");
+        assert_eq!(a.held, 0);
+        assert_eq!(a.balance, 1_000_000 - q.cost(t));
+        assert_clean(&other).await;
+    }
+}
