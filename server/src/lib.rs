@@ -8,6 +8,7 @@ pub mod config;
 pub mod error;
 pub mod keys_cli;
 pub mod ledger;
+pub mod market;
 pub mod metrics;
 pub mod observe;
 pub mod openapi;

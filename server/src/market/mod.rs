@@ -1,0 +1,369 @@
+//! The market: what a token costs and who trades capacity. It owns the
+//! region electricity table and provider cost profiles (prices come from
+//! `pricing`), the spot order books (`book`, one per instrument, in memory
+//! and persisted with every change) and their trades and price history.
+//! It knows nothing of HTTP or the engine: callers pass in the load.
+
+pub mod book;
+pub mod pricing;
+mod store;
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::RwLock;
+
+use serde::Serialize;
+use tokio::sync::Mutex;
+
+use crate::ledger::money::{BPS, Micros, Prices, Quote};
+use crate::store::{Db, now};
+use book::{Book, Fill, Level, Order, Side};
+use pricing::{CostProfile, Load};
+
+/// What the market refuses or fails with.
+#[derive(Debug, thiserror::Error)]
+pub enum MarketError {
+    #[error("no electricity price for region `{0}`")]
+    UnknownRegion(String),
+    #[error("no provider `{0}`")]
+    UnknownProvider(String),
+    #[error("{1}")]
+    Invalid(&'static str, String),
+    #[error("no open order `{0}`")]
+    OrderNotFound(String),
+    #[error("database: {0}")]
+    Sql(#[from] sqlx::Error),
+}
+
+/// A provider's costs and standing.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+pub struct Provider {
+    pub account_id: String,
+    pub profile: CostProfile,
+    /// 0.5-2.0 (bps).
+    pub reputation_bps: i64,
+    /// Fraction of time up (bps).
+    pub uptime_bps: i64,
+}
+
+/// A new order, as a client posts it.
+#[derive(Debug, Clone)]
+pub struct NewOrder {
+    pub side: Side,
+    pub instrument: String,
+    pub account_id: String,
+    pub price: Micros,
+    pub quantity: u64,
+    pub priority: i64,
+    pub interruptible: bool,
+    pub expires_at: i64,
+}
+
+/// A recorded trade.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+pub struct Trade {
+    pub id: String,
+    pub instrument: String,
+    pub price: Micros,
+    pub quantity: i64,
+    pub bid_id: String,
+    pub ask_id: String,
+    pub created_at: i64,
+}
+
+/// One sample of posted prices.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+pub struct PricePoint {
+    pub at: i64,
+    pub input: Micros,
+    pub cached_input: Micros,
+    pub output: Micros,
+}
+
+/// The spot view of an instrument.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+pub struct Spot {
+    pub best_bid: Option<Micros>,
+    pub best_ask: Option<Micros>,
+    pub last_trade: Option<Micros>,
+    pub bids: Vec<Level>,
+    pub asks: Vec<Level>,
+}
+
+/// The market service (shared behind an `Arc`).
+#[derive(Debug)]
+pub struct Market {
+    db: Db,
+    /// Protocol fee (bps).
+    pub fee_bps: i64,
+    regions: RwLock<BTreeMap<String, Micros>>,
+    providers: RwLock<HashMap<String, Provider>>,
+    books: Mutex<HashMap<String, Book>>,
+}
+
+fn read<T>(l: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
+    l.read().unwrap_or_else(|e| e.into_inner())
+}
+
+fn write<T>(l: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
+    l.write().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Market {
+    /// Loads the region table, the providers and the open orders.
+    pub async fn load(db: Db, fee_bps: i64) -> Result<Self, MarketError> {
+        if !(pricing::FEE_MIN_BPS..=pricing::FEE_MAX_BPS).contains(&fee_bps) {
+            return Err(MarketError::Invalid(
+                "fee_bps",
+                "the protocol fee is 5-10% (500-1000 bps)".into(),
+            ));
+        }
+        let regions = store::regions(&db).await?;
+        let providers = store::providers(&db).await?;
+        let books = store::open_books(&db, now()).await?;
+        Ok(Self {
+            db,
+            fee_bps,
+            regions: RwLock::new(regions),
+            providers: RwLock::new(
+                providers
+                    .into_iter()
+                    .map(|p| (p.account_id.clone(), p))
+                    .collect(),
+            ),
+            books: Mutex::new(books),
+        })
+    }
+
+    /// Current prices of `provider` under `load`, with its payout terms.
+    pub fn quote(
+        &self,
+        provider: &str,
+        model: &str,
+        load: Load,
+        preemptible: bool,
+    ) -> Result<Quote, MarketError> {
+        let p = read(&self.providers)
+            .get(provider)
+            .cloned()
+            .ok_or_else(|| MarketError::UnknownProvider(provider.to_string()))?;
+        let kwh = *read(&self.regions)
+            .get(&p.profile.region)
+            .ok_or_else(|| MarketError::UnknownRegion(p.profile.region.clone()))?;
+        Ok(Quote {
+            provider_id: provider.to_string(),
+            model: model.to_string(),
+            prices: pricing::prices(&p.profile, kwh, load, self.fee_bps, preemptible),
+            fee_bps: self.fee_bps,
+            payout_bps: pricing::payout_bps(p.reputation_bps, p.uptime_bps),
+        })
+    }
+
+    pub fn regions(&self) -> BTreeMap<String, Micros> {
+        read(&self.regions).clone()
+    }
+
+    /// Sets (or adds) a region's electricity price.
+    pub async fn set_region_price(
+        &self,
+        region: &str,
+        micros_per_kwh: Micros,
+    ) -> Result<(), MarketError> {
+        if region.trim().is_empty() || region.len() > 64 {
+            return Err(MarketError::Invalid(
+                "region",
+                "a region name is 1-64 characters".into(),
+            ));
+        }
+        if micros_per_kwh <= 0 {
+            return Err(MarketError::Invalid(
+                "micros_per_kwh",
+                "an electricity price is positive".into(),
+            ));
+        }
+        store::set_region(&self.db, region, micros_per_kwh).await?;
+        write(&self.regions).insert(region.to_string(), micros_per_kwh);
+        Ok(())
+    }
+
+    pub fn providers(&self) -> Vec<Provider> {
+        let mut v: Vec<Provider> = read(&self.providers).values().cloned().collect();
+        v.sort_by(|a, b| a.account_id.cmp(&b.account_id));
+        v
+    }
+
+    /// Sets a provider's cost profile and standing (the account must exist).
+    pub async fn set_provider(&self, p: Provider) -> Result<(), MarketError> {
+        p.profile
+            .validate()
+            .map_err(|(f, m)| MarketError::Invalid(f, m))?;
+        if !read(&self.regions).contains_key(&p.profile.region) {
+            return Err(MarketError::UnknownRegion(p.profile.region.clone()));
+        }
+        for (field, v) in [
+            ("reputation_bps", p.reputation_bps),
+            ("uptime_bps", p.uptime_bps),
+        ] {
+            if !(0..=2 * BPS).contains(&v) {
+                return Err(MarketError::Invalid(
+                    field,
+                    format!("{field} is between 0 and 20000"),
+                ));
+            }
+        }
+        store::set_provider(&self.db, &p).await?;
+        write(&self.providers).insert(p.account_id.clone(), p);
+        Ok(())
+    }
+
+    /// Matches and rests an order; persists it, its fills and any expired
+    /// orders met on the way, in one transaction.
+    pub async fn submit(&self, new: NewOrder) -> Result<(Order, Vec<Fill>), MarketError> {
+        validate(&new)?;
+        let order = Order {
+            id: sortable_id("ord", 0),
+            side: new.side,
+            account_id: new.account_id,
+            price: new.price,
+            quantity: new.quantity,
+            remaining: new.quantity,
+            priority: new.priority,
+            interruptible: new.interruptible,
+            expires_at: new.expires_at,
+        };
+        let mut books = self.books.lock().await;
+        let book = books.entry(new.instrument.clone()).or_default();
+        let (fills, expired) = book.submit(order.clone(), now());
+        let placed = book.get(&order.id).cloned().unwrap_or_else(|| Order {
+            remaining: order.quantity - fills.iter().map(|f| f.quantity).sum::<u64>(),
+            ..order
+        });
+        store::record_submit(&self.db, &new.instrument, &placed, &fills, &expired).await?;
+        Ok((placed, fills))
+    }
+
+    /// Cancels an open order (of `account`, when given).
+    pub async fn cancel(
+        &self,
+        instrument: &str,
+        id: &str,
+        account: Option<&str>,
+    ) -> Result<Order, MarketError> {
+        let mut books = self.books.lock().await;
+        let book = books
+            .get_mut(instrument)
+            .ok_or_else(|| MarketError::OrderNotFound(id.to_string()))?;
+        let owned = book
+            .get(id)
+            .is_some_and(|o| account.is_none_or(|a| a == o.account_id));
+        if !owned {
+            return Err(MarketError::OrderNotFound(id.to_string()));
+        }
+        let order = book
+            .cancel(id)
+            .ok_or_else(|| MarketError::OrderNotFound(id.to_string()))?;
+        store::close_order(&self.db, id, "cancelled").await?;
+        Ok(order)
+    }
+
+    /// Cancels every open order of `account` on `instrument`.
+    pub async fn cancel_all(&self, instrument: &str, account: &str) -> Result<usize, MarketError> {
+        let mut books = self.books.lock().await;
+        let Some(book) = books.get_mut(instrument) else {
+            return Ok(0);
+        };
+        let mine: Vec<String> = book.orders_of(account);
+        for id in &mine {
+            book.cancel(id);
+            store::close_order(&self.db, id, "cancelled").await?;
+        }
+        Ok(mine.len())
+    }
+
+    /// Removes expired orders from every book.
+    pub async fn expire(&self) -> Result<usize, MarketError> {
+        let mut books = self.books.lock().await;
+        let mut n = 0;
+        for book in books.values_mut() {
+            for o in book.expire(now()) {
+                store::close_order(&self.db, &o.id, "expired").await?;
+                n += 1;
+            }
+        }
+        Ok(n)
+    }
+
+    /// Best bid and ask, last trade and `depth` levels of each side.
+    pub async fn spot(&self, instrument: &str, depth: usize) -> Spot {
+        let books = self.books.lock().await;
+        let Some(b) = books.get(instrument) else {
+            return Spot {
+                best_bid: None,
+                best_ask: None,
+                last_trade: None,
+                bids: vec![],
+                asks: vec![],
+            };
+        };
+        let (bids, asks) = b.depth(depth);
+        Spot {
+            best_bid: b.best_bid(),
+            best_ask: b.best_ask(),
+            last_trade: b.last_price(),
+            bids,
+            asks,
+        }
+    }
+
+    pub async fn trades(&self, instrument: &str, limit: i64) -> Result<Vec<Trade>, MarketError> {
+        store::trades(&self.db, instrument, limit).await
+    }
+
+    /// Records posted prices (one sample per instrument per second at most).
+    pub async fn record_prices(&self, instrument: &str, p: Prices) -> Result<(), MarketError> {
+        store::record_prices(&self.db, instrument, now(), p).await
+    }
+
+    pub async fn history(
+        &self,
+        instrument: &str,
+        limit: i64,
+    ) -> Result<Vec<PricePoint>, MarketError> {
+        store::history(&self.db, instrument, limit).await
+    }
+}
+
+/// `<prefix>_<unix micros, hex>_<n>_<random>`: ids that sort by time, so
+/// "ORDER BY id" replays arrival order (and time priority) after a reload.
+pub(crate) fn sortable_id(prefix: &str, n: usize) -> String {
+    let micros = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros());
+    let r = uuid::Uuid::new_v4().simple().to_string();
+    format!("{prefix}_{micros:016x}_{n:04}_{}", &r[..12])
+}
+
+fn validate(o: &NewOrder) -> Result<(), MarketError> {
+    let bad = |f: &'static str, m: &str| Err(MarketError::Invalid(f, m.to_string()));
+    if o.instrument.trim().is_empty() || o.instrument.len() > 128 {
+        return bad(
+            "instrument",
+            "an instrument (model or resource class) is 1-128 characters",
+        );
+    }
+    if o.price <= 0 {
+        return bad(
+            "price",
+            "a price is positive (micro-units per million tokens)",
+        );
+    }
+    if o.quantity == 0 || o.quantity > 1_000_000_000 {
+        return bad("quantity", "a quantity is 1 to 1e9 tokens per second");
+    }
+    if o.expires_at <= now() {
+        return bad("expires_at", "the order would already be expired");
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,257 @@
+//! The pricing engine (pure integer arithmetic). A provider's cost per
+//! hour is its power draw x PUE x the electricity price of its region, plus
+//! hardware depreciation and network per hour; divided by the tokens it
+//! serves per hour it gives a base price per token, separately for input
+//! (prefill), output (decode) and cached input. Demand (utilization and
+//! queue depth) multiplies it by 0.5-2.0, preemptible capacity gets a
+//! discount, and the protocol fee goes on top. Rewards: a provider's payout
+//! multiplier from its reputation and uptime.
+
+use serde::{Deserialize, Serialize};
+
+use crate::ledger::money::{BPS, Micros, Prices};
+
+/// Lowest and highest demand multiplier, in basis points.
+pub const DEMAND_MIN_BPS: i64 = 5_000;
+pub const DEMAND_MAX_BPS: i64 = 20_000;
+/// Allowed protocol fee, in basis points.
+pub const FEE_MIN_BPS: i64 = 500;
+pub const FEE_MAX_BPS: i64 = 1_000;
+
+/// What a provider's capacity costs and how fast it is.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct CostProfile {
+    /// Electricity region (a key of the region price table).
+    pub region: String,
+    /// Power draw under load, in watts.
+    pub watts: i64,
+    /// Power usage effectiveness x 1000 (1200 = 1.2).
+    pub pue_milli: i64,
+    /// Hardware depreciation per hour (micro-units).
+    pub depreciation_per_hour: Micros,
+    /// Network cost per hour (micro-units).
+    pub network_per_hour: Micros,
+    /// Measured prompt tokens per hour (prefill).
+    pub prefill_tokens_per_hour: i64,
+    /// Measured generated tokens per hour (decode).
+    pub decode_tokens_per_hour: i64,
+    /// Price of a cached prompt token as a fraction of an input token (bps).
+    pub cached_bps: i64,
+    /// Discount on preemptible (interruptible) capacity (bps).
+    pub preemptible_discount_bps: i64,
+}
+
+impl CostProfile {
+    /// Checks the profile's ranges; the error names the field.
+    pub fn validate(&self) -> Result<(), (&'static str, String)> {
+        let positive = [
+            ("watts", self.watts),
+            ("pue_milli", self.pue_milli),
+            ("prefill_tokens_per_hour", self.prefill_tokens_per_hour),
+            ("decode_tokens_per_hour", self.decode_tokens_per_hour),
+        ];
+        for (field, v) in positive {
+            if v <= 0 {
+                return Err((field, format!("{field} must be positive")));
+            }
+        }
+        if self.pue_milli < 1000 {
+            return Err(("pue_milli", "PUE is at least 1 (1000)".into()));
+        }
+        let bps = [
+            ("cached_bps", self.cached_bps),
+            ("preemptible_discount_bps", self.preemptible_discount_bps),
+        ];
+        for (field, v) in bps {
+            if !(0..=BPS).contains(&v) {
+                return Err((field, format!("{field} is between 0 and 10000")));
+            }
+        }
+        if self.depreciation_per_hour < 0 || self.network_per_hour < 0 {
+            return Err(("depreciation_per_hour", "costs cannot be negative".into()));
+        }
+        Ok(())
+    }
+
+    /// Cost of one hour of this capacity, in micro-units.
+    pub fn hourly_cost(&self, micros_per_kwh: Micros) -> Micros {
+        let energy =
+            i128::from(self.watts) * i128::from(self.pue_milli) * i128::from(micros_per_kwh)
+                / 1_000_000;
+        let total =
+            energy + i128::from(self.depreciation_per_hour) + i128::from(self.network_per_hour);
+        i64::try_from(total).unwrap_or(i64::MAX)
+    }
+}
+
+/// How busy the provider is right now.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Load {
+    pub running: u64,
+    pub waiting: u64,
+    /// Sequences it runs at once (utilization = running / capacity).
+    pub capacity: u64,
+}
+
+/// The demand multiplier: 0.5 when idle, rising with utilization to 1.5
+/// when full, and with the queue up to 2.0 (basis points).
+pub fn demand_bps(load: Load) -> i64 {
+    let cap = i128::from(load.capacity.max(1));
+    let m = i128::from(DEMAND_MIN_BPS)
+        + i128::from(BPS) * i128::from(load.running) / cap
+        + i128::from(BPS / 2) * i128::from(load.waiting) / cap;
+    i64::try_from(m)
+        .unwrap_or(DEMAND_MAX_BPS)
+        .clamp(DEMAND_MIN_BPS, DEMAND_MAX_BPS)
+}
+
+/// `x * num / den`, rounded up, at least 1.
+fn scale_up(x: i128, num: i128, den: i128) -> i128 {
+    ((x * num + den - 1) / den).max(1)
+}
+
+/// The prices a user pays (fee included), per million tokens.
+pub fn prices(
+    profile: &CostProfile,
+    micros_per_kwh: Micros,
+    load: Load,
+    fee_bps: i64,
+    preemptible: bool,
+) -> Prices {
+    let hourly = i128::from(profile.hourly_cost(micros_per_kwh));
+    let per_million =
+        |tokens_per_hour: i64| scale_up(hourly, 1_000_000, i128::from(tokens_per_hour.max(1)));
+    let mut factor_num = i128::from(demand_bps(load)) * i128::from(BPS + fee_bps);
+    if preemptible {
+        factor_num =
+            factor_num * i128::from(BPS - profile.preemptible_discount_bps) / i128::from(BPS);
+    }
+    let factor_den = i128::from(BPS) * i128::from(BPS);
+    let price =
+        |base: i128| i64::try_from(scale_up(base, factor_num, factor_den)).unwrap_or(i64::MAX);
+    let input = price(per_million(profile.prefill_tokens_per_hour));
+    let output = price(per_million(profile.decode_tokens_per_hour));
+    let cached = i64::try_from(scale_up(
+        i128::from(input),
+        i128::from(profile.cached_bps),
+        i128::from(BPS),
+    ))
+    .unwrap_or(input)
+    .min(input);
+    Prices {
+        input,
+        cached_input: cached,
+        output,
+    }
+}
+
+/// A provider's reward multiplier (bps): reputation (0.5-2.0) times an
+/// uptime bonus rising linearly from 0 at 90% uptime to +20% at 100%.
+pub fn payout_bps(reputation_bps: i64, uptime_bps: i64) -> i64 {
+    let reputation = reputation_bps.clamp(DEMAND_MIN_BPS, DEMAND_MAX_BPS);
+    let bonus = (uptime_bps.clamp(0, BPS) - 9_000).max(0) * 2;
+    reputation * (BPS + bonus) / BPS
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn profile() -> CostProfile {
+        CostProfile {
+            region: "us-east".into(),
+            watts: 65,
+            pue_milli: 1200,
+            depreciation_per_hour: 20_000,
+            network_per_hour: 5_000,
+            prefill_tokens_per_hour: 3_240_000,
+            decode_tokens_per_hour: 1_080_000,
+            cached_bps: 1_000,
+            preemptible_discount_bps: 3_000,
+        }
+    }
+
+    #[test]
+    fn hourly_cost_adds_energy_depreciation_and_network() {
+        // 65 W x 1.2 x 0.13/kWh = 0.01014/h, + 0.02 + 0.005.
+        assert_eq!(profile().hourly_cost(130_000), 10_140 + 25_000);
+    }
+
+    #[test]
+    fn demand_moves_between_half_and_double() {
+        let l = |running, waiting| Load {
+            running,
+            waiting,
+            capacity: 16,
+        };
+        assert_eq!(demand_bps(l(0, 0)), 5_000);
+        assert_eq!(demand_bps(l(8, 0)), 10_000);
+        assert_eq!(demand_bps(l(16, 0)), 15_000);
+        assert_eq!(demand_bps(l(16, 16)), 20_000);
+        assert_eq!(demand_bps(l(16, 1000)), 20_000);
+        assert_eq!(demand_bps(Load::default()), 5_000);
+    }
+
+    #[test]
+    fn prices_follow_cost_demand_fee_and_preemption() {
+        let p = profile();
+        let busy = Load {
+            running: 8,
+            waiting: 0,
+            capacity: 16,
+        };
+        let at = |load, fee, pre| prices(&p, 130_000, load, fee, pre);
+        let base = at(busy, 0, false);
+        // 35,140 per hour / 1.08M tokens per hour = 32,537.04 per million.
+        assert_eq!(base.output, 32_538);
+        assert_eq!(base.input, 10_846);
+        assert_eq!(base.cached_input, 1_085);
+        let fee = at(busy, 500, false);
+        assert_eq!(fee.output, (32_538 * 105 + 99) / 100);
+        assert!(
+            at(
+                Load {
+                    running: 0,
+                    waiting: 0,
+                    capacity: 16
+                },
+                500,
+                false
+            )
+            .output
+                < fee.output
+        );
+        assert!(at(busy, 500, true).output < fee.output);
+        assert!(
+            prices(&p, 250_000, busy, 500, false).output > fee.output,
+            "dearer power"
+        );
+    }
+
+    #[test]
+    fn payouts_reward_reputation_and_uptime() {
+        assert_eq!(payout_bps(BPS, 9_000), BPS);
+        assert_eq!(payout_bps(BPS, BPS), 12_000);
+        assert_eq!(payout_bps(5_000, 9_500), 5_500);
+        assert_eq!(payout_bps(99_999, BPS), 24_000);
+        assert_eq!(payout_bps(0, 0), 5_000);
+    }
+
+    #[test]
+    fn profiles_are_validated() {
+        assert!(profile().validate().is_ok());
+        let bad = CostProfile {
+            pue_milli: 900,
+            ..profile()
+        };
+        assert_eq!(bad.validate().map_err(|e| e.0), Err("pue_milli"));
+        let bad = CostProfile {
+            decode_tokens_per_hour: 0,
+            ..profile()
+        };
+        assert_eq!(
+            bad.validate().map_err(|e| e.0),
+            Err("decode_tokens_per_hour")
+        );
+    }
+}

@@ -1,0 +1,164 @@
+//! Market tests on both backends: quotes from the seeded house provider and
+//! the region table; admin updates; a seeded random order flow whose
+//! persisted book, reloaded, equals the one in memory, with every order's
+//! trades adding up to what it filled.
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+use super::*;
+use crate::ledger::{HOUSE_PROVIDER, Ledger};
+use crate::store::testing;
+
+async fn dbs() -> Vec<Db> {
+    let mut out = Vec::new();
+    for url in [testing::sqlite_url(), testing::fresh_postgres_url().await] {
+        out.push(
+            Db::connect(&url)
+                .await
+                .unwrap_or_else(|e| panic!("{url}: {e}")),
+        );
+    }
+    out
+}
+
+const IDLE: Load = Load {
+    running: 0,
+    waiting: 0,
+    capacity: 16,
+};
+
+#[tokio::test]
+async fn quotes_follow_the_region_table_and_provider_profiles() {
+    for db in dbs().await {
+        let m = Market::load(db.clone(), 700).await.expect("market");
+        let q = m.quote(HOUSE_PROVIDER, "m", IDLE, false).expect("quote");
+        assert_eq!(
+            (q.fee_bps, q.payout_bps),
+            (700, 12_000),
+            "full uptime earns the bonus"
+        );
+        assert!(q.prices.cached_input < q.prices.input && q.prices.input < q.prices.output);
+        let busy = m.quote(
+            HOUSE_PROVIDER,
+            "m",
+            Load {
+                running: 16,
+                waiting: 16,
+                capacity: 16,
+            },
+            false,
+        );
+        let (idle, full) = (q.prices.output, busy.expect("busy").prices.output);
+        assert!(
+            (4 * idle - 3..=4 * idle).contains(&full),
+            "x4 from idle to a full queue: {idle} {full}"
+        );
+        m.set_region_price("us-east", 260_000)
+            .await
+            .expect("region");
+        assert!(
+            m.quote(HOUSE_PROVIDER, "m", IDLE, false)
+                .expect("quote")
+                .prices
+                .output
+                > q.prices.output
+        );
+        assert!(matches!(
+            m.set_region_price("x", 0).await,
+            Err(MarketError::Invalid("micros_per_kwh", _))
+        ));
+        let mut p = m.providers()[0].clone();
+        p.profile.region = "mars".into();
+        assert!(matches!(
+            m.set_provider(p.clone()).await,
+            Err(MarketError::UnknownRegion(_))
+        ));
+        p.profile.region = "eu-north".into();
+        p.reputation_bps = 5_000;
+        m.set_provider(p).await.expect("provider");
+        let again = Market::load(db, 700).await.expect("reload");
+        assert_eq!(again.regions()["us-east"], 260_000);
+        assert_eq!(
+            again
+                .quote(HOUSE_PROVIDER, "m", IDLE, false)
+                .expect("q")
+                .payout_bps,
+            6_000
+        );
+        assert!(matches!(
+            again.quote("provider:none", "m", IDLE, false),
+            Err(MarketError::UnknownProvider(_))
+        ));
+        assert!(
+            Market::load(again.db.clone(), 2_000).await.is_err(),
+            "fee outside 5-10%"
+        );
+    }
+}
+
+#[tokio::test]
+async fn random_order_flow_persists_exactly_what_the_book_holds() {
+    for db in dbs().await {
+        let ledger = Ledger::offline(db.clone());
+        let user = ledger
+            .create_account(crate::ledger::accounts::AccountKind::User, "t", 0)
+            .await
+            .expect("user");
+        let m = Market::load(db.clone(), 500).await.expect("market");
+        let mut rng = StdRng::seed_from_u64(7);
+        let mut ids: Vec<String> = Vec::new();
+        let mut fills_total = 0u64;
+        for _ in 0..150 {
+            if rng.random_range(0..6) == 0 && !ids.is_empty() {
+                let id: String = ids[rng.random_range(0..ids.len())].clone();
+                let _ = m.cancel("smol", &id, Some(&user.id)).await;
+                continue;
+            }
+            let side = if rng.random_bool(0.5) {
+                Side::Bid
+            } else {
+                Side::Ask
+            };
+            let new = NewOrder {
+                side,
+                instrument: "smol".into(),
+                account_id: user.id.clone(),
+                price: rng.random_range(90..110),
+                quantity: rng.random_range(1..40),
+                priority: rng.random_range(0..3),
+                interruptible: false,
+                expires_at: now() + 3600,
+            };
+            let (placed, fills) = m.submit(new).await.expect("submit");
+            fills_total += fills.iter().map(|f| f.quantity).sum::<u64>();
+            ids.push(placed.id);
+        }
+        assert!(fills_total > 0);
+        let live = m.spot("smol", 100).await;
+        let reloaded = Market::load(db.clone(), 500)
+            .await
+            .expect("reload")
+            .spot("smol", 100)
+            .await;
+        assert_eq!(live, reloaded);
+        // Every order's trades add up to what it filled.
+        let bad: Vec<String> = sqlx::query_scalar(
+            "SELECT o.id FROM orders o WHERE o.quantity - o.remaining <> CAST(COALESCE((SELECT SUM(t.quantity) \
+             FROM trades t WHERE t.bid_id = o.id OR t.ask_id = o.id), 0) AS BIGINT)",
+        )
+        .fetch_all(&db.pool)
+        .await
+        .expect("check");
+        assert!(bad.is_empty(), "{bad:?}");
+        let traded = m.trades("smol", 1_000).await.expect("trades");
+        assert_eq!(
+            traded.iter().map(|t| t.quantity as u64).sum::<u64>(),
+            fills_total
+        );
+        assert!(matches!(
+            m.cancel("smol", "ord_missing", None).await,
+            Err(MarketError::OrderNotFound(_))
+        ));
+    }
+}
