@@ -147,6 +147,15 @@ pub struct ServeArgs {
     #[arg(long, env = "SYNOR_SHUTDOWN_GRACE", default_value_t = 30.0)]
     pub shutdown_grace: f64,
 
+    /// The protocol fee on every token, in basis points (500-1000 = 5-10%).
+    #[arg(long, env = "SYNOR_PROTOCOL_FEE_BPS", default_value_t = 700)]
+    pub protocol_fee_bps: i64,
+
+    /// Seconds without a heartbeat after which another server instance
+    /// counts as dead and its open holds are released.
+    #[arg(long, env = "SYNOR_INSTANCE_STALE_AFTER", default_value_t = 15)]
+    pub instance_stale_after: u64,
+
     /// Token for the admin API (`/admin/...`); unset disables it.
     #[arg(long, env = "SYNOR_ADMIN_TOKEN", hide_env_values = true)]
     pub admin_token: Option<String>,

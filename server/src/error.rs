@@ -53,6 +53,12 @@ pub enum ApiError {
     /// No such (active) API key.
     #[error("no active key `{0}`")]
     KeyNotFound(String),
+    /// The account or key cannot cover the request's worst case (402).
+    #[error("{0}")]
+    InsufficientQuota(String),
+    /// No such account, order or provider (404).
+    #[error("{what} `{id}` not found")]
+    NotFound { what: &'static str, id: String },
     /// The database failed (details are logged, not sent).
     #[error("storage: {0}")]
     Storage(String),
@@ -137,6 +143,15 @@ impl ApiError {
                 Some("id".into()),
                 Some("key_not_found"),
             ),
+            Self::InsufficientQuota(_) => (
+                S::PAYMENT_REQUIRED,
+                "insufficient_quota",
+                None,
+                Some("insufficient_quota"),
+            ),
+            Self::NotFound { what, .. } => {
+                (S::NOT_FOUND, INVALID, None, Some(not_found_code(what)))
+            }
             Self::Storage(_) => (S::INTERNAL_SERVER_ERROR, "server_error", None, None),
             Self::Engine(e) => engine_parts(e),
         }
@@ -162,6 +177,51 @@ impl ApiError {
 
     pub fn status(&self) -> StatusCode {
         self.parts().0
+    }
+}
+
+fn not_found_code(what: &str) -> &'static str {
+    match what {
+        "account" => "account_not_found",
+        "order" => "order_not_found",
+        "provider" => "provider_not_found",
+        _ => "not_found",
+    }
+}
+
+impl From<crate::ledger::LedgerError> for ApiError {
+    fn from(e: crate::ledger::LedgerError) -> Self {
+        use crate::ledger::LedgerError as L;
+        match e {
+            L::InsufficientQuota { .. } | L::BudgetExceeded { .. } => {
+                Self::InsufficientQuota(e.to_string())
+            }
+            L::UnknownAccount(id) => Self::NotFound {
+                what: "account",
+                id,
+            },
+            L::InvalidAmount(m) => Self::invalid("amount", m),
+            L::Closed => Self::Engine(EngineError::Shutdown),
+            L::DuplicateHold(_) | L::Sql(_) => Self::Storage(e.to_string()),
+        }
+    }
+}
+
+impl From<crate::market::MarketError> for ApiError {
+    fn from(e: crate::market::MarketError) -> Self {
+        use crate::market::MarketError as M;
+        match e {
+            M::UnknownRegion(r) => {
+                Self::invalid("region", format!("no electricity price for region `{r}`"))
+            }
+            M::UnknownProvider(id) => Self::NotFound {
+                what: "provider",
+                id,
+            },
+            M::Invalid(field, m) => Self::invalid(field, m),
+            M::OrderNotFound(id) => Self::NotFound { what: "order", id },
+            M::Sql(_) => Self::Storage(e.to_string()),
+        }
     }
 }
 

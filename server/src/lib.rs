@@ -4,6 +4,7 @@
 
 pub mod api;
 pub mod auth;
+pub mod billing;
 pub mod config;
 pub mod error;
 pub mod keys_cli;

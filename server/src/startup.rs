@@ -8,7 +8,10 @@ use anyhow::Context;
 use tokio::net::TcpListener;
 
 use crate::auth::Auth;
+use crate::billing::Billing;
 use crate::config::ServeArgs;
+use crate::ledger::{Ledger, LedgerConfig};
+use crate::market::Market;
 use crate::state::{AppState, Kind, ModelLoader, ModelRegistry};
 use crate::store::Db;
 
@@ -57,6 +60,26 @@ pub async fn load_models(args: &ServeArgs) -> anyhow::Result<ModelRegistry> {
     .context("model loading panicked")?
 }
 
+/// The ledger (this instance registered, dead instances' holds released)
+/// and the market.
+async fn billing(args: &ServeArgs, db: Db) -> anyhow::Result<Billing> {
+    let config = LedgerConfig {
+        stale_after: std::time::Duration::from_secs(args.instance_stale_after.max(1)),
+        heartbeat: std::time::Duration::from_secs((args.instance_stale_after / 6).clamp(1, 2)),
+    };
+    let ledger = Ledger::start(db.clone(), config)
+        .await
+        .context("starting the ledger")?;
+    let market = Market::load(db, args.protocol_fee_bps)
+        .await
+        .context("loading the market")?;
+    Ok(Billing {
+        ledger,
+        market: Arc::new(market),
+        capacity: args.scheduler.to_engine().scheduler.max_num_seqs as u64,
+    })
+}
+
 /// Runs `synor serve` until a shutdown signal.
 pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     if args.open && !args.bind.ip().is_loopback() {
@@ -65,16 +88,27 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             args.bind
         );
     }
+    let db = Db::connect(&args.database_url)
+        .await
+        .with_context(|| format!("opening the database {}", args.database_url))?;
     let auth = if args.open {
-        Auth::open()
+        Auth {
+            admin_token: args.admin_token.clone(),
+            ..Auth::open()
+        }
     } else {
-        let db = Db::connect(&args.database_url)
-            .await
-            .with_context(|| format!("opening the database {}", args.database_url))?;
-        Auth::with_keys(db, args.admin_token.clone())
+        Auth::with_keys(db.clone(), args.admin_token.clone())
     };
+    let billing = Arc::new(billing(&args, db).await?);
     let registry = Arc::new(load_models(&args).await?);
-    let state = AppState::with_auth(registry.clone(), auth).with_loader(loader(&args));
+    tokio::spawn(crate::billing::run_house(
+        billing.clone(),
+        registry.clone(),
+        std::time::Duration::from_secs(10),
+    ));
+    let state = AppState::with_auth(registry.clone(), auth)
+        .with_loader(loader(&args))
+        .with_billing(billing.clone());
     let listener = TcpListener::bind(args.bind)
         .await
         .with_context(|| format!("binding {}", args.bind))?;
@@ -99,6 +133,8 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         () = deadline => tracing::warn!(?grace, "shutdown grace period over; ending open streams"),
     }
     registry.shutdown();
+    // Streams ended above settled (or queued their settlement): commit them.
+    billing.ledger.flush().await;
     tracing::info!("synor stopped");
     Ok(())
 }

@@ -175,6 +175,9 @@ pub struct AppState {
     pub auth: Arc<crate::auth::Auth>,
     /// Loads models added through the admin API.
     pub loader: Arc<ModelLoader>,
+    /// Metering, the ledger and the market (`None`: requests are not
+    /// metered, as in router tests that do not need it).
+    pub billing: Option<Arc<crate::billing::Billing>>,
 }
 
 impl AppState {
@@ -189,7 +192,13 @@ impl AppState {
             http: Arc::default(),
             auth: Arc::new(auth),
             loader: Arc::default(),
+            billing: None,
         }
+    }
+
+    pub fn with_billing(mut self, billing: Arc<crate::billing::Billing>) -> Self {
+        self.billing = Some(billing);
+        self
     }
 
     pub fn with_loader(mut self, loader: ModelLoader) -> Self {

@@ -23,6 +23,15 @@ def _pump(stream, lines):
 
 
 def _synor(*extra, open_mode=True):
+    yield from _start(*extra, open_mode=open_mode)
+
+
+def _start(*extra, open_mode=True):
+    if "--database-url" not in extra:
+        # Each server its own ledger file, outside the checkout.
+        import tempfile
+        folder = tempfile.mkdtemp(prefix="synor-e2e-")
+        extra = (*extra, "--database-url", f"sqlite://{folder}/synor.db")
     if open_mode:
         extra = ("--open", *extra)
     binary = os.environ.get("SYNOR_BIN", os.path.join(ROOT, "target", "debug", "synor"))
@@ -54,13 +63,17 @@ def _synor(*extra, open_mode=True):
         m = re.search(r"listening on (http://\S+)", line)
         if m:
             base = m.group(1)
-    yield {"base": base, "proc": proc}
-    proc.terminate()
     try:
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        raise
+        yield {"base": base, "proc": proc, "log": seen, "lines": lines}
+    finally:
+        # Also on `close()`: the tests that manage a server's life call it.
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                raise
 
 
 @pytest.fixture(scope="session")
@@ -94,5 +107,36 @@ def keyed_server(tmp_path_factory):
         "--database-url", db, "--admin-token", "e2e-admin",
         open_mode=False,
     ):
+        info["database_url"] = db
+        yield info
+
+
+def fresh_postgres_url():
+    """A fresh schema in the local `test` database (PostgreSQL is started if
+    it is down, with the machine's own command)."""
+    up = lambda: subprocess.run(["pg_isready", "-h", "127.0.0.1", "-p", "5432"],
+                                capture_output=True).returncode == 0
+    if not up():
+        subprocess.run("pg_ctlcluster --skip-systemctl-redirect $(ls /etc/postgresql) main start",
+                       shell=True, check=False)
+        for _ in range(50):
+            if up():
+                break
+            time.sleep(0.2)
+    name = f"t_{int(time.time())}_{os.urandom(6).hex()}"
+    subprocess.run(["psql", "-h", "127.0.0.1", "-U", "postgres", "-d", "test", "-q",
+                    "-c", f"CREATE SCHEMA {name}"], check=True, capture_output=True)
+    return f"postgres://postgres@127.0.0.1:5432/test?options[search_path]={name}"
+
+
+ADMIN_TOKEN = "e2e-admin"
+
+
+@pytest.fixture(scope="session")
+def billed_server(tmp_path_factory):
+    """SmolLM2 behind API keys with the ledger on a fresh SQLite file."""
+    db = "sqlite://" + str(tmp_path_factory.mktemp("billing") / "synor.db")
+    for info in _synor("--embedding-model", "none", "--database-url", db,
+                       "--admin-token", ADMIN_TOKEN, open_mode=False):
         info["database_url"] = db
         yield info

@@ -25,3 +25,30 @@ def before_load_schema(context, raw_schema):
         for field, maximum in MAXIMA.items():
             if field in props:
                 props[field]["maximum"] = maximum
+
+
+@schemathesis.hook
+def map_body(context, body):
+    """Repairs, in generated bodies, what no schema can say: a prompt is not
+    empty, top_logprobs
+    needs logprobs, a message needs content, response_format needs a type;
+    and bounds the length of the answer.
+    (Only the fuzzing phase maps bodies; the coverage phase still sends the
+    unrepaired, invalid variants.)"""
+    if not isinstance(body, dict):
+        return body
+    if body.get("prompt") == "":
+        body["prompt"] = "Hello"
+    if not isinstance(body.get("messages"), list):
+        return body
+    if body.get("max_tokens") is None and body.get("max_completion_tokens") is None:
+        body["max_tokens"] = 8  # the default (the whole context) is slow
+    if body.get("logprobs") is not True:
+        body.pop("top_logprobs", None)
+    for m in body["messages"]:
+        if isinstance(m, dict) and not m.get("content"):
+            m["content"] = "Hello"
+            m.pop("tool_calls", None)
+    if isinstance(body.get("response_format"), dict) and "type" not in body["response_format"]:
+        body.pop("response_format")
+    return body

@@ -1,6 +1,6 @@
 """API keys end to end: `synor keys` on the CLI, the real server, the
 official SDK: no key / wrong key / revoked key get 401, a valid key works,
-admin routes need the admin token."""
+admin routes need the admin token. Keys spend from a funded account."""
 
 import json
 import os
@@ -36,6 +36,10 @@ def test_cli_keys_work_until_revoked(keyed_server):
     out = keys(db, "create", "--name", "e2e", "--rpm", "100")
     secret = next(l.split(": ", 1)[1] for l in out.splitlines() if l.startswith("key: "))
     key_id = out.split()[1]
+    account = out.splitlines()[0].rsplit(" ", 1)[1]
+    p = subprocess.run([SYNOR, "accounts", "--database-url", db, "topup", account, "2.5"],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0 and "balance 2.500000" in p.stdout, p.stdout + p.stderr
     assert chat(sdk(base, secret)).usage.completion_tokens == 3
     with pytest.raises(openai.AuthenticationError) as e:
         chat(sdk(base, secret + "nope"))
@@ -61,6 +65,11 @@ def test_admin_routes_need_the_admin_token(keyed_server):
     assert e.value.code == 401
     made = json.loads(create("e2e-admin").read())
     assert made["key"].startswith("sk-synor-")
+    topup = urllib.request.Request(
+        base + f"/admin/accounts/{made['account_id']}/topup", method="POST",
+        data=json.dumps({"amount": 1_000_000}).encode(),
+        headers={"content-type": "application/json", "authorization": "Bearer e2e-admin"})
+    urllib.request.urlopen(topup, timeout=30).read()
     assert chat(sdk(base, made["key"])).choices[0].finish_reason == "length"
     # A tenant's API key is not an admin token.
     with pytest.raises(urllib.error.HTTPError) as e:

@@ -13,6 +13,7 @@ use futures_util::stream::{self, BoxStream, Stream, StreamExt};
 use serde::Serialize;
 
 use super::types::UsageDto;
+use crate::billing::Tab;
 use crate::error::ApiError;
 
 /// How one choice ended, with its full text and log-probabilities.
@@ -108,6 +109,9 @@ pub fn to_json<T: Serialize>(value: &T) -> String {
 
 struct SseState<E> {
     events: BoxStream<'static, (usize, TokenEvent)>,
+    /// The request's meter: settles from what was streamed when the
+    /// stream ends or is dropped.
+    tab: Option<Tab>,
     encoder: E,
     usage: UsageDto,
     include_usage: bool,
@@ -123,10 +127,12 @@ pub fn sse<E: ChunkEncoder>(
     streams: Vec<RequestStream>,
     mut encoder: E,
     include_usage: bool,
+    tab: Option<Tab>,
 ) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
     let head: Vec<_> = encoder.start(streams.len()).into_iter().map(data).collect();
     let state = SseState {
         events: merge(streams),
+        tab,
         encoder,
         usage: UsageDto::default(),
         include_usage,
@@ -158,6 +164,9 @@ pub fn sse<E: ChunkEncoder>(
 }
 
 fn on_event<E: ChunkEncoder>(st: &mut SseState<E>, i: usize, ev: TokenEvent) -> Vec<String> {
+    if let Some(tab) = &mut st.tab {
+        tab.on_event(i, &ev);
+    }
     match ev {
         TokenEvent::Delta { text, logprobs, .. } if text.is_empty() && logprobs.is_empty() => {
             Vec::new()

@@ -98,7 +98,9 @@ macro_rules! generation_request {
         #[derive(Debug, Clone, Deserialize, ToSchema)]
         pub struct $name {
             $($(#[$fmeta])* pub $field: $ty,)*
+            #[schema(minimum = 0, maximum = 2)]
             pub temperature: Option<f32>,
+            #[schema(exclusive_minimum = 0, maximum = 1)]
             pub top_p: Option<f32>,
             /// vLLM extension.
             pub top_k: Option<i64>,
@@ -109,7 +111,9 @@ macro_rules! generation_request {
             #[serde(default)]
             pub stream: bool,
             pub stream_options: Option<StreamOptions>,
+            #[schema(minimum = -2, maximum = 2)]
             pub presence_penalty: Option<f32>,
+            #[schema(minimum = -2, maximum = 2)]
             pub frequency_penalty: Option<f32>,
             pub logit_bias: Option<BTreeMap<String, f32>>,
             /// Accepted; end-user ids are not used yet.
@@ -121,8 +125,10 @@ macro_rules! generation_request {
             #[serde(default)]
             pub stop_token_ids: Vec<u32>,
             /// vLLM extension: min-p sampling.
+            #[schema(minimum = 0, maximum = 1)]
             pub min_p: Option<f32>,
             /// vLLM extension: repetition penalty (1 disables).
+            #[schema(exclusive_minimum = 0, maximum = 2)]
             pub repetition_penalty: Option<f32>,
             /// vLLM extension: scheduling priority (lower runs first).
             pub priority: Option<i32>,

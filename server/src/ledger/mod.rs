@@ -185,6 +185,17 @@ impl Ledger {
         }
     }
 
+    /// Queues a release without waiting (a request that never ran).
+    pub fn release_later(&self, request_id: &str) {
+        if self
+            .jobs
+            .send(settle::Job::close(request_id, None, None))
+            .is_err()
+        {
+            tracing::error!(request_id, "ledger closed: release left to recovery");
+        }
+    }
+
     /// Waits until every settlement queued so far is committed.
     pub async fn flush(&self) {
         let (tx, rx) = oneshot::channel();

@@ -242,22 +242,13 @@ impl Market {
     }
 
     /// Cancels an open order (of `account`, when given).
-    pub async fn cancel(
-        &self,
-        instrument: &str,
-        id: &str,
-        account: Option<&str>,
-    ) -> Result<Order, MarketError> {
+    pub async fn cancel(&self, id: &str, account: Option<&str>) -> Result<Order, MarketError> {
         let mut books = self.books.lock().await;
+        let owned = |o: &Order| account.is_none_or(|a| a == o.account_id);
         let book = books
-            .get_mut(instrument)
+            .values_mut()
+            .find(|b| b.get(id).is_some_and(owned))
             .ok_or_else(|| MarketError::OrderNotFound(id.to_string()))?;
-        let owned = book
-            .get(id)
-            .is_some_and(|o| account.is_none_or(|a| a == o.account_id));
-        if !owned {
-            return Err(MarketError::OrderNotFound(id.to_string()));
-        }
         let order = book
             .cancel(id)
             .ok_or_else(|| MarketError::OrderNotFound(id.to_string()))?;

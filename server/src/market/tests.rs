@@ -112,7 +112,7 @@ async fn random_order_flow_persists_exactly_what_the_book_holds() {
         for _ in 0..150 {
             if rng.random_range(0..6) == 0 && !ids.is_empty() {
                 let id: String = ids[rng.random_range(0..ids.len())].clone();
-                let _ = m.cancel("smol", &id, Some(&user.id)).await;
+                let _ = m.cancel(&id, Some(&user.id)).await;
                 continue;
             }
             let side = if rng.random_bool(0.5) {
@@ -157,7 +157,7 @@ async fn random_order_flow_persists_exactly_what_the_book_holds() {
             fills_total
         );
         assert!(matches!(
-            m.cancel("smol", "ord_missing", None).await,
+            m.cancel("ord_missing", None).await,
             Err(MarketError::OrderNotFound(_))
         ));
     }

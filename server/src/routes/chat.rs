@@ -37,6 +37,9 @@ pub(crate) async fn chat_completions(
     let engine = &state.models.text(&req.model)?;
     let valid = validate::chat(&req, engine)?;
     crate::auth::charge(&state, key.as_deref(), &valid.requests)?;
+    let mut tab =
+        crate::billing::open_for(&state, key.as_deref(), &req.model, engine, &valid.requests)
+            .await?;
     let streams = stream::submit_all(engine, valid.requests).await?;
     let encoder = ChatEncoder {
         id: response_id("chatcmpl"),
@@ -48,9 +51,15 @@ pub(crate) async fn chat_completions(
         held: Vec::new(),
     };
     if valid.stream {
-        return Ok(stream::sse(streams, encoder, valid.include_usage).into_response());
+        return Ok(stream::sse(streams, encoder, valid.include_usage, tab).into_response());
     }
     let outcomes = stream::collect_all(streams).await?;
+    if let Some(tab) = &mut tab {
+        for (i, o) in outcomes.iter().enumerate() {
+            tab.finished(i, &o.usage);
+        }
+    }
+    crate::billing::settle(tab).await;
     let mut usage = UsageDto::default();
     let choices = outcomes
         .into_iter()

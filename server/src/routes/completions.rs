@@ -33,6 +33,9 @@ pub(crate) async fn completions(
     let engine = &state.models.text(&req.model)?;
     let valid = validate::completion(&req, engine)?;
     crate::auth::charge(&state, key.as_deref(), &valid.requests)?;
+    let mut tab =
+        crate::billing::open_for(&state, key.as_deref(), &req.model, engine, &valid.requests)
+            .await?;
     let streams = stream::submit_all(engine, valid.requests).await?;
     let mut encoder = CompletionEncoder {
         id: response_id("cmpl"),
@@ -44,9 +47,15 @@ pub(crate) async fn completions(
         logprobs: valid.logprobs,
     };
     if valid.stream {
-        return Ok(stream::sse(streams, encoder, valid.include_usage).into_response());
+        return Ok(stream::sse(streams, encoder, valid.include_usage, tab).into_response());
     }
     let outcomes = stream::collect_all(streams).await?;
+    if let Some(tab) = &mut tab {
+        for (i, o) in outcomes.iter().enumerate() {
+            tab.finished(i, &o.usage);
+        }
+    }
+    crate::billing::settle(tab).await;
     let mut usage = UsageDto::default();
     let mut choices = Vec::with_capacity(outcomes.len());
     for (index, o) in outcomes.into_iter().enumerate() {

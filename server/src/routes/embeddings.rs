@@ -3,7 +3,7 @@
 
 use axum::extract::State;
 use axum::routing::post;
-use axum::{Json, Router};
+use axum::{Extension, Json, Router};
 use base64::Engine as _;
 use engine::EmbedInput;
 
@@ -12,8 +12,11 @@ use crate::api::types::{
     EmbeddingData, EmbeddingInput, EmbeddingRequest, EmbeddingResponse, EmbeddingUsage,
     EmbeddingVector,
 };
+use crate::billing::Payer;
 use crate::error::ApiError;
+use crate::market::pricing::Load;
 use crate::state::AppState;
+use crate::store::keys::KeyRecord;
 
 /// OpenAI's limit on inputs per request.
 const MAX_INPUTS: usize = 2048;
@@ -29,6 +32,7 @@ pub fn router() -> Router<AppState> {
     security(("api_key" = [])))]
 pub(crate) async fn embeddings(
     State(state): State<AppState>,
+    key: Option<Extension<KeyRecord>>,
     ApiJson(req): ApiJson<EmbeddingRequest>,
 ) -> Result<Json<EmbeddingResponse>, ApiError> {
     let model = &state.models.embedding(&req.model)?;
@@ -56,7 +60,24 @@ pub(crate) async fn embeddings(
             format!("this model only produces {} dimensions", model.dimensions),
         ));
     }
-    let out = model.embed_input(inputs(req.input)?).await?;
+    let input = inputs(req.input)?;
+    let tab = match &state.billing {
+        Some(b) => {
+            let quote = b.quote(&req.model, Load::default())?;
+            let payer = Payer::of(key.as_deref());
+            Some(b.open(&payer, &quote, &[(worst_tokens(&input), 0)]).await?)
+        }
+        None => None,
+    };
+    let out = model.embed_input(input).await?;
+    if let Some(mut tab) = tab {
+        let usage = engine::Usage {
+            prompt_tokens: out.prompt_tokens,
+            ..engine::Usage::default()
+        };
+        tab.finished(0, &usage);
+        crate::billing::settle(Some(tab)).await;
+    }
     let data = out
         .vectors
         .into_iter()
@@ -108,6 +129,16 @@ fn inputs(input: EmbeddingInput) -> Result<EmbedInput, ApiError> {
         EmbeddingInput::Tokens(ids) => EmbedInput::Tokens(vec![ids]),
         EmbeddingInput::TokenLists(ls) => EmbedInput::Tokens(ls),
     })
+}
+
+/// At most how many tokens the inputs become: a WordPiece or BPE token
+/// covers at least one character, plus the two special tokens.
+fn worst_tokens(input: &EmbedInput) -> u64 {
+    let n: usize = match input {
+        EmbedInput::Texts(ts) => ts.iter().map(|t| t.chars().count() + 2).sum(),
+        EmbedInput::Tokens(ls) => ls.iter().map(|l| l.len() + 2).sum(),
+    };
+    n as u64
 }
 
 fn encode(v: Vec<f32>, base64: bool) -> EmbeddingVector {

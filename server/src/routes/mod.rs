@@ -1,11 +1,13 @@
 //! The HTTP routes: each resource module owns its `router()`; this one
 //! merges them and answers unknown paths in the OpenAI error shape.
 
+pub mod accounts;
 pub mod admin;
 pub mod chat;
 pub mod completions;
 pub mod embeddings;
 pub mod health;
+pub mod market;
 pub mod models;
 
 use axum::Router;
@@ -21,6 +23,8 @@ pub fn router(state: &AppState) -> Router<AppState> {
         .merge(completions::router())
         .merge(embeddings::router())
         .merge(models::router())
+        .merge(market::router())
+        .merge(accounts::router())
         .route_layer(axum::middleware::from_fn_with_state(
             state.clone(),
             crate::auth::require_key,
@@ -28,6 +32,8 @@ pub fn router(state: &AppState) -> Router<AppState> {
     Router::new()
         .merge(v1)
         .merge(admin::router())
+        .merge(market::admin_router())
+        .merge(accounts::admin_router())
         .route("/openapi.json", axum::routing::get(openapi_json))
         .merge(
             utoipa_swagger_ui::SwaggerUi::new("/docs").url("/docs/openapi.json", {

@@ -181,6 +181,13 @@ impl Synor {
             ])
             .arg("--model")
             .arg(model_path("tiny/tiny.gguf"))
+            // Each server its own ledger, outside the source tree.
+            .arg("--database-url")
+            .arg(format!(
+                "sqlite://{}/synor-test-{}/ledger.db",
+                std::env::temp_dir().display(),
+                uuid_like()
+            ))
             .args(extra)
             .env("RUST_LOG", "warn")
             .stdout(Stdio::piped())
@@ -234,4 +241,18 @@ impl Drop for Synor {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// A unique-enough name without another dependency.
+fn uuid_like() -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static N: AtomicU64 = AtomicU64::new(0);
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    format!(
+        "{}-{t}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    )
 }

@@ -1,0 +1,298 @@
+//! Metering API requests: before a request runs, a quote from the market
+//! (the house provider's prices under the engine's current load) and a hold
+//! of its worst case on the payer's account; while it runs, a `Tab` counts
+//! the tokens each choice produced; when it ends, however it ends (finished,
+//! failed, or dropped because the client left), the tab settles the hold
+//! from that count, exactly once. Also the house provider's standing asks
+//! and price history, refreshed in the background.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use engine::{EngineHandle, TokenEvent, Usage};
+
+use crate::error::ApiError;
+use crate::ledger::holds::HoldRequest;
+use crate::ledger::{Closed, HOUSE_PROVIDER, LOCAL_USER, Ledger, Outcome, Quote, Tokens};
+use crate::market::book::Side;
+use crate::market::pricing::Load;
+use crate::market::{Market, NewOrder};
+use crate::state::{ModelKind, ModelRegistry};
+use crate::store::keys::KeyRecord;
+
+/// The ledger and the market, as the API uses them.
+#[derive(Debug)]
+pub struct Billing {
+    pub ledger: Ledger,
+    pub market: Arc<Market>,
+    /// Sequences each engine runs at once (for utilization).
+    pub capacity: u64,
+}
+
+/// Who pays: the key's account, or the local account in open mode.
+#[derive(Debug, Clone)]
+pub struct Payer {
+    pub account_id: String,
+    pub key_id: Option<String>,
+}
+
+impl Payer {
+    pub fn of(key: Option<&KeyRecord>) -> Self {
+        match key {
+            Some(k) => Self {
+                account_id: k.account_id.clone(),
+                key_id: Some(k.id.clone()),
+            },
+            None => Self {
+                account_id: LOCAL_USER.to_string(),
+                key_id: None,
+            },
+        }
+    }
+}
+
+/// What one choice has used so far.
+#[derive(Debug, Clone, Copy, Default)]
+struct ChoiceUse {
+    prompt: u64,
+    cached: u64,
+    completion: u64,
+    done: bool,
+}
+
+/// A running request's meter. Dropping it settles the hold from what was
+/// counted (or releases it if nothing ran).
+#[derive(Debug)]
+pub struct Tab {
+    ledger: Ledger,
+    request_id: String,
+    choices: Vec<ChoiceUse>,
+    started: bool,
+    failed: bool,
+    closed: bool,
+}
+
+impl Billing {
+    /// The engine's load as the pricing engine sees it.
+    pub fn load_of(&self, engine: &EngineHandle) -> Load {
+        let s = engine.stats();
+        Load {
+            running: s.num_running,
+            waiting: s.num_waiting,
+            capacity: self.capacity,
+        }
+    }
+
+    /// The current quote for `model` (priced under `load`).
+    pub fn quote(&self, model: &str, load: Load) -> Result<Quote, ApiError> {
+        Ok(self.market.quote(HOUSE_PROVIDER, model, load, false)?)
+    }
+
+    /// Quotes and holds the worst case of a request whose choices have
+    /// these prompt lengths and completion limits; 402 if the payer cannot
+    /// cover it.
+    pub async fn open(
+        &self,
+        payer: &Payer,
+        quote: &Quote,
+        choices: &[(u64, u64)],
+    ) -> Result<Tab, ApiError> {
+        let amount = choices
+            .iter()
+            .map(|&(prompt, max)| quote.worst_case(prompt, max))
+            .fold(0i64, i64::saturating_add);
+        let request_id = format!("req_{}", uuid::Uuid::new_v4().simple());
+        self.ledger
+            .hold(HoldRequest {
+                request_id: &request_id,
+                account_id: &payer.account_id,
+                key_id: payer.key_id.as_deref(),
+                quote,
+                amount,
+            })
+            .await?;
+        let choices = choices
+            .iter()
+            .map(|&(prompt, _)| ChoiceUse {
+                prompt,
+                ..ChoiceUse::default()
+            })
+            .collect();
+        Ok(Tab {
+            ledger: self.ledger.clone(),
+            request_id,
+            choices,
+            started: false,
+            failed: false,
+            closed: false,
+        })
+    }
+
+    /// Holds for a generation: one choice per engine request per `n`.
+    pub async fn open_generation(
+        &self,
+        payer: &Payer,
+        model: &str,
+        engine: &EngineHandle,
+        requests: &[engine::GenerateRequest],
+    ) -> Result<Tab, ApiError> {
+        let quote = self.quote(model, self.load_of(engine))?;
+        let choices: Vec<(u64, u64)> = requests
+            .iter()
+            .flat_map(|r| {
+                let c = (r.prompt_tokens.len() as u64, r.params.max_tokens as u64);
+                std::iter::repeat_n(c, r.params.n.max(1))
+            })
+            .collect();
+        self.open(payer, &quote, &choices).await
+    }
+}
+
+/// Opens a tab for a generation when the server meters requests.
+pub async fn open_for(
+    state: &crate::state::AppState,
+    key: Option<&KeyRecord>,
+    model: &str,
+    engine: &EngineHandle,
+    requests: &[engine::GenerateRequest],
+) -> Result<Option<Tab>, ApiError> {
+    match &state.billing {
+        Some(b) => Ok(Some(
+            b.open_generation(&Payer::of(key), model, engine, requests)
+                .await?,
+        )),
+        None => Ok(None),
+    }
+}
+
+/// Settles a finished non-streaming request and waits for the commit; a
+/// failure is logged (the answer was served; the hold stays open).
+pub async fn settle(tab: Option<Tab>) {
+    if let Some(tab) = tab {
+        let id = tab.request_id().to_string();
+        if let Err(e) = tab.settle().await {
+            tracing::error!(request_id = %id, error = %e, "settlement failed");
+        }
+    }
+}
+
+impl Tab {
+    pub fn request_id(&self) -> &str {
+        &self.request_id
+    }
+
+    /// Counts one engine event of choice `i`.
+    pub fn on_event(&mut self, i: usize, ev: &TokenEvent) {
+        self.started = true;
+        match ev {
+            TokenEvent::Delta { token_ids, .. } => {
+                if let Some(c) = self.choices.get_mut(i) {
+                    c.completion += token_ids.len() as u64;
+                }
+            }
+            TokenEvent::Finished { usage, .. } => self.finished(i, usage),
+            TokenEvent::Failed(_) => self.failed = true,
+        }
+    }
+
+    /// Choice `i` ended with the engine's own usage count.
+    pub fn finished(&mut self, i: usize, usage: &Usage) {
+        self.started = true;
+        if let Some(c) = self.choices.get_mut(i) {
+            *c = ChoiceUse {
+                prompt: usage.prompt_tokens as u64,
+                cached: usage.cached_tokens as u64,
+                completion: usage.completion_tokens as u64,
+                done: true,
+            };
+        }
+    }
+
+    /// What to bill, and how the request ended.
+    fn usage(&self) -> (Tokens, Outcome) {
+        let mut t = Tokens::default();
+        for c in &self.choices {
+            t.prompt += c.prompt;
+            t.cached += c.cached;
+            t.completion += c.completion;
+        }
+        let outcome = if self.failed {
+            Outcome::Failed
+        } else if self.choices.iter().all(|c| c.done) {
+            Outcome::Finished
+        } else {
+            Outcome::Cut
+        };
+        (t, outcome)
+    }
+
+    /// Settles now and waits for the commit (non-streaming answers).
+    pub async fn settle(mut self) -> Result<Closed, ApiError> {
+        self.closed = true;
+        let (t, outcome) = self.usage();
+        Ok(self.ledger.settle(&self.request_id, t, outcome).await?)
+    }
+}
+
+impl Drop for Tab {
+    fn drop(&mut self) {
+        if self.closed {
+            return;
+        }
+        if self.started {
+            let (t, outcome) = self.usage();
+            self.ledger.settle_later(&self.request_id, t, outcome);
+        } else {
+            self.ledger.release_later(&self.request_id);
+        }
+    }
+}
+
+/// How long the house provider's asks stay valid.
+const ASK_TTL_S: i64 = 60;
+
+/// Every `every`: for each served text model, records the house prices in
+/// the history and replaces the house ask (at the output price, for the
+/// profile's decode capacity); sweeps expired orders.
+pub async fn run_house(billing: Arc<Billing>, models: Arc<ModelRegistry>, every: Duration) {
+    let mut tick = tokio::time::interval(every);
+    loop {
+        tick.tick().await;
+        if let Err(e) = house_round(&billing, &models).await {
+            tracing::warn!(error = %e, "house market round failed");
+        }
+    }
+}
+
+async fn house_round(b: &Billing, models: &ModelRegistry) -> Result<(), ApiError> {
+    b.market.expire().await?;
+    let capacity = b
+        .market
+        .providers()
+        .into_iter()
+        .find(|p| p.account_id == HOUSE_PROVIDER)
+        .map_or(1, |p| {
+            (p.profile.decode_tokens_per_hour / 3600).max(1) as u64
+        });
+    for m in models.list() {
+        let ModelKind::Text(engine) = &m.kind else {
+            continue;
+        };
+        let q = b.quote(&m.name, b.load_of(engine))?;
+        b.market.record_prices(&m.name, q.prices).await?;
+        b.market.cancel_all(&m.name, HOUSE_PROVIDER).await?;
+        b.market
+            .submit(NewOrder {
+                side: Side::Ask,
+                instrument: m.name.clone(),
+                account_id: HOUSE_PROVIDER.to_string(),
+                price: q.prices.output,
+                quantity: capacity,
+                priority: 0,
+                interruptible: false,
+                expires_at: crate::store::now() + ASK_TTL_S,
+            })
+            .await?;
+    }
+    Ok(())
+}

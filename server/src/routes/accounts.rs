@@ -1,0 +1,222 @@
+//! Account routes. For API keys: `GET /v1/usage`, the caller's balance and
+//! latest usage records. For admins: accounts (list, create, credit limit),
+//! top-ups, journal queries and the ledger audit.
+
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Extension, Json, Router};
+use serde::Deserialize;
+use serde_json::json;
+
+use super::market::billing;
+use crate::api::json::ApiJson;
+use crate::billing::Payer;
+use crate::error::ApiError;
+use crate::ledger::accounts::{Account, AccountKind};
+use crate::ledger::audit::Audit;
+use crate::state::AppState;
+use crate::store::keys::KeyRecord;
+
+/// Routes that API keys reach (mounted behind the key check).
+pub fn router() -> Router<AppState> {
+    Router::new().route("/v1/usage", get(usage))
+}
+
+pub fn admin_router() -> Router<AppState> {
+    Router::new()
+        .route("/admin/accounts", get(list).post(create))
+        .route("/admin/accounts/{id}", get(one).patch(update))
+        .route("/admin/accounts/{id}/topup", post(top_up))
+        .route("/admin/journal", get(journal))
+        .route("/admin/ledger/audit", get(audit))
+}
+
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+pub(crate) struct LimitQuery {
+    /// Rows to return (default 50, at most 1000).
+    limit: Option<i64>,
+    /// Journal: only transactions touching this account.
+    account: Option<String>,
+}
+
+impl LimitQuery {
+    fn limit(&self) -> i64 {
+        self.limit.unwrap_or(50).clamp(1, 1000)
+    }
+}
+
+/// The caller's account (balance, held funds, credit limit; micro-units)
+/// and its latest usage records, with the key's budget if it has one.
+#[utoipa::path(get, path = "/v1/usage", tag = "billing", params(LimitQuery),
+    responses((status = 200, description = "Balance and usage", body = Object)),
+    security(("api_key" = [])))]
+pub(crate) async fn usage(
+    State(state): State<AppState>,
+    key: Option<Extension<KeyRecord>>,
+    Query(q): Query<LimitQuery>,
+) -> Result<Response, ApiError> {
+    let b = billing(&state)?;
+    let payer = Payer::of(key.as_deref());
+    let account = b.ledger.account(&payer.account_id).await?;
+    let records = b.ledger.usage(&payer.account_id, q.limit()).await?;
+    let key = key.map(|k| json!({"id": k.id, "budget": k.budget, "spent": k.spent}));
+    let body = json!({
+        "account": account,
+        "available": account.available(),
+        "key": key,
+        "object": "list",
+        "data": records,
+    });
+    Ok(Json(body).into_response())
+}
+
+/// Admin: every account.
+#[utoipa::path(get, path = "/admin/accounts", tag = "admin",
+    responses((status = 200, description = "Accounts", body = Object), (status = 401, description = "Missing or wrong admin token", body = crate::openapi::ErrorResponse)),
+    security(("admin_token" = [])))]
+pub(crate) async fn list(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    state.auth.check_admin(&headers)?;
+    let data = billing(&state)?.ledger.accounts().await?;
+    Ok(Json(json!({"object": "list", "data": data})).into_response())
+}
+
+/// Admin: one account.
+#[utoipa::path(get, path = "/admin/accounts/{id}", tag = "admin",
+    params(("id" = String, Path, description = "Account id")),
+    responses((status = 200, description = "The account", body = Account), (status = 404, description = "No such account", body = crate::openapi::ErrorResponse), (status = 401, description = "Missing or wrong admin token", body = crate::openapi::ErrorResponse)),
+    security(("admin_token" = [])))]
+pub(crate) async fn one(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Result<Json<Account>, ApiError> {
+    state.auth.check_admin(&headers)?;
+    Ok(Json(billing(&state)?.ledger.account(&id).await?))
+}
+
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct CreateAccount {
+    /// `user` (default) or `provider`.
+    #[serde(default)]
+    kind: Option<AccountKind>,
+    name: String,
+    /// How far below zero the balance may go (micro-units; default 0).
+    #[serde(default)]
+    credit_limit: i64,
+}
+
+/// Admin: creates a user or provider account.
+#[utoipa::path(post, path = "/admin/accounts", tag = "admin", request_body = CreateAccount,
+    responses((status = 201, description = "Created", body = Account), (status = 400, description = "Invalid account", body = crate::openapi::ErrorResponse), (status = 401, description = "Missing or wrong admin token", body = crate::openapi::ErrorResponse)),
+    security(("admin_token" = [])))]
+pub(crate) async fn create(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    ApiJson(req): ApiJson<CreateAccount>,
+) -> Result<Response, ApiError> {
+    state.auth.check_admin(&headers)?;
+    let kind = req.kind.unwrap_or(AccountKind::User);
+    if !matches!(kind, AccountKind::User | AccountKind::Provider) {
+        return Err(ApiError::invalid(
+            "kind",
+            "accounts created here are `user` or `provider`",
+        ));
+    }
+    if req.name.trim().is_empty() || req.name.len() > 128 {
+        return Err(ApiError::invalid(
+            "name",
+            "an account name is 1-128 characters",
+        ));
+    }
+    let a = billing(&state)?
+        .ledger
+        .create_account(kind, &req.name, req.credit_limit)
+        .await?;
+    Ok((StatusCode::CREATED, Json(a)).into_response())
+}
+
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct UpdateAccount {
+    /// How far below zero the balance may go (micro-units).
+    credit_limit: i64,
+}
+
+/// Admin: sets an account's credit limit.
+#[utoipa::path(patch, path = "/admin/accounts/{id}", tag = "admin", request_body = UpdateAccount,
+    params(("id" = String, Path, description = "Account id")),
+    responses((status = 200, description = "Updated", body = Account), (status = 404, description = "No such account", body = crate::openapi::ErrorResponse), (status = 401, description = "Missing or wrong admin token", body = crate::openapi::ErrorResponse)),
+    security(("admin_token" = [])))]
+pub(crate) async fn update(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    ApiJson(req): ApiJson<UpdateAccount>,
+) -> Result<Json<Account>, ApiError> {
+    state.auth.check_admin(&headers)?;
+    let ledger = &billing(&state)?.ledger;
+    ledger.set_credit_limit(&id, req.credit_limit).await?;
+    Ok(Json(ledger.account(&id).await?))
+}
+
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct TopUp {
+    /// Micro-units to credit (> 0).
+    amount: i64,
+    #[serde(default)]
+    memo: String,
+}
+
+/// Admin: credits an account (a journal transaction against `deposits`).
+#[utoipa::path(post, path = "/admin/accounts/{id}/topup", tag = "admin", request_body = TopUp,
+    params(("id" = String, Path, description = "Account id")),
+    responses((status = 200, description = "The journal transaction and the account", body = Object), (status = 400, description = "Invalid amount", body = crate::openapi::ErrorResponse), (status = 404, description = "No such account", body = crate::openapi::ErrorResponse), (status = 401, description = "Missing or wrong admin token", body = crate::openapi::ErrorResponse)),
+    security(("admin_token" = [])))]
+pub(crate) async fn top_up(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    ApiJson(req): ApiJson<TopUp>,
+) -> Result<Response, ApiError> {
+    state.auth.check_admin(&headers)?;
+    let ledger = &billing(&state)?.ledger;
+    let tx = ledger.top_up(&id, req.amount, &req.memo).await?;
+    let account = ledger.account(&id).await?;
+    Ok(Json(json!({"transaction": tx, "account": account})).into_response())
+}
+
+/// Admin: the latest journal transactions with their entries.
+#[utoipa::path(get, path = "/admin/journal", tag = "admin", params(LimitQuery),
+    responses((status = 200, description = "Transactions, newest first", body = Object), (status = 401, description = "Missing or wrong admin token", body = crate::openapi::ErrorResponse)),
+    security(("admin_token" = [])))]
+pub(crate) async fn journal(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Query(q): Query<LimitQuery>,
+) -> Result<Response, ApiError> {
+    state.auth.check_admin(&headers)?;
+    let data = billing(&state)?
+        .ledger
+        .journal(q.account.as_deref(), q.limit())
+        .await?;
+    Ok(Json(json!({"object": "list", "data": data})).into_response())
+}
+
+/// Admin: checks every ledger invariant against the journal.
+#[utoipa::path(get, path = "/admin/ledger/audit", tag = "admin",
+    responses((status = 200, description = "Violations (empty when all hold)", body = Audit), (status = 401, description = "Missing or wrong admin token", body = crate::openapi::ErrorResponse)),
+    security(("admin_token" = [])))]
+pub(crate) async fn audit(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+) -> Result<Json<Audit>, ApiError> {
+    state.auth.check_admin(&headers)?;
+    Ok(Json(billing(&state)?.ledger.audit().await?))
+}

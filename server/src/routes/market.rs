@@ -1,0 +1,343 @@
+//! Market routes. For API keys: current prices of every served model, an
+//! instrument's order book, trades and price history, and posting or
+//! cancelling bids. For admins: asks on behalf of providers, the region
+//! electricity table and provider profiles.
+
+use std::sync::Arc;
+
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{delete, get, post, put};
+use axum::{Extension, Json, Router};
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+
+use crate::api::json::ApiJson;
+use crate::billing::{Billing, Payer};
+use crate::error::ApiError;
+use crate::ledger::Prices;
+use crate::market::book::Side;
+use crate::market::pricing::{CostProfile, Load, demand_bps};
+use crate::market::{NewOrder, Provider, Spot};
+use crate::state::{AppState, ModelKind};
+use crate::store::keys::KeyRecord;
+
+/// Routes that API keys reach (mounted behind the key check).
+pub fn router() -> Router<AppState> {
+    Router::new()
+        .route("/v1/market/prices", get(prices))
+        .route("/v1/market/book", get(book))
+        .route("/v1/market/trades", get(trades))
+        .route("/v1/market/history", get(history))
+        .route("/v1/market/orders", post(post_bid))
+        .route("/v1/market/orders/{id}", delete(cancel))
+}
+
+/// Admin market routes.
+pub fn admin_router() -> Router<AppState> {
+    Router::new()
+        .route("/admin/market/orders", post(post_ask))
+        .route("/admin/market/regions", get(regions))
+        .route("/admin/market/regions/{region}", put(set_region))
+        .route("/admin/market/providers", get(providers))
+        .route("/admin/market/providers/{id}", put(set_provider))
+}
+
+pub(crate) fn billing(state: &AppState) -> Result<&Arc<Billing>, ApiError> {
+    state
+        .billing
+        .as_ref()
+        .ok_or_else(|| ApiError::invalid("model", "this server does not meter requests"))
+}
+
+/// The prices of one served model right now.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub(crate) struct ModelPrice {
+    model: String,
+    /// Micro-units per million tokens, fee included.
+    prices: Prices,
+    /// Demand multiplier (bps; 10000 = 1x).
+    demand_bps: i64,
+    /// Protocol fee (bps).
+    fee_bps: i64,
+    spot: Spot,
+}
+
+/// Current prices of every served model (the house provider's quote under
+/// its current load) with the spot market's best bid, ask and last trade.
+#[utoipa::path(get, path = "/v1/market/prices", tag = "market",
+    responses((status = 200, description = "Prices per model", body = Object)),
+    security(("api_key" = [])))]
+pub(crate) async fn prices(State(state): State<AppState>) -> Result<Response, ApiError> {
+    let b = billing(&state)?;
+    let mut data = Vec::new();
+    for m in state.models.list() {
+        let load = match &m.kind {
+            ModelKind::Text(e) => b.load_of(e),
+            ModelKind::Embedding(_) => Load::default(),
+        };
+        let q = b.quote(&m.name, load)?;
+        data.push(ModelPrice {
+            spot: b.market.spot(&m.name, 5).await,
+            model: m.name,
+            prices: q.prices,
+            demand_bps: demand_bps(load),
+            fee_bps: q.fee_bps,
+        });
+    }
+    Ok(Json(json!({"object": "list", "data": data})).into_response())
+}
+
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+pub(crate) struct InstrumentQuery {
+    /// A model name or resource class.
+    instrument: String,
+    /// Price levels (book) or rows (trades, history); default 20, at most 500.
+    limit: Option<i64>,
+}
+
+impl InstrumentQuery {
+    fn limit(&self) -> i64 {
+        self.limit.unwrap_or(20).clamp(1, 500)
+    }
+}
+
+/// An instrument's order book: best bid and ask, last trade, price levels.
+#[utoipa::path(get, path = "/v1/market/book", tag = "market", params(InstrumentQuery),
+    responses((status = 200, description = "The book", body = Spot)),
+    security(("api_key" = [])))]
+pub(crate) async fn book(
+    State(state): State<AppState>,
+    Query(q): Query<InstrumentQuery>,
+) -> Result<Json<Spot>, ApiError> {
+    let b = billing(&state)?;
+    Ok(Json(b.market.spot(&q.instrument, q.limit() as usize).await))
+}
+
+/// An instrument's latest trades, newest first.
+#[utoipa::path(get, path = "/v1/market/trades", tag = "market", params(InstrumentQuery),
+    responses((status = 200, description = "Trades", body = Object)),
+    security(("api_key" = [])))]
+pub(crate) async fn trades(
+    State(state): State<AppState>,
+    Query(q): Query<InstrumentQuery>,
+) -> Result<Response, ApiError> {
+    let b = billing(&state)?;
+    let data = b.market.trades(&q.instrument, q.limit()).await?;
+    Ok(Json(json!({"object": "list", "data": data})).into_response())
+}
+
+/// The house provider's posted prices over time, newest first.
+#[utoipa::path(get, path = "/v1/market/history", tag = "market", params(InstrumentQuery),
+    responses((status = 200, description = "Price samples", body = Object)),
+    security(("api_key" = [])))]
+pub(crate) async fn history(
+    State(state): State<AppState>,
+    Query(q): Query<InstrumentQuery>,
+) -> Result<Response, ApiError> {
+    let b = billing(&state)?;
+    let data = b.market.history(&q.instrument, q.limit()).await?;
+    Ok(Json(json!({"object": "list", "data": data})).into_response())
+}
+
+/// An order as posted.
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct PostOrder {
+    /// A model name or resource class.
+    instrument: String,
+    /// Limit price, micro-units per million tokens.
+    price: i64,
+    /// Tokens per second.
+    quantity: u64,
+    /// Bids: among equal prices, higher first.
+    #[serde(default)]
+    priority: i64,
+    /// Seconds the order stays valid (default 3600, at most 30 days).
+    #[serde(default)]
+    expires_in: Option<i64>,
+    /// Asks: preemptible capacity.
+    #[serde(default)]
+    interruptible: bool,
+    /// Admin asks only: the provider account that sells.
+    #[serde(default)]
+    account_id: Option<String>,
+}
+
+fn new_order(side: Side, account_id: String, o: PostOrder) -> Result<NewOrder, ApiError> {
+    let ttl = o.expires_in.unwrap_or(3600);
+    if !(1..=30 * 86_400).contains(&ttl) {
+        return Err(ApiError::invalid(
+            "expires_in",
+            "expires_in is 1 s to 30 days",
+        ));
+    }
+    Ok(NewOrder {
+        side,
+        instrument: o.instrument,
+        account_id,
+        price: o.price,
+        quantity: o.quantity,
+        priority: o.priority,
+        interruptible: o.interruptible,
+        expires_at: crate::store::now() + ttl,
+    })
+}
+
+async fn submit(state: &AppState, order: NewOrder) -> Result<Response, ApiError> {
+    let (placed, fills) = billing(state)?.market.submit(order).await?;
+    let body = json!({"order": placed, "fills": fills});
+    Ok((StatusCode::CREATED, Json(body)).into_response())
+}
+
+/// Posts a bid from the caller's account; it matches resting asks at
+/// their prices (price-time priority), and what is left rests.
+#[utoipa::path(post, path = "/v1/market/orders", tag = "market", request_body = PostOrder,
+    responses((status = 201, description = "The order as placed, and its fills", body = Object), (status = 400, description = "Invalid order", body = crate::openapi::ErrorResponse)),
+    security(("api_key" = [])))]
+pub(crate) async fn post_bid(
+    State(state): State<AppState>,
+    key: Option<Extension<KeyRecord>>,
+    ApiJson(o): ApiJson<PostOrder>,
+) -> Result<Response, ApiError> {
+    if o.account_id.is_some() {
+        return Err(ApiError::invalid(
+            "account_id",
+            "a bid is posted from the key's own account",
+        ));
+    }
+    let payer = Payer::of(key.as_deref());
+    submit(&state, new_order(Side::Bid, payer.account_id, o)?).await
+}
+
+/// Cancels one of the caller's open orders.
+#[utoipa::path(delete, path = "/v1/market/orders/{id}", tag = "market",
+    params(("id" = String, Path, description = "The order's id")),
+    responses((status = 200, description = "Cancelled", body = Object), (status = 404, description = "No such open order of yours", body = crate::openapi::ErrorResponse)),
+    security(("api_key" = [])))]
+pub(crate) async fn cancel(
+    State(state): State<AppState>,
+    key: Option<Extension<KeyRecord>>,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    let payer = Payer::of(key.as_deref());
+    let o = billing(&state)?
+        .market
+        .cancel(&id, Some(&payer.account_id))
+        .await?;
+    Ok(Json(json!({"order": o, "cancelled": true})).into_response())
+}
+
+/// Admin: posts an ask for a provider account.
+#[utoipa::path(post, path = "/admin/market/orders", tag = "admin", request_body = PostOrder,
+    responses((status = 201, description = "The order as placed, and its fills", body = Object), (status = 400, description = "Invalid order", body = crate::openapi::ErrorResponse), (status = 401, description = "Missing or wrong admin token", body = crate::openapi::ErrorResponse)),
+    security(("admin_token" = [])))]
+pub(crate) async fn post_ask(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    ApiJson(o): ApiJson<PostOrder>,
+) -> Result<Response, ApiError> {
+    state.auth.check_admin(&headers)?;
+    let b = billing(&state)?;
+    let id = o
+        .account_id
+        .clone()
+        .ok_or_else(|| ApiError::invalid("account_id", "an ask names its provider account"))?;
+    if b.ledger.account(&id).await?.kind != "provider" {
+        return Err(ApiError::invalid(
+            "account_id",
+            "asks come from provider accounts",
+        ));
+    }
+    submit(&state, new_order(Side::Ask, id, o)?).await
+}
+
+/// Admin: electricity prices by region (micro-units per kWh).
+#[utoipa::path(get, path = "/admin/market/regions", tag = "admin",
+    responses((status = 200, description = "Region -> price", body = Object), (status = 401, description = "Missing or wrong admin token", body = crate::openapi::ErrorResponse)),
+    security(("admin_token" = [])))]
+pub(crate) async fn regions(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    state.auth.check_admin(&headers)?;
+    Ok(Json(json!({"regions": billing(&state)?.market.regions()})).into_response())
+}
+
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RegionPrice {
+    micros_per_kwh: i64,
+}
+
+/// Admin: sets (or adds) a region's electricity price.
+#[utoipa::path(put, path = "/admin/market/regions/{region}", tag = "admin", request_body = RegionPrice,
+    params(("region" = String, Path, description = "Region name")),
+    responses((status = 200, description = "Updated", body = Object), (status = 400, description = "Invalid price", body = crate::openapi::ErrorResponse), (status = 401, description = "Missing or wrong admin token", body = crate::openapi::ErrorResponse)),
+    security(("admin_token" = [])))]
+pub(crate) async fn set_region(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Path(region): Path<String>,
+    ApiJson(p): ApiJson<RegionPrice>,
+) -> Result<Response, ApiError> {
+    state.auth.check_admin(&headers)?;
+    billing(&state)?
+        .market
+        .set_region_price(&region, p.micros_per_kwh)
+        .await?;
+    Ok(Json(json!({"region": region, "micros_per_kwh": p.micros_per_kwh})).into_response())
+}
+
+/// Admin: every provider's cost profile and standing.
+#[utoipa::path(get, path = "/admin/market/providers", tag = "admin",
+    responses((status = 200, description = "Providers", body = Object), (status = 401, description = "Missing or wrong admin token", body = crate::openapi::ErrorResponse)),
+    security(("admin_token" = [])))]
+pub(crate) async fn providers(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    state.auth.check_admin(&headers)?;
+    let data = billing(&state)?.market.providers();
+    Ok(Json(json!({"object": "list", "data": data})).into_response())
+}
+
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct SetProvider {
+    profile: CostProfile,
+    #[serde(default = "one_x")]
+    reputation_bps: i64,
+    #[serde(default = "one_x")]
+    uptime_bps: i64,
+}
+
+fn one_x() -> i64 {
+    10_000
+}
+
+/// Admin: sets a provider account's cost profile and standing.
+#[utoipa::path(put, path = "/admin/market/providers/{id}", tag = "admin", request_body = SetProvider,
+    params(("id" = String, Path, description = "The provider's account id")),
+    responses((status = 200, description = "Updated", body = Provider), (status = 400, description = "Invalid profile", body = crate::openapi::ErrorResponse), (status = 404, description = "No such provider account", body = crate::openapi::ErrorResponse), (status = 401, description = "Missing or wrong admin token", body = crate::openapi::ErrorResponse)),
+    security(("admin_token" = [])))]
+pub(crate) async fn set_provider(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    ApiJson(p): ApiJson<SetProvider>,
+) -> Result<Json<Provider>, ApiError> {
+    state.auth.check_admin(&headers)?;
+    let provider = Provider {
+        account_id: id,
+        profile: p.profile,
+        reputation_bps: p.reputation_bps,
+        uptime_bps: p.uptime_bps,
+    };
+    billing(&state)?
+        .market
+        .set_provider(provider.clone())
+        .await?;
+    Ok(Json(provider))
+}
