@@ -59,6 +59,22 @@ impl Db {
         };
         let pool = AnyPoolOptions::new()
             .max_connections(if backend == Backend::Sqlite { 4 } else { 16 })
+            .after_connect(move |conn, _| {
+                Box::pin(async move {
+                    if backend == Backend::Sqlite {
+                        // Write-ahead logging: readers never block the
+                        // writer and a commit is one fsync (still FULL
+                        // sync: a commit survives a power cut).
+                        sqlx::query("PRAGMA journal_mode = WAL")
+                            .execute(&mut *conn)
+                            .await?;
+                        sqlx::query("PRAGMA busy_timeout = 10000")
+                            .execute(&mut *conn)
+                            .await?;
+                    }
+                    Ok(())
+                })
+            })
             .connect(&url)
             .await?;
         match backend {
@@ -96,9 +112,10 @@ pub fn now() -> i64 {
         .map_or(0, |d| d.as_secs() as i64)
 }
 
-/// Test helpers: a reachable PostgreSQL (started if it is down, with the
-/// machine's own command) and a fresh SQLite file.
-#[cfg(test)]
+/// Test and benchmark helpers: a reachable PostgreSQL (started if it is
+/// down, with the machine's own command), a fresh schema in it, and a fresh
+/// SQLite file.
+#[doc(hidden)]
 pub mod testing {
     /// `SYNOR_TEST_POSTGRES_URL`, default the local `test` database.
     pub fn postgres_url() -> String {
