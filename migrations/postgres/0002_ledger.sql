@@ -24,7 +24,7 @@ INSERT INTO accounts (id, kind, name, unlimited, created_at) VALUES
 
 CREATE TABLE journal (
     id         TEXT PRIMARY KEY,
-    kind       TEXT NOT NULL,                  -- topup | usage | adjustment
+    kind       TEXT NOT NULL,                  -- topup | usage | penalty
     ref        TEXT UNIQUE,                    -- request id of a usage transaction
     memo       TEXT NOT NULL DEFAULT '',
     created_at BIGINT NOT NULL
@@ -58,6 +58,11 @@ CREATE TABLE holds (
     payout_bps   BIGINT NOT NULL,              -- provider reward multiplier, 10000 = 1x
     instance_id  TEXT NOT NULL,
     state        TEXT NOT NULL,                -- open | settled | released
+    -- What the request had used at its last checkpoint (recovery settles
+    -- an orphaned hold from these).
+    used_prompt     BIGINT NOT NULL DEFAULT 0,
+    used_cached     BIGINT NOT NULL DEFAULT 0,
+    used_completion BIGINT NOT NULL DEFAULT 0,
     created_at   BIGINT NOT NULL,
     closed_at    BIGINT
 );

@@ -1,13 +1,15 @@
 //! Metering API requests: before a request runs, a quote from the market
 //! (the house provider's prices under the engine's current load) and a hold
 //! of its worst case on the payer's account; while it runs, a `Tab` counts
-//! the tokens each choice produced; when it ends, however it ends (finished,
-//! failed, or dropped because the client left), the tab settles the hold
-//! from that count, exactly once. Also the house provider's standing asks
-//! and price history, refreshed in the background.
+//! the tokens each choice produced (checkpointed onto the hold every
+//! second, for recovery if this server dies); when it ends, however it ends
+//! (finished, failed, or dropped because the client left), the tab settles
+//! the hold from that count, exactly once. Also, in the background: the house
+//! provider's throughput measured from the engine's counters, its standing
+//! asks and its price history.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use engine::{EngineHandle, TokenEvent, Usage};
 
@@ -27,7 +29,12 @@ pub struct Billing {
     pub market: Arc<Market>,
     /// Sequences each engine runs at once (for utilization).
     pub capacity: u64,
+    /// Engine counters at the start of the current throughput window.
+    pub window: std::sync::Mutex<Option<engine::EngineStats>>,
 }
+
+/// Forward time a window needs before its throughput updates the profile.
+const MIN_WINDOW_BUSY_MICROS: u64 = 5_000_000;
 
 /// Who pays: the key's account, or the local account in open mode.
 #[derive(Debug, Clone)]
@@ -70,7 +77,13 @@ pub struct Tab {
     started: bool,
     failed: bool,
     closed: bool,
+    /// When the usage was last checkpointed onto the hold.
+    checkpointed: Instant,
 }
+
+/// How often a running request records its usage on its hold (what
+/// recovery bills if this server dies mid-request).
+const CHECKPOINT_EVERY: Duration = Duration::from_secs(1);
 
 impl Billing {
     /// The engine's load as the pricing engine sees it.
@@ -125,6 +138,7 @@ impl Billing {
             started: false,
             failed: false,
             closed: false,
+            checkpointed: Instant::now(),
         })
     }
 
@@ -188,6 +202,11 @@ impl Tab {
             TokenEvent::Delta { token_ids, .. } => {
                 if let Some(c) = self.choices.get_mut(i) {
                     c.completion += token_ids.len() as u64;
+                }
+                if self.checkpointed.elapsed() >= CHECKPOINT_EVERY {
+                    self.checkpointed = Instant::now();
+                    self.ledger
+                        .checkpoint_later(&self.request_id, self.usage().0);
                 }
             }
             TokenEvent::Finished { usage, .. } => self.finished(i, usage),
@@ -264,8 +283,57 @@ pub async fn run_house(billing: Arc<Billing>, models: Arc<ModelRegistry>, every:
     }
 }
 
+/// Updates the house profile's tokens per hour from what the (first) text
+/// engine did since the window started, once it has enough forward time:
+/// the new rate is the mean of the old one and the measured one.
+async fn measure_house(b: &Billing, engine: &EngineHandle) -> Result<(), ApiError> {
+    let now = engine.stats();
+    let start = {
+        let mut w = b.window.lock().unwrap_or_else(|e| e.into_inner());
+        let start = *w.get_or_insert(now);
+        if now.busy_micros.saturating_sub(start.busy_micros) < MIN_WINDOW_BUSY_MICROS {
+            return Ok(());
+        }
+        *w = Some(now);
+        start
+    };
+    let Some(mut house) = b
+        .market
+        .providers()
+        .into_iter()
+        .find(|p| p.account_id == HOUSE_PROVIDER)
+    else {
+        return Ok(());
+    };
+    let generated = now.generated_tokens.saturating_sub(start.generated_tokens);
+    let batched = now.batched_tokens.saturating_sub(start.batched_tokens);
+    let busy = now.busy_micros.saturating_sub(start.busy_micros);
+    let prompt = batched.saturating_sub(generated);
+    if let Some((pre, dec)) =
+        crate::market::pricing::measured_rates(&house.profile, prompt, generated, busy)
+    {
+        let p = &mut house.profile;
+        p.prefill_tokens_per_hour = (p.prefill_tokens_per_hour + pre) / 2;
+        p.decode_tokens_per_hour = (p.decode_tokens_per_hour + dec) / 2;
+        tracing::info!(
+            prefill = p.prefill_tokens_per_hour,
+            decode = p.decode_tokens_per_hour,
+            "house throughput measured"
+        );
+        b.market.set_provider(house).await?;
+    }
+    Ok(())
+}
+
 async fn house_round(b: &Billing, models: &ModelRegistry) -> Result<(), ApiError> {
     b.market.expire().await?;
+    let first_text = models.list().into_iter().find_map(|m| match m.kind {
+        ModelKind::Text(e) => Some(e),
+        ModelKind::Embedding(_) => None,
+    });
+    if let Some(engine) = first_text {
+        measure_house(b, &engine).await?;
+    }
     let capacity = b
         .market
         .providers()

@@ -61,6 +61,7 @@ impl Modify for Security {
         routes::accounts::create,
         routes::accounts::update,
         routes::accounts::top_up,
+        routes::accounts::penalty,
         routes::accounts::journal,
         routes::accounts::audit,
         routes::market::prices,

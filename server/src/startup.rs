@@ -77,6 +77,7 @@ async fn billing(args: &ServeArgs, db: Db) -> anyhow::Result<Billing> {
         ledger,
         market: Arc::new(market),
         capacity: args.scheduler.to_engine().scheduler.max_num_seqs as u64,
+        window: std::sync::Mutex::default(),
     })
 }
 

@@ -7,7 +7,7 @@ use sqlx::Row;
 use sqlx::any::AnyRow;
 
 use super::money::Micros;
-use super::{DEPOSITS, Ledger, LedgerError};
+use super::{DEPOSITS, Ledger, LedgerError, TREASURY};
 use crate::store::now;
 
 /// What an account is for.
@@ -159,42 +159,85 @@ impl Ledger {
         amount: Micros,
         memo: &str,
     ) -> Result<String, LedgerError> {
+        self.transfer("topup", DEPOSITS, account_id, amount, memo)
+            .await
+    }
+
+    /// A penalty: `amount` (> 0) from a provider to the treasury.
+    pub async fn penalize(
+        &self,
+        provider_id: &str,
+        amount: Micros,
+        memo: &str,
+    ) -> Result<String, LedgerError> {
+        let p = self.account(provider_id).await?;
+        if p.kind != AccountKind::Provider.as_str() {
+            return Err(LedgerError::InvalidAmount(format!(
+                "penalties apply to provider accounts, not `{provider_id}`"
+            )));
+        }
+        self.transfer("penalty", provider_id, TREASURY, amount, memo)
+            .await
+    }
+
+    /// Moves `amount` (> 0) from one account to another as one journal
+    /// transaction of kind `kind`; the debit must fit the payer's funds
+    /// (balance + credit limit - holds) unless it is unlimited.
+    async fn transfer(
+        &self,
+        kind: &str,
+        from: &str,
+        to: &str,
+        amount: Micros,
+        memo: &str,
+    ) -> Result<String, LedgerError> {
         if amount <= 0 {
-            return Err(LedgerError::InvalidAmount(
-                "a top-up must be positive".into(),
-            ));
+            return Err(LedgerError::InvalidAmount(format!(
+                "a {kind} must be positive"
+            )));
         }
         let mut tx = self.db.pool.begin().await?;
-        let credited = sqlx::query("UPDATE accounts SET balance = balance + $1 WHERE id = $2")
-            .bind(amount)
-            .bind(account_id)
+        // Rows in id order, so concurrent transfers never deadlock.
+        let mut moves = [(from, -amount), (to, amount)];
+        moves.sort();
+        for (id, delta) in moves {
+            let done = sqlx::query(
+                "UPDATE accounts SET balance = balance + $1 WHERE id = $2 \
+                 AND ($3 > 0 OR unlimited = 1 OR balance - held + $4 >= -credit_limit)",
+            )
+            .bind(delta)
+            .bind(id)
+            .bind(delta)
+            .bind(delta)
             .execute(&mut *tx)
             .await?;
-        if credited.rows_affected() == 0 {
-            return Err(LedgerError::UnknownAccount(account_id.to_string()));
+            if done.rows_affected() == 0 {
+                drop(tx);
+                return Err(match self.account(id).await {
+                    Ok(a) => LedgerError::InsufficientQuota {
+                        need: amount,
+                        available: a.available(),
+                    },
+                    Err(e) => e,
+                });
+            }
         }
-        sqlx::query("UPDATE accounts SET balance = balance - $1 WHERE id = $2")
-            .bind(amount)
-            .bind(DEPOSITS)
+        let tx_id = format!("{kind}:{}", uuid::Uuid::new_v4().simple());
+        sqlx::query("INSERT INTO journal (id, kind, memo, created_at) VALUES ($1, $2, $3, $4)")
+            .bind(&tx_id)
+            .bind(kind)
+            .bind(memo)
+            .bind(now())
             .execute(&mut *tx)
             .await?;
-        let tx_id = format!("topup:{}", uuid::Uuid::new_v4().simple());
-        sqlx::query(
-            "INSERT INTO journal (id, kind, memo, created_at) VALUES ($1, 'topup', $2, $3)",
-        )
-        .bind(&tx_id)
-        .bind(memo)
-        .bind(now())
-        .execute(&mut *tx)
-        .await?;
         sqlx::query(
             "INSERT INTO entries (tx_id, account_id, amount) VALUES ($1, $2, $3), ($4, $5, $6)",
         )
         .bind(&tx_id)
-        .bind(account_id)
+        .bind(to)
         .bind(amount)
         .bind(&tx_id)
-        .bind(DEPOSITS)
+        .bind(from)
         .bind(-amount)
         .execute(&mut *tx)
         .await?;

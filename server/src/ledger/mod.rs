@@ -8,7 +8,8 @@
 //! - `accounts`: accounts, top-ups, per-key budgets, queries.
 //! - `holds`: placing a hold (refused when funds or budget cannot cover it).
 //! - `settle`: the batching writer that settles or releases holds.
-//! - `recovery`: instance heartbeats; holds of a dead instance are released.
+//! - `recovery`: instance heartbeats; holds of a dead instance are settled
+//!   from their last usage checkpoint, or released.
 //! - `audit`: the invariants, checked against the journal.
 
 pub mod accounts;
@@ -118,14 +119,14 @@ pub struct Ledger {
 }
 
 impl Ledger {
-    /// Registers this instance, releases what dead instances left open, and
+    /// Registers this instance, closes what dead instances left open, and
     /// starts the settlement writer and the heartbeat.
     pub async fn start(db: Db, config: LedgerConfig) -> Result<Self, LedgerError> {
         let instance: Arc<str> = format!("inst_{}", uuid::Uuid::new_v4().simple()).into();
         recovery::register(&db, &instance).await?;
-        let released = recovery::release_dead(&db, config.stale_after).await?;
-        if released > 0 {
-            tracing::warn!(released, "released holds left open by a stopped server");
+        let r = recovery::recover_dead(&db, config.stale_after).await?;
+        if r != recovery::Recovered::default() {
+            tracing::warn!(?r, "closed holds left open by a stopped server");
         }
         let (jobs, rx) = mpsc::unbounded_channel();
         tokio::spawn(settle::writer(db.clone(), rx));
@@ -194,6 +195,14 @@ impl Ledger {
         {
             tracing::error!(request_id, "ledger closed: release left to recovery");
         }
+    }
+
+    /// Records what a running request has used so far (queued; for
+    /// recovery if this instance dies before settling it).
+    pub fn checkpoint_later(&self, request_id: &str, tokens: Tokens) {
+        let _ = self
+            .jobs
+            .send(settle::Job::Checkpoint(request_id.to_string(), tokens));
     }
 
     /// Waits until every settlement queued so far is committed.

@@ -1,18 +1,18 @@
 //! Crash recovery. Every server instance registers itself and writes a
 //! heartbeat; holds carry the instance that placed them. When an instance
 //! has been silent longer than `stale_after` (killed, crashed, cut off),
-//! any live instance releases its open holds (a request whose settlement
-//! committed is no longer open, so nothing is billed twice). A settlement
-//! and its usage record commit in one transaction, so an open hold never
-//! has a usage record to settle from.
+//! any live instance closes its open holds: running requests checkpoint
+//! their usage onto their hold, so a hold is settled from its last
+//! checkpoint, or released if nothing was used. A request whose settlement
+//! committed is no longer open, so nothing is billed twice.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use sqlx::Row;
 
-use super::{LedgerConfig, LedgerError, Micros};
+use super::settle::{Item, close_batch};
+use super::{Closed, LedgerConfig, LedgerError, Outcome, Tokens};
 use crate::store::{Db, now};
 
 /// Records this instance as alive.
@@ -27,7 +27,7 @@ pub async fn register(db: &Db, instance: &str) -> Result<(), LedgerError> {
     Ok(())
 }
 
-/// Beats until the process ends; every few beats, releases what dead
+/// Beats until the process ends; every few beats, closes what dead
 /// instances left open.
 pub async fn heartbeat(db: Db, instance: Arc<str>, config: LedgerConfig) {
     let mut tick = tokio::time::interval(config.heartbeat);
@@ -44,50 +44,60 @@ pub async fn heartbeat(db: Db, instance: Arc<str>, config: LedgerConfig) {
             tracing::warn!(error = %e, "ledger heartbeat failed");
         }
         if beats.is_multiple_of(3) {
-            match release_dead(&db, config.stale_after).await {
-                Ok(0) => {}
-                Ok(n) => tracing::warn!(released = n, "released holds of a stopped server"),
-                Err(e) => tracing::warn!(error = %e, "releasing dead holds failed"),
+            match recover_dead(&db, config.stale_after).await {
+                Ok(r) if r == Recovered::default() => {}
+                Ok(r) => tracing::warn!(?r, "closed the holds of a stopped server"),
+                Err(e) => tracing::warn!(error = %e, "recovering dead holds failed"),
             }
         }
     }
 }
 
-/// Releases the open holds of every instance silent for `stale_after`,
-/// then forgets those instances. Returns how many holds it released.
-pub async fn release_dead(db: &Db, stale_after: Duration) -> Result<u64, LedgerError> {
+/// What recovery did with a dead instance's open holds.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Recovered {
+    /// Settled from their last usage checkpoint.
+    pub settled: u64,
+    /// Released (nothing used yet).
+    pub released: u64,
+}
+
+/// Closes the open holds of every instance silent for `stale_after`: a
+/// hold with a usage checkpoint is settled from it (outcome `cut`), one
+/// without is released; then forgets those instances. Closing goes through
+/// the settlement transaction, so a hold closed meanwhile (by its own
+/// instance, or by another replica's recovery) is left alone.
+pub async fn recover_dead(db: &Db, stale_after: Duration) -> Result<Recovered, LedgerError> {
     let cutoff = now() - stale_after.as_secs().max(1) as i64;
-    let mut tx = db.pool.begin().await?;
     let rows = sqlx::query(
-        "UPDATE holds SET state = 'released', closed_at = $1 WHERE state = 'open' AND instance_id IN \
-         (SELECT id FROM instances WHERE heartbeat_at < $2) RETURNING account_id, key_id, amount",
+        "SELECT request_id, used_prompt, used_cached, used_completion FROM holds \
+         WHERE state = 'open' AND instance_id IN (SELECT id FROM instances WHERE heartbeat_at < $1)",
     )
-    .bind(now())
     .bind(cutoff)
-    .fetch_all(&mut *tx)
+    .fetch_all(&db.pool)
     .await?;
-    let mut accounts: HashMap<String, Micros> = HashMap::new();
-    let mut keys: HashMap<String, Micros> = HashMap::new();
+    let mut items = Vec::with_capacity(rows.len());
     for r in &rows {
-        let amount: Micros = r.try_get("amount")?;
-        *accounts.entry(r.try_get("account_id")?).or_default() += amount;
-        if let Some(k) = r.try_get::<Option<String>, _>("key_id")? {
-            *keys.entry(k).or_default() += amount;
-        }
+        let used = |c: &str| r.try_get::<i64, _>(c).map(|v| v.max(0) as u64);
+        let t = Tokens {
+            prompt: used("used_prompt")?,
+            cached: used("used_cached")?,
+            completion: used("used_completion")?,
+        };
+        let usage = (t.prompt + t.completion > 0).then_some((t, Outcome::Cut));
+        items.push(Item {
+            request_id: r.try_get("request_id")?,
+            usage,
+        });
     }
-    for (table, deltas) in [("accounts", accounts), ("api_keys", keys)] {
-        let mut deltas: Vec<_> = deltas.into_iter().collect();
-        deltas.sort();
-        for (id, amount) in deltas {
-            let sql = match table {
-                "accounts" => "UPDATE accounts SET held = held - $1 WHERE id = $2",
-                _ => "UPDATE api_keys SET held = held - $1 WHERE id = $2",
-            };
-            sqlx::query(sql)
-                .bind(amount)
-                .bind(id)
-                .execute(&mut *tx)
-                .await?;
+    let mut done = Recovered::default();
+    for chunk in items.chunks(256) {
+        for c in close_batch(db, chunk).await? {
+            match c {
+                Closed::Billed { .. } => done.settled += 1,
+                Closed::Released => done.released += 1,
+                Closed::AlreadyClosed => {}
+            }
         }
     }
     sqlx::query(
@@ -95,8 +105,7 @@ pub async fn release_dead(db: &Db, stale_after: Duration) -> Result<u64, LedgerE
          AND id NOT IN (SELECT instance_id FROM holds WHERE state = 'open')",
     )
     .bind(cutoff)
-    .execute(&mut *tx)
+    .execute(&db.pool)
     .await?;
-    tx.commit().await?;
-    Ok(rows.len() as u64)
+    Ok(done)
 }

@@ -26,6 +26,9 @@ type Reply = oneshot::Sender<Result<Closed, LedgerError>>;
 #[derive(Debug)]
 pub enum Job {
     Close(Item, Option<Reply>),
+    /// What a running request has used so far (kept on its open hold, so
+    /// recovery can bill it if this instance dies).
+    Checkpoint(String, Tokens),
     /// Answered once everything queued before it is committed.
     Flush(oneshot::Sender<()>),
 }
@@ -51,22 +54,29 @@ impl Job {
 pub async fn writer(db: Db, mut rx: mpsc::UnboundedReceiver<Job>) {
     while let Some(first) = rx.recv().await {
         let mut batch = Vec::new();
+        let mut checkpoints = HashMap::new();
         let mut flushes = Vec::new();
         let mut next = Some(first);
         while let Some(job) = next.take() {
             match job {
                 Job::Close(item, reply) => batch.push((item, reply)),
+                Job::Checkpoint(id, t) => {
+                    checkpoints.insert(id, t);
+                }
                 Job::Flush(done) => {
                     flushes.push(done);
                     break;
                 }
             }
-            if batch.len() < MAX_BATCH {
+            if batch.len() + checkpoints.len() < MAX_BATCH {
                 next = rx.try_recv().ok();
             }
         }
         if !batch.is_empty() {
             run(&db, batch).await;
+        }
+        if let Err(e) = checkpoint(&db, &checkpoints).await {
+            tracing::warn!(error = %e, n = checkpoints.len(), "usage checkpoint failed");
         }
         for done in flushes {
             let _ = done.send(());
@@ -100,6 +110,45 @@ async fn run(db: &Db, batch: Vec<(Item, Option<Reply>)>) {
         }
         answer(reply, r.map(|mut v| v.remove(0)).map_err(Into::into));
     }
+}
+
+/// Records the latest usage of running requests on their open holds.
+async fn checkpoint(db: &Db, points: &HashMap<String, Tokens>) -> Result<(), sqlx::Error> {
+    if points.is_empty() {
+        return Ok(());
+    }
+    let rows: Vec<_> = points.iter().collect();
+    let case = |k: usize| -> String {
+        let arms: Vec<String> = (0..rows.len())
+            .map(|i| {
+                format!(
+                    "WHEN ${} THEN CAST(${} AS BIGINT)",
+                    4 * i + 1,
+                    4 * i + 1 + k
+                )
+            })
+            .collect();
+        format!("CASE request_id {} ELSE 0 END", arms.join(" "))
+    };
+    let ids: Vec<String> = (0..rows.len()).map(|i| format!("${}", 4 * i + 1)).collect();
+    let sql = format!(
+        "UPDATE holds SET used_prompt = {}, used_cached = {}, used_completion = {} \
+         WHERE state = 'open' AND request_id IN ({})",
+        case(1),
+        case(2),
+        case(3),
+        ids.join(", ")
+    );
+    let mut q = sqlx::query(AssertSqlSafe(sql));
+    for (id, t) in rows {
+        q = q
+            .bind(id.as_str())
+            .bind(t.prompt as i64)
+            .bind(t.cached as i64)
+            .bind(t.completion as i64);
+    }
+    q.execute(&db.pool).await?;
+    Ok(())
 }
 
 fn answer(reply: Option<Reply>, r: Result<Closed, LedgerError>) {
@@ -238,7 +287,7 @@ impl Moves {
 
 /// One transaction: close the open holds among `items`, write usage
 /// records and journal entries, move balances. Returns one result per item.
-async fn close_batch(db: &Db, items: &[Item]) -> Result<Vec<Closed>, sqlx::Error> {
+pub(super) async fn close_batch(db: &Db, items: &[Item]) -> Result<Vec<Closed>, sqlx::Error> {
     let mut seen = HashSet::new();
     let first: Vec<bool> = items.iter().map(|i| seen.insert(&i.request_id)).collect();
     let pick = |settle: bool| -> Vec<&str> {

@@ -1,7 +1,7 @@
 //! Ledger tests on both backends: a seeded random walk of top-ups, holds,
 //! settlements, releases and repeated settlements checked against a model
 //! and the audit after every step; concurrent holds that must never
-//! overdraw; key budgets; recovery of a dead instance's holds.
+//! overdraw; key budgets; recovery of a dead instance's holds; penalties.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -338,7 +338,7 @@ async fn key_budgets_cap_spending() {
 }
 
 #[tokio::test]
-async fn holds_of_a_dead_instance_are_released_and_never_billed_twice() {
+async fn holds_of_a_dead_instance_are_settled_from_checkpoints_or_released_never_twice() {
     for l in ledgers().await {
         let user = l
             .create_account(AccountKind::User, "crash", 0)
@@ -369,24 +369,30 @@ async fn holds_of_a_dead_instance_are_released_and_never_billed_twice() {
         l.settle(&ids[0], t, Outcome::Finished)
             .await
             .expect("settle");
+        // A running request checkpoints what it used so far.
+        let used = Tokens {
+            prompt: 10,
+            cached: 0,
+            completion: 4,
+        };
+        l.checkpoint_later(&ids[2], used);
+        l.flush().await;
         // A second instance is alive: a live instance's holds are kept.
         let other = Ledger::start(l.db.clone(), QUIET).await.expect("second");
-        assert_eq!(
-            recovery::release_dead(&other.db, Duration::from_secs(15))
-                .await
-                .expect("sweep"),
-            0
-        );
+        let none = recovery::recover_dead(&other.db, Duration::from_secs(15))
+            .await
+            .expect("sweep");
+        assert_eq!(none, recovery::Recovered::default());
         // The first instance goes silent.
         sqlx::query("UPDATE instances SET heartbeat_at = 0 WHERE id = $1")
             .bind(l.instance())
             .execute(&l.db.pool)
             .await
             .expect("silence");
-        let released = recovery::release_dead(&other.db, Duration::from_secs(15))
+        let r = recovery::recover_dead(&other.db, Duration::from_secs(15))
             .await
             .expect("sweep");
-        assert_eq!(released, 2);
+        assert_eq!((r.settled, r.released), (1, 1));
         assert_eq!(
             other
                 .settle(&ids[1], t, Outcome::Finished)
@@ -394,9 +400,72 @@ async fn holds_of_a_dead_instance_are_released_and_never_billed_twice() {
                 .expect("late"),
             Closed::AlreadyClosed
         );
+        let rec = other
+            .usage_of(&ids[2])
+            .await
+            .expect("usage")
+            .expect("billed");
+        assert_eq!((rec.outcome.as_str(), rec.completion_tokens), ("cut", 4));
         let a = other.account(&user.id).await.expect("account");
         assert_eq!(a.held, 0);
-        assert_eq!(a.balance, 1_000_000 - q.cost(t));
+        assert_eq!(a.balance, 1_000_000 - q.cost(t) - q.cost(used));
         assert_clean(&other).await;
+    }
+}
+
+#[tokio::test]
+async fn providers_pay_penalties_to_the_treasury_within_their_funds() {
+    for l in ledgers().await {
+        let user = l
+            .create_account(AccountKind::User, "pen", 0)
+            .await
+            .expect("user");
+        let provider = l
+            .create_account(AccountKind::Provider, "gpu", 0)
+            .await
+            .expect("provider");
+        l.top_up(&user.id, 1_000_000, "pen").await.expect("top up");
+        let q = Quote {
+            provider_id: provider.id.clone(),
+            ..quote(BPS)
+        };
+        let id = format!("pen-{}", l.instance());
+        let amount = q.worst_case(10_000, 10_000);
+        let h = HoldRequest {
+            request_id: &id,
+            account_id: &user.id,
+            key_id: None,
+            quote: &q,
+            amount,
+        };
+        l.hold(h).await.expect("hold");
+        let t = Tokens {
+            prompt: 10_000,
+            cached: 0,
+            completion: 10_000,
+        };
+        l.settle(&id, t, Outcome::Finished).await.expect("settle");
+        let earned = l.account(&provider.id).await.expect("provider").balance;
+        assert!(earned > 100, "{earned}");
+        l.penalize(&provider.id, 100, "late")
+            .await
+            .expect("penalty");
+        assert_eq!(
+            l.account(&provider.id).await.expect("p").balance,
+            earned - 100
+        );
+        let too_much = l.penalize(&provider.id, earned, "again").await;
+        assert!(
+            matches!(too_much, Err(LedgerError::InsufficientQuota { .. })),
+            "{too_much:?}"
+        );
+        assert!(matches!(
+            l.penalize(&user.id, 1, "x").await,
+            Err(LedgerError::InvalidAmount(_))
+        ));
+        let j = l.journal(Some(&provider.id), 10).await.expect("journal");
+        assert_eq!(j.len(), 2);
+        assert_eq!(j.iter().filter(|t| t.kind == "penalty").count(), 1);
+        assert_clean(&l).await;
     }
 }

@@ -145,6 +145,33 @@ pub fn prices(
     }
 }
 
+/// Prefill and decode tokens per hour that explain a measured window:
+/// `prompt` and `generated` tokens took `busy_micros` of forward time,
+/// assuming prefill is as many times faster per token than decode as the
+/// profile says (`busy = prompt / P + generated / D`, `P / D` fixed).
+/// `None` when the window says nothing (no time, no tokens).
+pub fn measured_rates(
+    profile: &CostProfile,
+    prompt: u64,
+    generated: u64,
+    busy_micros: u64,
+) -> Option<(i64, i64)> {
+    let (p0, d0) = (
+        i128::from(profile.prefill_tokens_per_hour.max(1)),
+        i128::from(profile.decode_tokens_per_hour.max(1)),
+    );
+    if busy_micros == 0 || prompt + generated == 0 {
+        return None;
+    }
+    let work = i128::from(prompt) * d0 + i128::from(generated) * p0;
+    let decode = work * 3_600_000_000 / (p0 * i128::from(busy_micros));
+    let prefill = decode * p0 / d0;
+    Some((
+        i64::try_from(prefill).ok()?.max(1),
+        i64::try_from(decode).ok()?.max(1),
+    ))
+}
+
 /// A provider's reward multiplier (bps): reputation (0.5-2.0) times an
 /// uptime bonus rising linearly from 0 at 90% uptime to +20% at 100%.
 pub fn payout_bps(reputation_bps: i64, uptime_bps: i64) -> i64 {
@@ -235,6 +262,22 @@ mod tests {
         assert_eq!(payout_bps(5_000, 9_500), 5_500);
         assert_eq!(payout_bps(99_999, BPS), 24_000);
         assert_eq!(payout_bps(0, 0), 5_000);
+    }
+
+    #[test]
+    fn measured_rates_explain_the_window_with_the_profile_ratio() {
+        let p = profile(); // prefill 3x decode
+        // 300 decode tokens/s and 900 prefill tokens/s: 900 prompt and 600
+        // generated tokens take 1 + 2 = 3 s.
+        let (pre, dec) = measured_rates(&p, 900, 600, 3_000_000).expect("rates");
+        assert_eq!((pre, dec), (3_240_000, 1_080_000));
+        // Twice as slow: rates halve.
+        assert_eq!(
+            measured_rates(&p, 900, 600, 6_000_000),
+            Some((1_620_000, 540_000))
+        );
+        assert_eq!(measured_rates(&p, 0, 0, 1_000), None);
+        assert_eq!(measured_rates(&p, 10, 10, 0), None);
     }
 
     #[test]

@@ -1,6 +1,6 @@
 //! Account routes. For API keys: `GET /v1/usage`, the caller's balance and
 //! latest usage records. For admins: accounts (list, create, credit limit),
-//! top-ups, journal queries and the ledger audit.
+//! top-ups, provider penalties, journal queries and the ledger audit.
 
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
@@ -29,6 +29,7 @@ pub fn admin_router() -> Router<AppState> {
         .route("/admin/accounts", get(list).post(create))
         .route("/admin/accounts/{id}", get(one).patch(update))
         .route("/admin/accounts/{id}/topup", post(top_up))
+        .route("/admin/accounts/{id}/penalty", post(penalty))
         .route("/admin/journal", get(journal))
         .route("/admin/ledger/audit", get(audit))
 }
@@ -188,6 +189,25 @@ pub(crate) async fn top_up(
     state.auth.check_admin(&headers)?;
     let ledger = &billing(&state)?.ledger;
     let tx = ledger.top_up(&id, req.amount, &req.memo).await?;
+    let account = ledger.account(&id).await?;
+    Ok(Json(json!({"transaction": tx, "account": account})).into_response())
+}
+
+/// Admin: fines a provider (a journal transaction from the provider to the
+/// treasury); refused beyond the provider's funds.
+#[utoipa::path(post, path = "/admin/accounts/{id}/penalty", tag = "admin", request_body = TopUp,
+    params(("id" = String, Path, description = "Provider account id")),
+    responses((status = 200, description = "The journal transaction and the account", body = Object), (status = 400, description = "Invalid amount or not a provider", body = crate::openapi::ErrorResponse), (status = 402, description = "More than the provider has", body = crate::openapi::ErrorResponse), (status = 404, description = "No such account", body = crate::openapi::ErrorResponse), (status = 401, description = "Missing or wrong admin token", body = crate::openapi::ErrorResponse)),
+    security(("admin_token" = [])))]
+pub(crate) async fn penalty(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    ApiJson(req): ApiJson<TopUp>,
+) -> Result<Response, ApiError> {
+    state.auth.check_admin(&headers)?;
+    let ledger = &billing(&state)?.ledger;
+    let tx = ledger.penalize(&id, req.amount, &req.memo).await?;
     let account = ledger.account(&id).await?;
     Ok(Json(json!({"transaction": tx, "account": account})).into_response())
 }
