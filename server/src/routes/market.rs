@@ -16,7 +16,7 @@ use serde_json::json;
 use crate::api::json::ApiJson;
 use crate::billing::{Billing, Payer};
 use crate::error::ApiError;
-use crate::ledger::Prices;
+use crate::ledger::{HOUSE_PROVIDER, Prices};
 use crate::market::book::Side;
 use crate::market::pricing::{CostProfile, Load, demand_bps};
 use crate::market::{NewOrder, Provider, Spot};
@@ -57,6 +57,8 @@ pub(crate) struct ModelPrice {
     model: String,
     /// Micro-units per million tokens, fee included.
     prices: Prices,
+    /// The same on preemptible capacity (may be interrupted), at a discount.
+    preemptible_prices: Prices,
     /// Demand multiplier (bps; 10000 = 1x).
     demand_bps: i64,
     /// Protocol fee (bps).
@@ -78,7 +80,9 @@ pub(crate) async fn prices(State(state): State<AppState>) -> Result<Response, Ap
             ModelKind::Embedding(_) => Load::default(),
         };
         let q = b.quote(&m.name, load)?;
+        let pre = b.market.quote(HOUSE_PROVIDER, &m.name, load, true)?;
         data.push(ModelPrice {
+            preemptible_prices: pre.prices,
             spot: b.market.spot(&m.name, 5).await,
             model: m.name,
             prices: q.prices,
