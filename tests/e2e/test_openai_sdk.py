@@ -211,9 +211,10 @@ def test_tool_calls_parse_and_a_tool_result_continues_the_conversation(client):
     messages = [{"role": "user", "content": "What is the weather in Paris?"}]
     r = client.chat.completions.create(
         model=CHAT_MODEL, messages=messages, tools=[WEATHER_TOOL], tool_choice="required",
-        max_tokens=100, temperature=0,
+        max_tokens=100, temperature=0, parallel_tool_calls=False,
     )
     choice = r.choices[0]
+    assert len(choice.message.tool_calls) == 1
     assert choice.finish_reason == "tool_calls", choice.message
     call = choice.message.tool_calls[0]
     assert call.function.name == "get_weather"

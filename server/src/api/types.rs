@@ -184,6 +184,9 @@ generation_request! {
         pub tools: Option<Vec<Value>>,
         #[schema(value_type = Option<Object>)]
         pub tool_choice: Option<Value>,
+        /// Accepted: a turn makes at most one tool call, which honours
+        /// `false` and is allowed under `true`.
+        pub parallel_tool_calls: Option<bool>,
     }
 }
 
