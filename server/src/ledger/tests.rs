@@ -1,6 +1,7 @@
 //! Ledger tests on both backends: a seeded random walk of top-ups, holds,
-//! settlements, releases and repeated settlements checked against a model
-//! and the audit after every step; concurrent holds that must never
+//! settlements, releases, repeated settlements, market orders and
+//! cancellations, checked against a model, the audit and the order books
+//! after every step; concurrent holds that must never
 //! overdraw; key budgets; recovery of a dead instance's holds; penalties.
 
 use std::collections::HashMap;
@@ -94,7 +95,7 @@ async fn random_walk(l: &Ledger, seed: u64, steps: usize) {
         let user = users[rng.random_range(0..users.len())].clone();
         match rng.random_range(0..10) {
             0 | 1 => {
-                let amount = rng.random_range(1..4_000);
+                let amount = rng.random_range(1..2_500);
                 l.top_up(&user, amount, "walk").await.expect("top up");
                 expect.get_mut(&user).expect("user").0 += amount;
             }
@@ -113,6 +114,7 @@ async fn random_walk(l: &Ledger, seed: u64, steps: usize) {
                 expect.get_mut(&o.account).expect("user").1 -= o.amount;
                 closed.push(o.id);
             }
+            9 if rng.random_bool(0.5) => market_step(l, &mut rng, &user).await,
             _ if !closed.is_empty() => {
                 let id = &closed[rng.random_range(0..closed.len())];
                 let t = Tokens {
@@ -129,6 +131,11 @@ async fn random_walk(l: &Ledger, seed: u64, steps: usize) {
             _ => {}
         }
         assert_clean(l).await;
+        market(l)
+            .await
+            .check()
+            .await
+            .unwrap_or_else(|e| panic!("step {step}: {e}"));
         if step % 25 == 0 {
             for (id, &(balance, held, _)) in &expect {
                 let a = l.account(id).await.expect("account");
@@ -140,6 +147,56 @@ async fn random_walk(l: &Ledger, seed: u64, steps: usize) {
         outcomes[0] > 5 && outcomes[1] > 5 && closed.len() > 20,
         "{outcomes:?}"
     );
+}
+
+/// The walk's market (one per database, loaded on first use).
+async fn market(l: &Ledger) -> std::sync::Arc<crate::market::Market> {
+    use std::sync::{Arc, Mutex};
+    static MARKETS: Mutex<Vec<(String, Arc<crate::market::Market>)>> = Mutex::new(Vec::new());
+    let key = l.instance().to_string();
+    let found = MARKETS
+        .lock()
+        .expect("markets")
+        .iter()
+        .find(|(k, _)| *k == key)
+        .map(|(_, m)| m.clone());
+    if let Some(m) = found {
+        return m;
+    }
+    let m = Arc::new(
+        crate::market::Market::load(l.db.clone(), 700)
+            .await
+            .expect("market"),
+    );
+    MARKETS.lock().expect("markets").push((key, m.clone()));
+    m
+}
+
+/// A bid or ask from the walk's user (or a cancellation of a random order).
+async fn market_step(l: &Ledger, rng: &mut StdRng, user: &str) {
+    use crate::market::NewOrder;
+    use crate::market::book::Side;
+    let m = market(l).await;
+    if rng.random_bool(0.2) {
+        m.cancel_all("walk", user).await.expect("cancel");
+        return;
+    }
+    let side = if rng.random_bool(0.5) {
+        Side::Bid
+    } else {
+        Side::Ask
+    };
+    let order = NewOrder {
+        side,
+        instrument: "walk".into(),
+        account_id: user.to_string(),
+        price: rng.random_range(95..105),
+        quantity: rng.random_range(1..30),
+        priority: rng.random_range(0..3),
+        interruptible: rng.random_bool(0.3),
+        expires_at: crate::store::now() + rng.random_range(1..5),
+    };
+    m.submit(order).await.expect("order");
 }
 
 async fn try_hold(

@@ -283,6 +283,15 @@ impl Market {
         Ok(n)
     }
 
+    /// Every book's invariants (not crossed, consistently indexed).
+    pub async fn check(&self) -> Result<(), String> {
+        let books = self.books.lock().await;
+        for (instrument, b) in books.iter() {
+            b.check().map_err(|e| format!("{instrument}: {e}"))?;
+        }
+        Ok(())
+    }
+
     /// Best bid and ask, last trade and `depth` levels of each side.
     pub async fn spot(&self, instrument: &str, depth: usize) -> Spot {
         let books = self.books.lock().await;
