@@ -5,6 +5,7 @@
 pub mod api;
 pub mod auth;
 pub mod billing;
+pub mod cache;
 pub mod config;
 pub mod error;
 pub mod keys_cli;

@@ -1,0 +1,190 @@
+//! Chooses the semantic cache's threshold: embeds the paraphrase set
+//! (`loadtest/data/paraphrase-eval.jsonl`: 120 groups of four phrasings,
+//! 480 near misses) with the default embedding model, caches each group's
+//! first phrasing in one index, and asks with the other three phrasings
+//! (should hit their own group) and with the near misses (should hit
+//! nothing), at several thresholds, with and without the key-term guard.
+//!
+//! `cargo bench -p server --bench semantic`
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use engine::EmbeddingHandle;
+use server::cache::semantic::{
+    IndexKey, Limits, SemanticIndex, key_terms, ordered_terms, question_kind, similarity,
+    topic_drift,
+};
+
+#[derive(serde::Deserialize)]
+struct Group {
+    group: String,
+    prompts: Vec<String>,
+    near_misses: Vec<String>,
+}
+
+fn models_dir() -> PathBuf {
+    std::env::var_os("SYNOR_MODELS_DIR").map_or_else(
+        || PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../models")),
+        PathBuf::from,
+    )
+}
+
+/// Best match of `v` among `cached` over `threshold` (guarded or not).
+fn best(
+    cached: &[(Vec<f32>, String, usize)],
+    v: &[f32],
+    text: &str,
+    threshold: f32,
+    guard: usize,
+) -> Option<usize> {
+    let terms = key_terms(text);
+    let strict = |t: &str| {
+        ordered_terms(t) == ordered_terms(text) && question_kind(t) == question_kind(text)
+    };
+    let ok = |t: &str| match guard {
+        0 => true,
+        1 => key_terms(t) == terms,
+        2..=4 => key_terms(t) == terms && topic_drift(t, text) <= guard - 2,
+        5 => strict(t),
+        d => strict(t) && topic_drift(t, text) <= d - 6,
+    };
+    cached
+        .iter()
+        .map(|(c, t, g)| (similarity(c, v), t, *g))
+        .filter(|(s, t, _)| *s >= threshold && ok(t))
+        .max_by(|a, b| a.0.total_cmp(&b.0))
+        .map(|(_, _, g)| g)
+}
+
+const GUARDS: [&str; 9] = [
+    "off",
+    "terms",
+    "terms+drift0",
+    "terms+drift1",
+    "terms+drift2",
+    "strict",
+    "strict+drift0",
+    "strict+drift1",
+    "strict+drift2",
+];
+
+fn main() {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../loadtest/data/paraphrase-eval.jsonl"
+    );
+    let groups: Vec<Group> = std::fs::read_to_string(path)
+        .expect("paraphrase set")
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("row"))
+        .collect();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let embedder = EmbeddingHandle::start(&models_dir().join("all-minilm-l6-v2")).expect("model");
+    let embed = |texts: Vec<String>| -> Vec<Vec<f32>> {
+        texts
+            .chunks(32)
+            .flat_map(|c| {
+                rt.block_on(embedder.embed(c.to_vec()))
+                    .expect("embed")
+                    .vectors
+            })
+            .collect()
+    };
+    let t = Instant::now();
+    let firsts: Vec<String> = groups.iter().map(|g| g.prompts[0].clone()).collect();
+    let cached: Vec<(Vec<f32>, String, usize)> = embed(firsts.clone())
+        .into_iter()
+        .zip(firsts)
+        .enumerate()
+        .map(|(i, (v, t))| (v, t, i))
+        .collect();
+    let para: Vec<(String, usize)> = groups
+        .iter()
+        .enumerate()
+        .flat_map(|(i, g)| g.prompts[1..].iter().map(move |p| (p.clone(), i)))
+        .collect();
+    let near: Vec<String> = groups.iter().flat_map(|g| g.near_misses.clone()).collect();
+    let para_v = embed(para.iter().map(|p| p.0.clone()).collect());
+    let near_v = embed(near.clone());
+    let n = cached.len() + para.len() + near.len();
+    println!(
+        "{} groups, {} paraphrase queries, {} near misses; embedded {n} texts in {:.2} s",
+        groups.len(),
+        para.len(),
+        near.len(),
+        t.elapsed().as_secs_f64()
+    );
+    println!("| threshold | guard | paraphrase hits | wrong-group hits | near-miss false hits |");
+    println!("|---|---|---|---|---|");
+    for guard in [0usize, 1, 2, 5, 6] {
+        for threshold in [0.70f32, 0.80, 0.85, 0.90, 0.92, 0.93, 0.94, 0.95, 0.97] {
+            let (mut right, mut wrong) = (0, 0);
+            for ((text, g), v) in para.iter().zip(&para_v) {
+                match best(&cached, v, text, threshold, guard) {
+                    Some(h) if h == *g => right += 1,
+                    Some(_) => wrong += 1,
+                    None => {}
+                }
+            }
+            let false_hits = near
+                .iter()
+                .zip(&near_v)
+                .filter(|(t, v)| best(&cached, v, t, threshold, guard).is_some())
+                .count();
+            let pct = |k: usize, of: usize| 100.0 * k as f64 / of as f64;
+            println!(
+                "| {threshold:.2} | {} | {:.1}% | {:.1}% | {:.1}% |",
+                GUARDS[guard],
+                pct(right, para.len()),
+                pct(wrong, para.len()),
+                pct(false_hits, near.len())
+            );
+        }
+    }
+    if std::env::var_os("SEMANTIC_SHOW").is_some() {
+        for (t, v) in near.iter().zip(&near_v) {
+            if let Some(g) = best(&cached, v, t, 0.85, 5) {
+                println!("false hit: {t:?} -> {:?}", cached[g].1);
+            }
+        }
+    }
+    // The index itself, as the server uses it: one lookup among 120.
+    let mut index = SemanticIndex::new(Limits {
+        per_index: 10_000,
+        total: 10_000,
+        ttl: std::time::Duration::from_secs(3600),
+    });
+    let ik = IndexKey {
+        scope: "s".into(),
+        model: "m".into(),
+        context: "c".into(),
+    };
+    let now = Instant::now();
+    for (v, t, g) in &cached {
+        index.insert(ik.clone(), v.clone(), t, groups[*g].group.clone(), now);
+    }
+    let t = Instant::now();
+    let mut hits = 0;
+    for ((text, _), v) in para.iter().zip(&para_v) {
+        hits += usize::from(index.lookup(&ik, v, text, 0.85, now).is_some());
+    }
+    println!(
+        "index lookups: {:.1} us each over {} entries ({hits} hits at 0.85)",
+        t.elapsed().as_secs_f64() * 1e6 / para.len() as f64,
+        index.len()
+    );
+    let t = Instant::now();
+    let reps = 20;
+    for _ in 0..reps {
+        rt.block_on(embedder.embed(vec!["What is the capital of France?".into()]))
+            .expect("embed");
+    }
+    println!(
+        "one short query embedded in {:.2} ms",
+        t.elapsed().as_secs_f64() * 1e3 / reps as f64
+    );
+}

@@ -1,0 +1,276 @@
+//! Response caches: an exact cache in three tiers (L1 in-process moka
+//! bounded by bytes, L2 local disk surviving restarts, L3 Redis shared by
+//! replicas), looked up in order and promoted on a hit, and a semantic
+//! cache over the default embedding model. Both are scoped per tenant and
+//! model. Every tier counts hits, misses, evictions, bytes and lookup time.
+
+pub mod answer;
+pub mod disk;
+pub mod redis_tier;
+pub mod semantic;
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use answer::CachedAnswer;
+use disk::DiskTier;
+use redis_tier::RedisTier;
+use semantic::{IndexKey, Match, SemanticIndex};
+
+/// Which tier answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Tier {
+    L1,
+    L2,
+    L3,
+}
+
+impl Tier {
+    pub const ALL: [Tier; 3] = [Tier::L1, Tier::L2, Tier::L3];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::L1 => "l1",
+            Self::L2 => "l2",
+            Self::L3 => "l3",
+        }
+    }
+}
+
+/// One tier's counters.
+#[derive(Debug, Default)]
+pub struct TierStats {
+    pub hits: AtomicU64,
+    pub misses: AtomicU64,
+    pub evictions: AtomicU64,
+    pub lookup_micros: AtomicU64,
+    pub lookups: AtomicU64,
+}
+
+impl TierStats {
+    fn lookup(&self, hit: bool, started: Instant) {
+        let c = if hit { &self.hits } else { &self.misses };
+        c.fetch_add(1, Ordering::Relaxed);
+        self.lookups.fetch_add(1, Ordering::Relaxed);
+        self.lookup_micros
+            .fetch_add(started.elapsed().as_micros() as u64, Ordering::Relaxed);
+    }
+}
+
+/// Sizes and lifetimes.
+#[derive(Debug, Clone)]
+pub struct CacheConfig {
+    pub l1_bytes: u64,
+    /// `None` disables L2.
+    pub l2_dir: Option<PathBuf>,
+    pub l2_bytes: u64,
+    /// `None` disables L3.
+    pub redis_url: Option<String>,
+    pub ttl: Duration,
+    /// Default semantic similarity threshold.
+    pub threshold: f32,
+    pub semantic: semantic::Limits,
+}
+
+/// The response cache of one server.
+#[derive(Debug)]
+pub struct ResponseCache {
+    l1: moka::future::Cache<String, Arc<CachedAnswer>>,
+    l2: Option<DiskTier>,
+    l3: Option<RedisTier>,
+    semantic: Mutex<SemanticIndex>,
+    /// Per tier (L1, L2, L3), then the semantic index.
+    pub stats: [TierStats; 4],
+    threshold: AtomicU64,
+    /// Models whose cache an admin made shared across tenants.
+    shared: Mutex<std::collections::BTreeSet<String>>,
+}
+
+impl ResponseCache {
+    pub fn new(c: &CacheConfig) -> anyhow::Result<Self> {
+        let l1 = moka::future::Cache::builder()
+            .weigher(|_k: &String, v: &Arc<CachedAnswer>| v.weight().try_into().unwrap_or(u32::MAX))
+            .max_capacity(c.l1_bytes)
+            .time_to_live(c.ttl)
+            .support_invalidation_closures()
+            .build();
+        let l2 = match &c.l2_dir {
+            Some(d) => Some(DiskTier::open(d, c.l2_bytes, c.ttl)?),
+            None => None,
+        };
+        let l3 = match &c.redis_url {
+            Some(u) => Some(RedisTier::new(u, c.ttl)?),
+            None => None,
+        };
+        Ok(Self {
+            l1,
+            l2,
+            l3,
+            semantic: Mutex::new(SemanticIndex::new(c.semantic)),
+            stats: Default::default(),
+            threshold: AtomicU64::new(u64::from(c.threshold.to_bits())),
+            shared: Mutex::default(),
+        })
+    }
+
+    fn stats_of(&self, t: Tier) -> &TierStats {
+        &self.stats[t as usize]
+    }
+
+    pub fn semantic_stats(&self) -> &TierStats {
+        &self.stats[3]
+    }
+
+    /// Looks `key` up in L1, L2, L3 in turn; a hit is copied into the
+    /// tiers above it.
+    pub async fn get(
+        &self,
+        scope: &str,
+        model: &str,
+        key: &str,
+    ) -> Option<(Arc<CachedAnswer>, Tier)> {
+        let t = Instant::now();
+        let hit = self.l1.get(key).await;
+        self.stats_of(Tier::L1).lookup(hit.is_some(), t);
+        if let Some(a) = hit {
+            return Some((a, Tier::L1));
+        }
+        if let Some(l2) = &self.l2 {
+            let t = Instant::now();
+            let hit = l2.get(key);
+            self.stats_of(Tier::L2).lookup(hit.is_some(), t);
+            if let Some(a) = hit {
+                let a = Arc::new(a);
+                self.l1.insert(key.to_string(), a.clone()).await;
+                return Some((a, Tier::L2));
+            }
+        }
+        let l3 = self.l3.as_ref()?;
+        let t = Instant::now();
+        let hit = l3.get(scope, model, key).await;
+        self.stats_of(Tier::L3).lookup(hit.is_some(), t);
+        let a = Arc::new(hit?);
+        self.l1.insert(key.to_string(), a.clone()).await;
+        self.put_l2(key, &a);
+        Some((a, Tier::L3))
+    }
+
+    fn put_l2(&self, key: &str, a: &CachedAnswer) {
+        if let Some(l2) = &self.l2 {
+            match l2.put(key, a) {
+                Ok(n) => {
+                    self.stats_of(Tier::L2)
+                        .evictions
+                        .fetch_add(n, Ordering::Relaxed);
+                }
+                Err(e) => tracing::warn!(error = %e, "disk cache write failed"),
+            }
+        }
+    }
+
+    /// Stores an answer in every tier.
+    pub async fn put(&self, key: &str, a: CachedAnswer) {
+        let a = Arc::new(a);
+        self.put_l2(key, &a);
+        if let Some(l3) = &self.l3 {
+            l3.put(key, &a).await;
+        }
+        self.l1.insert(key.to_string(), a).await;
+    }
+
+    /// Bytes and entries per tier: (L1 bytes, L1 entries, L2 bytes, L2
+    /// entries); L1's are moka's estimates, exact after pending tasks run.
+    pub async fn sizes(&self) -> (u64, u64, u64, u64) {
+        self.l1.run_pending_tasks().await;
+        let (b2, n2) = self
+            .l2
+            .as_ref()
+            .map_or((0, 0), |d| (d.bytes(), d.len() as u64));
+        (self.l1.weighted_size(), self.l1.entry_count(), b2, n2)
+    }
+
+    pub fn semantic_len(&self) -> usize {
+        self.index().len()
+    }
+
+    fn index(&self) -> std::sync::MutexGuard<'_, SemanticIndex> {
+        self.semantic.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn threshold(&self) -> f32 {
+        f32::from_bits(self.threshold.load(Ordering::Relaxed) as u32)
+    }
+
+    pub fn set_threshold(&self, t: f32) {
+        self.threshold
+            .store(u64::from(t.to_bits()), Ordering::Relaxed);
+    }
+
+    /// The most similar cached question in `ik`, if over the threshold.
+    pub fn semantic_get(&self, ik: &IndexKey, vector: &[f32], text: &str) -> Option<Match> {
+        let t = Instant::now();
+        let m = self
+            .index()
+            .lookup(ik, vector, text, self.threshold(), Instant::now());
+        self.semantic_stats().lookup(m.is_some(), t);
+        m
+    }
+
+    pub fn semantic_put(&self, ik: IndexKey, vector: Vec<f32>, text: &str, key: String) {
+        let mut idx = self.index();
+        let before = idx.evictions;
+        idx.insert(ik, vector, text, key, Instant::now());
+        let evicted = idx.evictions - before;
+        self.semantic_stats()
+            .evictions
+            .fetch_add(evicted, Ordering::Relaxed);
+    }
+
+    /// Forgets a semantic entry whose answer is gone from every tier.
+    pub fn semantic_forget(&self, key: &str) {
+        self.index().remove_key(key);
+    }
+
+    /// Is this model's cache shared across tenants?
+    pub fn is_shared(&self, model: &str) -> bool {
+        self.shared
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains(model)
+    }
+
+    pub fn set_shared(&self, model: &str, shared: bool) {
+        let mut s = self.shared.lock().unwrap_or_else(|e| e.into_inner());
+        if shared {
+            s.insert(model.to_string());
+        } else {
+            s.remove(model);
+        }
+    }
+
+    /// Removes the answers of `scope` and/or `model` (all when both are
+    /// `None`) from every tier; returns how many entries went per tier
+    /// (L1 is counted after its background invalidation runs).
+    pub async fn flush(&self, scope: Option<&str>, model: Option<&str>) -> [usize; 4] {
+        let (s, m) = (scope.map(str::to_string), model.map(str::to_string));
+        self.l1.run_pending_tasks().await;
+        let before = self.l1.entry_count();
+        let _ = self.l1.invalidate_entries_if(move |_, v| {
+            s.as_deref().is_none_or(|s| s == v.scope) && m.as_deref().is_none_or(|m| m == v.model)
+        });
+        self.l1.run_pending_tasks().await;
+        let l1 = before.saturating_sub(self.l1.entry_count()) as usize;
+        let l2 = self.l2.as_ref().map_or(0, |d| d.flush(scope, model));
+        let l3 = match &self.l3 {
+            Some(r) => r.flush(scope, model).await,
+            None => 0,
+        };
+        let sem = self.index().flush(scope, model);
+        [l1, l2, l3, sem]
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,129 @@
+//! Tier tests: L1 then L2 then L3, promotion on a hit, L2 surviving a new
+//! cache (a restart), a second cache on the same Redis (a replica) hitting
+//! in L3, and a Redis outage degrading to misses, never errors.
+
+use std::time::Duration;
+
+use super::answer::{CachedAnswer, CachedChoice};
+use super::*;
+
+pub(crate) fn answer(scope: &str, model: &str, text: &str) -> CachedAnswer {
+    CachedAnswer {
+        scope: scope.into(),
+        model: model.into(),
+        choices: vec![CachedChoice {
+            text: text.into(),
+            finish_reason: "stop".into(),
+        }],
+        prompt_tokens: 5,
+        completion_tokens: 2,
+        provider_id: "provider:house".into(),
+        created_at: 0,
+    }
+}
+
+fn config(dir: &std::path::Path, redis: Option<&str>) -> CacheConfig {
+    CacheConfig {
+        l1_bytes: 1 << 20,
+        l2_dir: Some(dir.to_path_buf()),
+        l2_bytes: 1 << 20,
+        redis_url: redis.map(str::to_string),
+        ttl: Duration::from_secs(60),
+        threshold: 0.95,
+        semantic: semantic::Limits {
+            per_index: 100,
+            total: 1000,
+            ttl: Duration::from_secs(60),
+        },
+    }
+}
+
+/// The local Redis (started if it is down, as the machine notes say).
+pub(crate) fn redis_url() -> String {
+    let up = || {
+        std::process::Command::new("redis-cli")
+            .args(["-h", "127.0.0.1", "-p", "6379", "ping"])
+            .output()
+            .is_ok_and(|o| o.stdout.starts_with(b"PONG"))
+    };
+    if !up() {
+        let _ = std::process::Command::new("sh")
+            .args(["-c", "redis-server --daemonize yes >/dev/null 2>&1"])
+            .status();
+        for _ in 0..50 {
+            if up() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+    "redis://127.0.0.1:6379/".into()
+}
+
+fn tmp() -> PathBuf {
+    std::env::temp_dir().join(format!("synor-cache-{}", uuid::Uuid::new_v4().simple()))
+}
+
+#[tokio::test]
+async fn hits_come_from_the_nearest_tier_and_promote_upwards() {
+    let url = redis_url();
+    let key = format!("t-{}", uuid::Uuid::new_v4().simple());
+    let (d1, d2) = (tmp(), tmp());
+    let a = ResponseCache::new(&config(&d1, Some(&url))).expect("cache");
+    assert!(a.get("s", "m", &key).await.is_none());
+    a.put(&key, answer("s", "m", "Paris")).await;
+    let (hit, tier) = a.get("s", "m", &key).await.expect("hit");
+    assert_eq!((hit.choices[0].text.as_str(), tier), ("Paris", Tier::L1));
+    // A restart: a new cache over the same folder hits in L2, then L1.
+    let restarted = ResponseCache::new(&config(&d1, None)).expect("cache");
+    assert_eq!(
+        restarted.get("s", "m", &key).await.map(|h| h.1),
+        Some(Tier::L2)
+    );
+    assert_eq!(
+        restarted.get("s", "m", &key).await.map(|h| h.1),
+        Some(Tier::L1)
+    );
+    // A replica: its own folder, the same Redis: L3, then L1.
+    let replica = ResponseCache::new(&config(&d2, Some(&url))).expect("cache");
+    assert_eq!(
+        replica.get("s", "m", &key).await.map(|h| h.1),
+        Some(Tier::L3)
+    );
+    assert_eq!(
+        replica.get("s", "m", &key).await.map(|h| h.1),
+        Some(Tier::L1)
+    );
+    assert_eq!(replica.stats[2].hits.load(Ordering::Relaxed), 1);
+    // Flush by scope reaches every tier.
+    let gone = replica.flush(Some("s"), None).await;
+    assert!(gone[0] >= 1 && gone[1] >= 1 && gone[2] >= 1, "{gone:?}");
+    assert!(replica.get("s", "m", &key).await.is_none());
+}
+
+#[tokio::test]
+async fn a_redis_outage_is_a_miss_not_an_error() {
+    // Nothing listens on this port: every Redis call fails fast.
+    let c = ResponseCache::new(&config(&tmp(), Some("redis://127.0.0.1:1/"))).expect("cache");
+    c.put("k", answer("s", "m", "x")).await;
+    assert_eq!(c.get("s", "m", "k").await.map(|h| h.1), Some(Tier::L1));
+    assert!(c.get("s", "m", "other").await.is_none());
+    assert_eq!(c.flush(None, None).await[2], 0);
+}
+
+#[tokio::test]
+async fn l1_is_bounded_by_bytes() {
+    let mut cfg = config(&tmp(), None);
+    cfg.l1_bytes = 4_000;
+    cfg.l2_dir = None;
+    let c = ResponseCache::new(&cfg).expect("cache");
+    for i in 0..100 {
+        c.put(&format!("k{i}"), answer("s", "m", &"y".repeat(200)))
+            .await;
+    }
+    let (bytes, entries, _, _) = c.sizes().await;
+    assert!(
+        bytes <= 4_000 && entries < 100,
+        "{bytes} bytes, {entries} entries"
+    );
+}
