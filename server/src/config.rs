@@ -108,6 +108,62 @@ pub enum AccountsAction {
     },
 }
 
+/// The response cache.
+#[derive(Debug, Clone, Args)]
+pub struct CacheArgs {
+    /// Turn the response cache off.
+    #[arg(long, env = "SYNOR_NO_CACHE")]
+    pub no_cache: bool,
+
+    /// Folder of the disk tier (L2).
+    #[arg(long, env = "SYNOR_CACHE_DIR", default_value = "data/cache")]
+    pub cache_dir: PathBuf,
+
+    /// Memory of the in-process tier (L1), e.g. `256MiB`.
+    #[arg(long, env = "SYNOR_CACHE_L1_BYTES", default_value = "256MiB", value_parser = parse_size)]
+    pub cache_l1_bytes: usize,
+
+    /// Disk space of L2, e.g. `1GiB`.
+    #[arg(long, env = "SYNOR_CACHE_L2_BYTES", default_value = "1GiB", value_parser = parse_size)]
+    pub cache_l2_bytes: usize,
+
+    /// Seconds a cached answer lives.
+    #[arg(long, env = "SYNOR_CACHE_TTL", default_value_t = 86_400)]
+    pub cache_ttl: u64,
+
+    /// Redis for the shared tier (L3), e.g. `redis://127.0.0.1:6379/`.
+    #[arg(long, env = "SYNOR_REDIS_URL")]
+    pub redis_url: Option<String>,
+
+    /// Similarity a semantic hit needs (cosine, 0-1).
+    #[arg(long, env = "SYNOR_SEMANTIC_THRESHOLD", default_value_t = 0.95)]
+    pub semantic_threshold: f32,
+
+    /// Price of a cache hit as a fraction of the generated price (bps).
+    #[arg(long, env = "SYNOR_CACHE_PRICE_BPS", default_value_t = 1_000)]
+    pub cache_price_bps: i64,
+}
+
+impl CacheArgs {
+    /// The cache's configuration (`None` when it is off).
+    pub fn to_config(&self) -> Option<crate::cache::CacheConfig> {
+        let ttl = std::time::Duration::from_secs(self.cache_ttl.max(1));
+        (!self.no_cache).then(|| crate::cache::CacheConfig {
+            l1_bytes: self.cache_l1_bytes as u64,
+            l2_dir: Some(self.cache_dir.clone()),
+            l2_bytes: self.cache_l2_bytes as u64,
+            redis_url: self.redis_url.clone(),
+            ttl,
+            threshold: self.semantic_threshold.clamp(0.0, 1.0),
+            semantic: crate::cache::semantic::Limits {
+                per_index: 10_000,
+                total: 200_000,
+                ttl,
+            },
+        })
+    }
+}
+
 /// Options of `synor serve`.
 #[derive(Debug, Clone, Args)]
 pub struct ServeArgs {
@@ -120,6 +176,9 @@ pub struct ServeArgs {
 
     #[command(flatten)]
     pub scheduler: SchedulerArgs,
+
+    #[command(flatten)]
+    pub cache: CacheArgs,
 
     /// Largest accepted request body, in bytes (larger bodies get 413).
     #[arg(long, env = "SYNOR_MAX_BODY_BYTES", default_value_t = 4 * 1024 * 1024)]

@@ -6,6 +6,7 @@ pub mod api;
 pub mod auth;
 pub mod billing;
 pub mod cache;
+pub mod caching;
 pub mod config;
 pub mod error;
 pub mod keys_cli;

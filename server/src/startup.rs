@@ -107,9 +107,13 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         registry.clone(),
         std::time::Duration::from_secs(10),
     ));
-    let state = AppState::with_auth(registry.clone(), auth)
+    let mut state = AppState::with_auth(registry.clone(), auth)
         .with_loader(loader(&args))
         .with_billing(billing.clone());
+    if let Some(c) = args.cache.to_config() {
+        let cache = crate::cache::ResponseCache::new(&c).context("opening the response cache")?;
+        state = state.with_cache(Arc::new(cache), args.cache.cache_price_bps.clamp(0, 10_000));
+    }
     let listener = TcpListener::bind(args.bind)
         .await
         .with_context(|| format!("binding {}", args.bind))?;

@@ -20,7 +20,39 @@ pub enum ModelKind {
 pub struct ServedModel {
     pub name: String,
     pub created: u64,
+    /// Identifies the weights (a hash of the files' sizes and first
+    /// bytes): the same on every replica and after a restart, different
+    /// when the model changes. Cache keys include it.
+    pub version: u64,
     pub kind: ModelKind,
+}
+
+/// A content hash of a model file, or of a model folder's files: sizes
+/// and the first 64 KiB of each (enough to tell weights apart without
+/// reading gigabytes).
+pub fn model_version(path: &Path) -> u64 {
+    use sha2::{Digest, Sha256};
+    use std::io::Read;
+    let mut files: Vec<PathBuf> = if path.is_dir() {
+        std::fs::read_dir(path)
+            .map(|d| d.flatten().map(|e| e.path()).filter(|p| p.is_file()).collect())
+            .unwrap_or_default()
+    } else {
+        vec![path.to_path_buf()]
+    };
+    files.sort();
+    let mut h = Sha256::new();
+    for f in files {
+        let size = std::fs::metadata(&f).map_or(0, |m| m.len());
+        h.update(size.to_le_bytes());
+        let mut head = Vec::new();
+        if let Ok(file) = std::fs::File::open(&f) {
+            let _ = file.take(64 * 1024).read_to_end(&mut head);
+        }
+        h.update(&head);
+    }
+    let d = h.finalize();
+    u64::from_le_bytes(d[..8].try_into().unwrap_or_default())
 }
 
 /// The models this server answers for, by name. Models can be added and
@@ -160,6 +192,7 @@ impl ModelLoader {
         Ok(ServedModel {
             name: name.to_string(),
             created: crate::api::unix_now(),
+            version: model_version(&path),
             kind,
         })
     }
@@ -178,6 +211,10 @@ pub struct AppState {
     /// Metering, the ledger and the market (`None`: requests are not
     /// metered, as in router tests that do not need it).
     pub billing: Option<Arc<crate::billing::Billing>>,
+    /// The response cache (`None`: off).
+    pub cache: Option<Arc<crate::cache::ResponseCache>>,
+    /// What a cache hit costs, as a fraction of the generated price (bps).
+    pub cache_price_bps: i64,
 }
 
 impl AppState {
@@ -193,7 +230,15 @@ impl AppState {
             auth: Arc::new(auth),
             loader: Arc::default(),
             billing: None,
+            cache: None,
+            cache_price_bps: 1_000,
         }
+    }
+
+    pub fn with_cache(mut self, cache: Arc<crate::cache::ResponseCache>, price_bps: i64) -> Self {
+        self.cache = Some(cache);
+        self.cache_price_bps = price_bps;
+        self
     }
 
     pub fn with_billing(mut self, billing: Arc<crate::billing::Billing>) -> Self {

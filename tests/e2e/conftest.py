@@ -32,6 +32,9 @@ def _start(*extra, open_mode=True):
         import tempfile
         folder = tempfile.mkdtemp(prefix="synor-e2e-")
         extra = (*extra, "--database-url", f"sqlite://{folder}/synor.db")
+    if "--cache-dir" not in extra:
+        import tempfile
+        extra = (*extra, "--cache-dir", tempfile.mkdtemp(prefix="synor-e2e-cache-"))
     if open_mode:
         extra = ("--open", *extra)
     binary = os.environ.get("SYNOR_BIN", os.path.join(ROOT, "target", "debug", "synor"))

@@ -107,7 +107,19 @@ pub fn to_json<T: Serialize>(value: &T) -> String {
         .unwrap_or_else(|e| format!("{{\"error\":{{\"message\":\"{e}\"}}}}"))
 }
 
+/// Called with every choice's text and finish reason when a stream ends
+/// normally (every choice finished); not called when it is cut or fails.
+pub type OnDone = Box<dyn FnOnce(Vec<(String, FinishReason)>, &UsageDto) + Send>;
+
+/// Collects the streamed text for `OnDone`.
+struct Recorder {
+    texts: Vec<String>,
+    reasons: Vec<Option<FinishReason>>,
+    done: OnDone,
+}
+
 struct SseState<E> {
+    recorder: Option<Recorder>,
     events: BoxStream<'static, (usize, TokenEvent)>,
     /// The request's meter: settles from what was streamed when the
     /// stream ends or is dropped.
@@ -128,9 +140,16 @@ pub fn sse<E: ChunkEncoder>(
     mut encoder: E,
     include_usage: bool,
     tab: Option<Tab>,
+    on_done: Option<OnDone>,
 ) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
     let head: Vec<_> = encoder.start(streams.len()).into_iter().map(data).collect();
+    let n = streams.len();
     let state = SseState {
+        recorder: on_done.map(|done| Recorder {
+            texts: vec![String::new(); n],
+            reasons: vec![None; n],
+            done,
+        }),
         events: merge(streams),
         tab,
         encoder,
@@ -146,6 +165,16 @@ pub fn sse<E: ChunkEncoder>(
             Some((i, ev)) => on_event(&mut st, i, ev),
             None => {
                 st.done = true;
+                if let Some(r) = st.recorder.take()
+                    && r.reasons.iter().all(Option::is_some)
+                {
+                    let choices = r
+                        .texts
+                        .into_iter()
+                        .zip(r.reasons.into_iter().flatten())
+                        .collect();
+                    (r.done)(choices, &st.usage);
+                }
                 let mut out = Vec::new();
                 if st.include_usage {
                     out.push(st.encoder.usage(st.usage));
@@ -166,6 +195,21 @@ pub fn sse<E: ChunkEncoder>(
 fn on_event<E: ChunkEncoder>(st: &mut SseState<E>, i: usize, ev: TokenEvent) -> Vec<String> {
     if let Some(tab) = &mut st.tab {
         tab.on_event(i, &ev);
+    }
+    if let Some(r) = &mut st.recorder {
+        match &ev {
+            TokenEvent::Delta { text, .. } => {
+                if let Some(t) = r.texts.get_mut(i) {
+                    t.push_str(text);
+                }
+            }
+            TokenEvent::Finished { reason, .. } => {
+                if let Some(slot) = r.reasons.get_mut(i) {
+                    *slot = Some(*reason);
+                }
+            }
+            TokenEvent::Failed(_) => st.recorder = None,
+        }
     }
     match ev {
         TokenEvent::Delta { text, logprobs, .. } if text.is_empty() && logprobs.is_empty() => {

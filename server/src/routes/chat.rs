@@ -3,6 +3,8 @@
 //! optional log-probabilities.
 
 use axum::extract::State;
+use axum::http::{HeaderMap, HeaderValue};
+use axum::response::sse::{Event, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Extension, Json, Router};
@@ -16,6 +18,7 @@ use crate::api::types::{
     ChatCompletionRequest, Delta, UsageDto,
 };
 use crate::api::{logprobs, response_id, unix_now, validate};
+use crate::caching;
 use crate::error::ApiError;
 use crate::state::AppState;
 use crate::store::keys::KeyRecord;
@@ -32,11 +35,25 @@ pub fn router() -> Router<AppState> {
 pub(crate) async fn chat_completions(
     State(state): State<AppState>,
     key: Option<Extension<KeyRecord>>,
+    headers: HeaderMap,
     ApiJson(req): ApiJson<ChatCompletionRequest>,
 ) -> Result<Response, ApiError> {
     let engine = &state.models.text(&req.model)?;
     let valid = validate::chat(&req, engine)?;
     crate::auth::charge(&state, key.as_deref(), &valid.requests)?;
+    let mut plan = caching::plan(&state, &headers, key.as_deref(), &req, &valid);
+    if let Some(p) = &mut plan
+        && let Some(hit) = caching::lookup(&state, p).await
+    {
+        caching::bill_hit(&state, key.as_deref(), &hit).await?;
+        return Ok(from_cache(
+            req.model,
+            engine.clone(),
+            valid.stream,
+            valid.include_usage,
+            hit,
+        ));
+    }
     let mut tab =
         crate::billing::open_for(&state, key.as_deref(), &req.model, engine, &valid.requests)
             .await?;
@@ -50,10 +67,27 @@ pub(crate) async fn chat_completions(
         tools: valid.tools,
         held: Vec::new(),
     };
+    let cached = if plan.is_some() { "miss" } else { "bypass" };
     if valid.stream {
-        return Ok(stream::sse(streams, encoder, valid.include_usage, tab).into_response());
+        let state2 = state.clone();
+        let on_done = plan.map(|p| {
+            Box::new(
+                move |choices: Vec<(String, FinishReason)>, usage: &UsageDto| {
+                    caching::store(&state2, p, choices, usage);
+                },
+            ) as stream::OnDone
+        });
+        let sse = stream::sse(streams, encoder, valid.include_usage, tab, on_done);
+        return Ok(([(CACHE_HEADER, cached)], sse).into_response());
     }
     let outcomes = stream::collect_all(streams).await?;
+    let texts: Vec<(String, FinishReason)> = match plan {
+        Some(_) => outcomes
+            .iter()
+            .map(|o| (o.text.clone(), o.finish))
+            .collect(),
+        None => Vec::new(),
+    };
     if let Some(tab) = &mut tab {
         for (i, o) in outcomes.iter().enumerate() {
             tab.finished(i, &o.usage);
@@ -75,6 +109,9 @@ pub(crate) async fn chat_completions(
             }
         })
         .collect();
+    if let Some(p) = plan {
+        caching::store(&state, p, texts, &usage);
+    }
     let body = ChatCompletion {
         id: encoder.id,
         object: "chat.completion",
@@ -83,7 +120,81 @@ pub(crate) async fn chat_completions(
         choices,
         usage,
     };
-    Ok(Json(body).into_response())
+    Ok(([(CACHE_HEADER, cached)], Json(body)).into_response())
+}
+
+/// Which cache answered (`exact`, `semantic`), or `miss` / `bypass`.
+const CACHE_HEADER: &str = "x-synor-cache";
+
+/// A cached answer, as JSON or as an SSE stream like a generated one.
+fn from_cache(
+    model: String,
+    engine: EngineHandle,
+    stream: bool,
+    include_usage: bool,
+    hit: caching::Hit,
+) -> Response {
+    let a = &hit.answer;
+    let mut usage = UsageDto::default();
+    usage.add(&engine::Usage {
+        prompt_tokens: a.prompt_tokens as usize,
+        completion_tokens: a.completion_tokens as usize,
+        cached_tokens: 0,
+    });
+    let mut encoder = ChatEncoder {
+        id: response_id("chatcmpl"),
+        created: unix_now(),
+        model,
+        engine,
+        logprobs: false,
+        tools: false,
+        held: Vec::new(),
+    };
+    let mut headers = HeaderMap::new();
+    headers.insert(CACHE_HEADER, HeaderValue::from_static(hit.kind));
+    if let Some(s) = hit.similarity
+        && let Ok(v) = HeaderValue::from_str(&format!("{s:.4}"))
+    {
+        headers.insert("x-synor-cache-similarity", v);
+    }
+    if stream {
+        let mut events = encoder.start(a.choices.len());
+        for (i, c) in a.choices.iter().enumerate() {
+            events.extend(encoder.delta(i, c.text.clone(), &[]));
+            events.push(encoder.finish(i, caching::finish_of(c)));
+        }
+        if include_usage {
+            events.push(encoder.usage(usage));
+        }
+        events.push("[DONE]".to_string());
+        let events = events
+            .into_iter()
+            .map(|d| Ok::<_, std::convert::Infallible>(Event::default().data(d)));
+        return (headers, Sse::new(futures_util::stream::iter(events))).into_response();
+    }
+    let choices = a
+        .choices
+        .iter()
+        .enumerate()
+        .map(|(index, c)| {
+            let (message, finish) = assistant(c.text.clone(), caching::finish_of(c), false);
+            ChatChoice {
+                index,
+                logprobs: None,
+                message,
+                finish_reason: Some(finish),
+            }
+        })
+        .collect();
+    let body = ChatCompletion {
+        id: encoder.id,
+        object: "chat.completion",
+        created: encoder.created,
+        model: encoder.model,
+        choices,
+        usage,
+    };
+    (headers, Json(body)).into_response()
 }
 
 /// Encodes chat streams as `chat.completion.chunk`s.

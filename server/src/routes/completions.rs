@@ -47,7 +47,7 @@ pub(crate) async fn completions(
         logprobs: valid.logprobs,
     };
     if valid.stream {
-        return Ok(stream::sse(streams, encoder, valid.include_usage, tab).into_response());
+        return Ok(stream::sse(streams, encoder, valid.include_usage, tab, None).into_response());
     }
     let outcomes = stream::collect_all(streams).await?;
     if let Some(tab) = &mut tab {

@@ -48,11 +48,13 @@ static STATE: LazyLock<AppState> = LazyLock::new(|| {
         ServedModel {
             name: TINY.into(),
             created: 1,
+            version: 1,
             kind: ModelKind::Text(tiny),
         },
         ServedModel {
             name: MINILM.into(),
             created: 1,
+            version: 2,
             kind: ModelKind::Embedding(minilm),
         },
     ];
@@ -181,13 +183,8 @@ impl Synor {
             ])
             .arg("--model")
             .arg(model_path("tiny/tiny.gguf"))
-            // Each server its own ledger, outside the source tree.
-            .arg("--database-url")
-            .arg(format!(
-                "sqlite://{}/synor-test-{}/ledger.db",
-                std::env::temp_dir().display(),
-                uuid_like()
-            ))
+            // Each server its own ledger and cache, outside the source tree.
+            .args(own_data_dir())
             .args(extra)
             .env("RUST_LOG", "warn")
             .stdout(Stdio::piped())
@@ -241,6 +238,17 @@ impl Drop for Synor {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// `--database-url` and `--cache-dir` in a fresh temporary folder.
+fn own_data_dir() -> [String; 4] {
+    let dir = std::env::temp_dir().join(format!("synor-test-{}", uuid_like()));
+    [
+        "--database-url".into(),
+        format!("sqlite://{}/ledger.db", dir.display()),
+        "--cache-dir".into(),
+        dir.join("cache").display().to_string(),
+    ]
 }
 
 /// A unique-enough name without another dependency.

@@ -1,0 +1,268 @@
+//! The response cache as the chat API uses it: which requests may use it,
+//! the lookup (exact in three tiers, then semantic), billing a hit at the
+//! cache price, and storing fresh answers.
+//!
+//! Rules:
+//! - Only deterministic requests (temperature 0 or a fixed seed) use the
+//!   cache, unless the request sends `x-synor-cache: allow`;
+//!   `x-synor-cache: bypass` (or `Cache-Control: no-cache`/`no-store`)
+//!   skips it. `n` > 1, log-probabilities and tools bypass it.
+//! - The scope is the payer's account, or `shared` for models an admin
+//!   shared; keys cover the model and its version, the whole rendered
+//!   conversation and every sampling parameter.
+//! - A semantic hit needs the same scope, model and context (earlier turns,
+//!   system prompt, parameters, hashed into the index key), a similar last
+//!   user message over the threshold, and the same guard terms.
+
+use std::sync::Arc;
+
+use axum::http::HeaderMap;
+use engine::{EmbeddingHandle, FinishReason};
+use sha2::{Digest, Sha256};
+
+use crate::api::types::{ChatCompletionRequest, MessageContent, UsageDto};
+use crate::api::validate::ValidGeneration;
+use crate::billing::Payer;
+use crate::cache::answer::{CachedAnswer, CachedChoice, KeyParts, exact_key, hex};
+use crate::cache::semantic::IndexKey;
+use crate::error::ApiError;
+use crate::ledger::Quote;
+use crate::ledger::money::BPS;
+use crate::state::{AppState, ModelKind};
+use crate::store::keys::KeyRecord;
+
+/// How a request may use the cache.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    pub key: String,
+    pub scope: String,
+    pub model: String,
+    /// The semantic probe: its index and the last user message.
+    semantic: Option<(IndexKey, String)>,
+    /// The last message's embedding, once computed (stored with the answer).
+    vector: Option<Vec<f32>>,
+}
+
+/// A cached answer to serve.
+#[derive(Debug, Clone)]
+pub struct Hit {
+    pub answer: Arc<CachedAnswer>,
+    /// `exact` or `semantic`.
+    pub kind: &'static str,
+    pub similarity: Option<f32>,
+}
+
+fn header(headers: &HeaderMap, name: &str) -> String {
+    headers
+        .get(name)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_ascii_lowercase()
+}
+
+/// Whether (and how) this chat request may use the cache.
+pub fn plan(
+    state: &AppState,
+    headers: &HeaderMap,
+    key: Option<&KeyRecord>,
+    req: &ChatCompletionRequest,
+    valid: &ValidGeneration,
+) -> Option<Plan> {
+    let cache = state.cache.as_ref()?;
+    let mode = header(headers, "x-synor-cache");
+    let control = header(headers, "cache-control");
+    if mode == "bypass" || control.contains("no-cache") || control.contains("no-store") {
+        return None;
+    }
+    let [one] = valid.requests.as_slice() else {
+        return None;
+    };
+    let p = &one.params;
+    let deterministic = p.temperature == 0.0 || p.seed.is_some();
+    if p.n != 1 || valid.logprobs || valid.tools || !(deterministic || mode == "allow") {
+        return None;
+    }
+    let model = state.models.get(&req.model).ok()?;
+    let scope = if cache.is_shared(&req.model) {
+        "shared".to_string()
+    } else {
+        Payer::of(key).account_id
+    };
+    let params = format!("{p:?}");
+    let key = exact_key(&KeyParts {
+        scope: &scope,
+        model: &req.model,
+        model_version: model.version,
+        endpoint: "chat",
+        prompt_tokens: &one.prompt_tokens,
+        params: &params,
+    });
+    Some(Plan {
+        key,
+        semantic: semantic_probe(req, &scope, model.version, &params),
+        scope,
+        model: req.model.clone(),
+        vector: None,
+    })
+}
+
+/// The semantic index and text of a conversation whose last message is a
+/// user's text: every earlier message, the model version and the
+/// parameters are hashed into the index key.
+fn semantic_probe(
+    req: &ChatCompletionRequest,
+    scope: &str,
+    version: u64,
+    params: &str,
+) -> Option<(IndexKey, String)> {
+    let (last, earlier) = req.messages.split_last()?;
+    let text = match (&last.role[..], &last.content) {
+        ("user", Some(MessageContent::Text(t))) => t.clone(),
+        _ => return None,
+    };
+    let mut h = Sha256::new();
+    h.update(version.to_le_bytes());
+    h.update(params.as_bytes());
+    for m in earlier {
+        let content = match &m.content {
+            Some(MessageContent::Text(t)) => t.clone(),
+            Some(MessageContent::Parts(p)) => {
+                format!("{:?}", p.iter().map(|x| &x.text).collect::<Vec<_>>())
+            }
+            None => String::new(),
+        };
+        for part in [&m.role, &content] {
+            h.update((part.len() as u64).to_le_bytes());
+            h.update(part.as_bytes());
+        }
+    }
+    let ik = IndexKey {
+        scope: scope.to_string(),
+        model: req.model.clone(),
+        context: hex(&h.finalize()),
+    };
+    Some((ik, text))
+}
+
+/// The embedding model the semantic cache uses (the first one served).
+fn embedder(state: &AppState) -> Option<EmbeddingHandle> {
+    state.models.list().into_iter().find_map(|m| match m.kind {
+        ModelKind::Embedding(h) => Some(h),
+        ModelKind::Text(_) => None,
+    })
+}
+
+/// Exact lookup in every tier, then semantic.
+pub async fn lookup(state: &AppState, plan: &mut Plan) -> Option<Hit> {
+    let cache = state.cache.as_ref()?;
+    if let Some((answer, _)) = cache.get(&plan.scope, &plan.model, &plan.key).await {
+        return Some(Hit {
+            answer,
+            kind: "exact",
+            similarity: None,
+        });
+    }
+    let (ik, text) = plan.semantic.clone()?;
+    let embedder = embedder(state)?;
+    let vector = match embedder.embed(vec![text.clone()]).await {
+        Ok(mut e) => e.vectors.pop()?,
+        Err(e) => {
+            tracing::warn!(error = %e, "semantic cache: embedding failed");
+            return None;
+        }
+    };
+    plan.vector = Some(vector.clone());
+    let m = cache.semantic_get(&ik, &vector, &text)?;
+    match cache.get(&plan.scope, &plan.model, &m.key).await {
+        Some((answer, _)) => Some(Hit {
+            answer,
+            kind: "semantic",
+            similarity: Some(m.similarity),
+        }),
+        None => {
+            cache.semantic_forget(&m.key);
+            None
+        }
+    }
+}
+
+/// Bills a hit at the cache price (a fraction of the generated price),
+/// crediting the provider that produced the answer; 402 if the payer
+/// cannot cover it.
+pub async fn bill_hit(
+    state: &AppState,
+    key: Option<&KeyRecord>,
+    hit: &Hit,
+) -> Result<(), ApiError> {
+    let Some(b) = &state.billing else {
+        return Ok(());
+    };
+    let a = &hit.answer;
+    let fraction = state.cache_price_bps;
+    let base = b.quote(&a.model, crate::market::pricing::Load::default())?;
+    let scale = |p: i64| (i128::from(p) * i128::from(fraction) / i128::from(BPS)) as i64;
+    let quote = Quote {
+        provider_id: a.provider_id.clone(),
+        prices: crate::ledger::Prices {
+            input: scale(base.prices.input),
+            cached_input: scale(base.prices.cached_input),
+            output: scale(base.prices.output),
+        },
+        ..base
+    };
+    let mut tab = b
+        .open(
+            &Payer::of(key),
+            &quote,
+            &[(a.prompt_tokens, a.completion_tokens)],
+        )
+        .await?;
+    let usage = engine::Usage {
+        prompt_tokens: a.prompt_tokens as usize,
+        completion_tokens: a.completion_tokens as usize,
+        cached_tokens: 0,
+    };
+    tab.finished(0, &usage);
+    crate::billing::settle(Some(tab)).await;
+    Ok(())
+}
+
+/// Stores a fresh answer (in the background: the response does not wait).
+pub fn store(state: &AppState, plan: Plan, choices: Vec<(String, FinishReason)>, usage: &UsageDto) {
+    let Some(cache) = state.cache.clone() else {
+        return;
+    };
+    if choices.iter().any(|(_, r)| *r == FinishReason::Abort) {
+        return;
+    }
+    let answer = CachedAnswer {
+        scope: plan.scope.clone(),
+        model: plan.model.clone(),
+        choices: choices
+            .into_iter()
+            .map(|(text, r)| CachedChoice {
+                text,
+                finish_reason: r.as_openai().to_string(),
+            })
+            .collect(),
+        prompt_tokens: usage.prompt_tokens as u64,
+        completion_tokens: usage.completion_tokens as u64,
+        provider_id: crate::ledger::HOUSE_PROVIDER.to_string(),
+        created_at: crate::store::now(),
+    };
+    tokio::spawn(async move {
+        cache.put(&plan.key, answer).await;
+        if let (Some((ik, text)), Some(v)) = (plan.semantic, plan.vector) {
+            cache.semantic_put(ik, v, &text, plan.key);
+        }
+    });
+}
+
+/// The finish reason a cached choice was stored with.
+pub fn finish_of(c: &CachedChoice) -> FinishReason {
+    if c.finish_reason == "length" {
+        FinishReason::Length
+    } else {
+        FinishReason::Stop
+    }
+}
