@@ -2,7 +2,8 @@
 //! `model_name`), names aligned with vLLM's: queue gauges, KV cache usage,
 //! prefix cache and token counters, finished requests by reason, and the
 //! TTFT / inter-token / end-to-end / queue-time histograms the engine
-//! records; plus HTTP request counts by route, method and status.
+//! records; HTTP request counts by route, method and status; and the
+//! response cache's hits, misses, evictions, bytes and lookup time per tier.
 
 use std::collections::BTreeMap;
 use std::fmt::Write;
@@ -70,9 +71,92 @@ impl Family<'_> {
     }
 }
 
+/// Reads one counter of a cache tier.
+type TierCounter = fn(&crate::cache::TierStats) -> u64;
+
+/// Response cache counters per tier (`l1`, `l2`, `l3`, `semantic`).
+fn cache_metrics(out: &mut String, cache: &crate::cache::ResponseCache) {
+    use std::sync::atomic::Ordering::Relaxed;
+    let tiers = ["l1", "l2", "l3", "semantic"];
+    let counters: [(&str, &str, TierCounter); 4] = [
+        (
+            "synor:cache_hits_total",
+            "Response cache hits, by tier.",
+            |t| t.hits.load(Relaxed),
+        ),
+        (
+            "synor:cache_misses_total",
+            "Response cache misses, by tier.",
+            |t| t.misses.load(Relaxed),
+        ),
+        (
+            "synor:cache_evictions_total",
+            "Entries evicted to stay within bounds, by tier.",
+            |t| t.evictions.load(Relaxed),
+        ),
+        (
+            "synor:cache_lookups_total",
+            "Lookups, by tier (with `_seconds_total`, the mean latency).",
+            |t| t.lookups.load(Relaxed),
+        ),
+    ];
+    for (name, help, get) in counters {
+        Family {
+            name,
+            kind: "counter",
+            help,
+        }
+        .header(out);
+        for (tier, s) in tiers.iter().zip(&cache.stats) {
+            let _ = writeln!(out, "{name}{{tier=\"{tier}\"}} {}", get(s));
+        }
+    }
+    let name = "synor:cache_lookup_seconds_total";
+    Family {
+        name,
+        kind: "counter",
+        help: "Time spent in lookups, by tier.",
+    }
+    .header(out);
+    for (tier, s) in tiers.iter().zip(&cache.stats) {
+        let _ = writeln!(
+            out,
+            "{name}{{tier=\"{tier}\"}} {}",
+            s.lookup_micros.load(Relaxed) as f64 / 1e6
+        );
+    }
+    let (b1, n1, b2, n2) = cache.sizes();
+    let n3 = cache.semantic_len() as u64;
+    for (name, help, rows) in [
+        (
+            "synor:cache_bytes",
+            "Bytes held, by tier.",
+            [("l1", b1), ("l2", b2)].to_vec(),
+        ),
+        (
+            "synor:cache_entries",
+            "Entries held, by tier.",
+            [("l1", n1), ("l2", n2), ("semantic", n3)].to_vec(),
+        ),
+    ] {
+        Family {
+            name,
+            kind: "gauge",
+            help,
+        }
+        .header(out);
+        for (tier, v) in rows {
+            let _ = writeln!(out, "{name}{{tier=\"{tier}\"}} {v}");
+        }
+    }
+}
+
 /// The whole exposition.
 pub fn render(state: &AppState) -> String {
     let mut out = String::new();
+    if let Some(cache) = &state.cache {
+        cache_metrics(&mut out, cache);
+    }
     let text: Vec<(String, engine::EngineStats, engine::LatencyStats)> = state
         .models
         .list()

@@ -75,6 +75,10 @@ impl Modify for Security {
         routes::market::set_region,
         routes::market::providers,
         routes::market::set_provider,
+        routes::cache::stats,
+        routes::cache::flush,
+        routes::cache::threshold,
+        routes::cache::shared,
     ),
     modifiers(&Security)
 )]

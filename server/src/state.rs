@@ -35,7 +35,12 @@ pub fn model_version(path: &Path) -> u64 {
     use std::io::Read;
     let mut files: Vec<PathBuf> = if path.is_dir() {
         std::fs::read_dir(path)
-            .map(|d| d.flatten().map(|e| e.path()).filter(|p| p.is_file()).collect())
+            .map(|d| {
+                d.flatten()
+                    .map(|e| e.path())
+                    .filter(|p| p.is_file())
+                    .collect()
+            })
             .unwrap_or_default()
     } else {
         vec![path.to_path_buf()]

@@ -180,10 +180,14 @@ impl ResponseCache {
         self.l1.insert(key.to_string(), a).await;
     }
 
-    /// Bytes and entries per tier: (L1 bytes, L1 entries, L2 bytes, L2
-    /// entries); L1's are moka's estimates, exact after pending tasks run.
-    pub async fn sizes(&self) -> (u64, u64, u64, u64) {
+    /// Runs L1's pending maintenance (its sizes are then exact).
+    pub async fn settle_l1(&self) {
         self.l1.run_pending_tasks().await;
+    }
+
+    /// Bytes and entries per tier: (L1 bytes, L1 entries, L2 bytes, L2
+    /// entries); L1's are moka's estimates, exact after `settle_l1`.
+    pub fn sizes(&self) -> (u64, u64, u64, u64) {
         let (b2, n2) = self
             .l2
             .as_ref()

@@ -121,7 +121,8 @@ async fn l1_is_bounded_by_bytes() {
         c.put(&format!("k{i}"), answer("s", "m", &"y".repeat(200)))
             .await;
     }
-    let (bytes, entries, _, _) = c.sizes().await;
+    c.settle_l1().await;
+    let (bytes, entries, _, _) = c.sizes();
     assert!(
         bytes <= 4_000 && entries < 100,
         "{bytes} bytes, {entries} entries"

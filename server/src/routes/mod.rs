@@ -3,6 +3,7 @@
 
 pub mod accounts;
 pub mod admin;
+pub mod cache;
 pub mod chat;
 pub mod completions;
 pub mod embeddings;
@@ -34,6 +35,7 @@ pub fn router(state: &AppState) -> Router<AppState> {
         .merge(admin::router())
         .merge(market::admin_router())
         .merge(accounts::admin_router())
+        .merge(cache::admin_router())
         .route("/openapi.json", axum::routing::get(openapi_json))
         .merge(
             utoipa_swagger_ui::SwaggerUi::new("/docs").url("/docs/openapi.json", {

@@ -1,0 +1,151 @@
+//! Admin routes of the response cache: statistics, flushing (everything,
+//! a tenant scope, a model), the semantic threshold, and marking a model's
+//! cache as shared across tenants.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering::Relaxed;
+
+use axum::extract::{Path, State};
+use axum::http::HeaderMap;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post, put};
+use axum::{Json, Router};
+use serde::Deserialize;
+use serde_json::json;
+
+use crate::api::json::ApiJson;
+use crate::cache::{ResponseCache, Tier};
+use crate::error::ApiError;
+use crate::state::AppState;
+
+pub fn admin_router() -> Router<AppState> {
+    Router::new()
+        .route("/admin/cache", get(stats))
+        .route("/admin/cache/flush", post(flush))
+        .route("/admin/cache/threshold", put(threshold))
+        .route("/admin/cache/shared/{model}", put(shared))
+}
+
+fn cache(state: &AppState, headers: &HeaderMap) -> Result<Arc<ResponseCache>, ApiError> {
+    state.auth.check_admin(headers)?;
+    state
+        .cache
+        .clone()
+        .ok_or_else(|| ApiError::invalid("cache", "the response cache is off (--no-cache)"))
+}
+
+/// Admin: per-tier hits, misses, evictions, sizes and mean lookup time,
+/// and the semantic threshold.
+#[utoipa::path(get, path = "/admin/cache", tag = "admin",
+    responses((status = 200, description = "Cache statistics", body = Object), (status = 401, description = "Missing or wrong admin token", body = crate::openapi::ErrorResponse)),
+    security(("admin_token" = [])))]
+pub(crate) async fn stats(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let c = cache(&state, &headers)?;
+    c.settle_l1().await;
+    let (b1, n1, b2, n2) = c.sizes();
+    let tier = |name: &str, s: &crate::cache::TierStats| {
+        let lookups = s.lookups.load(Relaxed);
+        json!({
+            "tier": name,
+            "hits": s.hits.load(Relaxed),
+            "misses": s.misses.load(Relaxed),
+            "evictions": s.evictions.load(Relaxed),
+            "mean_lookup_us": s.lookup_micros.load(Relaxed) / lookups.max(1),
+        })
+    };
+    let mut tiers: Vec<_> = Tier::ALL
+        .iter()
+        .map(|t| tier(t.as_str(), &c.stats[*t as usize]))
+        .collect();
+    tiers.push(tier("semantic", c.semantic_stats()));
+    let body = json!({
+        "tiers": tiers,
+        "l1": {"bytes": b1, "entries": n1},
+        "l2": {"bytes": b2, "entries": n2},
+        "semantic": {"entries": c.semantic_len(), "threshold": c.threshold()},
+    });
+    Ok(Json(body).into_response())
+}
+
+#[derive(Debug, Default, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct Flush {
+    /// Only this tenant scope (an account id, or `shared`).
+    #[serde(default)]
+    scope: Option<String>,
+    /// Only this model.
+    #[serde(default)]
+    model: Option<String>,
+}
+
+/// Admin: removes cached answers from every tier (all, or of a scope
+/// and/or a model).
+#[utoipa::path(post, path = "/admin/cache/flush", tag = "admin", request_body = Flush,
+    responses((status = 200, description = "Entries removed per tier", body = Object), (status = 401, description = "Missing or wrong admin token", body = crate::openapi::ErrorResponse)),
+    security(("admin_token" = [])))]
+pub(crate) async fn flush(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    ApiJson(f): ApiJson<Flush>,
+) -> Result<Response, ApiError> {
+    let c = cache(&state, &headers)?;
+    let [l1, l2, l3, semantic] = c.flush(f.scope.as_deref(), f.model.as_deref()).await;
+    Ok(
+        Json(json!({"removed": {"l1": l1, "l2": l2, "l3": l3, "semantic": semantic}}))
+            .into_response(),
+    )
+}
+
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct Threshold {
+    /// Cosine similarity a semantic hit needs (0-1).
+    threshold: f32,
+}
+
+/// Admin: sets the semantic similarity threshold.
+#[utoipa::path(put, path = "/admin/cache/threshold", tag = "admin", request_body = Threshold,
+    responses((status = 200, description = "Updated", body = Object), (status = 400, description = "Out of range", body = crate::openapi::ErrorResponse), (status = 401, description = "Missing or wrong admin token", body = crate::openapi::ErrorResponse)),
+    security(("admin_token" = [])))]
+pub(crate) async fn threshold(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    ApiJson(t): ApiJson<Threshold>,
+) -> Result<Response, ApiError> {
+    let c = cache(&state, &headers)?;
+    if !(0.0..=1.0).contains(&t.threshold) {
+        return Err(ApiError::invalid(
+            "threshold",
+            "a threshold is between 0 and 1",
+        ));
+    }
+    c.set_threshold(t.threshold);
+    Ok(Json(json!({"threshold": t.threshold})).into_response())
+}
+
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct Shared {
+    shared: bool,
+}
+
+/// Admin: makes a model's cache shared by every tenant (or per tenant
+/// again). Answers cached before stay in their old scope.
+#[utoipa::path(put, path = "/admin/cache/shared/{model}", tag = "admin", request_body = Shared,
+    params(("model" = String, Path, description = "Model name")),
+    responses((status = 200, description = "Updated", body = Object), (status = 404, description = "No such model", body = crate::openapi::ErrorResponse), (status = 401, description = "Missing or wrong admin token", body = crate::openapi::ErrorResponse)),
+    security(("admin_token" = [])))]
+pub(crate) async fn shared(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Path(model): Path<String>,
+    ApiJson(s): ApiJson<Shared>,
+) -> Result<Response, ApiError> {
+    let c = cache(&state, &headers)?;
+    state.models.get(&model)?;
+    c.set_shared(&model, s.shared);
+    Ok(Json(json!({"model": model, "shared": s.shared})).into_response())
+}
