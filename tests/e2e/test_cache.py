@@ -1,0 +1,177 @@
+"""The response cache end to end, against the real binary: an exact hit in
+L1, in L2 after a restart, in L3 from another replica through Redis; a Redis
+stopped mid-test degrades to L1/L2 without failing a request; tenants never
+see each other's answers (exactly or semantically); a follow-up question in
+one conversation never gets another conversation's answer; hits are
+billed (at the cache price) and marked."""
+
+import os
+import shutil
+import socket
+import subprocess
+import time
+
+import openai
+import pytest
+
+from conftest import ADMIN_TOKEN, _start
+from test_billing import call, funded_key, sdk
+
+SMOL = "smollm2-135m-instruct"
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def private_redis(tmp_path):
+    """A Redis of our own (so the test can stop it)."""
+    port = free_port()
+    proc = subprocess.Popen(
+        [shutil.which("redis-server") or "redis-server", "--port", str(port), "--save", "",
+         "--appendonly", "no", "--dir", str(tmp_path)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    for _ in range(100):
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            break
+        except OSError:
+            time.sleep(0.05)
+    yield {"url": f"redis://127.0.0.1:{port}/", "proc": proc}
+    proc.kill()
+    proc.wait()
+
+
+def ask(base, content, key="unused", **extra):
+    """A temperature-0 chat request; returns (text, x-synor-cache)."""
+    c = sdk(base, key)
+    r = c.chat.completions.with_raw_response.create(
+        model=extra.pop("model", "tiny"), messages=content if isinstance(content, list) else
+        [{"role": "user", "content": content}], max_tokens=8, temperature=0, **extra)
+    return r.parse().choices[0].message.content, r.headers.get("x-synor-cache")
+
+
+def tier_hits(base):
+    status, stats = call(base, "GET", "/admin/cache")
+    assert status == 200, stats
+    return {t["tier"]: t["hits"] for t in stats["tiers"]}
+
+
+def test_exact_hits_in_each_tier_and_through_a_redis_outage(tmp_path, private_redis):
+    common = ("--model", "tiny/tiny.gguf", "--embedding-model", "none",
+              "--admin-token", ADMIN_TOKEN, "--redis-url", private_redis["url"])
+    d1, d2 = str(tmp_path / "a"), str(tmp_path / "b")
+    first = _start(*common, "--cache-dir", d1)
+    base = next(first)["base"]
+    text, how = ask(base, "hello cache")
+    assert how == "miss"
+    assert ask(base, "hello cache") == (text, "exact")
+    assert tier_hits(base)["l1"] == 1
+    first.close()
+    # A restart: the disk tier still has it.
+    again = _start(*common, "--cache-dir", d1)
+    try:
+        base = next(again)["base"]
+        assert ask(base, "hello cache") == (text, "exact")
+        assert tier_hits(base)["l2"] == 1
+    finally:
+        again.close()
+    # Another replica: its own disk, the same Redis.
+    replica = _start(*common, "--cache-dir", d2)
+    try:
+        base = next(replica)["base"]
+        assert ask(base, "hello cache") == (text, "exact")
+        assert tier_hits(base)["l3"] == 1
+        # Redis goes away mid-test: requests still succeed.
+        private_redis["proc"].kill()
+        private_redis["proc"].wait()
+        assert ask(base, "hello cache") == (text, "exact")  # L1
+        other, how = ask(base, "a new question")
+        assert how == "miss" and other is not None
+        assert ask(base, "a new question")[1] == "exact"
+        # A bypass header skips the cache.
+        assert ask(base, "hello cache", extra_headers={"x-synor-cache": "bypass"})[1] == "bypass"
+        # Flush: gone from every tier that is up.
+        status, flushed = call(base, "POST", "/admin/cache/flush", {})
+        assert status == 200 and flushed["removed"]["l1"] >= 2, flushed
+        assert ask(base, "hello cache")[1] == "miss"
+    finally:
+        replica.close()
+
+
+@pytest.fixture(scope="module")
+def cache_server(tmp_path_factory):
+    """SmolLM2 and MiniLM behind keys, with the cache and the ledger."""
+    db = "sqlite://" + str(tmp_path_factory.mktemp("cache") / "synor.db")
+    gen = _start("--database-url", db, "--admin-token", ADMIN_TOKEN, open_mode=False)
+    info = next(gen)
+    # A permissive threshold, so the tests exercise the guards too.
+    assert call(info["base"], "PUT", "/admin/cache/threshold", {"threshold": 0.85})[0] == 200
+    yield info
+    gen.close()
+
+
+def test_tenants_never_see_each_others_answers(cache_server):
+    base = cache_server["base"]
+    _, alice = funded_key(base, 5_000_000, "alice")
+    _, bob = funded_key(base, 5_000_000, "bob")
+    q = "What is the capital of France?"
+    text, how = ask(base, q, alice, model=SMOL)
+    assert how == "miss"
+    assert ask(base, q, alice, model=SMOL) == (text, "exact")
+    assert ask(base, "Which city is the capital of France?", alice, model=SMOL)[1] == "semantic"
+    # Bob asks the same things: nothing of Alice's comes back.
+    assert ask(base, q, bob, model=SMOL)[1] == "miss"
+    status, usage = call(base, "GET", "/v1/usage", token=alice)
+    records = usage["data"]
+    assert len(records) == 3, records  # one generated answer, two hits, all billed
+    generated = min(records, key=lambda r: r["created_at"])
+    assert all(r["cost"] <= generated["cost"] for r in records)
+
+
+def test_a_follow_up_never_gets_another_conversations_answer(cache_server):
+    base = cache_server["base"]
+    _, key = funded_key(base, 5_000_000, "convo")
+
+    def convo(city):
+        return [
+            {"role": "user", "content": f"Tell me about {city}."},
+            {"role": "assistant", "content": f"{city} is a large city."},
+            {"role": "user", "content": "What is its population?"},
+        ]
+
+    paris, how = ask(base, convo("Paris"), key, model=SMOL)
+    assert how == "miss"
+    assert ask(base, convo("Paris"), key, model=SMOL) == (paris, "exact")
+    # Same last message, another conversation: neither exact nor semantic.
+    assert ask(base, convo("Tokyo"), key, model=SMOL)[1] == "miss"
+    # Near misses that embed close but ask something else are refused.
+    ask(base, "Convert 25 degrees Celsius to Fahrenheit.", key, model=SMOL)
+    assert ask(base, "Convert 25 degrees Fahrenheit to Celsius.", key, model=SMOL)[1] == "miss"
+    assert ask(base, "Convert 26 degrees Celsius to Fahrenheit.", key, model=SMOL)[1] == "miss"
+    # Sampling without a seed is not cached unless the caller opts in.
+    c = sdk(base, key)
+    r = c.chat.completions.with_raw_response.create(
+        model=SMOL, messages=[{"role": "user", "content": "Say something."}], max_tokens=4,
+        temperature=0.8)
+    assert r.headers.get("x-synor-cache") == "bypass"
+
+
+def test_cache_hits_stream_like_generated_answers(cache_server):
+    base = cache_server["base"]
+    _, key = funded_key(base, 5_000_000, "streamer")
+    msg = [{"role": "user", "content": "Name a colour."}]
+    text, _ = ask(base, msg, key, model=SMOL)
+    c = sdk(base, key)
+    with c.chat.completions.with_streaming_response.create(
+            model=SMOL, messages=msg, max_tokens=8, temperature=0, stream=True,
+            stream_options={"include_usage": True}) as r:
+        assert r.headers.get("x-synor-cache") == "exact"
+        chunks = list(r.parse())
+    content = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+    assert content == text
+    assert [ch.choices[0].finish_reason for ch in chunks if ch.choices][-1] in ("stop", "length")
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens > 0
