@@ -188,7 +188,9 @@ pub async fn lookup(state: &AppState, plan: &mut Plan) -> Option<Hit> {
 
 /// Bills a hit at the cache price (a fraction of the generated price),
 /// crediting the provider that produced the answer; 402 if the payer
-/// cannot cover it.
+/// cannot cover it. The cost is known, so no hold is needed: the funds are
+/// checked now and the charge is committed by the ledger's writer in its
+/// next batch (the answer does not wait for it).
 pub async fn bill_hit(
     state: &AppState,
     key: Option<&KeyRecord>,
@@ -210,21 +212,21 @@ pub async fn bill_hit(
         },
         ..base
     };
-    let mut tab = b
-        .open(
-            &Payer::of(key),
-            &quote,
-            &[(a.prompt_tokens, a.completion_tokens)],
-        )
-        .await?;
-    let usage = engine::Usage {
-        prompt_tokens: a.prompt_tokens as usize,
-        completion_tokens: a.completion_tokens as usize,
-        cached_tokens: 0,
+    let payer = Payer::of(key);
+    let tokens = crate::ledger::Tokens {
+        prompt: a.prompt_tokens,
+        cached: 0,
+        completion: a.completion_tokens,
     };
-    tab.finished(0, &usage);
-    crate::billing::settle(Some(tab)).await;
-    Ok(())
+    let request_id = format!("req_{}", uuid::Uuid::new_v4().simple());
+    let hold = crate::ledger::holds::HoldRequest {
+        request_id: &request_id,
+        account_id: &payer.account_id,
+        key_id: payer.key_id.as_deref(),
+        quote: &quote,
+        amount: quote.cost(tokens),
+    };
+    Ok(b.ledger.charge(hold, tokens).await?)
 }
 
 /// Stores a fresh answer (in the background: the response does not wait).

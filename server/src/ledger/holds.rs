@@ -68,6 +68,45 @@ impl Ledger {
         Ok(())
     }
 
+    /// Whether the account (and key budget) can cover `amount` now, read
+    /// without writing.
+    pub(super) async fn check_cover(
+        &self,
+        account: &str,
+        key: Option<&str>,
+        amount: Micros,
+    ) -> Result<(), LedgerError> {
+        let row = sqlx::query(
+            "SELECT unlimited, balance - held + credit_limit AS available FROM accounts WHERE id = $1",
+        )
+        .bind(account)
+        .fetch_optional(&self.db.pool)
+        .await?
+        .ok_or_else(|| LedgerError::UnknownAccount(account.to_string()))?;
+        let available: Micros = row.try_get("available")?;
+        if row.try_get::<i64, _>("unlimited")? == 0 && available < amount {
+            return Err(LedgerError::InsufficientQuota {
+                need: amount,
+                available,
+            });
+        }
+        if let Some(key) = key {
+            let remaining: Option<i64> =
+                sqlx::query_scalar("SELECT budget - spent - held FROM api_keys WHERE id = $1")
+                    .bind(key)
+                    .fetch_optional(&self.db.pool)
+                    .await?
+                    .flatten();
+            if let Some(r) = remaining.filter(|r| *r < amount) {
+                return Err(LedgerError::BudgetExceeded {
+                    need: amount,
+                    remaining: r,
+                });
+            }
+        }
+        Ok(())
+    }
+
     /// Why an account refused a hold of `need`.
     async fn refusal(&self, account: &str, need: Micros) -> LedgerError {
         let row = sqlx::query(

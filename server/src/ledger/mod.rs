@@ -186,6 +186,34 @@ impl Ledger {
         }
     }
 
+    /// Bills a request whose cost is known up front (a cache hit): checks
+    /// now that the account and key cover `amount` (the refusal is the
+    /// same as a hold's), then queues the hold-and-settle without waiting.
+    /// The writer checks again when it commits; if the funds went
+    /// meanwhile, the request is not billed (never overdrawn).
+    pub async fn charge(
+        &self,
+        h: holds::HoldRequest<'_>,
+        tokens: Tokens,
+    ) -> Result<(), LedgerError> {
+        self.check_cover(h.account_id, h.key_id, h.amount).await?;
+        let charge = settle::Charge {
+            account_id: h.account_id.to_string(),
+            key_id: h.key_id.map(str::to_string),
+            quote: h.quote.clone(),
+            amount: h.amount,
+            instance: self.instance.to_string(),
+        };
+        let item = settle::Item {
+            request_id: h.request_id.to_string(),
+            usage: Some((tokens, Outcome::Finished)),
+            charge: Some(charge),
+        };
+        self.jobs
+            .send(settle::Job::Close(item, None))
+            .map_err(|_| LedgerError::Closed)
+    }
+
     /// Queues a release without waiting (a request that never ran).
     pub fn release_later(&self, request_id: &str) {
         if self

@@ -88,6 +88,7 @@ pub async fn recover_dead(db: &Db, stale_after: Duration) -> Result<Recovered, L
         items.push(Item {
             request_id: r.try_get("request_id")?,
             usage,
+            charge: None,
         });
     }
     let mut done = Recovered::default();

@@ -34,10 +34,24 @@ pub enum Job {
 }
 
 /// One hold to close: settled from `usage`, or released when `None`.
+/// With `charge`, the hold is first placed in the same transaction (a
+/// request whose cost is known up front, such as a cache hit): if the
+/// funds no longer cover it, nothing is billed.
 #[derive(Debug, Clone)]
 pub struct Item {
     pub request_id: String,
     pub usage: Option<(Tokens, Outcome)>,
+    pub charge: Option<Charge>,
+}
+
+/// A hold to place and settle at once.
+#[derive(Debug, Clone)]
+pub struct Charge {
+    pub account_id: String,
+    pub key_id: Option<String>,
+    pub quote: Quote,
+    pub amount: Micros,
+    pub instance: String,
 }
 
 impl Job {
@@ -45,6 +59,7 @@ impl Job {
         let item = Item {
             request_id: request_id.to_string(),
             usage,
+            charge: None,
         };
         Self::Close(item, reply)
     }
@@ -299,6 +314,11 @@ pub(super) async fn close_batch(db: &Db, items: &[Item]) -> Result<Vec<Closed>, 
             .collect()
     };
     let mut tx = db.pool.begin().await?;
+    for (item, _) in items.iter().zip(&first).filter(|(_, f)| **f) {
+        if let Some(c) = &item.charge {
+            place(&mut tx, &item.request_id, c).await?;
+        }
+    }
     let settled = close_holds(&mut tx, &pick(true), "settled").await?;
     let released = close_holds(&mut tx, &pick(false), "released").await?;
     let mut moves = Moves::default();
@@ -328,6 +348,74 @@ pub(super) async fn close_batch(db: &Db, items: &[Item]) -> Result<Vec<Closed>, 
             _ => Closed::AlreadyClosed,
         })
         .collect())
+}
+
+/// Places a charge's hold inside the batch's transaction, if the account
+/// (and the key's budget) still cover it; otherwise nothing is placed and
+/// the item finds no open hold (`AlreadyClosed`: not billed).
+async fn place(
+    tx: &mut sqlx::Transaction<'_, sqlx::Any>,
+    request_id: &str,
+    c: &Charge,
+) -> Result<(), sqlx::Error> {
+    let ok = sqlx::query(
+        "UPDATE accounts SET held = held + $1 WHERE id = $2 \
+         AND (unlimited = 1 OR balance - held - $3 >= -credit_limit)",
+    )
+    .bind(c.amount)
+    .bind(&c.account_id)
+    .bind(c.amount)
+    .execute(&mut **tx)
+    .await?;
+    if ok.rows_affected() == 0 {
+        tracing::warn!(
+            request_id,
+            "charge no longer covered by the account: not billed"
+        );
+        return Ok(());
+    }
+    if let Some(key) = &c.key_id {
+        let ok = sqlx::query(
+            "UPDATE api_keys SET held = held + $1 WHERE id = $2 \
+             AND (budget IS NULL OR spent + held + $3 <= budget)",
+        )
+        .bind(c.amount)
+        .bind(key)
+        .bind(c.amount)
+        .execute(&mut **tx)
+        .await?;
+        if ok.rows_affected() == 0 {
+            tracing::warn!(request_id, "charge over the key's budget: not billed");
+            sqlx::query("UPDATE accounts SET held = held - $1 WHERE id = $2")
+                .bind(c.amount)
+                .bind(&c.account_id)
+                .execute(&mut **tx)
+                .await?;
+            return Ok(());
+        }
+    }
+    let q = &c.quote;
+    sqlx::query(
+        "INSERT INTO holds (request_id, account_id, key_id, model, provider_id, amount, \
+         price_input, price_cached, price_output, fee_bps, payout_bps, instance_id, state, created_at) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, 'open', $13)",
+    )
+    .bind(request_id)
+    .bind(&c.account_id)
+    .bind(c.key_id.as_deref())
+    .bind(&q.model)
+    .bind(&q.provider_id)
+    .bind(c.amount)
+    .bind(q.prices.input)
+    .bind(q.prices.cached_input)
+    .bind(q.prices.output)
+    .bind(q.fee_bps)
+    .bind(q.payout_bps)
+    .bind(&c.instance)
+    .bind(now())
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
 }
 
 async fn write_moves(

@@ -526,3 +526,61 @@ async fn providers_pay_penalties_to_the_treasury_within_their_funds() {
         assert_clean(&l).await;
     }
 }
+
+#[tokio::test]
+async fn charges_bill_known_costs_once_and_never_overdraw() {
+    for l in ledgers().await {
+        let user = l
+            .create_account(AccountKind::User, "hits", 0)
+            .await
+            .expect("user");
+        l.top_up(&user.id, 100, "hits").await.expect("top up");
+        let q = quote(BPS);
+        let t = Tokens {
+            prompt: 100,
+            cached: 0,
+            completion: 50,
+        };
+        let cost = q.cost(t);
+        let charge = |i: usize| {
+            let (l, q, account) = (l.clone(), q.clone(), user.id.clone());
+            async move {
+                let id = format!("hit-{}-{i}", l.instance());
+                let h = HoldRequest {
+                    request_id: &id,
+                    account_id: &account,
+                    key_id: None,
+                    quote: &q,
+                    amount: cost,
+                };
+                l.charge(h, t).await
+            }
+        };
+        // More charges than the funds cover, all checked before any commits.
+        let results = futures_util::future::join_all((0..200).map(charge)).await;
+        let accepted = results.iter().filter(|r| r.is_ok()).count();
+        assert!(
+            results
+                .iter()
+                .all(|r| matches!(r, Ok(()) | Err(LedgerError::InsufficientQuota { .. }))),
+            "a charge is accepted or refused for funds"
+        );
+        l.flush().await;
+        let a = l.account(&user.id).await.expect("account");
+        let billed = l.usage(&user.id, 1000).await.expect("usage");
+        assert_eq!(a.balance, 100 - cost * billed.len() as i64);
+        assert!(a.balance >= 0 && a.held == 0, "{a:?}");
+        assert_eq!(
+            billed.len() as i64,
+            100 / cost,
+            "exactly what the funds covered"
+        );
+        assert!(accepted >= billed.len(), "{accepted} accepted");
+        // Now the check refuses up front.
+        assert!(matches!(
+            charge(999).await,
+            Err(LedgerError::InsufficientQuota { .. })
+        ));
+        assert_clean(&l).await;
+    }
+}
