@@ -29,6 +29,59 @@ pub enum EmbedInput {
 
 type Job = (EmbedInput, oneshot::Sender<Result<Embeddings>>);
 
+/// Most queued requests merged into one pass.
+const MERGE_JOBS: usize = 32;
+/// Requests with at most this many texts are merged (typical queries);
+/// larger ones run alone, so one long batch does not pad the others.
+const MERGE_MAX_TEXTS: usize = 4;
+
+/// Runs a batch of jobs: small text jobs together in one pass (their
+/// vectors split back by position), the others one by one.
+fn run_batch(model: &BertEmbedder, batch: Vec<Job>) {
+    let mut merged: Vec<(usize, oneshot::Sender<Result<Embeddings>>)> = Vec::new();
+    let mut texts: Vec<String> = Vec::new();
+    for (inputs, reply) in batch {
+        if reply.is_closed() {
+            continue; // the caller left
+        }
+        match inputs {
+            EmbedInput::Texts(t) if t.len() <= MERGE_MAX_TEXTS => {
+                merged.push((t.len(), reply));
+                texts.extend(t);
+            }
+            other => {
+                let result = match &other {
+                    EmbedInput::Texts(t) => model.embed(t),
+                    EmbedInput::Tokens(t) => model.embed_ids(t),
+                };
+                let _ = reply.send(result.map(|(vectors, prompt_tokens)| Embeddings {
+                    vectors,
+                    prompt_tokens,
+                }));
+            }
+        }
+    }
+    if merged.is_empty() {
+        return;
+    }
+    match model.embed_each(&texts) {
+        Ok((vectors, counts)) => {
+            let (mut vectors, mut counts) = (vectors.into_iter(), counts.into_iter());
+            for (n, reply) in merged {
+                let _ = reply.send(Ok(Embeddings {
+                    vectors: vectors.by_ref().take(n).collect(),
+                    prompt_tokens: counts.by_ref().take(n).sum(),
+                }));
+            }
+        }
+        Err(e) => {
+            for (_, reply) in merged {
+                let _ = reply.send(Err(EngineError::Execution(e.to_string())));
+            }
+        }
+    }
+}
+
 /// A running embedding model.
 #[derive(Debug, Clone)]
 pub struct EmbeddingHandle {
@@ -46,19 +99,16 @@ impl EmbeddingHandle {
         std::thread::Builder::new()
             .name("synor-embed".into())
             .spawn(move || {
-                while let Some((inputs, reply)) = rx.blocking_recv() {
-                    if reply.is_closed() {
-                        continue; // the caller left
+                while let Some(first) = rx.blocking_recv() {
+                    // Requests that queued meanwhile share one forward pass.
+                    let mut batch = vec![first];
+                    while batch.len() < MERGE_JOBS {
+                        match rx.try_recv() {
+                            Ok(job) => batch.push(job),
+                            Err(_) => break,
+                        }
                     }
-                    let result = match &inputs {
-                        EmbedInput::Texts(t) => model.embed(t),
-                        EmbedInput::Tokens(t) => model.embed_ids(t),
-                    };
-                    let result = result.map(|(vectors, prompt_tokens)| Embeddings {
-                        vectors,
-                        prompt_tokens,
-                    });
-                    let _ = reply.send(result);
+                    run_batch(&model, batch);
                 }
             })
             .map_err(|e| EngineError::Load(format!("embedding thread: {e}")))?;

@@ -62,3 +62,35 @@ async fn inputs_past_the_position_limit_are_truncated_not_fatal() {
     let out = h.embed(vec![long]).await.expect("embed");
     assert_eq!(out.prompt_tokens, h.max_tokens);
 }
+
+#[tokio::test]
+async fn concurrent_requests_merged_into_one_pass_get_their_own_vectors_and_counts() {
+    let h = EmbeddingHandle::start(&common::model_path(common::MINILM)).expect("load");
+    let texts: Vec<Vec<String>> = (0..12)
+        .map(|i| {
+            (0..1 + i % 3)
+                .map(|j| format!("request {i} sentence {j} {}", "word ".repeat(i + j)))
+                .collect()
+        })
+        .collect();
+    let mut alone = Vec::new();
+    for t in &texts {
+        alone.push(h.embed(t.clone()).await.expect("alone"));
+    }
+    let together = futures_util::future::join_all(texts.iter().map(|t| h.embed(t.clone()))).await;
+    for (a, b) in alone.iter().zip(together) {
+        let b = b.expect("together");
+        assert_eq!(
+            (a.vectors.len(), a.prompt_tokens),
+            (b.vectors.len(), b.prompt_tokens)
+        );
+        for (x, y) in a.vectors.iter().zip(&b.vectors) {
+            let d = x
+                .iter()
+                .zip(y)
+                .map(|(p, q)| (p - q).abs())
+                .fold(0.0, f32::max);
+            assert!(d < 1e-5, "merged embedding differs by {d}");
+        }
+    }
+}

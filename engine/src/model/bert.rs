@@ -87,14 +87,20 @@ impl BertEmbedder {
     /// Embeds `inputs`; returns one unit vector per input and the number of
     /// tokens processed (after truncation, without padding).
     pub fn embed(&self, inputs: &[String]) -> Result<(Vec<Vec<f32>>, usize)> {
+        let (vecs, counts) = self.embed_each(inputs)?;
+        Ok((vecs, counts.iter().sum()))
+    }
+
+    /// Like `embed`, with each input's token count.
+    pub fn embed_each(&self, inputs: &[String]) -> Result<(Vec<Vec<f32>>, Vec<usize>)> {
         let mut out = Vec::with_capacity(inputs.len());
-        let mut tokens = 0;
+        let mut counts = Vec::with_capacity(inputs.len());
         for chunk in inputs.chunks(SUB_BATCH) {
             let (vecs, n) = self.embed_batch(chunk)?;
             out.extend(vecs);
-            tokens += n;
+            counts.extend(n);
         }
-        Ok((out, tokens))
+        Ok((out, counts))
     }
 
     /// Embeds pre-tokenized inputs, used as given (no special tokens are
@@ -133,12 +139,12 @@ impl BertEmbedder {
             let types = vec![0; ids.len()];
             let (vecs, n) = self.pool(ids, types, mask, (chunk.len(), len))?;
             out.extend(vecs);
-            tokens += n;
+            tokens += n.iter().sum::<usize>();
         }
         Ok((out, tokens))
     }
 
-    fn embed_batch(&self, inputs: &[String]) -> Result<(Vec<Vec<f32>>, usize)> {
+    fn embed_batch(&self, inputs: &[String]) -> Result<(Vec<Vec<f32>>, Vec<usize>)> {
         let enc = self
             .tokenizer
             .encode_batch(inputs.to_vec(), true)
@@ -155,15 +161,18 @@ impl BertEmbedder {
     }
 
     /// The encoder over padded `(rows, len)` ids, mean-pooled over the mask
-    /// and L2-normalized; also the number of real (unmasked) tokens.
+    /// and L2-normalized; also each row's number of real (unmasked) tokens.
     fn pool(
         &self,
         ids: Vec<u32>,
         types: Vec<u32>,
         mask: Vec<u32>,
         (rows, len): (usize, usize),
-    ) -> Result<(Vec<Vec<f32>>, usize)> {
-        let tokens = mask.iter().filter(|&&m| m == 1).count();
+    ) -> Result<(Vec<Vec<f32>>, Vec<usize>)> {
+        let tokens: Vec<usize> = mask
+            .chunks(len.max(1))
+            .map(|row| row.iter().filter(|&&m| m == 1).count())
+            .collect();
         let ids = Tensor::from_vec(ids, (rows, len), &self.device)?;
         let types = Tensor::from_vec(types, (rows, len), &self.device)?;
         let mask = Tensor::from_vec(mask, (rows, len), &self.device)?;
