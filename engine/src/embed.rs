@@ -49,7 +49,7 @@ fn run_batch(model: &BertEmbedder, batch: Vec<Job>) {
                 merged.push((t.len(), reply));
                 texts.extend(t);
             }
-            other => {
+            other @ (EmbedInput::Texts(_) | EmbedInput::Tokens(_)) => {
                 let result = match &other {
                     EmbedInput::Texts(t) => model.embed(t),
                     EmbedInput::Tokens(t) => model.embed_ids(t),
