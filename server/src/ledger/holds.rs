@@ -35,35 +35,26 @@ impl Ledger {
             ));
         }
         let mut tx = self.db.pool.begin().await?;
-        let reserved = sqlx::query(
-            "UPDATE accounts SET held = held + $1 WHERE id = $2 \
-             AND (unlimited = 1 OR balance - held - $3 >= -credit_limit)",
-        )
-        .bind(h.amount)
-        .bind(h.account_id)
-        .bind(h.amount)
-        .execute(&mut *tx)
-        .await?;
-        if reserved.rows_affected() == 0 {
-            drop(tx);
-            return Err(self.refusal(h.account_id, h.amount).await);
-        }
-        if let Some(key) = h.key_id {
-            let ok = sqlx::query(
-                "UPDATE api_keys SET held = held + $1 WHERE id = $2 \
-                 AND (budget IS NULL OR spent + held + $3 <= budget)",
-            )
-            .bind(h.amount)
-            .bind(key)
-            .bind(h.amount)
-            .execute(&mut *tx)
-            .await?;
-            if ok.rows_affected() == 0 {
+        match reserve(&mut tx, h.account_id, h.key_id, h.amount).await? {
+            Reserved::Yes => {}
+            Reserved::NoFunds => {
                 drop(tx);
+                return Err(self.refusal(h.account_id, h.amount).await);
+            }
+            Reserved::OverBudget => {
+                drop(tx);
+                let key = h.key_id.unwrap_or_default();
                 return Err(self.budget_refusal(key, h.amount).await);
             }
         }
-        insert_hold(&mut tx, &h, self.instance()).await?;
+        if let Err(e) = insert_hold(&mut tx, &h, self.instance()).await {
+            let duplicate = matches!(&e, sqlx::Error::Database(d) if d.is_unique_violation());
+            return Err(if duplicate {
+                LedgerError::DuplicateHold(h.request_id.to_string())
+            } else {
+                e.into()
+            });
+        }
         tx.commit().await?;
         Ok(())
     }
@@ -146,13 +137,59 @@ impl Ledger {
     }
 }
 
-async fn insert_hold(
+/// Whether a reservation was made.
+pub(super) enum Reserved {
+    Yes,
+    NoFunds,
+    OverBudget,
+}
+
+/// Reserves `amount` on the account (within balance + credit limit, unless
+/// unlimited) and on the key's budget, inside `tx`; on a refusal nothing
+/// stays reserved once the caller drops (rolls back) `tx`.
+pub(super) async fn reserve(
+    tx: &mut sqlx::Transaction<'_, sqlx::Any>,
+    account: &str,
+    key: Option<&str>,
+    amount: Micros,
+) -> Result<Reserved, sqlx::Error> {
+    let done = sqlx::query(
+        "UPDATE accounts SET held = held + $1 WHERE id = $2 \
+         AND (unlimited = 1 OR balance - held - $3 >= -credit_limit)",
+    )
+    .bind(amount)
+    .bind(account)
+    .bind(amount)
+    .execute(&mut **tx)
+    .await?;
+    if done.rows_affected() == 0 {
+        return Ok(Reserved::NoFunds);
+    }
+    if let Some(key) = key {
+        let done = sqlx::query(
+            "UPDATE api_keys SET held = held + $1 WHERE id = $2 \
+             AND (budget IS NULL OR spent + held + $3 <= budget)",
+        )
+        .bind(amount)
+        .bind(key)
+        .bind(amount)
+        .execute(&mut **tx)
+        .await?;
+        if done.rows_affected() == 0 {
+            return Ok(Reserved::OverBudget);
+        }
+    }
+    Ok(Reserved::Yes)
+}
+
+/// Inserts an open hold row.
+pub(super) async fn insert_hold(
     tx: &mut sqlx::Transaction<'_, sqlx::Any>,
     h: &HoldRequest<'_>,
     instance: &str,
-) -> Result<(), LedgerError> {
+) -> Result<(), sqlx::Error> {
     let q = h.quote;
-    let done = sqlx::query(
+    sqlx::query(
         "INSERT INTO holds (request_id, account_id, key_id, model, provider_id, amount, \
          price_input, price_cached, price_output, fee_bps, payout_bps, instance_id, state, created_at) \
          VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, 'open', $13)",
@@ -171,12 +208,6 @@ async fn insert_hold(
     .bind(instance)
     .bind(now())
     .execute(&mut **tx)
-    .await;
-    match done {
-        Ok(_) => Ok(()),
-        Err(sqlx::Error::Database(d)) if d.is_unique_violation() => {
-            Err(LedgerError::DuplicateHold(h.request_id.to_string()))
-        }
-        Err(e) => Err(e.into()),
-    }
+    .await?;
+    Ok(())
 }

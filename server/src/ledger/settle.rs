@@ -11,6 +11,7 @@ use sqlx::any::AnyRow;
 use sqlx::{AssertSqlSafe, Row};
 use tokio::sync::{mpsc, oneshot};
 
+use super::holds;
 use super::money::{Prices, Quote, Tokens};
 use super::{Closed, LedgerError, Micros, Outcome, TREASURY};
 use crate::store::{Db, now};
@@ -358,64 +359,25 @@ async fn place(
     request_id: &str,
     c: &Charge,
 ) -> Result<(), sqlx::Error> {
-    let ok = sqlx::query(
-        "UPDATE accounts SET held = held + $1 WHERE id = $2 \
-         AND (unlimited = 1 OR balance - held - $3 >= -credit_limit)",
-    )
-    .bind(c.amount)
-    .bind(&c.account_id)
-    .bind(c.amount)
-    .execute(&mut **tx)
-    .await?;
-    if ok.rows_affected() == 0 {
-        tracing::warn!(
-            request_id,
-            "charge no longer covered by the account: not billed"
-        );
-        return Ok(());
-    }
-    if let Some(key) = &c.key_id {
-        let ok = sqlx::query(
-            "UPDATE api_keys SET held = held + $1 WHERE id = $2 \
-             AND (budget IS NULL OR spent + held + $3 <= budget)",
-        )
-        .bind(c.amount)
-        .bind(key)
-        .bind(c.amount)
-        .execute(&mut **tx)
-        .await?;
-        if ok.rows_affected() == 0 {
-            tracing::warn!(request_id, "charge over the key's budget: not billed");
-            sqlx::query("UPDATE accounts SET held = held - $1 WHERE id = $2")
-                .bind(c.amount)
-                .bind(&c.account_id)
-                .execute(&mut **tx)
-                .await?;
-            return Ok(());
+    // A savepoint, so a refusal undoes a half-made reservation only.
+    let mut sp = sqlx::Acquire::begin(&mut **tx).await?;
+    let key = c.key_id.as_deref();
+    match holds::reserve(&mut sp, &c.account_id, key, c.amount).await? {
+        holds::Reserved::Yes => {}
+        holds::Reserved::NoFunds | holds::Reserved::OverBudget => {
+            tracing::warn!(request_id, "charge no longer covered: not billed");
+            return Ok(()); // dropping `sp` rolls it back
         }
     }
-    let q = &c.quote;
-    sqlx::query(
-        "INSERT INTO holds (request_id, account_id, key_id, model, provider_id, amount, \
-         price_input, price_cached, price_output, fee_bps, payout_bps, instance_id, state, created_at) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, 'open', $13)",
-    )
-    .bind(request_id)
-    .bind(&c.account_id)
-    .bind(c.key_id.as_deref())
-    .bind(&q.model)
-    .bind(&q.provider_id)
-    .bind(c.amount)
-    .bind(q.prices.input)
-    .bind(q.prices.cached_input)
-    .bind(q.prices.output)
-    .bind(q.fee_bps)
-    .bind(q.payout_bps)
-    .bind(&c.instance)
-    .bind(now())
-    .execute(&mut **tx)
-    .await?;
-    Ok(())
+    let h = holds::HoldRequest {
+        request_id,
+        account_id: &c.account_id,
+        key_id: key,
+        quote: &c.quote,
+        amount: c.amount,
+    };
+    holds::insert_hold(&mut sp, &h, &c.instance).await?;
+    sp.commit().await
 }
 
 async fn write_moves(

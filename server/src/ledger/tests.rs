@@ -584,3 +584,44 @@ async fn charges_bill_known_costs_once_and_never_overdraw() {
         assert_clean(&l).await;
     }
 }
+
+#[tokio::test]
+async fn a_charge_over_the_key_budget_at_commit_is_not_billed_and_leaves_nothing_held() {
+    for l in ledgers().await {
+        let q = quote(BPS);
+        let t = Tokens {
+            prompt: 1000,
+            cached: 0,
+            completion: 100,
+        };
+        let cost = q.cost(t);
+        let new = NewKey {
+            budget: Some(cost),
+            ..NewKey::named("one-hit")
+        };
+        let (key, _) = l.db.create_key(&new).await.expect("key");
+        l.top_up(&key.account_id, cost * 10, "hits")
+            .await
+            .expect("top up");
+        for i in 0..2 {
+            let id = format!("kb-{}-{i}", l.instance());
+            let h = HoldRequest {
+                request_id: &id,
+                account_id: &key.account_id,
+                key_id: Some(&key.id),
+                quote: &q,
+                amount: cost,
+            };
+            l.charge(h, t).await.expect("accepted up front");
+        }
+        l.flush().await;
+        let a = l.account(&key.account_id).await.expect("account");
+        assert_eq!(
+            (a.balance, a.held),
+            (cost * 9, 0),
+            "one billed, nothing left held"
+        );
+        assert_eq!(l.usage(&key.account_id, 10).await.expect("usage").len(), 1);
+        assert_clean(&l).await;
+    }
+}
