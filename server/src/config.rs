@@ -31,16 +31,33 @@ pub enum Command {
     },
 }
 
-/// Options of `synor keys`.
+/// The database the CLI commands work on.
 #[derive(Debug, Clone, Args)]
-pub struct KeysArgs {
-    /// Database holding the keys (SQLite file or Postgres URL).
+pub struct DatabaseArg {
+    /// Database of keys and the ledger (SQLite file or Postgres URL).
     #[arg(
         long,
         env = "SYNOR_DATABASE_URL",
         default_value = "sqlite://data/synor.db"
     )]
     pub database_url: String,
+}
+
+impl DatabaseArg {
+    /// Connects (and migrates).
+    pub async fn connect(&self) -> anyhow::Result<crate::store::Db> {
+        use anyhow::Context;
+        crate::store::Db::connect(&self.database_url)
+            .await
+            .with_context(|| format!("opening the database {}", self.database_url))
+    }
+}
+
+/// Options of `synor keys`.
+#[derive(Debug, Clone, Args)]
+pub struct KeysArgs {
+    #[command(flatten)]
+    pub db: DatabaseArg,
     #[command(subcommand)]
     pub action: KeysAction,
 }
@@ -76,13 +93,8 @@ pub enum KeysAction {
 /// Options of `synor accounts`.
 #[derive(Debug, Clone, Args)]
 pub struct AccountsArgs {
-    /// The ledger's database (SQLite file or Postgres URL).
-    #[arg(
-        long,
-        env = "SYNOR_DATABASE_URL",
-        default_value = "sqlite://data/synor.db"
-    )]
-    pub database_url: String,
+    #[command(flatten)]
+    pub db: DatabaseArg,
     #[command(subcommand)]
     pub action: AccountsAction,
 }

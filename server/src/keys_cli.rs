@@ -2,20 +2,15 @@
 //! the same operations as the admin API, straight on the database (for
 //! bootstrapping and scripts).
 
-use anyhow::Context;
-
 use crate::config::{AccountsAction, AccountsArgs, KeysAction, KeysArgs};
 use crate::ledger::Ledger;
 use crate::ledger::accounts::AccountKind;
 use crate::ledger::money::format_units;
 use crate::ledger::money::parse_units;
-use crate::store::Db;
 use crate::store::keys::{Limits, NewKey};
 
 pub async fn run(args: KeysArgs) -> anyhow::Result<()> {
-    let db = Db::connect(&args.database_url)
-        .await
-        .with_context(|| format!("opening the database {}", args.database_url))?;
+    let db = args.db.connect().await?;
     match args.action {
         KeysAction::Create {
             name,
@@ -79,9 +74,7 @@ pub async fn run(args: KeysArgs) -> anyhow::Result<()> {
 }
 
 pub async fn accounts(args: AccountsArgs) -> anyhow::Result<()> {
-    let db = Db::connect(&args.database_url)
-        .await
-        .with_context(|| format!("opening the database {}", args.database_url))?;
+    let db = args.db.connect().await?;
     let ledger = Ledger::offline(db);
     match args.action {
         AccountsAction::List => {

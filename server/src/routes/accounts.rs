@@ -189,7 +189,16 @@ pub(crate) async fn top_up(
     state.auth.check_admin(&headers)?;
     let ledger = &billing(&state)?.ledger;
     let tx = ledger.top_up(&id, req.amount, &req.memo).await?;
-    let account = ledger.account(&id).await?;
+    transaction_answer(ledger, tx, &id).await
+}
+
+/// A journal transaction id with the account it moved.
+async fn transaction_answer(
+    ledger: &crate::ledger::Ledger,
+    tx: String,
+    id: &str,
+) -> Result<Response, ApiError> {
+    let account = ledger.account(id).await?;
     Ok(Json(json!({"transaction": tx, "account": account})).into_response())
 }
 
@@ -208,8 +217,7 @@ pub(crate) async fn penalty(
     state.auth.check_admin(&headers)?;
     let ledger = &billing(&state)?.ledger;
     let tx = ledger.penalize(&id, req.amount, &req.memo).await?;
-    let account = ledger.account(&id).await?;
-    Ok(Json(json!({"transaction": tx, "account": account})).into_response())
+    transaction_answer(ledger, tx, &id).await
 }
 
 /// Admin: the latest journal transactions with their entries.
