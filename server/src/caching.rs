@@ -163,6 +163,11 @@ pub async fn lookup(state: &AppState, plan: &mut Plan) -> Option<Hit> {
         });
     }
     let (ik, text) = plan.semantic.clone()?;
+    if !cache.semantic_has(&ik) {
+        // Nothing to compare with: skip the embedding (the answer's is
+        // computed after the response, when it is stored).
+        return None;
+    }
     let embedder = embedder(state)?;
     let vector = match embedder.embed(vec![text.clone()]).await {
         Ok(mut e) => e.vectors.pop()?,
@@ -252,11 +257,27 @@ pub fn store(state: &AppState, plan: Plan, choices: Vec<(String, FinishReason)>,
         provider_id: crate::ledger::HOUSE_PROVIDER.to_string(),
         created_at: crate::store::now(),
     };
+    let embedder = embedder(state);
     tokio::spawn(async move {
         cache.put(&plan.key, answer).await;
-        if let (Some((ik, text)), Some(v)) = (plan.semantic, plan.vector) {
-            cache.semantic_put(ik, v, &text, plan.key);
-        }
+        let Some((ik, text)) = plan.semantic else {
+            return;
+        };
+        let vector = match (plan.vector, embedder) {
+            (Some(v), _) => v,
+            (None, Some(e)) => match e.embed(vec![text.clone()]).await {
+                Ok(mut out) => match out.vectors.pop() {
+                    Some(v) => v,
+                    None => return,
+                },
+                Err(e) => {
+                    tracing::warn!(error = %e, "semantic cache: embedding failed");
+                    return;
+                }
+            },
+            (None, None) => return,
+        };
+        cache.semantic_put(ik, vector, &text, plan.key);
     });
 }
 

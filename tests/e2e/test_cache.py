@@ -54,6 +54,16 @@ def ask(base, content, key="unused", **extra):
     return r.parse().choices[0].message.content, r.headers.get("x-synor-cache")
 
 
+def wait_semantic_entries(base, n):
+    """Answers join the semantic index after the response (their question
+    is embedded in the background): wait until `n` are in."""
+    for _ in range(100):
+        if call(base, "GET", "/admin/cache")[1]["semantic"]["entries"] >= n:
+            return
+        time.sleep(0.05)
+    raise AssertionError("the semantic index never filled")
+
+
 def tier_hits(base):
     status, stats = call(base, "GET", "/admin/cache")
     assert status == 200, stats
@@ -122,6 +132,7 @@ def test_tenants_never_see_each_others_answers(cache_server):
     text, how = ask(base, q, alice, model=SMOL)
     assert how == "miss"
     assert ask(base, q, alice, model=SMOL) == (text, "exact")
+    wait_semantic_entries(base, 1)
     assert ask(base, "Which city is the capital of France?", alice, model=SMOL)[1] == "semantic"
     # Bob asks the same things: nothing of Alice's comes back.
     assert ask(base, q, bob, model=SMOL)[1] == "miss"
@@ -153,7 +164,9 @@ def test_a_follow_up_never_gets_another_conversations_answer(cache_server):
     # Same last message, another conversation: neither exact nor semantic.
     assert ask(base, convo("Tokyo"), key, model=SMOL)[1] == "miss"
     # Near misses that embed close but ask something else are refused.
+    before = call(base, "GET", "/admin/cache")[1]["semantic"]["entries"]
     ask(base, "Convert 25 degrees Celsius to Fahrenheit.", key, model=SMOL)
+    wait_semantic_entries(base, before + 1)
     assert ask(base, "Convert 25 degrees Fahrenheit to Celsius.", key, model=SMOL)[1] == "miss"
     assert ask(base, "Convert 26 degrees Celsius to Fahrenheit.", key, model=SMOL)[1] == "miss"
     # Sampling without a seed is not cached unless the caller opts in.

@@ -212,6 +212,11 @@ impl ResponseCache {
             .store(u64::from(t.to_bits()), Ordering::Relaxed);
     }
 
+    /// Whether a semantic lookup in `ik` could hit at all (any entries).
+    pub fn semantic_has(&self, ik: &IndexKey) -> bool {
+        self.index().has(ik)
+    }
+
     /// The most similar cached question in `ik`, if over the threshold.
     pub fn semantic_get(&self, ik: &IndexKey, vector: &[f32], text: &str) -> Option<Match> {
         let t = Instant::now();

@@ -387,6 +387,11 @@ impl SemanticIndex {
         })
     }
 
+    /// Whether `ik` has any entry (a lookup there could hit).
+    pub fn has(&self, ik: &IndexKey) -> bool {
+        self.indexes.get(ik).is_some_and(|v| !v.is_empty())
+    }
+
     /// Forgets the entries pointing at `key` (its answer is gone).
     pub fn remove_key(&mut self, key: &str) {
         for entries in self.indexes.values_mut() {
