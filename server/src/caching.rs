@@ -1,4 +1,5 @@
-//! The response cache as the chat API uses it: which requests may use it,
+//! The response cache as the chat and completions APIs use it (semantic
+//! lookups for chat only): which requests may use it,
 //! the lookup (exact in three tiers, then semantic), billing a hit at the
 //! cache price, and storing fresh answers.
 //!
@@ -60,7 +61,8 @@ fn header(headers: &HeaderMap, name: &str) -> String {
         .to_ascii_lowercase()
 }
 
-/// Whether (and how) this chat request may use the cache.
+/// Whether (and how) this chat request may use the cache (exact and
+/// semantic).
 pub fn plan(
     state: &AppState,
     headers: &HeaderMap,
@@ -68,6 +70,36 @@ pub fn plan(
     req: &ChatCompletionRequest,
     valid: &ValidGeneration,
 ) -> Option<Plan> {
+    let (mut plan, version, params) = exact_plan(state, headers, key, &req.model, "chat", valid)?;
+    plan.semantic = semantic_probe(req, &plan.scope, version, &params);
+    Some(plan)
+}
+
+/// Whether this completions request may use the cache (exact only: one
+/// prompt, no `echo`).
+pub fn plan_completion(
+    state: &AppState,
+    headers: &HeaderMap,
+    key: Option<&KeyRecord>,
+    model: &str,
+    valid: &ValidGeneration,
+) -> Option<Plan> {
+    if valid.echo.iter().any(Option::is_some) {
+        return None;
+    }
+    exact_plan(state, headers, key, model, "completions", valid).map(|(p, _, _)| p)
+}
+
+/// The exact-cache plan, with the model version and the parameters' text
+/// (for a semantic probe), if the request may use the cache.
+fn exact_plan(
+    state: &AppState,
+    headers: &HeaderMap,
+    key: Option<&KeyRecord>,
+    model_name: &str,
+    endpoint: &str,
+    valid: &ValidGeneration,
+) -> Option<(Plan, u64, String)> {
     let cache = state.cache.as_ref()?;
     let mode = header(headers, "x-synor-cache");
     let control = header(headers, "cache-control");
@@ -82,8 +114,8 @@ pub fn plan(
     if p.n != 1 || valid.logprobs || valid.tools || !(deterministic || mode == "allow") {
         return None;
     }
-    let model = state.models.get(&req.model).ok()?;
-    let scope = if cache.is_shared(&req.model) {
+    let model = state.models.get(model_name).ok()?;
+    let scope = if cache.is_shared(model_name) {
         "shared".to_string()
     } else {
         Payer::of(key).account_id
@@ -91,19 +123,20 @@ pub fn plan(
     let params = format!("{p:?}");
     let key = exact_key(&KeyParts {
         scope: &scope,
-        model: &req.model,
+        model: model_name,
         model_version: model.version,
-        endpoint: "chat",
+        endpoint,
         prompt_tokens: &one.prompt_tokens,
         params: &params,
     });
-    Some(Plan {
+    let plan = Plan {
         key,
-        semantic: semantic_probe(req, &scope, model.version, &params),
+        semantic: None,
         scope,
-        model: req.model.clone(),
+        model: model_name.to_string(),
         vector: None,
-    })
+    };
+    Some((plan, model.version, params))
 }
 
 /// The semantic index and text of a conversation whose last message is a

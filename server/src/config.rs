@@ -167,9 +167,10 @@ impl CacheArgs {
             redis_url: self.redis_url.clone(),
             ttl,
             threshold: self.semantic_threshold.clamp(0.0, 1.0),
+            // 384 floats (1.5 KiB) per entry: at most about 80 MB.
             semantic: crate::cache::semantic::Limits {
-                per_index: 10_000,
-                total: 200_000,
+                per_index: 5_000,
+                total: 50_000,
                 ttl,
             },
         })

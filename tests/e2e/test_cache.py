@@ -192,3 +192,24 @@ def test_cache_hits_stream_like_generated_answers(cache_server):
     assert content == text
     assert [ch.choices[0].finish_reason for ch in chunks if ch.choices][-1] in ("stop", "length")
     assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens > 0
+
+
+def test_completions_are_cached_exactly(cache_server):
+    base = cache_server["base"]
+    _, key = funded_key(base, 5_000_000, "legacy")
+    c = sdk(base, key)
+
+    def complete(**extra):
+        r = c.completions.with_raw_response.create(
+            model=SMOL, prompt="The capital of France is", max_tokens=6, temperature=0, **extra)
+        return r.parse(), r.headers.get("x-synor-cache")
+
+    first, how = complete()
+    assert how == "miss"
+    again, how = complete()
+    assert how == "exact" and again.choices[0].text == first.choices[0].text
+    assert again.usage.completion_tokens == first.usage.completion_tokens
+    assert complete(echo=True)[1] == "bypass"
+    chunks = list(c.completions.create(
+        model=SMOL, prompt="The capital of France is", max_tokens=6, temperature=0, stream=True))
+    assert "".join(ch.choices[0].text for ch in chunks if ch.choices) == first.choices[0].text

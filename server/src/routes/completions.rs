@@ -3,6 +3,8 @@
 //! log-probabilities in the legacy shape.
 
 use axum::extract::State;
+use axum::http::HeaderMap;
+use axum::response::sse::{Event, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Extension, Json, Router};
@@ -12,6 +14,7 @@ use crate::api::json::ApiJson;
 use crate::api::stream::{self, ChunkEncoder, to_json};
 use crate::api::types::{Completion, CompletionChoice, CompletionRequest, UsageDto};
 use crate::api::{logprobs, response_id, unix_now, validate};
+use crate::caching;
 use crate::error::ApiError;
 use crate::state::AppState;
 use crate::store::keys::KeyRecord;
@@ -28,11 +31,25 @@ pub fn router() -> Router<AppState> {
 pub(crate) async fn completions(
     State(state): State<AppState>,
     key: Option<Extension<KeyRecord>>,
+    headers: HeaderMap,
     ApiJson(req): ApiJson<CompletionRequest>,
 ) -> Result<Response, ApiError> {
     let engine = &state.models.text(&req.model)?;
     let valid = validate::completion(&req, engine)?;
     crate::auth::charge(&state, key.as_deref(), &valid.requests)?;
+    let mut plan = caching::plan_completion(&state, &headers, key.as_deref(), &req.model, &valid);
+    if let Some(p) = &mut plan
+        && let Some(hit) = caching::lookup(&state, p).await
+    {
+        caching::bill_hit(&state, key.as_deref(), &hit).await?;
+        return Ok(from_cache(
+            req.model,
+            engine.clone(),
+            valid.stream,
+            valid.include_usage,
+            hit,
+        ));
+    }
     let mut tab =
         crate::billing::open_for(&state, key.as_deref(), &req.model, engine, &valid.requests)
             .await?;
@@ -46,10 +63,29 @@ pub(crate) async fn completions(
         engine: engine.clone(),
         logprobs: valid.logprobs,
     };
+    let cached = if plan.is_some() { "miss" } else { "bypass" };
     if valid.stream {
-        return Ok(stream::sse(streams, encoder, valid.include_usage, tab, None).into_response());
+        let state2 = state.clone();
+        let on_done = plan.map(|p| {
+            Box::new(
+                move |choices: Vec<(String, FinishReason)>, usage: &UsageDto| {
+                    caching::store(&state2, p, choices, usage);
+                },
+            ) as stream::OnDone
+        });
+        let sse = stream::sse(streams, encoder, valid.include_usage, tab, on_done);
+        return Ok(([(CACHE_HEADER, cached)], sse).into_response());
     }
     let outcomes = stream::collect_all(streams).await?;
+    if let Some(p) = plan {
+        let texts = outcomes
+            .iter()
+            .map(|o| (o.text.clone(), o.finish))
+            .collect();
+        let mut usage = UsageDto::default();
+        outcomes.iter().for_each(|o| usage.add(&o.usage));
+        caching::store(&state, p, texts, &usage);
+    }
     if let Some(tab) = &mut tab {
         for (i, o) in outcomes.iter().enumerate() {
             tab.finished(i, &o.usage);
@@ -81,7 +117,72 @@ pub(crate) async fn completions(
         choices,
         usage: Some(usage),
     };
-    Ok(Json(body).into_response())
+    Ok(([(CACHE_HEADER, cached)], Json(body)).into_response())
+}
+
+/// Which cache answered (`exact`), or `miss` / `bypass`.
+const CACHE_HEADER: &str = "x-synor-cache";
+
+/// A cached completion, as JSON or as an SSE stream like a generated one.
+fn from_cache(
+    model: String,
+    engine: EngineHandle,
+    stream: bool,
+    include_usage: bool,
+    hit: caching::Hit,
+) -> Response {
+    let a = &hit.answer;
+    let mut usage = UsageDto::default();
+    usage.add(&engine::Usage {
+        prompt_tokens: a.prompt_tokens as usize,
+        completion_tokens: a.completion_tokens as usize,
+        cached_tokens: 0,
+    });
+    let mut encoder = CompletionEncoder {
+        id: response_id("cmpl"),
+        created: unix_now(),
+        model,
+        offsets: vec![0; a.choices.len()],
+        echo: vec![None; a.choices.len()],
+        engine,
+        logprobs: false,
+    };
+    let header = [(CACHE_HEADER, hit.kind)];
+    if stream {
+        let mut events = Vec::new();
+        for (i, c) in a.choices.iter().enumerate() {
+            events.extend(encoder.delta(i, c.text.clone(), &[]));
+            events.push(encoder.finish(i, caching::finish_of(c)));
+        }
+        if include_usage {
+            events.push(encoder.usage(usage));
+        }
+        events.push("[DONE]".to_string());
+        let events = events
+            .into_iter()
+            .map(|d| Ok::<_, std::convert::Infallible>(Event::default().data(d)));
+        return (header, Sse::new(futures_util::stream::iter(events))).into_response();
+    }
+    let choices = a
+        .choices
+        .iter()
+        .enumerate()
+        .map(|(index, c)| CompletionChoice {
+            index,
+            text: c.text.clone(),
+            logprobs: None,
+            finish_reason: Some(caching::finish_of(c).as_openai()),
+        })
+        .collect();
+    let body = Completion {
+        id: encoder.id,
+        object: "text_completion",
+        created: encoder.created,
+        model: encoder.model,
+        choices,
+        usage: Some(usage),
+    };
+    (header, Json(body)).into_response()
 }
 
 /// Encodes completion streams (`text_completion` chunks).
