@@ -139,6 +139,11 @@ fn exact_plan(
     Some((plan, model.version, params))
 }
 
+/// Longest last message the semantic cache considers: questions get
+/// rephrased, long documents do not, and embedding them would cost every
+/// such miss tens of milliseconds.
+const SEMANTIC_MAX_CHARS: usize = 500;
+
 /// The semantic index and text of a conversation whose last message is a
 /// user's text: every earlier message, the model version and the
 /// parameters are hashed into the index key.
@@ -150,7 +155,9 @@ fn semantic_probe(
 ) -> Option<(IndexKey, String)> {
     let (last, earlier) = req.messages.split_last()?;
     let text = match (&last.role[..], &last.content) {
-        ("user", Some(MessageContent::Text(t))) => t.clone(),
+        ("user", Some(MessageContent::Text(t))) if t.chars().count() <= SEMANTIC_MAX_CHARS => {
+            t.clone()
+        }
         _ => return None,
     };
     let mut h = Sha256::new();

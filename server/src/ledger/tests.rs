@@ -603,16 +603,23 @@ async fn a_charge_over_the_key_budget_at_commit_is_not_billed_and_leaves_nothing
         l.top_up(&key.account_id, cost * 10, "hits")
             .await
             .expect("top up");
+        // Two charges queued straight to the writer (as if both had passed
+        // the up-front check before either committed): the second finds
+        // the budget spent when its batch commits.
         for i in 0..2 {
-            let id = format!("kb-{}-{i}", l.instance());
-            let h = HoldRequest {
-                request_id: &id,
-                account_id: &key.account_id,
-                key_id: Some(&key.id),
-                quote: &q,
+            let charge = settle::Charge {
+                account_id: key.account_id.clone(),
+                key_id: Some(key.id.clone()),
+                quote: q.clone(),
                 amount: cost,
+                instance: l.instance().to_string(),
             };
-            l.charge(h, t).await.expect("accepted up front");
+            let item = settle::Item {
+                request_id: format!("kb-{}-{i}", l.instance()),
+                usage: Some((t, Outcome::Finished)),
+                charge: Some(charge),
+            };
+            l.jobs.send(settle::Job::Close(item, None)).expect("queued");
         }
         l.flush().await;
         let a = l.account(&key.account_id).await.expect("account");
@@ -622,6 +629,19 @@ async fn a_charge_over_the_key_budget_at_commit_is_not_billed_and_leaves_nothing
             "one billed, nothing left held"
         );
         assert_eq!(l.usage(&key.account_id, 10).await.expect("usage").len(), 1);
+        // And now the up-front check refuses at once.
+        let id = format!("kb-{}-late", l.instance());
+        let h = HoldRequest {
+            request_id: &id,
+            account_id: &key.account_id,
+            key_id: Some(&key.id),
+            quote: &q,
+            amount: cost,
+        };
+        assert!(matches!(
+            l.charge(h, t).await,
+            Err(LedgerError::BudgetExceeded { .. })
+        ));
         assert_clean(&l).await;
     }
 }
