@@ -17,7 +17,7 @@
 
 use std::sync::Arc;
 
-use axum::http::HeaderMap;
+use axum::http::{HeaderMap, HeaderValue};
 use engine::{EmbeddingHandle, FinishReason};
 use sha2::{Digest, Sha256};
 
@@ -319,6 +319,74 @@ pub fn store(state: &AppState, plan: Plan, choices: Vec<(String, FinishReason)>,
         };
         cache.semantic_put(ik, vector, &text, plan.key);
     });
+}
+
+/// Which cache answered (`exact`, `semantic`), or `miss` / `bypass`.
+pub const HEADER: &str = "x-synor-cache";
+
+/// `x-synor-cache` (and the similarity of a semantic hit).
+pub fn hit_headers(hit: &Hit) -> HeaderMap {
+    let mut headers = HeaderMap::new();
+    headers.insert(HEADER, HeaderValue::from_static(hit.kind));
+    if let Some(s) = hit.similarity
+        && let Ok(v) = HeaderValue::from_str(&format!("{s:.4}"))
+    {
+        headers.insert("x-synor-cache-similarity", v);
+    }
+    headers
+}
+
+/// The usage a hit reports: the cached answer's tokens.
+pub fn hit_usage(hit: &Hit) -> UsageDto {
+    let mut usage = UsageDto::default();
+    usage.add(&engine::Usage {
+        prompt_tokens: hit.answer.prompt_tokens as usize,
+        completion_tokens: hit.answer.completion_tokens as usize,
+        cached_tokens: 0,
+    });
+    usage
+}
+
+/// A hit's choices with their finish reasons.
+pub fn hit_choices(hit: &Hit) -> Vec<(String, FinishReason)> {
+    hit.answer
+        .choices
+        .iter()
+        .map(|c| (c.text.clone(), finish_of(c)))
+        .collect()
+}
+
+/// The `x-synor-cache` value of a generated answer.
+pub fn miss_header(plan: Option<&Plan>) -> (&'static str, &'static str) {
+    (HEADER, if plan.is_some() { "miss" } else { "bypass" })
+}
+
+/// For a stream: stores the answer once every choice has finished.
+pub fn on_done(state: &AppState, plan: Option<Plan>) -> Option<crate::api::stream::OnDone> {
+    let state = state.clone();
+    plan.map(|p| {
+        Box::new(
+            move |choices: Vec<(String, FinishReason)>, usage: &UsageDto| {
+                store(&state, p, choices, usage);
+            },
+        ) as crate::api::stream::OnDone
+    })
+}
+
+/// For a JSON answer: stores the finished choices.
+pub fn store_outcomes(
+    state: &AppState,
+    plan: Option<Plan>,
+    outcomes: &[crate::api::stream::Outcome],
+) {
+    let Some(p) = plan else { return };
+    let mut usage = UsageDto::default();
+    outcomes.iter().for_each(|o| usage.add(&o.usage));
+    let texts = outcomes
+        .iter()
+        .map(|o| (o.text.clone(), o.finish))
+        .collect();
+    store(state, p, texts, &usage);
 }
 
 /// The finish reason a cached choice was stored with.

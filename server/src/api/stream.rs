@@ -192,6 +192,24 @@ pub fn sse<E: ChunkEncoder>(
     Sse::new(stream::iter(head).chain(body)).keep_alive(KeepAlive::default())
 }
 
+/// Replays finished choices (a cached answer) as an SSE response shaped
+/// like a generated one: start, one delta and the finish per choice, the
+/// usage chunk if asked for, then `[DONE]`.
+pub fn replay<E: ChunkEncoder>(
+    mut encoder: E,
+    choices: Vec<(String, FinishReason)>,
+    usage: Option<UsageDto>,
+) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
+    let mut out = encoder.start(choices.len());
+    for (i, (text, reason)) in choices.into_iter().enumerate() {
+        out.extend(encoder.delta(i, text, &[]));
+        out.push(encoder.finish(i, reason));
+    }
+    out.extend(usage.map(|u| encoder.usage(u)));
+    out.push("[DONE]".to_string());
+    Sse::new(stream::iter(out.into_iter().map(data).collect::<Vec<_>>()))
+}
+
 fn on_event<E: ChunkEncoder>(st: &mut SseState<E>, i: usize, ev: TokenEvent) -> Vec<String> {
     if let Some(tab) = &mut st.tab {
         tab.on_event(i, &ev);

@@ -3,8 +3,7 @@
 //! optional log-probabilities.
 
 use axum::extract::State;
-use axum::http::{HeaderMap, HeaderValue};
-use axum::response::sse::{Event, Sse};
+use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Extension, Json, Router};
@@ -67,33 +66,20 @@ pub(crate) async fn chat_completions(
         tools: valid.tools,
         held: Vec::new(),
     };
-    let cached = if plan.is_some() { "miss" } else { "bypass" };
+    let cached = caching::miss_header(plan.as_ref());
     if valid.stream {
-        let state2 = state.clone();
-        let on_done = plan.map(|p| {
-            Box::new(
-                move |choices: Vec<(String, FinishReason)>, usage: &UsageDto| {
-                    caching::store(&state2, p, choices, usage);
-                },
-            ) as stream::OnDone
-        });
+        let on_done = caching::on_done(&state, plan);
         let sse = stream::sse(streams, encoder, valid.include_usage, tab, on_done);
-        return Ok(([(CACHE_HEADER, cached)], sse).into_response());
+        return Ok(([cached], sse).into_response());
     }
     let outcomes = stream::collect_all(streams).await?;
-    let texts: Vec<(String, FinishReason)> = match plan {
-        Some(_) => outcomes
-            .iter()
-            .map(|o| (o.text.clone(), o.finish))
-            .collect(),
-        None => Vec::new(),
-    };
     if let Some(tab) = &mut tab {
         for (i, o) in outcomes.iter().enumerate() {
             tab.finished(i, &o.usage);
         }
     }
     crate::billing::settle(tab).await;
+    caching::store_outcomes(&state, plan, &outcomes);
     let mut usage = UsageDto::default();
     let choices = outcomes
         .into_iter()
@@ -109,9 +95,6 @@ pub(crate) async fn chat_completions(
             }
         })
         .collect();
-    if let Some(p) = plan {
-        caching::store(&state, p, texts, &usage);
-    }
     let body = ChatCompletion {
         id: encoder.id,
         object: "chat.completion",
@@ -120,11 +103,8 @@ pub(crate) async fn chat_completions(
         choices,
         usage,
     };
-    Ok(([(CACHE_HEADER, cached)], Json(body)).into_response())
+    Ok(([cached], Json(body)).into_response())
 }
-
-/// Which cache answered (`exact`, `semantic`), or `miss` / `bypass`.
-const CACHE_HEADER: &str = "x-synor-cache";
 
 /// A cached answer, as JSON or as an SSE stream like a generated one.
 fn from_cache(
@@ -134,14 +114,7 @@ fn from_cache(
     include_usage: bool,
     hit: caching::Hit,
 ) -> Response {
-    let a = &hit.answer;
-    let mut usage = UsageDto::default();
-    usage.add(&engine::Usage {
-        prompt_tokens: a.prompt_tokens as usize,
-        completion_tokens: a.completion_tokens as usize,
-        cached_tokens: 0,
-    });
-    let mut encoder = ChatEncoder {
+    let encoder = ChatEncoder {
         id: response_id("chatcmpl"),
         created: unix_now(),
         model,
@@ -150,34 +123,20 @@ fn from_cache(
         tools: false,
         held: Vec::new(),
     };
-    let mut headers = HeaderMap::new();
-    headers.insert(CACHE_HEADER, HeaderValue::from_static(hit.kind));
-    if let Some(s) = hit.similarity
-        && let Ok(v) = HeaderValue::from_str(&format!("{s:.4}"))
-    {
-        headers.insert("x-synor-cache-similarity", v);
-    }
+    let (headers, usage, answers) = (
+        caching::hit_headers(&hit),
+        caching::hit_usage(&hit),
+        caching::hit_choices(&hit),
+    );
     if stream {
-        let mut events = encoder.start(a.choices.len());
-        for (i, c) in a.choices.iter().enumerate() {
-            events.extend(encoder.delta(i, c.text.clone(), &[]));
-            events.push(encoder.finish(i, caching::finish_of(c)));
-        }
-        if include_usage {
-            events.push(encoder.usage(usage));
-        }
-        events.push("[DONE]".to_string());
-        let events = events
-            .into_iter()
-            .map(|d| Ok::<_, std::convert::Infallible>(Event::default().data(d)));
-        return (headers, Sse::new(futures_util::stream::iter(events))).into_response();
+        let usage = include_usage.then_some(usage);
+        return (headers, stream::replay(encoder, answers, usage)).into_response();
     }
-    let choices = a
-        .choices
-        .iter()
+    let choices = answers
+        .into_iter()
         .enumerate()
-        .map(|(index, c)| {
-            let (message, finish) = assistant(c.text.clone(), caching::finish_of(c), false);
+        .map(|(index, (text, reason))| {
+            let (message, finish) = assistant(text, reason, false);
             ChatChoice {
                 index,
                 logprobs: None,

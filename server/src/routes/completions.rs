@@ -4,7 +4,6 @@
 
 use axum::extract::State;
 use axum::http::HeaderMap;
-use axum::response::sse::{Event, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Extension, Json, Router};
@@ -63,29 +62,14 @@ pub(crate) async fn completions(
         engine: engine.clone(),
         logprobs: valid.logprobs,
     };
-    let cached = if plan.is_some() { "miss" } else { "bypass" };
+    let cached = caching::miss_header(plan.as_ref());
     if valid.stream {
-        let state2 = state.clone();
-        let on_done = plan.map(|p| {
-            Box::new(
-                move |choices: Vec<(String, FinishReason)>, usage: &UsageDto| {
-                    caching::store(&state2, p, choices, usage);
-                },
-            ) as stream::OnDone
-        });
+        let on_done = caching::on_done(&state, plan);
         let sse = stream::sse(streams, encoder, valid.include_usage, tab, on_done);
-        return Ok(([(CACHE_HEADER, cached)], sse).into_response());
+        return Ok(([cached], sse).into_response());
     }
     let outcomes = stream::collect_all(streams).await?;
-    if let Some(p) = plan {
-        let texts = outcomes
-            .iter()
-            .map(|o| (o.text.clone(), o.finish))
-            .collect();
-        let mut usage = UsageDto::default();
-        outcomes.iter().for_each(|o| usage.add(&o.usage));
-        caching::store(&state, p, texts, &usage);
-    }
+    caching::store_outcomes(&state, plan, &outcomes);
     if let Some(tab) = &mut tab {
         for (i, o) in outcomes.iter().enumerate() {
             tab.finished(i, &o.usage);
@@ -117,11 +101,8 @@ pub(crate) async fn completions(
         choices,
         usage: Some(usage),
     };
-    Ok(([(CACHE_HEADER, cached)], Json(body)).into_response())
+    Ok(([cached], Json(body)).into_response())
 }
-
-/// Which cache answered (`exact`), or `miss` / `bypass`.
-const CACHE_HEADER: &str = "x-synor-cache";
 
 /// A cached completion, as JSON or as an SSE stream like a generated one.
 fn from_cache(
@@ -131,47 +112,29 @@ fn from_cache(
     include_usage: bool,
     hit: caching::Hit,
 ) -> Response {
-    let a = &hit.answer;
-    let mut usage = UsageDto::default();
-    usage.add(&engine::Usage {
-        prompt_tokens: a.prompt_tokens as usize,
-        completion_tokens: a.completion_tokens as usize,
-        cached_tokens: 0,
-    });
-    let mut encoder = CompletionEncoder {
+    let answers = caching::hit_choices(&hit);
+    let encoder = CompletionEncoder {
         id: response_id("cmpl"),
         created: unix_now(),
         model,
-        offsets: vec![0; a.choices.len()],
-        echo: vec![None; a.choices.len()],
+        offsets: vec![0; answers.len()],
+        echo: vec![None; answers.len()],
         engine,
         logprobs: false,
     };
-    let header = [(CACHE_HEADER, hit.kind)];
+    let (headers, usage) = (caching::hit_headers(&hit), caching::hit_usage(&hit));
     if stream {
-        let mut events = Vec::new();
-        for (i, c) in a.choices.iter().enumerate() {
-            events.extend(encoder.delta(i, c.text.clone(), &[]));
-            events.push(encoder.finish(i, caching::finish_of(c)));
-        }
-        if include_usage {
-            events.push(encoder.usage(usage));
-        }
-        events.push("[DONE]".to_string());
-        let events = events
-            .into_iter()
-            .map(|d| Ok::<_, std::convert::Infallible>(Event::default().data(d)));
-        return (header, Sse::new(futures_util::stream::iter(events))).into_response();
+        let usage = include_usage.then_some(usage);
+        return (headers, stream::replay(encoder, answers, usage)).into_response();
     }
-    let choices = a
-        .choices
-        .iter()
+    let choices = answers
+        .into_iter()
         .enumerate()
-        .map(|(index, c)| CompletionChoice {
+        .map(|(index, (text, reason))| CompletionChoice {
             index,
-            text: c.text.clone(),
+            text,
             logprobs: None,
-            finish_reason: Some(caching::finish_of(c).as_openai()),
+            finish_reason: Some(reason.as_openai()),
         })
         .collect();
     let body = Completion {
@@ -182,7 +145,7 @@ fn from_cache(
         choices,
         usage: Some(usage),
     };
-    (header, Json(body)).into_response()
+    (headers, Json(body)).into_response()
 }
 
 /// Encodes completion streams (`text_completion` chunks).
