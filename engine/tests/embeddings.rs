@@ -94,3 +94,46 @@ async fn concurrent_requests_merged_into_one_pass_get_their_own_vectors_and_coun
         }
     }
 }
+
+#[test]
+fn the_int8_encoder_agrees_with_the_f32_model() {
+    use engine::model::bert::BertEmbedder;
+    use engine::model::bert_q8::BertQ8;
+    let dir = common::model_path(common::MINILM);
+    let f32m = BertEmbedder::load(&dir, &candle_core::Device::Cpu).expect("f32");
+    let q8 = BertQ8::load(&dir, 12, 1e-12).expect("q8");
+    let mut tok = tokenizers::Tokenizer::from_file(dir.join("tokenizer.json")).expect("tokenizer");
+    tok.with_padding(None); // the shipped tokenizer pads to 128
+    let texts = [
+        "What is the capital of France?",
+        "Which city is the capital of France?",
+        "Convert 25 degrees Celsius to Fahrenheit.",
+        "How do I reverse a list in Python?",
+        "A much longer sentence about the weather, the sea, and the small boats in the harbour at dawn.",
+    ];
+    let (want, _) = f32m.embed(&texts.map(String::from)).expect("embed");
+    let mut got = Vec::new();
+    let t = std::time::Instant::now();
+    for text in texts {
+        let ids = tok.encode(text, true).expect("encode").get_ids().to_vec();
+        got.push(q8.embed_ids(&ids).expect("q8 embed"));
+    }
+    let per = t.elapsed().as_secs_f64() * 1e3 / texts.len() as f64;
+    eprintln!("int8 encoder: {per:.2} ms per sentence");
+    for (g, w) in got.iter().zip(&want) {
+        assert!(
+            dot(g, w) > 0.995,
+            "cosine to the f32 embedding {}",
+            dot(g, w)
+        );
+        assert!((dot(g, g) - 1.0).abs() < 1e-4);
+    }
+    // Similarities keep their order and nearly their values.
+    let sim = |v: &[Vec<f32>], a: usize, b: usize| dot(&v[a], &v[b]);
+    for (a, b) in [(0, 1), (0, 2), (1, 3), (2, 4)] {
+        assert!(
+            (sim(&got, a, b) - sim(&want, a, b)).abs() < 0.01,
+            "pair {a},{b}"
+        );
+    }
+}

@@ -3,6 +3,7 @@
 
 pub mod attention;
 pub mod bert;
+pub mod bert_q8;
 pub mod llama;
 pub mod ops;
 pub mod weights;
