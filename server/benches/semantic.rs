@@ -84,14 +84,11 @@ fn main() {
         .build()
         .expect("runtime");
     let embedder = EmbeddingHandle::start(&models_dir().join("all-minilm-l6-v2")).expect("model");
+    // As the cache does: every vector from the int8 query encoder.
     let embed = |texts: Vec<String>| -> Vec<Vec<f32>> {
         texts
-            .chunks(32)
-            .flat_map(|c| {
-                rt.block_on(embedder.embed(c.to_vec()))
-                    .expect("embed")
-                    .vectors
-            })
+            .iter()
+            .map(|t| rt.block_on(embedder.embed_query(t)).expect("embed"))
             .collect()
     };
     let t = Instant::now();
@@ -180,7 +177,7 @@ fn main() {
     let t = Instant::now();
     let reps = 20;
     for _ in 0..reps {
-        rt.block_on(embedder.embed(vec!["What is the capital of France?".into()]))
+        rt.block_on(embedder.embed_query("What is the capital of France?"))
             .expect("embed");
     }
     println!(

@@ -209,8 +209,8 @@ pub async fn lookup(state: &AppState, plan: &mut Plan) -> Option<Hit> {
         return None;
     }
     let embedder = embedder(state)?;
-    let vector = match embedder.embed(vec![text.clone()]).await {
-        Ok(mut e) => e.vectors.pop()?,
+    let vector = match embedder.embed_query(&text).await {
+        Ok(v) => v,
         Err(e) => {
             tracing::warn!(error = %e, "semantic cache: embedding failed");
             return None;
@@ -305,11 +305,8 @@ pub fn store(state: &AppState, plan: Plan, choices: Vec<(String, FinishReason)>,
         };
         let vector = match (plan.vector, embedder) {
             (Some(v), _) => v,
-            (None, Some(e)) => match e.embed(vec![text.clone()]).await {
-                Ok(mut out) => match out.vectors.pop() {
-                    Some(v) => v,
-                    None => return,
-                },
+            (None, Some(e)) => match e.embed_query(&text).await {
+                Ok(v) => v,
                 Err(e) => {
                     tracing::warn!(error = %e, "semantic cache: embedding failed");
                     return;
