@@ -95,14 +95,7 @@ pub(crate) async fn chat_completions(
             }
         })
         .collect();
-    let body = ChatCompletion {
-        id: encoder.id,
-        object: "chat.completion",
-        created: encoder.created,
-        model: encoder.model,
-        choices,
-        usage,
-    };
+    let body = encoder.completion(choices, usage);
     Ok(([cached], Json(body)).into_response())
 }
 
@@ -145,14 +138,7 @@ fn from_cache(
             }
         })
         .collect();
-    let body = ChatCompletion {
-        id: encoder.id,
-        object: "chat.completion",
-        created: encoder.created,
-        model: encoder.model,
-        choices,
-        usage,
-    };
+    let body = encoder.completion(choices, usage);
     (headers, Json(body)).into_response()
 }
 
@@ -203,6 +189,18 @@ fn assistant(text: String, finish: FinishReason, tools: bool) -> (AssistantMessa
 }
 
 impl ChatEncoder {
+    /// The whole (non-streamed) answer.
+    fn completion(self, choices: Vec<ChatChoice>, usage: UsageDto) -> ChatCompletion {
+        ChatCompletion {
+            id: self.id,
+            object: "chat.completion",
+            created: self.created,
+            model: self.model,
+            choices,
+            usage,
+        }
+    }
+
     fn chunk(&self, choices: Vec<ChatChunkChoice>, usage: Option<UsageDto>) -> String {
         to_json(&ChatCompletionChunk {
             id: self.id.clone(),

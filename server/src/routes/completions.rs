@@ -93,14 +93,7 @@ pub(crate) async fn completions(
             finish_reason: Some(o.finish.as_openai()),
         });
     }
-    let body = Completion {
-        id: encoder.id,
-        object: "text_completion",
-        created: encoder.created,
-        model: encoder.model,
-        choices,
-        usage: Some(usage),
-    };
+    let body = encoder.completion(choices, usage);
     Ok(([cached], Json(body)).into_response())
 }
 
@@ -137,14 +130,7 @@ fn from_cache(
             finish_reason: Some(reason.as_openai()),
         })
         .collect();
-    let body = Completion {
-        id: encoder.id,
-        object: "text_completion",
-        created: encoder.created,
-        model: encoder.model,
-        choices,
-        usage: Some(usage),
-    };
+    let body = encoder.completion(choices, usage);
     (headers, Json(body)).into_response()
 }
 
@@ -162,6 +148,18 @@ struct CompletionEncoder {
 }
 
 impl CompletionEncoder {
+    /// The whole (non-streamed) answer.
+    fn completion(self, choices: Vec<CompletionChoice>, usage: UsageDto) -> Completion {
+        Completion {
+            id: self.id,
+            object: "text_completion",
+            created: self.created,
+            model: self.model,
+            choices,
+            usage: Some(usage),
+        }
+    }
+
     fn chunk(&self, choices: Vec<CompletionChoice>, usage: Option<UsageDto>) -> String {
         to_json(&Completion {
             id: self.id.clone(),
