@@ -271,6 +271,12 @@ impl EngineHandle {
                 message: format!("token id {bad} is outside the vocabulary (size {vocab})"),
             });
         }
+        if let Some(bad) = req.params.stop_token_ids.iter().find(|&&t| t >= vocab) {
+            return Err(EngineError::Validation {
+                field: "stop_token_ids",
+                message: format!("token id {bad} is outside the vocabulary (size {vocab})"),
+            });
+        }
         if let Some((bad, _)) = req.params.logit_bias.iter().find(|(t, _)| *t >= vocab) {
             return Err(EngineError::Validation {
                 field: "logit_bias",

@@ -17,7 +17,8 @@ use crate::core::{Command, CoreEvent};
 use crate::error::EngineError;
 use crate::request::{FinishReason, RequestId, TokenEvent, TokenLogprob, Usage};
 use crate::tokenizer::TextTokenizer;
-use crate::tokenizer::detok::{IncrementalDetokenizer, StopMatcher};
+use crate::tokenizer::detok::IncrementalDetokenizer;
+use crate::tokenizer::stop::StopMatcher;
 
 /// Detokenizes one request's tokens and applies its stop strings.
 #[derive(Debug)]

@@ -88,6 +88,14 @@ impl Default for SamplingParams {
 
 /// The most stop strings a request may carry (OpenAI allows 4).
 pub const MAX_STOP_STRINGS: usize = 4;
+/// The longest stop string, in characters (real ones are a few: `"\n\n"`,
+/// `"</answer>"`); the matcher's cost per token does not depend on it,
+/// but its memory does.
+pub const MAX_STOP_CHARS: usize = 256;
+/// The most stop token ids a request may carry.
+pub const MAX_STOP_TOKEN_IDS: usize = 64;
+/// The most `logit_bias` entries (OpenAI's limit is 300).
+pub const MAX_LOGIT_BIAS: usize = 300;
 
 impl SamplingParams {
     /// Checks every field's range; errors name the field.
@@ -125,6 +133,22 @@ impl SamplingParams {
                 "stop sequences must not be empty",
             ));
         }
+        if self
+            .stop
+            .iter()
+            .any(|s| s.chars().nth(MAX_STOP_CHARS).is_some())
+        {
+            return Err(EngineError::validation(
+                "stop",
+                format!("a stop sequence is at most {MAX_STOP_CHARS} characters"),
+            ));
+        }
+        if self.stop_token_ids.len() > MAX_STOP_TOKEN_IDS {
+            return Err(EngineError::validation(
+                "stop_token_ids",
+                format!("at most {MAX_STOP_TOKEN_IDS} stop token ids are allowed"),
+            ));
+        }
         self.validate_processors()
     }
 
@@ -154,6 +178,12 @@ impl SamplingParams {
                     format!("{field} must be between -2 and 2, got {v}"),
                 ));
             }
+        }
+        if self.logit_bias.len() > MAX_LOGIT_BIAS {
+            return Err(EngineError::validation(
+                "logit_bias",
+                format!("logit_bias has at most {MAX_LOGIT_BIAS} entries"),
+            ));
         }
         if let Some(&(_, b)) = self
             .logit_bias
@@ -261,7 +291,7 @@ mod tests {
 
     #[test]
     fn out_of_range_fields_are_named() {
-        let cases: [(SamplingParams, &str); 5] = [
+        let cases: [(SamplingParams, &str); 8] = [
             (
                 SamplingParams {
                     temperature: 5.0,
@@ -296,6 +326,27 @@ mod tests {
                     ..Default::default()
                 },
                 "stop",
+            ),
+            (
+                SamplingParams {
+                    stop: vec!["é".repeat(MAX_STOP_CHARS + 1)],
+                    ..Default::default()
+                },
+                "stop",
+            ),
+            (
+                SamplingParams {
+                    stop_token_ids: vec![1; MAX_STOP_TOKEN_IDS + 1],
+                    ..Default::default()
+                },
+                "stop_token_ids",
+            ),
+            (
+                SamplingParams {
+                    logit_bias: vec![(1, 1.0); MAX_LOGIT_BIAS + 1],
+                    ..Default::default()
+                },
+                "logit_bias",
             ),
         ];
         for (params, want) in cases {

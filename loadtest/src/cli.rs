@@ -9,7 +9,7 @@ use anyhow::{Context, bail};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::bench::Plan;
-use crate::client::{Endpoint, Target};
+use crate::client::{CacheMode, Endpoint, Target};
 use crate::dataset::{self, Dataset};
 use crate::metrics::Slo;
 
@@ -93,6 +93,10 @@ pub struct RunArgs {
     pub ignore_eos: bool,
     #[arg(long, default_value_t = 0.0)]
     pub temperature: f32,
+    /// `bypass` sends `x-synor-cache: bypass`, so every answer is generated;
+    /// `allow` lets the server's response cache answer (to measure it).
+    #[arg(long, value_enum, default_value_t = CacheMode::Bypass)]
+    pub cache: CacheMode,
     #[arg(long)]
     pub no_warmup: bool,
     /// Cancellation storm: drop each connection after this many content
@@ -212,6 +216,7 @@ impl RunArgs {
                 api_key: self.api_key.clone(),
                 ignore_eos: self.ignore_eos,
                 temperature: self.temperature,
+                cache: self.cache,
                 tokenizer,
             },
             specs,
@@ -277,6 +282,24 @@ mod tests {
         );
         assert!(msg(&["--percentiles", "0"]).contains("outside"));
         assert!(args(&["--request-rate", "2.5", "--num-prompts", "3"]).is_ok());
+    }
+
+    #[test]
+    fn the_cache_option_defaults_to_bypass_and_accepts_allow() {
+        let cache = |a: &[&str]| args(a).map(|p| p.target.cache).ok();
+        assert_eq!(cache(&[]), Some(CacheMode::Bypass));
+        assert_eq!(cache(&["--cache", "bypass"]), Some(CacheMode::Bypass));
+        assert_eq!(cache(&["--cache", "allow"]), Some(CacheMode::Allow));
+        assert_eq!(cache(&["--cache", "sometimes"]), None);
+        let overhead = |a: &[&str]| match Cli::try_parse_from(a).map(|c| c.command) {
+            Ok(Some(Command::Overhead(o))) => Some(o.cache),
+            _ => None,
+        };
+        assert_eq!(overhead(&["l", "overhead"]), Some(CacheMode::Bypass));
+        assert_eq!(
+            overhead(&["l", "overhead", "--cache", "allow"]),
+            Some(CacheMode::Allow)
+        );
     }
 
     #[test]

@@ -5,7 +5,11 @@
 //! content-bearing chunks; E2E latency runs to `data: [DONE]`. Output
 //! tokens come from `usage.completion_tokens` when the server sends it,
 //! else from re-tokenizing the text (with `--tokenizer`), else from the
-//! number of content chunks.
+//! number of content chunks. Every request says whether the server's
+//! response cache may answer it (`x-synor-cache: bypass` unless
+//! `--cache allow`), and every response's `x-synor-cache` header (`miss`,
+//! `bypass`, or the kind of hit) is kept, so cached answers never pass
+//! for generation unnoticed.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -26,6 +30,20 @@ pub enum Endpoint {
     Completions,
 }
 
+/// The header that asks for (and reports) the server's response cache.
+pub const CACHE_HEADER: &str = "x-synor-cache";
+
+/// Whether the server's response cache may answer the requests.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum CacheMode {
+    /// Send `x-synor-cache: bypass`: every answer is generated.
+    #[default]
+    Bypass,
+    /// Send no cache header: the server's own rules decide (measures the cache).
+    Allow,
+}
+
 /// Where and how to send requests.
 #[derive(Clone)]
 pub struct Target {
@@ -35,6 +53,7 @@ pub struct Target {
     pub api_key: Option<String>,
     pub ignore_eos: bool,
     pub temperature: f32,
+    pub cache: CacheMode,
     /// Counts output tokens when the server sends no usage.
     pub tokenizer: Option<Arc<tokenizers::Tokenizer>>,
 }
@@ -53,6 +72,9 @@ pub struct RequestResult {
     pub cached_tokens: u64,
     /// Whether `output_tokens` came from the server's `usage`.
     pub usage_reported: bool,
+    /// The response's `x-synor-cache` header, lowercased (`None` without one).
+    #[serde(default)]
+    pub cache: Option<String>,
     #[serde(skip)]
     pub text: String,
 }
@@ -98,6 +120,40 @@ pub fn request_body(target: &Target, spec: &RequestSpec) -> Value {
     body
 }
 
+/// The URL of `target`'s endpoint.
+pub fn endpoint_url(target: &Target) -> String {
+    let path = match target.endpoint {
+        Endpoint::Chat => "/v1/chat/completions",
+        Endpoint::Completions => "/v1/completions",
+    };
+    format!("{}{path}", target.base_url.trim_end_matches('/'))
+}
+
+/// The request for `spec`: body, API key and (with `CacheMode::Bypass`)
+/// `x-synor-cache: bypass`.
+pub fn build_request(
+    client: &reqwest::Client,
+    target: &Target,
+    spec: &RequestSpec,
+) -> reqwest::RequestBuilder {
+    let mut req = client
+        .post(endpoint_url(target))
+        .json(&request_body(target, spec));
+    if let Some(key) = &target.api_key {
+        req = req.bearer_auth(key);
+    }
+    match target.cache {
+        CacheMode::Bypass => req.header(CACHE_HEADER, "bypass"),
+        CacheMode::Allow => req,
+    }
+}
+
+/// A response's `x-synor-cache` value, trimmed and lowercased.
+pub fn cache_outcome(headers: &reqwest::header::HeaderMap) -> Option<String> {
+    let v = headers.get(CACHE_HEADER)?.to_str().ok()?.trim();
+    (!v.is_empty()).then(|| v.to_ascii_lowercase())
+}
+
 /// Sends one streaming request and times it. With `cancel_after`, drops
 /// the connection once that many content chunks have arrived.
 pub async fn send(
@@ -106,15 +162,8 @@ pub async fn send(
     spec: &RequestSpec,
     cancel_after: Option<usize>,
 ) -> Outcome {
-    let path = match target.endpoint {
-        Endpoint::Chat => "/v1/chat/completions",
-        Endpoint::Completions => "/v1/completions",
-    };
-    let url = format!("{}{path}", target.base_url.trim_end_matches('/'));
-    let mut req = client.post(&url).json(&request_body(target, spec));
-    if let Some(key) = &target.api_key {
-        req = req.bearer_auth(key);
-    }
+    let url = endpoint_url(target);
+    let req = build_request(client, target, spec);
     let start = Instant::now();
     let resp = match req.send().await {
         Ok(r) => r,
@@ -137,6 +186,7 @@ pub async fn send(
         return Outcome::Failed(format!("{url} answered {status}: {}", text.trim()));
     }
     let mut timer = ChunkTimer::new(start, target.endpoint);
+    timer.out.cache = cache_outcome(resp.headers());
     let mut bytes = resp.bytes_stream();
     let mut buf = Vec::new();
     while let Some(piece) = bytes.next().await {
@@ -248,5 +298,69 @@ impl ChunkTimer {
             };
         }
         self.out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dataset::Message;
+
+    fn target(cache: CacheMode) -> Target {
+        Target {
+            base_url: "http://127.0.0.1:8080/".into(),
+            model: "m".into(),
+            endpoint: Endpoint::Chat,
+            api_key: Some("k".into()),
+            ignore_eos: false,
+            temperature: 0.0,
+            cache,
+            tokenizer: None,
+        }
+    }
+
+    fn sent_cache_header(cache: CacheMode) -> Option<String> {
+        let spec = RequestSpec {
+            messages: vec![Message {
+                role: "user".into(),
+                content: "hi".into(),
+            }],
+            max_tokens: 4,
+            group: None,
+        };
+        let req = build_request(&reqwest::Client::new(), &target(cache), &spec)
+            .build()
+            .expect("a valid request");
+        assert_eq!(
+            req.url().as_str(),
+            "http://127.0.0.1:8080/v1/chat/completions"
+        );
+        assert!(req.headers().contains_key("authorization"));
+        req.headers()
+            .get(CACHE_HEADER)
+            .map(|v| v.to_str().unwrap_or_default().to_string())
+    }
+
+    #[test]
+    fn bypass_mode_sends_the_bypass_header_and_allow_mode_sends_none() {
+        assert_eq!(
+            sent_cache_header(CacheMode::Bypass).as_deref(),
+            Some("bypass")
+        );
+        assert_eq!(sent_cache_header(CacheMode::Allow), None);
+        assert_eq!(CacheMode::default(), CacheMode::Bypass);
+    }
+
+    #[test]
+    fn the_cache_outcome_is_read_trimmed_and_lowercased() {
+        let mut h = reqwest::header::HeaderMap::new();
+        assert_eq!(cache_outcome(&h), None);
+        h.insert(
+            CACHE_HEADER,
+            reqwest::header::HeaderValue::from_static(" L2 "),
+        );
+        assert_eq!(cache_outcome(&h).as_deref(), Some("l2"));
+        h.insert(CACHE_HEADER, reqwest::header::HeaderValue::from_static(""));
+        assert_eq!(cache_outcome(&h), None);
     }
 }

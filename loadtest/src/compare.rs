@@ -1,5 +1,6 @@
 //! `synor-loadtest compare a.json b.json`: the headline metrics of two
-//! result files side by side, with the ratio b / a.
+//! result files side by side, with the ratio b / a (the response cache's
+//! hit rate among them, so a cached run is not mistaken for a fast one).
 
 use crate::metrics::Summary;
 use crate::report::BenchResult;
@@ -41,6 +42,8 @@ pub fn render(a: &BenchResult, b: &BenchResult, names: (&str, &str)) -> String {
         Some(y.total_token_throughput),
     );
     add("goodput (req/s)", x.goodput, y.goodput);
+    let hit_pct = |a: &crate::metrics::Aggregates| a.cache.hit_rate.map(|r| r * 100.0);
+    add("cache hit rate (%)", hit_pct(x), hit_pct(y));
     let metrics: [(&str, &Option<Summary>, &Option<Summary>); 4] = [
         ("TTFT", &x.ttft_ms, &y.ttft_ms),
         ("TPOT", &x.tpot_ms, &y.tpot_ms),

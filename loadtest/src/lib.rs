@@ -6,9 +6,10 @@
 //! - `cli`: arguments and their validation;
 //! - `dataset`: the requests to send (random, chat JSONL, paraphrase sets);
 //! - `traffic`: arrival times (Poisson / gamma) and the concurrency cap;
-//! - `client`: one streamed request, timed chunk by chunk;
+//! - `client`: one streamed request, timed chunk by chunk, with its
+//!   `x-synor-cache` header (sent as `bypass` unless `--cache allow`);
 //! - `bench`: runs a benchmark and gathers the outcomes;
-//! - `metrics`: aggregates (percentiles, goodput, throughput);
+//! - `metrics`: aggregates (percentiles, goodput, throughput, cache hits);
 //! - `report`: the console block and the JSON result file;
 //! - `plot`: SVG plots of the distributions and of throughput over time;
 //! - `overhead`: latency of cheap requests (the HTTP path itself);

@@ -37,6 +37,7 @@ async fn run(args: RunArgs) -> anyhow::Result<bool> {
             burstiness: args.burstiness,
             max_concurrency: args.max_concurrency,
             seed: args.seed,
+            cache: Some(args.cache),
             command: std::env::args().collect::<Vec<_>>().join(" "),
         },
         aggregates,
@@ -84,6 +85,14 @@ async fn overhead(a: loadtest::overhead::OverheadArgs) -> anyhow::Result<bool> {
         r.throughput,
         r.statuses
     );
+    if r.cache.hit_rate.is_some() {
+        println!(
+            "cache hits: {} ({})",
+            report::cache_hits(&r.cache),
+            report::cache_outcomes(&r.cache)
+        );
+    }
+    print!("{}", report::cache_warning(&r.cache, Some(a.cache)));
     Ok(true)
 }
 

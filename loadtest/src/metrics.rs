@@ -2,7 +2,10 @@
 //! throughput over the benchmark's duration, peak concurrency, and for
 //! TTFT, TPOT, ITL and E2E latency the mean, median, standard deviation
 //! and chosen percentiles (numpy's linear interpolation), over successful
-//! requests only; goodput counts the requests that meet every SLO.
+//! requests only; goodput counts the requests that meet every SLO. The
+//! answered requests (successful or cancelled) are also counted by their
+//! `x-synor-cache` header: cache hits (by kind), misses, bypasses and
+//! responses without the header, with the hit rate.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -51,6 +54,58 @@ pub struct Record {
     pub outcome: Outcome,
 }
 
+/// Answered requests by their `x-synor-cache` header.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct CacheStats {
+    /// Responses the server's cache answered.
+    pub hits: usize,
+    /// Hits by the header's value (Synor sends `exact` or `semantic`).
+    pub hits_by_tier: BTreeMap<String, usize>,
+    pub misses: usize,
+    /// Responses the cache was skipped for (`bypass`).
+    pub bypassed: usize,
+    /// Responses without the header (a server with no response cache).
+    pub absent: usize,
+    /// Hits over the responses that carried the header; `None` if none did.
+    pub hit_rate: Option<f64>,
+}
+
+impl CacheStats {
+    /// Counts header values (`None`: no header): `miss`, `bypass`, and
+    /// anything else is a hit of that kind.
+    pub fn count<'a>(values: impl IntoIterator<Item = Option<&'a str>>) -> Self {
+        let mut s = Self::default();
+        for v in values {
+            let v = v.map(|v| v.trim().to_ascii_lowercase()).unwrap_or_default();
+            match v.as_str() {
+                "" => s.absent += 1,
+                "miss" => s.misses += 1,
+                "bypass" => s.bypassed += 1,
+                _ => {
+                    s.hits += 1;
+                    *s.hits_by_tier.entry(v).or_default() += 1;
+                }
+            }
+        }
+        let reported = s.hits + s.misses + s.bypassed;
+        s.hit_rate = (reported > 0).then(|| s.hits as f64 / reported as f64);
+        s
+    }
+
+    /// Responses counted (with or without the header).
+    pub fn responses(&self) -> usize {
+        self.hits + self.misses + self.bypassed + self.absent
+    }
+}
+
+/// The cache outcomes of the answered (successful or cancelled) requests.
+fn cache_stats(records: &[Record]) -> CacheStats {
+    CacheStats::count(records.iter().filter_map(|r| match &r.outcome {
+        Outcome::Success(x) | Outcome::Cancelled(x) => Some(x.cache.as_deref()),
+        Outcome::Rejected { .. } | Outcome::Failed(_) => None,
+    }))
+}
+
 /// Everything the summary block and the JSON result report.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Aggregates {
@@ -75,6 +130,9 @@ pub struct Aggregates {
     pub itl_ms: Option<Summary>,
     pub e2el_ms: Option<Summary>,
     pub retry_after_s: Option<Summary>,
+    /// Absent from result files written before it was counted.
+    #[serde(default)]
+    pub cache: CacheStats,
     /// The first few distinct failure messages.
     pub errors: Vec<String>,
 }
@@ -141,6 +199,7 @@ pub fn aggregate(
         itl_ms: summarize(&itl, percentiles),
         e2el_ms: summarize(&e2el, percentiles),
         retry_after_s: summarize(&retry, percentiles),
+        cache: cache_stats(records),
         errors,
     }
 }
@@ -275,6 +334,56 @@ mod tests {
         assert_eq!(a.retry_after_s.expect("retry").mean, 2.0);
         assert_eq!(a.errors, vec!["boom".to_string()]);
         assert_eq!(a.peak_concurrency, 4);
+    }
+
+    fn answered(cache: Option<&str>, cancelled: bool) -> Record {
+        let x = RequestResult {
+            cache: cache.map(str::to_string),
+            ..Default::default()
+        };
+        Record {
+            sent_at: Duration::ZERO,
+            outcome: if cancelled {
+                Outcome::Cancelled(x)
+            } else {
+                Outcome::Success(x)
+            },
+        }
+    }
+
+    #[test]
+    fn cache_hits_are_counted_by_tier_and_rated_over_reported_responses() {
+        let records = vec![
+            answered(Some("l2"), false),
+            answered(Some("exact"), false),
+            answered(Some("L2"), true),
+            answered(Some("miss"), false),
+            answered(Some("bypass"), false),
+            answered(None, false),
+            Record {
+                sent_at: Duration::ZERO,
+                outcome: Outcome::Failed("boom".into()),
+            },
+        ];
+        let c = aggregate(&records, Duration::from_secs(1), 1, &[50.0], Slo::default()).cache;
+        assert_eq!((c.hits, c.misses, c.bypassed, c.absent), (3, 1, 1, 1));
+        let tiers: Vec<(&str, usize)> = c
+            .hits_by_tier
+            .iter()
+            .map(|(k, v)| (k.as_str(), *v))
+            .collect();
+        assert_eq!(tiers, vec![("exact", 1), ("l2", 2)]);
+        // Three hits of five responses that carried the header.
+        assert_eq!(c.hit_rate, Some(0.6));
+        assert_eq!(c.responses(), 6);
+    }
+
+    #[test]
+    fn the_hit_rate_is_unknown_without_any_cache_header() {
+        let c = CacheStats::count([None, None]);
+        assert_eq!((c.absent, c.hit_rate), (2, None));
+        assert_eq!(CacheStats::count([Some("bypass")]).hit_rate, Some(0.0));
+        assert_eq!(CacheStats::count([]).hit_rate, None);
     }
 
     #[test]

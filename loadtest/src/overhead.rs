@@ -1,14 +1,17 @@
 //! `synor-loadtest overhead`: the latency of cheap requests (a `GET` such as
 //! `/v1/models`, or a `POST` the server rejects during validation) at a
 //! fixed concurrency. This measures the HTTP path itself (routing, JSON,
-//! middleware), not the model.
+//! middleware), not the model. A `POST` carries `x-synor-cache: bypass`
+//! unless `--cache allow`, and the answers' `x-synor-cache` headers are
+//! counted, so a generation request answered from the cache is reported.
 
 use std::time::{Duration, Instant};
 
 use anyhow::bail;
 use futures_util::StreamExt;
 
-use crate::metrics::{Summary, summarize};
+use crate::client::{CACHE_HEADER, CacheMode, cache_outcome};
+use crate::metrics::{CacheStats, Summary, summarize};
 
 /// What to send and how hard.
 #[derive(Debug, Clone, clap::Args)]
@@ -25,6 +28,10 @@ pub struct OverheadArgs {
     pub concurrency: usize,
     #[arg(long, default_value_t = 5000)]
     pub requests: usize,
+    /// With `--body`: `bypass` sends `x-synor-cache: bypass`; `allow` lets
+    /// the server's response cache answer.
+    #[arg(long, value_enum, default_value_t = CacheMode::Bypass)]
+    pub cache: CacheMode,
 }
 
 /// Latencies (ms) and the status codes seen.
@@ -33,6 +40,40 @@ pub struct OverheadResult {
     pub latency_ms: Summary,
     pub statuses: Vec<(u16, usize)>,
     pub throughput: f64,
+    /// The answers by their `x-synor-cache` header.
+    pub cache: CacheStats,
+}
+
+/// One request: its latency (to the end of the body), its status (0 when
+/// the server cannot be reached) and its `x-synor-cache` header.
+async fn send_one(
+    client: reqwest::Client,
+    url: String,
+    body: Option<String>,
+    cache: CacheMode,
+) -> (Duration, u16, Option<String>) {
+    let t = Instant::now();
+    let req = match body {
+        Some(b) => {
+            let post = client
+                .post(&url)
+                .header("content-type", "application/json")
+                .body(b);
+            match cache {
+                CacheMode::Bypass => post.header(CACHE_HEADER, "bypass"),
+                CacheMode::Allow => post,
+            }
+        }
+        None => client.get(&url),
+    };
+    match req.send().await {
+        Ok(r) => {
+            let (status, cached) = (r.status().as_u16(), cache_outcome(r.headers()));
+            let _ = r.bytes().await;
+            (t.elapsed(), status, cached)
+        }
+        Err(_) => (t.elapsed(), 0, None),
+    }
 }
 
 pub async fn run(a: &OverheadArgs) -> anyhow::Result<OverheadResult> {
@@ -43,28 +84,7 @@ pub async fn run(a: &OverheadArgs) -> anyhow::Result<OverheadResult> {
         .pool_max_idle_per_host(a.concurrency)
         .build()?;
     let url = format!("{}{}", a.base_url.trim_end_matches('/'), a.path);
-    let send = |client: reqwest::Client| {
-        let (url, body) = (url.clone(), a.body.clone());
-        async move {
-            let t = Instant::now();
-            let req = match body {
-                Some(b) => client
-                    .post(&url)
-                    .header("content-type", "application/json")
-                    .body(b),
-                None => client.get(&url),
-            };
-            let status = match req.send().await {
-                Ok(r) => {
-                    let s = r.status().as_u16();
-                    let _ = r.bytes().await;
-                    s
-                }
-                Err(_) => 0,
-            };
-            (t.elapsed(), status)
-        }
-    };
+    let send = |client: reqwest::Client| send_one(client, url.clone(), a.body.clone(), a.cache);
     // Warm the connection pool first.
     futures_util::stream::iter(0..a.concurrency)
         .map(|_| send(client.clone()))
@@ -72,18 +92,21 @@ pub async fn run(a: &OverheadArgs) -> anyhow::Result<OverheadResult> {
         .collect::<Vec<_>>()
         .await;
     let start = Instant::now();
-    let results: Vec<(Duration, u16)> = futures_util::stream::iter(0..a.requests)
+    let results: Vec<(Duration, u16, Option<String>)> = futures_util::stream::iter(0..a.requests)
         .map(|_| send(client.clone()))
         .buffer_unordered(a.concurrency)
         .collect()
         .await;
     let wall = start.elapsed().as_secs_f64();
-    if results.iter().all(|(_, s)| *s == 0) {
+    if results.iter().all(|(_, s, _)| *s == 0) {
         bail!("cannot reach {url}");
     }
-    let ms: Vec<f64> = results.iter().map(|(d, _)| d.as_secs_f64() * 1e3).collect();
+    let ms: Vec<f64> = results
+        .iter()
+        .map(|(d, _, _)| d.as_secs_f64() * 1e3)
+        .collect();
     let mut statuses: Vec<(u16, usize)> = Vec::new();
-    for (_, s) in &results {
+    for (_, s, _) in &results {
         match statuses.iter_mut().find(|(c, _)| c == s) {
             Some(e) => e.1 += 1,
             None => statuses.push((*s, 1)),
@@ -92,9 +115,11 @@ pub async fn run(a: &OverheadArgs) -> anyhow::Result<OverheadResult> {
     statuses.sort();
     let latency_ms = summarize(&ms, &[50.0, 90.0, 99.0])
         .ok_or_else(|| anyhow::anyhow!("no requests completed"))?;
+    let reached = results.iter().filter(|(_, s, _)| *s != 0);
     Ok(OverheadResult {
         latency_ms,
         statuses,
         throughput: results.len() as f64 / wall,
+        cache: CacheStats::count(reached.map(|(_, _, c)| c.as_deref())),
     })
 }

@@ -1,5 +1,6 @@
 //! The console summary block (vLLM's layout, with both names where the
-//! industry disagrees) and the JSON result file.
+//! industry disagrees, plus the response cache's hit rate and a warning
+//! when cached answers are in the numbers) and the JSON result file.
 
 use std::path::Path;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -7,8 +8,8 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use anyhow::Context;
 use serde::{Deserialize, Serialize};
 
-use crate::client::Outcome;
-use crate::metrics::{Aggregates, Record, Summary};
+use crate::client::{CacheMode, Outcome};
+use crate::metrics::{Aggregates, CacheStats, Record, Summary};
 use crate::probe::CancellationCheck;
 
 /// How the run was set up.
@@ -25,6 +26,9 @@ pub struct RunInfo {
     pub burstiness: f64,
     pub max_concurrency: Option<usize>,
     pub seed: u64,
+    /// `--cache` (absent from result files written before it existed).
+    #[serde(default)]
+    pub cache: Option<CacheMode>,
     pub command: String,
 }
 
@@ -38,6 +42,9 @@ pub struct Detail {
     pub itl_ms: Vec<f64>,
     pub prompt_tokens: u64,
     pub output_tokens: u64,
+    /// The response's `x-synor-cache` header.
+    #[serde(default)]
+    pub cache: Option<String>,
     pub error: Option<String>,
 }
 
@@ -90,14 +97,15 @@ pub fn details(records: &[Record]) -> Vec<Detail> {
                     .unwrap_or_default(),
                 prompt_tokens: res.map_or(0, |x| x.prompt_tokens),
                 output_tokens: res.map_or(0, |x| x.output_tokens),
+                cache: res.and_then(|x| x.cache.clone()),
                 error,
             }
         })
         .collect()
 }
 
-/// The console summary.
-pub fn render(r: &BenchResult) -> String {
+/// The counts and throughputs at the top of the summary.
+fn headline(r: &BenchResult) -> String {
     let a = &r.aggregates;
     let mut s = String::new();
     let mut line = |k: &str, v: String| s.push_str(&format!("{k:<40}{v:>12}\n"));
@@ -134,7 +142,73 @@ pub fn render(r: &BenchResult) -> String {
         "Total token throughput (tok/s):",
         format!("{:.2}", a.total_token_throughput),
     );
-    let mut out = format!("{:=^52}\n{s}", " Serving Benchmark Result ");
+    line("Cache hits:", cache_hits(&a.cache));
+    line("Cache outcomes (x-synor-cache):", cache_outcomes(&a.cache));
+    s
+}
+
+/// The hit count and rate, or why there is no rate.
+pub fn cache_hits(c: &CacheStats) -> String {
+    match c.hit_rate {
+        Some(rate) => format!("{} ({:.1}%)", c.hits, rate * 100.0),
+        None if c.responses() == 0 => "n/a".into(),
+        None => "n/a (no x-synor-cache header)".into(),
+    }
+}
+
+/// The non-zero counts, e.g. `exact 20, semantic 4, miss 1`.
+pub fn cache_outcomes(c: &CacheStats) -> String {
+    let mut parts: Vec<String> = c
+        .hits_by_tier
+        .iter()
+        .map(|(tier, n)| format!("{tier} {n}"))
+        .collect();
+    for (name, n) in [
+        ("miss", c.misses),
+        ("bypass", c.bypassed),
+        ("no header", c.absent),
+    ] {
+        if n > 0 {
+            parts.push(format!("{name} {n}"));
+        }
+    }
+    if parts.is_empty() {
+        return "none".into();
+    }
+    parts.join(", ")
+}
+
+/// A warning, one `WARNING:` line after another, when any response came
+/// from the cache; empty otherwise.
+pub fn cache_warning(c: &CacheStats, mode: Option<CacheMode>) -> String {
+    if c.hits == 0 {
+        return String::new();
+    }
+    let advice = match mode {
+        Some(CacheMode::Bypass) => {
+            "the server ignored `x-synor-cache: bypass`, which every request sent"
+        }
+        Some(CacheMode::Allow) | None => {
+            "run with `--cache bypass` (the default) to measure generation"
+        }
+    };
+    format!(
+        "WARNING: {} of {} responses came from the response cache ({}):\n\
+         WARNING: throughput and latencies include cached answers;\n\
+         WARNING: {advice}.\n",
+        c.hits,
+        c.responses(),
+        cache_outcomes(c),
+    )
+}
+
+/// The console summary.
+pub fn render(r: &BenchResult) -> String {
+    let a = &r.aggregates;
+    // Cached answers in the numbers: said first and last, where it is seen.
+    let warning = cache_warning(&a.cache, r.run.cache);
+    let mut out = format!("{:=^52}\n{warning}", " Serving Benchmark Result ");
+    out.push_str(&headline(r));
     let sections = [
         ("Time to First Token", "TTFT", &a.ttft_ms),
         (
@@ -166,6 +240,7 @@ pub fn render(r: &BenchResult) -> String {
             c.running, c.waiting, c.source, c.waited_ms
         ));
     }
+    out.push_str(&warning);
     out.push_str(&"=".repeat(52));
     out.push('\n');
     out
@@ -235,7 +310,111 @@ pub fn utc_from_unix(secs: u64) -> String {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
+    use crate::client::RequestResult;
+    use crate::metrics::{Slo, aggregate};
+
+    fn result(caches: &[Option<&str>], mode: Option<CacheMode>) -> BenchResult {
+        let records: Vec<Record> = caches
+            .iter()
+            .map(|c| Record {
+                sent_at: Duration::ZERO,
+                outcome: Outcome::Success(RequestResult {
+                    e2e: Duration::from_millis(1),
+                    output_tokens: 8,
+                    cache: c.map(str::to_string),
+                    ..Default::default()
+                }),
+            })
+            .collect();
+        let d = Duration::from_millis(12);
+        BenchResult {
+            run: RunInfo {
+                date: utc_from_unix(0),
+                base_url: "http://127.0.0.1:8080".into(),
+                model: "m".into(),
+                endpoint: "chat".into(),
+                dataset: "Random".into(),
+                num_prompts: records.len(),
+                request_rate: "inf".into(),
+                burstiness: 1.0,
+                max_concurrency: None,
+                seed: 0,
+                cache: mode,
+                command: "synor-loadtest".into(),
+            },
+            aggregates: aggregate(&records, d, 1, &[50.0], Slo::default()),
+            cancellation_check: None,
+            output_tokens_per_second: Vec::new(),
+            details: Some(details(&records)),
+        }
+    }
+
+    #[test]
+    fn the_json_result_carries_the_cache_counts_and_hit_rate() {
+        let r = result(
+            &[Some("l2"), Some("l2"), Some("miss"), None],
+            Some(CacheMode::Allow),
+        );
+        let v = serde_json::to_value(&r).expect("serializable");
+        let c = &v["aggregates"]["cache"];
+        assert_eq!(c["hits"], 2);
+        assert_eq!(c["hits_by_tier"]["l2"], 2);
+        assert_eq!(
+            (c["misses"].clone(), c["bypassed"].clone()),
+            (1.into(), 0.into())
+        );
+        assert_eq!(c["absent"], 1);
+        assert!((c["hit_rate"].as_f64().unwrap_or(0.0) - 2.0 / 3.0).abs() < 1e-12);
+        assert_eq!(v["run"]["cache"], "allow");
+        assert_eq!(v["details"][0]["cache"], "l2");
+        assert!(v["details"][3]["cache"].is_null());
+        let back: BenchResult = serde_json::from_value(v).expect("round trip");
+        assert_eq!(back, r);
+    }
+
+    #[test]
+    fn result_files_from_before_the_cache_counts_still_read() {
+        let mut v = serde_json::to_value(result(&[Some("miss")], None)).expect("serializable");
+        for (parent, key) in [("aggregates", "cache"), ("run", "cache")] {
+            v[parent].as_object_mut().map(|o| o.remove(key));
+        }
+        let old: BenchResult = serde_json::from_value(v).expect("an old result file");
+        assert_eq!((old.aggregates.cache.hit_rate, old.run.cache), (None, None));
+    }
+
+    #[test]
+    fn a_summary_with_cache_hits_warns_that_throughput_includes_them() {
+        let text = render(&result(
+            &[Some("exact"), Some("exact"), Some("semantic")],
+            None,
+        ));
+        assert!(text.contains("Cache hits:"), "{text}");
+        assert!(text.contains("3 (100.0%)"), "{text}");
+        assert!(text.contains("exact 2, semantic 1"), "{text}");
+        assert!(text.contains("WARNING: 3 of 3 responses came from the response cache"));
+        assert!(text.contains("include cached answers"));
+        assert!(text.contains("--cache bypass"));
+        let ignored = render(&result(&[Some("exact")], Some(CacheMode::Bypass)));
+        assert!(ignored.contains("the server ignored `x-synor-cache: bypass`"));
+    }
+
+    #[test]
+    fn a_summary_without_cache_hits_has_a_hit_line_and_no_warning() {
+        let bypassed = render(&result(
+            &[Some("bypass"), Some("bypass")],
+            Some(CacheMode::Bypass),
+        ));
+        assert!(!bypassed.contains("WARNING"), "{bypassed}");
+        let line = bypassed.lines().find(|l| l.starts_with("Cache hits:"));
+        assert!(line.is_some_and(|l| l.ends_with("0 (0.0%)")), "{bypassed}");
+        assert!(bypassed.contains("bypass 2"));
+        let other = render(&result(&[None], Some(CacheMode::Bypass)));
+        assert!(other.contains("n/a (no x-synor-cache header)"), "{other}");
+        assert!(!other.contains("WARNING"));
+    }
 
     #[test]
     fn unix_seconds_format_as_utc_dates() {

@@ -1,18 +1,23 @@
 //! The client's metric arithmetic against a real local HTTP server that
 //! streams SSE chunks on a scripted schedule: TTFT, ITL, TPOT and E2E must
 //! come out as scripted, with a role-only first chunk and a chunk carrying
-//! several tokens; shed load and cancellations are told apart.
+//! several tokens; shed load and cancellations are told apart. The
+//! `x-synor-cache` request header follows `--cache`, and a run the server
+//! answers from its cache (`x-synor-cache: l2`) is counted as cache hits.
 
 use std::time::Duration;
 
 use axum::Router;
 use axum::body::Body;
-use axum::http::{HeaderValue, StatusCode};
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use futures_util::stream;
-use loadtest::client::{self, Endpoint, Outcome, Target};
+use loadtest::bench::{self, Plan};
+use loadtest::client::{self, CacheMode, Endpoint, Outcome, Target};
 use loadtest::dataset::{Message, RequestSpec};
+use loadtest::metrics::{self, Slo};
+use loadtest::report::{self, BenchResult, RunInfo};
 
 /// (delay before the event in ms, the event's data).
 type Script = Vec<(u64, String)>;
@@ -69,6 +74,26 @@ fn sse(script: Script) -> Response {
     resp
 }
 
+/// A chat stream with `x-synor-cache: value`.
+fn sse_marked(value: &str) -> Response {
+    let mut resp = sse(chat_script());
+    if let Ok(v) = HeaderValue::from_str(value) {
+        resp.headers_mut().insert("x-synor-cache", v);
+    }
+    resp
+}
+
+/// Answers as Synor does without a cached answer: `bypass` when the
+/// request asked for it, else `miss`.
+async fn like_synor(headers: HeaderMap) -> Response {
+    let asked = headers.get("x-synor-cache").and_then(|v| v.to_str().ok());
+    sse_marked(if asked == Some("bypass") {
+        "bypass"
+    } else {
+        "miss"
+    })
+}
+
 async fn server() -> String {
     let app = Router::new()
         .route(
@@ -89,6 +114,11 @@ async fn server() -> String {
             }),
         )
         .route(
+            "/cached/v1/chat/completions",
+            post(|| async { sse_marked("l2") }),
+        )
+        .route("/synor/v1/chat/completions", post(like_synor))
+        .route(
             "/broken/v1/chat/completions",
             post(|| async { sse(vec![(10, chat_chunk(Some("x"), false))]) }),
         );
@@ -108,6 +138,7 @@ fn target(base: String, endpoint: Endpoint) -> Target {
         api_key: None,
         ignore_eos: false,
         temperature: 0.0,
+        cache: CacheMode::Bypass,
         tokenizer: None,
     }
 }
@@ -227,4 +258,81 @@ async fn shed_load_broken_streams_and_cancellations_are_told_apart() {
         matches!(down, Outcome::Failed(ref e) if e.contains("cannot reach")),
         "{down:?}"
     );
+}
+
+#[tokio::test]
+async fn the_bypass_header_follows_the_cache_option_and_the_answer_is_recorded() {
+    let base = server().await;
+    let client = reqwest::Client::new();
+    let mut t = target(format!("{base}/synor"), Endpoint::Chat);
+    let cache_of = |out: Outcome| {
+        let Outcome::Success(r) = out else {
+            panic!("expected success, got {out:?}")
+        };
+        r.cache
+    };
+    let bypassed = client::send(&client, &t, &spec(), None).await;
+    assert_eq!(cache_of(bypassed).as_deref(), Some("bypass"));
+    t.cache = CacheMode::Allow;
+    let allowed = client::send(&client, &t, &spec(), None).await;
+    assert_eq!(cache_of(allowed).as_deref(), Some("miss"));
+    // A server without a response cache sends no header.
+    let plain = target(format!("{base}/ok"), Endpoint::Chat);
+    assert_eq!(
+        cache_of(client::send(&client, &plain, &spec(), None).await),
+        None
+    );
+}
+
+fn run_info(cache: CacheMode) -> RunInfo {
+    RunInfo {
+        date: report::utc_now(),
+        base_url: "fake".into(),
+        model: "m".into(),
+        endpoint: "chat".into(),
+        dataset: "fixed".into(),
+        num_prompts: 3,
+        request_rate: "inf".into(),
+        burstiness: 1.0,
+        max_concurrency: None,
+        seed: 0,
+        cache: Some(cache),
+        command: "test".into(),
+    }
+}
+
+#[tokio::test]
+async fn a_run_answered_from_the_l2_cache_is_counted_as_hits_and_flagged() {
+    let base = server().await;
+    let mut t = target(format!("{base}/cached"), Endpoint::Chat);
+    t.cache = CacheMode::Allow;
+    let plan = Plan {
+        target: t,
+        specs: vec![spec(); 3],
+        request_rate: f64::INFINITY,
+        burstiness: 1.0,
+        max_concurrency: None,
+        seed: 0,
+        warmup: false,
+        cancel_after: None,
+        progress: false,
+        timeout: Duration::from_secs(10),
+    };
+    let out = bench::run(&plan).await.expect("the run");
+    let a = metrics::aggregate(&out.records, out.duration, 3, &[50.0], Slo::default());
+    assert_eq!((a.completed, a.cache.hits, a.cache.misses), (3, 3, 0));
+    assert_eq!(a.cache.hits_by_tier.get("l2"), Some(&3));
+    assert_eq!(a.cache.hit_rate, Some(1.0));
+    let result = BenchResult {
+        run: run_info(CacheMode::Allow),
+        aggregates: a,
+        cancellation_check: None,
+        output_tokens_per_second: Vec::new(),
+        details: None,
+    };
+    let text = report::render(&result);
+    assert!(text.contains("WARNING: 3 of 3 responses came from the response cache (l2 3)"));
+    let json = serde_json::to_value(&result).expect("serializable");
+    assert_eq!(json["aggregates"]["cache"]["hits_by_tier"]["l2"], 3);
+    assert_eq!(json["aggregates"]["cache"]["hit_rate"], 1.0);
 }

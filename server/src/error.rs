@@ -201,6 +201,8 @@ impl From<crate::ledger::LedgerError> for ApiError {
                 id,
             },
             L::InvalidAmount(m) => Self::invalid("amount", m),
+            L::InvalidLimit(m) => Self::invalid("credit_limit", m),
+            L::WrongAccount(m) => Self::invalid("id", m),
             L::Closed => Self::Engine(EngineError::Shutdown),
             L::DuplicateHold(_) | L::Sql(_) => Self::Storage(e.to_string()),
         }
@@ -220,6 +222,7 @@ impl From<crate::market::MarketError> for ApiError {
             },
             M::Invalid(field, m) => Self::invalid(field, m),
             M::OrderNotFound(id) => Self::NotFound { what: "order", id },
+            M::Ledger(e) => e.into(),
             M::Sql(_) => Self::Storage(e.to_string()),
         }
     }

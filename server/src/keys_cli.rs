@@ -5,8 +5,8 @@
 use crate::config::{AccountsAction, AccountsArgs, KeysAction, KeysArgs};
 use crate::ledger::Ledger;
 use crate::ledger::accounts::AccountKind;
-use crate::ledger::money::format_units;
 use crate::ledger::money::parse_units;
+use crate::ledger::money::{self, format_units};
 use crate::store::keys::{Limits, NewKey};
 
 pub async fn run(args: KeysArgs) -> anyhow::Result<()> {
@@ -24,7 +24,11 @@ pub async fn run(args: KeysArgs) -> anyhow::Result<()> {
                 anyhow::bail!("limits are at least 1 (omit one for unlimited)");
             }
             let budget = budget
-                .map(|b| parse_units(&b).map_err(anyhow::Error::msg))
+                .map(|b| {
+                    parse_units(&b)
+                        .and_then(|b| money::check_bound("budget", b, money::MAX_BALANCE))
+                        .map_err(anyhow::Error::msg)
+                })
                 .transpose()?;
             let new = NewKey {
                 name,

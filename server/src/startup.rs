@@ -72,7 +72,10 @@ async fn billing(args: &ServeArgs, db: Db) -> anyhow::Result<Billing> {
         .context("starting the ledger")?;
     let market = Market::load(db, args.protocol_fee_bps)
         .await
-        .context("loading the market")?;
+        .context("loading the market")?
+        .with_ledger(ledger.clone())
+        .await
+        .context("reconciling the market's holds")?;
     Ok(Billing {
         ledger,
         market: Arc::new(market),

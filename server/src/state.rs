@@ -183,6 +183,32 @@ impl ModelLoader {
         }
     }
 
+    /// Resolves a path given over the API: relative, without `..`, and
+    /// inside the models directory once canonicalized (symlinks followed).
+    /// Errors name the path as given, never the resolved one.
+    pub fn resolve_inside(&self, path: &Path) -> Result<PathBuf, String> {
+        use std::path::Component;
+        let shown = path.display();
+        let plain = path
+            .components()
+            .all(|c| matches!(c, Component::Normal(_) | Component::CurDir));
+        if path.as_os_str().is_empty() || !plain {
+            return Err("the path must be relative to the models directory, without `..`".into());
+        }
+        let root = self.models_dir.canonicalize().map_err(|e| {
+            tracing::error!(dir = %self.models_dir.display(), error = %e, "models directory unreadable");
+            "the models directory is not readable".to_string()
+        })?;
+        let full = root
+            .join(path)
+            .canonicalize()
+            .map_err(|_| format!("no model at `{shown}` in the models directory"))?;
+        if !full.starts_with(&root) {
+            return Err(format!("`{shown}` leads outside the models directory"));
+        }
+        Ok(full)
+    }
+
     /// Loads a model (blocking: run it off the async runtime).
     pub fn load(&self, name: &str, path: &Path, kind: Kind) -> Result<ServedModel, EngineError> {
         let path = self.resolve(path);

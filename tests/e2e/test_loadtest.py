@@ -1,6 +1,8 @@
 """`synor-loadtest` end to end against the real `synor` binary: a short run
 writes a valid JSON result and SVG plots; a cancellation storm leaves
-nothing running; bad arguments are one line and a non-zero exit."""
+nothing running; bad arguments are one line and a non-zero exit; repeated
+runs bypass the response cache unless `--cache allow`, and hits are
+reported."""
 
 import json
 import os
@@ -59,6 +61,32 @@ def test_a_cancellation_storm_leaves_nothing_running(server):
     assert p.returncode == 0, p.stdout + p.stderr
     assert "Cancellation check: PASS" in p.stdout
     assert re.search(r"Cancelled by the client:\s+8\n", p.stdout), p.stdout
+
+
+def test_repeated_runs_bypass_the_cache_unless_allowed_and_hits_are_reported(server, tmp_path):
+    # The warm-up asks for 16 tokens, the runs for 24: it never answers one.
+    args = ("--base-url", server["base"], "--num-prompts", "4", "--max-concurrency", "4",
+            "--random-input-len", "16", "--random-output-len", "24", "--ignore-eos",
+            "--seed", "12")
+
+    def run(name, *extra):
+        result = tmp_path / f"{name}.json"
+        p = loadtest(*args, *extra, "--result-file", str(result))
+        assert p.returncode == 0, p.stdout + p.stderr
+        return p.stdout, json.loads(result.read_text())
+
+    for name in ("bypass-1", "bypass-2"):
+        out, r = run(name)
+        c = r["aggregates"]["cache"]
+        assert r["run"]["cache"] == "bypass"
+        assert (c["hits"], c["bypassed"], c["hit_rate"]) == (0, 4, 0.0), c
+        assert re.search(r"Cache hits:\s+0 \(0\.0%\)\n", out) and "WARNING" not in out, out
+    run("allow-1", "--cache", "allow")
+    out, r = run("allow-2", "--cache", "allow")
+    c = r["aggregates"]["cache"]
+    assert (c["hits"], c["hit_rate"]) == (4, 1.0), c
+    assert sum(c["hits_by_tier"].values()) == 4, c
+    assert "WARNING: 4 of 4 responses came from the response cache" in out, out
 
 
 def test_bad_arguments_are_one_clear_line():

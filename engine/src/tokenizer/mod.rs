@@ -1,9 +1,10 @@
 //! The text side of a model: `TextTokenizer` wraps a `tokenizers::Tokenizer`
-//! with the model's special tokens, and `detok` turns token streams back into
-//! text incrementally.
+//! with the model's special tokens; `detok` turns token streams back into
+//! text incrementally, and `stop` finds stop strings in that text.
 
 pub mod detok;
 pub mod gguf;
+pub mod stop;
 
 use std::collections::BTreeSet;
 

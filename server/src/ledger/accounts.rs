@@ -6,7 +6,7 @@ use serde::Serialize;
 use sqlx::Row;
 use sqlx::any::AnyRow;
 
-use super::money::Micros;
+use super::money::{self, MAX_AMOUNT, MAX_BALANCE, Micros};
 use super::{DEPOSITS, Ledger, LedgerError, TREASURY};
 use crate::store::now;
 
@@ -47,8 +47,12 @@ pub struct Account {
 
 impl Account {
     /// What a new hold may use: balance + credit limit - holds.
+    /// Saturating, although bounded balances, holds and limits never
+    /// come near `i64`'s ends.
     pub fn available(&self) -> Micros {
-        self.balance + self.credit_limit - self.held
+        self.balance
+            .saturating_add(self.credit_limit)
+            .saturating_sub(self.held)
     }
 }
 
@@ -111,11 +115,8 @@ impl Ledger {
         name: &str,
         credit_limit: Micros,
     ) -> Result<Account, LedgerError> {
-        if credit_limit < 0 {
-            return Err(LedgerError::InvalidAmount(
-                "credit_limit cannot be negative".into(),
-            ));
-        }
+        money::check_bound("credit_limit", credit_limit, MAX_AMOUNT)
+            .map_err(LedgerError::InvalidLimit)?;
         let id = format!("{}:{}", kind.as_str(), uuid::Uuid::new_v4().simple());
         let t = now();
         sqlx::query(
@@ -151,14 +152,23 @@ impl Ledger {
         Ok(rows.iter().map(account).collect::<Result<_, _>>()?)
     }
 
-    /// Credits `amount` (> 0) to `account` from `deposits`; returns the
-    /// journal transaction id.
+    /// Credits `amount` (`0 < amount <= MAX_AMOUNT`) to a user or
+    /// provider account from `deposits`; returns the journal transaction id.
+    /// System accounts (`deposits`, `treasury`) are refused.
     pub async fn top_up(
         &self,
         account_id: &str,
         amount: Micros,
         memo: &str,
     ) -> Result<String, LedgerError> {
+        money::check_amount("top-up", amount).map_err(LedgerError::InvalidAmount)?;
+        let a = self.account(account_id).await?;
+        if a.kind != AccountKind::User.as_str() && a.kind != AccountKind::Provider.as_str() {
+            return Err(LedgerError::WrongAccount(format!(
+                "top-ups credit user or provider accounts; `{account_id}` is a {} account",
+                a.kind
+            )));
+        }
         self.transfer("topup", DEPOSITS, account_id, amount, memo)
             .await
     }
@@ -172,7 +182,7 @@ impl Ledger {
     ) -> Result<String, LedgerError> {
         let p = self.account(provider_id).await?;
         if p.kind != AccountKind::Provider.as_str() {
-            return Err(LedgerError::InvalidAmount(format!(
+            return Err(LedgerError::WrongAccount(format!(
                 "penalties apply to provider accounts, not `{provider_id}`"
             )));
         }
@@ -180,9 +190,12 @@ impl Ledger {
             .await
     }
 
-    /// Moves `amount` (> 0) from one account to another as one journal
-    /// transaction of kind `kind`; the debit must fit the payer's funds
-    /// (balance + credit limit - holds) unless it is unlimited.
+    /// Moves `amount` (`0 < amount <= MAX_AMOUNT`) from one account to
+    /// another as one journal transaction of kind `kind`. The debit must
+    /// fit the payer's funds (balance + credit limit - holds) unless it is
+    /// unlimited, and no balance may leave `[-MAX_BALANCE, MAX_BALANCE]`:
+    /// both are conditions of the update itself, so a refusal writes
+    /// nothing.
     async fn transfer(
         &self,
         kind: &str,
@@ -191,11 +204,7 @@ impl Ledger {
         amount: Micros,
         memo: &str,
     ) -> Result<String, LedgerError> {
-        if amount <= 0 {
-            return Err(LedgerError::InvalidAmount(format!(
-                "a {kind} must be positive"
-            )));
-        }
+        money::check_amount(kind, amount).map_err(LedgerError::InvalidAmount)?;
         let mut tx = self.db.pool.begin().await?;
         // Rows in id order, so concurrent transfers never deadlock.
         let mut moves = [(from, -amount), (to, amount)];
@@ -203,23 +212,21 @@ impl Ledger {
         for (id, delta) in moves {
             let done = sqlx::query(
                 "UPDATE accounts SET balance = balance + $1 WHERE id = $2 \
-                 AND ($3 > 0 OR unlimited = 1 OR balance - held + $4 >= -credit_limit)",
+                 AND balance + $3 BETWEEN $4 AND $5 \
+                 AND ($6 > 0 OR unlimited = 1 OR balance - held + $7 >= -credit_limit)",
             )
             .bind(delta)
             .bind(id)
+            .bind(delta)
+            .bind(-MAX_BALANCE)
+            .bind(MAX_BALANCE)
             .bind(delta)
             .bind(delta)
             .execute(&mut *tx)
             .await?;
             if done.rows_affected() == 0 {
                 drop(tx);
-                return Err(match self.account(id).await {
-                    Ok(a) => LedgerError::InsufficientQuota {
-                        need: amount,
-                        available: a.available(),
-                    },
-                    Err(e) => e,
-                });
+                return Err(self.transfer_refusal(id, delta).await);
             }
         }
         let tx_id = format!("{kind}:{}", uuid::Uuid::new_v4().simple());
@@ -245,20 +252,46 @@ impl Ledger {
         Ok(tx_id)
     }
 
-    /// Sets how far below zero an account may go.
-    pub async fn set_credit_limit(&self, id: &str, limit: Micros) -> Result<(), LedgerError> {
-        if limit < 0 {
-            return Err(LedgerError::InvalidAmount(
-                "credit_limit cannot be negative".into(),
-            ));
+    /// Why a transfer's update of `id` by `delta` matched no row.
+    async fn transfer_refusal(&self, id: &str, delta: Micros) -> LedgerError {
+        let a = match self.account(id).await {
+            Ok(a) => a,
+            Err(e) => return e,
+        };
+        let out_of_bounds = a
+            .balance
+            .checked_add(delta)
+            .is_none_or(|b| !(-MAX_BALANCE..=MAX_BALANCE).contains(&b));
+        if out_of_bounds {
+            LedgerError::InvalidAmount(format!(
+                "this would take the balance of `{id}` past the ledger's bound of {}",
+                money::format_units(MAX_BALANCE)
+            ))
+        } else {
+            LedgerError::InsufficientQuota {
+                need: delta.saturating_abs(),
+                available: a.available(),
+            }
         }
-        let done = sqlx::query("UPDATE accounts SET credit_limit = $1 WHERE id = $2")
-            .bind(limit)
-            .bind(id)
-            .execute(&self.db.pool)
-            .await?;
+    }
+
+    /// Sets how far below zero an account may go (at most `MAX_AMOUNT`).
+    pub async fn set_credit_limit(&self, id: &str, limit: Micros) -> Result<(), LedgerError> {
+        money::check_bound("credit_limit", limit, MAX_AMOUNT).map_err(LedgerError::InvalidLimit)?;
+        let done = sqlx::query(
+            "UPDATE accounts SET credit_limit = $1 WHERE id = $2 AND balance - held >= -$3",
+        )
+        .bind(limit)
+        .bind(id)
+        .bind(limit)
+        .execute(&self.db.pool)
+        .await?;
         if done.rows_affected() == 0 {
-            return Err(LedgerError::UnknownAccount(id.to_string()));
+            let a = self.account(id).await?;
+            return Err(LedgerError::InvalidLimit(format!(
+                "`{id}` already uses {} of credit (balance minus holds); the limit cannot go below that",
+                money::format_units(a.held.saturating_sub(a.balance))
+            )));
         }
         Ok(())
     }

@@ -5,7 +5,7 @@
 
 use sqlx::Row;
 
-use super::money::{Micros, Quote};
+use super::money::{self, MAX_BALANCE, Micros, Quote};
 use super::{Ledger, LedgerError};
 use crate::store::now;
 
@@ -29,11 +29,7 @@ impl Ledger {
         if self.jobs.is_closed() {
             return Err(LedgerError::Closed);
         }
-        if h.amount < 0 {
-            return Err(LedgerError::InvalidAmount(
-                "a hold cannot be negative".into(),
-            ));
-        }
+        check_hold(h.amount)?;
         let mut tx = self.db.pool.begin().await?;
         match reserve(&mut tx, h.account_id, h.key_id, h.amount).await? {
             Reserved::Yes => {}
@@ -67,6 +63,7 @@ impl Ledger {
         key: Option<&str>,
         amount: Micros,
     ) -> Result<(), LedgerError> {
+        check_hold(amount)?;
         let row = sqlx::query(
             "SELECT unlimited, balance - held + credit_limit AS available FROM accounts WHERE id = $1",
         )
@@ -137,6 +134,17 @@ impl Ledger {
     }
 }
 
+/// A hold is `0..=MAX_AMOUNT` (a request's worst case above that is
+/// refused, not clamped).
+fn check_hold(amount: Micros) -> Result<(), LedgerError> {
+    if amount == 0 {
+        return Ok(());
+    }
+    money::check_amount("request's worst-case cost", amount)
+        .map(|_| ())
+        .map_err(LedgerError::InvalidAmount)
+}
+
 /// Whether a reservation was made.
 pub(super) enum Reserved {
     Yes,
@@ -154,11 +162,13 @@ pub(super) async fn reserve(
     amount: Micros,
 ) -> Result<Reserved, sqlx::Error> {
     let done = sqlx::query(
-        "UPDATE accounts SET held = held + $1 WHERE id = $2 \
-         AND (unlimited = 1 OR balance - held - $3 >= -credit_limit)",
+        "UPDATE accounts SET held = held + $1 WHERE id = $2 AND held + $3 <= $4 \
+         AND (unlimited = 1 OR balance - held - $5 >= -credit_limit)",
     )
     .bind(amount)
     .bind(account)
+    .bind(amount)
+    .bind(MAX_BALANCE)
     .bind(amount)
     .execute(&mut **tx)
     .await?;
@@ -168,11 +178,12 @@ pub(super) async fn reserve(
     if let Some(key) = key {
         let done = sqlx::query(
             "UPDATE api_keys SET held = held + $1 WHERE id = $2 \
-             AND (budget IS NULL OR spent + held + $3 <= budget)",
+             AND spent + held + $3 <= COALESCE(budget, $4)",
         )
         .bind(amount)
         .bind(key)
         .bind(amount)
+        .bind(MAX_BALANCE)
         .execute(&mut **tx)
         .await?;
         if done.rows_affected() == 0 {

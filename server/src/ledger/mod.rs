@@ -16,6 +16,7 @@ pub mod accounts;
 pub mod audit;
 pub mod holds;
 pub mod money;
+pub mod orders;
 pub mod recovery;
 pub mod settle;
 
@@ -50,6 +51,13 @@ pub enum LedgerError {
     UnknownAccount(String),
     #[error("{0}")]
     InvalidAmount(String),
+    /// A credit limit out of its bounds.
+    #[error("{0}")]
+    InvalidLimit(String),
+    /// The operation does not apply to this account (a top-up of a
+    /// system account, a penalty on a user).
+    #[error("{0}")]
+    WrongAccount(String),
     #[error("a hold for request `{0}` already exists")]
     DuplicateHold(String),
     #[error("the ledger is shut down")]

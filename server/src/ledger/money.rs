@@ -12,6 +12,44 @@ pub type Micros = i64;
 /// Micro-units in one currency unit.
 pub const MICROS_PER_UNIT: i64 = 1_000_000;
 
+/// The most one operation may move (a top-up, a penalty, a hold, a
+/// charge): 10^9 units. Also the bound on a credit limit.
+pub const MAX_AMOUNT: Micros = 1_000_000_000 * MICROS_PER_UNIT;
+
+/// The bound on any balance, sum of holds, key budget or key spending:
+/// 10^12 units. Three of them still sum far inside `i64` (about 9.2 *
+/// 10^18), so `balance + credit_limit - held` can never wrap, and a SQL
+/// sum of a bounded value and a bounded amount never overflows (SQLite
+/// would silently turn it into a REAL).
+pub const MAX_BALANCE: Micros = 1_000 * MAX_AMOUNT;
+
+/// Checks an amount one operation moves: `0 < amount <= MAX_AMOUNT`.
+pub fn check_amount(what: &str, amount: Micros) -> Result<Micros, String> {
+    if amount <= 0 {
+        Err(format!("a {what} must be positive"))
+    } else if amount > MAX_AMOUNT {
+        Err(format!(
+            "a {what} is at most {} (got {})",
+            format_units(MAX_AMOUNT),
+            format_units(amount)
+        ))
+    } else {
+        Ok(amount)
+    }
+}
+
+/// Checks a bound a user sets (credit limit, budget): `0..=max`.
+pub fn check_bound(what: &str, value: Micros, max: Micros) -> Result<Micros, String> {
+    if !(0..=max).contains(&value) {
+        return Err(format!(
+            "{what} must be between 0 and {} (got {})",
+            format_units(max),
+            format_units(value)
+        ));
+    }
+    Ok(value)
+}
+
 /// Tokens a price is quoted for.
 const PER_TOKENS: i128 = 1_000_000;
 
@@ -124,6 +162,29 @@ impl Quote {
             provider,
             treasury: cost - provider,
         }
+    }
+}
+
+/// The most a price may be (micro-units per million tokens): 1,000 units
+/// per million tokens, far above any real model's price.
+pub const MAX_PRICE: Micros = 1_000 * MICROS_PER_UNIT;
+
+/// What `tokens_per_s` tokens a second for `secs` seconds cost at `price`
+/// per million tokens, rounded up; `None` past `i64`.
+pub fn capacity_cost(price: Micros, tokens_per_s: u64, secs: i64) -> Option<Micros> {
+    let total = i128::from(price) * i128::from(tokens_per_s) * i128::from(secs.max(0));
+    i64::try_from((total + PER_TOKENS - 1) / PER_TOKENS).ok()
+}
+
+/// Divides `cost` with a fee of `fee_bps` inside it: the fee (rounded
+/// down) to the treasury, the rest to the provider.
+pub fn split_fee(cost: Micros, fee_bps: i64) -> Split {
+    let fee = i128::from(cost) * i128::from(fee_bps) / i128::from(BPS + fee_bps);
+    let treasury = i64::try_from(fee).unwrap_or(0);
+    Split {
+        cost,
+        provider: cost - treasury,
+        treasury,
     }
 }
 

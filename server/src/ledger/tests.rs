@@ -12,7 +12,7 @@ use rand::{Rng, SeedableRng};
 
 use super::accounts::AccountKind;
 use super::holds::HoldRequest;
-use super::money::{BPS, Prices};
+use super::money::{self, BPS, Prices};
 use super::*;
 use crate::store::keys::NewKey;
 use crate::store::testing;
@@ -94,6 +94,7 @@ async fn random_walk(l: &Ledger, seed: u64, steps: usize) {
     for step in 0..steps {
         let user = users[rng.random_range(0..users.len())].clone();
         match rng.random_range(0..10) {
+            0 if rng.random_bool(0.3) => extreme_step(l, &mut rng, &mut expect, &user).await,
             0 | 1 => {
                 let amount = rng.random_range(1..2_500);
                 l.top_up(&user, amount, "walk").await.expect("top up");
@@ -147,6 +148,92 @@ async fn random_walk(l: &Ledger, seed: u64, steps: usize) {
         outcomes[0] > 5 && outcomes[1] > 5 && closed.len() > 20,
         "{outcomes:?}"
     );
+}
+
+/// Amounts at and past every bound: each must be refused (and change
+/// nothing) or fit the bounds, never wrap or corrupt a balance.
+const EXTREMES: [Micros; 9] = [
+    i64::MAX,
+    i64::MIN,
+    -1,
+    0,
+    money::MAX_AMOUNT,
+    money::MAX_AMOUNT + 1,
+    money::MAX_BALANCE,
+    i64::MAX / 2 + 1,
+    9_223_372_036_854_000_000,
+];
+
+/// An extreme top-up, credit limit or hold; the model says what must
+/// happen, and a refusal must leave the account as it was.
+async fn extreme_step(l: &Ledger, rng: &mut StdRng, expect: &mut Expect, user: &str) {
+    let amount = EXTREMES[rng.random_range(0..EXTREMES.len())];
+    let before = l.account(user).await.expect("account");
+    let e = expect.get_mut(user).expect("user");
+    match rng.random_range(0..4) {
+        0 => {
+            let fits = money::check_amount("x", amount).is_ok()
+                && e.0
+                    .checked_add(amount)
+                    .is_some_and(|b| b <= money::MAX_BALANCE);
+            let r = l.top_up(user, amount, "extreme").await;
+            assert_eq!(r.is_ok(), fits, "top-up of {amount}: {r:?}");
+            if fits {
+                e.0 += amount;
+            } else {
+                assert!(matches!(r, Err(LedgerError::InvalidAmount(_))), "{r:?}");
+            }
+        }
+        1 => {
+            let r = l.top_up(DEPOSITS, amount.max(1), "extreme").await;
+            assert!(r.is_err(), "a top-up of deposits: {r:?}");
+            let r = l.top_up(TREASURY, amount.max(1), "extreme").await;
+            assert!(r.is_err(), "a top-up of the treasury: {r:?}");
+        }
+        2 => {
+            let fits = (0..=money::MAX_AMOUNT).contains(&amount) && e.0 - e.1 >= -amount;
+            let r = l.set_credit_limit(user, amount).await;
+            assert_eq!(r.is_ok(), fits, "credit limit {amount}: {r:?}");
+            if fits {
+                e.2 = amount;
+            }
+        }
+        _ => {
+            let q = quote(BPS);
+            let id = format!("extreme-{}-{}", l.instance(), rng.random::<u64>());
+            let h = HoldRequest {
+                request_id: &id,
+                account_id: user,
+                key_id: None,
+                quote: &q,
+                amount,
+            };
+            let r = l.hold(h).await;
+            if (0..=money::MAX_AMOUNT).contains(&amount) {
+                let covers = e.0 - e.1 + e.2 >= amount;
+                match r {
+                    Ok(()) if covers => {
+                        assert_eq!(l.release(&id).await.expect("release"), Closed::Released);
+                    }
+                    Err(LedgerError::InsufficientQuota { .. }) if !covers => {}
+                    r => panic!("hold of {amount} (covered: {covers}): {r:?}"),
+                }
+            } else {
+                assert!(matches!(r, Err(LedgerError::InvalidAmount(_))), "{r:?}");
+            }
+        }
+    }
+    let after = l.account(user).await.expect("account");
+    assert_eq!(
+        (after.balance, after.held),
+        (e.0, e.1),
+        "{user} after {amount}"
+    );
+    assert_eq!(after.credit_limit, e.2);
+    if amount <= 0 || amount > money::MAX_BALANCE {
+        assert_eq!(after, before, "nothing changes");
+    }
+    l.accounts().await.expect("every account still reads");
 }
 
 /// The walk's market (one per database, loaded on first use).
@@ -518,7 +605,7 @@ async fn providers_pay_penalties_to_the_treasury_within_their_funds() {
         );
         assert!(matches!(
             l.penalize(&user.id, 1, "x").await,
-            Err(LedgerError::InvalidAmount(_))
+            Err(LedgerError::WrongAccount(_))
         ));
         let j = l.journal(Some(&provider.id), 10).await.expect("journal");
         assert_eq!(j.len(), 2);

@@ -55,6 +55,21 @@ pub struct Fill {
     pub ask_id: String,
     pub price: Micros,
     pub quantity: u64,
+    /// What the money side needs (not part of the answer): the two
+    /// accounts, the bid's remaining quantity before this fill, and when
+    /// the traded capacity ends (the earlier expiry of the two orders).
+    #[serde(skip)]
+    #[schema(ignore)]
+    pub terms: FillTerms,
+}
+
+/// The parties and extent of a fill.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct FillTerms {
+    pub bidder: String,
+    pub seller: String,
+    pub bid_remaining: u64,
+    pub until: i64,
 }
 
 /// Where a resting order sits.
@@ -95,18 +110,24 @@ impl Book {
                 break;
             };
             let q = order.remaining.min(best.remaining);
-            order.remaining -= q;
-            best.remaining -= q;
-            let (bid_id, ask_id) = match order.side {
-                Side::Bid => (order.id.clone(), best.id.clone()),
-                Side::Ask => (best.id.clone(), order.id.clone()),
+            let (bid, ask) = match order.side {
+                Side::Bid => (&order, &best),
+                Side::Ask => (&best, &order),
             };
             fills.push(Fill {
-                bid_id,
-                ask_id,
+                bid_id: bid.id.clone(),
+                ask_id: ask.id.clone(),
                 price: best.price,
                 quantity: q,
+                terms: FillTerms {
+                    bidder: bid.account_id.clone(),
+                    seller: ask.account_id.clone(),
+                    bid_remaining: bid.remaining,
+                    until: bid.expires_at.min(ask.expires_at),
+                },
             });
+            order.remaining -= q;
+            best.remaining -= q;
             self.last_price = Some(best.price);
             if best.remaining > 0 {
                 self.rest(best);
@@ -179,6 +200,11 @@ impl Book {
             Slot::Bid(k) => self.bids.get(k),
             Slot::Ask(k) => self.asks.get(k),
         }
+    }
+
+    /// Ids of every resting order.
+    pub fn order_ids(&self) -> impl Iterator<Item = String> + '_ {
+        self.index.keys().cloned()
     }
 
     /// Ids of the resting orders of `account`.

@@ -5,6 +5,7 @@
 //! It knows nothing of HTTP or the engine: callers pass in the load.
 
 pub mod book;
+mod money;
 pub mod pricing;
 mod store;
 
@@ -14,7 +15,8 @@ use std::sync::RwLock;
 use serde::Serialize;
 use tokio::sync::Mutex;
 
-use crate::ledger::money::{BPS, Micros, Prices, Quote};
+use crate::ledger::Ledger;
+use crate::ledger::money::{BPS, MAX_PRICE, Micros, Prices, Quote};
 use crate::store::{Db, now};
 use book::{Book, Fill, Level, Order, Side};
 use pricing::{CostProfile, Load};
@@ -30,6 +32,9 @@ pub enum MarketError {
     Invalid(&'static str, String),
     #[error("no open order `{0}`")]
     OrderNotFound(String),
+    /// The ledger refused the bid's hold (funds, bounds).
+    #[error(transparent)]
+    Ledger(#[from] crate::ledger::LedgerError),
     #[error("database: {0}")]
     Sql(#[from] sqlx::Error),
 }
@@ -98,7 +103,17 @@ pub struct Market {
     regions: RwLock<BTreeMap<String, Micros>>,
     providers: RwLock<HashMap<String, Provider>>,
     books: Mutex<HashMap<String, Book>>,
+    /// Bids hold their worst case and fills move money here; without a
+    /// ledger (tests of the book alone) orders trade without money.
+    ledger: Option<Ledger>,
+    /// The latest posted output price of each instrument: orders priced
+    /// more than `BAND` times away from it are refused, so no one account
+    /// can push the market's prices anywhere.
+    reference: RwLock<HashMap<String, Micros>>,
 }
+
+/// How far from the reference price an order may be (a factor).
+pub const BAND: i64 = 10;
 
 fn read<T>(l: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
     l.read().unwrap_or_else(|e| e.into_inner())
@@ -131,7 +146,26 @@ impl Market {
                     .collect(),
             ),
             books: Mutex::new(books),
+            ledger: None,
+            reference: RwLock::new(HashMap::new()),
         })
+    }
+
+    /// Connects the money: bids hold their worst case and fills are billed
+    /// through `ledger`. Releases the holds of bids that ended while no
+    /// server ran (expired, or closed without their release).
+    pub async fn with_ledger(mut self, ledger: Ledger) -> Result<Self, MarketError> {
+        let resting: std::collections::HashSet<String> = {
+            let books = self.books.lock().await;
+            books.values().flat_map(Book::order_ids).collect()
+        };
+        for id in ledger.held_orders().await? {
+            if !resting.contains(&id) {
+                money::release(&ledger, &id).await;
+            }
+        }
+        self.ledger = Some(ledger);
+        Ok(self)
     }
 
     /// Current prices of `provider` under `load`, with its payout terms.
@@ -219,6 +253,7 @@ impl Market {
     /// orders met on the way, in one transaction.
     pub async fn submit(&self, new: NewOrder) -> Result<(Order, Vec<Fill>), MarketError> {
         validate(&new)?;
+        self.check_band(&new.instrument, new.price)?;
         let order = Order {
             id: sortable_id("ord", 0),
             side: new.side,
@@ -230,15 +265,53 @@ impl Market {
             interruptible: new.interruptible,
             expires_at: new.expires_at,
         };
+        let t = now();
         let mut books = self.books.lock().await;
+        if let (Some(l), Side::Bid) = (&self.ledger, order.side) {
+            l.hold_order(
+                &order.id,
+                &order.account_id,
+                money::bid_worst_case(&order, t)?,
+            )
+            .await?;
+        }
         let book = books.entry(new.instrument.clone()).or_default();
-        let (fills, expired) = book.submit(order.clone(), now());
+        let (fills, expired) = book.submit(order.clone(), t);
+        let rests = book.get(&order.id).is_some();
         let placed = book.get(&order.id).cloned().unwrap_or_else(|| Order {
             remaining: order.quantity - fills.iter().map(|f| f.quantity).sum::<u64>(),
             ..order
         });
-        store::record_submit(&self.db, &new.instrument, &placed, &fills, &expired).await?;
+        let stored =
+            store::record_submit(&self.db, &new.instrument, &placed, &fills, &expired).await;
+        if let Some(l) = &self.ledger {
+            money::settle(l, self.fee_bps, &placed, rests, &fills, &expired, t).await;
+        }
+        stored?;
         Ok((placed, fills))
+    }
+
+    /// Refuses a price past `MAX_PRICE` or more than `BAND` times away
+    /// from the instrument's reference price.
+    fn check_band(&self, instrument: &str, price: Micros) -> Result<(), MarketError> {
+        if price > MAX_PRICE {
+            return Err(MarketError::Invalid(
+                "price",
+                format!("a price is at most {MAX_PRICE} micro-units per million tokens"),
+            ));
+        }
+        if let Some(r) = read(&self.reference).get(instrument).copied() {
+            let (low, high) = ((r / BAND).max(1), r.saturating_mul(BAND));
+            if !(low..=high).contains(&price) {
+                return Err(MarketError::Invalid(
+                    "price",
+                    format!(
+                        "`{instrument}` trades between {low} and {high} micro-units per million tokens now (within {BAND}x of its posted price {r})"
+                    ),
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// Cancels an open order (of `account`, when given).
@@ -253,6 +326,7 @@ impl Market {
             .cancel(id)
             .ok_or_else(|| MarketError::OrderNotFound(id.to_string()))?;
         store::close_order(&self.db, id, "cancelled").await?;
+        self.ended(&order).await;
         Ok(order)
     }
 
@@ -264,10 +338,19 @@ impl Market {
         };
         let mine: Vec<String> = book.orders_of(account);
         for id in &mine {
-            book.cancel(id);
-            store::close_order(&self.db, id, "cancelled").await?;
+            if let Some(o) = book.cancel(id) {
+                store::close_order(&self.db, id, "cancelled").await?;
+                self.ended(&o).await;
+            }
         }
         Ok(mine.len())
+    }
+
+    /// Releases the hold of a bid that left the book unfilled.
+    async fn ended(&self, o: &Order) {
+        if let (Some(l), Side::Bid) = (&self.ledger, o.side) {
+            money::release(l, &o.id).await;
+        }
     }
 
     /// Removes expired orders from every book.
@@ -277,6 +360,7 @@ impl Market {
         for book in books.values_mut() {
             for o in book.expire(now()) {
                 store::close_order(&self.db, &o.id, "expired").await?;
+                self.ended(&o).await;
                 n += 1;
             }
         }
@@ -319,7 +403,9 @@ impl Market {
     }
 
     /// Records posted prices (one sample per instrument per second at most).
+    /// Also makes `p.output` the instrument's reference price.
     pub async fn record_prices(&self, instrument: &str, p: Prices) -> Result<(), MarketError> {
+        write(&self.reference).insert(instrument.to_string(), p.output);
         store::record_prices(&self.db, instrument, now(), p).await
     }
 

@@ -162,3 +162,123 @@ async fn random_order_flow_persists_exactly_what_the_book_holds() {
         ));
     }
 }
+
+/// A market with money, on a fresh ledger.
+async fn funded_market(db: Db) -> (Market, Ledger) {
+    let config = crate::ledger::LedgerConfig {
+        heartbeat: std::time::Duration::from_secs(3600),
+        stale_after: std::time::Duration::from_secs(3600),
+    };
+    let l = Ledger::start(db.clone(), config).await.expect("ledger");
+    let m = Market::load(db, 700)
+        .await
+        .expect("market")
+        .with_ledger(l.clone())
+        .await
+        .expect("with ledger");
+    m.record_prices(
+        "m",
+        Prices {
+            input: 100_000,
+            cached_input: 10_000,
+            output: 400_000,
+        },
+    )
+    .await
+    .expect("reference");
+    (m, l)
+}
+
+fn order(side: Side, account: &str, price: Micros, quantity: u64, ttl: i64) -> NewOrder {
+    NewOrder {
+        side,
+        instrument: "m".into(),
+        account_id: account.into(),
+        price,
+        quantity,
+        priority: 0,
+        interruptible: false,
+        expires_at: now() + ttl,
+    }
+}
+
+#[tokio::test]
+async fn bids_hold_their_worst_case_and_fills_move_money_once() {
+    use crate::ledger::accounts::AccountKind;
+    for db in dbs().await {
+        let (m, l) = funded_market(db).await;
+        let user = l
+            .create_account(AccountKind::User, "bidder", 0)
+            .await
+            .expect("user");
+        let seller = l
+            .create_account(AccountKind::Provider, "gpu", 0)
+            .await
+            .expect("p");
+        // 100 tok/s for an hour at 0.4 units per million tokens: 0.144 units.
+        l.top_up(&user.id, 200_000, "bids").await.expect("top up");
+        for (price, why) in [
+            (i64::MAX, "past MAX_PRICE"),
+            (400_000 * 11, "out of band"),
+            (30_000, "out of band"),
+        ] {
+            let r = m.submit(order(Side::Bid, &user.id, price, 100, 3600)).await;
+            assert!(
+                matches!(r, Err(MarketError::Invalid("price", _))),
+                "{why}: {r:?}"
+            );
+        }
+        let broke = m
+            .submit(order(Side::Bid, &user.id, 400_000, 1_000, 3600))
+            .await;
+        assert!(
+            matches!(
+                broke,
+                Err(MarketError::Ledger(
+                    crate::ledger::LedgerError::InsufficientQuota { .. }
+                ))
+            ),
+            "{broke:?}"
+        );
+        let (bid, fills) = m
+            .submit(order(Side::Bid, &user.id, 400_000, 100, 3600))
+            .await
+            .expect("bid");
+        assert!(fills.is_empty());
+        let a = l.account(&user.id).await.expect("a");
+        assert_eq!((a.balance, a.held), (200_000, 144_000));
+        // An ask fills 40 of the 100 at the resting bid's price, for the
+        // bid's hour (the earlier expiry).
+        let (_, fills) = m
+            .submit(order(Side::Ask, &seller.id, 300_000, 40, 7200))
+            .await
+            .expect("ask");
+        assert_eq!(fills.len(), 1);
+        let a = l.account(&user.id).await.expect("a");
+        let paid = 200_000 - a.balance;
+        assert!((57_500..=57_600).contains(&paid), "{paid}");
+        assert!(a.held <= 144_000 * 60 / 100 + 1 && a.held > 0, "{}", a.held);
+        let p = l.account(&seller.id).await.expect("p");
+        assert!(p.balance > 0 && p.balance < paid);
+        // Cancelling releases the rest; nothing stays held, nothing twice.
+        m.cancel(&bid.id, Some(&user.id)).await.expect("cancel");
+        l.flush().await;
+        let a = l.account(&user.id).await.expect("a");
+        assert_eq!((a.balance, a.held), (200_000 - paid, 0));
+        let audit = l.audit().await.expect("audit");
+        assert!(audit.violations.is_empty(), "{:?}", audit.violations);
+        assert_eq!(audit.open_holds, 0);
+        // A bid filled at once holds nothing afterwards.
+        m.submit(order(Side::Ask, &seller.id, 350_000, 1_000, 600))
+            .await
+            .expect("ask");
+        let (b, fills) = m
+            .submit(order(Side::Bid, &user.id, 400_000, 10, 60))
+            .await
+            .expect("bid");
+        assert_eq!((b.remaining, fills.len()), (0, 1));
+        l.flush().await;
+        assert_eq!(l.account(&user.id).await.expect("a").held, 0);
+        assert!(l.audit().await.expect("audit").violations.is_empty());
+    }
+}

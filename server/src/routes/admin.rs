@@ -12,6 +12,7 @@ use serde_json::json;
 
 use crate::api::json::ApiJson;
 use crate::error::ApiError;
+use crate::ledger::money;
 use crate::state::{AppState, Kind};
 use crate::store::Db;
 use crate::store::keys::{Limits, NewKey};
@@ -29,7 +30,8 @@ pub fn router() -> Router<AppState> {
 pub(crate) struct LoadModel {
     name: String,
     /// A GGUF file (text) or a model folder (embedding), relative to the
-    /// models directory or absolute.
+    /// models directory (absolute paths, `..` and symlinks leading out of
+    /// it are refused).
     #[schema(value_type = String)]
     path: std::path::PathBuf,
     #[serde(default = "text_kind")]
@@ -63,11 +65,29 @@ pub(crate) async fn load_model(
         ));
     }
     let loader = state.loader.clone();
-    let (name, path, kind) = (req.name.clone(), req.path.clone(), req.kind);
+    let path = loader
+        .resolve_inside(&req.path)
+        .map_err(|m| ApiError::invalid("path", m))?;
+    let (name, kind) = (req.name.clone(), req.kind);
     let model = tokio::task::spawn_blocking(move || loader.load(&name, &path, kind))
         .await
         .map_err(|e| ApiError::Storage(format!("model loading panicked: {e}")))?
-        .map_err(|e| ApiError::invalid("path", format!("cannot load the model: {e}")))?;
+        .map_err(|e| {
+            // The details (resolved path, file bytes, backtraces) are for
+            // the log only.
+            tracing::warn!(path = %req.path.display(), error = %e, "admin model load failed");
+            ApiError::invalid(
+                "path",
+                format!(
+                    "`{}` could not be loaded as {} model (the server log has the details)",
+                    req.path.display(),
+                    match kind {
+                        Kind::Text => "a text (GGUF)",
+                        Kind::Embedding => "an embedding (safetensors folder)",
+                    }
+                ),
+            )
+        })?;
     state.models.add(model)?;
     let body = json!({"id": req.name, "object": "model", "loaded": true});
     Ok((StatusCode::CREATED, Json(body)).into_response())
@@ -150,8 +170,9 @@ pub(crate) async fn create(
             ));
         }
     }
-    if req.budget.is_some_and(|b| b < 0) {
-        return Err(ApiError::invalid("budget", "a budget cannot be negative"));
+    if let Some(b) = req.budget {
+        money::check_bound("budget", b, money::MAX_BALANCE)
+            .map_err(|m| ApiError::invalid("budget", m))?;
     }
     let new = NewKey {
         name: req.name,

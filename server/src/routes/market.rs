@@ -95,7 +95,7 @@ pub(crate) async fn prices(State(state): State<AppState>) -> Result<Response, Ap
 
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
 pub(crate) struct InstrumentQuery {
-    /// A model name or resource class.
+    /// A served text model's name.
     instrument: String,
     /// Price levels (book) or rows (trades, history); default 20, at most 500.
     limit: Option<i64>,
@@ -149,7 +149,7 @@ pub(crate) async fn history(
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct PostOrder {
-    /// A model name or resource class.
+    /// A served text model's name.
     instrument: String,
     /// Limit price, micro-units per million tokens.
     price: i64,
@@ -190,15 +190,28 @@ fn new_order(side: Side, account_id: String, o: PostOrder) -> Result<NewOrder, A
 }
 
 async fn submit(state: &AppState, order: NewOrder) -> Result<Response, ApiError> {
+    // Instruments are the served text models: nothing else can be traded.
+    if state.models.text(&order.instrument).is_err() {
+        return Err(ApiError::invalid(
+            "instrument",
+            format!(
+                "no served text model `{}` to trade (see GET /v1/models)",
+                order.instrument
+            ),
+        ));
+    }
     let (placed, fills) = billing(state)?.market.submit(order).await?;
     let body = json!({"order": placed, "fills": fills});
     Ok((StatusCode::CREATED, Json(body)).into_response())
 }
 
 /// Posts a bid from the caller's account; it matches resting asks at
-/// their prices (price-time priority), and what is left rests.
+/// their prices (price-time priority), and what is left rests. The bid's
+/// worst case (quantity x price x time to expiry) is held on the account
+/// (402 when it cannot cover it); each fill is billed from that hold, and
+/// the rest is released when the bid is filled, cancelled or expires.
 #[utoipa::path(post, path = "/v1/market/orders", tag = "market", request_body = PostOrder,
-    responses((status = 201, description = "The order as placed, and its fills", body = Object), (status = 400, description = "Invalid order", body = crate::openapi::ErrorResponse)),
+    responses((status = 201, description = "The order as placed, and its fills", body = Object), (status = 400, description = "Invalid order", body = crate::openapi::ErrorResponse), (status = 402, description = "The account cannot cover the bid's worst case", body = crate::openapi::ErrorResponse)),
     security(("api_key" = [])))]
 pub(crate) async fn post_bid(
     State(state): State<AppState>,

@@ -68,8 +68,13 @@ pub fn app() -> Router {
 
 /// The shared test models under another access policy.
 pub fn app_with_auth(auth: server::auth::Auth) -> Router {
+    app_with_models_dir(auth, models_dir())
+}
+
+/// The shared test models, loading admin-added models from `dir`.
+pub fn app_with_models_dir(auth: server::auth::Auth, dir: PathBuf) -> Router {
     let loader = server::state::ModelLoader {
-        models_dir: models_dir(),
+        models_dir: dir,
         ..Default::default()
     };
     let state = AppState::with_auth(STATE.models.clone(), auth).with_loader(loader);

@@ -13,18 +13,21 @@ use tower::ServiceExt;
 
 use crate::helpers::{TINY, app_with_auth};
 
-const ADMIN: &str = "admin-secret-for-tests";
+pub const ADMIN: &str = "admin-secret-for-tests";
 
-async fn keyed_app() -> Router {
+pub async fn keyed_db() -> Db {
     let dir =
         std::env::temp_dir().join(format!("synor-api-keys-{}", uuid::Uuid::new_v4().simple()));
-    let db = Db::connect(&format!("sqlite://{}/k.db", dir.display()))
+    Db::connect(&format!("sqlite://{}/k.db", dir.display()))
         .await
-        .expect("sqlite");
-    app_with_auth(Auth::with_keys(db, Some(ADMIN.into())))
+        .expect("sqlite")
 }
 
-async fn call(
+async fn keyed_app() -> Router {
+    app_with_auth(Auth::with_keys(keyed_db().await, Some(ADMIN.into())))
+}
+
+pub async fn call(
     app: &Router,
     method: &str,
     uri: &str,
@@ -52,7 +55,7 @@ async fn status_of(app: &Router, method: &str, uri: &str, bearer: Option<&str>) 
     call(app, method, uri, bearer, None).await.status()
 }
 
-async fn json_of(resp: Response<Body>) -> Value {
+pub async fn json_of(resp: Response<Body>) -> Value {
     let bytes = resp.into_body().collect().await.expect("body").to_bytes();
     serde_json::from_slice(&bytes).unwrap_or(Value::Null)
 }

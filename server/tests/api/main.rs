@@ -3,6 +3,7 @@
 //! port 0 (`binary`).
 
 mod binary;
+mod hardening;
 mod helpers;
 mod keys;
 mod observability;

@@ -1,0 +1,214 @@
+//! Money behind spot-market bids: a bid reserves its worst case as a hold
+//! (instance `market`, so a server restart's recovery never touches it;
+//! the market releases it when the bid ends), and each fill moves money
+//! from the bidder to the seller and the treasury as one `trade` journal
+//! transaction, taking its share out of that hold. Nothing here knows the
+//! order book: the market passes amounts in.
+
+use super::holds::{self, HoldRequest, Reserved};
+use super::money::{self, Micros, Prices, Quote};
+use super::{HOUSE_PROVIDER, Ledger, LedgerError, TREASURY};
+use crate::store::now;
+
+/// The instance id of order holds (never a server's, never recovered).
+pub const MARKET_INSTANCE: &str = "market";
+
+/// The hold id of an order.
+pub fn hold_id(order_id: &str) -> String {
+    format!("order:{order_id}")
+}
+
+/// One fill, as money: the bidder pays `cost` (at most the fill's share
+/// of its bid's hold: `quantity / bid_remaining` of what the hold still
+/// has, all of it for the bid's last fill); the seller gets the cost less
+/// the protocol fee.
+#[derive(Debug, Clone)]
+pub struct TradeMoney<'a> {
+    pub trade_id: &'a str,
+    pub bid_id: &'a str,
+    pub bidder: &'a str,
+    pub seller: &'a str,
+    pub quantity: u64,
+    /// The bid's remaining quantity before this fill.
+    pub bid_remaining: u64,
+    pub cost: Micros,
+    pub fee_bps: i64,
+}
+
+impl Ledger {
+    /// Reserves a bid's worst case (`0 < amount <= MAX_AMOUNT`) on the
+    /// bidder's account, or refuses as a request's hold would.
+    pub async fn hold_order(
+        &self,
+        order_id: &str,
+        account: &str,
+        amount: Micros,
+    ) -> Result<(), LedgerError> {
+        money::check_amount("bid's worst-case cost", amount).map_err(LedgerError::InvalidAmount)?;
+        let id = hold_id(order_id);
+        let quote = Quote {
+            provider_id: HOUSE_PROVIDER.into(),
+            model: "market".into(),
+            prices: Prices {
+                input: 0,
+                cached_input: 0,
+                output: 0,
+            },
+            fee_bps: 0,
+            payout_bps: 0,
+        };
+        let h = HoldRequest {
+            request_id: &id,
+            account_id: account,
+            key_id: None,
+            quote: &quote,
+            amount,
+        };
+        let mut tx = self.db.pool.begin().await?;
+        match holds::reserve(&mut tx, account, None, amount).await? {
+            Reserved::Yes => {}
+            Reserved::NoFunds | Reserved::OverBudget => {
+                drop(tx);
+                return Err(self
+                    .check_cover(account, None, amount)
+                    .await
+                    .err()
+                    .unwrap_or(LedgerError::InsufficientQuota {
+                        need: amount,
+                        available: 0,
+                    }));
+            }
+        }
+        holds::insert_hold(&mut tx, &h, MARKET_INSTANCE).await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// Moves one fill's money in one transaction; returns what the
+    /// bidder paid. Refused (nothing written) unless the bid's hold is
+    /// open; the cost is capped at the fill's share of the hold.
+    pub async fn trade(&self, t: &TradeMoney<'_>) -> Result<Micros, LedgerError> {
+        if t.cost < 0 || t.quantity == 0 || t.quantity > t.bid_remaining {
+            return Err(LedgerError::InvalidAmount(format!(
+                "not a fill: cost {}, quantity {} of {}",
+                t.cost, t.quantity, t.bid_remaining
+            )));
+        }
+        let hold = hold_id(t.bid_id);
+        let mut tx = self.db.pool.begin().await?;
+        let held: Option<Micros> =
+            sqlx::query_scalar("SELECT amount FROM holds WHERE request_id = $1 AND state = 'open'")
+                .bind(&hold)
+                .fetch_optional(&mut *tx)
+                .await?;
+        let held = held.ok_or_else(|| {
+            LedgerError::InvalidAmount(format!("bid `{}` has no open hold", t.bid_id))
+        })?;
+        let portion = if t.quantity == t.bid_remaining {
+            held
+        } else {
+            let share = i128::from(held) * i128::from(t.quantity);
+            let whole = i128::from(t.bid_remaining);
+            i64::try_from((share + whole - 1) / whole)
+                .unwrap_or(held)
+                .min(held)
+        };
+        let cost = t.cost.min(portion);
+        // The condition on `amount` makes a concurrent change a refusal.
+        let done = sqlx::query(
+            "UPDATE holds SET amount = amount - $1 WHERE request_id = $2 AND state = 'open' \
+             AND amount = $3",
+        )
+        .bind(portion)
+        .bind(&hold)
+        .bind(held)
+        .execute(&mut *tx)
+        .await?;
+        if done.rows_affected() == 0 {
+            return Err(LedgerError::InvalidAmount(format!(
+                "the hold of bid `{}` changed meanwhile",
+                t.bid_id
+            )));
+        }
+        let split = money::split_fee(cost, t.fee_bps);
+        let mut moves = vec![
+            (t.bidder, -cost, -portion),
+            (t.seller, split.provider, 0),
+            (TREASURY, split.treasury, 0),
+        ];
+        moves.sort();
+        for (id, balance, held) in moves {
+            sqlx::query(
+                "UPDATE accounts SET balance = balance + $1, held = held + $2 WHERE id = $3",
+            )
+            .bind(balance)
+            .bind(held)
+            .bind(id)
+            .execute(&mut *tx)
+            .await?;
+        }
+        if cost > 0 {
+            insert_trade_journal(&mut tx, t, split).await?;
+        }
+        tx.commit().await?;
+        Ok(cost)
+    }
+
+    /// Releases what is left of a bid's hold (the bid is filled, cancelled
+    /// or expired); a second release does nothing.
+    pub async fn release_order(&self, order_id: &str) -> Result<(), LedgerError> {
+        self.release(&hold_id(order_id)).await.map(|_| ())
+    }
+
+    /// Ids of the orders whose holds are open.
+    pub async fn held_orders(&self) -> Result<Vec<String>, LedgerError> {
+        let ids: Vec<String> = sqlx::query_scalar(
+            "SELECT request_id FROM holds WHERE state = 'open' AND instance_id = $1",
+        )
+        .bind(MARKET_INSTANCE)
+        .fetch_all(&self.db.pool)
+        .await?;
+        Ok(ids
+            .into_iter()
+            .filter_map(|i| i.strip_prefix("order:").map(str::to_string))
+            .collect())
+    }
+}
+
+async fn insert_trade_journal(
+    tx: &mut sqlx::Transaction<'_, sqlx::Any>,
+    t: &TradeMoney<'_>,
+    split: money::Split,
+) -> Result<(), sqlx::Error> {
+    let tx_id = format!("trade:{}", t.trade_id);
+    sqlx::query(
+        "INSERT INTO journal (id, kind, ref, memo, created_at) VALUES ($1, 'trade', $2, '', $3)",
+    )
+    .bind(&tx_id)
+    .bind(&tx_id)
+    .bind(now())
+    .execute(&mut **tx)
+    .await?;
+    // The seller and the treasury may be one account only in tests; sum
+    // per account so the primary key holds.
+    let mut entries: Vec<(&str, Micros)> = Vec::new();
+    for (acct, amount) in [
+        (t.bidder, -split.cost),
+        (t.seller, split.provider),
+        (TREASURY, split.treasury),
+    ] {
+        match entries.iter_mut().find(|e| e.0 == acct) {
+            Some(e) => e.1 += amount,
+            None => entries.push((acct, amount)),
+        }
+    }
+    for (acct, amount) in entries.into_iter().filter(|e| e.1 != 0) {
+        sqlx::query("INSERT INTO entries (tx_id, account_id, amount) VALUES ($1, $2, $3)")
+            .bind(&tx_id)
+            .bind(acct)
+            .bind(amount)
+            .execute(&mut **tx)
+            .await?;
+    }
+    Ok(())
+}

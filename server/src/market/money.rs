@@ -1,0 +1,86 @@
+//! The market's money: what a bid must hold (its worst case, capacity x
+//! price x time), what a fill costs, and the ledger calls that hold,
+//! trade and release. Fills are billed after the book and its store have
+//! changed; a fill the ledger refuses is logged loudly and left unbilled
+//! (the book never waits on money it cannot take).
+
+use super::book::{Fill, Order, Side};
+use crate::ledger::money::{self, Micros};
+use crate::ledger::orders::TradeMoney;
+use crate::ledger::{Ledger, LedgerError};
+
+/// The most a bid can cost: its whole quantity at its price until it
+/// expires.
+pub fn bid_worst_case(o: &Order, now: i64) -> Result<Micros, LedgerError> {
+    money::capacity_cost(o.price, o.quantity, o.expires_at - now)
+        .filter(|c| *c <= money::MAX_AMOUNT)
+        .ok_or_else(|| {
+            LedgerError::InvalidAmount(format!(
+                "this bid could cost more than {} (price x quantity x time); post a smaller one",
+                money::format_units(money::MAX_AMOUNT)
+            ))
+        })
+}
+
+/// What a fill costs: its quantity at its price until the traded
+/// capacity ends (at least one second).
+pub fn fill_cost(f: &Fill, now: i64) -> Micros {
+    money::capacity_cost(f.price, f.quantity, (f.terms.until - now).max(1))
+        .unwrap_or(money::MAX_AMOUNT)
+}
+
+/// Bills each fill, then releases the holds of bids that ended: the
+/// incoming order if it is a bid that does not rest, bids filled to the
+/// end, and expired bids met on the way.
+pub async fn settle(
+    ledger: &Ledger,
+    fee_bps: i64,
+    placed: &Order,
+    rests: bool,
+    fills: &[Fill],
+    expired: &[Order],
+    now: i64,
+) {
+    let mut ended: Vec<&str> = Vec::new();
+    for f in fills {
+        let trade_id = format!("{}:{}", f.bid_id, f.ask_id);
+        let t = TradeMoney {
+            trade_id: &trade_id,
+            bid_id: &f.bid_id,
+            bidder: &f.terms.bidder,
+            seller: &f.terms.seller,
+            quantity: f.quantity,
+            bid_remaining: f.terms.bid_remaining,
+            cost: fill_cost(f, now),
+            fee_bps,
+        };
+        if let Err(e) = ledger.trade(&t).await {
+            tracing::error!(trade = %trade_id, error = %e, "fill not billed");
+        }
+        if f.quantity == f.terms.bid_remaining {
+            ended.push(&f.bid_id);
+        }
+    }
+    if placed.side == Side::Bid && !rests {
+        ended.push(&placed.id);
+    }
+    ended.extend(
+        expired
+            .iter()
+            .filter(|o| o.side == Side::Bid)
+            .map(|o| o.id.as_str()),
+    );
+    ended.sort_unstable();
+    ended.dedup();
+    for id in ended {
+        release(ledger, id).await;
+    }
+}
+
+/// Releases a bid's hold (logged, never fatal: recovery at start-up
+/// releases what is left).
+pub async fn release(ledger: &Ledger, order_id: &str) {
+    if let Err(e) = ledger.release_order(order_id).await {
+        tracing::error!(order = order_id, error = %e, "bid hold not released");
+    }
+}

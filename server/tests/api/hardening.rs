@@ -1,0 +1,69 @@
+//! Hostile input on the admin routes, in process: model paths that lead
+//! out of the models directory, and load errors that would leak paths,
+//! file bytes or backtraces.
+
+use axum::http::StatusCode;
+use serde_json::json;
+use server::auth::Auth;
+
+use crate::helpers::{app_with_models_dir, model_path};
+use crate::keys::{ADMIN, call, json_of, keyed_db};
+
+/// A models directory with one real model, a text file, a folder and
+/// symlinks that point out of it.
+fn hostile_models_dir() -> std::path::PathBuf {
+    let root = std::env::temp_dir().join(format!("synor-models-{}", uuid::Uuid::new_v4().simple()));
+    let dir = root.join("models");
+    std::fs::create_dir_all(dir.join("folder")).expect("dir");
+    std::fs::copy(model_path("tiny/tiny.gguf"), dir.join("tiny.gguf")).expect("copy");
+    std::fs::write(dir.join("notes.txt"), "SECRET-CONTENT of a file\n").expect("write");
+    std::fs::write(root.join("outside.txt"), "SECRET-OUTSIDE\n").expect("write");
+    std::os::unix::fs::symlink(root.join("outside.txt"), dir.join("link.gguf")).expect("link");
+    std::os::unix::fs::symlink(model_path("tiny/tiny.gguf"), dir.join("real-outside.gguf"))
+        .expect("link");
+    dir
+}
+
+#[tokio::test]
+async fn model_paths_stay_inside_the_models_directory_and_errors_leak_nothing() {
+    let dir = hostile_models_dir();
+    let app = app_with_models_dir(
+        Auth::with_keys(keyed_db().await, Some(ADMIN.into())),
+        dir.clone(),
+    );
+    let absolute = model_path("tiny/tiny.gguf").display().to_string();
+    let outside = dir.parent().expect("root").join("outside.txt");
+    let refused = [
+        absolute.as_str(),
+        "../outside.txt",
+        "folder/../../outside.txt",
+        "link.gguf",
+        "real-outside.gguf",
+        "/etc/passwd",
+        "notes.txt",
+        "folder",
+        "no/such.gguf",
+        "",
+    ];
+    for (i, path) in refused.iter().enumerate() {
+        let spec = json!({"name": format!("m{i}"), "path": path});
+        let r = call(&app, "POST", "/admin/models", Some(ADMIN), Some(spec)).await;
+        assert_eq!(r.status(), StatusCode::BAD_REQUEST, "{path}");
+        let body = json_of(r).await;
+        assert_eq!(body["error"]["param"], "path", "{body}");
+        let msg = body["error"]["message"].as_str().expect("message");
+        for leak in [
+            dir.display().to_string(),
+            outside.display().to_string(),
+            "SECRET".into(),
+            "backtrace".into(),
+            "magic".into(),
+            "/tmp".into(),
+        ] {
+            assert!(!msg.contains(&leak), "{path}: `{msg}` leaks `{leak}`");
+        }
+    }
+    let spec = json!({"name": "inside", "path": "./tiny.gguf"});
+    let r = call(&app, "POST", "/admin/models", Some(ADMIN), Some(spec)).await;
+    assert_eq!(r.status(), StatusCode::CREATED);
+}
