@@ -256,7 +256,10 @@ impl EngineHandle {
         ))
     }
 
-    fn validate(&self, req: &GenerateRequest) -> Result<()> {
+    /// Checks a request against this model (parameters, vocabulary,
+    /// context length) without submitting it, so callers can refuse it
+    /// before they quote, hold or rate-limit anything.
+    pub fn validate(&self, req: &GenerateRequest) -> Result<()> {
         req.params.validate()?;
         if req.prompt_tokens.is_empty() {
             return Err(EngineError::Validation {

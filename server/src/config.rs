@@ -214,10 +214,23 @@ pub struct ServeArgs {
     #[arg(long, env = "SYNOR_OPEN")]
     pub open: bool,
 
-    /// Seconds that running streams get to finish after SIGTERM/SIGINT
-    /// (new connections are refused at once).
+    /// Seconds that running streams get to finish after SIGTERM/SIGINT.
+    /// Meanwhile `/health` answers 503 `draining` (so load balancers move
+    /// away) and new API requests get 503; the server exits as soon as
+    /// nothing runs.
     #[arg(long, env = "SYNOR_SHUTDOWN_GRACE", default_value_t = 30.0)]
     pub shutdown_grace: f64,
+
+    /// Seconds a client has to send a request's headers (from connecting,
+    /// or from its previous response on a kept-alive connection) before
+    /// the connection is closed.
+    #[arg(long, env = "SYNOR_HEADER_TIMEOUT", default_value_t = 10.0)]
+    pub header_timeout: f64,
+
+    /// Open connections one client address may hold; more are answered
+    /// 503 and closed.
+    #[arg(long, env = "SYNOR_MAX_CONNECTIONS_PER_CLIENT", default_value_t = 256)]
+    pub max_connections_per_client: usize,
 
     /// The protocol fee on every token, in basis points (500-1000 = 5-10%).
     #[arg(long, env = "SYNOR_PROTOCOL_FEE_BPS", default_value_t = 700)]

@@ -123,28 +123,51 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let addr = listener.local_addr()?;
     tracing::info!(%addr, "synor listening");
     println!("synor listening on http://{addr}");
+    let draining = state.draining.clone();
     let app = crate::app(state, args.max_body_bytes);
-    let (stopping, mut stop) = tokio::sync::watch::channel(false);
-    let server = axum::serve(listener, app).with_graceful_shutdown(async move {
-        shutdown_signal().await;
-        let _ = stopping.send(true);
-    });
-    // After the signal, open streams get `--shutdown-grace` to finish; then
-    // the engines stop, which ends whatever is still running.
-    let grace = std::time::Duration::from_secs_f64(args.shutdown_grace.max(0.0));
-    let deadline = async move {
-        let _ = stop.wait_for(|s| *s).await;
-        tokio::time::sleep(grace).await;
+    let limits = crate::listen::Limits {
+        header_timeout: std::time::Duration::from_secs_f64(args.header_timeout.clamp(0.1, 3600.0)),
+        max_per_client: args.max_connections_per_client.max(1),
     };
-    tokio::select! {
-        r = server => r?,
-        () = deadline => tracing::warn!(?grace, "shutdown grace period over; ending open streams"),
-    }
+    // At the signal the server drains: it keeps answering (health 503,
+    // new requests 503) while running requests finish, for at most
+    // `--shutdown-grace`; then it stops listening and ends what is left.
+    let grace = std::time::Duration::from_secs_f64(args.shutdown_grace.max(0.0));
+    let stop = {
+        let registry = registry.clone();
+        async move {
+            shutdown_signal().await;
+            draining.store(true, std::sync::atomic::Ordering::Relaxed);
+            tracing::info!(?grace, "draining");
+            let _ = tokio::time::timeout(grace, idle(&registry)).await;
+        }
+    };
+    let server = crate::listen::serve(listener, app, limits, stop);
+    // Connections still open after the drain get a moment to finish
+    // their last answer.
+    let _ = tokio::time::timeout(grace + std::time::Duration::from_secs(1), server).await;
     registry.shutdown();
     // Streams ended above settled (or queued their settlement): commit them.
     billing.ledger.flush().await;
     tracing::info!("synor stopped");
     Ok(())
+}
+
+/// Resolves once no engine has a running or waiting request.
+async fn idle(registry: &ModelRegistry) {
+    loop {
+        let busy = registry.list().iter().any(|m| match &m.kind {
+            crate::state::ModelKind::Text(e) => {
+                let s = e.stats();
+                s.num_running + s.num_waiting > 0
+            }
+            crate::state::ModelKind::Embedding(_) => false,
+        });
+        if !busy {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
 }
 
 async fn shutdown_signal() {

@@ -246,6 +246,9 @@ pub struct AppState {
     pub cache: Option<Arc<crate::cache::ResponseCache>>,
     /// What a cache hit costs, as a fraction of the generated price (bps).
     pub cache_price_bps: i64,
+    /// Set at shutdown: `/health` and `/ready` answer 503 and new API
+    /// requests are refused while running ones finish.
+    pub draining: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl AppState {
@@ -263,7 +266,13 @@ impl AppState {
             billing: None,
             cache: None,
             cache_price_bps: 1_000,
+            draining: Arc::default(),
         }
+    }
+
+    /// Whether the server is shutting down.
+    pub fn is_draining(&self) -> bool {
+        self.draining.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     pub fn with_cache(mut self, cache: Arc<crate::cache::ResponseCache>, price_bps: i64) -> Self {

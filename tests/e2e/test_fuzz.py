@@ -2,7 +2,10 @@
 `openapi/openapi.json` against the live server must never get a 5xx (no
 crash, no hang: every request has a timeout). Bounded: a fixed seed and a
 fixed number of examples per operation. The hooks in `st_hooks.py` point
-most bodies at the served models so generation paths are reached too."""
+most bodies at the served models so generation paths are reached too. The
+server runs with an admin token and every request carries it, so the admin,
+ledger and market routes are fuzzed past authentication as well (and the
+ledger's audit must still be clean afterwards)."""
 
 import json
 import os
@@ -10,6 +13,10 @@ import re
 import subprocess
 import sys
 import urllib.request
+
+import pytest
+
+from conftest import ADMIN_TOKEN, _start
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 ST = os.path.join(os.path.dirname(sys.executable), "st")
@@ -23,14 +30,28 @@ def _served_models(base):
 
 
 def _successes(base):
-    """Successful POSTs by route, from the server's own HTTP counters."""
+    """Successful requests by route, from the server's own HTTP counters."""
     with urllib.request.urlopen(base + "/metrics", timeout=30) as r:
         text = r.read().decode()
     out = {}
     for route, n in re.findall(
-            r'synor:http_requests_total\{route="([^"]+)",method="POST",status="200"\} (\d+)', text):
+            r'synor:http_requests_total\{route="([^"]+)",method="[A-Z]+",status="20[01]"\} (\d+)', text):
         out[route] = out.get(route, 0) + int(n)
     return out
+
+
+@pytest.fixture(scope="module")
+def server():
+    """Open mode (no API keys) with an admin token: generated requests
+    carrying the token reach every route."""
+    yield from _start("--admin-token", ADMIN_TOKEN)
+
+
+def _audit(base):
+    req = urllib.request.Request(base + "/admin/ledger/audit",
+                                 headers={"authorization": f"Bearer {ADMIN_TOKEN}"})
+    with urllib.request.urlopen(req, timeout=30) as r:
+        return json.loads(r.read())
 
 
 def test_generated_requests_never_get_a_server_error(server):
@@ -42,6 +63,7 @@ def test_generated_requests_never_get_a_server_error(server):
     p = subprocess.run(
         [ST, "run", os.path.join(ROOT, "openapi", "openapi.json"),
          "--url", server["base"], "--checks", "not_a_server_error",
+         "--header", f"Authorization: Bearer {ADMIN_TOKEN}",
          "--max-examples", "15", "--request-timeout", "60", "--seed", "1"],
         capture_output=True, text=True, timeout=900, env=env,
     )
@@ -50,5 +72,7 @@ def test_generated_requests_never_get_a_server_error(server):
     assert m and int(m.group(1)) >= 100 and m.group(1) == m.group(2), p.stdout[-3000:]
     # The hooks must have carried cases past validation into the engines.
     after = _successes(server["base"])
-    for route in ("/v1/chat/completions", "/v1/completions", "/v1/embeddings"):
+    for route in ("/v1/chat/completions", "/v1/completions", "/v1/embeddings",
+                  "/admin/accounts", "/admin/keys", "/admin/market/regions"):
         assert after.get(route, 0) > before.get(route, 0), (route, before, after)
+    assert _audit(server["base"])["violations"] == []

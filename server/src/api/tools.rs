@@ -42,6 +42,28 @@ fn refuse(param: &str, message: impl Into<String>) -> ApiError {
 
 /// Reads `tools` (functions only).
 pub fn functions(tools: &[Value]) -> Result<Vec<Function>, ApiError> {
+    if tools.len() > MAX_TOOLS {
+        return Err(refuse(
+            "tools",
+            format!("at most {MAX_TOOLS} tools are allowed"),
+        ));
+    }
+    let fns = parse_functions(tools)?;
+    for (i, f) in fns.iter().enumerate() {
+        if let Some(j) = fns[..i].iter().position(|g| g.name == f.name) {
+            return Err(refuse(
+                &format!("tools[{i}].function.name"),
+                format!("duplicate function name `{}` (also tools[{j}])", f.name),
+            ));
+        }
+    }
+    Ok(fns)
+}
+
+/// The most tools a request may declare (OpenAI's limit).
+const MAX_TOOLS: usize = 128;
+
+fn parse_functions(tools: &[Value]) -> Result<Vec<Function>, ApiError> {
     tools
         .iter()
         .enumerate()

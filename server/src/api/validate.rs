@@ -200,11 +200,15 @@ pub fn chat(
         .max(1);
     let mut params = sampling(&common, max_tokens(field, given, room)?, logprobs)?;
     params.grammar = grammar;
+    let request = GenerateRequest {
+        prompt_tokens,
+        params,
+    };
+    // Everything the engine would refuse is refused here, before any
+    // quote, hold or rate-limit charge.
+    engine.validate(&request)?;
     Ok(ValidGeneration {
-        requests: vec![GenerateRequest {
-            prompt_tokens,
-            params,
-        }],
+        requests: vec![request],
         stream: common.stream,
         include_usage: common
             .stream_options
@@ -344,14 +348,18 @@ pub fn completion(
         };
         echo.extend(std::iter::repeat_n(text, params.n));
     }
+    let requests: Vec<GenerateRequest> = prompts
+        .into_iter()
+        .map(|prompt_tokens| GenerateRequest {
+            prompt_tokens,
+            params: params.clone(),
+        })
+        .collect();
+    for r in &requests {
+        engine.validate(r)?;
+    }
     Ok(ValidGeneration {
-        requests: prompts
-            .into_iter()
-            .map(|prompt_tokens| GenerateRequest {
-                prompt_tokens,
-                params: params.clone(),
-            })
-            .collect(),
+        requests,
         stream: common.stream,
         include_usage: common
             .stream_options

@@ -4,6 +4,7 @@
 //! user on loopback, the `make run` default) no key is needed. Admin routes
 //! need the admin token.
 
+pub mod admin;
 pub mod limits;
 
 use std::sync::Arc;
@@ -29,6 +30,8 @@ pub struct Auth {
     pub db: Option<Db>,
     pub admin_token: Option<String>,
     pub limiter: Arc<Limiter>,
+    /// Failed admin authentications per client address.
+    pub admin_throttle: Arc<admin::AdminThrottle>,
 }
 
 impl Auth {
@@ -42,35 +45,28 @@ impl Auth {
             db: Some(db),
             admin_token,
             limiter: Arc::default(),
+            admin_throttle: Arc::default(),
         }
     }
 
-    /// Checks the admin token (compared in constant time).
+    /// Checks the admin token (compared as digests, in constant time).
     pub fn check_admin(&self, headers: &HeaderMap) -> Result<(), ApiError> {
-        let (Some(want), Some(got)) = (&self.admin_token, bearer(headers)) else {
-            return Err(ApiError::AdminOnly);
-        };
-        let same = want.len() == got.len()
-            && want
-                .bytes()
-                .zip(got.bytes())
-                .fold(0u8, |a, (x, y)| a | (x ^ y))
-                == 0;
-        if same {
-            Ok(())
-        } else {
-            Err(ApiError::AdminOnly)
+        match (&self.admin_token, bearer(headers)) {
+            (Some(want), Some(got)) if admin::token_matches(want, got) => Ok(()),
+            _ => Err(ApiError::AdminOnly),
         }
     }
 }
 
+/// The credentials of `Authorization: Bearer <token>`; the scheme is
+/// case-insensitive (RFC 6750 via RFC 9110).
 fn bearer(headers: &HeaderMap) -> Option<&str> {
-    headers
-        .get("authorization")?
-        .to_str()
-        .ok()?
-        .strip_prefix("Bearer ")
-        .map(str::trim)
+    let value = headers.get("authorization")?.to_str().ok()?.trim();
+    let (scheme, token) = value.split_once(' ')?;
+    scheme
+        .eq_ignore_ascii_case("bearer")
+        .then(|| token.trim())
+        .filter(|t| !t.is_empty())
 }
 
 /// Middleware for `/v1` routes: authenticate, apply the key's limits, and

@@ -1,9 +1,10 @@
 //! `GET /health`: liveness, with each model's engine statistics (queue,
 //! KV usage, prefix cache, preemptions, steps) for a quick look.
 //! `GET /ready`: 200 once models are loaded and serving, else 503 (for load
-//! balancers and orchestrators).
+//! balancers and orchestrators). Both answer 503 `draining` at shutdown.
 
 use axum::extract::State;
+use axum::http::StatusCode;
 use axum::routing::get;
 use axum::{Json, Router};
 use serde_json::{Value, json};
@@ -18,8 +19,8 @@ pub fn router() -> Router<AppState> {
 
 /// Liveness, with each model's engine statistics.
 #[utoipa::path(get, path = "/health", tag = "operations",
-    responses((status = 200, description = "Up, with engine statistics", body = Object)))]
-pub(crate) async fn health(State(state): State<AppState>) -> Json<Value> {
+    responses((status = 200, description = "Up, with engine statistics", body = Object), (status = 503, description = "Draining: shutting down, running requests finishing", body = Object)))]
+pub(crate) async fn health(State(state): State<AppState>) -> (StatusCode, Json<Value>) {
     let models: Vec<Value> = state
         .models
         .list()
@@ -43,15 +44,25 @@ pub(crate) async fn health(State(state): State<AppState>) -> Json<Value> {
             ModelKind::Embedding(_) => json!({ "id": m.name, "kind": "embedding" }),
         })
         .collect();
-    Json(json!({ "status": "ok", "models": models }))
+    if state.is_draining() {
+        let body = json!({ "status": "draining", "models": models });
+        return (StatusCode::SERVICE_UNAVAILABLE, Json(body));
+    }
+    (
+        StatusCode::OK,
+        Json(json!({ "status": "ok", "models": models })),
+    )
 }
 
 /// Readiness: 200 once models are loaded.
 #[utoipa::path(get, path = "/ready", tag = "operations",
     responses((status = 200, description = "Ready", body = Object), (status = 503, description = "Not ready", body = Object)))]
 pub(crate) async fn ready(State(state): State<AppState>) -> axum::response::Response {
-    use axum::http::StatusCode;
     use axum::response::IntoResponse;
+    if state.is_draining() {
+        let body = json!({ "status": "draining", "reason": "the server is shutting down" });
+        return (StatusCode::SERVICE_UNAVAILABLE, Json(body)).into_response();
+    }
     let models: Vec<String> = state.models.list().into_iter().map(|m| m.name).collect();
     if models.is_empty() {
         let body = json!({ "status": "not ready", "reason": "no model is loaded" });

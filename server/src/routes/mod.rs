@@ -30,12 +30,19 @@ pub fn router(state: &AppState) -> Router<AppState> {
             state.clone(),
             crate::auth::require_key,
         ));
-    Router::new()
-        .merge(v1)
+    // One layer guards every admin route (throttled token check).
+    let admin = Router::new()
         .merge(admin::router())
         .merge(market::admin_router())
         .merge(accounts::admin_router())
         .merge(cache::admin_router())
+        .route_layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            crate::auth::admin::require_admin,
+        ));
+    Router::new()
+        .merge(v1)
+        .merge(admin)
         .route("/openapi.json", axum::routing::get(openapi_json))
         .merge(
             utoipa_swagger_ui::SwaggerUi::new("/docs").url("/docs/openapi.json", {

@@ -205,6 +205,22 @@ async fn invalid_parameters_are_named() {
             "response_format",
         ),
         (json!({"stop": ["a", "b", "c", "d", "e"]}), "stop"),
+        (json!({"stop": "x".repeat(257)}), "stop"),
+        (
+            json!({"stop_token_ids": (0..65).collect::<Vec<u32>>()}),
+            "stop_token_ids",
+        ),
+        (json!({"stop_token_ids": [1_000_000]}), "stop_token_ids"),
+        (
+            json!({"logit_bias": (0..301).map(|t| (t.to_string(), json!(1.0))).collect::<serde_json::Map<String, Value>>()}),
+            "logit_bias",
+        ),
+        (
+            json!({"tools": [weather_tool(), weather_tool()]}),
+            "tools[1].function.name",
+        ),
+        (json!({"tools": vec![weather_tool(); 129]}), "tools"),
+        (json!({"max_tokens": 1_000_000_000_000i64}), "messages"),
         (
             json!({"stream_options": {"include_usage": true}}),
             "stream_options",

@@ -1,0 +1,154 @@
+//! The HTTP listener: the router served by hyper with the limits a public
+//! server needs. A client must send a request's headers within a deadline
+//! (slow-header connections are closed, also when they sit idle between
+//! keep-alive requests); each client address may hold a bounded number of
+//! connections, and one over the cap is answered 503 and closed. On `stop`
+//! it stops accepting and lets open connections finish (the caller bounds
+//! how long).
+
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::ConnectInfo;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto::Builder;
+use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::service::TowerToHyperService;
+use tokio::io::AsyncWriteExt;
+use tokio::net::{TcpListener, TcpStream};
+use tower::ServiceExt;
+
+/// The listener's limits.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// Time a client has to send a request's headers, from connecting or
+    /// from the end of its previous response.
+    pub header_timeout: Duration,
+    /// Open connections one client address may hold.
+    pub max_per_client: usize,
+}
+
+/// Open connections per client address.
+#[derive(Debug, Default)]
+struct Clients(Mutex<HashMap<IpAddr, usize>>);
+
+/// One connection's place in `Clients`, given back on drop.
+struct Slot {
+    clients: Arc<Clients>,
+    ip: IpAddr,
+}
+
+impl Clients {
+    fn lock(&self) -> MutexGuard<'_, HashMap<IpAddr, usize>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn take(self: &Arc<Self>, ip: IpAddr, max: usize) -> Option<Slot> {
+        let mut open = self.lock();
+        let n = open.entry(ip).or_default();
+        if *n >= max {
+            return None;
+        }
+        *n += 1;
+        Some(Slot {
+            clients: self.clone(),
+            ip,
+        })
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        let mut open = self.clients.lock();
+        if let Some(n) = open.get_mut(&self.ip) {
+            *n -= 1;
+            if *n == 0 {
+                open.remove(&self.ip);
+            }
+        }
+    }
+}
+
+/// Serves `app` on `listener` until `stop` resolves, then waits for the
+/// open connections to finish.
+pub async fn serve(
+    listener: TcpListener,
+    app: Router,
+    limits: Limits,
+    stop: impl Future<Output = ()>,
+) {
+    let clients = Arc::new(Clients::default());
+    let graceful = GracefulShutdown::new();
+    let mut builder = Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_timeout);
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .keep_alive_interval(Some(limits.header_timeout))
+        .keep_alive_timeout(limits.header_timeout);
+    tokio::pin!(stop);
+    loop {
+        let (stream, peer) = tokio::select! {
+            r = listener.accept() => match r {
+                Ok(c) => c,
+                Err(e) => {
+                    // Out of file descriptors and the like: back off.
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    continue;
+                }
+            },
+            () = &mut stop => break,
+        };
+        let Some(slot) = clients.take(peer.ip(), limits.max_per_client) else {
+            tracing::debug!(%peer, "too many connections from this client");
+            tokio::spawn(refuse(stream));
+            continue;
+        };
+        let svc = app
+            .clone()
+            .map_request(move |mut r: axum::extract::Request<_>| {
+                r.extensions_mut().insert(ConnectInfo(peer));
+                r
+            });
+        let conn = builder
+            .serve_connection_with_upgrades(TokioIo::new(stream), TowerToHyperService::new(svc))
+            .into_owned();
+        let conn = graceful.watch(conn);
+        tokio::spawn(async move {
+            let _slot = slot;
+            if let Err(e) = conn.await {
+                tracing::debug!(%peer, error = %e, "connection ended with an error");
+            }
+        });
+    }
+    drop(listener);
+    graceful.shutdown().await;
+}
+
+/// Answers a connection over the per-client cap and closes it.
+async fn refuse(mut stream: TcpStream) {
+    let body = r#"{"error":{"message":"too many connections from this address","type":"server_error","param":null,"code":"too_many_connections"}}"#;
+    let head = format!(
+        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nretry-after: 1\r\n\
+         content-length: {}\r\nconnection: close\r\n\r\n",
+        body.len()
+    );
+    let write = async {
+        stream.write_all(head.as_bytes()).await?;
+        stream.write_all(body.as_bytes()).await?;
+        stream.shutdown().await
+    };
+    let _ = tokio::time::timeout(Duration::from_secs(1), write).await;
+}
+
+/// The address a request came from, when the listener recorded it.
+pub fn peer(req: &axum::http::request::Parts) -> Option<SocketAddr> {
+    req.extensions.get::<ConnectInfo<SocketAddr>>().map(|c| c.0)
+}
