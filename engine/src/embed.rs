@@ -90,6 +90,8 @@ pub struct EmbeddingHandle {
     jobs: mpsc::Sender<Job>,
     pub dimensions: usize,
     pub max_tokens: usize,
+    /// Token ids of `EmbedInput::Tokens` are below this.
+    pub vocab_size: usize,
     /// The int8 encoder for single short queries (`embed_query`), when the
     /// model loads into it.
     query: Option<Arc<QueryEncoder>>,
@@ -141,6 +143,7 @@ impl EmbeddingHandle {
     pub fn start(dir: &Path) -> Result<Self> {
         let model = BertEmbedder::load(dir, &Device::Cpu)?;
         let (dimensions, max_tokens) = (model.dimensions, model.max_tokens);
+        let vocab_size = model.vocab_size();
         let (jobs, mut rx) = mpsc::channel::<Job>(QUEUE_DEPTH);
         std::thread::Builder::new()
             .name("synor-embed".into())
@@ -170,6 +173,7 @@ impl EmbeddingHandle {
             jobs,
             dimensions,
             max_tokens,
+            vocab_size,
             query,
         })
     }
@@ -191,6 +195,37 @@ impl EmbeddingHandle {
     /// Embeds `inputs` (one vector each, in order).
     pub async fn embed(&self, inputs: Vec<String>) -> Result<Embeddings> {
         self.embed_input(EmbedInput::Texts(inputs)).await
+    }
+
+    /// Checks inputs without embedding them (empty texts or token lists,
+    /// token ids outside the vocabulary), so callers can refuse them
+    /// before billing.
+    pub fn validate(&self, inputs: &EmbedInput) -> Result<()> {
+        let refuse = |message: String| {
+            Err(EngineError::Validation {
+                field: "input",
+                message,
+            })
+        };
+        match inputs {
+            EmbedInput::Texts(t) if t.is_empty() => refuse("inputs must not be empty".into()),
+            EmbedInput::Tokens(t) if t.is_empty() => refuse("inputs must not be empty".into()),
+            EmbedInput::Texts(_) => Ok(()),
+            EmbedInput::Tokens(lists) => {
+                let vocab = self.vocab_size as u32;
+                for (i, ids) in lists.iter().enumerate() {
+                    if ids.is_empty() {
+                        return refuse(format!("input {i} has no tokens"));
+                    }
+                    if let Some(bad) = ids.iter().find(|&&t| t >= vocab) {
+                        return refuse(format!(
+                            "token id {bad} is outside the vocabulary (size {vocab})"
+                        ));
+                    }
+                }
+                Ok(())
+            }
+        }
     }
 
     /// Embeds texts or token-id lists (one vector each, in order).

@@ -229,7 +229,7 @@ pub struct ServeArgs {
 
     /// Open connections one client address may hold; more are answered
     /// 503 and closed.
-    #[arg(long, env = "SYNOR_MAX_CONNECTIONS_PER_CLIENT", default_value_t = 256)]
+    #[arg(long, env = "SYNOR_MAX_CONNECTIONS_PER_CLIENT", default_value_t = 512)]
     pub max_connections_per_client: usize,
 
     /// The protocol fee on every token, in basis points (500-1000 = 5-10%).

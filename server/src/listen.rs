@@ -7,7 +7,7 @@
 //! how long).
 
 use std::collections::HashMap;
-use std::net::{IpAddr, SocketAddr};
+use std::net::IpAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -146,9 +146,4 @@ async fn refuse(mut stream: TcpStream) {
         stream.shutdown().await
     };
     let _ = tokio::time::timeout(Duration::from_secs(1), write).await;
-}
-
-/// The address a request came from, when the listener recorded it.
-pub fn peer(req: &axum::http::request::Parts) -> Option<SocketAddr> {
-    req.extensions.get::<ConnectInfo<SocketAddr>>().map(|c| c.0)
 }

@@ -10,6 +10,11 @@ import os
 import schemathesis
 
 CHAT = os.environ.get("SYNOR_FUZZ_CHAT_MODEL", "")
+# Where to record answers that leak internals (backtraces, the server's
+# own paths); the test reads it back.
+LEAKS = os.environ.get("SYNOR_FUZZ_LEAKS", "")
+SECRETS = [s for s in os.environ.get("SYNOR_FUZZ_SECRETS", "").split(os.pathsep) if s]
+LEAK_MARKS = ["stack backtrace", "panicked at", "RUST_BACKTRACE", "/rustc/", ".cargo/registry", *SECRETS]
 EMBED = os.environ.get("SYNOR_FUZZ_EMBED_MODEL", "")
 MAXIMA = {"max_tokens": 8, "max_completion_tokens": 8, "n": 2, "top_logprobs": 3}
 REQUESTS = {"ChatCompletionRequest": CHAT, "CompletionRequest": CHAT, "EmbeddingRequest": EMBED}
@@ -22,6 +27,8 @@ def before_load_schema(context, raw_schema):
         props = schemas.get(name, {}).get("properties", {})
         if model and "model" in props:
             props["model"] = {"type": "string", "enum": [model]}
+        if name == "EmbeddingRequest" and "dimensions" in props:
+            props["dimensions"] = {"type": "integer", "enum": [384]}  # MiniLM's size
         for field, maximum in MAXIMA.items():
             if field in props:
                 props[field]["maximum"] = maximum
@@ -30,7 +37,7 @@ def before_load_schema(context, raw_schema):
 @schemathesis.hook
 def map_body(context, body):
     """Repairs, in generated bodies, what no schema can say: a prompt is not
-    empty, top_logprobs
+    empty, embeddings have the model's own dimensions, top_logprobs
     needs logprobs, a message needs content, response_format needs a type;
     and bounds the length of the answer.
     (Only the fuzzing phase maps bodies; the coverage phase still sends the
@@ -39,6 +46,8 @@ def map_body(context, body):
         return body
     if body.get("prompt") == "":
         body["prompt"] = "Hello"
+    if "input" in body and body.get("dimensions") not in (None, 384):
+        body.pop("dimensions")  # MiniLM has exactly 384
     if not isinstance(body.get("messages"), list):
         return body
     if body.get("max_tokens") is None and body.get("max_completion_tokens") is None:
@@ -52,3 +61,19 @@ def map_body(context, body):
     if isinstance(body.get("response_format"), dict) and "type" not in body["response_format"]:
         body.pop("response_format")
     return body
+
+
+@schemathesis.hook
+def after_call(context, case, response):
+    """Records every answer that shows internals: a backtrace, a panic, a
+    source path or the server's own directories (the models directory)."""
+    if not LEAKS:
+        return
+    text = getattr(response, "text", None)
+    if text is None:
+        text = bytes(getattr(response, "content", b"") or b"").decode("utf-8", "replace")
+    with open(LEAKS, "a") as f:
+        f.write("CALL\n")
+        for mark in LEAK_MARKS:
+            if mark in text:
+                f.write(f"LEAK {case.method} {case.path}: {mark!r} in {text[:300]!r}\n")

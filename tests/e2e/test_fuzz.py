@@ -54,12 +54,15 @@ def _audit(base):
         return json.loads(r.read())
 
 
-def test_generated_requests_never_get_a_server_error(server):
+def test_generated_requests_never_get_a_server_error(server, tmp_path):
     chat, embed = _served_models(server["base"])
     before = _successes(server["base"])
+    leaks = tmp_path / "leaks.txt"
+    models_dir = os.path.realpath(os.environ.get("SYNOR_MODELS_DIR", os.path.join(ROOT, "models")))
     env = dict(os.environ, SCHEMATHESIS_HOOKS="st_hooks",
                PYTHONPATH=os.path.dirname(__file__),
-               SYNOR_FUZZ_CHAT_MODEL=chat, SYNOR_FUZZ_EMBED_MODEL=embed)
+               SYNOR_FUZZ_CHAT_MODEL=chat, SYNOR_FUZZ_EMBED_MODEL=embed,
+               SYNOR_FUZZ_LEAKS=str(leaks), SYNOR_FUZZ_SECRETS=os.pathsep.join([models_dir, ROOT]))
     p = subprocess.run(
         [ST, "run", os.path.join(ROOT, "openapi", "openapi.json"),
          "--url", server["base"], "--checks", "not_a_server_error",
@@ -73,6 +76,10 @@ def test_generated_requests_never_get_a_server_error(server):
     # The hooks must have carried cases past validation into the engines.
     after = _successes(server["base"])
     for route in ("/v1/chat/completions", "/v1/completions", "/v1/embeddings",
-                  "/admin/accounts", "/admin/keys", "/admin/market/regions"):
+                  "/admin/accounts", "/admin/journal", "/admin/market/regions"):
         assert after.get(route, 0) > before.get(route, 0), (route, before, after)
     assert _audit(server["base"])["violations"] == []
+    # No answer, of thousands, showed a backtrace or a server path.
+    lines = leaks.read_text().splitlines()
+    assert lines.count("CALL") >= 100, "the leak check ran"
+    assert [l for l in lines if l != "CALL"] == []

@@ -103,6 +103,11 @@ impl BertEmbedder {
         Ok((out, counts))
     }
 
+    /// Size of the tokenizer's vocabulary (token ids are below it).
+    pub fn vocab_size(&self) -> usize {
+        self.tokenizer.get_vocab_size(true)
+    }
+
     /// Embeds pre-tokenized inputs, used as given (no special tokens are
     /// added), each truncated to `max_tokens`.
     pub fn embed_ids(&self, inputs: &[Vec<u32>]) -> Result<(Vec<Vec<f32>>, usize)> {

@@ -208,10 +208,13 @@ impl Market {
                 "a region name is 1-64 characters".into(),
             ));
         }
-        if micros_per_kwh <= 0 {
+        if !(1..=pricing::MAX_MICROS_PER_KWH).contains(&micros_per_kwh) {
             return Err(MarketError::Invalid(
                 "micros_per_kwh",
-                "an electricity price is positive".into(),
+                format!(
+                    "an electricity price is positive and at most {} micro-units per kWh",
+                    pricing::MAX_MICROS_PER_KWH
+                ),
             ));
         }
         store::set_region(&self.db, region, micros_per_kwh).await?;

@@ -9,7 +9,14 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::ledger::money::{BPS, Micros, Prices};
+use crate::ledger::money::{BPS, MAX_AMOUNT, MAX_PRICE, Micros, Prices};
+
+/// Upper bounds of a cost profile's inputs: a 10 MW site, a PUE of 5,
+/// and hourly costs within one operation's money bound.
+const MAX_WATTS: i64 = 10_000_000;
+const MAX_PUE_MILLI: i64 = 5_000;
+/// The dearest electricity a region may have: 100 units per kWh.
+pub const MAX_MICROS_PER_KWH: Micros = 100_000_000;
 
 /// Lowest and highest demand multiplier, in basis points.
 pub const DEMAND_MIN_BPS: i64 = 5_000;
@@ -67,8 +74,20 @@ impl CostProfile {
                 return Err((field, format!("{field} is between 0 and 10000")));
             }
         }
-        if self.depreciation_per_hour < 0 || self.network_per_hour < 0 {
-            return Err(("depreciation_per_hour", "costs cannot be negative".into()));
+        let bounded = [
+            ("watts", self.watts, MAX_WATTS),
+            ("pue_milli", self.pue_milli, MAX_PUE_MILLI),
+            (
+                "depreciation_per_hour",
+                self.depreciation_per_hour,
+                MAX_AMOUNT,
+            ),
+            ("network_per_hour", self.network_per_hour, MAX_AMOUNT),
+        ];
+        for (field, v, max) in bounded {
+            if !(0..=max).contains(&v) {
+                return Err((field, format!("{field} is between 0 and {max}")));
+            }
         }
         Ok(())
     }
@@ -127,8 +146,13 @@ pub fn prices(
             factor_num * i128::from(BPS - profile.preemptible_discount_bps) / i128::from(BPS);
     }
     let factor_den = i128::from(BPS) * i128::from(BPS);
-    let price =
-        |base: i128| i64::try_from(scale_up(base, factor_num, factor_den)).unwrap_or(i64::MAX);
+    // A price never passes MAX_PRICE, however odd the profile: requests
+    // and the market's band stay within bounds.
+    let price = |base: i128| {
+        i64::try_from(scale_up(base, factor_num, factor_den))
+            .unwrap_or(MAX_PRICE)
+            .min(MAX_PRICE)
+    };
     let input = price(per_million(profile.prefill_tokens_per_hour));
     let output = price(per_million(profile.decode_tokens_per_hour));
     let cached = i64::try_from(scale_up(
@@ -202,6 +226,64 @@ mod tests {
     fn hourly_cost_adds_energy_depreciation_and_network() {
         // 65 W x 1.2 x 0.13/kWh = 0.01014/h, + 0.02 + 0.005.
         assert_eq!(profile().hourly_cost(130_000), 10_140 + 25_000);
+    }
+
+    #[test]
+    fn profiles_are_bounded_and_prices_never_pass_the_cap() {
+        for (field, bad) in [
+            (
+                "watts",
+                CostProfile {
+                    watts: i64::MAX,
+                    ..profile()
+                },
+            ),
+            (
+                "pue_milli",
+                CostProfile {
+                    pue_milli: i64::MAX,
+                    ..profile()
+                },
+            ),
+            (
+                "depreciation_per_hour",
+                CostProfile {
+                    depreciation_per_hour: -1,
+                    ..profile()
+                },
+            ),
+            (
+                "network_per_hour",
+                CostProfile {
+                    network_per_hour: i64::MAX,
+                    ..profile()
+                },
+            ),
+        ] {
+            assert_eq!(bad.validate().map_err(|e| e.0), Err(field));
+        }
+        // The dearest valid profile, selling one token an hour, at full
+        // demand: every price is capped, none wraps.
+        let dear = CostProfile {
+            watts: MAX_WATTS,
+            pue_milli: MAX_PUE_MILLI,
+            depreciation_per_hour: MAX_AMOUNT,
+            network_per_hour: MAX_AMOUNT,
+            prefill_tokens_per_hour: 1,
+            decode_tokens_per_hour: 1,
+            ..profile()
+        };
+        assert!(dear.validate().is_ok());
+        let full = Load {
+            running: 16,
+            waiting: u64::MAX / 4,
+            capacity: 16,
+        };
+        for preemptible in [false, true] {
+            let p = prices(&dear, MAX_MICROS_PER_KWH, full, 1_000, preemptible);
+            assert_eq!((p.input, p.output), (MAX_PRICE, MAX_PRICE));
+            assert!(p.cached_input <= MAX_PRICE);
+        }
     }
 
     #[test]

@@ -61,6 +61,8 @@ pub(crate) async fn embeddings(
         ));
     }
     let input = inputs(req.input)?;
+    // Everything that can be refused is refused before billing.
+    model.validate(&input)?;
     let tab = match &state.billing {
         Some(b) => {
             let quote = b.quote(&req.model, Load::default())?;

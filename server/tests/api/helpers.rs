@@ -77,7 +77,10 @@ pub fn app_with_models_dir(auth: server::auth::Auth, dir: PathBuf) -> Router {
         models_dir: dir,
         ..Default::default()
     };
-    let state = AppState::with_auth(STATE.models.clone(), auth).with_loader(loader);
+    // Its own registry (over the same engines), so models an admin test
+    // loads are not seen by other tests.
+    let models = Arc::new(ModelRegistry::new(STATE.models.list()));
+    let state = AppState::with_auth(models, auth).with_loader(loader);
     server::app(state, BODY_LIMIT)
 }
 
