@@ -147,3 +147,20 @@ async fn refuse(mut stream: TcpStream) {
     };
     let _ = tokio::time::timeout(Duration::from_secs(1), write).await;
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_client_holds_at_most_its_cap_and_slots_come_back_on_drop() {
+        let clients = Arc::new(Clients::default());
+        let (a, b) = (IpAddr::from([10, 0, 0, 1]), IpAddr::from([10, 0, 0, 2]));
+        let held: Vec<Slot> = (0..3).map(|_| clients.take(a, 3).expect("slot")).collect();
+        assert!(clients.take(a, 3).is_none(), "a fourth is refused");
+        assert!(clients.take(b, 3).is_some(), "another address is not");
+        drop(held);
+        assert!(clients.take(a, 3).is_some());
+        assert!(clients.lock().is_empty(), "nothing left behind");
+    }
+}

@@ -135,6 +135,22 @@ def fresh_postgres_url():
 ADMIN_TOKEN = "e2e-admin"
 
 
+def http_call(base, method, path, body=None, token=ADMIN_TOKEN, scheme="Bearer"):
+    """One JSON request: (status, decoded body, response headers)."""
+    import json
+    import urllib.error
+    import urllib.request
+    req = urllib.request.Request(
+        base + path, method=method,
+        data=None if body is None else json.dumps(body).encode(),
+        headers={"content-type": "application/json", "authorization": f"{scheme} {token}"})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return r.status, json.loads(r.read()), dict(r.headers)
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read() or b"null"), dict(e.headers)
+
+
 @pytest.fixture(scope="session")
 def billed_server(tmp_path_factory):
     """SmolLM2 behind API keys with the ledger on a fresh SQLite file."""

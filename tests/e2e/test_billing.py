@@ -18,21 +18,13 @@ from concurrent.futures import ThreadPoolExecutor
 import openai
 import pytest
 
-from conftest import ADMIN_TOKEN, _start, fresh_postgres_url
+from conftest import ADMIN_TOKEN, _start, fresh_postgres_url, http_call
 
 SMOL = "smollm2-135m-instruct"
 
 
 def call(base, method, path, body=None, token=ADMIN_TOKEN):
-    req = urllib.request.Request(
-        base + path, method=method,
-        data=None if body is None else json.dumps(body).encode(),
-        headers={"content-type": "application/json", "authorization": f"Bearer {token}"})
-    try:
-        with urllib.request.urlopen(req, timeout=60) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
+    return http_call(base, method, path, body, token)[:2]
 
 
 def funded_key(base, amount, name="e2e"):

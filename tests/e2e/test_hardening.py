@@ -17,23 +17,14 @@ import urllib.request
 
 import pytest
 
-from conftest import ADMIN_TOKEN, _start
+from conftest import ADMIN_TOKEN, _start, http_call
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 SYNOR = os.environ.get("SYNOR_BIN", os.path.join(ROOT, "target", "debug", "synor"))
 I64_MAX = 2**63 - 1
 
 
-def call(base, method, path, body=None, token=ADMIN_TOKEN, scheme="Bearer"):
-    req = urllib.request.Request(
-        base + path, method=method,
-        data=None if body is None else json.dumps(body).encode(),
-        headers={"content-type": "application/json", "authorization": f"{scheme} {token}"})
-    try:
-        with urllib.request.urlopen(req, timeout=60) as r:
-            return r.status, json.loads(r.read()), dict(r.headers)
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read() or b"null"), dict(e.headers)
+call = http_call
 
 
 @pytest.fixture(scope="module")

@@ -53,6 +53,17 @@ async fn assert_clean(l: &Ledger) {
     assert!(audit.violations.is_empty(), "{:?}", audit.violations);
 }
 
+/// A hold of `amount` for request `id` on `user` (no key).
+fn user_hold<'a>(id: &'a str, user: &'a str, q: &'a Quote, amount: Micros) -> HoldRequest<'a> {
+    HoldRequest {
+        request_id: id,
+        account_id: user,
+        key_id: None,
+        quote: q,
+        amount,
+    }
+}
+
 /// A request in flight in the random walk.
 struct Open {
     id: String,
@@ -201,14 +212,7 @@ async fn extreme_step(l: &Ledger, rng: &mut StdRng, expect: &mut Expect, user: &
         _ => {
             let q = quote(BPS);
             let id = format!("extreme-{}-{}", l.instance(), rng.random::<u64>());
-            let h = HoldRequest {
-                request_id: &id,
-                account_id: user,
-                key_id: None,
-                quote: &q,
-                amount,
-            };
-            let r = l.hold(h).await;
+            let r = l.hold(user_hold(&id, user, &q, amount)).await;
             if (0..=money::MAX_AMOUNT).contains(&amount) {
                 let covers = e.0 - e.1 + e.2 >= amount;
                 match r {
@@ -299,13 +303,7 @@ async fn try_hold(
     let (prompt, max) = (rng.random_range(1..4_000), rng.random_range(1..2_000));
     let amount = q.worst_case(prompt, max);
     let id = format!("req-{}-{seed}-{step}", l.instance());
-    let h = HoldRequest {
-        request_id: &id,
-        account_id: user,
-        key_id: None,
-        quote: &q,
-        amount,
-    };
+    let h = user_hold(&id, user, &q, amount);
     let (balance, held, limit) = expect[user];
     let fits = balance - held - amount >= -limit;
     match l.hold(h).await {
