@@ -3,8 +3,8 @@
 //! (slow-header connections are closed, also when they sit idle between
 //! keep-alive requests); each client address may hold a bounded number of
 //! connections, and one over the cap is answered 503 and closed. On `stop`
-//! it stops accepting and lets open connections finish (the caller bounds
-//! how long).
+//! it stops accepting and lets open connections finish, for a bounded
+//! time.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -72,26 +72,26 @@ impl Drop for Slot {
     }
 }
 
-/// Serves `app` on `listener` until `stop` resolves, then waits for the
-/// open connections to finish.
+/// Serves `app` on `listener` until `stop` resolves, then stops accepting
+/// and gives the open connections `linger` to finish their last answer.
+///
+/// HTTP/1.1 only: hyper times out an HTTP/1 connection that is slow to
+/// send headers or idle between requests, but has no idle deadline for an
+/// HTTP/2 connection that answers pings (so h2c is not offered).
 pub async fn serve(
     listener: TcpListener,
     app: Router,
     limits: Limits,
     stop: impl Future<Output = ()>,
+    linger: Duration,
 ) {
     let clients = Arc::new(Clients::default());
     let graceful = GracefulShutdown::new();
-    let mut builder = Builder::new(TokioExecutor::new());
+    let mut builder = Builder::new(TokioExecutor::new()).http1_only();
     builder
         .http1()
         .timer(TokioTimer::new())
         .header_read_timeout(limits.header_timeout);
-    builder
-        .http2()
-        .timer(TokioTimer::new())
-        .keep_alive_interval(Some(limits.header_timeout))
-        .keep_alive_timeout(limits.header_timeout);
     tokio::pin!(stop);
     loop {
         let (stream, peer) = tokio::select! {
@@ -117,19 +117,36 @@ pub async fn serve(
                 r.extensions_mut().insert(ConnectInfo(peer));
                 r
             });
-        let conn = builder
-            .serve_connection_with_upgrades(TokioIo::new(stream), TowerToHyperService::new(svc))
-            .into_owned();
-        let conn = graceful.watch(conn);
+        let (builder, watcher) = (builder.clone(), graceful.watcher());
+        let first_byte = limits.header_timeout;
         tokio::spawn(async move {
             let _slot = slot;
-            if let Err(e) = conn.await {
+            // hyper's header deadline starts with the first byte: a client
+            // that sends nothing at all is closed here.
+            let mut probe = [0u8; 1];
+            match tokio::time::timeout(first_byte, stream.peek(&mut probe)).await {
+                Ok(Ok(n)) if n > 0 => {}
+                _ => return,
+            }
+            let conn = builder.serve_connection_with_upgrades(
+                TokioIo::new(stream),
+                TowerToHyperService::new(svc),
+            );
+            if let Err(e) = watcher.watch(conn.into_owned()).await {
                 tracing::debug!(%peer, error = %e, "connection ended with an error");
             }
         });
     }
     drop(listener);
-    graceful.shutdown().await;
+    if tokio::time::timeout(linger, graceful.shutdown())
+        .await
+        .is_err()
+    {
+        tracing::warn!(
+            ?linger,
+            "connections still open after the drain; closing them"
+        );
+    }
 }
 
 /// Answers a connection over the per-client cap and closes it.

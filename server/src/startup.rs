@@ -126,13 +126,13 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let draining = state.draining.clone();
     let app = crate::app(state, args.max_body_bytes);
     let limits = crate::listen::Limits {
-        header_timeout: std::time::Duration::from_secs_f64(args.header_timeout.clamp(0.1, 3600.0)),
+        header_timeout: seconds(args.header_timeout, 0.1, 3600.0),
         max_per_client: args.max_connections_per_client.max(1),
     };
     // At the signal the server drains: it keeps answering (health 503,
     // new requests 503) while running requests finish, for at most
     // `--shutdown-grace`; then it stops listening and ends what is left.
-    let grace = std::time::Duration::from_secs_f64(args.shutdown_grace.max(0.0));
+    let grace = seconds(args.shutdown_grace, 0.0, 86_400.0);
     let stop = {
         let registry = registry.clone();
         async move {
@@ -142,15 +142,27 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             let _ = tokio::time::timeout(grace, idle(&registry)).await;
         }
     };
-    let server = crate::listen::serve(listener, app, limits, stop);
     // Connections still open after the drain get a moment to finish
     // their last answer.
-    let _ = tokio::time::timeout(grace + std::time::Duration::from_secs(1), server).await;
+    crate::listen::serve(
+        listener,
+        app,
+        limits,
+        stop,
+        std::time::Duration::from_secs(1),
+    )
+    .await;
     registry.shutdown();
     // Streams ended above settled (or queued their settlement): commit them.
     billing.ledger.flush().await;
     tracing::info!("synor stopped");
     Ok(())
+}
+
+/// `s` seconds within `[min, max]` (NaN counts as `min`).
+fn seconds(s: f64, min: f64, max: f64) -> std::time::Duration {
+    let s = if s.is_nan() { min } else { s.clamp(min, max) };
+    std::time::Duration::from_secs_f64(s)
 }
 
 /// Resolves once no engine has a running or waiting request.

@@ -169,8 +169,9 @@ def test_slow_headers_are_cut_and_connections_per_client_are_capped(own_server):
     base = own_server("--header-timeout", "1", "--max-connections-per-client", "8")
     port = port_of(base["base"])
     slow = [socket.create_connection(("127.0.0.1", port)) for _ in range(8)]
-    for s in slow:
+    for s in slow[:6]:
         s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n")  # never finished
+    # slow[6:] send nothing at all.
     extra = socket.create_connection(("127.0.0.1", port))
     extra.settimeout(5)
     assert extra.recv(64).startswith(b"HTTP/1.1 503"), "the ninth connection is refused"
@@ -211,3 +212,9 @@ def test_a_draining_server_says_so_and_finishes_running_streams(own_server):
     rest = stream.read().decode()
     assert rest.rstrip().endswith("data: [DONE]"), rest[-200:]
     assert proc.wait(timeout=30) == 0
+
+
+def test_a_short_shutdown_grace_does_not_limit_uptime(own_server):
+    base = own_server("--shutdown-grace", "0.5")["base"]
+    time.sleep(2.5)
+    assert call(base, "GET", "/health")[0] == 200

@@ -96,11 +96,15 @@ impl Ledger {
         }
         let hold = hold_id(t.bid_id);
         let mut tx = self.db.pool.begin().await?;
-        let held: Option<Micros> =
-            sqlx::query_scalar("SELECT amount FROM holds WHERE request_id = $1 AND state = 'open'")
-                .bind(&hold)
-                .fetch_optional(&mut *tx)
-                .await?;
+        // A write first, so SQLite takes its write lock now (a read first
+        // could not upgrade if another writer committed meanwhile).
+        let held: Option<Micros> = sqlx::query_scalar(
+            "UPDATE holds SET amount = amount WHERE request_id = $1 AND state = 'open' \
+             RETURNING amount",
+        )
+        .bind(&hold)
+        .fetch_optional(&mut *tx)
+        .await?;
         let held = held.ok_or_else(|| {
             LedgerError::InvalidAmount(format!("bid `{}` has no open hold", t.bid_id))
         })?;
@@ -136,7 +140,7 @@ impl Ledger {
             (t.seller, split.provider, 0),
             (TREASURY, split.treasury, 0),
         ];
-        moves.sort();
+        moves.sort_unstable();
         for (id, balance, held) in moves {
             sqlx::query(
                 "UPDATE accounts SET balance = balance + $1, held = held + $2 WHERE id = $3",

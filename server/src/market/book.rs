@@ -202,6 +202,11 @@ impl Book {
         }
     }
 
+    /// The resting bids.
+    pub fn resting_bids(&self) -> impl Iterator<Item = Order> + '_ {
+        self.bids.values().cloned()
+    }
+
     /// Ids of every resting order.
     pub fn order_ids(&self) -> impl Iterator<Item = String> + '_ {
         self.index.keys().cloned()

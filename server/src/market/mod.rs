@@ -154,14 +154,35 @@ impl Market {
     /// Connects the money: bids hold their worst case and fills are billed
     /// through `ledger`. Releases the holds of bids that ended while no
     /// server ran (expired, or closed without their release).
+    /// Resting bids without a hold (placed before bids held money) are
+    /// held now, or cancelled when their account cannot cover them.
     pub async fn with_ledger(mut self, ledger: Ledger) -> Result<Self, MarketError> {
-        let resting: std::collections::HashSet<String> = {
-            let books = self.books.lock().await;
-            books.values().flat_map(Book::order_ids).collect()
-        };
-        for id in ledger.held_orders().await? {
-            if !resting.contains(&id) {
-                money::release(&ledger, &id).await;
+        use std::collections::HashSet;
+        let held: HashSet<String> = ledger.held_orders().await?.into_iter().collect();
+        let books = self.books.get_mut();
+        let resting: HashSet<String> = books.values().flat_map(Book::order_ids).collect();
+        for id in held.difference(&resting) {
+            money::release(&ledger, id).await;
+        }
+        let t = now();
+        for book in books.values_mut() {
+            let unheld: Vec<Order> = book
+                .resting_bids()
+                .filter(|o| !held.contains(&o.id))
+                .collect();
+            for o in unheld {
+                let placed = match money::bid_worst_case(&o, t) {
+                    Ok(a) => ledger
+                        .hold_order(&o.id, &o.account_id, a)
+                        .await
+                        .map_err(Into::into),
+                    Err(e) => Err(e),
+                };
+                if let Err(e) = placed {
+                    tracing::warn!(order = %o.id, error = %e, "resting bid without funds: cancelled");
+                    book.cancel(&o.id);
+                    store::close_order(&self.db, &o.id, "cancelled").await?;
+                }
             }
         }
         self.ledger = Some(ledger);
@@ -290,7 +311,11 @@ impl Market {
         if let Some(l) = &self.ledger {
             money::settle(l, self.fee_bps, &placed, rests, &fills, &expired, t).await;
         }
-        stored?;
+        // The book and the money have moved: answer with what happened,
+        // even if the order table missed it (a retry would bid twice).
+        if let Err(e) = stored {
+            tracing::error!(order = %placed.id, error = %e, "order book change not persisted");
+        }
         Ok((placed, fills))
     }
 
@@ -328,8 +353,8 @@ impl Market {
         let order = book
             .cancel(id)
             .ok_or_else(|| MarketError::OrderNotFound(id.to_string()))?;
-        store::close_order(&self.db, id, "cancelled").await?;
         self.ended(&order).await;
+        store::close_order(&self.db, id, "cancelled").await?;
         Ok(order)
     }
 
@@ -342,8 +367,8 @@ impl Market {
         let mine: Vec<String> = book.orders_of(account);
         for id in &mine {
             if let Some(o) = book.cancel(id) {
-                store::close_order(&self.db, id, "cancelled").await?;
                 self.ended(&o).await;
+                store::close_order(&self.db, id, "cancelled").await?;
             }
         }
         Ok(mine.len())
@@ -362,8 +387,10 @@ impl Market {
         let mut n = 0;
         for book in books.values_mut() {
             for o in book.expire(now()) {
-                store::close_order(&self.db, &o.id, "expired").await?;
                 self.ended(&o).await;
+                if let Err(e) = store::close_order(&self.db, &o.id, "expired").await {
+                    tracing::warn!(order = %o.id, error = %e, "expiry not persisted");
+                }
                 n += 1;
             }
         }

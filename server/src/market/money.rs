@@ -4,21 +4,25 @@
 //! changed; a fill the ledger refuses is logged loudly and left unbilled
 //! (the book never waits on money it cannot take).
 
+use super::MarketError;
 use super::book::{Fill, Order, Side};
 use crate::ledger::money::{self, Micros};
 use crate::ledger::orders::TradeMoney;
 use crate::ledger::{Ledger, LedgerError};
 
 /// The most a bid can cost: its whole quantity at its price until it
-/// expires.
-pub fn bid_worst_case(o: &Order, now: i64) -> Result<Micros, LedgerError> {
-    money::capacity_cost(o.price, o.quantity, o.expires_at - now)
+/// expires (at least one second).
+pub fn bid_worst_case(o: &Order, now: i64) -> Result<Micros, MarketError> {
+    money::capacity_cost(o.price, o.quantity, (o.expires_at - now).max(1))
         .filter(|c| *c <= money::MAX_AMOUNT)
         .ok_or_else(|| {
-            LedgerError::InvalidAmount(format!(
-                "this bid could cost more than {} (price x quantity x time); post a smaller one",
-                money::format_units(money::MAX_AMOUNT)
-            ))
+            MarketError::Invalid(
+                "quantity",
+                format!(
+                    "this bid could cost more than {} (quantity x price x time); post a smaller one",
+                    money::format_units(money::MAX_AMOUNT)
+                ),
+            )
         })
 }
 
@@ -54,9 +58,7 @@ pub async fn settle(
             cost: fill_cost(f, now),
             fee_bps,
         };
-        if let Err(e) = ledger.trade(&t).await {
-            tracing::error!(trade = %trade_id, error = %e, "fill not billed");
-        }
+        bill(ledger, &t).await;
         if f.quantity == f.terms.bid_remaining {
             ended.push(&f.bid_id);
         }
@@ -74,6 +76,24 @@ pub async fn settle(
     ended.dedup();
     for id in ended {
         release(ledger, id).await;
+    }
+}
+
+/// Bills one fill, retrying a database failure a few times; a fill that
+/// still fails is logged loudly (the seller goes unpaid for it).
+async fn bill(ledger: &Ledger, t: &TradeMoney<'_>) {
+    for attempt in 1..=4u64 {
+        match ledger.trade(t).await {
+            Ok(_) => return,
+            Err(LedgerError::Sql(e)) if attempt < 4 => {
+                tracing::warn!(trade = t.trade_id, error = %e, attempt, "fill billing failed; retrying");
+                tokio::time::sleep(std::time::Duration::from_millis(20 * attempt)).await;
+            }
+            Err(e) => {
+                tracing::error!(trade = t.trade_id, error = %e, "fill not billed");
+                return;
+            }
+        }
     }
 }
 

@@ -282,3 +282,52 @@ async fn bids_hold_their_worst_case_and_fills_move_money_once() {
         assert!(l.audit().await.expect("audit").violations.is_empty());
     }
 }
+
+#[tokio::test]
+async fn bids_resting_without_a_hold_are_held_or_cancelled_when_money_connects() {
+    use crate::ledger::accounts::AccountKind;
+    for db in dbs().await {
+        let config = crate::ledger::LedgerConfig {
+            heartbeat: std::time::Duration::from_secs(3600),
+            stale_after: std::time::Duration::from_secs(3600),
+        };
+        let l = Ledger::start(db.clone(), config).await.expect("ledger");
+        let rich = l
+            .create_account(AccountKind::User, "rich", 0)
+            .await
+            .expect("a");
+        let poor = l
+            .create_account(AccountKind::User, "poor", 0)
+            .await
+            .expect("a");
+        l.top_up(&rich.id, 1_000_000, "t").await.expect("top up");
+        // Bids placed by a market without money (as before bids held any).
+        let bare = Market::load(db.clone(), 700).await.expect("market");
+        let (kept, _) = bare
+            .submit(order(Side::Bid, &rich.id, 400_000, 10, 3600))
+            .await
+            .expect("bid");
+        let (gone, _) = bare
+            .submit(order(Side::Bid, &poor.id, 400_000, 10, 3600))
+            .await
+            .expect("bid");
+        let m = Market::load(db, 700)
+            .await
+            .expect("reload")
+            .with_ledger(l.clone())
+            .await
+            .expect("with ledger");
+        assert!(
+            l.account(&rich.id).await.expect("a").held > 0,
+            "the funded bid is held"
+        );
+        assert!(
+            m.cancel(&gone.id, None).await.is_err(),
+            "the unfunded bid is cancelled"
+        );
+        m.cancel(&kept.id, None).await.expect("cancel");
+        l.flush().await;
+        assert_eq!(l.account(&rich.id).await.expect("a").held, 0);
+        assert!(l.audit().await.expect("audit").violations.is_empty());
+    }
+}

@@ -224,6 +224,14 @@ pub(crate) async fn post_bid(
             "a bid is posted from the key's own account",
         ));
     }
+    if key.as_ref().is_some_and(|k| k.budget.is_some()) {
+        // A bid's hold is on the account only; a budgeted key could spend
+        // past its budget through fills.
+        return Err(ApiError::invalid(
+            "key",
+            "keys with a spending budget cannot bid on the spot market; use a key without one",
+        ));
+    }
     let payer = Payer::of(key.as_deref());
     submit(&state, new_order(Side::Bid, payer.account_id, o)?).await
 }
