@@ -351,6 +351,7 @@ async fn house_round(b: &Billing, models: &ModelRegistry) -> Result<(), ApiError
         b.market.cancel_all(&m.name, HOUSE_PROVIDER).await?;
         b.market
             .submit(NewOrder {
+                key_id: None,
                 side: Side::Ask,
                 instrument: m.name.clone(),
                 account_id: HOUSE_PROVIDER.to_string(),

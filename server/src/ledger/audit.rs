@@ -67,9 +67,10 @@ const CHECKS: &[(&str, &str)] = &[
          AND e.account_id = u.account_id), 0) AS BIGINT)",
     ),
     (
-        "key spending differs from its usage records",
+        "key spending differs from its usage records and trades",
         "SELECT k.id AS what FROM api_keys k WHERE k.spent <> CAST(COALESCE( \
          (SELECT SUM(u.cost) FROM usage_records u WHERE u.key_id = k.id), 0) AS BIGINT) \
+         + CAST(COALESCE((SELECT SUM(h.spent) FROM holds h WHERE h.key_id = k.id), 0) AS BIGINT) \
          OR k.held <> CAST(COALESCE((SELECT SUM(h.amount) FROM holds h \
          WHERE h.key_id = k.id AND h.state = 'open'), 0) AS BIGINT)",
     ),

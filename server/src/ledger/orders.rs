@@ -5,6 +5,8 @@
 //! transaction, taking its share out of that hold. Nothing here knows the
 //! order book: the market passes amounts in.
 
+use sqlx::Row;
+
 use super::holds::{self, HoldRequest, Reserved};
 use super::money::{self, Micros, Prices, Quote};
 use super::{HOUSE_PROVIDER, Ledger, LedgerError, TREASURY};
@@ -42,6 +44,7 @@ impl Ledger {
         &self,
         order_id: &str,
         account: &str,
+        key: Option<&str>,
         amount: Micros,
     ) -> Result<(), LedgerError> {
         money::check_amount("bid's worst-case cost", amount).map_err(LedgerError::InvalidAmount)?;
@@ -60,17 +63,17 @@ impl Ledger {
         let h = HoldRequest {
             request_id: &id,
             account_id: account,
-            key_id: None,
+            key_id: key,
             quote: &quote,
             amount,
         };
         let mut tx = self.db.pool.begin().await?;
-        match holds::reserve(&mut tx, account, None, amount).await? {
+        match holds::reserve(&mut tx, account, key, amount).await? {
             Reserved::Yes => {}
             Reserved::NoFunds | Reserved::OverBudget => {
                 drop(tx);
                 return Err(self
-                    .check_cover(account, None, amount)
+                    .check_cover(account, key, amount)
                     .await
                     .err()
                     .unwrap_or(LedgerError::InsufficientQuota {
@@ -98,16 +101,18 @@ impl Ledger {
         let mut tx = self.db.pool.begin().await?;
         // A write first, so SQLite takes its write lock now (a read first
         // could not upgrade if another writer committed meanwhile).
-        let held: Option<Micros> = sqlx::query_scalar(
+        let row = sqlx::query(
             "UPDATE holds SET amount = amount WHERE request_id = $1 AND state = 'open' \
-             RETURNING amount",
+             RETURNING amount, key_id",
         )
         .bind(&hold)
         .fetch_optional(&mut *tx)
-        .await?;
-        let held = held.ok_or_else(|| {
+        .await?
+        .ok_or_else(|| {
             LedgerError::InvalidAmount(format!("bid `{}` has no open hold", t.bid_id))
         })?;
+        let held: Micros = row.try_get("amount")?;
+        let key: Option<String> = row.try_get("key_id")?;
         let portion = if t.quantity == t.bid_remaining {
             held
         } else {
@@ -120,10 +125,11 @@ impl Ledger {
         let cost = t.cost.min(portion);
         // The condition on `amount` makes a concurrent change a refusal.
         let done = sqlx::query(
-            "UPDATE holds SET amount = amount - $1 WHERE request_id = $2 AND state = 'open' \
-             AND amount = $3",
+            "UPDATE holds SET amount = amount - $1, spent = spent + $2 WHERE request_id = $3 \
+             AND state = 'open' AND amount = $4",
         )
         .bind(portion)
+        .bind(cost)
         .bind(&hold)
         .bind(held)
         .execute(&mut *tx)
@@ -150,6 +156,15 @@ impl Ledger {
             .bind(id)
             .execute(&mut *tx)
             .await?;
+        }
+        if let Some(key) = &key {
+            // The key's budget moves like the account: held down, spent up.
+            sqlx::query("UPDATE api_keys SET held = held - $1, spent = spent + $2 WHERE id = $3")
+                .bind(portion)
+                .bind(cost)
+                .bind(key)
+                .execute(&mut *tx)
+                .await?;
         }
         if cost > 0 {
             insert_trade_journal(&mut tx, t, split).await?;

@@ -278,6 +278,7 @@ async fn market_step(l: &Ledger, rng: &mut StdRng, user: &str) {
         Side::Ask
     };
     let order = NewOrder {
+        key_id: None,
         side,
         instrument: "walk".into(),
         account_id: user.to_string(),

@@ -56,6 +56,8 @@ pub struct NewOrder {
     pub side: Side,
     pub instrument: String,
     pub account_id: String,
+    /// The API key a bid is posted with: its budget is held too.
+    pub key_id: Option<String>,
     pub price: Micros,
     pub quantity: u64,
     pub priority: i64,
@@ -173,7 +175,7 @@ impl Market {
             for o in unheld {
                 let placed = match money::bid_worst_case(&o, t) {
                     Ok(a) => ledger
-                        .hold_order(&o.id, &o.account_id, a)
+                        .hold_order(&o.id, &o.account_id, None, a)
                         .await
                         .map_err(Into::into),
                     Err(e) => Err(e),
@@ -295,6 +297,7 @@ impl Market {
             l.hold_order(
                 &order.id,
                 &order.account_id,
+                new.key_id.as_deref(),
                 money::bid_worst_case(&order, t)?,
             )
             .await?;

@@ -121,6 +121,7 @@ async fn random_order_flow_persists_exactly_what_the_book_holds() {
                 Side::Ask
             };
             let new = NewOrder {
+                key_id: None,
                 side,
                 instrument: "smol".into(),
                 account_id: user.id.clone(),
@@ -191,6 +192,7 @@ async fn funded_market(db: Db) -> (Market, Ledger) {
 
 fn order(side: Side, account: &str, price: Micros, quantity: u64, ttl: i64) -> NewOrder {
     NewOrder {
+        key_id: None,
         side,
         instrument: "m".into(),
         account_id: account.into(),
@@ -329,5 +331,57 @@ async fn bids_resting_without_a_hold_are_held_or_cancelled_when_money_connects()
         l.flush().await;
         assert_eq!(l.account(&rich.id).await.expect("a").held, 0);
         assert!(l.audit().await.expect("audit").violations.is_empty());
+    }
+}
+
+#[tokio::test]
+async fn a_keys_budget_bounds_its_bids_and_counts_their_fills() {
+    use crate::ledger::accounts::AccountKind;
+    use crate::store::keys::NewKey;
+    for db in dbs().await {
+        let (m, l) = funded_market(db).await;
+        let seller = l
+            .create_account(AccountKind::Provider, "gpu", 0)
+            .await
+            .expect("p");
+        // 10 tok/s for 100 s at 0.4 units per million: 400 micro-units.
+        let new = NewKey {
+            budget: Some(500),
+            ..NewKey::named("trader")
+        };
+        let (key, _) = l.db.create_key(&new).await.expect("key");
+        l.top_up(&key.account_id, 1_000_000, "t")
+            .await
+            .expect("top up");
+        let bid = |quantity| NewOrder {
+            key_id: Some(key.id.clone()),
+            ..order(Side::Bid, &key.account_id, 400_000, quantity, 100)
+        };
+        let over = m.submit(bid(20)).await;
+        assert!(
+            matches!(
+                over,
+                Err(MarketError::Ledger(
+                    crate::ledger::LedgerError::BudgetExceeded { .. }
+                ))
+            ),
+            "{over:?}"
+        );
+        let (b, _) = m.submit(bid(10)).await.expect("within the budget");
+        m.submit(order(Side::Ask, &seller.id, 300_000, 4, 600))
+            .await
+            .expect("ask");
+        m.cancel(&b.id, None).await.expect("cancel");
+        l.flush().await;
+        let k =
+            l.db.list_keys()
+                .await
+                .expect("keys")
+                .into_iter()
+                .find(|k| k.id == key.id)
+                .expect("key");
+        assert!(k.spent > 0 && k.spent <= 500, "{}", k.spent);
+        let audit = l.audit().await.expect("audit");
+        assert!(audit.violations.is_empty(), "{:?}", audit.violations);
     }
 }

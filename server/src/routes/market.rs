@@ -169,7 +169,12 @@ pub(crate) struct PostOrder {
     account_id: Option<String>,
 }
 
-fn new_order(side: Side, account_id: String, o: PostOrder) -> Result<NewOrder, ApiError> {
+fn new_order(
+    side: Side,
+    account_id: String,
+    key_id: Option<String>,
+    o: PostOrder,
+) -> Result<NewOrder, ApiError> {
     let ttl = o.expires_in.unwrap_or(3600);
     if !(1..=30 * 86_400).contains(&ttl) {
         return Err(ApiError::invalid(
@@ -181,6 +186,7 @@ fn new_order(side: Side, account_id: String, o: PostOrder) -> Result<NewOrder, A
         side,
         instrument: o.instrument,
         account_id,
+        key_id,
         price: o.price,
         quantity: o.quantity,
         priority: o.priority,
@@ -224,16 +230,9 @@ pub(crate) async fn post_bid(
             "a bid is posted from the key's own account",
         ));
     }
-    if key.as_ref().is_some_and(|k| k.budget.is_some()) {
-        // A bid's hold is on the account only; a budgeted key could spend
-        // past its budget through fills.
-        return Err(ApiError::invalid(
-            "key",
-            "keys with a spending budget cannot bid on the spot market; use a key without one",
-        ));
-    }
     let payer = Payer::of(key.as_deref());
-    submit(&state, new_order(Side::Bid, payer.account_id, o)?).await
+    let order = new_order(Side::Bid, payer.account_id, payer.key_id, o)?;
+    submit(&state, order).await
 }
 
 /// Cancels one of the caller's open orders.
@@ -275,7 +274,7 @@ pub(crate) async fn post_ask(
             "asks come from provider accounts",
         ));
     }
-    submit(&state, new_order(Side::Ask, id, o)?).await
+    submit(&state, new_order(Side::Ask, id, None, o)?).await
 }
 
 /// Admin: electricity prices by region (micro-units per kWh).
