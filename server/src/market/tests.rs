@@ -164,13 +164,18 @@ async fn random_order_flow_persists_exactly_what_the_book_holds() {
     }
 }
 
-/// A market with money, on a fresh ledger.
-async fn funded_market(db: Db) -> (Market, Ledger) {
+/// A ledger with no background recovery (the tests drive it).
+async fn quiet_ledger(db: &Db) -> Ledger {
     let config = crate::ledger::LedgerConfig {
         heartbeat: std::time::Duration::from_secs(3600),
         stale_after: std::time::Duration::from_secs(3600),
     };
-    let l = Ledger::start(db.clone(), config).await.expect("ledger");
+    Ledger::start(db.clone(), config).await.expect("ledger")
+}
+
+/// A market with money, on a fresh ledger.
+async fn funded_market(db: Db) -> (Market, Ledger) {
+    let l = quiet_ledger(&db).await;
     let m = Market::load(db, 700)
         .await
         .expect("market")
@@ -289,11 +294,7 @@ async fn bids_hold_their_worst_case_and_fills_move_money_once() {
 async fn bids_resting_without_a_hold_are_held_or_cancelled_when_money_connects() {
     use crate::ledger::accounts::AccountKind;
     for db in dbs().await {
-        let config = crate::ledger::LedgerConfig {
-            heartbeat: std::time::Duration::from_secs(3600),
-            stale_after: std::time::Duration::from_secs(3600),
-        };
-        let l = Ledger::start(db.clone(), config).await.expect("ledger");
+        let l = quiet_ledger(&db).await;
         let rich = l
             .create_account(AccountKind::User, "rich", 0)
             .await
