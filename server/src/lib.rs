@@ -23,8 +23,7 @@ pub mod store;
 pub mod telemetry;
 
 use axum::Router;
-use axum::extract::{DefaultBodyLimit, Request, State};
-use axum::middleware::Next;
+use axum::extract::DefaultBodyLimit;
 use axum::response::{IntoResponse, Response};
 use tower_http::catch_panic::CatchPanicLayer;
 
@@ -35,10 +34,6 @@ pub fn app(state: AppState, max_body_bytes: usize) -> Router {
     routes::router(&state)
         .layer(DefaultBodyLimit::max(max_body_bytes))
         .layer(CatchPanicLayer::custom(panic_response))
-        .layer(axum::middleware::from_fn_with_state(
-            state.clone(),
-            refuse_while_draining,
-        ))
         // Outermost, so it sees (and counts) the answers of the layers
         // inside it, panics included. `Router::layer` runs after routing,
         // so the matched route is known.
@@ -47,21 +42,6 @@ pub fn app(state: AppState, max_body_bytes: usize) -> Router {
             observe::observe,
         ))
         .with_state(state)
-}
-
-/// While the server drains, new API and admin requests get 503 with
-/// `Retry-After` (a load balancer retries them elsewhere); health,
-/// readiness, metrics and documents still answer.
-async fn refuse_while_draining(
-    State(state): State<AppState>,
-    req: Request,
-    next: Next,
-) -> Response {
-    let path = req.uri().path();
-    if state.is_draining() && (path.starts_with("/v1/") || path.starts_with("/admin/")) {
-        return error::ApiError::from(engine::EngineError::Shutdown).into_response();
-    }
-    next.run(req).await
 }
 
 /// A handler panic (a bug) becomes a generic OpenAI-shaped 500, not a
