@@ -3,7 +3,7 @@
 //! top-ups, provider penalties, journal queries and the ledger audit.
 
 use axum::extract::{Path, Query, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Extension, Json, Router};
@@ -77,11 +77,7 @@ pub(crate) async fn usage(
 #[utoipa::path(get, path = "/admin/accounts", tag = "admin",
     responses((status = 200, description = "Accounts", body = Object), (status = 401, description = "Missing or wrong admin token", body = crate::openapi::ErrorResponse)),
     security(("admin_token" = [])))]
-pub(crate) async fn list(
-    State(state): State<AppState>,
-    headers: HeaderMap,
-) -> Result<Response, ApiError> {
-    state.auth.check_admin(&headers)?;
+pub(crate) async fn list(State(state): State<AppState>) -> Result<Response, ApiError> {
     let data = billing(&state)?.ledger.accounts().await?;
     Ok(Json(json!({"object": "list", "data": data})).into_response())
 }
@@ -93,10 +89,8 @@ pub(crate) async fn list(
     security(("admin_token" = [])))]
 pub(crate) async fn one(
     State(state): State<AppState>,
-    headers: HeaderMap,
     Path(id): Path<String>,
 ) -> Result<Json<Account>, ApiError> {
-    state.auth.check_admin(&headers)?;
     Ok(Json(billing(&state)?.ledger.account(&id).await?))
 }
 
@@ -118,10 +112,8 @@ pub(crate) struct CreateAccount {
     security(("admin_token" = [])))]
 pub(crate) async fn create(
     State(state): State<AppState>,
-    headers: HeaderMap,
     ApiJson(req): ApiJson<CreateAccount>,
 ) -> Result<Response, ApiError> {
-    state.auth.check_admin(&headers)?;
     let kind = req.kind.unwrap_or(AccountKind::User);
     if !matches!(kind, AccountKind::User | AccountKind::Provider) {
         return Err(ApiError::invalid(
@@ -156,11 +148,9 @@ pub(crate) struct UpdateAccount {
     security(("admin_token" = [])))]
 pub(crate) async fn update(
     State(state): State<AppState>,
-    headers: HeaderMap,
     Path(id): Path<String>,
     ApiJson(req): ApiJson<UpdateAccount>,
 ) -> Result<Json<Account>, ApiError> {
-    state.auth.check_admin(&headers)?;
     let ledger = &billing(&state)?.ledger;
     ledger.set_credit_limit(&id, req.credit_limit).await?;
     Ok(Json(ledger.account(&id).await?))
@@ -182,11 +172,9 @@ pub(crate) struct TopUp {
     security(("admin_token" = [])))]
 pub(crate) async fn top_up(
     State(state): State<AppState>,
-    headers: HeaderMap,
     Path(id): Path<String>,
     ApiJson(req): ApiJson<TopUp>,
 ) -> Result<Response, ApiError> {
-    state.auth.check_admin(&headers)?;
     let ledger = &billing(&state)?.ledger;
     let tx = ledger.top_up(&id, req.amount, &req.memo).await?;
     transaction_answer(ledger, tx, &id).await
@@ -210,11 +198,9 @@ async fn transaction_answer(
     security(("admin_token" = [])))]
 pub(crate) async fn penalty(
     State(state): State<AppState>,
-    headers: HeaderMap,
     Path(id): Path<String>,
     ApiJson(req): ApiJson<TopUp>,
 ) -> Result<Response, ApiError> {
-    state.auth.check_admin(&headers)?;
     let ledger = &billing(&state)?.ledger;
     let tx = ledger.penalize(&id, req.amount, &req.memo).await?;
     transaction_answer(ledger, tx, &id).await
@@ -226,10 +212,8 @@ pub(crate) async fn penalty(
     security(("admin_token" = [])))]
 pub(crate) async fn journal(
     State(state): State<AppState>,
-    headers: HeaderMap,
     Query(q): Query<LimitQuery>,
 ) -> Result<Response, ApiError> {
-    state.auth.check_admin(&headers)?;
     let data = billing(&state)?
         .ledger
         .journal(q.account.as_deref(), q.limit())
@@ -241,10 +225,6 @@ pub(crate) async fn journal(
 #[utoipa::path(get, path = "/admin/ledger/audit", tag = "admin",
     responses((status = 200, description = "Violations (empty when all hold)", body = Audit), (status = 401, description = "Missing or wrong admin token", body = crate::openapi::ErrorResponse)),
     security(("admin_token" = [])))]
-pub(crate) async fn audit(
-    State(state): State<AppState>,
-    headers: HeaderMap,
-) -> Result<Json<Audit>, ApiError> {
-    state.auth.check_admin(&headers)?;
+pub(crate) async fn audit(State(state): State<AppState>) -> Result<Json<Audit>, ApiError> {
     Ok(Json(billing(&state)?.ledger.audit().await?))
 }

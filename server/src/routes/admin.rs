@@ -3,7 +3,7 @@
 //! unload models without a restart.
 
 use axum::extract::{Path, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
 use axum::{Json, Router};
@@ -48,10 +48,8 @@ fn text_kind() -> Kind {
     security(("admin_token" = [])))]
 pub(crate) async fn load_model(
     State(state): State<AppState>,
-    headers: HeaderMap,
     ApiJson(req): ApiJson<LoadModel>,
 ) -> Result<Response, ApiError> {
-    state.auth.check_admin(&headers)?;
     if req.name.trim().is_empty() || req.name.len() > 128 {
         return Err(ApiError::invalid(
             "name",
@@ -100,10 +98,8 @@ pub(crate) async fn load_model(
     security(("admin_token" = [])))]
 pub(crate) async fn unload_model(
     State(state): State<AppState>,
-    headers: HeaderMap,
     Path(name): Path<String>,
 ) -> Result<Response, ApiError> {
-    state.auth.check_admin(&headers)?;
     state.models.remove(&name)?;
     Ok(Json(json!({"id": name, "object": "model", "deleted": true})).into_response())
 }
@@ -126,9 +122,8 @@ pub(crate) struct CreateKey {
     budget: Option<i64>,
 }
 
-/// The admin check, then the key database.
-fn keys_db<'a>(state: &'a AppState, headers: &HeaderMap) -> Result<&'a Db, ApiError> {
-    state.auth.check_admin(headers)?;
+/// The key database (admin routes are behind the admin layer).
+fn keys_db(state: &AppState) -> Result<&Db, ApiError> {
     state
         .auth
         .db
@@ -146,10 +141,9 @@ fn storage(e: crate::store::StoreError) -> ApiError {
     security(("admin_token" = [])))]
 pub(crate) async fn create(
     State(state): State<AppState>,
-    headers: HeaderMap,
     ApiJson(req): ApiJson<CreateKey>,
 ) -> Result<Response, ApiError> {
-    let db = keys_db(&state, &headers)?;
+    let db = keys_db(&state)?;
     if req.name.trim().is_empty() || req.name.len() > 128 {
         return Err(ApiError::invalid("name", "a key name is 1-128 characters"));
     }
@@ -196,11 +190,8 @@ pub(crate) async fn create(
 #[utoipa::path(get, path = "/admin/keys", tag = "admin",
     responses((status = 200, description = "Every key", body = Object), (status = 401, description = "Missing or wrong admin token", body = crate::openapi::ErrorResponse)),
     security(("admin_token" = [])))]
-pub(crate) async fn list(
-    State(state): State<AppState>,
-    headers: HeaderMap,
-) -> Result<Response, ApiError> {
-    let db = keys_db(&state, &headers)?;
+pub(crate) async fn list(State(state): State<AppState>) -> Result<Response, ApiError> {
+    let db = keys_db(&state)?;
     let keys = db.list_keys().await.map_err(storage)?;
     Ok(Json(json!({"object": "list", "data": keys})).into_response())
 }
@@ -212,10 +203,9 @@ pub(crate) async fn list(
     security(("admin_token" = [])))]
 pub(crate) async fn revoke(
     State(state): State<AppState>,
-    headers: HeaderMap,
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
-    let db = keys_db(&state, &headers)?;
+    let db = keys_db(&state)?;
     if !db.revoke_key(&id).await.map_err(storage)? {
         return Err(ApiError::KeyNotFound(id));
     }

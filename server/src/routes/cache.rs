@@ -6,7 +6,6 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 
 use axum::extract::{Path, State};
-use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
 use axum::{Json, Router};
@@ -26,8 +25,7 @@ pub fn admin_router() -> Router<AppState> {
         .route("/admin/cache/shared/{model}", put(shared))
 }
 
-fn cache(state: &AppState, headers: &HeaderMap) -> Result<Arc<ResponseCache>, ApiError> {
-    state.auth.check_admin(headers)?;
+fn cache(state: &AppState) -> Result<Arc<ResponseCache>, ApiError> {
     state
         .cache
         .clone()
@@ -39,11 +37,8 @@ fn cache(state: &AppState, headers: &HeaderMap) -> Result<Arc<ResponseCache>, Ap
 #[utoipa::path(get, path = "/admin/cache", tag = "admin",
     responses((status = 200, description = "Cache statistics", body = Object), (status = 401, description = "Missing or wrong admin token", body = crate::openapi::ErrorResponse)),
     security(("admin_token" = [])))]
-pub(crate) async fn stats(
-    State(state): State<AppState>,
-    headers: HeaderMap,
-) -> Result<Response, ApiError> {
-    let c = cache(&state, &headers)?;
+pub(crate) async fn stats(State(state): State<AppState>) -> Result<Response, ApiError> {
+    let c = cache(&state)?;
     c.settle_l1().await;
     let (b1, n1, b2, n2) = c.sizes();
     let tier = |name: &str, s: &crate::cache::TierStats| {
@@ -88,10 +83,9 @@ pub(crate) struct Flush {
     security(("admin_token" = [])))]
 pub(crate) async fn flush(
     State(state): State<AppState>,
-    headers: HeaderMap,
     ApiJson(f): ApiJson<Flush>,
 ) -> Result<Response, ApiError> {
-    let c = cache(&state, &headers)?;
+    let c = cache(&state)?;
     let [l1, l2, l3, semantic] = c.flush(f.scope.as_deref(), f.model.as_deref()).await;
     Ok(
         Json(json!({"removed": {"l1": l1, "l2": l2, "l3": l3, "semantic": semantic}}))
@@ -112,10 +106,9 @@ pub(crate) struct Threshold {
     security(("admin_token" = [])))]
 pub(crate) async fn threshold(
     State(state): State<AppState>,
-    headers: HeaderMap,
     ApiJson(t): ApiJson<Threshold>,
 ) -> Result<Response, ApiError> {
-    let c = cache(&state, &headers)?;
+    let c = cache(&state)?;
     if !(0.0..=1.0).contains(&t.threshold) {
         return Err(ApiError::invalid(
             "threshold",
@@ -140,11 +133,10 @@ pub(crate) struct Shared {
     security(("admin_token" = [])))]
 pub(crate) async fn shared(
     State(state): State<AppState>,
-    headers: HeaderMap,
     Path(model): Path<String>,
     ApiJson(s): ApiJson<Shared>,
 ) -> Result<Response, ApiError> {
-    let c = cache(&state, &headers)?;
+    let c = cache(&state)?;
     state.models.get(&model)?;
     c.set_shared(&model, s.shared);
     Ok(Json(json!({"model": model, "shared": s.shared})).into_response())

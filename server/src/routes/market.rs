@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use axum::extract::{Path, Query, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post, put};
 use axum::{Extension, Json, Router};
@@ -259,10 +259,8 @@ pub(crate) async fn cancel(
     security(("admin_token" = [])))]
 pub(crate) async fn post_ask(
     State(state): State<AppState>,
-    headers: HeaderMap,
     ApiJson(o): ApiJson<PostOrder>,
 ) -> Result<Response, ApiError> {
-    state.auth.check_admin(&headers)?;
     let b = billing(&state)?;
     let id = o
         .account_id
@@ -281,11 +279,7 @@ pub(crate) async fn post_ask(
 #[utoipa::path(get, path = "/admin/market/regions", tag = "admin",
     responses((status = 200, description = "Region -> price", body = Object), (status = 401, description = "Missing or wrong admin token", body = crate::openapi::ErrorResponse)),
     security(("admin_token" = [])))]
-pub(crate) async fn regions(
-    State(state): State<AppState>,
-    headers: HeaderMap,
-) -> Result<Response, ApiError> {
-    state.auth.check_admin(&headers)?;
+pub(crate) async fn regions(State(state): State<AppState>) -> Result<Response, ApiError> {
     Ok(Json(json!({"regions": billing(&state)?.market.regions()})).into_response())
 }
 
@@ -302,11 +296,9 @@ pub(crate) struct RegionPrice {
     security(("admin_token" = [])))]
 pub(crate) async fn set_region(
     State(state): State<AppState>,
-    headers: HeaderMap,
     Path(region): Path<String>,
     ApiJson(p): ApiJson<RegionPrice>,
 ) -> Result<Response, ApiError> {
-    state.auth.check_admin(&headers)?;
     billing(&state)?
         .market
         .set_region_price(&region, p.micros_per_kwh)
@@ -318,11 +310,7 @@ pub(crate) async fn set_region(
 #[utoipa::path(get, path = "/admin/market/providers", tag = "admin",
     responses((status = 200, description = "Providers", body = Object), (status = 401, description = "Missing or wrong admin token", body = crate::openapi::ErrorResponse)),
     security(("admin_token" = [])))]
-pub(crate) async fn providers(
-    State(state): State<AppState>,
-    headers: HeaderMap,
-) -> Result<Response, ApiError> {
-    state.auth.check_admin(&headers)?;
+pub(crate) async fn providers(State(state): State<AppState>) -> Result<Response, ApiError> {
     let data = billing(&state)?.market.providers();
     Ok(Json(json!({"object": "list", "data": data})).into_response())
 }
@@ -348,11 +336,9 @@ fn one_x() -> i64 {
     security(("admin_token" = [])))]
 pub(crate) async fn set_provider(
     State(state): State<AppState>,
-    headers: HeaderMap,
     Path(id): Path<String>,
     ApiJson(p): ApiJson<SetProvider>,
 ) -> Result<Json<Provider>, ApiError> {
-    state.auth.check_admin(&headers)?;
     let provider = Provider {
         account_id: id,
         profile: p.profile,

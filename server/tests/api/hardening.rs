@@ -67,3 +67,46 @@ async fn model_paths_stay_inside_the_models_directory_and_errors_leak_nothing() 
     let r = call(&app, "POST", "/admin/models", Some(ADMIN), Some(spec)).await;
     assert_eq!(r.status(), StatusCode::CREATED);
 }
+
+#[tokio::test]
+async fn every_admin_route_refuses_user_keys_and_missing_tokens() {
+    let app = app_with_models_dir(
+        Auth::with_keys(keyed_db().await, Some(ADMIN.into())),
+        crate::helpers::models_dir(),
+    );
+    let created = call(
+        &app,
+        "POST",
+        "/admin/keys",
+        Some(ADMIN),
+        Some(json!({"name": "user"})),
+    )
+    .await;
+    assert_eq!(created.status(), StatusCode::CREATED);
+    let user_key = json_of(created).await["key"]
+        .as_str()
+        .expect("key")
+        .to_string();
+    let doc: serde_json::Value = serde_json::from_str(&server::openapi::json()).expect("openapi");
+    let paths = doc["paths"].as_object().expect("paths");
+    let mut probed = 0;
+    for (path, item) in paths.iter().filter(|(p, _)| p.starts_with("/admin")) {
+        let uri = path.replace('{', "x").replace('}', "");
+        for method in item.as_object().expect("item").keys() {
+            let method = method.to_uppercase();
+            for token in [Some(user_key.as_str()), None, Some("wrong")] {
+                let r = call(&app, &method, &uri, token, Some(json!({}))).await;
+                assert!(
+                    matches!(
+                        r.status(),
+                        StatusCode::UNAUTHORIZED | StatusCode::TOO_MANY_REQUESTS
+                    ),
+                    "{method} {path} with {token:?}: {}",
+                    r.status()
+                );
+                probed += 1;
+            }
+        }
+    }
+    assert!(probed >= 3 * 20, "only {probed} admin operations probed");
+}
