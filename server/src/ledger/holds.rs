@@ -26,6 +26,16 @@ impl Ledger {
     /// account's balance (plus its credit limit) minus what is already held
     /// cannot cover it, `BudgetExceeded` when the key's budget cannot.
     pub async fn hold(&self, h: HoldRequest<'_>) -> Result<(), LedgerError> {
+        self.hold_for(h, self.instance()).await
+    }
+
+    /// `hold`, recorded as belonging to `instance` (the market's bids use
+    /// one no server owns, so recovery never closes them).
+    pub(super) async fn hold_for(
+        &self,
+        h: HoldRequest<'_>,
+        instance: &str,
+    ) -> Result<(), LedgerError> {
         if self.jobs.is_closed() {
             return Err(LedgerError::Closed);
         }
@@ -43,7 +53,7 @@ impl Ledger {
                 return Err(self.budget_refusal(key, h.amount).await);
             }
         }
-        if let Err(e) = insert_hold(&mut tx, &h, self.instance()).await {
+        if let Err(e) = insert_hold(&mut tx, &h, instance).await {
             let duplicate = matches!(&e, sqlx::Error::Database(d) if d.is_unique_violation());
             return Err(if duplicate {
                 LedgerError::DuplicateHold(h.request_id.to_string())

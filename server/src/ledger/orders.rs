@@ -7,7 +7,7 @@
 
 use sqlx::Row;
 
-use super::holds::{self, HoldRequest, Reserved};
+use super::holds::HoldRequest;
 use super::money::{self, Micros, Prices, Quote};
 use super::{HOUSE_PROVIDER, Ledger, LedgerError, TREASURY};
 use crate::store::now;
@@ -39,7 +39,8 @@ pub struct TradeMoney<'a> {
 
 impl Ledger {
     /// Reserves a bid's worst case (`0 < amount <= MAX_AMOUNT`) on the
-    /// bidder's account, or refuses as a request's hold would.
+    /// bidder's account and key budget, refused exactly as a request's
+    /// hold is.
     pub async fn hold_order(
         &self,
         order_id: &str,
@@ -67,24 +68,7 @@ impl Ledger {
             quote: &quote,
             amount,
         };
-        let mut tx = self.db.pool.begin().await?;
-        match holds::reserve(&mut tx, account, key, amount).await? {
-            Reserved::Yes => {}
-            Reserved::NoFunds | Reserved::OverBudget => {
-                drop(tx);
-                return Err(self
-                    .check_cover(account, key, amount)
-                    .await
-                    .err()
-                    .unwrap_or(LedgerError::InsufficientQuota {
-                        need: amount,
-                        available: 0,
-                    }));
-            }
-        }
-        holds::insert_hold(&mut tx, &h, MARKET_INSTANCE).await?;
-        tx.commit().await?;
-        Ok(())
+        self.hold_for(h, MARKET_INSTANCE).await
     }
 
     /// Moves one fill's money in one transaction; returns what the
