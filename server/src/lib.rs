@@ -1,94 +1,29 @@
-//! The Synor Compute server: the OpenAI-compatible HTTP API in front of the
-//! engine. `app(state)` builds the router (used by `main` and by the
-//! in-process tests); `startup` loads models, binds and serves.
+//! The Synor Compute server, in three layers (see README, "Architecture"):
+//!
+//! - `http`: the OpenAI-compatible API, routes, auth middleware, OpenAPI and
+//!   the one error-to-HTTP mapping; `http::app(state)` builds the router
+//!   (used by `startup` and by the in-process tests).
+//! - `services`: what a request does, HTTP-free: the served models, per-key
+//!   limits, metering, the response-cache policy and the one generation
+//!   path that chat, completions and embeddings share.
+//! - domain modules that know nothing of HTTP or services: `ledger` (money),
+//!   `market` (prices and orders), `cache` (the response cache's tiers),
+//!   `store` (keys and the database). The fleet (gateway, registry,
+//!   placement) will be a fourth one, `fleet`, used by the services.
+//!
+//! Beside them: `config` (the command line), `startup` (wiring and serving),
+//! `listen` (the HTTP/1 listener), `keys_cli`, `telemetry`.
 
-pub mod api;
-pub mod auth;
-pub mod billing;
 pub mod cache;
-pub mod caching;
 pub mod config;
-pub mod error;
+pub mod http;
 pub mod keys_cli;
 pub mod ledger;
 pub mod listen;
 pub mod market;
-pub mod metrics;
-pub mod observe;
-pub mod openapi;
-pub mod routes;
+pub mod services;
 pub mod startup;
-pub mod state;
 pub mod store;
 pub mod telemetry;
 
-use axum::Router;
-use axum::extract::DefaultBodyLimit;
-use axum::response::{IntoResponse, Response};
-use tower_http::catch_panic::CatchPanicLayer;
-
-use crate::state::AppState;
-
-/// The full application router with its middleware.
-pub fn app(state: AppState, max_body_bytes: usize) -> Router {
-    routes::router(&state)
-        .layer(DefaultBodyLimit::max(max_body_bytes))
-        .layer(CatchPanicLayer::custom(panic_response))
-        // Outermost, so it sees (and counts) the answers of the layers
-        // inside it, panics included. `Router::layer` runs after routing,
-        // so the matched route is known.
-        .layer(axum::middleware::from_fn_with_state(
-            state.clone(),
-            observe::observe,
-        ))
-        .with_state(state)
-}
-
-/// A handler panic (a bug) becomes a generic OpenAI-shaped 500, not a
-/// dropped connection; the details go to the log only.
-fn panic_response(panic: Box<dyn std::any::Any + Send + 'static>) -> Response {
-    let msg = panic
-        .downcast_ref::<&str>()
-        .map(|s| s.to_string())
-        .or_else(|| panic.downcast_ref::<String>().cloned())
-        .unwrap_or_default();
-    tracing::error!(panic = %msg, "handler panicked");
-    error::ApiError::from(engine::EngineError::Execution(msg)).into_response()
-}
-
-#[cfg(test)]
-mod tests {
-    use axum::body::Body;
-    use axum::http::{Request, StatusCode};
-    use axum::routing::get;
-    use http_body_util::BodyExt;
-    use tower::ServiceExt;
-
-    use super::*;
-
-    async fn boom() -> &'static str {
-        if std::hint::black_box(true) {
-            panic!("secret detail");
-        }
-        "unreachable"
-    }
-
-    #[tokio::test]
-    async fn a_panicking_handler_answers_500_in_the_openai_shape() {
-        let app: Router = Router::new()
-            .route("/boom", get(boom))
-            .layer(CatchPanicLayer::custom(panic_response));
-        let resp = app
-            .oneshot(Request::get("/boom").body(Body::empty()).expect("request"))
-            .await
-            .expect("response");
-        assert_eq!(resp.status(), StatusCode::INTERNAL_SERVER_ERROR);
-        let body = resp.into_body().collect().await.expect("body").to_bytes();
-        let v: serde_json::Value = serde_json::from_slice(&body).expect("json");
-        assert_eq!(v["error"]["type"], "server_error");
-        assert!(
-            !body.windows(6).any(|w| w == b"secret"),
-            "panic details leaked"
-        );
-    }
-}
+pub use http::app;

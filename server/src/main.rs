@@ -14,7 +14,7 @@ fn main() -> anyhow::Result<()> {
             rt.block_on(server::startup::serve(*args))
         }
         Command::Openapi { out } => {
-            std::fs::write(&out, server::openapi::json())?;
+            std::fs::write(&out, server::http::openapi::json())?;
             println!("wrote {}", out.display());
             Ok(())
         }

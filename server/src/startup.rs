@@ -7,12 +7,13 @@ use std::sync::Arc;
 use anyhow::Context;
 use tokio::net::TcpListener;
 
-use crate::auth::Auth;
-use crate::billing::Billing;
 use crate::config::ServeArgs;
+use crate::http::auth::Auth;
+use crate::http::state::AppState;
 use crate::ledger::{Ledger, LedgerConfig};
 use crate::market::Market;
-use crate::state::{AppState, Kind, ModelLoader, ModelRegistry};
+use crate::services::metering::Billing;
+use crate::services::models::{Kind, ModelLoader, ModelRegistry};
 use crate::store::Db;
 
 /// How this server loads models (also those the admin API adds later).
@@ -105,7 +106,7 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     };
     let billing = Arc::new(billing(&args, db).await?);
     let registry = Arc::new(load_models(&args).await?);
-    tokio::spawn(crate::billing::run_house(
+    tokio::spawn(crate::services::metering::run_house(
         billing.clone(),
         registry.clone(),
         std::time::Duration::from_secs(10),
@@ -169,11 +170,11 @@ fn seconds(s: f64, min: f64, max: f64) -> std::time::Duration {
 async fn idle(registry: &ModelRegistry) {
     loop {
         let busy = registry.list().iter().any(|m| match &m.kind {
-            crate::state::ModelKind::Text(e) => {
+            crate::services::models::ModelKind::Text(e) => {
                 let s = e.stats();
                 s.num_running + s.num_waiting > 0
             }
-            crate::state::ModelKind::Embedding(_) => false,
+            crate::services::models::ModelKind::Embedding(_) => false,
         });
         if !busy {
             return;

@@ -4,7 +4,7 @@
 
 use axum::http::StatusCode;
 use serde_json::json;
-use server::auth::Auth;
+use server::http::auth::Auth;
 
 use crate::helpers::{app_with_models_dir, model_path};
 use crate::keys::{ADMIN, call, json_of, keyed_db};
@@ -87,7 +87,8 @@ async fn every_admin_route_refuses_user_keys_and_missing_tokens() {
         .as_str()
         .expect("key")
         .to_string();
-    let doc: serde_json::Value = serde_json::from_str(&server::openapi::json()).expect("openapi");
+    let doc: serde_json::Value =
+        serde_json::from_str(&server::http::openapi::json()).expect("openapi");
     let paths = doc["paths"].as_object().expect("paths");
     let mut probed = 0;
     for (path, item) in paths.iter().filter(|(p, _)| p.starts_with("/admin")) {

@@ -13,7 +13,8 @@ use axum::http::{Request, StatusCode};
 use engine::{EmbeddingHandle, EngineConfig, EngineHandle, TemplateChoice};
 use http_body_util::BodyExt;
 use serde_json::Value;
-use server::state::{AppState, ModelKind, ModelRegistry, ServedModel};
+use server::http::state::AppState;
+use server::services::models::{ModelKind, ModelRegistry, ServedModel};
 use tower::ServiceExt;
 
 pub const TINY: &str = "tiny";
@@ -67,13 +68,13 @@ pub fn app() -> Router {
 }
 
 /// The shared test models under another access policy.
-pub fn app_with_auth(auth: server::auth::Auth) -> Router {
+pub fn app_with_auth(auth: server::http::auth::Auth) -> Router {
     app_with_models_dir(auth, models_dir())
 }
 
 /// The shared test models, loading admin-added models from `dir`.
-pub fn app_with_models_dir(auth: server::auth::Auth, dir: PathBuf) -> Router {
-    let loader = server::state::ModelLoader {
+pub fn app_with_models_dir(auth: server::http::auth::Auth, dir: PathBuf) -> Router {
+    let loader = server::services::models::ModelLoader {
         models_dir: dir,
         ..Default::default()
     };

@@ -6,5 +6,6 @@ mod binary;
 mod hardening;
 mod helpers;
 mod keys;
+mod layout;
 mod observability;
 mod router;

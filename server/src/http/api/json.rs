@@ -8,7 +8,7 @@ use axum::http::header;
 use serde::de::DeserializeOwned;
 use serde_json::error::Category;
 
-use crate::error::ApiError;
+use crate::http::error::ApiError;
 
 /// A request body parsed as JSON into `T`.
 #[derive(Debug)]

@@ -5,7 +5,6 @@
 //! need the admin token.
 
 pub mod admin;
-pub mod limits;
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -17,11 +16,10 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use futures_util::StreamExt;
 
-use crate::error::ApiError;
-use crate::state::AppState;
+use crate::http::error::ApiError;
+use crate::services::limits::Limiter;
 use crate::store::Db;
 use crate::store::keys::KeyRecord;
-use limits::Limiter;
 
 /// The server's access policy.
 #[derive(Debug, Clone, Default)]
@@ -72,8 +70,8 @@ fn bearer(headers: &HeaderMap) -> Option<&str> {
 /// Middleware for `/v1` routes: authenticate, apply the key's limits, and
 /// hand the key to the handler (as an extension) for token accounting. The
 /// concurrency slot is held until the response body (a stream, maybe) ends.
-pub async fn require_key(State(state): State<AppState>, mut req: Request, next: Next) -> Response {
-    let Some(db) = &state.auth.db else {
+pub async fn require_key(State(auth): State<Arc<Auth>>, mut req: Request, next: Next) -> Response {
+    let Some(db) = &auth.db else {
         return next.run(req).await;
     };
     let key = match bearer(req.headers()) {
@@ -90,9 +88,9 @@ pub async fn require_key(State(state): State<AppState>, mut req: Request, next: 
         Ok(k) => k,
         Err(e) => return e.into_response(),
     };
-    let permit = match state.auth.limiter.admit(&key, Instant::now()) {
+    let permit = match auth.limiter.admit(&key, Instant::now()) {
         Ok(p) => p,
-        Err(e) => return e.into_response(),
+        Err(e) => return ApiError::from(e).into_response(),
     };
     req.extensions_mut().insert(key);
     let resp = next.run(req).await;
@@ -102,22 +100,4 @@ pub async fn require_key(State(state): State<AppState>, mut req: Request, next: 
         chunk
     });
     Response::from_parts(parts, Body::from_stream(body))
-}
-
-/// Charges a validated request's worst-case tokens (prompt plus
-/// `max_tokens`, for every choice) to the caller's key, if there is one.
-pub fn charge(
-    state: &AppState,
-    key: Option<&KeyRecord>,
-    requests: &[engine::GenerateRequest],
-) -> Result<(), ApiError> {
-    let Some(key) = key else { return Ok(()) };
-    let tokens: usize = requests
-        .iter()
-        .map(|r| (r.prompt_tokens.len() + r.params.max_tokens) * r.params.n.max(1))
-        .sum();
-    state
-        .auth
-        .limiter
-        .charge(key, tokens as u64, Instant::now())
 }

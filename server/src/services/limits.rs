@@ -7,7 +7,7 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::error::ApiError;
+use crate::services::ServiceError;
 use crate::store::keys::KeyRecord;
 
 const WINDOW: Duration = Duration::from_secs(60);
@@ -59,7 +59,7 @@ impl Drop for Permit {
 
 impl Limiter {
     /// Admits one request of `key` at `now`, or says why not.
-    pub fn admit(self: &Arc<Self>, key: &KeyRecord, now: Instant) -> Result<Permit, ApiError> {
+    pub fn admit(self: &Arc<Self>, key: &KeyRecord, now: Instant) -> Result<Permit, ServiceError> {
         let mut keys = self.keys.lock().unwrap_or_else(|e| e.into_inner());
         let u = keys.entry(key.id.clone()).or_default();
         u.prune(now);
@@ -67,7 +67,7 @@ impl Limiter {
         if l.max_concurrent
             .is_some_and(|m| u.in_flight >= m.max(0) as u64)
         {
-            return Err(ApiError::RateLimited {
+            return Err(ServiceError::RateLimited {
                 what: "concurrent requests",
                 retry_after: 1,
             });
@@ -75,13 +75,13 @@ impl Limiter {
         if let (Some(rpm), Some(&oldest)) = (l.rpm, u.requests.front())
             && u.requests.len() as u64 >= rpm.max(0) as u64
         {
-            return Err(ApiError::RateLimited {
+            return Err(ServiceError::RateLimited {
                 what: "requests per minute",
                 retry_after: retry_after(oldest, now),
             });
         }
         if l.rpm == Some(0) {
-            return Err(ApiError::RateLimited {
+            return Err(ServiceError::RateLimited {
                 what: "requests per minute",
                 retry_after: 60,
             });
@@ -89,7 +89,7 @@ impl Limiter {
         if let (Some(tpm), Some(&(oldest, _))) = (l.tpm, u.tokens.front())
             && u.tokens.iter().map(|(_, n)| n).sum::<u64>() >= tpm.max(0) as u64
         {
-            return Err(ApiError::RateLimited {
+            return Err(ServiceError::RateLimited {
                 what: "tokens per minute",
                 retry_after: retry_after(oldest, now),
             });
@@ -104,7 +104,7 @@ impl Limiter {
 
     /// Charges `tokens` to `key`; refuses (charging nothing) when that
     /// would pass its tokens-per-minute limit.
-    pub fn charge(&self, key: &KeyRecord, tokens: u64, now: Instant) -> Result<(), ApiError> {
+    pub fn charge(&self, key: &KeyRecord, tokens: u64, now: Instant) -> Result<(), ServiceError> {
         let mut keys = self.keys.lock().unwrap_or_else(|e| e.into_inner());
         let u = keys.entry(key.id.clone()).or_default();
         u.prune(now);
@@ -112,7 +112,7 @@ impl Limiter {
             let used: u64 = u.tokens.iter().map(|(_, n)| n).sum();
             if used + tokens > tpm.max(0) as u64 {
                 let retry = u.tokens.front().map_or(60, |&(t, _)| retry_after(t, now));
-                return Err(ApiError::RateLimited {
+                return Err(ServiceError::RateLimited {
                     what: "tokens per minute",
                     retry_after: retry,
                 });
@@ -153,7 +153,7 @@ mod tests {
         let _a = l.admit(&k, t0).expect("1st");
         let _b = l.admit(&k, t0 + Duration::from_secs(10)).expect("2nd");
         match l.admit(&k, t0 + Duration::from_secs(20)) {
-            Err(ApiError::RateLimited { retry_after, .. }) => assert_eq!(retry_after, 40),
+            Err(ServiceError::RateLimited { retry_after, .. }) => assert_eq!(retry_after, 40),
             other => panic!("expected a limit, got {other:?}"),
         }
         assert!(

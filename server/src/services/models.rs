@@ -1,12 +1,13 @@
-//! `AppState`: what every handler can reach, typed. Today the served models;
-//! later issues add the ledger, the market and the provider registry.
+//! The served models: the registry (by name, added and removed while
+//! serving), how models are loaded from the models directory, and the
+//! content version that cache keys include.
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, RwLock};
+use std::sync::RwLock;
 
 use engine::{EmbeddingHandle, EngineError, EngineHandle, TemplateChoice};
 
-use crate::error::ApiError;
+use crate::services::ServiceError;
 
 /// What a served model can do.
 #[derive(Debug, Clone)]
@@ -88,19 +89,19 @@ impl ModelRegistry {
         self.read().clone()
     }
 
-    pub fn get(&self, name: &str) -> Result<ServedModel, ApiError> {
+    pub fn get(&self, name: &str) -> Result<ServedModel, ServiceError> {
         self.read()
             .iter()
             .find(|m| m.name == name)
             .cloned()
-            .ok_or_else(|| ApiError::ModelNotFound(name.to_string()))
+            .ok_or_else(|| ServiceError::ModelNotFound(name.to_string()))
     }
 
     /// A generative model, or why not.
-    pub fn text(&self, name: &str) -> Result<EngineHandle, ApiError> {
+    pub fn text(&self, name: &str) -> Result<EngineHandle, ServiceError> {
         match self.get(name)?.kind {
             ModelKind::Text(h) => Ok(h),
-            ModelKind::Embedding(_) => Err(ApiError::WrongModelKind {
+            ModelKind::Embedding(_) => Err(ServiceError::WrongModelKind {
                 model: name.into(),
                 endpoint: "text generation",
             }),
@@ -108,10 +109,10 @@ impl ModelRegistry {
     }
 
     /// An embedding model, or why not.
-    pub fn embedding(&self, name: &str) -> Result<EmbeddingHandle, ApiError> {
+    pub fn embedding(&self, name: &str) -> Result<EmbeddingHandle, ServiceError> {
         match self.get(name)?.kind {
             ModelKind::Embedding(h) => Ok(h),
-            ModelKind::Text(_) => Err(ApiError::WrongModelKind {
+            ModelKind::Text(_) => Err(ServiceError::WrongModelKind {
                 model: name.into(),
                 endpoint: "embeddings",
             }),
@@ -119,26 +120,23 @@ impl ModelRegistry {
     }
 
     /// Serves one more model; refused if the name is taken.
-    pub fn add(&self, model: ServedModel) -> Result<(), ApiError> {
+    pub fn add(&self, model: ServedModel) -> Result<(), ServiceError> {
         let mut models = self.write();
         if models.iter().any(|m| m.name == model.name) {
-            return Err(ApiError::invalid(
-                "name",
-                format!("a model named `{}` is already served", model.name),
-            ));
+            return Err(ServiceError::NameTaken(model.name));
         }
         models.push(model);
         Ok(())
     }
 
     /// Stops serving `name` and stops its engine.
-    pub fn remove(&self, name: &str) -> Result<(), ApiError> {
+    pub fn remove(&self, name: &str) -> Result<(), ServiceError> {
         let removed = {
             let mut models = self.write();
             let i = models
                 .iter()
                 .position(|m| m.name == name)
-                .ok_or_else(|| ApiError::ModelNotFound(name.to_string()))?;
+                .ok_or_else(|| ServiceError::ModelNotFound(name.to_string()))?;
             models.remove(i)
         };
         if let ModelKind::Text(h) = removed.kind {
@@ -222,72 +220,9 @@ impl ModelLoader {
         };
         Ok(ServedModel {
             name: name.to_string(),
-            created: crate::api::unix_now(),
+            created: crate::store::now().max(0) as u64,
             version: model_version(&path),
             kind,
         })
-    }
-}
-
-/// Shared handler state.
-#[derive(Debug, Clone)]
-pub struct AppState {
-    pub models: Arc<ModelRegistry>,
-    /// HTTP request counts for `/metrics`.
-    pub http: Arc<crate::metrics::HttpMetrics>,
-    /// API keys, limits and the admin token.
-    pub auth: Arc<crate::auth::Auth>,
-    /// Loads models added through the admin API.
-    pub loader: Arc<ModelLoader>,
-    /// Metering, the ledger and the market (`None`: requests are not
-    /// metered, as in router tests that do not need it).
-    pub billing: Option<Arc<crate::billing::Billing>>,
-    /// The response cache (`None`: off).
-    pub cache: Option<Arc<crate::cache::ResponseCache>>,
-    /// What a cache hit costs, as a fraction of the generated price (bps).
-    pub cache_price_bps: i64,
-    /// Set at shutdown: `/health` and `/ready` answer 503 and new API
-    /// requests are refused while running ones finish.
-    pub draining: Arc<std::sync::atomic::AtomicBool>,
-}
-
-impl AppState {
-    /// Open mode: no keys needed.
-    pub fn new(models: Arc<ModelRegistry>) -> Self {
-        Self::with_auth(models, crate::auth::Auth::open())
-    }
-
-    pub fn with_auth(models: Arc<ModelRegistry>, auth: crate::auth::Auth) -> Self {
-        Self {
-            models,
-            http: Arc::default(),
-            auth: Arc::new(auth),
-            loader: Arc::default(),
-            billing: None,
-            cache: None,
-            cache_price_bps: 1_000,
-            draining: Arc::default(),
-        }
-    }
-
-    /// Whether the server is shutting down.
-    pub fn is_draining(&self) -> bool {
-        self.draining.load(std::sync::atomic::Ordering::Relaxed)
-    }
-
-    pub fn with_cache(mut self, cache: Arc<crate::cache::ResponseCache>, price_bps: i64) -> Self {
-        self.cache = Some(cache);
-        self.cache_price_bps = price_bps;
-        self
-    }
-
-    pub fn with_billing(mut self, billing: Arc<crate::billing::Billing>) -> Self {
-        self.billing = Some(billing);
-        self
-    }
-
-    pub fn with_loader(mut self, loader: ModelLoader) -> Self {
-        self.loader = Arc::new(loader);
-        self
     }
 }

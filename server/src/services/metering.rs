@@ -13,13 +13,13 @@ use std::time::{Duration, Instant};
 
 use engine::{EngineHandle, TokenEvent, Usage};
 
-use crate::error::ApiError;
 use crate::ledger::holds::HoldRequest;
 use crate::ledger::{Closed, HOUSE_PROVIDER, LOCAL_USER, Ledger, Outcome, Quote, Tokens};
 use crate::market::book::Side;
 use crate::market::pricing::Load;
 use crate::market::{Market, NewOrder};
-use crate::state::{ModelKind, ModelRegistry};
+use crate::services::ServiceError;
+use crate::services::models::{ModelKind, ModelRegistry};
 use crate::store::keys::KeyRecord;
 
 /// The ledger and the market, as the API uses them.
@@ -97,7 +97,7 @@ impl Billing {
     }
 
     /// The current quote for `model` (priced under `load`).
-    pub fn quote(&self, model: &str, load: Load) -> Result<Quote, ApiError> {
+    pub fn quote(&self, model: &str, load: Load) -> Result<Quote, ServiceError> {
         Ok(self.market.quote(HOUSE_PROVIDER, model, load, false)?)
     }
 
@@ -109,7 +109,7 @@ impl Billing {
         payer: &Payer,
         quote: &Quote,
         choices: &[(u64, u64)],
-    ) -> Result<Tab, ApiError> {
+    ) -> Result<Tab, ServiceError> {
         let amount = choices
             .iter()
             .map(|&(prompt, max)| quote.worst_case(prompt, max))
@@ -149,7 +149,7 @@ impl Billing {
         model: &str,
         engine: &EngineHandle,
         requests: &[engine::GenerateRequest],
-    ) -> Result<Tab, ApiError> {
+    ) -> Result<Tab, ServiceError> {
         let quote = self.quote(model, self.load_of(engine))?;
         let choices: Vec<(u64, u64)> = requests
             .iter()
@@ -159,23 +159,6 @@ impl Billing {
             })
             .collect();
         self.open(payer, &quote, &choices).await
-    }
-}
-
-/// Opens a tab for a generation when the server meters requests.
-pub async fn open_for(
-    state: &crate::state::AppState,
-    key: Option<&KeyRecord>,
-    model: &str,
-    engine: &EngineHandle,
-    requests: &[engine::GenerateRequest],
-) -> Result<Option<Tab>, ApiError> {
-    match &state.billing {
-        Some(b) => Ok(Some(
-            b.open_generation(&Payer::of(key), model, engine, requests)
-                .await?,
-        )),
-        None => Ok(None),
     }
 }
 
@@ -246,7 +229,7 @@ impl Tab {
     }
 
     /// Settles now and waits for the commit (non-streaming answers).
-    pub async fn settle(mut self) -> Result<Closed, ApiError> {
+    pub async fn settle(mut self) -> Result<Closed, ServiceError> {
         self.closed = true;
         let (t, outcome) = self.usage();
         Ok(self.ledger.settle(&self.request_id, t, outcome).await?)
@@ -286,7 +269,7 @@ pub async fn run_house(billing: Arc<Billing>, models: Arc<ModelRegistry>, every:
 /// Updates the house profile's tokens per hour from what the (first) text
 /// engine did since the window started, once it has enough forward time:
 /// the new rate is the mean of the old one and the measured one.
-async fn measure_house(b: &Billing, engine: &EngineHandle) -> Result<(), ApiError> {
+async fn measure_house(b: &Billing, engine: &EngineHandle) -> Result<(), ServiceError> {
     let now = engine.stats();
     let start = {
         let mut w = b.window.lock().unwrap_or_else(|e| e.into_inner());
@@ -325,7 +308,7 @@ async fn measure_house(b: &Billing, engine: &EngineHandle) -> Result<(), ApiErro
     Ok(())
 }
 
-async fn house_round(b: &Billing, models: &ModelRegistry) -> Result<(), ApiError> {
+async fn house_round(b: &Billing, models: &ModelRegistry) -> Result<(), ServiceError> {
     b.market.expire().await?;
     let first_text = models.list().into_iter().find_map(|m| match m.kind {
         ModelKind::Text(e) => Some(e),

@@ -10,10 +10,11 @@ use axum::{Json, Router};
 use serde::Deserialize;
 use serde_json::json;
 
-use crate::api::json::ApiJson;
-use crate::error::ApiError;
+use crate::http::api::json::ApiJson;
+use crate::http::error::ApiError;
+use crate::http::state::AppState;
 use crate::ledger::money;
-use crate::state::{AppState, Kind};
+use crate::services::models::Kind;
 use crate::store::Db;
 use crate::store::keys::{Limits, NewKey};
 
@@ -44,7 +45,7 @@ fn text_kind() -> Kind {
 
 /// Loads a model and starts serving it.
 #[utoipa::path(post, path = "/admin/models", tag = "admin", request_body = LoadModel,
-    responses((status = 201, description = "Loaded", body = Object), (status = 400, description = "Bad name or path", body = crate::openapi::ErrorResponse), (status = 401, description = "Missing or wrong admin token", body = crate::openapi::ErrorResponse)),
+    responses((status = 201, description = "Loaded", body = Object), (status = 400, description = "Bad name or path", body = crate::http::error::ErrorResponse), (status = 401, description = "Missing or wrong admin token", body = crate::http::error::ErrorResponse)),
     security(("admin_token" = [])))]
 pub(crate) async fn load_model(
     State(state): State<AppState>,
@@ -94,7 +95,7 @@ pub(crate) async fn load_model(
 /// Stops serving a model.
 #[utoipa::path(delete, path = "/admin/models/{name}", tag = "admin",
     params(("name" = String, Path, description = "The model's name")),
-    responses((status = 200, description = "Unloaded", body = Object), (status = 404, description = "No such model", body = crate::openapi::ErrorResponse), (status = 401, description = "Missing or wrong admin token", body = crate::openapi::ErrorResponse)),
+    responses((status = 200, description = "Unloaded", body = Object), (status = 404, description = "No such model", body = crate::http::error::ErrorResponse), (status = 401, description = "Missing or wrong admin token", body = crate::http::error::ErrorResponse)),
     security(("admin_token" = [])))]
 pub(crate) async fn unload_model(
     State(state): State<AppState>,
@@ -137,7 +138,7 @@ fn storage(e: crate::store::StoreError) -> ApiError {
 
 /// Creates an API key; its secret is in the answer, once.
 #[utoipa::path(post, path = "/admin/keys", tag = "admin", request_body = CreateKey,
-    responses((status = 201, description = "Created, with `key`", body = Object), (status = 400, description = "Bad name or limits", body = crate::openapi::ErrorResponse), (status = 401, description = "Missing or wrong admin token", body = crate::openapi::ErrorResponse)),
+    responses((status = 201, description = "Created, with `key`", body = Object), (status = 400, description = "Bad name or limits", body = crate::http::error::ErrorResponse), (status = 401, description = "Missing or wrong admin token", body = crate::http::error::ErrorResponse)),
     security(("admin_token" = [])))]
 pub(crate) async fn create(
     State(state): State<AppState>,
@@ -188,7 +189,7 @@ pub(crate) async fn create(
 
 /// Lists API keys (never their secrets).
 #[utoipa::path(get, path = "/admin/keys", tag = "admin",
-    responses((status = 200, description = "Every key", body = Object), (status = 401, description = "Missing or wrong admin token", body = crate::openapi::ErrorResponse)),
+    responses((status = 200, description = "Every key", body = Object), (status = 401, description = "Missing or wrong admin token", body = crate::http::error::ErrorResponse)),
     security(("admin_token" = [])))]
 pub(crate) async fn list(State(state): State<AppState>) -> Result<Response, ApiError> {
     let db = keys_db(&state)?;
@@ -199,7 +200,7 @@ pub(crate) async fn list(State(state): State<AppState>) -> Result<Response, ApiE
 /// Revokes an API key.
 #[utoipa::path(delete, path = "/admin/keys/{id}", tag = "admin",
     params(("id" = String, Path, description = "The key's id")),
-    responses((status = 200, description = "Revoked", body = Object), (status = 404, description = "No such active key", body = crate::openapi::ErrorResponse), (status = 401, description = "Missing or wrong admin token", body = crate::openapi::ErrorResponse)),
+    responses((status = 200, description = "Revoked", body = Object), (status = 404, description = "No such active key", body = crate::http::error::ErrorResponse), (status = 401, description = "Missing or wrong admin token", body = crate::http::error::ErrorResponse)),
     security(("admin_token" = [])))]
 pub(crate) async fn revoke(
     State(state): State<AppState>,

@@ -11,7 +11,7 @@ use engine::Grammar;
 use serde_json::{Value, json};
 
 use super::types::ChatMessageDto;
-use crate::error::ApiError;
+use crate::http::error::ApiError;
 
 /// One declared function.
 #[derive(Debug, Clone, PartialEq)]

@@ -1,4 +1,5 @@
-//! `GET /metrics`: Prometheus text exposition. Per text model (label
+//! The Prometheus text exposition behind `GET /metrics` (served by
+//! `routes::health`), and the HTTP request counters it reports. Per text model (label
 //! `model_name`), names aligned with vLLM's: queue gauges, KV cache usage,
 //! prefix cache and token counters, finished requests by reason, and the
 //! TTFT / inter-token / end-to-end / queue-time histograms the engine
@@ -9,14 +10,10 @@ use std::collections::BTreeMap;
 use std::fmt::Write;
 use std::sync::Mutex;
 
-use axum::Router;
-use axum::extract::State;
-use axum::http::header::CONTENT_TYPE;
-use axum::response::IntoResponse;
-use axum::routing::get;
 use engine::HistogramSnapshot;
 
-use crate::state::{AppState, ModelKind};
+use crate::cache::ResponseCache;
+use crate::services::models::{ModelKind, ModelRegistry};
 
 /// HTTP request counts, by (route, method, status).
 #[derive(Debug, Default)]
@@ -35,20 +32,6 @@ impl HttpMetrics {
         let c = self.counts.lock().unwrap_or_else(|e| e.into_inner());
         c.iter().map(|(k, v)| (k.clone(), *v)).collect()
     }
-}
-
-pub fn router() -> Router<AppState> {
-    Router::new().route("/metrics", get(metrics))
-}
-
-/// Prometheus metrics (text exposition format).
-#[utoipa::path(get, path = "/metrics", tag = "operations",
-    responses((status = 200, description = "Prometheus text", body = String, content_type = "text/plain")))]
-pub(crate) async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
-    (
-        [(CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
-        render(&state),
-    )
 }
 
 /// Escapes a label value.
@@ -152,13 +135,12 @@ fn cache_metrics(out: &mut String, cache: &crate::cache::ResponseCache) {
 }
 
 /// The whole exposition.
-pub fn render(state: &AppState) -> String {
+pub fn render(models: &ModelRegistry, cache: Option<&ResponseCache>, http: &HttpMetrics) -> String {
     let mut out = String::new();
-    if let Some(cache) = &state.cache {
+    if let Some(cache) = cache {
         cache_metrics(&mut out, cache);
     }
-    let text: Vec<(String, engine::EngineStats, engine::LatencyStats)> = state
-        .models
+    let text: Vec<(String, engine::EngineStats, engine::LatencyStats)> = models
         .list()
         .iter()
         .filter_map(|m| match &m.kind {
@@ -307,7 +289,7 @@ pub fn render(state: &AppState) -> String {
         "HTTP requests, by route, method and status.",
     );
     f.header(&mut out);
-    for ((route, method, status), n) in state.http.snapshot() {
+    for ((route, method, status), n) in http.snapshot() {
         let _ = writeln!(
             out,
             "{}{{route=\"{}\",method=\"{}\",status=\"{status}\"}} {n}",

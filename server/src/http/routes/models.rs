@@ -4,9 +4,10 @@ use axum::extract::{Path, State};
 use axum::routing::get;
 use axum::{Json, Router};
 
-use crate::api::types::{ModelCard, ModelList};
-use crate::error::ApiError;
-use crate::state::{AppState, ServedModel};
+use crate::http::api::types::{ModelCard, ModelList};
+use crate::http::error::ApiError;
+use crate::http::state::AppState;
+use crate::services::models::ServedModel;
 
 pub fn router() -> Router<AppState> {
     Router::new()
@@ -38,7 +39,7 @@ pub(crate) async fn list(State(state): State<AppState>) -> Json<ModelList> {
 #[utoipa::path(get, path = "/v1/models/{id}", tag = "models",
     params(("id" = String, Path, description = "The model's name")),
     responses((status = 200, description = "The model", body = ModelCard),
-        (status = 404, description = "No such model", body = crate::openapi::ErrorResponse)),
+        (status = 404, description = "No such model", body = crate::http::error::ErrorResponse)),
     security(("api_key" = [])))]
 pub(crate) async fn retrieve(
     State(state): State<AppState>,

@@ -12,10 +12,10 @@ use axum::{Json, Router};
 use serde::Deserialize;
 use serde_json::json;
 
-use crate::api::json::ApiJson;
 use crate::cache::{ResponseCache, Tier};
-use crate::error::ApiError;
-use crate::state::AppState;
+use crate::http::api::json::ApiJson;
+use crate::http::error::ApiError;
+use crate::http::state::AppState;
 
 pub fn admin_router() -> Router<AppState> {
     Router::new()
@@ -35,7 +35,7 @@ fn cache(state: &AppState) -> Result<Arc<ResponseCache>, ApiError> {
 /// Admin: per-tier hits, misses, evictions, sizes and mean lookup time,
 /// and the semantic threshold.
 #[utoipa::path(get, path = "/admin/cache", tag = "admin",
-    responses((status = 200, description = "Cache statistics", body = Object), (status = 401, description = "Missing or wrong admin token", body = crate::openapi::ErrorResponse)),
+    responses((status = 200, description = "Cache statistics", body = Object), (status = 401, description = "Missing or wrong admin token", body = crate::http::error::ErrorResponse)),
     security(("admin_token" = [])))]
 pub(crate) async fn stats(State(state): State<AppState>) -> Result<Response, ApiError> {
     let c = cache(&state)?;
@@ -79,7 +79,7 @@ pub(crate) struct Flush {
 /// Admin: removes cached answers from every tier (all, or of a scope
 /// and/or a model).
 #[utoipa::path(post, path = "/admin/cache/flush", tag = "admin", request_body = Flush,
-    responses((status = 200, description = "Entries removed per tier", body = Object), (status = 401, description = "Missing or wrong admin token", body = crate::openapi::ErrorResponse)),
+    responses((status = 200, description = "Entries removed per tier", body = Object), (status = 401, description = "Missing or wrong admin token", body = crate::http::error::ErrorResponse)),
     security(("admin_token" = [])))]
 pub(crate) async fn flush(
     State(state): State<AppState>,
@@ -102,7 +102,7 @@ pub(crate) struct Threshold {
 
 /// Admin: sets the semantic similarity threshold.
 #[utoipa::path(put, path = "/admin/cache/threshold", tag = "admin", request_body = Threshold,
-    responses((status = 200, description = "Updated", body = Object), (status = 400, description = "Out of range", body = crate::openapi::ErrorResponse), (status = 401, description = "Missing or wrong admin token", body = crate::openapi::ErrorResponse)),
+    responses((status = 200, description = "Updated", body = Object), (status = 400, description = "Out of range", body = crate::http::error::ErrorResponse), (status = 401, description = "Missing or wrong admin token", body = crate::http::error::ErrorResponse)),
     security(("admin_token" = [])))]
 pub(crate) async fn threshold(
     State(state): State<AppState>,
@@ -129,7 +129,7 @@ pub(crate) struct Shared {
 /// again). Answers cached before stay in their old scope.
 #[utoipa::path(put, path = "/admin/cache/shared/{model}", tag = "admin", request_body = Shared,
     params(("model" = String, Path, description = "Model name")),
-    responses((status = 200, description = "Updated", body = Object), (status = 404, description = "No such model", body = crate::openapi::ErrorResponse), (status = 401, description = "Missing or wrong admin token", body = crate::openapi::ErrorResponse)),
+    responses((status = 200, description = "Updated", body = Object), (status = 404, description = "No such model", body = crate::http::error::ErrorResponse), (status = 401, description = "Missing or wrong admin token", body = crate::http::error::ErrorResponse)),
     security(("admin_token" = [])))]
 pub(crate) async fn shared(
     State(state): State<AppState>,

@@ -11,12 +11,12 @@ use serde::Deserialize;
 use serde_json::json;
 
 use super::market::billing;
-use crate::api::json::ApiJson;
-use crate::billing::Payer;
-use crate::error::ApiError;
+use crate::http::api::json::ApiJson;
+use crate::http::error::ApiError;
+use crate::http::state::AppState;
 use crate::ledger::accounts::{Account, AccountKind};
 use crate::ledger::audit::Audit;
-use crate::state::AppState;
+use crate::services::metering::Payer;
 use crate::store::keys::KeyRecord;
 
 /// Routes that API keys reach (mounted behind the key check).
@@ -75,7 +75,7 @@ pub(crate) async fn usage(
 
 /// Admin: every account.
 #[utoipa::path(get, path = "/admin/accounts", tag = "admin",
-    responses((status = 200, description = "Accounts", body = Object), (status = 401, description = "Missing or wrong admin token", body = crate::openapi::ErrorResponse)),
+    responses((status = 200, description = "Accounts", body = Object), (status = 401, description = "Missing or wrong admin token", body = crate::http::error::ErrorResponse)),
     security(("admin_token" = [])))]
 pub(crate) async fn list(State(state): State<AppState>) -> Result<Response, ApiError> {
     let data = billing(&state)?.ledger.accounts().await?;
@@ -85,7 +85,7 @@ pub(crate) async fn list(State(state): State<AppState>) -> Result<Response, ApiE
 /// Admin: one account.
 #[utoipa::path(get, path = "/admin/accounts/{id}", tag = "admin",
     params(("id" = String, Path, description = "Account id")),
-    responses((status = 200, description = "The account", body = Account), (status = 404, description = "No such account", body = crate::openapi::ErrorResponse), (status = 401, description = "Missing or wrong admin token", body = crate::openapi::ErrorResponse)),
+    responses((status = 200, description = "The account", body = Account), (status = 404, description = "No such account", body = crate::http::error::ErrorResponse), (status = 401, description = "Missing or wrong admin token", body = crate::http::error::ErrorResponse)),
     security(("admin_token" = [])))]
 pub(crate) async fn one(
     State(state): State<AppState>,
@@ -108,7 +108,7 @@ pub(crate) struct CreateAccount {
 
 /// Admin: creates a user or provider account.
 #[utoipa::path(post, path = "/admin/accounts", tag = "admin", request_body = CreateAccount,
-    responses((status = 201, description = "Created", body = Account), (status = 400, description = "Invalid account", body = crate::openapi::ErrorResponse), (status = 401, description = "Missing or wrong admin token", body = crate::openapi::ErrorResponse)),
+    responses((status = 201, description = "Created", body = Account), (status = 400, description = "Invalid account", body = crate::http::error::ErrorResponse), (status = 401, description = "Missing or wrong admin token", body = crate::http::error::ErrorResponse)),
     security(("admin_token" = [])))]
 pub(crate) async fn create(
     State(state): State<AppState>,
@@ -144,7 +144,7 @@ pub(crate) struct UpdateAccount {
 /// Admin: sets an account's credit limit.
 #[utoipa::path(patch, path = "/admin/accounts/{id}", tag = "admin", request_body = UpdateAccount,
     params(("id" = String, Path, description = "Account id")),
-    responses((status = 200, description = "Updated", body = Account), (status = 404, description = "No such account", body = crate::openapi::ErrorResponse), (status = 401, description = "Missing or wrong admin token", body = crate::openapi::ErrorResponse)),
+    responses((status = 200, description = "Updated", body = Account), (status = 404, description = "No such account", body = crate::http::error::ErrorResponse), (status = 401, description = "Missing or wrong admin token", body = crate::http::error::ErrorResponse)),
     security(("admin_token" = [])))]
 pub(crate) async fn update(
     State(state): State<AppState>,
@@ -168,7 +168,7 @@ pub(crate) struct TopUp {
 /// Admin: credits an account (a journal transaction against `deposits`).
 #[utoipa::path(post, path = "/admin/accounts/{id}/topup", tag = "admin", request_body = TopUp,
     params(("id" = String, Path, description = "Account id")),
-    responses((status = 200, description = "The journal transaction and the account", body = Object), (status = 400, description = "Invalid amount", body = crate::openapi::ErrorResponse), (status = 404, description = "No such account", body = crate::openapi::ErrorResponse), (status = 401, description = "Missing or wrong admin token", body = crate::openapi::ErrorResponse)),
+    responses((status = 200, description = "The journal transaction and the account", body = Object), (status = 400, description = "Invalid amount", body = crate::http::error::ErrorResponse), (status = 404, description = "No such account", body = crate::http::error::ErrorResponse), (status = 401, description = "Missing or wrong admin token", body = crate::http::error::ErrorResponse)),
     security(("admin_token" = [])))]
 pub(crate) async fn top_up(
     State(state): State<AppState>,
@@ -194,7 +194,7 @@ async fn transaction_answer(
 /// treasury); refused beyond the provider's funds.
 #[utoipa::path(post, path = "/admin/accounts/{id}/penalty", tag = "admin", request_body = TopUp,
     params(("id" = String, Path, description = "Provider account id")),
-    responses((status = 200, description = "The journal transaction and the account", body = Object), (status = 400, description = "Invalid amount or not a provider", body = crate::openapi::ErrorResponse), (status = 402, description = "More than the provider has", body = crate::openapi::ErrorResponse), (status = 404, description = "No such account", body = crate::openapi::ErrorResponse), (status = 401, description = "Missing or wrong admin token", body = crate::openapi::ErrorResponse)),
+    responses((status = 200, description = "The journal transaction and the account", body = Object), (status = 400, description = "Invalid amount or not a provider", body = crate::http::error::ErrorResponse), (status = 402, description = "More than the provider has", body = crate::http::error::ErrorResponse), (status = 404, description = "No such account", body = crate::http::error::ErrorResponse), (status = 401, description = "Missing or wrong admin token", body = crate::http::error::ErrorResponse)),
     security(("admin_token" = [])))]
 pub(crate) async fn penalty(
     State(state): State<AppState>,
@@ -208,7 +208,7 @@ pub(crate) async fn penalty(
 
 /// Admin: the latest journal transactions with their entries.
 #[utoipa::path(get, path = "/admin/journal", tag = "admin", params(LimitQuery),
-    responses((status = 200, description = "Transactions, newest first", body = Object), (status = 401, description = "Missing or wrong admin token", body = crate::openapi::ErrorResponse)),
+    responses((status = 200, description = "Transactions, newest first", body = Object), (status = 401, description = "Missing or wrong admin token", body = crate::http::error::ErrorResponse)),
     security(("admin_token" = [])))]
 pub(crate) async fn journal(
     State(state): State<AppState>,
@@ -223,7 +223,7 @@ pub(crate) async fn journal(
 
 /// Admin: checks every ledger invariant against the journal.
 #[utoipa::path(get, path = "/admin/ledger/audit", tag = "admin",
-    responses((status = 200, description = "Violations (empty when all hold)", body = Audit), (status = 401, description = "Missing or wrong admin token", body = crate::openapi::ErrorResponse)),
+    responses((status = 200, description = "Violations (empty when all hold)", body = Audit), (status = 401, description = "Missing or wrong admin token", body = crate::http::error::ErrorResponse)),
     security(("admin_token" = [])))]
 pub(crate) async fn audit(State(state): State<AppState>) -> Result<Json<Audit>, ApiError> {
     Ok(Json(billing(&state)?.ledger.audit().await?))

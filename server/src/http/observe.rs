@@ -13,7 +13,7 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use tracing::Instrument;
 
-use crate::state::AppState;
+use crate::http::state::AppState;
 
 pub const REQUEST_ID: &str = "x-request-id";
 
@@ -30,7 +30,8 @@ fn client_id(req: &Request) -> Option<String> {
 fn draining_refusal(state: &AppState, req: &Request) -> Option<Response> {
     let path = req.uri().path();
     let refused = state.is_draining() && (path.starts_with("/v1/") || path.starts_with("/admin/"));
-    refused.then(|| crate::error::ApiError::from(engine::EngineError::Shutdown).into_response())
+    refused
+        .then(|| crate::http::error::ApiError::from(engine::EngineError::Shutdown).into_response())
 }
 
 pub async fn observe(State(state): State<AppState>, req: Request, next: Next) -> Response {

@@ -8,7 +8,7 @@ use super::tools;
 use super::types::{
     ChatCompletionRequest, ChatMessageDto, CommonParams, CompletionRequest, MessageContent, Prompt,
 };
-use crate::error::ApiError;
+use crate::http::error::ApiError;
 
 /// OpenAI's default `max_tokens` for legacy completions.
 const COMPLETIONS_DEFAULT_MAX_TOKENS: usize = 16;

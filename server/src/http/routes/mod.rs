@@ -13,11 +13,11 @@ pub mod models;
 
 use axum::Router;
 
-use crate::error::ApiError;
-use crate::state::AppState;
+use crate::http::error::ApiError;
+use crate::http::state::AppState;
 
 /// Every route: the `/v1` API behind the key check, then health, metrics
-/// and admin routes.
+/// and admin routes (the OpenAPI document's routes are `openapi::router`).
 pub fn router(state: &AppState) -> Router<AppState> {
     let v1 = Router::new()
         .merge(chat::router())
@@ -27,8 +27,8 @@ pub fn router(state: &AppState) -> Router<AppState> {
         .merge(market::router())
         .merge(accounts::router())
         .route_layer(axum::middleware::from_fn_with_state(
-            state.clone(),
-            crate::auth::require_key,
+            state.auth.clone(),
+            crate::http::auth::require_key,
         ));
     // One layer guards every admin route (throttled token check).
     let admin = Router::new()
@@ -37,30 +37,15 @@ pub fn router(state: &AppState) -> Router<AppState> {
         .merge(accounts::admin_router())
         .merge(cache::admin_router())
         .route_layer(axum::middleware::from_fn_with_state(
-            state.clone(),
-            crate::auth::admin::require_admin,
+            state.auth.clone(),
+            crate::http::auth::admin::require_admin,
         ));
     Router::new()
         .merge(v1)
         .merge(admin)
-        .route("/openapi.json", axum::routing::get(openapi_json))
-        .merge(
-            utoipa_swagger_ui::SwaggerUi::new("/docs").url("/docs/openapi.json", {
-                use utoipa::OpenApi;
-                crate::openapi::ApiDoc::openapi()
-            }),
-        )
         .merge(health::router())
-        .merge(crate::metrics::router())
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
-}
-
-async fn openapi_json() -> impl axum::response::IntoResponse {
-    (
-        [(axum::http::header::CONTENT_TYPE, "application/json")],
-        crate::openapi::json(),
-    )
 }
 
 async fn not_found(uri: axum::http::Uri) -> ApiError {

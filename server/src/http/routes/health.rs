@@ -1,5 +1,6 @@
 //! `GET /health`: liveness, with each model's engine statistics (queue,
 //! KV usage, prefix cache, preemptions, steps) for a quick look.
+//! `GET /metrics`: Prometheus text (see `http::metrics`).
 //! `GET /ready`: 200 once models are loaded and serving, else 503 (for load
 //! balancers and orchestrators). Both answer 503 `draining` at shutdown.
 
@@ -9,12 +10,14 @@ use axum::routing::get;
 use axum::{Json, Router};
 use serde_json::{Value, json};
 
-use crate::state::{AppState, ModelKind};
+use crate::http::state::AppState;
+use crate::services::models::ModelKind;
 
 pub fn router() -> Router<AppState> {
     Router::new()
         .route("/health", get(health))
         .route("/ready", get(ready))
+        .route("/metrics", get(metrics))
 }
 
 /// Liveness, with each model's engine statistics.
@@ -69,4 +72,17 @@ pub(crate) async fn ready(State(state): State<AppState>) -> axum::response::Resp
         return (StatusCode::SERVICE_UNAVAILABLE, Json(body)).into_response();
     }
     Json(json!({ "status": "ready", "models": models })).into_response()
+}
+
+/// Prometheus metrics (text exposition format).
+#[utoipa::path(get, path = "/metrics", tag = "operations",
+    responses((status = 200, description = "Prometheus text", body = String, content_type = "text/plain")))]
+pub(crate) async fn metrics(State(state): State<AppState>) -> impl axum::response::IntoResponse {
+    (
+        [(
+            axum::http::header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        crate::http::metrics::render(&state.models, state.cache.as_deref(), &state.http),
+    )
 }

@@ -7,15 +7,13 @@ use axum::{Extension, Json, Router};
 use base64::Engine as _;
 use engine::EmbedInput;
 
-use crate::api::json::ApiJson;
-use crate::api::types::{
+use crate::http::api::json::ApiJson;
+use crate::http::api::types::{
     EmbeddingData, EmbeddingInput, EmbeddingRequest, EmbeddingResponse, EmbeddingUsage,
     EmbeddingVector,
 };
-use crate::billing::Payer;
-use crate::error::ApiError;
-use crate::market::pricing::Load;
-use crate::state::AppState;
+use crate::http::error::ApiError;
+use crate::http::state::AppState;
 use crate::store::keys::KeyRecord;
 
 /// OpenAI's limit on inputs per request.
@@ -28,7 +26,7 @@ pub fn router() -> Router<AppState> {
 /// Embeddings of texts or token-id lists.
 #[utoipa::path(post, path = "/v1/embeddings", tag = "embeddings",
     request_body = EmbeddingRequest,
-    responses((status = 200, description = "One vector per input", body = EmbeddingResponse), (status = 400, description = "Invalid request", body = crate::openapi::ErrorResponse), (status = 401, description = "Missing or invalid API key", body = crate::openapi::ErrorResponse), (status = 429, description = "A per-key limit is reached (see Retry-After)", body = crate::openapi::ErrorResponse), (status = 503, description = "Overloaded (see Retry-After)", body = crate::openapi::ErrorResponse)),
+    responses((status = 200, description = "One vector per input", body = EmbeddingResponse), (status = 400, description = "Invalid request", body = crate::http::error::ErrorResponse), (status = 401, description = "Missing or invalid API key", body = crate::http::error::ErrorResponse), (status = 429, description = "A per-key limit is reached (see Retry-After)", body = crate::http::error::ErrorResponse), (status = 503, description = "Overloaded (see Retry-After)", body = crate::http::error::ErrorResponse)),
     security(("api_key" = [])))]
 pub(crate) async fn embeddings(
     State(state): State<AppState>,
@@ -63,23 +61,10 @@ pub(crate) async fn embeddings(
     let input = inputs(req.input)?;
     // Everything that can be refused is refused before billing.
     model.validate(&input)?;
-    let tab = match &state.billing {
-        Some(b) => {
-            let quote = b.quote(&req.model, Load::default())?;
-            let payer = Payer::of(key.as_deref());
-            Some(b.open(&payer, &quote, &[(worst_tokens(&input), 0)]).await?)
-        }
-        None => None,
-    };
-    let out = model.embed_input(input).await?;
-    if let Some(mut tab) = tab {
-        let usage = engine::Usage {
-            prompt_tokens: out.prompt_tokens,
-            ..engine::Usage::default()
-        };
-        tab.finished(0, &usage);
-        crate::billing::settle(Some(tab)).await;
-    }
+    let out = state
+        .generation()
+        .embed(key.as_deref(), &req.model, model, input)
+        .await?;
     let data = out
         .vectors
         .into_iter()
@@ -131,16 +116,6 @@ fn inputs(input: EmbeddingInput) -> Result<EmbedInput, ApiError> {
         EmbeddingInput::Tokens(ids) => EmbedInput::Tokens(vec![ids]),
         EmbeddingInput::TokenLists(ls) => EmbedInput::Tokens(ls),
     })
-}
-
-/// At most how many tokens the inputs become: a WordPiece or BPE token
-/// covers at least one character, plus the two special tokens.
-fn worst_tokens(input: &EmbedInput) -> u64 {
-    let n: usize = match input {
-        EmbedInput::Texts(ts) => ts.iter().map(|t| t.chars().count() + 2).sum(),
-        EmbedInput::Tokens(ls) => ls.iter().map(|l| l.len() + 2).sum(),
-    };
-    n as u64
 }
 
 fn encode(v: Vec<f32>, base64: bool) -> EmbeddingVector {

@@ -7,6 +7,7 @@ use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use engine::EngineError;
 use serde::Serialize;
+use utoipa::ToSchema;
 
 /// Every error a request can end with.
 #[derive(Debug, thiserror::Error)]
@@ -209,6 +210,21 @@ impl From<crate::ledger::LedgerError> for ApiError {
     }
 }
 
+impl From<crate::services::ServiceError> for ApiError {
+    fn from(e: crate::services::ServiceError) -> Self {
+        use crate::services::ServiceError as S;
+        match e {
+            S::ModelNotFound(m) => Self::ModelNotFound(m),
+            S::WrongModelKind { model, endpoint } => Self::WrongModelKind { model, endpoint },
+            S::NameTaken(_) => Self::invalid("name", e.to_string()),
+            S::RateLimited { what, retry_after } => Self::RateLimited { what, retry_after },
+            S::Engine(e) => Self::Engine(e),
+            S::Ledger(e) => e.into(),
+            S::Market(e) => e.into(),
+        }
+    }
+}
+
 impl From<crate::market::MarketError> for ApiError {
     fn from(e: crate::market::MarketError) -> Self {
         use crate::market::MarketError as M;
@@ -285,6 +301,21 @@ impl IntoResponse for ApiError {
         }
         resp
     }
+}
+
+/// The OpenAI error shape, as sent with every error status.
+#[derive(ToSchema)]
+pub struct ErrorResponse {
+    pub error: ErrorDetail,
+}
+
+#[derive(ToSchema)]
+pub struct ErrorDetail {
+    pub message: String,
+    #[schema(rename = "type")]
+    pub kind: String,
+    pub param: Option<String>,
+    pub code: Option<String>,
 }
 
 #[cfg(test)]

@@ -4,24 +4,10 @@
 //! `synor openapi` (a test fails when that file is stale).
 
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
-use utoipa::{Modify, OpenApi, ToSchema};
+use utoipa::{Modify, OpenApi};
 
-use crate::routes;
-
-/// The OpenAI error shape, as sent with every error status.
-#[derive(ToSchema)]
-pub struct ErrorResponse {
-    pub error: ErrorDetail,
-}
-
-#[derive(ToSchema)]
-pub struct ErrorDetail {
-    pub message: String,
-    #[schema(rename = "type")]
-    pub kind: String,
-    pub param: Option<String>,
-    pub code: Option<String>,
-}
+pub use crate::http::error::{ErrorDetail, ErrorResponse};
+use crate::http::routes;
 
 struct Security;
 
@@ -49,7 +35,7 @@ impl Modify for Security {
         routes::models::retrieve,
         routes::health::health,
         routes::health::ready,
-        crate::metrics::metrics,
+        routes::health::metrics,
         routes::admin::create,
         routes::admin::list,
         routes::admin::revoke,
@@ -90,6 +76,22 @@ pub fn json() -> String {
         .to_pretty_json()
         .unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"))
         + "\n"
+}
+
+/// `/openapi.json` and the Swagger UI at `/docs`.
+pub fn router<S: Clone + Send + Sync + 'static>() -> axum::Router<S> {
+    axum::Router::new()
+        .route("/openapi.json", axum::routing::get(openapi_json))
+        .merge(
+            utoipa_swagger_ui::SwaggerUi::new("/docs").url("/docs/openapi.json", ApiDoc::openapi()),
+        )
+}
+
+async fn openapi_json() -> impl axum::response::IntoResponse {
+    (
+        [(axum::http::header::CONTENT_TYPE, "application/json")],
+        json(),
+    )
 }
 
 #[cfg(test)]

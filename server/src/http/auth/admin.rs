@@ -8,7 +8,7 @@
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use axum::extract::{ConnectInfo, Request, State};
@@ -16,8 +16,8 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use sha2::{Digest, Sha256};
 
-use crate::error::ApiError;
-use crate::state::AppState;
+use super::Auth;
+use crate::http::error::ApiError;
 
 /// Failures an address may make in a row.
 const BURST: f64 = 10.0;
@@ -67,21 +67,21 @@ impl AdminThrottle {
 }
 
 /// Middleware for admin routes: throttled, then the token.
-pub async fn require_admin(State(state): State<AppState>, req: Request, next: Next) -> Response {
+pub async fn require_admin(State(auth): State<Arc<Auth>>, req: Request, next: Next) -> Response {
     let who = req
         .extensions()
         .get::<ConnectInfo<SocketAddr>>()
         .map(|c| c.0.ip());
     let now = Instant::now();
-    if let Some(retry_after) = state.auth.admin_throttle.blocked(who, now) {
+    if let Some(retry_after) = auth.admin_throttle.blocked(who, now) {
         return ApiError::RateLimited {
             what: "failed admin authentications",
             retry_after,
         }
         .into_response();
     }
-    if let Err(e) = state.auth.check_admin(req.headers()) {
-        state.auth.admin_throttle.failed(who, now);
+    if let Err(e) = auth.check_admin(req.headers()) {
+        auth.admin_throttle.failed(who, now);
         return e.into_response();
     }
     next.run(req).await

@@ -9,17 +9,18 @@ use axum::routing::post;
 use axum::{Extension, Json, Router};
 use engine::{EngineHandle, FinishReason, TokenLogprob};
 
-use crate::api::json::ApiJson;
-use crate::api::stream::{self, ChunkEncoder, to_json};
-use crate::api::tools::{ToolOutput, parse_output};
-use crate::api::types::{
+use crate::http::api::json::ApiJson;
+use crate::http::api::stream::{self, ChunkEncoder, to_json};
+use crate::http::api::tools::{ToolOutput, parse_output};
+use crate::http::api::types::{
     AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletion, ChatCompletionChunk,
-    ChatCompletionRequest, Delta, UsageDto,
+    ChatCompletionRequest, Delta, MessageContent, UsageDto,
 };
-use crate::api::{logprobs, response_id, unix_now, validate};
-use crate::caching;
-use crate::error::ApiError;
-use crate::state::AppState;
+use crate::http::api::{logprobs, response_id, unix_now, validate};
+use crate::http::error::ApiError;
+use crate::http::state::AppState;
+use crate::services::caching::{CacheRequest, Conversation, Hit};
+use crate::services::generation::{Generated, Job};
 use crate::store::keys::KeyRecord;
 
 pub fn router() -> Router<AppState> {
@@ -29,7 +30,7 @@ pub fn router() -> Router<AppState> {
 /// Chat completion (JSON, or an SSE stream of `chat.completion.chunk`s).
 #[utoipa::path(post, path = "/v1/chat/completions", tag = "generation",
     request_body = ChatCompletionRequest,
-    responses((status = 200, description = "A completion, or with `stream: true` an SSE stream of chunks", body = ChatCompletion), (status = 400, description = "Invalid request", body = crate::openapi::ErrorResponse), (status = 401, description = "Missing or invalid API key", body = crate::openapi::ErrorResponse), (status = 429, description = "A per-key limit is reached (see Retry-After)", body = crate::openapi::ErrorResponse), (status = 503, description = "Overloaded (see Retry-After)", body = crate::openapi::ErrorResponse)),
+    responses((status = 200, description = "A completion, or with `stream: true` an SSE stream of chunks", body = ChatCompletion), (status = 400, description = "Invalid request", body = crate::http::error::ErrorResponse), (status = 401, description = "Missing or invalid API key", body = crate::http::error::ErrorResponse), (status = 429, description = "A per-key limit is reached (see Retry-After)", body = crate::http::error::ErrorResponse), (status = 503, description = "Overloaded (see Retry-After)", body = crate::http::error::ErrorResponse)),
     security(("api_key" = [])))]
 pub(crate) async fn chat_completions(
     State(state): State<AppState>,
@@ -37,49 +38,46 @@ pub(crate) async fn chat_completions(
     headers: HeaderMap,
     ApiJson(req): ApiJson<ChatCompletionRequest>,
 ) -> Result<Response, ApiError> {
-    let engine = &state.models.text(&req.model)?;
-    let valid = validate::chat(&req, engine)?;
-    crate::auth::charge(&state, key.as_deref(), &valid.requests)?;
-    let mut plan = caching::plan(&state, &headers, key.as_deref(), &req, &valid);
-    if let Some(p) = &mut plan
-        && let Some(hit) = caching::lookup(&state, p).await
-    {
-        caching::bill_hit(&state, key.as_deref(), &hit).await?;
-        return Ok(from_cache(
-            req.model,
-            engine.clone(),
-            valid.stream,
-            valid.include_usage,
-            hit,
-        ));
-    }
-    let mut tab =
-        crate::billing::open_for(&state, key.as_deref(), &req.model, engine, &valid.requests)
-            .await?;
-    let streams = stream::submit_all(engine, valid.requests).await?;
+    let engine = state.models.text(&req.model)?;
+    let valid = validate::chat(&req, &engine)?;
+    let job = Job {
+        model: req.model.clone(),
+        engine: engine.clone(),
+        requests: valid.requests,
+        cache: CacheRequest {
+            mode: stream::cache_mode(&headers),
+            endpoint: "chat",
+            replayable: !valid.logprobs && !valid.tools,
+            conversation: Some(conversation(&req)),
+        },
+    };
+    let run = match state.generation().generate(key.as_deref(), job).await? {
+        Generated::Cached(hit) => {
+            return Ok(from_cache(
+                req.model,
+                engine,
+                valid.stream,
+                valid.include_usage,
+                hit,
+            ));
+        }
+        Generated::Fresh(run) => run,
+    };
     let encoder = ChatEncoder {
         id: response_id("chatcmpl"),
         created: unix_now(),
         model: req.model,
-        engine: engine.clone(),
+        engine,
         logprobs: valid.logprobs,
         tools: valid.tools,
         held: Vec::new(),
     };
-    let cached = caching::miss_header(plan.as_ref());
+    let cached = (stream::CACHE_HEADER, run.cache_status());
     if valid.stream {
-        let on_done = caching::on_done(&state, plan);
-        let sse = stream::sse(streams, encoder, valid.include_usage, tab, on_done);
+        let sse = stream::sse(run, encoder, valid.include_usage);
         return Ok(([cached], sse).into_response());
     }
-    let outcomes = stream::collect_all(streams).await?;
-    if let Some(tab) = &mut tab {
-        for (i, o) in outcomes.iter().enumerate() {
-            tab.finished(i, &o.usage);
-        }
-    }
-    crate::billing::settle(tab).await;
-    caching::store_outcomes(&state, plan, &outcomes);
+    let outcomes = run.outcomes().await?;
     let mut usage = UsageDto::default();
     let choices = outcomes
         .into_iter()
@@ -99,13 +97,39 @@ pub(crate) async fn chat_completions(
     Ok(([cached], Json(body)).into_response())
 }
 
+/// The conversation as the semantic cache sees it: earlier messages as
+/// (role, text) and the last one's text when it is a user's plain text.
+fn conversation(req: &ChatCompletionRequest) -> Conversation {
+    let Some((last, earlier)) = req.messages.split_last() else {
+        return Conversation::default();
+    };
+    let last_user = match (&last.role[..], &last.content) {
+        ("user", Some(MessageContent::Text(t))) => Some(t.clone()),
+        _ => None,
+    };
+    let earlier = earlier
+        .iter()
+        .map(|m| {
+            let content = match &m.content {
+                Some(MessageContent::Text(t)) => t.clone(),
+                Some(MessageContent::Parts(p)) => {
+                    format!("{:?}", p.iter().map(|x| &x.text).collect::<Vec<_>>())
+                }
+                None => String::new(),
+            };
+            (m.role.clone(), content)
+        })
+        .collect();
+    Conversation { earlier, last_user }
+}
+
 /// A cached answer, as JSON or as an SSE stream like a generated one.
 fn from_cache(
     model: String,
     engine: EngineHandle,
     stream: bool,
     include_usage: bool,
-    hit: caching::Hit,
+    hit: Hit,
 ) -> Response {
     let encoder = ChatEncoder {
         id: response_id("chatcmpl"),
@@ -117,9 +141,9 @@ fn from_cache(
         held: Vec::new(),
     };
     let (headers, usage, answers) = (
-        caching::hit_headers(&hit),
-        caching::hit_usage(&hit),
-        caching::hit_choices(&hit),
+        stream::hit_headers(&hit),
+        stream::hit_usage(&hit),
+        hit.choices(),
     );
     if stream {
         let usage = include_usage.then_some(usage);

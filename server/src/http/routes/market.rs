@@ -13,14 +13,15 @@ use axum::{Extension, Json, Router};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
-use crate::api::json::ApiJson;
-use crate::billing::{Billing, Payer};
-use crate::error::ApiError;
+use crate::http::api::json::ApiJson;
+use crate::http::error::ApiError;
+use crate::http::state::AppState;
 use crate::ledger::{HOUSE_PROVIDER, Prices};
 use crate::market::book::Side;
 use crate::market::pricing::{CostProfile, Load, demand_bps};
 use crate::market::{NewOrder, Provider, Spot};
-use crate::state::{AppState, ModelKind};
+use crate::services::metering::{Billing, Payer};
+use crate::services::models::ModelKind;
 use crate::store::keys::KeyRecord;
 
 /// Routes that API keys reach (mounted behind the key check).
@@ -217,7 +218,7 @@ async fn submit(state: &AppState, order: NewOrder) -> Result<Response, ApiError>
 /// (402 when it cannot cover it); each fill is billed from that hold, and
 /// the rest is released when the bid is filled, cancelled or expires.
 #[utoipa::path(post, path = "/v1/market/orders", tag = "market", request_body = PostOrder,
-    responses((status = 201, description = "The order as placed, and its fills", body = Object), (status = 400, description = "Invalid order", body = crate::openapi::ErrorResponse), (status = 402, description = "The account cannot cover the bid's worst case", body = crate::openapi::ErrorResponse)),
+    responses((status = 201, description = "The order as placed, and its fills", body = Object), (status = 400, description = "Invalid order", body = crate::http::error::ErrorResponse), (status = 402, description = "The account cannot cover the bid's worst case", body = crate::http::error::ErrorResponse)),
     security(("api_key" = [])))]
 pub(crate) async fn post_bid(
     State(state): State<AppState>,
@@ -238,7 +239,7 @@ pub(crate) async fn post_bid(
 /// Cancels one of the caller's open orders.
 #[utoipa::path(delete, path = "/v1/market/orders/{id}", tag = "market",
     params(("id" = String, Path, description = "The order's id")),
-    responses((status = 200, description = "Cancelled", body = Object), (status = 404, description = "No such open order of yours", body = crate::openapi::ErrorResponse)),
+    responses((status = 200, description = "Cancelled", body = Object), (status = 404, description = "No such open order of yours", body = crate::http::error::ErrorResponse)),
     security(("api_key" = [])))]
 pub(crate) async fn cancel(
     State(state): State<AppState>,
@@ -255,7 +256,7 @@ pub(crate) async fn cancel(
 
 /// Admin: posts an ask for a provider account.
 #[utoipa::path(post, path = "/admin/market/orders", tag = "admin", request_body = PostOrder,
-    responses((status = 201, description = "The order as placed, and its fills", body = Object), (status = 400, description = "Invalid order", body = crate::openapi::ErrorResponse), (status = 401, description = "Missing or wrong admin token", body = crate::openapi::ErrorResponse)),
+    responses((status = 201, description = "The order as placed, and its fills", body = Object), (status = 400, description = "Invalid order", body = crate::http::error::ErrorResponse), (status = 401, description = "Missing or wrong admin token", body = crate::http::error::ErrorResponse)),
     security(("admin_token" = [])))]
 pub(crate) async fn post_ask(
     State(state): State<AppState>,
@@ -277,7 +278,7 @@ pub(crate) async fn post_ask(
 
 /// Admin: electricity prices by region (micro-units per kWh).
 #[utoipa::path(get, path = "/admin/market/regions", tag = "admin",
-    responses((status = 200, description = "Region -> price", body = Object), (status = 401, description = "Missing or wrong admin token", body = crate::openapi::ErrorResponse)),
+    responses((status = 200, description = "Region -> price", body = Object), (status = 401, description = "Missing or wrong admin token", body = crate::http::error::ErrorResponse)),
     security(("admin_token" = [])))]
 pub(crate) async fn regions(State(state): State<AppState>) -> Result<Response, ApiError> {
     Ok(Json(json!({"regions": billing(&state)?.market.regions()})).into_response())
@@ -292,7 +293,7 @@ pub(crate) struct RegionPrice {
 /// Admin: sets (or adds) a region's electricity price.
 #[utoipa::path(put, path = "/admin/market/regions/{region}", tag = "admin", request_body = RegionPrice,
     params(("region" = String, Path, description = "Region name")),
-    responses((status = 200, description = "Updated", body = Object), (status = 400, description = "Invalid price", body = crate::openapi::ErrorResponse), (status = 401, description = "Missing or wrong admin token", body = crate::openapi::ErrorResponse)),
+    responses((status = 200, description = "Updated", body = Object), (status = 400, description = "Invalid price", body = crate::http::error::ErrorResponse), (status = 401, description = "Missing or wrong admin token", body = crate::http::error::ErrorResponse)),
     security(("admin_token" = [])))]
 pub(crate) async fn set_region(
     State(state): State<AppState>,
@@ -308,7 +309,7 @@ pub(crate) async fn set_region(
 
 /// Admin: every provider's cost profile and standing.
 #[utoipa::path(get, path = "/admin/market/providers", tag = "admin",
-    responses((status = 200, description = "Providers", body = Object), (status = 401, description = "Missing or wrong admin token", body = crate::openapi::ErrorResponse)),
+    responses((status = 200, description = "Providers", body = Object), (status = 401, description = "Missing or wrong admin token", body = crate::http::error::ErrorResponse)),
     security(("admin_token" = [])))]
 pub(crate) async fn providers(State(state): State<AppState>) -> Result<Response, ApiError> {
     let data = billing(&state)?.market.providers();
@@ -332,7 +333,7 @@ fn one_x() -> i64 {
 /// Admin: sets a provider account's cost profile and standing.
 #[utoipa::path(put, path = "/admin/market/providers/{id}", tag = "admin", request_body = SetProvider,
     params(("id" = String, Path, description = "The provider's account id")),
-    responses((status = 200, description = "Updated", body = Provider), (status = 400, description = "Invalid profile", body = crate::openapi::ErrorResponse), (status = 404, description = "No such provider account", body = crate::openapi::ErrorResponse), (status = 401, description = "Missing or wrong admin token", body = crate::openapi::ErrorResponse)),
+    responses((status = 200, description = "Updated", body = Provider), (status = 400, description = "Invalid profile", body = crate::http::error::ErrorResponse), (status = 404, description = "No such provider account", body = crate::http::error::ErrorResponse), (status = 401, description = "Missing or wrong admin token", body = crate::http::error::ErrorResponse)),
     security(("admin_token" = [])))]
 pub(crate) async fn set_provider(
     State(state): State<AppState>,

@@ -9,13 +9,14 @@ use axum::routing::post;
 use axum::{Extension, Json, Router};
 use engine::{EngineHandle, FinishReason, TokenLogprob};
 
-use crate::api::json::ApiJson;
-use crate::api::stream::{self, ChunkEncoder, to_json};
-use crate::api::types::{Completion, CompletionChoice, CompletionRequest, UsageDto};
-use crate::api::{logprobs, response_id, unix_now, validate};
-use crate::caching;
-use crate::error::ApiError;
-use crate::state::AppState;
+use crate::http::api::json::ApiJson;
+use crate::http::api::stream::{self, ChunkEncoder, to_json};
+use crate::http::api::types::{Completion, CompletionChoice, CompletionRequest, UsageDto};
+use crate::http::api::{logprobs, response_id, unix_now, validate};
+use crate::http::error::ApiError;
+use crate::http::state::AppState;
+use crate::services::caching::{CacheRequest, Hit};
+use crate::services::generation::{Generated, Job};
 use crate::store::keys::KeyRecord;
 
 pub fn router() -> Router<AppState> {
@@ -25,7 +26,7 @@ pub fn router() -> Router<AppState> {
 /// Text completion (JSON, or an SSE stream).
 #[utoipa::path(post, path = "/v1/completions", tag = "generation",
     request_body = CompletionRequest,
-    responses((status = 200, description = "A completion, or with `stream: true` an SSE stream", body = Completion), (status = 400, description = "Invalid request", body = crate::openapi::ErrorResponse), (status = 401, description = "Missing or invalid API key", body = crate::openapi::ErrorResponse), (status = 429, description = "A per-key limit is reached (see Retry-After)", body = crate::openapi::ErrorResponse), (status = 503, description = "Overloaded (see Retry-After)", body = crate::openapi::ErrorResponse)),
+    responses((status = 200, description = "A completion, or with `stream: true` an SSE stream", body = Completion), (status = 400, description = "Invalid request", body = crate::http::error::ErrorResponse), (status = 401, description = "Missing or invalid API key", body = crate::http::error::ErrorResponse), (status = 429, description = "A per-key limit is reached (see Retry-After)", body = crate::http::error::ErrorResponse), (status = 503, description = "Overloaded (see Retry-After)", body = crate::http::error::ErrorResponse)),
     security(("api_key" = [])))]
 pub(crate) async fn completions(
     State(state): State<AppState>,
@@ -33,49 +34,46 @@ pub(crate) async fn completions(
     headers: HeaderMap,
     ApiJson(req): ApiJson<CompletionRequest>,
 ) -> Result<Response, ApiError> {
-    let engine = &state.models.text(&req.model)?;
-    let valid = validate::completion(&req, engine)?;
-    crate::auth::charge(&state, key.as_deref(), &valid.requests)?;
-    let mut plan = caching::plan_completion(&state, &headers, key.as_deref(), &req.model, &valid);
-    if let Some(p) = &mut plan
-        && let Some(hit) = caching::lookup(&state, p).await
-    {
-        caching::bill_hit(&state, key.as_deref(), &hit).await?;
-        return Ok(from_cache(
-            req.model,
-            engine.clone(),
-            valid.stream,
-            valid.include_usage,
-            hit,
-        ));
-    }
-    let mut tab =
-        crate::billing::open_for(&state, key.as_deref(), &req.model, engine, &valid.requests)
-            .await?;
-    let streams = stream::submit_all(engine, valid.requests).await?;
+    let engine = state.models.text(&req.model)?;
+    let valid = validate::completion(&req, &engine)?;
+    let job = Job {
+        model: req.model.clone(),
+        engine: engine.clone(),
+        requests: valid.requests,
+        cache: CacheRequest {
+            mode: stream::cache_mode(&headers),
+            endpoint: "completions",
+            replayable: !valid.logprobs && valid.echo.iter().all(Option::is_none),
+            conversation: None,
+        },
+    };
+    let run = match state.generation().generate(key.as_deref(), job).await? {
+        Generated::Cached(hit) => {
+            return Ok(from_cache(
+                req.model,
+                engine,
+                valid.stream,
+                valid.include_usage,
+                hit,
+            ));
+        }
+        Generated::Fresh(run) => run,
+    };
     let mut encoder = CompletionEncoder {
         id: response_id("cmpl"),
         created: unix_now(),
         model: req.model,
         offsets: vec![0; valid.echo.len()],
         echo: valid.echo,
-        engine: engine.clone(),
+        engine,
         logprobs: valid.logprobs,
     };
-    let cached = caching::miss_header(plan.as_ref());
+    let cached = (stream::CACHE_HEADER, run.cache_status());
     if valid.stream {
-        let on_done = caching::on_done(&state, plan);
-        let sse = stream::sse(streams, encoder, valid.include_usage, tab, on_done);
+        let sse = stream::sse(run, encoder, valid.include_usage);
         return Ok(([cached], sse).into_response());
     }
-    let outcomes = stream::collect_all(streams).await?;
-    caching::store_outcomes(&state, plan, &outcomes);
-    if let Some(tab) = &mut tab {
-        for (i, o) in outcomes.iter().enumerate() {
-            tab.finished(i, &o.usage);
-        }
-    }
-    crate::billing::settle(tab).await;
+    let outcomes = run.outcomes().await?;
     let mut usage = UsageDto::default();
     let mut choices = Vec::with_capacity(outcomes.len());
     for (index, o) in outcomes.into_iter().enumerate() {
@@ -103,9 +101,9 @@ fn from_cache(
     engine: EngineHandle,
     stream: bool,
     include_usage: bool,
-    hit: caching::Hit,
+    hit: Hit,
 ) -> Response {
-    let answers = caching::hit_choices(&hit);
+    let answers = hit.choices();
     let encoder = CompletionEncoder {
         id: response_id("cmpl"),
         created: unix_now(),
@@ -115,7 +113,7 @@ fn from_cache(
         engine,
         logprobs: false,
     };
-    let (headers, usage) = (caching::hit_headers(&hit), caching::hit_usage(&hit));
+    let (headers, usage) = (stream::hit_headers(&hit), stream::hit_usage(&hit));
     if stream {
         let usage = include_usage.then_some(usage);
         return (headers, stream::replay(encoder, answers, usage)).into_response();

@@ -1,0 +1,431 @@
+//! The response-cache policy that generation applies (semantic lookups for
+//! chat only): which requests may use the cache, the lookup (exact in three
+//! tiers, then semantic), billing a hit at the cache price, and storing
+//! fresh answers. The tiers themselves are the `cache` domain module.
+//!
+//! Rules:
+//! - Only deterministic requests (temperature 0 or a fixed seed) use the
+//!   cache, unless the caller allows it (`x-synor-cache: allow`); a bypass
+//!   (`x-synor-cache: bypass`, `Cache-Control: no-cache`/`no-store`) skips
+//!   it. `n` > 1, log-probabilities, tools and `echo` bypass it.
+//! - The scope is the payer's account, or `shared` for models an admin
+//!   shared; keys cover the model and its version, the whole rendered
+//!   conversation and every sampling parameter, in the explicit encoding of
+//!   `params_key` (never a `Debug` text, so renaming a field cannot empty
+//!   the caches).
+//! - A semantic hit needs the same scope, model and context (earlier turns,
+//!   system prompt, parameters, hashed into the index key), a similar last
+//!   user message over the threshold, and the same guard terms.
+
+use std::fmt::Write as _;
+use std::sync::Arc;
+
+use engine::{EmbeddingHandle, FinishReason, GenerateRequest, SamplingParams};
+use sha2::{Digest, Sha256};
+
+use crate::cache::ResponseCache;
+use crate::cache::answer::{CachedAnswer, CachedChoice, KeyParts, exact_key, hex};
+use crate::cache::semantic::IndexKey;
+use crate::ledger::Quote;
+use crate::ledger::money::BPS;
+use crate::services::ServiceError;
+use crate::services::metering::{Billing, Payer};
+use crate::services::models::{ModelKind, ModelRegistry};
+use crate::store::keys::KeyRecord;
+
+/// What the caller asked of the cache.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CacheMode {
+    /// Deterministic requests only.
+    #[default]
+    Default,
+    /// Sampled requests too (`x-synor-cache: allow`).
+    Allow,
+    /// Never (`x-synor-cache: bypass`, `Cache-Control: no-cache`).
+    Bypass,
+}
+
+/// A generation request as the cache sees it.
+#[derive(Debug, Clone, Default)]
+pub struct CacheRequest {
+    pub mode: CacheMode,
+    /// `chat` or `completions` (part of the key).
+    pub endpoint: &'static str,
+    /// False when the answer has parts a cached one cannot replay
+    /// (log-probabilities, a tool-call envelope, `echo`).
+    pub replayable: bool,
+    /// Chat: the conversation, for a semantic lookup.
+    pub conversation: Option<Conversation>,
+}
+
+/// A chat conversation as the semantic cache sees it.
+#[derive(Debug, Clone, Default)]
+pub struct Conversation {
+    /// Every message before the last, as (role, content).
+    pub earlier: Vec<(String, String)>,
+    /// The last message's text, when it is a user's plain text.
+    pub last_user: Option<String>,
+}
+
+/// How a request uses the cache.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    pub key: String,
+    pub scope: String,
+    pub model: String,
+    /// The semantic probe: its index and the last user message.
+    semantic: Option<(IndexKey, String)>,
+    /// The last message's embedding, once computed (stored with the answer).
+    vector: Option<Vec<f32>>,
+}
+
+/// A cached answer to serve.
+#[derive(Debug, Clone)]
+pub struct Hit {
+    pub answer: Arc<CachedAnswer>,
+    /// `exact` or `semantic`.
+    pub kind: &'static str,
+    pub similarity: Option<f32>,
+}
+
+impl Hit {
+    /// The hit's choices with their finish reasons.
+    pub fn choices(&self) -> Vec<(String, FinishReason)> {
+        self.answer
+            .choices
+            .iter()
+            .map(|c| (c.text.clone(), finish_of(c)))
+            .collect()
+    }
+}
+
+/// The response cache with what its policy needs: the served models (for
+/// versions and the embedder) and the price of a hit.
+#[derive(Debug, Clone)]
+pub struct ResponseCaching {
+    pub cache: Arc<ResponseCache>,
+    pub models: Arc<ModelRegistry>,
+    /// What a hit costs, as a fraction of the generated price (bps).
+    pub price_bps: i64,
+}
+
+/// The stable encoding of every sampling parameter that shapes an answer
+/// (`priority` does not). Floats are written as their bit patterns, lists
+/// with their lengths, strings length-prefixed: a new field changes this
+/// function (the destructuring below does not compile without it), a
+/// renamed one does not change any key.
+pub fn params_key(p: &SamplingParams) -> String {
+    let SamplingParams {
+        temperature,
+        top_p,
+        top_k,
+        seed,
+        max_tokens,
+        stop,
+        stop_token_ids,
+        ignore_eos,
+        min_p,
+        repetition_penalty,
+        frequency_penalty,
+        presence_penalty,
+        logit_bias,
+        logprobs,
+        n,
+        priority: _,
+        grammar,
+    } = p;
+    let mut s = String::from("v1");
+    let f = |x: &f32| format!("{:08x}", x.to_bits());
+    let _ = write!(
+        s,
+        ";t={};p={};k={top_k};s={seed:?};m={max_tokens};e={ignore_eos};min_p={};rp={};fp={};pp={};lp={logprobs:?};n={n}",
+        f(temperature),
+        f(top_p),
+        f(min_p),
+        f(repetition_penalty),
+        f(frequency_penalty),
+        f(presence_penalty),
+    );
+    let _ = write!(s, ";stop={}", stop.len());
+    for t in stop {
+        let _ = write!(s, ":{}:{t}", t.len());
+    }
+    let _ = write!(s, ";ids={stop_token_ids:?};bias={}", logit_bias.len());
+    for (id, b) in logit_bias {
+        let _ = write!(s, ":{id}={}", f(b));
+    }
+    let g = match grammar {
+        None => String::new(),
+        Some(engine::Grammar::JsonObject) => "json_object".into(),
+        // serde_json writes object keys sorted (no `preserve_order`).
+        Some(engine::Grammar::JsonSchema(v)) => format!("json_schema:{v}"),
+        Some(engine::Grammar::Regex(r)) => format!("regex:{r}"),
+        Some(engine::Grammar::Lark(l)) => format!("lark:{l}"),
+    };
+    let _ = write!(s, ";g={}:{g}", g.len());
+    s
+}
+
+impl ResponseCaching {
+    /// Whether (and how) this request may use the cache.
+    pub fn plan(
+        &self,
+        key: Option<&KeyRecord>,
+        model_name: &str,
+        requests: &[GenerateRequest],
+        req: &CacheRequest,
+    ) -> Option<Plan> {
+        if req.mode == CacheMode::Bypass || !req.replayable {
+            return None;
+        }
+        let [one] = requests else {
+            return None;
+        };
+        let p = &one.params;
+        let deterministic = p.temperature == 0.0 || p.seed.is_some();
+        if p.n != 1 || !(deterministic || req.mode == CacheMode::Allow) {
+            return None;
+        }
+        let model = self.models.get(model_name).ok()?;
+        let scope = if self.cache.is_shared(model_name) {
+            "shared".to_string()
+        } else {
+            Payer::of(key).account_id
+        };
+        let params = params_key(p);
+        let key = exact_key(&KeyParts {
+            scope: &scope,
+            model: model_name,
+            model_version: model.version,
+            endpoint: req.endpoint,
+            prompt_tokens: &one.prompt_tokens,
+            params: &params,
+        });
+        let semantic = req
+            .conversation
+            .as_ref()
+            .and_then(|c| semantic_probe(c, &scope, model_name, model.version, &params));
+        Some(Plan {
+            key,
+            semantic,
+            scope,
+            model: model_name.to_string(),
+            vector: None,
+        })
+    }
+
+    /// Exact lookup in every tier, then semantic.
+    pub async fn lookup(&self, plan: &mut Plan) -> Option<Hit> {
+        let cache = &self.cache;
+        if let Some((answer, _)) = cache.get(&plan.scope, &plan.model, &plan.key).await {
+            return Some(Hit {
+                answer,
+                kind: "exact",
+                similarity: None,
+            });
+        }
+        let (ik, text) = plan.semantic.clone()?;
+        if !cache.semantic_has(&ik) {
+            // Nothing to compare with: skip the embedding (the answer's is
+            // computed after the response, when it is stored).
+            return None;
+        }
+        let vector = match self.embedder()?.embed_query(&text).await {
+            Ok(v) => v,
+            Err(e) => {
+                tracing::warn!(error = %e, "semantic cache: embedding failed");
+                return None;
+            }
+        };
+        plan.vector = Some(vector.clone());
+        let m = cache.semantic_get(&ik, &vector, &text)?;
+        match cache.get(&plan.scope, &plan.model, &m.key).await {
+            Some((answer, _)) => Some(Hit {
+                answer,
+                kind: "semantic",
+                similarity: Some(m.similarity),
+            }),
+            None => {
+                cache.semantic_forget(&m.key);
+                None
+            }
+        }
+    }
+
+    /// The embedding model the semantic cache uses (the first one served).
+    fn embedder(&self) -> Option<EmbeddingHandle> {
+        self.models.list().into_iter().find_map(|m| match m.kind {
+            ModelKind::Embedding(h) => Some(h),
+            ModelKind::Text(_) => None,
+        })
+    }
+
+    /// Bills a hit at the cache price (a fraction of the generated price),
+    /// crediting the provider that produced the answer; 402 if the payer
+    /// cannot cover it. The cost is known, so no hold is needed: the funds
+    /// are checked now and the charge is committed by the ledger's writer
+    /// in its next batch (the answer does not wait for it).
+    pub async fn bill_hit(
+        &self,
+        billing: Option<&Billing>,
+        key: Option<&KeyRecord>,
+        hit: &Hit,
+    ) -> Result<(), ServiceError> {
+        let Some(b) = billing else {
+            return Ok(());
+        };
+        let a = &hit.answer;
+        let fraction = self.price_bps;
+        let base = b.quote(&a.model, crate::market::pricing::Load::default())?;
+        let scale = |p: i64| (i128::from(p) * i128::from(fraction) / i128::from(BPS)) as i64;
+        let quote = Quote {
+            provider_id: a.provider_id.clone(),
+            prices: crate::ledger::Prices {
+                input: scale(base.prices.input),
+                cached_input: scale(base.prices.cached_input),
+                output: scale(base.prices.output),
+            },
+            ..base
+        };
+        let payer = Payer::of(key);
+        let tokens = crate::ledger::Tokens {
+            prompt: a.prompt_tokens,
+            cached: 0,
+            completion: a.completion_tokens,
+        };
+        let request_id = format!("req_{}", uuid::Uuid::new_v4().simple());
+        let hold = crate::ledger::holds::HoldRequest {
+            request_id: &request_id,
+            account_id: &payer.account_id,
+            key_id: payer.key_id.as_deref(),
+            quote: &quote,
+            amount: quote.cost(tokens),
+        };
+        Ok(b.ledger.charge(hold, tokens).await?)
+    }
+
+    /// Stores a fresh answer whose choices all finished (in the
+    /// background: the response does not wait); `usage` is the sum of the
+    /// choices' (prompt, completion) tokens.
+    pub fn store(&self, plan: Plan, choices: Vec<(String, FinishReason)>, usage: (u64, u64)) {
+        if choices.iter().any(|(_, r)| *r == FinishReason::Abort) {
+            return;
+        }
+        let answer = CachedAnswer {
+            scope: plan.scope.clone(),
+            model: plan.model.clone(),
+            choices: choices
+                .into_iter()
+                .map(|(text, r)| CachedChoice {
+                    text,
+                    finish_reason: r.as_openai().to_string(),
+                })
+                .collect(),
+            prompt_tokens: usage.0,
+            completion_tokens: usage.1,
+            provider_id: crate::ledger::HOUSE_PROVIDER.to_string(),
+            created_at: crate::store::now(),
+        };
+        let embedder = self.embedder();
+        let cache = self.cache.clone();
+        tokio::spawn(async move {
+            cache.put(&plan.key, answer).await;
+            let Some((ik, text)) = plan.semantic else {
+                return;
+            };
+            let vector = match (plan.vector, embedder) {
+                (Some(v), _) => v,
+                (None, Some(e)) => match e.embed_query(&text).await {
+                    Ok(v) => v,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "semantic cache: embedding failed");
+                        return;
+                    }
+                },
+                (None, None) => return,
+            };
+            cache.semantic_put(ik, vector, &text, plan.key);
+        });
+    }
+}
+
+/// Longest last message the semantic cache considers: questions get
+/// rephrased, long documents do not, and embedding them would cost every
+/// such miss tens of milliseconds.
+const SEMANTIC_MAX_CHARS: usize = 500;
+
+/// The semantic index and text of a conversation whose last message is a
+/// user's text: every earlier message, the model version and the
+/// parameters are hashed into the index key.
+fn semantic_probe(
+    c: &Conversation,
+    scope: &str,
+    model: &str,
+    version: u64,
+    params: &str,
+) -> Option<(IndexKey, String)> {
+    let text = c
+        .last_user
+        .as_ref()
+        .filter(|t| t.chars().count() <= SEMANTIC_MAX_CHARS)?;
+    let mut h = Sha256::new();
+    h.update(version.to_le_bytes());
+    h.update(params.as_bytes());
+    for (role, content) in &c.earlier {
+        for part in [role, content] {
+            h.update((part.len() as u64).to_le_bytes());
+            h.update(part.as_bytes());
+        }
+    }
+    let ik = IndexKey {
+        scope: scope.to_string(),
+        model: model.to_string(),
+        context: hex(&h.finalize()),
+    };
+    Some((ik, text.clone()))
+}
+
+/// The finish reason a cached choice was stored with.
+pub fn finish_of(c: &CachedChoice) -> FinishReason {
+    if c.finish_reason == "length" {
+        FinishReason::Length
+    } else {
+        FinishReason::Stop
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_params_encoding_is_pinned() {
+        let p = SamplingParams {
+            temperature: 0.0,
+            seed: Some(7),
+            max_tokens: 32,
+            stop: vec!["\n\n".into()],
+            logit_bias: vec![(5, -1.5)],
+            priority: 9,
+            grammar: Some(engine::Grammar::Regex("[0-9]+".into())),
+            ..SamplingParams::default()
+        };
+        assert_eq!(
+            params_key(&p),
+            "v1;t=00000000;p=3f800000;k=0;s=Some(7);m=32;e=false;min_p=00000000;\
+             rp=3f800000;fp=00000000;pp=00000000;lp=None;n=1;stop=1:2:\n\n;ids=[];\
+             bias=1:5=bfc00000;g=12:regex:[0-9]+"
+        );
+        // Scheduling priority does not shape the answer.
+        let q = SamplingParams {
+            priority: 0,
+            ..p.clone()
+        };
+        assert_eq!(params_key(&p), params_key(&q));
+        let r = SamplingParams {
+            top_k: 3,
+            ..p.clone()
+        };
+        assert_ne!(params_key(&p), params_key(&r));
+    }
+}

@@ -1,0 +1,344 @@
+//! The one path of a generation, shared by chat and completions, and of an
+//! embedding request: validated engine requests in, a cached answer or a
+//! running stream of token events out. Around the engine it applies, once
+//! and in this order: the key's tokens-per-minute limit (the worst case),
+//! the response cache (lookup, and billing a hit), the quote and hold,
+//! submission (admission, so an overloaded engine answers before anything
+//! is streamed), then while the stream runs the meter, and when it ends the
+//! settlement and the cache store. Handlers only parse, call and encode.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Instant;
+
+use engine::{
+    EmbedInput, EmbeddingHandle, Embeddings, EngineError, EngineHandle, FinishReason,
+    GenerateRequest, RequestStream, TokenEvent, TokenLogprob, Usage,
+};
+use futures_util::stream::{self, BoxStream, Stream, StreamExt};
+
+use crate::services::ServiceError;
+use crate::services::caching::{CacheRequest, Hit, Plan, ResponseCaching};
+use crate::services::limits::Limiter;
+use crate::services::metering::{Billing, Payer, Tab};
+use crate::services::models::ModelRegistry;
+use crate::store::keys::KeyRecord;
+
+/// Everything a generation passes through. Cheap to clone (handles).
+#[derive(Debug, Clone)]
+pub struct Generation {
+    pub models: Arc<ModelRegistry>,
+    pub limiter: Arc<Limiter>,
+    /// `None`: requests are not metered.
+    pub billing: Option<Arc<Billing>>,
+    /// `None`: the response cache is off.
+    pub caching: Option<ResponseCaching>,
+}
+
+/// One validated generation request.
+#[derive(Debug)]
+pub struct Job {
+    pub model: String,
+    pub engine: EngineHandle,
+    /// One engine request per prompt (each with its `n`).
+    pub requests: Vec<GenerateRequest>,
+    pub cache: CacheRequest,
+}
+
+/// What a generation answers with.
+#[derive(Debug)]
+pub enum Generated {
+    /// A cached answer (already billed).
+    Cached(Hit),
+    /// A running generation.
+    Fresh(Box<Run>),
+}
+
+/// How one choice ended, with its full text and log-probabilities.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Outcome {
+    pub text: String,
+    pub logprobs: Vec<TokenLogprob>,
+    pub finish: FinishReason,
+    pub usage: Usage,
+}
+
+impl Generation {
+    /// Runs `job` for the caller with `key` (none in open mode).
+    pub async fn generate(
+        &self,
+        key: Option<&KeyRecord>,
+        job: Job,
+    ) -> Result<Generated, ServiceError> {
+        let worst: u64 = job
+            .requests
+            .iter()
+            .map(|r| ((r.prompt_tokens.len() + r.params.max_tokens) * r.params.n.max(1)) as u64)
+            .sum();
+        self.charge_tokens(key, worst)?;
+        let mut plan = self
+            .caching
+            .as_ref()
+            .and_then(|c| c.plan(key, &job.model, &job.requests, &job.cache));
+        if let (Some(c), Some(p)) = (&self.caching, &mut plan)
+            && let Some(hit) = c.lookup(p).await
+        {
+            c.bill_hit(self.billing.as_deref(), key, &hit).await?;
+            return Ok(Generated::Cached(hit));
+        }
+        let tab = match &self.billing {
+            Some(b) => Some(
+                b.open_generation(&Payer::of(key), &job.model, &job.engine, &job.requests)
+                    .await?,
+            ),
+            None => None,
+        };
+        let streams = submit_all(&job.engine, job.requests).await?;
+        let store = self.caching.clone().zip(plan);
+        Ok(Generated::Fresh(Box::new(Run::new(streams, tab, store))))
+    }
+
+    /// Embeds `input` (already validated against the model) for the caller
+    /// with `key`: the same token limit and metering as a generation (the
+    /// input's worst-case token count charged and held, the counted tokens
+    /// settled).
+    pub async fn embed(
+        &self,
+        key: Option<&KeyRecord>,
+        model: &str,
+        encoder: &EmbeddingHandle,
+        input: EmbedInput,
+    ) -> Result<Embeddings, ServiceError> {
+        let worst = worst_tokens(&input);
+        self.charge_tokens(key, worst)?;
+        let tab = match &self.billing {
+            Some(b) => {
+                let quote = b.quote(model, crate::market::pricing::Load::default())?;
+                Some(b.open(&Payer::of(key), &quote, &[(worst, 0)]).await?)
+            }
+            None => None,
+        };
+        let out = encoder.embed_input(input).await?;
+        if let Some(mut tab) = tab {
+            let usage = Usage {
+                prompt_tokens: out.prompt_tokens,
+                ..Usage::default()
+            };
+            tab.finished(0, &usage);
+            crate::services::metering::settle(Some(tab)).await;
+        }
+        Ok(out)
+    }
+
+    /// Charges `tokens` to the key's tokens-per-minute limit.
+    fn charge_tokens(&self, key: Option<&KeyRecord>, tokens: u64) -> Result<(), ServiceError> {
+        match key {
+            Some(k) => self.limiter.charge(k, tokens, Instant::now()),
+            None => Ok(()),
+        }
+    }
+}
+
+/// At most how many tokens embedding inputs become: a WordPiece or BPE
+/// token covers at least one character, plus the two special tokens.
+fn worst_tokens(input: &EmbedInput) -> u64 {
+    let n: usize = match input {
+        EmbedInput::Texts(ts) => ts.iter().map(|t| t.chars().count() + 2).sum(),
+        EmbedInput::Tokens(ls) => ls.iter().map(|l| l.len() + 2).sum(),
+    };
+    n as u64
+}
+
+/// Submits every request's `n` choices, flattened in order, and waits until
+/// the engine has admitted each of them, so an overloaded engine is answered
+/// with 503 and `Retry-After` before any response starts; if one is refused,
+/// the others are dropped (aborted).
+async fn submit_all(
+    engine: &EngineHandle,
+    requests: Vec<GenerateRequest>,
+) -> Result<Vec<RequestStream>, ServiceError> {
+    let mut all = Vec::new();
+    for r in requests {
+        all.extend(engine.submit_n(r)?);
+    }
+    for s in &mut all {
+        s.admitted().await?;
+    }
+    Ok(all)
+}
+
+/// The cache store of a running generation: its plan and what the
+/// choices produced so far.
+#[derive(Debug)]
+struct Recorder {
+    caching: ResponseCaching,
+    plan: Plan,
+    texts: Vec<String>,
+    reasons: Vec<Option<FinishReason>>,
+    usage: (u64, u64),
+}
+
+/// A running generation: the events of every choice, interleaved and
+/// tagged with the choice's index. Reading it meters the request; when it
+/// ends it stores the answer (if every choice finished) and settles; when
+/// it is dropped early (the client left) the engine requests are aborted
+/// and the meter settles what ran.
+pub struct Run {
+    events: BoxStream<'static, (usize, TokenEvent)>,
+    choices: usize,
+    tab: Option<Tab>,
+    recorder: Option<Recorder>,
+    cached: bool,
+}
+
+impl std::fmt::Debug for Run {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Run")
+            .field("choices", &self.choices)
+            .field("tab", &self.tab)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Run {
+    fn new(
+        streams: Vec<RequestStream>,
+        tab: Option<Tab>,
+        store: Option<(ResponseCaching, Plan)>,
+    ) -> Self {
+        let n = streams.len();
+        let events = stream::select_all(
+            streams
+                .into_iter()
+                .enumerate()
+                .map(|(i, s)| s.map(move |ev| (i, ev)).boxed()),
+        )
+        .boxed();
+        Self {
+            events,
+            choices: n,
+            tab,
+            cached: store.is_some(),
+            recorder: store.map(|(caching, plan)| Recorder {
+                caching,
+                plan,
+                texts: vec![String::new(); n],
+                reasons: vec![None; n],
+                usage: (0, 0),
+            }),
+        }
+    }
+
+    /// How many choices run.
+    pub fn choices(&self) -> usize {
+        self.choices
+    }
+
+    /// Whether the answer will be offered to the response cache (`miss`)
+    /// or the cache was not used (`bypass`).
+    pub fn cache_status(&self) -> &'static str {
+        if self.cached { "miss" } else { "bypass" }
+    }
+
+    /// Meters and records one event.
+    fn observe(&mut self, i: usize, ev: &TokenEvent) {
+        if let Some(tab) = &mut self.tab {
+            tab.on_event(i, ev);
+        }
+        let Some(r) = &mut self.recorder else {
+            return;
+        };
+        match ev {
+            TokenEvent::Delta { text, .. } => {
+                if let Some(t) = r.texts.get_mut(i) {
+                    t.push_str(text);
+                }
+            }
+            TokenEvent::Finished { reason, usage } => {
+                if let Some(slot) = r.reasons.get_mut(i) {
+                    *slot = Some(*reason);
+                }
+                r.usage.0 += usage.prompt_tokens as u64;
+                r.usage.1 += usage.completion_tokens as u64;
+            }
+            TokenEvent::Failed(_) => self.recorder = None,
+        }
+    }
+
+    /// The stream ended: stores the answer if every choice finished.
+    fn end(&mut self) {
+        let Some(r) = self.recorder.take() else {
+            return;
+        };
+        if r.reasons.iter().all(Option::is_some) {
+            let choices = r
+                .texts
+                .into_iter()
+                .zip(r.reasons.into_iter().flatten())
+                .collect();
+            r.caching.store(r.plan, choices, r.usage);
+        }
+    }
+
+    /// Runs every choice to the end and settles (waiting for the commit,
+    /// so a JSON answer is billed before it is sent).
+    pub async fn outcomes(mut self) -> Result<Vec<Outcome>, ServiceError> {
+        let mut parts = vec![Partial::default(); self.choices];
+        while let Some((i, ev)) = self.events.next().await {
+            self.observe(i, &ev);
+            let Some(p) = parts.get_mut(i) else { continue };
+            match ev {
+                TokenEvent::Delta { text, logprobs, .. } => {
+                    p.text.push_str(&text);
+                    p.logprobs.extend(logprobs);
+                }
+                TokenEvent::Finished { reason, usage } => p.end = Some((reason, usage)),
+                TokenEvent::Failed(e) => return Err(e.into()),
+            }
+        }
+        self.end();
+        crate::services::metering::settle(self.tab.take()).await;
+        parts
+            .into_iter()
+            .map(|p| {
+                let (finish, usage) = p.end.ok_or(EngineError::Shutdown)?;
+                Ok(Outcome {
+                    text: p.text,
+                    logprobs: p.logprobs,
+                    finish,
+                    usage,
+                })
+            })
+            .collect()
+    }
+}
+
+/// One choice of a JSON answer, while it runs.
+#[derive(Debug, Clone, Default)]
+struct Partial {
+    text: String,
+    logprobs: Vec<TokenLogprob>,
+    end: Option<(FinishReason, Usage)>,
+}
+
+impl Stream for Run {
+    type Item = (usize, TokenEvent);
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = &mut *self;
+        match this.events.poll_next_unpin(cx) {
+            Poll::Ready(Some((i, ev))) => {
+                this.observe(i, &ev);
+                Poll::Ready(Some((i, ev)))
+            }
+            Poll::Ready(None) => {
+                this.end();
+                // Settles in the background from what was counted.
+                drop(this.tab.take());
+                Poll::Ready(None)
+            }
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}

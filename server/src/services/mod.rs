@@ -1,0 +1,53 @@
+//! Services: what a request does, with no HTTP in sight. Each takes its
+//! dependencies explicitly (never the handlers' state) and answers with a
+//! `ServiceError`, which the HTTP layer maps to a status once.
+//!
+//! - `models`: the served models (registry, loader, versions).
+//! - `limits`: per-key requests, tokens per minute and concurrency.
+//! - `metering`: quote, hold, count and settle a request's tokens; the
+//!   house provider's market round.
+//! - `caching`: which requests may use the response cache, lookups,
+//!   pricing hits and storing answers.
+//! - `generation`: the one path of a generation (chat, completions) and of
+//!   an embedding request: limits, cache, hold, submission, settlement and
+//!   cache store around the token stream.
+
+pub mod caching;
+pub mod generation;
+pub mod limits;
+pub mod metering;
+pub mod models;
+
+use engine::EngineError;
+
+use crate::ledger::LedgerError;
+use crate::market::MarketError;
+
+/// Why a service refused or failed a request.
+#[derive(Debug, thiserror::Error)]
+pub enum ServiceError {
+    /// The requested model is not served.
+    #[error("the model `{0}` does not exist")]
+    ModelNotFound(String),
+    /// The model exists but cannot serve this endpoint.
+    #[error("the model `{model}` does not support {endpoint}")]
+    WrongModelKind {
+        model: String,
+        endpoint: &'static str,
+    },
+    /// A model of this name is already served.
+    #[error("a model named `{0}` is already served")]
+    NameTaken(String),
+    /// A per-key limit is reached; retry after this many seconds.
+    #[error("rate limit reached for this key ({what}); retry in {retry_after} s")]
+    RateLimited {
+        what: &'static str,
+        retry_after: u64,
+    },
+    #[error(transparent)]
+    Engine(#[from] EngineError),
+    #[error(transparent)]
+    Ledger(#[from] LedgerError),
+    #[error(transparent)]
+    Market(#[from] MarketError),
+}
