@@ -65,7 +65,7 @@ def test_generated_requests_never_get_a_server_error(server, tmp_path):
                SYNOR_FUZZ_LEAKS=str(leaks), SYNOR_FUZZ_SECRETS=os.pathsep.join([models_dir, ROOT]))
     p = subprocess.run(
         [ST, "run", os.path.join(ROOT, "openapi", "openapi.json"),
-         "--url", server["base"], "--checks", "not_a_server_error",
+         "--url", server["base"], "--checks", "not_a_server_error,response_schema_conformance",
          "--header", f"Authorization: Bearer {ADMIN_TOKEN}",
          "--max-examples", "15", "--request-timeout", "60", "--seed", "1"],
         capture_output=True, text=True, timeout=900, env=env,

@@ -107,6 +107,24 @@ mod tests {
     }
 
     #[test]
+    fn every_json_answer_has_a_named_schema() {
+        let doc: serde_json::Value = serde_json::from_str(&super::json()).expect("json");
+        let mut untyped = Vec::new();
+        for (path, ops) in doc["paths"].as_object().expect("paths") {
+            for (method, op) in ops.as_object().expect("operations") {
+                let responses = op["responses"].as_object().expect("responses");
+                for (status, r) in responses {
+                    let schema = &r["content"]["application/json"]["schema"];
+                    if !schema.is_null() && schema.get("$ref").is_none() {
+                        untyped.push(format!("{method} {path} {status}: {schema}"));
+                    }
+                }
+            }
+        }
+        assert!(untyped.is_empty(), "free-form answers: {untyped:#?}");
+    }
+
+    #[test]
     fn every_public_route_is_described() {
         let doc = super::json();
         for path in [

@@ -18,7 +18,17 @@ const ALPHABET: &[u8] = b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ01
 pub const SECRET_PREFIX: &str = "sk-synor-";
 
 /// Per-key limits; `None` is unlimited.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    Default,
+    PartialEq,
+    Eq,
+    serde::Serialize,
+    serde::Deserialize,
+    utoipa::ToSchema,
+)]
 pub struct Limits {
     pub rpm: Option<i64>,
     pub tpm: Option<i64>,
@@ -46,7 +56,7 @@ impl NewKey {
 }
 
 /// A key as listed (never with its secret).
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, utoipa::ToSchema)]
 pub struct KeyRecord {
     pub id: String,
     pub name: String,

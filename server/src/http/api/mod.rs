@@ -1,6 +1,7 @@
 //! The OpenAI-compatible wire layer: DTOs, JSON extraction with field-naming
 //! errors, conversion into engine requests, and SSE encoding.
 
+pub mod bodies;
 pub mod json;
 pub mod logprobs;
 pub mod stream;

@@ -8,14 +8,14 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Extension, Json, Router};
 use serde::Deserialize;
-use serde_json::json;
 
 use super::market::billing;
+use crate::http::api::bodies::{KeyUse, List, Moved, UsageAnswer};
 use crate::http::api::json::ApiJson;
 use crate::http::error::ApiError;
 use crate::http::state::AppState;
 use crate::ledger::accounts::{Account, AccountKind};
-use crate::ledger::audit::Audit;
+use crate::ledger::audit::{Audit, Transaction};
 use crate::services::metering::Payer;
 use crate::store::keys::KeyRecord;
 
@@ -51,35 +51,38 @@ impl LimitQuery {
 /// The caller's account (balance, held funds, credit limit; micro-units)
 /// and its latest usage records, with the key's budget if it has one.
 #[utoipa::path(get, path = "/v1/usage", tag = "billing", params(LimitQuery),
-    responses((status = 200, description = "Balance and usage", body = Object)),
+    responses((status = 200, description = "Balance and usage", body = UsageAnswer)),
     security(("api_key" = [])))]
 pub(crate) async fn usage(
     State(state): State<AppState>,
     key: Option<Extension<KeyRecord>>,
     Query(q): Query<LimitQuery>,
-) -> Result<Response, ApiError> {
+) -> Result<Json<UsageAnswer>, ApiError> {
     let b = billing(&state)?;
     let payer = Payer::of(key.as_deref());
     let account = b.ledger.account(&payer.account_id).await?;
     let records = b.ledger.usage(&payer.account_id, q.limit()).await?;
-    let key = key.map(|k| json!({"id": k.id, "budget": k.budget, "spent": k.spent}));
-    let body = json!({
-        "account": account,
-        "available": account.available(),
-        "key": key,
-        "object": "list",
-        "data": records,
+    let key = key.map(|k| KeyUse {
+        id: k.id.clone(),
+        budget: k.budget,
+        spent: k.spent,
     });
-    Ok(Json(body).into_response())
+    Ok(Json(UsageAnswer {
+        available: account.available(),
+        account,
+        key,
+        object: "list",
+        data: records,
+    }))
 }
 
 /// Admin: every account.
 #[utoipa::path(get, path = "/admin/accounts", tag = "admin",
-    responses((status = 200, description = "Accounts", body = Object), (status = 401, description = "Missing or wrong admin token", body = crate::http::error::ErrorResponse)),
+    responses((status = 200, description = "Accounts", body = List<Account>), (status = 401, description = "Missing or wrong admin token", body = crate::http::error::ErrorResponse)),
     security(("admin_token" = [])))]
-pub(crate) async fn list(State(state): State<AppState>) -> Result<Response, ApiError> {
+pub(crate) async fn list(State(state): State<AppState>) -> Result<Json<List<Account>>, ApiError> {
     let data = billing(&state)?.ledger.accounts().await?;
-    Ok(Json(json!({"object": "list", "data": data})).into_response())
+    Ok(Json(List::of(data)))
 }
 
 /// Admin: one account.
@@ -168,7 +171,7 @@ pub(crate) struct TopUp {
 /// Admin: credits an account (a journal transaction against `deposits`).
 #[utoipa::path(post, path = "/admin/accounts/{id}/topup", tag = "admin", request_body = TopUp,
     params(("id" = String, Path, description = "Account id")),
-    responses((status = 200, description = "The journal transaction and the account", body = Object), (status = 400, description = "Invalid amount", body = crate::http::error::ErrorResponse), (status = 404, description = "No such account", body = crate::http::error::ErrorResponse), (status = 401, description = "Missing or wrong admin token", body = crate::http::error::ErrorResponse)),
+    responses((status = 200, description = "The journal transaction and the account", body = Moved), (status = 400, description = "Invalid amount", body = crate::http::error::ErrorResponse), (status = 404, description = "No such account", body = crate::http::error::ErrorResponse), (status = 401, description = "Missing or wrong admin token", body = crate::http::error::ErrorResponse)),
     security(("admin_token" = [])))]
 pub(crate) async fn top_up(
     State(state): State<AppState>,
@@ -187,14 +190,18 @@ async fn transaction_answer(
     id: &str,
 ) -> Result<Response, ApiError> {
     let account = ledger.account(id).await?;
-    Ok(Json(json!({"transaction": tx, "account": account})).into_response())
+    Ok(Json(Moved {
+        transaction: tx,
+        account,
+    })
+    .into_response())
 }
 
 /// Admin: fines a provider (a journal transaction from the provider to the
 /// treasury); refused beyond the provider's funds.
 #[utoipa::path(post, path = "/admin/accounts/{id}/penalty", tag = "admin", request_body = TopUp,
     params(("id" = String, Path, description = "Provider account id")),
-    responses((status = 200, description = "The journal transaction and the account", body = Object), (status = 400, description = "Invalid amount or not a provider", body = crate::http::error::ErrorResponse), (status = 402, description = "More than the provider has", body = crate::http::error::ErrorResponse), (status = 404, description = "No such account", body = crate::http::error::ErrorResponse), (status = 401, description = "Missing or wrong admin token", body = crate::http::error::ErrorResponse)),
+    responses((status = 200, description = "The journal transaction and the account", body = Moved), (status = 400, description = "Invalid amount or not a provider", body = crate::http::error::ErrorResponse), (status = 402, description = "More than the provider has", body = crate::http::error::ErrorResponse), (status = 404, description = "No such account", body = crate::http::error::ErrorResponse), (status = 401, description = "Missing or wrong admin token", body = crate::http::error::ErrorResponse)),
     security(("admin_token" = [])))]
 pub(crate) async fn penalty(
     State(state): State<AppState>,
@@ -208,17 +215,17 @@ pub(crate) async fn penalty(
 
 /// Admin: the latest journal transactions with their entries.
 #[utoipa::path(get, path = "/admin/journal", tag = "admin", params(LimitQuery),
-    responses((status = 200, description = "Transactions, newest first", body = Object), (status = 401, description = "Missing or wrong admin token", body = crate::http::error::ErrorResponse)),
+    responses((status = 200, description = "Transactions, newest first", body = List<Transaction>), (status = 401, description = "Missing or wrong admin token", body = crate::http::error::ErrorResponse)),
     security(("admin_token" = [])))]
 pub(crate) async fn journal(
     State(state): State<AppState>,
     Query(q): Query<LimitQuery>,
-) -> Result<Response, ApiError> {
+) -> Result<Json<List<Transaction>>, ApiError> {
     let data = billing(&state)?
         .ledger
         .journal(q.account.as_deref(), q.limit())
         .await?;
-    Ok(Json(json!({"object": "list", "data": data})).into_response())
+    Ok(Json(List::of(data)))
 }
 
 /// Admin: checks every ledger invariant against the journal.

@@ -8,15 +8,15 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
 use axum::{Json, Router};
 use serde::Deserialize;
-use serde_json::json;
 
+use crate::http::api::bodies::{CreatedKey, List, ModelChange, Revoked};
 use crate::http::api::json::ApiJson;
 use crate::http::error::ApiError;
 use crate::http::state::AppState;
 use crate::ledger::money;
 use crate::services::models::Kind;
 use crate::store::Db;
-use crate::store::keys::{Limits, NewKey};
+use crate::store::keys::{KeyRecord, Limits, NewKey};
 
 pub fn router() -> Router<AppState> {
     Router::new()
@@ -45,7 +45,7 @@ fn text_kind() -> Kind {
 
 /// Loads a model and starts serving it.
 #[utoipa::path(post, path = "/admin/models", tag = "admin", request_body = LoadModel,
-    responses((status = 201, description = "Loaded", body = Object), (status = 400, description = "Bad name or path", body = crate::http::error::ErrorResponse), (status = 401, description = "Missing or wrong admin token", body = crate::http::error::ErrorResponse)),
+    responses((status = 201, description = "Loaded", body = ModelChange), (status = 400, description = "Bad name or path", body = crate::http::error::ErrorResponse), (status = 401, description = "Missing or wrong admin token", body = crate::http::error::ErrorResponse)),
     security(("admin_token" = [])))]
 pub(crate) async fn load_model(
     State(state): State<AppState>,
@@ -88,21 +88,31 @@ pub(crate) async fn load_model(
             )
         })?;
     state.models.add(model)?;
-    let body = json!({"id": req.name, "object": "model", "loaded": true});
+    let body = ModelChange {
+        id: req.name,
+        object: "model",
+        loaded: Some(true),
+        deleted: None,
+    };
     Ok((StatusCode::CREATED, Json(body)).into_response())
 }
 
 /// Stops serving a model.
 #[utoipa::path(delete, path = "/admin/models/{name}", tag = "admin",
     params(("name" = String, Path, description = "The model's name")),
-    responses((status = 200, description = "Unloaded", body = Object), (status = 404, description = "No such model", body = crate::http::error::ErrorResponse), (status = 401, description = "Missing or wrong admin token", body = crate::http::error::ErrorResponse)),
+    responses((status = 200, description = "Unloaded", body = ModelChange), (status = 404, description = "No such model", body = crate::http::error::ErrorResponse), (status = 401, description = "Missing or wrong admin token", body = crate::http::error::ErrorResponse)),
     security(("admin_token" = [])))]
 pub(crate) async fn unload_model(
     State(state): State<AppState>,
     Path(name): Path<String>,
-) -> Result<Response, ApiError> {
+) -> Result<Json<ModelChange>, ApiError> {
     state.models.remove(&name)?;
-    Ok(Json(json!({"id": name, "object": "model", "deleted": true})).into_response())
+    Ok(Json(ModelChange {
+        id: name,
+        object: "model",
+        loaded: None,
+        deleted: Some(true),
+    }))
 }
 
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
@@ -138,7 +148,7 @@ fn storage(e: crate::store::StoreError) -> ApiError {
 
 /// Creates an API key; its secret is in the answer, once.
 #[utoipa::path(post, path = "/admin/keys", tag = "admin", request_body = CreateKey,
-    responses((status = 201, description = "Created, with `key`", body = Object), (status = 400, description = "Bad name or limits", body = crate::http::error::ErrorResponse), (status = 401, description = "Missing or wrong admin token", body = crate::http::error::ErrorResponse)),
+    responses((status = 201, description = "Created, with `key`", body = CreatedKey), (status = 400, description = "Bad name or limits", body = crate::http::error::ErrorResponse), (status = 401, description = "Missing or wrong admin token", body = crate::http::error::ErrorResponse)),
     security(("admin_token" = [])))]
 pub(crate) async fn create(
     State(state): State<AppState>,
@@ -182,33 +192,35 @@ pub(crate) async fn create(
             storage(e)
         }
     })?;
-    let mut body = serde_json::to_value(&rec).unwrap_or_default();
-    body["key"] = secret.into();
+    let body = CreatedKey {
+        record: rec,
+        key: secret,
+    };
     Ok((StatusCode::CREATED, Json(body)).into_response())
 }
 
 /// Lists API keys (never their secrets).
 #[utoipa::path(get, path = "/admin/keys", tag = "admin",
-    responses((status = 200, description = "Every key", body = Object), (status = 401, description = "Missing or wrong admin token", body = crate::http::error::ErrorResponse)),
+    responses((status = 200, description = "Every key", body = List<KeyRecord>), (status = 401, description = "Missing or wrong admin token", body = crate::http::error::ErrorResponse)),
     security(("admin_token" = [])))]
-pub(crate) async fn list(State(state): State<AppState>) -> Result<Response, ApiError> {
+pub(crate) async fn list(State(state): State<AppState>) -> Result<Json<List<KeyRecord>>, ApiError> {
     let db = keys_db(&state)?;
     let keys = db.list_keys().await.map_err(storage)?;
-    Ok(Json(json!({"object": "list", "data": keys})).into_response())
+    Ok(Json(List::of(keys)))
 }
 
 /// Revokes an API key.
 #[utoipa::path(delete, path = "/admin/keys/{id}", tag = "admin",
     params(("id" = String, Path, description = "The key's id")),
-    responses((status = 200, description = "Revoked", body = Object), (status = 404, description = "No such active key", body = crate::http::error::ErrorResponse), (status = 401, description = "Missing or wrong admin token", body = crate::http::error::ErrorResponse)),
+    responses((status = 200, description = "Revoked", body = Revoked), (status = 404, description = "No such active key", body = crate::http::error::ErrorResponse), (status = 401, description = "Missing or wrong admin token", body = crate::http::error::ErrorResponse)),
     security(("admin_token" = [])))]
 pub(crate) async fn revoke(
     State(state): State<AppState>,
     Path(id): Path<String>,
-) -> Result<Response, ApiError> {
+) -> Result<Json<Revoked>, ApiError> {
     let db = keys_db(&state)?;
     if !db.revoke_key(&id).await.map_err(storage)? {
         return Err(ApiError::KeyNotFound(id));
     }
-    Ok(Json(json!({"id": id, "revoked": true})).into_response())
+    Ok(Json(Revoked { id, revoked: true }))
 }

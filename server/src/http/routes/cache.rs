@@ -6,13 +6,14 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 
 use axum::extract::{Path, State};
-use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
 use axum::{Json, Router};
 use serde::Deserialize;
-use serde_json::json;
 
 use crate::cache::{ResponseCache, Tier};
+use crate::http::api::bodies::{
+    CacheStats, Flushed, Removed, SemanticSize, SharedSet, ThresholdSet, TierCounts, TierSize,
+};
 use crate::http::api::json::ApiJson;
 use crate::http::error::ApiError;
 use crate::http::state::AppState;
@@ -35,34 +36,42 @@ fn cache(state: &AppState) -> Result<Arc<ResponseCache>, ApiError> {
 /// Admin: per-tier hits, misses, evictions, sizes and mean lookup time,
 /// and the semantic threshold.
 #[utoipa::path(get, path = "/admin/cache", tag = "admin",
-    responses((status = 200, description = "Cache statistics", body = Object), (status = 401, description = "Missing or wrong admin token", body = crate::http::error::ErrorResponse)),
+    responses((status = 200, description = "Cache statistics", body = CacheStats), (status = 401, description = "Missing or wrong admin token", body = crate::http::error::ErrorResponse)),
     security(("admin_token" = [])))]
-pub(crate) async fn stats(State(state): State<AppState>) -> Result<Response, ApiError> {
+pub(crate) async fn stats(State(state): State<AppState>) -> Result<Json<CacheStats>, ApiError> {
     let c = cache(&state)?;
     c.settle_l1().await;
     let (b1, n1, b2, n2) = c.sizes();
     let tier = |name: &str, s: &crate::cache::TierStats| {
         let lookups = s.lookups.load(Relaxed);
-        json!({
-            "tier": name,
-            "hits": s.hits.load(Relaxed),
-            "misses": s.misses.load(Relaxed),
-            "evictions": s.evictions.load(Relaxed),
-            "mean_lookup_us": s.lookup_micros.load(Relaxed) / lookups.max(1),
-        })
+        TierCounts {
+            tier: name.to_string(),
+            hits: s.hits.load(Relaxed),
+            misses: s.misses.load(Relaxed),
+            evictions: s.evictions.load(Relaxed),
+            mean_lookup_us: s.lookup_micros.load(Relaxed) / lookups.max(1),
+        }
     };
     let mut tiers: Vec<_> = Tier::ALL
         .iter()
         .map(|t| tier(t.as_str(), &c.stats[*t as usize]))
         .collect();
     tiers.push(tier("semantic", c.semantic_stats()));
-    let body = json!({
-        "tiers": tiers,
-        "l1": {"bytes": b1, "entries": n1},
-        "l2": {"bytes": b2, "entries": n2},
-        "semantic": {"entries": c.semantic_len(), "threshold": c.threshold()},
-    });
-    Ok(Json(body).into_response())
+    Ok(Json(CacheStats {
+        tiers,
+        l1: TierSize {
+            bytes: b1,
+            entries: n1,
+        },
+        l2: TierSize {
+            bytes: b2,
+            entries: n2,
+        },
+        semantic: SemanticSize {
+            entries: c.semantic_len(),
+            threshold: c.threshold(),
+        },
+    }))
 }
 
 #[derive(Debug, Default, Deserialize, utoipa::ToSchema)]
@@ -79,18 +88,22 @@ pub(crate) struct Flush {
 /// Admin: removes cached answers from every tier (all, or of a scope
 /// and/or a model).
 #[utoipa::path(post, path = "/admin/cache/flush", tag = "admin", request_body = Flush,
-    responses((status = 200, description = "Entries removed per tier", body = Object), (status = 401, description = "Missing or wrong admin token", body = crate::http::error::ErrorResponse)),
+    responses((status = 200, description = "Entries removed per tier", body = Flushed), (status = 401, description = "Missing or wrong admin token", body = crate::http::error::ErrorResponse)),
     security(("admin_token" = [])))]
 pub(crate) async fn flush(
     State(state): State<AppState>,
     ApiJson(f): ApiJson<Flush>,
-) -> Result<Response, ApiError> {
+) -> Result<Json<Flushed>, ApiError> {
     let c = cache(&state)?;
     let [l1, l2, l3, semantic] = c.flush(f.scope.as_deref(), f.model.as_deref()).await;
-    Ok(
-        Json(json!({"removed": {"l1": l1, "l2": l2, "l3": l3, "semantic": semantic}}))
-            .into_response(),
-    )
+    Ok(Json(Flushed {
+        removed: Removed {
+            l1,
+            l2,
+            l3,
+            semantic,
+        },
+    }))
 }
 
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
@@ -102,12 +115,12 @@ pub(crate) struct Threshold {
 
 /// Admin: sets the semantic similarity threshold.
 #[utoipa::path(put, path = "/admin/cache/threshold", tag = "admin", request_body = Threshold,
-    responses((status = 200, description = "Updated", body = Object), (status = 400, description = "Out of range", body = crate::http::error::ErrorResponse), (status = 401, description = "Missing or wrong admin token", body = crate::http::error::ErrorResponse)),
+    responses((status = 200, description = "Updated", body = ThresholdSet), (status = 400, description = "Out of range", body = crate::http::error::ErrorResponse), (status = 401, description = "Missing or wrong admin token", body = crate::http::error::ErrorResponse)),
     security(("admin_token" = [])))]
 pub(crate) async fn threshold(
     State(state): State<AppState>,
     ApiJson(t): ApiJson<Threshold>,
-) -> Result<Response, ApiError> {
+) -> Result<Json<ThresholdSet>, ApiError> {
     let c = cache(&state)?;
     if !(0.0..=1.0).contains(&t.threshold) {
         return Err(ApiError::invalid(
@@ -116,7 +129,9 @@ pub(crate) async fn threshold(
         ));
     }
     c.set_threshold(t.threshold);
-    Ok(Json(json!({"threshold": t.threshold})).into_response())
+    Ok(Json(ThresholdSet {
+        threshold: t.threshold,
+    }))
 }
 
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
@@ -129,15 +144,18 @@ pub(crate) struct Shared {
 /// again). Answers cached before stay in their old scope.
 #[utoipa::path(put, path = "/admin/cache/shared/{model}", tag = "admin", request_body = Shared,
     params(("model" = String, Path, description = "Model name")),
-    responses((status = 200, description = "Updated", body = Object), (status = 404, description = "No such model", body = crate::http::error::ErrorResponse), (status = 401, description = "Missing or wrong admin token", body = crate::http::error::ErrorResponse)),
+    responses((status = 200, description = "Updated", body = SharedSet), (status = 404, description = "No such model", body = crate::http::error::ErrorResponse), (status = 401, description = "Missing or wrong admin token", body = crate::http::error::ErrorResponse)),
     security(("admin_token" = [])))]
 pub(crate) async fn shared(
     State(state): State<AppState>,
     Path(model): Path<String>,
     ApiJson(s): ApiJson<Shared>,
-) -> Result<Response, ApiError> {
+) -> Result<Json<SharedSet>, ApiError> {
     let c = cache(&state)?;
     state.models.get(&model)?;
     c.set_shared(&model, s.shared);
-    Ok(Json(json!({"model": model, "shared": s.shared})).into_response())
+    Ok(Json(SharedSet {
+        model,
+        shared: s.shared,
+    }))
 }

@@ -8,10 +8,10 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::routing::get;
 use axum::{Json, Router};
-use serde_json::{Value, json};
 
+use crate::http::api::bodies::{EngineHealth, Health, ModelHealth, Readiness};
 use crate::http::state::AppState;
-use crate::services::models::ModelKind;
+use crate::services::models::{ModelKind, ServedModel};
 
 pub fn router() -> Router<AppState> {
     Router::new()
@@ -22,56 +22,86 @@ pub fn router() -> Router<AppState> {
 
 /// Liveness, with each model's engine statistics.
 #[utoipa::path(get, path = "/health", tag = "operations",
-    responses((status = 200, description = "Up, with engine statistics", body = Object), (status = 503, description = "Draining: shutting down, running requests finishing", body = Object)))]
-pub(crate) async fn health(State(state): State<AppState>) -> (StatusCode, Json<Value>) {
-    let models: Vec<Value> = state
-        .models
-        .list()
-        .iter()
-        .map(|m| match &m.kind {
-            ModelKind::Text(h) => {
-                let s = h.stats();
-                let info = h.info();
-                json!({
-                    "id": m.name, "kind": "text",
-                    "running": s.num_running, "waiting": s.num_waiting,
-                    "kv_cache_usage": s.kv_usage(), "kv_blocks": info.kv_blocks, "block_size": info.block_size,
-                    "max_model_len": info.context_length,
-                    "prefix_cache_queries": s.prefix_queries, "prefix_cache_hits": s.prefix_hits,
-                    "preemptions": s.preemptions,
-                    "spec_draft_tokens": s.spec_proposed, "spec_accepted_tokens": s.spec_accepted, "steps": s.steps,
-                    "batched_tokens": s.batched_tokens, "generated_tokens": s.generated_tokens,
-                    "busy_seconds": s.busy_micros as f64 / 1e6,
-                })
-            }
-            ModelKind::Embedding(_) => json!({ "id": m.name, "kind": "embedding" }),
-        })
-        .collect();
+    responses((status = 200, description = "Up, with engine statistics", body = Health), (status = 503, description = "Draining: shutting down, running requests finishing", body = Health)))]
+pub(crate) async fn health(State(state): State<AppState>) -> (StatusCode, Json<Health>) {
+    let models = state.models.list().iter().map(model_health).collect();
     if state.is_draining() {
-        let body = json!({ "status": "draining", "models": models });
+        let body = Health {
+            status: "draining",
+            models,
+        };
         return (StatusCode::SERVICE_UNAVAILABLE, Json(body));
     }
-    (
-        StatusCode::OK,
-        Json(json!({ "status": "ok", "models": models })),
-    )
+    let body = Health {
+        status: "ok",
+        models,
+    };
+    (StatusCode::OK, Json(body))
+}
+
+fn model_health(m: &ServedModel) -> ModelHealth {
+    let ModelKind::Text(h) = &m.kind else {
+        return ModelHealth {
+            id: m.name.clone(),
+            kind: "embedding",
+            engine: None,
+        };
+    };
+    let s = h.stats();
+    let info = h.info();
+    let engine = EngineHealth {
+        running: s.num_running,
+        waiting: s.num_waiting,
+        kv_cache_usage: s.kv_usage(),
+        kv_blocks: info.kv_blocks,
+        block_size: info.block_size,
+        max_model_len: info.context_length,
+        prefix_cache_queries: s.prefix_queries,
+        prefix_cache_hits: s.prefix_hits,
+        preemptions: s.preemptions,
+        spec_draft_tokens: s.spec_proposed,
+        spec_accepted_tokens: s.spec_accepted,
+        steps: s.steps,
+        batched_tokens: s.batched_tokens,
+        generated_tokens: s.generated_tokens,
+        busy_seconds: s.busy_micros as f64 / 1e6,
+    };
+    ModelHealth {
+        id: m.name.clone(),
+        kind: "text",
+        engine: Some(engine),
+    }
 }
 
 /// Readiness: 200 once models are loaded.
 #[utoipa::path(get, path = "/ready", tag = "operations",
-    responses((status = 200, description = "Ready", body = Object), (status = 503, description = "Not ready", body = Object)))]
-pub(crate) async fn ready(State(state): State<AppState>) -> axum::response::Response {
-    use axum::response::IntoResponse;
+    responses((status = 200, description = "Ready", body = Readiness), (status = 503, description = "Not ready", body = Readiness)))]
+pub(crate) async fn ready(State(state): State<AppState>) -> (StatusCode, Json<Readiness>) {
+    let not = |reason: &str| {
+        let body = Readiness {
+            status: if state.is_draining() {
+                "draining"
+            } else {
+                "not ready"
+            },
+            reason: Some(reason.to_string()),
+            models: None,
+        };
+        (StatusCode::SERVICE_UNAVAILABLE, Json(body))
+    };
     if state.is_draining() {
-        let body = json!({ "status": "draining", "reason": "the server is shutting down" });
-        return (StatusCode::SERVICE_UNAVAILABLE, Json(body)).into_response();
+        return not("the server is shutting down");
     }
     let models: Vec<String> = state.models.list().into_iter().map(|m| m.name).collect();
     if models.is_empty() {
-        let body = json!({ "status": "not ready", "reason": "no model is loaded" });
-        return (StatusCode::SERVICE_UNAVAILABLE, Json(body)).into_response();
+        return not("no model is loaded");
     }
-    Json(json!({ "status": "ready", "models": models })).into_response()
+    let body = Readiness {
+        status: "ready",
+        reason: None,
+        models: Some(models),
+    };
+    (StatusCode::OK, Json(body))
 }
 
 /// Prometheus metrics (text exposition format).

@@ -11,15 +11,15 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post, put};
 use axum::{Extension, Json, Router};
 use serde::{Deserialize, Serialize};
-use serde_json::json;
 
+use crate::http::api::bodies::{Cancelled, List, Placed, RegionSet, Regions};
 use crate::http::api::json::ApiJson;
 use crate::http::error::ApiError;
 use crate::http::state::AppState;
 use crate::ledger::{HOUSE_PROVIDER, Prices};
 use crate::market::book::Side;
 use crate::market::pricing::{CostProfile, Load, demand_bps};
-use crate::market::{NewOrder, Provider, Spot};
+use crate::market::{NewOrder, PricePoint, Provider, Spot, Trade};
 use crate::services::metering::{Billing, Payer};
 use crate::services::models::ModelKind;
 use crate::store::keys::KeyRecord;
@@ -70,9 +70,11 @@ pub(crate) struct ModelPrice {
 /// Current prices of every served model (the house provider's quote under
 /// its current load) with the spot market's best bid, ask and last trade.
 #[utoipa::path(get, path = "/v1/market/prices", tag = "market",
-    responses((status = 200, description = "Prices per model", body = Object)),
+    responses((status = 200, description = "Prices per model", body = List<ModelPrice>)),
     security(("api_key" = [])))]
-pub(crate) async fn prices(State(state): State<AppState>) -> Result<Response, ApiError> {
+pub(crate) async fn prices(
+    State(state): State<AppState>,
+) -> Result<Json<List<ModelPrice>>, ApiError> {
     let b = billing(&state)?;
     let mut data = Vec::new();
     for m in state.models.list() {
@@ -91,7 +93,7 @@ pub(crate) async fn prices(State(state): State<AppState>) -> Result<Response, Ap
             fee_bps: q.fee_bps,
         });
     }
-    Ok(Json(json!({"object": "list", "data": data})).into_response())
+    Ok(Json(List::of(data)))
 }
 
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
@@ -122,28 +124,28 @@ pub(crate) async fn book(
 
 /// An instrument's latest trades, newest first.
 #[utoipa::path(get, path = "/v1/market/trades", tag = "market", params(InstrumentQuery),
-    responses((status = 200, description = "Trades", body = Object)),
+    responses((status = 200, description = "Trades", body = List<Trade>)),
     security(("api_key" = [])))]
 pub(crate) async fn trades(
     State(state): State<AppState>,
     Query(q): Query<InstrumentQuery>,
-) -> Result<Response, ApiError> {
+) -> Result<Json<List<Trade>>, ApiError> {
     let b = billing(&state)?;
     let data = b.market.trades(&q.instrument, q.limit()).await?;
-    Ok(Json(json!({"object": "list", "data": data})).into_response())
+    Ok(Json(List::of(data)))
 }
 
 /// The house provider's posted prices over time, newest first.
 #[utoipa::path(get, path = "/v1/market/history", tag = "market", params(InstrumentQuery),
-    responses((status = 200, description = "Price samples", body = Object)),
+    responses((status = 200, description = "Price samples", body = List<PricePoint>)),
     security(("api_key" = [])))]
 pub(crate) async fn history(
     State(state): State<AppState>,
     Query(q): Query<InstrumentQuery>,
-) -> Result<Response, ApiError> {
+) -> Result<Json<List<PricePoint>>, ApiError> {
     let b = billing(&state)?;
     let data = b.market.history(&q.instrument, q.limit()).await?;
-    Ok(Json(json!({"object": "list", "data": data})).into_response())
+    Ok(Json(List::of(data)))
 }
 
 /// An order as posted.
@@ -208,7 +210,10 @@ async fn submit(state: &AppState, order: NewOrder) -> Result<Response, ApiError>
         ));
     }
     let (placed, fills) = billing(state)?.market.submit(order).await?;
-    let body = json!({"order": placed, "fills": fills});
+    let body = Placed {
+        order: placed,
+        fills,
+    };
     Ok((StatusCode::CREATED, Json(body)).into_response())
 }
 
@@ -218,7 +223,7 @@ async fn submit(state: &AppState, order: NewOrder) -> Result<Response, ApiError>
 /// (402 when it cannot cover it); each fill is billed from that hold, and
 /// the rest is released when the bid is filled, cancelled or expires.
 #[utoipa::path(post, path = "/v1/market/orders", tag = "market", request_body = PostOrder,
-    responses((status = 201, description = "The order as placed, and its fills", body = Object), (status = 400, description = "Invalid order", body = crate::http::error::ErrorResponse), (status = 402, description = "The account cannot cover the bid's worst case", body = crate::http::error::ErrorResponse)),
+    responses((status = 201, description = "The order as placed, and its fills", body = Placed), (status = 400, description = "Invalid order", body = crate::http::error::ErrorResponse), (status = 402, description = "The account cannot cover the bid's worst case", body = crate::http::error::ErrorResponse)),
     security(("api_key" = [])))]
 pub(crate) async fn post_bid(
     State(state): State<AppState>,
@@ -239,24 +244,27 @@ pub(crate) async fn post_bid(
 /// Cancels one of the caller's open orders.
 #[utoipa::path(delete, path = "/v1/market/orders/{id}", tag = "market",
     params(("id" = String, Path, description = "The order's id")),
-    responses((status = 200, description = "Cancelled", body = Object), (status = 404, description = "No such open order of yours", body = crate::http::error::ErrorResponse)),
+    responses((status = 200, description = "Cancelled", body = Cancelled), (status = 404, description = "No such open order of yours", body = crate::http::error::ErrorResponse)),
     security(("api_key" = [])))]
 pub(crate) async fn cancel(
     State(state): State<AppState>,
     key: Option<Extension<KeyRecord>>,
     Path(id): Path<String>,
-) -> Result<Response, ApiError> {
+) -> Result<Json<Cancelled>, ApiError> {
     let payer = Payer::of(key.as_deref());
     let o = billing(&state)?
         .market
         .cancel(&id, Some(&payer.account_id))
         .await?;
-    Ok(Json(json!({"order": o, "cancelled": true})).into_response())
+    Ok(Json(Cancelled {
+        order: o,
+        cancelled: true,
+    }))
 }
 
 /// Admin: posts an ask for a provider account.
 #[utoipa::path(post, path = "/admin/market/orders", tag = "admin", request_body = PostOrder,
-    responses((status = 201, description = "The order as placed, and its fills", body = Object), (status = 400, description = "Invalid order", body = crate::http::error::ErrorResponse), (status = 401, description = "Missing or wrong admin token", body = crate::http::error::ErrorResponse)),
+    responses((status = 201, description = "The order as placed, and its fills", body = Placed), (status = 400, description = "Invalid order", body = crate::http::error::ErrorResponse), (status = 401, description = "Missing or wrong admin token", body = crate::http::error::ErrorResponse)),
     security(("admin_token" = [])))]
 pub(crate) async fn post_ask(
     State(state): State<AppState>,
@@ -278,10 +286,12 @@ pub(crate) async fn post_ask(
 
 /// Admin: electricity prices by region (micro-units per kWh).
 #[utoipa::path(get, path = "/admin/market/regions", tag = "admin",
-    responses((status = 200, description = "Region -> price", body = Object), (status = 401, description = "Missing or wrong admin token", body = crate::http::error::ErrorResponse)),
+    responses((status = 200, description = "Region -> price", body = Regions), (status = 401, description = "Missing or wrong admin token", body = crate::http::error::ErrorResponse)),
     security(("admin_token" = [])))]
-pub(crate) async fn regions(State(state): State<AppState>) -> Result<Response, ApiError> {
-    Ok(Json(json!({"regions": billing(&state)?.market.regions()})).into_response())
+pub(crate) async fn regions(State(state): State<AppState>) -> Result<Json<Regions>, ApiError> {
+    Ok(Json(Regions {
+        regions: billing(&state)?.market.regions(),
+    }))
 }
 
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
@@ -293,27 +303,32 @@ pub(crate) struct RegionPrice {
 /// Admin: sets (or adds) a region's electricity price.
 #[utoipa::path(put, path = "/admin/market/regions/{region}", tag = "admin", request_body = RegionPrice,
     params(("region" = String, Path, description = "Region name")),
-    responses((status = 200, description = "Updated", body = Object), (status = 400, description = "Invalid price", body = crate::http::error::ErrorResponse), (status = 401, description = "Missing or wrong admin token", body = crate::http::error::ErrorResponse)),
+    responses((status = 200, description = "Updated", body = RegionSet), (status = 400, description = "Invalid price", body = crate::http::error::ErrorResponse), (status = 401, description = "Missing or wrong admin token", body = crate::http::error::ErrorResponse)),
     security(("admin_token" = [])))]
 pub(crate) async fn set_region(
     State(state): State<AppState>,
     Path(region): Path<String>,
     ApiJson(p): ApiJson<RegionPrice>,
-) -> Result<Response, ApiError> {
+) -> Result<Json<RegionSet>, ApiError> {
     billing(&state)?
         .market
         .set_region_price(&region, p.micros_per_kwh)
         .await?;
-    Ok(Json(json!({"region": region, "micros_per_kwh": p.micros_per_kwh})).into_response())
+    Ok(Json(RegionSet {
+        region,
+        micros_per_kwh: p.micros_per_kwh,
+    }))
 }
 
 /// Admin: every provider's cost profile and standing.
 #[utoipa::path(get, path = "/admin/market/providers", tag = "admin",
-    responses((status = 200, description = "Providers", body = Object), (status = 401, description = "Missing or wrong admin token", body = crate::http::error::ErrorResponse)),
+    responses((status = 200, description = "Providers", body = List<Provider>), (status = 401, description = "Missing or wrong admin token", body = crate::http::error::ErrorResponse)),
     security(("admin_token" = [])))]
-pub(crate) async fn providers(State(state): State<AppState>) -> Result<Response, ApiError> {
+pub(crate) async fn providers(
+    State(state): State<AppState>,
+) -> Result<Json<List<Provider>>, ApiError> {
     let data = billing(&state)?.market.providers();
-    Ok(Json(json!({"object": "list", "data": data})).into_response())
+    Ok(Json(List::of(data)))
 }
 
 #[derive(Debug, Deserialize, utoipa::ToSchema)]

@@ -1,0 +1,229 @@
+//! Typed response bodies of the admin, billing, market and cache routes,
+//! so the OpenAPI document describes every field (and its drift test sees
+//! them). Amounts are micro-units, as everywhere in the API.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+use utoipa::ToSchema;
+
+use crate::ledger::accounts::{Account, UsageRecord};
+use crate::market::book::{Fill, Order};
+use crate::store::keys::KeyRecord;
+
+/// OpenAI's list envelope: `{"object": "list", "data": [...]}`.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct List<T> {
+    /// Always `list`.
+    #[schema(value_type = String, example = "list")]
+    pub object: &'static str,
+    pub data: Vec<T>,
+}
+
+impl<T> List<T> {
+    pub fn of(data: Vec<T>) -> Self {
+        Self {
+            object: "list",
+            data,
+        }
+    }
+}
+
+/// The caller's key: its budget and what it has spent.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct KeyUse {
+    pub id: String,
+    pub budget: Option<i64>,
+    pub spent: i64,
+}
+
+/// `GET /v1/usage`: the caller's account and its latest usage records.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct UsageAnswer {
+    pub account: Account,
+    /// Balance plus credit limit minus held funds.
+    pub available: i64,
+    /// The key's budget, when the request came with a key.
+    pub key: Option<KeyUse>,
+    #[schema(value_type = String, example = "list")]
+    pub object: &'static str,
+    /// Usage records, newest first.
+    pub data: Vec<UsageRecord>,
+}
+
+/// A journal transaction's id with the account it moved.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Moved {
+    pub transaction: String,
+    pub account: Account,
+}
+
+/// A model loaded (`loaded: true`) or unloaded (`deleted: true`).
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ModelChange {
+    pub id: String,
+    #[schema(value_type = String, example = "model")]
+    pub object: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub loaded: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub deleted: Option<bool>,
+}
+
+/// A new key with its secret (shown once).
+#[derive(Debug, Serialize, ToSchema)]
+pub struct CreatedKey {
+    #[serde(flatten)]
+    pub record: KeyRecord,
+    /// The secret: send it as `Authorization: Bearer <key>`.
+    pub key: String,
+}
+
+/// A revoked key.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Revoked {
+    pub id: String,
+    pub revoked: bool,
+}
+
+/// An order as placed, and the fills it made.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Placed {
+    pub order: Order,
+    pub fills: Vec<Fill>,
+}
+
+/// A cancelled order.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Cancelled {
+    pub order: Order,
+    pub cancelled: bool,
+}
+
+/// Electricity prices by region (micro-units per kWh).
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Regions {
+    pub regions: BTreeMap<String, i64>,
+}
+
+/// One region's electricity price, as set.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct RegionSet {
+    pub region: String,
+    pub micros_per_kwh: i64,
+}
+
+/// One cache tier's counters.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct TierCounts {
+    /// `l1`, `l2`, `l3` or `semantic`.
+    pub tier: String,
+    pub hits: u64,
+    pub misses: u64,
+    pub evictions: u64,
+    pub mean_lookup_us: u64,
+}
+
+/// A tier's size.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct TierSize {
+    pub bytes: u64,
+    pub entries: u64,
+}
+
+/// The semantic index's size and threshold.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct SemanticSize {
+    pub entries: usize,
+    pub threshold: f32,
+}
+
+/// `GET /admin/cache`.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct CacheStats {
+    pub tiers: Vec<TierCounts>,
+    pub l1: TierSize,
+    pub l2: TierSize,
+    pub semantic: SemanticSize,
+}
+
+/// Entries removed per tier by a flush.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Removed {
+    pub l1: usize,
+    pub l2: usize,
+    pub l3: usize,
+    pub semantic: usize,
+}
+
+/// `POST /admin/cache/flush`.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Flushed {
+    pub removed: Removed,
+}
+
+/// The semantic threshold, as set.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ThresholdSet {
+    pub threshold: f32,
+}
+
+/// A model's cache sharing, as set.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct SharedSet {
+    pub model: String,
+    pub shared: bool,
+}
+
+/// `GET /health`: up (`ok`) or `draining`, with each model's engine state.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Health {
+    #[schema(value_type = String, example = "ok")]
+    pub status: &'static str,
+    pub models: Vec<ModelHealth>,
+}
+
+/// One served model in `/health`.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ModelHealth {
+    pub id: String,
+    /// `text` or `embedding`.
+    #[schema(value_type = String)]
+    pub kind: &'static str,
+    /// A text model's engine statistics.
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    pub engine: Option<EngineHealth>,
+}
+
+/// A text engine's statistics, as `/health` shows them (absent for
+/// embedding models, hence not required in the schema).
+#[derive(Debug, Default, Serialize, ToSchema)]
+#[serde(default)]
+pub struct EngineHealth {
+    pub running: u64,
+    pub waiting: u64,
+    pub kv_cache_usage: f64,
+    pub kv_blocks: usize,
+    pub block_size: usize,
+    pub max_model_len: usize,
+    pub prefix_cache_queries: u64,
+    pub prefix_cache_hits: u64,
+    pub preemptions: u64,
+    pub spec_draft_tokens: u64,
+    pub spec_accepted_tokens: u64,
+    pub steps: u64,
+    pub batched_tokens: u64,
+    pub generated_tokens: u64,
+    pub busy_seconds: f64,
+}
+
+/// `GET /ready`: `ready` with the served models, or why not.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Readiness {
+    #[schema(value_type = String, example = "ready")]
+    pub status: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub models: Option<Vec<String>>,
+}
