@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use engine::RequestId;
-use engine::executor::{Executor, LocalExecutor};
+use engine::executor::LocalExecutor;
 use engine::loader::load_gguf;
 use engine::model::{ModelBatch, SeqChunk};
 
@@ -48,11 +48,11 @@ fn main() {
         let batch = ModelBatch {
             chunks: vec![chunk(1, 0, n)],
         };
-        exec.execute(&batch).expect("warm-up");
+        exec.logits(&batch).expect("warm-up");
         let reps = 3;
         let t = Instant::now();
         for _ in 0..reps {
-            exec.execute(&batch).expect("forward");
+            exec.logits(&batch).expect("forward");
         }
         let ms = t.elapsed().as_secs_f64() * 1e3 / reps as f64;
         println!(
@@ -64,7 +64,7 @@ fn main() {
         let prefill = ModelBatch {
             chunks: (0..seqs as u64).map(|s| chunk(s, 0, PROMPT)).collect(),
         };
-        exec.execute(&prefill).expect("prefill");
+        exec.logits(&prefill).expect("prefill");
         let steps = if only_decode { 128 } else { 16 };
         let t = Instant::now();
         for step in 0..steps {
@@ -73,7 +73,7 @@ fn main() {
                     .map(|s| chunk(s, PROMPT + step, 1))
                     .collect(),
             };
-            exec.execute(&batch).expect("decode");
+            exec.logits(&batch).expect("decode");
         }
         let ms = t.elapsed().as_secs_f64() * 1e3 / steps as f64;
         println!(

@@ -14,6 +14,7 @@ use llguidance::{Matcher, ParserFactory};
 use serde_json::Value;
 
 use crate::error::{EngineError, Result};
+use crate::sampling::TokenMask;
 use crate::tokenizer::TextTokenizer;
 
 /// What the output must match.
@@ -177,24 +178,15 @@ impl std::fmt::Debug for Constraint {
 }
 
 impl Constraint {
-    /// Sets every disallowed token's logit to -inf. On a matcher error
-    /// (which a correct grammar never reaches) only `fallback` (EOS) stays.
-    pub fn mask(&mut self, logits: &mut [f32], fallback: u32) {
+    /// The tokens allowed next, over a vocabulary of `vocab`. On a
+    /// matcher error (which a correct grammar never reaches) only
+    /// `fallback` (EOS) is allowed.
+    pub fn allowed(&mut self, vocab: usize, fallback: u32) -> TokenMask {
         match self.matcher.compute_mask_or_eos() {
-            Ok(mask) => {
-                for (t, l) in logits.iter_mut().enumerate() {
-                    if !mask.is_allowed(t as u32) {
-                        *l = f32::NEG_INFINITY;
-                    }
-                }
-            }
+            Ok(mask) => TokenMask::from_fn(vocab, |t| mask.is_allowed(t)),
             Err(e) => {
                 tracing::warn!(error = %e, "constraint failed; ending the output");
-                for (t, l) in logits.iter_mut().enumerate() {
-                    if t as u32 != fallback {
-                        *l = f32::NEG_INFINITY;
-                    }
-                }
+                TokenMask::from_fn(vocab, |t| t == fallback)
             }
         }
     }

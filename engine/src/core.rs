@@ -11,9 +11,10 @@ use tokio::sync::mpsc::UnboundedSender;
 
 use crate::constraint::Constraint;
 use crate::error::EngineError;
-use crate::executor::Executor;
+use crate::executor::{Executor, Step};
 use crate::model::ModelBatch;
 use crate::request::{FinishReason, GenerateRequest, RequestId, TokenLogprob, Usage};
+use crate::sampling::Sampled;
 use crate::scheduler::{Scheduler, Sequence, StepToken};
 use crate::stats::StatsCell;
 
@@ -60,6 +61,8 @@ pub struct EngineCore {
     /// Latency bookkeeping of each live request.
     timing: std::collections::HashMap<RequestId, Timing>,
     eos: Vec<u32>,
+    /// Tokens in the vocabulary (the width of structured output's masks).
+    vocab: usize,
     stats: Arc<StatsCell>,
 }
 
@@ -78,6 +81,7 @@ impl EngineCore {
         executor: Box<dyn Executor>,
         commands: Receiver<Command>,
         eos: Vec<u32>,
+        vocab: usize,
         stats: Arc<StatsCell>,
     ) -> Self {
         Self {
@@ -87,6 +91,7 @@ impl EngineCore {
             senders: Default::default(),
             timing: Default::default(),
             eos,
+            vocab,
             stats,
         }
     }
@@ -149,7 +154,7 @@ impl EngineCore {
                     if !seq.stop_ids.contains(&eos) {
                         seq.stop_ids.push(eos);
                     }
-                    seq.sampler.constrain(*c, eos);
+                    seq.constraint = Some((*c, eos));
                 }
                 seq.wait_for = wait_for;
                 match self.scheduler.add(seq) {
@@ -188,8 +193,8 @@ impl EngineCore {
         }
         let started = Instant::now();
         self.record_scheduled(&batch);
-        let logits = match self.execute_guarded(&batch) {
-            Ok(l) => l,
+        let sampled = match self.execute(&batch) {
+            Ok(s) => s,
             Err(e) => {
                 tracing::error!(error = %e, "engine step failed");
                 for seq in self.scheduler.fail(&batch) {
@@ -198,7 +203,7 @@ impl EngineCore {
                 return true;
             }
         };
-        let (tokens, finished) = self.scheduler.update(&batch, &logits);
+        let (tokens, finished) = self.scheduler.update(&batch, &sampled);
         // Counters first, so a client that sees this step's tokens also sees
         // this step in the statistics.
         self.stats
@@ -264,11 +269,18 @@ impl EngineCore {
         }
     }
 
-    /// Runs the executor; a panic inside it (a bug) fails this step's
-    /// sequences instead of killing the engine thread for every request.
-    fn execute_guarded(&mut self, batch: &ModelBatch) -> Result<Vec<Vec<f32>>, EngineError> {
+    /// Runs the step on the executor (with each chunk's sampling and
+    /// structured output's masks); a panic inside it (a bug) fails this
+    /// step's sequences instead of killing the engine thread for every
+    /// request.
+    fn execute(&mut self, batch: &ModelBatch) -> Result<Vec<Vec<Sampled>>, EngineError> {
+        let masks = self.scheduler.masks(batch, self.vocab);
+        let step = Step {
+            batch,
+            sampling: self.scheduler.sampling(batch, &masks),
+        };
         let executor = &mut self.executor;
-        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| executor.execute(batch)))
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| executor.execute(&step)))
             .unwrap_or_else(|panic| {
                 let msg = panic
                     .downcast_ref::<&str>()
@@ -333,20 +345,51 @@ mod tests {
     struct Flaky;
 
     impl Executor for Flaky {
-        fn execute(&mut self, batch: &ModelBatch) -> crate::error::Result<Vec<Vec<f32>>> {
+        fn name(&self) -> String {
+            "flaky".into()
+        }
+
+        fn kv_layout(&self) -> crate::kv_cache::KvLayout {
+            crate::kv_cache::KvLayout {
+                n_layer: 1,
+                n_kv_head: 1,
+                head_dim: 1,
+                block_size: 4,
+                num_blocks: 16,
+            }
+        }
+
+        fn execute(&mut self, step: &Step<'_>) -> crate::error::Result<Vec<Vec<Sampled>>> {
+            let batch = step.batch;
             assert!(
                 batch.chunks.iter().all(|c| c.seq != RequestId(1)),
                 "kernel bug on request 1"
             );
-            Ok(batch
+            let logits: Vec<Vec<f32>> = batch
                 .chunks
                 .iter()
                 .flat_map(|c| 0..c.num_logits())
                 .map(|_| vec![0.0, 0.0, 0.0, 9.0])
-                .collect())
+                .collect();
+            Ok(crate::executor::sample_step(step, &logits))
         }
 
         fn release(&mut self, _seq: RequestId) {}
+
+        fn export_kv(
+            &self,
+            _blocks: &[u32],
+        ) -> std::result::Result<Vec<u8>, crate::kv_cache::transfer::KvTransferError> {
+            Err(crate::kv_cache::transfer::KvTransferError::NotKv)
+        }
+
+        fn import_kv(
+            &mut self,
+            _blocks: &[u32],
+            _bytes: &[u8],
+        ) -> std::result::Result<(), crate::kv_cache::transfer::KvTransferError> {
+            Err(crate::kv_cache::transfer::KvTransferError::NotKv)
+        }
     }
 
     fn add(tx: &mpsc::Sender<Command>, id: u64) -> tokio::sync::mpsc::UnboundedReceiver<CoreEvent> {
@@ -381,6 +424,7 @@ mod tests {
             Box::new(Flaky),
             rx,
             vec![0],
+            4,
             Arc::new(StatsCell::default()),
         );
         let thread = std::thread::spawn(move || core.run());

@@ -1,21 +1,53 @@
-//! The executor seam: something that runs model steps over the KV blocks
-//! the scheduler assigned. The scheduler only talks to this trait, so
-//! remote workers and GPU executors plug in beside the local CPU one.
+//! The executor seam, in the vLLM v1 worker shape: the engine core sends a
+//! step (the scheduled chunks over their KV blocks, and how to sample each
+//! sequence) and gets back sampled token ids (with log-probabilities when
+//! asked), never logits, so a remote or GPU executor ships a few bytes per
+//! token. Sampling is a pure function of what the step carries (see
+//! `sampling`), so any executor continues a sequence the same way, and a
+//! sequence's KV blocks can be exported from one executor and imported
+//! into another (`kv_cache::transfer`).
 
 use crate::error::{EngineError, Result};
+use crate::kv_cache::transfer::{self, KvTransferError};
 use crate::kv_cache::{KvLayout, KvStorage};
 use crate::model::ModelBatch;
 use crate::model::llama::Llama;
 use crate::request::RequestId;
+use crate::sampling::{RowSampling, Sampled, sample_chunk};
 
-/// Runs forward passes for the engine core.
+/// One step as an executor sees it.
+#[derive(Debug)]
+pub struct Step<'a> {
+    pub batch: &'a ModelBatch,
+    /// One entry per chunk of the batch: how to sample its rows (`None`
+    /// for chunks that produce no logits).
+    pub sampling: Vec<Option<RowSampling<'a>>>,
+}
+
+/// Runs model steps for the engine core.
 pub trait Executor: Send {
-    /// Runs one step; returns one logits row per chunk with `want_logits`,
-    /// in batch order.
-    fn execute(&mut self, batch: &ModelBatch) -> Result<Vec<Vec<f32>>>;
+    /// A short name for usage records and logs (`cpu`, `wgpu:0`, a
+    /// worker's id).
+    fn name(&self) -> String;
+    /// The geometry of this executor's KV memory (the engine sizes its
+    /// block tables from it).
+    fn kv_layout(&self) -> KvLayout;
+    /// Runs one step; returns, per chunk of the batch, the tokens sampled
+    /// for it in order (empty for chunks without logits; with drafts, the
+    /// accepted drafts then the correction).
+    fn execute(&mut self, step: &Step<'_>) -> Result<Vec<Vec<Sampled>>>;
     /// Forgets a finished sequence (remote executors drop its state; the
     /// local one keeps nothing per sequence beyond the shared blocks).
     fn release(&mut self, seq: RequestId);
+    /// The KV of `blocks`, as checksummed bytes.
+    fn export_kv(&self, blocks: &[u32]) -> std::result::Result<Vec<u8>, KvTransferError>;
+    /// Writes exported KV into `blocks` (the same count), after checking
+    /// the bytes; refused bytes change nothing.
+    fn import_kv(
+        &mut self,
+        blocks: &[u32],
+        bytes: &[u8],
+    ) -> std::result::Result<(), KvTransferError>;
 }
 
 /// The in-process CPU executor: the model, the paged KV memory, and a
@@ -43,13 +75,118 @@ impl LocalExecutor {
             pool,
         })
     }
-}
 
-impl Executor for LocalExecutor {
-    fn execute(&mut self, batch: &ModelBatch) -> Result<Vec<Vec<f32>>> {
+    /// The forward pass alone: one logits row per row the batch asks for,
+    /// in batch order (tests and benchmarks compare these).
+    pub fn logits(&mut self, batch: &ModelBatch) -> Result<Vec<Vec<f32>>> {
         let Self { model, kv, pool } = self;
         pool.install(|| model.forward(batch, kv))
     }
+}
+
+/// Samples each chunk's rows of a forward pass's `logits`.
+pub fn sample_step(step: &Step<'_>, logits: &[Vec<f32>]) -> Vec<Vec<Sampled>> {
+    let mut rows = logits.iter();
+    step.batch
+        .chunks
+        .iter()
+        .zip(&step.sampling)
+        .map(|(chunk, sampling)| {
+            // Collected first: verification may stop early, and the next
+            // chunk's rows must still start after all of this one's.
+            let chunk_rows: Vec<&[f32]> = rows
+                .by_ref()
+                .take(chunk.num_logits())
+                .map(Vec::as_slice)
+                .collect();
+            match sampling {
+                Some(s) => sample_chunk(s, chunk_rows, &chunk.draft),
+                None => Vec::new(),
+            }
+        })
+        .collect()
+}
+
+impl Executor for LocalExecutor {
+    fn name(&self) -> String {
+        "cpu".into()
+    }
+
+    fn kv_layout(&self) -> KvLayout {
+        self.kv.layout
+    }
+
+    fn execute(&mut self, step: &Step<'_>) -> Result<Vec<Vec<Sampled>>> {
+        let logits = self.logits(step.batch)?;
+        Ok(sample_step(step, &logits))
+    }
 
     fn release(&mut self, _seq: RequestId) {}
+
+    fn export_kv(&self, blocks: &[u32]) -> std::result::Result<Vec<u8>, KvTransferError> {
+        transfer::export(&self.kv, blocks)
+    }
+
+    fn import_kv(
+        &mut self,
+        blocks: &[u32],
+        bytes: &[u8],
+    ) -> std::result::Result<(), KvTransferError> {
+        transfer::import(&mut self.kv, blocks, bytes)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::SeqChunk;
+    use crate::request::SamplingParams;
+    use crate::sampling::SamplingSpec;
+
+    fn chunk(seq: u64, draft: Vec<u32>) -> SeqChunk {
+        SeqChunk {
+            seq: RequestId(seq),
+            tokens: std::iter::once(1).chain(draft.iter().copied()).collect(),
+            start_pos: 4,
+            want_logits: true,
+            block_table: vec![0],
+            draft,
+        }
+    }
+
+    /// A row whose argmax is `t`.
+    fn row(t: usize) -> Vec<f32> {
+        let mut r = vec![0.0; 8];
+        r[t] = 5.0;
+        r
+    }
+
+    #[test]
+    fn a_rejected_draft_leaves_the_next_chunks_rows_in_place() {
+        let greedy = SamplingSpec::new(&SamplingParams {
+            temperature: 0.0,
+            ..Default::default()
+        });
+        let batch = ModelBatch {
+            chunks: vec![chunk(1, vec![6, 6, 6]), chunk(2, Vec::new())],
+        };
+        let s = RowSampling {
+            spec: &greedy,
+            position: 0,
+            penalties: None,
+            allowed: None,
+        };
+        let step = Step {
+            batch: &batch,
+            sampling: vec![Some(s), Some(s)],
+        };
+        // The first chunk's first row already rejects its draft (2 != 6).
+        let logits = vec![row(2), row(6), row(6), row(6), row(5)];
+        let out = sample_step(&step, &logits);
+        let ids: Vec<Vec<u32>> = out
+            .iter()
+            .map(|c| c.iter().map(|t| t.0).collect())
+            .collect();
+        assert_eq!(ids, vec![vec![2], vec![5]]);
+    }
 }

@@ -1,6 +1,7 @@
 //! `EngineHandle`: the one interface the server uses to generate text.
 //! Cloneable and cheap; it validates requests, hands them to the core
-//! thread, and returns a `RequestStream` of events.
+//! thread, and returns a `RequestStream` of events. `EngineBuilder` starts
+//! one around an executor.
 
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -12,7 +13,7 @@ use crate::chat::{ChatMessage, ChatTemplate, TemplateChoice};
 use crate::constraint::{Constraint, ConstraintFactory};
 use crate::core::{Command, EngineCore};
 use crate::error::{EngineError, Result};
-use crate::executor::LocalExecutor;
+use crate::executor::{Executor, LocalExecutor};
 use crate::kv_cache::{KvLayout, KvManager};
 use crate::latency::LatencyStats;
 use crate::loader::{LoadedModel, load_gguf};
@@ -81,6 +82,113 @@ impl std::fmt::Debug for EngineHandle {
     }
 }
 
+/// What the engine needs to know of its model besides the tokenizer.
+#[derive(Debug, Clone)]
+pub struct ModelFacts {
+    pub architecture: String,
+    /// The model's own context length (the engine caps it by its KV).
+    pub context_length: usize,
+    pub vocab_size: usize,
+}
+
+/// Builds an engine: the model's tokenizer, template and facts, the
+/// scheduling limits, and the executor that runs its steps (its KV layout
+/// sizes the block tables).
+pub struct EngineBuilder {
+    tokenizer: TextTokenizer,
+    template: ChatTemplate,
+    facts: ModelFacts,
+    scheduler: SchedulerConfig,
+    executors: Vec<Box<dyn Executor>>,
+}
+
+impl EngineBuilder {
+    pub fn new(tokenizer: TextTokenizer, template: ChatTemplate, facts: ModelFacts) -> Self {
+        Self {
+            tokenizer,
+            template,
+            facts,
+            scheduler: SchedulerConfig::default(),
+            executors: Vec::new(),
+        }
+    }
+
+    pub fn scheduler(mut self, config: SchedulerConfig) -> Self {
+        self.scheduler = config;
+        self
+    }
+
+    /// Adds an executor.
+    pub fn executor(mut self, executor: Box<dyn Executor>) -> Self {
+        self.executors.push(executor);
+        self
+    }
+
+    /// Starts the engine thread. One executor runs every step today; a
+    /// split of prefill and decode over two (the fleet's pipeline) is
+    /// refused until the core can place sequences on them.
+    pub fn start(mut self) -> Result<EngineHandle> {
+        let executor = match (self.executors.pop(), self.executors.is_empty()) {
+            (Some(e), true) => e,
+            (None, _) => return Err(EngineError::Load("an engine needs an executor".into())),
+            (Some(_), false) => {
+                return Err(EngineError::Load(
+                    "an engine runs on one executor (prefill/decode splits come with the fleet)"
+                        .into(),
+                ));
+            }
+        };
+        let layout = executor.kv_layout();
+        let (block_size, num_blocks) = (layout.block_size, layout.num_blocks);
+        let mut sched = self.scheduler;
+        let capacity = num_blocks * block_size;
+        let context = self.facts.context_length;
+        sched.max_model_len = sched.max_model_len.min(context).min(capacity);
+        if capacity < context {
+            tracing::warn!(
+                capacity,
+                context,
+                "the KV cache holds less than one full context"
+            );
+        }
+        let info = ModelInfo {
+            architecture: self.facts.architecture,
+            context_length: sched.max_model_len,
+            vocab_size: self.facts.vocab_size,
+            kv_blocks: num_blocks,
+            block_size,
+        };
+        let (tx, rx) = mpsc::channel();
+        let stats = Arc::new(StatsCell::default());
+        let eos: Vec<u32> = self.tokenizer.eog_ids().iter().copied().collect();
+        let core = EngineCore::new(
+            Scheduler::new(sched, KvManager::new(num_blocks, block_size)),
+            executor,
+            rx,
+            eos,
+            info.vocab_size,
+            stats.clone(),
+        );
+        let thread = std::thread::Builder::new()
+            .name("synor-engine".into())
+            .spawn(move || core.run())
+            .map_err(|e| EngineError::Load(format!("engine thread: {e}")))?;
+        let shared = Shared {
+            commands: tx,
+            tokenizer: Arc::new(self.tokenizer),
+            template: self.template,
+            info,
+            stats,
+            next_id: AtomicU64::new(1),
+            thread: std::sync::Mutex::new(Some(thread)),
+            constraints: OnceLock::new(),
+        };
+        Ok(EngineHandle {
+            shared: Arc::new(shared),
+        })
+    }
+}
+
 impl EngineHandle {
     /// Loads a GGUF model and starts its engine thread.
     pub fn start_gguf(
@@ -91,8 +199,9 @@ impl EngineHandle {
         Self::start(load_gguf(path, template)?, config)
     }
 
-    /// Starts the engine thread around an already loaded model, sizing the
-    /// KV cache from `config.kv_cache_memory`.
+    /// Starts the engine thread around an already loaded model on the
+    /// local CPU executor, sizing the KV cache from
+    /// `config.kv_cache_memory`.
     pub fn start(loaded: LoadedModel, config: EngineConfig) -> Result<Self> {
         let LoadedModel {
             model,
@@ -110,51 +219,16 @@ impl EngineHandle {
                 config.kv_cache_memory
             )));
         }
-        let mut sched = config.scheduler;
-        let capacity = num_blocks * block_size;
-        sched.max_model_len = sched.max_model_len.min(mc.context_length).min(capacity);
-        if capacity < mc.context_length {
-            tracing::warn!(
-                capacity,
-                context = mc.context_length,
-                "the KV cache holds less than one full context"
-            );
-        }
-        let info = ModelInfo {
+        let facts = ModelFacts {
             architecture: mc.architecture.clone(),
-            context_length: sched.max_model_len,
+            context_length: mc.context_length,
             vocab_size: mc.vocab_size,
-            kv_blocks: num_blocks,
-            block_size,
         };
         let layout = mc.kv_layout(block_size, num_blocks);
-        let (tx, rx) = mpsc::channel();
-        let stats = Arc::new(StatsCell::default());
-        let eos: Vec<u32> = tokenizer.eog_ids().iter().copied().collect();
-        let core = EngineCore::new(
-            Scheduler::new(sched, KvManager::new(num_blocks, block_size)),
-            Box::new(LocalExecutor::new(model, layout)?),
-            rx,
-            eos,
-            stats.clone(),
-        );
-        let thread = std::thread::Builder::new()
-            .name("synor-engine".into())
-            .spawn(move || core.run())
-            .map_err(|e| EngineError::Load(format!("engine thread: {e}")))?;
-        let shared = Shared {
-            commands: tx,
-            tokenizer: Arc::new(tokenizer),
-            template,
-            info,
-            stats,
-            next_id: AtomicU64::new(1),
-            thread: std::sync::Mutex::new(Some(thread)),
-            constraints: OnceLock::new(),
-        };
-        Ok(Self {
-            shared: Arc::new(shared),
-        })
+        EngineBuilder::new(tokenizer, template, facts)
+            .scheduler(config.scheduler)
+            .executor(Box::new(LocalExecutor::new(model, layout)?))
+            .start()
     }
 
     /// Validates a single-choice `req` and queues it.

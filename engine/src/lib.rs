@@ -30,7 +30,7 @@ pub use chat::{ChatMessage, TemplateChoice};
 pub use constraint::Grammar;
 pub use embed::{EmbedInput, EmbeddingHandle, Embeddings};
 pub use error::EngineError;
-pub use handle::{EngineConfig, EngineHandle, ModelInfo};
+pub use handle::{EngineBuilder, EngineConfig, EngineHandle, ModelFacts, ModelInfo};
 pub use latency::{HistogramSnapshot, LatencyStats};
 pub use output::RequestStream;
 pub use request::{

@@ -1,54 +1,47 @@
-//! Next-token sampling, per request, in vLLM's order: logit bias, then
-//! repetition / frequency / presence penalties, then temperature, top-k,
-//! top-p and min-p, then a draw from the request's own seeded RNG (the same
-//! seed gives the same output whatever else shares the batch). Greedy
-//! decoding takes the argmax of the penalized logits. Log-probabilities are
-//! reported from the raw distribution.
+//! Next-token sampling, in vLLM's order: logit bias, then repetition /
+//! frequency / presence penalties, then the allowed-token mask of
+//! structured output, then temperature, top-k, top-p and min-p, then a
+//! draw. Greedy decoding takes the argmax of the processed logits.
+//! Log-probabilities are reported from the raw distribution.
+//!
+//! Sampling is a pure function of a sequence's `SamplingSpec`, its
+//! `PenaltyState` (the tokens it has seen), the step's `TokenMask`, the
+//! output position and the logits: the draw for position `i` of a request
+//! with seed `s` uses an RNG seeded from `(s, i)` alone (requests without a
+//! seed get a random one when they are created). So any executor, local or
+//! remote, continues the same text, and only token ids need to cross a
+//! process or device boundary.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use crate::constraint::Constraint;
 use crate::request::{SamplingParams, TokenLogprob};
 
 /// Temperatures below this are treated as greedy.
 const GREEDY_EPS: f32 = 1e-5;
 
-/// A request's sampler: its parameters, its own RNG, and the token counts
-/// the penalties need.
-#[derive(Debug, Clone)]
-pub struct Sampler {
-    temperature: f32,
-    top_p: f32,
-    top_k: usize,
-    min_p: f32,
-    repetition_penalty: f32,
-    frequency_penalty: f32,
-    presence_penalty: f32,
-    logit_bias: Vec<(u32, f32)>,
-    logprobs: Option<usize>,
-    rng: StdRng,
-    /// Occurrences of each token in the output so far.
-    output_counts: HashMap<u32, u32>,
-    /// Tokens of the prompt (for the repetition penalty).
-    prompt_tokens: std::collections::HashSet<u32>,
-    /// Structured output: the matcher and the token that ends the output.
-    constraint: Option<(Constraint, u32)>,
+/// How a sequence samples: its processors and its seed (plain data, the
+/// same on every executor).
+#[derive(Debug, Clone, PartialEq)]
+pub struct SamplingSpec {
+    pub temperature: f32,
+    pub top_p: f32,
+    pub top_k: usize,
+    pub min_p: f32,
+    pub repetition_penalty: f32,
+    pub frequency_penalty: f32,
+    pub presence_penalty: f32,
+    pub logit_bias: Vec<(u32, f32)>,
+    /// Report the sampled token's log-probability and this many others.
+    pub logprobs: Option<usize>,
+    /// The request's seed, or a random one drawn at creation.
+    pub seed: u64,
 }
 
-impl Sampler {
-    pub fn new(params: &SamplingParams, prompt: &[u32]) -> Self {
-        let rng = match params.seed {
-            Some(seed) => StdRng::seed_from_u64(seed),
-            None => StdRng::from_os_rng(),
-        };
-        let prompt_tokens = if params.repetition_penalty != 1.0 {
-            prompt.iter().copied().collect()
-        } else {
-            Default::default()
-        };
+impl SamplingSpec {
+    pub fn new(params: &SamplingParams) -> Self {
         Self {
             temperature: params.temperature,
             top_p: params.top_p,
@@ -59,116 +52,277 @@ impl Sampler {
             presence_penalty: params.presence_penalty,
             logit_bias: params.logit_bias.clone(),
             logprobs: params.logprobs,
-            rng,
-            output_counts: HashMap::new(),
-            prompt_tokens,
-            constraint: None,
+            seed: params.seed.unwrap_or_else(|| rand::rng().random()),
         }
     }
 
-    /// Restricts every later sample to what `c` allows (`eos` ends it).
-    pub fn constrain(&mut self, c: Constraint, eos: u32) {
-        self.constraint = Some((c, eos));
+    /// Whether any penalty applies (then draws need the `PenaltyState`).
+    pub fn penalized(&self) -> bool {
+        self.repetition_penalty != 1.0
+            || self.frequency_penalty != 0.0
+            || self.presence_penalty != 0.0
+    }
+}
+
+/// The tokens a sequence's penalties look at: the prompt's (repetition
+/// penalty) and how often each output token occurred.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct PenaltyState {
+    output_counts: HashMap<u32, u32>,
+    prompt_tokens: HashSet<u32>,
+}
+
+impl PenaltyState {
+    pub fn new(spec: &SamplingSpec, prompt: &[u32]) -> Self {
+        let prompt_tokens = if spec.repetition_penalty != 1.0 {
+            prompt.iter().copied().collect()
+        } else {
+            HashSet::new()
+        };
+        Self {
+            output_counts: HashMap::new(),
+            prompt_tokens,
+        }
+    }
+
+    /// Counts one more output token.
+    pub fn push(&mut self, token: u32) {
+        *self.output_counts.entry(token).or_default() += 1;
+    }
+}
+
+/// The tokens structured output allows at one position, as a bitset over
+/// the vocabulary (what crosses to an executor instead of a grammar).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TokenMask {
+    bits: Vec<u64>,
+}
+
+impl TokenMask {
+    /// The tokens of `0..vocab` for which `allowed` holds.
+    pub fn from_fn(vocab: usize, allowed: impl Fn(u32) -> bool) -> Self {
+        let mut bits = vec![0u64; vocab.div_ceil(64)];
+        for t in 0..vocab {
+            if allowed(t as u32) {
+                bits[t / 64] |= 1 << (t % 64);
+            }
+        }
+        Self { bits }
+    }
+
+    pub fn allows(&self, token: u32) -> bool {
+        let t = token as usize;
+        self.bits
+            .get(t / 64)
+            .is_some_and(|w| (w >> (t % 64)) & 1 == 1)
+    }
+
+    /// Sets every disallowed token's logit to -inf.
+    pub fn apply(&self, logits: &mut [f32]) {
+        for (t, l) in logits.iter_mut().enumerate() {
+            if !self.allows(t as u32) {
+                *l = f32::NEG_INFINITY;
+            }
+        }
+    }
+}
+
+/// What an executor needs to sample one chunk's rows.
+#[derive(Debug, Clone, Copy)]
+pub struct RowSampling<'a> {
+    pub spec: &'a SamplingSpec,
+    /// Output position of the chunk's first sampled token (tokens
+    /// generated before it).
+    pub position: u64,
+    /// The tokens seen so far, when a penalty applies.
+    pub penalties: Option<&'a PenaltyState>,
+    /// Structured output: the tokens allowed at `position` (constrained
+    /// sequences never carry drafts, so only the first row is masked).
+    pub allowed: Option<&'a TokenMask>,
+}
+
+/// One sampled token with its log-probabilities (when asked for).
+pub type Sampled = (u32, Option<TokenLogprob>);
+
+/// The RNG of one draw: a function of the seed and the position only.
+fn rng_at(seed: u64, position: u64) -> StdRng {
+    StdRng::seed_from_u64(splitmix64(seed ^ splitmix64(position)))
+}
+
+fn splitmix64(x: u64) -> u64 {
+    let mut z = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// Samples one token at `position` from raw `logits` (pure).
+pub fn sample(
+    spec: &SamplingSpec,
+    penalties: Option<&PenaltyState>,
+    allowed: Option<&TokenMask>,
+    position: u64,
+    logits: &[f32],
+) -> Sampled {
+    let mut processed = apply_processors(spec, penalties, logits);
+    if let Some(mask) = allowed {
+        mask.apply(processed.get_or_insert_with(|| logits.to_vec()));
+    }
+    let scores = processed.as_deref().unwrap_or(logits);
+    let token = if spec.temperature < GREEDY_EPS {
+        argmax(scores)
+    } else {
+        draw(spec, scores, &mut rng_at(spec.seed, position))
+    };
+    let lp = spec.logprobs.map(|k| logprobs(logits, token, k));
+    (token, lp)
+}
+
+/// Samples a chunk's rows in order, verifying drafts: row `j` is sampled
+/// at `position + j` exactly as plain decoding would (so greedy and seeded
+/// outputs do not depend on drafting), and sampling stops after the first
+/// token that differs from `draft[j]` (the correction) or after the last
+/// row.
+pub fn sample_chunk<'r>(
+    s: &RowSampling<'_>,
+    rows: impl IntoIterator<Item = &'r [f32]>,
+    draft: &[u32],
+) -> Vec<Sampled> {
+    let mut out = Vec::new();
+    let mut seen: Option<PenaltyState> = None;
+    for (j, row) in rows.into_iter().enumerate() {
+        let penalties = seen.as_ref().or(s.penalties);
+        let allowed = if j == 0 { s.allowed } else { None };
+        let (token, lp) = sample(s.spec, penalties, allowed, s.position + j as u64, row);
+        out.push((token, lp));
+        if draft.get(j) != Some(&token) {
+            break;
+        }
+        if let Some(p) = s.penalties {
+            seen.get_or_insert_with(|| p.clone()).push(token);
+        }
+    }
+    out
+}
+
+/// A sequence's sampler as one object (spec, penalties, position), for
+/// callers that sample one row at a time.
+#[derive(Debug, Clone)]
+pub struct Sampler {
+    pub spec: SamplingSpec,
+    penalties: Option<PenaltyState>,
+    position: u64,
+}
+
+impl Sampler {
+    pub fn new(params: &SamplingParams, prompt: &[u32]) -> Self {
+        let spec = SamplingSpec::new(params);
+        let penalties = spec.penalized().then(|| PenaltyState::new(&spec, prompt));
+        Self {
+            spec,
+            penalties,
+            position: 0,
+        }
     }
 
     /// Picks the next token from raw `logits` and records it.
-    pub fn sample(&mut self, logits: &[f32]) -> (u32, Option<TokenLogprob>) {
-        let mut processed = self.apply_processors(logits);
-        if let Some((c, eos)) = &mut self.constraint {
-            let masked = processed.get_or_insert_with(|| logits.to_vec());
-            c.mask(masked, *eos);
+    pub fn sample(&mut self, logits: &[f32]) -> Sampled {
+        let out = sample(
+            &self.spec,
+            self.penalties.as_ref(),
+            None,
+            self.position,
+            logits,
+        );
+        self.position += 1;
+        if let Some(p) = &mut self.penalties {
+            p.push(out.0);
         }
-        let scores = processed.as_deref().unwrap_or(logits);
-        let token = if self.temperature < GREEDY_EPS {
-            argmax(scores)
-        } else {
-            self.draw(scores)
-        };
-        *self.output_counts.entry(token).or_default() += 1;
-        if let Some((c, _)) = &mut self.constraint {
-            c.consume(token);
-        }
-        let lp = self.logprobs.map(|k| logprobs(logits, token, k));
-        (token, lp)
+        out
     }
+}
 
-    /// Logit bias and penalties; `None` when none apply (no copy needed).
-    fn apply_processors(&self, logits: &[f32]) -> Option<Vec<f32>> {
-        let penalize = self.repetition_penalty != 1.0
-            || self.frequency_penalty != 0.0
-            || self.presence_penalty != 0.0;
-        if self.logit_bias.is_empty() && !penalize {
-            return None;
-        }
-        let mut l = logits.to_vec();
-        for &(t, b) in &self.logit_bias {
-            if let Some(v) = l.get_mut(t as usize) {
-                *v += b;
-            }
-        }
-        if self.repetition_penalty != 1.0 {
-            let seen = self.prompt_tokens.iter().chain(self.output_counts.keys());
-            for &t in seen {
-                if let Some(v) = l.get_mut(t as usize) {
-                    *v = if *v > 0.0 {
-                        *v / self.repetition_penalty
-                    } else {
-                        *v * self.repetition_penalty
-                    };
-                }
-            }
-        }
-        for (&t, &c) in &self.output_counts {
-            if let Some(v) = l.get_mut(t as usize) {
-                *v -= self.frequency_penalty * c as f32 + self.presence_penalty;
-            }
-        }
-        Some(l)
+/// Logit bias and penalties; `None` when none apply (no copy needed).
+fn apply_processors(
+    spec: &SamplingSpec,
+    penalties: Option<&PenaltyState>,
+    logits: &[f32],
+) -> Option<Vec<f32>> {
+    let penalties = penalties.filter(|_| spec.penalized());
+    if spec.logit_bias.is_empty() && penalties.is_none() {
+        return None;
     }
+    let mut l = logits.to_vec();
+    for &(t, b) in &spec.logit_bias {
+        if let Some(v) = l.get_mut(t as usize) {
+            *v += b;
+        }
+    }
+    let Some(p) = penalties else {
+        return Some(l);
+    };
+    if spec.repetition_penalty != 1.0 {
+        let seen = p.prompt_tokens.iter().chain(p.output_counts.keys());
+        for &t in seen {
+            if let Some(v) = l.get_mut(t as usize) {
+                *v = if *v > 0.0 {
+                    *v / spec.repetition_penalty
+                } else {
+                    *v * spec.repetition_penalty
+                };
+            }
+        }
+    }
+    for (&t, &c) in &p.output_counts {
+        if let Some(v) = l.get_mut(t as usize) {
+            *v -= spec.frequency_penalty * c as f32 + spec.presence_penalty;
+        }
+    }
+    Some(l)
+}
 
-    /// Temperature, top-k, top-p, min-p, then a draw.
-    fn draw(&mut self, logits: &[f32]) -> u32 {
-        let inv_t = 1.0 / self.temperature;
-        let mut cands: Vec<(u32, f32)> = logits
+/// Temperature, top-k, top-p, min-p, then a draw.
+fn draw(spec: &SamplingSpec, logits: &[f32], rng: &mut StdRng) -> u32 {
+    let inv_t = 1.0 / spec.temperature;
+    let mut cands: Vec<(u32, f32)> = logits
+        .iter()
+        .enumerate()
+        .filter(|(_, l)| l.is_finite())
+        .map(|(i, &l)| (i as u32, l * inv_t))
+        .collect();
+    if cands.is_empty() {
+        return argmax(logits);
+    }
+    if spec.top_k > 0 && spec.top_k < cands.len() {
+        cands.select_nth_unstable_by(spec.top_k - 1, |a, b| b.1.total_cmp(&a.1));
+        cands.truncate(spec.top_k);
+    }
+    softmax_pairs(&mut cands);
+    if spec.top_p < 1.0 {
+        cands.sort_unstable_by(|a, b| b.1.total_cmp(&a.1));
+        let mut mass = 0.0;
+        let keep = cands
             .iter()
-            .enumerate()
-            .filter(|(_, l)| l.is_finite())
-            .map(|(i, &l)| (i as u32, l * inv_t))
-            .collect();
-        if cands.is_empty() {
-            return argmax(logits);
-        }
-        if self.top_k > 0 && self.top_k < cands.len() {
-            cands.select_nth_unstable_by(self.top_k - 1, |a, b| b.1.total_cmp(&a.1));
-            cands.truncate(self.top_k);
-        }
-        softmax_pairs(&mut cands);
-        if self.top_p < 1.0 {
-            cands.sort_unstable_by(|a, b| b.1.total_cmp(&a.1));
-            let mut mass = 0.0;
-            let keep = cands
-                .iter()
-                .position(|&(_, p)| {
-                    mass += p;
-                    mass >= self.top_p
-                })
-                .map_or(cands.len(), |i| i + 1);
-            cands.truncate(keep);
-        }
-        if self.min_p > 0.0 {
-            let top = cands.iter().map(|c| c.1).fold(0.0, f32::max);
-            cands.retain(|c| c.1 >= self.min_p * top);
-        }
-        let total: f32 = cands.iter().map(|c| c.1).sum();
-        let mut r = self.rng.random::<f32>() * total;
-        for &(id, p) in &cands {
-            if r < p {
-                return id;
-            }
-            r -= p;
-        }
-        cands.last().map_or(0, |c| c.0)
+            .position(|&(_, p)| {
+                mass += p;
+                mass >= spec.top_p
+            })
+            .map_or(cands.len(), |i| i + 1);
+        cands.truncate(keep);
     }
+    if spec.min_p > 0.0 {
+        let top = cands.iter().map(|c| c.1).fold(0.0, f32::max);
+        cands.retain(|c| c.1 >= spec.min_p * top);
+    }
+    let total: f32 = cands.iter().map(|c| c.1).sum();
+    let mut r = rng.random::<f32>() * total;
+    for &(id, p) in &cands {
+        if r < p {
+            return id;
+        }
+        r -= p;
+    }
+    cands.last().map_or(0, |c| c.0)
 }
 
 /// Log-probability of `token` and the `k` most likely tokens under the raw
@@ -286,5 +440,37 @@ mod tests {
             (20..100).contains(&zeros),
             "token 0 drawn {zeros}/400 times"
         );
+    }
+
+    #[test]
+    fn a_draw_depends_on_the_seed_and_position_only() {
+        let logits: Vec<f32> = (0..100).map(|i| ((i * 37) % 11) as f32 * 0.3).collect();
+        let spec = SamplingSpec::new(&params(1.0, 1.0, 0, 5));
+        // Position 9 drawn directly equals the 10th draw of a running sampler.
+        let mut s = Sampler::new(&params(1.0, 1.0, 0, 5), &[]);
+        let tenth = (0..10).map(|_| s.sample(&logits).0).last();
+        assert_eq!(Some(sample(&spec, None, None, 9, &logits).0), tenth);
+        // Drafts do not change what each row samples.
+        let rows: Vec<&[f32]> = vec![&logits; 4];
+        let plain: Vec<u32> = (0..4)
+            .map(|j| sample(&spec, None, None, 3 + j, &logits).0)
+            .collect();
+        let row = RowSampling {
+            spec: &spec,
+            position: 3,
+            penalties: None,
+            allowed: None,
+        };
+        let verified = sample_chunk(&row, rows.iter().copied(), &plain[..3]);
+        assert_eq!(verified.iter().map(|t| t.0).collect::<Vec<_>>(), plain);
+    }
+
+    #[test]
+    fn a_mask_leaves_only_allowed_tokens() {
+        let spec = SamplingSpec::new(&params(0.0, 1.0, 0, 1));
+        let mask = TokenMask::from_fn(130, |t| t == 7 || t == 129);
+        assert!(mask.allows(129) && !mask.allows(128) && !mask.allows(500));
+        let logits: Vec<f32> = (0..130).map(|i| i as f32).collect();
+        assert_eq!(sample(&spec, None, Some(&mask), 0, &logits).0, 129);
     }
 }

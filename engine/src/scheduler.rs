@@ -1,8 +1,10 @@
 //! Continuous-batching scheduler in the vLLM v1 shape: each step,
 //! `schedule()` spends one token budget, running sequences first (a decode
 //! token each, or the next prefill chunk), then admits waiting ones while
-//! the budget, the running limit and the KV blocks allow; `update()` takes
-//! the step's logits, samples, and decides which sequences finished.
+//! the budget, the running limit and the KV blocks allow; `sampling()`
+//! says how the executor samples each chunk (with structured output's
+//! token masks from `masks()`); `update()` takes the sampled tokens and
+//! decides which sequences finished.
 //!
 //! The scheduler owns the block tables (`KvManager`): a new sequence starts
 //! from its longest cached prefix, every chunk is backed by blocks before it
@@ -12,10 +14,11 @@
 
 use std::collections::VecDeque;
 
+use crate::constraint::Constraint;
 use crate::kv_cache::KvManager;
 use crate::model::{ModelBatch, SeqChunk};
 use crate::request::{FinishReason, GenerateRequest, RequestId, SamplingParams, TokenLogprob};
-use crate::sampling::Sampler;
+use crate::sampling::{PenaltyState, RowSampling, Sampled, SamplingSpec, TokenMask};
 
 /// Limits that shape each step.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -59,7 +62,12 @@ pub struct Sequence {
     pub num_computed: usize,
     /// Prompt tokens served from the prefix cache at first admission.
     pub num_cached_tokens: Option<usize>,
-    pub sampler: Sampler,
+    /// How its tokens are drawn (the same on every executor).
+    pub sampling: SamplingSpec,
+    /// The tokens its penalties look at (`None` without penalties).
+    pub penalties: Option<PenaltyState>,
+    /// Structured output: the matcher and the token that ends the output.
+    pub constraint: Option<(Constraint, u32)>,
     /// Tokens of this sequence that end generation (EOS ids and stop ids).
     pub stop_ids: Vec<u32>,
     /// For the 2nd..nth choice of a request: the first choice, whose prompt
@@ -73,7 +81,10 @@ impl Sequence {
         if !req.params.ignore_eos {
             stop_ids.extend_from_slice(eos);
         }
-        let sampler = Sampler::new(&req.params, &req.prompt_tokens);
+        let sampling = SamplingSpec::new(&req.params);
+        let penalties = sampling
+            .penalized()
+            .then(|| PenaltyState::new(&sampling, &req.prompt_tokens));
         let prompt_len = req.prompt_tokens.len();
         Self {
             id,
@@ -82,7 +93,9 @@ impl Sequence {
             prompt_len,
             num_computed: 0,
             num_cached_tokens: None,
-            sampler,
+            sampling,
+            penalties,
+            constraint: None,
             stop_ids,
             wait_for: None,
         }
@@ -240,7 +253,8 @@ impl Scheduler {
             .min(budget)
             .min(room_out)
             .min(room_ctx);
-        if k == 0 {
+        // Constrained sequences never draft: their mask covers one row.
+        if k == 0 || seq.constraint.is_some() {
             return Vec::new();
         }
         prompt_lookup(&seq.tokens, k, c.spec_ngram_max)
@@ -316,37 +330,78 @@ impl Scheduler {
         }
     }
 
+    /// Structured output's allowed tokens for each chunk of `batch` that
+    /// samples a constrained sequence (over a vocabulary of `vocab`).
+    pub fn masks(&mut self, batch: &ModelBatch, vocab: usize) -> Vec<Option<TokenMask>> {
+        batch
+            .chunks
+            .iter()
+            .map(|chunk| {
+                let seq = self.running.iter_mut().find(|s| s.id == chunk.seq)?;
+                let (c, eos) = seq.constraint.as_mut().filter(|_| chunk.want_logits)?;
+                Some(c.allowed(vocab, *eos))
+            })
+            .collect()
+    }
+
+    /// How the executor samples each chunk of `batch` (`None` for chunks
+    /// without logits); `masks` from `masks()`.
+    pub fn sampling<'a>(
+        &'a self,
+        batch: &ModelBatch,
+        masks: &'a [Option<TokenMask>],
+    ) -> Vec<Option<RowSampling<'a>>> {
+        batch
+            .chunks
+            .iter()
+            .enumerate()
+            .map(|(i, chunk)| {
+                let seq = self.running.iter().find(|s| s.id == chunk.seq)?;
+                chunk.want_logits.then(|| RowSampling {
+                    spec: &seq.sampling,
+                    position: seq.output().len() as u64,
+                    penalties: seq.penalties.as_ref(),
+                    allowed: masks.get(i).and_then(Option::as_ref),
+                })
+            })
+            .collect()
+    }
+
     /// Applies a step's results: advances computed counts, registers full
-    /// blocks in the prefix cache, samples from each logits row, and removes
-    /// finished sequences (returned, blocks freed).
+    /// blocks in the prefix cache, appends each chunk's sampled tokens (one
+    /// list per chunk of the batch), and removes finished sequences
+    /// (returned, blocks freed).
     ///
-    /// A chunk with drafts yields one row per draft plus one: each row is
-    /// sampled exactly as plain decoding would (so greedy and seeded outputs
-    /// are unchanged), and verification stops at the first sample that
-    /// differs from the draft; that sample is the step's correction.
+    /// A chunk with drafts yields up to one token per draft plus one: the
+    /// accepted drafts, then the executor's correction; a token that ends
+    /// the sequence ends it there.
     pub fn update(
         &mut self,
         batch: &ModelBatch,
-        logits: &[Vec<f32>],
+        sampled: &[Vec<Sampled>],
     ) -> (Vec<StepToken>, Vec<Sequence>) {
-        let mut rows = logits.iter();
         let mut tokens = Vec::new();
         let max_len = self.config.max_model_len;
-        for chunk in &batch.chunks {
-            let chunk_rows: Vec<&Vec<f32>> = rows.by_ref().take(chunk.num_logits()).collect();
+        for (chunk, chunk_tokens) in batch.chunks.iter().zip(sampled) {
             let Some(seq) = self.running.iter_mut().find(|s| s.id == chunk.seq) else {
                 continue;
             };
             let computed = chunk.start_pos + chunk.tokens.len() - chunk.draft.len();
             let mut accepted = 0;
-            for (j, row) in chunk_rows.into_iter().enumerate() {
-                let (token, logprob) = seq.sampler.sample(row);
+            for (j, (token, logprob)) in chunk_tokens.iter().take(chunk.num_logits()).enumerate() {
+                let token = *token;
                 seq.tokens.push(token);
+                if let Some(p) = &mut seq.penalties {
+                    p.push(token);
+                }
+                if let Some((c, _)) = &mut seq.constraint {
+                    c.consume(token);
+                }
                 let finish = finish_reason(seq, token, max_len);
                 tokens.push(StepToken {
                     seq: seq.id,
                     token,
-                    logprob,
+                    logprob: logprob.clone(),
                     finish,
                 });
                 if finish.is_some() || chunk.draft.get(j) != Some(&token) {
@@ -558,6 +613,21 @@ mod tests {
         }
     }
 
+    /// Samples `logits` the way an executor would, then updates.
+    fn update_from_logits(
+        s: &mut Scheduler,
+        batch: &ModelBatch,
+        logits: &[Vec<f32>],
+    ) -> (Vec<StepToken>, Vec<Sequence>) {
+        let masks = s.masks(batch, VOCAB);
+        let step = crate::executor::Step {
+            batch,
+            sampling: s.sampling(batch, &masks),
+        };
+        let sampled = crate::executor::sample_step(&step, logits);
+        s.update(batch, &sampled)
+    }
+
     fn step(s: &mut Scheduler, rng: &mut StdRng, live: &mut HashSet<RequestId>) {
         let batch = s.schedule();
         check_step(s, &batch);
@@ -567,7 +637,7 @@ mod tests {
             .flat_map(|c| 0..c.num_logits())
             .map(|_| (0..VOCAB).map(|_| rng.random_range(-1.0..1.0)).collect())
             .collect();
-        let (tokens, finished) = s.update(&batch, &logits);
+        let (tokens, finished) = update_from_logits(s, &batch, &logits);
         assert!(tokens.len() <= logits.len(), "more tokens than logits rows");
         assert!(tokens.len() >= batch.chunks.iter().filter(|c| c.want_logits).count());
         for f in &finished {
@@ -614,7 +684,7 @@ mod tests {
         s.add(seq(1, 8, 5)).expect("room");
         let first = s.schedule();
         assert_eq!(first.chunks.len(), 1);
-        s.update(&first, &[vec![-100.0, 100.0]]);
+        update_from_logits(&mut s, &first, &[vec![-100.0, 100.0]]);
         s.add(seq(2, 30, 5)).expect("room");
         let second = s.schedule();
         assert_eq!(
@@ -636,7 +706,7 @@ mod tests {
         let mut s = Scheduler::new(config(512), KvManager::new(64, 4));
         s.add(seq(3, 30, 1)).expect("room");
         let b = s.schedule();
-        s.update(&b, &[vec![0.0; VOCAB]]);
+        update_from_logits(&mut s, &b, &[vec![0.0; VOCAB]]);
         // Same prompt pattern (id % 3 equal): 28 of 30 tokens come from cache.
         s.add(seq(6, 30, 1)).expect("room");
         let b = s.schedule();
@@ -687,7 +757,7 @@ mod tests {
                 );
             }
             let n = b.chunks.iter().filter(|c| c.want_logits).count();
-            s.update(&b, &vec![vec![-100.0, 100.0]; n]);
+            update_from_logits(&mut s, &b, &vec![vec![-100.0, 100.0]; n]);
         }
         assert!(preempted_at.is_some(), "no preemption happened");
     }

@@ -5,7 +5,7 @@
 mod common;
 
 use engine::RequestId;
-use engine::executor::{Executor, LocalExecutor};
+use engine::executor::LocalExecutor;
 use engine::loader::load_gguf;
 use engine::model::{ModelBatch, SeqChunk};
 
@@ -49,12 +49,12 @@ fn batched_logits_match_each_sequence_alone() {
     for (s, p) in prompts.iter().enumerate() {
         let mut ex = executor();
         let pre = ex
-            .execute(&ModelBatch {
+            .logits(&ModelBatch {
                 chunks: vec![chunk(s as u64, p.clone(), 0)],
             })
             .expect("prefill");
         let dec = ex
-            .execute(&ModelBatch {
+            .logits(&ModelBatch {
                 chunks: vec![chunk(s as u64, vec![42], p.len())],
             })
             .expect("decode");
@@ -67,7 +67,7 @@ fn batched_logits_match_each_sequence_alone() {
     let mut first = c(0, prompts[0][..16].to_vec(), 0);
     first.want_logits = false;
     let step1 = ex
-        .execute(&ModelBatch {
+        .logits(&ModelBatch {
             chunks: vec![first, c(1, prompts[1].clone(), 0)],
         })
         .expect("step 1");
@@ -78,7 +78,7 @@ fn batched_logits_match_each_sequence_alone() {
         max_diff(&step1[0], &alone[1].0)
     );
     let step2 = ex
-        .execute(&ModelBatch {
+        .logits(&ModelBatch {
             chunks: vec![
                 c(0, prompts[0][16..].to_vec(), 16),
                 c(2, prompts[2].clone(), 0),
@@ -86,7 +86,7 @@ fn batched_logits_match_each_sequence_alone() {
         })
         .expect("step 2");
     let step3 = ex
-        .execute(&ModelBatch {
+        .logits(&ModelBatch {
             chunks: (0..3).map(|s| c(s, vec![42], prompts[s].len())).collect(),
         })
         .expect("step 3");

@@ -1,10 +1,12 @@
 //! The paged KV cache: `BlockPool` (blocks, refcounts, prefix cache),
 //! `KvManager` (per-sequence block tables, prefix lookup) on the scheduler
-//! side, and `KvStorage` (the f16 memory itself) on the executor side.
+//! side, `KvStorage` (the f16 memory itself) on the executor side, and
+//! `transfer` (a sequence's blocks as checksummed bytes, between executors).
 
 pub mod block_pool;
 pub mod manager;
 pub mod storage;
+pub mod transfer;
 
 pub use block_pool::{BlockId, BlockPool};
 pub use manager::KvManager;

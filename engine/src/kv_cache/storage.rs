@@ -95,6 +95,24 @@ impl KvStorage {
         write_heads(lk.v[block as usize].get_or_insert_with(fresh), &l, slot, v);
     }
 
+    /// One block of one layer as f16 bits: (keys, values); zeros for a
+    /// block never written. For moving blocks (`transfer`).
+    pub fn block_bits(&self, layer: usize, block: u32) -> (&[u16], &[u16]) {
+        let l = &self.layers[layer];
+        let zeros: &[u16] = &self.zeros;
+        let k = l.k[block as usize].as_deref().unwrap_or(zeros);
+        let v = l.v[block as usize].as_deref().unwrap_or(zeros);
+        (k, v)
+    }
+
+    /// Replaces one block of one layer (`block_len` values each).
+    pub fn set_block_bits(&mut self, layer: usize, block: u32, k: Box<[u16]>, v: Box<[u16]>) {
+        debug_assert_eq!(k.len(), self.layout.block_len());
+        let l = &mut self.layers[layer];
+        l.k[block as usize] = Some(k);
+        l.v[block as usize] = Some(v);
+    }
+
     /// Blocks holding memory in the first layer (for memory accounting).
     pub fn allocated_blocks(&self) -> usize {
         self.layers

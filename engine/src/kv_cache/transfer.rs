@@ -1,0 +1,215 @@
+//! Moving a sequence's KV blocks between executors: `export` writes the
+//! blocks as bytes, `import` reads them into another executor's blocks.
+//!
+//! Layout (little-endian): the magic `SYKV`, a `u16` version, the geometry
+//! (`u32` layers, KV heads, head dim, block size, block count), then for
+//! each block in order and each layer in it, the block's keys and values
+//! as f16 bits (`n_kv_head * block_size * head_dim` each), then the SHA-256
+//! of everything before it. An import checks the size, the geometry
+//! against its own cache, every block id and the digest before it writes
+//! anything: bytes that fail any check change nothing.
+
+use sha2::{Digest, Sha256};
+
+use super::storage::{KvLayout, KvStorage};
+
+const MAGIC: &[u8; 4] = b"SYKV";
+const VERSION: u16 = 1;
+const HEADER: usize = 4 + 2 + 5 * 4;
+const DIGEST: usize = 32;
+
+/// Why KV bytes were refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum KvTransferError {
+    #[error("not KV blocks (bad magic or version)")]
+    NotKv,
+    #[error("KV geometry {got} does not match this cache's {want}")]
+    Geometry { got: String, want: String },
+    #[error("{got} KV blocks sent for {want} block ids")]
+    Count { got: usize, want: usize },
+    #[error("KV bytes are {got} long, expected {want}")]
+    Length { got: usize, want: usize },
+    #[error("block id {0} is outside the cache")]
+    BlockId(u32),
+    #[error("KV digest mismatch: the bytes were damaged")]
+    Digest,
+}
+
+fn geometry(l: &KvLayout) -> String {
+    format!(
+        "{} layers x {} heads x {} dims, blocks of {}",
+        l.n_layer, l.n_kv_head, l.head_dim, l.block_size
+    )
+}
+
+/// The bytes of `blocks` (in this order), with their digest.
+pub fn export(kv: &KvStorage, blocks: &[u32]) -> Result<Vec<u8>, KvTransferError> {
+    let l = kv.layout;
+    if let Some(&b) = blocks.iter().find(|&&b| b as usize >= l.num_blocks) {
+        return Err(KvTransferError::BlockId(b));
+    }
+    let body = blocks.len() * l.n_layer * 2 * l.block_len() * 2;
+    let mut out = Vec::with_capacity(HEADER + body + DIGEST);
+    out.extend_from_slice(MAGIC);
+    out.extend_from_slice(&VERSION.to_le_bytes());
+    for v in [
+        l.n_layer,
+        l.n_kv_head,
+        l.head_dim,
+        l.block_size,
+        blocks.len(),
+    ] {
+        out.extend_from_slice(&(v as u32).to_le_bytes());
+    }
+    for &b in blocks {
+        for layer in 0..l.n_layer {
+            let (k, v) = kv.block_bits(layer, b);
+            for x in k.iter().chain(v) {
+                out.extend_from_slice(&x.to_le_bytes());
+            }
+        }
+    }
+    let digest = Sha256::digest(&out);
+    out.extend_from_slice(&digest);
+    Ok(out)
+}
+
+fn u32_at(bytes: &[u8], at: usize) -> usize {
+    let mut b = [0u8; 4];
+    b.copy_from_slice(&bytes[at..at + 4]);
+    u32::from_le_bytes(b) as usize
+}
+
+/// Checks `bytes` against `kv`'s geometry and `blocks`, then writes them.
+pub fn import(kv: &mut KvStorage, blocks: &[u32], bytes: &[u8]) -> Result<(), KvTransferError> {
+    let l = kv.layout;
+    if bytes.len() < HEADER + DIGEST || &bytes[..4] != MAGIC || bytes[4..6] != VERSION.to_le_bytes()
+    {
+        return Err(KvTransferError::NotKv);
+    }
+    let got = KvLayout {
+        n_layer: u32_at(bytes, 6),
+        n_kv_head: u32_at(bytes, 10),
+        head_dim: u32_at(bytes, 14),
+        block_size: u32_at(bytes, 18),
+        num_blocks: l.num_blocks,
+    };
+    if got != l {
+        return Err(KvTransferError::Geometry {
+            got: geometry(&got),
+            want: geometry(&l),
+        });
+    }
+    let count = u32_at(bytes, 22);
+    if count != blocks.len() {
+        return Err(KvTransferError::Count {
+            got: count,
+            want: blocks.len(),
+        });
+    }
+    let per_block = l.n_layer * 2 * l.block_len() * 2;
+    let want = HEADER + count * per_block + DIGEST;
+    if bytes.len() != want {
+        return Err(KvTransferError::Length {
+            got: bytes.len(),
+            want,
+        });
+    }
+    if let Some(&b) = blocks.iter().find(|&&b| b as usize >= l.num_blocks) {
+        return Err(KvTransferError::BlockId(b));
+    }
+    let (data, digest) = bytes.split_at(want - DIGEST);
+    if Sha256::digest(data)[..] != digest[..] {
+        return Err(KvTransferError::Digest);
+    }
+    let mut words = data[HEADER..]
+        .chunks_exact(2)
+        .map(|c| u16::from_le_bytes([c[0], c[1]]));
+    let n = l.block_len();
+    for &b in blocks {
+        for layer in 0..l.n_layer {
+            let k: Vec<u16> = words.by_ref().take(n).collect();
+            let v: Vec<u16> = words.by_ref().take(n).collect();
+            kv.set_block_bits(layer, b, k.into_boxed_slice(), v.into_boxed_slice());
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use rand::rngs::StdRng;
+    use rand::{Rng, SeedableRng};
+
+    use super::*;
+
+    fn layout(num_blocks: usize) -> KvLayout {
+        KvLayout {
+            n_layer: 2,
+            n_kv_head: 2,
+            head_dim: 4,
+            block_size: 3,
+            num_blocks,
+        }
+    }
+
+    fn filled(seed: u64) -> KvStorage {
+        let mut kv = KvStorage::new(layout(6));
+        let mut rng = StdRng::seed_from_u64(seed);
+        for layer in 0..2 {
+            for block in [1u32, 4] {
+                for slot in 0..3 {
+                    let k: Vec<f32> = (0..8).map(|_| rng.random_range(-2.0..2.0)).collect();
+                    let v: Vec<f32> = (0..8).map(|_| rng.random_range(-2.0..2.0)).collect();
+                    kv.write(layer, block, slot, &k, &v);
+                }
+            }
+        }
+        kv
+    }
+
+    #[test]
+    fn blocks_move_to_other_ids_bit_for_bit() {
+        let src = filled(1);
+        let bytes = export(&src, &[4, 1]).expect("export");
+        let mut dst = KvStorage::new(layout(6));
+        import(&mut dst, &[0, 5], &bytes).expect("import");
+        for layer in 0..2 {
+            assert_eq!(src.block_bits(layer, 4), dst.block_bits(layer, 0));
+            assert_eq!(src.block_bits(layer, 1), dst.block_bits(layer, 5));
+        }
+    }
+
+    #[test]
+    fn damaged_truncated_or_foreign_bytes_change_nothing() {
+        let bytes = export(&filled(2), &[1, 4]).expect("export");
+        let mut dst = KvStorage::new(layout(6));
+        let mut rng = StdRng::seed_from_u64(3);
+        for _ in 0..200 {
+            let mut b = bytes.clone();
+            let i = rng.random_range(0..b.len());
+            b[i] ^= 1 << rng.random_range(0..8);
+            assert!(import(&mut dst, &[1, 4], &b).is_err(), "flipped byte {i}");
+            let cut = rng.random_range(0..b.len());
+            assert!(import(&mut dst, &[1, 4], &bytes[..cut]).is_err());
+        }
+        assert_eq!(dst.allocated_blocks(), 0, "a refused import wrote");
+        assert!(matches!(
+            import(&mut dst, &[1], &bytes),
+            Err(KvTransferError::Count { got: 2, want: 1 })
+        ));
+        assert!(matches!(
+            import(&mut dst, &[1, 6], &bytes),
+            Err(KvTransferError::BlockId(6))
+        ));
+        let mut other = KvStorage::new(KvLayout {
+            head_dim: 8,
+            ..layout(6)
+        });
+        assert!(matches!(
+            import(&mut other, &[1, 4], &bytes),
+            Err(KvTransferError::Geometry { .. })
+        ));
+        import(&mut dst, &[1, 4], &bytes).expect("intact bytes import");
+    }
+}
