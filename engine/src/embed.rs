@@ -197,6 +197,11 @@ impl EmbeddingHandle {
         self.embed_input(EmbedInput::Texts(inputs)).await
     }
 
+    /// Where the encoder runs (for usage records): in process, on the CPU.
+    pub fn executor(&self) -> &'static str {
+        "cpu"
+    }
+
     /// Checks inputs without embedding them (empty texts or token lists,
     /// token ids outside the vocabulary), so callers can refuse them
     /// before billing.

@@ -53,6 +53,8 @@ pub struct ModelInfo {
     /// KV blocks and positions per block.
     pub kv_blocks: usize,
     pub block_size: usize,
+    /// The executor that runs its steps (`Executor::name`).
+    pub executor: String,
 }
 
 /// Shared between every clone of a handle.
@@ -157,6 +159,7 @@ impl EngineBuilder {
             vocab_size: self.facts.vocab_size,
             kv_blocks: num_blocks,
             block_size,
+            executor: executor.name(),
         };
         let (tx, rx) = mpsc::channel();
         let stats = Arc::new(StatsCell::default());

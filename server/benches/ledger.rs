@@ -25,6 +25,7 @@ fn quote() -> Quote {
         },
         fee_bps: 700,
         payout_bps: 10_000,
+        stages: server::ledger::money::Stages::one("cpu"),
     }
 }
 

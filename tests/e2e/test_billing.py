@@ -68,6 +68,20 @@ def test_requests_are_billed_to_the_key_account(billed_server):
     assert_audit_clean(base)
 
 
+def test_usage_records_name_the_executors_of_each_stage(billed_server):
+    base = billed_server["base"]
+    _, key = funded_key(base, 5_000_000, "stages")
+    client = sdk(base, key)
+    client.chat.completions.create(model=SMOL, messages=[{"role": "user", "content": "Hi"}],
+                                   max_tokens=2, extra_headers={"x-synor-cache": "bypass"})
+    status, usage = call(base, "GET", "/v1/usage", token=key)
+    assert status == 200 and len(usage["data"]) == 1, usage
+    for rec in usage["data"]:
+        # The house engine runs both stages on its CPU executor.
+        assert (rec["prefill_by"], rec["decode_by"]) == ("cpu", "cpu"), rec
+    assert_audit_clean(base)
+
+
 def test_a_cut_stream_pays_for_what_it_streamed(billed_server):
     base = billed_server["base"]
     _, key = funded_key(base, 5_000_000, "cutter")

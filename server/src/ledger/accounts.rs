@@ -73,6 +73,10 @@ pub struct UsageRecord {
     /// `finished`, `cut` or `failed`.
     pub outcome: String,
     pub created_at: i64,
+    /// The executor (or provider worker) that ran the prefill, and the
+    /// one that ran the decode; empty for cache hits.
+    pub prefill_by: String,
+    pub decode_by: String,
 }
 
 fn account(r: &AnyRow) -> Result<Account, sqlx::Error> {
@@ -102,6 +106,8 @@ fn usage(r: &AnyRow) -> Result<UsageRecord, sqlx::Error> {
         fee: r.try_get("fee")?,
         outcome: r.try_get("outcome")?,
         created_at: r.try_get("created_at")?,
+        prefill_by: r.try_get("prefill_by")?,
+        decode_by: r.try_get("decode_by")?,
     })
 }
 
@@ -304,8 +310,8 @@ impl Ledger {
     ) -> Result<Vec<UsageRecord>, LedgerError> {
         let rows = sqlx::query(
             "SELECT request_id, key_id, model, provider_id, prompt_tokens, cached_tokens, \
-             completion_tokens, cost, provider_amount, fee, outcome, created_at \
-             FROM usage_records WHERE account_id = $1 ORDER BY created_at DESC, request_id LIMIT $2",
+             completion_tokens, cost, provider_amount, fee, outcome, created_at, prefill_by, \
+             decode_by FROM usage_records WHERE account_id = $1 ORDER BY created_at DESC, request_id LIMIT $2",
         )
         .bind(account_id)
         .bind(limit)
@@ -318,8 +324,8 @@ impl Ledger {
     pub async fn usage_of(&self, request_id: &str) -> Result<Option<UsageRecord>, LedgerError> {
         let row = sqlx::query(
             "SELECT request_id, key_id, model, provider_id, prompt_tokens, cached_tokens, \
-             completion_tokens, cost, provider_amount, fee, outcome, created_at \
-             FROM usage_records WHERE request_id = $1",
+             completion_tokens, cost, provider_amount, fee, outcome, created_at, prefill_by, \
+             decode_by FROM usage_records WHERE request_id = $1",
         )
         .bind(request_id)
         .fetch_optional(&self.db.pool)

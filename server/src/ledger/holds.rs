@@ -212,8 +212,9 @@ pub(super) async fn insert_hold(
     let q = h.quote;
     sqlx::query(
         "INSERT INTO holds (request_id, account_id, key_id, model, provider_id, amount, \
-         price_input, price_cached, price_output, fee_bps, payout_bps, instance_id, state, created_at) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, 'open', $13)",
+         price_input, price_cached, price_output, fee_bps, payout_bps, instance_id, state, created_at, \
+         prefill_by, decode_by) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, 'open', $13, $14, $15)",
     )
     .bind(h.request_id)
     .bind(h.account_id)
@@ -228,6 +229,8 @@ pub(super) async fn insert_hold(
     .bind(q.payout_bps)
     .bind(instance)
     .bind(now())
+    .bind(&q.stages.prefill)
+    .bind(&q.stages.decode)
     .execute(&mut **tx)
     .await?;
     Ok(())

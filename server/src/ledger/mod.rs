@@ -218,7 +218,7 @@ impl Ledger {
             charge: Some(charge),
         };
         self.jobs
-            .send(settle::Job::Close(item, None))
+            .send(settle::Job::Close(Box::new(item), None))
             .map_err(|_| LedgerError::Closed)
     }
 

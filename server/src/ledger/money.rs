@@ -116,6 +116,26 @@ pub struct Quote {
     pub fee_bps: i64,
     /// Reputation x uptime bonus, in basis points (10,000 = 1x).
     pub payout_bps: i64,
+    /// Which executors run the request's stages (recorded on its usage).
+    pub stages: Stages,
+}
+
+/// The executors (or providers' workers) that run a request's prefill and
+/// its decode; empty where nothing ran (a cache hit, a market trade).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+pub struct Stages {
+    pub prefill: String,
+    pub decode: String,
+}
+
+impl Stages {
+    /// Both stages on one executor.
+    pub fn one(executor: &str) -> Self {
+        Self {
+            prefill: executor.to_string(),
+            decode: executor.to_string(),
+        }
+    }
 }
 
 /// How a cost is divided; `provider + treasury == cost`.
@@ -203,6 +223,7 @@ mod tests {
             },
             fee_bps,
             payout_bps,
+            stages: Stages::default(),
         }
     }
 

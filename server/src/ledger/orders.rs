@@ -8,7 +8,7 @@
 use sqlx::Row;
 
 use super::holds::HoldRequest;
-use super::money::{self, Micros, Prices, Quote};
+use super::money::{self, Micros, Prices, Quote, Stages};
 use super::{HOUSE_PROVIDER, Ledger, LedgerError, TREASURY};
 use crate::store::now;
 
@@ -60,6 +60,7 @@ impl Ledger {
             },
             fee_bps: 0,
             payout_bps: 0,
+            stages: Stages::default(),
         };
         let h = HoldRequest {
             request_id: &id,

@@ -12,7 +12,7 @@ use sqlx::{AssertSqlSafe, Row};
 use tokio::sync::{mpsc, oneshot};
 
 use super::holds;
-use super::money::{Prices, Quote, Tokens};
+use super::money::{Prices, Quote, Stages, Tokens};
 use super::{Closed, LedgerError, Micros, Outcome, TREASURY};
 use crate::store::{Db, now};
 
@@ -26,7 +26,7 @@ type Reply = oneshot::Sender<Result<Closed, LedgerError>>;
 /// Work for the writer.
 #[derive(Debug)]
 pub enum Job {
-    Close(Item, Option<Reply>),
+    Close(Box<Item>, Option<Reply>),
     /// What a running request has used so far (kept on its open hold, so
     /// recovery can bill it if this instance dies).
     Checkpoint(String, Tokens),
@@ -62,7 +62,7 @@ impl Job {
             usage,
             charge: None,
         };
-        Self::Close(item, reply)
+        Self::Close(Box::new(item), reply)
     }
 }
 
@@ -75,7 +75,7 @@ pub async fn writer(db: Db, mut rx: mpsc::UnboundedReceiver<Job>) {
         let mut next = Some(first);
         while let Some(job) = next.take() {
             match job {
-                Job::Close(item, reply) => batch.push((item, reply)),
+                Job::Close(item, reply) => batch.push((*item, reply)),
                 Job::Checkpoint(id, t) => {
                     checkpoints.insert(id, t);
                 }
@@ -198,6 +198,10 @@ fn hold_row(r: &AnyRow) -> Result<HoldRow, sqlx::Error> {
             },
             fee_bps: r.try_get("fee_bps")?,
             payout_bps: r.try_get("payout_bps")?,
+            stages: Stages {
+                prefill: r.try_get("prefill_by")?,
+                decode: r.try_get("decode_by")?,
+            },
         },
     })
 }
@@ -228,7 +232,7 @@ async fn close_holds(
     let sql = format!(
         "UPDATE holds SET state = $1, closed_at = $2 WHERE state = 'open' AND request_id IN ({}) \
          RETURNING request_id, account_id, key_id, model, provider_id, amount, price_input, \
-         price_cached, price_output, fee_bps, payout_bps",
+         price_cached, price_output, fee_bps, payout_bps, prefill_by, decode_by",
         list.join(", ")
     );
     let mut q = sqlx::query(AssertSqlSafe(sql)).bind(state).bind(now());
@@ -440,8 +444,8 @@ async fn insert_usage(
     let sql = format!(
         "INSERT INTO usage_records (request_id, account_id, key_id, model, provider_id, \
          prompt_tokens, cached_tokens, completion_tokens, cost, provider_amount, fee, outcome, \
-         created_at) VALUES {}",
-        tuples(usage.len(), 13, 1)
+         created_at, prefill_by, decode_by) VALUES {}",
+        tuples(usage.len(), 15, 1)
     );
     let t = now();
     let mut q = sqlx::query(AssertSqlSafe(sql));
@@ -459,7 +463,9 @@ async fn insert_usage(
             .bind(*provider)
             .bind(*fee)
             .bind(outcome.as_str())
-            .bind(t);
+            .bind(t)
+            .bind(h.quote.stages.prefill.as_str())
+            .bind(h.quote.stages.decode.as_str());
     }
     q.execute(&mut **tx).await?;
     Ok(())

@@ -45,6 +45,7 @@ fn quote(payout_bps: i64) -> Quote {
         },
         fee_bps: 700,
         payout_bps,
+        stages: money::Stages::default(),
     }
 }
 
@@ -705,7 +706,9 @@ async fn a_charge_over_the_key_budget_at_commit_is_not_billed_and_leaves_nothing
                 usage: Some((t, Outcome::Finished)),
                 charge: Some(charge),
             };
-            l.jobs.send(settle::Job::Close(item, None)).expect("queued");
+            l.jobs
+                .send(settle::Job::Close(Box::new(item), None))
+                .expect("queued");
         }
         l.flush().await;
         let a = l.account(&key.account_id).await.expect("account");

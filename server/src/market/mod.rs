@@ -16,7 +16,7 @@ use serde::Serialize;
 use tokio::sync::Mutex;
 
 use crate::ledger::Ledger;
-use crate::ledger::money::{BPS, MAX_PRICE, Micros, Prices, Quote};
+use crate::ledger::money::{BPS, MAX_PRICE, Micros, Prices, Quote, Stages};
 use crate::store::{Db, now};
 use book::{Book, Fill, Level, Order, Side};
 use pricing::{CostProfile, Load};
@@ -212,6 +212,7 @@ impl Market {
             prices: pricing::prices(&p.profile, kwh, load, self.fee_bps, preemptible),
             fee_bps: self.fee_bps,
             payout_bps: pricing::payout_bps(p.reputation_bps, p.uptime_bps),
+            stages: Stages::default(),
         })
     }
 

@@ -285,6 +285,8 @@ impl ResponseCaching {
                 cached_input: scale(base.prices.cached_input),
                 output: scale(base.prices.output),
             },
+            // Nothing ran: the answer is replayed.
+            stages: crate::ledger::money::Stages::default(),
             ..base
         };
         let payer = Payer::of(key);

@@ -18,6 +18,7 @@ use engine::{
 };
 use futures_util::stream::{self, BoxStream, Stream, StreamExt};
 
+use crate::ledger::money::Stages;
 use crate::services::ServiceError;
 use crate::services::caching::{CacheRequest, Hit, Plan, ResponseCaching};
 use crate::services::limits::Limiter;
@@ -114,7 +115,8 @@ impl Generation {
         self.charge_tokens(key, worst)?;
         let tab = match &self.billing {
             Some(b) => {
-                let quote = b.quote(model, crate::market::pricing::Load::default())?;
+                let mut quote = b.quote(model, crate::market::pricing::Load::default())?;
+                quote.stages = Stages::one(encoder.executor());
                 Some(b.open(&Payer::of(key), &quote, &[(worst, 0)]).await?)
             }
             None => None,

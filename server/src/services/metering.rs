@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 use engine::{EngineHandle, TokenEvent, Usage};
 
 use crate::ledger::holds::HoldRequest;
+use crate::ledger::money::Stages;
 use crate::ledger::{Closed, HOUSE_PROVIDER, LOCAL_USER, Ledger, Outcome, Quote, Tokens};
 use crate::market::book::Side;
 use crate::market::pricing::Load;
@@ -150,7 +151,8 @@ impl Billing {
         engine: &EngineHandle,
         requests: &[engine::GenerateRequest],
     ) -> Result<Tab, ServiceError> {
-        let quote = self.quote(model, self.load_of(engine))?;
+        let mut quote = self.quote(model, self.load_of(engine))?;
+        quote.stages = Stages::one(&engine.info().executor);
         let choices: Vec<(u64, u64)> = requests
             .iter()
             .flat_map(|r| {
