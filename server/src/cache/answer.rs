@@ -26,6 +26,11 @@ pub struct CachedAnswer {
     pub provider_id: String,
     /// Unix seconds.
     pub created_at: i64,
+    /// The prices it was generated at (a hit costs a fraction of them);
+    /// absent for answers stored before they were recorded, or generated
+    /// unmetered.
+    #[serde(default)]
+    pub prices: Option<crate::ledger::Prices>,
 }
 
 impl CachedAnswer {

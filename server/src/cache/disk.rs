@@ -226,6 +226,7 @@ mod tests {
             completion_tokens: 2,
             provider_id: "provider:house".into(),
             created_at: 0,
+            prices: None,
         }
     }
 

@@ -19,6 +19,7 @@ pub(crate) fn answer(scope: &str, model: &str, text: &str) -> CachedAnswer {
         completion_tokens: 2,
         provider_id: "provider:house".into(),
         created_at: 0,
+        prices: None,
     }
 }
 

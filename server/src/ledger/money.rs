@@ -2,7 +2,13 @@
 //! millionth of a currency unit), never floats; prices are micro-units per
 //! million tokens; a quote fixes the prices of one request, its worst case
 //! (the hold) and, from its usage, its cost and how that cost is split
-//! between the provider and the treasury. Every rounding is explicit.
+//! between the provider and the treasury.
+//!
+//! One rounding rule: what a user pays is rounded up to a whole micro-unit
+//! (a request's cost, a hold, a bid's worst case, a cache hit's prices);
+//! a cost is then split with the fee rounded down and the provider's
+//! share rounded down, the treasury taking the difference, so the parts
+//! always sum to the cost.
 
 use serde::{Deserialize, Serialize};
 

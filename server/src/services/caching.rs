@@ -26,8 +26,8 @@ use sha2::{Digest, Sha256};
 use crate::cache::ResponseCache;
 use crate::cache::answer::{CachedAnswer, CachedChoice, KeyParts, exact_key, hex};
 use crate::cache::semantic::IndexKey;
-use crate::ledger::Quote;
 use crate::ledger::money::BPS;
+use crate::ledger::{Prices, Quote};
 use crate::services::ServiceError;
 use crate::services::metering::{Billing, Payer};
 use crate::services::models::{ModelKind, ModelRegistry};
@@ -275,16 +275,12 @@ impl ResponseCaching {
             return Ok(());
         };
         let a = &hit.answer;
-        let fraction = self.price_bps;
         let base = b.quote(&a.model, crate::market::pricing::Load::default())?;
-        let scale = |p: i64| (i128::from(p) * i128::from(fraction) / i128::from(BPS)) as i64;
+        // Answers stored before prices were recorded: today's idle price.
+        let generated = a.prices.unwrap_or(base.prices);
         let quote = Quote {
             provider_id: a.provider_id.clone(),
-            prices: crate::ledger::Prices {
-                input: scale(base.prices.input),
-                cached_input: scale(base.prices.cached_input),
-                output: scale(base.prices.output),
-            },
+            prices: hit_prices(generated, self.price_bps),
             // Nothing ran: the answer is replayed.
             stages: crate::ledger::money::Stages::default(),
             ..base
@@ -309,7 +305,13 @@ impl ResponseCaching {
     /// Stores a fresh answer whose choices all finished (in the
     /// background: the response does not wait); `usage` is the sum of the
     /// choices' (prompt, completion) tokens.
-    pub fn store(&self, plan: Plan, choices: Vec<(String, FinishReason)>, usage: (u64, u64)) {
+    pub fn store(
+        &self,
+        plan: Plan,
+        choices: Vec<(String, FinishReason)>,
+        usage: (u64, u64),
+        prices: Option<Prices>,
+    ) {
         if choices.iter().any(|(_, r)| *r == FinishReason::Abort) {
             return;
         }
@@ -327,6 +329,7 @@ impl ResponseCaching {
             completion_tokens: usage.1,
             provider_id: crate::ledger::HOUSE_PROVIDER.to_string(),
             created_at: crate::store::now(),
+            prices,
         };
         let embedder = self.embedder();
         let cache = self.cache.clone();
@@ -348,6 +351,21 @@ impl ResponseCaching {
             };
             cache.semantic_put(ik, vector, &text, plan.key);
         });
+    }
+}
+
+/// What a hit's tokens cost: `bps` of the prices the answer was generated
+/// at, rounded up like every amount a user pays (so a hit never costs less
+/// than its fraction, and at most one micro-unit per million tokens more).
+pub fn hit_prices(generated: Prices, bps: i64) -> Prices {
+    let scale = |p: i64| {
+        let x = i128::from(p) * i128::from(bps);
+        i64::try_from((x + i128::from(BPS) - 1) / i128::from(BPS)).unwrap_or(i64::MAX)
+    };
+    Prices {
+        input: scale(generated.input),
+        cached_input: scale(generated.cached_input),
+        output: scale(generated.output),
     }
 }
 
@@ -399,6 +417,18 @@ pub fn finish_of(c: &CachedChoice) -> FinishReason {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_hit_costs_its_fraction_of_the_generated_prices_rounded_up() {
+        let generated = Prices {
+            input: 150_001,
+            cached_input: 15_000,
+            output: 600_009,
+        };
+        let p = hit_prices(generated, 1_000);
+        assert_eq!((p.input, p.cached_input, p.output), (15_001, 1_500, 60_001));
+        assert_eq!(hit_prices(generated, 10_000), generated);
+    }
 
     #[test]
     fn the_params_encoding_is_pinned() {

@@ -176,6 +176,8 @@ async fn submit_all(
 struct Recorder {
     caching: ResponseCaching,
     plan: Plan,
+    /// The prices the answer is generated at (`None`: unmetered).
+    prices: Option<crate::ledger::Prices>,
     texts: Vec<String>,
     reasons: Vec<Option<FinishReason>>,
     usage: (u64, u64),
@@ -217,6 +219,7 @@ impl Run {
                 .map(|(i, s)| s.map(move |ev| (i, ev)).boxed()),
         )
         .boxed();
+        let prices = tab.as_ref().map(Tab::prices);
         Self {
             events,
             choices: n,
@@ -225,6 +228,7 @@ impl Run {
             recorder: store.map(|(caching, plan)| Recorder {
                 caching,
                 plan,
+                prices,
                 texts: vec![String::new(); n],
                 reasons: vec![None; n],
                 usage: (0, 0),
@@ -279,7 +283,7 @@ impl Run {
                 .into_iter()
                 .zip(r.reasons.into_iter().flatten())
                 .collect();
-            r.caching.store(r.plan, choices, r.usage);
+            r.caching.store(r.plan, choices, r.usage, r.prices);
         }
     }
 

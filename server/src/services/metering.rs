@@ -80,6 +80,9 @@ pub struct Tab {
     closed: bool,
     /// When the usage was last checkpointed onto the hold.
     checkpointed: Instant,
+    /// The prices it runs at (a cached copy of its answer is priced from
+    /// them).
+    prices: crate::ledger::Prices,
 }
 
 /// How often a running request records its usage on its hold (what
@@ -140,6 +143,7 @@ impl Billing {
             failed: false,
             closed: false,
             checkpointed: Instant::now(),
+            prices: quote.prices,
         })
     }
 
@@ -178,6 +182,11 @@ pub async fn settle(tab: Option<Tab>) {
 impl Tab {
     pub fn request_id(&self) -> &str {
         &self.request_id
+    }
+
+    /// The prices the request runs at.
+    pub fn prices(&self) -> crate::ledger::Prices {
+        self.prices
     }
 
     /// Counts one engine event of choice `i`.
