@@ -10,6 +10,7 @@
 //!   forward pass needs (RMSNorm, RoPE, softmax, causal GQA attention, f32
 //!   matmul): the test oracle for the fast paths here and in the engine.
 
+pub mod backend;
 pub mod cpu;
 pub mod kquant;
 pub mod layout;

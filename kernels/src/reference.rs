@@ -106,6 +106,60 @@ pub fn causal_attention(q: &[f32], k: &[f32], v: &[f32], s: AttnShape) -> Vec<f3
     out
 }
 
+/// LayerNorm of each row: `(x - mean) / sqrt(var + eps) * w + b`.
+pub fn layer_norm(x: &[f32], w: &[f32], b: &[f32], eps: f32) -> Vec<f32> {
+    let dim = w.len();
+    x.chunks(dim)
+        .flat_map(|row| {
+            let mean = row.iter().map(|&v| f64::from(v)).sum::<f64>() / dim as f64;
+            let var = row
+                .iter()
+                .map(|&v| (f64::from(v) - mean).powi(2))
+                .sum::<f64>()
+                / dim as f64;
+            let inv = 1.0 / (var + f64::from(eps)).sqrt();
+            row.iter()
+                .zip(w)
+                .zip(b)
+                .map(move |((&v, &w), &b)| ((f64::from(v) - mean) * inv) as f32 * w + b)
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+/// GELU, tanh approximation.
+pub fn gelu(x: &[f32]) -> Vec<f32> {
+    x.iter()
+        .map(|&v| {
+            let v = f64::from(v);
+            let c = (2.0 / std::f64::consts::PI).sqrt();
+            (0.5 * v * (1.0 + (c * (v + 0.044715 * v.powi(3))).tanh())) as f32
+        })
+        .collect()
+}
+
+/// `x · Wᵀ` for row-major `x` (`m x k`) and `W` (`n x k`): `m x n`.
+pub fn matmul(x: &[f32], w: &[f32], m: usize, k: usize, n: usize) -> Vec<f32> {
+    let mut out = vec![0.0; m * n];
+    for i in 0..m {
+        for j in 0..n {
+            out[i * n + j] = (0..k)
+                .map(|t| f64::from(x[i * k + t]) * f64::from(w[j * k + t]))
+                .sum::<f64>() as f32;
+        }
+    }
+    out
+}
+
+/// Largest absolute difference of two equal-length slices.
+pub fn max_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -192,7 +192,7 @@ def test_a_draining_server_says_so_and_finishes_running_streams(own_server):
     info = own_server("--shutdown-grace", "30")
     base, proc = info["base"], info["proc"]
     body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}],
-            "max_tokens": 400, "ignore_eos": True, "stream": True}
+            "max_tokens": 2000, "ignore_eos": True, "stream": True}
     req = urllib.request.Request(base + "/v1/chat/completions", data=json.dumps(body).encode(),
                                  headers={"content-type": "application/json",
                                           "x-synor-cache": "bypass"})

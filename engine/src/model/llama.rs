@@ -1,5 +1,6 @@
 //! Batched llama-family decoder over GGUF weights (Llama, Mistral, SmolLM2,
-//! Qwen2 shapes), in plain Rust on top of `kernels`.
+//! Qwen2 shapes), written once over the compute backend
+//! (`kernels::backend::Backend`; the CPU one by default).
 //!
 //! One forward pass takes the chunks of many sequences, each at its own
 //! position, as one `[tokens, hidden]` matrix: every weight matrix is read
@@ -15,12 +16,14 @@ use std::io::{Read, Seek};
 use candle_core::Device;
 use candle_core::quantized::gguf_file::Content;
 
-use super::attention::{AttnShape, paged_attention};
-use super::ops::{add_in_place, rms_norm, swiglu};
-use super::weights::{Linear, MultiLinear, vector};
+use kernels::QMatrix;
+use kernels::backend::{AttnShape, Backend, HostMatrix, Rope};
+use kernels::cpu::backend::CpuBackend;
+
+use super::weights::{Linear, vector};
 use super::{ModelBatch, SeqChunk};
 use crate::error::{EngineError, Result};
-use crate::kv_cache::{KvLayout, KvStorage};
+use crate::kv_cache::KvLayout;
 use crate::tokenizer::gguf::Meta;
 
 /// Architecture hyper-parameters read from GGUF metadata.
@@ -111,39 +114,110 @@ impl LlamaConfig {
     }
 }
 
-#[derive(Debug)]
-struct Layer {
-    attn_norm: Vec<f32>,
-    /// Q, K and V projections (stacked when their formats allow).
-    qkv: MultiLinear,
+/// Several projections of the same input (Q/K/V, or gate/up): stacked
+/// into one matrix when their formats allow (one matmul, one pass over the
+/// input), else kept apart.
+enum Proj<B: Backend> {
+    Fused { w: B::Matrix, widths: Vec<usize> },
+    Separate(Vec<B::Matrix>),
+}
+
+impl<B: Backend> Proj<B> {
+    fn new(backend: &B, parts: Vec<Linear>) -> Result<Self> {
+        let quant: Option<Vec<&QMatrix>> = parts
+            .iter()
+            .map(|p| match p {
+                Linear::Quant(m) => Some(m.as_ref()),
+                Linear::Dense { .. } => None,
+            })
+            .collect();
+        if let Some(ms) = quant
+            && let Ok(stacked) = QMatrix::concat(&ms)
+        {
+            let widths = ms.iter().map(|m| m.rows).collect();
+            let w = backend.matrix(HostMatrix::Quant(stacked)).map_err(load)?;
+            return Ok(Self::Fused { w, widths });
+        }
+        let ws = parts
+            .into_iter()
+            .map(|p| backend.matrix(p.into_host()?).map_err(load))
+            .collect::<Result<_>>()?;
+        Ok(Self::Separate(ws))
+    }
+
+    /// Every part's output, side by side in each row.
+    fn concat(&self, b: &B, x: &B::Tensor) -> Result<B::Tensor> {
+        match self {
+            Self::Fused { w, .. } => b.matmul(x, w).map_err(exec),
+            Self::Separate(ws) => {
+                let outs = ws
+                    .iter()
+                    .map(|w| b.matmul(x, w).map_err(exec))
+                    .collect::<Result<Vec<_>>>()?;
+                Ok(b.concat_cols(&outs))
+            }
+        }
+    }
+
+    /// Every part's output, apart.
+    fn each(&self, b: &B, x: &B::Tensor) -> Result<Vec<B::Tensor>> {
+        match self {
+            Self::Fused { w, widths } => Ok(b.split_cols(&b.matmul(x, w).map_err(exec)?, widths)),
+            Self::Separate(ws) => ws.iter().map(|w| b.matmul(x, w).map_err(exec)).collect(),
+        }
+    }
+}
+
+fn load(e: kernels::KernelError) -> EngineError {
+    EngineError::Load(e.to_string())
+}
+
+fn exec(e: kernels::KernelError) -> EngineError {
+    EngineError::Execution(e.to_string())
+}
+
+struct Layer<B: Backend> {
+    attn_norm: B::Vector,
+    /// Q, K and V projections.
+    qkv: Proj<B>,
     /// Q, K, V biases (Qwen2), if any.
-    bias: Option<[Vec<f32>; 3]>,
-    wo: Linear,
-    ffn_norm: Vec<f32>,
-    /// Gate and up projections (stacked when their formats allow).
-    gate_up: MultiLinear,
-    w_down: Linear,
+    bias: Option<[B::Vector; 3]>,
+    wo: B::Matrix,
+    ffn_norm: B::Vector,
+    /// Gate and up projections.
+    gate_up: Proj<B>,
+    w_down: B::Matrix,
 }
 
-/// The loaded model: weights plus RoPE tables. Immutable; KV lives outside.
-#[derive(Debug)]
-pub struct Llama {
+/// The loaded model: weights in the backend's memory plus RoPE tables.
+/// Immutable; KV lives outside.
+pub struct Llama<B: Backend = CpuBackend> {
     pub config: LlamaConfig,
-    embed: Linear,
-    layers: Vec<Layer>,
-    norm: Vec<f32>,
-    lm_head: Linear,
-    /// `cos`/`sin` of position `p`, pair `i` at `p * head_dim / 2 + i`.
-    cos: Vec<f32>,
-    sin: Vec<f32>,
+    backend: B,
+    embed: B::Matrix,
+    layers: Vec<Layer<B>>,
+    norm: B::Vector,
+    /// `None`: tied to the embedding.
+    lm_head: Option<B::Matrix>,
+    rope: Rope,
 }
 
-struct Loader<'a, R> {
+impl<B: Backend> std::fmt::Debug for Llama<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Llama")
+            .field("config", &self.config)
+            .field("backend", &self.backend.name())
+            .finish_non_exhaustive()
+    }
+}
+
+struct Loader<'a, R, B> {
     ct: &'a Content,
     reader: &'a mut R,
+    backend: &'a B,
 }
 
-impl<R: Read + Seek> Loader<'_, R> {
+impl<R: Read + Seek, B: Backend> Loader<'_, R, B> {
     fn qtensor(&mut self, name: &str) -> Result<candle_core::quantized::QTensor> {
         self.ct
             .tensor(self.reader, name, &Device::Cpu)
@@ -155,16 +229,21 @@ impl<R: Read + Seek> Loader<'_, R> {
         Linear::from_qtensor(name, &qt)
     }
 
-    fn vector(&mut self, name: &str) -> Result<Vec<f32>> {
+    fn matrix(&mut self, name: &str) -> Result<B::Matrix> {
+        let host = self.linear(name)?.into_host()?;
+        self.backend.matrix(host).map_err(load)
+    }
+
+    fn vector(&mut self, name: &str) -> Result<B::Vector> {
         let qt = self.qtensor(name)?;
-        vector(name, &qt)
+        Ok(self.backend.vector(vector(name, &qt)?))
     }
 
     fn has(&self, name: &str) -> bool {
         self.ct.tensor_infos.contains_key(name)
     }
 
-    fn layer(&mut self, i: usize) -> Result<Layer> {
+    fn layer(&mut self, i: usize) -> Result<Layer<B>> {
         let p = format!("blk.{i}");
         let bias = if self.has(&format!("{p}.attn_q.bias")) {
             Some([
@@ -177,85 +256,101 @@ impl<R: Read + Seek> Loader<'_, R> {
         };
         Ok(Layer {
             attn_norm: self.vector(&format!("{p}.attn_norm.weight"))?,
-            qkv: MultiLinear::new(vec![
-                self.linear(&format!("{p}.attn_q.weight"))?,
-                self.linear(&format!("{p}.attn_k.weight"))?,
-                self.linear(&format!("{p}.attn_v.weight"))?,
-            ])?,
+            qkv: Proj::new(
+                self.backend,
+                vec![
+                    self.linear(&format!("{p}.attn_q.weight"))?,
+                    self.linear(&format!("{p}.attn_k.weight"))?,
+                    self.linear(&format!("{p}.attn_v.weight"))?,
+                ],
+            )?,
             bias,
-            wo: self.linear(&format!("{p}.attn_output.weight"))?,
+            wo: self.matrix(&format!("{p}.attn_output.weight"))?,
             ffn_norm: self.vector(&format!("{p}.ffn_norm.weight"))?,
-            gate_up: MultiLinear::new(vec![
-                self.linear(&format!("{p}.ffn_gate.weight"))?,
-                self.linear(&format!("{p}.ffn_up.weight"))?,
-            ])?,
-            w_down: self.linear(&format!("{p}.ffn_down.weight"))?,
+            gate_up: Proj::new(
+                self.backend,
+                vec![
+                    self.linear(&format!("{p}.ffn_gate.weight"))?,
+                    self.linear(&format!("{p}.ffn_up.weight"))?,
+                ],
+            )?,
+            w_down: self.matrix(&format!("{p}.ffn_down.weight"))?,
         })
     }
 }
 
-impl Llama {
-    /// Loads a GGUF file's weights (quantized ones stay quantized).
+impl Llama<CpuBackend> {
+    /// Loads a GGUF file's weights onto the CPU backend (quantized ones
+    /// stay quantized).
     pub fn load<R: Read + Seek>(ct: &Content, reader: &mut R) -> Result<Self> {
+        Self::load_on(CpuBackend, ct, reader)
+    }
+}
+
+impl<B: Backend> Llama<B> {
+    /// Loads a GGUF file's weights into `backend`'s memory.
+    pub fn load_on<R: Read + Seek>(backend: B, ct: &Content, reader: &mut R) -> Result<Self> {
         let config = LlamaConfig::from_gguf(ct)?;
-        let mut ld = Loader { ct, reader };
-        let embed = ld.linear("token_embd.weight")?;
+        let mut ld = Loader {
+            ct,
+            reader,
+            backend: &backend,
+        };
+        let embed = ld.matrix("token_embd.weight")?;
         let lm_head = if ld.has("output.weight") {
-            ld.linear("output.weight")?
+            Some(ld.matrix("output.weight")?)
         } else {
-            embed.clone()
+            None
         };
         let norm = ld.vector("output_norm.weight")?;
         let layers = (0..config.n_layer)
             .map(|i| ld.layer(i))
             .collect::<Result<Vec<_>>>()?;
-        let (cos, sin) = rope_tables(&config);
+        let rope = rope_tables(&config);
         Ok(Self {
             config,
+            backend,
             embed,
             layers,
             norm,
             lm_head,
-            cos,
-            sin,
+            rope,
         })
+    }
+
+    /// The backend the weights live on.
+    pub fn backend(&self) -> &B {
+        &self.backend
     }
 
     /// Runs one step over `batch`, writing each chunk's keys and values into
     /// `kv` at the slots of its block table. Returns one logits row per
     /// chunk, for its last `num_logits()` positions, in batch order.
-    pub fn forward(&self, batch: &ModelBatch, kv: &mut KvStorage) -> Result<Vec<Vec<f32>>> {
-        let c = &self.config;
-        let tokens = self.check_batch(batch, kv)?;
-        let t = tokens.len();
-        let mut x = Vec::with_capacity(t * c.hidden);
-        for tok in &tokens {
-            x.extend(self.embed.row(tok.id as usize)?);
-        }
+    pub fn forward(&self, batch: &ModelBatch, kv: &mut B::Kv) -> Result<Vec<Vec<f32>>> {
+        let (c, b) = (&self.config, &self.backend);
+        let layout = b.kv_layout(kv);
+        let tokens = self.check_batch(batch, &layout)?;
+        let ids: Vec<u32> = tokens.iter().map(|t| t.id).collect();
+        let mut x = b.embed(&self.embed, &ids).map_err(exec)?;
         for (li, layer) in self.layers.iter().enumerate() {
-            let h = rms_norm(&x, &layer.attn_norm, c.rms_eps);
+            let h = b.rms_norm(&x, &layer.attn_norm, c.rms_eps);
             let attn = self.attention(li, layer, &h, &tokens, batch, kv)?;
-            add_in_place(&mut x, &layer.wo.forward(&attn, t)?);
-            let h = rms_norm(&x, &layer.ffn_norm, c.rms_eps);
-            let gate = swiglu(&layer.gate_up.forward_concat(&h, t)?, layer.w_down.cols());
-            add_in_place(&mut x, &layer.w_down.forward(&gate, t)?);
+            b.add(&mut x, &b.matmul(&attn, &layer.wo).map_err(exec)?);
+            let h = b.rms_norm(&x, &layer.ffn_norm, c.rms_eps);
+            let gate = b.swiglu(&layer.gate_up.concat(b, &h)?);
+            b.add(&mut x, &b.matmul(&gate, &layer.w_down).map_err(exec)?);
         }
         let rows = logit_rows(&batch.chunks);
-        let mut last = Vec::with_capacity(rows.len() * c.hidden);
-        for &r in &rows {
-            last.extend_from_slice(&x[r * c.hidden..(r + 1) * c.hidden]);
-        }
-        let last = rms_norm(&last, &self.norm, c.rms_eps);
-        let logits = self.lm_head.forward(&last, rows.len())?;
-        Ok(logits
-            .chunks(self.lm_head.rows())
-            .map(<[f32]>::to_vec)
-            .collect())
+        let last = b.rms_norm(&b.rows(&x, &rows), &self.norm, c.rms_eps);
+        let head = self.lm_head.as_ref().unwrap_or(&self.embed);
+        let logits = b.to_host(&b.matmul(&last, head).map_err(exec)?);
+        let vocab = b.matrix_shape(head).0;
+        Ok(logits.chunks(vocab).map(<[f32]>::to_vec).collect())
     }
 
     /// Flattens the batch into tokens, checking positions and block tables.
-    fn check_batch(&self, batch: &ModelBatch, kv: &KvStorage) -> Result<Vec<TokenRef>> {
-        let bs = kv.layout.block_size;
+    fn check_batch(&self, batch: &ModelBatch, kv: &KvLayout) -> Result<Vec<TokenRef>> {
+        let bs = kv.block_size;
         let mut out = Vec::with_capacity(batch.num_tokens());
         for (ci, chunk) in batch.chunks.iter().enumerate() {
             let end = chunk.start_pos + chunk.tokens.len();
@@ -274,7 +369,7 @@ impl Llama {
             if let Some(&b) = chunk
                 .block_table
                 .iter()
-                .find(|&&b| b as usize >= kv.layout.num_blocks)
+                .find(|&&b| b as usize >= kv.num_blocks)
             {
                 return Err(EngineError::Execution(format!(
                     "block {b} is outside the KV cache"
@@ -300,38 +395,33 @@ impl Llama {
     fn attention(
         &self,
         li: usize,
-        layer: &Layer,
-        h: &[f32],
+        layer: &Layer<B>,
+        h: &B::Tensor,
         tokens: &[TokenRef],
         batch: &ModelBatch,
-        kv: &mut KvStorage,
-    ) -> Result<Vec<f32>> {
-        let c = &self.config;
-        let t = tokens.len();
-        let (qd, kd) = (c.n_head * c.head_dim, c.n_kv_head * c.head_dim);
-        let [mut q, mut k, mut v]: [Vec<f32>; 3] = layer
+        kv: &mut B::Kv,
+    ) -> Result<B::Tensor> {
+        let (c, b) = (&self.config, &self.backend);
+        let [mut q, mut k, v]: [B::Tensor; 3] = layer
             .qkv
-            .forward(h, t)?
+            .each(b, h)?
             .try_into()
             .map_err(|_| EngineError::Execution("q/k/v split".into()))?;
+        let mut v = v;
         if let Some([bq, bk, bv]) = &layer.bias {
-            add_rows(&mut q, bq);
-            add_rows(&mut k, bk);
-            add_rows(&mut v, bv);
+            b.add_bias(&mut q, bq);
+            b.add_bias(&mut k, bk);
+            b.add_bias(&mut v, bv);
         }
-        let bs = kv.layout.block_size;
-        for (i, tok) in tokens.iter().enumerate() {
-            self.rope(&mut q[i * qd..(i + 1) * qd], tok.pos);
-            self.rope(&mut k[i * kd..(i + 1) * kd], tok.pos);
-            let block = batch.chunks[tok.chunk].block_table[tok.pos / bs];
-            kv.write(
-                li,
-                block,
-                tok.pos % bs,
-                &k[i * kd..(i + 1) * kd],
-                &v[i * kd..(i + 1) * kd],
-            );
-        }
+        let bs = b.kv_layout(kv).block_size;
+        let positions: Vec<usize> = tokens.iter().map(|t| t.pos).collect();
+        b.rope(&mut q, &positions, &self.rope);
+        b.rope(&mut k, &positions, &self.rope);
+        let slots: Vec<(u32, usize)> = tokens
+            .iter()
+            .map(|t| (batch.chunks[t.chunk].block_table[t.pos / bs], t.pos % bs))
+            .collect();
+        b.write_kv(kv, li, &k, &v, &slots);
         let shape = AttnShape {
             n_head: c.n_head,
             n_kv_head: c.n_kv_head,
@@ -342,29 +432,7 @@ impl Llama {
             .iter()
             .map(|tok| (tok.pos, batch.chunks[tok.chunk].block_table.as_slice()))
             .collect();
-        Ok(paged_attention(&q, &queries, kv, li, shape))
-    }
-
-    /// Rotates every head of one token's q or k at `pos`, in place.
-    fn rope(&self, x: &mut [f32], pos: usize) {
-        let hd = self.config.head_dim;
-        let half = hd / 2;
-        let (cos, sin) = (
-            &self.cos[pos * half..(pos + 1) * half],
-            &self.sin[pos * half..(pos + 1) * half],
-        );
-        for head in x.chunks_exact_mut(hd) {
-            for i in 0..half {
-                let (a, b) = if self.config.rope_neox {
-                    (i, i + half)
-                } else {
-                    (2 * i, 2 * i + 1)
-                };
-                let (x0, x1) = (head[a], head[b]);
-                head[a] = x0 * cos[i] - x1 * sin[i];
-                head[b] = x0 * sin[i] + x1 * cos[i];
-            }
-        }
+        Ok(b.attention(&q, kv, li, &queries, shape))
     }
 }
 
@@ -388,14 +456,8 @@ fn logit_rows(chunks: &[SeqChunk]) -> Vec<usize> {
     rows
 }
 
-fn add_rows(x: &mut [f32], bias: &[f32]) {
-    for row in x.chunks_exact_mut(bias.len()) {
-        add_in_place(row, bias);
-    }
-}
-
 /// `cos`/`sin` tables for every position and rotary pair.
-fn rope_tables(c: &LlamaConfig) -> (Vec<f32>, Vec<f32>) {
+fn rope_tables(c: &LlamaConfig) -> Rope {
     let half = c.head_dim / 2;
     let inv: Vec<f32> = (0..half)
         .map(|i| 1.0 / c.rope_theta.powf((2 * i) as f32 / c.head_dim as f32))
@@ -409,7 +471,12 @@ fn rope_tables(c: &LlamaConfig) -> (Vec<f32>, Vec<f32>) {
             sin.push(s);
         }
     }
-    (cos, sin)
+    Rope {
+        cos,
+        sin,
+        head_dim: c.head_dim,
+        neox: c.rope_neox,
+    }
 }
 
 #[cfg(test)]
@@ -439,21 +506,24 @@ mod tests {
             context_length: 64,
             vocab_size: 4,
         };
-        let (cos, sin) = rope_tables(&config);
-        let dense = |rows, cols| Linear::Dense {
-            w: candle_core::Tensor::zeros((rows, cols), candle_core::DType::F32, &Device::Cpu)
-                .expect("zeros"),
-            rows,
-            cols,
+        let rope = rope_tables(&config);
+        let b = CpuBackend;
+        let dense = |rows, cols| {
+            b.matrix(HostMatrix::Dense {
+                data: vec![0.0; rows * cols],
+                rows,
+                cols,
+            })
+            .expect("dense")
         };
         Llama {
             embed: dense(4, 32),
-            lm_head: dense(4, 32),
+            lm_head: Some(dense(4, 32)),
             layers: Vec::new(),
             norm: vec![1.0; 32],
             config,
-            cos,
-            sin,
+            backend: b,
+            rope,
         }
     }
 
@@ -464,8 +534,9 @@ mod tests {
             let m = tiny_llama(neox);
             for pos in [0usize, 1, 17, 63] {
                 let x = random(&mut rng, 32);
-                let mut got = x.clone();
-                m.rope(&mut got, pos);
+                let mut got = m.backend.tensor(x.clone(), 32);
+                m.backend.rope(&mut got, &[pos], &m.rope);
+                let got = got.data;
                 let mut want = x;
                 for head in want.chunks_mut(8) {
                     if neox {
@@ -482,7 +553,7 @@ mod tests {
     #[test]
     fn batches_past_the_context_or_the_block_table_are_errors() {
         let m = tiny_llama(false);
-        let mut kv = KvStorage::new(m.config.kv_layout(4, 4));
+        let mut kv = m.backend.kv(m.config.kv_layout(4, 4));
         let chunk = |start, table: Vec<u32>| SeqChunk {
             seq: crate::request::RequestId(1),
             tokens: vec![1, 2],

@@ -1,11 +1,9 @@
 //! Models: the batched llama-family decoder, the BERT encoder for
 //! embeddings, and the batch description a forward pass takes.
 
-pub mod attention;
 pub mod bert;
 pub mod bert_q8;
 pub mod llama;
-pub mod ops;
 pub mod weights;
 
 use crate::kv_cache::BlockId;

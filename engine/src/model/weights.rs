@@ -118,6 +118,21 @@ impl Linear {
         }
     }
 
+    /// The matrix as a backend takes it.
+    pub fn into_host(self) -> Result<kernels::backend::HostMatrix> {
+        use kernels::backend::HostMatrix;
+        Ok(match self {
+            Self::Quant(m) => {
+                HostMatrix::Quant(Arc::try_unwrap(m).unwrap_or_else(|m| m.as_ref().clone()))
+            }
+            Self::Dense { w, rows, cols } => HostMatrix::Dense {
+                data: w.flatten_all()?.to_vec1::<f32>()?,
+                rows,
+                cols,
+            },
+        })
+    }
+
     /// Row `r` of the matrix as f32 (embedding lookup).
     pub fn row(&self, r: usize) -> Result<Vec<f32>> {
         if r >= self.rows() {

@@ -10,6 +10,10 @@
 //! forces a lower path (for tests and comparisons).
 
 pub mod attention;
+pub mod backend;
+pub mod kv;
+pub mod ops;
+pub mod paged;
 pub mod scalar;
 #[cfg(target_arch = "x86_64")]
 pub mod x86;

@@ -1,4 +1,5 @@
-//! Causal grouped-query attention over the paged KV cache.
+//! Causal grouped-query attention over the paged KV cache (the CPU
+//! backend's `attention`).
 //!
 //! Each (query token, KV head) pair is one parallel task: block by block it
 //! scores every query head of its group against the f16 keys (contiguous
@@ -6,19 +7,12 @@
 //! numerically stable softmax over the visible positions `0..=pos`, then
 //! accumulates the values the same way.
 
-use kernels::cpu::attention::{HeadGroup, scores_f16, weighted_sum_f16};
+use super::attention::{HeadGroup, scores_f16, weighted_sum_f16};
 use rayon::prelude::*;
 
-use crate::kv_cache::KvStorage;
-
-/// Shapes of one attention call.
-#[derive(Debug, Clone, Copy)]
-pub struct AttnShape {
-    pub n_head: usize,
-    pub n_kv_head: usize,
-    pub head_dim: usize,
-    pub block_size: usize,
-}
+use super::kv::KvStorage;
+use super::ops::softmax_in_place;
+pub use crate::backend::AttnShape;
 
 /// `q` is `[token][n_head * head_dim]` (RoPE applied); `queries[t]` gives
 /// token `t`'s position and its sequence's block table. Returns
@@ -95,27 +89,15 @@ fn attend_one(
     }
 }
 
-fn softmax_in_place(row: &mut [f32]) {
-    let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let mut sum = 0.0;
-    for v in row.iter_mut() {
-        *v = (*v - max).exp();
-        sum += *v;
-    }
-    for v in row.iter_mut() {
-        *v /= sum;
-    }
-}
-
 #[cfg(test)]
 mod tests {
+    use crate::reference;
     use half::f16;
-    use kernels::reference;
     use rand::rngs::StdRng;
     use rand::{Rng, SeedableRng};
 
     use super::*;
-    use crate::kv_cache::KvLayout;
+    use crate::cpu::kv::KvLayout;
 
     fn random(rng: &mut StdRng, n: usize) -> Vec<f32> {
         (0..n).map(|_| rng.random_range(-1.0..1.0)).collect()

@@ -1,5 +1,5 @@
-//! Row-wise operations of the decoder between the matmuls: RMSNorm, the
-//! SwiGLU gate and residual adds. Each runs in parallel over rows (on the
+//! Row-wise operations between the matmuls (the CPU backend's): RMSNorm,
+//! LayerNorm, the SwiGLU gate, GELU, softmax, RoPE and residual adds. Each runs in parallel over rows (on the
 //! executor's thread pool) once a batch is large enough to pay for it, so a
 //! long prefill does not leave a core idle between matmuls.
 
@@ -52,6 +52,67 @@ pub fn swiglu(gate_up: &[f32], n: usize) -> Vec<f32> {
     out
 }
 
+/// LayerNorm of each row (`weight.len()` wide): `(x - mean) / sqrt(var +
+/// eps) * weight + bias`.
+pub fn layer_norm(x: &[f32], weight: &[f32], bias: &[f32], eps: f32) -> Vec<f32> {
+    let dim = weight.len();
+    let mut out = vec![0.0; x.len()];
+    for_rows(&mut out, x, dim, |(o, xs): (&mut [f32], &[f32])| {
+        for (orow, row) in o.chunks_exact_mut(dim).zip(xs.chunks_exact(dim)) {
+            let mean = row.iter().sum::<f32>() / dim as f32;
+            let var = row.iter().map(|v| (v - mean) * (v - mean)).sum::<f32>() / dim as f32;
+            let inv = 1.0 / (var + eps).sqrt();
+            for (((o, v), w), b) in orow.iter_mut().zip(row).zip(weight).zip(bias) {
+                *o = (v - mean) * inv * w + b;
+            }
+        }
+    });
+    out
+}
+
+/// GELU, tanh approximation, in place.
+pub fn gelu_in_place(x: &mut [f32]) {
+    const C: f32 = 0.797_884_6; // sqrt(2 / pi)
+    for v in x.iter_mut() {
+        *v = 0.5 * *v * (1.0 + (C * (*v + 0.044_715 * *v * *v * *v)).tanh());
+    }
+}
+
+/// Numerically stable softmax of one row, in place.
+pub fn softmax_in_place(row: &mut [f32]) {
+    let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let mut sum = 0.0;
+    for v in row.iter_mut() {
+        *v = (*v - max).exp();
+        sum += *v;
+    }
+    for v in row.iter_mut() {
+        *v /= sum;
+    }
+}
+
+/// Rotates every head of one token's q or k row at `pos`, in place.
+pub fn rope_row(x: &mut [f32], pos: usize, rope: &crate::backend::Rope) {
+    let hd = rope.head_dim;
+    let half = hd / 2;
+    let (cos, sin) = (
+        &rope.cos[pos * half..(pos + 1) * half],
+        &rope.sin[pos * half..(pos + 1) * half],
+    );
+    for head in x.chunks_exact_mut(hd) {
+        for i in 0..half {
+            let (a, b) = if rope.neox {
+                (i, i + half)
+            } else {
+                (2 * i, 2 * i + 1)
+            };
+            let (x0, x1) = (head[a], head[b]);
+            head[a] = x0 * cos[i] - x1 * sin[i];
+            head[b] = x0 * sin[i] + x1 * cos[i];
+        }
+    }
+}
+
 /// `x += y`, element-wise.
 pub fn add_in_place(x: &mut [f32], y: &[f32]) {
     const CHUNK: usize = 16 * 1024;
@@ -92,10 +153,10 @@ where
 
 #[cfg(test)]
 mod tests {
-    use kernels::reference;
+    use crate::reference;
 
     use super::*;
-    use crate::model::max_diff;
+    use crate::reference::max_diff;
 
     fn ramp(n: usize) -> Vec<f32> {
         (0..n)

@@ -1,0 +1,128 @@
+//! The compute-backend seam: the operations the llama and BERT forward
+//! passes are made of, over memory the backend owns. A model is written
+//! once over `Backend`; the CPU backend (`cpu::backend::CpuBackend`) is the
+//! first implementation, and the `wgpu` and `cuda` features are reserved
+//! for the GPU ones (weights uploaded once with `matrix`, activations and
+//! the paged KV staying on the device between operations, only `to_host`
+//! bringing rows back).
+//!
+//! Shapes: a `Tensor` is a row-major `[rows, cols]` f32 matrix (one row per
+//! token); a `Matrix` is a weight `W` of `rows` outputs by `cols` inputs,
+//! applied as `y = x · Wᵀ`; a `Vector` is a 1-D weight (a norm, a bias).
+
+pub use crate::cpu::kv::KvLayout;
+use crate::quant::{KernelError, QMatrix};
+
+/// A weight matrix on the host, as loaded, before a backend takes it.
+#[derive(Debug, Clone)]
+pub enum HostMatrix {
+    /// Quantized (Q4_0, Q4_1, Q8_0), in the kernels' layout.
+    Quant(QMatrix),
+    /// f32, row-major `rows x cols`.
+    Dense {
+        data: Vec<f32>,
+        rows: usize,
+        cols: usize,
+    },
+}
+
+/// Shapes of one attention call.
+#[derive(Debug, Clone, Copy)]
+pub struct AttnShape {
+    pub n_head: usize,
+    pub n_kv_head: usize,
+    pub head_dim: usize,
+    pub block_size: usize,
+}
+
+/// Rotary embedding tables: `cos`/`sin` of position `p`, pair `i` at
+/// `p * head_dim / 2 + i`; pairs are `(2i, 2i+1)` (GGUF llama) or
+/// `(i, i + head_dim/2)` (NeoX, Qwen2).
+#[derive(Debug, Clone)]
+pub struct Rope {
+    pub cos: Vec<f32>,
+    pub sin: Vec<f32>,
+    pub head_dim: usize,
+    pub neox: bool,
+}
+
+/// The operations of a forward pass, over the backend's own memory.
+pub trait Backend: Send + Sync {
+    /// Activations: `[rows, cols]` f32.
+    type Tensor: Send + Sync;
+    /// A weight matrix, kept in its loaded format.
+    type Matrix: Send + Sync;
+    /// A 1-D weight.
+    type Vector: Send + Sync;
+    /// The paged key/value memory of one model.
+    type Kv: Send;
+
+    /// A short name (`cpu`, `wgpu`, `cuda:0`).
+    fn name(&self) -> &'static str;
+    /// Takes a weight matrix into the backend's memory (once, at load).
+    fn matrix(&self, m: HostMatrix) -> Result<Self::Matrix, KernelError>;
+    /// `(rows, cols)` of a weight matrix.
+    fn matrix_shape(&self, m: &Self::Matrix) -> (usize, usize);
+    fn vector(&self, v: Vec<f32>) -> Self::Vector;
+    /// Empty paged KV memory of this geometry.
+    fn kv(&self, layout: KvLayout) -> Self::Kv;
+    /// The geometry of a paged KV memory.
+    fn kv_layout(&self, kv: &Self::Kv) -> KvLayout;
+    /// Host rows into a tensor of `cols` columns.
+    fn tensor(&self, data: Vec<f32>, cols: usize) -> Self::Tensor;
+    /// The tensor's rows, back on the host, row-major.
+    fn to_host(&self, x: &Self::Tensor) -> Vec<f32>;
+
+    /// Rows `ids` of `table` (embedding lookup).
+    fn embed(&self, table: &Self::Matrix, ids: &[u32]) -> Result<Self::Tensor, KernelError>;
+    /// `x · Wᵀ`.
+    fn matmul(&self, x: &Self::Tensor, w: &Self::Matrix) -> Result<Self::Tensor, KernelError>;
+    /// Splits every row into consecutive parts of these widths.
+    fn split_cols(&self, x: &Self::Tensor, widths: &[usize]) -> Vec<Self::Tensor>;
+    /// Joins the rows of several tensors side by side.
+    fn concat_cols(&self, parts: &[Self::Tensor]) -> Self::Tensor;
+    /// The given rows, in order.
+    fn rows(&self, x: &Self::Tensor, rows: &[usize]) -> Self::Tensor;
+    /// `x += y`.
+    fn add(&self, x: &mut Self::Tensor, y: &Self::Tensor);
+    /// Adds `b` to every row.
+    fn add_bias(&self, x: &mut Self::Tensor, b: &Self::Vector);
+    /// RMSNorm of every row, scaled by `w`.
+    fn rms_norm(&self, x: &Self::Tensor, w: &Self::Vector, eps: f32) -> Self::Tensor;
+    /// LayerNorm of every row, scaled by `w` and shifted by `b`.
+    fn layer_norm(
+        &self,
+        x: &Self::Tensor,
+        w: &Self::Vector,
+        b: &Self::Vector,
+        eps: f32,
+    ) -> Self::Tensor;
+    /// `silu(gate) * up` of rows laid out `[gate | up]`.
+    fn swiglu(&self, gate_up: &Self::Tensor) -> Self::Tensor;
+    /// GELU (tanh approximation), in place.
+    fn gelu(&self, x: &mut Self::Tensor);
+    /// Softmax of every row, in place.
+    fn softmax_rows(&self, x: &mut Self::Tensor);
+    /// Rotates every head of row `t` by position `positions[t]`, in place.
+    fn rope(&self, x: &mut Self::Tensor, positions: &[usize], rope: &Rope);
+    /// Writes row `t` of `k` and `v` into layer `layer` at `slots[t]`
+    /// (block, slot in block).
+    fn write_kv(
+        &self,
+        kv: &mut Self::Kv,
+        layer: usize,
+        k: &Self::Tensor,
+        v: &Self::Tensor,
+        slots: &[(u32, usize)],
+    );
+    /// Causal attention of every query row over the paged KV of `layer`:
+    /// `queries[t]` is row `t`'s position and its sequence's block table.
+    fn attention(
+        &self,
+        q: &Self::Tensor,
+        kv: &Self::Kv,
+        layer: usize,
+        queries: &[(usize, &[u32])],
+        shape: AttnShape,
+    ) -> Self::Tensor;
+}

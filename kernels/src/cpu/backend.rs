@@ -1,0 +1,361 @@
+//! `CpuBackend`: the compute backend on host memory. Quantized weights run
+//! through the SIMD matmul (`cpu::matmul`), f32 weights through a plain
+//! parallel dot-product matmul, the row-wise ops through `cpu::ops`, the
+//! paged attention through `cpu::paged` over `cpu::kv::KvStorage`. Work
+//! runs on the caller's rayon pool (the executor's).
+
+use std::sync::Arc;
+
+use rayon::prelude::*;
+
+use super::kv::{KvLayout, KvStorage};
+use super::{ops, paged};
+use crate::backend::{AttnShape, Backend, HostMatrix, Rope};
+use crate::quant::{KernelError, QMatrix};
+
+/// Activations on the host: `data` holds `data.len() / cols` rows.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CpuTensor {
+    pub data: Vec<f32>,
+    pub cols: usize,
+}
+
+impl CpuTensor {
+    pub fn rows(&self) -> usize {
+        self.data.len() / self.cols.max(1)
+    }
+}
+
+/// A weight matrix on the host.
+#[derive(Debug, Clone)]
+pub enum CpuMatrix {
+    Quant(Arc<QMatrix>),
+    Dense {
+        data: Arc<[f32]>,
+        rows: usize,
+        cols: usize,
+    },
+}
+
+/// The CPU backend (stateless: the thread pool is the caller's).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct CpuBackend;
+
+/// `x · Wᵀ` for a row-major f32 `W` (`rows x cols`): parallel over
+/// weight rows, eight partial sums per dot product.
+fn dense_matmul(w: &[f32], rows: usize, cols: usize, x: &[f32]) -> Vec<f32> {
+    let m = x.len() / cols.max(1);
+    let mut out_t = vec![0.0f32; rows * m];
+    out_t
+        .par_chunks_mut(m.max(1))
+        .enumerate()
+        .for_each(|(r, o)| {
+            let wr = &w[r * cols..(r + 1) * cols];
+            for (i, o) in o.iter_mut().enumerate() {
+                *o = dot(wr, &x[i * cols..(i + 1) * cols]);
+            }
+        });
+    let mut out = vec![0.0f32; m * rows];
+    for r in 0..rows {
+        for i in 0..m {
+            out[i * rows + r] = out_t[r * m + i];
+        }
+    }
+    out
+}
+
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0.0f32; 8];
+    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
+    let tail: f32 = ca
+        .remainder()
+        .iter()
+        .zip(cb.remainder())
+        .map(|(x, y)| x * y)
+        .sum();
+    for (x, y) in ca.zip(cb) {
+        for k in 0..8 {
+            acc[k] += x[k] * y[k];
+        }
+    }
+    acc.iter().sum::<f32>() + tail
+}
+
+impl Backend for CpuBackend {
+    type Tensor = CpuTensor;
+    type Matrix = CpuMatrix;
+    type Vector = Vec<f32>;
+    type Kv = KvStorage;
+
+    fn name(&self) -> &'static str {
+        "cpu"
+    }
+
+    fn matrix(&self, m: HostMatrix) -> Result<CpuMatrix, KernelError> {
+        Ok(match m {
+            HostMatrix::Quant(q) => CpuMatrix::Quant(Arc::new(q)),
+            HostMatrix::Dense { data, rows, cols } => {
+                if data.len() != rows * cols {
+                    return Err(KernelError::Shape {
+                        what: "dense matrix",
+                        expected: rows * cols,
+                        got: data.len(),
+                    });
+                }
+                CpuMatrix::Dense {
+                    data: data.into(),
+                    rows,
+                    cols,
+                }
+            }
+        })
+    }
+
+    fn matrix_shape(&self, m: &CpuMatrix) -> (usize, usize) {
+        match m {
+            CpuMatrix::Quant(q) => (q.rows, q.cols),
+            CpuMatrix::Dense { rows, cols, .. } => (*rows, *cols),
+        }
+    }
+
+    fn vector(&self, v: Vec<f32>) -> Vec<f32> {
+        v
+    }
+
+    fn kv(&self, layout: KvLayout) -> KvStorage {
+        KvStorage::new(layout)
+    }
+
+    fn kv_layout(&self, kv: &KvStorage) -> KvLayout {
+        kv.layout
+    }
+
+    fn tensor(&self, data: Vec<f32>, cols: usize) -> CpuTensor {
+        CpuTensor { data, cols }
+    }
+
+    fn to_host(&self, x: &CpuTensor) -> Vec<f32> {
+        x.data.clone()
+    }
+
+    fn embed(&self, table: &CpuMatrix, ids: &[u32]) -> Result<CpuTensor, KernelError> {
+        let (rows, cols) = self.matrix_shape(table);
+        let mut data = Vec::with_capacity(ids.len() * cols);
+        for &id in ids {
+            let r = id as usize;
+            if r >= rows {
+                return Err(KernelError::Shape {
+                    what: "embedding row",
+                    expected: rows,
+                    got: r,
+                });
+            }
+            match table {
+                CpuMatrix::Quant(q) => data.extend(q.dequantize_row(r)),
+                CpuMatrix::Dense { data: w, .. } => {
+                    data.extend_from_slice(&w[r * cols..(r + 1) * cols])
+                }
+            }
+        }
+        Ok(CpuTensor { data, cols })
+    }
+
+    fn matmul(&self, x: &CpuTensor, w: &CpuMatrix) -> Result<CpuTensor, KernelError> {
+        let (rows, cols) = self.matrix_shape(w);
+        if x.cols != cols {
+            return Err(KernelError::Shape {
+                what: "matmul input width",
+                expected: cols,
+                got: x.cols,
+            });
+        }
+        let m = x.rows();
+        let data = match w {
+            CpuMatrix::Quant(q) => {
+                let mut out = vec![0.0; m * rows];
+                super::matmul(q, &x.data, m, &mut out)?;
+                out
+            }
+            CpuMatrix::Dense { data, .. } => dense_matmul(data, rows, cols, &x.data),
+        };
+        Ok(CpuTensor { data, cols: rows })
+    }
+
+    fn split_cols(&self, x: &CpuTensor, widths: &[usize]) -> Vec<CpuTensor> {
+        let mut outs: Vec<CpuTensor> = widths
+            .iter()
+            .map(|&w| CpuTensor {
+                data: Vec::with_capacity(x.rows() * w),
+                cols: w,
+            })
+            .collect();
+        for row in x.data.chunks_exact(x.cols.max(1)) {
+            let mut at = 0;
+            for (out, &w) in outs.iter_mut().zip(widths) {
+                out.data.extend_from_slice(&row[at..at + w]);
+                at += w;
+            }
+        }
+        outs
+    }
+
+    fn concat_cols(&self, parts: &[CpuTensor]) -> CpuTensor {
+        let cols = parts.iter().map(|p| p.cols).sum();
+        let rows = parts.first().map_or(0, CpuTensor::rows);
+        let mut data = Vec::with_capacity(rows * cols);
+        for i in 0..rows {
+            for p in parts {
+                data.extend_from_slice(&p.data[i * p.cols..(i + 1) * p.cols]);
+            }
+        }
+        CpuTensor { data, cols }
+    }
+
+    fn rows(&self, x: &CpuTensor, rows: &[usize]) -> CpuTensor {
+        let mut data = Vec::with_capacity(rows.len() * x.cols);
+        for &r in rows {
+            data.extend_from_slice(&x.data[r * x.cols..(r + 1) * x.cols]);
+        }
+        CpuTensor { data, cols: x.cols }
+    }
+
+    fn add(&self, x: &mut CpuTensor, y: &CpuTensor) {
+        ops::add_in_place(&mut x.data, &y.data);
+    }
+
+    fn add_bias(&self, x: &mut CpuTensor, b: &Vec<f32>) {
+        for row in x.data.chunks_exact_mut(b.len().max(1)) {
+            ops::add_in_place(row, b);
+        }
+    }
+
+    fn rms_norm(&self, x: &CpuTensor, w: &Vec<f32>, eps: f32) -> CpuTensor {
+        CpuTensor {
+            data: ops::rms_norm(&x.data, w, eps),
+            cols: x.cols,
+        }
+    }
+
+    fn layer_norm(&self, x: &CpuTensor, w: &Vec<f32>, b: &Vec<f32>, eps: f32) -> CpuTensor {
+        CpuTensor {
+            data: ops::layer_norm(&x.data, w, b, eps),
+            cols: x.cols,
+        }
+    }
+
+    fn swiglu(&self, gate_up: &CpuTensor) -> CpuTensor {
+        let n = gate_up.cols / 2;
+        CpuTensor {
+            data: ops::swiglu(&gate_up.data, n),
+            cols: n,
+        }
+    }
+
+    fn gelu(&self, x: &mut CpuTensor) {
+        ops::gelu_in_place(&mut x.data);
+    }
+
+    fn softmax_rows(&self, x: &mut CpuTensor) {
+        for row in x.data.chunks_exact_mut(x.cols.max(1)) {
+            ops::softmax_in_place(row);
+        }
+    }
+
+    fn rope(&self, x: &mut CpuTensor, positions: &[usize], rope: &Rope) {
+        let cols = x.cols;
+        for (row, &pos) in x.data.chunks_exact_mut(cols.max(1)).zip(positions) {
+            ops::rope_row(row, pos, rope);
+        }
+    }
+
+    fn write_kv(
+        &self,
+        kv: &mut KvStorage,
+        layer: usize,
+        k: &CpuTensor,
+        v: &CpuTensor,
+        slots: &[(u32, usize)],
+    ) {
+        let rows = k
+            .data
+            .chunks_exact(k.cols.max(1))
+            .zip(v.data.chunks_exact(v.cols.max(1)));
+        for ((kr, vr), &(block, slot)) in rows.zip(slots) {
+            kv.write(layer, block, slot, kr, vr);
+        }
+    }
+
+    fn attention(
+        &self,
+        q: &CpuTensor,
+        kv: &KvStorage,
+        layer: usize,
+        queries: &[(usize, &[u32])],
+        shape: AttnShape,
+    ) -> CpuTensor {
+        CpuTensor {
+            data: paged::paged_attention(&q.data, queries, kv, layer, shape),
+            cols: q.cols,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::quant::QuantType;
+    use crate::reference;
+
+    fn ramp(n: usize, k: usize) -> Vec<f32> {
+        (0..n)
+            .map(|i| ((i * 7919 + k * 31) % 1009) as f32 / 504.0 - 1.0)
+            .collect()
+    }
+
+    #[test]
+    fn dense_and_quantized_matmuls_match_the_reference() {
+        let b = CpuBackend;
+        let (rows, cols, m) = (40, 64, 5);
+        let w = ramp(rows * cols, 1);
+        let x = b.tensor(ramp(m * cols, 2), cols);
+        let want = reference::matmul(&x.data, &w, m, cols, rows);
+        let dense = b
+            .matrix(HostMatrix::Dense {
+                data: w.clone(),
+                rows,
+                cols,
+            })
+            .expect("dense");
+        let got = b.matmul(&x, &dense).expect("matmul");
+        assert!(reference::max_diff(&got.data, &want) < 1e-4);
+        let q = QMatrix::quantize(QuantType::Q8_0, rows, cols, &w).expect("quantize");
+        let quant = b.matrix(HostMatrix::Quant(q)).expect("quant");
+        let got = b.matmul(&x, &quant).expect("matmul");
+        let scale = want.iter().fold(0.0f32, |a, v| a.max(v.abs()));
+        assert!(reference::max_diff(&got.data, &want) < 0.02 * scale);
+        assert!(b.matmul(&b.tensor(vec![0.0; 3], 3), &dense).is_err());
+    }
+
+    #[test]
+    fn row_ops_match_the_reference() {
+        let b = CpuBackend;
+        let cols = 24;
+        let x = b.tensor(ramp(3 * cols, 3), cols);
+        let w = ramp(cols, 4);
+        let bias = ramp(cols, 5);
+        let got = b.rms_norm(&x, &w, 1e-5);
+        assert!(reference::max_diff(&got.data, &reference::rms_norm(&x.data, &w, 1e-5)) < 1e-5);
+        let got = b.layer_norm(&x, &w, &bias, 1e-5);
+        let want = reference::layer_norm(&x.data, &w, &bias, 1e-5);
+        assert!(reference::max_diff(&got.data, &want) < 1e-5);
+        let mut s = x.clone();
+        b.softmax_rows(&mut s);
+        assert!(reference::max_diff(&s.data, &reference::softmax(&x.data, cols)) < 1e-6);
+        let mut g = x.clone();
+        b.gelu(&mut g);
+        assert!(reference::max_diff(&g.data, &reference::gelu(&x.data)) < 1e-6);
+        let parts = b.split_cols(&x, &[10, 14]);
+        assert_eq!(b.concat_cols(&parts), x);
+        assert_eq!(b.rows(&x, &[2, 0]).data[..cols], x.data[2 * cols..]);
+    }
+}
