@@ -99,7 +99,7 @@ pub trait Backend: Send + Sync {
     ) -> Self::Tensor;
     /// `silu(gate) * up` of rows laid out `[gate | up]`.
     fn swiglu(&self, gate_up: &Self::Tensor) -> Self::Tensor;
-    /// GELU (tanh approximation), in place.
+    /// GELU (the exact, erf form BERT uses), in place.
     fn gelu(&self, x: &mut Self::Tensor);
     /// Softmax of every row, in place.
     fn softmax_rows(&self, x: &mut Self::Tensor);
@@ -115,6 +115,15 @@ pub trait Backend: Send + Sync {
         v: &Self::Tensor,
         slots: &[(u32, usize)],
     );
+    /// Bidirectional multi-head attention of all rows as one sequence
+    /// (an encoder's): every row of `q` attends to every row of `k`/`v`.
+    fn self_attention(
+        &self,
+        q: &Self::Tensor,
+        k: &Self::Tensor,
+        v: &Self::Tensor,
+        heads: usize,
+    ) -> Self::Tensor;
     /// Causal attention of every query row over the paged KV of `layer`:
     /// `queries[t]` is row `t`'s position and its sequence's block table.
     fn attention(

@@ -127,13 +127,26 @@ pub fn layer_norm(x: &[f32], w: &[f32], b: &[f32], eps: f32) -> Vec<f32> {
         .collect()
 }
 
-/// GELU, tanh approximation.
+/// erf by its Maclaurin series in f64 (|x| < 6; ±1 beyond, where the
+/// difference is below f64 precision).
+pub fn erf(x: f64) -> f64 {
+    if x.abs() >= 6.0 {
+        return x.signum();
+    }
+    let (mut term, mut sum) = (x, x);
+    for n in 1..200 {
+        term *= -x * x / n as f64;
+        sum += term / (2 * n + 1) as f64;
+    }
+    2.0 / std::f64::consts::PI.sqrt() * sum
+}
+
+/// Exact GELU: `x * Φ(x)`.
 pub fn gelu(x: &[f32]) -> Vec<f32> {
     x.iter()
         .map(|&v| {
             let v = f64::from(v);
-            let c = (2.0 / std::f64::consts::PI).sqrt();
-            (0.5 * v * (1.0 + (c * (v + 0.044715 * v.powi(3))).tanh())) as f32
+            (0.5 * v * (1.0 + erf(v / std::f64::consts::SQRT_2))) as f32
         })
         .collect()
 }

@@ -261,6 +261,19 @@ impl Backend for CpuBackend {
         }
     }
 
+    fn self_attention(
+        &self,
+        q: &CpuTensor,
+        k: &CpuTensor,
+        v: &CpuTensor,
+        heads: usize,
+    ) -> CpuTensor {
+        CpuTensor {
+            data: ops::self_attention(&q.data, &k.data, &v.data, q.cols, heads),
+            cols: q.cols,
+        }
+    }
+
     fn rope(&self, x: &mut CpuTensor, positions: &[usize], rope: &Rope) {
         let cols = x.cols;
         for (row, &pos) in x.data.chunks_exact_mut(cols.max(1)).zip(positions) {
@@ -354,6 +367,27 @@ mod tests {
         let mut g = x.clone();
         b.gelu(&mut g);
         assert!(reference::max_diff(&g.data, &reference::gelu(&x.data)) < 1e-6);
+        // One row attends only to itself: its context is its value row.
+        let (q, k) = (b.tensor(ramp(8, 6), 8), b.tensor(ramp(8, 7), 8));
+        let v = b.tensor(ramp(8, 8), 8);
+        assert_eq!(b.self_attention(&q, &k, &v, 2).data, v.data);
+        let two = b.tensor(ramp(16, 9), 8);
+        let ctx = b.self_attention(&two, &two, &two, 1);
+        for i in 0..2 {
+            let s: Vec<f32> = (0..2)
+                .map(|j| {
+                    (0..8)
+                        .map(|t| two.data[i * 8 + t] * two.data[j * 8 + t])
+                        .sum::<f32>()
+                })
+                .map(|s| s / 8f32.sqrt())
+                .collect();
+            let p = reference::softmax(&s, 2);
+            for t in 0..8 {
+                let want = p[0] * two.data[t] + p[1] * two.data[8 + t];
+                assert!((ctx.data[i * 8 + t] - want).abs() < 1e-5);
+            }
+        }
         let parts = b.split_cols(&x, &[10, 14]);
         assert_eq!(b.concat_cols(&parts), x);
         assert_eq!(b.rows(&x, &[2, 0]).data[..cols], x.data[2 * cols..]);

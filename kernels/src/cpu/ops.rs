@@ -70,12 +70,46 @@ pub fn layer_norm(x: &[f32], weight: &[f32], bias: &[f32], eps: f32) -> Vec<f32>
     out
 }
 
-/// GELU, tanh approximation, in place.
+/// Exact (erf) GELU, in place.
 pub fn gelu_in_place(x: &mut [f32]) {
-    const C: f32 = 0.797_884_6; // sqrt(2 / pi)
     for v in x.iter_mut() {
-        *v = 0.5 * *v * (1.0 + (C * (*v + 0.044_715 * *v * *v * *v)).tanh());
+        *v = 0.5 * *v * (1.0 + erf(*v / std::f32::consts::SQRT_2));
     }
+}
+
+/// erf by Abramowitz and Stegun 7.1.26 (absolute error under 1.5e-7).
+pub fn erf(x: f32) -> f32 {
+    let t = 1.0 / (1.0 + 0.327_591_1 * x.abs());
+    let poly = t
+        * (0.254_829_6
+            + t * (-0.284_496_74 + t * (1.421_413_7 + t * (-1.453_152_1 + t * 1.061_405_4))));
+    let y = 1.0 - poly * (-x * x).exp();
+    if x < 0.0 { -y } else { y }
+}
+
+/// Bidirectional multi-head attention over `n` rows of `q`, `k`, `v`
+/// (`h` wide each, `heads` heads): every row attends to every row.
+pub fn self_attention(q: &[f32], k: &[f32], v: &[f32], h: usize, heads: usize) -> Vec<f32> {
+    let n = q.len() / h.max(1);
+    let d = h / heads.max(1);
+    let scale = 1.0 / (d as f32).sqrt();
+    let mut ctx = vec![0.0f32; n * h];
+    let mut scores = vec![0.0f32; n];
+    for head in 0..heads {
+        let at = |row: usize| row * h + head * d..row * h + (head + 1) * d;
+        for i in 0..n {
+            let qi = &q[at(i)];
+            for (j, s) in scores.iter_mut().enumerate() {
+                *s = qi.iter().zip(&k[at(j)]).map(|(a, b)| a * b).sum::<f32>() * scale;
+            }
+            softmax_in_place(&mut scores);
+            let out = &mut ctx[at(i)];
+            for (j, w) in scores.iter().enumerate() {
+                out.iter_mut().zip(&v[at(j)]).for_each(|(o, x)| *o += w * x);
+            }
+        }
+    }
+    ctx
 }
 
 /// Numerically stable softmax of one row, in place.
@@ -199,5 +233,41 @@ mod tests {
             add_in_place(&mut x, &y);
             assert!(max_diff(&x, &want) < 1e-6);
         }
+    }
+
+    #[test]
+    fn erf_and_gelu_match_known_values() {
+        for (x, want) in [
+            (0.0f32, 0.0f32),
+            (0.5, 0.520_499_9),
+            (1.0, 0.842_700_8),
+            (-2.0, -0.995_322_3),
+        ] {
+            assert!((erf(x) - want).abs() < 2e-6, "erf({x}) = {}", erf(x));
+        }
+        let mut g = [1.0f32, -6.0];
+        gelu_in_place(&mut g);
+        assert!((g[0] - 0.841_344_7).abs() < 1e-5);
+        assert!(g[1].abs() < 1e-6);
+    }
+
+    #[test]
+    fn layer_norm_centres_and_scales_each_row() {
+        let x = vec![1.0, 2.0, 3.0, 4.0, -1.0, -1.0, -1.0, 3.0];
+        let y = layer_norm(&x, &[1.0; 4], &[0.5; 4], 1e-12);
+        for row in y.chunks(4) {
+            let mean = row.iter().sum::<f32>() / 4.0;
+            assert!((mean - 0.5).abs() < 1e-5);
+        }
+    }
+
+    #[test]
+    fn one_token_attends_only_to_itself() {
+        // One row: the context is its own value vector, whatever the scores.
+        let (h, heads) = (4, 2);
+        let qkv: Vec<f32> = (0..3 * h).map(|i| i as f32).collect();
+        let (q, rest) = qkv.split_at(h);
+        let (k, v) = rest.split_at(h);
+        assert_eq!(self_attention(q, k, v, h, heads), v.to_vec());
     }
 }
