@@ -1,8 +1,9 @@
-//! Weight matrices as the forward pass uses them. Quantized GGUF tensors
-//! stay quantized and run through `kernels::cpu::matmul`: Q4_0, Q4_1 and
-//! Q8_0 as they are, Q4_K transcoded to Q4_1, the other K-quants and
-//! Q5_0/Q5_1 requantized to Q8_0 (a finer step than theirs). F16, BF16 and
-//! F32 tensors are kept in f32 and multiplied with candle's GEMM.
+//! Weight matrices as loaded from GGUF, before a compute backend takes
+//! them (`Linear::into_host`). Quantized tensors stay quantized: Q4_0,
+//! Q4_1 and Q8_0 as they are, Q4_K transcoded to Q4_1, the other K-quants
+//! and Q5_0/Q5_1 requantized to Q8_0 (a finer step than theirs). F16, BF16
+//! and F32 tensors (and any whose rows are not whole blocks) are kept in
+//! f32. `Linear::forward` is the host-side product the tests compare with.
 
 use std::sync::Arc;
 
@@ -154,80 +155,6 @@ pub fn vector(name: &str, qt: &QTensor) -> Result<Vec<f32>> {
         .flatten_all()?
         .to_vec1::<f32>()
         .map_err(|e| EngineError::Load(format!("`{name}`: {e}")))
-}
-
-/// Several projections of the same input (Q/K/V, or gate/up). When they
-/// share a quantized format they are stacked into one matrix, so one matmul
-/// (one pass over the input, one parallel region) computes all of them.
-#[derive(Debug, Clone)]
-pub enum MultiLinear {
-    /// One stacked matrix and the row count of each part, in order.
-    Fused {
-        w: Linear,
-        rows: Vec<usize>,
-    },
-    Separate(Vec<Linear>),
-}
-
-impl MultiLinear {
-    pub fn new(parts: Vec<Linear>) -> Result<Self> {
-        let quant: Option<Vec<&QMatrix>> = parts
-            .iter()
-            .map(|p| match p {
-                Linear::Quant(m) => Some(m.as_ref()),
-                Linear::Dense { .. } => None,
-            })
-            .collect();
-        if let Some(ms) = quant
-            && let Ok(stacked) = QMatrix::concat(&ms)
-        {
-            let rows = ms.iter().map(|m| m.rows).collect();
-            return Ok(Self::Fused {
-                w: Linear::Quant(Arc::new(stacked)),
-                rows,
-            });
-        }
-        Ok(Self::Separate(parts))
-    }
-
-    /// `m` rows of `x` through every part, the parts' outputs side by side
-    /// in each row (`m x Σ rows_i`).
-    pub fn forward_concat(&self, x: &[f32], m: usize) -> Result<Vec<f32>> {
-        match self {
-            Self::Fused { w, .. } => w.forward(x, m),
-            Self::Separate(parts) => {
-                let outs = parts
-                    .iter()
-                    .map(|p| p.forward(x, m))
-                    .collect::<Result<Vec<_>>>()?;
-                let mut all = Vec::with_capacity(outs.iter().map(Vec::len).sum());
-                for i in 0..m {
-                    for (out, p) in outs.iter().zip(parts) {
-                        all.extend_from_slice(&out[i * p.rows()..(i + 1) * p.rows()]);
-                    }
-                }
-                Ok(all)
-            }
-        }
-    }
-
-    /// `m` rows of `x` through every part: one `m x rows_i` output per part.
-    pub fn forward(&self, x: &[f32], m: usize) -> Result<Vec<Vec<f32>>> {
-        let (w, rows) = match self {
-            Self::Separate(parts) => return parts.iter().map(|p| p.forward(x, m)).collect(),
-            Self::Fused { w, rows } => (w, rows),
-        };
-        let all = w.forward(x, m)?;
-        let mut outs: Vec<Vec<f32>> = rows.iter().map(|r| Vec::with_capacity(m * r)).collect();
-        for row in all.chunks_exact(w.rows()) {
-            let mut at = 0;
-            for (out, &n) in outs.iter_mut().zip(rows) {
-                out.extend_from_slice(&row[at..at + n]);
-                at += n;
-            }
-        }
-        Ok(outs)
-    }
 }
 
 #[cfg(test)]
