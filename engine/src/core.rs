@@ -55,7 +55,11 @@ pub enum Command {
 /// The engine loop's state.
 pub struct EngineCore {
     scheduler: Scheduler,
+    /// Runs every step, or with `decoder` the prefill chunks only.
     executor: Box<dyn Executor>,
+    /// Split stages: runs the decode chunks; a sequence's KV blocks move
+    /// here when its prefill is done.
+    decoder: Option<Box<dyn Executor>>,
     commands: Receiver<Command>,
     senders: std::collections::HashMap<RequestId, UnboundedSender<CoreEvent>>,
     /// Latency bookkeeping of each live request.
@@ -87,6 +91,7 @@ impl EngineCore {
         Self {
             scheduler,
             executor,
+            decoder: None,
             commands,
             senders: Default::default(),
             timing: Default::default(),
@@ -94,6 +99,13 @@ impl EngineCore {
             vocab,
             stats,
         }
+    }
+
+    /// Splits the stages: `decoder` runs the decode chunks (the scheduler
+    /// must have been built `with_split_stages`).
+    pub fn with_decoder(mut self, decoder: Box<dyn Executor>) -> Self {
+        self.decoder = Some(decoder);
+        self
     }
 
     /// Runs until `Shutdown` or until every handle is dropped.
@@ -204,6 +216,7 @@ impl EngineCore {
             }
         };
         let (tokens, finished) = self.scheduler.update(&batch, &sampled);
+        self.move_prefilled();
         // Counters first, so a client that sees this step's tokens also sees
         // this step in the statistics.
         self.stats
@@ -269,31 +282,75 @@ impl EngineCore {
         }
     }
 
-    /// Runs the step on the executor (with each chunk's sampling and
-    /// structured output's masks); a panic inside it (a bug) fails this
-    /// step's sequences instead of killing the engine thread for every
-    /// request.
+    /// Runs the step (with each chunk's sampling and structured output's
+    /// masks): on the executor, or with split stages the prefill chunks on
+    /// it and the decode chunks on the decoder, results in batch order.
     fn execute(&mut self, batch: &ModelBatch) -> Result<Vec<Vec<Sampled>>, EngineError> {
         let masks = self.scheduler.masks(batch, self.vocab);
-        let step = Step {
-            batch,
-            sampling: self.scheduler.sampling(batch, &masks),
+        let sampling = self.scheduler.sampling(batch, &masks);
+        let Some(decoder) = &mut self.decoder else {
+            let step = Step { batch, sampling };
+            return guarded(self.executor.as_mut(), &step);
         };
-        let executor = &mut self.executor;
-        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| executor.execute(&step)))
-            .unwrap_or_else(|panic| {
-                let msg = panic
-                    .downcast_ref::<&str>()
-                    .map(|s| s.to_string())
-                    .or_else(|| panic.downcast_ref::<String>().cloned())
-                    .unwrap_or_else(|| "unknown panic".to_string());
-                Err(EngineError::Execution(format!("executor panicked: {msg}")))
-            })
+        let on_decoder: Vec<bool> = batch
+            .chunks
+            .iter()
+            .map(|c| self.scheduler.on_decoder(c.seq))
+            .collect();
+        let mut out = vec![Vec::new(); batch.chunks.len()];
+        for (stage, executor) in [(false, self.executor.as_mut()), (true, decoder.as_mut())] {
+            let picked: Vec<usize> = (0..batch.chunks.len())
+                .filter(|&i| on_decoder[i] == stage)
+                .collect();
+            if picked.is_empty() {
+                continue;
+            }
+            let part = ModelBatch {
+                chunks: picked.iter().map(|&i| batch.chunks[i].clone()).collect(),
+            };
+            let step = Step {
+                batch: &part,
+                sampling: picked.iter().map(|&i| sampling[i]).collect(),
+            };
+            for (i, tokens) in picked.into_iter().zip(guarded(executor, &step)?) {
+                out[i] = tokens;
+            }
+        }
+        Ok(out)
+    }
+
+    /// With split stages: moves the KV blocks of every sequence whose
+    /// prefill just finished from the executor to the decoder (checksummed
+    /// bytes); a sequence whose blocks cannot move fails.
+    fn move_prefilled(&mut self) {
+        let Some(decoder) = &mut self.decoder else {
+            return;
+        };
+        let mut failed = Vec::new();
+        for (id, blocks) in self.scheduler.take_prefilled() {
+            let moved = self
+                .executor
+                .export_kv(&blocks)
+                .and_then(|bytes| decoder.import_kv(&blocks, &bytes));
+            if let Err(e) = moved {
+                tracing::error!(seq = %id, error = %e, "KV move to the decoder failed");
+                failed.push((id, e));
+            }
+        }
+        for (id, e) in failed {
+            if let Some(seq) = self.scheduler.abort(id) {
+                let err = EngineError::Execution(format!("moving the KV cache: {e}"));
+                self.finish(seq, Err(err));
+            }
+        }
     }
 
     /// Frees a sequence and tells its stream how it ended.
     fn finish(&mut self, seq: Sequence, outcome: Result<FinishReason, EngineError>) {
         self.executor.release(seq.id);
+        if let Some(d) = &mut self.decoder {
+            d.release(seq.id);
+        }
         if let (Some(t), Ok(reason)) = (self.timing.remove(&seq.id), &outcome) {
             let latency = &self.stats.latency;
             latency.e2e.observe(t.arrived.elapsed());
@@ -329,6 +386,20 @@ impl EngineCore {
         self.stats
             .set_spec(self.scheduler.spec_proposed, self.scheduler.spec_accepted);
     }
+}
+
+/// Runs one step; a panic inside the executor (a bug) becomes an error
+/// that fails this step's sequences instead of killing the engine thread.
+fn guarded(executor: &mut dyn Executor, step: &Step<'_>) -> Result<Vec<Vec<Sampled>>, EngineError> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| executor.execute(step)))
+        .unwrap_or_else(|panic| {
+            let msg = panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "unknown panic".to_string());
+            Err(EngineError::Execution(format!("executor panicked: {msg}")))
+        })
 }
 
 #[cfg(test)]

@@ -53,8 +53,11 @@ pub struct ModelInfo {
     /// KV blocks and positions per block.
     pub kv_blocks: usize,
     pub block_size: usize,
-    /// The executor that runs its steps (`Executor::name`).
+    /// The executor that runs its steps, or its prefill with split stages
+    /// (`Executor::name`).
     pub executor: String,
+    /// The executor that runs its decode (the same one without a split).
+    pub decode_executor: String,
 }
 
 /// Shared between every clone of a handle.
@@ -126,20 +129,28 @@ impl EngineBuilder {
         self
     }
 
-    /// Starts the engine thread. One executor runs every step today; a
-    /// split of prefill and decode over two (the fleet's pipeline) is
-    /// refused until the core can place sequences on them.
-    pub fn start(mut self) -> Result<EngineHandle> {
-        let executor = match (self.executors.pop(), self.executors.is_empty()) {
-            (Some(e), true) => e,
-            (None, _) => return Err(EngineError::Load("an engine needs an executor".into())),
-            (Some(_), false) => {
+    /// Starts the engine thread. With one executor it runs every step;
+    /// with two, the first runs prefill and the second decode, and each
+    /// sequence's KV blocks move from the first to the second when its
+    /// prefill is done (both need the same KV geometry).
+    pub fn start(self) -> Result<EngineHandle> {
+        let mut executors = self.executors.into_iter();
+        let (executor, decoder) = match (executors.next(), executors.next(), executors.next()) {
+            (Some(e), d, None) => (e, d),
+            (None, ..) => return Err(EngineError::Load("an engine needs an executor".into())),
+            (Some(_), _, Some(_)) => {
                 return Err(EngineError::Load(
-                    "an engine runs on one executor (prefill/decode splits come with the fleet)"
-                        .into(),
+                    "an engine runs on one executor, or two (prefill, then decode)".into(),
                 ));
             }
         };
+        if let Some(d) = &decoder
+            && d.kv_layout() != executor.kv_layout()
+        {
+            return Err(EngineError::Load(
+                "the prefill and decode executors need the same KV geometry".into(),
+            ));
+        }
         let layout = executor.kv_layout();
         let (block_size, num_blocks) = (layout.block_size, layout.num_blocks);
         let mut sched = self.scheduler;
@@ -160,18 +171,20 @@ impl EngineBuilder {
             kv_blocks: num_blocks,
             block_size,
             executor: executor.name(),
+            decode_executor: decoder.as_ref().unwrap_or(&executor).name(),
         };
         let (tx, rx) = mpsc::channel();
         let stats = Arc::new(StatsCell::default());
         let eos: Vec<u32> = self.tokenizer.eog_ids().iter().copied().collect();
-        let core = EngineCore::new(
-            Scheduler::new(sched, KvManager::new(num_blocks, block_size)),
-            executor,
-            rx,
-            eos,
-            info.vocab_size,
-            stats.clone(),
-        );
+        let mut scheduler = Scheduler::new(sched, KvManager::new(num_blocks, block_size));
+        if decoder.is_some() {
+            scheduler = scheduler.with_split_stages();
+        }
+        let mut core =
+            EngineCore::new(scheduler, executor, rx, eos, info.vocab_size, stats.clone());
+        if let Some(d) = decoder {
+            core = core.with_decoder(d);
+        }
         let thread = std::thread::Builder::new()
             .name("synor-engine".into())
             .spawn(move || core.run())

@@ -73,6 +73,9 @@ pub struct Sequence {
     /// For the 2nd..nth choice of a request: the first choice, whose prompt
     /// blocks this one waits for so it can share them instead of recomputing.
     pub wait_for: Option<RequestId>,
+    /// With split stages: its KV has moved to the decode executor (set
+    /// when its prefill is done, cleared when it is preempted).
+    pub on_decoder: bool,
 }
 
 impl Sequence {
@@ -98,6 +101,7 @@ impl Sequence {
             constraint: None,
             stop_ids,
             wait_for: None,
+            on_decoder: false,
         }
     }
 
@@ -141,6 +145,10 @@ pub struct Scheduler {
     /// Speculative draft tokens proposed and accepted so far.
     pub spec_proposed: u64,
     pub spec_accepted: u64,
+    /// Prefill and decode run on different executors: blocks computed
+    /// while decoding live on the decode executor only, so they are not
+    /// offered to the prefix cache (a later prefill could not read them).
+    split: bool,
 }
 
 impl Scheduler {
@@ -153,7 +161,37 @@ impl Scheduler {
             preemptions: 0,
             spec_proposed: 0,
             spec_accepted: 0,
+            split: false,
         }
+    }
+
+    /// Prefill on one executor, decode on another (see `split`).
+    pub fn with_split_stages(mut self) -> Self {
+        self.split = true;
+        self
+    }
+
+    /// Whether `id`'s KV is on the decode executor.
+    pub fn on_decoder(&self, id: RequestId) -> bool {
+        self.running.iter().any(|s| s.id == id && s.on_decoder)
+    }
+
+    /// Running sequences whose prefill is done but whose KV is still on the
+    /// prefill executor, with the blocks that hold their computed
+    /// positions; each is marked as moved (the caller moves the blocks).
+    pub fn take_prefilled(&mut self) -> Vec<(RequestId, Vec<u32>)> {
+        let bs = self.kv.block_size();
+        let mut out = Vec::new();
+        for s in self.running.iter_mut().filter(|s| !s.on_decoder) {
+            if s.output().is_empty() || s.num_computed + 1 < s.len() {
+                continue;
+            }
+            s.on_decoder = true;
+            let blocks = self.kv.table(s.id);
+            let n = s.num_computed.div_ceil(bs).min(blocks.len());
+            out.push((s.id, blocks[..n].to_vec()));
+        }
+        out
     }
 
     pub fn kv(&self) -> &KvManager {
@@ -309,6 +347,7 @@ impl Scheduler {
         let mut seq = self.running.remove(index);
         self.kv.free(seq.id);
         seq.num_computed = 0;
+        seq.on_decoder = false;
         self.preemptions += 1;
         tracing::debug!(seq = %seq.id, "preempted (out of KV blocks)");
         self.enqueue(seq);
@@ -411,8 +450,10 @@ impl Scheduler {
             }
             self.spec_accepted += accepted as u64;
             seq.num_computed = computed + accepted;
-            self.kv
-                .cache_computed(seq.id, &seq.tokens, seq.num_computed);
+            if !(self.split && seq.on_decoder) {
+                self.kv
+                    .cache_computed(seq.id, &seq.tokens, seq.num_computed);
+            }
         }
         let mut finished = Vec::new();
         for t in tokens.iter().filter(|t| t.finish.is_some()) {

@@ -156,7 +156,11 @@ impl Billing {
         requests: &[engine::GenerateRequest],
     ) -> Result<Tab, ServiceError> {
         let mut quote = self.quote(model, self.load_of(engine))?;
-        quote.stages = Stages::one(&engine.info().executor);
+        let info = engine.info();
+        quote.stages = Stages {
+            prefill: info.executor.clone(),
+            decode: info.decode_executor.clone(),
+        };
         let choices: Vec<(u64, u64)> = requests
             .iter()
             .flat_map(|r| {

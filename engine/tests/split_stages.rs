@@ -1,0 +1,113 @@
+//! An engine built from two executors, prefill on the first and decode on
+//! the second (each sequence's KV blocks move between them when its
+//! prefill is done), answers exactly as an engine on one executor: greedy
+//! and seeded, with shared prompt prefixes, sibling choices and
+//! preemption under a small KV budget.
+
+mod common;
+
+use engine::executor::LocalExecutor;
+use engine::loader::load_gguf;
+use engine::{
+    EngineBuilder, EngineHandle, GenerateRequest, ModelFacts, RequestStream, SamplingParams,
+    SchedulerConfig, TemplateChoice, TokenEvent,
+};
+use futures_util::StreamExt;
+
+const BLOCK: usize = 16;
+
+fn engine(split: bool, num_blocks: usize) -> EngineHandle {
+    let path = common::model_path(common::TINY);
+    let load = || load_gguf(&path, &TemplateChoice::Auto).expect("load tiny");
+    let first = load();
+    let mc = &first.model.config;
+    let layout = mc.kv_layout(BLOCK, num_blocks);
+    let facts = ModelFacts {
+        architecture: mc.architecture.clone(),
+        context_length: mc.context_length,
+        vocab_size: mc.vocab_size,
+    };
+    let config = SchedulerConfig {
+        max_num_batched_tokens: 64,
+        ..Default::default()
+    };
+    let mut b = EngineBuilder::new(first.tokenizer, first.template, facts)
+        .scheduler(config)
+        .executor(Box::new(
+            LocalExecutor::new(first.model, layout).expect("exec"),
+        ));
+    if split {
+        let second = load();
+        b = b.executor(Box::new(
+            LocalExecutor::new(second.model, layout).expect("exec"),
+        ));
+    }
+    b.start().expect("engine")
+}
+
+async fn drain(mut s: RequestStream) -> Vec<u32> {
+    let mut ids = Vec::new();
+    while let Some(ev) = s.next().await {
+        match ev {
+            TokenEvent::Delta { token_ids, .. } => ids.extend(token_ids),
+            TokenEvent::Finished { .. } => return ids,
+            TokenEvent::Failed(e) => panic!("generation failed: {e}"),
+        }
+    }
+    panic!("stream ended without a final event")
+}
+
+/// Four prompts sharing a 40-token prefix, two choices each.
+fn requests(temperature: f32) -> Vec<GenerateRequest> {
+    let shared: Vec<u32> = (0..40).map(|i| 100 + i * 7).collect();
+    (0..4u32)
+        .map(|i| {
+            let mut prompt = shared.clone();
+            prompt.extend((0..10 + i * 5).map(|t| 900 + t * (i + 1)));
+            GenerateRequest {
+                prompt_tokens: prompt,
+                params: SamplingParams {
+                    temperature,
+                    seed: Some(u64::from(i)),
+                    max_tokens: 60,
+                    ignore_eos: true,
+                    n: 2,
+                    ..Default::default()
+                },
+            }
+        })
+        .collect()
+}
+
+async fn run(h: &EngineHandle, reqs: Vec<GenerateRequest>) -> Vec<Vec<u32>> {
+    let mut handles = Vec::new();
+    for r in reqs {
+        for s in h.submit_n(r).expect("submit") {
+            handles.push(tokio::spawn(drain(s)));
+        }
+    }
+    let mut out = Vec::new();
+    for j in handles {
+        out.push(j.await.expect("join"));
+    }
+    out
+}
+
+#[tokio::test]
+async fn split_stages_answer_like_one_executor() {
+    for (num_blocks, temperature) in [(256, 0.0), (256, 1.0), (14, 0.0)] {
+        let one = engine(false, num_blocks);
+        let two = engine(true, num_blocks);
+        assert_eq!(two.info().decode_executor, "cpu");
+        let want = run(&one, requests(temperature)).await;
+        let got = run(&two, requests(temperature)).await;
+        assert_eq!(got, want, "blocks {num_blocks}, temperature {temperature}");
+        let s = two.stats();
+        assert!(s.prefix_hits > 0, "{s:?}");
+        if num_blocks < 20 {
+            assert!(s.preemptions > 0, "the small budget preempts: {s:?}");
+        }
+        one.shutdown();
+        two.shutdown();
+    }
+}
