@@ -5,8 +5,11 @@
 //!
 //! Flow: `EngineHandle::submit` validates a `GenerateRequest` and sends it to
 //! the `EngineCore` thread, which runs `schedule -> execute -> update` steps
-//! through an `Executor`; token ids flow back to the request's
-//! `RequestStream`, which detokenizes incrementally and applies stop strings.
+//! through an `Executor` (or two: prefill, then decode) that samples and
+//! returns token ids; they flow back to the request's `RequestStream`,
+//! which detokenizes incrementally and applies stop strings. Models are
+//! written over `kernels::backend::Backend`; `EngineBuilder` starts an
+//! engine around its executors.
 
 pub mod chat;
 pub mod constraint;

@@ -1,14 +1,17 @@
 //! Compute kernels for Synor's engine and the plain-Rust reference
 //! implementations they are tested against.
 //!
+//! - `backend`: the compute-backend trait the forward passes are written
+//!   over (features `wgpu` and `cuda` are reserved for the GPU backends);
 //! - `quant`: GGML block formats (Q4_0, Q4_1, Q8_0) and Q8 activations;
 //! - `kquant`: K-quant weights brought into those formats (Q4_K as Q4_1);
 //! - `layout`: the interleaved 16-row weight layout the kernels read;
-//! - `cpu`: quantized matmul, multi-threaded, AVX-512 VNNI / AVX2 / scalar,
-//!   picked at run time;
+//! - `cpu`: the CPU backend: quantized matmul, multi-threaded, AVX-512 VNNI
+//!   / AVX2 / scalar, picked at run time; row ops; the paged f16 KV memory
+//!   and attention over it;
 //! - `reference`: straightforward, obviously-correct versions of every op a
-//!   forward pass needs (RMSNorm, RoPE, softmax, causal GQA attention, f32
-//!   matmul): the test oracle for the fast paths here and in the engine.
+//!   forward pass needs (RMSNorm, LayerNorm, GELU, RoPE, softmax, causal GQA
+//!   attention, f32 matmul): the test oracle for the fast paths here and in the engine.
 
 pub mod backend;
 pub mod cpu;
