@@ -157,13 +157,35 @@ pub fn params_key(p: &SamplingParams) -> String {
     let g = match grammar {
         None => String::new(),
         Some(engine::Grammar::JsonObject) => "json_object".into(),
-        // serde_json writes object keys sorted (no `preserve_order`).
-        Some(engine::Grammar::JsonSchema(v)) => format!("json_schema:{v}"),
+        // Keys sorted, so reordered but equal schemas share a key.
+        Some(engine::Grammar::JsonSchema(v)) => format!("json_schema:{}", canonical(v)),
         Some(engine::Grammar::Regex(r)) => format!("regex:{r}"),
         Some(engine::Grammar::Lark(l)) => format!("lark:{l}"),
     };
     let _ = write!(s, ";g={}:{g}", g.len());
     s
+}
+
+/// JSON with every object's keys in sorted order (serde_json keeps
+/// insertion order in this build).
+fn canonical(v: &serde_json::Value) -> String {
+    use serde_json::Value;
+    match v {
+        Value::Object(m) => {
+            let mut keys: Vec<&String> = m.keys().collect();
+            keys.sort();
+            let fields: Vec<String> = keys
+                .into_iter()
+                .map(|k| format!("{}:{}", Value::String(k.clone()), canonical(&m[k])))
+                .collect();
+            format!("{{{}}}", fields.join(","))
+        }
+        Value::Array(a) => format!(
+            "[{}]",
+            a.iter().map(canonical).collect::<Vec<_>>().join(",")
+        ),
+        Value::Null | Value::Bool(_) | Value::Number(_) | Value::String(_) => v.to_string(),
+    }
 }
 
 impl ResponseCaching {
@@ -358,8 +380,9 @@ impl ResponseCaching {
 /// at, rounded up like every amount a user pays (so a hit never costs less
 /// than its fraction, and at most one micro-unit per million tokens more).
 pub fn hit_prices(generated: Prices, bps: i64) -> Prices {
+    // Stored prices come back from the disk or Redis tier: never below 0.
     let scale = |p: i64| {
-        let x = i128::from(p) * i128::from(bps);
+        let x = i128::from(p.max(0)) * i128::from(bps.max(0));
         i64::try_from((x + i128::from(BPS) - 1) / i128::from(BPS)).unwrap_or(i64::MAX)
     };
     Prices {
@@ -428,6 +451,13 @@ mod tests {
         let p = hit_prices(generated, 1_000);
         assert_eq!((p.input, p.cached_input, p.output), (15_001, 1_500, 60_001));
         assert_eq!(hit_prices(generated, 10_000), generated);
+        let negative = Prices {
+            input: -5,
+            cached_input: -1,
+            output: i64::MIN,
+        };
+        let p = hit_prices(negative, 1_000);
+        assert_eq!((p.input, p.cached_input, p.output), (0, 0, 0));
     }
 
     #[test]
@@ -459,5 +489,16 @@ mod tests {
             ..p.clone()
         };
         assert_ne!(params_key(&p), params_key(&r));
+        // Equal schemas written in another key order share a key.
+        let schema = |s: &str| SamplingParams {
+            grammar: Some(engine::Grammar::JsonSchema(
+                serde_json::from_str(s).expect("json"),
+            )),
+            ..SamplingParams::default()
+        };
+        assert_eq!(
+            params_key(&schema(r#"{"type":"object","required":["a"]}"#)),
+            params_key(&schema(r#"{"required":["a"],"type":"object"}"#))
+        );
     }
 }

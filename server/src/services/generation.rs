@@ -303,6 +303,15 @@ impl Run {
                 TokenEvent::Failed(e) => return Err(e.into()),
             }
         }
+        // A choice whose stream ended without finishing (the engine shut
+        // down): the answer is an error, so nothing is billed or cached.
+        if parts.iter().any(|p| p.end.is_none()) {
+            if let Some(tab) = &mut self.tab {
+                tab.fail();
+            }
+            self.recorder = None;
+            return Err(EngineError::Shutdown.into());
+        }
         self.end();
         crate::services::metering::settle(self.tab.take()).await;
         parts

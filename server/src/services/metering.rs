@@ -212,6 +212,12 @@ impl Tab {
         }
     }
 
+    /// The request failed on our side: it settles at no cost.
+    pub fn fail(&mut self) {
+        self.started = true;
+        self.failed = true;
+    }
+
     /// Choice `i` ended with the engine's own usage count.
     pub fn finished(&mut self, i: usize, usage: &Usage) {
         self.started = true;
