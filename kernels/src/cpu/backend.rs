@@ -1,12 +1,10 @@
 //! `CpuBackend`: the compute backend on host memory. Quantized weights run
-//! through the SIMD matmul (`cpu::matmul`), f32 weights through a plain
-//! parallel dot-product matmul, the row-wise ops through `cpu::ops`, the
+//! through the SIMD matmul (`cpu::matmul`), f32 weights through
+//! `cpu::dense`, the row-wise ops through `cpu::ops`, the
 //! paged attention through `cpu::paged` over `cpu::kv::KvStorage`. Work
 //! runs on the caller's rayon pool (the executor's).
 
 use std::sync::Arc;
-
-use rayon::prelude::*;
 
 use super::kv::{KvLayout, KvStorage};
 use super::{ops, paged};
@@ -40,46 +38,6 @@ pub enum CpuMatrix {
 /// The CPU backend (stateless: the thread pool is the caller's).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct CpuBackend;
-
-/// `x · Wᵀ` for a row-major f32 `W` (`rows x cols`): parallel over
-/// weight rows, eight partial sums per dot product.
-fn dense_matmul(w: &[f32], rows: usize, cols: usize, x: &[f32]) -> Vec<f32> {
-    let m = x.len() / cols.max(1);
-    let mut out_t = vec![0.0f32; rows * m];
-    out_t
-        .par_chunks_mut(m.max(1))
-        .enumerate()
-        .for_each(|(r, o)| {
-            let wr = &w[r * cols..(r + 1) * cols];
-            for (i, o) in o.iter_mut().enumerate() {
-                *o = dot(wr, &x[i * cols..(i + 1) * cols]);
-            }
-        });
-    let mut out = vec![0.0f32; m * rows];
-    for r in 0..rows {
-        for i in 0..m {
-            out[i * rows + r] = out_t[r * m + i];
-        }
-    }
-    out
-}
-
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    let mut acc = [0.0f32; 8];
-    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
-    let tail: f32 = ca
-        .remainder()
-        .iter()
-        .zip(cb.remainder())
-        .map(|(x, y)| x * y)
-        .sum();
-    for (x, y) in ca.zip(cb) {
-        for k in 0..8 {
-            acc[k] += x[k] * y[k];
-        }
-    }
-    acc.iter().sum::<f32>() + tail
-}
 
 impl Backend for CpuBackend {
     type Tensor = CpuTensor;
@@ -176,7 +134,7 @@ impl Backend for CpuBackend {
                 super::matmul(q, &x.data, m, &mut out)?;
                 out
             }
-            CpuMatrix::Dense { data, .. } => dense_matmul(data, rows, cols, &x.data),
+            CpuMatrix::Dense { data, .. } => super::dense::matmul_f32(data, rows, cols, &x.data, m),
         };
         Ok(CpuTensor { data, cols: rows })
     }
