@@ -164,6 +164,13 @@ pub fn matmul(x: &[f32], w: &[f32], m: usize, k: usize, n: usize) -> Vec<f32> {
     out
 }
 
+/// Deterministic test data in [-1, 1): `n` values, varied by `seed`.
+pub fn ramp(n: usize, seed: usize) -> Vec<f32> {
+    (0..n)
+        .map(|i| ((i * 7919 + seed * 31) % 1009) as f32 / 504.0 - 1.0)
+        .collect()
+}
+
 /// Largest absolute difference of two equal-length slices.
 pub fn max_diff(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len());

@@ -164,17 +164,16 @@ mod tests {
 
     use super::*;
 
-    fn ramp(n: usize, k: usize) -> Vec<f32> {
-        (0..n)
-            .map(|i| ((i * 7919 + k * 31) % 1009) as f32 / 504.0 - 1.0)
-            .collect()
-    }
-
     #[test]
     fn k_quants_stay_quantized_and_match_their_dequantized_product() {
         let (rows, cols, m) = (48, 512, 3);
-        let w = Tensor::from_vec(ramp(rows * cols, 1), (rows, cols), &Device::Cpu).expect("w");
-        let x = ramp(m * cols, 2);
+        let w = Tensor::from_vec(
+            kernels::reference::ramp(rows * cols, 1),
+            (rows, cols),
+            &Device::Cpu,
+        )
+        .expect("w");
+        let x = kernels::reference::ramp(m * cols, 2);
         for dtype in [
             GgmlDType::Q4K,
             GgmlDType::Q6K,

@@ -277,18 +277,12 @@ mod tests {
     use crate::quant::QuantType;
     use crate::reference;
 
-    fn ramp(n: usize, k: usize) -> Vec<f32> {
-        (0..n)
-            .map(|i| ((i * 7919 + k * 31) % 1009) as f32 / 504.0 - 1.0)
-            .collect()
-    }
-
     #[test]
     fn dense_and_quantized_matmuls_match_the_reference() {
         let b = CpuBackend;
         let (rows, cols, m) = (40, 64, 5);
-        let w = ramp(rows * cols, 1);
-        let x = b.tensor(ramp(m * cols, 2), cols);
+        let w = reference::ramp(rows * cols, 1);
+        let x = b.tensor(reference::ramp(m * cols, 2), cols);
         let want = reference::matmul(&x.data, &w, m, cols, rows);
         let dense = b
             .matrix(HostMatrix::Dense {
@@ -311,9 +305,9 @@ mod tests {
     fn row_ops_match_the_reference() {
         let b = CpuBackend;
         let cols = 24;
-        let x = b.tensor(ramp(3 * cols, 3), cols);
-        let w = ramp(cols, 4);
-        let bias = ramp(cols, 5);
+        let x = b.tensor(reference::ramp(3 * cols, 3), cols);
+        let w = reference::ramp(cols, 4);
+        let bias = reference::ramp(cols, 5);
         let got = b.rms_norm(&x, &w, 1e-5);
         assert!(reference::max_diff(&got.data, &reference::rms_norm(&x.data, &w, 1e-5)) < 1e-5);
         let got = b.layer_norm(&x, &w, &bias, 1e-5);
@@ -326,10 +320,13 @@ mod tests {
         b.gelu(&mut g);
         assert!(reference::max_diff(&g.data, &reference::gelu(&x.data)) < 1e-6);
         // One row attends only to itself: its context is its value row.
-        let (q, k) = (b.tensor(ramp(8, 6), 8), b.tensor(ramp(8, 7), 8));
-        let v = b.tensor(ramp(8, 8), 8);
+        let (q, k) = (
+            b.tensor(reference::ramp(8, 6), 8),
+            b.tensor(reference::ramp(8, 7), 8),
+        );
+        let v = b.tensor(reference::ramp(8, 8), 8);
         assert_eq!(b.self_attention(&q, &k, &v, 2).data, v.data);
-        let two = b.tensor(ramp(16, 9), 8);
+        let two = b.tensor(reference::ramp(16, 9), 8);
         let ctx = b.self_attention(&two, &two, &two, 1);
         for i in 0..2 {
             let s: Vec<f32> = (0..2)

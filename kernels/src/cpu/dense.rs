@@ -208,12 +208,6 @@ mod tests {
     use super::*;
     use crate::reference;
 
-    fn ramp(n: usize, seed: usize) -> Vec<f32> {
-        (0..n)
-            .map(|i| ((i * 7919 + seed * 31) % 1009) as f32 / 504.0 - 1.0)
-            .collect()
-    }
-
     #[test]
     fn every_shape_matches_the_reference() {
         for (m, n, k) in [
@@ -224,7 +218,7 @@ mod tests {
             (9, 40, 64),
             (1, 70, 384),
         ] {
-            let (w, x) = (ramp(n * k, 1), ramp(m * k, 2));
+            let (w, x) = (reference::ramp(n * k, 1), reference::ramp(m * k, 2));
             let got = matmul_f32(&w, n, k, &x, m);
             let want = reference::matmul(&x, &w, m, k, n);
             let err = reference::max_diff(&got, &want);

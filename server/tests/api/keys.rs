@@ -189,47 +189,22 @@ async fn limits_trip_with_retry_after_and_recover() {
 async fn embeddings_count_against_tokens_per_minute_like_generations() {
     let app = keyed_app().await;
     let tpm = create(&app, json!({"name": "tpm-embed", "tpm_limit": 60})).await;
-    let embed = |text: String| json!({"model": MINILM, "input": text});
+    let embed = |text: String| {
+        let body = json!({"model": MINILM, "input": text});
+        call(&app, "POST", "/v1/embeddings", Some(&tpm), Some(body))
+    };
     // Worst case: one token per character plus the two special tokens.
-    let big = call(
-        &app,
-        "POST",
-        "/v1/embeddings",
-        Some(&tpm),
-        Some(embed("word ".repeat(20))),
-    )
-    .await;
+    let big = embed("word ".repeat(20)).await;
     assert_eq!(big.status(), StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(json_of(big).await["error"]["code"], "rate_limit_exceeded");
     for _ in 0..2 {
-        let small = call(
-            &app,
-            "POST",
-            "/v1/embeddings",
-            Some(&tpm),
-            Some(embed("hello world".into())),
-        )
-        .await;
+        let small = embed("hello world".into()).await;
         assert_eq!(small.status(), StatusCode::OK);
     }
     // 2 x 13 charged: a third 13 fits, then a 30-token one does not.
-    let third = call(
-        &app,
-        "POST",
-        "/v1/embeddings",
-        Some(&tpm),
-        Some(embed("hello world".into())),
-    )
-    .await;
+    let third = embed("hello world".into()).await;
     assert_eq!(third.status(), StatusCode::OK);
-    let over = call(
-        &app,
-        "POST",
-        "/v1/embeddings",
-        Some(&tpm),
-        Some(embed("x".repeat(28))),
-    )
-    .await;
+    let over = embed("x".repeat(28)).await;
     assert_eq!(over.status(), StatusCode::TOO_MANY_REQUESTS);
 }
 
