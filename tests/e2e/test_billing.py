@@ -28,7 +28,7 @@ def call(base, method, path, body=None, token=ADMIN_TOKEN):
 
 
 def funded_key(base, amount, name="e2e"):
-    """A new user account with `amount` micro-units and a key on it."""
+    """A new user account with `amount` ticks (10^-10 units) and a key on it."""
     status, acct = call(base, "POST", "/admin/accounts", {"name": name})
     assert status == 201, acct
     if amount:

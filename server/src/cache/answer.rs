@@ -26,10 +26,12 @@ pub struct CachedAnswer {
     pub provider_id: String,
     /// Unix seconds.
     pub created_at: i64,
-    /// The prices it was generated at (a hit costs a fraction of them);
-    /// absent for answers stored before they were recorded, or generated
-    /// unmetered.
-    #[serde(default)]
+    /// The prices it was generated at, in ticks (a hit costs a fraction of
+    /// them); absent for answers stored before they were recorded, or
+    /// generated unmetered. Stored as `prices_ticks`: answers stored while
+    /// the ledger counted micro-units wrote `prices`, which is ignored (a
+    /// hit on one is priced from today's idle prices).
+    #[serde(default, rename = "prices_ticks")]
     pub prices: Option<crate::ledger::Prices>,
 }
 
@@ -55,7 +57,8 @@ pub struct KeyParts<'a> {
     pub endpoint: &'a str,
     /// The fully rendered prompt (the whole conversation), as token ids.
     pub prompt_tokens: &'a [u32],
-    /// Every sampling parameter (its `Debug` form, which lists them all).
+    /// A stable, explicit encoding of every sampling parameter (versioned,
+    /// so a renamed field never changes it).
     pub params: &'a str,
 }
 
@@ -128,5 +131,30 @@ mod tests {
             ..parts("", &[], "")
         };
         assert_ne!(exact_key(&x), exact_key(&y));
+    }
+
+    #[test]
+    fn prices_stored_in_micro_units_are_not_read_as_ticks() {
+        let prices = crate::ledger::Prices {
+            input: 56_940_000,
+            cached_input: 5_694_000,
+            output: 170_830_000,
+        };
+        let a = CachedAnswer {
+            scope: "s".into(),
+            model: "m".into(),
+            choices: vec![],
+            prompt_tokens: 1,
+            completion_tokens: 1,
+            provider_id: "p".into(),
+            created_at: 0,
+            prices: Some(prices),
+        };
+        let json = serde_json::to_string(&a).expect("json");
+        let back: CachedAnswer = serde_json::from_str(&json).expect("back");
+        assert_eq!(back.prices, Some(prices));
+        let old = json.replace("prices_ticks", "prices");
+        let back: CachedAnswer = serde_json::from_str(&old).expect("old answer");
+        assert_eq!(back.prices, None);
     }
 }

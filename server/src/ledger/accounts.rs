@@ -6,7 +6,7 @@ use serde::Serialize;
 use sqlx::Row;
 use sqlx::any::AnyRow;
 
-use super::money::{self, MAX_AMOUNT, MAX_BALANCE, Micros};
+use super::money::{self, Amount, MAX_AMOUNT, MAX_BALANCE};
 use super::{DEPOSITS, Ledger, LedgerError, TREASURY};
 use crate::store::now;
 
@@ -31,15 +31,15 @@ impl AccountKind {
     }
 }
 
-/// An account as stored (amounts in micro-units).
+/// An account as stored (amounts in ticks).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 pub struct Account {
     pub id: String,
     pub kind: String,
     pub name: String,
-    pub balance: Micros,
-    pub held: Micros,
-    pub credit_limit: Micros,
+    pub balance: Amount,
+    pub held: Amount,
+    pub credit_limit: Amount,
     /// Never refused (open mode's local user, system accounts).
     pub unlimited: bool,
     pub created_at: i64,
@@ -49,7 +49,7 @@ impl Account {
     /// What a new hold may use: balance + credit limit - holds.
     /// Saturating, although bounded balances, holds and limits never
     /// come near `i64`'s ends.
-    pub fn available(&self) -> Micros {
+    pub fn available(&self) -> Amount {
         self.balance
             .saturating_add(self.credit_limit)
             .saturating_sub(self.held)
@@ -66,10 +66,10 @@ pub struct UsageRecord {
     pub prompt_tokens: i64,
     pub cached_tokens: i64,
     pub completion_tokens: i64,
-    /// What the user paid (micro-units).
-    pub cost: Micros,
-    pub provider_amount: Micros,
-    pub fee: Micros,
+    /// What the user paid (ticks).
+    pub cost: Amount,
+    pub provider_amount: Amount,
+    pub fee: Amount,
     /// `finished`, `cut` or `failed`.
     pub outcome: String,
     pub created_at: i64,
@@ -119,7 +119,7 @@ impl Ledger {
         &self,
         kind: AccountKind,
         name: &str,
-        credit_limit: Micros,
+        credit_limit: Amount,
     ) -> Result<Account, LedgerError> {
         money::check_bound("credit_limit", credit_limit, MAX_AMOUNT)
             .map_err(LedgerError::InvalidLimit)?;
@@ -164,7 +164,7 @@ impl Ledger {
     pub async fn top_up(
         &self,
         account_id: &str,
-        amount: Micros,
+        amount: Amount,
         memo: &str,
     ) -> Result<String, LedgerError> {
         money::check_amount("top-up", amount).map_err(LedgerError::InvalidAmount)?;
@@ -183,7 +183,7 @@ impl Ledger {
     pub async fn penalize(
         &self,
         provider_id: &str,
-        amount: Micros,
+        amount: Amount,
         memo: &str,
     ) -> Result<String, LedgerError> {
         let p = self.account(provider_id).await?;
@@ -207,7 +207,7 @@ impl Ledger {
         kind: &str,
         from: &str,
         to: &str,
-        amount: Micros,
+        amount: Amount,
         memo: &str,
     ) -> Result<String, LedgerError> {
         money::check_amount(kind, amount).map_err(LedgerError::InvalidAmount)?;
@@ -259,7 +259,7 @@ impl Ledger {
     }
 
     /// Why a transfer's update of `id` by `delta` matched no row.
-    async fn transfer_refusal(&self, id: &str, delta: Micros) -> LedgerError {
+    async fn transfer_refusal(&self, id: &str, delta: Amount) -> LedgerError {
         let a = match self.account(id).await {
             Ok(a) => a,
             Err(e) => return e,
@@ -282,7 +282,7 @@ impl Ledger {
     }
 
     /// Sets how far below zero an account may go (at most `MAX_AMOUNT`).
-    pub async fn set_credit_limit(&self, id: &str, limit: Micros) -> Result<(), LedgerError> {
+    pub async fn set_credit_limit(&self, id: &str, limit: Amount) -> Result<(), LedgerError> {
         money::check_bound("credit_limit", limit, MAX_AMOUNT).map_err(LedgerError::InvalidLimit)?;
         let done = sqlx::query(
             "UPDATE accounts SET credit_limit = $1 WHERE id = $2 AND balance - held >= -$3",

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 use sqlx::{AssertSqlSafe, Row};
 
-use super::money::Micros;
+use super::money::Amount;
 use super::{Ledger, LedgerError};
 
 /// One journal transaction with its entries.
@@ -21,8 +21,8 @@ pub struct Transaction {
     pub reference: Option<String>,
     pub memo: String,
     pub created_at: i64,
-    /// Account id -> amount (micro-units); they sum to zero.
-    pub entries: BTreeMap<String, Micros>,
+    /// Account id -> amount (ticks); they sum to zero.
+    pub entries: BTreeMap<String, Amount>,
 }
 
 /// The result of an audit: empty `violations` means every invariant holds.

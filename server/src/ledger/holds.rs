@@ -5,7 +5,7 @@
 
 use sqlx::Row;
 
-use super::money::{self, MAX_BALANCE, Micros, Quote};
+use super::money::{self, Amount, MAX_BALANCE, Quote};
 use super::{Ledger, LedgerError};
 use crate::store::now;
 
@@ -18,7 +18,7 @@ pub struct HoldRequest<'a> {
     pub key_id: Option<&'a str>,
     pub quote: &'a Quote,
     /// The worst case (`quote.worst_case(..)`).
-    pub amount: Micros,
+    pub amount: Amount,
 }
 
 impl Ledger {
@@ -71,7 +71,7 @@ impl Ledger {
         &self,
         account: &str,
         key: Option<&str>,
-        amount: Micros,
+        amount: Amount,
     ) -> Result<(), LedgerError> {
         check_hold(amount)?;
         let row = sqlx::query(
@@ -81,7 +81,7 @@ impl Ledger {
         .fetch_optional(&self.db.pool)
         .await?
         .ok_or_else(|| LedgerError::UnknownAccount(account.to_string()))?;
-        let available: Micros = row.try_get("available")?;
+        let available: Amount = row.try_get("available")?;
         if row.try_get::<i64, _>("unlimited")? == 0 && available < amount {
             return Err(LedgerError::InsufficientQuota {
                 need: amount,
@@ -106,7 +106,7 @@ impl Ledger {
     }
 
     /// Why an account refused a hold of `need`.
-    async fn refusal(&self, account: &str, need: Micros) -> LedgerError {
+    async fn refusal(&self, account: &str, need: Amount) -> LedgerError {
         let row = sqlx::query(
             "SELECT balance - held + credit_limit AS available FROM accounts WHERE id = $1",
         )
@@ -123,7 +123,7 @@ impl Ledger {
         }
     }
 
-    async fn budget_refusal(&self, key: &str, need: Micros) -> LedgerError {
+    async fn budget_refusal(&self, key: &str, need: Amount) -> LedgerError {
         let row =
             sqlx::query("SELECT budget - spent - held AS remaining FROM api_keys WHERE id = $1")
                 .bind(key)
@@ -146,7 +146,7 @@ impl Ledger {
 
 /// A hold is `0..=MAX_AMOUNT` (a request's worst case above that is
 /// refused, not clamped).
-fn check_hold(amount: Micros) -> Result<(), LedgerError> {
+fn check_hold(amount: Amount) -> Result<(), LedgerError> {
     if amount == 0 {
         return Ok(());
     }
@@ -169,7 +169,7 @@ pub(super) async fn reserve(
     tx: &mut sqlx::Transaction<'_, sqlx::Any>,
     account: &str,
     key: Option<&str>,
-    amount: Micros,
+    amount: Amount,
 ) -> Result<Reserved, sqlx::Error> {
     let done = sqlx::query(
         "UPDATE accounts SET held = held + $1 WHERE id = $2 AND held + $3 <= $4 \

@@ -26,7 +26,7 @@ use std::time::Duration;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::store::Db;
-pub use money::{Micros, Prices, Quote, Tokens};
+pub use money::{Amount, Prices, Quote, Tokens};
 
 /// The system accounts every database has (created by the migration).
 pub const DEPOSITS: &str = "deposits";
@@ -41,12 +41,12 @@ pub enum LedgerError {
         "insufficient funds: this request may cost up to {} but the account has {} available",
         money::format_units(*need), money::format_units(*available)
     )]
-    InsufficientQuota { need: Micros, available: Micros },
+    InsufficientQuota { need: Amount, available: Amount },
     #[error(
         "key budget exhausted: this request may cost up to {} but the key has {} left",
         money::format_units(*need), money::format_units(*remaining)
     )]
-    BudgetExceeded { need: Micros, remaining: Micros },
+    BudgetExceeded { need: Amount, remaining: Amount },
     #[error("no account `{0}`")]
     UnknownAccount(String),
     #[error("{0}")]
@@ -92,7 +92,7 @@ impl Outcome {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Closed {
     /// Settled from usage; the user paid `cost`.
-    Billed { cost: Micros },
+    Billed { cost: Amount },
     /// Released without a charge.
     Released,
     /// Already settled or released (closing twice is a no-op).

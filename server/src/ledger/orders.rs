@@ -8,7 +8,7 @@
 use sqlx::Row;
 
 use super::holds::HoldRequest;
-use super::money::{self, Micros, Prices, Quote, Stages};
+use super::money::{self, Amount, Prices, Quote, Stages};
 use super::{HOUSE_PROVIDER, Ledger, LedgerError, TREASURY};
 use crate::store::now;
 
@@ -33,7 +33,7 @@ pub struct TradeMoney<'a> {
     pub quantity: u64,
     /// The bid's remaining quantity before this fill.
     pub bid_remaining: u64,
-    pub cost: Micros,
+    pub cost: Amount,
     pub fee_bps: i64,
 }
 
@@ -46,7 +46,7 @@ impl Ledger {
         order_id: &str,
         account: &str,
         key: Option<&str>,
-        amount: Micros,
+        amount: Amount,
     ) -> Result<(), LedgerError> {
         money::check_amount("bid's worst-case cost", amount).map_err(LedgerError::InvalidAmount)?;
         let id = hold_id(order_id);
@@ -75,7 +75,7 @@ impl Ledger {
     /// Moves one fill's money in one transaction; returns what the
     /// bidder paid. Refused (nothing written) unless the bid's hold is
     /// open; the cost is capped at the fill's share of the hold.
-    pub async fn trade(&self, t: &TradeMoney<'_>) -> Result<Micros, LedgerError> {
+    pub async fn trade(&self, t: &TradeMoney<'_>) -> Result<Amount, LedgerError> {
         if t.cost < 0 || t.quantity == 0 || t.quantity > t.bid_remaining {
             return Err(LedgerError::InvalidAmount(format!(
                 "not a fill: cost {}, quantity {} of {}",
@@ -96,7 +96,7 @@ impl Ledger {
         .ok_or_else(|| {
             LedgerError::InvalidAmount(format!("bid `{}` has no open hold", t.bid_id))
         })?;
-        let held: Micros = row.try_get("amount")?;
+        let held: Amount = row.try_get("amount")?;
         let key: Option<String> = row.try_get("key_id")?;
         let portion = if t.quantity == t.bid_remaining {
             held
@@ -195,7 +195,7 @@ async fn insert_trade_journal(
     .await?;
     // The seller and the treasury may be one account only in tests; sum
     // per account so the primary key holds.
-    let mut entries: Vec<(&str, Micros)> = Vec::new();
+    let mut entries: Vec<(&str, Amount)> = Vec::new();
     for (acct, amount) in [
         (t.bidder, -split.cost),
         (t.seller, split.provider),

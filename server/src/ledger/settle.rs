@@ -13,7 +13,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::holds;
 use super::money::{Prices, Quote, Stages, Tokens};
-use super::{Closed, LedgerError, Micros, Outcome, TREASURY};
+use super::{Amount, Closed, LedgerError, Outcome, TREASURY};
 use crate::store::{Db, now};
 
 /// Most closings per transaction.
@@ -51,7 +51,7 @@ pub struct Charge {
     pub account_id: String,
     pub key_id: Option<String>,
     pub quote: Quote,
-    pub amount: Micros,
+    pub amount: Amount,
     pub instance: String,
 }
 
@@ -178,7 +178,7 @@ struct HoldRow {
     request_id: String,
     account_id: String,
     key_id: Option<String>,
-    amount: Micros,
+    amount: Amount,
     quote: Quote,
 }
 
@@ -246,23 +246,23 @@ async fn close_holds(
 #[derive(Default)]
 struct Moves {
     /// Per account: (balance change, held change).
-    accounts: HashMap<String, (Micros, Micros)>,
+    accounts: HashMap<String, (Amount, Amount)>,
     /// Per key: (spent change, held change).
-    keys: HashMap<String, (Micros, Micros)>,
+    keys: HashMap<String, (Amount, Amount)>,
     /// (request id, account, amount) entries of each usage transaction.
-    entries: Vec<(String, String, Micros)>,
+    entries: Vec<(String, String, Amount)>,
     /// Usage records: hold, tokens, outcome, cost, provider share, fee.
-    usage: Vec<(HoldRow, Tokens, Outcome, Micros, Micros, Micros)>,
+    usage: Vec<(HoldRow, Tokens, Outcome, Amount, Amount, Amount)>,
 }
 
 impl Moves {
-    fn account(&mut self, id: &str, balance: Micros, held: Micros) {
+    fn account(&mut self, id: &str, balance: Amount, held: Amount) {
         let e = self.accounts.entry(id.to_string()).or_default();
         e.0 += balance;
         e.1 += held;
     }
 
-    fn key(&mut self, id: &Option<String>, spent: Micros, held: Micros) {
+    fn key(&mut self, id: &Option<String>, spent: Amount, held: Amount) {
         if let Some(id) = id {
             let e = self.keys.entry(id.clone()).or_default();
             e.0 += spent;
@@ -277,7 +277,7 @@ impl Moves {
 
     /// Bills `h` for `t`: the user pays at most the hold; the provider and
     /// the treasury share the cost.
-    fn settle(&mut self, h: HoldRow, t: Tokens, outcome: Outcome) -> Micros {
+    fn settle(&mut self, h: HoldRow, t: Tokens, outcome: Outcome) -> Amount {
         let cost = match outcome {
             Outcome::Failed => 0,
             Outcome::Finished | Outcome::Cut => h.quote.cost(t).min(h.amount),
@@ -400,7 +400,7 @@ async fn update_balances(
     tx: &mut sqlx::Transaction<'_, sqlx::Any>,
     table: &str,
     first: &str,
-    deltas: &HashMap<String, (Micros, Micros)>,
+    deltas: &HashMap<String, (Amount, Amount)>,
 ) -> Result<(), sqlx::Error> {
     if deltas.is_empty() {
         return Ok(());
@@ -436,7 +436,7 @@ async fn update_balances(
 
 async fn insert_usage(
     tx: &mut sqlx::Transaction<'_, sqlx::Any>,
-    usage: &[(HoldRow, Tokens, Outcome, Micros, Micros, Micros)],
+    usage: &[(HoldRow, Tokens, Outcome, Amount, Amount, Amount)],
 ) -> Result<(), sqlx::Error> {
     if usage.is_empty() {
         return Ok(());
@@ -475,7 +475,7 @@ async fn insert_usage(
 /// the request id, which is also its unique `ref`), with its entries.
 async fn insert_journal(
     tx: &mut sqlx::Transaction<'_, sqlx::Any>,
-    entries: &[(String, String, Micros)],
+    entries: &[(String, String, Amount)],
 ) -> Result<(), sqlx::Error> {
     if entries.is_empty() {
         return Ok(());

@@ -55,7 +55,7 @@ async fn assert_clean(l: &Ledger) {
 }
 
 /// A hold of `amount` for request `id` on `user` (no key).
-fn user_hold<'a>(id: &'a str, user: &'a str, q: &'a Quote, amount: Micros) -> HoldRequest<'a> {
+fn user_hold<'a>(id: &'a str, user: &'a str, q: &'a Quote, amount: Amount) -> HoldRequest<'a> {
     HoldRequest {
         request_id: id,
         account_id: user,
@@ -70,13 +70,13 @@ struct Open {
     id: String,
     account: String,
     quote: Quote,
-    amount: Micros,
+    amount: Amount,
     prompt: u64,
     max: u64,
 }
 
 /// What the model expects of each user account: (balance, held, limit).
-type Expect = HashMap<String, (Micros, Micros, Micros)>;
+type Expect = HashMap<String, (Amount, Amount, Amount)>;
 
 #[tokio::test]
 async fn random_walks_keep_every_invariant_on_both_backends() {
@@ -164,7 +164,7 @@ async fn random_walk(l: &Ledger, seed: u64, steps: usize) {
 
 /// Amounts at and past every bound: each must be refused (and change
 /// nothing) or fit the bounds, never wrap or corrupt a balance.
-const EXTREMES: [Micros; 9] = [
+const EXTREMES: [Amount; 9] = [
     i64::MAX,
     i64::MIN,
     -1,

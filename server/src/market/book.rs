@@ -10,7 +10,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use serde::{Deserialize, Serialize};
 
-use crate::ledger::money::Micros;
+use crate::ledger::money::Amount;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "lowercase")]
@@ -36,7 +36,7 @@ pub struct Order {
     pub account_id: String,
     /// Limit price per million tokens (the most a bid pays, the least an
     /// ask takes).
-    pub price: Micros,
+    pub price: Amount,
     /// Capacity in tokens per second.
     pub quantity: u64,
     pub remaining: u64,
@@ -53,7 +53,7 @@ pub struct Order {
 pub struct Fill {
     pub bid_id: String,
     pub ask_id: String,
-    pub price: Micros,
+    pub price: Amount,
     pub quantity: u64,
     /// What the money side needs (not part of the answer): the two
     /// accounts, the bid's remaining quantity before this fill, and when
@@ -79,13 +79,13 @@ enum Slot {
     Ask(AskKey),
 }
 
-type BidKey = (Reverse<Micros>, Reverse<i64>, u64);
-type AskKey = (Micros, u64);
+type BidKey = (Reverse<Amount>, Reverse<i64>, u64);
+type AskKey = (Amount, u64);
 
 /// Aggregated quantity at one price.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 pub struct Level {
-    pub price: Micros,
+    pub price: Amount,
     pub quantity: u64,
     pub orders: usize,
 }
@@ -96,7 +96,7 @@ pub struct Book {
     asks: BTreeMap<AskKey, Order>,
     index: HashMap<String, Slot>,
     seq: u64,
-    last_price: Option<Micros>,
+    last_price: Option<Amount>,
 }
 
 impl Book {
@@ -234,19 +234,19 @@ impl Book {
         ids.iter().filter_map(|id| self.cancel(id)).collect()
     }
 
-    pub fn best_bid(&self) -> Option<Micros> {
+    pub fn best_bid(&self) -> Option<Amount> {
         self.bids.values().next().map(|o| o.price)
     }
 
-    pub fn best_ask(&self) -> Option<Micros> {
+    pub fn best_ask(&self) -> Option<Amount> {
         self.asks.values().next().map(|o| o.price)
     }
 
-    pub fn last_price(&self) -> Option<Micros> {
+    pub fn last_price(&self) -> Option<Amount> {
         self.last_price
     }
 
-    pub fn set_last_price(&mut self, p: Option<Micros>) {
+    pub fn set_last_price(&mut self, p: Option<Amount>) {
         self.last_price = p;
     }
 
@@ -313,7 +313,7 @@ mod tests {
 
     use super::*;
 
-    fn order(id: &str, side: Side, price: Micros, qty: u64) -> Order {
+    fn order(id: &str, side: Side, price: Amount, qty: u64) -> Order {
         Order {
             id: id.into(),
             side,

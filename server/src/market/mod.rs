@@ -16,7 +16,7 @@ use serde::Serialize;
 use tokio::sync::Mutex;
 
 use crate::ledger::Ledger;
-use crate::ledger::money::{BPS, MAX_PRICE, Micros, Prices, Quote, Stages};
+use crate::ledger::money::{Amount, BPS, MAX_PRICE, Prices, Quote, Stages};
 use crate::store::{Db, now};
 use book::{Book, Fill, Level, Order, Side};
 use pricing::{CostProfile, Load};
@@ -58,7 +58,7 @@ pub struct NewOrder {
     pub account_id: String,
     /// The API key a bid is posted with: its budget is held too.
     pub key_id: Option<String>,
-    pub price: Micros,
+    pub price: Amount,
     pub quantity: u64,
     pub priority: i64,
     pub interruptible: bool,
@@ -70,7 +70,7 @@ pub struct NewOrder {
 pub struct Trade {
     pub id: String,
     pub instrument: String,
-    pub price: Micros,
+    pub price: Amount,
     pub quantity: i64,
     pub bid_id: String,
     pub ask_id: String,
@@ -81,17 +81,17 @@ pub struct Trade {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 pub struct PricePoint {
     pub at: i64,
-    pub input: Micros,
-    pub cached_input: Micros,
-    pub output: Micros,
+    pub input: Amount,
+    pub cached_input: Amount,
+    pub output: Amount,
 }
 
 /// The spot view of an instrument.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 pub struct Spot {
-    pub best_bid: Option<Micros>,
-    pub best_ask: Option<Micros>,
-    pub last_trade: Option<Micros>,
+    pub best_bid: Option<Amount>,
+    pub best_ask: Option<Amount>,
+    pub last_trade: Option<Amount>,
     pub bids: Vec<Level>,
     pub asks: Vec<Level>,
 }
@@ -102,7 +102,7 @@ pub struct Market {
     db: Db,
     /// Protocol fee (bps).
     pub fee_bps: i64,
-    regions: RwLock<BTreeMap<String, Micros>>,
+    regions: RwLock<BTreeMap<String, Amount>>,
     providers: RwLock<HashMap<String, Provider>>,
     books: Mutex<HashMap<String, Book>>,
     /// Bids hold their worst case and fills move money here; without a
@@ -111,7 +111,7 @@ pub struct Market {
     /// The latest posted output price of each instrument: orders priced
     /// more than `BAND` times away from it are refused, so no one account
     /// can push the market's prices anywhere.
-    reference: RwLock<HashMap<String, Micros>>,
+    reference: RwLock<HashMap<String, Amount>>,
 }
 
 /// How far from the reference price an order may be (a factor).
@@ -216,7 +216,7 @@ impl Market {
         })
     }
 
-    pub fn regions(&self) -> BTreeMap<String, Micros> {
+    pub fn regions(&self) -> BTreeMap<String, Amount> {
         read(&self.regions).clone()
     }
 
@@ -224,7 +224,7 @@ impl Market {
     pub async fn set_region_price(
         &self,
         region: &str,
-        micros_per_kwh: Micros,
+        micros_per_kwh: i64,
     ) -> Result<(), MarketError> {
         if region.trim().is_empty() || region.len() > 64 {
             return Err(MarketError::Invalid(
@@ -325,11 +325,11 @@ impl Market {
 
     /// Refuses a price past `MAX_PRICE` or more than `BAND` times away
     /// from the instrument's reference price.
-    fn check_band(&self, instrument: &str, price: Micros) -> Result<(), MarketError> {
+    fn check_band(&self, instrument: &str, price: Amount) -> Result<(), MarketError> {
         if price > MAX_PRICE {
             return Err(MarketError::Invalid(
                 "price",
-                format!("a price is at most {MAX_PRICE} micro-units per million tokens"),
+                format!("a price is at most {MAX_PRICE} ticks per million tokens"),
             ));
         }
         if let Some(r) = read(&self.reference).get(instrument).copied() {
@@ -338,7 +338,7 @@ impl Market {
                 return Err(MarketError::Invalid(
                     "price",
                     format!(
-                        "`{instrument}` trades between {low} and {high} micro-units per million tokens now (within {BAND}x of its posted price {r})"
+                        "`{instrument}` trades between {low} and {high} ticks per million tokens now (within {BAND}x of its posted price {r})"
                     ),
                 ));
             }
@@ -471,10 +471,7 @@ fn validate(o: &NewOrder) -> Result<(), MarketError> {
         );
     }
     if o.price <= 0 {
-        return bad(
-            "price",
-            "a price is positive (micro-units per million tokens)",
-        );
+        return bad("price", "a price is positive (ticks per million tokens)");
     }
     if o.quantity == 0 || o.quantity > 1_000_000_000 {
         return bad("quantity", "a quantity is 1 to 1e9 tokens per second");

@@ -6,13 +6,13 @@
 
 use super::MarketError;
 use super::book::{Fill, Order, Side};
-use crate::ledger::money::{self, Micros};
+use crate::ledger::money::{self, Amount};
 use crate::ledger::orders::TradeMoney;
 use crate::ledger::{Ledger, LedgerError};
 
 /// The most a bid can cost: its whole quantity at its price until it
 /// expires (at least one second).
-pub fn bid_worst_case(o: &Order, now: i64) -> Result<Micros, MarketError> {
+pub fn bid_worst_case(o: &Order, now: i64) -> Result<Amount, MarketError> {
     money::capacity_cost(o.price, o.quantity, (o.expires_at - now).max(1))
         .filter(|c| *c <= money::MAX_AMOUNT)
         .ok_or_else(|| {
@@ -28,7 +28,7 @@ pub fn bid_worst_case(o: &Order, now: i64) -> Result<Micros, MarketError> {
 
 /// What a fill costs: its quantity at its price until the traded
 /// capacity ends (at least one second).
-pub fn fill_cost(f: &Fill, now: i64) -> Micros {
+pub fn fill_cost(f: &Fill, now: i64) -> Amount {
     money::capacity_cost(f.price, f.quantity, (f.terms.until - now).max(1))
         .unwrap_or(money::MAX_AMOUNT)
 }

@@ -9,14 +9,14 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::ledger::money::{BPS, MAX_AMOUNT, MAX_PRICE, Micros, Prices};
+use crate::ledger::money::{Amount, BPS, MAX_AMOUNT, MAX_PRICE, Prices, TICKS_PER_UNIT};
 
 /// Upper bounds of a cost profile's inputs: a 10 MW site, a PUE of 5,
 /// and hourly costs within one operation's money bound.
 const MAX_WATTS: i64 = 10_000_000;
 const MAX_PUE_MILLI: i64 = 5_000;
 /// The dearest electricity a region may have: 100 units per kWh.
-pub const MAX_MICROS_PER_KWH: Micros = 100_000_000;
+pub const MAX_MICROS_PER_KWH: i64 = 100_000_000;
 
 /// Lowest and highest demand multiplier, in basis points.
 pub const DEMAND_MIN_BPS: i64 = 5_000;
@@ -34,10 +34,10 @@ pub struct CostProfile {
     pub watts: i64,
     /// Power usage effectiveness x 1000 (1200 = 1.2).
     pub pue_milli: i64,
-    /// Hardware depreciation per hour (micro-units).
-    pub depreciation_per_hour: Micros,
-    /// Network cost per hour (micro-units).
-    pub network_per_hour: Micros,
+    /// Hardware depreciation per hour (ticks).
+    pub depreciation_per_hour: Amount,
+    /// Network cost per hour (ticks).
+    pub network_per_hour: Amount,
     /// Measured prompt tokens per hour (prefill).
     pub prefill_tokens_per_hour: i64,
     /// Measured generated tokens per hour (decode).
@@ -92,11 +92,15 @@ impl CostProfile {
         Ok(())
     }
 
-    /// Cost of one hour of this capacity, in micro-units.
-    pub fn hourly_cost(&self, micros_per_kwh: Micros) -> Micros {
-        let energy =
-            i128::from(self.watts) * i128::from(self.pue_milli) * i128::from(micros_per_kwh)
-                / 1_000_000;
+    /// Cost of one hour of this capacity, in ticks (the electricity price
+    /// is in micro-units per kWh).
+    pub fn hourly_cost(&self, micros_per_kwh: i64) -> Amount {
+        let ticks_per_micro = i128::from(TICKS_PER_UNIT / 1_000_000);
+        let energy = i128::from(self.watts)
+            * i128::from(self.pue_milli)
+            * i128::from(micros_per_kwh)
+            * ticks_per_micro
+            / 1_000_000;
         let total =
             energy + i128::from(self.depreciation_per_hour) + i128::from(self.network_per_hour);
         i64::try_from(total).unwrap_or(i64::MAX)
@@ -132,7 +136,7 @@ fn scale_up(x: i128, num: i128, den: i128) -> i128 {
 /// The prices a user pays (fee included), per million tokens.
 pub fn prices(
     profile: &CostProfile,
-    micros_per_kwh: Micros,
+    micros_per_kwh: i64,
     load: Load,
     fee_bps: i64,
     preemptible: bool,
@@ -213,8 +217,8 @@ mod tests {
             region: "us-east".into(),
             watts: 65,
             pue_milli: 1200,
-            depreciation_per_hour: 20_000,
-            network_per_hour: 5_000,
+            depreciation_per_hour: 200_000_000,
+            network_per_hour: 50_000_000,
             prefill_tokens_per_hour: 3_240_000,
             decode_tokens_per_hour: 1_080_000,
             cached_bps: 1_000,
@@ -225,7 +229,7 @@ mod tests {
     #[test]
     fn hourly_cost_adds_energy_depreciation_and_network() {
         // 65 W x 1.2 x 0.13/kWh = 0.01014/h, + 0.02 + 0.005.
-        assert_eq!(profile().hourly_cost(130_000), 10_140 + 25_000);
+        assert_eq!(profile().hourly_cost(130_000), 101_400_000 + 250_000_000);
     }
 
     #[test]
@@ -311,12 +315,13 @@ mod tests {
         };
         let at = |load, fee, pre| prices(&p, 130_000, load, fee, pre);
         let base = at(busy, 0, false);
-        // 35,140 per hour / 1.08M tokens per hour = 32,537.04 per million.
-        assert_eq!(base.output, 32_538);
-        assert_eq!(base.input, 10_846);
-        assert_eq!(base.cached_input, 1_085);
+        // 351,400,000 per hour / 1.08M tokens per hour = 325,370,370.4
+        // per million.
+        assert_eq!(base.output, 325_370_371);
+        assert_eq!(base.input, 108_456_791);
+        assert_eq!(base.cached_input, 10_845_680);
         let fee = at(busy, 500, false);
-        assert_eq!(fee.output, (32_538 * 105 + 99) / 100);
+        assert_eq!(fee.output, (325_370_371 * 105 + 99) / 100);
         assert!(
             at(
                 Load {
@@ -335,6 +340,40 @@ mod tests {
             prices(&p, 250_000, busy, 500, false).output > fee.output,
             "dearer power"
         );
+    }
+
+    /// The house's idle prices (the cheapest it sells at) make the
+    /// smallest bills; even there a short request's cost is rounded by
+    /// under 0.1% and its fee is never rounded away.
+    #[test]
+    fn a_short_request_is_billed_within_a_thousandth_of_its_exact_cost() {
+        let idle = prices(&profile(), 130_000, Load::default(), FEE_MIN_BPS, false);
+        let quote = crate::ledger::Quote {
+            provider_id: "provider:house".into(),
+            model: "m".into(),
+            prices: idle,
+            fee_bps: FEE_MIN_BPS,
+            payout_bps: BPS,
+            stages: crate::ledger::money::Stages::default(),
+        };
+        for (prompt, cached, completion) in [(10, 0, 8), (0, 0, 18), (18, 0, 0), (9, 9, 9)] {
+            let t = crate::ledger::Tokens {
+                prompt,
+                cached,
+                completion,
+            };
+            let exact = ((prompt - cached) as f64 * idle.input as f64
+                + cached as f64 * idle.cached_input as f64
+                + completion as f64 * idle.output as f64)
+                / 1e6;
+            let cost = quote.cost(t);
+            assert!(cost as f64 >= exact, "{t:?}: {cost} < {exact}");
+            assert!(
+                (cost as f64 - exact) / exact < 1e-3,
+                "{t:?}: {cost} vs {exact}"
+            );
+            assert!(quote.split(cost).treasury > 0, "{t:?}: fee rounded away");
+        }
     }
 
     #[test]

@@ -9,10 +9,10 @@ use sqlx::any::AnyRow;
 use super::book::{Book, Fill, Order, Side};
 use super::pricing::CostProfile;
 use super::{MarketError, PricePoint, Provider, Trade};
-use crate::ledger::money::{Micros, Prices};
+use crate::ledger::money::{Amount, Prices};
 use crate::store::{Db, now};
 
-pub async fn regions(db: &Db) -> Result<BTreeMap<String, Micros>, MarketError> {
+pub async fn regions(db: &Db) -> Result<BTreeMap<String, Amount>, MarketError> {
     let rows = sqlx::query("SELECT region, micros_per_kwh FROM region_prices")
         .fetch_all(&db.pool)
         .await?;
@@ -21,7 +21,7 @@ pub async fn regions(db: &Db) -> Result<BTreeMap<String, Micros>, MarketError> {
         .collect()
 }
 
-pub async fn set_region(db: &Db, region: &str, micros: Micros) -> Result<(), MarketError> {
+pub async fn set_region(db: &Db, region: &str, micros: i64) -> Result<(), MarketError> {
     sqlx::query(
         "INSERT INTO region_prices (region, micros_per_kwh, updated_at) VALUES ($1, $2, $3) \
          ON CONFLICT (region) DO UPDATE SET micros_per_kwh = excluded.micros_per_kwh, \

@@ -195,7 +195,7 @@ async fn funded_market(db: Db) -> (Market, Ledger) {
     (m, l)
 }
 
-fn order(side: Side, account: &str, price: Micros, quantity: u64, ttl: i64) -> NewOrder {
+fn order(side: Side, account: &str, price: Amount, quantity: u64, ttl: i64) -> NewOrder {
     NewOrder {
         key_id: None,
         side,
@@ -345,7 +345,7 @@ async fn a_keys_budget_bounds_its_bids_and_counts_their_fills() {
             .create_account(AccountKind::Provider, "gpu", 0)
             .await
             .expect("p");
-        // 10 tok/s for 100 s at 0.4 units per million: 400 micro-units.
+        // 10 tok/s for 100 s at 400,000 ticks per million: 400 ticks.
         let new = NewKey {
             budget: Some(500),
             ..NewKey::named("trader")

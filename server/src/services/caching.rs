@@ -378,7 +378,7 @@ impl ResponseCaching {
 
 /// What a hit's tokens cost: `bps` of the prices the answer was generated
 /// at, rounded up like every amount a user pays (so a hit never costs less
-/// than its fraction, and at most one micro-unit per million tokens more).
+/// than its fraction, and at most one tick per million tokens more).
 pub fn hit_prices(generated: Prices, bps: i64) -> Prices {
     // Stored prices come back from the disk or Redis tier: never below 0.
     let scale = |p: i64| {

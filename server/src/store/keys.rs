@@ -42,7 +42,7 @@ pub struct NewKey {
     pub limits: Limits,
     /// The user account it spends from; `None` makes a new one.
     pub account_id: Option<String>,
-    /// Most the key may spend, in micro-units; `None` is unlimited.
+    /// Most the key may spend, in ticks; `None` is unlimited.
     pub budget: Option<i64>,
 }
 
@@ -62,7 +62,7 @@ pub struct KeyRecord {
     pub name: String,
     /// The user account it spends from.
     pub account_id: String,
-    /// Spending budget (micro-units), if any, and what it has spent.
+    /// Spending budget (ticks), if any, and what it has spent.
     pub budget: Option<i64>,
     pub spent: i64,
     /// The secret's first characters, to tell keys apart.

@@ -5,6 +5,8 @@
 //! Queries use `$N` placeholders, which both backends accept.
 
 pub mod keys;
+#[cfg(test)]
+mod migration_tests;
 
 use std::path::Path;
 
@@ -47,6 +49,23 @@ impl Db {
     /// Connects to `url` and applies the backend's pending migrations. A
     /// SQLite file (and its folder) is created if missing.
     pub async fn connect(url: &str) -> Result<Self, StoreError> {
+        let db = Self::open(url).await?;
+        db.migrator().run(&db.pool).await?;
+        Ok(db)
+    }
+
+    /// The backend's migrations, embedded in the binary.
+    pub fn migrator(&self) -> &'static sqlx::migrate::Migrator {
+        static SQLITE: sqlx::migrate::Migrator = sqlx::migrate!("../migrations/sqlite");
+        static POSTGRES: sqlx::migrate::Migrator = sqlx::migrate!("../migrations/postgres");
+        match self.backend {
+            Backend::Sqlite => &SQLITE,
+            Backend::Postgres => &POSTGRES,
+        }
+    }
+
+    /// Connects to `url` without migrating.
+    pub async fn open(url: &str) -> Result<Self, StoreError> {
         sqlx::any::install_default_drivers();
         let (backend, url) = if let Some(rest) = url.strip_prefix("sqlite://") {
             (Backend::Sqlite, sqlite_url(rest)?)
@@ -77,10 +96,6 @@ impl Db {
             })
             .connect(&url)
             .await?;
-        match backend {
-            Backend::Sqlite => sqlx::migrate!("../migrations/sqlite").run(&pool).await?,
-            Backend::Postgres => sqlx::migrate!("../migrations/postgres").run(&pool).await?,
-        }
         Ok(Self { pool, backend })
     }
 }

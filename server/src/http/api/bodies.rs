@@ -1,6 +1,7 @@
 //! Typed response bodies of the admin, billing, market and cache routes,
 //! so the OpenAPI document describes every field (and its drift test sees
-//! them). Amounts are micro-units, as everywhere in the API.
+//! them). Amounts are ticks (10^-10 of a currency unit), as everywhere in
+//! the API.
 
 use std::collections::BTreeMap;
 

@@ -48,7 +48,7 @@ impl LimitQuery {
     }
 }
 
-/// The caller's account (balance, held funds, credit limit; micro-units)
+/// The caller's account (balance, held funds, credit limit; ticks)
 /// and its latest usage records, with the key's budget if it has one.
 #[utoipa::path(get, path = "/v1/usage", tag = "billing", params(LimitQuery),
     responses((status = 200, description = "Balance and usage", body = UsageAnswer)),
@@ -104,7 +104,7 @@ pub(crate) struct CreateAccount {
     #[serde(default)]
     kind: Option<AccountKind>,
     name: String,
-    /// How far below zero the balance may go (micro-units; default 0).
+    /// How far below zero the balance may go (ticks; default 0).
     #[serde(default)]
     credit_limit: i64,
 }
@@ -140,7 +140,7 @@ pub(crate) async fn create(
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct UpdateAccount {
-    /// How far below zero the balance may go (micro-units).
+    /// How far below zero the balance may go (ticks).
     credit_limit: i64,
 }
 

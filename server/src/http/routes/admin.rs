@@ -128,7 +128,7 @@ pub(crate) struct CreateKey {
     /// The user account the key spends from (default: a new account).
     #[serde(default)]
     account_id: Option<String>,
-    /// Most the key may spend, in micro-units (default: no budget).
+    /// Most the key may spend, in ticks (default: no budget).
     #[serde(default)]
     budget: Option<i64>,
 }

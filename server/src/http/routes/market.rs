@@ -154,7 +154,7 @@ pub(crate) async fn history(
 pub(crate) struct PostOrder {
     /// A served text model's name.
     instrument: String,
-    /// Limit price, micro-units per million tokens.
+    /// Limit price, ticks per million tokens.
     price: i64,
     /// Tokens per second.
     quantity: u64,
