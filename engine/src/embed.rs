@@ -5,12 +5,11 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use candle_core::Device;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::error::{EngineError, Result};
 use crate::model::bert::BertEmbedder;
-use crate::model::bert_q8::BertQ8;
+use crate::model::bert_encoder::{BertEncoder, Precision};
 
 /// Requests waiting for the embedding thread before new ones are refused.
 const QUEUE_DEPTH: usize = 64;
@@ -102,7 +101,7 @@ pub struct EmbeddingHandle {
 /// the f32 model's ten or more. Its vectors differ from the f32 model's by
 /// a cosine under 0.005, so compare them only with each other.
 struct QueryEncoder {
-    model: BertQ8,
+    model: BertEncoder,
     tokenizer: tokenizers::Tokenizer,
 }
 
@@ -114,17 +113,11 @@ impl std::fmt::Debug for QueryEncoder {
 
 impl QueryEncoder {
     fn load(dir: &Path) -> Result<Self> {
-        let config: serde_json::Value = std::fs::read_to_string(dir.join("config.json"))
-            .ok()
-            .and_then(|s| serde_json::from_str(&s).ok())
-            .ok_or_else(|| EngineError::Load("config.json".into()))?;
-        let heads = config["num_attention_heads"].as_u64().unwrap_or(12) as usize;
-        let eps = config["layer_norm_eps"].as_f64().unwrap_or(1e-12) as f32;
         let mut tokenizer = tokenizers::Tokenizer::from_file(dir.join("tokenizer.json"))
             .map_err(|e| EngineError::Load(format!("tokenizer.json: {e}")))?;
         tokenizer.with_padding(None);
         Ok(Self {
-            model: BertQ8::load(dir, heads, eps)?,
+            model: BertEncoder::load(dir, Precision::Q8)?,
             tokenizer,
         })
     }
@@ -141,7 +134,7 @@ impl QueryEncoder {
 impl EmbeddingHandle {
     /// Loads the model folder and starts its thread.
     pub fn start(dir: &Path) -> Result<Self> {
-        let model = BertEmbedder::load(dir, &Device::Cpu)?;
+        let model = BertEmbedder::load(dir)?;
         let (dimensions, max_tokens) = (model.dimensions, model.max_tokens);
         let vocab_size = model.vocab_size();
         let (jobs, mut rx) = mpsc::channel::<Job>(QUEUE_DEPTH);

@@ -98,10 +98,10 @@ async fn concurrent_requests_merged_into_one_pass_get_their_own_vectors_and_coun
 #[test]
 fn the_int8_encoder_agrees_with_the_f32_model() {
     use engine::model::bert::BertEmbedder;
-    use engine::model::bert_q8::BertQ8;
+    use engine::model::bert_encoder::{BertEncoder, Precision};
     let dir = common::model_path(common::MINILM);
-    let f32m = BertEmbedder::load(&dir, &candle_core::Device::Cpu).expect("f32");
-    let q8 = BertQ8::load(&dir, 12, 1e-12).expect("q8");
+    let f32m = BertEmbedder::load(&dir).expect("f32");
+    let q8 = BertEncoder::load(&dir, Precision::Q8).expect("q8");
     let mut tok = tokenizers::Tokenizer::from_file(dir.join("tokenizer.json")).expect("tokenizer");
     tok.with_padding(None); // the shipped tokenizer pads to 128
     let texts = [
@@ -135,5 +135,79 @@ fn the_int8_encoder_agrees_with_the_f32_model() {
             (sim(&got, a, b) - sim(&want, a, b)).abs() < 0.01,
             "pair {a},{b}"
         );
+    }
+}
+
+/// candle's BERT (the f32 path the embeddings API used before the compute
+/// backend) as the reference: padded, masked, one batch.
+fn candle_reference(dir: &std::path::Path, texts: &[&str]) -> Vec<Vec<f32>> {
+    use candle_core::{DType, Device, Tensor};
+    use candle_transformers::models::bert::{BertModel, Config};
+    let config: Config =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).expect("config"))
+            .expect("config");
+    let bytes = std::fs::read(dir.join("model.safetensors")).expect("weights");
+    let vb = candle_nn::VarBuilder::from_buffered_safetensors(bytes, DType::F32, &Device::Cpu)
+        .expect("weights");
+    let model = BertModel::load(vb, &config).expect("model");
+    let mut tok = tokenizers::Tokenizer::from_file(dir.join("tokenizer.json")).expect("tokenizer");
+    tok.with_padding(Some(tokenizers::PaddingParams::default()));
+    let enc = tok
+        .encode_batch(texts.iter().map(|t| t.to_string()).collect(), true)
+        .expect("encode");
+    let (rows, len) = (enc.len(), enc[0].len());
+    let flat = |f: &dyn Fn(&tokenizers::Encoding) -> &[u32]| -> Vec<u32> {
+        enc.iter().flat_map(|e| f(e).iter().copied()).collect()
+    };
+    let t = |v: Vec<u32>| Tensor::from_vec(v, (rows, len), &Device::Cpu).expect("tensor");
+    let mask = t(flat(&|e| e.get_attention_mask()));
+    let hidden = model
+        .forward(
+            &t(flat(&|e| e.get_ids())),
+            &t(flat(&|e| e.get_type_ids())),
+            Some(&mask),
+        )
+        .expect("forward");
+    let maskf = mask
+        .to_dtype(DType::F32)
+        .expect("f32")
+        .unsqueeze(2)
+        .expect("2d");
+    let mean = hidden
+        .broadcast_mul(&maskf)
+        .and_then(|h| h.sum(1))
+        .and_then(|s| s.broadcast_div(&maskf.sum(1).expect("count")))
+        .expect("mean");
+    let norm = mean
+        .sqr()
+        .and_then(|m| m.sum_keepdim(1))
+        .and_then(|m| m.sqrt())
+        .expect("norm");
+    mean.broadcast_div(&norm)
+        .and_then(|u| u.to_vec2::<f32>())
+        .expect("unit")
+}
+
+#[test]
+fn the_backend_encoder_matches_candles_bert_in_a_mixed_batch() {
+    use engine::model::bert::BertEmbedder;
+    let dir = common::model_path(common::MINILM);
+    let texts = [
+        "This is an example sentence",
+        "A much longer sentence about the weather, the sea, and the small boats in the harbour at dawn, and the gulls.",
+        "Hi",
+        "Convert 25 degrees Celsius to Fahrenheit.",
+    ];
+    let want = candle_reference(&dir, &texts);
+    let model = BertEmbedder::load(&dir).expect("load");
+    let (got, counts) = model.embed_each(&texts.map(String::from)).expect("embed");
+    assert_eq!(counts[2], 3, "[CLS] hi [SEP], unpadded");
+    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+        let err = g
+            .iter()
+            .zip(w)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0, f32::max);
+        assert!(err < 2e-5, "input {i}: {err}");
     }
 }

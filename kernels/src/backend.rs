@@ -115,14 +115,17 @@ pub trait Backend: Send + Sync {
         v: &Self::Tensor,
         slots: &[(u32, usize)],
     );
-    /// Bidirectional multi-head attention of all rows as one sequence
-    /// (an encoder's): every row of `q` attends to every row of `k`/`v`.
+    /// Bidirectional multi-head attention (an encoder's) over a batch of
+    /// unpadded sequences stacked row after row, `seqs` their lengths
+    /// (summing to the rows): every row of a sequence attends to every row
+    /// of the same sequence, and to no other.
     fn self_attention(
         &self,
         q: &Self::Tensor,
         k: &Self::Tensor,
         v: &Self::Tensor,
         heads: usize,
+        seqs: &[usize],
     ) -> Self::Tensor;
     /// Causal attention of every query row over the paged KV of `layer`:
     /// `queries[t]` is row `t`'s position and its sequence's block table.

@@ -180,6 +180,31 @@ pub fn max_diff(a: &[f32], b: &[f32]) -> f32 {
         .fold(0.0, f32::max)
 }
 
+/// Bidirectional multi-head attention over `n` rows of `q`, `k`, `v`
+/// (`h` wide each, `heads` heads): every row attends to every row.
+pub fn self_attention(q: &[f32], k: &[f32], v: &[f32], h: usize, heads: usize) -> Vec<f32> {
+    let n = q.len() / h.max(1);
+    let d = h / heads.max(1);
+    let scale = 1.0 / (d as f32).sqrt();
+    let mut ctx = vec![0.0f32; n * h];
+    let mut scores = vec![0.0f32; n];
+    for head in 0..heads {
+        let at = |row: usize| row * h + head * d..row * h + (head + 1) * d;
+        for i in 0..n {
+            let qi = &q[at(i)];
+            for (j, s) in scores.iter_mut().enumerate() {
+                *s = qi.iter().zip(&k[at(j)]).map(|(a, b)| a * b).sum::<f32>() * scale;
+            }
+            let p = softmax(&scores, n);
+            let out = &mut ctx[at(i)];
+            for (j, w) in p.iter().enumerate() {
+                out.iter_mut().zip(&v[at(j)]).for_each(|(o, x)| *o += w * x);
+            }
+        }
+    }
+    ctx
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -2,7 +2,7 @@
 //! embeddings, and the batch description a forward pass takes.
 
 pub mod bert;
-pub mod bert_q8;
+pub mod bert_encoder;
 pub mod llama;
 pub mod weights;
 

@@ -1,7 +1,8 @@
 //! `CpuBackend`: the compute backend on host memory. Quantized weights run
 //! through the SIMD matmul (`cpu::matmul`), f32 weights through
 //! `cpu::dense`, the row-wise ops through `cpu::ops`, the
-//! paged attention through `cpu::paged` over `cpu::kv::KvStorage`. Work
+//! paged attention through `cpu::paged` over `cpu::kv::KvStorage`, an
+//! encoder's attention through `cpu::bidirectional`. Work
 //! runs on the caller's rayon pool (the executor's).
 
 use std::sync::Arc;
@@ -28,11 +29,8 @@ impl CpuTensor {
 #[derive(Debug, Clone)]
 pub enum CpuMatrix {
     Quant(Arc<QMatrix>),
-    Dense {
-        data: Arc<[f32]>,
-        rows: usize,
-        cols: usize,
-    },
+    /// f32, packed for the dense matmul (`Packed::n` rows of `k`).
+    Dense(Arc<super::dense::Packed>),
 }
 
 /// The CPU backend (stateless: the thread pool is the caller's).
@@ -60,11 +58,7 @@ impl Backend for CpuBackend {
                         got: data.len(),
                     });
                 }
-                CpuMatrix::Dense {
-                    data: data.into(),
-                    rows,
-                    cols,
-                }
+                CpuMatrix::Dense(Arc::new(super::dense::Packed::new(&data, rows, cols)))
             }
         })
     }
@@ -72,7 +66,7 @@ impl Backend for CpuBackend {
     fn matrix_shape(&self, m: &CpuMatrix) -> (usize, usize) {
         match m {
             CpuMatrix::Quant(q) => (q.rows, q.cols),
-            CpuMatrix::Dense { rows, cols, .. } => (*rows, *cols),
+            CpuMatrix::Dense(p) => (p.n, p.k),
         }
     }
 
@@ -110,9 +104,7 @@ impl Backend for CpuBackend {
             }
             match table {
                 CpuMatrix::Quant(q) => data.extend(q.dequantize_row(r)),
-                CpuMatrix::Dense { data: w, .. } => {
-                    data.extend_from_slice(&w[r * cols..(r + 1) * cols])
-                }
+                CpuMatrix::Dense(p) => data.extend(p.row(r)),
             }
         }
         Ok(CpuTensor { data, cols })
@@ -134,7 +126,7 @@ impl Backend for CpuBackend {
                 super::matmul(q, &x.data, m, &mut out)?;
                 out
             }
-            CpuMatrix::Dense { data, .. } => super::dense::matmul_f32(data, rows, cols, &x.data, m),
+            CpuMatrix::Dense(p) => super::dense::matmul_packed(p, &x.data, m),
         };
         Ok(CpuTensor { data, cols: rows })
     }
@@ -225,9 +217,12 @@ impl Backend for CpuBackend {
         k: &CpuTensor,
         v: &CpuTensor,
         heads: usize,
+        seqs: &[usize],
     ) -> CpuTensor {
         CpuTensor {
-            data: ops::self_attention(&q.data, &k.data, &v.data, q.cols, heads),
+            data: super::bidirectional::self_attention(
+                &q.data, &k.data, &v.data, q.cols, heads, seqs,
+            ),
             cols: q.cols,
         }
     }
@@ -325,9 +320,11 @@ mod tests {
             b.tensor(reference::ramp(8, 7), 8),
         );
         let v = b.tensor(reference::ramp(8, 8), 8);
-        assert_eq!(b.self_attention(&q, &k, &v, 2).data, v.data);
+        assert_eq!(b.self_attention(&q, &k, &v, 2, &[1]).data, v.data);
         let two = b.tensor(reference::ramp(16, 9), 8);
-        let ctx = b.self_attention(&two, &two, &two, 1);
+        // Two sequences of one row: each row attends only to itself.
+        assert_eq!(b.self_attention(&two, &two, &two, 2, &[1, 1]), two);
+        let ctx = b.self_attention(&two, &two, &two, 1, &[2]);
         for i in 0..2 {
             let s: Vec<f32> = (0..2)
                 .map(|j| {

@@ -1,205 +1,289 @@
 //! f32 matrix multiplication on the CPU, `y = x · Wᵀ` with `x` row-major
-//! `m x k` and `W` row-major `n x k` (both contiguous along `k`), for the
-//! weights a model keeps in f32. Tasks own blocks of `W` rows; within a
-//! task, tiles of 2 input rows by 4 weight rows keep eight 8-lane partial
-//! sums in registers, so each loaded vector of `x` is used four times and
-//! each of `W` twice. Picked at run time: AVX-512F intrinsics (16-lane
-//! fused multiply-adds, for rows of 64 or more), else the portable body compiled for AVX2, else
-//! for the baseline (those two add in the same order; AVX-512 results can
-//! differ from them in the last bits).
+//! `m x k` and `W` an `n x k` weight, for the weights a model keeps in f32
+//! (BERT's linear layers, a tiny llama's tensors).
+//!
+//! The weight is packed once, at load, into panels of `NR` = 32 output
+//! columns laid out along `k` (`panel[kk][c] = W[p·32 + c][kk]`, the last
+//! panel zero-padded), the layout of a BLIS/GotoBLAS micro-kernel: each
+//! step of `k` loads one 32-wide row of the panel (two 16-lane vectors),
+//! broadcasts one value of each of up to `MR` = 6 input rows, and does 12
+//! fused multiply-adds into registers; no horizontal sums, and the output
+//! tile is stored straight into `y`'s rows. Tasks own panels (parallel over
+//! output columns) and reuse their panel, which stays in L2, for every
+//! block of input rows. Picked at run time: AVX-512F intrinsics, else the
+//! same kernel in portable Rust compiled for AVX2, else for the baseline
+//! (the portable kernel multiplies and adds separately, so its results can
+//! differ from AVX-512's in the last bits).
 
 use rayon::prelude::*;
 
-/// Weight rows per parallel task.
-const ROWS_PER_TASK: usize = 16;
-const LANES: usize = 8;
+/// Output columns per panel.
+pub const NR: usize = 32;
+/// Input rows per micro-kernel call.
+const MR: usize = 6;
 
-/// `x · Wᵀ`: `m x n`, row-major.
-pub fn matmul_f32(w: &[f32], n: usize, k: usize, x: &[f32], m: usize) -> Vec<f32> {
-    debug_assert_eq!(w.len(), n * k);
+/// A weight packed into `NR`-column panels.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Packed {
+    /// `panels x k x NR`.
+    data: Vec<f32>,
+    /// Outputs (the weight's rows).
+    pub n: usize,
+    /// Inputs (the weight's columns).
+    pub k: usize,
+}
+
+impl Packed {
+    /// Packs `w`, row-major `n x k`.
+    pub fn new(w: &[f32], n: usize, k: usize) -> Self {
+        debug_assert_eq!(w.len(), n * k);
+        let panels = n.div_ceil(NR);
+        let mut data = vec![0.0f32; panels * k * NR];
+        for (p, panel) in data.chunks_exact_mut((k * NR).max(1)).enumerate() {
+            for c in 0..NR.min(n - p * NR) {
+                let row = &w[(p * NR + c) * k..][..k];
+                for (kk, &v) in row.iter().enumerate() {
+                    panel[kk * NR + c] = v;
+                }
+            }
+        }
+        Self { data, n, k }
+    }
+
+    /// Row `r` of the weight (an embedding lookup).
+    pub fn row(&self, r: usize) -> Vec<f32> {
+        let (p, c) = (r / NR, r % NR);
+        let panel = &self.data[p * self.k * NR..][..self.k * NR];
+        (0..self.k).map(|kk| panel[kk * NR + c]).collect()
+    }
+
+    fn panel(&self, p: usize) -> &[f32] {
+        &self.data[p * self.k * NR..][..self.k * NR]
+    }
+}
+
+/// `x · Wᵀ`: `m x n`, row-major, in parallel over panels.
+pub fn matmul_packed(w: &Packed, x: &[f32], m: usize) -> Vec<f32> {
+    gemm(w, x, m, true)
+}
+
+/// `matmul_packed` on the calling thread alone (for callers that are
+/// themselves one of many parallel tasks).
+pub fn matmul_packed_serial(w: &Packed, x: &[f32], m: usize) -> Vec<f32> {
+    gemm(w, x, m, false)
+}
+
+/// Input rows per task when tasks own rows.
+const ROWS_PER_TASK: usize = 4 * MR;
+
+fn gemm(w: &Packed, x: &[f32], m: usize, parallel: bool) -> Vec<f32> {
+    let (n, k) = (w.n, w.k);
     debug_assert_eq!(x.len(), m * k);
     if m == 0 || n == 0 {
         return Vec::new();
     }
-    // Per task: its weight rows' outputs for every input row, `[row][i]`.
-    let mut out_t = vec![0.0f32; n * m];
-    out_t
-        .par_chunks_mut(ROWS_PER_TASK * m)
-        .enumerate()
-        .for_each(|(task, o)| {
-            let first = task * ROWS_PER_TASK;
-            let rows = o.len() / m;
-            block(&w[first * k..(first + rows) * k], rows, k, x, m, o);
-        });
-    let mut out = vec![0.0f32; m * n];
-    for (j, col) in out_t.chunks_exact(m).enumerate() {
-        for (i, v) in col.iter().enumerate() {
-            out[i * n + j] = *v;
+    let mut y = vec![0.0f32; m * n];
+    if k == 0 {
+        return y;
+    }
+    let kernel = pick();
+    // Rows `first..` of `y` (whole rows), every panel.
+    let rows_task = |first: usize, y: &mut [f32]| {
+        let rows = y.len() / n;
+        for p in 0..n.div_ceil(NR) {
+            let (panel, width) = (w.panel(p), NR.min(n - p * NR));
+            for b in (0..rows).step_by(MR) {
+                let r = MR.min(rows - b);
+                let out = &mut y[b * n + p * NR..];
+                kernel(panel, &x[(first + b) * k..], k, r, out, n, width);
+            }
+        }
+    };
+    let tasks = m.div_ceil(ROWS_PER_TASK);
+    if !parallel || tasks == 1 && n <= NR {
+        rows_task(0, &mut y);
+    } else if tasks >= rayon::current_num_threads() {
+        y.par_chunks_mut(ROWS_PER_TASK * n)
+            .enumerate()
+            .for_each(|(t, y)| rows_task(t * ROWS_PER_TASK, y));
+    } else {
+        // Few rows: tasks own panels, each writing `[row][NR]` tiles that
+        // are then copied into `y`'s rows.
+        let mut tiles = vec![0.0f32; n.div_ceil(NR) * m * NR];
+        tiles
+            .par_chunks_mut(m * NR)
+            .enumerate()
+            .for_each(|(p, out)| {
+                for b in (0..m).step_by(MR) {
+                    let r = MR.min(m - b);
+                    kernel(w.panel(p), &x[b * k..], k, r, &mut out[b * NR..], NR, NR);
+                }
+            });
+        for (p, tile) in tiles.chunks_exact(m * NR).enumerate() {
+            let width = NR.min(n - p * NR);
+            for (i, row) in tile.chunks_exact(NR).enumerate() {
+                y[i * n + p * NR..][..width].copy_from_slice(&row[..width]);
+            }
         }
     }
-    out
+    y
 }
 
-/// One task: `rows` weight rows against every input row.
-fn block(w: &[f32], rows: usize, k: usize, x: &[f32], m: usize, out: &mut [f32]) {
-    #[cfg(target_arch = "x86_64")]
-    // Short rows: the per-tile horizontal sums would cost more than the
-    // wider lanes save.
-    if k >= 64 && std::arch::is_x86_feature_detected!("avx512f") {
-        block_with(w, rows, k, x, m, out, avx512::tile);
-        return;
-    }
-    #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") {
-        // SAFETY: AVX2 is present (checked just above).
-        #[allow(unsafe_code)]
-        unsafe {
-            block_avx2(w, rows, k, x, m, out)
-        };
-        return;
-    }
-    block_body(w, rows, k, x, m, out);
+/// `x · Wᵀ` of an unpacked row-major `n x k` weight (packs it first).
+pub fn matmul_f32(w: &[f32], n: usize, k: usize, x: &[f32], m: usize) -> Vec<f32> {
+    matmul_packed(&Packed::new(w, n, k), x, m)
 }
 
-/// The same body compiled with AVX2 (8-lane vectors); the caller checks
-/// the CPU has it.
+/// A micro-kernel: `(panel, x rows from here, k, rows <= MR, out, out's
+/// row stride, columns to store <= NR)`.
+type Kernel = fn(&[f32], &[f32], usize, usize, &mut [f32], usize, usize);
+
+fn pick() -> Kernel {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::arch::is_x86_feature_detected!("avx512f") {
+            return avx512::kernel;
+        }
+        if std::arch::is_x86_feature_detected!("avx2") {
+            return portable_avx2;
+        }
+    }
+    portable
+}
+
+#[cfg(target_arch = "x86_64")]
+fn portable_avx2(p: &[f32], x: &[f32], k: usize, rows: usize, o: &mut [f32], ld: usize, w: usize) {
+    // SAFETY: `pick` returns this only where AVX2 is present.
+    #[allow(unsafe_code)]
+    unsafe {
+        portable_avx2_body(p, x, k, rows, o, ld, w)
+    }
+}
+
+/// The portable kernel compiled with AVX2 (8-lane vectors).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
 #[allow(unsafe_code)]
-unsafe fn block_avx2(w: &[f32], rows: usize, k: usize, x: &[f32], m: usize, out: &mut [f32]) {
-    block_body(w, rows, k, x, m, out);
+unsafe fn portable_avx2_body(
+    p: &[f32],
+    x: &[f32],
+    k: usize,
+    rows: usize,
+    o: &mut [f32],
+    ld: usize,
+    w: usize,
+) {
+    portable(p, x, k, rows, o, ld, w);
 }
 
 #[inline(always)]
-fn block_body(w: &[f32], rows: usize, k: usize, x: &[f32], m: usize, out: &mut [f32]) {
-    block_with(w, rows, k, x, m, out, tile);
-}
-
-/// One tile's dot products: `(w, j, nj, x, i, ni, k)` as in `tile`.
-type Tile = fn(&[f32], usize, usize, &[f32], usize, usize, usize) -> [[f32; 2]; 4];
-
-#[inline(always)]
-fn block_with(w: &[f32], rows: usize, k: usize, x: &[f32], m: usize, out: &mut [f32], tile: Tile) {
-    let mut j = 0;
-    while j < rows {
-        let nj = (rows - j).min(4);
-        let mut i = 0;
-        while i < m {
-            let ni = (m - i).min(2);
-            let sums = tile(w, j, nj, x, i, ni, k);
-            for (dj, row) in sums.iter().enumerate().take(nj) {
-                for (di, s) in row.iter().enumerate().take(ni) {
-                    out[(j + dj) * m + i + di] = *s;
-                }
-            }
-            i += ni;
-        }
-        j += nj;
+fn portable(p: &[f32], x: &[f32], k: usize, rows: usize, o: &mut [f32], ld: usize, w: usize) {
+    let acc = match rows {
+        1 => portable_rows::<1>(p, x, k),
+        2 => portable_rows::<2>(p, x, k),
+        3 => portable_rows::<3>(p, x, k),
+        4 => portable_rows::<4>(p, x, k),
+        5 => portable_rows::<5>(p, x, k),
+        _ => portable_rows::<MR>(p, x, k),
+    };
+    for (r, a) in acc.chunks_exact(NR).enumerate().take(rows) {
+        o[r * ld..][..w].copy_from_slice(&a[..w]);
     }
 }
 
-/// Dot products of input rows `i..i+ni` with weight rows `j..j+nj`
-/// (`ni <= 2`, `nj <= 4`), as `[weight row][input row]`.
+/// `R` rows of the product, `[row][NR]` (padded to `MR` rows).
 #[inline(always)]
-fn tile(w: &[f32], j: usize, nj: usize, x: &[f32], i: usize, ni: usize, k: usize) -> [[f32; 2]; 4] {
-    let mut acc = [[[0.0f32; LANES]; 2]; 4];
-    let row_w = |r: usize| &w[(j + r.min(nj - 1)) * k..][..k];
-    let row_x = |r: usize| &x[(i + r.min(ni - 1)) * k..][..k];
-    let (ws, xs) = (
-        [row_w(0), row_w(1), row_w(2), row_w(3)],
-        [row_x(0), row_x(1)],
-    );
-    let whole = k / LANES * LANES;
-    let mut c = 0;
-    while c < whole {
-        for (a, wr) in acc.iter_mut().zip(&ws) {
-            let wv = &wr[c..c + LANES];
-            for (lanes, xr) in a.iter_mut().zip(&xs) {
-                let xv = &xr[c..c + LANES];
-                for l in 0..LANES {
-                    lanes[l] += wv[l] * xv[l];
-                }
+fn portable_rows<const R: usize>(panel: &[f32], x: &[f32], k: usize) -> [f32; MR * NR] {
+    let mut acc = [[0.0f32; NR]; R];
+    for (kk, b) in panel.chunks_exact(NR).enumerate().take(k) {
+        for (r, a) in acc.iter_mut().enumerate() {
+            let v = x[r * k + kk];
+            for (s, w) in a.iter_mut().zip(b) {
+                *s += v * w;
             }
         }
-        c += LANES;
     }
-    let mut out = [[0.0f32; 2]; 4];
-    for (r, (o, a)) in out.iter_mut().zip(&acc).enumerate() {
-        for (s, (dst, lanes)) in o.iter_mut().zip(a).enumerate() {
-            let tail: f32 = (whole..k).map(|t| ws[r][t] * xs[s][t]).sum();
-            *dst = lanes.iter().sum::<f32>() + tail;
-        }
+    let mut out = [0.0f32; MR * NR];
+    for (o, a) in out.chunks_exact_mut(NR).zip(&acc) {
+        o.copy_from_slice(a);
     }
     out
 }
 
-/// The tile with AVX-512F intrinsics: eight 16-lane fused multiply-add
-/// accumulators.
+/// The micro-kernel with AVX-512F intrinsics: `R` rows x 32 columns in
+/// `2R` accumulators.
 #[cfg(target_arch = "x86_64")]
 #[allow(unsafe_code)]
 mod avx512 {
     use std::arch::x86_64::{
-        __m512, _mm512_fmadd_ps, _mm512_loadu_ps, _mm512_reduce_add_ps, _mm512_setzero_ps,
+        __m512, _mm512_fmadd_ps, _mm512_loadu_ps, _mm512_set1_ps, _mm512_setzero_ps,
+        _mm512_storeu_ps,
     };
 
-    /// Safe entry: only reached after the caller saw `avx512f`.
-    pub fn tile(
-        w: &[f32],
-        j: usize,
-        nj: usize,
-        x: &[f32],
-        i: usize,
-        ni: usize,
-        k: usize,
-    ) -> [[f32; 2]; 4] {
-        // SAFETY: the dispatcher checked `avx512f`; every load below
-        // reads 16 floats inside a row of length `k` (c + 16 <= k).
-        unsafe { tile_avx512(w, j, nj, x, i, ni, k) }
+    use super::{MR, NR};
+
+    /// Safe entry: only reached after `pick` saw `avx512f`.
+    pub fn kernel(p: &[f32], x: &[f32], k: usize, rows: usize, o: &mut [f32], ld: usize, w: usize) {
+        assert!(rows <= MR && w <= NR && p.len() >= k * NR && x.len() >= rows * k);
+        assert!(o.len() >= (rows - 1) * ld + w);
+        // SAFETY: avx512f is present; the lengths were checked just above,
+        // and every access below is inside them.
+        unsafe {
+            match rows {
+                1 => rows_avx512::<1>(p, x, k, o, ld, w),
+                2 => rows_avx512::<2>(p, x, k, o, ld, w),
+                3 => rows_avx512::<3>(p, x, k, o, ld, w),
+                4 => rows_avx512::<4>(p, x, k, o, ld, w),
+                5 => rows_avx512::<5>(p, x, k, o, ld, w),
+                _ => rows_avx512::<MR>(p, x, k, o, ld, w),
+            }
+        }
     }
 
     #[target_feature(enable = "avx512f")]
-    unsafe fn tile_avx512(
-        w: &[f32],
-        j: usize,
-        nj: usize,
+    unsafe fn rows_avx512<const R: usize>(
+        panel: &[f32],
         x: &[f32],
-        i: usize,
-        ni: usize,
         k: usize,
-    ) -> [[f32; 2]; 4] {
-        let row_w = |r: usize| &w[(j + r.min(nj - 1)) * k..][..k];
-        let row_x = |r: usize| &x[(i + r.min(ni - 1)) * k..][..k];
-        let (ws, xs) = (
-            [row_w(0), row_w(1), row_w(2), row_w(3)],
-            [row_x(0), row_x(1)],
-        );
-        let mut acc: [[__m512; 2]; 4] = [[_mm512_setzero_ps(); 2]; 4];
-        let whole = k / 16 * 16;
-        let mut c = 0;
-        while c < whole {
-            // SAFETY: c + 16 <= whole <= k, inside each row.
-            let (x0, x1) = unsafe {
+        out: &mut [f32],
+        ld: usize,
+        width: usize,
+    ) {
+        let mut acc: [[__m512; 2]; R] = [[_mm512_setzero_ps(); 2]; R];
+        let (b, a) = (panel.as_ptr(), x.as_ptr());
+        for kk in 0..k {
+            // SAFETY: kk * NR + 32 <= k * NR <= panel.len().
+            let (b0, b1) = unsafe {
                 (
-                    _mm512_loadu_ps(xs[0].as_ptr().add(c)),
-                    _mm512_loadu_ps(xs[1].as_ptr().add(c)),
+                    _mm512_loadu_ps(b.add(kk * NR)),
+                    _mm512_loadu_ps(b.add(kk * NR + 16)),
                 )
             };
-            for (a, wr) in acc.iter_mut().zip(&ws) {
-                // SAFETY: as above.
-                let wv = unsafe { _mm512_loadu_ps(wr.as_ptr().add(c)) };
-                a[0] = _mm512_fmadd_ps(wv, x0, a[0]);
-                a[1] = _mm512_fmadd_ps(wv, x1, a[1]);
-            }
-            c += 16;
-        }
-        let mut out = [[0.0f32; 2]; 4];
-        for (r, (o, a)) in out.iter_mut().zip(&acc).enumerate() {
-            for (s, (dst, v)) in o.iter_mut().zip(a).enumerate() {
-                let tail: f32 = (whole..k).map(|t| ws[r][t] * xs[s][t]).sum();
-                *dst = _mm512_reduce_add_ps(*v) + tail;
+            for (r, acc) in acc.iter_mut().enumerate() {
+                // SAFETY: r * k + kk < rows * k <= x.len().
+                let v = _mm512_set1_ps(unsafe { *a.add(r * k + kk) });
+                acc[0] = _mm512_fmadd_ps(v, b0, acc[0]);
+                acc[1] = _mm512_fmadd_ps(v, b1, acc[1]);
             }
         }
-        out
+        for (r, acc) in acc.iter().enumerate() {
+            if width == NR {
+                // SAFETY: r * ld + 32 <= (rows - 1) * ld + width <= out.len().
+                unsafe {
+                    let o = out.as_mut_ptr().add(r * ld);
+                    _mm512_storeu_ps(o, acc[0]);
+                    _mm512_storeu_ps(o.add(16), acc[1]);
+                }
+            } else {
+                let mut tmp = [0.0f32; NR];
+                // SAFETY: `tmp` holds 32 floats.
+                unsafe {
+                    _mm512_storeu_ps(tmp.as_mut_ptr(), acc[0]);
+                    _mm512_storeu_ps(tmp.as_mut_ptr().add(16), acc[1]);
+                }
+                out[r * ld..][..width].copy_from_slice(&tmp[..width]);
+            }
+        }
     }
 }
 
@@ -215,15 +299,48 @@ mod tests {
             (3, 5, 7),
             (2, 4, 8),
             (5, 17, 33),
+            (6, 32, 16),
+            (7, 33, 64),
             (9, 40, 64),
+            (13, 65, 100),
             (1, 70, 384),
+            (1, 3, 0),
+            (50, 70, 20),
+            (200, 33, 9),
         ] {
             let (w, x) = (reference::ramp(n * k, 1), reference::ramp(m * k, 2));
-            let got = matmul_f32(&w, n, k, &x, m);
             let want = reference::matmul(&x, &w, m, k, n);
-            let err = reference::max_diff(&got, &want);
-            assert!(err < 1e-4 * k as f32, "{m}x{n}x{k}: {err}");
+            // Parallel (over rows or over panels, by the shape) and serial.
+            let p = Packed::new(&w, n, k);
+            for got in [matmul_f32(&w, n, k, &x, m), matmul_packed_serial(&p, &x, m)] {
+                let err = reference::max_diff(&got, &want);
+                assert!(err < 1e-4 * k.max(1) as f32, "{m}x{n}x{k}: {err}");
+            }
+            // The portable kernel, wherever the machine would pick another.
+            for first in (0..m).step_by(MR) {
+                let rows = MR.min(m - first);
+                for panel in 0..n.div_ceil(NR) {
+                    let mut out = vec![0.0; rows * NR];
+                    portable(p.panel(panel), &x[first * k..], k, rows, &mut out, NR, NR);
+                    for (r, o) in out.chunks_exact(NR).enumerate() {
+                        for (c, v) in o.iter().enumerate().take(NR.min(n - panel * NR)) {
+                            let want = want[(first + r) * n + panel * NR + c];
+                            assert!((v - want).abs() < 1e-4 * k.max(1) as f32);
+                        }
+                    }
+                }
+            }
         }
         assert!(matmul_f32(&[], 0, 4, &[], 0).is_empty());
+    }
+
+    #[test]
+    fn packed_rows_are_the_weight_rows() {
+        let (n, k) = (70, 9);
+        let w = reference::ramp(n * k, 3);
+        let p = Packed::new(&w, n, k);
+        for r in 0..n {
+            assert_eq!(p.row(r), w[r * k..(r + 1) * k]);
+        }
     }
 }

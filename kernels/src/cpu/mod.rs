@@ -11,6 +11,7 @@
 
 pub mod attention;
 pub mod backend;
+pub mod bidirectional;
 pub mod dense;
 pub mod kv;
 pub mod ops;

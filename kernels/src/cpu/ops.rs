@@ -87,31 +87,6 @@ pub fn erf(x: f32) -> f32 {
     if x < 0.0 { -y } else { y }
 }
 
-/// Bidirectional multi-head attention over `n` rows of `q`, `k`, `v`
-/// (`h` wide each, `heads` heads): every row attends to every row.
-pub fn self_attention(q: &[f32], k: &[f32], v: &[f32], h: usize, heads: usize) -> Vec<f32> {
-    let n = q.len() / h.max(1);
-    let d = h / heads.max(1);
-    let scale = 1.0 / (d as f32).sqrt();
-    let mut ctx = vec![0.0f32; n * h];
-    let mut scores = vec![0.0f32; n];
-    for head in 0..heads {
-        let at = |row: usize| row * h + head * d..row * h + (head + 1) * d;
-        for i in 0..n {
-            let qi = &q[at(i)];
-            for (j, s) in scores.iter_mut().enumerate() {
-                *s = qi.iter().zip(&k[at(j)]).map(|(a, b)| a * b).sum::<f32>() * scale;
-            }
-            softmax_in_place(&mut scores);
-            let out = &mut ctx[at(i)];
-            for (j, w) in scores.iter().enumerate() {
-                out.iter_mut().zip(&v[at(j)]).for_each(|(o, x)| *o += w * x);
-            }
-        }
-    }
-    ctx
-}
-
 /// Numerically stable softmax of one row, in place.
 pub fn softmax_in_place(row: &mut [f32]) {
     let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
@@ -259,15 +234,5 @@ mod tests {
             let mean = row.iter().sum::<f32>() / 4.0;
             assert!((mean - 0.5).abs() < 1e-5);
         }
-    }
-
-    #[test]
-    fn one_token_attends_only_to_itself() {
-        // One row: the context is its own value vector, whatever the scores.
-        let (h, heads) = (4, 2);
-        let qkv: Vec<f32> = (0..3 * h).map(|i| i as f32).collect();
-        let (q, rest) = qkv.split_at(h);
-        let (k, v) = rest.split_at(h);
-        assert_eq!(self_attention(q, k, v, h, heads), v.to_vec());
     }
 }

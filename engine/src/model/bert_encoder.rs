@@ -1,11 +1,14 @@
-//! A BERT sentence encoder written over the compute backend
-//! (`kernels::backend::Backend`, the CPU one by default), for
-//! latency-bound single queries (the semantic cache embeds one short
-//! question per lookup): the linear layers are Q8_0 matrices (VNNI on the
-//! CPU where available); LayerNorm, exact GELU and bidirectional attention
-//! are backend operations over one unpadded sequence. Mean pooling and L2
-//! normalisation as sentence-transformers. Checked against the f32 candle
-//! path (`bert`) in the engine tests.
+//! The BERT sentence encoder (all-MiniLM-L6-v2 and its kin), written once
+//! over the compute backend (`kernels::backend::Backend`, the CPU one by
+//! default): word + position + type embeddings, then post-LayerNorm
+//! encoder layers of fused QKV projection, bidirectional attention, output
+//! projection, exact-GELU feed-forward; mean pooling and L2 normalisation
+//! as sentence-transformers. The linear layers are f32 (the embeddings
+//! API's model) or Q8_0 (the semantic cache's latency-bound query copy,
+//! VNNI on the CPU). A batch runs unpadded: the sequences' rows are
+//! stacked, every linear layer runs once over all of them, and attention
+//! keeps each sequence to itself. Checked against candle's BERT in the
+//! engine tests.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -17,23 +20,44 @@ use kernels::{QMatrix, QuantType};
 
 use crate::error::{EngineError, Result};
 
-/// A linear layer's weights on the host before the backend takes them.
+/// The format of the linear layers' weights.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Precision {
+    F32,
+    Q8,
+}
+
+/// A linear layer's weights on the host (f32, `out x in`) before the
+/// backend takes them.
 struct HostLinear {
-    w: QMatrix,
+    w: Vec<f32>,
+    rows: usize,
+    cols: usize,
     b: Vec<f32>,
 }
 
-/// A linear layer: Q8_0 weights (`out x in`) and an f32 bias.
+/// A linear layer: weights (`out x in`) and an f32 bias.
 struct Linear<B: Backend> {
     w: B::Matrix,
     b: B::Vector,
 }
 
 impl<B: Backend> Linear<B> {
-    fn new(backend: &B, l: HostLinear) -> Result<Self> {
+    fn new(backend: &B, l: HostLinear, precision: Precision) -> Result<Self> {
+        let host = match precision {
+            Precision::F32 => HostMatrix::Dense {
+                data: l.w,
+                rows: l.rows,
+                cols: l.cols,
+            },
+            Precision::Q8 => HostMatrix::Quant(
+                QMatrix::quantize(QuantType::Q8_0, l.rows, l.cols, &l.w)
+                    .map_err(|e| EngineError::Load(e.to_string()))?,
+            ),
+        };
         Ok(Self {
             w: backend
-                .matrix(HostMatrix::Quant(l.w))
+                .matrix(host)
                 .map_err(|e| EngineError::Load(e.to_string()))?,
             b: backend.vector(l.b),
         })
@@ -64,8 +88,8 @@ struct Layer<B: Backend> {
     ln2: Norm<B>,
 }
 
-/// The int8 encoder.
-pub struct BertQ8<B: Backend = CpuBackend> {
+/// The encoder.
+pub struct BertEncoder<B: Backend = CpuBackend> {
     backend: B,
     word: Vec<f32>,
     pos: Vec<f32>,
@@ -96,15 +120,10 @@ impl Tensors {
             .get(&format!("{prefix}.weight"))
             .ok_or_else(|| EngineError::Load(format!("missing tensor {prefix}.weight")))?;
         let (rows, cols) = t.dims2()?;
-        let w = QMatrix::quantize(
-            QuantType::Q8_0,
+        Ok(HostLinear {
+            w: t.flatten_all()?.to_vec1::<f32>()?,
             rows,
             cols,
-            &t.flatten_all()?.to_vec1::<f32>()?,
-        )
-        .map_err(|e| EngineError::Load(format!("{prefix}: {e}")))?;
-        Ok(HostLinear {
-            w,
             b: self.vec(&format!("{prefix}.bias"))?,
         })
     }
@@ -117,26 +136,46 @@ impl Tensors {
     }
 }
 
+/// Query, key and value stacked into one `3H x H` layer.
 fn concat(parts: [HostLinear; 3]) -> Result<HostLinear> {
     let [q, k, v] = parts;
-    let w = QMatrix::concat(&[&q.w, &k.w, &v.w]).map_err(|e| EngineError::Load(e.to_string()))?;
+    if q.cols != k.cols || q.cols != v.cols {
+        return Err(EngineError::Load(
+            "query, key and value widths differ".into(),
+        ));
+    }
     Ok(HostLinear {
-        w,
+        rows: q.rows + k.rows + v.rows,
+        cols: q.cols,
+        w: [q.w, k.w, v.w].concat(),
         b: [q.b, k.b, v.b].concat(),
     })
 }
 
-impl BertQ8<CpuBackend> {
-    /// Loads `model.safetensors` (f32) onto the CPU backend.
-    pub fn load(dir: &Path, heads: usize, eps: f32) -> Result<Self> {
-        Self::load_on(CpuBackend, dir, heads, eps)
+impl BertEncoder<CpuBackend> {
+    /// Loads the model folder `dir` onto the CPU backend.
+    pub fn load(dir: &Path, precision: Precision) -> Result<Self> {
+        Self::load_on(CpuBackend, dir, precision)
     }
 }
 
-impl<B: Backend> BertQ8<B> {
-    /// Loads `model.safetensors` (f32), quantizes its linear layers and
-    /// hands them to `backend`.
-    pub fn load_on(backend: B, dir: &Path, heads: usize, eps: f32) -> Result<Self> {
+/// The attention heads and LayerNorm epsilon from `config.json`.
+fn read_config(dir: &Path) -> Result<(usize, f32)> {
+    let path = dir.join("config.json");
+    let config: serde_json::Value = std::fs::read_to_string(&path)
+        .ok()
+        .and_then(|s| serde_json::from_str(&s).ok())
+        .ok_or_else(|| EngineError::Load(format!("{}: not a BERT config", path.display())))?;
+    let heads = config["num_attention_heads"].as_u64().unwrap_or(12) as usize;
+    let eps = config["layer_norm_eps"].as_f64().unwrap_or(1e-12) as f32;
+    Ok((heads.max(1), eps))
+}
+
+impl<B: Backend> BertEncoder<B> {
+    /// Loads `config.json` and `model.safetensors` (f32) from `dir` and
+    /// hands the weights to `backend` in `precision`.
+    pub fn load_on(backend: B, dir: &Path, precision: Precision) -> Result<Self> {
+        let (heads, eps) = read_config(dir)?;
         let path = dir.join("model.safetensors");
         let t = Tensors(candle_core::safetensors::load(&path, &Device::Cpu)?);
         let mut layers = Vec::new();
@@ -146,7 +185,7 @@ impl<B: Backend> BertQ8<B> {
         )) {
             let p = format!("encoder.layer.{}", layers.len());
             let b = &backend;
-            let linear = |name: &str| Linear::new(b, t.linear(&format!("{p}.{name}"))?);
+            let linear = |name: &str| Linear::new(b, t.linear(&format!("{p}.{name}"))?, precision);
             layers.push(Layer {
                 qkv: Linear::new(
                     b,
@@ -155,6 +194,7 @@ impl<B: Backend> BertQ8<B> {
                         t.linear(&format!("{p}.attention.self.key"))?,
                         t.linear(&format!("{p}.attention.self.value"))?,
                     ])?,
+                    precision,
                 )?,
                 out: linear("attention.output.dense")?,
                 ln1: t.norm(b, &format!("{p}.attention.output.LayerNorm"))?,
@@ -190,18 +230,64 @@ impl<B: Backend> BertQ8<B> {
         })
     }
 
+    /// Output vector length.
+    pub fn hidden(&self) -> usize {
+        self.hidden
+    }
+
+    /// The most tokens one input may have (longer ones are truncated).
+    pub fn max_positions(&self) -> usize {
+        self.max_positions
+    }
+
     /// The unit-length mean-pooled embedding of one token sequence (with
     /// its special tokens), truncated to the position limit.
     pub fn embed_ids(&self, ids: &[u32]) -> Result<Vec<f32>> {
-        let ids = &ids[..ids.len().min(self.max_positions)];
-        let (n, h) = (ids.len(), self.hidden);
-        if n == 0 {
+        let mut out = self.encode(&[ids])?;
+        out.pop().ok_or(EngineError::Shutdown)
+    }
+
+    /// The unit-length mean-pooled embeddings of a batch of token
+    /// sequences, each truncated to the position limit, run together
+    /// without padding.
+    pub fn encode(&self, seqs: &[&[u32]]) -> Result<Vec<Vec<f32>>> {
+        let h = self.hidden;
+        let lens: Vec<usize> = seqs
+            .iter()
+            .map(|s| s.len().min(self.max_positions))
+            .collect();
+        if let Some(i) = lens.iter().position(|&n| n == 0) {
             return Err(EngineError::Validation {
                 field: "input",
-                message: "no tokens".into(),
+                message: format!("input {i} has no tokens"),
             });
         }
-        let mut x = Vec::with_capacity(n * h);
+        let mut x = Vec::with_capacity(lens.iter().sum::<usize>() * h);
+        for (ids, &n) in seqs.iter().zip(&lens) {
+            self.embed_rows(&ids[..n], &mut x)?;
+        }
+        let b = &self.backend;
+        let mut x = b.layer_norm(&b.tensor(x, h), &self.ln.w, &self.ln.b, self.eps);
+        for l in &self.layers {
+            x = self.layer(l, x, &lens)?;
+        }
+        let x = b.to_host(&x);
+        let mut out = Vec::with_capacity(seqs.len());
+        let mut rows = x.chunks_exact(h);
+        for &n in &lens {
+            let mut mean = vec![0.0f32; h];
+            for row in rows.by_ref().take(n) {
+                mean.iter_mut().zip(row).for_each(|(m, v)| *m += v);
+            }
+            let norm = mean.iter().map(|v| v * v).sum::<f32>().sqrt().max(1e-12);
+            out.push(mean.into_iter().map(|v| v / norm).collect());
+        }
+        Ok(out)
+    }
+
+    /// Appends the input embeddings (word + position + type 0) of `ids`.
+    fn embed_rows(&self, ids: &[u32], x: &mut Vec<f32>) -> Result<()> {
+        let h = self.hidden;
         for (i, &id) in ids.iter().enumerate() {
             let word = self
                 .word
@@ -213,26 +299,15 @@ impl<B: Backend> BertQ8<B> {
             let pos = &self.pos[i * h..(i + 1) * h];
             x.extend((0..h).map(|j| word[j] + pos[j] + self.typ[j]));
         }
-        let b = &self.backend;
-        let mut x = b.layer_norm(&b.tensor(x, h), &self.ln.w, &self.ln.b, self.eps);
-        for l in &self.layers {
-            x = self.layer(l, x)?;
-        }
-        let x = b.to_host(&x);
-        let mut mean = vec![0.0f32; h];
-        for row in x.chunks_exact(h) {
-            mean.iter_mut().zip(row).for_each(|(m, v)| *m += v);
-        }
-        let norm = mean.iter().map(|v| v * v).sum::<f32>().sqrt().max(1e-12);
-        Ok(mean.into_iter().map(|v| v / norm).collect())
+        Ok(())
     }
 
     /// One encoder layer (post-LayerNorm, as BERT).
-    fn layer(&self, l: &Layer<B>, x: B::Tensor) -> Result<B::Tensor> {
+    fn layer(&self, l: &Layer<B>, x: B::Tensor, lens: &[usize]) -> Result<B::Tensor> {
         let b = &self.backend;
         let h = self.hidden;
         let qkv = b.split_cols(&l.qkv.forward(b, &x)?, &[h, h, h]);
-        let ctx = b.self_attention(&qkv[0], &qkv[1], &qkv[2], self.heads);
+        let ctx = b.self_attention(&qkv[0], &qkv[1], &qkv[2], self.heads, lens);
         let mut y = l.out.forward(b, &ctx)?;
         b.add(&mut y, &x);
         let y = b.layer_norm(&y, &l.ln1.w, &l.ln1.b, self.eps);
