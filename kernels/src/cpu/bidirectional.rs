@@ -33,6 +33,12 @@ pub fn self_attention(
             && h.is_multiple_of(heads.max(1)),
         "self_attention: {rows} rows of {h} in {heads} heads do not match the tensors"
     );
+    // Short inputs (a query of a few tokens) are cheaper on this thread,
+    // in place, than gathered and spread over the pool.
+    let work: usize = seqs.iter().map(|n| n * n * h).sum();
+    if work < SERIAL_WORK && seqs.iter().all(|&n| n <= SHORT) {
+        return short_in_place(q, k, v, h, heads, seqs);
+    }
     let mut tasks = Vec::with_capacity(seqs.len() * heads);
     let mut first = 0;
     for &n in seqs {
@@ -41,9 +47,6 @@ pub fn self_attention(
     }
     let d = h / heads.max(1);
     let run = |&(first, n, head): &(usize, usize, usize)| one_head(q, k, v, h, d, first, n, head);
-    // Short inputs (a query of a few tokens) are cheaper on this thread
-    // than spread over the pool.
-    let work: usize = seqs.iter().map(|n| n * n * h).sum();
     let parts: Vec<Vec<f32>> = if work < SERIAL_WORK {
         tasks.iter().map(run).collect()
     } else {
@@ -99,6 +102,42 @@ fn one_head(
 /// Sequences up to this long skip the GEMMs: packing would cost more than
 /// the `n²` dot products it saves.
 const SHORT: usize = 24;
+
+/// Every head of every (short) sequence by plain dot products over the
+/// rows where they lie.
+fn short_in_place(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    h: usize,
+    heads: usize,
+    seqs: &[usize],
+) -> Vec<f32> {
+    let d = h / heads.max(1);
+    let scale = 1.0 / (d as f32).sqrt();
+    let mut ctx = vec![0.0f32; q.len()];
+    let mut scores = Vec::new();
+    let mut first = 0;
+    for &n in seqs {
+        scores.resize(n, 0.0);
+        for head in 0..heads {
+            let at = |row: usize| (first + row) * h + head * d..(first + row) * h + (head + 1) * d;
+            for i in 0..n {
+                let qi = &q[at(i)];
+                for (j, s) in scores.iter_mut().enumerate() {
+                    *s = qi.iter().zip(&k[at(j)]).map(|(a, b)| a * b).sum::<f32>() * scale;
+                }
+                softmax_in_place(&mut scores);
+                let out = &mut ctx[at(i)];
+                for (j, w) in scores.iter().enumerate() {
+                    out.iter_mut().zip(&v[at(j)]).for_each(|(o, x)| *o += w * x);
+                }
+            }
+        }
+        first += n;
+    }
+    ctx
+}
 
 /// One head of a short sequence by plain dot products: `n x d`.
 fn short_head(q: &[f32], k: &[f32], v: &[f32], n: usize, d: usize, scale: f32) -> Vec<f32> {
