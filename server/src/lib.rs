@@ -8,14 +8,15 @@
 //!   path that chat, completions and embeddings share.
 //! - domain modules that know nothing of HTTP or services: `ledger` (money),
 //!   `market` (prices and orders), `cache` (the response cache's tiers),
-//!   `store` (keys and the database). The fleet (gateway, registry,
-//!   placement) will be a fourth one, `fleet`, used by the services.
+//!   `store` (keys and the database), `fleet` (provider workers: the wire
+//!   protocol so far; registry and placement next), used by the services.
 //!
 //! Beside them: `config` (the command line), `startup` (wiring and serving),
 //! `listen` (the HTTP/1 listener), `keys_cli`, `telemetry`.
 
 pub mod cache;
 pub mod config;
+pub mod fleet;
 pub mod http;
 pub mod keys_cli;
 pub mod ledger;

@@ -9,7 +9,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
-const DOMAIN: [&str; 4] = ["ledger", "market", "cache", "store"];
+const DOMAIN: [&str; 5] = ["ledger", "market", "cache", "store", "fleet"];
 /// Modules that wire the binary together; nothing below them uses them.
 const WIRING: [&str; 4] = ["startup", "config", "listen", "keys_cli"];
 
