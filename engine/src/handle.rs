@@ -53,6 +53,11 @@ pub struct ModelInfo {
     /// KV blocks and positions per block.
     pub kv_blocks: usize,
     pub block_size: usize,
+    /// The KV geometry: layers, KV heads and head width (what a KV block
+    /// moved to another executor must match).
+    pub layers: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
     /// The executor that runs its steps, or its prefill with split stages
     /// (`Executor::name`).
     pub executor: String,
@@ -170,6 +175,9 @@ impl EngineBuilder {
             vocab_size: self.facts.vocab_size,
             kv_blocks: num_blocks,
             block_size,
+            layers: layout.n_layer,
+            kv_heads: layout.n_kv_head,
+            head_dim: layout.head_dim,
             executor: executor.name(),
             decode_executor: decoder.as_ref().unwrap_or(&executor).name(),
         };

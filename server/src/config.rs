@@ -24,6 +24,11 @@ pub enum Command {
     Keys(KeysArgs),
     /// Manage ledger accounts: list, create, top up.
     Accounts(AccountsArgs),
+    /// Manage providers and their worker tokens.
+    Providers(ProvidersArgs),
+    /// Run a provider worker: load models, connect to a server's gateway,
+    /// register, report load, and run what it is given.
+    Worker(Box<WorkerArgs>),
     /// Write the OpenAPI description (default: openapi/openapi.json).
     Openapi {
         #[arg(long, default_value = "openapi/openapi.json")]
@@ -256,6 +261,69 @@ fn parse_extra_model(s: &str) -> Result<(String, PathBuf), String> {
     }
 }
 
+/// Options of `synor providers`.
+#[derive(Debug, Clone, Args)]
+pub struct ProvidersArgs {
+    #[command(flatten)]
+    pub db: DatabaseArg,
+    #[command(subcommand)]
+    pub action: ProvidersAction,
+}
+
+#[derive(Debug, Clone, Subcommand)]
+pub enum ProvidersAction {
+    /// Create a provider account and a worker token (shown once); with
+    /// `--account`, a new token for an existing provider.
+    Create {
+        /// The provider's (or the token's) name.
+        #[arg(long)]
+        name: String,
+        /// An existing provider account id.
+        #[arg(long)]
+        account: Option<String>,
+    },
+    /// List worker tokens.
+    Tokens,
+    /// Revoke a worker token: its workers are refused from their next
+    /// connection.
+    Revoke { id: String },
+}
+
+/// Options of `synor worker`.
+#[derive(Debug, Clone, Args)]
+pub struct WorkerArgs {
+    /// The server's gateway: `ws://HOST:PORT` (the path
+    /// `/v1/providers/connect` is added when missing).
+    #[arg(long, env = "SYNOR_SERVER")]
+    pub server: String,
+
+    /// The provider's worker token (`synor providers create`).
+    #[arg(long, env = "SYNOR_WORKER_TOKEN", hide_env_values = true)]
+    pub token: String,
+
+    /// A name for this worker (default: the host name).
+    #[arg(long, env = "SYNOR_WORKER_NAME")]
+    pub name: Option<String>,
+
+    /// Where this worker runs (an electricity region of the market).
+    #[arg(long, env = "SYNOR_REGION", default_value = "local")]
+    pub region: String,
+
+    /// Compute threads (default: every core).
+    #[arg(long, env = "SYNOR_THREADS")]
+    pub threads: Option<usize>,
+
+    #[command(flatten)]
+    pub models: ModelArgs,
+
+    #[command(flatten)]
+    pub scheduler: SchedulerArgs,
+
+    /// Log format: `text` or `json`.
+    #[arg(long, env = "SYNOR_LOG_FORMAT", default_value = "text", value_parser = ["text", "json"])]
+    pub log_format: String,
+}
+
 /// Which models to load.
 #[derive(Debug, Clone, Args)]
 pub struct ModelArgs {
@@ -435,9 +503,11 @@ mod tests {
         argv.extend_from_slice(args);
         match Cli::try_parse_from(argv).expect("parses").command {
             Command::Serve(s) => *s,
-            Command::Keys(_) | Command::Accounts(_) | Command::Openapi { .. } => {
-                panic!("parsed `serve` as another command")
-            }
+            Command::Keys(_)
+            | Command::Accounts(_)
+            | Command::Providers(_)
+            | Command::Worker(_)
+            | Command::Openapi { .. } => panic!("parsed `serve` as another command"),
         }
     }
 

@@ -1,8 +1,10 @@
-//! `synor keys create|list|revoke` and `synor accounts list|create|topup`:
-//! the same operations as the admin API, straight on the database (for
-//! bootstrapping and scripts).
+//! `synor keys create|list|revoke`, `synor accounts list|create|topup` and
+//! `synor providers create|tokens|revoke`: the same operations as the
+//! admin API, straight on the database (for bootstrapping and scripts).
 
-use crate::config::{AccountsAction, AccountsArgs, KeysAction, KeysArgs};
+use crate::config::{
+    AccountsAction, AccountsArgs, KeysAction, KeysArgs, ProvidersAction, ProvidersArgs,
+};
 use crate::ledger::Ledger;
 use crate::ledger::accounts::AccountKind;
 use crate::ledger::money::parse_units;
@@ -106,6 +108,54 @@ pub async fn accounts(args: AccountsArgs) -> anyhow::Result<()> {
             let tx = ledger.top_up(&id, amount, &memo).await?;
             let a = ledger.account(&id).await?;
             println!("{tx}: {id} balance {}", format_units(a.balance));
+        }
+    }
+    Ok(())
+}
+
+pub async fn providers(args: ProvidersArgs) -> anyhow::Result<()> {
+    let db = args.db.connect().await?;
+    match args.action {
+        ProvidersAction::Create { name, account } => {
+            if name.trim().is_empty() || name.len() > 128 {
+                anyhow::bail!("a name is 1-128 characters");
+            }
+            let account = match account {
+                Some(a) => a,
+                None => {
+                    let ledger = Ledger::offline(db.clone());
+                    ledger
+                        .create_account(AccountKind::Provider, &name, 0)
+                        .await?
+                        .id
+                }
+            };
+            let (t, secret) = db.create_worker_token(&account, &name).await?;
+            println!(
+                "created worker token {} for provider {}",
+                t.id, t.account_id
+            );
+            println!("token: {secret}");
+            println!("(this is the only time the token is shown)");
+        }
+        ProvidersAction::Tokens => {
+            for t in db.list_worker_tokens().await? {
+                let state = if t.revoked_at.is_some() {
+                    "revoked"
+                } else {
+                    "active"
+                };
+                println!(
+                    "{}  {:<42} {:<20} {}...  {state}",
+                    t.id, t.account_id, t.name, t.prefix
+                );
+            }
+        }
+        ProvidersAction::Revoke { id } => {
+            if !db.revoke_worker_token(&id).await? {
+                anyhow::bail!("no active worker token `{id}`");
+            }
+            println!("revoked {id}");
         }
     }
     Ok(())

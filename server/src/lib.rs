@@ -12,7 +12,8 @@
 //!   protocol so far; registry and placement next), used by the services.
 //!
 //! Beside them: `config` (the command line), `startup` (wiring and serving),
-//! `listen` (the HTTP/1 listener), `keys_cli`, `telemetry`.
+//! `listen` (the HTTP/1 listener), `keys_cli`, `telemetry`, and `worker`
+//! (`synor worker`, the provider side of the fleet).
 
 pub mod cache;
 pub mod config;
@@ -26,5 +27,6 @@ pub mod services;
 pub mod startup;
 pub mod store;
 pub mod telemetry;
+pub mod worker;
 
 pub use http::app;

@@ -30,5 +30,23 @@ fn main() -> anyhow::Result<()> {
                 .build()?;
             rt.block_on(server::keys_cli::accounts(args))
         }
+        Command::Providers(args) => {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?;
+            rt.block_on(server::keys_cli::providers(args))
+        }
+        Command::Worker(args) => {
+            server::telemetry::init(&args.log_format);
+            if let Some(n) = args.threads {
+                rayon::ThreadPoolBuilder::new()
+                    .num_threads(n.max(1))
+                    .build_global()?;
+            }
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()?;
+            rt.block_on(server::worker::run(*args))
+        }
     }
 }

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use anyhow::Context;
 use tokio::net::TcpListener;
 
-use crate::config::ServeArgs;
+use crate::config::{ModelArgs, SchedulerArgs, ServeArgs};
 use crate::http::auth::Auth;
 use crate::http::state::AppState;
 use crate::ledger::{Ledger, LedgerConfig};
@@ -16,21 +16,24 @@ use crate::services::metering::Billing;
 use crate::services::models::{Kind, ModelLoader, ModelRegistry};
 use crate::store::Db;
 
-/// How this server loads models (also those the admin API adds later).
-pub fn loader(args: &ServeArgs) -> ModelLoader {
+/// How this process loads models (also those the admin API adds later).
+pub fn loader(models: &ModelArgs, scheduler: &SchedulerArgs) -> ModelLoader {
     ModelLoader {
-        models_dir: args.models.models_dir.clone(),
-        engine: args.scheduler.to_engine(),
-        template: args.models.chat_template.parse().unwrap_or_default(),
+        models_dir: models.models_dir.clone(),
+        engine: scheduler.to_engine(),
+        template: models.chat_template.parse().unwrap_or_default(),
     }
 }
 
-/// Loads every configured model.
-pub async fn load_models(args: &ServeArgs) -> anyhow::Result<ModelRegistry> {
-    let args = args.clone();
+/// Loads every configured model (the server's, or a worker's).
+pub async fn load_models(
+    models: &ModelArgs,
+    scheduler: &SchedulerArgs,
+) -> anyhow::Result<ModelRegistry> {
+    let (models, scheduler) = (models.clone(), scheduler.clone());
     tokio::task::spawn_blocking(move || {
-        let loader = loader(&args);
-        let m = &args.models;
+        let loader = loader(&models, &scheduler);
+        let m = &models;
         // Paths as given: the loader resolves them against the models dir.
         let mut wanted = vec![(m.model_name(), m.model.clone(), Kind::Text)];
         if m.embedding_path().is_some() {
@@ -105,14 +108,14 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         Auth::with_keys(db.clone(), args.admin_token.clone())
     };
     let billing = Arc::new(billing(&args, db).await?);
-    let registry = Arc::new(load_models(&args).await?);
+    let registry = Arc::new(load_models(&args.models, &args.scheduler).await?);
     tokio::spawn(crate::services::metering::run_house(
         billing.clone(),
         registry.clone(),
         std::time::Duration::from_secs(10),
     ));
     let mut state = AppState::with_auth(registry.clone(), auth)
-        .with_loader(loader(&args))
+        .with_loader(loader(&args.models, &args.scheduler))
         .with_billing(billing.clone());
     if let Some(c) = args.cache.to_config() {
         let cache = crate::cache::ResponseCache::new(&c).context("opening the response cache")?;
@@ -183,7 +186,8 @@ async fn idle(registry: &ModelRegistry) {
     }
 }
 
-async fn shutdown_signal() {
+/// Resolves on SIGINT or SIGTERM.
+pub async fn shutdown_signal() {
     let ctrl_c = async {
         let _ = tokio::signal::ctrl_c().await;
     };

@@ -42,7 +42,7 @@ def _start(*extra, open_mode=True):
     env.setdefault("SYNOR_MODELS_DIR", os.path.join(ROOT, "models"))
     env.setdefault("RUST_LOG", "warn")
     proc = subprocess.Popen(
-        [binary, "serve", "--bind", "127.0.0.1:0", *extra],
+        [binary, "serve", *([] if "--bind" in extra else ["--bind", "127.0.0.1:0"]), *extra],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,

@@ -18,6 +18,7 @@ impl Modify for Security {
         let components = openapi.components.get_or_insert_with(Default::default);
         components.add_security_scheme("api_key", bearer());
         components.add_security_scheme("admin_token", bearer());
+        components.add_security_scheme("worker_token", bearer());
     }
 }
 
@@ -65,6 +66,12 @@ impl Modify for Security {
         routes::cache::flush,
         routes::cache::threshold,
         routes::cache::shared,
+        routes::providers::create,
+        routes::providers::list,
+        routes::providers::revoke,
+        routes::fleet::connect,
+        routes::fleet::list,
+        routes::fleet::drain,
     ),
     modifiers(&Security)
 )]

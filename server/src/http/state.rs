@@ -26,6 +26,8 @@ pub struct AppState {
     /// Set at shutdown: `/health` and `/ready` answer 503 and new API
     /// requests are refused while running ones finish.
     pub draining: Arc<std::sync::atomic::AtomicBool>,
+    /// The provider workers connected to this server.
+    pub fleet: Arc<crate::fleet::registry::Registry>,
 }
 
 impl AppState {
@@ -44,6 +46,7 @@ impl AppState {
             cache: None,
             cache_price_bps: 1_000,
             draining: Arc::default(),
+            fleet: Arc::default(),
         }
     }
 

@@ -72,7 +72,17 @@ pub struct KeyRecord {
     pub revoked_at: Option<i64>,
 }
 
-fn hash(secret: &str) -> String {
+/// A new secret: `prefix` then 40 random letters and digits.
+pub(crate) fn new_secret(prefix: &str) -> String {
+    let mut rng = rand::rng();
+    let body: String = (0..40)
+        .map(|_| char::from(ALPHABET[rng.random_range(0..ALPHABET.len())]))
+        .collect();
+    format!("{prefix}{body}")
+}
+
+/// The SHA-256 of a secret, hex (what is stored).
+pub(crate) fn hash(secret: &str) -> String {
     Sha256::digest(secret.as_bytes())
         .iter()
         .map(|b| format!("{b:02x}"))
@@ -80,7 +90,7 @@ fn hash(secret: &str) -> String {
 }
 
 /// Equality that takes the same time wherever the inputs differ.
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+pub(crate) fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
@@ -116,14 +126,9 @@ impl Db {
     /// Creates a key; returns it with its secret (shown once, never stored).
     pub async fn create_key(&self, new: &NewKey) -> Result<(KeyRecord, String), StoreError> {
         let (name, limits) = (new.name.as_str(), new.limits);
-        // The RNG is not `Send`: finish with it before any `.await`.
-        let body: String = {
-            let mut rng = rand::rng();
-            (0..40)
-                .map(|_| char::from(ALPHABET[rng.random_range(0..ALPHABET.len())]))
-                .collect()
-        };
-        let secret = format!("{SECRET_PREFIX}{body}");
+        // The RNG is not `Send`: `new_secret` is done with it before any
+        // `.await`.
+        let secret = new_secret(SECRET_PREFIX);
         let id = format!("key_{}", uuid::Uuid::new_v4().simple());
         let prefix: String = secret.chars().take(SECRET_PREFIX.len() + 4).collect();
         let t = now();

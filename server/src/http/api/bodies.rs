@@ -59,6 +59,14 @@ pub struct Moved {
     pub account: Account,
 }
 
+/// A worker asked to drain.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Drained {
+    pub id: String,
+    /// `draining`.
+    pub state: String,
+}
+
 /// A model loaded (`loaded: true`) or unloaded (`deleted: true`).
 #[derive(Debug, Serialize, ToSchema)]
 pub struct ModelChange {

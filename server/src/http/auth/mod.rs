@@ -58,7 +58,7 @@ impl Auth {
 
 /// The credentials of `Authorization: Bearer <token>`; the scheme is
 /// case-insensitive (RFC 6750 via RFC 9110).
-fn bearer(headers: &HeaderMap) -> Option<&str> {
+pub(crate) fn bearer(headers: &HeaderMap) -> Option<&str> {
     let value = headers.get("authorization")?.to_str().ok()?.trim();
     let (scheme, token) = value.split_once(' ')?;
     scheme

@@ -162,7 +162,7 @@ pub(crate) async fn update(
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct TopUp {
-    /// Micro-units to credit (> 0).
+    /// Ticks to credit (> 0).
     amount: i64,
     #[serde(default)]
     memo: String,

@@ -56,7 +56,7 @@ pub(crate) fn billing(state: &AppState) -> Result<&Arc<Billing>, ApiError> {
 #[derive(Debug, Serialize, utoipa::ToSchema)]
 pub(crate) struct ModelPrice {
     model: String,
-    /// Micro-units per million tokens, fee included.
+    /// Ticks per million tokens, fee included.
     prices: Prices,
     /// The same on preemptible capacity (may be interrupted), at a discount.
     preemptible_prices: Prices,

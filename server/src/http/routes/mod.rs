@@ -7,9 +7,11 @@ pub mod cache;
 pub mod chat;
 pub mod completions;
 pub mod embeddings;
+pub mod fleet;
 pub mod health;
 pub mod market;
 pub mod models;
+pub mod providers;
 
 use axum::Router;
 
@@ -36,6 +38,8 @@ pub fn router(state: &AppState) -> Router<AppState> {
         .merge(market::admin_router())
         .merge(accounts::admin_router())
         .merge(cache::admin_router())
+        .merge(providers::admin_router())
+        .merge(fleet::admin_router())
         .route_layer(axum::middleware::from_fn_with_state(
             state.auth.clone(),
             crate::http::auth::admin::require_admin,
@@ -44,6 +48,7 @@ pub fn router(state: &AppState) -> Router<AppState> {
         .merge(v1)
         .merge(admin)
         .merge(health::router())
+        .merge(fleet::router())
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
 }

@@ -1,0 +1,159 @@
+//! The workers connected to this server: what each registered (devices,
+//! models, region), its last reported load and when it was last heard, and
+//! a bounded channel to its session for the server's own messages (drain).
+//! Sessions add and remove themselves; admins list and drain.
+
+use std::collections::HashMap;
+use std::sync::RwLock;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use serde::Serialize;
+use tokio::sync::mpsc;
+
+use super::protocol::{Device, Load, ServedModel, ToWorker};
+
+/// A worker as admins see it.
+#[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
+pub struct WorkerInfo {
+    pub id: String,
+    /// The provider account it earns for.
+    pub provider_id: String,
+    /// The token it connected with.
+    pub token_id: String,
+    pub name: String,
+    pub build: String,
+    /// The peer address of its connection.
+    pub remote: String,
+    /// What it detected (self-reported: shown, never trusted).
+    pub devices: Vec<Device>,
+    pub models: Vec<ServedModel>,
+    pub threads: u32,
+    pub region: String,
+    /// `active`, or `draining` (no new work).
+    pub state: String,
+    /// Its last `status` (self-reported).
+    pub load: Load,
+    /// Unix seconds.
+    pub connected_at: i64,
+    pub last_seen: i64,
+}
+
+/// What a session registers.
+#[derive(Debug, Clone)]
+pub struct Registration {
+    pub provider_id: String,
+    pub token_id: String,
+    pub remote: String,
+    pub name: String,
+    pub build: String,
+    pub devices: Vec<Device>,
+    pub models: Vec<ServedModel>,
+    pub threads: u32,
+    pub region: String,
+}
+
+struct Entry {
+    info: WorkerInfo,
+    /// To the worker's session (bounded: a full queue drops the message
+    /// and the session's own checks catch the worker up).
+    to_session: mpsc::Sender<ToWorker>,
+}
+
+/// The registry of connected workers.
+#[derive(Default)]
+pub struct Registry {
+    workers: RwLock<HashMap<String, Entry>>,
+    next: AtomicU64,
+    /// Connections the fleet has seen end (for `/metrics`).
+    pub disconnects: AtomicU64,
+}
+
+impl std::fmt::Debug for Registry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Registry")
+            .field("workers", &self.len())
+            .finish_non_exhaustive()
+    }
+}
+
+fn now() -> i64 {
+    crate::store::now()
+}
+
+impl Registry {
+    /// Adds a worker; returns its id (unique in this process).
+    pub fn register(&self, r: Registration, to_session: mpsc::Sender<ToWorker>) -> String {
+        let n = self.next.fetch_add(1, Ordering::Relaxed);
+        let id = format!(
+            "worker-{}-{n}",
+            &uuid::Uuid::new_v4().simple().to_string()[..8]
+        );
+        let t = now();
+        let info = WorkerInfo {
+            id: id.clone(),
+            provider_id: r.provider_id,
+            token_id: r.token_id,
+            name: r.name,
+            build: r.build,
+            remote: r.remote,
+            devices: r.devices,
+            models: r.models,
+            threads: r.threads,
+            region: r.region,
+            state: "active".into(),
+            load: Load::default(),
+            connected_at: t,
+            last_seen: t,
+        };
+        let mut w = self.workers.write().unwrap_or_else(|e| e.into_inner());
+        w.insert(id.clone(), Entry { info, to_session });
+        id
+    }
+
+    /// Records a worker's `status`.
+    pub fn status(&self, id: &str, load: Load) {
+        let mut w = self.workers.write().unwrap_or_else(|e| e.into_inner());
+        if let Some(e) = w.get_mut(id) {
+            e.info.load = load;
+            e.info.last_seen = now();
+        }
+    }
+
+    /// Marks a worker draining (it said so, or an admin asked); with
+    /// `tell`, its session is told to drain. False for an unknown id.
+    pub fn drain(&self, id: &str, tell: bool) -> bool {
+        let mut w = self.workers.write().unwrap_or_else(|e| e.into_inner());
+        let Some(e) = w.get_mut(id) else { return false };
+        e.info.state = "draining".into();
+        if tell {
+            let _ = e.to_session.try_send(ToWorker::Drain {
+                v: super::protocol::VERSION,
+            });
+        }
+        true
+    }
+
+    /// Removes a worker whose session ended.
+    pub fn remove(&self, id: &str) {
+        let mut w = self.workers.write().unwrap_or_else(|e| e.into_inner());
+        if w.remove(id).is_some() {
+            self.disconnects.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Every connected worker, by id.
+    pub fn list(&self) -> Vec<WorkerInfo> {
+        let w = self.workers.read().unwrap_or_else(|e| e.into_inner());
+        let mut out: Vec<WorkerInfo> = w.values().map(|e| e.info.clone()).collect();
+        out.sort_by(|a, b| a.id.cmp(&b.id));
+        out
+    }
+
+    pub fn len(&self) -> usize {
+        self.workers.read().map_or(0, |w| w.len())
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}

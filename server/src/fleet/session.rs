@@ -1,0 +1,387 @@
+//! One worker's connection, after the gateway checked its token: the
+//! worker must `register` within `REGISTER_WITHIN`, is welcomed, then
+//! reports `status` at least every `heartbeat x MISSED_BEATS` or is
+//! dropped. Any message it should not send (malformed, oversized, another
+//! version, a second `register`, a binary frame with no transfer open)
+//! ends the session with a close code and the reason. Socket-free: the
+//! gateway pumps frames through two bounded channels, so a slow or
+//! flooding worker is held back by back-pressure, never buffered without
+//! bound.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+
+use super::protocol::{self, FromWorker, ProtocolError, ServedModel, ToWorker, VERSION};
+use super::registry::{Registration, Registry};
+
+/// How long a new connection has to register.
+pub const REGISTER_WITHIN: Duration = Duration::from_secs(10);
+/// Heartbeats a worker may miss before it is dropped.
+pub const MISSED_BEATS: u32 = 3;
+
+/// A frame from the worker.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Inbound {
+    Text(String),
+    /// A binary frame (only its length matters until transfers exist).
+    Binary(usize),
+}
+
+/// A frame to the worker.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Outbound {
+    Text(String),
+    /// Close with a code (1008 policy, 1009 too big, 1003 unsupported)
+    /// and the reason.
+    Close(u16, String),
+}
+
+/// Who is connecting (the gateway checked the token).
+#[derive(Debug, Clone)]
+pub struct Peer {
+    pub provider_id: String,
+    pub token_id: String,
+    pub remote: String,
+}
+
+/// Runs one session to its end; the worker is in the registry from its
+/// registration until then.
+pub async fn run(
+    registry: Arc<Registry>,
+    peer: Peer,
+    mut inbound: mpsc::Receiver<Inbound>,
+    outbound: mpsc::Sender<Outbound>,
+    heartbeat: Duration,
+) {
+    let close = |code: u16, reason: String| {
+        let out = outbound.clone();
+        async move {
+            let _ = out.send(Outbound::Close(code, reason)).await;
+        }
+    };
+    let first = tokio::time::timeout(REGISTER_WITHIN, inbound.recv()).await;
+    let registration = match first {
+        Ok(Some(Inbound::Text(t))) => {
+            match protocol::decode(&t).and_then(|m| registration(m, &peer)) {
+                Ok(r) => r,
+                Err(e) => return close(code(&e), e.to_string()).await,
+            }
+        }
+        Ok(Some(Inbound::Binary(_))) => {
+            return close(1003, "register first".into()).await;
+        }
+        Ok(None) => return,
+        Err(_) => {
+            let why = format!("no register within {} s", REGISTER_WITHIN.as_secs());
+            return close(1008, why).await;
+        }
+    };
+    let (to_session, mut from_registry) = mpsc::channel(16);
+    let provider_id = registration.provider_id.clone();
+    let id = registry.register(registration, to_session);
+    // Out of the registry however the session ends (aborted included).
+    let _registered = Registered {
+        registry: &registry,
+        id: &id,
+    };
+    tracing::info!(worker = %id, provider = %provider_id, remote = %peer.remote, "worker registered");
+    let welcome = ToWorker::Welcome {
+        v: VERSION,
+        worker_id: id.clone(),
+        provider_id,
+        heartbeat_ms: heartbeat.as_millis() as u64,
+    };
+    let mut end: Option<(u16, String)> = None;
+    if outbound
+        .send(Outbound::Text(protocol::encode(&welcome)))
+        .await
+        .is_ok()
+    {
+        end = serve(
+            &registry,
+            &id,
+            &mut inbound,
+            &outbound,
+            &mut from_registry,
+            heartbeat,
+        )
+        .await;
+    }
+    tracing::info!(worker = %id, reason = ?end, "worker left");
+    if let Some((c, why)) = end {
+        close(c, why).await;
+    }
+}
+
+/// Removes a worker from the registry when its session ends.
+struct Registered<'a> {
+    registry: &'a Registry,
+    id: &'a str,
+}
+
+impl Drop for Registered<'_> {
+    fn drop(&mut self) {
+        self.registry.remove(self.id);
+    }
+}
+
+/// The registered part of a session; returns why it must close (`None`
+/// when the worker closed or went away).
+async fn serve(
+    registry: &Registry,
+    id: &str,
+    inbound: &mut mpsc::Receiver<Inbound>,
+    outbound: &mpsc::Sender<Outbound>,
+    from_registry: &mut mpsc::Receiver<ToWorker>,
+    heartbeat: Duration,
+) -> Option<(u16, String)> {
+    let patience = heartbeat * MISSED_BEATS;
+    loop {
+        tokio::select! {
+            frame = tokio::time::timeout(patience, inbound.recv()) => match frame {
+                Err(_) => {
+                    return Some((1008, format!("no status for {} ms", patience.as_millis())));
+                }
+                Ok(None) => return None,
+                Ok(Some(Inbound::Binary(n))) => {
+                    return Some((1003, format!("binary frame of {n} bytes with no transfer open")));
+                }
+                Ok(Some(Inbound::Text(t))) => match protocol::decode(&t) {
+                    Ok(FromWorker::Status { load, .. }) => registry.status(id, load),
+                    Ok(FromWorker::Drain { .. }) => {
+                        registry.drain(id, false);
+                    }
+                    Ok(FromWorker::Register { .. }) => {
+                        return Some((1008, "already registered".into()));
+                    }
+                    Err(e) => return Some((code(&e), e.to_string())),
+                },
+            },
+            Some(msg) = from_registry.recv() => {
+                if outbound.send(Outbound::Text(protocol::encode(&msg))).await.is_err() {
+                    return None;
+                }
+            }
+        }
+    }
+}
+
+fn code(e: &ProtocolError) -> u16 {
+    match e {
+        ProtocolError::TooLarge(_) => 1009,
+        ProtocolError::Malformed(_) | ProtocolError::Version(_) | ProtocolError::Frame(_) => 1008,
+    }
+}
+
+/// Checks a `register` message's sizes and geometry.
+fn registration(m: FromWorker, peer: &Peer) -> Result<Registration, ProtocolError> {
+    let FromWorker::Register {
+        name,
+        build,
+        devices,
+        models,
+        threads,
+        region,
+        ..
+    } = m
+    else {
+        return Err(ProtocolError::Malformed(
+            "the first message must be `register`".into(),
+        ));
+    };
+    let bad = |m: String| Err(ProtocolError::Malformed(m));
+    if name.trim().is_empty() || name.len() > 128 || build.len() > 128 || region.len() > 64 {
+        return bad("name (1-128), build (<=128) or region (<=64) out of bounds".into());
+    }
+    if devices.len() > 64 || models.len() > 16 {
+        return bad("at most 64 devices and 16 models".into());
+    }
+    if let Some(m) = models.iter().find(|m| !sane(m)) {
+        return bad(format!("model `{}` has an impossible geometry", m.name));
+    }
+    Ok(Registration {
+        provider_id: peer.provider_id.clone(),
+        token_id: peer.token_id.clone(),
+        remote: peer.remote.clone(),
+        name,
+        build,
+        devices,
+        models,
+        threads,
+        region,
+    })
+}
+
+fn sane(m: &ServedModel) -> bool {
+    !m.name.is_empty()
+        && m.name.len() <= 128
+        && (1..=1024).contains(&m.layers)
+        && (1..=1024).contains(&m.kv_heads)
+        && (1..=1024).contains(&m.head_dim)
+        && (1..=1024).contains(&m.block_size)
+        && (1..=1 << 22).contains(&m.context_length)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fleet::protocol::{Device, Load};
+
+    fn register_json(name: &str, layers: u32) -> String {
+        serde_json::to_string(&FromWorker::Register {
+            v: VERSION,
+            name: name.into(),
+            build: "test".into(),
+            devices: vec![Device {
+                kind: "cpu".into(),
+                name: "test cpu".into(),
+                cores: 2,
+                memory_bytes: 1 << 30,
+                features: vec!["avx2".into()],
+                usable: true,
+            }],
+            models: vec![ServedModel {
+                name: "m".into(),
+                layers,
+                kv_heads: 3,
+                head_dim: 64,
+                block_size: 16,
+                context_length: 2048,
+            }],
+            threads: 1,
+            region: "us-east".into(),
+        })
+        .expect("json")
+    }
+
+    struct Session {
+        registry: Arc<Registry>,
+        tx: mpsc::Sender<Inbound>,
+        rx: mpsc::Receiver<Outbound>,
+        done: tokio::task::JoinHandle<()>,
+    }
+
+    fn start(heartbeat: Duration) -> Session {
+        let registry = Arc::new(Registry::default());
+        let (tx, inbound) = mpsc::channel(8);
+        let (outbound, rx) = mpsc::channel(8);
+        let peer = Peer {
+            provider_id: "provider:p".into(),
+            token_id: "wtok_1".into(),
+            remote: "127.0.0.1:1".into(),
+        };
+        let done = tokio::spawn(run(registry.clone(), peer, inbound, outbound, heartbeat));
+        Session {
+            registry,
+            tx,
+            rx,
+            done,
+        }
+    }
+
+    async fn closed_with(s: &mut Session) -> (u16, String) {
+        loop {
+            match s.rx.recv().await.expect("a close") {
+                Outbound::Close(c, why) => return (c, why),
+                Outbound::Text(_) => {}
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn a_worker_registers_reports_and_is_dropped_when_silent() {
+        let mut s = start(Duration::from_millis(50));
+        s.tx.send(Inbound::Text(register_json("w1", 30)))
+            .await
+            .expect("send");
+        let Some(Outbound::Text(welcome)) = s.rx.recv().await else {
+            panic!("no welcome")
+        };
+        assert!(welcome.contains(r#""type":"welcome""#), "{welcome}");
+        let load = Load {
+            queued: 1,
+            running: 2,
+            free_kv_blocks: 3,
+            step_ms: 4.0,
+        };
+        let status = serde_json::to_string(&FromWorker::Status { v: 1, load }).expect("json");
+        s.tx.send(Inbound::Text(status)).await.expect("send");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let listed = s.registry.list();
+        assert_eq!((listed.len(), listed[0].load), (1, load));
+        assert_eq!(listed[0].provider_id, "provider:p");
+        // An admin drain reaches the worker.
+        assert!(s.registry.drain(&listed[0].id, true));
+        assert_eq!(
+            s.rx.recv().await,
+            Some(Outbound::Text(r#"{"type":"drain","v":1}"#.into()))
+        );
+        // Then silence: dropped after three missed beats.
+        let (code, why) = closed_with(&mut s).await;
+        assert!(code == 1008 && why.contains("no status"), "{why}");
+        s.done.await.expect("session");
+        assert!(s.registry.is_empty());
+    }
+
+    #[tokio::test]
+    async fn hostile_first_and_later_messages_end_the_session_with_a_reason() {
+        let cases: Vec<(Vec<Inbound>, u16, &str)> = vec![
+            (vec![Inbound::Text("{".into())], 1008, "malformed"),
+            (vec![Inbound::Binary(9)], 1003, "register first"),
+            (
+                vec![Inbound::Text(r#"{"type":"drain","v":1}"#.into())],
+                1008,
+                "must be `register`",
+            ),
+            (
+                vec![Inbound::Text(register_json("w", 0))],
+                1008,
+                "impossible geometry",
+            ),
+            (
+                vec![Inbound::Text(register_json("", 30))],
+                1008,
+                "out of bounds",
+            ),
+            (
+                vec![
+                    Inbound::Text(register_json("w", 30)),
+                    Inbound::Text(register_json("w", 30)),
+                ],
+                1008,
+                "already registered",
+            ),
+            (
+                vec![
+                    Inbound::Text(register_json("w", 30)),
+                    Inbound::Binary(1 << 20),
+                ],
+                1003,
+                "no transfer open",
+            ),
+            (
+                vec![
+                    Inbound::Text(register_json("w", 30)),
+                    Inbound::Text("x".repeat(protocol::MAX_CONTROL + 1)),
+                ],
+                1009,
+                "over the",
+            ),
+        ];
+        for (frames, want_code, want) in cases {
+            let mut s = start(Duration::from_secs(5));
+            for f in frames {
+                s.tx.send(f).await.expect("send");
+            }
+            let (code, why) = closed_with(&mut s).await;
+            assert!(
+                code == want_code && why.contains(want),
+                "{want}: {code} {why}"
+            );
+            s.done.await.expect("session");
+            assert!(s.registry.is_empty(), "{want}");
+        }
+    }
+}

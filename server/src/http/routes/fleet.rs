@@ -1,0 +1,163 @@
+//! The fleet over HTTP: the gateway where provider workers connect
+//! (`GET /v1/providers/connect`, a WebSocket authenticated by a worker
+//! token) and the admin view (`GET /admin/fleet`, `DELETE
+//! /admin/fleet/{id}` to drain one). The socket is adapted here to the
+//! socket-free session in `fleet::session`, through bounded channels.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use axum::extract::ws::{CloseFrame, Message, WebSocket, WebSocketUpgrade};
+use axum::extract::{ConnectInfo, Path, State};
+use axum::http::HeaderMap;
+use axum::response::Response;
+use axum::routing::{delete, get};
+use axum::{Extension, Json, Router};
+use futures_util::{SinkExt, StreamExt};
+use tokio::sync::mpsc;
+
+use super::market::billing;
+use crate::fleet::protocol::{HEADER, MAX_PAYLOAD};
+use crate::fleet::registry::WorkerInfo;
+use crate::fleet::session::{self, Inbound, Outbound, Peer};
+use crate::http::api::bodies::{Drained, List};
+use crate::http::auth::bearer;
+use crate::http::error::ApiError;
+use crate::http::state::AppState;
+
+/// How often workers report their load.
+pub const HEARTBEAT: Duration = Duration::from_secs(1);
+/// Frames queued each way between the socket and the session.
+const QUEUE: usize = 16;
+
+pub fn router() -> Router<AppState> {
+    Router::new().route("/v1/providers/connect", get(connect))
+}
+
+pub fn admin_router() -> Router<AppState> {
+    Router::new()
+        .route("/admin/fleet", get(list))
+        .route("/admin/fleet/{id}", delete(drain))
+}
+
+/// The gateway: a worker token in `Authorization: Bearer`, then a
+/// WebSocket speaking the worker protocol (`docs/fleet-protocol.md`).
+#[utoipa::path(get, path = "/v1/providers/connect", tag = "providers",
+    responses((status = 101, description = "Switching to the worker protocol"), (status = 401, description = "Missing, wrong or revoked worker token", body = crate::http::error::ErrorResponse), (status = 400, description = "Not a WebSocket upgrade", body = crate::http::error::ErrorResponse)),
+    security(("worker_token" = [])))]
+pub(crate) async fn connect(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    peer: Option<Extension<ConnectInfo<SocketAddr>>>,
+    ws: Result<WebSocketUpgrade, axum::extract::ws::rejection::WebSocketUpgradeRejection>,
+) -> Result<Response, ApiError> {
+    let secret = bearer(&headers).ok_or(ApiError::Unauthorized(
+        "no worker token: send Authorization: Bearer <token>",
+    ))?;
+    let token = billing(&state)?
+        .ledger
+        .db
+        .find_worker_token(secret)
+        .await
+        .map_err(|e| ApiError::Storage(e.to_string()))?
+        .ok_or(ApiError::Unauthorized("incorrect or revoked worker token"))?;
+    let ws = ws.map_err(|e| ApiError::invalid("upgrade", e.body_text()))?;
+    let peer = Peer {
+        provider_id: token.account_id,
+        token_id: token.id,
+        remote: peer.map_or_else(
+            || "unknown".into(),
+            |Extension(ConnectInfo(a))| a.to_string(),
+        ),
+    };
+    let registry = state.fleet.clone();
+    Ok(ws
+        .max_message_size(HEADER + MAX_PAYLOAD)
+        .max_frame_size(HEADER + MAX_PAYLOAD)
+        .on_upgrade(move |socket| pump(socket, registry, peer)))
+}
+
+/// Moves frames between the socket and the session until either ends.
+async fn pump(
+    socket: WebSocket,
+    registry: std::sync::Arc<crate::fleet::registry::Registry>,
+    peer: Peer,
+) {
+    let (mut sink, mut stream) = socket.split();
+    let (to_session, inbound) = mpsc::channel(QUEUE);
+    let (outbound, mut from_session) = mpsc::channel(QUEUE);
+    let session = tokio::spawn(session::run(registry, peer, inbound, outbound, HEARTBEAT));
+    let writer = async move {
+        while let Some(out) = from_session.recv().await {
+            let msg = match out {
+                Outbound::Text(t) => Message::Text(t.into()),
+                Outbound::Close(code, reason) => Message::Close(Some(CloseFrame {
+                    code,
+                    reason: reason.into(),
+                })),
+            };
+            let last = matches!(msg, Message::Close(_));
+            if sink.send(msg).await.is_err() || last {
+                break;
+            }
+        }
+        let _ = sink.close().await;
+    };
+    let reader = async move {
+        while let Some(frame) = stream.next().await {
+            let inbound = match frame {
+                Ok(Message::Text(t)) => Inbound::Text(t.to_string()),
+                Ok(Message::Binary(b)) => Inbound::Binary(b.len()),
+                Ok(Message::Ping(_) | Message::Pong(_)) => continue,
+                Ok(Message::Close(_)) => break,
+                Err(e) => {
+                    tracing::debug!(error = %e, "worker socket error");
+                    break;
+                }
+            };
+            // Back-pressure: a worker that floods waits for the session.
+            if to_session.send(inbound).await.is_err() {
+                break;
+            }
+        }
+    };
+    tokio::select! {
+        () = writer => {}
+        () = reader => {}
+    }
+    // Both channel ends are gone: the session ends at once; a stuck one
+    // is aborted (it leaves the registry either way).
+    let abort = session.abort_handle();
+    if tokio::time::timeout(Duration::from_secs(5), session)
+        .await
+        .is_err()
+    {
+        abort.abort();
+    }
+}
+
+/// The workers connected to this server.
+#[utoipa::path(get, path = "/admin/fleet", tag = "admin",
+    responses((status = 200, description = "Every connected worker", body = List<WorkerInfo>), (status = 401, description = "Missing or wrong admin token", body = crate::http::error::ErrorResponse)),
+    security(("admin_token" = [])))]
+pub(crate) async fn list(State(state): State<AppState>) -> Json<List<WorkerInfo>> {
+    Json(List::of(state.fleet.list()))
+}
+
+/// Drains a worker: it takes no new work and leaves once idle.
+#[utoipa::path(delete, path = "/admin/fleet/{id}", tag = "admin",
+    params(("id" = String, Path, description = "The worker's id")),
+    responses((status = 200, description = "Draining", body = Drained), (status = 404, description = "No such worker", body = crate::http::error::ErrorResponse), (status = 401, description = "Missing or wrong admin token", body = crate::http::error::ErrorResponse)),
+    security(("admin_token" = [])))]
+pub(crate) async fn drain(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Json<Drained>, ApiError> {
+    if !state.fleet.drain(&id, true) {
+        return Err(ApiError::NotFound { what: "worker", id });
+    }
+    Ok(Json(Drained {
+        id,
+        state: "draining".into(),
+    }))
+}

@@ -1,0 +1,312 @@
+//! `synor worker`: a provider's worker. It loads its models into the same
+//! engine the server runs, connects to the server's gateway with its
+//! worker token, registers (devices, models and their KV geometry,
+//! threads, region), then reports its load every heartbeat. When the
+//! server goes away it reconnects with capped exponential backoff and
+//! jitter, registering afresh; a refused token is fatal. On SIGTERM or
+//! SIGINT, or when an admin drains it, it says `drain`, lets running work
+//! finish and leaves.
+//!
+//! Running work placed on it arrives with the fleet's assignment messages
+//! (next in the fleet issue); until then it serves nothing remotely.
+
+pub mod devices;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use futures_util::{SinkExt, StreamExt};
+use tokio::sync::watch;
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+use tokio_tungstenite::tungstenite::protocol::CloseFrame;
+
+use crate::config::WorkerArgs;
+use crate::fleet::protocol::{FromWorker, Load, ServedModel, ToWorker, VERSION};
+use crate::services::models::{ModelKind, ModelRegistry};
+
+/// How long the server has to answer a registration.
+const WELCOME_WITHIN: Duration = Duration::from_secs(10);
+/// Reconnect delays: doubling from the first to the cap, with jitter.
+const BACKOFF_FIRST: Duration = Duration::from_millis(250);
+const BACKOFF_CAP: Duration = Duration::from_secs(30);
+/// A connection that lasted this long resets the backoff.
+const STABLE: Duration = Duration::from_secs(10);
+
+/// How one connection ended.
+enum Ended {
+    /// We were told to stop (signal or admin drain): leave.
+    Leave,
+    /// The connection was lost or closed: try again.
+    Lost(String),
+}
+
+/// Runs the worker until it is stopped.
+pub async fn run(args: WorkerArgs) -> anyhow::Result<()> {
+    let url = gateway_url(&args.server)?;
+    let models = Arc::new(
+        crate::startup::load_models(&args.models, &args.scheduler)
+            .await
+            .context("loading the worker's models")?,
+    );
+    let register = registration(&args, &models);
+    let (stop_tx, mut stop) = watch::channel(false);
+    tokio::spawn(async move {
+        crate::startup::shutdown_signal().await;
+        let _ = stop_tx.send(true);
+    });
+    let mut delay = BACKOFF_FIRST;
+    loop {
+        let started = Instant::now();
+        match connect_once(&url, &args.token, &register, &models, &mut stop).await? {
+            Ended::Leave => break,
+            Ended::Lost(why) => {
+                if started.elapsed() >= STABLE {
+                    delay = BACKOFF_FIRST;
+                }
+                let wait = jitter(delay);
+                tracing::warn!(reason = %why, retry_in_ms = wait.as_millis() as u64, "gateway connection lost");
+                tokio::select! {
+                    () = tokio::time::sleep(wait) => {}
+                    _ = stop.changed() => break,
+                }
+                delay = (delay * 2).min(BACKOFF_CAP);
+            }
+        }
+    }
+    drain_engines(&models).await;
+    models.shutdown();
+    tracing::info!("worker stopped");
+    Ok(())
+}
+
+/// `ws://host:port` with the gateway's path added when missing.
+fn gateway_url(server: &str) -> anyhow::Result<String> {
+    let s = server.trim_end_matches('/');
+    if !(s.starts_with("ws://") || s.starts_with("wss://")) {
+        bail!("--server is a ws:// or wss:// address (got `{server}`)");
+    }
+    let after_scheme = &s[s.find("://").map_or(0, |i| i + 3)..];
+    Ok(if after_scheme.contains('/') {
+        s.to_string()
+    } else {
+        format!("{s}/v1/providers/connect")
+    })
+}
+
+/// A delay between 50% and 100% of `d` (spreads reconnecting workers).
+fn jitter(d: Duration) -> Duration {
+    use rand::Rng;
+    d.mul_f64(rand::rng().random_range(0.5..=1.0))
+}
+
+/// What this worker registers: its devices and its text models' geometry.
+fn registration(args: &WorkerArgs, models: &ModelRegistry) -> FromWorker {
+    let served = models
+        .list()
+        .into_iter()
+        .filter_map(|m| match &m.kind {
+            ModelKind::Text(h) => {
+                let i = h.info();
+                let n = |v: usize| u32::try_from(v).unwrap_or(u32::MAX);
+                Some(ServedModel {
+                    name: m.name.clone(),
+                    layers: n(i.layers),
+                    kv_heads: n(i.kv_heads),
+                    head_dim: n(i.head_dim),
+                    block_size: n(i.block_size),
+                    context_length: n(i.context_length),
+                })
+            }
+            ModelKind::Embedding(_) => None,
+        })
+        .collect();
+    FromWorker::Register {
+        v: VERSION,
+        name: args.name.clone().unwrap_or_else(hostname),
+        build: format!("synor {}", env!("CARGO_PKG_VERSION")),
+        devices: devices::detect(),
+        models: served,
+        threads: rayon::current_num_threads() as u32,
+        region: args.region.clone(),
+    }
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .ok()
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "worker".into())
+}
+
+/// The engines' combined load, with the mean step time since `last`.
+struct Meter {
+    last: (u64, u64),
+}
+
+impl Meter {
+    fn load(&mut self, models: &ModelRegistry) -> Load {
+        let mut load = Load::default();
+        let (mut busy, mut steps) = (0u64, 0u64);
+        for m in models.list() {
+            if let ModelKind::Text(h) = &m.kind {
+                let s = h.stats();
+                load.queued += s.num_waiting as u32;
+                load.running += s.num_running as u32;
+                let free = 1.0 - s.kv_usage_ppm as f64 / 1e6;
+                load.free_kv_blocks += (h.info().kv_blocks as f64 * free) as u32;
+                busy += s.busy_micros;
+                steps += s.steps;
+            }
+        }
+        let (db, ds) = (busy - self.last.0.min(busy), steps - self.last.1.min(steps));
+        load.step_ms = if ds == 0 {
+            0.0
+        } else {
+            db as f32 / ds as f32 / 1e3
+        };
+        self.last = (busy, steps);
+        load
+    }
+}
+
+/// One connection: handshake, register, heartbeats until it ends.
+async fn connect_once(
+    url: &str,
+    token: &str,
+    register: &FromWorker,
+    models: &ModelRegistry,
+    stop: &mut watch::Receiver<bool>,
+) -> anyhow::Result<Ended> {
+    let mut request = url.into_client_request().context("the --server address")?;
+    let auth = format!("Bearer {token}")
+        .parse()
+        .context("the worker token is not a valid header value")?;
+    request.headers_mut().insert("authorization", auth);
+    let (socket, _) = match tokio_tungstenite::connect_async(request).await {
+        Ok(s) => s,
+        Err(tokio_tungstenite::tungstenite::Error::Http(r)) if r.status() == 401 => {
+            let body = r
+                .body()
+                .as_deref()
+                .map(String::from_utf8_lossy)
+                .unwrap_or_default();
+            bail!("the server refused the worker token: {body}");
+        }
+        Err(e) => return Ok(Ended::Lost(format!("connecting to {url}: {e}"))),
+    };
+    let (mut sink, mut stream) = socket.split();
+    let text = serde_json::to_string(register).context("encoding register")?;
+    if let Err(e) = sink.send(Message::Text(text.into())).await {
+        return Ok(Ended::Lost(e.to_string()));
+    }
+    let heartbeat = match tokio::time::timeout(WELCOME_WITHIN, stream.next()).await {
+        Ok(Some(Ok(Message::Text(t)))) => match serde_json::from_str::<ToWorker>(&t) {
+            Ok(ToWorker::Welcome {
+                worker_id,
+                heartbeat_ms,
+                ..
+            }) => {
+                tracing::info!(worker = %worker_id, url, "registered with the server");
+                Duration::from_millis(heartbeat_ms.clamp(100, 60_000))
+            }
+            other => return Ok(Ended::Lost(format!("expected welcome, got {other:?}"))),
+        },
+        Ok(Some(Ok(Message::Close(Some(CloseFrame { reason, .. }))))) => {
+            bail!("the server refused the registration: {reason}");
+        }
+        other => return Ok(Ended::Lost(format!("no welcome: {other:?}"))),
+    };
+    let mut meter = Meter { last: (0, 0) };
+    let mut tick = tokio::time::interval(heartbeat);
+    let status = |load| serde_json::to_string(&FromWorker::Status { v: VERSION, load });
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {
+                let msg = status(meter.load(models)).context("encoding status")?;
+                if let Err(e) = sink.send(Message::Text(msg.into())).await {
+                    return Ok(Ended::Lost(e.to_string()));
+                }
+            }
+            frame = stream.next() => match frame {
+                Some(Ok(Message::Text(t))) => match serde_json::from_str::<ToWorker>(&t) {
+                    Ok(ToWorker::Drain { .. }) => {
+                        tracing::info!("the server asked this worker to drain");
+                        return leave(&mut sink).await;
+                    }
+                    Ok(ToWorker::Error { code, message, .. }) => {
+                        tracing::warn!(%code, %message, "the server reported an error");
+                    }
+                    Ok(ToWorker::Welcome { .. }) | Err(_) => {
+                        return Ok(Ended::Lost(format!("unexpected message: {}", &t[..t.len().min(100)])));
+                    }
+                },
+                Some(Ok(Message::Close(frame))) => {
+                    let why = frame.map_or_else(|| "closed".to_string(), |f| format!("closed: {} {}", u16::from(f.code), f.reason));
+                    return Ok(Ended::Lost(why));
+                }
+                Some(Ok(_)) => {}
+                Some(Err(e)) => return Ok(Ended::Lost(e.to_string())),
+                None => return Ok(Ended::Lost("connection ended".into())),
+            },
+            _ = stop.changed() => {
+                tracing::info!("signal: draining");
+                return leave(&mut sink).await;
+            }
+        }
+    }
+}
+
+/// Tells the server this worker drains, then closes the connection.
+async fn leave<S>(sink: &mut S) -> anyhow::Result<Ended>
+where
+    S: SinkExt<Message> + Unpin,
+{
+    let drain = serde_json::to_string(&FromWorker::Drain { v: VERSION }).unwrap_or_default();
+    let _ = sink.send(Message::Text(drain.into())).await;
+    let _ = sink.send(Message::Close(None)).await;
+    Ok(Ended::Leave)
+}
+
+/// Waits (at most 30 s) for the engines' running work to finish.
+async fn drain_engines(models: &ModelRegistry) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while Instant::now() < deadline {
+        let busy = models.list().iter().any(|m| match &m.kind {
+            ModelKind::Text(h) => {
+                let s = h.stats();
+                s.num_running + s.num_waiting > 0
+            }
+            ModelKind::Embedding(_) => false,
+        });
+        if !busy {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gateway_addresses_get_the_path_and_bad_schemes_are_refused() {
+        assert_eq!(
+            gateway_url("ws://127.0.0.1:8080").expect("url"),
+            "ws://127.0.0.1:8080/v1/providers/connect"
+        );
+        assert_eq!(
+            gateway_url("ws://h:1/custom/").expect("url"),
+            "ws://h:1/custom"
+        );
+        assert!(gateway_url("http://h:1").is_err());
+        let d = Duration::from_secs(2);
+        for _ in 0..100 {
+            let j = jitter(d);
+            assert!(j >= d / 2 && j <= d);
+        }
+    }
+}
