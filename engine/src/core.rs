@@ -47,6 +47,10 @@ pub enum Command {
         arrived: Instant,
         /// Structured output: the matcher and its end-of-output token.
         constraint: Option<(Box<Constraint>, u32)>,
+        /// Tokens already generated elsewhere (an executor that was lost
+        /// mid-stream): the sequence continues after them as if it had
+        /// generated them itself (positions, penalties, `max_tokens`).
+        resume: Vec<u32>,
     },
     Abort(RequestId),
     Shutdown,
@@ -158,8 +162,10 @@ impl EngineCore {
                 events,
                 arrived,
                 constraint,
+                resume,
             } => {
                 let mut seq = Sequence::new(id, *req, &self.eos);
+                seq.resume(&resume);
                 if let Some((c, eos)) = constraint {
                     // A finished structured output ends the sequence, even
                     // with `ignore_eos`.
@@ -481,6 +487,7 @@ mod tests {
             events,
             arrived: Instant::now(),
             constraint: None,
+            resume: Vec::new(),
         })
         .expect("core alive");
         rx

@@ -11,13 +11,13 @@ use std::thread::JoinHandle;
 
 use crate::chat::{ChatMessage, ChatTemplate, TemplateChoice};
 use crate::constraint::{Constraint, ConstraintFactory};
-use crate::core::{Command, EngineCore};
+use crate::core::{Command, CoreEvent, EngineCore};
 use crate::error::{EngineError, Result};
 use crate::executor::{Executor, LocalExecutor};
 use crate::kv_cache::{KvLayout, KvManager};
 use crate::latency::LatencyStats;
 use crate::loader::{LoadedModel, load_gguf};
-use crate::output::{OutputProcessor, RequestStream};
+use crate::output::{OutputProcessor, RawStream, RequestStream};
 use crate::request::{GenerateRequest, RequestId};
 use crate::scheduler::{Scheduler, SchedulerConfig};
 use crate::stats::{EngineStats, StatsCell};
@@ -268,6 +268,49 @@ impl EngineHandle {
         self.enqueue(req, None, constraint)
     }
 
+    /// Queues one choice (`n` = 1) without the request side's text work:
+    /// the stream yields the core's events (token ids, log-probabilities,
+    /// the end), for a caller that detokenizes and matches stop strings
+    /// itself (the fleet's relay). `resume` are tokens already generated
+    /// for it elsewhere: generation continues after them, positions and
+    /// penalties included, so a seeded draw is the one the first executor
+    /// would have made. Structured output cannot be resumed.
+    pub fn submit_raw(&self, req: GenerateRequest, resume: Vec<u32>) -> Result<RawStream> {
+        if req.params.n != 1 {
+            return Err(EngineError::validation(
+                "n",
+                "a raw submission is one choice",
+            ));
+        }
+        self.validate(&req)?;
+        if !resume.is_empty() && req.params.grammar.is_some() {
+            return Err(EngineError::validation(
+                "response_format",
+                "structured output cannot resume on another executor",
+            ));
+        }
+        if resume.len() >= req.params.max_tokens
+            || req.prompt_tokens.len() + resume.len() >= self.shared.info.context_length
+        {
+            return Err(EngineError::validation(
+                "max_tokens",
+                "nothing is left to generate after the resumed tokens",
+            ));
+        }
+        if let Some(bad) = resume
+            .iter()
+            .find(|&&t| t as usize >= self.shared.info.vocab_size)
+        {
+            return Err(EngineError::validation(
+                "resume",
+                format!("token id {bad} is outside the vocabulary"),
+            ));
+        }
+        let constraint = self.constraint_for(&req)?;
+        let (id, rx) = self.send_add(req, None, constraint, resume)?;
+        Ok(RawStream::new(id, rx, self.shared.commands.clone()))
+    }
+
     /// The end-of-output token of constrained generation.
     fn constraint_eos(&self) -> u32 {
         let t = &self.shared.tokenizer;
@@ -328,13 +371,30 @@ impl EngineHandle {
         wait_for: Option<RequestId>,
         constraint: Option<Constraint>,
     ) -> Result<RequestStream> {
-        let id = RequestId(self.shared.next_id.fetch_add(1, Ordering::Relaxed));
-        let (events, rx) = tokio::sync::mpsc::unbounded_channel();
         let processor = OutputProcessor::new(
             self.shared.tokenizer.clone(),
             &req.prompt_tokens,
             req.params.stop.clone(),
         );
+        let (id, rx) = self.send_add(req, wait_for, constraint, Vec::new())?;
+        Ok(RequestStream::new(
+            id,
+            rx,
+            processor,
+            self.shared.commands.clone(),
+        ))
+    }
+
+    /// Hands a request to the core; returns its id and its event channel.
+    fn send_add(
+        &self,
+        req: GenerateRequest,
+        wait_for: Option<RequestId>,
+        constraint: Option<Constraint>,
+        resume: Vec<u32>,
+    ) -> Result<(RequestId, tokio::sync::mpsc::UnboundedReceiver<CoreEvent>)> {
+        let id = RequestId(self.shared.next_id.fetch_add(1, Ordering::Relaxed));
+        let (events, rx) = tokio::sync::mpsc::unbounded_channel();
         self.shared
             .commands
             .send(Command::Add {
@@ -344,14 +404,10 @@ impl EngineHandle {
                 events,
                 arrived: std::time::Instant::now(),
                 constraint: constraint.map(|c| (Box::new(c), self.constraint_eos())),
+                resume,
             })
             .map_err(|_| EngineError::Shutdown)?;
-        Ok(RequestStream::new(
-            id,
-            rx,
-            processor,
-            self.shared.commands.clone(),
-        ))
+        Ok((id, rx))
     }
 
     /// Checks a request against this model (parameters, vocabulary,
@@ -412,6 +468,11 @@ impl EngineHandle {
 
     pub fn info(&self) -> &ModelInfo {
         &self.shared.info
+    }
+
+    /// The tokenizer, shared (for streams that detokenize elsewhere).
+    pub fn shared_tokenizer(&self) -> Arc<TextTokenizer> {
+        self.shared.tokenizer.clone()
     }
 
     pub fn tokenizer(&self) -> &TextTokenizer {

@@ -35,7 +35,7 @@ pub use embed::{EmbedInput, EmbeddingHandle, Embeddings};
 pub use error::EngineError;
 pub use handle::{EngineBuilder, EngineConfig, EngineHandle, ModelFacts, ModelInfo};
 pub use latency::{HistogramSnapshot, LatencyStats};
-pub use output::RequestStream;
+pub use output::{RawStream, RequestStream};
 pub use request::{
     FinishReason, GenerateRequest, RequestId, SamplingParams, TokenEvent, TokenLogprob, Usage,
 };

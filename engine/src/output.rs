@@ -135,7 +135,7 @@ pub struct RequestStream {
     id: RequestId,
     rx: UnboundedReceiver<CoreEvent>,
     processor: OutputProcessor,
-    commands: Sender<Command>,
+    abort: Abort,
     ready: VecDeque<TokenEvent>,
     done: bool,
     /// The core has accepted the request (see `admitted`).
@@ -153,7 +153,30 @@ impl RequestStream {
             id,
             rx,
             processor,
-            commands,
+            abort: Abort::Core(commands),
+            ready: VecDeque::new(),
+            done: false,
+            admitted: false,
+        }
+    }
+
+    /// A stream over core events that come from elsewhere (the fleet's
+    /// relay of a remote executor): the same text work (detokenization
+    /// after `prompt`, the `stop` strings) on this side; `on_abort` runs
+    /// when a stop string matches or the stream is dropped unfinished.
+    pub fn relay(
+        id: RequestId,
+        tokenizer: Arc<TextTokenizer>,
+        prompt: &[u32],
+        stop: Vec<String>,
+        rx: UnboundedReceiver<CoreEvent>,
+        on_abort: Box<dyn Fn() + Send + Sync>,
+    ) -> Self {
+        Self {
+            id,
+            rx,
+            processor: OutputProcessor::new(tokenizer, prompt, stop),
+            abort: Abort::Call(on_abort),
             ready: VecDeque::new(),
             done: false,
             admitted: false,
@@ -192,7 +215,7 @@ impl RequestStream {
 
     fn push(&mut self, processed: Processed) {
         if processed.abort_core {
-            let _ = self.commands.send(Command::Abort(self.id));
+            self.abort.run(self.id);
         }
         for ev in processed.events {
             if matches!(ev, TokenEvent::Finished { .. } | TokenEvent::Failed(_)) {
@@ -236,7 +259,94 @@ impl Stream for RequestStream {
 impl Drop for RequestStream {
     fn drop(&mut self) {
         if !self.done {
-            let _ = self.commands.send(Command::Abort(self.id));
+            self.abort.run(self.id);
+        }
+    }
+}
+
+/// How a stream stops the work behind it.
+enum Abort {
+    /// A command to this process's engine core.
+    Core(Sender<Command>),
+    /// The relay's own way (cancel on a worker).
+    Call(Box<dyn Fn() + Send + Sync>),
+}
+
+impl std::fmt::Debug for Abort {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Core(_) => "Abort::Core",
+            Self::Call(_) => "Abort::Call",
+        })
+    }
+}
+
+impl Abort {
+    fn run(&self, id: RequestId) {
+        match self {
+            Self::Core(commands) => {
+                let _ = commands.send(Command::Abort(id));
+            }
+            Self::Call(f) => f(),
+        }
+    }
+}
+
+/// One choice's core events, without the text work (`submit_raw`): what
+/// an executor serving the fleet forwards. Dropping it unfinished aborts
+/// the sequence.
+#[derive(Debug)]
+pub struct RawStream {
+    id: RequestId,
+    rx: UnboundedReceiver<CoreEvent>,
+    commands: Sender<Command>,
+    done: bool,
+}
+
+impl RawStream {
+    pub(crate) fn new(
+        id: RequestId,
+        rx: UnboundedReceiver<CoreEvent>,
+        commands: Sender<Command>,
+    ) -> Self {
+        Self {
+            id,
+            rx,
+            commands,
+            done: false,
+        }
+    }
+
+    pub fn id(&self) -> RequestId {
+        self.id
+    }
+
+    /// The next event; `None` after the last (`Finished` or `Failed`) or
+    /// if the engine stopped.
+    pub async fn next(&mut self) -> Option<CoreEvent> {
+        if self.done {
+            return None;
+        }
+        let ev = self.rx.recv().await;
+        if matches!(
+            ev,
+            None | Some(CoreEvent::Finished { .. } | CoreEvent::Failed(_))
+        ) {
+            self.done = true;
+        }
+        ev
+    }
+
+    /// Stops the sequence (its `Finished` with `Abort` still follows).
+    pub fn abort(&self) {
+        let _ = self.commands.send(Command::Abort(self.id));
+    }
+}
+
+impl Drop for RawStream {
+    fn drop(&mut self) {
+        if !self.done {
+            self.abort();
         }
     }
 }

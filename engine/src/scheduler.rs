@@ -118,6 +118,15 @@ impl Sequence {
         (self.params.priority, self.id)
     }
 
+    /// Takes `tokens` as already generated (before any step runs): they
+    /// count for positions, penalties and `max_tokens` as its own would.
+    pub fn resume(&mut self, tokens: &[u32]) {
+        self.tokens.extend_from_slice(tokens);
+        if let Some(p) = &mut self.penalties {
+            tokens.iter().for_each(|&t| p.push(t));
+        }
+    }
+
     /// Generated tokens so far.
     pub fn output(&self) -> &[u32] {
         &self.tokens[self.prompt_len..]

@@ -214,6 +214,12 @@ pub struct ServeArgs {
     #[arg(long, env = "SYNOR_LOG_FORMAT", default_value = "text", value_parser = ["text", "json"])]
     pub log_format: String,
 
+    /// How much the house engine's expected wait weighs against the
+    /// workers' when placing a choice (1 = as it is measured; larger sends
+    /// work to workers first, keeping the house as the fallback).
+    #[arg(long, env = "SYNOR_PLACEMENT_HOUSE_FACTOR", default_value_t = 1.0)]
+    pub placement_house_factor: f64,
+
     /// Open single-user mode: no API key needed (loopback addresses only;
     /// `make run` uses it).
     #[arg(long, env = "SYNOR_OPEN")]

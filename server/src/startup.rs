@@ -117,6 +117,10 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let mut state = AppState::with_auth(registry.clone(), auth)
         .with_loader(loader(&args.models, &args.scheduler))
         .with_billing(billing.clone());
+    state.dispatch = Arc::new(
+        crate::services::dispatch::Dispatch::new(state.fleet.clone())
+            .with_house_factor(args.placement_house_factor),
+    );
     if let Some(c) = args.cache.to_config() {
         let cache = crate::cache::ResponseCache::new(&c).context("opening the response cache")?;
         state = state.with_cache(Arc::new(cache), args.cache.cache_price_bps.clamp(0, 10_000));

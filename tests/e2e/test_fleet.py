@@ -172,3 +172,128 @@ def test_a_worker_reconnects_when_its_server_comes_back_and_leaves_when_drained(
         if worker.poll() is None:
             worker.kill()
         srv["gen"].close()
+
+
+# --- Running work on workers, and losing them mid-stream -----------------
+
+import random
+import threading
+
+import openai
+
+
+def open_server(*extra):
+    gen = _start("--model", TINY, "--embedding-model", "none", "--admin-token", ADMIN_TOKEN,
+                 "--placement-house-factor", "1000", *extra)
+    info = next(gen)
+    info["gen"] = gen
+    return info
+
+
+def sdk(base):
+    return openai.OpenAI(base_url=base + "/v1", api_key="none", max_retries=0, timeout=120)
+
+
+def complete(base, prompt, max_tokens, stream=False):
+    return sdk(base).completions.create(
+        model="tiny", prompt=prompt, max_tokens=max_tokens, temperature=0, stream=stream,
+        extra_body={"ignore_eos": True}, extra_headers={"x-synor-cache": "bypass"},
+        **({"stream_options": {"include_usage": True}} if stream else {}))
+
+
+def workers_up(base, procs, n):
+    wait_for(lambda: len(fleet(base)) == n, what=f"{n} workers")
+    return procs
+
+
+PROMPTS = ["The river", "Once upon a time", "1, 2, 3,"]
+
+
+def test_greedy_text_is_the_same_on_every_executor_and_streams_spread_over_workers():
+    srv = open_server()
+    base = srv["base"]
+    procs = []
+    try:
+        # The house engine alone (no worker serves the model yet).
+        want = {p: complete(base, p, 40).choices[0].text for p in PROMPTS}
+        created = provider_token(base)
+        procs = [start_worker(base, created["token"], name=f"w{i}") for i in (1, 2)]
+        workers_up(base, procs, 2)
+        for p in PROMPTS:
+            assert complete(base, p, 40).choices[0].text == want[p], p
+        # 32 concurrent streams: all complete, both workers take part.
+        texts, errors = [], []
+
+        def one(i):
+            try:
+                chunks = complete(base, PROMPTS[i % 3], 24, stream=True)
+                texts.append((i, "".join(c.choices[0].text for c in chunks if c.choices)))
+            except Exception as e:  # noqa: BLE001 - reported below
+                errors.append(repr(e))
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(32)]
+        [t.start() for t in threads]
+        [t.join(timeout=120) for t in threads]
+        assert errors == [] and len(texts) == 32, errors
+        for i, text in texts:
+            assert want[PROMPTS[i % 3]].startswith(text), (i, text)
+        delivered = {w["name"]: w["tokens_delivered"] for w in fleet(base)}
+        assert all(v > 0 for v in delivered.values()), delivered
+    finally:
+        for p in procs:
+            stop(p)
+        srv["gen"].close()
+
+
+def test_a_worker_killed_mid_stream_costs_the_client_nothing():
+    srv = open_server()
+    base = srv["base"]
+    procs = {}
+    rng = random.Random(14)
+    try:
+        length = 600
+        want = complete(base, "The river", length).choices[0].text
+        created = provider_token(base)
+
+        def ensure_two():
+            for name in ("a", "b"):
+                if name not in procs or procs[name].poll() is not None:
+                    procs[name] = start_worker(base, created["token"], name=name)
+            wait_for(lambda: sorted(w["name"] for w in fleet(base)) == ["a", "b"],
+                     what="two live workers")
+
+        for round_ in range(4):
+            ensure_two()
+            stream = complete(base, "The river", length, stream=True)
+            text, usage, killed = "", None, None
+            cut = rng.randint(2, 200)
+            for n, chunk in enumerate(stream):
+                if chunk.choices:
+                    text += chunk.choices[0].text
+                if chunk.usage:
+                    usage = chunk.usage
+                if n == cut and killed is None:
+                    busy = [w["name"] for w in fleet(base) if w["jobs_running"] > 0]
+                    assert len(busy) == 1, fleet(base)
+                    killed = busy[0]
+                    procs[killed].kill()  # SIGKILL: no goodbye
+                    procs[killed].wait()
+            assert killed is not None, f"round {round_}: the stream ended before the cut"
+            assert text == want, f"round {round_}: the text changed after killing {killed}"
+            assert usage is not None and usage.completion_tokens == length, usage
+        # Each kill was seen and replayed by the server (its log says so).
+        log = []
+        while not srv["lines"].empty():
+            log.append(srv["lines"].get())
+        replays = [line for line in log if "attempt lost; replaying" in line]
+        assert len(replays) == 4, "".join(log)
+        status, audit = call(base, "GET", "/admin/ledger/audit")
+        assert status == 200 and audit["violations"] == [], audit
+        status, usage = call(base, "GET", "/v1/usage")
+        assert status == 200, usage
+        billed = [r for r in usage["data"] if r["completion_tokens"] == length]
+        assert len(billed) == 5, usage  # the baseline and four streams, once each
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                stop(p)
+        srv["gen"].close()

@@ -10,6 +10,7 @@
 //!
 //! Calibration, placement and running work on workers come next.
 
+pub mod jobs;
 pub mod protocol;
 pub mod registry;
 pub mod session;

@@ -70,6 +70,48 @@ pub struct Load {
     pub step_ms: f32,
 }
 
+/// A job's sampling as the server resolved it: the seed is always set,
+/// so every executor draws the same token at the same position. Stop
+/// strings stay on the server (it detokenizes); stop token ids and EOS
+/// are the worker's.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JobParams {
+    pub temperature: f32,
+    pub top_p: f32,
+    pub top_k: u32,
+    pub min_p: f32,
+    pub seed: u64,
+    pub max_tokens: u32,
+    #[serde(default)]
+    pub stop_token_ids: Vec<u32>,
+    #[serde(default)]
+    pub ignore_eos: bool,
+    pub repetition_penalty: f32,
+    pub frequency_penalty: f32,
+    pub presence_penalty: f32,
+    #[serde(default)]
+    pub logit_bias: Vec<(u32, f32)>,
+    /// Top log-probabilities to return per token (`None`: none at all).
+    #[serde(default)]
+    pub logprobs: Option<u32>,
+}
+
+/// One generated token, with its log-probability when asked.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JobToken {
+    pub id: u32,
+    #[serde(default)]
+    pub logprob: Option<f32>,
+    #[serde(default)]
+    pub top: Vec<(u32, f32)>,
+}
+
+/// The largest message a worker accepts from the server (an assignment
+/// carries a whole prompt).
+pub const MAX_ASSIGN: usize = 4 << 20;
+
 /// Messages a worker sends.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
@@ -90,6 +132,33 @@ pub enum FromWorker {
     Status { v: u8, load: Load },
     /// It is shutting down: place nothing new on it.
     Drain { v: u8 },
+    /// Its engine took attempt `attempt` of `job`.
+    Accepted { v: u8, job: u64, attempt: u32 },
+    /// Tokens of the attempt, in order.
+    Tokens {
+        v: u8,
+        job: u64,
+        attempt: u32,
+        tokens: Vec<JobToken>,
+    },
+    /// The attempt ended: `stop` (EOS, a stop token), `length`, or
+    /// `abort` (cancelled), with its engine's counts.
+    Done {
+        v: u8,
+        job: u64,
+        attempt: u32,
+        reason: String,
+        prompt_tokens: u32,
+        cached_tokens: u32,
+        completion_tokens: u32,
+    },
+    /// The attempt failed or was refused (the server replays it).
+    Failed {
+        v: u8,
+        job: u64,
+        attempt: u32,
+        message: String,
+    },
 }
 
 /// Messages the server sends.
@@ -113,6 +182,21 @@ pub enum ToWorker {
     },
     /// Stop taking work and leave once idle (an admin drained it).
     Drain { v: u8 },
+    /// Run attempt `attempt` of `job`: `prompt`, then, after `resume`
+    /// (tokens an earlier attempt already delivered, taken as generated),
+    /// up to `params.max_tokens` generated tokens in all.
+    Assign {
+        v: u8,
+        job: u64,
+        attempt: u32,
+        model: String,
+        prompt: Vec<u32>,
+        #[serde(default)]
+        resume: Vec<u32>,
+        params: JobParams,
+    },
+    /// Stop `job` (the client left, or a stop string matched).
+    Cancel { v: u8, job: u64 },
 }
 
 /// Why a message or frame was refused (sent as the close reason).
@@ -136,9 +220,33 @@ pub fn decode(text: &str) -> Result<FromWorker, ProtocolError> {
     let msg: FromWorker =
         serde_json::from_str(text).map_err(|e| ProtocolError::Malformed(short(&e.to_string())))?;
     let v = match &msg {
-        FromWorker::Register { v, .. } | FromWorker::Status { v, .. } | FromWorker::Drain { v } => {
-            *v
-        }
+        FromWorker::Register { v, .. }
+        | FromWorker::Status { v, .. }
+        | FromWorker::Drain { v }
+        | FromWorker::Accepted { v, .. }
+        | FromWorker::Tokens { v, .. }
+        | FromWorker::Done { v, .. }
+        | FromWorker::Failed { v, .. } => *v,
+    };
+    if v != VERSION {
+        return Err(ProtocolError::Version(v));
+    }
+    Ok(msg)
+}
+
+/// Decodes one message from the server (on the worker).
+pub fn decode_from_server(text: &str) -> Result<ToWorker, ProtocolError> {
+    if text.len() > MAX_ASSIGN {
+        return Err(ProtocolError::TooLarge(text.len()));
+    }
+    let msg: ToWorker =
+        serde_json::from_str(text).map_err(|e| ProtocolError::Malformed(short(&e.to_string())))?;
+    let v = match &msg {
+        ToWorker::Welcome { v, .. }
+        | ToWorker::Error { v, .. }
+        | ToWorker::Drain { v }
+        | ToWorker::Assign { v, .. }
+        | ToWorker::Cancel { v, .. } => *v,
     };
     if v != VERSION {
         return Err(ProtocolError::Version(v));

@@ -33,6 +33,11 @@ pub struct WorkerInfo {
     pub state: String,
     /// Its last `status` (self-reported).
     pub load: Load,
+    /// Choices of this server running on it now.
+    pub jobs_running: u64,
+    /// Tokens it delivered for this server, and attempts it lost.
+    pub tokens_delivered: u64,
+    pub jobs_lost: u64,
     /// Unix seconds.
     pub connected_at: i64,
     pub last_seen: i64,
@@ -59,10 +64,12 @@ struct Entry {
     to_session: mpsc::Sender<ToWorker>,
 }
 
-/// The registry of connected workers.
+/// The registry of connected workers and of the jobs placed on them.
 #[derive(Default)]
 pub struct Registry {
     workers: RwLock<HashMap<String, Entry>>,
+    /// Jobs running on workers (sessions route their messages here).
+    pub jobs: super::jobs::Jobs,
     next: AtomicU64,
     /// Connections the fleet has seen end (for `/metrics`).
     pub disconnects: AtomicU64,
@@ -102,6 +109,9 @@ impl Registry {
             region: r.region,
             state: "active".into(),
             load: Load::default(),
+            jobs_running: 0,
+            tokens_delivered: 0,
+            jobs_lost: 0,
             connected_at: t,
             last_seen: t,
         };
@@ -133,18 +143,63 @@ impl Registry {
         true
     }
 
-    /// Removes a worker whose session ended.
+    /// Removes a worker whose session ended; its jobs hear it is lost.
     pub fn remove(&self, id: &str) {
-        let mut w = self.workers.write().unwrap_or_else(|e| e.into_inner());
-        if w.remove(id).is_some() {
+        let removed = {
+            let mut w = self.workers.write().unwrap_or_else(|e| e.into_inner());
+            w.remove(id).is_some()
+        };
+        if removed {
             self.disconnects.fetch_add(1, Ordering::Relaxed);
+        }
+        self.jobs.lost(id, "the worker disconnected");
+    }
+
+    /// Sends `msg` to a worker's session (waiting while its queue is
+    /// full); false if the worker is gone.
+    pub async fn send(&self, id: &str, msg: ToWorker) -> bool {
+        let tx = {
+            let w = self.workers.read().unwrap_or_else(|e| e.into_inner());
+            w.get(id).map(|e| e.to_session.clone())
+        };
+        match tx {
+            Some(tx) => tx.send(msg).await.is_ok(),
+            None => false,
+        }
+    }
+
+    /// Active workers that serve `model`.
+    pub fn serving(&self, model: &str) -> Vec<WorkerInfo> {
+        let w = self.workers.read().unwrap_or_else(|e| e.into_inner());
+        let mut out: Vec<WorkerInfo> = w
+            .values()
+            .filter(|e| e.info.state == "active" && e.info.models.iter().any(|m| m.name == model))
+            .map(|e| e.info.clone())
+            .collect();
+        out.sort_by(|a, b| a.id.cmp(&b.id));
+        out
+    }
+
+    /// Counts an attempt that ran on `id`: the tokens it delivered and
+    /// whether it was lost.
+    pub fn record(&self, id: &str, tokens: usize, lost: bool) {
+        let mut w = self.workers.write().unwrap_or_else(|e| e.into_inner());
+        if let Some(e) = w.get_mut(id) {
+            e.info.tokens_delivered += tokens as u64;
+            e.info.jobs_lost += u64::from(lost);
         }
     }
 
     /// Every connected worker, by id.
     pub fn list(&self) -> Vec<WorkerInfo> {
         let w = self.workers.read().unwrap_or_else(|e| e.into_inner());
-        let mut out: Vec<WorkerInfo> = w.values().map(|e| e.info.clone()).collect();
+        let mut out: Vec<WorkerInfo> = w
+            .values()
+            .map(|e| WorkerInfo {
+                jobs_running: self.jobs.on(&e.info.id) as u64,
+                ..e.info.clone()
+            })
+            .collect();
         out.sort_by(|a, b| a.id.cmp(&b.id));
         out
     }

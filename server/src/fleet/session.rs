@@ -13,6 +13,10 @@ use std::time::Duration;
 
 use tokio::sync::mpsc;
 
+use engine::core::CoreEvent;
+use engine::{FinishReason, TokenLogprob, Usage};
+
+use super::jobs::{Delivery, JobEvent};
 use super::protocol::{self, FromWorker, ProtocolError, ServedModel, ToWorker, VERSION};
 use super::registry::{Registration, Registry};
 
@@ -20,6 +24,8 @@ use super::registry::{Registration, Registry};
 pub const REGISTER_WITHIN: Duration = Duration::from_secs(10);
 /// Heartbeats a worker may miss before it is dropped.
 pub const MISSED_BEATS: u32 = 3;
+/// Messages queued for a worker (assignments wait when it is full).
+const TO_WORKER_QUEUE: usize = 256;
 
 /// A frame from the worker.
 #[derive(Debug, Clone, PartialEq)]
@@ -78,7 +84,7 @@ pub async fn run(
             return close(1008, why).await;
         }
     };
-    let (to_session, mut from_registry) = mpsc::channel(16);
+    let (to_session, mut from_registry) = mpsc::channel(TO_WORKER_QUEUE);
     let provider_id = registration.provider_id.clone();
     let id = registry.register(registration, to_session);
     // Out of the registry however the session ends (aborted included).
@@ -156,6 +162,11 @@ async fn serve(
                     Ok(FromWorker::Register { .. }) => {
                         return Some((1008, "already registered".into()));
                     }
+                    Ok(msg) => {
+                        if let Some(job) = route(registry, id, msg) {
+                            return Some((1008, format!("job {job} was not given to this worker")));
+                        }
+                    }
                     Err(e) => return Some((code(&e), e.to_string())),
                 },
             },
@@ -166,6 +177,78 @@ async fn serve(
             }
         }
     }
+}
+
+/// Hands a job message to its relay; returns the job if it was never this
+/// worker's.
+fn route(registry: &Registry, worker: &str, msg: FromWorker) -> Option<u64> {
+    let (job, attempt, events) = match msg {
+        FromWorker::Accepted { job, attempt, .. } => {
+            (job, attempt, vec![JobEvent::Core(CoreEvent::Accepted)])
+        }
+        FromWorker::Tokens {
+            job,
+            attempt,
+            tokens,
+            ..
+        } => {
+            let events = tokens
+                .into_iter()
+                .map(|t| {
+                    let logprob = t.logprob.map(|logprob| TokenLogprob {
+                        token: t.id,
+                        logprob,
+                        top: t.top,
+                    });
+                    JobEvent::Core(CoreEvent::Token { id: t.id, logprob })
+                })
+                .collect();
+            (job, attempt, events)
+        }
+        FromWorker::Done {
+            job,
+            attempt,
+            reason,
+            prompt_tokens,
+            cached_tokens,
+            completion_tokens,
+            ..
+        } => {
+            let reason = match reason.as_str() {
+                "stop" => Some(FinishReason::Stop),
+                "length" => Some(FinishReason::Length),
+                "abort" => Some(FinishReason::Abort),
+                _ => None,
+            };
+            let ev = match reason {
+                Some(reason) => JobEvent::Core(CoreEvent::Finished {
+                    reason,
+                    usage: Usage {
+                        prompt_tokens: prompt_tokens as usize,
+                        completion_tokens: completion_tokens as usize,
+                        cached_tokens: cached_tokens as usize,
+                    },
+                }),
+                None => JobEvent::Lost("the worker ended a job with an unknown reason".into()),
+            };
+            (job, attempt, vec![ev])
+        }
+        FromWorker::Failed {
+            job,
+            attempt,
+            message,
+            ..
+        } => (job, attempt, vec![JobEvent::Lost(message)]),
+        FromWorker::Register { .. } | FromWorker::Status { .. } | FromWorker::Drain { .. } => {
+            return None;
+        }
+    };
+    for ev in events {
+        if registry.jobs.deliver(worker, job, attempt, ev) == Delivery::NotYours {
+            return Some(job);
+        }
+    }
+    None
 }
 
 fn code(e: &ProtocolError) -> u16 {
@@ -368,6 +451,17 @@ mod tests {
                 ],
                 1009,
                 "over the",
+            ),
+            (
+                vec![
+                    Inbound::Text(register_json("w", 30)),
+                    Inbound::Text(
+                        r#"{"type":"tokens","v":1,"job":99,"attempt":1,"tokens":[{"id":5}]}"#
+                            .into(),
+                    ),
+                ],
+                1008,
+                "was not given to this worker",
             ),
         ];
         for (frames, want_code, want) in cases {

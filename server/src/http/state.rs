@@ -28,6 +28,8 @@ pub struct AppState {
     pub draining: Arc<std::sync::atomic::AtomicBool>,
     /// The provider workers connected to this server.
     pub fleet: Arc<crate::fleet::registry::Registry>,
+    /// Placement of choices on the house engine or on workers.
+    pub dispatch: Arc<crate::services::dispatch::Dispatch>,
 }
 
 impl AppState {
@@ -37,6 +39,7 @@ impl AppState {
     }
 
     pub fn with_auth(models: Arc<ModelRegistry>, auth: crate::http::auth::Auth) -> Self {
+        let fleet: Arc<crate::fleet::registry::Registry> = Arc::default();
         Self {
             models,
             http: Arc::default(),
@@ -46,7 +49,8 @@ impl AppState {
             cache: None,
             cache_price_bps: 1_000,
             draining: Arc::default(),
-            fleet: Arc::default(),
+            fleet: fleet.clone(),
+            dispatch: Arc::new(crate::services::dispatch::Dispatch::new(fleet)),
         }
     }
 
@@ -65,6 +69,7 @@ impl AppState {
                     models: self.models.clone(),
                     price_bps: self.cache_price_bps,
                 }),
+            dispatch: Some(self.dispatch.clone()),
         }
     }
 

@@ -35,6 +35,8 @@ pub struct Generation {
     pub billing: Option<Arc<Billing>>,
     /// `None`: the response cache is off.
     pub caching: Option<ResponseCaching>,
+    /// Placement over the fleet (`None`: the house engine only).
+    pub dispatch: Option<Arc<crate::services::dispatch::Dispatch>>,
 }
 
 /// One validated generation request.
@@ -95,7 +97,10 @@ impl Generation {
             ),
             None => None,
         };
-        let streams = submit_all(&job.engine, job.requests).await?;
+        let streams = match &self.dispatch {
+            Some(d) => d.submit_all(&job.model, &job.engine, job.requests).await?,
+            None => submit_all(&job.engine, job.requests).await?,
+        };
         let store = self.caching.clone().zip(plan);
         Ok(Generated::Fresh(Box::new(Run::new(streams, tab, store))))
     }

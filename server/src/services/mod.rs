@@ -13,6 +13,7 @@
 //!   cache store around the token stream.
 
 pub mod caching;
+pub mod dispatch;
 pub mod generation;
 pub mod limits;
 pub mod metering;

@@ -7,23 +7,24 @@
 //! SIGINT, or when an admin drains it, it says `drain`, lets running work
 //! finish and leaves.
 //!
-//! Running work placed on it arrives with the fleet's assignment messages
-//! (next in the fleet issue); until then it serves nothing remotely.
+//! Work placed on it arrives as assignments (`jobs`): one choice of a
+//! request, maybe continuing after tokens a lost worker delivered.
 
 pub mod devices;
+pub mod jobs;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use futures_util::{SinkExt, StreamExt};
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::protocol::CloseFrame;
 
 use crate::config::WorkerArgs;
-use crate::fleet::protocol::{FromWorker, Load, ServedModel, ToWorker, VERSION};
+use crate::fleet::protocol::{self, FromWorker, Load, ServedModel, ToWorker, VERSION};
 use crate::services::models::{ModelKind, ModelRegistry};
 
 /// How long the server has to answer a registration.
@@ -31,6 +32,8 @@ const WELCOME_WITHIN: Duration = Duration::from_secs(10);
 /// Reconnect delays: doubling from the first to the cap, with jitter.
 const BACKOFF_FIRST: Duration = Duration::from_millis(250);
 const BACKOFF_CAP: Duration = Duration::from_secs(30);
+/// Messages queued for the server (job events wait when it is full).
+const OUT_QUEUE: usize = 1024;
 /// A connection that lasted this long resets the backoff.
 const STABLE: Duration = Duration::from_secs(10);
 
@@ -222,52 +225,78 @@ async fn connect_once(
     let mut meter = Meter { last: (0, 0) };
     let mut tick = tokio::time::interval(heartbeat);
     let status = |load| serde_json::to_string(&FromWorker::Status { v: VERSION, load });
-    loop {
+    let running = Arc::new(jobs::Running::default());
+    let (out, mut outgoing) = mpsc::channel::<String>(OUT_QUEUE);
+    let mut draining = false;
+    let ended = loop {
+        if draining && running.is_empty() {
+            let _ = sink.send(Message::Close(None)).await;
+            break Ended::Leave;
+        }
         tokio::select! {
             _ = tick.tick() => {
                 let msg = status(meter.load(models)).context("encoding status")?;
                 if let Err(e) = sink.send(Message::Text(msg.into())).await {
-                    return Ok(Ended::Lost(e.to_string()));
+                    break Ended::Lost(e.to_string());
+                }
+            }
+            Some(text) = outgoing.recv() => {
+                if let Err(e) = sink.send(Message::Text(text.into())).await {
+                    break Ended::Lost(e.to_string());
                 }
             }
             frame = stream.next() => match frame {
-                Some(Ok(Message::Text(t))) => match serde_json::from_str::<ToWorker>(&t) {
+                Some(Ok(Message::Text(t))) => match protocol::decode_from_server(&t) {
+                    Ok(ToWorker::Assign { job, attempt, model, prompt, resume, params, .. }) => {
+                        let a = jobs::Assignment { job, attempt, model, prompt, resume, params };
+                        if draining {
+                            let refused = FromWorker::Failed { v: VERSION, job, attempt, message: "this worker is draining".into() };
+                            let _ = out.send(serde_json::to_string(&refused).unwrap_or_default()).await;
+                        } else {
+                            running.start(models, a, &out).await;
+                        }
+                    }
+                    Ok(ToWorker::Cancel { job, .. }) => running.cancel(job),
                     Ok(ToWorker::Drain { .. }) => {
                         tracing::info!("the server asked this worker to drain");
-                        return leave(&mut sink).await;
+                        draining = start_drain(&mut sink, draining).await;
                     }
                     Ok(ToWorker::Error { code, message, .. }) => {
                         tracing::warn!(%code, %message, "the server reported an error");
                     }
                     Ok(ToWorker::Welcome { .. }) | Err(_) => {
-                        return Ok(Ended::Lost(format!("unexpected message: {}", &t[..t.len().min(100)])));
+                        break Ended::Lost(format!("unexpected message: {}", &t[..t.len().min(100)]));
                     }
                 },
                 Some(Ok(Message::Close(frame))) => {
-                    let why = frame.map_or_else(|| "closed".to_string(), |f| format!("closed: {} {}", u16::from(f.code), f.reason));
-                    return Ok(Ended::Lost(why));
+                    break Ended::Lost(frame.map_or_else(|| "closed".to_string(), |f| format!("closed: {} {}", u16::from(f.code), f.reason)));
                 }
                 Some(Ok(_)) => {}
-                Some(Err(e)) => return Ok(Ended::Lost(e.to_string())),
-                None => return Ok(Ended::Lost("connection ended".into())),
+                Some(Err(e)) => break Ended::Lost(e.to_string()),
+                None => break Ended::Lost("connection ended".into()),
             },
-            _ = stop.changed() => {
+            _ = stop.changed(), if !draining => {
                 tracing::info!("signal: draining");
-                return leave(&mut sink).await;
+                draining = start_drain(&mut sink, draining).await;
             }
         }
-    }
+    };
+    // Whatever is still running was lost with the connection: the server
+    // replays it elsewhere.
+    running.abort_all();
+    Ok(ended)
 }
 
-/// Tells the server this worker drains, then closes the connection.
-async fn leave<S>(sink: &mut S) -> anyhow::Result<Ended>
+/// Tells the server this worker drains (once); returns the new state.
+async fn start_drain<S>(sink: &mut S, draining: bool) -> bool
 where
     S: SinkExt<Message> + Unpin,
 {
-    let drain = serde_json::to_string(&FromWorker::Drain { v: VERSION }).unwrap_or_default();
-    let _ = sink.send(Message::Text(drain.into())).await;
-    let _ = sink.send(Message::Close(None)).await;
-    Ok(Ended::Leave)
+    if !draining {
+        let drain = serde_json::to_string(&FromWorker::Drain { v: VERSION }).unwrap_or_default();
+        let _ = sink.send(Message::Text(drain.into())).await;
+    }
+    true
 }
 
 /// Waits (at most 30 s) for the engines' running work to finish.

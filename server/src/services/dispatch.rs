@@ -1,0 +1,455 @@
+//! Where each choice of a generation runs: on the house engine (this
+//! process) or on a provider's worker, and what happens when a worker is
+//! lost. With no worker serving the model, everything runs on the house
+//! engine exactly as before. Otherwise each choice gets a relay: the
+//! server keeps the text work (detokenization, stop strings) and feeds the
+//! choice's stream with the token ids of whichever executor runs it. When
+//! an attempt is lost (socket closed, missed heartbeats, no progress, a
+//! failure report) the relay replays it elsewhere as the prompt plus the
+//! tokens already delivered, with the same resolved seed, so the client
+//! sees one uninterrupted stream with the text it would have got; after
+//! `MAX_ATTEMPTS` it ends with a clean error.
+//!
+//! Placement (first version): the executor with the least expected wait,
+//! `(outstanding choices + 1) x its observed time per token`, where the
+//! time per token is measured by the server on the tokens each executor
+//! delivers (never self-reported); an executor that lost a job is slowed
+//! in that measure so it gets less work, and one that just lost this job
+//! is not tried again for it.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use engine::core::CoreEvent;
+use engine::{
+    EngineError, EngineHandle, FinishReason, GenerateRequest, RequestId, RequestStream, Usage,
+};
+use tokio::sync::{mpsc, watch};
+
+use crate::fleet::jobs::JobEvent;
+use crate::fleet::protocol::{JobParams, ToWorker, VERSION};
+use crate::fleet::registry::Registry;
+use crate::services::ServiceError;
+
+/// Attempts of one choice before it fails.
+pub const MAX_ATTEMPTS: u32 = 3;
+/// How long an attempt may go without an event before it counts as lost.
+const PROGRESS: Duration = Duration::from_secs(30);
+/// How long a cancelled attempt has to confirm before the relay ends it.
+const CANCEL_WAIT: Duration = Duration::from_secs(5);
+/// The house engine's key in the per-executor measures.
+const HOUSE: &str = "house";
+
+/// One executor's measures, as this server observed them.
+#[derive(Debug, Clone, Copy)]
+struct Measure {
+    /// Choices it runs for this server now.
+    outstanding: u32,
+    /// Moving average of milliseconds per delivered token.
+    ms_per_token: f64,
+}
+
+impl Default for Measure {
+    fn default() -> Self {
+        Self {
+            outstanding: 0,
+            ms_per_token: 20.0,
+        }
+    }
+}
+
+/// Placement and relays over the fleet.
+pub struct Dispatch {
+    fleet: Arc<Registry>,
+    measures: Mutex<HashMap<String, Measure>>,
+    /// Weight of the house engine's expected wait (`--placement-house-factor`).
+    house_factor: f64,
+}
+
+impl std::fmt::Debug for Dispatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Dispatch").finish_non_exhaustive()
+    }
+}
+
+/// Where one attempt runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Target {
+    House,
+    Worker(String),
+}
+
+impl Target {
+    fn key(&self) -> &str {
+        match self {
+            Self::House => HOUSE,
+            Self::Worker(id) => id,
+        }
+    }
+}
+
+impl Dispatch {
+    pub fn new(fleet: Arc<Registry>) -> Self {
+        Self {
+            fleet,
+            measures: Mutex::default(),
+            house_factor: 1.0,
+        }
+    }
+
+    /// Weighs the house engine's expected wait by `f` (finite, > 0).
+    pub fn with_house_factor(mut self, f: f64) -> Self {
+        if f.is_finite() && f > 0.0 {
+            self.house_factor = f;
+        }
+        self
+    }
+
+    /// Submits every request's choices, flattened in order, and waits until
+    /// each is admitted (an overloaded engine answers before any response
+    /// starts; if one is refused the others are dropped).
+    pub async fn submit_all(
+        self: &Arc<Self>,
+        model: &str,
+        house: &EngineHandle,
+        requests: Vec<GenerateRequest>,
+    ) -> Result<Vec<RequestStream>, ServiceError> {
+        let remote = !self.fleet.serving(model).is_empty();
+        let mut all = Vec::new();
+        for r in requests {
+            if !remote || r.params.grammar.is_some() {
+                // Structured output stays here: its matcher cannot resume.
+                all.extend(house.submit_n(r)?);
+                continue;
+            }
+            house.validate(&r)?;
+            for i in 0..r.params.n {
+                all.push(self.relay(model, house, &r, i));
+            }
+        }
+        for s in &mut all {
+            s.admitted().await?;
+        }
+        Ok(all)
+    }
+
+    /// Starts the relay of choice `i` of `r` and returns its stream.
+    fn relay(
+        self: &Arc<Self>,
+        model: &str,
+        house: &EngineHandle,
+        r: &GenerateRequest,
+        i: usize,
+    ) -> RequestStream {
+        let mut params = r.params.clone();
+        params.n = 1;
+        params.seed = Some(match r.params.seed {
+            Some(s) => s.wrapping_add(i as u64),
+            None => rand::random(),
+        });
+        let stop = std::mem::take(&mut params.stop);
+        let job = self.fleet.jobs.next_id();
+        let (tx, rx) = mpsc::unbounded_channel();
+        let (abort_tx, abort) = watch::channel(false);
+        let tokenizer = house.shared_tokenizer();
+        let mut ends: BTreeSet<u32> = tokenizer.eog_ids().clone();
+        ends.extend(tokenizer.special().eos);
+        let relay = Relay {
+            dispatch: self.clone(),
+            house: house.clone(),
+            model: model.to_string(),
+            job,
+            prompt: r.prompt_tokens.clone(),
+            params,
+            ends,
+            delivered: Vec::new(),
+            accepted: false,
+            tx,
+            abort,
+        };
+        tokio::spawn(relay.run());
+        RequestStream::relay(
+            RequestId(u64::MAX - job),
+            tokenizer,
+            &r.prompt_tokens,
+            stop,
+            rx,
+            Box::new(move || {
+                let _ = abort_tx.send(true);
+            }),
+        )
+    }
+
+    /// The executor with the least expected wait, leaving out `tried`.
+    fn place(&self, model: &str, tried: &[String]) -> Target {
+        let workers = self.fleet.serving(model);
+        let measures = self.measures.lock().unwrap_or_else(|e| e.into_inner());
+        let wait = |key: &str| {
+            let m = measures.get(key).copied().unwrap_or_default();
+            f64::from(m.outstanding + 1) * m.ms_per_token
+        };
+        let mut best = (Target::House, wait(HOUSE) * self.house_factor);
+        for w in workers.iter().filter(|w| !tried.contains(&w.id)) {
+            let t = wait(&w.id);
+            if t < best.1 {
+                best = (Target::Worker(w.id.clone()), t);
+            }
+        }
+        best.0
+    }
+
+    fn measure(&self, key: &str, f: impl FnOnce(&mut Measure)) {
+        let mut m = self.measures.lock().unwrap_or_else(|e| e.into_inner());
+        f(m.entry(key.to_string()).or_default());
+    }
+}
+
+/// How an attempt ended.
+enum Attempt {
+    /// The choice is over (finished, failed for real, or aborted).
+    Over,
+    /// The executor was lost: replay elsewhere.
+    Lost(String),
+}
+
+/// One choice's relay.
+struct Relay {
+    dispatch: Arc<Dispatch>,
+    house: EngineHandle,
+    model: String,
+    job: u64,
+    prompt: Vec<u32>,
+    params: engine::SamplingParams,
+    /// Tokens that end generation (EOS and end-of-generation ids).
+    ends: BTreeSet<u32>,
+    /// Tokens delivered to the client so far.
+    delivered: Vec<u32>,
+    accepted: bool,
+    tx: mpsc::UnboundedSender<CoreEvent>,
+    /// Set when the client left or a stop string matched.
+    abort: watch::Receiver<bool>,
+}
+
+impl Relay {
+    async fn run(mut self) {
+        let mut tried: Vec<String> = Vec::new();
+        for attempt in 1..=MAX_ATTEMPTS {
+            if let Some(reason) = self.already_over() {
+                self.finish(reason, 0);
+                break;
+            }
+            let target = self.dispatch.place(&self.model, &tried);
+            let before = self.delivered.len();
+            let key = target.key().to_string();
+            self.dispatch.measure(&key, |m| m.outstanding += 1);
+            let outcome = match &target {
+                Target::House => self.on_house().await,
+                Target::Worker(id) => self.on_worker(id, attempt).await,
+            };
+            self.dispatch
+                .measure(&key, |m| m.outstanding = m.outstanding.saturating_sub(1));
+            if let Target::Worker(id) = &target {
+                let lost = matches!(outcome, Attempt::Lost(_));
+                self.dispatch
+                    .fleet
+                    .record(id, self.delivered.len() - before, lost);
+            }
+            match outcome {
+                Attempt::Over => break,
+                Attempt::Lost(why) => {
+                    tracing::warn!(job = self.job, executor = %key, attempt, delivered = self.delivered.len(), reason = %why, "attempt lost; replaying");
+                    // Error backoff: a lost job doubles its time per token.
+                    self.dispatch.measure(&key, |m| m.ms_per_token *= 2.0);
+                    tried.push(key);
+                    if attempt == MAX_ATTEMPTS {
+                        let _ = self
+                            .tx
+                            .send(CoreEvent::Failed(EngineError::Execution(format!(
+                                "the request was lost on {MAX_ATTEMPTS} executors; the last: {why}"
+                            ))));
+                    }
+                }
+            }
+        }
+        self.dispatch.fleet.jobs.end(self.job);
+    }
+
+    /// The choice ended with what was delivered (the lost executor had
+    /// produced its last token, but not its end).
+    fn already_over(&self) -> Option<FinishReason> {
+        let last = self.delivered.last()?;
+        if self.delivered.len() >= self.params.max_tokens {
+            Some(FinishReason::Length)
+        } else if (self.params.stop_token_ids.contains(last))
+            || (!self.params.ignore_eos && self.ends.contains(last))
+        {
+            Some(FinishReason::Stop)
+        } else {
+            None
+        }
+    }
+
+    /// Sends the end, with the usage of the whole choice.
+    fn finish(&self, reason: FinishReason, cached: usize) {
+        let usage = Usage {
+            prompt_tokens: self.prompt.len(),
+            completion_tokens: self.delivered.len(),
+            cached_tokens: cached.min(self.prompt.len()),
+        };
+        let _ = self.tx.send(CoreEvent::Finished { reason, usage });
+    }
+
+    /// Forwards one core event; `Some` when the choice is over.
+    fn forward(&mut self, ev: CoreEvent, key: &str, last: &mut Instant) -> Option<Attempt> {
+        match ev {
+            CoreEvent::Accepted => {
+                if !self.accepted {
+                    self.accepted = true;
+                    let _ = self.tx.send(CoreEvent::Accepted);
+                }
+                None
+            }
+            CoreEvent::Token { id, logprob } => {
+                if id as usize >= self.house.info().vocab_size {
+                    return Some(Attempt::Lost(format!(
+                        "token {id} is outside the vocabulary"
+                    )));
+                }
+                let ms = last.elapsed().as_secs_f64() * 1e3;
+                *last = Instant::now();
+                self.dispatch
+                    .measure(key, |m| m.ms_per_token = 0.9 * m.ms_per_token + 0.1 * ms);
+                self.delivered.push(id);
+                if !self.accepted {
+                    self.accepted = true;
+                    let _ = self.tx.send(CoreEvent::Accepted);
+                }
+                let _ = self.tx.send(CoreEvent::Token { id, logprob });
+                None
+            }
+            CoreEvent::Finished { reason, usage } => {
+                self.finish(reason, usage.cached_tokens);
+                Some(Attempt::Over)
+            }
+            CoreEvent::Failed(e) => {
+                let _ = self.tx.send(CoreEvent::Failed(e));
+                Some(Attempt::Over)
+            }
+        }
+    }
+
+    async fn on_house(&mut self) -> Attempt {
+        let req = GenerateRequest {
+            prompt_tokens: self.prompt.clone(),
+            params: self.params.clone(),
+        };
+        let mut raw = match self.house.submit_raw(req, self.delivered.clone()) {
+            Ok(r) => r,
+            Err(e) => {
+                let _ = self.tx.send(CoreEvent::Failed(e));
+                return Attempt::Over;
+            }
+        };
+        let mut last = Instant::now();
+        let mut aborted = false;
+        loop {
+            tokio::select! {
+                ev = raw.next() => match ev {
+                    Some(ev) => {
+                        if let Some(done) = self.forward(ev, HOUSE, &mut last) {
+                            return done;
+                        }
+                    }
+                    None => {
+                        let _ = self.tx.send(CoreEvent::Failed(EngineError::Shutdown));
+                        return Attempt::Over;
+                    }
+                },
+                r = self.abort.changed(), if !aborted => {
+                    aborted = true;
+                    if r.is_err() || *self.abort.borrow() {
+                        raw.abort();
+                    }
+                }
+            }
+        }
+    }
+
+    async fn on_worker(&mut self, worker: &str, attempt: u32) -> Attempt {
+        let fleet = self.dispatch.fleet.clone();
+        let (jtx, mut jrx) = mpsc::unbounded_channel();
+        fleet.jobs.place(self.job, worker, attempt, jtx);
+        let assign = ToWorker::Assign {
+            v: VERSION,
+            job: self.job,
+            attempt,
+            model: self.model.clone(),
+            prompt: self.prompt.clone(),
+            resume: self.delivered.clone(),
+            params: job_params(&self.params),
+        };
+        if !fleet.send(worker, assign).await {
+            return Attempt::Lost("the worker is gone".into());
+        }
+        let mut last = Instant::now();
+        let mut cancelled: Option<Instant> = None;
+        loop {
+            let patience = match cancelled {
+                Some(at) => CANCEL_WAIT.saturating_sub(at.elapsed()),
+                None => PROGRESS,
+            };
+            tokio::select! {
+                ev = tokio::time::timeout(patience, jrx.recv()) => match ev {
+                    Ok(Some(JobEvent::Core(ev))) => {
+                        if let Some(done) = self.forward(ev, worker, &mut last) {
+                            return done;
+                        }
+                    }
+                    Ok(Some(JobEvent::Lost(why))) if cancelled.is_none() => return Attempt::Lost(why),
+                    Ok(None) if cancelled.is_none() => return Attempt::Lost("the worker is gone".into()),
+                    Err(_) if cancelled.is_none() => {
+                        cancel(&fleet, worker, self.job).await;
+                        return Attempt::Lost(format!("no progress for {} s", PROGRESS.as_secs()));
+                    }
+                    // Cancelled and the worker went quiet or away: end here.
+                    Ok(Some(JobEvent::Lost(_)) | None) | Err(_) => {
+                        self.finish(FinishReason::Abort, 0);
+                        return Attempt::Over;
+                    }
+                },
+                r = self.abort.changed(), if cancelled.is_none() => {
+                    if r.is_err() || *self.abort.borrow() {
+                        cancel(&fleet, worker, self.job).await;
+                        cancelled = Some(Instant::now());
+                    }
+                }
+            }
+        }
+    }
+}
+
+async fn cancel(fleet: &Registry, worker: &str, job: u64) {
+    let _ = fleet
+        .send(worker, ToWorker::Cancel { v: VERSION, job })
+        .await;
+}
+
+/// The wire form of a resolved choice's sampling.
+fn job_params(p: &engine::SamplingParams) -> JobParams {
+    JobParams {
+        temperature: p.temperature,
+        top_p: p.top_p,
+        top_k: u32::try_from(p.top_k).unwrap_or(u32::MAX),
+        min_p: p.min_p,
+        seed: p.seed.unwrap_or_default(),
+        max_tokens: u32::try_from(p.max_tokens).unwrap_or(u32::MAX),
+        stop_token_ids: p.stop_token_ids.clone(),
+        ignore_eos: p.ignore_eos,
+        repetition_penalty: p.repetition_penalty,
+        frequency_penalty: p.frequency_penalty,
+        presence_penalty: p.presence_penalty,
+        logit_bias: p.logit_bias.clone(),
+        logprobs: p.logprobs.map(|n| u32::try_from(n).unwrap_or(u32::MAX)),
+    }
+}
