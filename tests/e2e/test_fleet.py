@@ -238,6 +238,11 @@ def test_greedy_text_is_the_same_on_every_executor_and_streams_spread_over_worke
             assert want[PROMPTS[i % 3]].startswith(text), (i, text)
         delivered = {w["name"]: w["tokens_delivered"] for w in fleet(base)}
         assert all(v > 0 for v in delivered.values()), delivered
+        metrics = urllib.request.urlopen(base + "/metrics", timeout=10).read().decode()
+        for name in ("w1", "w2"):
+            line = next(ln for ln in metrics.splitlines()
+                        if ln.startswith("synor:worker_tokens_delivered_total") and f'name="{name}"' in ln)
+            assert float(line.rsplit(" ", 1)[1]) == delivered[name], line
     finally:
         for p in procs:
             stop(p)
@@ -286,6 +291,9 @@ def test_a_worker_killed_mid_stream_costs_the_client_nothing():
             log.append(srv["lines"].get())
         replays = [line for line in log if "attempt lost; replaying" in line]
         assert len(replays) == 4, "".join(log)
+        metrics = urllib.request.urlopen(base + "/metrics", timeout=10).read().decode()
+        assert "synor:fleet_replays_total 4" in metrics, metrics
+        assert "synor:fleet_disconnects_total 4" in metrics, metrics
         status, audit = call(base, "GET", "/admin/ledger/audit")
         assert status == 200 and audit["violations"] == [], audit
         status, usage = call(base, "GET", "/v1/usage")

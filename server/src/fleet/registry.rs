@@ -73,6 +73,8 @@ pub struct Registry {
     next: AtomicU64,
     /// Connections the fleet has seen end (for `/metrics`).
     pub disconnects: AtomicU64,
+    /// Attempts lost on a worker and replayed elsewhere (for `/metrics`).
+    pub replays: AtomicU64,
 }
 
 impl std::fmt::Debug for Registry {

@@ -3,8 +3,10 @@
 //! `model_name`), names aligned with vLLM's: queue gauges, KV cache usage,
 //! prefix cache and token counters, finished requests by reason, and the
 //! TTFT / inter-token / end-to-end / queue-time histograms the engine
-//! records; HTTP request counts by route, method and status; and the
-//! response cache's hits, misses, evictions, bytes and lookup time per tier.
+//! records; HTTP request counts by route, method and status; the
+//! response cache's hits, misses, evictions, bytes and lookup time per
+//! tier; and per connected worker, its jobs, tokens, errors and reported
+//! load, with the fleet's disconnects and replays.
 
 use std::collections::BTreeMap;
 use std::fmt::Write;
@@ -13,6 +15,7 @@ use std::sync::Mutex;
 use engine::HistogramSnapshot;
 
 use crate::cache::ResponseCache;
+use crate::fleet::registry::{Registry, WorkerInfo};
 use crate::services::models::{ModelKind, ModelRegistry};
 
 /// HTTP request counts, by (route, method, status).
@@ -51,6 +54,105 @@ impl Family<'_> {
     fn header(&self, out: &mut String) {
         let _ = writeln!(out, "# HELP {} {}", self.name, self.help);
         let _ = writeln!(out, "# TYPE {} {}", self.name, self.kind);
+    }
+}
+
+/// Reads one figure of a worker.
+type WorkerFigure = fn(&WorkerInfo) -> f64;
+
+/// Per worker (labels `worker`, `name`, `provider`): what this server
+/// measured (jobs running, tokens delivered, attempts lost) and what the
+/// worker reports (queue, running sequences, step time, free KV blocks);
+/// and for the fleet, disconnects and replayed attempts.
+fn fleet_metrics(out: &mut String, fleet: &Registry) {
+    let workers = fleet.list();
+    let families: [(&str, &str, &str, WorkerFigure); 8] = [
+        (
+            "synor:worker_up",
+            "gauge",
+            "1 for each connected worker.",
+            |_| 1.0,
+        ),
+        (
+            "synor:worker_jobs_running",
+            "gauge",
+            "Choices of this server running on the worker.",
+            |w| w.jobs_running as f64,
+        ),
+        (
+            "synor:worker_tokens_delivered_total",
+            "counter",
+            "Tokens the worker delivered for this server.",
+            |w| w.tokens_delivered as f64,
+        ),
+        (
+            "synor:worker_errors_total",
+            "counter",
+            "Attempts lost on the worker (then replayed elsewhere).",
+            |w| w.jobs_lost as f64,
+        ),
+        (
+            "synor:worker_queue",
+            "gauge",
+            "Requests waiting in the worker's engine (self-reported).",
+            |w| f64::from(w.load.queued),
+        ),
+        (
+            "synor:worker_running",
+            "gauge",
+            "Sequences running on the worker (self-reported).",
+            |w| f64::from(w.load.running),
+        ),
+        (
+            "synor:worker_step_ms",
+            "gauge",
+            "The worker's mean engine step, ms (self-reported).",
+            |w| f64::from(w.load.step_ms),
+        ),
+        (
+            "synor:worker_free_kv_blocks",
+            "gauge",
+            "Free KV blocks on the worker (self-reported).",
+            |w| f64::from(w.load.free_kv_blocks),
+        ),
+    ];
+    for (name, kind, help, get) in families {
+        Family { name, kind, help }.header(out);
+        for w in &workers {
+            let _ = writeln!(
+                out,
+                "{name}{{worker=\"{}\",name=\"{}\",provider=\"{}\"}} {}",
+                label(&w.id),
+                label(&w.name),
+                label(&w.provider_id),
+                get(w)
+            );
+        }
+    }
+    let totals = [
+        (
+            "synor:fleet_disconnects_total",
+            "Worker connections that ended.",
+            &fleet.disconnects,
+        ),
+        (
+            "synor:fleet_replays_total",
+            "Attempts lost on a worker and replayed elsewhere.",
+            &fleet.replays,
+        ),
+    ];
+    for (name, help, v) in totals {
+        Family {
+            name,
+            kind: "counter",
+            help,
+        }
+        .header(out);
+        let _ = writeln!(
+            out,
+            "{name} {}",
+            v.load(std::sync::atomic::Ordering::Relaxed)
+        );
     }
 }
 
@@ -135,11 +237,17 @@ fn cache_metrics(out: &mut String, cache: &crate::cache::ResponseCache) {
 }
 
 /// The whole exposition.
-pub fn render(models: &ModelRegistry, cache: Option<&ResponseCache>, http: &HttpMetrics) -> String {
+pub fn render(
+    models: &ModelRegistry,
+    cache: Option<&ResponseCache>,
+    http: &HttpMetrics,
+    fleet: &Registry,
+) -> String {
     let mut out = String::new();
     if let Some(cache) = cache {
         cache_metrics(&mut out, cache);
     }
+    fleet_metrics(&mut out, fleet);
     let text: Vec<(String, engine::EngineStats, engine::LatencyStats)> = models
         .list()
         .iter()

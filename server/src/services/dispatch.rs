@@ -259,6 +259,10 @@ impl Relay {
                 Attempt::Over => break,
                 Attempt::Lost(why) => {
                     tracing::warn!(job = self.job, executor = %key, attempt, delivered = self.delivered.len(), reason = %why, "attempt lost; replaying");
+                    self.dispatch
+                        .fleet
+                        .replays
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     // Error backoff: a lost job doubles its time per token.
                     self.dispatch.measure(&key, |m| m.ms_per_token *= 2.0);
                     tried.push(key);

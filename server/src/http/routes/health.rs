@@ -113,6 +113,11 @@ pub(crate) async fn metrics(State(state): State<AppState>) -> impl axum::respons
             axum::http::header::CONTENT_TYPE,
             "text/plain; version=0.0.4; charset=utf-8",
         )],
-        crate::http::metrics::render(&state.models, state.cache.as_deref(), &state.http),
+        crate::http::metrics::render(
+            &state.models,
+            state.cache.as_deref(),
+            &state.http,
+            &state.fleet,
+        ),
     )
 }
