@@ -1,0 +1,134 @@
+#!/usr/bin/env bash
+# The fleet's serving benchmarks (issue 14), each with the same client
+# (synor-loadtest, random 128-word prompts, 128 output tokens, EOS ignored,
+# the response cache bypassed), one after the other on this machine:
+#
+#   house    the server's own engine (all cores), no workers
+#   gw1      one worker through the gateway (all cores), the house engine
+#            kept as fallback only (--placement-house-factor 1000)
+#   pin1     one worker pinned to core 0, one thread
+#   pin2     two workers pinned to cores 0 and 1, one thread each
+#
+# house vs gw1 is the gateway's overhead; pin1 vs pin2 is scale-out.
+# Also measured: failover, the longest stall of a stream whose worker is
+# killed (kill -9) mid-generation.
+#
+# Usage: loadtest/fleet-bench.sh [CONCURRENCY...]   (default: 1 16)
+# Needs release binaries: cargo build --release -p server -p loadtest
+set -euo pipefail
+cd "$(dirname "$0")/.."
+TARGET="${CARGO_TARGET_DIR:-target}/release"
+SYNOR="$TARGET/synor"
+LOADTEST="$TARGET/synor-loadtest"
+export SYNOR_MODELS_DIR="${SYNOR_MODELS_DIR:-models}"
+CONCURRENCY=("${@:-1 16}")
+read -r -a CONCURRENCY <<<"${CONCURRENCY[*]}"
+ADMIN=bench-admin
+WORK=$(mktemp -d)
+PIDS=()
+cleanup() {
+    for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+    wait 2>/dev/null || true
+    rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+BASE="http://127.0.0.1:$port"
+
+start_server() {
+    RUST_LOG=warn "$SYNOR" serve --open --bind "127.0.0.1:$port" --admin-token "$ADMIN" \
+        --embedding-model none --database-url "sqlite://$WORK/synor.db" \
+        --placement-house-factor "$1" >"$WORK/server.log" 2>&1 &
+    SERVER=$!
+    PIDS+=("$SERVER")
+    for _ in $(seq 1 600); do
+        curl -sf "$BASE/health" >/dev/null && return
+        sleep 0.1
+    done
+    echo "the server did not start"; cat "$WORK/server.log"; exit 1
+}
+
+stop_server() { kill "$SERVER"; wait "$SERVER" 2>/dev/null || true; }
+
+admin() { curl -sf -H "authorization: Bearer $ADMIN" -H 'content-type: application/json' "$@"; }
+
+workers_up() {
+    for _ in $(seq 1 600); do
+        n=$(admin "$BASE/admin/fleet" | python3 -c 'import json,sys; print(len(json.load(sys.stdin)["data"]))')
+        [ "$n" = "$1" ] && return
+        sleep 0.1
+    done
+    echo "workers did not register"; exit 1
+}
+
+# start_worker NAME THREADS [CPU]
+start_worker() {
+    local pin=()
+    [ -n "${3:-}" ] && pin=(taskset -c "$3")
+    RUST_LOG=warn "${pin[@]}" "$SYNOR" worker --server "ws://127.0.0.1:$port" --token "$TOKEN" \
+        --name "$1" --threads "$2" --embedding-model none >"$WORK/$1.log" 2>&1 &
+    WORKERS+=($!)
+    PIDS+=($!)
+}
+
+stop_workers() {
+    for w in "${WORKERS[@]}"; do kill "$w" 2>/dev/null || true; wait "$w" 2>/dev/null || true; done
+    WORKERS=()
+    workers_up 0
+}
+
+run() {
+    local name=$1 c=$2
+    "$LOADTEST" --base-url "$BASE" --seed "$c" --num-prompts $((4 * c)) --max-concurrency "$c" \
+        --random-input-len 128 --random-output-len 128 --ignore-eos --no-progress \
+        --result-file "$WORK/$name-$c.json" >"$WORK/$name-$c.txt" 2>&1 || { cat "$WORK/$name-$c.txt"; exit 1; }
+    printf '%-6s c=%-3s %s\n' "$name" "$c" \
+        "$(grep -E 'Output token throughput|Median TTFT|Median ITL|P99 ITL' "$WORK/$name-$c.txt" | tr -s ' ' | paste -sd ';')"
+}
+
+WORKERS=()
+echo "machine: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(nproc) cores; $(date -u +%F)"
+start_server 1000
+TOKEN=$(admin -X POST "$BASE/admin/providers" -d '{"name":"bench"}' | python3 -c 'import json,sys; print(json.load(sys.stdin)["token"])')
+for c in "${CONCURRENCY[@]}"; do run house "$c"; done
+
+start_worker gw1 "$(nproc)"
+workers_up 1
+for c in "${CONCURRENCY[@]}"; do run gw1 "$c"; done
+stop_workers
+
+start_worker pin1 1 0
+workers_up 1
+for c in "${CONCURRENCY[@]}"; do run pin1 "$c"; done
+stop_workers
+
+start_worker pin2a 1 0
+start_worker pin2b 1 1
+workers_up 2
+for c in "${CONCURRENCY[@]}"; do run pin2 "$c"; done
+
+# Failover: one long stream, the worker running it killed after ~1 s; the
+# longest gap between two tokens the client saw is the stall.
+python3 - "$BASE" "$ADMIN" "$WORK" <<'EOF'
+import json, os, signal, subprocess, sys, time, urllib.request
+base, admin, work = sys.argv[1:4]
+body = {"model": "smollm2-135m-instruct", "prompt": "The river", "max_tokens": 400,
+        "temperature": 0, "ignore_eos": True, "stream": True}
+req = urllib.request.Request(base + "/v1/completions", data=json.dumps(body).encode(),
+                             headers={"content-type": "application/json", "x-synor-cache": "bypass"})
+fleet = lambda: json.load(urllib.request.urlopen(urllib.request.Request(
+    base + "/admin/fleet", headers={"authorization": "Bearer " + admin})))["data"]
+start = time.monotonic(); last = start; gaps = []; killed = None; n = 0
+for line in urllib.request.urlopen(req, timeout=300):
+    if not line.startswith(b"data: {"):
+        continue
+    now = time.monotonic(); gaps.append(now - last); last = now; n += 1
+    if killed is None and now - start > 1.0:
+        busy = [w for w in fleet() if w["jobs_running"] > 0]
+        pid = subprocess.run(["pgrep", "-f", "--", "--name " + busy[0]["name"]], capture_output=True,
+                             text=True).stdout.split()
+        os.kill(int(pid[0]), signal.SIGKILL); killed = now
+print(f"failover: {n} chunks, worker killed at {killed - start:.2f} s; longest stall "
+      f"{max(gaps) * 1e3:.0f} ms, median gap {sorted(gaps)[len(gaps) // 2] * 1e3:.1f} ms")
+EOF
