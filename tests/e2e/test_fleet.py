@@ -238,6 +238,13 @@ def test_greedy_text_is_the_same_on_every_executor_and_streams_spread_over_worke
             assert want[PROMPTS[i % 3]].startswith(text), (i, text)
         delivered = {w["name"]: w["tokens_delivered"] for w in fleet(base)}
         assert all(v > 0 for v in delivered.values()), delivered
+        # The workers' provider is paid for their tokens (settlement is
+        # batched: wait for it), and the books balance.
+        def paid():
+            return call(base, "GET", f"/admin/accounts/{created['account_id']}")[1]["balance"] > 0
+        wait_for(paid, timeout=10, what="the provider to be paid")
+        status, audit = call(base, "GET", "/admin/ledger/audit")
+        assert status == 200 and audit["violations"] == [], audit
         metrics = urllib.request.urlopen(base + "/metrics", timeout=10).read().decode()
         for name in ("w1", "w2"):
             line = next(ln for ln in metrics.splitlines()

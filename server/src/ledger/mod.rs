@@ -165,30 +165,51 @@ impl Ledger {
         tokens: Tokens,
         outcome: Outcome,
     ) -> Result<Closed, LedgerError> {
-        self.close(request_id, Some((tokens, outcome))).await
+        self.close(request_id, Some((tokens, outcome)), Vec::new())
+            .await
+    }
+
+    /// Settles like `settle`, dividing the provider's part among the
+    /// providers whose executors did the work (`settle::Shares`).
+    pub async fn settle_shared(
+        &self,
+        request_id: &str,
+        tokens: Tokens,
+        outcome: Outcome,
+        shares: settle::Shares,
+    ) -> Result<Closed, LedgerError> {
+        self.close(request_id, Some((tokens, outcome)), shares)
+            .await
     }
 
     /// Releases a hold without a charge (the request never ran).
     pub async fn release(&self, request_id: &str) -> Result<Closed, LedgerError> {
-        self.close(request_id, None).await
+        self.close(request_id, None, Vec::new()).await
     }
 
     async fn close(
         &self,
         request_id: &str,
         usage: Option<(Tokens, Outcome)>,
+        shares: settle::Shares,
     ) -> Result<Closed, LedgerError> {
         let (tx, rx) = oneshot::channel();
         self.jobs
-            .send(settle::Job::close(request_id, usage, Some(tx)))
+            .send(settle::Job::close(request_id, usage, shares, Some(tx)))
             .map_err(|_| LedgerError::Closed)?;
         rx.await.map_err(|_| LedgerError::Closed)?
     }
 
     /// Queues a settlement without waiting (for `Drop` paths); failures are
     /// logged, and the hold stays open for recovery.
-    pub fn settle_later(&self, request_id: &str, tokens: Tokens, outcome: Outcome) {
-        let job = settle::Job::close(request_id, Some((tokens, outcome)), None);
+    pub fn settle_later(
+        &self,
+        request_id: &str,
+        tokens: Tokens,
+        outcome: Outcome,
+        shares: settle::Shares,
+    ) {
+        let job = settle::Job::close(request_id, Some((tokens, outcome)), shares, None);
         if self.jobs.send(job).is_err() {
             tracing::error!(request_id, "ledger closed: settlement left to recovery");
         }
@@ -216,6 +237,7 @@ impl Ledger {
             request_id: h.request_id.to_string(),
             usage: Some((tokens, Outcome::Finished)),
             charge: Some(charge),
+            shares: Vec::new(),
         };
         self.jobs
             .send(settle::Job::Close(Box::new(item), None))
@@ -226,7 +248,7 @@ impl Ledger {
     pub fn release_later(&self, request_id: &str) {
         if self
             .jobs
-            .send(settle::Job::close(request_id, None, None))
+            .send(settle::Job::close(request_id, None, Vec::new(), None))
             .is_err()
         {
             tracing::error!(request_id, "ledger closed: release left to recovery");

@@ -43,7 +43,15 @@ pub struct Item {
     pub request_id: String,
     pub usage: Option<(Tokens, Outcome)>,
     pub charge: Option<Charge>,
+    /// Who shares the provider's part of the cost (see `Shares`).
+    pub shares: Shares,
 }
+
+/// The providers whose executors did a request's work, each with its
+/// weight (the tokens it delivered); the provider's part of the cost is
+/// divided by weight. An empty id stands for the hold's provider (the
+/// house engine); no shares at all: the hold's provider takes it all.
+pub type Shares = Vec<(String, u64)>;
 
 /// A hold to place and settle at once.
 #[derive(Debug, Clone)]
@@ -56,11 +64,17 @@ pub struct Charge {
 }
 
 impl Job {
-    pub fn close(request_id: &str, usage: Option<(Tokens, Outcome)>, reply: Option<Reply>) -> Self {
+    pub fn close(
+        request_id: &str,
+        usage: Option<(Tokens, Outcome)>,
+        shares: Shares,
+        reply: Option<Reply>,
+    ) -> Self {
         let item = Item {
             request_id: request_id.to_string(),
             usage,
             charge: None,
+            shares,
         };
         Self::Close(Box::new(item), reply)
     }
@@ -277,7 +291,13 @@ impl Moves {
 
     /// Bills `h` for `t`: the user pays at most the hold; the provider and
     /// the treasury share the cost.
-    fn settle(&mut self, h: HoldRow, t: Tokens, outcome: Outcome) -> Amount {
+    fn settle(
+        &mut self,
+        h: HoldRow,
+        t: Tokens,
+        outcome: Outcome,
+        shares: &[(String, u64)],
+    ) -> Amount {
         let cost = match outcome {
             Outcome::Failed => 0,
             Outcome::Finished | Outcome::Cut => h.quote.cost(t).min(h.amount),
@@ -286,14 +306,18 @@ impl Moves {
         self.account(&h.account_id, -cost, -h.amount);
         self.key(&h.key_id, cost, -h.amount);
         if cost > 0 {
-            self.account(&h.quote.provider_id, split.provider, 0);
+            let payees = payees(&h.quote.provider_id, split.provider, shares);
             self.account(TREASURY, split.treasury, 0);
             let rid = &h.request_id;
-            for (acct, amount) in [
+            let mut parts = vec![
                 (h.account_id.clone(), -cost),
-                (h.quote.provider_id.clone(), split.provider),
                 (TREASURY.to_string(), split.treasury),
-            ] {
+            ];
+            for (p, amount) in payees {
+                self.account(&p, amount, 0);
+                parts.push((p, amount));
+            }
+            for (acct, amount) in parts {
                 if amount != 0 {
                     self.entries.push((rid.clone(), acct, amount));
                 }
@@ -332,15 +356,33 @@ pub(super) async fn close_batch(db: &Db, items: &[Item]) -> Result<Vec<Closed>, 
         moves.release(h);
         results.insert(h.request_id.clone(), Closed::Released);
     }
-    let usage_of: HashMap<&str, (Tokens, Outcome)> = items
+    let usage_of: HashMap<&str, (Tokens, Outcome, &Shares)> = items
         .iter()
         .zip(&first)
-        .filter_map(|(i, f)| Some((i.request_id.as_str(), i.usage.filter(|_| *f)?)))
+        .filter_map(|(i, f)| {
+            let (t, o) = i.usage.filter(|_| *f)?;
+            Some((i.request_id.as_str(), (t, o, &i.shares)))
+        })
         .collect();
+    let providers = provider_accounts(&mut tx, items).await?;
     for h in settled {
-        let (t, outcome) = usage_of[h.request_id.as_str()];
+        let (t, outcome, shares) = usage_of[h.request_id.as_str()];
+        // Shares naming no provider account go to the hold's provider.
+        let shares: Vec<(String, u64)> = shares
+            .iter()
+            .map(|(p, w)| {
+                (
+                    if providers.contains(p) {
+                        p.clone()
+                    } else {
+                        String::new()
+                    },
+                    *w,
+                )
+            })
+            .collect();
         let rid = h.request_id.clone();
-        let cost = moves.settle(h, t, outcome);
+        let cost = moves.settle(h, t, outcome, &shares);
         results.insert(rid, Closed::Billed { cost });
     }
     write_moves(&mut tx, &moves).await?;
@@ -353,6 +395,70 @@ pub(super) async fn close_batch(db: &Db, items: &[Item]) -> Result<Vec<Closed>, 
             _ => Closed::AlreadyClosed,
         })
         .collect())
+}
+
+/// Which of the providers named in `items`' shares are provider accounts.
+async fn provider_accounts(
+    tx: &mut sqlx::Transaction<'_, sqlx::Any>,
+    items: &[Item],
+) -> Result<HashSet<String>, sqlx::Error> {
+    let mut named: Vec<&str> = items
+        .iter()
+        .flat_map(|i| i.shares.iter().map(|(p, _)| p.as_str()))
+        .filter(|p| !p.is_empty())
+        .collect();
+    named.sort_unstable();
+    named.dedup();
+    let mut found = HashSet::new();
+    for p in named {
+        let kind: Option<String> = sqlx::query_scalar("SELECT kind FROM accounts WHERE id = $1")
+            .bind(p)
+            .fetch_optional(&mut **tx)
+            .await?;
+        if kind.as_deref() == Some("provider") {
+            found.insert(p.to_string());
+        }
+    }
+    Ok(found)
+}
+
+/// Divides `amount` among `shares` by weight, merged per provider, in
+/// whole ticks that sum to `amount` (the remainder to the largest
+/// weight); an empty id is `hold_provider`; no weight at all: all of it to
+/// `hold_provider`.
+pub(crate) fn payees(
+    hold_provider: &str,
+    amount: Amount,
+    shares: &[(String, u64)],
+) -> Vec<(String, Amount)> {
+    let mut merged: std::collections::BTreeMap<&str, u128> = std::collections::BTreeMap::new();
+    for (p, w) in shares.iter().filter(|(_, w)| *w > 0) {
+        let p = if p.is_empty() {
+            hold_provider
+        } else {
+            p.as_str()
+        };
+        *merged.entry(p).or_default() += u128::from(*w);
+    }
+    let total: u128 = merged.values().sum();
+    if total == 0 || amount <= 0 {
+        return vec![(hold_provider.to_string(), amount)];
+    }
+    let mut out: Vec<(String, Amount)> = merged
+        .iter()
+        .map(|(p, w)| {
+            let part = u128::from(amount.unsigned_abs()) * w / total;
+            (p.to_string(), i64::try_from(part).unwrap_or(0))
+        })
+        .collect();
+    let given: Amount = out.iter().map(|(_, a)| a).sum();
+    let largest = merged
+        .iter()
+        .enumerate()
+        .max_by_key(|(i, (_, w))| (**w, std::cmp::Reverse(*i)))
+        .map_or(0, |(i, _)| i);
+    out[largest].1 += amount - given;
+    out
 }
 
 /// Places a charge's hold inside the batch's transaction, if the account
@@ -509,10 +615,36 @@ async fn insert_journal(
 
 #[cfg(test)]
 mod tests {
-    use super::tuples;
+    use super::{payees, tuples};
 
     #[test]
     fn placeholders_number_rows_then_columns() {
         assert_eq!(tuples(2, 2, 3), "($3, $4), ($5, $6)");
+    }
+
+    #[test]
+    fn a_provider_share_is_divided_by_weight_in_whole_ticks() {
+        let shares = |v: &[(&str, u64)]| -> Vec<(String, u64)> {
+            v.iter().map(|(p, w)| (p.to_string(), *w)).collect()
+        };
+        assert_eq!(payees("house", 100, &[]), vec![("house".into(), 100)]);
+        assert_eq!(
+            payees("house", 100, &shares(&[("a", 0)])),
+            vec![("house".into(), 100)]
+        );
+        // The house ("") and `a` merge with their other entries.
+        let got = payees("house", 100, &shares(&[("a", 1), ("", 1), ("a", 1)]));
+        assert_eq!(got, vec![("a".into(), 67), ("house".into(), 33)]);
+        let mut rng = 0x2545_f491_u64;
+        for _ in 0..10_000 {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            let amount = (rng % 1_000_000) as i64;
+            let s = shares(&[("a", rng % 7), ("b", (rng >> 8) % 5), ("", (rng >> 16) % 3)]);
+            let p = payees("house", amount, &s);
+            assert_eq!(p.iter().map(|(_, a)| a).sum::<i64>(), amount, "{s:?}");
+            assert!(p.iter().all(|(_, a)| *a >= 0));
+        }
     }
 }

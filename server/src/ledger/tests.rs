@@ -99,6 +99,12 @@ async fn random_walk(l: &Ledger, seed: u64, steps: usize) {
         expect.insert(a.id.clone(), (0, 0, limit));
         users.push(a.id);
     }
+    // A second provider, whose workers share some requests' work.
+    let worker = l
+        .create_account(AccountKind::Provider, "worker", 0)
+        .await
+        .expect("provider")
+        .id;
     let mut open: Vec<Open> = Vec::new();
     let mut closed: Vec<String> = Vec::new();
     // Holds refused and accepted: a walk must see both.
@@ -118,7 +124,7 @@ async fn random_walk(l: &Ledger, seed: u64, steps: usize) {
             }
             5..=7 if !open.is_empty() => {
                 let o = open.swap_remove(rng.random_range(0..open.len()));
-                settle_one(l, &mut rng, &mut expect, &o).await;
+                settle_one(l, &mut rng, &mut expect, &o, &worker).await;
                 closed.push(o.id);
             }
             8 if !open.is_empty() => {
@@ -335,7 +341,7 @@ async fn try_hold(
     }
 }
 
-async fn settle_one(l: &Ledger, rng: &mut StdRng, expect: &mut Expect, o: &Open) {
+async fn settle_one(l: &Ledger, rng: &mut StdRng, expect: &mut Expect, o: &Open, worker: &str) {
     let t = Tokens {
         prompt: o.prompt,
         cached: rng.random_range(0..=o.prompt),
@@ -347,7 +353,22 @@ async fn settle_one(l: &Ledger, rng: &mut StdRng, expect: &mut Expect, o: &Open)
     } else {
         o.quote.cost(t)
     };
-    let got = l.settle(&o.id, t, outcome).await.expect("settle");
+    // Half the requests ran (partly) on executors of other providers:
+    // the house (""), the worker's provider, and names that are no
+    // provider account (their part goes to the hold's provider).
+    let names = ["", worker, "provider:ghost", "user:local"];
+    let shares: Vec<(String, u64)> = (0..rng.random_range(0..4))
+        .map(|_| {
+            let p = names[rng.random_range(0..names.len())].to_string();
+            (p, rng.random_range(0..50))
+        })
+        .collect();
+    let got = if rng.random_bool(0.5) {
+        l.settle(&o.id, t, outcome).await
+    } else {
+        l.settle_shared(&o.id, t, outcome, shares).await
+    }
+    .expect("settle");
     assert_eq!(got, Closed::Billed { cost: want });
     let e = expect.get_mut(&o.account).expect("user");
     e.0 -= want;
@@ -705,6 +726,7 @@ async fn a_charge_over_the_key_budget_at_commit_is_not_billed_and_leaves_nothing
                 request_id: format!("kb-{}-{i}", l.instance()),
                 usage: Some((t, Outcome::Finished)),
                 charge: Some(charge),
+                shares: Vec::new(),
             };
             l.jobs
                 .send(settle::Job::Close(Box::new(item), None))

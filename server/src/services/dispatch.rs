@@ -31,6 +31,7 @@ use crate::fleet::jobs::JobEvent;
 use crate::fleet::protocol::{JobParams, ToWorker, VERSION};
 use crate::fleet::registry::Registry;
 use crate::services::ServiceError;
+use crate::services::metering::Credits;
 
 /// Attempts of one choice before it fails.
 pub const MAX_ATTEMPTS: u32 = 3;
@@ -77,14 +78,23 @@ impl std::fmt::Debug for Dispatch {
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Target {
     House,
-    Worker(String),
+    /// A worker and the provider account it earns for.
+    Worker(String, String),
 }
 
 impl Target {
     fn key(&self) -> &str {
         match self {
             Self::House => HOUSE,
-            Self::Worker(id) => id,
+            Self::Worker(id, _) => id,
+        }
+    }
+
+    /// The provider credited for its tokens (`""`: the house).
+    fn provider(&self) -> &str {
+        match self {
+            Self::House => "",
+            Self::Worker(_, p) => p,
         }
     }
 }
@@ -114,6 +124,7 @@ impl Dispatch {
         model: &str,
         house: &EngineHandle,
         requests: Vec<GenerateRequest>,
+        credits: Option<Credits>,
     ) -> Result<Vec<RequestStream>, ServiceError> {
         let remote = !self.fleet.serving(model).is_empty();
         let mut all = Vec::new();
@@ -125,7 +136,7 @@ impl Dispatch {
             }
             house.validate(&r)?;
             for i in 0..r.params.n {
-                all.push(self.relay(model, house, &r, i));
+                all.push(self.relay(model, house, &r, i, credits.clone()));
             }
         }
         for s in &mut all {
@@ -141,6 +152,7 @@ impl Dispatch {
         house: &EngineHandle,
         r: &GenerateRequest,
         i: usize,
+        credits: Option<Credits>,
     ) -> RequestStream {
         let mut params = r.params.clone();
         params.n = 1;
@@ -167,6 +179,7 @@ impl Dispatch {
             accepted: false,
             tx,
             abort,
+            credits,
         };
         tokio::spawn(relay.run());
         RequestStream::relay(
@@ -193,7 +206,7 @@ impl Dispatch {
         for w in workers.iter().filter(|w| !tried.contains(&w.id)) {
             let t = wait(&w.id);
             if t < best.1 {
-                best = (Target::Worker(w.id.clone()), t);
+                best = (Target::Worker(w.id.clone(), w.provider_id.clone()), t);
             }
         }
         best.0
@@ -229,6 +242,8 @@ struct Relay {
     tx: mpsc::UnboundedSender<CoreEvent>,
     /// Set when the client left or a stop string matched.
     abort: watch::Receiver<bool>,
+    /// Who delivered what, for the provider's share of the bill.
+    credits: Option<Credits>,
 }
 
 impl Relay {
@@ -245,15 +260,17 @@ impl Relay {
             self.dispatch.measure(&key, |m| m.outstanding += 1);
             let outcome = match &target {
                 Target::House => self.on_house().await,
-                Target::Worker(id) => self.on_worker(id, attempt).await,
+                Target::Worker(id, _) => self.on_worker(id, attempt).await,
             };
             self.dispatch
                 .measure(&key, |m| m.outstanding = m.outstanding.saturating_sub(1));
-            if let Target::Worker(id) = &target {
+            let tokens = self.delivered.len() - before;
+            if let Some(c) = &self.credits {
+                c.add(target.provider(), tokens as u64);
+            }
+            if let Target::Worker(id, _) = &target {
                 let lost = matches!(outcome, Attempt::Lost(_));
-                self.dispatch
-                    .fleet
-                    .record(id, self.delivered.len() - before, lost);
+                self.dispatch.fleet.record(id, tokens, lost);
             }
             match outcome {
                 Attempt::Over => break,

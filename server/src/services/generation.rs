@@ -98,7 +98,11 @@ impl Generation {
             None => None,
         };
         let streams = match &self.dispatch {
-            Some(d) => d.submit_all(&job.model, &job.engine, job.requests).await?,
+            Some(d) => {
+                let credits = tab.as_ref().map(Tab::credits);
+                d.submit_all(&job.model, &job.engine, job.requests, credits)
+                    .await?
+            }
             None => submit_all(&job.engine, job.requests).await?,
         };
         let store = self.caching.clone().zip(plan);

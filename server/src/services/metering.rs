@@ -83,6 +83,28 @@ pub struct Tab {
     /// The prices it runs at (a cached copy of its answer is priced from
     /// them).
     prices: crate::ledger::Prices,
+    /// Which providers' executors delivered the tokens (the relays add to
+    /// it); empty when the house engine ran everything.
+    credits: Credits,
+}
+
+/// Providers and the tokens their executors delivered for one request
+/// (`""` is the house engine), shared with the request's relays.
+#[derive(Debug, Clone, Default)]
+pub struct Credits(std::sync::Arc<std::sync::Mutex<crate::ledger::settle::Shares>>);
+
+impl Credits {
+    /// `provider` (`""`: the house) delivered `tokens` more.
+    pub fn add(&self, provider: &str, tokens: u64) {
+        if tokens > 0 {
+            let mut s = self.0.lock().unwrap_or_else(|e| e.into_inner());
+            s.push((provider.to_string(), tokens));
+        }
+    }
+
+    fn take(&self) -> crate::ledger::settle::Shares {
+        std::mem::take(&mut *self.0.lock().unwrap_or_else(|e| e.into_inner()))
+    }
 }
 
 /// How often a running request records its usage on its hold (what
@@ -144,6 +166,7 @@ impl Billing {
             closed: false,
             checkpointed: Instant::now(),
             prices: quote.prices,
+            credits: Credits::default(),
         })
     }
 
@@ -253,7 +276,16 @@ impl Tab {
     pub async fn settle(mut self) -> Result<Closed, ServiceError> {
         self.closed = true;
         let (t, outcome) = self.usage();
-        Ok(self.ledger.settle(&self.request_id, t, outcome).await?)
+        let shares = self.credits.take();
+        Ok(self
+            .ledger
+            .settle_shared(&self.request_id, t, outcome, shares)
+            .await?)
+    }
+
+    /// The handle the relays credit providers through.
+    pub fn credits(&self) -> Credits {
+        self.credits.clone()
     }
 }
 
@@ -264,7 +296,9 @@ impl Drop for Tab {
         }
         if self.started {
             let (t, outcome) = self.usage();
-            self.ledger.settle_later(&self.request_id, t, outcome);
+            let shares = self.credits.take();
+            self.ledger
+                .settle_later(&self.request_id, t, outcome, shares);
         } else {
             self.ledger.release_later(&self.request_id);
         }
