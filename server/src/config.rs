@@ -220,6 +220,12 @@ pub struct ServeArgs {
     #[arg(long, env = "SYNOR_PLACEMENT_HOUSE_FACTOR", default_value_t = 1.0)]
     pub placement_house_factor: f64,
 
+    /// How choices are placed: `measured` (the executor expected to finish
+    /// first, from its calibration) or `round-robin` (in turn over the
+    /// workers serving the model, for comparisons).
+    #[arg(long, env = "SYNOR_PLACEMENT", default_value = "measured", value_parser = ["measured", "round-robin"])]
+    pub placement: String,
+
     /// Open single-user mode: no API key needed (loopback addresses only;
     /// `make run` uses it).
     #[arg(long, env = "SYNOR_OPEN")]
@@ -318,6 +324,11 @@ pub struct WorkerArgs {
     /// Compute threads (default: every core).
     #[arg(long, env = "SYNOR_THREADS")]
     pub threads: Option<usize>,
+
+    /// Testing and benchmarks only: hold each generated token this many
+    /// milliseconds before sending it, as a slower device would.
+    #[arg(long, hide = true, default_value_t = 0)]
+    pub debug_token_delay_ms: u64,
 
     #[command(flatten)]
     pub models: ModelArgs,

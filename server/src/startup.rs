@@ -119,8 +119,14 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         .with_billing(billing.clone());
     state.dispatch = Arc::new(
         crate::services::dispatch::Dispatch::new(state.fleet.clone())
-            .with_house_factor(args.placement_house_factor),
+            .with_house_factor(args.placement_house_factor)
+            .round_robin(args.placement == "round-robin"),
     );
+    tokio::spawn(crate::services::calibration::run(
+        state.fleet.clone(),
+        registry.clone(),
+        state.dispatch.clone(),
+    ));
     if let Some(c) = args.cache.to_config() {
         let cache = crate::cache::ResponseCache::new(&c).context("opening the response cache")?;
         state = state.with_cache(Arc::new(cache), args.cache.cache_price_bps.clamp(0, 10_000));

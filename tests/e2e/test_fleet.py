@@ -101,8 +101,12 @@ def test_a_worker_registers_reports_its_load_and_leaves_on_sigterm():
         worker = start_worker(base, created["token"])
         try:
             [w] = wait_for(lambda: fleet(base), what="the worker to register")
-            assert (w["name"], w["provider_id"], w["region"], w["state"]) == \
-                ("w1", created["account_id"], "eu-north", "active")
+            # The server measures it before it gets work.
+            [w] = wait_for(lambda: [w for w in fleet(base) if w["state"] == "active"],
+                           what="the worker to be calibrated")
+            assert (w["name"], w["provider_id"], w["region"]) == ("w1", created["account_id"], "eu-north")
+            p = w["profile"]
+            assert p["prefill_tokens_per_s"] > 0 and 0 < p["decode_step_ms_1"] <= p["decode_step_ms_4"], p
             assert w["token_id"] == created["id"] and w["threads"] == 1
             cpu = w["devices"][0]
             assert cpu["kind"] == "cpu" and cpu["usable"] and cpu["cores"] >= 1, w["devices"]
@@ -202,7 +206,9 @@ def complete(base, prompt, max_tokens, stream=False):
 
 
 def workers_up(base, procs, n):
-    wait_for(lambda: len(fleet(base)) == n, what=f"{n} workers")
+    """Waits for `n` workers, registered and calibrated."""
+    wait_for(lambda: len([w for w in fleet(base) if w["state"] == "active"]) == n,
+             what=f"{n} calibrated workers")
     return procs
 
 
@@ -270,8 +276,8 @@ def test_a_worker_killed_mid_stream_costs_the_client_nothing():
             for name in ("a", "b"):
                 if name not in procs or procs[name].poll() is not None:
                     procs[name] = start_worker(base, created["token"], name=name)
-            wait_for(lambda: sorted(w["name"] for w in fleet(base)) == ["a", "b"],
-                     what="two live workers")
+            wait_for(lambda: sorted(w["name"] for w in fleet(base) if w["state"] == "active")
+                     == ["a", "b"], what="two live, calibrated workers")
 
         for round_ in range(4):
             ensure_two()

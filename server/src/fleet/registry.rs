@@ -12,6 +12,27 @@ use tokio::sync::mpsc;
 
 use super::protocol::{Device, Load, ServedModel, ToWorker};
 
+/// What the server measured of a worker on its own challenge (never what
+/// the worker claims): prefill throughput and the decode step time at one
+/// and at four sequences.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, utoipa::ToSchema)]
+pub struct Profile {
+    pub prefill_tokens_per_s: f64,
+    pub decode_step_ms_1: f64,
+    pub decode_step_ms_4: f64,
+    /// Unix seconds.
+    pub measured_at: i64,
+}
+
+impl Profile {
+    /// The expected decode step with `batch` sequences (linear between the
+    /// measured points, extended past them).
+    pub fn step_ms(&self, batch: u32) -> f64 {
+        let slope = ((self.decode_step_ms_4 - self.decode_step_ms_1) / 3.0).max(0.0);
+        self.decode_step_ms_1 + slope * f64::from(batch.max(1) - 1)
+    }
+}
+
 /// A worker as admins see it.
 #[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
 pub struct WorkerInfo {
@@ -29,8 +50,11 @@ pub struct WorkerInfo {
     pub models: Vec<ServedModel>,
     pub threads: u32,
     pub region: String,
-    /// `active`, or `draining` (no new work).
+    /// `calibrating` (measured before it gets work), `active`, or
+    /// `draining` (no new work).
     pub state: String,
+    /// What the server measured of it (`None` until calibrated).
+    pub profile: Option<Profile>,
     /// Its last `status` (self-reported).
     pub load: Load,
     /// Choices of this server running on it now.
@@ -109,7 +133,8 @@ impl Registry {
             models: r.models,
             threads: r.threads,
             region: r.region,
-            state: "active".into(),
+            state: "calibrating".into(),
+            profile: None,
             load: Load::default(),
             jobs_running: 0,
             tokens_delivered: 0,
@@ -143,6 +168,18 @@ impl Registry {
             });
         }
         true
+    }
+
+    /// Records a worker's measured profile; a calibrating worker becomes
+    /// active (eligible for work).
+    pub fn set_profile(&self, id: &str, p: Profile) {
+        let mut w = self.workers.write().unwrap_or_else(|e| e.into_inner());
+        if let Some(e) = w.get_mut(id) {
+            e.info.profile = Some(p);
+            if e.info.state == "calibrating" {
+                e.info.state = "active".into();
+            }
+        }
     }
 
     /// Removes a worker whose session ended; its jobs hear it is lost.

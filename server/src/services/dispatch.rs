@@ -10,12 +10,16 @@
 //! sees one uninterrupted stream with the text it would have got; after
 //! `MAX_ATTEMPTS` it ends with a clean error.
 //!
-//! Placement (first version): the executor with the least expected wait,
-//! `(outstanding choices + 1) x its observed time per token`, where the
-//! time per token is measured by the server on the tokens each executor
-//! delivers (never self-reported); an executor that lost a job is slowed
-//! in that measure so it gets less work, and one that just lost this job
-//! is not tried again for it.
+//! Placement: the executor expected to finish the choice first, from its
+//! calibrated profile (`services::calibration`, measured by the server,
+//! never self-reported): its prefill rate for the prompt plus the decode
+//! step at the batch it would run, times `max_tokens`, scaled by a
+//! correction learned from the token gaps this server observes in
+//! production. An executor that lost a job has its correction doubled so
+//! it gets less work until it proves itself again, and one that just lost
+//! this job is not tried again for it. Workers are eligible once
+//! calibrated; before the house engine's own calibration, its time per
+//! token is what it delivered.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
@@ -29,7 +33,7 @@ use tokio::sync::{mpsc, watch};
 
 use crate::fleet::jobs::JobEvent;
 use crate::fleet::protocol::{JobParams, ToWorker, VERSION};
-use crate::fleet::registry::Registry;
+use crate::fleet::registry::{Profile, Registry};
 use crate::services::ServiceError;
 use crate::services::metering::Credits;
 
@@ -49,6 +53,11 @@ struct Measure {
     outstanding: u32,
     /// Moving average of milliseconds per delivered token.
     ms_per_token: f64,
+    /// Its calibrated profile, once measured.
+    profile: Option<Profile>,
+    /// Observed token gaps over the profile's prediction (moving average;
+    /// doubled when it loses a job).
+    correction: f64,
 }
 
 impl Default for Measure {
@@ -56,6 +65,33 @@ impl Default for Measure {
         Self {
             outstanding: 0,
             ms_per_token: 20.0,
+            profile: None,
+            correction: 1.0,
+        }
+    }
+}
+
+impl Measure {
+    /// Expected milliseconds to run a choice of `prompt` tokens and at
+    /// most `max_tokens` here, alongside what it already runs.
+    fn expected_ms(&self, prompt: usize, max_tokens: usize) -> f64 {
+        let batch = self.outstanding + 1;
+        let raw = match &self.profile {
+            Some(p) => {
+                prompt as f64 * 1e3 / p.prefill_tokens_per_s.max(1.0)
+                    + max_tokens as f64 * p.step_ms(batch)
+            }
+            None => f64::from(batch) * self.ms_per_token * max_tokens as f64,
+        };
+        raw * self.correction
+    }
+
+    /// Learns from one observed token gap.
+    fn observe(&mut self, gap_ms: f64) {
+        self.ms_per_token = 0.9 * self.ms_per_token + 0.1 * gap_ms;
+        if let Some(p) = &self.profile {
+            let ratio = gap_ms / p.step_ms(self.outstanding.max(1)).max(0.01);
+            self.correction = (0.95 * self.correction + 0.05 * ratio).clamp(0.25, 16.0);
         }
     }
 }
@@ -66,6 +102,8 @@ pub struct Dispatch {
     measures: Mutex<HashMap<String, Measure>>,
     /// Weight of the house engine's expected wait (`--placement-house-factor`).
     house_factor: f64,
+    /// `--placement round-robin`: workers in turn (comparisons only).
+    round_robin: Option<std::sync::atomic::AtomicUsize>,
 }
 
 impl std::fmt::Debug for Dispatch {
@@ -105,7 +143,14 @@ impl Dispatch {
             fleet,
             measures: Mutex::default(),
             house_factor: 1.0,
+            round_robin: None,
         }
+    }
+
+    /// Places choices on the workers in turn instead of by measure.
+    pub fn round_robin(mut self, on: bool) -> Self {
+        self.round_robin = on.then(Default::default);
+        self
     }
 
     /// Weighs the house engine's expected wait by `f` (finite, > 0).
@@ -194,13 +239,30 @@ impl Dispatch {
         )
     }
 
-    /// The executor with the least expected wait, leaving out `tried`.
-    fn place(&self, model: &str, tried: &[String]) -> Target {
+    /// Records an executor's calibrated profile (`house` for this
+    /// process's engine); a recalibration resets the correction.
+    pub fn set_profile(&self, key: &str, p: Profile) {
+        self.measure(key, |m| {
+            m.profile = Some(p);
+            m.correction = 1.0;
+        });
+    }
+
+    /// The executor expected to finish first, leaving out `tried`.
+    fn place(&self, model: &str, tried: &[String], prompt: usize, max_tokens: usize) -> Target {
         let workers = self.fleet.serving(model);
+        if let Some(turn) = &self.round_robin {
+            let fresh: Vec<_> = workers.iter().filter(|w| !tried.contains(&w.id)).collect();
+            if !fresh.is_empty() {
+                let w =
+                    fresh[turn.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % fresh.len()];
+                return Target::Worker(w.id.clone(), w.provider_id.clone());
+            }
+        }
         let measures = self.measures.lock().unwrap_or_else(|e| e.into_inner());
         let wait = |key: &str| {
             let m = measures.get(key).copied().unwrap_or_default();
-            f64::from(m.outstanding + 1) * m.ms_per_token
+            m.expected_ms(prompt, max_tokens)
         };
         let mut best = (Target::House, wait(HOUSE) * self.house_factor);
         for w in workers.iter().filter(|w| !tried.contains(&w.id)) {
@@ -254,7 +316,13 @@ impl Relay {
                 self.finish(reason, 0);
                 break;
             }
-            let target = self.dispatch.place(&self.model, &tried);
+            let left = self.params.max_tokens - self.delivered.len();
+            let target = self.dispatch.place(
+                &self.model,
+                &tried,
+                self.prompt.len() + self.delivered.len(),
+                left,
+            );
             let before = self.delivered.len();
             let key = target.key().to_string();
             self.dispatch.measure(&key, |m| m.outstanding += 1);
@@ -281,7 +349,10 @@ impl Relay {
                         .replays
                         .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     // Error backoff: a lost job doubles its time per token.
-                    self.dispatch.measure(&key, |m| m.ms_per_token *= 2.0);
+                    self.dispatch.measure(&key, |m| {
+                        m.ms_per_token *= 2.0;
+                        m.correction = (m.correction * 2.0).min(16.0);
+                    });
                     tried.push(key);
                     if attempt == MAX_ATTEMPTS {
                         let _ = self
@@ -322,7 +393,9 @@ impl Relay {
     }
 
     /// Forwards one core event; `Some` when the choice is over.
-    fn forward(&mut self, ev: CoreEvent, key: &str, last: &mut Instant) -> Option<Attempt> {
+    /// `last` is when this attempt's previous token came (`None` before
+    /// its first: that gap is the prefill's, not a decode step).
+    fn forward(&mut self, ev: CoreEvent, key: &str, last: &mut Option<Instant>) -> Option<Attempt> {
         match ev {
             CoreEvent::Accepted => {
                 if !self.accepted {
@@ -337,10 +410,10 @@ impl Relay {
                         "token {id} is outside the vocabulary"
                     )));
                 }
-                let ms = last.elapsed().as_secs_f64() * 1e3;
-                *last = Instant::now();
-                self.dispatch
-                    .measure(key, |m| m.ms_per_token = 0.9 * m.ms_per_token + 0.1 * ms);
+                if let Some(prev) = last.replace(Instant::now()) {
+                    let ms = prev.elapsed().as_secs_f64() * 1e3;
+                    self.dispatch.measure(key, |m| m.observe(ms));
+                }
                 self.delivered.push(id);
                 if !self.accepted {
                     self.accepted = true;
@@ -372,7 +445,7 @@ impl Relay {
                 return Attempt::Over;
             }
         };
-        let mut last = Instant::now();
+        let mut last = None;
         let mut aborted = false;
         loop {
             tokio::select! {
@@ -413,7 +486,7 @@ impl Relay {
         if !fleet.send(worker, assign).await {
             return Attempt::Lost("the worker is gone".into());
         }
-        let mut last = Instant::now();
+        let mut last = None;
         let mut cancelled: Option<Instant> = None;
         loop {
             let patience = match cancelled {
@@ -472,5 +545,93 @@ fn job_params(p: &engine::SamplingParams) -> JobParams {
         presence_penalty: p.presence_penalty,
         logit_bias: p.logit_bias.clone(),
         logprobs: p.logprobs.map(|n| u32::try_from(n).unwrap_or(u32::MAX)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fleet::protocol::ServedModel;
+    use crate::fleet::registry::Registration;
+
+    fn profile(step_1: f64, step_4: f64) -> Profile {
+        Profile {
+            prefill_tokens_per_s: 1000.0,
+            decode_step_ms_1: step_1,
+            decode_step_ms_4: step_4,
+            measured_at: 0,
+        }
+    }
+
+    fn worker(fleet: &Registry, name: &str) -> String {
+        let (tx, _rx) = mpsc::channel(1);
+        let id = fleet.register(
+            Registration {
+                provider_id: format!("provider:{name}"),
+                token_id: "t".into(),
+                remote: "r".into(),
+                name: name.into(),
+                build: "b".into(),
+                devices: vec![],
+                models: vec![ServedModel {
+                    name: "m".into(),
+                    layers: 1,
+                    kv_heads: 1,
+                    head_dim: 1,
+                    block_size: 16,
+                    context_length: 64,
+                }],
+                threads: 1,
+                region: "r".into(),
+            },
+            tx,
+        );
+        std::mem::forget(_rx);
+        id
+    }
+
+    #[test]
+    fn placement_prefers_the_measured_fastest_until_its_batch_makes_it_slower() {
+        let fleet = Arc::new(Registry::default());
+        let d = Dispatch::new(fleet.clone()).with_house_factor(1000.0);
+        // Uncalibrated workers get nothing: the house it is.
+        let (fast, slow) = (worker(&fleet, "fast"), worker(&fleet, "slow"));
+        assert_eq!(d.place("m", &[], 10, 100), Target::House);
+        for (id, p) in [(&fast, profile(5.0, 8.0)), (&slow, profile(40.0, 45.0))] {
+            fleet.set_profile(id, p);
+            d.set_profile(id, p);
+        }
+        let key = |t: Target| t.key().to_string();
+        assert_eq!(key(d.place("m", &[], 10, 100)), fast);
+        // Loaded enough that the slow one now finishes first.
+        d.measure(&fast, |m| m.outstanding = 40);
+        assert_eq!(key(d.place("m", &[], 10, 100)), slow);
+        // A lost job doubles the correction: less work until it recovers.
+        d.measure(&fast, |m| m.outstanding = 0);
+        d.measure(&fast, |m| m.correction = 16.0);
+        assert_eq!(key(d.place("m", &[], 10, 100)), slow);
+        // What just failed this job is not tried again.
+        assert_eq!(key(d.place("m", &[slow.clone()], 10, 100)), fast);
+        // Observed gaps near the prediction bring the correction back.
+        for _ in 0..200 {
+            d.measure(&fast, |m| m.observe(5.0));
+        }
+        assert_eq!(key(d.place("m", &[], 10, 100)), fast);
+    }
+
+    #[test]
+    fn round_robin_takes_the_workers_in_turn() {
+        let fleet = Arc::new(Registry::default());
+        let d = Dispatch::new(fleet.clone()).round_robin(true);
+        let ids = [worker(&fleet, "a"), worker(&fleet, "b")];
+        for id in &ids {
+            fleet.set_profile(id, profile(5.0, 8.0));
+        }
+        let got: Vec<String> = (0..4)
+            .map(|_| d.place("m", &[], 1, 1).key().to_string())
+            .collect();
+        assert_eq!(got[0], got[2]);
+        assert_eq!(got[1], got[3]);
+        assert_ne!(got[0], got[1]);
     }
 }

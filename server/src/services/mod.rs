@@ -13,6 +13,7 @@
 //!   cache store around the token stream.
 
 pub mod caching;
+pub mod calibration;
 pub mod dispatch;
 pub mod generation;
 pub mod limits;

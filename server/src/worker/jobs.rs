@@ -47,11 +47,13 @@ fn encode(msg: &FromWorker) -> String {
 impl Running {
     /// Starts `a` on this worker's engine for its model; a refusal goes
     /// back as `failed` (the server places it elsewhere).
+    /// `delay` holds each token back (`--debug-token-delay-ms`).
     pub async fn start(
         self: &Arc<Self>,
         models: &ModelRegistry,
         a: Assignment,
         out: &mpsc::Sender<String>,
+        delay: std::time::Duration,
     ) {
         let (job, attempt) = (a.job, a.attempt);
         let failed = |message: String| {
@@ -90,16 +92,21 @@ impl Running {
                         job,
                         attempt,
                     },
-                    CoreEvent::Token { id, logprob } => FromWorker::Tokens {
-                        v: VERSION,
-                        job,
-                        attempt,
-                        tokens: vec![JobToken {
-                            id,
-                            logprob: logprob.as_ref().map(|l| l.logprob),
-                            top: logprob.map(|l| l.top).unwrap_or_default(),
-                        }],
-                    },
+                    CoreEvent::Token { id, logprob } => {
+                        if !delay.is_zero() {
+                            tokio::time::sleep(delay).await;
+                        }
+                        FromWorker::Tokens {
+                            v: VERSION,
+                            job,
+                            attempt,
+                            tokens: vec![JobToken {
+                                id,
+                                logprob: logprob.as_ref().map(|l| l.logprob),
+                                top: logprob.map(|l| l.top).unwrap_or_default(),
+                            }],
+                        }
+                    }
                     CoreEvent::Finished { reason, usage } => FromWorker::Done {
                         v: VERSION,
                         job,

@@ -62,7 +62,17 @@ pub async fn run(args: WorkerArgs) -> anyhow::Result<()> {
     let mut delay = BACKOFF_FIRST;
     loop {
         let started = Instant::now();
-        match connect_once(&url, &args.token, &register, &models, &mut stop).await? {
+        let token_delay = args.debug_token_delay_ms;
+        match connect_once(
+            &url,
+            &args.token,
+            &register,
+            &models,
+            &mut stop,
+            token_delay,
+        )
+        .await?
+        {
             Ended::Leave => break,
             Ended::Lost(why) => {
                 if started.elapsed() >= STABLE {
@@ -182,6 +192,7 @@ async fn connect_once(
     register: &FromWorker,
     models: &ModelRegistry,
     stop: &mut watch::Receiver<bool>,
+    delay_ms: u64,
 ) -> anyhow::Result<Ended> {
     let mut request = url.into_client_request().context("the --server address")?;
     let auth = format!("Bearer {token}")
@@ -226,6 +237,7 @@ async fn connect_once(
     let mut tick = tokio::time::interval(heartbeat);
     let status = |load| serde_json::to_string(&FromWorker::Status { v: VERSION, load });
     let running = Arc::new(jobs::Running::default());
+    let token_delay = Duration::from_millis(delay_ms);
     let (out, mut outgoing) = mpsc::channel::<String>(OUT_QUEUE);
     let mut draining = false;
     let ended = loop {
@@ -253,7 +265,7 @@ async fn connect_once(
                             let refused = FromWorker::Failed { v: VERSION, job, attempt, message: "this worker is draining".into() };
                             let _ = out.send(serde_json::to_string(&refused).unwrap_or_default()).await;
                         } else {
-                            running.start(models, a, &out).await;
+                            running.start(models, a, &out, token_delay).await;
                         }
                     }
                     Ok(ToWorker::Cancel { job, .. }) => running.cancel(job),

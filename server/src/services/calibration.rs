@@ -1,0 +1,266 @@
+//! Calibration: the server measures every executor itself, on the real
+//! model, with a seeded challenge it times on its own clock: a prefill of
+//! `PREFILL` random tokens (the time to the first token, best of two), then
+//! decoding `DECODE` tokens alone and four sequences at once (the median gap
+//! between tokens). A worker gets no work until it is calibrated, and is
+//! measured again every `RECALIBRATE`; what it reports about itself is
+//! shown to admins, never used. The challenge travels as ordinary
+//! assignments, so a worker cannot tell it from real traffic. The house
+//! engine is calibrated the same way at start-up.
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use engine::core::CoreEvent;
+use engine::{EngineHandle, GenerateRequest, SamplingParams};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use tokio::sync::mpsc;
+
+use crate::fleet::jobs::JobEvent;
+use crate::fleet::protocol::{JobParams, ToWorker, VERSION};
+use crate::fleet::registry::{Profile, Registry, WorkerInfo};
+use crate::services::dispatch::Dispatch;
+use crate::services::models::ModelRegistry;
+
+/// Prompt tokens of the prefill challenge.
+const PREFILL: usize = 128;
+/// Tokens of each decode challenge.
+const DECODE: usize = 24;
+/// How long one challenge job may take before the worker fails it.
+const JOB_TIMEOUT: Duration = Duration::from_secs(60);
+/// How often a calibrated worker is measured again.
+const RECALIBRATE: Duration = Duration::from_secs(600);
+/// How often the calibrator looks for workers to measure.
+const SCAN: Duration = Duration::from_millis(200);
+
+/// Where a challenge runs.
+#[derive(Clone, Copy)]
+enum On<'a> {
+    House(&'a EngineHandle),
+    Worker(&'a Registry, &'a str, &'a str),
+}
+
+/// Measures every worker as it comes (and again every `RECALIBRATE`),
+/// until the process ends; the house engine is measured once, when the
+/// first worker arrives (a server without workers does no extra work).
+pub async fn run(fleet: Arc<Registry>, models: Arc<ModelRegistry>, dispatch: Arc<Dispatch>) {
+    let busy: Arc<Mutex<HashSet<String>>> = Arc::default();
+    let mut house_done = false;
+    let mut tick = tokio::time::interval(SCAN);
+    loop {
+        tick.tick().await;
+        let workers = fleet.list();
+        if !house_done && !workers.is_empty() {
+            house_done = true;
+            calibrate_house(&models, &dispatch).await;
+        }
+        let now = crate::store::now();
+        for w in workers {
+            let due = match (&w.state[..], &w.profile) {
+                ("calibrating", _) => true,
+                ("active", Some(p)) => now - p.measured_at >= RECALIBRATE.as_secs() as i64,
+                _ => false,
+            };
+            if !due
+                || !busy
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .insert(w.id.clone())
+            {
+                continue;
+            }
+            let (fleet, models, dispatch, busy) = (
+                fleet.clone(),
+                models.clone(),
+                dispatch.clone(),
+                busy.clone(),
+            );
+            tokio::spawn(async move {
+                calibrate_worker(&fleet, &models, &dispatch, &w).await;
+                busy.lock().unwrap_or_else(|e| e.into_inner()).remove(&w.id);
+            });
+        }
+    }
+}
+
+async fn calibrate_house(models: &ModelRegistry, dispatch: &Dispatch) {
+    let house = models.list().iter().find_map(|m| match &m.kind {
+        crate::services::models::ModelKind::Text(h) => Some(h.clone()),
+        crate::services::models::ModelKind::Embedding(_) => None,
+    });
+    let Some(house) = house else { return };
+    match challenge(On::House(&house), house.info().vocab_size, 0).await {
+        Ok(p) => {
+            tracing::info!(?p, "house engine calibrated");
+            dispatch.set_profile("house", p);
+        }
+        Err(e) => tracing::warn!(error = %e, "house calibration failed"),
+    }
+}
+
+async fn calibrate_worker(
+    fleet: &Registry,
+    models: &ModelRegistry,
+    dispatch: &Dispatch,
+    w: &WorkerInfo,
+) {
+    let Some((model, house)) = w
+        .models
+        .iter()
+        .find_map(|m| models.text(&m.name).ok().map(|h| (m.name.clone(), h)))
+    else {
+        tracing::warn!(worker = %w.id, "serves no model this server knows: left uncalibrated");
+        return;
+    };
+    let seed =
+        w.id.bytes()
+            .fold(0u64, |h, b| h.wrapping_mul(31).wrapping_add(u64::from(b)));
+    match challenge(
+        On::Worker(fleet, &w.id, &model),
+        house.info().vocab_size,
+        seed,
+    )
+    .await
+    {
+        Ok(p) => {
+            tracing::info!(worker = %w.id, ?p, "worker calibrated");
+            fleet.set_profile(&w.id, p);
+            dispatch.set_profile(&w.id, p);
+        }
+        Err(e) => tracing::warn!(worker = %w.id, error = %e, "calibration failed; retrying"),
+    }
+}
+
+/// Runs the whole challenge on `on` and derives the profile.
+async fn challenge(on: On<'_>, vocab: usize, seed: u64) -> Result<Profile, String> {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let mut tokens = |n: usize| -> Vec<u32> {
+        (0..n)
+            .map(|_| rng.random_range(3..vocab.max(4) as u32))
+            .collect()
+    };
+    let long = tokens(PREFILL);
+    let mut prefill = f64::MAX;
+    for _ in 0..2 {
+        let (start, times) = timed(on, long.clone(), 1).await?;
+        let first = times.first().ok_or("no token from the prefill challenge")?;
+        prefill = prefill.min(first.duration_since(start).as_secs_f64());
+    }
+    let one = decode_gap(on, vec![tokens(8)]).await?;
+    let four = decode_gap(on, (0..4).map(|_| tokens(8)).collect()).await?;
+    Ok(Profile {
+        prefill_tokens_per_s: PREFILL as f64 / prefill.max(1e-6),
+        decode_step_ms_1: one,
+        decode_step_ms_4: four.max(one),
+        measured_at: crate::store::now(),
+    })
+}
+
+/// Median gap (ms) between decoded tokens with these prompts at once.
+async fn decode_gap(on: On<'_>, prompts: Vec<Vec<u32>>) -> Result<f64, String> {
+    let runs =
+        futures_util::future::join_all(prompts.into_iter().map(|p| timed(on, p, DECODE))).await;
+    let mut gaps = Vec::new();
+    for r in runs {
+        let (_, times) = r?;
+        gaps.extend(
+            times
+                .windows(2)
+                .map(|w| w[1].duration_since(w[0]).as_secs_f64() * 1e3),
+        );
+    }
+    if gaps.is_empty() {
+        return Err("no decode steps".into());
+    }
+    gaps.sort_by(f64::total_cmp);
+    Ok(gaps[gaps.len() / 2])
+}
+
+fn greedy(max_tokens: usize) -> SamplingParams {
+    SamplingParams {
+        temperature: 0.0,
+        max_tokens,
+        ignore_eos: true,
+        ..SamplingParams::default()
+    }
+}
+
+/// Runs one challenge job; returns when it was sent and when each token
+/// arrived, on this server's clock.
+async fn timed(
+    on: On<'_>,
+    prompt: Vec<u32>,
+    max_tokens: usize,
+) -> Result<(Instant, Vec<Instant>), String> {
+    let start = Instant::now();
+    let mut times = Vec::with_capacity(max_tokens);
+    match on {
+        On::House(h) => {
+            let req = GenerateRequest {
+                prompt_tokens: prompt,
+                params: greedy(max_tokens),
+            };
+            let mut raw = h.submit_raw(req, Vec::new()).map_err(|e| e.to_string())?;
+            loop {
+                match tokio::time::timeout(JOB_TIMEOUT, raw.next()).await {
+                    Ok(Some(CoreEvent::Token { .. })) => times.push(Instant::now()),
+                    Ok(Some(CoreEvent::Finished { .. })) => return Ok((start, times)),
+                    Ok(Some(CoreEvent::Accepted)) => {}
+                    Ok(Some(CoreEvent::Failed(e))) => return Err(e.to_string()),
+                    Ok(None) | Err(_) => return Err("the house engine did not finish".into()),
+                }
+            }
+        }
+        On::Worker(fleet, worker, model) => {
+            let job = fleet.jobs.next_id();
+            let (tx, mut rx) = mpsc::unbounded_channel();
+            fleet.jobs.place(job, worker, 1, tx);
+            let p = greedy(max_tokens);
+            let assign = ToWorker::Assign {
+                v: VERSION,
+                job,
+                attempt: 1,
+                model: model.to_string(),
+                prompt,
+                resume: Vec::new(),
+                params: JobParams {
+                    temperature: 0.0,
+                    top_p: 1.0,
+                    top_k: 0,
+                    min_p: 0.0,
+                    seed: job,
+                    max_tokens: max_tokens as u32,
+                    stop_token_ids: Vec::new(),
+                    ignore_eos: p.ignore_eos,
+                    repetition_penalty: 1.0,
+                    frequency_penalty: 0.0,
+                    presence_penalty: 0.0,
+                    logit_bias: Vec::new(),
+                    logprobs: None,
+                },
+            };
+            let result = async {
+                if !fleet.send(worker, assign).await {
+                    return Err("the worker is gone".to_string());
+                }
+                loop {
+                    match tokio::time::timeout(JOB_TIMEOUT, rx.recv()).await {
+                        Ok(Some(JobEvent::Core(CoreEvent::Token { .. }))) => {
+                            times.push(Instant::now())
+                        }
+                        Ok(Some(JobEvent::Core(CoreEvent::Finished { .. }))) => return Ok(()),
+                        Ok(Some(JobEvent::Core(CoreEvent::Accepted))) => {}
+                        Ok(Some(JobEvent::Core(CoreEvent::Failed(e)))) => return Err(e.to_string()),
+                        Ok(Some(JobEvent::Lost(why))) => return Err(why),
+                        Ok(None) | Err(_) => return Err("the worker did not finish".into()),
+                    }
+                }
+            }
+            .await;
+            fleet.jobs.end(job);
+            result.map(|()| (start, times))
+        }
+    }
+}
