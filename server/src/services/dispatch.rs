@@ -611,7 +611,10 @@ mod tests {
         d.measure(&fast, |m| m.correction = 16.0);
         assert_eq!(key(d.place("m", &[], 10, 100)), slow);
         // What just failed this job is not tried again.
-        assert_eq!(key(d.place("m", &[slow.clone()], 10, 100)), fast);
+        assert_eq!(
+            key(d.place("m", std::slice::from_ref(&slow), 10, 100)),
+            fast
+        );
         // Observed gaps near the prediction bring the correction back.
         for _ in 0..200 {
             d.measure(&fast, |m| m.observe(5.0));
