@@ -13,7 +13,13 @@
 # Also measured: failover, the longest stall of a stream whose worker is
 # killed (kill -9) mid-generation.
 #
-# Usage: loadtest/fleet-bench.sh [CONCURRENCY...]   (default: 1 16)
+# `placement` instead compares placement by measure against round-robin
+# on a fleet of unequal speed: two one-thread workers, one of them made
+# slower (--debug-token-delay-ms 40, which calibration must see), under
+# Poisson load at the given rates, by goodput (TTFT <= 2 s, TPOT <= 35 ms).
+#
+# Usage: loadtest/fleet-bench.sh [serving] [CONCURRENCY...]   (default: 1 16)
+#        loadtest/fleet-bench.sh placement [RATE...]          (default: 2 4 8)
 # Needs release binaries: cargo build --release -p server -p loadtest
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -21,8 +27,10 @@ TARGET="${CARGO_TARGET_DIR:-target}/release"
 SYNOR="$TARGET/synor"
 LOADTEST="$TARGET/synor-loadtest"
 export SYNOR_MODELS_DIR="${SYNOR_MODELS_DIR:-models}"
-CONCURRENCY=("${@:-1 16}")
-read -r -a CONCURRENCY <<<"${CONCURRENCY[*]}"
+MODE=serving
+if [ "${1:-}" = serving ] || [ "${1:-}" = placement ]; then MODE=$1; shift; fi
+if [ "$MODE" = placement ]; then ARGS=("${@:-2 4 8}"); else ARGS=("${@:-1 16}"); fi
+read -r -a CONCURRENCY <<<"${ARGS[*]}"
 ADMIN=bench-admin
 WORK=$(mktemp -d)
 PIDS=()
@@ -39,7 +47,7 @@ BASE="http://127.0.0.1:$port"
 start_server() {
     RUST_LOG=warn "$SYNOR" serve --open --bind "127.0.0.1:$port" --admin-token "$ADMIN" \
         --embedding-model none --database-url "sqlite://$WORK/synor.db" \
-        --placement-house-factor "$1" >"$WORK/server.log" 2>&1 &
+        --placement-house-factor "$1" --placement "${2:-measured}" >"$WORK/server.log" 2>&1 &
     SERVER=$!
     PIDS+=("$SERVER")
     for _ in $(seq 1 600); do
@@ -55,19 +63,19 @@ admin() { curl -sf -H "authorization: Bearer $ADMIN" -H 'content-type: applicati
 
 workers_up() {
     for _ in $(seq 1 600); do
-        n=$(admin "$BASE/admin/fleet" | python3 -c 'import json,sys; print(len(json.load(sys.stdin)["data"]))')
+        n=$(admin "$BASE/admin/fleet" | python3 -c 'import json,sys; print(sum(w["state"] == "active" for w in json.load(sys.stdin)["data"]))')
         [ "$n" = "$1" ] && return
         sleep 0.1
     done
     echo "workers did not register"; exit 1
 }
 
-# start_worker NAME THREADS [CPU]
+# start_worker NAME THREADS [CPU] [EXTRA...]
 start_worker() {
     local pin=()
     [ -n "${3:-}" ] && pin=(taskset -c "$3")
     RUST_LOG=warn "${pin[@]}" "$SYNOR" worker --server "ws://127.0.0.1:$port" --token "$TOKEN" \
-        --name "$1" --threads "$2" --embedding-model none >"$WORK/$1.log" 2>&1 &
+        --name "$1" --threads "$2" --embedding-model none "${@:4}" >"$WORK/$1.log" 2>&1 &
     WORKERS+=($!)
     PIDS+=($!)
 }
@@ -89,6 +97,30 @@ run() {
 
 WORKERS=()
 echo "machine: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(nproc) cores; $(date -u +%F)"
+
+if [ "$MODE" = placement ]; then
+    for placement in measured round-robin; do
+        start_server 1000 "$placement"
+        TOKEN=$(admin -X POST "$BASE/admin/providers" -d '{"name":"bench"}' | python3 -c 'import json,sys; print(json.load(sys.stdin)["token"])')
+        start_worker fast 1 0
+        start_worker slow 1 1 --debug-token-delay-ms 40
+        workers_up 2
+        for rate in "${CONCURRENCY[@]}"; do
+            out="$WORK/$placement-$rate.txt"
+            "$LOADTEST" --base-url "$BASE" --seed 7 --num-prompts $((12 * rate)) --request-rate "$rate" \
+                --random-input-len 64 --random-output-len 64 --ignore-eos --no-progress \
+                --goodput ttft:2000 tpot:35 >"$out" 2>&1 || { cat "$out"; exit 1; }
+            printf '%-11s rate=%-3s %s\n' "$placement" "$rate" \
+                "$(grep -E 'Request goodput|Output token throughput|Median TPOT|Median TTFT' "$out" | tr -s ' ' | paste -sd ';')"
+        done
+        admin "$BASE/admin/fleet" | python3 -c 'import json,sys; print("   tokens per worker:", {w["name"]: w["tokens_delivered"] for w in json.load(sys.stdin)["data"]})'
+        stop_workers
+        stop_server
+        rm -f "$WORK/synor.db"*
+    done
+    exit 0
+fi
+
 start_server 1000
 TOKEN=$(admin -X POST "$BASE/admin/providers" -d '{"name":"bench"}' | python3 -c 'import json,sys; print(json.load(sys.stdin)["token"])')
 for c in "${CONCURRENCY[@]}"; do run house "$c"; done

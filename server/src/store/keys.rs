@@ -89,8 +89,15 @@ pub(crate) fn hash(secret: &str) -> String {
         .collect()
 }
 
+/// Whether a looked-up row's `secret_hash` is `h` (compared in constant
+/// time, after the index lookup found it).
+pub(crate) fn hash_matches(row: &AnyRow, h: &str) -> Result<bool, sqlx::Error> {
+    let stored: String = row.try_get("secret_hash")?;
+    Ok(constant_time_eq(stored.as_bytes(), h.as_bytes()))
+}
+
 /// Equality that takes the same time wherever the inputs differ.
-pub(crate) fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
@@ -228,12 +235,10 @@ impl Db {
         .bind(&h)
         .fetch_optional(&self.pool)
         .await?;
-        let Some(row) = row else { return Ok(None) };
-        let stored: String = row.try_get("secret_hash")?;
-        if !constant_time_eq(stored.as_bytes(), h.as_bytes()) {
-            return Ok(None);
+        match row {
+            Some(row) if hash_matches(&row, &h)? => Ok(Some(record(&row)?)),
+            _ => Ok(None),
         }
-        Ok(Some(record(&row)?))
     }
 }
 

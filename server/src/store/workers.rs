@@ -6,7 +6,7 @@
 use sqlx::Row;
 use sqlx::any::AnyRow;
 
-use super::keys::{constant_time_eq, hash, new_secret};
+use super::keys::{hash, hash_matches, new_secret};
 use super::{Db, StoreError, now};
 
 /// What every worker token starts with.
@@ -109,12 +109,10 @@ impl Db {
         .bind(&h)
         .fetch_optional(&self.pool)
         .await?;
-        let Some(row) = row else { return Ok(None) };
-        let stored: String = row.try_get("secret_hash")?;
-        if !constant_time_eq(stored.as_bytes(), h.as_bytes()) {
-            return Ok(None);
+        match row {
+            Some(row) if hash_matches(&row, &h)? => Ok(Some(token(&row)?)),
+            _ => Ok(None),
         }
-        Ok(Some(token(&row)?))
     }
 }
 
