@@ -249,6 +249,13 @@ def test_greedy_text_is_the_same_on_every_executor_and_streams_spread_over_worke
         def paid():
             return call(base, "GET", f"/admin/accounts/{created['account_id']}")[1]["balance"] > 0
         wait_for(paid, timeout=10, what="the provider to be paid")
+        # The provider sees it with its worker token.
+        status, earned = http_call(base, "GET", "/v1/providers/earnings", token=created["token"])[:2]
+        assert status == 200 and earned["provider_id"] == created["account_id"], earned
+        usage = next(t for t in earned["totals"] if t["kind"] == "usage")
+        assert earned["balance"] == usage["total"] > 0, earned
+        assert sorted(w["name"] for w in earned["workers"]) == ["w1", "w2"], earned
+        assert http_call(base, "GET", "/v1/providers/earnings", token="swt-synor-nope")[0] == 401
         status, audit = call(base, "GET", "/admin/ledger/audit")
         assert status == 200 and audit["violations"] == [], audit
         metrics = urllib.request.urlopen(base + "/metrics", timeout=10).read().decode()
@@ -278,6 +285,10 @@ def test_a_worker_killed_mid_stream_costs_the_client_nothing():
                     procs[name] = start_worker(base, created["token"], name=name)
             wait_for(lambda: sorted(w["name"] for w in fleet(base) if w["state"] == "active")
                      == ["a", "b"], what="two live, calibrated workers")
+            # The previous round's relay lets go of its job just after the
+            # last chunk: wait, so only this round's job shows as running.
+            wait_for(lambda: all(w["jobs_running"] == 0 for w in fleet(base)), timeout=10,
+                     what="the previous job to end")
 
         for round_ in range(4):
             ensure_two()

@@ -70,6 +70,7 @@ impl Modify for Security {
         routes::providers::list,
         routes::providers::revoke,
         routes::fleet::connect,
+        routes::fleet::earnings,
         routes::fleet::list,
         routes::fleet::drain,
     ),

@@ -332,4 +332,36 @@ impl Ledger {
         .await?;
         Ok(row.map(|r| usage(&r)).transpose()?)
     }
+
+    /// What moved in and out of an account, by journal kind (`usage`,
+    /// `trade`, `penalty`, `topup`): the sum of its entries and how many.
+    pub async fn totals(&self, account_id: &str) -> Result<Vec<KindTotal>, LedgerError> {
+        let rows = sqlx::query(
+            "SELECT j.kind AS kind, CAST(SUM(e.amount) AS BIGINT) AS total, \
+             CAST(COUNT(*) AS BIGINT) AS n FROM entries e JOIN journal j ON j.id = e.tx_id \
+             WHERE e.account_id = $1 GROUP BY j.kind ORDER BY j.kind",
+        )
+        .bind(account_id)
+        .fetch_all(&self.db.pool)
+        .await?;
+        rows.iter()
+            .map(|r| {
+                Ok(KindTotal {
+                    kind: r.try_get("kind")?,
+                    total: r.try_get("total")?,
+                    transactions: r.try_get("n")?,
+                })
+            })
+            .collect::<Result<_, sqlx::Error>>()
+            .map_err(LedgerError::from)
+    }
+}
+
+/// An account's entries of one journal kind, summed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+pub struct KindTotal {
+    pub kind: String,
+    /// Ticks (credits positive).
+    pub total: Amount,
+    pub transactions: i64,
 }

@@ -1,5 +1,6 @@
 //! The fleet over HTTP: the gateway where provider workers connect
 //! (`GET /v1/providers/connect`, a WebSocket authenticated by a worker
+//! token), a provider's earnings (`GET /v1/providers/earnings`, the same
 //! token) and the admin view (`GET /admin/fleet`, `DELETE
 //! /admin/fleet/{id}` to drain one). The socket is adapted here to the
 //! socket-free session in `fleet::session`, through bounded channels.
@@ -31,7 +32,66 @@ pub const HEARTBEAT: Duration = Duration::from_secs(1);
 const QUEUE: usize = 16;
 
 pub fn router() -> Router<AppState> {
-    Router::new().route("/v1/providers/connect", get(connect))
+    Router::new()
+        .route("/v1/providers/connect", get(connect))
+        .route("/v1/providers/earnings", get(earnings))
+}
+
+/// A provider's money and workers, as its worker token sees them.
+#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
+pub struct Earnings {
+    pub provider_id: String,
+    /// Ticks.
+    pub balance: i64,
+    /// Its entries by journal kind (`usage`: paid for tokens its workers
+    /// delivered; `trade`: market fills; `penalty`: taken back).
+    pub totals: Vec<crate::ledger::accounts::KindTotal>,
+    /// Its workers connected to this server.
+    pub workers: Vec<WorkerInfo>,
+}
+
+/// What a provider earned: its balance, its entries by kind and its
+/// connected workers (authenticated by one of its worker tokens).
+#[utoipa::path(get, path = "/v1/providers/earnings", tag = "providers",
+    responses((status = 200, description = "The provider's earnings", body = Earnings), (status = 401, description = "Missing, wrong or revoked worker token", body = crate::http::error::ErrorResponse)),
+    security(("worker_token" = [])))]
+pub(crate) async fn earnings(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+) -> Result<Json<Earnings>, ApiError> {
+    let token = worker_token(&state, &headers).await?;
+    let ledger = &billing(&state)?.ledger;
+    let account = ledger.account(&token.account_id).await?;
+    let totals = ledger.totals(&account.id).await?;
+    let workers = state
+        .fleet
+        .list()
+        .into_iter()
+        .filter(|w| w.provider_id == account.id)
+        .collect();
+    Ok(Json(Earnings {
+        provider_id: account.id,
+        balance: account.balance,
+        totals,
+        workers,
+    }))
+}
+
+/// The active worker token in `Authorization: Bearer` (401 otherwise).
+async fn worker_token(
+    state: &AppState,
+    headers: &HeaderMap,
+) -> Result<crate::store::workers::WorkerToken, ApiError> {
+    let secret = bearer(headers).ok_or(ApiError::Unauthorized(
+        "no worker token: send Authorization: Bearer <token>",
+    ))?;
+    billing(state)?
+        .ledger
+        .db
+        .find_worker_token(secret)
+        .await
+        .map_err(|e| ApiError::Storage(e.to_string()))?
+        .ok_or(ApiError::Unauthorized("incorrect or revoked worker token"))
 }
 
 pub fn admin_router() -> Router<AppState> {
@@ -51,16 +111,7 @@ pub(crate) async fn connect(
     peer: Option<Extension<ConnectInfo<SocketAddr>>>,
     ws: Result<WebSocketUpgrade, axum::extract::ws::rejection::WebSocketUpgradeRejection>,
 ) -> Result<Response, ApiError> {
-    let secret = bearer(&headers).ok_or(ApiError::Unauthorized(
-        "no worker token: send Authorization: Bearer <token>",
-    ))?;
-    let token = billing(&state)?
-        .ledger
-        .db
-        .find_worker_token(secret)
-        .await
-        .map_err(|e| ApiError::Storage(e.to_string()))?
-        .ok_or(ApiError::Unauthorized("incorrect or revoked worker token"))?;
+    let token = worker_token(&state, &headers).await?;
     let ws = ws.map_err(|e| ApiError::invalid("upgrade", e.body_text()))?;
     let peer = Peer {
         provider_id: token.account_id,
