@@ -324,6 +324,13 @@ def test_a_worker_killed_mid_stream_costs_the_client_nothing():
         assert status == 200, usage
         billed = [r for r in usage["data"] if r["completion_tokens"] == length]
         assert len(billed) == 5, usage  # the baseline and four streams, once each
+        # Usage records name the executors: the house for the baseline; for
+        # each killed stream, the worker that prefilled and both that decoded.
+        provider = created["account_id"]
+        assert sorted(r["prefill_by"] for r in billed).count("cpu") == 1, billed
+        for r in (r for r in billed if r["prefill_by"] != "cpu"):
+            assert r["prefill_by"] in (f"a@{provider}", f"b@{provider}"), r
+            assert sorted(r["decode_by"].split(",")) == [f"a@{provider}", f"b@{provider}"], r
     finally:
         for p in procs.values():
             if p.poll() is None:

@@ -165,37 +165,37 @@ impl Ledger {
         tokens: Tokens,
         outcome: Outcome,
     ) -> Result<Closed, LedgerError> {
-        self.close(request_id, Some((tokens, outcome)), Vec::new())
+        self.close(request_id, Some((tokens, outcome)), Default::default())
             .await
     }
 
     /// Settles like `settle`, dividing the provider's part among the
-    /// providers whose executors did the work (`settle::Shares`).
+    /// providers whose executors did the work and naming those executors
+    /// on the usage record (`settle::Attribution`).
     pub async fn settle_shared(
         &self,
         request_id: &str,
         tokens: Tokens,
         outcome: Outcome,
-        shares: settle::Shares,
+        who: settle::Attribution,
     ) -> Result<Closed, LedgerError> {
-        self.close(request_id, Some((tokens, outcome)), shares)
-            .await
+        self.close(request_id, Some((tokens, outcome)), who).await
     }
 
     /// Releases a hold without a charge (the request never ran).
     pub async fn release(&self, request_id: &str) -> Result<Closed, LedgerError> {
-        self.close(request_id, None, Vec::new()).await
+        self.close(request_id, None, Default::default()).await
     }
 
     async fn close(
         &self,
         request_id: &str,
         usage: Option<(Tokens, Outcome)>,
-        shares: settle::Shares,
+        who: settle::Attribution,
     ) -> Result<Closed, LedgerError> {
         let (tx, rx) = oneshot::channel();
         self.jobs
-            .send(settle::Job::close(request_id, usage, shares, Some(tx)))
+            .send(settle::Job::close(request_id, usage, who, Some(tx)))
             .map_err(|_| LedgerError::Closed)?;
         rx.await.map_err(|_| LedgerError::Closed)?
     }
@@ -207,9 +207,9 @@ impl Ledger {
         request_id: &str,
         tokens: Tokens,
         outcome: Outcome,
-        shares: settle::Shares,
+        who: settle::Attribution,
     ) {
-        let job = settle::Job::close(request_id, Some((tokens, outcome)), shares, None);
+        let job = settle::Job::close(request_id, Some((tokens, outcome)), who, None);
         if self.jobs.send(job).is_err() {
             tracing::error!(request_id, "ledger closed: settlement left to recovery");
         }
@@ -237,7 +237,7 @@ impl Ledger {
             request_id: h.request_id.to_string(),
             usage: Some((tokens, Outcome::Finished)),
             charge: Some(charge),
-            shares: Vec::new(),
+            who: settle::Attribution::default(),
         };
         self.jobs
             .send(settle::Job::Close(Box::new(item), None))
@@ -248,7 +248,12 @@ impl Ledger {
     pub fn release_later(&self, request_id: &str) {
         if self
             .jobs
-            .send(settle::Job::close(request_id, None, Vec::new(), None))
+            .send(settle::Job::close(
+                request_id,
+                None,
+                Default::default(),
+                None,
+            ))
             .is_err()
         {
             tracing::error!(request_id, "ledger closed: release left to recovery");

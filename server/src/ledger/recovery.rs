@@ -89,7 +89,7 @@ pub async fn recover_dead(db: &Db, stale_after: Duration) -> Result<Recovered, L
             request_id: r.try_get("request_id")?,
             usage,
             charge: None,
-            shares: Vec::new(),
+            who: Default::default(),
         });
     }
     let mut done = Recovered::default();

@@ -43,8 +43,19 @@ pub struct Item {
     pub request_id: String,
     pub usage: Option<(Tokens, Outcome)>,
     pub charge: Option<Charge>,
+    /// Who did the work: the providers sharing its pay, the executors.
+    pub who: Attribution,
+}
+
+/// Who did a request's work, when it is not only the hold's provider on
+/// the executors the hold names (the fleet's relays know).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Attribution {
     /// Who shares the provider's part of the cost (see `Shares`).
     pub shares: Shares,
+    /// The executors that ran its prefill and decode, for its usage
+    /// record (`None`: those named on the hold).
+    pub stages: Option<super::money::Stages>,
 }
 
 /// The providers whose executors did a request's work, each with its
@@ -67,14 +78,14 @@ impl Job {
     pub fn close(
         request_id: &str,
         usage: Option<(Tokens, Outcome)>,
-        shares: Shares,
+        who: Attribution,
         reply: Option<Reply>,
     ) -> Self {
         let item = Item {
             request_id: request_id.to_string(),
             usage,
             charge: None,
-            shares,
+            who,
         };
         Self::Close(Box::new(item), reply)
     }
@@ -356,17 +367,21 @@ pub(super) async fn close_batch(db: &Db, items: &[Item]) -> Result<Vec<Closed>, 
         moves.release(h);
         results.insert(h.request_id.clone(), Closed::Released);
     }
-    let usage_of: HashMap<&str, (Tokens, Outcome, &Shares)> = items
+    let usage_of: HashMap<&str, (Tokens, Outcome, &Attribution)> = items
         .iter()
         .zip(&first)
         .filter_map(|(i, f)| {
             let (t, o) = i.usage.filter(|_| *f)?;
-            Some((i.request_id.as_str(), (t, o, &i.shares)))
+            Some((i.request_id.as_str(), (t, o, &i.who)))
         })
         .collect();
     let providers = provider_accounts(&mut tx, items).await?;
-    for h in settled {
-        let (t, outcome, shares) = usage_of[h.request_id.as_str()];
+    for mut h in settled {
+        let (t, outcome, who) = usage_of[h.request_id.as_str()];
+        if let Some(stages) = &who.stages {
+            h.quote.stages = stages.clone();
+        }
+        let shares = &who.shares;
         // Shares naming no provider account go to the hold's provider.
         let shares: Vec<(String, u64)> = shares
             .iter()
@@ -404,7 +419,7 @@ async fn provider_accounts(
 ) -> Result<HashSet<String>, sqlx::Error> {
     let mut named: Vec<&str> = items
         .iter()
-        .flat_map(|i| i.shares.iter().map(|(p, _)| p.as_str()))
+        .flat_map(|i| i.who.shares.iter().map(|(p, _)| p.as_str()))
         .filter(|p| !p.is_empty())
         .collect();
     named.sort_unstable();

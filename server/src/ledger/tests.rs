@@ -366,7 +366,11 @@ async fn settle_one(l: &Ledger, rng: &mut StdRng, expect: &mut Expect, o: &Open,
     let got = if rng.random_bool(0.5) {
         l.settle(&o.id, t, outcome).await
     } else {
-        l.settle_shared(&o.id, t, outcome, shares).await
+        let who = settle::Attribution {
+            shares,
+            stages: None,
+        };
+        l.settle_shared(&o.id, t, outcome, who).await
     }
     .expect("settle");
     assert_eq!(got, Closed::Billed { cost: want });
@@ -726,7 +730,7 @@ async fn a_charge_over_the_key_budget_at_commit_is_not_billed_and_leaves_nothing
                 request_id: format!("kb-{}-{i}", l.instance()),
                 usage: Some((t, Outcome::Finished)),
                 charge: Some(charge),
-                shares: Vec::new(),
+                who: Default::default(),
             };
             l.jobs
                 .send(settle::Job::Close(Box::new(item), None))

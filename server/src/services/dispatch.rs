@@ -116,15 +116,16 @@ impl std::fmt::Debug for Dispatch {
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Target {
     House,
-    /// A worker and the provider account it earns for.
-    Worker(String, String),
+    /// A worker, the provider account it earns for, and how usage
+    /// records name it (`name@provider`).
+    Worker(String, String, String),
 }
 
 impl Target {
     fn key(&self) -> &str {
         match self {
             Self::House => HOUSE,
-            Self::Worker(id, _) => id,
+            Self::Worker(id, ..) => id,
         }
     }
 
@@ -132,7 +133,7 @@ impl Target {
     fn provider(&self) -> &str {
         match self {
             Self::House => "",
-            Self::Worker(_, p) => p,
+            Self::Worker(_, p, _) => p,
         }
     }
 }
@@ -256,7 +257,7 @@ impl Dispatch {
             if !fresh.is_empty() {
                 let w =
                     fresh[turn.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % fresh.len()];
-                return Target::Worker(w.id.clone(), w.provider_id.clone());
+                return worker_target(w);
             }
         }
         let measures = self.measures.lock().unwrap_or_else(|e| e.into_inner());
@@ -268,7 +269,7 @@ impl Dispatch {
         for w in workers.iter().filter(|w| !tried.contains(&w.id)) {
             let t = wait(&w.id);
             if t < best.1 {
-                best = (Target::Worker(w.id.clone(), w.provider_id.clone()), t);
+                best = (worker_target(w), t);
             }
         }
         best.0
@@ -328,15 +329,19 @@ impl Relay {
             self.dispatch.measure(&key, |m| m.outstanding += 1);
             let outcome = match &target {
                 Target::House => self.on_house().await,
-                Target::Worker(id, _) => self.on_worker(id, attempt).await,
+                Target::Worker(id, ..) => self.on_worker(id, attempt).await,
             };
             self.dispatch
                 .measure(&key, |m| m.outstanding = m.outstanding.saturating_sub(1));
             let tokens = self.delivered.len() - before;
             if let Some(c) = &self.credits {
-                c.add(target.provider(), tokens as u64);
+                let executor = match &target {
+                    Target::House => self.house.info().executor.clone(),
+                    Target::Worker(_, _, label) => label.clone(),
+                };
+                c.attempt(&executor, target.provider(), tokens as u64);
             }
-            if let Target::Worker(id, _) = &target {
+            if let Target::Worker(id, ..) = &target {
                 let lost = matches!(outcome, Attempt::Lost(_));
                 self.dispatch.fleet.record(id, tokens, lost);
             }
@@ -521,6 +526,14 @@ impl Relay {
             }
         }
     }
+}
+
+fn worker_target(w: &crate::fleet::registry::WorkerInfo) -> Target {
+    Target::Worker(
+        w.id.clone(),
+        w.provider_id.clone(),
+        format!("{}@{}", w.name, w.provider_id),
+    )
 }
 
 async fn cancel(fleet: &Registry, worker: &str, job: u64) {

@@ -88,22 +88,49 @@ pub struct Tab {
     credits: Credits,
 }
 
-/// Providers and the tokens their executors delivered for one request
-/// (`""` is the house engine), shared with the request's relays.
+/// Who ran one request's attempts, shared with its relays: the providers
+/// and the tokens their executors delivered (`""` is the house engine),
+/// the executor that ran the first prefill, and those that decoded.
 #[derive(Debug, Clone, Default)]
-pub struct Credits(std::sync::Arc<std::sync::Mutex<crate::ledger::settle::Shares>>);
+pub struct Credits(std::sync::Arc<std::sync::Mutex<Attempts>>);
+
+#[derive(Debug, Default)]
+struct Attempts {
+    shares: crate::ledger::settle::Shares,
+    prefill: Option<String>,
+    decode: Vec<String>,
+}
 
 impl Credits {
-    /// `provider` (`""`: the house) delivered `tokens` more.
-    pub fn add(&self, provider: &str, tokens: u64) {
+    /// An attempt on `executor` of `provider` (`""`: the house) ended
+    /// having delivered `tokens`.
+    pub fn attempt(&self, executor: &str, provider: &str, tokens: u64) {
+        let mut a = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        a.prefill.get_or_insert_with(|| executor.to_string());
         if tokens > 0 {
-            let mut s = self.0.lock().unwrap_or_else(|e| e.into_inner());
-            s.push((provider.to_string(), tokens));
+            a.shares.push((provider.to_string(), tokens));
+            if !a.decode.iter().any(|d| d == executor) {
+                a.decode.push(executor.to_string());
+            }
         }
     }
 
-    fn take(&self) -> crate::ledger::settle::Shares {
-        std::mem::take(&mut *self.0.lock().unwrap_or_else(|e| e.into_inner()))
+    /// What settlement needs (nothing when no relay ran: the hold's own
+    /// provider and executors stand).
+    fn take(&self) -> crate::ledger::settle::Attribution {
+        let a = std::mem::take(&mut *self.0.lock().unwrap_or_else(|e| e.into_inner()));
+        let stages = a.prefill.map(|prefill| Stages {
+            decode: if a.decode.is_empty() {
+                prefill.clone()
+            } else {
+                a.decode.join(",")
+            },
+            prefill,
+        });
+        crate::ledger::settle::Attribution {
+            shares: a.shares,
+            stages,
+        }
     }
 }
 
@@ -276,10 +303,10 @@ impl Tab {
     pub async fn settle(mut self) -> Result<Closed, ServiceError> {
         self.closed = true;
         let (t, outcome) = self.usage();
-        let shares = self.credits.take();
+        let who = self.credits.take();
         Ok(self
             .ledger
-            .settle_shared(&self.request_id, t, outcome, shares)
+            .settle_shared(&self.request_id, t, outcome, who)
             .await?)
     }
 
@@ -296,9 +323,8 @@ impl Drop for Tab {
         }
         if self.started {
             let (t, outcome) = self.usage();
-            let shares = self.credits.take();
-            self.ledger
-                .settle_later(&self.request_id, t, outcome, shares);
+            let who = self.credits.take();
+            self.ledger.settle_later(&self.request_id, t, outcome, who);
         } else {
             self.ledger.release_later(&self.request_id);
         }
