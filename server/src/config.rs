@@ -226,6 +226,11 @@ pub struct ServeArgs {
     #[arg(long, env = "SYNOR_PLACEMENT", default_value = "measured", value_parser = ["measured", "round-robin"])]
     pub placement: String,
 
+    /// Seconds a worker may run a job without sending anything before the
+    /// job is taken from it and replayed elsewhere.
+    #[arg(long, env = "SYNOR_FLEET_PROGRESS_TIMEOUT", default_value_t = 30.0)]
+    pub fleet_progress_timeout: f64,
+
     /// Open single-user mode: no API key needed (loopback addresses only;
     /// `make run` uses it).
     #[arg(long, env = "SYNOR_OPEN")]
@@ -329,6 +334,11 @@ pub struct WorkerArgs {
     /// milliseconds before sending it, as a slower device would.
     #[arg(long, hide = true, default_value_t = 0)]
     pub debug_token_delay_ms: u64,
+
+    /// Testing only: run this many assignments, then take the next ones
+    /// and never answer them (a hung device).
+    #[arg(long, hide = true)]
+    pub debug_stall_after: Option<u64>,
 
     #[command(flatten)]
     pub models: ModelArgs,

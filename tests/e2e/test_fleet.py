@@ -36,7 +36,7 @@ def free_port():
         return s.getsockname()[1]
 
 
-def start_worker(base, token, name="w1"):
+def start_worker(base, token, name="w1", *extra):
     binary = os.environ.get("SYNOR_BIN", os.path.join(ROOT, "target", "debug", "synor"))
     env = dict(os.environ)
     env.setdefault("SYNOR_MODELS_DIR", os.path.join(ROOT, "models"))
@@ -44,7 +44,8 @@ def start_worker(base, token, name="w1"):
     ws = base.replace("http://", "ws://")
     return subprocess.Popen(
         [binary, "worker", "--server", ws, "--token", token, "--name", name,
-         "--model", TINY, "--embedding-model", "none", "--threads", "1", "--region", "eu-north"],
+         "--model", TINY, "--embedding-model", "none", "--threads", "1", "--region", "eu-north",
+         *extra],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
 
 
@@ -335,4 +336,27 @@ def test_a_worker_killed_mid_stream_costs_the_client_nothing():
         for p in procs.values():
             if p.poll() is None:
                 stop(p)
+        srv["gen"].close()
+
+
+def test_a_worker_that_stops_answering_loses_its_jobs_and_its_share():
+    # The challenge is 7 assignments; after them this worker hangs.
+    srv = open_server("--fleet-progress-timeout", "1")
+    base = srv["base"]
+    procs = []
+    try:
+        want = complete(base, "Once upon a time", 30).choices[0].text
+        created = provider_token(base)
+        procs = [start_worker(base, created["token"], name="good"),
+                 start_worker(base, created["token"], "hung", "--debug-stall-after", "7")]
+        workers_up(base, procs, 2)
+        for _ in range(4):
+            assert complete(base, "Once upon a time", 30).choices[0].text == want
+        hung = next(w for w in fleet(base) if w["name"] == "hung")
+        assert hung["jobs_lost"] >= 1 and hung["tokens_delivered"] == 0, hung
+        good = next(w for w in fleet(base) if w["name"] == "good")
+        assert good["tokens_delivered"] >= 4 * 30, good
+    finally:
+        for p in procs:
+            stop(p)
         srv["gen"].close()

@@ -39,7 +39,8 @@ use crate::services::metering::Credits;
 
 /// Attempts of one choice before it fails.
 pub const MAX_ATTEMPTS: u32 = 3;
-/// How long an attempt may go without an event before it counts as lost.
+/// How long an attempt may go without an event before it counts as lost
+/// (`--fleet-progress-timeout`).
 const PROGRESS: Duration = Duration::from_secs(30);
 /// How long a cancelled attempt has to confirm before the relay ends it.
 const CANCEL_WAIT: Duration = Duration::from_secs(5);
@@ -104,6 +105,8 @@ pub struct Dispatch {
     house_factor: f64,
     /// `--placement round-robin`: workers in turn (comparisons only).
     round_robin: Option<std::sync::atomic::AtomicUsize>,
+    /// How long an attempt may go without an event.
+    progress: Duration,
 }
 
 impl std::fmt::Debug for Dispatch {
@@ -145,7 +148,14 @@ impl Dispatch {
             measures: Mutex::default(),
             house_factor: 1.0,
             round_robin: None,
+            progress: PROGRESS,
         }
+    }
+
+    /// Takes a job from a worker silent for `d`.
+    pub fn with_progress_timeout(mut self, d: Duration) -> Self {
+        self.progress = d;
+        self
     }
 
     /// Places choices on the workers in turn instead of by measure.
@@ -496,7 +506,7 @@ impl Relay {
         loop {
             let patience = match cancelled {
                 Some(at) => CANCEL_WAIT.saturating_sub(at.elapsed()),
-                None => PROGRESS,
+                None => self.dispatch.progress,
             };
             tokio::select! {
                 ev = tokio::time::timeout(patience, jrx.recv()) => match ev {
@@ -509,7 +519,8 @@ impl Relay {
                     Ok(None) if cancelled.is_none() => return Attempt::Lost("the worker is gone".into()),
                     Err(_) if cancelled.is_none() => {
                         cancel(&fleet, worker, self.job).await;
-                        return Attempt::Lost(format!("no progress for {} s", PROGRESS.as_secs()));
+                        let s = self.dispatch.progress.as_secs_f64();
+                        return Attempt::Lost(format!("no progress for {s} s"));
                     }
                     // Cancelled and the worker went quiet or away: end here.
                     Ok(Some(JobEvent::Lost(_)) | None) | Err(_) => {

@@ -30,6 +30,8 @@ pub struct Assignment {
 #[derive(Default)]
 pub struct Running {
     jobs: Mutex<HashMap<u64, (EngineHandle, RequestId)>>,
+    /// Assignments taken so far.
+    started: std::sync::atomic::AtomicU64,
 }
 
 impl std::fmt::Debug for Running {
@@ -54,8 +56,15 @@ impl Running {
         a: Assignment,
         out: &mpsc::Sender<String>,
         delay: std::time::Duration,
+        stall_after: Option<u64>,
     ) {
         let (job, attempt) = (a.job, a.attempt);
+        let n = self
+            .started
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        if stall_after.is_some_and(|s| n >= s) {
+            return; // `--debug-stall-after`: a hung device never answers
+        }
         let failed = |message: String| {
             encode(&FromWorker::Failed {
                 v: VERSION,

@@ -70,6 +70,7 @@ pub async fn run(args: WorkerArgs) -> anyhow::Result<()> {
             &models,
             &mut stop,
             token_delay,
+            args.debug_stall_after,
         )
         .await?
         {
@@ -193,6 +194,7 @@ async fn connect_once(
     models: &ModelRegistry,
     stop: &mut watch::Receiver<bool>,
     delay_ms: u64,
+    stall_after: Option<u64>,
 ) -> anyhow::Result<Ended> {
     let mut request = url.into_client_request().context("the --server address")?;
     let auth = format!("Bearer {token}")
@@ -265,7 +267,7 @@ async fn connect_once(
                             let refused = FromWorker::Failed { v: VERSION, job, attempt, message: "this worker is draining".into() };
                             let _ = out.send(serde_json::to_string(&refused).unwrap_or_default()).await;
                         } else {
-                            running.start(models, a, &out, token_delay).await;
+                            running.start(models, a, &out, token_delay, stall_after).await;
                         }
                     }
                     Ok(ToWorker::Cancel { job, .. }) => running.cancel(job),
