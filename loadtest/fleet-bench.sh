@@ -16,7 +16,8 @@
 # `placement` instead compares placement by measure against round-robin
 # on a fleet of unequal speed: two one-thread workers, one of them made
 # slower (--debug-token-delay-ms 40, which calibration must see), under
-# Poisson load at the given rates, by goodput (TTFT <= 2 s, TPOT <= 35 ms).
+# Poisson load at the given rates, by goodput (TTFT <= 2 s, TPOT <= 35 ms),
+# with a decode step target of 30 ms for the batch caps.
 #
 # Usage: loadtest/fleet-bench.sh [serving] [CONCURRENCY...]   (default: 1 16)
 #        loadtest/fleet-bench.sh placement [RATE...]          (default: 2 4 8)
@@ -47,7 +48,7 @@ BASE="http://127.0.0.1:$port"
 start_server() {
     RUST_LOG=warn "$SYNOR" serve --open --bind "127.0.0.1:$port" --admin-token "$ADMIN" \
         --embedding-model none --database-url "sqlite://$WORK/synor.db" \
-        --placement-house-factor "$1" --placement "${2:-measured}" >"$WORK/server.log" 2>&1 &
+        --placement-house-factor "$1" --placement "${2:-measured}" "${@:3}" >"$WORK/server.log" 2>&1 &
     SERVER=$!
     PIDS+=("$SERVER")
     for _ in $(seq 1 600); do
@@ -100,7 +101,7 @@ echo "machine: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(n
 
 if [ "$MODE" = placement ]; then
     for placement in measured round-robin; do
-        start_server 1000 "$placement"
+        start_server 1000 "$placement" --fleet-step-target-ms 30
         TOKEN=$(admin -X POST "$BASE/admin/providers" -d '{"name":"bench"}' | python3 -c 'import json,sys; print(json.load(sys.stdin)["token"])')
         start_worker fast 1 0
         start_worker slow 1 1 --debug-token-delay-ms 40

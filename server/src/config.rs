@@ -231,6 +231,13 @@ pub struct ServeArgs {
     #[arg(long, env = "SYNOR_FLEET_PROGRESS_TIMEOUT", default_value_t = 30.0)]
     pub fleet_progress_timeout: f64,
 
+    /// The decode step (ms) a choice should see: each executor takes at
+    /// most as many choices at once as keep its step under it (from its
+    /// calibration, shrunk x0.7 when a step misses it, grown when well
+    /// under); when every executor is full, the fastest takes it anyway.
+    #[arg(long, env = "SYNOR_FLEET_STEP_TARGET_MS", default_value_t = 100.0)]
+    pub fleet_step_target_ms: f64,
+
     /// Open single-user mode: no API key needed (loopback addresses only;
     /// `make run` uses it).
     #[arg(long, env = "SYNOR_OPEN")]

@@ -121,7 +121,8 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         crate::services::dispatch::Dispatch::new(state.fleet.clone())
             .with_house_factor(args.placement_house_factor)
             .round_robin(args.placement == "round-robin")
-            .with_progress_timeout(seconds(args.fleet_progress_timeout, 0.1, 3600.0)),
+            .with_progress_timeout(seconds(args.fleet_progress_timeout, 0.1, 3600.0))
+            .with_step_target(args.fleet_step_target_ms),
     );
     tokio::spawn(crate::services::calibration::run(
         state.fleet.clone(),

@@ -44,6 +44,11 @@ pub const MAX_ATTEMPTS: u32 = 3;
 const PROGRESS: Duration = Duration::from_secs(30);
 /// How long a cancelled attempt has to confirm before the relay ends it.
 const CANCEL_WAIT: Duration = Duration::from_secs(5);
+/// The largest batch cap.
+const MAX_CAP: u32 = 1024;
+/// The default decode step target (`--fleet-step-target-ms`).
+const STEP_TARGET_MS: f64 = 100.0;
+
 /// The house engine's key in the per-executor measures.
 const HOUSE: &str = "house";
 
@@ -59,6 +64,11 @@ struct Measure {
     /// Observed token gaps over the profile's prediction (moving average;
     /// doubled when it loses a job).
     correction: f64,
+    /// The most choices it takes at once so a decode step stays under the
+    /// step target: from the profile, shrunk x0.7 when an observed gap
+    /// misses the target, grown by one when at the cap and well under it
+    /// (0: no cap yet).
+    cap: u32,
 }
 
 impl Default for Measure {
@@ -68,6 +78,7 @@ impl Default for Measure {
             ms_per_token: 20.0,
             profile: None,
             correction: 1.0,
+            cap: 0,
         }
     }
 }
@@ -85,6 +96,23 @@ impl Measure {
             None => f64::from(batch) * self.ms_per_token * max_tokens as f64,
         };
         raw * self.correction
+    }
+
+    /// Whether it runs as many choices as its cap allows.
+    fn full(&self) -> bool {
+        self.cap > 0 && self.outstanding >= self.cap
+    }
+
+    /// Adjusts the cap to one observed gap against the step target.
+    fn adapt(&mut self, gap_ms: f64, target_ms: f64) {
+        if self.cap == 0 {
+            return;
+        }
+        if gap_ms > target_ms {
+            self.cap = ((f64::from(self.cap) * 0.7) as u32).max(1);
+        } else if gap_ms < 0.5 * target_ms && self.outstanding >= self.cap {
+            self.cap = (self.cap + 1).min(MAX_CAP);
+        }
     }
 
     /// Learns from one observed token gap.
@@ -107,6 +135,8 @@ pub struct Dispatch {
     round_robin: Option<std::sync::atomic::AtomicUsize>,
     /// How long an attempt may go without an event.
     progress: Duration,
+    /// The decode step a choice should see, in ms (the batch caps).
+    step_target_ms: f64,
 }
 
 impl std::fmt::Debug for Dispatch {
@@ -149,7 +179,16 @@ impl Dispatch {
             house_factor: 1.0,
             round_robin: None,
             progress: PROGRESS,
+            step_target_ms: STEP_TARGET_MS,
         }
+    }
+
+    /// Caps each executor's batch so its decode step stays under `ms`.
+    pub fn with_step_target(mut self, ms: f64) -> Self {
+        if ms.is_finite() && ms > 0.0 {
+            self.step_target_ms = ms;
+        }
+        self
     }
 
     /// Takes a job from a worker silent for `d`.
@@ -253,9 +292,14 @@ impl Dispatch {
     /// Records an executor's calibrated profile (`house` for this
     /// process's engine); a recalibration resets the correction.
     pub fn set_profile(&self, key: &str, p: Profile) {
+        let target = self.step_target_ms;
         self.measure(key, |m| {
             m.profile = Some(p);
             m.correction = 1.0;
+            m.cap = (1..=MAX_CAP)
+                .take_while(|&b| p.step_ms(b) <= target)
+                .last()
+                .unwrap_or(1);
         });
     }
 
@@ -275,14 +319,20 @@ impl Dispatch {
             let m = measures.get(key).copied().unwrap_or_default();
             m.expected_ms(prompt, max_tokens)
         };
-        let mut best = (Target::House, wait(HOUSE) * self.house_factor);
+        let full = |key: &str| measures.get(key).is_some_and(Measure::full);
+        // Executors under their cap first; when every one is full, the one
+        // expected to finish first all the same.
+        let mut best = (
+            (full(HOUSE), wait(HOUSE) * self.house_factor),
+            Target::House,
+        );
         for w in workers.iter().filter(|w| !tried.contains(&w.id)) {
-            let t = wait(&w.id);
-            if t < best.1 {
-                best = (worker_target(w), t);
+            let score = (full(&w.id), wait(&w.id));
+            if score < best.0 {
+                best = (score, worker_target(w));
             }
         }
-        best.0
+        best.1
     }
 
     fn measure(&self, key: &str, f: impl FnOnce(&mut Measure)) {
@@ -427,7 +477,11 @@ impl Relay {
                 }
                 if let Some(prev) = last.replace(Instant::now()) {
                     let ms = prev.elapsed().as_secs_f64() * 1e3;
-                    self.dispatch.measure(key, |m| m.observe(ms));
+                    let target = self.dispatch.step_target_ms;
+                    self.dispatch.measure(key, |m| {
+                        m.observe(ms);
+                        m.adapt(ms, target);
+                    });
                 }
                 self.delivered.push(id);
                 if !self.accepted {
@@ -643,6 +697,44 @@ mod tests {
         for _ in 0..200 {
             d.measure(&fast, |m| m.observe(5.0));
         }
+        assert_eq!(key(d.place("m", &[], 10, 100)), fast);
+    }
+
+    #[test]
+    fn a_full_executor_is_passed_over_and_its_cap_follows_the_observed_steps() {
+        let fleet = Arc::new(Registry::default());
+        let d = Dispatch::new(fleet.clone())
+            .with_house_factor(1000.0)
+            .with_step_target(20.0);
+        let (fast, slow) = (worker(&fleet, "fast"), worker(&fleet, "slow"));
+        for (id, p) in [(&fast, profile(5.0, 8.0)), (&slow, profile(40.0, 45.0))] {
+            fleet.set_profile(id, p);
+            d.set_profile(id, p);
+        }
+        let cap = |id: &str| d.measures.lock().expect("measures")[id].cap;
+        // 5 ms + 1 ms per extra sequence stays under 20 ms up to 16.
+        assert_eq!(cap(&fast), 16);
+        let key = |t: Target| t.key().to_string();
+        d.measure(&fast, |m| m.outstanding = 15);
+        assert_eq!(key(d.place("m", &[], 10, 100)), fast);
+        d.measure(&fast, |m| m.outstanding = 16);
+        assert_eq!(key(d.place("m", &[], 10, 100)), slow, "fast is full");
+        // A step that misses the target shrinks the cap x0.7.
+        d.measure(&fast, |m| m.adapt(30.0, 20.0));
+        assert_eq!(cap(&fast), 11);
+        // Well under the target while full: it grows again.
+        d.measure(&fast, |m| {
+            m.outstanding = 11;
+            m.adapt(5.0, 20.0);
+        });
+        assert_eq!(cap(&fast), 12);
+        // Both workers full: the house, with room, takes it.
+        d.measure(&slow, |m| m.outstanding = 1_000);
+        d.measure(&fast, |m| m.outstanding = 1_000);
+        assert_eq!(d.place("m", &[], 10, 100), Target::House);
+        // Everyone full: the fastest all the same.
+        d.set_profile(HOUSE, profile(500.0, 500.0));
+        d.measure(HOUSE, |m| m.outstanding = 1_000);
         assert_eq!(key(d.place("m", &[], 10, 100)), fast);
     }
 
