@@ -234,7 +234,7 @@ pub struct ServeArgs {
     /// The decode step (ms) a choice should see: each executor takes at
     /// most as many choices at once as keep its step under it (from its
     /// calibration, shrunk x0.7 when a step misses it, grown when well
-    /// under); when every executor is full, the fastest takes it anyway.
+    /// under); a full executor counts four times slower in placement.
     #[arg(long, env = "SYNOR_FLEET_STEP_TARGET_MS", default_value_t = 100.0)]
     pub fleet_step_target_ms: f64,
 

@@ -46,6 +46,8 @@ const PROGRESS: Duration = Duration::from_secs(30);
 const CANCEL_WAIT: Duration = Duration::from_secs(5);
 /// The largest batch cap.
 const MAX_CAP: u32 = 1024;
+/// How much slower a full executor counts in placement.
+const FULL_PENALTY: f64 = 4.0;
 /// The default decode step target (`--fleet-step-target-ms`).
 const STEP_TARGET_MS: f64 = 100.0;
 
@@ -319,17 +321,18 @@ impl Dispatch {
             let m = measures.get(key).copied().unwrap_or_default();
             m.expected_ms(prompt, max_tokens)
         };
-        let full = |key: &str| measures.get(key).is_some_and(Measure::full);
-        // Executors under their cap first; when every one is full, the one
-        // expected to finish first all the same.
-        let mut best = (
-            (full(HOUSE), wait(HOUSE) * self.house_factor),
-            Target::House,
-        );
+        // A full executor counts `FULL_PENALTY` times slower: others with
+        // room go first, unless they are that much slower themselves (the
+        // house weighed by its factor stays the fallback).
+        let score = |key: &str, factor: f64| {
+            let full = measures.get(key).is_some_and(Measure::full);
+            wait(key) * factor * if full { FULL_PENALTY } else { 1.0 }
+        };
+        let mut best = (score(HOUSE, self.house_factor), Target::House);
         for w in workers.iter().filter(|w| !tried.contains(&w.id)) {
-            let score = (full(&w.id), wait(&w.id));
-            if score < best.0 {
-                best = (score, worker_target(w));
+            let t = score(&w.id, 1.0);
+            if t < best.0 {
+                best = (t, worker_target(w));
             }
         }
         best.1
@@ -728,13 +731,10 @@ mod tests {
             m.adapt(5.0, 20.0);
         });
         assert_eq!(cap(&fast), 12);
-        // Both workers full: the house, with room, takes it.
+        // Everyone full: the fastest all the same (the house, weighed by
+        // its factor, stays the fallback).
         d.measure(&slow, |m| m.outstanding = 1_000);
         d.measure(&fast, |m| m.outstanding = 1_000);
-        assert_eq!(d.place("m", &[], 10, 100), Target::House);
-        // Everyone full: the fastest all the same.
-        d.set_profile(HOUSE, profile(500.0, 500.0));
-        d.measure(HOUSE, |m| m.outstanding = 1_000);
         assert_eq!(key(d.place("m", &[], 10, 100)), fast);
     }
 
