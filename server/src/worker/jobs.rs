@@ -50,7 +50,7 @@ impl Running {
     /// Starts `a` on this worker's engine for its model; a refusal goes
     /// back as `failed` (the server places it elsewhere).
     /// `delay` holds each token back (`--debug-token-delay-ms`).
-    pub async fn start(
+    pub fn start(
         self: &Arc<Self>,
         models: &ModelRegistry,
         a: Assignment,
@@ -76,7 +76,7 @@ impl Running {
         let engine = match models.text(&a.model) {
             Ok(e) => e,
             Err(e) => {
-                let _ = out.send(failed(e.to_string())).await;
+                send_later(out, failed(e.to_string()));
                 return;
             }
         };
@@ -87,7 +87,7 @@ impl Running {
         let mut raw = match engine.submit_raw(req, a.resume) {
             Ok(r) => r,
             Err(e) => {
-                let _ = out.send(failed(e.to_string())).await;
+                send_later(out, failed(e.to_string()));
                 return;
             }
         };
@@ -170,6 +170,16 @@ impl Running {
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, (EngineHandle, RequestId)>> {
         self.jobs.lock().unwrap_or_else(|e| e.into_inner())
     }
+}
+
+/// Queues `msg` for the server from a task of its own: the connection
+/// loop that drains the queue may be the caller, so it must not wait on
+/// a full queue here.
+pub fn send_later(out: &mpsc::Sender<String>, msg: String) {
+    let out = out.clone();
+    tokio::spawn(async move {
+        let _ = out.send(msg).await;
+    });
 }
 
 /// The engine's parameters for a job (one choice, no stop strings).

@@ -265,9 +265,9 @@ async fn connect_once(
                         let a = jobs::Assignment { job, attempt, model, prompt, resume, params };
                         if draining {
                             let refused = FromWorker::Failed { v: VERSION, job, attempt, message: "this worker is draining".into() };
-                            let _ = out.send(serde_json::to_string(&refused).unwrap_or_default()).await;
+                            jobs::send_later(&out, serde_json::to_string(&refused).unwrap_or_default());
                         } else {
-                            running.start(models, a, &out, token_delay, stall_after).await;
+                            running.start(models, a, &out, token_delay, stall_after);
                         }
                     }
                     Ok(ToWorker::Cancel { job, .. }) => running.cancel(job),
