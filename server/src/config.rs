@@ -226,6 +226,17 @@ pub struct ServeArgs {
     #[arg(long, env = "SYNOR_PLACEMENT", default_value = "measured", value_parser = ["measured", "round-robin"])]
     pub placement: String,
 
+    /// How placement weighs each executor's price, expected time,
+    /// unloaded speed, provider reputation and load: `cost=0.3,latency=0.2,
+    /// capability=0.2,reputation=0.15,load=0.15` (the default; terms left
+    /// out weigh 0). `latency=1` places by expected finish time alone.
+    #[arg(
+        long,
+        env = "SYNOR_PLACEMENT_WEIGHTS",
+        default_value = "cost=0.3,latency=0.2,capability=0.2,reputation=0.15,load=0.15"
+    )]
+    pub placement_weights: crate::services::placement::Weights,
+
     /// Seconds a worker may run a job without sending anything before the
     /// job is taken from it and replayed elsewhere.
     #[arg(long, env = "SYNOR_FLEET_PROGRESS_TIMEOUT", default_value_t = 30.0)]
@@ -337,6 +348,28 @@ pub struct WorkerArgs {
     #[arg(long, env = "SYNOR_THREADS")]
     pub threads: Option<usize>,
 
+    /// What this worker's provider takes per million tokens, the protocol
+    /// fee not included: `output=0.40[,input=0.10][,cached=0.05]` (money
+    /// units; input defaults to the output price, cached to the input
+    /// price). One ask per served model; without it the worker takes the
+    /// house's price.
+    #[arg(long, env = "SYNOR_PRICE", value_parser = parse_price)]
+    pub price: Option<PriceArg>,
+
+    /// Generated tokens per second the ask offers (default: what the
+    /// server's calibration measures).
+    #[arg(long, env = "SYNOR_CAPACITY", default_value_t = 0)]
+    pub capacity: u64,
+
+    /// Unix seconds after which the ask lapses (default: it stands while
+    /// the worker is connected).
+    #[arg(long, env = "SYNOR_UNTIL", default_value_t = 0)]
+    pub until: i64,
+
+    /// Offer the capacity as preemptible.
+    #[arg(long, env = "SYNOR_PREEMPTIBLE")]
+    pub preemptible: bool,
+
     /// Testing and benchmarks only: hold each generated token this many
     /// milliseconds before sending it, as a slower device would.
     #[arg(long, hide = true, default_value_t = 0)]
@@ -356,6 +389,47 @@ pub struct WorkerArgs {
     /// Log format: `text` or `json`.
     #[arg(long, env = "SYNOR_LOG_FORMAT", default_value = "text", value_parser = ["text", "json"])]
     pub log_format: String,
+}
+
+/// A worker's `--price`: ticks per million tokens of each phase.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PriceArg {
+    pub input: i64,
+    pub cached_input: i64,
+    pub output: i64,
+}
+
+/// Parses `output=0.40,input=0.10,cached=0.05` (money units per million
+/// tokens).
+fn parse_price(s: &str) -> Result<PriceArg, String> {
+    use crate::ledger::money::parse_units;
+    let (mut input, mut cached, mut output) = (None, None, None);
+    for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let (k, v) = part
+            .split_once('=')
+            .ok_or_else(|| format!("`{part}`: expected phase=price"))?;
+        let ticks = parse_units(v.trim()).map_err(|e| format!("`{part}`: {e}"))?;
+        if ticks < 0 {
+            return Err(format!("`{part}`: a price is not negative"));
+        }
+        let slot = match k.trim() {
+            "input" => &mut input,
+            "cached" | "cached_input" => &mut cached,
+            "output" => &mut output,
+            other => return Err(format!("unknown phase `{other}` (input, cached, output)")),
+        };
+        *slot = Some(ticks);
+    }
+    let output = output.ok_or("the output price is required (output=...)")?;
+    if output == 0 {
+        return Err("the output price is positive".into());
+    }
+    let input = input.unwrap_or(output);
+    Ok(PriceArg {
+        input,
+        cached_input: cached.unwrap_or(input),
+        output,
+    })
 }
 
 /// Which models to load.

@@ -122,8 +122,19 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             .with_house_factor(args.placement_house_factor)
             .round_robin(args.placement == "round-robin")
             .with_progress_timeout(seconds(args.fleet_progress_timeout, 0.1, 3600.0))
-            .with_step_target(args.fleet_step_target_ms),
+            .with_step_target(args.fleet_step_target_ms)
+            .with_weights(args.placement_weights)
+            .with_billing(billing.clone()),
     );
+    tokio::spawn(crate::services::asks::run(
+        state.fleet.clone(),
+        billing.market.clone(),
+    ));
+    tokio::spawn(crate::services::standing::run(
+        billing.ledger.db.clone(),
+        state.fleet.clone(),
+        Some(billing.market.clone()),
+    ));
     tokio::spawn(crate::services::calibration::run(
         state.fleet.clone(),
         registry.clone(),

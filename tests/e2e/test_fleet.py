@@ -332,6 +332,10 @@ def test_a_worker_killed_mid_stream_costs_the_client_nothing():
         for r in (r for r in billed if r["prefill_by"] != "cpu"):
             assert r["prefill_by"] in (f"a@{provider}", f"b@{provider}"), r
             assert sorted(r["decode_by"].split(",")) == [f"a@{provider}", f"b@{provider}"], r
+        # The dead workers' reputation pays: four lost attempts against four
+        # delivered put their provider under 1.0x (it starts there).
+        ensure_two()
+        assert all(w["reputation_bps"] < 10_000 for w in fleet(base)), [(w["name"], w["reputation_bps"], w["jobs_lost"], w["tokens_delivered"]) for w in fleet(base)]
     finally:
         for p in procs.values():
             if p.poll() is None:
@@ -347,15 +351,97 @@ def test_a_worker_that_stops_answering_loses_its_jobs_and_its_share():
     try:
         want = complete(base, "Once upon a time", 30).choices[0].text
         created = provider_token(base)
-        procs = [start_worker(base, created["token"], name="good"),
-                 start_worker(base, created["token"], "hung", "--debug-stall-after", "7")]
+        # Alone, the hung worker gets the next request and loses it: the
+        # client still gets the text (replayed on the house engine).
+        procs = [start_worker(base, created["token"], "hung", "--debug-stall-after", "7")]
+        workers_up(base, procs, 1)
+        assert complete(base, "Once upon a time", 30).choices[0].text == want
+        hung = next(w for w in fleet(base) if w["name"] == "hung")
+        assert hung["jobs_lost"] >= 1 and hung["tokens_delivered"] == 0, hung
+        # With a working peer, the work goes where it is done.
+        procs.append(start_worker(base, created["token"], name="good"))
         workers_up(base, procs, 2)
         for _ in range(4):
             assert complete(base, "Once upon a time", 30).choices[0].text == want
-        hung = next(w for w in fleet(base) if w["name"] == "hung")
-        assert hung["jobs_lost"] >= 1 and hung["tokens_delivered"] == 0, hung
         good = next(w for w in fleet(base) if w["name"] == "good")
         assert good["tokens_delivered"] >= 4 * 30, good
+    finally:
+        for p in procs:
+            stop(p)
+        srv["gen"].close()
+
+
+def units(ticks):
+    """Ticks (1e-10 of a unit) as a decimal string of units."""
+    return f"{ticks // 10**10}.{ticks % 10**10:010d}"
+
+
+def gross(net, fee_bps):
+    return net + (net * fee_bps + 9_999) // 10_000
+
+
+def test_the_cheaper_worker_gets_the_work_and_each_provider_earns_its_own_price():
+    srv = open_server()
+    base = srv["base"]
+    procs = []
+    try:
+        status, prices = call(base, "GET", "/v1/market/prices")
+        assert status == 200, prices
+        house = next(m for m in prices["data"] if m["model"] == "tiny")
+        fee = house["fee_bps"]
+        # Both within the market's band of the house's posted price; one at
+        # half the other. A third asks 100x: the market refuses to list it.
+        out = house["prices"]["output"]
+        cheap_net, dear_net = out // 2, out
+        cheap, dear, greedy = (provider_token(base, n) for n in ("cheap", "dear", "greedy"))
+        procs = [start_worker(base, cheap["token"], "c", "--price", f"output={units(cheap_net)}"),
+                 start_worker(base, dear["token"], "d", "--price", f"output={units(dear_net)}"),
+                 start_worker(base, greedy["token"], "g", "--price", f"output={units(out * 100)}")]
+        workers_up(base, procs, 3)
+        by_name = {w["name"]: w for w in fleet(base)}
+        assert by_name["c"]["asks"][0]["output"] == cheap_net, by_name["c"]
+        # Sequential requests: the cheap worker, equally fast, gets them.
+        for _ in range(5):
+            complete(base, "The river", 20)
+        by_name = {w["name"]: w for w in fleet(base)}
+        assert by_name["c"]["tokens_delivered"] >= 5 * 20, {
+            n: (w["tokens_delivered"], w["profile"]) for n, w in by_name.items()}
+        assert by_name["d"]["tokens_delivered"] <= 20, by_name
+        # Each request is billed at the price of the executor it ran on:
+        # the cheap worker's ask with the fee added.
+        status, usage = call(base, "GET", "/v1/usage")
+        assert status == 200, usage
+        mine = [r for r in usage["data"] if r["provider_id"] == cheap["account_id"]]
+        assert len(mine) >= 4, usage["data"]
+        g = gross(cheap_net, fee)
+        for r in mine:
+            tokens = r["prompt_tokens"] + r["completion_tokens"]
+            assert r["cost"] == -(-tokens * g // 1_000_000), (r, g)
+            assert r["provider_amount"] + r["fee"] == r["cost"], r
+            # Its ask less the fee, times its payout multiplier (1.0-1.2x
+            # for a new provider with full uptime).
+            net = r["cost"] - -(-r["cost"] * fee // (10_000 + fee))
+            assert net <= r["provider_amount"] <= net * 1.25 + 1, (r, net)
+        # Each provider is paid exactly its usage records' amounts.
+        def balance(p):
+            return call(base, "GET", f"/admin/accounts/{p['account_id']}")[1]["balance"]
+        wait_for(lambda: balance(cheap) > 0, timeout=10, what="the cheap provider to be paid")
+        status, everything = call(base, "GET", "/v1/usage?limit=500")
+        paid = sum(r["provider_amount"] for r in everything["data"]
+                   if r["provider_id"] == cheap["account_id"])
+        assert balance(cheap) == paid, (balance(cheap), paid)
+        # The book lists the listable asks at their gross prices; the
+        # greedy one was refused and dropped: that worker takes the house's.
+        def book():
+            spot = call(base, "GET", "/v1/market/book?instrument=tiny")[1]
+            return {lvl["price"] for lvl in spot["asks"]}
+        wait_for(lambda: {gross(cheap_net, fee), gross(dear_net, fee)} <= book(), timeout=20,
+                 what="the workers' asks in the book")
+        wait_for(lambda: [w["asks"] for w in fleet(base) if w["name"] == "g"] == [[]], timeout=20,
+                 what="the greedy ask to be refused")
+        assert gross(out * 100, fee) not in book()
+        status, audit = call(base, "GET", "/admin/ledger/audit")
+        assert status == 200 and audit["violations"] == [], audit
     finally:
         for p in procs:
             stop(p)

@@ -6,11 +6,15 @@
 //!
 //! - `protocol`: the wire format (control messages, binary frames);
 //! - `session`: one worker's connection, from registration to its end;
-//! - `registry`: the connected workers, their devices, models and load.
+//! - `registry`: the connected workers, their devices, models, asks and
+//!   load;
+//! - `jobs`: the attempts running on workers, routed to their relays;
+//! - `standing`: each provider's reputation and uptime, measured.
 //!
-//! Calibration, placement and running work on workers come next.
+//! Calibration, placement and the market's use of asks are services.
 
 pub mod jobs;
 pub mod protocol;
 pub mod registry;
 pub mod session;
+pub mod standing;

@@ -58,6 +58,32 @@ impl ServedModel {
     }
 }
 
+/// A worker's standing offer for one model: what its provider takes per
+/// million tokens of each phase (ticks, the protocol fee not included:
+/// the market adds it), for how much capacity, until when, and whether
+/// the capacity may be preempted.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Ask {
+    pub model: String,
+    /// Per million prompt tokens computed (prefill).
+    pub input: i64,
+    /// Per million prompt tokens served from its prefix cache.
+    #[serde(default)]
+    pub cached_input: i64,
+    /// Per million generated tokens (decode).
+    pub output: i64,
+    /// Generated tokens per second it offers (0: what calibration
+    /// measured).
+    #[serde(default)]
+    pub capacity: u64,
+    /// Unix seconds after which the ask lapses (0: while connected).
+    #[serde(default)]
+    pub until: i64,
+    #[serde(default)]
+    pub preemptible: bool,
+}
+
 /// What a worker reports every second.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Load {
@@ -127,6 +153,9 @@ pub enum FromWorker {
         models: Vec<ServedModel>,
         threads: u32,
         region: String,
+        /// Its prices (none: it takes the house's).
+        #[serde(default)]
+        asks: Vec<Ask>,
     },
     /// Every second.
     Status { v: u8, load: Load },

@@ -10,7 +10,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use serde::Serialize;
 use tokio::sync::mpsc;
 
-use super::protocol::{Device, Load, ServedModel, ToWorker};
+use super::protocol::{Ask, Device, Load, ServedModel, ToWorker};
+use super::standing::Standing;
 
 /// What the server measured of a worker on its own challenge (never what
 /// the worker claims): prefill throughput and the decode step time at one
@@ -50,6 +51,12 @@ pub struct WorkerInfo {
     pub models: Vec<ServedModel>,
     pub threads: u32,
     pub region: String,
+    /// Its prices per model (none: it takes the house's).
+    pub asks: Vec<Ask>,
+    /// Its provider's measured standing (basis points): reputation
+    /// 0.5-2.0x and uptime.
+    pub reputation_bps: i64,
+    pub uptime_bps: i64,
     /// `calibrating` (measured before it gets work), `active`, or
     /// `draining` (no new work).
     pub state: String,
@@ -79,6 +86,7 @@ pub struct Registration {
     pub models: Vec<ServedModel>,
     pub threads: u32,
     pub region: String,
+    pub asks: Vec<Ask>,
 }
 
 struct Entry {
@@ -99,6 +107,8 @@ pub struct Registry {
     pub disconnects: AtomicU64,
     /// Attempts lost on a worker and replayed elsewhere (for `/metrics`).
     pub replays: AtomicU64,
+    /// Each provider's reputation and uptime, from what its workers do.
+    pub standing: Standing,
 }
 
 impl std::fmt::Debug for Registry {
@@ -133,6 +143,9 @@ impl Registry {
             models: r.models,
             threads: r.threads,
             region: r.region,
+            asks: r.asks,
+            reputation_bps: 0,
+            uptime_bps: 0,
             state: "calibrating".into(),
             profile: None,
             load: Load::default(),
@@ -142,6 +155,7 @@ impl Registry {
             connected_at: t,
             last_seen: t,
         };
+        self.standing.connected(&info.provider_id, t);
         let mut w = self.workers.write().unwrap_or_else(|e| e.into_inner());
         w.insert(id.clone(), Entry { info, to_session });
         id
@@ -182,14 +196,23 @@ impl Registry {
         }
     }
 
+    /// Drops a worker's ask for `model` (the market refused it).
+    pub fn drop_ask(&self, id: &str, model: &str) {
+        let mut w = self.workers.write().unwrap_or_else(|e| e.into_inner());
+        if let Some(e) = w.get_mut(id) {
+            e.info.asks.retain(|a| a.model != model);
+        }
+    }
+
     /// Removes a worker whose session ended; its jobs hear it is lost.
     pub fn remove(&self, id: &str) {
         let removed = {
             let mut w = self.workers.write().unwrap_or_else(|e| e.into_inner());
-            w.remove(id).is_some()
+            w.remove(id)
         };
-        if removed {
+        if let Some(e) = removed {
             self.disconnects.fetch_add(1, Ordering::Relaxed);
+            self.standing.disconnected(&e.info.provider_id, now());
         }
         self.jobs.lost(id, "the worker disconnected");
     }
@@ -219,9 +242,11 @@ impl Registry {
         out
     }
 
-    /// Counts an attempt that ran on `id`: the tokens it delivered and
-    /// whether it was lost.
-    pub fn record(&self, id: &str, tokens: usize, lost: bool) {
+    /// Counts an attempt that ran on worker `id` of `provider`: the tokens
+    /// it delivered and whether it was lost (on the provider's standing
+    /// even when the worker is gone: a killed worker's loss is counted).
+    pub fn record(&self, id: &str, provider: &str, tokens: usize, lost: bool) {
+        self.standing.attempt(provider, lost);
         let mut w = self.workers.write().unwrap_or_else(|e| e.into_inner());
         if let Some(e) = w.get_mut(id) {
             e.info.tokens_delivered += tokens as u64;
@@ -234,9 +259,14 @@ impl Registry {
         let w = self.workers.read().unwrap_or_else(|e| e.into_inner());
         let mut out: Vec<WorkerInfo> = w
             .values()
-            .map(|e| WorkerInfo {
-                jobs_running: self.jobs.on(&e.info.id) as u64,
-                ..e.info.clone()
+            .map(|e| {
+                let r = self.standing.get(&e.info.provider_id);
+                WorkerInfo {
+                    jobs_running: self.jobs.on(&e.info.id) as u64,
+                    reputation_bps: r.reputation_bps(),
+                    uptime_bps: r.uptime_bps(now()),
+                    ..e.info.clone()
+                }
             })
             .collect();
         out.sort_by(|a, b| a.id.cmp(&b.id));

@@ -17,7 +17,7 @@ use engine::core::CoreEvent;
 use engine::{FinishReason, TokenLogprob, Usage};
 
 use super::jobs::{Delivery, JobEvent};
-use super::protocol::{self, FromWorker, ProtocolError, ServedModel, ToWorker, VERSION};
+use super::protocol::{self, Ask, FromWorker, ProtocolError, ServedModel, ToWorker, VERSION};
 use super::registry::{Registration, Registry};
 
 /// How long a new connection has to register.
@@ -267,6 +267,7 @@ fn registration(m: FromWorker, peer: &Peer) -> Result<Registration, ProtocolErro
         models,
         threads,
         region,
+        asks,
         ..
     } = m
     else {
@@ -284,6 +285,7 @@ fn registration(m: FromWorker, peer: &Peer) -> Result<Registration, ProtocolErro
     if let Some(m) = models.iter().find(|m| !sane(m)) {
         return bad(format!("model `{}` has an impossible geometry", m.name));
     }
+    check_asks(&asks, &models).map_err(ProtocolError::Malformed)?;
     Ok(Registration {
         provider_id: peer.provider_id.clone(),
         token_id: peer.token_id.clone(),
@@ -294,7 +296,39 @@ fn registration(m: FromWorker, peer: &Peer) -> Result<Registration, ProtocolErro
         models,
         threads,
         region,
+        asks,
     })
+}
+
+/// At most one ask per served model, each priced within the market's
+/// bounds (a positive output price, no phase dearer than `MAX_PRICE`),
+/// with a bounded capacity and an end in the future.
+fn check_asks(asks: &[Ask], models: &[ServedModel]) -> Result<(), String> {
+    use crate::ledger::money::MAX_PRICE;
+    for (i, a) in asks.iter().enumerate() {
+        let name = &a.model;
+        if !models.iter().any(|m| &m.name == name) {
+            return Err(format!("ask for `{name}`, which it does not serve"));
+        }
+        if asks[..i].iter().any(|b| &b.model == name) {
+            return Err(format!("two asks for `{name}`"));
+        }
+        let prices = [a.input, a.cached_input, a.output];
+        if a.output <= 0 || prices.iter().any(|p| !(0..=MAX_PRICE).contains(p)) {
+            return Err(format!(
+                "ask for `{name}`: prices are 0-{MAX_PRICE} ticks per million tokens, output positive"
+            ));
+        }
+        if a.capacity > 1_000_000_000 {
+            return Err(format!(
+                "ask for `{name}`: capacity is at most 1e9 tokens/s"
+            ));
+        }
+        if a.until != 0 && a.until <= crate::store::now() {
+            return Err(format!("ask for `{name}` already lapsed"));
+        }
+    }
+    Ok(())
 }
 
 fn sane(m: &ServedModel) -> bool {
@@ -335,6 +369,7 @@ mod tests {
             }],
             threads: 1,
             region: "us-east".into(),
+            asks: vec![],
         })
         .expect("json")
     }
@@ -410,7 +445,30 @@ mod tests {
 
     #[tokio::test]
     async fn hostile_first_and_later_messages_end_the_session_with_a_reason() {
+        let ask = |model: &str, output: i64, until: i64| {
+            let mut v: serde_json::Value =
+                serde_json::from_str(&register_json("w", 30)).expect("json");
+            v["asks"] =
+                serde_json::json!([{"model": model, "input": 1, "output": output, "until": until}]);
+            v.to_string()
+        };
+        let mut two = serde_json::from_str::<serde_json::Value>(&ask("m", 5, 0)).expect("json");
+        let again = two["asks"][0].clone();
+        two["asks"].as_array_mut().expect("asks").push(again);
         let cases: Vec<(Vec<Inbound>, u16, &str)> = vec![
+            (
+                vec![Inbound::Text(ask("other", 5, 0))],
+                1008,
+                "which it does not serve",
+            ),
+            (vec![Inbound::Text(ask("m", 0, 0))], 1008, "output positive"),
+            (
+                vec![Inbound::Text(ask("m", i64::MAX, 0))],
+                1008,
+                "output positive",
+            ),
+            (vec![Inbound::Text(ask("m", 5, 1))], 1008, "already lapsed"),
+            (vec![Inbound::Text(two.to_string())], 1008, "two asks"),
             (vec![Inbound::Text("{".into())], 1008, "malformed"),
             (vec![Inbound::Binary(9)], 1003, "register first"),
             (

@@ -51,18 +51,35 @@ pub struct Item {
 /// the executors the hold names (the fleet's relays know).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Attribution {
-    /// Who shares the provider's part of the cost (see `Shares`).
-    pub shares: Shares,
+    /// The accepted work of each attempt (none: the hold's provider did
+    /// it all, at the hold's prices).
+    pub work: Vec<Work>,
     /// The executors that ran its prefill and decode, for its usage
     /// record (`None`: those named on the hold).
     pub stages: Option<super::money::Stages>,
 }
 
-/// The providers whose executors did a request's work, each with its
-/// weight (the tokens it delivered); the provider's part of the cost is
-/// divided by weight. An empty id stands for the hold's provider (the
-/// house engine); no shares at all: the hold's provider takes it all.
-pub type Shares = Vec<(String, u64)>;
+/// One attempt's accepted work: its provider is paid for `tokens` at
+/// `prices` (what a user pays on its executor, fee included), less the
+/// protocol fee, times its `payout_bps`. The user pays the hold's quote
+/// for what was delivered; the treasury keeps the rest, or makes up a
+/// replay on a dearer executor. Work of an id that is no provider
+/// account pays no one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Work {
+    pub provider: String,
+    pub prices: Prices,
+    pub payout_bps: i64,
+    pub tokens: Tokens,
+}
+
+/// The most providers are paid for one request, as a multiple of what
+/// its user paid (each attempt's replayed prompt is paid again): past it
+/// every payout is scaled down.
+const MAX_PAYOUT_FACTOR: i64 = 4;
+
+/// The highest payout multiplier (2.0x reputation, +20% uptime).
+const MAX_PAYOUT_BPS: i64 = 24_000;
 
 /// A hold to place and settle at once.
 #[derive(Debug, Clone)]
@@ -300,29 +317,29 @@ impl Moves {
         self.key(&h.key_id, 0, -h.amount);
     }
 
-    /// Bills `h` for `t`: the user pays at most the hold; the provider and
-    /// the treasury share the cost.
-    fn settle(
-        &mut self,
-        h: HoldRow,
-        t: Tokens,
-        outcome: Outcome,
-        shares: &[(String, u64)],
-    ) -> Amount {
+    /// Bills `h` for `t`: the user pays at most the hold; the providers
+    /// (the hold's, or each attempt's at its own prices) and the treasury
+    /// share the cost.
+    fn settle(&mut self, h: HoldRow, t: Tokens, outcome: Outcome, work: Option<&[Work]>) -> Amount {
         let cost = match outcome {
             Outcome::Failed => 0,
             Outcome::Finished | Outcome::Cut => h.quote.cost(t).min(h.amount),
         };
-        let split = h.quote.split(cost);
         self.account(&h.account_id, -cost, -h.amount);
         self.key(&h.key_id, cost, -h.amount);
+        let payees = match (cost > 0, work) {
+            (false, _) => Vec::new(),
+            (true, None) => vec![(h.quote.provider_id.clone(), h.quote.split(cost).provider)],
+            (true, Some(work)) => payees(h.quote.fee_bps, cost, work),
+        };
+        let paid: Amount = payees.iter().map(|(_, a)| a).sum();
+        let treasury = cost - paid;
         if cost > 0 {
-            let payees = payees(&h.quote.provider_id, split.provider, shares);
-            self.account(TREASURY, split.treasury, 0);
+            self.account(TREASURY, treasury, 0);
             let rid = &h.request_id;
             let mut parts = vec![
                 (h.account_id.clone(), -cost),
-                (TREASURY.to_string(), split.treasury),
+                (TREASURY.to_string(), treasury),
             ];
             for (p, amount) in payees {
                 self.account(&p, amount, 0);
@@ -334,8 +351,7 @@ impl Moves {
                 }
             }
         }
-        self.usage
-            .push((h, t, outcome, cost, split.provider, split.treasury));
+        self.usage.push((h, t, outcome, cost, paid, treasury));
         cost
     }
 }
@@ -381,23 +397,16 @@ pub(super) async fn close_batch(db: &Db, items: &[Item]) -> Result<Vec<Closed>, 
         if let Some(stages) = &who.stages {
             h.quote.stages = stages.clone();
         }
-        let shares = &who.shares;
-        // Shares naming no provider account go to the hold's provider.
-        let shares: Vec<(String, u64)> = shares
+        // Work naming no provider account pays no one.
+        let work: Vec<Work> = who
+            .work
             .iter()
-            .map(|(p, w)| {
-                (
-                    if providers.contains(p) {
-                        p.clone()
-                    } else {
-                        String::new()
-                    },
-                    *w,
-                )
-            })
+            .filter(|w| providers.contains(&w.provider))
+            .cloned()
             .collect();
         let rid = h.request_id.clone();
-        let cost = moves.settle(h, t, outcome, &shares);
+        let work = (!who.work.is_empty()).then_some(work.as_slice());
+        let cost = moves.settle(h, t, outcome, work);
         results.insert(rid, Closed::Billed { cost });
     }
     write_moves(&mut tx, &moves).await?;
@@ -419,7 +428,7 @@ async fn provider_accounts(
 ) -> Result<HashSet<String>, sqlx::Error> {
     let mut named: Vec<&str> = items
         .iter()
-        .flat_map(|i| i.who.shares.iter().map(|(p, _)| p.as_str()))
+        .flat_map(|i| i.who.work.iter().map(|w| w.provider.as_str()))
         .filter(|p| !p.is_empty())
         .collect();
     named.sort_unstable();
@@ -437,43 +446,34 @@ async fn provider_accounts(
     Ok(found)
 }
 
-/// Divides `amount` among `shares` by weight, merged per provider, in
-/// whole ticks that sum to `amount` (the remainder to the largest
-/// weight); an empty id is `hold_provider`; no weight at all: all of it to
-/// `hold_provider`.
-pub(crate) fn payees(
-    hold_provider: &str,
-    amount: Amount,
-    shares: &[(String, u64)],
-) -> Vec<(String, Amount)> {
-    let mut merged: std::collections::BTreeMap<&str, u128> = std::collections::BTreeMap::new();
-    for (p, w) in shares.iter().filter(|(_, w)| *w > 0) {
-        let p = if p.is_empty() {
-            hold_provider
-        } else {
-            p.as_str()
+/// What each provider earns for `work` (merged per provider, by id): its
+/// tokens at its prices, less the protocol fee (`fee_bps`), times its
+/// payout multiplier (clamped to 0-`MAX_PAYOUT_BPS`), rounded down;
+/// scaled down so the total stays within `MAX_PAYOUT_FACTOR` x `cost`.
+pub(crate) fn payees(fee_bps: i64, cost: Amount, work: &[Work]) -> Vec<(String, Amount)> {
+    let mut merged: std::collections::BTreeMap<&str, i128> = std::collections::BTreeMap::new();
+    for w in work {
+        let q = Quote {
+            provider_id: String::new(),
+            model: String::new(),
+            prices: w.prices,
+            fee_bps,
+            payout_bps: w.payout_bps.clamp(0, MAX_PAYOUT_BPS),
+            stages: Stages::default(),
         };
-        *merged.entry(p).or_default() += u128::from(*w);
+        let earned = q.split(q.cost(w.tokens).max(0)).provider;
+        *merged.entry(w.provider.as_str()).or_default() += i128::from(earned.max(0));
     }
-    let total: u128 = merged.values().sum();
-    if total == 0 || amount <= 0 {
-        return vec![(hold_provider.to_string(), amount)];
-    }
-    let mut out: Vec<(String, Amount)> = merged
-        .iter()
-        .map(|(p, w)| {
-            let part = u128::from(amount.unsigned_abs()) * w / total;
-            (p.to_string(), i64::try_from(part).unwrap_or(0))
+    let total: i128 = merged.values().sum();
+    let cap = i128::from(cost.max(0)) * i128::from(MAX_PAYOUT_FACTOR);
+    merged
+        .into_iter()
+        .map(|(p, a)| {
+            let a = if total > cap { a * cap / total } else { a };
+            (p.to_string(), i64::try_from(a).unwrap_or(0))
         })
-        .collect();
-    let given: Amount = out.iter().map(|(_, a)| a).sum();
-    let largest = merged
-        .iter()
-        .enumerate()
-        .max_by_key(|(i, (_, w))| (**w, std::cmp::Reverse(*i)))
-        .map_or(0, |(i, _)| i);
-    out[largest].1 += amount - given;
-    out
+        .filter(|(_, a)| *a > 0)
+        .collect()
 }
 
 /// Places a charge's hold inside the batch's transaction, if the account
@@ -630,36 +630,74 @@ async fn insert_journal(
 
 #[cfg(test)]
 mod tests {
-    use super::{payees, tuples};
+    use super::*;
 
     #[test]
     fn placeholders_number_rows_then_columns() {
         assert_eq!(tuples(2, 2, 3), "($3, $4), ($5, $6)");
     }
 
+    fn work(provider: &str, output: i64, completion: u64, payout_bps: i64) -> Work {
+        Work {
+            provider: provider.into(),
+            prices: Prices {
+                input: output,
+                cached_input: output,
+                output,
+            },
+            payout_bps,
+            tokens: Tokens {
+                prompt: 0,
+                cached: 0,
+                completion,
+            },
+        }
+    }
+
     #[test]
-    fn a_provider_share_is_divided_by_weight_in_whole_ticks() {
-        let shares = |v: &[(&str, u64)]| -> Vec<(String, u64)> {
-            v.iter().map(|(p, w)| (p.to_string(), *w)).collect()
-        };
-        assert_eq!(payees("house", 100, &[]), vec![("house".into(), 100)]);
+    fn each_provider_earns_its_own_price_less_the_fee_times_its_multiplier() {
+        // 1,050,000 ticks per million tokens with a 5% fee: 1 tick net per
+        // token; 10 tokens at 1x and 10 at 2x.
+        let w = [
+            work("a", 1_050_000, 10, 10_000),
+            work("b", 1_050_000, 10, 20_000),
+            work("a", 1_050_000, 5, 10_000),
+        ];
         assert_eq!(
-            payees("house", 100, &shares(&[("a", 0)])),
-            vec![("house".into(), 100)]
+            payees(500, 100, &w),
+            vec![("a".into(), 15), ("b".into(), 20)]
         );
-        // The house ("") and `a` merge with their other entries.
-        let got = payees("house", 100, &shares(&[("a", 1), ("", 1), ("a", 1)]));
-        assert_eq!(got, vec![("a".into(), 67), ("house".into(), 33)]);
+        // Over four times the user's cost, every payout is scaled down.
+        let got = payees(500, 5, &w);
+        assert!(got.iter().map(|(_, a)| a).sum::<i64>() <= 20, "{got:?}");
+        // Nothing earned, nothing listed; a hostile multiplier is clamped.
+        assert!(payees(500, 100, &[work("a", 1_050_000, 0, 10_000)]).is_empty());
+        let wild = payees(500, i64::MAX / 8, &[work("a", 1_050_000, 10, i64::MAX)]);
+        assert_eq!(wild, vec![("a".into(), 24)]);
+    }
+
+    #[test]
+    fn seeded_random_work_never_pays_negative_or_past_the_cap() {
         let mut rng = 0x2545_f491_u64;
         for _ in 0..10_000 {
             rng ^= rng << 13;
             rng ^= rng >> 7;
             rng ^= rng << 17;
-            let amount = (rng % 1_000_000) as i64;
-            let s = shares(&[("a", rng % 7), ("b", (rng >> 8) % 5), ("", (rng >> 16) % 3)]);
-            let p = payees("house", amount, &s);
-            assert_eq!(p.iter().map(|(_, a)| a).sum::<i64>(), amount, "{s:?}");
-            assert!(p.iter().all(|(_, a)| *a >= 0));
+            let cost = (rng % 1_000_000) as i64;
+            let w: Vec<Work> = (0..(rng % 4))
+                .map(|i| {
+                    work(
+                        ["a", "b", ""][(i % 3) as usize],
+                        ((rng >> 8) % 10_000_000) as i64,
+                        (rng >> 32) % 5_000,
+                        ((rng >> 20) % 30_000) as i64,
+                    )
+                })
+                .collect();
+            let p = payees(500, cost, &w);
+            let total: i64 = p.iter().map(|(_, a)| a).sum();
+            assert!(p.iter().all(|(_, a)| *a > 0));
+            assert!(total <= cost * MAX_PAYOUT_FACTOR, "{total} for {cost}");
         }
     }
 }

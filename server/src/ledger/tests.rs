@@ -354,22 +354,25 @@ async fn settle_one(l: &Ledger, rng: &mut StdRng, expect: &mut Expect, o: &Open,
         o.quote.cost(t)
     };
     // Half the requests ran (partly) on executors of other providers:
-    // the house (""), the worker's provider, and names that are no
-    // provider account (their part goes to the hold's provider).
-    let names = ["", worker, "provider:ghost", "user:local"];
-    let shares: Vec<(String, u64)> = (0..rng.random_range(0..4))
-        .map(|_| {
-            let p = names[rng.random_range(0..names.len())].to_string();
-            (p, rng.random_range(0..50))
+    // the house, the worker's provider, and names that are no provider
+    // account (their part stays with the treasury), each at its prices.
+    let names = [HOUSE_PROVIDER, worker, "provider:ghost", "user:local"];
+    let work: Vec<settle::Work> = (0..rng.random_range(0..4))
+        .map(|_| settle::Work {
+            provider: names[rng.random_range(0..names.len())].to_string(),
+            prices: o.quote.prices,
+            payout_bps: rng.random_range(0..=20_000),
+            tokens: Tokens {
+                prompt: o.prompt,
+                cached: 0,
+                completion: rng.random_range(0..=t.completion.max(1)),
+            },
         })
         .collect();
     let got = if rng.random_bool(0.5) {
         l.settle(&o.id, t, outcome).await
     } else {
-        let who = settle::Attribution {
-            shares,
-            stages: None,
-        };
+        let who = settle::Attribution { work, stages: None };
         l.settle_shared(&o.id, t, outcome, who).await
     }
     .expect("settle");

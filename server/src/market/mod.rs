@@ -276,6 +276,38 @@ impl Market {
         Ok(())
     }
 
+    /// Records a provider's measured reputation and uptime (basis
+    /// points, clamped to their ranges) on its row, if it has one; a
+    /// failure to persist is logged (the next round writes it again).
+    pub async fn set_standing(&self, provider: &str, reputation_bps: i64, uptime_bps: i64) {
+        let (rep, up) = (
+            reputation_bps.clamp(BPS / 2, 2 * BPS),
+            uptime_bps.clamp(0, BPS),
+        );
+        let known = {
+            let mut m = write(&self.providers);
+            match m.get_mut(provider) {
+                Some(p) => {
+                    p.reputation_bps = rep;
+                    p.uptime_bps = up;
+                    true
+                }
+                None => false,
+            }
+        };
+        if known && let Err(e) = store::set_standing(&self.db, provider, rep, up).await {
+            tracing::warn!(provider, error = %e, "provider standing not persisted");
+        }
+    }
+
+    /// The measured standing of `provider` (1.0x and full uptime when it
+    /// has no row).
+    pub fn standing_of(&self, provider: &str) -> (i64, i64) {
+        read(&self.providers)
+            .get(provider)
+            .map_or((BPS, BPS), |p| (p.reputation_bps, p.uptime_bps))
+    }
+
     /// Matches and rests an order; persists it, its fills and any expired
     /// orders met on the way, in one transaction.
     pub async fn submit(&self, new: NewOrder) -> Result<(Order, Vec<Fill>), MarketError> {
@@ -321,6 +353,11 @@ impl Market {
             tracing::error!(order = %placed.id, error = %e, "order book change not persisted");
         }
         Ok((placed, fills))
+    }
+
+    /// Whether `price` could be listed on `instrument` now.
+    pub fn in_band(&self, instrument: &str, price: Amount) -> bool {
+        self.check_band(instrument, price).is_ok()
     }
 
     /// Refuses a price past `MAX_PRICE` or more than `BAND` times away

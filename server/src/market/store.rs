@@ -61,6 +61,24 @@ pub async fn providers(db: &Db) -> Result<Vec<Provider>, MarketError> {
     Ok(rows.iter().map(provider).collect::<Result<_, _>>()?)
 }
 
+pub async fn set_standing(
+    db: &Db,
+    provider: &str,
+    reputation_bps: i64,
+    uptime_bps: i64,
+) -> Result<(), MarketError> {
+    sqlx::query(
+        "UPDATE providers SET reputation_bps = $1, uptime_bps = $2, updated_at = $3          WHERE account_id = $4",
+    )
+    .bind(reputation_bps)
+    .bind(uptime_bps)
+    .bind(crate::store::now())
+    .bind(provider)
+    .execute(&db.pool)
+    .await?;
+    Ok(())
+}
+
 pub async fn set_provider(db: &Db, p: &Provider) -> Result<(), MarketError> {
     let kind: Option<String> = sqlx::query_scalar("SELECT kind FROM accounts WHERE id = $1")
         .bind(&p.account_id)

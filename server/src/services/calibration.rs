@@ -1,8 +1,8 @@
 //! Calibration: the server measures every executor itself, on the real
 //! model, with a seeded challenge it times on its own clock: a prefill of
 //! `PREFILL` random tokens (the time to the first token, best of two), then
-//! decoding `DECODE` tokens alone and four sequences at once (the median gap
-//! between tokens). A worker gets no work until it is calibrated, and is
+//! decoding `DECODE` tokens alone and four sequences at once (the time to
+//! the last token over the tokens, the median over sequences). A worker gets no work until it is calibrated, and is
 //! measured again every `RECALIBRATE`; what it reports about itself is
 //! shown to admins, never used. The challenge travels as ordinary
 //! assignments, so a worker cannot tell it from real traffic. The house
@@ -129,7 +129,11 @@ async fn calibrate_worker(
             fleet.set_profile(&w.id, p);
             dispatch.set_profile(&w.id, p);
         }
-        Err(e) => tracing::warn!(worker = %w.id, error = %e, "calibration failed; retrying"),
+        Err(e) => {
+            // A worker that fails the challenge pays for it like a lost job.
+            fleet.standing.attempt(&w.provider_id, true);
+            tracing::warn!(worker = %w.id, error = %e, "calibration failed; retrying");
+        }
     }
 }
 
@@ -158,24 +162,28 @@ async fn challenge(on: On<'_>, vocab: usize, seed: u64) -> Result<Profile, Strin
     })
 }
 
-/// Median gap (ms) between decoded tokens with these prompts at once.
+/// The decode step (ms) with these prompts at once: for each, the time
+/// from sending it to its last token over the tokens it produced (its
+/// short prompt's prefill counts about one step; a worker may send
+/// several tokens in one message, so gaps between arrivals say nothing,
+/// and the round trip is part of what a client waits for), and the
+/// median over the prompts.
 async fn decode_gap(on: On<'_>, prompts: Vec<Vec<u32>>) -> Result<f64, String> {
     let runs =
         futures_util::future::join_all(prompts.into_iter().map(|p| timed(on, p, DECODE))).await;
-    let mut gaps = Vec::new();
+    let mut steps = Vec::new();
     for r in runs {
-        let (_, times) = r?;
-        gaps.extend(
-            times
-                .windows(2)
-                .map(|w| w[1].duration_since(w[0]).as_secs_f64() * 1e3),
-        );
+        let (start, times) = r?;
+        if let Some(last) = times.last() {
+            let span = last.duration_since(start).as_secs_f64() * 1e3;
+            steps.push(span / times.len() as f64);
+        }
     }
-    if gaps.is_empty() {
+    if steps.is_empty() {
         return Err("no decode steps".into());
     }
-    gaps.sort_by(f64::total_cmp);
-    Ok(gaps[gaps.len() / 2])
+    steps.sort_by(f64::total_cmp);
+    Ok(steps[steps.len() / 2])
 }
 
 fn greedy(max_tokens: usize) -> SamplingParams {

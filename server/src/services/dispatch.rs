@@ -10,16 +10,17 @@
 //! sees one uninterrupted stream with the text it would have got; after
 //! `MAX_ATTEMPTS` it ends with a clean error.
 //!
-//! Placement: the executor expected to finish the choice first, from its
-//! calibrated profile (`services::calibration`, measured by the server,
-//! never self-reported): its prefill rate for the prompt plus the decode
-//! step at the batch it would run, times `max_tokens`, scaled by a
-//! correction learned from the token gaps this server observes in
-//! production. An executor that lost a job has its correction doubled so
-//! it gets less work until it proves itself again, and one that just lost
-//! this job is not tried again for it. Workers are eligible once
-//! calibrated; before the house engine's own calibration, its time per
-//! token is what it delivered.
+//! Placement (`services::placement` scores): each executor's price for the
+//! choice (a worker's ask, fee added, or the house quote), its expected
+//! time from its calibrated profile (`services::calibration`, measured by
+//! the server, never self-reported) scaled by a correction learned from
+//! the token gaps this server observes in production, its provider's
+//! measured reputation, and its load. An executor that lost a job has its
+//! correction doubled so it gets less work until it proves itself again,
+//! and one that just lost this job is not tried again for it. Workers are
+//! eligible once calibrated. A request is billed at the terms of the
+//! executor its first choice is placed on; each attempt's provider is
+//! credited for its accepted work at its own prices.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
@@ -33,9 +34,13 @@ use tokio::sync::{mpsc, watch};
 
 use crate::fleet::jobs::JobEvent;
 use crate::fleet::protocol::{JobParams, ToWorker, VERSION};
-use crate::fleet::registry::{Profile, Registry};
+use crate::fleet::registry::{Profile, Registry, WorkerInfo};
+use crate::ledger::HOUSE_PROVIDER;
+use crate::ledger::money::{BPS, Prices, Tokens};
+use crate::ledger::settle::Work;
 use crate::services::ServiceError;
-use crate::services::metering::Credits;
+use crate::services::metering::{Billing, Credits};
+use crate::services::placement::{Candidate, MAX_CAP, Measure, Terms, Weights, gross};
 
 /// Attempts of one choice before it fails.
 pub const MAX_ATTEMPTS: u32 = 3;
@@ -44,88 +49,11 @@ pub const MAX_ATTEMPTS: u32 = 3;
 const PROGRESS: Duration = Duration::from_secs(30);
 /// How long a cancelled attempt has to confirm before the relay ends it.
 const CANCEL_WAIT: Duration = Duration::from_secs(5);
-/// The largest batch cap.
-const MAX_CAP: u32 = 1024;
-/// How much slower a full executor counts in placement.
-const FULL_PENALTY: f64 = 4.0;
 /// The default decode step target (`--fleet-step-target-ms`).
 const STEP_TARGET_MS: f64 = 100.0;
 
 /// The house engine's key in the per-executor measures.
 const HOUSE: &str = "house";
-
-/// One executor's measures, as this server observed them.
-#[derive(Debug, Clone, Copy)]
-struct Measure {
-    /// Choices it runs for this server now.
-    outstanding: u32,
-    /// Moving average of milliseconds per delivered token.
-    ms_per_token: f64,
-    /// Its calibrated profile, once measured.
-    profile: Option<Profile>,
-    /// Observed token gaps over the profile's prediction (moving average;
-    /// doubled when it loses a job).
-    correction: f64,
-    /// The most choices it takes at once so a decode step stays under the
-    /// step target: from the profile, shrunk x0.7 when an observed gap
-    /// misses the target, grown by one when at the cap and well under it
-    /// (0: no cap yet).
-    cap: u32,
-}
-
-impl Default for Measure {
-    fn default() -> Self {
-        Self {
-            outstanding: 0,
-            ms_per_token: 20.0,
-            profile: None,
-            correction: 1.0,
-            cap: 0,
-        }
-    }
-}
-
-impl Measure {
-    /// Expected milliseconds to run a choice of `prompt` tokens and at
-    /// most `max_tokens` here, alongside what it already runs.
-    fn expected_ms(&self, prompt: usize, max_tokens: usize) -> f64 {
-        let batch = self.outstanding + 1;
-        let raw = match &self.profile {
-            Some(p) => {
-                prompt as f64 * 1e3 / p.prefill_tokens_per_s.max(1.0)
-                    + max_tokens as f64 * p.step_ms(batch)
-            }
-            None => f64::from(batch) * self.ms_per_token * max_tokens as f64,
-        };
-        raw * self.correction
-    }
-
-    /// Whether it runs as many choices as its cap allows.
-    fn full(&self) -> bool {
-        self.cap > 0 && self.outstanding >= self.cap
-    }
-
-    /// Adjusts the cap to one observed gap against the step target.
-    fn adapt(&mut self, gap_ms: f64, target_ms: f64) {
-        if self.cap == 0 {
-            return;
-        }
-        if gap_ms > target_ms {
-            self.cap = ((f64::from(self.cap) * 0.7) as u32).max(1);
-        } else if gap_ms < 0.5 * target_ms && self.outstanding >= self.cap {
-            self.cap = (self.cap + 1).min(MAX_CAP);
-        }
-    }
-
-    /// Learns from one observed token gap.
-    fn observe(&mut self, gap_ms: f64) {
-        self.ms_per_token = 0.9 * self.ms_per_token + 0.1 * gap_ms;
-        if let Some(p) = &self.profile {
-            let ratio = gap_ms / p.step_ms(self.outstanding.max(1)).max(0.01);
-            self.correction = (0.95 * self.correction + 0.05 * ratio).clamp(0.25, 16.0);
-        }
-    }
-}
 
 /// Placement and relays over the fleet.
 pub struct Dispatch {
@@ -139,6 +67,11 @@ pub struct Dispatch {
     progress: Duration,
     /// The decode step a choice should see, in ms (the batch caps).
     step_target_ms: f64,
+    /// How placement weighs price, time, reputation and load.
+    weights: Weights,
+    /// Prices the house and the workers (`None`: an unmetered server,
+    /// where every executor costs the same).
+    billing: Option<Arc<Billing>>,
 }
 
 impl std::fmt::Debug for Dispatch {
@@ -149,7 +82,7 @@ impl std::fmt::Debug for Dispatch {
 
 /// Where one attempt runs.
 #[derive(Debug, Clone, PartialEq, Eq)]
-enum Target {
+pub enum Target {
     House,
     /// A worker, the provider account it earns for, and how usage
     /// records name it (`name@provider`).
@@ -164,11 +97,11 @@ impl Target {
         }
     }
 
-    /// The provider credited for its tokens (`""`: the house).
-    fn provider(&self) -> &str {
+    /// How usage records name it.
+    pub fn label(&self, house: &EngineHandle) -> String {
         match self {
-            Self::House => "",
-            Self::Worker(_, p, _) => p,
+            Self::House => house.info().executor.clone(),
+            Self::Worker(_, _, label) => label.clone(),
         }
     }
 }
@@ -182,7 +115,21 @@ impl Dispatch {
             round_robin: None,
             progress: PROGRESS,
             step_target_ms: STEP_TARGET_MS,
+            weights: Weights::default(),
+            billing: None,
         }
+    }
+
+    /// Weighs placement's terms by `w`.
+    pub fn with_weights(mut self, w: Weights) -> Self {
+        self.weights = w;
+        self
+    }
+
+    /// Prices executors from `b` (the house quote, workers' asks).
+    pub fn with_billing(mut self, b: Arc<Billing>) -> Self {
+        self.billing = Some(b);
+        self
     }
 
     /// Caps each executor's batch so its decode step stays under `ms`.
@@ -222,6 +169,7 @@ impl Dispatch {
         house: &EngineHandle,
         requests: Vec<GenerateRequest>,
         credits: Option<Credits>,
+        mut planned: Option<(Target, Terms)>,
     ) -> Result<Vec<RequestStream>, ServiceError> {
         let remote = !self.fleet.serving(model).is_empty();
         let mut all = Vec::new();
@@ -233,7 +181,8 @@ impl Dispatch {
             }
             house.validate(&r)?;
             for i in 0..r.params.n {
-                all.push(self.relay(model, house, &r, i, credits.clone()));
+                let first = planned.take();
+                all.push(self.relay(model, house, &r, i, credits.clone(), first));
             }
         }
         for s in &mut all {
@@ -250,6 +199,7 @@ impl Dispatch {
         r: &GenerateRequest,
         i: usize,
         credits: Option<Credits>,
+        first: Option<(Target, Terms)>,
     ) -> RequestStream {
         let mut params = r.params.clone();
         params.n = 1;
@@ -277,6 +227,8 @@ impl Dispatch {
             tx,
             abort,
             credits,
+            first,
+            cached: 0,
         };
         tokio::spawn(relay.run());
         RequestStream::relay(
@@ -305,37 +257,128 @@ impl Dispatch {
         });
     }
 
-    /// The executor expected to finish first, leaving out `tried`.
-    fn place(&self, model: &str, tried: &[String], prompt: usize, max_tokens: usize) -> Target {
+    /// Where the first choice of a request for `model` would run and on
+    /// what terms, when workers serve it (`None`: the house engine alone,
+    /// as without a fleet, or structured output, which stays here).
+    pub fn plan(
+        &self,
+        model: &str,
+        house: &EngineHandle,
+        first: &GenerateRequest,
+    ) -> Option<(Target, Terms)> {
+        if self.fleet.serving(model).is_empty() || first.params.grammar.is_some() {
+            return None;
+        }
+        let prompt = first.prompt_tokens.len();
+        let house = self.house_terms(model, house);
+        Some(self.place(model, &house, &[], prompt, first.params.max_tokens))
+    }
+
+    /// The house engine's terms for `model` now (its quote under load).
+    fn house_terms(&self, model: &str, house: &EngineHandle) -> Terms {
+        let quote = self
+            .billing
+            .as_ref()
+            .and_then(|b| b.quote(model, b.load_of(house)).ok());
+        let reputation_bps = self
+            .billing
+            .as_ref()
+            .and_then(|b| {
+                b.market
+                    .providers()
+                    .into_iter()
+                    .find(|p| p.account_id == HOUSE_PROVIDER)
+            })
+            .map_or(BPS, |p| p.reputation_bps);
+        match quote {
+            Some(q) => Terms {
+                provider_id: HOUSE_PROVIDER.into(),
+                prices: q.prices,
+                payout_bps: q.payout_bps,
+                reputation_bps,
+            },
+            None => Terms {
+                provider_id: HOUSE_PROVIDER.into(),
+                prices: Prices {
+                    input: 1,
+                    cached_input: 1,
+                    output: 1,
+                },
+                payout_bps: BPS,
+                reputation_bps,
+            },
+        }
+    }
+
+    /// A worker's terms: its ask for `model` with the fee added, or the
+    /// house's prices; its provider's measured standing.
+    fn worker_terms(&self, w: &WorkerInfo, model: &str, house: &Terms) -> Terms {
+        let market = self.billing.as_ref().map(|b| &b.market);
+        let fee = market.map_or(0, |m| m.fee_bps);
+        let now = crate::store::now();
+        let listable = |a: &&crate::fleet::protocol::Ask| {
+            market.is_none_or(|m| m.in_band(model, gross(a.output, fee)))
+        };
+        let prices = w
+            .asks
+            .iter()
+            .filter(|a| a.model == model && (a.until == 0 || a.until > now))
+            .find(listable)
+            .map_or(house.prices, |a| Prices {
+                input: gross(a.input, fee),
+                cached_input: gross(a.cached_input, fee),
+                output: gross(a.output, fee),
+            });
+        let r = self.fleet.standing.get(&w.provider_id);
+        Terms {
+            provider_id: w.provider_id.clone(),
+            prices,
+            payout_bps: crate::market::pricing::payout_bps(r.reputation_bps(), r.uptime_bps(now)),
+            reputation_bps: r.reputation_bps(),
+        }
+    }
+
+    /// The executor with the best score for a choice of `prompt` tokens
+    /// and at most `max_tokens`, leaving out `tried`, with its terms.
+    fn place(
+        &self,
+        model: &str,
+        house_terms: &Terms,
+        tried: &[String],
+        prompt: usize,
+        max_tokens: usize,
+    ) -> (Target, Terms) {
         let workers = self.fleet.serving(model);
-        if let Some(turn) = &self.round_robin {
-            let fresh: Vec<_> = workers.iter().filter(|w| !tried.contains(&w.id)).collect();
-            if !fresh.is_empty() {
-                let w =
-                    fresh[turn.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % fresh.len()];
-                return worker_target(w);
-            }
+        let fresh: Vec<&WorkerInfo> = workers.iter().filter(|w| !tried.contains(&w.id)).collect();
+        if let Some(turn) = &self.round_robin
+            && !fresh.is_empty()
+        {
+            let w = fresh[turn.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % fresh.len()];
+            return (worker_target(w), self.worker_terms(w, model, house_terms));
         }
         let measures = self.measures.lock().unwrap_or_else(|e| e.into_inner());
-        let wait = |key: &str| {
+        let score = |key: &str, terms: &Terms, factor: f64| {
             let m = measures.get(key).copied().unwrap_or_default();
-            m.expected_ms(prompt, max_tokens)
+            Candidate {
+                measure: &m,
+                terms,
+                factor,
+            }
+            .score(&self.weights, prompt, max_tokens)
         };
-        // A full executor counts `FULL_PENALTY` times slower: others with
-        // room go first, unless they are that much slower themselves (the
-        // house weighed by its factor stays the fallback).
-        let score = |key: &str, factor: f64| {
-            let full = measures.get(key).is_some_and(Measure::full);
-            wait(key) * factor * if full { FULL_PENALTY } else { 1.0 }
-        };
-        let mut best = (score(HOUSE, self.house_factor), Target::House);
-        for w in workers.iter().filter(|w| !tried.contains(&w.id)) {
-            let t = score(&w.id, 1.0);
-            if t < best.0 {
-                best = (t, worker_target(w));
+        let mut best = (
+            score(HOUSE, house_terms, self.house_factor),
+            Target::House,
+            house_terms.clone(),
+        );
+        for w in fresh {
+            let terms = self.worker_terms(w, model, house_terms);
+            let s = score(&w.id, &terms, 1.0);
+            if s < best.0 {
+                best = (s, worker_target(w), terms);
             }
         }
-        best.1
+        (best.1, best.2)
     }
 
     fn measure(&self, key: &str, f: impl FnOnce(&mut Measure)) {
@@ -368,8 +411,12 @@ struct Relay {
     tx: mpsc::UnboundedSender<CoreEvent>,
     /// Set when the client left or a stop string matched.
     abort: watch::Receiver<bool>,
-    /// Who delivered what, for the provider's share of the bill.
+    /// Who delivered what, for the providers' pay.
     credits: Option<Credits>,
+    /// Where its first attempt runs, when the request was planned there.
+    first: Option<(Target, Terms)>,
+    /// Prompt tokens the current attempt's executor had cached.
+    cached: usize,
 }
 
 impl Relay {
@@ -381,13 +428,18 @@ impl Relay {
                 break;
             }
             let left = self.params.max_tokens - self.delivered.len();
-            let target = self.dispatch.place(
-                &self.model,
-                &tried,
-                self.prompt.len() + self.delivered.len(),
-                left,
-            );
+            let (target, terms) = match self.first.take() {
+                Some(planned) => planned,
+                None => self.dispatch.place(
+                    &self.model,
+                    &self.dispatch.house_terms(&self.model, &self.house),
+                    &tried,
+                    self.prompt.len() + self.delivered.len(),
+                    left,
+                ),
+            };
             let before = self.delivered.len();
+            self.cached = 0;
             let key = target.key().to_string();
             self.dispatch.measure(&key, |m| m.outstanding += 1);
             let outcome = match &target {
@@ -398,15 +450,25 @@ impl Relay {
                 .measure(&key, |m| m.outstanding = m.outstanding.saturating_sub(1));
             let tokens = self.delivered.len() - before;
             if let Some(c) = &self.credits {
-                let executor = match &target {
-                    Target::House => self.house.info().executor.clone(),
-                    Target::Worker(_, _, label) => label.clone(),
+                let executor = target.label(&self.house);
+                // Accepted work: an attempt that delivered is paid for the
+                // prompt it computed (the replayed tokens included) and
+                // what it delivered, at its own prices.
+                let work = Work {
+                    provider: terms.provider_id.clone(),
+                    prices: terms.prices,
+                    payout_bps: terms.payout_bps,
+                    tokens: Tokens {
+                        prompt: (self.prompt.len() + before) as u64,
+                        cached: self.cached as u64,
+                        completion: tokens as u64,
+                    },
                 };
-                c.attempt(&executor, target.provider(), tokens as u64);
+                c.attempt(&executor, work);
             }
-            if let Target::Worker(id, ..) = &target {
+            if let Target::Worker(id, provider, _) = &target {
                 let lost = matches!(outcome, Attempt::Lost(_));
-                self.dispatch.fleet.record(id, tokens, lost);
+                self.dispatch.fleet.record(id, provider, tokens, lost);
             }
             match outcome {
                 Attempt::Over => break,
@@ -451,7 +513,8 @@ impl Relay {
     }
 
     /// Sends the end, with the usage of the whole choice.
-    fn finish(&self, reason: FinishReason, cached: usize) {
+    fn finish(&mut self, reason: FinishReason, cached: usize) {
+        self.cached = cached;
         let usage = Usage {
             prompt_tokens: self.prompt.len(),
             completion_tokens: self.delivered.len(),
@@ -644,7 +707,37 @@ mod tests {
         }
     }
 
+    fn house() -> Terms {
+        Terms {
+            provider_id: HOUSE_PROVIDER.into(),
+            prices: Prices {
+                input: 100_000_000,
+                cached_input: 100_000_000,
+                output: 100_000_000,
+            },
+            payout_bps: BPS,
+            reputation_bps: BPS,
+        }
+    }
+
     fn worker(fleet: &Registry, name: &str) -> String {
+        priced(fleet, name, None)
+    }
+
+    /// A worker asking `output` (net, ticks per million tokens) for `m`.
+    fn priced(fleet: &Registry, name: &str, output: Option<i64>) -> String {
+        let asks = output
+            .map(|o| crate::fleet::protocol::Ask {
+                model: "m".into(),
+                input: o,
+                cached_input: o,
+                output: o,
+                capacity: 0,
+                until: 0,
+                preemptible: false,
+            })
+            .into_iter()
+            .collect();
         let (tx, _rx) = mpsc::channel(1);
         let id = fleet.register(
             Registration {
@@ -664,6 +757,7 @@ mod tests {
                 }],
                 threads: 1,
                 region: "r".into(),
+                asks,
             },
             tx,
         );
@@ -674,33 +768,35 @@ mod tests {
     #[test]
     fn placement_prefers_the_measured_fastest_until_its_batch_makes_it_slower() {
         let fleet = Arc::new(Registry::default());
-        let d = Dispatch::new(fleet.clone()).with_house_factor(1000.0);
+        let d = Dispatch::new(fleet.clone())
+            .with_house_factor(1000.0)
+            .with_weights("latency=1".parse().expect("weights"));
         // Uncalibrated workers get nothing: the house it is.
         let (fast, slow) = (worker(&fleet, "fast"), worker(&fleet, "slow"));
-        assert_eq!(d.place("m", &[], 10, 100), Target::House);
+        assert_eq!(d.place("m", &house(), &[], 10, 100).0, Target::House);
         for (id, p) in [(&fast, profile(5.0, 8.0)), (&slow, profile(40.0, 45.0))] {
             fleet.set_profile(id, p);
             d.set_profile(id, p);
         }
-        let key = |t: Target| t.key().to_string();
-        assert_eq!(key(d.place("m", &[], 10, 100)), fast);
+        let key = |t: (Target, Terms)| t.0.key().to_string();
+        assert_eq!(key(d.place("m", &house(), &[], 10, 100)), fast);
         // Loaded enough that the slow one now finishes first.
         d.measure(&fast, |m| m.outstanding = 40);
-        assert_eq!(key(d.place("m", &[], 10, 100)), slow);
+        assert_eq!(key(d.place("m", &house(), &[], 10, 100)), slow);
         // A lost job doubles the correction: less work until it recovers.
         d.measure(&fast, |m| m.outstanding = 0);
         d.measure(&fast, |m| m.correction = 16.0);
-        assert_eq!(key(d.place("m", &[], 10, 100)), slow);
+        assert_eq!(key(d.place("m", &house(), &[], 10, 100)), slow);
         // What just failed this job is not tried again.
         assert_eq!(
-            key(d.place("m", std::slice::from_ref(&slow), 10, 100)),
+            key(d.place("m", &house(), std::slice::from_ref(&slow), 10, 100)),
             fast
         );
         // Observed gaps near the prediction bring the correction back.
         for _ in 0..200 {
             d.measure(&fast, |m| m.observe(5.0));
         }
-        assert_eq!(key(d.place("m", &[], 10, 100)), fast);
+        assert_eq!(key(d.place("m", &house(), &[], 10, 100)), fast);
     }
 
     #[test]
@@ -708,7 +804,8 @@ mod tests {
         let fleet = Arc::new(Registry::default());
         let d = Dispatch::new(fleet.clone())
             .with_house_factor(1000.0)
-            .with_step_target(20.0);
+            .with_step_target(20.0)
+            .with_weights("latency=1".parse().expect("weights"));
         let (fast, slow) = (worker(&fleet, "fast"), worker(&fleet, "slow"));
         for (id, p) in [(&fast, profile(5.0, 8.0)), (&slow, profile(40.0, 45.0))] {
             fleet.set_profile(id, p);
@@ -717,11 +814,15 @@ mod tests {
         let cap = |id: &str| d.measures.lock().expect("measures")[id].cap;
         // 5 ms + 1 ms per extra sequence stays under 20 ms up to 16.
         assert_eq!(cap(&fast), 16);
-        let key = |t: Target| t.key().to_string();
+        let key = |t: (Target, Terms)| t.0.key().to_string();
         d.measure(&fast, |m| m.outstanding = 15);
-        assert_eq!(key(d.place("m", &[], 10, 100)), fast);
+        assert_eq!(key(d.place("m", &house(), &[], 10, 100)), fast);
         d.measure(&fast, |m| m.outstanding = 16);
-        assert_eq!(key(d.place("m", &[], 10, 100)), slow, "fast is full");
+        assert_eq!(
+            key(d.place("m", &house(), &[], 10, 100)),
+            slow,
+            "fast is full"
+        );
         // A step that misses the target shrinks the cap x0.7.
         d.measure(&fast, |m| m.adapt(30.0, 20.0));
         assert_eq!(cap(&fast), 11);
@@ -735,7 +836,41 @@ mod tests {
         // its factor, stays the fallback).
         d.measure(&slow, |m| m.outstanding = 1_000);
         d.measure(&fast, |m| m.outstanding = 1_000);
-        assert_eq!(key(d.place("m", &[], 10, 100)), fast);
+        assert_eq!(key(d.place("m", &house(), &[], 10, 100)), fast);
+    }
+
+    #[test]
+    fn the_cheaper_of_equally_fast_workers_gets_the_choice_at_its_own_terms() {
+        let fleet = Arc::new(Registry::default());
+        let d = Dispatch::new(fleet.clone()).with_house_factor(1000.0);
+        let (cheap, dear, taker) = (
+            priced(&fleet, "cheap", Some(40_000_000)),
+            priced(&fleet, "dear", Some(80_000_000)),
+            worker(&fleet, "taker"),
+        );
+        for id in [&cheap, &dear, &taker] {
+            fleet.set_profile(id, profile(5.0, 8.0));
+            d.set_profile(id, profile(5.0, 8.0));
+        }
+        let (target, terms) = d.place("m", &house(), &[], 10, 100);
+        assert_eq!(target.key(), cheap);
+        // Its ask, as a user pays it (no billing here: no fee), and its
+        // provider's standing: a new provider at 1.0x, full uptime.
+        assert_eq!(
+            (terms.provider_id.as_str(), terms.prices.output),
+            ("provider:cheap", 40_000_000)
+        );
+        assert_eq!(terms.reputation_bps, BPS);
+        assert_eq!(terms.payout_bps, 12_000);
+        // Busy to its cap, the cheap one is passed over for the next cheapest.
+        d.measure(&cheap, |m| m.outstanding = m.cap);
+        assert_eq!(d.place("m", &house(), &[], 10, 100).0.key(), dear);
+        // A worker with no ask takes the house's prices.
+        let (_, t) = d.place("m", &house(), &[cheap.clone(), dear.clone()], 10, 100);
+        assert_eq!(
+            (t.provider_id.as_str(), t.prices),
+            ("provider:taker", house().prices)
+        );
     }
 
     #[test]
@@ -747,7 +882,7 @@ mod tests {
             fleet.set_profile(id, profile(5.0, 8.0));
         }
         let got: Vec<String> = (0..4)
-            .map(|_| d.place("m", &[], 1, 1).key().to_string())
+            .map(|_| d.place("m", &house(), &[], 1, 1).0.key().to_string())
             .collect();
         assert_eq!(got[0], got[2]);
         assert_eq!(got[1], got[3]);

@@ -90,17 +90,29 @@ impl Generation {
             c.bill_hit(self.billing.as_deref(), key, &hit).await?;
             return Ok(Generated::Cached(hit));
         }
+        // With workers serving the model, the first choice is placed now:
+        // the request is priced at the terms of the executor it runs on.
+        let planned = match (&self.dispatch, job.requests.first()) {
+            (Some(d), Some(first)) => d.plan(&job.model, &job.engine, first),
+            _ => None,
+        };
         let tab = match &self.billing {
-            Some(b) => Some(
-                b.open_generation(&Payer::of(key), &job.model, &job.engine, &job.requests)
-                    .await?,
-            ),
+            Some(b) => {
+                let label = planned
+                    .as_ref()
+                    .map(|(t, terms)| (t.label(&job.engine), terms));
+                let on = label.as_ref().map(|(l, t)| (l.as_str(), *t));
+                Some(
+                    b.open_generation(&Payer::of(key), &job.model, &job.engine, &job.requests, on)
+                        .await?,
+                )
+            }
             None => None,
         };
         let streams = match &self.dispatch {
             Some(d) => {
                 let credits = tab.as_ref().map(Tab::credits);
-                d.submit_all(&job.model, &job.engine, job.requests, credits)
+                d.submit_all(&job.model, &job.engine, job.requests, credits, planned)
                     .await?
             }
             None => submit_all(&job.engine, job.requests).await?,

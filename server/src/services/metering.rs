@@ -96,19 +96,19 @@ pub struct Credits(std::sync::Arc<std::sync::Mutex<Attempts>>);
 
 #[derive(Debug, Default)]
 struct Attempts {
-    shares: crate::ledger::settle::Shares,
+    work: Vec<crate::ledger::settle::Work>,
     prefill: Option<String>,
     decode: Vec<String>,
 }
 
 impl Credits {
-    /// An attempt on `executor` of `provider` (`""`: the house) ended
-    /// having delivered `tokens`.
-    pub fn attempt(&self, executor: &str, provider: &str, tokens: u64) {
+    /// An attempt on `executor` ended having done `work` (accepted only
+    /// if it delivered a token).
+    pub fn attempt(&self, executor: &str, work: crate::ledger::settle::Work) {
         let mut a = self.0.lock().unwrap_or_else(|e| e.into_inner());
         a.prefill.get_or_insert_with(|| executor.to_string());
-        if tokens > 0 {
-            a.shares.push((provider.to_string(), tokens));
+        if work.tokens.completion > 0 {
+            a.work.push(work);
             if !a.decode.iter().any(|d| d == executor) {
                 a.decode.push(executor.to_string());
             }
@@ -128,7 +128,7 @@ impl Credits {
             prefill,
         });
         crate::ledger::settle::Attribution {
-            shares: a.shares,
+            work: a.work,
             stages,
         }
     }
@@ -197,13 +197,16 @@ impl Billing {
         })
     }
 
-    /// Holds for a generation: one choice per engine request per `n`.
+    /// Holds for a generation: one choice per engine request per `n`, at
+    /// the house quote, or at the `planned` executor's terms where the
+    /// dispatcher placed the first choice.
     pub async fn open_generation(
         &self,
         payer: &Payer,
         model: &str,
         engine: &EngineHandle,
         requests: &[engine::GenerateRequest],
+        planned: Option<(&str, &crate::services::placement::Terms)>,
     ) -> Result<Tab, ServiceError> {
         let mut quote = self.quote(model, self.load_of(engine))?;
         let info = engine.info();
@@ -211,6 +214,12 @@ impl Billing {
             prefill: info.executor.clone(),
             decode: info.decode_executor.clone(),
         };
+        if let Some((executor, terms)) = planned {
+            quote.provider_id = terms.provider_id.clone();
+            quote.prices = terms.prices;
+            quote.payout_bps = terms.payout_bps;
+            quote.stages = Stages::one(executor);
+        }
         let choices: Vec<(u64, u64)> = requests
             .iter()
             .flat_map(|r| {

@@ -8,10 +8,16 @@
 //!   house provider's market round.
 //! - `caching`: which requests may use the response cache, lookups,
 //!   pricing hits and storing answers.
+//! - `dispatch`: where each choice runs (house engine or a worker), its
+//!   relay, replay of lost attempts; `placement`: how executors are
+//!   scored; `calibration`: measuring workers.
+//! - `asks`: workers' asks posted on the order book.
+//! - `standing`: persisting providers' measured reputation and uptime.
 //! - `generation`: the one path of a generation (chat, completions) and of
 //!   an embedding request: limits, cache, hold, submission, settlement and
 //!   cache store around the token stream.
 
+pub mod asks;
 pub mod caching;
 pub mod calibration;
 pub mod dispatch;
@@ -19,6 +25,8 @@ pub mod generation;
 pub mod limits;
 pub mod metering;
 pub mod models;
+pub mod placement;
+pub mod standing;
 
 use engine::EngineError;
 

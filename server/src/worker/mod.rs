@@ -24,7 +24,7 @@ use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::protocol::CloseFrame;
 
 use crate::config::WorkerArgs;
-use crate::fleet::protocol::{self, FromWorker, Load, ServedModel, ToWorker, VERSION};
+use crate::fleet::protocol::{self, Ask, FromWorker, Load, ServedModel, ToWorker, VERSION};
 use crate::services::models::{ModelKind, ModelRegistry};
 
 /// How long the server has to answer a registration.
@@ -135,7 +135,24 @@ fn registration(args: &WorkerArgs, models: &ModelRegistry) -> FromWorker {
             }
             ModelKind::Embedding(_) => None,
         })
-        .collect();
+        .collect::<Vec<ServedModel>>();
+    let asks = args
+        .price
+        .map(|p| {
+            served
+                .iter()
+                .map(|m: &ServedModel| Ask {
+                    model: m.name.clone(),
+                    input: p.input,
+                    cached_input: p.cached_input,
+                    output: p.output,
+                    capacity: args.capacity,
+                    until: args.until,
+                    preemptible: args.preemptible,
+                })
+                .collect()
+        })
+        .unwrap_or_default();
     FromWorker::Register {
         v: VERSION,
         name: args.name.clone().unwrap_or_else(hostname),
@@ -144,6 +161,7 @@ fn registration(args: &WorkerArgs, models: &ModelRegistry) -> FromWorker {
         models: served,
         threads: rayon::current_num_threads() as u32,
         region: args.region.clone(),
+        asks,
     }
 }
 

@@ -335,17 +335,10 @@ pub(crate) async fn providers(
 #[serde(deny_unknown_fields)]
 pub(crate) struct SetProvider {
     profile: CostProfile,
-    #[serde(default = "one_x")]
-    reputation_bps: i64,
-    #[serde(default = "one_x")]
-    uptime_bps: i64,
 }
 
-fn one_x() -> i64 {
-    10_000
-}
-
-/// Admin: sets a provider account's cost profile and standing.
+/// Admin: sets a provider account's cost profile (its reputation and
+/// uptime are measured from the fleet, not set).
 #[utoipa::path(put, path = "/admin/market/providers/{id}", tag = "admin", request_body = SetProvider,
     params(("id" = String, Path, description = "The provider's account id")),
     responses((status = 200, description = "Updated", body = Provider), (status = 400, description = "Invalid profile", body = crate::http::error::ErrorResponse), (status = 404, description = "No such provider account", body = crate::http::error::ErrorResponse), (status = 401, description = "Missing or wrong admin token", body = crate::http::error::ErrorResponse)),
@@ -355,15 +348,14 @@ pub(crate) async fn set_provider(
     Path(id): Path<String>,
     ApiJson(p): ApiJson<SetProvider>,
 ) -> Result<Json<Provider>, ApiError> {
+    let market = &billing(&state)?.market;
+    let (reputation_bps, uptime_bps) = market.standing_of(&id);
     let provider = Provider {
         account_id: id,
         profile: p.profile,
-        reputation_bps: p.reputation_bps,
-        uptime_bps: p.uptime_bps,
+        reputation_bps,
+        uptime_bps,
     };
-    billing(&state)?
-        .market
-        .set_provider(provider.clone())
-        .await?;
+    market.set_provider(provider.clone()).await?;
     Ok(Json(provider))
 }
