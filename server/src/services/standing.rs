@@ -77,8 +77,8 @@ pub async fn load(db: &Db, fleet: &Registry) -> Result<usize, sqlx::Error> {
     Ok(rows.len())
 }
 
-/// Persists what is pending and reads the totals back; counts that could
-/// not be written stay pending for the next round.
+/// Persists what is pending and reads every total back; counts that
+/// could not be written stay pending for the next round.
 pub async fn flush(db: &Db, fleet: &Registry, market: Option<&Market>) {
     let pending = fleet.standing.take_pending(now());
     let mut failed = Vec::new();
@@ -99,6 +99,10 @@ pub async fn flush(db: &Db, fleet: &Registry, market: Option<&Market>) {
         }
     }
     fleet.standing.restore_pending(failed);
+    // Other replicas' counts too, for providers with nothing pending here.
+    if let Err(e) = load(db, fleet).await {
+        tracing::warn!(error = %e, "provider standing not read back");
+    }
 }
 
 /// Loads the records, then flushes every `EVERY` for good.
@@ -110,5 +114,42 @@ pub async fn run(db: Db, fleet: Arc<Registry>, market: Option<Arc<Market>>) {
     loop {
         tick.tick().await;
         flush(&db, &fleet, market.as_deref()).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::testing;
+
+    #[tokio::test]
+    async fn two_replicas_add_up_and_a_restart_keeps_the_record() {
+        for url in [testing::sqlite_url(), testing::fresh_postgres_url().await] {
+            let db = Db::connect(&url).await.expect("db");
+            let (a, b) = (Registry::default(), Registry::default());
+            let p = "provider:house";
+            a.standing.connected(p, now() - 100);
+            for lost in [false, false, true] {
+                a.standing.attempt(p, lost);
+            }
+            b.standing.attempt(p, false);
+            flush(&db, &a, None).await;
+            flush(&db, &b, None).await;
+            // `b` read back both replicas' counts; `a` sees them next round.
+            let rb = b.standing.get(p);
+            assert_eq!((rb.jobs_ok, rb.jobs_lost), (3, 1), "{url}");
+            assert!(rb.connected_s >= 100);
+            flush(&db, &a, None).await;
+            assert_eq!(a.standing.get(p).jobs_ok, 3);
+            // Nothing pending: nothing written twice.
+            flush(&db, &b, None).await;
+            assert_eq!(b.standing.get(p).jobs_ok, 3);
+            // A restarted server starts from the record.
+            let c = Registry::default();
+            assert_eq!(load(&db, &c).await.expect("load"), 1);
+            let rc = c.standing.get(p);
+            assert_eq!((rc.jobs_ok, rc.jobs_lost), (3, 1));
+            assert_eq!(rc.reputation_bps(), rb.reputation_bps());
+        }
     }
 }
