@@ -237,6 +237,18 @@ pub struct ServeArgs {
     )]
     pub placement_weights: crate::services::placement::Weights,
 
+    /// Share workers with the other `synor serve` replicas of this
+    /// deployment over this Redis (pub/sub): a worker connected to any
+    /// replica serves requests arriving at every one. Without it, each
+    /// replica places work on its own workers only.
+    #[arg(long, env = "SYNOR_FLEET_BUS")]
+    pub fleet_bus: Option<String>,
+
+    /// The fleet bus's channel prefix: replicas of one deployment share
+    /// it; another deployment on the same Redis uses its own.
+    #[arg(long, env = "SYNOR_FLEET_BUS_NAMESPACE", default_value = "synor")]
+    pub fleet_bus_namespace: String,
+
     /// Seconds a worker may run a job without sending anything before the
     /// job is taken from it and replayed elsewhere.
     #[arg(long, env = "SYNOR_FLEET_PROGRESS_TIMEOUT", default_value_t = 30.0)]

@@ -126,6 +126,10 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             .with_weights(args.placement_weights)
             .with_billing(billing.clone()),
     );
+    if let Some(url) = &args.fleet_bus {
+        crate::fleet::bus::start(url, &args.fleet_bus_namespace, state.fleet.clone())
+            .map_err(anyhow::Error::msg)?;
+    }
     tokio::spawn(crate::services::asks::run(
         state.fleet.clone(),
         billing.market.clone(),

@@ -7,6 +7,8 @@ models from $SYNOR_MODELS_DIR (default ./models).
 import os
 import queue
 import re
+import shutil
+import socket
 import subprocess
 import threading
 import time
@@ -159,3 +161,28 @@ def billed_server(tmp_path_factory):
                        "--admin-token", ADMIN_TOKEN, open_mode=False):
         info["database_url"] = db
         yield info
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def private_redis(tmp_path):
+    """A Redis of our own (so the test can stop it)."""
+    port = _free_port()
+    proc = subprocess.Popen(
+        [shutil.which("redis-server") or "redis-server", "--port", str(port), "--save", "",
+         "--appendonly", "no", "--dir", str(tmp_path)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    for _ in range(100):
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            break
+        except OSError:
+            time.sleep(0.05)
+    yield {"url": f"redis://127.0.0.1:{port}/", "proc": proc}
+    proc.kill()
+    proc.wait()

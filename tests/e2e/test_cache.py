@@ -26,25 +26,6 @@ def free_port():
         return s.getsockname()[1]
 
 
-@pytest.fixture
-def private_redis(tmp_path):
-    """A Redis of our own (so the test can stop it)."""
-    port = free_port()
-    proc = subprocess.Popen(
-        [shutil.which("redis-server") or "redis-server", "--port", str(port), "--save", "",
-         "--appendonly", "no", "--dir", str(tmp_path)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    for _ in range(100):
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            break
-        except OSError:
-            time.sleep(0.05)
-    yield {"url": f"redis://127.0.0.1:{port}/", "proc": proc}
-    proc.kill()
-    proc.wait()
-
-
 def ask(base, content, key="unused", **extra):
     """A temperature-0 chat request; returns (text, x-synor-cache)."""
     c = sdk(base, key)

@@ -446,3 +446,57 @@ def test_the_cheaper_worker_gets_the_work_and_each_provider_earns_its_own_price(
         for p in procs:
             stop(p)
         srv["gen"].close()
+
+
+def test_two_replicas_on_one_postgres_share_a_worker_over_the_bus(private_redis):
+    from conftest import fresh_postgres_url
+    db = fresh_postgres_url()
+    args = ("--model", TINY, "--embedding-model", "none", "--admin-token", ADMIN_TOKEN,
+            "--database-url", db, "--placement-house-factor", "1000",
+            "--fleet-bus", private_redis["url"], "--fleet-bus-namespace", "t" + os.urandom(4).hex())
+    a, b = _start(*args), _start(*args)
+    worker = None
+    try:
+        ra, rb = next(a), next(b)
+        # The house engine of replica B, before any worker: the reference.
+        want = {p: complete(rb["base"], p, 24).choices[0].text for p in PROMPTS}
+        created = provider_token(ra["base"])
+        # Each token held 5 ms: a stream lasts long enough to be cut.
+        worker = start_worker(ra["base"], created["token"], "shared", "--debug-token-delay-ms", "5")
+        workers_up(ra["base"], [worker], 1)
+        # B lists the worker connected to A, with A's measurements.
+        [w] = wait_for(lambda: [w for w in fleet(rb["base"]) if w["state"] == "active"],
+                       timeout=10, what="replica B to see A's worker")
+        assert w["name"] == "shared" and w["profile"] is not None, w
+        assert w["replica"] == fleet(ra["base"])[0]["replica"] != "local", w
+        # Requests to B run on the worker connected to A, with the same text.
+        for p in PROMPTS:
+            assert complete(rb["base"], p, 24).choices[0].text == want[p], p
+        status, usage = call(rb["base"], "GET", "/v1/usage?limit=100")
+        on_worker = [r for r in usage["data"] if r["decode_by"] == f"shared@{created['account_id']}"]
+        assert len(on_worker) >= 3, usage["data"]
+        wait_for(lambda: fleet(ra["base"])[0]["tokens_delivered"] >= 3 * 24, timeout=10,
+                 what="A to count what its worker delivered for B")
+        # Killed mid-stream, the worker's loss crosses the bus: B replays
+        # on its own engine and the client sees the same text.
+        stream = complete(rb["base"], "The river", 200, stream=True)
+        text = ""
+        for n, chunk in enumerate(stream):
+            if chunk.choices:
+                text += chunk.choices[0].text
+            if n == 5:
+                worker.kill()
+                worker.wait()
+        assert text == complete(rb["base"], "The river", 200).choices[0].text
+        metrics = urllib.request.urlopen(rb["base"] + "/metrics", timeout=10).read().decode()
+        replays = next(ln for ln in metrics.splitlines() if ln.startswith("synor:fleet_replays_total"))
+        assert int(replays.split()[1]) >= 1, replays
+        # One ledger, billed once, clean.
+        for r in (ra, rb):
+            status, audit = call(r["base"], "GET", "/admin/ledger/audit")
+            assert status == 200 and audit["violations"] == [], audit
+    finally:
+        if worker is not None and worker.poll() is None:
+            stop(worker)
+        a.close()
+        b.close()

@@ -41,13 +41,25 @@ pub enum Delivery {
 }
 
 /// The table of jobs running on workers.
-#[derive(Default)]
 pub struct Jobs {
     slots: Mutex<HashMap<u64, Slot>>,
     next: AtomicU64,
     /// Ids of jobs that ended, most recent last, to tell a late message
     /// (stale) from a made-up one (not yours).
     ended: Mutex<std::collections::VecDeque<(u64, Vec<String>)>>,
+}
+
+impl Default for Jobs {
+    /// Ids start at a random multiple of 2^32 (below 2^52, exact in any
+    /// JSON reader): replicas sharing workers never hand out the same id.
+    fn default() -> Self {
+        let base = (rand::random::<u64>() % (1 << 20)) << 32;
+        Self {
+            slots: Mutex::default(),
+            next: AtomicU64::new(base),
+            ended: Mutex::default(),
+        }
+    }
 }
 
 impl std::fmt::Debug for Jobs {
@@ -117,6 +129,18 @@ impl Jobs {
                     Delivery::NotYours
                 }
             }
+        }
+    }
+
+    /// Ends `job` if its current attempt is still `attempt` (a relay for
+    /// another replica, after the attempt's last event).
+    pub fn end_attempt(&self, job: u64, attempt: u32) {
+        let current = {
+            let slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
+            slots.get(&job).is_some_and(|s| s.attempt == attempt)
+        };
+        if current {
+            self.end(job);
         }
     }
 

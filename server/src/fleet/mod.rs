@@ -9,10 +9,12 @@
 //! - `registry`: the connected workers, their devices, models, asks and
 //!   load;
 //! - `jobs`: the attempts running on workers, routed to their relays;
-//! - `standing`: each provider's reputation and uptime, measured.
+//! - `standing`: each provider's reputation and uptime, measured;
+//! - `bus`: replicas sharing their workers over Redis pub/sub.
 //!
 //! Calibration, placement and the market's use of asks are services.
 
+pub mod bus;
 pub mod jobs;
 pub mod protocol;
 pub mod registry;

@@ -4,10 +4,10 @@
 //! Sessions add and remove themselves; admins list and drain.
 
 use std::collections::HashMap;
-use std::sync::RwLock;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 
 use super::protocol::{Ask, Device, Load, ServedModel, ToWorker};
@@ -16,7 +16,7 @@ use super::standing::Standing;
 /// What the server measured of a worker on its own challenge (never what
 /// the worker claims): prefill throughput and the decode step time at one
 /// and at four sequences.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Profile {
     pub prefill_tokens_per_s: f64,
     pub decode_step_ms_1: f64,
@@ -35,9 +35,13 @@ impl Profile {
 }
 
 /// A worker as admins see it.
-#[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct WorkerInfo {
     pub id: String,
+    /// The server replica its connection is on (work placed by another
+    /// replica travels over the fleet bus).
+    #[serde(default)]
+    pub replica: String,
     /// The provider account it earns for.
     pub provider_id: String,
     /// The token it connected with.
@@ -96,10 +100,25 @@ struct Entry {
     to_session: mpsc::Sender<ToWorker>,
 }
 
+/// A worker connected to another replica, as its last announcement said.
+struct Remote {
+    info: WorkerInfo,
+    seen: std::time::Instant,
+}
+
 /// The registry of connected workers and of the jobs placed on them.
 #[derive(Default)]
 pub struct Registry {
     workers: RwLock<HashMap<String, Entry>>,
+    /// Workers of other replicas (with a fleet bus).
+    remote: RwLock<HashMap<String, Remote>>,
+    /// Where messages for remote workers go (set once, with a bus).
+    bus: std::sync::OnceLock<Arc<dyn Forward>>,
+    /// This replica's id, as announced.
+    replica: std::sync::OnceLock<String>,
+    /// Signalled when a worker joins, leaves or changes state (the bus
+    /// announces at once).
+    pub changed: tokio::sync::Notify,
     /// Jobs running on workers (sessions route their messages here).
     pub jobs: super::jobs::Jobs,
     next: AtomicU64,
@@ -123,6 +142,20 @@ fn now() -> i64 {
     crate::store::now()
 }
 
+/// Sends a server message to a worker connected to another replica;
+/// the future answers false when it could not be sent.
+pub trait Forward: Send + Sync {
+    fn forward<'a>(
+        &'a self,
+        replica: &'a str,
+        worker: &'a str,
+        msg: ToWorker,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = bool> + Send + 'a>>;
+}
+
+/// How long another replica's workers stay listed without an announcement.
+pub const REMOTE_TTL: std::time::Duration = std::time::Duration::from_secs(3);
+
 impl Registry {
     /// Adds a worker; returns its id (unique in this process).
     pub fn register(&self, r: Registration, to_session: mpsc::Sender<ToWorker>) -> String {
@@ -134,6 +167,7 @@ impl Registry {
         let t = now();
         let info = WorkerInfo {
             id: id.clone(),
+            replica: self.replica().to_string(),
             provider_id: r.provider_id,
             token_id: r.token_id,
             name: r.name,
@@ -158,7 +192,76 @@ impl Registry {
         self.standing.connected(&info.provider_id, t);
         let mut w = self.workers.write().unwrap_or_else(|e| e.into_inner());
         w.insert(id.clone(), Entry { info, to_session });
+        self.changed.notify_one();
         id
+    }
+
+    /// This replica's id (`local` until a bus names it).
+    pub fn replica(&self) -> &str {
+        self.replica.get().map_or("local", String::as_str)
+    }
+
+    /// Connects the fleet bus: this replica is `replica`, and messages for
+    /// other replicas' workers go through `bus`.
+    pub fn connect_bus(&self, replica: String, bus: Arc<dyn Forward>) {
+        let _ = self.replica.set(replica);
+        let _ = self.bus.set(bus);
+    }
+
+    /// Takes another replica's announcement of its workers: they are
+    /// listed (and placeable) until `REMOTE_TTL` passes without another;
+    /// its workers missing from it are gone, and their jobs lost.
+    pub fn announced(&self, replica: &str, workers: Vec<WorkerInfo>) {
+        let at = std::time::Instant::now();
+        let gone: Vec<String> = {
+            let mut r = self.remote.write().unwrap_or_else(|e| e.into_inner());
+            let ids: std::collections::HashSet<&str> =
+                workers.iter().map(|w| w.id.as_str()).collect();
+            let gone: Vec<String> = r
+                .iter()
+                .filter(|(id, x)| x.info.replica == replica && !ids.contains(id.as_str()))
+                .map(|(id, _)| id.clone())
+                .collect();
+            for id in &gone {
+                r.remove(id);
+            }
+            for mut info in workers {
+                info.replica = replica.to_string();
+                r.insert(info.id.clone(), Remote { info, seen: at });
+            }
+            gone
+        };
+        for id in gone {
+            self.jobs.lost(&id, "the worker left its replica");
+        }
+    }
+
+    /// Drops other replicas' workers not announced for `REMOTE_TTL`; their
+    /// jobs are lost.
+    pub fn expire_remote(&self) {
+        let gone: Vec<String> = {
+            let mut r = self.remote.write().unwrap_or_else(|e| e.into_inner());
+            let old: Vec<String> = r
+                .iter()
+                .filter(|(_, x)| x.seen.elapsed() > REMOTE_TTL)
+                .map(|(id, _)| id.clone())
+                .collect();
+            for id in &old {
+                r.remove(id);
+            }
+            old
+        };
+        for id in gone {
+            self.jobs.lost(&id, "its replica went silent");
+        }
+    }
+
+    /// This replica's own workers (what it announces).
+    pub fn local(&self) -> Vec<WorkerInfo> {
+        self.list()
+            .into_iter()
+            .filter(|w| w.replica == self.replica())
+            .collect()
     }
 
     /// Records a worker's `status`.
@@ -176,6 +279,7 @@ impl Registry {
         let mut w = self.workers.write().unwrap_or_else(|e| e.into_inner());
         let Some(e) = w.get_mut(id) else { return false };
         e.info.state = "draining".into();
+        self.changed.notify_one();
         if tell {
             let _ = e.to_session.try_send(ToWorker::Drain {
                 v: super::protocol::VERSION,
@@ -193,6 +297,7 @@ impl Registry {
             if e.info.state == "calibrating" {
                 e.info.state = "active".into();
             }
+            self.changed.notify_one();
         }
     }
 
@@ -211,6 +316,7 @@ impl Registry {
             w.remove(id)
         };
         if let Some(e) = removed {
+            self.changed.notify_one();
             self.disconnects.fetch_add(1, Ordering::Relaxed);
             self.standing.disconnected(&e.info.provider_id, now());
         }
@@ -224,20 +330,31 @@ impl Registry {
             let w = self.workers.read().unwrap_or_else(|e| e.into_inner());
             w.get(id).map(|e| e.to_session.clone())
         };
-        match tx {
-            Some(tx) => tx.send(msg).await.is_ok(),
-            None => false,
+        if let Some(tx) = tx {
+            return tx.send(msg).await.is_ok();
+        }
+        let replica = {
+            let r = self.remote.read().unwrap_or_else(|e| e.into_inner());
+            r.get(id).map(|x| x.info.replica.clone())
+        };
+        match (replica, self.bus.get()) {
+            (Some(replica), Some(bus)) => bus.forward(&replica, id, msg).await,
+            _ => false,
         }
     }
 
-    /// Active workers that serve `model`.
+    /// Active workers that serve `model`, this replica's and the others'.
     pub fn serving(&self, model: &str) -> Vec<WorkerInfo> {
-        let w = self.workers.read().unwrap_or_else(|e| e.into_inner());
-        let mut out: Vec<WorkerInfo> = w
-            .values()
-            .filter(|e| e.info.state == "active" && e.info.models.iter().any(|m| m.name == model))
-            .map(|e| e.info.clone())
-            .collect();
+        let ok = |i: &WorkerInfo| i.state == "active" && i.models.iter().any(|m| m.name == model);
+        let mut out: Vec<WorkerInfo> = {
+            let w = self.workers.read().unwrap_or_else(|e| e.into_inner());
+            w.values()
+                .filter(|e| ok(&e.info))
+                .map(|e| e.info.clone())
+                .collect()
+        };
+        let r = self.remote.read().unwrap_or_else(|e| e.into_inner());
+        out.extend(r.values().filter(|x| ok(&x.info)).map(|x| x.info.clone()));
         out.sort_by(|a, b| a.id.cmp(&b.id));
         out
     }
@@ -254,21 +371,34 @@ impl Registry {
         }
     }
 
-    /// Every connected worker, by id.
+    /// Counts tokens one of this replica's workers delivered for another
+    /// replica's job.
+    pub fn delivered(&self, id: &str, tokens: usize) {
+        let mut w = self.workers.write().unwrap_or_else(|e| e.into_inner());
+        if let Some(e) = w.get_mut(id) {
+            e.info.tokens_delivered += tokens as u64;
+        }
+    }
+
+    /// Every connected worker, this replica's and the others', by id.
     pub fn list(&self) -> Vec<WorkerInfo> {
-        let w = self.workers.read().unwrap_or_else(|e| e.into_inner());
-        let mut out: Vec<WorkerInfo> = w
-            .values()
-            .map(|e| {
-                let r = self.standing.get(&e.info.provider_id);
-                WorkerInfo {
-                    jobs_running: self.jobs.on(&e.info.id) as u64,
-                    reputation_bps: r.reputation_bps(),
-                    uptime_bps: r.uptime_bps(now()),
-                    ..e.info.clone()
-                }
-            })
-            .collect();
+        let mut out: Vec<WorkerInfo> = {
+            let w = self.workers.read().unwrap_or_else(|e| e.into_inner());
+            w.values()
+                .map(|e| {
+                    let r = self.standing.get(&e.info.provider_id);
+                    WorkerInfo {
+                        replica: self.replica().to_string(),
+                        jobs_running: self.jobs.on(&e.info.id) as u64,
+                        reputation_bps: r.reputation_bps(),
+                        uptime_bps: r.uptime_bps(now()),
+                        ..e.info.clone()
+                    }
+                })
+                .collect()
+        };
+        let r = self.remote.read().unwrap_or_else(|e| e.into_inner());
+        out.extend(r.values().map(|x| x.info.clone()));
         out.sort_by(|a, b| a.id.cmp(&b.id));
         out
     }

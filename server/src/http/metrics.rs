@@ -65,7 +65,7 @@ type WorkerFigure = fn(&WorkerInfo) -> f64;
 /// worker reports (queue, running sequences, step time, free KV blocks);
 /// and for the fleet, disconnects and replayed attempts.
 fn fleet_metrics(out: &mut String, fleet: &Registry) {
-    let workers = fleet.list();
+    let workers = fleet.local();
     let families: [(&str, &str, &str, WorkerFigure); 8] = [
         (
             "synor:worker_up",

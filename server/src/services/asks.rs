@@ -42,7 +42,7 @@ fn capacity(w: &WorkerInfo, offered: u64) -> u64 {
 /// One round: renew the asks of active workers, cancel those of workers
 /// gone.
 pub async fn round(fleet: &Registry, market: &Market, posted: &mut Posted) {
-    let workers = fleet.list();
+    let workers = fleet.local();
     let t = now();
     let mut live = HashMap::new();
     for w in workers.iter().filter(|w| w.state == "active") {

@@ -51,8 +51,9 @@ pub async fn run(fleet: Arc<Registry>, models: Arc<ModelRegistry>, dispatch: Arc
     let mut tick = tokio::time::interval(SCAN);
     loop {
         tick.tick().await;
-        let workers = fleet.list();
-        if !house_done && !workers.is_empty() {
+        // Workers connected here (another replica measures its own).
+        let workers = fleet.local();
+        if !house_done && !fleet.list().is_empty() {
             house_done = true;
             calibrate_house(&models, &dispatch).await;
         }

@@ -349,6 +349,17 @@ impl Dispatch {
         max_tokens: usize,
     ) -> (Target, Terms) {
         let workers = self.fleet.serving(model);
+        // Workers measured by another replica (or recalibrated) bring
+        // their profile along.
+        for w in &workers {
+            let known = {
+                let m = self.measures.lock().unwrap_or_else(|e| e.into_inner());
+                m.get(&w.id).and_then(|m| m.profile).map(|p| p.measured_at)
+            };
+            if let Some(p) = w.profile.filter(|p| known != Some(p.measured_at)) {
+                self.set_profile(&w.id, p);
+            }
+        }
         let fresh: Vec<&WorkerInfo> = workers.iter().filter(|w| !tried.contains(&w.id)).collect();
         if let Some(turn) = &self.round_robin
             && !fresh.is_empty()

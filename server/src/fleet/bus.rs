@@ -1,0 +1,428 @@
+//! The fleet bus: several `synor serve` replicas share their workers over
+//! Redis pub/sub (the deployment's Redis, already there for the shared
+//! response cache; no cluster protocol of our own). Each replica
+//! announces its own workers every second on `<ns>:fleet:announce`, and
+//! lists the others' until `REMOTE_TTL` passes without an announcement
+//! (their jobs are then lost, and replayed). A relay that places an
+//! attempt on another replica's worker keeps its job slot at home and
+//! sends the assignment (and any cancel) to that replica's channel
+//! `<ns>:fleet:to:<replica>`; the worker's replica opens a slot for it
+//! and sends every event of the attempt back to the origin's channel,
+//! where it reaches the relay as if the worker were local. Job ids are
+//! unique across replicas (`Jobs` starts each at a random base).
+//!
+//! The connection is retried with backoff when Redis goes away; messages
+//! queued meanwhile are bounded (`QUEUE`) and dropped past it (relays
+//! time out and replay, as for a silent worker).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use serde::{Deserialize, Serialize};
+use tokio::sync::mpsc;
+
+use super::jobs::JobEvent;
+use super::protocol::ToWorker;
+use super::registry::{Forward, Registry, WorkerInfo};
+use engine::core::CoreEvent;
+use engine::{FinishReason, TokenLogprob, Usage};
+
+/// Messages waiting for the connection.
+const QUEUE: usize = 4096;
+/// How often this replica announces its workers.
+const ANNOUNCE: Duration = Duration::from_secs(1);
+
+/// One message between replicas.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+enum Msg {
+    /// A replica's own workers, every `ANNOUNCE`.
+    Announce {
+        replica: String,
+        workers: Vec<WorkerInfo>,
+    },
+    /// For a worker of the receiving replica, from `origin`'s relay.
+    ToWorker {
+        origin: String,
+        worker: String,
+        msg: ToWorker,
+    },
+    /// Events of an attempt, back to the replica that placed it.
+    Events {
+        job: u64,
+        attempt: u32,
+        worker: String,
+        events: Vec<Wire>,
+    },
+}
+
+/// A job event on the bus.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+enum Wire {
+    Accepted,
+    Token {
+        id: u32,
+        logprob: Option<f32>,
+        #[serde(default)]
+        top: Vec<(u32, f32)>,
+    },
+    Finished {
+        reason: String,
+        prompt: usize,
+        cached: usize,
+        completion: usize,
+    },
+    Lost {
+        why: String,
+    },
+}
+
+impl Wire {
+    fn of(ev: JobEvent) -> Self {
+        match ev {
+            JobEvent::Core(CoreEvent::Accepted) => Self::Accepted,
+            JobEvent::Core(CoreEvent::Token { id, logprob }) => Self::Token {
+                id,
+                logprob: logprob.as_ref().map(|l| l.logprob),
+                top: logprob.map(|l| l.top).unwrap_or_default(),
+            },
+            JobEvent::Core(CoreEvent::Finished { reason, usage }) => Self::Finished {
+                reason: reason.as_openai().to_string(),
+                prompt: usage.prompt_tokens,
+                cached: usage.cached_tokens,
+                completion: usage.completion_tokens,
+            },
+            JobEvent::Core(CoreEvent::Failed(e)) => Self::Lost { why: e.to_string() },
+            JobEvent::Lost(why) => Self::Lost { why },
+        }
+    }
+
+    fn terminal(&self) -> bool {
+        matches!(self, Self::Finished { .. } | Self::Lost { .. })
+    }
+
+    fn into_event(self) -> JobEvent {
+        match self {
+            Self::Accepted => JobEvent::Core(CoreEvent::Accepted),
+            Self::Token { id, logprob, top } => JobEvent::Core(CoreEvent::Token {
+                id,
+                logprob: logprob.map(|logprob| TokenLogprob {
+                    token: id,
+                    logprob,
+                    top,
+                }),
+            }),
+            Self::Finished {
+                reason,
+                prompt,
+                cached,
+                completion,
+            } => {
+                let reason = match reason.as_str() {
+                    "stop" => FinishReason::Stop,
+                    "length" => FinishReason::Length,
+                    _ => FinishReason::Abort,
+                };
+                JobEvent::Core(CoreEvent::Finished {
+                    reason,
+                    usage: Usage {
+                        prompt_tokens: prompt,
+                        completion_tokens: completion,
+                        cached_tokens: cached,
+                    },
+                })
+            }
+            Self::Lost { why } => JobEvent::Lost(why),
+        }
+    }
+}
+
+/// This replica's end of the bus.
+pub struct Bus {
+    replica: String,
+    ns: String,
+    out: mpsc::Sender<(String, String)>,
+}
+
+impl std::fmt::Debug for Bus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Bus")
+            .field("replica", &self.replica)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Bus {
+    fn channel(&self, replica: &str) -> String {
+        format!("{}:fleet:to:{replica}", self.ns)
+    }
+
+    fn announce_channel(&self) -> String {
+        format!("{}:fleet:announce", self.ns)
+    }
+
+    /// Queues `msg` for `channel`; false when the queue is full.
+    fn publish(&self, channel: String, msg: &Msg) -> bool {
+        match serde_json::to_string(msg) {
+            Ok(text) => self.out.try_send((channel, text)).is_ok(),
+            Err(_) => false,
+        }
+    }
+}
+
+impl Forward for Bus {
+    fn forward<'a>(
+        &'a self,
+        replica: &'a str,
+        worker: &'a str,
+        msg: ToWorker,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = bool> + Send + 'a>> {
+        let m = Msg::ToWorker {
+            origin: self.replica.clone(),
+            worker: worker.to_string(),
+            msg,
+        };
+        let sent = self.publish(self.channel(replica), &m);
+        Box::pin(async move { sent })
+    }
+}
+
+/// Connects `registry` to the bus at `url` (a Redis URL) under the
+/// namespace `ns`, and keeps it connected for good.
+pub fn start(url: &str, ns: &str, registry: Arc<Registry>) -> Result<Arc<Bus>, String> {
+    let client = redis::Client::open(url).map_err(|e| format!("--fleet-bus `{url}`: {e}"))?;
+    let (out, queue) = mpsc::channel(QUEUE);
+    let id = uuid::Uuid::new_v4().simple().to_string();
+    let bus = Arc::new(Bus {
+        replica: format!("r-{}", &id[..10]),
+        ns: ns.to_string(),
+        out,
+    });
+    registry.connect_bus(bus.replica.clone(), bus.clone());
+    tokio::spawn(run(client, bus.clone(), registry, queue));
+    Ok(bus)
+}
+
+/// Connects, serves until the connection fails, and again after a pause.
+async fn run(
+    client: redis::Client,
+    bus: Arc<Bus>,
+    registry: Arc<Registry>,
+    mut queue: mpsc::Receiver<(String, String)>,
+) {
+    let mut pause = Duration::from_millis(200);
+    loop {
+        match connected(&client, &bus, &registry, &mut queue).await {
+            Ok(()) => return,
+            Err(e) => {
+                tracing::warn!(error = %e, replica = %bus.replica, "fleet bus down; reconnecting");
+                registry.expire_remote();
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_secs(5));
+            }
+        }
+    }
+}
+
+/// One connection's life: subscribe, then announce, publish and receive.
+async fn connected(
+    client: &redis::Client,
+    bus: &Arc<Bus>,
+    registry: &Arc<Registry>,
+    queue: &mut mpsc::Receiver<(String, String)>,
+) -> Result<(), redis::RedisError> {
+    let mut publisher = client.get_multiplexed_async_connection().await?;
+    let mut pubsub = client.get_async_pubsub().await?;
+    pubsub.subscribe(bus.announce_channel()).await?;
+    pubsub.subscribe(bus.channel(&bus.replica)).await?;
+    let mut incoming = pubsub.into_on_message();
+    tracing::info!(replica = %bus.replica, "fleet bus connected");
+    let mut tick = tokio::time::interval(ANNOUNCE);
+    loop {
+        tokio::select! {
+            m = incoming.next() => match m {
+                Some(m) => received(bus, registry, m.get_payload_bytes()),
+                None => return Err(redis::RedisError::from(std::io::Error::other("subscription ended"))),
+            },
+            item = queue.recv() => match item {
+                Some((channel, text)) => {
+                    redis::cmd("PUBLISH").arg(&channel).arg(&text)
+                        .query_async::<i64>(&mut publisher).await?;
+                }
+                None => return Ok(()),
+            },
+            // Every second, and at once when a worker comes or goes.
+            _ = async { tokio::select! { _ = tick.tick() => {}, _ = registry.changed.notified() => {} } } => {
+                registry.expire_remote();
+                let m = Msg::Announce { replica: bus.replica.clone(), workers: registry.local() };
+                let text = serde_json::to_string(&m).unwrap_or_default();
+                redis::cmd("PUBLISH").arg(bus.announce_channel()).arg(&text)
+                    .query_async::<i64>(&mut publisher).await?;
+            }
+        }
+    }
+}
+
+/// Handles one message from another replica.
+fn received(bus: &Arc<Bus>, registry: &Arc<Registry>, payload: &[u8]) {
+    let msg: Msg = match serde_json::from_slice(payload) {
+        Ok(m) => m,
+        Err(e) => {
+            tracing::warn!(error = %e, "unreadable fleet bus message dropped");
+            return;
+        }
+    };
+    match msg {
+        Msg::Announce { replica, workers } if replica != bus.replica => {
+            registry.announced(&replica, workers);
+        }
+        Msg::Announce { .. } => {}
+        Msg::ToWorker {
+            origin,
+            worker,
+            msg,
+        } => {
+            let (bus, registry) = (bus.clone(), registry.clone());
+            tokio::spawn(async move { for_worker(&bus, &registry, origin, worker, msg).await });
+        }
+        Msg::Events {
+            job,
+            attempt,
+            worker,
+            events,
+        } => {
+            for ev in events {
+                registry
+                    .jobs
+                    .deliver(&worker, job, attempt, ev.into_event());
+            }
+        }
+    }
+}
+
+/// Runs another replica's message for one of this replica's workers: an
+/// assignment opens a slot whose events travel back to `origin`.
+async fn for_worker(
+    bus: &Arc<Bus>,
+    registry: &Arc<Registry>,
+    origin: String,
+    worker: String,
+    msg: ToWorker,
+) {
+    let assigned = match &msg {
+        ToWorker::Assign { job, attempt, .. } => Some((*job, *attempt)),
+        ToWorker::Welcome { .. }
+        | ToWorker::Error { .. }
+        | ToWorker::Drain { .. }
+        | ToWorker::Cancel { .. } => None,
+    };
+    if let Some((job, attempt)) = assigned {
+        let (tx, rx) = mpsc::unbounded_channel();
+        registry.jobs.place(job, &worker, attempt, tx);
+        let to = Origin {
+            bus: bus.clone(),
+            registry: registry.clone(),
+            replica: origin.clone(),
+        };
+        tokio::spawn(pump(to, worker.clone(), job, attempt, rx));
+    }
+    if !registry.send(&worker, msg).await
+        && let Some((job, attempt)) = assigned
+    {
+        registry.jobs.deliver(
+            &worker,
+            job,
+            attempt,
+            JobEvent::Lost("the worker is gone".into()),
+        );
+    }
+}
+
+/// Where an attempt's events go back to.
+struct Origin {
+    bus: Arc<Bus>,
+    registry: Arc<Registry>,
+    replica: String,
+}
+
+/// Sends an attempt's events back to the replica that placed it, a batch
+/// at a time, until its last; then closes its slot here.
+async fn pump(
+    to: Origin,
+    worker: String,
+    job: u64,
+    attempt: u32,
+    mut rx: mpsc::UnboundedReceiver<JobEvent>,
+) {
+    let mut delivered = 0;
+    while let Some(first) = rx.recv().await {
+        let mut events = vec![Wire::of(first)];
+        while let Ok(more) = rx.try_recv() {
+            events.push(Wire::of(more));
+        }
+        delivered += events
+            .iter()
+            .filter(|e| matches!(e, Wire::Token { .. }))
+            .count();
+        let done = events.iter().any(Wire::terminal);
+        let m = Msg::Events {
+            job,
+            attempt,
+            worker: worker.clone(),
+            events,
+        };
+        if !to.bus.publish(to.bus.channel(&to.replica), &m) {
+            tracing::warn!(job, "fleet bus queue full: events dropped");
+        }
+        if done {
+            break;
+        }
+    }
+    // This replica forgets the attempt (unless it was replaced since) and
+    // counts what its worker delivered (the origin keeps the standing).
+    to.registry.jobs.end_attempt(job, attempt);
+    to.registry.delivered(&worker, delivered);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn job_events_cross_the_bus_unchanged() {
+        let events = vec![
+            JobEvent::Core(CoreEvent::Accepted),
+            JobEvent::Core(CoreEvent::Token {
+                id: 7,
+                logprob: Some(TokenLogprob {
+                    token: 7,
+                    logprob: -0.5,
+                    top: vec![(7, -0.5), (3, -1.5)],
+                }),
+            }),
+            JobEvent::Core(CoreEvent::Token {
+                id: 9,
+                logprob: None,
+            }),
+            JobEvent::Core(CoreEvent::Finished {
+                reason: FinishReason::Length,
+                usage: Usage {
+                    prompt_tokens: 4,
+                    completion_tokens: 2,
+                    cached_tokens: 1,
+                },
+            }),
+            JobEvent::Lost("gone".into()),
+        ];
+        for ev in events {
+            let before = format!("{ev:?}");
+            let wire = Wire::of(ev);
+            let text = serde_json::to_string(&wire).expect("json");
+            let back: Wire = serde_json::from_str(&text).expect("parse");
+            assert_eq!(back, wire);
+            assert_eq!(format!("{:?}", back.into_event()), before);
+        }
+    }
+}
