@@ -237,6 +237,16 @@ pub struct ServeArgs {
     )]
     pub placement_weights: crate::services::placement::Weights,
 
+    /// Past saturation (every executor of a model at its batch cap), at
+    /// most this many choices wait for room; more are refused with 503
+    /// and Retry-After.
+    #[arg(long, env = "SYNOR_FLEET_MAX_QUEUE", default_value_t = 256)]
+    pub fleet_max_queue: usize,
+
+    /// Seconds a choice waits for room before it fails with 503.
+    #[arg(long, env = "SYNOR_FLEET_QUEUE_TIMEOUT", default_value_t = 30.0)]
+    pub fleet_queue_timeout: f64,
+
     /// Share workers with the other `synor serve` replicas of this
     /// deployment over this Redis (pub/sub): a worker connected to any
     /// replica serves requests arriving at every one. Without it, each

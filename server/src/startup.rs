@@ -124,6 +124,10 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             .with_progress_timeout(seconds(args.fleet_progress_timeout, 0.1, 3600.0))
             .with_step_target(args.fleet_step_target_ms)
             .with_weights(args.placement_weights)
+            .with_queue(
+                args.fleet_max_queue,
+                seconds(args.fleet_queue_timeout, 0.0, 3600.0),
+            )
             .with_billing(billing.clone()),
     );
     if let Some(url) = &args.fleet_bus {

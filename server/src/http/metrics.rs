@@ -156,6 +156,18 @@ fn fleet_metrics(out: &mut String, fleet: &Registry) {
     }
 }
 
+/// Choices waiting for an executor with room (admission past saturation).
+fn queue_metrics(out: &mut String, queued: usize) {
+    let name = "synor:fleet_queued";
+    Family {
+        name,
+        kind: "gauge",
+        help: "Choices waiting while every executor of their model is at its batch cap.",
+    }
+    .header(out);
+    let _ = writeln!(out, "{name} {queued}");
+}
+
 /// Reads one counter of a cache tier.
 type TierCounter = fn(&crate::cache::TierStats) -> u64;
 
@@ -242,12 +254,14 @@ pub fn render(
     cache: Option<&ResponseCache>,
     http: &HttpMetrics,
     fleet: &Registry,
+    fleet_queued: usize,
 ) -> String {
     let mut out = String::new();
     if let Some(cache) = cache {
         cache_metrics(&mut out, cache);
     }
     fleet_metrics(&mut out, fleet);
+    queue_metrics(&mut out, fleet_queued);
     let text: Vec<(String, engine::EngineStats, engine::LatencyStats)> = models
         .list()
         .iter()

@@ -40,7 +40,9 @@ use crate::ledger::money::{BPS, Prices, Tokens};
 use crate::ledger::settle::Work;
 use crate::services::ServiceError;
 use crate::services::metering::{Billing, Credits};
-use crate::services::placement::{Candidate, MAX_CAP, Measure, Terms, Weights, gross};
+use crate::services::placement::{
+    Affinity, Candidate, MAX_CAP, Measure, Terms, Weights, gross, prefix_hashes,
+};
 
 /// Attempts of one choice before it fails.
 pub const MAX_ATTEMPTS: u32 = 3;
@@ -72,12 +74,45 @@ pub struct Dispatch {
     /// Prices the house and the workers (`None`: an unmetered server,
     /// where every executor costs the same).
     billing: Option<Arc<Billing>>,
+    /// Admission past saturation: choices wait while every executor is at
+    /// its batch cap, at most `max_queue` of them for `queue_timeout`.
+    admission: Admission,
+    /// Which prompt prefixes each executor ran lately.
+    affinity: Mutex<Affinity>,
 }
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The queue of choices waiting for an executor with room.
+#[derive(Debug)]
+struct Admission {
+    max_queue: usize,
+    timeout: Duration,
+    queued: std::sync::atomic::AtomicUsize,
+    /// Signalled whenever an attempt ends (an executor has room again).
+    room: tokio::sync::Notify,
+}
+
+/// Default `--fleet-max-queue` and `--fleet-queue-timeout`.
+const MAX_QUEUE: usize = 256;
+const QUEUE_TIMEOUT: Duration = Duration::from_secs(30);
 
 impl std::fmt::Debug for Dispatch {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Dispatch").finish_non_exhaustive()
     }
+}
+
+/// What placement weighs for one choice.
+struct Want<'a> {
+    model: &'a str,
+    /// The house engine's terms now.
+    house: &'a Terms,
+    /// The prompt (and, for a replay, the tokens already delivered).
+    prompt: &'a [u32],
+    max_tokens: usize,
 }
 
 /// Where one attempt runs.
@@ -117,7 +152,68 @@ impl Dispatch {
             step_target_ms: STEP_TARGET_MS,
             weights: Weights::default(),
             billing: None,
+            admission: Admission {
+                max_queue: MAX_QUEUE,
+                timeout: QUEUE_TIMEOUT,
+                queued: Default::default(),
+                room: tokio::sync::Notify::new(),
+            },
+            affinity: Mutex::default(),
         }
+    }
+
+    /// Lets at most `max` choices wait for room, each for at most `wait`.
+    pub fn with_queue(mut self, max: usize, wait: Duration) -> Self {
+        self.admission.max_queue = max;
+        self.admission.timeout = wait;
+        self
+    }
+
+    /// Whether the choice would go to an executor at its batch cap now
+    /// (every executor worth using is full: better to wait than to slow
+    /// everyone down). Never with round-robin.
+    fn saturated(&self, w: &Want<'_>) -> bool {
+        if self.round_robin.is_some() {
+            return false;
+        }
+        let (target, _) = self.choose(w, &[]);
+        lock(&self.measures)
+            .get(target.key())
+            .is_some_and(Measure::full)
+    }
+
+    /// Choices waiting for room now.
+    pub fn queued(&self) -> usize {
+        self.admission
+            .queued
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Waits until some executor for `model` has room; false when the
+    /// wait timed out or the client left.
+    async fn wait_for_room(&self, w: &Want<'_>, abort: &mut watch::Receiver<bool>) -> bool {
+        use std::sync::atomic::Ordering::Relaxed;
+        if !self.saturated(w) {
+            return true;
+        }
+        let a = &self.admission;
+        a.queued.fetch_add(1, Relaxed);
+        let deadline = tokio::time::Instant::now() + a.timeout;
+        let ok = loop {
+            if !self.saturated(w) {
+                break true;
+            }
+            tokio::select! {
+                _ = a.room.notified() => {}
+                // Caps also grow, and profiles arrive, without an attempt
+                // ending: look again now and then.
+                _ = tokio::time::sleep(Duration::from_millis(50)) => {}
+                _ = tokio::time::sleep_until(deadline) => break false,
+                r = abort.changed() => if r.is_err() || *abort.borrow() { break false },
+            }
+        };
+        a.queued.fetch_sub(1, Relaxed);
+        ok
     }
 
     /// Weighs placement's terms by `w`.
@@ -172,6 +268,23 @@ impl Dispatch {
         mut planned: Option<(Target, Terms)>,
     ) -> Result<Vec<RequestStream>, ServiceError> {
         let remote = !self.fleet.serving(model).is_empty();
+        let full = |r: &GenerateRequest| {
+            let house = self.house_terms(model, house);
+            let w = Want {
+                model,
+                house: &house,
+                prompt: &r.prompt_tokens,
+                max_tokens: r.params.max_tokens,
+            };
+            self.saturated(&w)
+        };
+        if remote && self.queued() >= self.admission.max_queue && requests.first().is_some_and(full)
+        {
+            return Err(EngineError::Overloaded {
+                waiting: self.queued(),
+            }
+            .into());
+        }
         let mut all = Vec::new();
         for r in requests {
             if !remote || r.params.grammar.is_some() {
@@ -269,9 +382,14 @@ impl Dispatch {
         if self.fleet.serving(model).is_empty() || first.params.grammar.is_some() {
             return None;
         }
-        let prompt = first.prompt_tokens.len();
         let house = self.house_terms(model, house);
-        Some(self.place(model, &house, &[], prompt, first.params.max_tokens))
+        let w = Want {
+            model,
+            house: &house,
+            prompt: &first.prompt_tokens,
+            max_tokens: first.params.max_tokens,
+        };
+        Some(self.place(&w, &[]))
     }
 
     /// The house engine's terms for `model` now (its quote under load).
@@ -338,28 +456,20 @@ impl Dispatch {
         }
     }
 
-    /// The executor with the best score for a choice of `prompt` tokens
-    /// and at most `max_tokens`, leaving out `tried`, with its terms.
-    fn place(
-        &self,
-        model: &str,
-        house_terms: &Terms,
-        tried: &[String],
-        prompt: usize,
-        max_tokens: usize,
-    ) -> (Target, Terms) {
+    /// The executor with the best score for the choice, leaving out
+    /// `tried`, with its terms; it is remembered as holding the prompt's
+    /// prefix.
+    fn place(&self, w: &Want<'_>, tried: &[String]) -> (Target, Terms) {
+        let (target, terms) = self.choose(w, tried);
+        lock(&self.affinity).record(target.key(), &prefix_hashes(w.prompt));
+        (target, terms)
+    }
+
+    /// Where the choice would go now (round-robin takes its turn).
+    fn choose(&self, want: &Want<'_>, tried: &[String]) -> (Target, Terms) {
+        let (model, house_terms) = (want.model, want.house);
         let workers = self.fleet.serving(model);
-        // Workers measured by another replica (or recalibrated) bring
-        // their profile along.
-        for w in &workers {
-            let known = {
-                let m = self.measures.lock().unwrap_or_else(|e| e.into_inner());
-                m.get(&w.id).and_then(|m| m.profile).map(|p| p.measured_at)
-            };
-            if let Some(p) = w.profile.filter(|p| known != Some(p.measured_at)) {
-                self.set_profile(&w.id, p);
-            }
-        }
+        self.sync_profiles(&workers);
         let fresh: Vec<&WorkerInfo> = workers.iter().filter(|w| !tried.contains(&w.id)).collect();
         if let Some(turn) = &self.round_robin
             && !fresh.is_empty()
@@ -367,34 +477,71 @@ impl Dispatch {
             let w = fresh[turn.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % fresh.len()];
             return (worker_target(w), self.worker_terms(w, model, house_terms));
         }
-        let measures = self.measures.lock().unwrap_or_else(|e| e.into_inner());
-        let score = |key: &str, terms: &Terms, factor: f64| {
-            let m = measures.get(key).copied().unwrap_or_default();
+        let hashes = prefix_hashes(want.prompt);
+        let house = (Target::House, house_terms.clone(), self.house_factor);
+        let workers: Vec<_> = fresh
+            .into_iter()
+            .map(|w| {
+                (
+                    worker_target(w),
+                    self.worker_terms(w, model, house_terms),
+                    1.0,
+                )
+            })
+            .collect();
+        let (prompt, max_tokens) = (want.prompt.len(), want.max_tokens);
+        self.best(house, workers, &hashes, prompt, max_tokens)
+    }
+
+    /// The candidate with the lowest score: the house, or the first of
+    /// the workers that beats it and those before.
+    fn best(
+        &self,
+        house: (Target, Terms, f64),
+        workers: Vec<(Target, Terms, f64)>,
+        hashes: &[u64],
+        prompt: usize,
+        max_tokens: usize,
+    ) -> (Target, Terms) {
+        let measures = lock(&self.measures);
+        let affinity = lock(&self.affinity);
+        let score = |(target, terms, factor): &(Target, Terms, f64)| {
+            let m = measures.get(target.key()).copied().unwrap_or_default();
             Candidate {
                 measure: &m,
                 terms,
-                factor,
+                factor: *factor,
+                cached: affinity.cached_tokens(target.key(), hashes),
             }
             .score(&self.weights, prompt, max_tokens)
         };
-        let mut best = (
-            score(HOUSE, house_terms, self.house_factor),
-            Target::House,
-            house_terms.clone(),
-        );
-        for w in fresh {
-            let terms = self.worker_terms(w, model, house_terms);
-            let s = score(&w.id, &terms, 1.0);
+        let mut best = (score(&house), house);
+        for w in workers {
+            let s = score(&w);
             if s < best.0 {
-                best = (s, worker_target(w), terms);
+                best = (s, w);
             }
         }
-        (best.1, best.2)
+        let (_, (target, terms, _)) = best;
+        (target, terms)
+    }
+
+    /// Takes the profiles of workers measured by another replica (or
+    /// recalibrated) into their measures.
+    fn sync_profiles(&self, workers: &[WorkerInfo]) {
+        for w in workers {
+            let known = lock(&self.measures)
+                .get(&w.id)
+                .and_then(|m| m.profile)
+                .map(|p| p.measured_at);
+            if let Some(p) = w.profile.filter(|p| known != Some(p.measured_at)) {
+                self.set_profile(&w.id, p);
+            }
+        }
     }
 
     fn measure(&self, key: &str, f: impl FnOnce(&mut Measure)) {
-        let mut m = self.measures.lock().unwrap_or_else(|e| e.into_inner());
-        f(m.entry(key.to_string()).or_default());
+        f(lock(&self.measures).entry(key.to_string()).or_default());
     }
 }
 
@@ -438,16 +585,30 @@ impl Relay {
                 self.finish(reason, 0);
                 break;
             }
+            // A new choice waits while the executor it would get is full
+            // (a replay goes on: it is already running for its client).
+            if attempt == 1 && !self.room().await {
+                let waiting = self.dispatch.queued();
+                let _ = self
+                    .tx
+                    .send(CoreEvent::Failed(EngineError::Overloaded { waiting }));
+                break;
+            }
             let left = self.params.max_tokens - self.delivered.len();
             let (target, terms) = match self.first.take() {
                 Some(planned) => planned,
-                None => self.dispatch.place(
-                    &self.model,
-                    &self.dispatch.house_terms(&self.model, &self.house),
-                    &tried,
-                    self.prompt.len() + self.delivered.len(),
-                    left,
-                ),
+                None => {
+                    let mut prompt = self.prompt.clone();
+                    prompt.extend_from_slice(&self.delivered);
+                    let house = self.dispatch.house_terms(&self.model, &self.house);
+                    let w = Want {
+                        model: &self.model,
+                        house: &house,
+                        prompt: &prompt,
+                        max_tokens: left,
+                    };
+                    self.dispatch.place(&w, &tried)
+                }
             };
             let before = self.delivered.len();
             self.cached = 0;
@@ -459,6 +620,7 @@ impl Relay {
             };
             self.dispatch
                 .measure(&key, |m| m.outstanding = m.outstanding.saturating_sub(1));
+            self.dispatch.admission.room.notify_waiters();
             let tokens = self.delivered.len() - before;
             if let Some(c) = &self.credits {
                 let executor = target.label(&self.house);
@@ -506,6 +668,23 @@ impl Relay {
             }
         }
         self.dispatch.fleet.jobs.end(self.job);
+    }
+
+    /// Waits, if the executor the choice would get is full, until one has
+    /// room (dropping the plan made before); false when it gave up.
+    async fn room(&mut self) -> bool {
+        let house = self.dispatch.house_terms(&self.model, &self.house);
+        let w = Want {
+            model: &self.model,
+            house: &house,
+            prompt: &self.prompt,
+            max_tokens: self.params.max_tokens,
+        };
+        if !self.dispatch.saturated(&w) {
+            return true;
+        }
+        self.first = None;
+        self.dispatch.wait_for_room(&w, &mut self.abort).await
     }
 
     /// The choice ended with what was delivered (the lost executor had
@@ -718,6 +897,18 @@ mod tests {
         }
     }
 
+    /// Places a choice of `prompt` on model `m` with the test house.
+    fn place(d: &Dispatch, tried: &[String], prompt: &[u32], max_tokens: usize) -> (Target, Terms) {
+        let house = house();
+        let w = Want {
+            model: "m",
+            house: &house,
+            prompt,
+            max_tokens,
+        };
+        d.place(&w, tried)
+    }
+
     fn house() -> Terms {
         Terms {
             provider_id: HOUSE_PROVIDER.into(),
@@ -784,30 +975,30 @@ mod tests {
             .with_weights("latency=1".parse().expect("weights"));
         // Uncalibrated workers get nothing: the house it is.
         let (fast, slow) = (worker(&fleet, "fast"), worker(&fleet, "slow"));
-        assert_eq!(d.place("m", &house(), &[], 10, 100).0, Target::House);
+        assert_eq!(place(&d, &[], &[7; 10], 100).0, Target::House);
         for (id, p) in [(&fast, profile(5.0, 8.0)), (&slow, profile(40.0, 45.0))] {
             fleet.set_profile(id, p);
             d.set_profile(id, p);
         }
         let key = |t: (Target, Terms)| t.0.key().to_string();
-        assert_eq!(key(d.place("m", &house(), &[], 10, 100)), fast);
+        assert_eq!(key(place(&d, &[], &[7; 10], 100)), fast);
         // Loaded enough that the slow one now finishes first.
         d.measure(&fast, |m| m.outstanding = 40);
-        assert_eq!(key(d.place("m", &house(), &[], 10, 100)), slow);
+        assert_eq!(key(place(&d, &[], &[7; 10], 100)), slow);
         // A lost job doubles the correction: less work until it recovers.
         d.measure(&fast, |m| m.outstanding = 0);
         d.measure(&fast, |m| m.correction = 16.0);
-        assert_eq!(key(d.place("m", &house(), &[], 10, 100)), slow);
+        assert_eq!(key(place(&d, &[], &[7; 10], 100)), slow);
         // What just failed this job is not tried again.
         assert_eq!(
-            key(d.place("m", &house(), std::slice::from_ref(&slow), 10, 100)),
+            key(place(&d, std::slice::from_ref(&slow), &[7; 10], 100)),
             fast
         );
         // Observed gaps near the prediction bring the correction back.
         for _ in 0..200 {
             d.measure(&fast, |m| m.observe(5.0));
         }
-        assert_eq!(key(d.place("m", &house(), &[], 10, 100)), fast);
+        assert_eq!(key(place(&d, &[], &[7; 10], 100)), fast);
     }
 
     #[test]
@@ -827,13 +1018,9 @@ mod tests {
         assert_eq!(cap(&fast), 16);
         let key = |t: (Target, Terms)| t.0.key().to_string();
         d.measure(&fast, |m| m.outstanding = 15);
-        assert_eq!(key(d.place("m", &house(), &[], 10, 100)), fast);
+        assert_eq!(key(place(&d, &[], &[7; 10], 100)), fast);
         d.measure(&fast, |m| m.outstanding = 16);
-        assert_eq!(
-            key(d.place("m", &house(), &[], 10, 100)),
-            slow,
-            "fast is full"
-        );
+        assert_eq!(key(place(&d, &[], &[7; 10], 100)), slow, "fast is full");
         // A step that misses the target shrinks the cap x0.7.
         d.measure(&fast, |m| m.adapt(30.0, 20.0));
         assert_eq!(cap(&fast), 11);
@@ -847,7 +1034,7 @@ mod tests {
         // its factor, stays the fallback).
         d.measure(&slow, |m| m.outstanding = 1_000);
         d.measure(&fast, |m| m.outstanding = 1_000);
-        assert_eq!(key(d.place("m", &house(), &[], 10, 100)), fast);
+        assert_eq!(key(place(&d, &[], &[7; 10], 100)), fast);
     }
 
     #[test]
@@ -863,7 +1050,7 @@ mod tests {
             fleet.set_profile(id, profile(5.0, 8.0));
             d.set_profile(id, profile(5.0, 8.0));
         }
-        let (target, terms) = d.place("m", &house(), &[], 10, 100);
+        let (target, terms) = place(&d, &[], &[7; 10], 100);
         assert_eq!(target.key(), cheap);
         // Its ask, as a user pays it (no billing here: no fee), and its
         // provider's standing: a new provider at 1.0x, full uptime.
@@ -875,13 +1062,89 @@ mod tests {
         assert_eq!(terms.payout_bps, 12_000);
         // Busy to its cap, the cheap one is passed over for the next cheapest.
         d.measure(&cheap, |m| m.outstanding = m.cap);
-        assert_eq!(d.place("m", &house(), &[], 10, 100).0.key(), dear);
+        assert_eq!(place(&d, &[], &[7; 10], 100).0.key(), dear);
         // A worker with no ask takes the house's prices.
-        let (_, t) = d.place("m", &house(), &[cheap.clone(), dear.clone()], 10, 100);
+        let (_, t) = place(&d, &[cheap.clone(), dear.clone()], &[7; 10], 100);
         assert_eq!(
             (t.provider_id.as_str(), t.prices),
             ("provider:taker", house().prices)
         );
+    }
+
+    #[tokio::test]
+    async fn past_saturation_a_choice_waits_for_room_and_gives_up_at_its_deadline() {
+        let fleet = Arc::new(Registry::default());
+        let d = Arc::new(
+            Dispatch::new(fleet.clone())
+                .with_step_target(20.0)
+                .with_queue(1, Duration::from_millis(200)),
+        );
+        let w = worker(&fleet, "w");
+        for key in [HOUSE, w.as_str()] {
+            d.set_profile(key, profile(5.0, 8.0));
+        }
+        fleet.set_profile(&w, profile(5.0, 8.0));
+        let (_abort_tx, mut abort) = watch::channel(false);
+        let h = house();
+        let want = Want {
+            model: "m",
+            house: &h,
+            prompt: &[7; 10],
+            max_tokens: 100,
+        };
+        assert!(!d.saturated(&want));
+        assert!(d.wait_for_room(&want, &mut abort).await, "room: no wait");
+        for key in [HOUSE, w.as_str()] {
+            d.measure(key, |m| m.outstanding = m.cap);
+        }
+        assert!(d.saturated(&want));
+        // Nobody leaves: it gives up at its deadline.
+        let t = Instant::now();
+        assert!(!d.wait_for_room(&want, &mut abort).await);
+        assert!(t.elapsed() >= Duration::from_millis(200));
+        // Someone leaves while it waits: it goes on.
+        let waiter = {
+            let d = d.clone();
+            tokio::spawn(async move {
+                let (_tx, mut abort) = watch::channel(false);
+                let h = house();
+                let want = Want {
+                    model: "m",
+                    house: &h,
+                    prompt: &[7; 10],
+                    max_tokens: 100,
+                };
+                d.wait_for_room(&want, &mut abort).await
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert_eq!(d.queued(), 1);
+        d.measure(&w, |m| m.outstanding -= 1);
+        d.admission.room.notify_waiters();
+        assert!(waiter.await.expect("task"));
+        assert_eq!(d.queued(), 0);
+    }
+
+    #[test]
+    fn a_worker_that_ran_the_prompt_prefix_is_credited_for_its_cache() {
+        let fleet = Arc::new(Registry::default());
+        let d = Dispatch::new(fleet.clone())
+            .with_house_factor(1000.0)
+            .with_weights("latency=1".parse().expect("weights"));
+        let (a, b) = (worker(&fleet, "a"), worker(&fleet, "b"));
+        for id in [&a, &b] {
+            fleet.set_profile(id, profile(5.0, 8.0));
+            d.set_profile(id, profile(5.0, 8.0));
+        }
+        let p: Vec<u32> = (0..512).collect();
+        let q: Vec<u32> = (1_000..1_512).collect();
+        let first = place(&d, &[], &p, 10).0.key().to_string();
+        let other = if first == a { b.clone() } else { a.clone() };
+        d.measure(&first, |m| m.outstanding += 1);
+        // Busier, but it holds the prefix: it saves the 512-token prefill.
+        assert_eq!(place(&d, &[], &p, 10).0.key(), first);
+        // A prompt it never ran goes to the idle one.
+        assert_eq!(place(&d, &[], &q, 10).0.key(), other);
     }
 
     #[test]
@@ -893,7 +1156,7 @@ mod tests {
             fleet.set_profile(id, profile(5.0, 8.0));
         }
         let got: Vec<String> = (0..4)
-            .map(|_| d.place("m", &house(), &[], 1, 1).0.key().to_string())
+            .map(|_| place(&d, &[], &[7; 1], 1).0.key().to_string())
             .collect();
         assert_eq!(got[0], got[2]);
         assert_eq!(got[1], got[3]);

@@ -106,9 +106,10 @@ pub struct Terms {
 }
 
 impl Terms {
-    /// What a choice of `prompt` tokens and at most `max_tokens` costs
-    /// here at worst (ticks, at least one).
-    fn choice_cost(&self, prompt: usize, max_tokens: usize) -> f64 {
+    /// What a choice of `prompt` tokens (`cached` of them in its prefix
+    /// cache) and at most `max_tokens` costs here at worst (ticks, at
+    /// least one).
+    fn choice_cost(&self, prompt: usize, cached: usize, max_tokens: usize) -> f64 {
         let q = crate::ledger::Quote {
             provider_id: String::new(),
             model: String::new(),
@@ -119,7 +120,7 @@ impl Terms {
         };
         let t = Tokens {
             prompt: prompt as u64,
-            cached: 0,
+            cached: cached.min(prompt) as u64,
             completion: max_tokens as u64,
         };
         (q.cost(t).max(1)) as f64
@@ -207,6 +208,9 @@ pub(crate) struct Candidate<'a> {
     pub terms: &'a Terms,
     /// Weighs its expected time (the house's `--placement-house-factor`).
     pub factor: f64,
+    /// Prompt tokens it likely holds in its prefix cache (`Affinity`):
+    /// not computed again, and billed at the cached price.
+    pub cached: usize,
 }
 
 impl Candidate<'_> {
@@ -214,7 +218,8 @@ impl Candidate<'_> {
     pub fn score(&self, w: &Weights, prompt: usize, max_tokens: usize) -> f64 {
         let m = self.measure;
         let penalty = if m.full() { FULL_PENALTY } else { 1.0 };
-        let latency = m.expected_ms(prompt, max_tokens) * self.factor * penalty;
+        let computed = prompt - self.cached.min(prompt);
+        let latency = m.expected_ms(computed, max_tokens) * self.factor * penalty;
         let idle = Measure {
             outstanding: 0,
             ..*m
@@ -222,13 +227,76 @@ impl Candidate<'_> {
         let capability = idle.expected_ms(prompt, max_tokens) * self.factor;
         let load = 1.0 + f64::from(m.outstanding) / f64::from(m.cap.max(1));
         let reputation = BPS as f64 / self.terms.reputation_bps.max(1) as f64;
-        let cost = self.terms.choice_cost(prompt, max_tokens);
+        let cost = self.terms.choice_cost(prompt, self.cached, max_tokens);
         let ln = |x: f64| x.max(1e-9).ln();
         w.cost * ln(cost)
             + w.latency * ln(latency)
             + w.capability * ln(capability)
             + w.reputation * ln(reputation)
             + w.load * ln(load)
+    }
+}
+
+/// Tokens per block of prompt-prefix hashes (affinity granularity).
+pub const AFFINITY_BLOCK: usize = 16;
+/// Prefix blocks remembered per executor.
+const AFFINITY_BLOCKS: usize = 16_384;
+
+/// The chained hashes of the whole `AFFINITY_BLOCK`-token blocks of
+/// `prompt`: block `i`'s hash covers every token before its end, so equal
+/// hashes mean equal prefixes.
+pub fn prefix_hashes(prompt: &[u32]) -> Vec<u64> {
+    use std::hash::{Hash, Hasher};
+    let mut out = Vec::with_capacity(prompt.len() / AFFINITY_BLOCK);
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    for block in prompt.chunks_exact(AFFINITY_BLOCK) {
+        block.hash(&mut h);
+        out.push(h.finish());
+    }
+    out
+}
+
+/// Which prompt prefixes each executor ran lately (what its prefix cache
+/// likely holds): bounded, oldest forgotten first.
+#[derive(Debug, Default)]
+pub struct Affinity {
+    executors: std::collections::HashMap<String, Seen>,
+}
+
+#[derive(Debug, Default)]
+struct Seen {
+    set: std::collections::HashSet<u64>,
+    order: std::collections::VecDeque<u64>,
+}
+
+impl Affinity {
+    /// `key` ran a prompt with these prefix hashes.
+    pub fn record(&mut self, key: &str, hashes: &[u64]) {
+        let seen = self.executors.entry(key.to_string()).or_default();
+        for &h in hashes {
+            if seen.set.insert(h) {
+                seen.order.push_back(h);
+            }
+        }
+        while seen.order.len() > AFFINITY_BLOCKS {
+            if let Some(old) = seen.order.pop_front() {
+                seen.set.remove(&old);
+            }
+        }
+    }
+
+    /// Prompt tokens `key` likely has cached: the longest run of leading
+    /// blocks it ran before.
+    pub fn cached_tokens(&self, key: &str, hashes: &[u64]) -> usize {
+        let Some(seen) = self.executors.get(key) else {
+            return 0;
+        };
+        hashes.iter().take_while(|h| seen.set.contains(h)).count() * AFFINITY_BLOCK
+    }
+
+    /// Forgets an executor (it left).
+    pub fn forget(&mut self, key: &str) {
+        self.executors.remove(key);
     }
 }
 
@@ -267,6 +335,7 @@ mod tests {
             measure: m,
             terms: t,
             factor: 1.0,
+            cached: 0,
         }
         .score(w, 20, 100)
     }
@@ -320,6 +389,44 @@ mod tests {
         for bad in ["cost=1", "speed=1", "latency=-1", "latency=nan", "latency"] {
             assert!(bad.parse::<Weights>().is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn affinity_credits_the_longest_remembered_prefix_and_forgets_the_oldest() {
+        let prompt: Vec<u32> = (0..100).collect();
+        let h = prefix_hashes(&prompt);
+        assert_eq!(h.len(), 6, "whole blocks only");
+        let mut a = Affinity::default();
+        assert_eq!(a.cached_tokens("x", &h), 0);
+        a.record("x", &h[..3]);
+        assert_eq!(a.cached_tokens("x", &h), 48);
+        // Another prompt sharing the first block only.
+        let mut other = prompt.clone();
+        other[20] = 999;
+        assert_eq!(a.cached_tokens("x", &prefix_hashes(&other)), 16);
+        // Bounded: old blocks go first.
+        for i in 0..AFFINITY_BLOCKS as u32 {
+            a.record("x", &prefix_hashes(&[i + 1_000; AFFINITY_BLOCK]));
+        }
+        assert_eq!(a.cached_tokens("x", &h), 0);
+        a.forget("x");
+        assert!(a.executors.is_empty());
+    }
+
+    #[test]
+    fn a_cached_prefix_makes_an_executor_faster_and_cheaper() {
+        let w = Weights::default();
+        let (m, t) = (measured(10.0), terms(100_000, BPS));
+        let score = |cached| {
+            Candidate {
+                measure: &m,
+                terms: &t,
+                factor: 1.0,
+                cached,
+            }
+            .score(&w, 2_000, 10)
+        };
+        assert!(score(1_600) < score(0));
     }
 
     #[test]
