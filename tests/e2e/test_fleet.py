@@ -500,3 +500,127 @@ def test_two_replicas_on_one_postgres_share_a_worker_over_the_bus(private_redis)
             stop(worker)
         a.close()
         b.close()
+
+
+class RawWorker:
+    """A hand-made WebSocket client speaking the worker protocol, so a test
+    can send what a real worker never would."""
+
+    def __init__(self, base, token):
+        import base64
+        host, port = base.replace("http://", "").split(":")
+        self.sock = socket.create_connection((host, int(port)), timeout=10)
+        key = base64.b64encode(os.urandom(16)).decode()
+        self.sock.sendall((
+            f"GET /v1/providers/connect HTTP/1.1\r\nHost: {host}:{port}\r\n"
+            "Upgrade: websocket\r\nConnection: Upgrade\r\n"
+            f"Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n"
+            f"Authorization: Bearer {token}\r\n\r\n").encode())
+        head = b""
+        while b"\r\n\r\n" not in head:
+            head += self.sock.recv(1)
+        assert head.startswith(b"HTTP/1.1 101"), head
+
+    def send(self, payload, opcode=1):
+        import struct
+        data = payload.encode() if isinstance(payload, str) else payload
+        n = len(data)
+        header = bytes([0x80 | opcode])
+        if n < 126:
+            header += bytes([0x80 | n])
+        elif n < 65536:
+            header += bytes([0x80 | 126]) + struct.pack(">H", n)
+        else:
+            header += bytes([0x80 | 127]) + struct.pack(">Q", n)
+        mask = os.urandom(4)
+        self.sock.sendall(header + mask + bytes(b ^ mask[i % 4] for i, b in enumerate(data)))
+
+    def recv(self):
+        """(opcode, payload) of the next frame."""
+        import struct
+
+        def exact(n):
+            buf = b""
+            while len(buf) < n:
+                chunk = self.sock.recv(n - len(buf))
+                if not chunk:
+                    raise ConnectionError("closed")
+                buf += chunk
+            return buf
+        b0, b1 = exact(2)
+        n = b1 & 0x7F
+        if n == 126:
+            n = struct.unpack(">H", exact(2))[0]
+        elif n == 127:
+            n = struct.unpack(">Q", exact(8))[0]
+        return b0 & 0x0F, exact(n)
+
+    def close_reason(self):
+        """Reads until the server's close frame: (code, reason)."""
+        import struct
+        while True:
+            op, data = self.recv()
+            if op == 8:
+                return struct.unpack(">H", data[:2])[0], data[2:].decode()
+
+
+REGISTER = {"v": 1, "type": "register", "name": "hostile", "build": "x", "devices": [],
+            "models": [{"name": "tiny", "layers": 2, "kv_heads": 2, "head_dim": 32,
+                        "block_size": 16, "context_length": 512}],
+            "threads": 1, "region": "x"}
+
+
+def test_a_hostile_worker_is_cut_off_and_the_server_keeps_serving():
+    import json
+    srv = open_server()
+    base = srv["base"]
+    try:
+        want = complete(base, "The river", 16).choices[0].text
+        created = provider_token(base)
+        # A flood of status messages: back-pressure holds it, the server
+        # keeps answering, and the flood costs it nothing but the socket.
+        w = RawWorker(base, created["token"])
+        w.send(json.dumps(REGISTER))
+        op, welcome = w.recv()
+        assert json.loads(welcome)["type"] == "welcome", welcome
+        status = json.dumps({"v": 1, "type": "status",
+                             "load": {"queued": 0, "running": 0, "free_kv_blocks": 9, "step_ms": 1.0}})
+        stop_at = time.monotonic() + 3
+        flood = threading.Thread(target=lambda: [w.send(status) for _ in iter(
+            lambda: time.monotonic() < stop_at, False)], daemon=True)
+        flood.start()
+        t = time.monotonic()
+        assert complete(base, "The river", 16).choices[0].text == want
+        assert time.monotonic() - t < 10
+        flood.join()
+        # Then a control message over its limit: closed with 1009 and why.
+        w.send("x" * (100 << 10))
+        code, reason = w.close_reason()
+        assert code == 1009 and "over the 65536-byte limit" in reason, (code, reason)
+        # A frame past the socket's own limit ends the connection before
+        # anything is buffered.
+        w = RawWorker(base, created["token"])
+        w.send(json.dumps(REGISTER))
+        w.recv()
+        try:
+            w.send(b"\0" * (2 << 20), opcode=2)
+            w.close_reason()
+        except (ConnectionError, OSError):
+            pass
+        # Tokens for a job it was never given: closed with 1008.
+        w = RawWorker(base, created["token"])
+        w.send(json.dumps(REGISTER))
+        w.recv()
+        w.send(json.dumps({"v": 1, "type": "tokens", "job": 12345, "attempt": 1,
+                           "tokens": [{"id": 5}]}))
+        assert w.close_reason() == (1008, "job 12345 was not given to this worker")
+        # A geometry that cannot be: refused at registration.
+        w = RawWorker(base, created["token"])
+        w.send(json.dumps({**REGISTER, "models": [{**REGISTER["models"][0], "head_dim": 0}]}))
+        code, reason = w.close_reason()
+        assert code == 1008 and "impossible geometry" in reason, reason
+        assert http_call(base, "GET", "/health")[0] == 200
+        assert complete(base, "The river", 16).choices[0].text == want
+        wait_for(lambda: fleet(base) == [], timeout=10, what="the hostile sessions to end")
+    finally:
+        srv["gen"].close()
