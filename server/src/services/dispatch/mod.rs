@@ -8,7 +8,8 @@
 //! failure report) the relay replays it elsewhere as the prompt plus the
 //! tokens already delivered, with the same resolved seed, so the client
 //! sees one uninterrupted stream with the text it would have got; after
-//! `MAX_ATTEMPTS` it ends with a clean error.
+//! `MAX_ATTEMPTS` it ends with a clean error. The relay itself is in
+//! `relay`; this module places, prices and admits.
 //!
 //! Placement (`services::placement` scores): each executor's price for the
 //! choice (a worker's ask, fee added, or the house quote), its expected
@@ -24,22 +25,20 @@
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use engine::core::CoreEvent;
-use engine::{
-    EngineError, EngineHandle, FinishReason, GenerateRequest, RequestId, RequestStream, Usage,
-};
+use engine::{EngineError, EngineHandle, GenerateRequest, RequestId, RequestStream};
 use tokio::sync::{mpsc, watch};
 
-use crate::fleet::jobs::JobEvent;
-use crate::fleet::protocol::{JobParams, ToWorker, VERSION};
 use crate::fleet::registry::{Profile, Registry, WorkerInfo};
 use crate::ledger::HOUSE_PROVIDER;
-use crate::ledger::money::{BPS, Prices, Tokens};
-use crate::ledger::settle::Work;
+use crate::ledger::money::{BPS, Prices};
 use crate::services::ServiceError;
 use crate::services::metering::{Billing, Credits};
+use relay::Relay;
+
+mod relay;
+
 use crate::services::placement::{
     Affinity, Candidate, MAX_CAP, Measure, Terms, Weights, gross, prefix_hashes,
 };
@@ -545,310 +544,6 @@ impl Dispatch {
     }
 }
 
-/// How an attempt ended.
-enum Attempt {
-    /// The choice is over (finished, failed for real, or aborted).
-    Over,
-    /// The executor was lost: replay elsewhere.
-    Lost(String),
-}
-
-/// One choice's relay.
-struct Relay {
-    dispatch: Arc<Dispatch>,
-    house: EngineHandle,
-    model: String,
-    job: u64,
-    prompt: Vec<u32>,
-    params: engine::SamplingParams,
-    /// Tokens that end generation (EOS and end-of-generation ids).
-    ends: BTreeSet<u32>,
-    /// Tokens delivered to the client so far.
-    delivered: Vec<u32>,
-    accepted: bool,
-    tx: mpsc::UnboundedSender<CoreEvent>,
-    /// Set when the client left or a stop string matched.
-    abort: watch::Receiver<bool>,
-    /// Who delivered what, for the providers' pay.
-    credits: Option<Credits>,
-    /// Where its first attempt runs, when the request was planned there.
-    first: Option<(Target, Terms)>,
-    /// Prompt tokens the current attempt's executor had cached.
-    cached: usize,
-}
-
-impl Relay {
-    async fn run(mut self) {
-        let mut tried: Vec<String> = Vec::new();
-        for attempt in 1..=MAX_ATTEMPTS {
-            if let Some(reason) = self.already_over() {
-                self.finish(reason, 0);
-                break;
-            }
-            // A new choice waits while the executor it would get is full
-            // (a replay goes on: it is already running for its client).
-            if attempt == 1 && !self.room().await {
-                let waiting = self.dispatch.queued();
-                let _ = self
-                    .tx
-                    .send(CoreEvent::Failed(EngineError::Overloaded { waiting }));
-                break;
-            }
-            let left = self.params.max_tokens - self.delivered.len();
-            let (target, terms) = match self.first.take() {
-                Some(planned) => planned,
-                None => {
-                    let mut prompt = self.prompt.clone();
-                    prompt.extend_from_slice(&self.delivered);
-                    let house = self.dispatch.house_terms(&self.model, &self.house);
-                    let w = Want {
-                        model: &self.model,
-                        house: &house,
-                        prompt: &prompt,
-                        max_tokens: left,
-                    };
-                    self.dispatch.place(&w, &tried)
-                }
-            };
-            let before = self.delivered.len();
-            self.cached = 0;
-            let key = target.key().to_string();
-            self.dispatch.measure(&key, |m| m.outstanding += 1);
-            let outcome = match &target {
-                Target::House => self.on_house().await,
-                Target::Worker(id, ..) => self.on_worker(id, attempt).await,
-            };
-            self.dispatch
-                .measure(&key, |m| m.outstanding = m.outstanding.saturating_sub(1));
-            self.dispatch.admission.room.notify_waiters();
-            let tokens = self.delivered.len() - before;
-            if let Some(c) = &self.credits {
-                let executor = target.label(&self.house);
-                // Accepted work: an attempt that delivered is paid for the
-                // prompt it computed (the replayed tokens included) and
-                // what it delivered, at its own prices.
-                let work = Work {
-                    provider: terms.provider_id.clone(),
-                    prices: terms.prices,
-                    payout_bps: terms.payout_bps,
-                    tokens: Tokens {
-                        prompt: (self.prompt.len() + before) as u64,
-                        cached: self.cached as u64,
-                        completion: tokens as u64,
-                    },
-                };
-                c.attempt(&executor, work);
-            }
-            if let Target::Worker(id, provider, _) = &target {
-                let lost = matches!(outcome, Attempt::Lost(_));
-                self.dispatch.fleet.record(id, provider, tokens, lost);
-            }
-            match outcome {
-                Attempt::Over => break,
-                Attempt::Lost(why) => {
-                    tracing::warn!(job = self.job, executor = %key, attempt, delivered = self.delivered.len(), reason = %why, "attempt lost; replaying");
-                    self.dispatch
-                        .fleet
-                        .replays
-                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    // Error backoff: a lost job doubles its time per token.
-                    self.dispatch.measure(&key, |m| {
-                        m.ms_per_token *= 2.0;
-                        m.correction = (m.correction * 2.0).min(16.0);
-                    });
-                    tried.push(key);
-                    if attempt == MAX_ATTEMPTS {
-                        let _ = self
-                            .tx
-                            .send(CoreEvent::Failed(EngineError::Execution(format!(
-                                "the request was lost on {MAX_ATTEMPTS} executors; the last: {why}"
-                            ))));
-                    }
-                }
-            }
-        }
-        self.dispatch.fleet.jobs.end(self.job);
-    }
-
-    /// Waits, if the executor the choice would get is full, until one has
-    /// room (dropping the plan made before); false when it gave up.
-    async fn room(&mut self) -> bool {
-        let house = self.dispatch.house_terms(&self.model, &self.house);
-        let w = Want {
-            model: &self.model,
-            house: &house,
-            prompt: &self.prompt,
-            max_tokens: self.params.max_tokens,
-        };
-        if !self.dispatch.saturated(&w) {
-            return true;
-        }
-        self.first = None;
-        self.dispatch.wait_for_room(&w, &mut self.abort).await
-    }
-
-    /// The choice ended with what was delivered (the lost executor had
-    /// produced its last token, but not its end).
-    fn already_over(&self) -> Option<FinishReason> {
-        let last = self.delivered.last()?;
-        if self.delivered.len() >= self.params.max_tokens {
-            Some(FinishReason::Length)
-        } else if (self.params.stop_token_ids.contains(last))
-            || (!self.params.ignore_eos && self.ends.contains(last))
-        {
-            Some(FinishReason::Stop)
-        } else {
-            None
-        }
-    }
-
-    /// Sends the end, with the usage of the whole choice.
-    fn finish(&mut self, reason: FinishReason, cached: usize) {
-        self.cached = cached;
-        let usage = Usage {
-            prompt_tokens: self.prompt.len(),
-            completion_tokens: self.delivered.len(),
-            cached_tokens: cached.min(self.prompt.len()),
-        };
-        let _ = self.tx.send(CoreEvent::Finished { reason, usage });
-    }
-
-    /// Forwards one core event; `Some` when the choice is over.
-    /// `last` is when this attempt's previous token came (`None` before
-    /// its first: that gap is the prefill's, not a decode step).
-    fn forward(&mut self, ev: CoreEvent, key: &str, last: &mut Option<Instant>) -> Option<Attempt> {
-        match ev {
-            CoreEvent::Accepted => {
-                if !self.accepted {
-                    self.accepted = true;
-                    let _ = self.tx.send(CoreEvent::Accepted);
-                }
-                None
-            }
-            CoreEvent::Token { id, logprob } => {
-                if id as usize >= self.house.info().vocab_size {
-                    return Some(Attempt::Lost(format!(
-                        "token {id} is outside the vocabulary"
-                    )));
-                }
-                if let Some(prev) = last.replace(Instant::now()) {
-                    let ms = prev.elapsed().as_secs_f64() * 1e3;
-                    let target = self.dispatch.step_target_ms;
-                    self.dispatch.measure(key, |m| {
-                        m.observe(ms);
-                        m.adapt(ms, target);
-                    });
-                }
-                self.delivered.push(id);
-                if !self.accepted {
-                    self.accepted = true;
-                    let _ = self.tx.send(CoreEvent::Accepted);
-                }
-                let _ = self.tx.send(CoreEvent::Token { id, logprob });
-                None
-            }
-            CoreEvent::Finished { reason, usage } => {
-                self.finish(reason, usage.cached_tokens);
-                Some(Attempt::Over)
-            }
-            CoreEvent::Failed(e) => {
-                let _ = self.tx.send(CoreEvent::Failed(e));
-                Some(Attempt::Over)
-            }
-        }
-    }
-
-    async fn on_house(&mut self) -> Attempt {
-        let req = GenerateRequest {
-            prompt_tokens: self.prompt.clone(),
-            params: self.params.clone(),
-        };
-        let mut raw = match self.house.submit_raw(req, self.delivered.clone()) {
-            Ok(r) => r,
-            Err(e) => {
-                let _ = self.tx.send(CoreEvent::Failed(e));
-                return Attempt::Over;
-            }
-        };
-        let mut last = None;
-        let mut aborted = false;
-        loop {
-            tokio::select! {
-                ev = raw.next() => match ev {
-                    Some(ev) => {
-                        if let Some(done) = self.forward(ev, HOUSE, &mut last) {
-                            return done;
-                        }
-                    }
-                    None => {
-                        let _ = self.tx.send(CoreEvent::Failed(EngineError::Shutdown));
-                        return Attempt::Over;
-                    }
-                },
-                r = self.abort.changed(), if !aborted => {
-                    aborted = true;
-                    if r.is_err() || *self.abort.borrow() {
-                        raw.abort();
-                    }
-                }
-            }
-        }
-    }
-
-    async fn on_worker(&mut self, worker: &str, attempt: u32) -> Attempt {
-        let fleet = self.dispatch.fleet.clone();
-        let (jtx, mut jrx) = mpsc::unbounded_channel();
-        fleet.jobs.place(self.job, worker, attempt, jtx);
-        let assign = ToWorker::Assign {
-            v: VERSION,
-            job: self.job,
-            attempt,
-            model: self.model.clone(),
-            prompt: self.prompt.clone(),
-            resume: self.delivered.clone(),
-            params: job_params(&self.params),
-        };
-        if !fleet.send(worker, assign).await {
-            return Attempt::Lost("the worker is gone".into());
-        }
-        let mut last = None;
-        let mut cancelled: Option<Instant> = None;
-        loop {
-            let patience = match cancelled {
-                Some(at) => CANCEL_WAIT.saturating_sub(at.elapsed()),
-                None => self.dispatch.progress,
-            };
-            tokio::select! {
-                ev = tokio::time::timeout(patience, jrx.recv()) => match ev {
-                    Ok(Some(JobEvent::Core(ev))) => {
-                        if let Some(done) = self.forward(ev, worker, &mut last) {
-                            return done;
-                        }
-                    }
-                    Ok(Some(JobEvent::Lost(why))) if cancelled.is_none() => return Attempt::Lost(why),
-                    Ok(None) if cancelled.is_none() => return Attempt::Lost("the worker is gone".into()),
-                    Err(_) if cancelled.is_none() => {
-                        cancel(&fleet, worker, self.job).await;
-                        let s = self.dispatch.progress.as_secs_f64();
-                        return Attempt::Lost(format!("no progress for {s} s"));
-                    }
-                    // Cancelled and the worker went quiet or away: end here.
-                    Ok(Some(JobEvent::Lost(_)) | None) | Err(_) => {
-                        self.finish(FinishReason::Abort, 0);
-                        return Attempt::Over;
-                    }
-                },
-                r = self.abort.changed(), if cancelled.is_none() => {
-                    if r.is_err() || *self.abort.borrow() {
-                        cancel(&fleet, worker, self.job).await;
-                        cancelled = Some(Instant::now());
-                    }
-                }
-            }
-        }
-    }
-}
-
 fn worker_target(w: &crate::fleet::registry::WorkerInfo) -> Target {
     Target::Worker(
         w.id.clone(),
@@ -857,33 +552,10 @@ fn worker_target(w: &crate::fleet::registry::WorkerInfo) -> Target {
     )
 }
 
-async fn cancel(fleet: &Registry, worker: &str, job: u64) {
-    let _ = fleet
-        .send(worker, ToWorker::Cancel { v: VERSION, job })
-        .await;
-}
-
-/// The wire form of a resolved choice's sampling.
-fn job_params(p: &engine::SamplingParams) -> JobParams {
-    JobParams {
-        temperature: p.temperature,
-        top_p: p.top_p,
-        top_k: u32::try_from(p.top_k).unwrap_or(u32::MAX),
-        min_p: p.min_p,
-        seed: p.seed.unwrap_or_default(),
-        max_tokens: u32::try_from(p.max_tokens).unwrap_or(u32::MAX),
-        stop_token_ids: p.stop_token_ids.clone(),
-        ignore_eos: p.ignore_eos,
-        repetition_penalty: p.repetition_penalty,
-        frequency_penalty: p.frequency_penalty,
-        presence_penalty: p.presence_penalty,
-        logit_bias: p.logit_bias.clone(),
-        logprobs: p.logprobs.map(|n| u32::try_from(n).unwrap_or(u32::MAX)),
-    }
-}
-
 #[cfg(test)]
 mod tests {
+    use std::time::Instant;
+
     use super::*;
     use crate::fleet::protocol::ServedModel;
     use crate::fleet::registry::Registration;
