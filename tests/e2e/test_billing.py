@@ -216,3 +216,43 @@ def test_a_server_killed_mid_stream_leaves_nothing_open_or_billed_twice(tmp_path
         assert_audit_clean(base)
     finally:
         second.close()
+
+
+def test_a_filled_bid_covers_its_bidders_requests_at_the_trade_price(billed_server):
+    base = billed_server["base"]
+    account, key = funded_key(base, 10**10, "capacity")
+    # The house keeps an ask at its output price: a bid at that price fills
+    # against it at once, and the bidder pays for the capacity (5 tok/s for
+    # a minute) at the trade price, now.
+    book = call(base, "GET", f"/v1/market/book?instrument={SMOL}", token=key)[1]
+    ask = book["best_ask"]
+    assert ask, book
+    status, placed = call(base, "POST", "/v1/market/orders",
+                          {"instrument": SMOL, "price": ask, "quantity": 5, "expires_in": 60},
+                          token=key)
+    assert status == 201 and placed["fills"], placed
+    [c] = call(base, "GET", "/v1/market/contracts", token=key)[1]["data"]
+    assert (c["seller"], c["price"], c["quantity"]) == ("provider:house", ask, 5), c
+    after_fill = call(base, "GET", "/v1/usage", token=key)[1]["account"]["balance"]
+    assert after_fill < 10**10
+    # Its requests run on that capacity, prepaid: recorded at the trade
+    # price, nothing more to pay, while the contract has room (ten seconds'
+    # worth: 50 tokens, a request taking its prompt and max_tokens); past it
+    # they pay the spot price.
+    for i in range(5):
+        r = sdk(base, key).chat.completions.create(
+            model=SMOL, messages=[{"role": "user", "content": f"covered {i}"}], max_tokens=8,
+            extra_headers={"x-synor-cache": "bypass"})
+        assert r.choices[0].message.content is not None
+    for _ in range(50):
+        records = call(base, "GET", "/v1/usage?limit=100", token=key)[1]["data"]
+        if len(records) >= 5:
+            break
+        time.sleep(0.1)
+    costs = [r["cost"] for r in records]
+    covered = [r for r in records if r["cost"] == 0]
+    assert covered and all(r["provider_id"] == "provider:house" for r in covered), records
+    assert 0 < len(covered) < 5, costs  # the first ones covered, then the spot price
+    spent = after_fill - call(base, "GET", "/v1/usage", token=key)[1]["account"]["balance"]
+    assert spent == sum(costs), (spent, costs)
+    assert_audit_clean(base)

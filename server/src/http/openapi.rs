@@ -57,6 +57,7 @@ impl Modify for Security {
         routes::market::history,
         routes::market::post_bid,
         routes::market::cancel,
+        routes::market::contracts,
         routes::market::post_ask,
         routes::market::regions,
         routes::market::set_region,

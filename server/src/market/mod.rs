@@ -1,10 +1,12 @@
 //! The market: what a token costs and who trades capacity. It owns the
 //! region electricity table and provider cost profiles (prices come from
 //! `pricing`), the spot order books (`book`, one per instrument, in memory
-//! and persisted with every change) and their trades and price history.
+//! and persisted with every change), their trades and price history, and
+//! the capacity each fill bought (`contracts`).
 //! It knows nothing of HTTP or the engine: callers pass in the load.
 
 pub mod book;
+pub mod contracts;
 mod money;
 pub mod pricing;
 mod store;
@@ -112,6 +114,9 @@ pub struct Market {
     /// more than `BAND` times away from it are refused, so no one account
     /// can push the market's prices anywhere.
     reference: RwLock<HashMap<String, Amount>>,
+    /// Capacity bought on the books (each fill), covering its bidder's
+    /// requests.
+    contracts: std::sync::Mutex<contracts::Contracts>,
 }
 
 /// How far from the reference price an order may be (a factor).
@@ -137,6 +142,10 @@ impl Market {
         let regions = store::regions(&db).await?;
         let providers = store::providers(&db).await?;
         let books = store::open_books(&db, now()).await?;
+        let mut bought = contracts::Contracts::default();
+        for c in store::live_contracts(&db, now()).await? {
+            bought.add(c);
+        }
         Ok(Self {
             db,
             fee_bps,
@@ -150,6 +159,7 @@ impl Market {
             books: Mutex::new(books),
             ledger: None,
             reference: RwLock::new(HashMap::new()),
+            contracts: std::sync::Mutex::new(bought),
         })
     }
 
@@ -276,6 +286,26 @@ impl Market {
         Ok(())
     }
 
+    /// Covers a request of `tokens` (at worst) by `account` on
+    /// `instrument` from capacity it bought, if a live contract whose
+    /// seller `can_serve` has room: it runs at the trade price, prepaid.
+    pub fn cover(
+        &self,
+        account: &str,
+        instrument: &str,
+        tokens: u64,
+        can_serve: impl Fn(&str) -> bool,
+    ) -> Option<contracts::Cover> {
+        let mut bought = self.contracts.lock().unwrap_or_else(|e| e.into_inner());
+        bought.cover(account, instrument, tokens, now(), can_serve)
+    }
+
+    /// The live contracts of `account` (every one without it).
+    pub fn contracts(&self, account: Option<&str>) -> Vec<contracts::Contract> {
+        let mut bought = self.contracts.lock().unwrap_or_else(|e| e.into_inner());
+        bought.of(account, now())
+    }
+
     /// Records a provider's measured reputation and uptime (basis
     /// points, clamped to their ranges) on its row, if it has one; a
     /// failure to persist is logged (the next round writes it again).
@@ -346,6 +376,19 @@ impl Market {
             store::record_submit(&self.db, &new.instrument, &placed, &fills, &expired).await;
         if let Some(l) = &self.ledger {
             money::settle(l, self.fee_bps, &placed, rests, &fills, &expired, t).await;
+        }
+        {
+            let mut bought = self.contracts.lock().unwrap_or_else(|e| e.into_inner());
+            for f in &fills {
+                bought.add(contracts::Contract::new(
+                    format!("{}:{}", f.bid_id, f.ask_id),
+                    new.instrument.clone(),
+                    (f.terms.bidder.clone(), f.terms.seller.clone()),
+                    f.price,
+                    f.quantity,
+                    f.terms.until,
+                ));
+            }
         }
         // The book and the money have moved: answer with what happened,
         // even if the order table missed it (a retry would bid twice).

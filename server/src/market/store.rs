@@ -61,6 +61,37 @@ pub async fn providers(db: &Db) -> Result<Vec<Provider>, MarketError> {
     Ok(rows.iter().map(provider).collect::<Result<_, _>>()?)
 }
 
+/// The contracts of fills whose capacity has not ended at `at`.
+pub async fn live_contracts(
+    db: &Db,
+    at: i64,
+) -> Result<Vec<super::contracts::Contract>, MarketError> {
+    let rows = sqlx::query(
+        "SELECT t.bid_id, t.ask_id, t.instrument, t.price, t.quantity, b.account_id AS bidder, \
+         a.account_id AS seller, CASE WHEN b.expires_at < a.expires_at THEN b.expires_at \
+         ELSE a.expires_at END AS until FROM trades t JOIN orders b ON b.id = t.bid_id \
+         JOIN orders a ON a.id = t.ask_id WHERE b.expires_at > $1 AND a.expires_at > $2 \
+         ORDER BY t.created_at",
+    )
+    .bind(at)
+    .bind(at)
+    .fetch_all(&db.pool)
+    .await?;
+    let mut out = Vec::new();
+    for r in rows {
+        let (bid, ask): (String, String) = (r.try_get("bid_id")?, r.try_get("ask_id")?);
+        out.push(super::contracts::Contract::new(
+            format!("{bid}:{ask}"),
+            r.try_get("instrument")?,
+            (r.try_get("bidder")?, r.try_get("seller")?),
+            r.try_get("price")?,
+            u64::try_from(r.try_get::<i64, _>("quantity")?).unwrap_or(0),
+            r.try_get("until")?,
+        ));
+    }
+    Ok(out)
+}
+
 pub async fn set_standing(
     db: &Db,
     provider: &str,

@@ -386,3 +386,51 @@ async fn a_keys_budget_bounds_its_bids_and_counts_their_fills() {
         assert!(audit.violations.is_empty(), "{:?}", audit.violations);
     }
 }
+
+#[tokio::test]
+async fn each_fill_is_a_contract_that_covers_its_bidder_and_survives_a_restart() {
+    use crate::ledger::accounts::AccountKind;
+    for db in dbs().await {
+        let (m, l) = funded_market(db.clone()).await;
+        let user = l
+            .create_account(AccountKind::User, "bidder", 0)
+            .await
+            .expect("user");
+        let seller = l
+            .create_account(AccountKind::Provider, "gpu", 0)
+            .await
+            .expect("p");
+        l.top_up(&user.id, 200_000, "bids").await.expect("top up");
+        m.submit(order(Side::Ask, &seller.id, 350_000, 30, 600))
+            .await
+            .expect("ask");
+        let (_, fills) = m
+            .submit(order(Side::Bid, &user.id, 400_000, 20, 60))
+            .await
+            .expect("bid");
+        assert_eq!(fills.len(), 1);
+        let [c] = &m.contracts(Some(&user.id))[..] else {
+            panic!("one contract");
+        };
+        assert_eq!(
+            (c.seller.as_str(), c.price, c.quantity),
+            (seller.id.as_str(), 350_000, 20)
+        );
+        assert!(m.contracts(Some(&seller.id)).is_empty());
+        // It covers its bidder's requests while it has room (ten seconds
+        // of 20 tok/s), for a seller that can serve them.
+        let yes = |_: &str| true;
+        assert!(
+            m.cover(&seller.id, "m", 10, yes).is_none(),
+            "not the seller's"
+        );
+        assert!(m.cover(&user.id, "m", 10, |_| false).is_none());
+        let cover = m.cover(&user.id, "m", 150, yes).expect("covered");
+        assert_eq!((cover.seller, cover.price), (seller.id.clone(), 350_000));
+        assert!(m.cover(&user.id, "m", 100, yes).is_none(), "past its room");
+        // A server started on the same database knows the contract.
+        let again = Market::load(db, 700).await.expect("market");
+        assert_eq!(again.contracts(Some(&user.id)).len(), 1);
+        assert!(again.cover(&user.id, "m", 150, yes).is_some());
+    }
+}

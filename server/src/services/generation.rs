@@ -90,10 +90,20 @@ impl Generation {
             c.bill_hit(self.billing.as_deref(), key, &hit).await?;
             return Ok(Generated::Cached(hit));
         }
+        // Capacity the payer bought covers the request when it has room;
+        // it then runs on the seller's executors, prepaid.
+        let cover = self.billing.as_ref().and_then(|b| {
+            let serves = |seller: &str| match &self.dispatch {
+                Some(d) => d.can_serve(&job.model, seller),
+                None => seller == crate::ledger::HOUSE_PROVIDER,
+            };
+            b.cover(&Payer::of(key), &job.model, &job.requests, serves)
+        });
         // With workers serving the model, the first choice is placed now:
         // the request is priced at the terms of the executor it runs on.
+        let only = cover.as_ref().map(|c| c.seller.as_str());
         let planned = match (&self.dispatch, job.requests.first()) {
-            (Some(d), Some(first)) => d.plan(&job.model, &job.engine, first),
+            (Some(d), Some(first)) => d.plan(&job.model, &job.engine, first, only),
             _ => None,
         };
         let tab = match &self.billing {
@@ -102,8 +112,10 @@ impl Generation {
                     .as_ref()
                     .map(|(t, terms)| (t.label(&job.engine), terms));
                 let on = label.as_ref().map(|(l, t)| (l.as_str(), *t));
+                let payer = Payer::of(key);
+                let (model, engine) = (&job.model, &job.engine);
                 Some(
-                    b.open_generation(&Payer::of(key), &job.model, &job.engine, &job.requests, on)
+                    b.open_generation(&payer, model, engine, &job.requests, on, cover.as_ref())
                         .await?,
                 )
             }

@@ -163,10 +163,24 @@ impl Billing {
         quote: &Quote,
         choices: &[(u64, u64)],
     ) -> Result<Tab, ServiceError> {
+        self.open_held(payer, quote, choices, true).await
+    }
+
+    /// `open`, holding the worst case only if `held` (a request covered by
+    /// capacity its payer bought is prepaid: a hold of zero caps its cost
+    /// at zero, and its usage is still recorded at the trade price).
+    async fn open_held(
+        &self,
+        payer: &Payer,
+        quote: &Quote,
+        choices: &[(u64, u64)],
+        held: bool,
+    ) -> Result<Tab, ServiceError> {
         let amount = choices
             .iter()
             .map(|&(prompt, max)| quote.worst_case(prompt, max))
-            .fold(0i64, i64::saturating_add);
+            .fold(0i64, i64::saturating_add)
+            * i64::from(held);
         let request_id = format!("req_{}", uuid::Uuid::new_v4().simple());
         self.ledger
             .hold(HoldRequest {
@@ -207,6 +221,7 @@ impl Billing {
         engine: &EngineHandle,
         requests: &[engine::GenerateRequest],
         planned: Option<(&str, &crate::services::placement::Terms)>,
+        cover: Option<&crate::market::contracts::Cover>,
     ) -> Result<Tab, ServiceError> {
         let mut quote = self.quote(model, self.load_of(engine))?;
         let info = engine.info();
@@ -220,15 +235,43 @@ impl Billing {
             quote.payout_bps = terms.payout_bps;
             quote.stages = Stages::one(executor);
         }
-        let choices: Vec<(u64, u64)> = requests
-            .iter()
-            .flat_map(|r| {
-                let c = (r.prompt_tokens.len() as u64, r.params.max_tokens as u64);
-                std::iter::repeat_n(c, r.params.n.max(1))
-            })
-            .collect();
-        self.open(payer, &quote, &choices).await
+        if let Some(c) = cover {
+            quote.provider_id = c.seller.clone();
+            quote.prices = crate::ledger::Prices {
+                input: c.price,
+                cached_input: c.price,
+                output: c.price,
+            };
+        }
+        self.open_held(payer, &quote, &choices_of(requests), cover.is_none())
+            .await
     }
+
+    /// Covers a generation from capacity `payer` bought on the book, if a
+    /// contract of it has room for the requests' worst case and its
+    /// seller `can_serve` the model.
+    pub fn cover(
+        &self,
+        payer: &Payer,
+        model: &str,
+        requests: &[engine::GenerateRequest],
+        can_serve: impl Fn(&str) -> bool,
+    ) -> Option<crate::market::contracts::Cover> {
+        let worst: u64 = choices_of(requests).iter().map(|(p, m)| p + m).sum();
+        self.market
+            .cover(&payer.account_id, model, worst, can_serve)
+    }
+}
+
+/// Each choice's prompt tokens and most completion tokens.
+fn choices_of(requests: &[engine::GenerateRequest]) -> Vec<(u64, u64)> {
+    requests
+        .iter()
+        .flat_map(|r| {
+            let c = (r.prompt_tokens.len() as u64, r.params.max_tokens as u64);
+            std::iter::repeat_n(c, r.params.n.max(1))
+        })
+        .collect()
 }
 
 /// Settles a finished non-streaming request and waits for the commit; a

@@ -33,6 +33,7 @@ pub fn router() -> Router<AppState> {
         .route("/v1/market/history", get(history))
         .route("/v1/market/orders", post(post_bid))
         .route("/v1/market/orders/{id}", delete(cancel))
+        .route("/v1/market/contracts", get(contracts))
 }
 
 /// Admin market routes.
@@ -222,6 +223,9 @@ async fn submit(state: &AppState, order: NewOrder) -> Result<Response, ApiError>
 /// worst case (quantity x price x time to expiry) is held on the account
 /// (402 when it cannot cover it); each fill is billed from that hold, and
 /// the rest is released when the bid is filled, cancelled or expires.
+/// Each fill is a contract (`GET /v1/market/contracts`): the caller's
+/// requests on the instrument then run on the seller's capacity at the
+/// trade price, already paid, while it has room.
 #[utoipa::path(post, path = "/v1/market/orders", tag = "market", request_body = PostOrder,
     responses((status = 201, description = "The order as placed, and its fills", body = Placed), (status = 400, description = "Invalid order", body = crate::http::error::ErrorResponse), (status = 402, description = "The account cannot cover the bid's worst case", body = crate::http::error::ErrorResponse)),
     security(("api_key" = [])))]
@@ -239,6 +243,23 @@ pub(crate) async fn post_bid(
     let payer = Payer::of(key.as_deref());
     let order = new_order(Side::Bid, payer.account_id, payer.key_id, o)?;
     submit(&state, order).await
+}
+
+/// The caller's live contracts: capacity its filled bids bought (tokens
+/// per second until their end, at the trade price). Its requests on the
+/// instrument run on the seller's capacity, prepaid, while a contract has
+/// room (`room`: tokens it can cover now; it refills at `quantity` a
+/// second, up to ten seconds' worth).
+#[utoipa::path(get, path = "/v1/market/contracts", tag = "market",
+    responses((status = 200, description = "Live contracts", body = List<crate::market::contracts::Contract>)),
+    security(("api_key" = [])))]
+pub(crate) async fn contracts(
+    State(state): State<AppState>,
+    key: Option<Extension<KeyRecord>>,
+) -> Result<Json<List<crate::market::contracts::Contract>>, ApiError> {
+    let payer = Payer::of(key.as_deref());
+    let data = billing(&state)?.market.contracts(Some(&payer.account_id));
+    Ok(Json(List::of(data)))
 }
 
 /// Cancels one of the caller's open orders.

@@ -112,6 +112,9 @@ struct Want<'a> {
     /// The prompt (and, for a replay, the tokens already delivered).
     prompt: &'a [u32],
     max_tokens: usize,
+    /// Only this provider's executors (capacity its bidder bought), the
+    /// house engine where it is the house.
+    only: Option<&'a str>,
 }
 
 /// Where one attempt runs.
@@ -274,6 +277,7 @@ impl Dispatch {
                 house: &house,
                 prompt: &r.prompt_tokens,
                 max_tokens: r.params.max_tokens,
+                only: None,
             };
             self.saturated(&w)
         };
@@ -377,6 +381,7 @@ impl Dispatch {
         model: &str,
         house: &EngineHandle,
         first: &GenerateRequest,
+        only: Option<&str>,
     ) -> Option<(Target, Terms)> {
         if self.fleet.serving(model).is_empty() || first.params.grammar.is_some() {
             return None;
@@ -387,8 +392,20 @@ impl Dispatch {
             house: &house,
             prompt: &first.prompt_tokens,
             max_tokens: first.params.max_tokens,
+            only,
         };
         Some(self.place(&w, &[]))
+    }
+
+    /// Whether `provider` has an executor for `model` here: the house
+    /// engine for the house, an active worker for a provider.
+    pub fn can_serve(&self, model: &str, provider: &str) -> bool {
+        provider == HOUSE_PROVIDER
+            || self
+                .fleet
+                .serving(model)
+                .iter()
+                .any(|w| w.provider_id == provider)
     }
 
     /// The house engine's terms for `model` now (its quote under load).
@@ -469,7 +486,11 @@ impl Dispatch {
         let (model, house_terms) = (want.model, want.house);
         let workers = self.fleet.serving(model);
         self.sync_profiles(&workers);
-        let fresh: Vec<&WorkerInfo> = workers.iter().filter(|w| !tried.contains(&w.id)).collect();
+        let fresh: Vec<&WorkerInfo> = workers
+            .iter()
+            .filter(|w| !tried.contains(&w.id))
+            .filter(|w| want.only.is_none_or(|p| p == w.provider_id))
+            .collect();
         if let Some(turn) = &self.round_robin
             && !fresh.is_empty()
         {
@@ -477,7 +498,12 @@ impl Dispatch {
             return (worker_target(w), self.worker_terms(w, model, house_terms));
         }
         let hashes = prefix_hashes(want.prompt);
-        let house = (Target::House, house_terms.clone(), self.house_factor);
+        // Only another provider's executors: the house is the last resort.
+        let factor = match want.only {
+            Some(p) if p != HOUSE_PROVIDER => f64::MAX,
+            _ => self.house_factor,
+        };
+        let house = (Target::House, house_terms.clone(), factor);
         let workers: Vec<_> = fresh
             .into_iter()
             .map(|w| {
@@ -577,6 +603,7 @@ mod tests {
             house: &house,
             prompt,
             max_tokens,
+            only: None,
         };
         d.place(&w, tried)
     }
@@ -763,6 +790,7 @@ mod tests {
             house: &h,
             prompt: &[7; 10],
             max_tokens: 100,
+            only: None,
         };
         assert!(!d.saturated(&want));
         assert!(d.wait_for_room(&want, &mut abort).await, "room: no wait");
@@ -785,6 +813,7 @@ mod tests {
                     house: &h,
                     prompt: &[7; 10],
                     max_tokens: 100,
+                    only: None,
                 };
                 d.wait_for_room(&want, &mut abort).await
             })
@@ -817,6 +846,36 @@ mod tests {
         assert_eq!(place(&d, &[], &p, 10).0.key(), first);
         // A prompt it never ran goes to the idle one.
         assert_eq!(place(&d, &[], &q, 10).0.key(), other);
+    }
+
+    #[test]
+    fn capacity_bought_from_a_provider_runs_on_its_executors() {
+        let fleet = Arc::new(Registry::default());
+        let d = Dispatch::new(fleet.clone());
+        let (cheap, seller) = (
+            priced(&fleet, "cheap", Some(1_000_000)),
+            priced(&fleet, "seller", Some(90_000_000)),
+        );
+        for id in [&cheap, &seller] {
+            fleet.set_profile(id, profile(5.0, 8.0));
+            d.set_profile(id, profile(5.0, 8.0));
+        }
+        let h = house();
+        let want = |only| Want {
+            model: "m",
+            house: &h,
+            prompt: &[7; 10],
+            max_tokens: 100,
+            only,
+        };
+        assert_eq!(d.place(&want(None), &[]).0.key(), cheap);
+        let only = want(Some("provider:seller"));
+        assert_eq!(d.place(&only, &[]).0.key(), seller);
+        assert!(d.can_serve("m", "provider:seller") && d.can_serve("m", HOUSE_PROVIDER));
+        assert!(!d.can_serve("m", "provider:nobody"));
+        // The house's capacity runs on the house engine.
+        let house_only = want(Some(HOUSE_PROVIDER));
+        assert_eq!(d.place(&house_only, &[]).0, Target::House);
     }
 
     #[test]

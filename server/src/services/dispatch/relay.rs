@@ -81,6 +81,7 @@ impl Relay {
                         house: &house,
                         prompt: &prompt,
                         max_tokens: left,
+                        only: None,
                     };
                     self.dispatch.place(&w, &tried)
                 }
@@ -154,6 +155,7 @@ impl Relay {
             house: &house,
             prompt: &self.prompt,
             max_tokens: self.params.max_tokens,
+            only: None,
         };
         if !self.dispatch.saturated(&w) {
             return true;
