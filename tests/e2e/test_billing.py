@@ -121,7 +121,8 @@ def test_concurrent_requests_on_two_servers_sharing_postgres_are_billed_once():
             "--admin-token", ADMIN_TOKEN, "--max-waiting", "512")
     a, b = _start(*args, open_mode=False), _start(*args, open_mode=False)
     try:
-        servers = [next(a)["base"], next(b)["base"]]
+        infos = [next(a), next(b)]
+        servers = [i["base"] for i in infos]
         account, key = funded_key(servers[0], 50_000_000, "pair")
 
         def one(i):
@@ -130,8 +131,18 @@ def test_concurrent_requests_on_two_servers_sharing_postgres_are_billed_once():
                                           max_tokens=8)
             return r.usage.prompt_tokens, r.usage.completion_tokens
 
-        with ThreadPoolExecutor(max_workers=64) as pool:
-            results = list(pool.map(one, range(200)))
+        try:
+            with ThreadPoolExecutor(max_workers=64) as pool:
+                results = list(pool.map(one, range(200)))
+        except openai.APIStatusError as e:
+            # Say why: the servers' own error lines.
+            lines = []
+            for info in infos:
+                while not info["lines"].empty():
+                    line = info["lines"].get()
+                    if " ERROR " in line or "error" in line.lower() and "slow statement" not in line:
+                        lines.append(line.strip()[:400])
+            raise AssertionError(f"{e}: " + "\n".join(lines[-20:])) from e
         records = []
         for _ in range(50):
             records = call(servers[1], "GET", "/v1/usage?limit=1000", token=key)[1]["data"]

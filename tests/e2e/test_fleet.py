@@ -491,6 +491,22 @@ def test_two_replicas_on_one_postgres_share_a_worker_over_the_bus(private_redis)
         metrics = urllib.request.urlopen(rb["base"] + "/metrics", timeout=10).read().decode()
         replays = next(ln for ln in metrics.splitlines() if ln.startswith("synor:fleet_replays_total"))
         assert int(replays.split()[1]) >= 1, replays
+        # One order book: an ask posted on A is on B's book, and B's bid
+        # fills it.
+        status, prices = call(rb["base"], "GET", "/v1/market/prices")
+        out = next(m for m in prices["data"] if m["model"] == "tiny")["prices"]["output"]
+        odd = out - 7  # a price no house ask has
+        status, placed = call(ra["base"], "POST", "/admin/market/orders",
+                              {"instrument": "tiny", "price": odd, "quantity": 3,
+                               "account_id": created["account_id"]})
+        assert status == 201, placed
+        book = call(rb["base"], "GET", "/v1/market/book?instrument=tiny")[1]
+        assert odd in [lvl["price"] for lvl in book["asks"]], book
+        status, bid = call(rb["base"], "POST", "/v1/market/orders",
+                           {"instrument": "tiny", "price": odd, "quantity": 3, "expires_in": 60})
+        assert status == 201 and sum(f["quantity"] for f in bid["fills"]) == 3, bid
+        book = call(ra["base"], "GET", "/v1/market/book?instrument=tiny")[1]
+        assert odd not in [lvl["price"] for lvl in book["asks"]], book
         # One ledger, billed once, clean.
         for r in (ra, rb):
             status, audit = call(r["base"], "GET", "/admin/ledger/audit")

@@ -127,6 +127,16 @@ impl Contracts {
         })
     }
 
+    /// Takes in contracts read from the database: new ones are added,
+    /// known ones keep their bucket.
+    pub fn merge(&mut self, fresh: Vec<Contract>) {
+        for c in fresh {
+            if !self.0.iter().any(|k| k.trade_id == c.trade_id) {
+                self.0.push(c);
+            }
+        }
+    }
+
     /// The live contracts of `account` (all, without one).
     pub fn of(&mut self, account: Option<&str>, now: i64) -> Vec<Contract> {
         self.0.retain(|c| c.until > now);

@@ -9,6 +9,7 @@ pub mod book;
 pub mod contracts;
 mod money;
 pub mod pricing;
+mod shared;
 mod store;
 
 use std::collections::{BTreeMap, HashMap};
@@ -117,6 +118,8 @@ pub struct Market {
     /// Capacity bought on the books (each fill), covering its bidder's
     /// requests.
     contracts: std::sync::Mutex<contracts::Contracts>,
+    /// When contracts were last read from a shared database.
+    contracts_read: std::sync::Mutex<Option<std::time::Instant>>,
 }
 
 /// How far from the reference price an order may be (a factor).
@@ -160,6 +163,7 @@ impl Market {
             ledger: None,
             reference: RwLock::new(HashMap::new()),
             contracts: std::sync::Mutex::new(bought),
+            contracts_read: std::sync::Mutex::new(None),
         })
     }
 
@@ -289,15 +293,40 @@ impl Market {
     /// Covers a request of `tokens` (at worst) by `account` on
     /// `instrument` from capacity it bought, if a live contract whose
     /// seller `can_serve` has room: it runs at the trade price, prepaid.
-    pub fn cover(
+    pub async fn cover(
         &self,
         account: &str,
         instrument: &str,
         tokens: u64,
         can_serve: impl Fn(&str) -> bool,
     ) -> Option<contracts::Cover> {
+        if shared::shared(&self.db) && self.contracts_stale() {
+            // Fills on other replicas: take them in (buckets are kept).
+            match store::live_contracts(&self.db, now()).await {
+                Ok(fresh) => self
+                    .contracts
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .merge(fresh),
+                Err(e) => tracing::warn!(error = %e, "contracts not reloaded"),
+            }
+        }
         let mut bought = self.contracts.lock().unwrap_or_else(|e| e.into_inner());
         bought.cover(account, instrument, tokens, now(), can_serve)
+    }
+
+    /// Whether contracts were last read from the database over a second
+    /// ago (and, if so, that they are being read now).
+    fn contracts_stale(&self) -> bool {
+        let mut at = self
+            .contracts_read
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if at.is_some_and(|t| t.elapsed() < std::time::Duration::from_secs(1)) {
+            return false;
+        }
+        *at = Some(std::time::Instant::now());
+        true
     }
 
     /// The live contracts of `account` (every one without it).
@@ -356,6 +385,11 @@ impl Market {
         };
         let t = now();
         let mut books = self.books.lock().await;
+        // Replicas on one database match one at a time on its orders.
+        let _lock = shared::lock(&self.db, &new.instrument).await?;
+        if let Some(b) = shared::reload(&self.db, &new.instrument).await? {
+            books.insert(new.instrument.clone(), b);
+        }
         if let (Some(l), Side::Bid) = (&self.ledger, order.side) {
             l.hold_order(
                 &order.id,
@@ -429,6 +463,16 @@ impl Market {
     /// Cancels an open order (of `account`, when given).
     pub async fn cancel(&self, id: &str, account: Option<&str>) -> Result<Order, MarketError> {
         let mut books = self.books.lock().await;
+        let mut _lock = None;
+        if shared::shared(&self.db) {
+            let instrument = store::instrument_of_open(&self.db, id)
+                .await?
+                .ok_or_else(|| MarketError::OrderNotFound(id.to_string()))?;
+            _lock = Some(shared::lock(&self.db, &instrument).await?);
+            if let Some(b) = shared::reload(&self.db, &instrument).await? {
+                books.insert(instrument, b);
+            }
+        }
         let owned = |o: &Order| account.is_none_or(|a| a == o.account_id);
         let book = books
             .values_mut()
@@ -445,6 +489,10 @@ impl Market {
     /// Cancels every open order of `account` on `instrument`.
     pub async fn cancel_all(&self, instrument: &str, account: &str) -> Result<usize, MarketError> {
         let mut books = self.books.lock().await;
+        let _lock = shared::lock(&self.db, instrument).await?;
+        if let Some(b) = shared::reload(&self.db, instrument).await? {
+            books.insert(instrument.to_string(), b);
+        }
         let Some(book) = books.get_mut(instrument) else {
             return Ok(0);
         };
@@ -465,10 +513,18 @@ impl Market {
         }
     }
 
-    /// Removes expired orders from every book.
+    /// Removes expired orders from every book (on a shared database, every
+    /// open order past its expiry, whichever replica placed it).
     pub async fn expire(&self) -> Result<usize, MarketError> {
         let mut books = self.books.lock().await;
         let mut n = 0;
+        if shared::shared(&self.db) {
+            for o in store::expired_open(&self.db, now()).await? {
+                self.ended(&o).await;
+                store::close_order(&self.db, &o.id, "expired").await?;
+                n += 1;
+            }
+        }
         for book in books.values_mut() {
             for o in book.expire(now()) {
                 self.ended(&o).await;
@@ -492,7 +548,16 @@ impl Market {
 
     /// Best bid and ask, last trade and `depth` levels of each side.
     pub async fn spot(&self, instrument: &str, depth: usize) -> Spot {
-        let books = self.books.lock().await;
+        let mut books = self.books.lock().await;
+        match shared::reload(&self.db, instrument).await {
+            Ok(Some(b)) => {
+                books.insert(instrument.to_string(), b);
+            }
+            Ok(None) => {}
+            Err(e) => {
+                tracing::warn!(instrument, error = %e, "book not reloaded; showing the last one")
+            }
+        }
         let Some(b) = books.get(instrument) else {
             return Spot {
                 best_bid: None,

@@ -61,6 +61,31 @@ pub async fn providers(db: &Db) -> Result<Vec<Provider>, MarketError> {
     Ok(rows.iter().map(provider).collect::<Result<_, _>>()?)
 }
 
+/// The instrument of an open order.
+pub async fn instrument_of_open(db: &Db, id: &str) -> Result<Option<String>, MarketError> {
+    Ok(
+        sqlx::query_scalar("SELECT instrument FROM orders WHERE id = $1 AND state = 'open'")
+            .bind(id)
+            .fetch_optional(&db.pool)
+            .await?,
+    )
+}
+
+/// Open orders past their expiry at `at`.
+pub async fn expired_open(db: &Db, at: i64) -> Result<Vec<Order>, MarketError> {
+    let rows = sqlx::query("SELECT * FROM orders WHERE state = 'open' AND expires_at <= $1")
+        .bind(at)
+        .fetch_all(&db.pool)
+        .await?;
+    Ok(rows
+        .iter()
+        .map(order)
+        .collect::<Result<Vec<_>, _>>()?
+        .into_iter()
+        .map(|(_, o)| o)
+        .collect())
+}
+
 /// The contracts of fills whose capacity has not ended at `at`.
 pub async fn live_contracts(
     db: &Db,
@@ -170,11 +195,24 @@ fn order(r: &AnyRow) -> Result<(String, Order), sqlx::Error> {
 /// The books as the database has them: open, unexpired orders in the order
 /// they arrived, and each instrument's last trade price.
 pub async fn open_books(db: &Db, at: i64) -> Result<HashMap<String, Book>, MarketError> {
-    let rows =
-        sqlx::query("SELECT * FROM orders WHERE state = 'open' AND expires_at > $1 ORDER BY id")
-            .bind(at)
-            .fetch_all(&db.pool)
-            .await?;
+    open_books_of(db, None, at).await
+}
+
+/// `open_books`, of one instrument only when given.
+pub async fn open_books_of(
+    db: &Db,
+    instrument: Option<&str>,
+    at: i64,
+) -> Result<HashMap<String, Book>, MarketError> {
+    let rows = sqlx::query(
+        "SELECT * FROM orders WHERE state = 'open' AND expires_at > $1 \
+         AND (CAST($2 AS TEXT) IS NULL OR instrument = $3) ORDER BY id",
+    )
+    .bind(at)
+    .bind(instrument)
+    .bind(instrument)
+    .fetch_all(&db.pool)
+    .await?;
     let mut books: HashMap<String, Book> = HashMap::new();
     for r in &rows {
         let (instrument, o) = order(r)?;
@@ -182,8 +220,11 @@ pub async fn open_books(db: &Db, at: i64) -> Result<HashMap<String, Book>, Marke
     }
     let last = sqlx::query(
         "SELECT t.instrument, t.price FROM trades t WHERE t.id = (SELECT t2.id FROM trades t2 \
-         WHERE t2.instrument = t.instrument ORDER BY t2.id DESC LIMIT 1)",
+         WHERE t2.instrument = t.instrument ORDER BY t2.id DESC LIMIT 1) \
+         AND (CAST($1 AS TEXT) IS NULL OR t.instrument = $2)",
     )
+    .bind(instrument)
+    .bind(instrument)
     .fetch_all(&db.pool)
     .await?;
     for r in &last {

@@ -421,16 +421,89 @@ async fn each_fill_is_a_contract_that_covers_its_bidder_and_survives_a_restart()
         // of 20 tok/s), for a seller that can serve them.
         let yes = |_: &str| true;
         assert!(
-            m.cover(&seller.id, "m", 10, yes).is_none(),
+            m.cover(&seller.id, "m", 10, yes).await.is_none(),
             "not the seller's"
         );
-        assert!(m.cover(&user.id, "m", 10, |_| false).is_none());
-        let cover = m.cover(&user.id, "m", 150, yes).expect("covered");
+        assert!(m.cover(&user.id, "m", 10, |_| false).await.is_none());
+        let cover = m.cover(&user.id, "m", 150, yes).await.expect("covered");
         assert_eq!((cover.seller, cover.price), (seller.id.clone(), 350_000));
-        assert!(m.cover(&user.id, "m", 100, yes).is_none(), "past its room");
+        assert!(
+            m.cover(&user.id, "m", 100, yes).await.is_none(),
+            "past its room"
+        );
         // A server started on the same database knows the contract.
         let again = Market::load(db, 700).await.expect("market");
         assert_eq!(again.contracts(Some(&user.id)).len(), 1);
-        assert!(again.cover(&user.id, "m", 150, yes).is_some());
+        assert!(again.cover(&user.id, "m", 150, yes).await.is_some());
     }
+}
+
+#[tokio::test]
+async fn replicas_on_one_postgres_trade_on_the_same_book_and_never_fill_twice() {
+    use crate::ledger::accounts::AccountKind;
+    let db = Db::connect(&testing::fresh_postgres_url().await)
+        .await
+        .expect("db");
+    let (a, l) = funded_market(db.clone()).await;
+    let (b, _) = funded_market(db.clone()).await;
+    let seller = l
+        .create_account(AccountKind::Provider, "gpu", 0)
+        .await
+        .expect("p");
+    let mut users = Vec::new();
+    for i in 0..8 {
+        let u = l
+            .create_account(AccountKind::User, &format!("u{i}"), 0)
+            .await
+            .expect("user");
+        l.top_up(&u.id, 1_000_000, "bids").await.expect("top up");
+        users.push(u.id);
+    }
+    // An ask on replica A is on replica B's book.
+    a.submit(order(Side::Ask, &seller.id, 350_000, 40, 600))
+        .await
+        .expect("ask");
+    assert_eq!(b.spot("m", 5).await.best_ask, Some(350_000));
+    // Eight bids of 10 at once, half on each replica, against 40: exactly
+    // 40 fill, never more.
+    let (a, b) = (std::sync::Arc::new(a), std::sync::Arc::new(b));
+    let tasks: Vec<_> = users
+        .iter()
+        .enumerate()
+        .map(|(i, u)| {
+            let m = if i % 2 == 0 { a.clone() } else { b.clone() };
+            let o = order(Side::Bid, u, 400_000, 10, 60);
+            tokio::spawn(async move { m.submit(o).await })
+        })
+        .collect();
+    let mut filled = 0;
+    for t in tasks {
+        let (_, fills) = t.await.expect("task").expect("bid");
+        filled += fills.iter().map(|f| f.quantity).sum::<u64>();
+    }
+    assert_eq!(filled, 40);
+    assert_eq!(a.spot("m", 5).await.best_ask, None);
+    // The unfilled bids rest on both replicas' books; one cancels on the
+    // other replica.
+    let spot = b.spot("m", 5).await;
+    assert_eq!(spot.bids.iter().map(|l| l.quantity).sum::<u64>(), 40);
+    let resting = store::open_books(&db, now()).await.expect("books")["m"]
+        .resting_bids()
+        .next()
+        .expect("a resting bid");
+    a.cancel(&resting.id, Some(&resting.account_id))
+        .await
+        .expect("cancel on the other replica");
+    assert_eq!(
+        b.spot("m", 5)
+            .await
+            .bids
+            .iter()
+            .map(|l| l.quantity)
+            .sum::<u64>(),
+        30
+    );
+    l.flush().await;
+    let audit = l.audit().await.expect("audit");
+    assert!(audit.violations.is_empty(), "{:?}", audit.violations);
 }

@@ -92,13 +92,17 @@ impl Generation {
         }
         // Capacity the payer bought covers the request when it has room;
         // it then runs on the seller's executors, prepaid.
-        let cover = self.billing.as_ref().and_then(|b| {
-            let serves = |seller: &str| match &self.dispatch {
-                Some(d) => d.can_serve(&job.model, seller),
-                None => seller == crate::ledger::HOUSE_PROVIDER,
-            };
-            b.cover(&Payer::of(key), &job.model, &job.requests, serves)
-        });
+        let serves = |seller: &str| match &self.dispatch {
+            Some(d) => d.can_serve(&job.model, seller),
+            None => seller == crate::ledger::HOUSE_PROVIDER,
+        };
+        let cover = match &self.billing {
+            Some(b) => {
+                b.cover(&Payer::of(key), &job.model, &job.requests, serves)
+                    .await
+            }
+            None => None,
+        };
         // With workers serving the model, the first choice is placed now:
         // the request is priced at the terms of the executor it runs on.
         let only = cover.as_ref().map(|c| c.seller.as_str());

@@ -250,7 +250,7 @@ impl Billing {
     /// Covers a generation from capacity `payer` bought on the book, if a
     /// contract of it has room for the requests' worst case and its
     /// seller `can_serve` the model.
-    pub fn cover(
+    pub async fn cover(
         &self,
         payer: &Payer,
         model: &str,
@@ -260,6 +260,7 @@ impl Billing {
         let worst: u64 = choices_of(requests).iter().map(|(p, m)| p + m).sum();
         self.market
             .cover(&payer.account_id, model, worst, can_serve)
+            .await
     }
 }
 
