@@ -595,6 +595,21 @@ mod tests {
         }
     }
 
+    /// Gives a worker (or the house) its calibrated profile everywhere.
+    fn calibrate(fleet: &Registry, d: &Dispatch, ids: &[&String], p: Profile) {
+        for id in ids {
+            fleet.set_profile(id, p);
+            d.set_profile(id, p);
+        }
+    }
+
+    /// A dispatcher placing by expected time alone, the house a fallback.
+    fn by_time(fleet: &Arc<Registry>) -> Dispatch {
+        Dispatch::new(fleet.clone())
+            .with_house_factor(1000.0)
+            .with_weights("latency=1".parse().expect("weights"))
+    }
+
     /// Places a choice of `prompt` on model `m` with the test house.
     fn place(d: &Dispatch, tried: &[String], prompt: &[u32], max_tokens: usize) -> (Target, Terms) {
         let house = house();
@@ -669,16 +684,12 @@ mod tests {
     #[test]
     fn placement_prefers_the_measured_fastest_until_its_batch_makes_it_slower() {
         let fleet = Arc::new(Registry::default());
-        let d = Dispatch::new(fleet.clone())
-            .with_house_factor(1000.0)
-            .with_weights("latency=1".parse().expect("weights"));
+        let d = by_time(&fleet);
         // Uncalibrated workers get nothing: the house it is.
         let (fast, slow) = (worker(&fleet, "fast"), worker(&fleet, "slow"));
         assert_eq!(place(&d, &[], &[7; 10], 100).0, Target::House);
-        for (id, p) in [(&fast, profile(5.0, 8.0)), (&slow, profile(40.0, 45.0))] {
-            fleet.set_profile(id, p);
-            d.set_profile(id, p);
-        }
+        calibrate(&fleet, &d, &[&fast], profile(5.0, 8.0));
+        calibrate(&fleet, &d, &[&slow], profile(40.0, 45.0));
         let key = |t: (Target, Terms)| t.0.key().to_string();
         assert_eq!(key(place(&d, &[], &[7; 10], 100)), fast);
         // Loaded enough that the slow one now finishes first.
@@ -708,10 +719,8 @@ mod tests {
             .with_step_target(20.0)
             .with_weights("latency=1".parse().expect("weights"));
         let (fast, slow) = (worker(&fleet, "fast"), worker(&fleet, "slow"));
-        for (id, p) in [(&fast, profile(5.0, 8.0)), (&slow, profile(40.0, 45.0))] {
-            fleet.set_profile(id, p);
-            d.set_profile(id, p);
-        }
+        calibrate(&fleet, &d, &[&fast], profile(5.0, 8.0));
+        calibrate(&fleet, &d, &[&slow], profile(40.0, 45.0));
         let cap = |id: &str| d.measures.lock().expect("measures")[id].cap;
         // 5 ms + 1 ms per extra sequence stays under 20 ms up to 16.
         assert_eq!(cap(&fast), 16);
@@ -745,10 +754,7 @@ mod tests {
             priced(&fleet, "dear", Some(80_000_000)),
             worker(&fleet, "taker"),
         );
-        for id in [&cheap, &dear, &taker] {
-            fleet.set_profile(id, profile(5.0, 8.0));
-            d.set_profile(id, profile(5.0, 8.0));
-        }
+        calibrate(&fleet, &d, &[&cheap, &dear, &taker], profile(5.0, 8.0));
         let (target, terms) = place(&d, &[], &[7; 10], 100);
         assert_eq!(target.key(), cheap);
         // Its ask, as a user pays it (no billing here: no fee), and its
@@ -829,14 +835,9 @@ mod tests {
     #[test]
     fn a_worker_that_ran_the_prompt_prefix_is_credited_for_its_cache() {
         let fleet = Arc::new(Registry::default());
-        let d = Dispatch::new(fleet.clone())
-            .with_house_factor(1000.0)
-            .with_weights("latency=1".parse().expect("weights"));
+        let d = by_time(&fleet);
         let (a, b) = (worker(&fleet, "a"), worker(&fleet, "b"));
-        for id in [&a, &b] {
-            fleet.set_profile(id, profile(5.0, 8.0));
-            d.set_profile(id, profile(5.0, 8.0));
-        }
+        calibrate(&fleet, &d, &[&a, &b], profile(5.0, 8.0));
         let p: Vec<u32> = (0..512).collect();
         let q: Vec<u32> = (1_000..1_512).collect();
         let first = place(&d, &[], &p, 10).0.key().to_string();
@@ -856,10 +857,7 @@ mod tests {
             priced(&fleet, "cheap", Some(1_000_000)),
             priced(&fleet, "seller", Some(90_000_000)),
         );
-        for id in [&cheap, &seller] {
-            fleet.set_profile(id, profile(5.0, 8.0));
-            d.set_profile(id, profile(5.0, 8.0));
-        }
+        calibrate(&fleet, &d, &[&cheap, &seller], profile(5.0, 8.0));
         let h = house();
         let want = |only| Want {
             model: "m",
