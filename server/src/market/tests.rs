@@ -195,6 +195,25 @@ async fn funded_market(db: Db) -> (Market, Ledger) {
     (m, l)
 }
 
+/// A user account (`bidder`) and a provider account (`gpu`).
+async fn bidder_and_seller(
+    l: &Ledger,
+) -> (
+    crate::ledger::accounts::Account,
+    crate::ledger::accounts::Account,
+) {
+    use crate::ledger::accounts::AccountKind;
+    let user = l
+        .create_account(AccountKind::User, "bidder", 0)
+        .await
+        .expect("user");
+    let seller = l
+        .create_account(AccountKind::Provider, "gpu", 0)
+        .await
+        .expect("p");
+    (user, seller)
+}
+
 fn order(side: Side, account: &str, price: Amount, quantity: u64, ttl: i64) -> NewOrder {
     NewOrder {
         key_id: None,
@@ -211,17 +230,9 @@ fn order(side: Side, account: &str, price: Amount, quantity: u64, ttl: i64) -> N
 
 #[tokio::test]
 async fn bids_hold_their_worst_case_and_fills_move_money_once() {
-    use crate::ledger::accounts::AccountKind;
     for db in dbs().await {
         let (m, l) = funded_market(db).await;
-        let user = l
-            .create_account(AccountKind::User, "bidder", 0)
-            .await
-            .expect("user");
-        let seller = l
-            .create_account(AccountKind::Provider, "gpu", 0)
-            .await
-            .expect("p");
+        let (user, seller) = bidder_and_seller(&l).await;
         // 100 tok/s for an hour at 0.4 units per million tokens: 0.144 units.
         l.top_up(&user.id, 200_000, "bids").await.expect("top up");
         for (price, why) in [
@@ -389,17 +400,9 @@ async fn a_keys_budget_bounds_its_bids_and_counts_their_fills() {
 
 #[tokio::test]
 async fn each_fill_is_a_contract_that_covers_its_bidder_and_survives_a_restart() {
-    use crate::ledger::accounts::AccountKind;
     for db in dbs().await {
         let (m, l) = funded_market(db.clone()).await;
-        let user = l
-            .create_account(AccountKind::User, "bidder", 0)
-            .await
-            .expect("user");
-        let seller = l
-            .create_account(AccountKind::Provider, "gpu", 0)
-            .await
-            .expect("p");
+        let (user, seller) = bidder_and_seller(&l).await;
         l.top_up(&user.id, 200_000, "bids").await.expect("top up");
         m.submit(order(Side::Ask, &seller.id, 350_000, 30, 600))
             .await

@@ -610,6 +610,17 @@ mod tests {
             .with_weights("latency=1".parse().expect("weights"))
     }
 
+    /// A 10-token choice of at most 100 tokens on model `m`.
+    fn short(house: &Terms) -> Want<'_> {
+        Want {
+            model: "m",
+            house,
+            prompt: &[7; 10],
+            max_tokens: 100,
+            only: None,
+        }
+    }
+
     /// Places a choice of `prompt` on model `m` with the test house.
     fn place(d: &Dispatch, tried: &[String], prompt: &[u32], max_tokens: usize) -> (Target, Terms) {
         let house = house();
@@ -791,13 +802,7 @@ mod tests {
         fleet.set_profile(&w, profile(5.0, 8.0));
         let (_abort_tx, mut abort) = watch::channel(false);
         let h = house();
-        let want = Want {
-            model: "m",
-            house: &h,
-            prompt: &[7; 10],
-            max_tokens: 100,
-            only: None,
-        };
+        let want = short(&h);
         assert!(!d.saturated(&want));
         assert!(d.wait_for_room(&want, &mut abort).await, "room: no wait");
         for key in [HOUSE, w.as_str()] {
@@ -814,14 +819,7 @@ mod tests {
             tokio::spawn(async move {
                 let (_tx, mut abort) = watch::channel(false);
                 let h = house();
-                let want = Want {
-                    model: "m",
-                    house: &h,
-                    prompt: &[7; 10],
-                    max_tokens: 100,
-                    only: None,
-                };
-                d.wait_for_room(&want, &mut abort).await
+                d.wait_for_room(&short(&h), &mut abort).await
             })
         };
         tokio::time::sleep(Duration::from_millis(20)).await;
