@@ -264,6 +264,13 @@ def test_greedy_text_is_the_same_on_every_executor_and_streams_spread_over_worke
             line = next(ln for ln in metrics.splitlines()
                         if ln.startswith("synor:worker_tokens_delivered_total") and f'name="{name}"' in ln)
             assert float(line.rsplit(" ", 1)[1]) == delivered[name], line
+            # Per stage: each worker's prefill and decode, as the relays saw them.
+            for stage in ("prefill", "decode"):
+                for figure in ("seconds", "tokens"):
+                    line = next(ln for ln in metrics.splitlines()
+                                if ln.startswith(f"synor:stage_{stage}_{figure}_total")
+                                and f'executor="{name}@' in ln)
+                    assert float(line.rsplit(" ", 1)[1]) > 0, line
     finally:
         for p in procs:
             stop(p)

@@ -16,6 +16,7 @@ use engine::HistogramSnapshot;
 
 use crate::cache::ResponseCache;
 use crate::fleet::registry::{Registry, WorkerInfo};
+use crate::services::dispatch::stages::StageTotals;
 use crate::services::models::{ModelKind, ModelRegistry};
 
 /// HTTP request counts, by (route, method, status).
@@ -156,6 +157,53 @@ fn fleet_metrics(out: &mut String, fleet: &Registry) {
     }
 }
 
+/// Reads one stage total of an executor.
+type StageFigure = fn(&StageTotals) -> f64;
+
+/// Per executor (label `executor`, as usage records name it): the prefill
+/// and decode time and tokens the relays observed. Their rates are each
+/// executor's prefill and decode throughput in production.
+fn stage_metrics(out: &mut String, stages: &[(String, StageTotals)]) {
+    let families: [(&str, &str, StageFigure); 5] = [
+        (
+            "synor:stage_attempts_total",
+            "Attempts run on the executor for this server.",
+            |t| t.attempts as f64,
+        ),
+        (
+            "synor:stage_prefill_seconds_total",
+            "Time from an attempt's start to its first token.",
+            |t| t.prefill_seconds,
+        ),
+        (
+            "synor:stage_prefill_tokens_total",
+            "Prompt tokens the executor computed (replays included, cache hits not).",
+            |t| t.prefill_tokens as f64,
+        ),
+        (
+            "synor:stage_decode_seconds_total",
+            "Time from an attempt's first token to its last.",
+            |t| t.decode_seconds,
+        ),
+        (
+            "synor:stage_decode_tokens_total",
+            "Tokens decoded after each attempt's first.",
+            |t| t.decode_tokens as f64,
+        ),
+    ];
+    for (name, help, get) in families {
+        Family {
+            name,
+            kind: "counter",
+            help,
+        }
+        .header(out);
+        for (executor, t) in stages {
+            let _ = writeln!(out, "{name}{{executor=\"{}\"}} {}", label(executor), get(t));
+        }
+    }
+}
+
 /// Choices waiting for an executor with room (admission past saturation).
 fn queue_metrics(out: &mut String, queued: usize) {
     let name = "synor:fleet_queued";
@@ -255,6 +303,7 @@ pub fn render(
     http: &HttpMetrics,
     fleet: &Registry,
     fleet_queued: usize,
+    stages: &[(String, StageTotals)],
 ) -> String {
     let mut out = String::new();
     if let Some(cache) = cache {
@@ -262,6 +311,7 @@ pub fn render(
     }
     fleet_metrics(&mut out, fleet);
     queue_metrics(&mut out, fleet_queued);
+    stage_metrics(&mut out, stages);
     let text: Vec<(String, engine::EngineStats, engine::LatencyStats)> = models
         .list()
         .iter()

@@ -119,6 +119,7 @@ pub(crate) async fn metrics(State(state): State<AppState>) -> impl axum::respons
             &state.http,
             &state.fleet,
             state.dispatch.queued(),
+            &state.dispatch.stages.totals(),
         ),
     )
 }

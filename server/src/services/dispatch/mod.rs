@@ -38,6 +38,7 @@ use crate::services::metering::{Billing, Credits};
 use relay::Relay;
 
 mod relay;
+pub mod stages;
 
 use crate::services::placement::{
     Affinity, Candidate, MAX_CAP, Measure, Terms, Weights, gross, prefix_hashes,
@@ -78,6 +79,8 @@ pub struct Dispatch {
     admission: Admission,
     /// Which prompt prefixes each executor ran lately.
     affinity: Mutex<Affinity>,
+    /// Each executor's prefill and decode totals, as relays saw them.
+    pub stages: stages::Stages,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -161,6 +164,7 @@ impl Dispatch {
                 room: tokio::sync::Notify::new(),
             },
             affinity: Mutex::default(),
+            stages: stages::Stages::default(),
         }
     }
 
@@ -345,6 +349,7 @@ impl Dispatch {
             credits,
             first,
             cached: 0,
+            timing: stages::Timing::start(),
         };
         tokio::spawn(relay.run());
         RequestStream::relay(

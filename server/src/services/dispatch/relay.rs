@@ -11,6 +11,7 @@ use engine::core::CoreEvent;
 use engine::{EngineError, EngineHandle, FinishReason, GenerateRequest, Usage};
 use tokio::sync::{mpsc, watch};
 
+use super::stages::Timing;
 use super::{CANCEL_WAIT, Dispatch, HOUSE, MAX_ATTEMPTS, Target, Want};
 use crate::fleet::jobs::JobEvent;
 use crate::fleet::protocol::{JobParams, ToWorker, VERSION};
@@ -48,6 +49,8 @@ pub(super) struct Relay {
     pub(super) credits: Option<Credits>,
     /// Where its first attempt runs, when the request was planned there.
     pub(super) first: Option<(Target, Terms)>,
+    /// When the current attempt started and delivered its tokens.
+    pub(super) timing: Timing,
     /// Prompt tokens the current attempt's executor had cached.
     pub(super) cached: usize,
 }
@@ -88,6 +91,7 @@ impl Relay {
             };
             let before = self.delivered.len();
             self.cached = 0;
+            self.timing = Timing::start();
             let key = target.key().to_string();
             self.dispatch.measure(&key, |m| m.outstanding += 1);
             let outcome = match &target {
@@ -97,28 +101,7 @@ impl Relay {
             self.dispatch
                 .measure(&key, |m| m.outstanding = m.outstanding.saturating_sub(1));
             self.dispatch.admission.room.notify_waiters();
-            let tokens = self.delivered.len() - before;
-            if let Some(c) = &self.credits {
-                let executor = target.label(&self.house);
-                // Accepted work: an attempt that delivered is paid for the
-                // prompt it computed (the replayed tokens included) and
-                // what it delivered, at its own prices.
-                let work = Work {
-                    provider: terms.provider_id.clone(),
-                    prices: terms.prices,
-                    payout_bps: terms.payout_bps,
-                    tokens: Tokens {
-                        prompt: (self.prompt.len() + before) as u64,
-                        cached: self.cached as u64,
-                        completion: tokens as u64,
-                    },
-                };
-                c.attempt(&executor, work);
-            }
-            if let Target::Worker(id, provider, _) = &target {
-                let lost = matches!(outcome, Attempt::Lost(_));
-                self.dispatch.fleet.record(id, provider, tokens, lost);
-            }
+            self.account(&target, &terms, before, matches!(outcome, Attempt::Lost(_)));
             match outcome {
                 Attempt::Over => break,
                 Attempt::Lost(why) => {
@@ -144,6 +127,36 @@ impl Relay {
             }
         }
         self.dispatch.fleet.jobs.end(self.job);
+    }
+
+    /// Books an attempt that ended, `before` tokens having been delivered
+    /// when it started: its provider's accepted work (an attempt that
+    /// delivered is paid for the prompt it computed, replayed tokens
+    /// included, and what it delivered, at its own prices), the worker's
+    /// record, and the executor's stage times.
+    fn account(&self, target: &Target, terms: &Terms, before: usize, lost: bool) {
+        let tokens = self.delivered.len() - before;
+        let executor = target.label(&self.house);
+        let computed = (self.prompt.len() + before).saturating_sub(self.cached);
+        self.dispatch
+            .stages
+            .record(&executor, computed, tokens, &self.timing);
+        if let Some(c) = &self.credits {
+            let work = Work {
+                provider: terms.provider_id.clone(),
+                prices: terms.prices,
+                payout_bps: terms.payout_bps,
+                tokens: Tokens {
+                    prompt: (self.prompt.len() + before) as u64,
+                    cached: self.cached as u64,
+                    completion: tokens as u64,
+                },
+            };
+            c.attempt(&executor, work);
+        }
+        if let Target::Worker(id, provider, _) = target {
+            self.dispatch.fleet.record(id, provider, tokens, lost);
+        }
     }
 
     /// Waits, if the executor the choice would get is full, until one has
@@ -208,6 +221,7 @@ impl Relay {
                         "token {id} is outside the vocabulary"
                     )));
                 }
+                self.timing.token();
                 if let Some(prev) = last.replace(Instant::now()) {
                     let ms = prev.elapsed().as_secs_f64() * 1e3;
                     let target = self.dispatch.step_target_ms;
