@@ -282,4 +282,4 @@ impl ResponseCache {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

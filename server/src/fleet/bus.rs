@@ -328,7 +328,7 @@ async fn for_worker(
         };
         tokio::spawn(pump(to, worker.clone(), job, attempt, rx));
     }
-    if !registry.send(&worker, msg).await
+    if !registry.send_local(&worker, msg).await
         && let Some((job, attempt)) = assigned
     {
         registry.jobs.deliver(
@@ -389,6 +389,131 @@ async fn pump(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    use crate::fleet::protocol::{JobParams, ServedModel};
+    use crate::fleet::registry::Registration;
+
+    fn worker(r: &Registry) -> (String, mpsc::Receiver<ToWorker>) {
+        let (tx, rx) = mpsc::channel(8);
+        let reg = Registration {
+            provider_id: "provider:p".into(),
+            token_id: "t".into(),
+            remote: "r".into(),
+            name: "w".into(),
+            build: "b".into(),
+            devices: vec![],
+            models: vec![ServedModel {
+                name: "m".into(),
+                layers: 1,
+                kv_heads: 1,
+                head_dim: 1,
+                block_size: 16,
+                context_length: 64,
+            }],
+            threads: 1,
+            region: "r".into(),
+            asks: vec![],
+        };
+        (r.register(reg, tx), rx)
+    }
+
+    fn assign(job: u64) -> ToWorker {
+        ToWorker::Assign {
+            v: super::super::protocol::VERSION,
+            job,
+            attempt: 1,
+            model: "m".into(),
+            prompt: vec![1, 2],
+            resume: vec![],
+            params: JobParams {
+                temperature: 0.0,
+                top_p: 1.0,
+                top_k: 0,
+                min_p: 0.0,
+                seed: 1,
+                max_tokens: 2,
+                stop_token_ids: vec![],
+                ignore_eos: true,
+                repetition_penalty: 1.0,
+                frequency_penalty: 0.0,
+                presence_penalty: 0.0,
+                logit_bias: vec![],
+                logprobs: None,
+            },
+        }
+    }
+
+    #[tokio::test]
+    async fn a_replica_places_work_on_another_replicas_worker_through_redis() {
+        let url = crate::cache::tests::redis_url();
+        let ns = format!("test-{}", uuid::Uuid::new_v4().simple());
+        let (a, b) = (Arc::new(Registry::default()), Arc::new(Registry::default()));
+        start(&url, &ns, a.clone()).expect("bus a");
+        start(&url, &ns, b.clone()).expect("bus b");
+        let (w, mut session) = worker(&a);
+        a.set_profile(
+            &w,
+            crate::fleet::registry::Profile {
+                prefill_tokens_per_s: 1.0,
+                decode_step_ms_1: 1.0,
+                decode_step_ms_4: 1.0,
+                measured_at: 1,
+            },
+        );
+        // B lists A's worker, active, with A's replica and profile.
+        let seen = async {
+            loop {
+                if let Some(x) = b.serving("m").into_iter().find(|x| x.id == w) {
+                    return x;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        };
+        let listed = tokio::time::timeout(Duration::from_secs(5), seen)
+            .await
+            .expect("B sees the worker");
+        assert_eq!(listed.replica, a.replica());
+        assert!(listed.profile.is_some());
+        // B's relay places a job on it: the assignment reaches the worker's
+        // session on A, and the worker's events reach B's slot.
+        let job = b.jobs.next_id();
+        let (tx, mut events) = mpsc::unbounded_channel();
+        b.jobs.place(job, &w, 1, tx);
+        assert!(b.send(&w, assign(job)).await);
+        let got = tokio::time::timeout(Duration::from_secs(5), session.recv())
+            .await
+            .expect("assigned")
+            .expect("message");
+        assert!(matches!(got, ToWorker::Assign { job: j, .. } if j == job));
+        let token = JobEvent::Core(CoreEvent::Token {
+            id: 9,
+            logprob: None,
+        });
+        assert_eq!(
+            a.jobs.deliver(&w, job, 1, token),
+            super::super::jobs::Delivery::Delivered
+        );
+        let ev = tokio::time::timeout(Duration::from_secs(5), events.recv())
+            .await
+            .expect("event")
+            .expect("open");
+        assert!(matches!(ev, JobEvent::Core(CoreEvent::Token { id: 9, .. })));
+        // The worker leaves A: B's job hears it is lost, and B drops it.
+        a.remove(&w);
+        let ev = tokio::time::timeout(Duration::from_secs(5), events.recv())
+            .await
+            .expect("lost")
+            .expect("open");
+        assert!(matches!(ev, JobEvent::Lost(_)), "{ev:?}");
+        let gone = async {
+            while !b.serving("m").is_empty() {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(5), gone)
+            .await
+            .expect("B forgets it");
+    }
 
     #[test]
     fn job_events_cross_the_bus_unchanged() {

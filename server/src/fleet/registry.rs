@@ -326,11 +326,8 @@ impl Registry {
     /// Sends `msg` to a worker's session (waiting while its queue is
     /// full); false if the worker is gone.
     pub async fn send(&self, id: &str, msg: ToWorker) -> bool {
-        let tx = {
-            let w = self.workers.read().unwrap_or_else(|e| e.into_inner());
-            w.get(id).map(|e| e.to_session.clone())
-        };
-        if let Some(tx) = tx {
+        let local = self.session_of(id);
+        if let Some(tx) = local {
             return tx.send(msg).await.is_ok();
         }
         let replica = {
@@ -341,6 +338,21 @@ impl Registry {
             (Some(replica), Some(bus)) => bus.forward(&replica, id, msg).await,
             _ => false,
         }
+    }
+
+    /// Sends `msg` to one of this replica's own workers only (what another
+    /// replica forwards: never forwarded again, so two replicas with stale
+    /// views of a worker cannot bounce a message between them).
+    pub async fn send_local(&self, id: &str, msg: ToWorker) -> bool {
+        match self.session_of(id) {
+            Some(tx) => tx.send(msg).await.is_ok(),
+            None => false,
+        }
+    }
+
+    fn session_of(&self, id: &str) -> Option<mpsc::Sender<ToWorker>> {
+        let w = self.workers.read().unwrap_or_else(|e| e.into_inner());
+        w.get(id).map(|e| e.to_session.clone())
     }
 
     /// Active workers that serve `model`, this replica's and the others'.
