@@ -514,6 +514,15 @@ def test_two_replicas_on_one_postgres_share_a_worker_over_the_bus(private_redis)
         assert status == 201 and sum(f["quantity"] for f in bid["fills"]) == 3, bid
         book = call(ra["base"], "GET", "/v1/market/book?instrument=tiny")[1]
         assert odd not in [lvl["price"] for lvl in book["asks"]], book
+        # An admin of B drains a worker connected to A: it leaves cleanly.
+        worker = start_worker(ra["base"], created["token"], "second")
+        [w2] = wait_for(lambda: [w for w in fleet(rb["base"]) if w["name"] == "second"
+                                 and w["state"] == "active"], what="B to see the second worker")
+        status, drained = call(rb["base"], "DELETE", f"/admin/fleet/{w2['id']}")
+        assert status == 200, drained
+        code, out = finish(worker, timeout=30)
+        assert code == 0, out
+        wait_for(lambda: fleet(rb["base"]) == [], timeout=10, what="B to forget the drained worker")
         # One ledger, billed once, clean.
         for r in (ra, rb):
             status, audit = call(r["base"], "GET", "/admin/ledger/audit")

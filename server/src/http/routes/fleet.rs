@@ -195,7 +195,8 @@ pub(crate) async fn list(State(state): State<AppState>) -> Json<List<WorkerInfo>
     Json(List::of(state.fleet.list()))
 }
 
-/// Drains a worker: it takes no new work and leaves once idle.
+/// Drains a worker: it takes no new work and leaves once idle. A worker
+/// connected to another replica is told through the fleet bus.
 #[utoipa::path(delete, path = "/admin/fleet/{id}", tag = "admin",
     params(("id" = String, Path, description = "The worker's id")),
     responses((status = 200, description = "Draining", body = Drained), (status = 404, description = "No such worker", body = crate::http::error::ErrorResponse), (status = 401, description = "Missing or wrong admin token", body = crate::http::error::ErrorResponse)),
@@ -204,7 +205,19 @@ pub(crate) async fn drain(
     State(state): State<AppState>,
     Path(id): Path<String>,
 ) -> Result<Json<Drained>, ApiError> {
-    if !state.fleet.drain(&id, true) {
+    let here = state.fleet.drain(&id, true);
+    let elsewhere = !here
+        && state.fleet.list().iter().any(|w| w.id == id)
+        && state
+            .fleet
+            .send(
+                &id,
+                crate::fleet::protocol::ToWorker::Drain {
+                    v: crate::fleet::protocol::VERSION,
+                },
+            )
+            .await;
+    if !here && !elsewhere {
         return Err(ApiError::NotFound { what: "worker", id });
     }
     Ok(Json(Drained {
