@@ -127,6 +127,25 @@ impl Contracts {
         })
     }
 
+    /// The live contracts of `account` on `instrument` whose seller
+    /// `can_serve`, in the order they were bought (their buckets are
+    /// elsewhere: a shared database).
+    pub fn candidates(
+        &mut self,
+        account: &str,
+        instrument: &str,
+        now: i64,
+        can_serve: impl Fn(&str) -> bool,
+    ) -> Vec<Contract> {
+        self.0.retain(|c| c.until > now);
+        self.0
+            .iter()
+            .filter(|c| c.bidder == account && c.instrument == instrument)
+            .filter(|c| can_serve(&c.seller))
+            .cloned()
+            .collect()
+    }
+
     /// Takes in contracts read from the database: new ones are added,
     /// known ones keep their bucket.
     pub fn merge(&mut self, fresh: Vec<Contract>) {

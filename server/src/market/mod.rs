@@ -311,8 +311,40 @@ impl Market {
                 Err(e) => tracing::warn!(error = %e, "contracts not reloaded"),
             }
         }
-        let mut bought = self.contracts.lock().unwrap_or_else(|e| e.into_inner());
-        bought.cover(account, instrument, tokens, now(), can_serve)
+        if !shared::shared(&self.db) {
+            let mut bought = self.contracts.lock().unwrap_or_else(|e| e.into_inner());
+            return bought.cover(account, instrument, tokens, now(), can_serve);
+        }
+        // Replicas share each contract's bucket in the database.
+        let candidates = self
+            .contracts
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .candidates(account, instrument, now(), can_serve);
+        for c in candidates {
+            match shared::take(
+                &self.db,
+                &c.trade_id,
+                c.quantity,
+                contracts::BURST_S,
+                tokens,
+            )
+            .await
+            {
+                Ok(true) => {
+                    return Some(contracts::Cover {
+                        trade_id: c.trade_id,
+                        seller: c.seller,
+                        price: c.price,
+                    });
+                }
+                Ok(false) => {}
+                Err(e) => {
+                    tracing::warn!(trade = %c.trade_id, error = %e, "contract not taken from")
+                }
+            }
+        }
+        None
     }
 
     /// Whether contracts were last read from the database over a second

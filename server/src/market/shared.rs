@@ -56,6 +56,54 @@ pub async fn reload(db: &Db, instrument: &str) -> Result<Option<Book>, MarketErr
     Ok(Some(books.remove(instrument).unwrap_or_default()))
 }
 
+/// Takes `tokens` from a contract's shared bucket (`quantity` tokens a
+/// second, `burst_s` seconds of it at most), in one conditional UPDATE;
+/// false when it has not that much room. Only where books are shared.
+pub async fn take(
+    db: &Db,
+    trade_id: &str,
+    quantity: u64,
+    burst_s: u64,
+    tokens: u64,
+) -> Result<bool, MarketError> {
+    let rate = i64::try_from(quantity).unwrap_or(i64::MAX / 1_000_000);
+    let cap = rate.saturating_mul(1_000).saturating_mul(burst_s as i64);
+    let want = i64::try_from(tokens)
+        .unwrap_or(i64::MAX / 1_000)
+        .saturating_mul(1_000);
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64);
+    sqlx::query(
+        "INSERT INTO contract_use (trade_id, level, at_ms) VALUES ($1, $2, $3) \
+         ON CONFLICT (trade_id) DO NOTHING",
+    )
+    .bind(trade_id)
+    .bind(cap)
+    .bind(now_ms)
+    .execute(&db.pool)
+    .await?;
+    // Refill for the time since (at most a full bucket's worth), then
+    // take, only if it fits.
+    let refilled = "LEAST($1, level + LEAST(GREATEST($2 - at_ms, 0), $3) * $4)";
+    let sql = format!(
+        "UPDATE contract_use SET level = {refilled} - $5, at_ms = $6 \
+         WHERE trade_id = $7 AND {refilled} >= $8"
+    );
+    let done = sqlx::query(sqlx::AssertSqlSafe(sql))
+        .bind(cap)
+        .bind(now_ms)
+        .bind(burst_s as i64 * 1_000)
+        .bind(rate)
+        .bind(want)
+        .bind(now_ms)
+        .bind(trade_id)
+        .bind(want)
+        .execute(&db.pool)
+        .await?;
+    Ok(done.rows_affected() == 1)
+}
+
 #[cfg(test)]
 mod tests {
     use super::key;

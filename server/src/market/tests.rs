@@ -434,10 +434,11 @@ async fn each_fill_is_a_contract_that_covers_its_bidder_and_survives_a_restart()
             m.cover(&user.id, "m", 100, yes).await.is_none(),
             "past its room"
         );
-        // A server started on the same database knows the contract.
+        // A server started on the same database knows the contract (on
+        // PostgreSQL with what is left of its bucket: 50 tokens).
         let again = Market::load(db, 700).await.expect("market");
         assert_eq!(again.contracts(Some(&user.id)).len(), 1);
-        assert!(again.cover(&user.id, "m", 150, yes).await.is_some());
+        assert!(again.cover(&user.id, "m", 40, yes).await.is_some());
     }
 }
 
@@ -509,4 +510,31 @@ async fn replicas_on_one_postgres_trade_on_the_same_book_and_never_fill_twice() 
     l.flush().await;
     let audit = l.audit().await.expect("audit");
     assert!(audit.violations.is_empty(), "{:?}", audit.violations);
+}
+
+#[tokio::test]
+async fn replicas_share_a_contracts_bucket_and_never_cover_more_than_was_bought() {
+    let db = Db::connect(&testing::fresh_postgres_url().await)
+        .await
+        .expect("db");
+    let (a, l) = funded_market(db.clone()).await;
+    let (b, _) = funded_market(db).await;
+    let (user, seller) = bidder_and_seller(&l).await;
+    l.top_up(&user.id, 200_000, "bids").await.expect("top up");
+    a.submit(order(Side::Ask, &seller.id, 350_000, 30, 600))
+        .await
+        .expect("ask");
+    b.submit(order(Side::Bid, &user.id, 400_000, 20, 60))
+        .await
+        .expect("bid");
+    // 20 tok/s banks 200 tokens: at most six requests of 30 between both
+    // replicas (seven with what refills while they run), never twelve.
+    let yes = |_: &str| true;
+    let mut covered = 0;
+    for _ in 0..10 {
+        for m in [&a, &b] {
+            covered += usize::from(m.cover(&user.id, "m", 30, yes).await.is_some());
+        }
+    }
+    assert!((6..=7).contains(&covered), "{covered}");
 }
