@@ -390,30 +390,12 @@ async fn pump(
 mod tests {
     use super::*;
 
-    use crate::fleet::protocol::{JobParams, ServedModel};
+    use crate::fleet::protocol::JobParams;
     use crate::fleet::registry::Registration;
 
     fn worker(r: &Registry) -> (String, mpsc::Receiver<ToWorker>) {
         let (tx, rx) = mpsc::channel(8);
-        let reg = Registration {
-            provider_id: "provider:p".into(),
-            token_id: "t".into(),
-            remote: "r".into(),
-            name: "w".into(),
-            build: "b".into(),
-            devices: vec![],
-            models: vec![ServedModel {
-                name: "m".into(),
-                layers: 1,
-                kv_heads: 1,
-                head_dim: 1,
-                block_size: 16,
-                context_length: 64,
-            }],
-            threads: 1,
-            region: "r".into(),
-            asks: vec![],
-        };
+        let reg = Registration::for_test("p", vec![]);
         (r.register(reg, tx), rx)
     }
 

@@ -93,6 +93,32 @@ pub struct Registration {
     pub asks: Vec<Ask>,
 }
 
+#[cfg(test)]
+impl Registration {
+    /// A worker `name` of `provider:<name>` serving a one-layer model `m`.
+    pub fn for_test(name: &str, asks: Vec<Ask>) -> Self {
+        Self {
+            provider_id: format!("provider:{name}"),
+            token_id: "t".into(),
+            remote: "r".into(),
+            name: name.into(),
+            build: "b".into(),
+            devices: vec![],
+            models: vec![ServedModel {
+                name: "m".into(),
+                layers: 1,
+                kv_heads: 1,
+                head_dim: 1,
+                block_size: 16,
+                context_length: 64,
+            }],
+            threads: 1,
+            region: "r".into(),
+            asks,
+        }
+    }
+}
+
 struct Entry {
     info: WorkerInfo,
     /// To the worker's session (bounded: a full queue drops the message

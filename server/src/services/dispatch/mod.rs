@@ -671,28 +671,7 @@ mod tests {
             .into_iter()
             .collect();
         let (tx, _rx) = mpsc::channel(1);
-        let id = fleet.register(
-            Registration {
-                provider_id: format!("provider:{name}"),
-                token_id: "t".into(),
-                remote: "r".into(),
-                name: name.into(),
-                build: "b".into(),
-                devices: vec![],
-                models: vec![ServedModel {
-                    name: "m".into(),
-                    layers: 1,
-                    kv_heads: 1,
-                    head_dim: 1,
-                    block_size: 16,
-                    context_length: 64,
-                }],
-                threads: 1,
-                region: "r".into(),
-                asks,
-            },
-            tx,
-        );
+        let id = fleet.register(Registration::for_test(name, asks), tx);
         std::mem::forget(_rx);
         id
     }
