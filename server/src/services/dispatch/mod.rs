@@ -588,7 +588,6 @@ mod tests {
     use std::time::Instant;
 
     use super::*;
-    use crate::fleet::protocol::ServedModel;
     use crate::fleet::registry::Registration;
 
     fn profile(step_1: f64, step_4: f64) -> Profile {
