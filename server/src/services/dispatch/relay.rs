@@ -3,7 +3,7 @@
 //! the client's stream, replays a lost attempt elsewhere with the tokens
 //! already delivered, and credits each attempt's provider for its work.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, VecDeque};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -206,7 +206,12 @@ impl Relay {
     /// Forwards one core event; `Some` when the choice is over.
     /// `last` is when this attempt's previous token came (`None` before
     /// its first: that gap is the prefill's, not a decode step).
-    fn forward(&mut self, ev: CoreEvent, key: &str, last: &mut Option<Instant>) -> Option<Attempt> {
+    fn forward(
+        &mut self,
+        ev: CoreEvent,
+        key: &str,
+        arrivals: &mut VecDeque<Instant>,
+    ) -> Option<Attempt> {
         match ev {
             CoreEvent::Accepted => {
                 if !self.accepted {
@@ -222,8 +227,7 @@ impl Relay {
                     )));
                 }
                 self.timing.token();
-                if let Some(prev) = last.replace(Instant::now()) {
-                    let ms = prev.elapsed().as_secs_f64() * 1e3;
+                if let Some(ms) = step_ms(arrivals, Instant::now()) {
                     let target = self.dispatch.step_target_ms;
                     self.dispatch.measure(key, |m| {
                         m.observe(ms);
@@ -261,13 +265,13 @@ impl Relay {
                 return Attempt::Over;
             }
         };
-        let mut last = None;
+        let mut arrivals = VecDeque::new();
         let mut aborted = false;
         loop {
             tokio::select! {
                 ev = raw.next() => match ev {
                     Some(ev) => {
-                        if let Some(done) = self.forward(ev, HOUSE, &mut last) {
+                        if let Some(done) = self.forward(ev, HOUSE, &mut arrivals) {
                             return done;
                         }
                     }
@@ -302,7 +306,7 @@ impl Relay {
         if !fleet.send(worker, assign).await {
             return Attempt::Lost("the worker is gone".into());
         }
-        let mut last = None;
+        let mut arrivals = VecDeque::new();
         let mut cancelled: Option<Instant> = None;
         loop {
             let patience = match cancelled {
@@ -312,7 +316,7 @@ impl Relay {
             tokio::select! {
                 ev = tokio::time::timeout(patience, jrx.recv()) => match ev {
                     Ok(Some(JobEvent::Core(ev))) => {
-                        if let Some(done) = self.forward(ev, worker, &mut last) {
+                        if let Some(done) = self.forward(ev, worker, &mut arrivals) {
                             return done;
                         }
                     }
@@ -346,6 +350,24 @@ async fn cancel(fleet: &Registry, worker: &str, job: u64) {
         .await;
 }
 
+/// Token arrivals a decode step is measured over.
+const STEP_WINDOW: usize = 16;
+
+/// The decode step (ms) as the mean gap over the last `STEP_WINDOW`
+/// arrivals of an attempt, `at` included: a worker may send several
+/// tokens in one message, so one gap alone says nothing (most are zero,
+/// then one spans the batch). `None` on the attempt's first token (its
+/// gap is the prefill's).
+fn step_ms(arrivals: &mut VecDeque<Instant>, at: Instant) -> Option<f64> {
+    arrivals.push_back(at);
+    if arrivals.len() > STEP_WINDOW {
+        arrivals.pop_front();
+    }
+    let (first, last) = (arrivals.front()?, arrivals.back()?);
+    let gaps = arrivals.len().checked_sub(1).filter(|&g| g > 0)?;
+    Some(last.duration_since(*first).as_secs_f64() * 1e3 / gaps as f64)
+}
+
 /// The wire form of a resolved choice's sampling.
 fn job_params(p: &engine::SamplingParams) -> JobParams {
     JobParams {
@@ -362,5 +384,42 @@ fn job_params(p: &engine::SamplingParams) -> JobParams {
         presence_penalty: p.presence_penalty,
         logit_bias: p.logit_bias.clone(),
         logprobs: p.logprobs.map(|n| u32::try_from(n).unwrap_or(u32::MAX)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    #[test]
+    fn the_step_is_the_mean_gap_whatever_the_batching() {
+        let t0 = Instant::now();
+        let mut arrivals = VecDeque::new();
+        assert_eq!(
+            step_ms(&mut arrivals, t0),
+            None,
+            "the first token is the prefill's"
+        );
+        // Tokens in batches of four, one batch every 40 ms: 10 ms a step.
+        let mut last = None;
+        for batch in 1..=8u64 {
+            for _ in 0..4 {
+                last = step_ms(&mut arrivals, t0 + Duration::from_millis(40 * batch));
+            }
+        }
+        // 16 arrivals span four batches (120 ms over 15 gaps): 8 ms, near
+        // the true 10 ms, where a single gap says 0 or 40.
+        let ms = last.expect("measured");
+        assert!((8.0..=10.0).contains(&ms), "{ms}");
+        // Evenly spaced tokens: exactly the gap.
+        let mut even = VecDeque::new();
+        let mut got = None;
+        for i in 0..40u64 {
+            got = step_ms(&mut even, t0 + Duration::from_millis(25 * i));
+        }
+        assert!((got.expect("measured") - 25.0).abs() < 1e-6);
+        assert_eq!(even.len(), STEP_WINDOW);
     }
 }
