@@ -143,6 +143,14 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         state.fleet.clone(),
         Some(billing.market.clone()),
     ));
+    let dispatch = state.dispatch.clone();
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(crate::services::dispatch::utilization::SAMPLE);
+        loop {
+            tick.tick().await;
+            dispatch.utilization.sample();
+        }
+    });
     tokio::spawn(crate::services::calibration::run(
         state.fleet.clone(),
         registry.clone(),

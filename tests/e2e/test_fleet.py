@@ -259,7 +259,13 @@ def test_greedy_text_is_the_same_on_every_executor_and_streams_spread_over_worke
         assert http_call(base, "GET", "/v1/providers/earnings", token="swt-synor-nope")[0] == 401
         status, audit = call(base, "GET", "/admin/ledger/audit")
         assert status == 200 and audit["violations"] == [], audit
+        # Each worker was busy part of the last minute, as this server saw.
+        status, uses = call(base, "GET", "/admin/fleet/utilization")
+        ids = {w["id"] for w in fleet(base)}
+        busy = {u["executor"]: u["busy_1m"] for u in uses["data"] if u["executor"] in ids}
+        assert status == 200 and len(busy) == 2 and all(0 < b <= 1 for b in busy.values()), uses
         metrics = urllib.request.urlopen(base + "/metrics", timeout=10).read().decode()
+        assert "synor:executor_busy_ratio{" in metrics
         for name in ("w1", "w2"):
             line = next(ln for ln in metrics.splitlines()
                         if ln.startswith("synor:worker_tokens_delivered_total") and f'name="{name}"' in ln)

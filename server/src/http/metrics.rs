@@ -17,6 +17,7 @@ use engine::HistogramSnapshot;
 use crate::cache::ResponseCache;
 use crate::fleet::registry::{Registry, WorkerInfo};
 use crate::services::dispatch::stages::StageTotals;
+use crate::services::dispatch::utilization::ExecutorUse;
 use crate::services::models::{ModelKind, ModelRegistry};
 
 /// HTTP request counts, by (route, method, status).
@@ -204,6 +205,30 @@ fn stage_metrics(out: &mut String, stages: &[(String, StageTotals)]) {
     }
 }
 
+/// Per executor: the share of the last minute and five minutes it was busy.
+fn utilization_metrics(out: &mut String, uses: &[ExecutorUse]) {
+    let name = "synor:executor_busy_ratio";
+    Family {
+        name,
+        kind: "gauge",
+        help: "Share of the window with a choice of this server running on the executor.",
+    }
+    .header(out);
+    for u in uses {
+        let e = label(&u.executor);
+        let _ = writeln!(
+            out,
+            "{name}{{executor=\"{e}\",window=\"1m\"}} {}",
+            u.busy_1m
+        );
+        let _ = writeln!(
+            out,
+            "{name}{{executor=\"{e}\",window=\"5m\"}} {}",
+            u.busy_5m
+        );
+    }
+}
+
 /// Choices waiting for an executor with room (admission past saturation).
 fn queue_metrics(out: &mut String, queued: usize) {
     let name = "synor:fleet_queued";
@@ -304,6 +329,7 @@ pub fn render(
     fleet: &Registry,
     fleet_queued: usize,
     stages: &[(String, StageTotals)],
+    uses: &[ExecutorUse],
 ) -> String {
     let mut out = String::new();
     if let Some(cache) = cache {
@@ -312,6 +338,7 @@ pub fn render(
     fleet_metrics(&mut out, fleet);
     queue_metrics(&mut out, fleet_queued);
     stage_metrics(&mut out, stages);
+    utilization_metrics(&mut out, uses);
     let text: Vec<(String, engine::EngineStats, engine::LatencyStats)> = models
         .list()
         .iter()

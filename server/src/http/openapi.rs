@@ -74,6 +74,7 @@ impl Modify for Security {
         routes::fleet::earnings,
         routes::fleet::list,
         routes::fleet::drain,
+        routes::fleet::utilization,
     ),
     modifiers(&Security)
 )]

@@ -97,6 +97,7 @@ async fn worker_token(
 pub fn admin_router() -> Router<AppState> {
     Router::new()
         .route("/admin/fleet", get(list))
+        .route("/admin/fleet/utilization", get(utilization))
         .route("/admin/fleet/{id}", delete(drain))
 }
 
@@ -193,6 +194,19 @@ async fn pump(
     security(("admin_token" = [])))]
 pub(crate) async fn list(State(state): State<AppState>) -> Json<List<WorkerInfo>> {
     Json(List::of(state.fleet.list()))
+}
+
+/// How busy each executor (`house`, or a worker id) has been for this
+/// server: the share of the last minute and five minutes with at least
+/// one choice running on it, and the trend (the last minute less the one
+/// before).
+#[utoipa::path(get, path = "/admin/fleet/utilization", tag = "admin",
+    responses((status = 200, description = "Per executor", body = List<crate::services::dispatch::utilization::ExecutorUse>), (status = 401, description = "Missing or wrong admin token", body = crate::http::error::ErrorResponse)),
+    security(("admin_token" = [])))]
+pub(crate) async fn utilization(
+    State(state): State<AppState>,
+) -> Json<List<crate::services::dispatch::utilization::ExecutorUse>> {
+    Json(List::of(state.dispatch.utilization.report()))
 }
 
 /// Drains a worker: it takes no new work and leaves once idle. A worker

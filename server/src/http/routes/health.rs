@@ -120,6 +120,7 @@ pub(crate) async fn metrics(State(state): State<AppState>) -> impl axum::respons
             &state.fleet,
             state.dispatch.queued(),
             &state.dispatch.stages.totals(),
+            &state.dispatch.utilization.report(),
         ),
     )
 }

@@ -39,6 +39,7 @@ use relay::Relay;
 
 mod relay;
 pub mod stages;
+pub mod utilization;
 
 use crate::services::placement::{
     Affinity, Candidate, MAX_CAP, Measure, Terms, Weights, gross, prefix_hashes,
@@ -81,6 +82,8 @@ pub struct Dispatch {
     affinity: Mutex<Affinity>,
     /// Each executor's prefill and decode totals, as relays saw them.
     pub stages: stages::Stages,
+    /// How busy each executor is.
+    pub utilization: utilization::Utilization,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -165,6 +168,7 @@ impl Dispatch {
             },
             affinity: Mutex::default(),
             stages: stages::Stages::default(),
+            utilization: utilization::Utilization::default(),
         }
     }
 
@@ -571,7 +575,16 @@ impl Dispatch {
     }
 
     fn measure(&self, key: &str, f: impl FnOnce(&mut Measure)) {
-        f(lock(&self.measures).entry(key.to_string()).or_default());
+        let running = {
+            let mut m = lock(&self.measures);
+            let m = m.entry(key.to_string()).or_default();
+            let before = m.outstanding;
+            f(m);
+            (m.outstanding != before).then_some(m.outstanding)
+        };
+        if let Some(n) = running {
+            self.utilization.running(key, n);
+        }
     }
 }
 
