@@ -123,6 +123,19 @@ struct Want<'a> {
     only: Option<&'a str>,
 }
 
+impl<'a> Want<'a> {
+    /// A request's first choice.
+    fn of(model: &'a str, house: &'a Terms, r: &'a GenerateRequest, only: Option<&'a str>) -> Self {
+        Self {
+            model,
+            house,
+            prompt: &r.prompt_tokens,
+            max_tokens: r.params.max_tokens,
+            only,
+        }
+    }
+}
+
 /// Where one attempt runs.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Target {
@@ -280,14 +293,7 @@ impl Dispatch {
         let remote = !self.fleet.serving(model).is_empty();
         let full = |r: &GenerateRequest| {
             let house = self.house_terms(model, house);
-            let w = Want {
-                model,
-                house: &house,
-                prompt: &r.prompt_tokens,
-                max_tokens: r.params.max_tokens,
-                only: None,
-            };
-            self.saturated(&w)
+            self.saturated(&Want::of(model, &house, r, None))
         };
         if remote && self.queued() >= self.admission.max_queue && requests.first().is_some_and(full)
         {
@@ -396,14 +402,7 @@ impl Dispatch {
             return None;
         }
         let house = self.house_terms(model, house);
-        let w = Want {
-            model,
-            house: &house,
-            prompt: &first.prompt_tokens,
-            max_tokens: first.params.max_tokens,
-            only,
-        };
-        Some(self.place(&w, &[]))
+        Some(self.place(&Want::of(model, &house, first, only), &[]))
     }
 
     /// Whether `provider` has an executor for `model` here: the house
