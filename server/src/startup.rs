@@ -164,6 +164,9 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("binding {}", args.bind))?;
     let addr = listener.local_addr()?;
+    // Signals are handled from here on: a SIGTERM right after the line
+    // below drains, it does not kill.
+    let signalled = shutdown_signal();
     tracing::info!(%addr, "synor listening");
     println!("synor listening on http://{addr}");
     let draining = state.draining.clone();
@@ -179,7 +182,7 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let stop = {
         let registry = registry.clone();
         async move {
-            shutdown_signal().await;
+            signalled.await;
             draining.store(true, std::sync::atomic::Ordering::Relaxed);
             tracing::info!(?grace, "draining");
             let _ = tokio::time::timeout(grace, idle(&registry)).await;
@@ -225,24 +228,32 @@ async fn idle(registry: &ModelRegistry) {
     }
 }
 
-/// Resolves on SIGINT or SIGTERM.
-pub async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
+/// Resolves on SIGINT or SIGTERM. The handlers are installed when this is
+/// called (not when first awaited), so a signal that arrives before the
+/// future is polled is not lost to the default action (termination).
+pub fn shutdown_signal() -> impl std::future::Future<Output = ()> {
     #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        let term = signal(SignalKind::terminate()).ok();
+        let int = signal(SignalKind::interrupt()).ok();
+        async move {
+            let wait = |s: Option<tokio::signal::unix::Signal>| async move {
+                match s {
+                    Some(mut s) => {
+                        s.recv().await;
+                    }
+                    None => std::future::pending::<()>().await,
+                }
+            };
+            tokio::select! {
+                () = wait(term) => {},
+                () = wait(int) => {},
             }
-            Err(_) => std::future::pending::<()>().await,
         }
-    };
+    }
     #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! {
-        () = ctrl_c => {},
-        () = term => {},
+    async {
+        let _ = tokio::signal::ctrl_c().await;
     }
 }

@@ -55,8 +55,9 @@ pub async fn run(args: WorkerArgs) -> anyhow::Result<()> {
     );
     let register = registration(&args, &models);
     let (stop_tx, mut stop) = watch::channel(false);
+    let signalled = crate::startup::shutdown_signal();
     tokio::spawn(async move {
-        crate::startup::shutdown_signal().await;
+        signalled.await;
         let _ = stop_tx.send(true);
     });
     let mut delay = BACKOFF_FIRST;
