@@ -362,9 +362,25 @@ impl Market {
     }
 
     /// The live contracts of `account` (every one without it).
-    pub fn contracts(&self, account: Option<&str>) -> Vec<contracts::Contract> {
-        let mut bought = self.contracts.lock().unwrap_or_else(|e| e.into_inner());
-        bought.of(account, now())
+    /// On a shared database each one's `room` is read from its shared
+    /// bucket.
+    pub async fn contracts(&self, account: Option<&str>) -> Vec<contracts::Contract> {
+        let mut live = self
+            .contracts
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .of(account, now());
+        if shared::shared(&self.db) {
+            for c in &mut live {
+                match shared::room(&self.db, &c.trade_id, c.quantity, contracts::BURST_S).await {
+                    Ok(room) => c.room = room,
+                    Err(e) => {
+                        tracing::warn!(trade = %c.trade_id, error = %e, "contract room not read")
+                    }
+                }
+            }
+        }
+        live
     }
 
     /// Records a provider's measured reputation and uptime (basis

@@ -104,6 +104,31 @@ pub async fn take(
     Ok(done.rows_affected() == 1)
 }
 
+/// Tokens a contract's shared bucket can cover now (a full bucket when it
+/// was never taken from).
+pub async fn room(
+    db: &Db,
+    trade_id: &str,
+    quantity: u64,
+    burst_s: u64,
+) -> Result<u64, MarketError> {
+    let full = quantity.saturating_mul(burst_s);
+    let row: Option<(i64, i64)> =
+        sqlx::query_as("SELECT level, at_ms FROM contract_use WHERE trade_id = $1")
+            .bind(trade_id)
+            .fetch_optional(&db.pool)
+            .await?;
+    let Some((level, at_ms)) = row else {
+        return Ok(full);
+    };
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64);
+    let elapsed = (now_ms - at_ms).clamp(0, burst_s as i64 * 1_000);
+    let milli = i128::from(level) + i128::from(elapsed) * i128::from(quantity);
+    Ok(u64::try_from(milli / 1_000).unwrap_or(0).min(full))
+}
+
 #[cfg(test)]
 mod tests {
     use super::key;

@@ -412,14 +412,14 @@ async fn each_fill_is_a_contract_that_covers_its_bidder_and_survives_a_restart()
             .await
             .expect("bid");
         assert_eq!(fills.len(), 1);
-        let [c] = &m.contracts(Some(&user.id))[..] else {
+        let [c] = &m.contracts(Some(&user.id)).await[..] else {
             panic!("one contract");
         };
         assert_eq!(
             (c.seller.as_str(), c.price, c.quantity),
             (seller.id.as_str(), 350_000, 20)
         );
-        assert!(m.contracts(Some(&seller.id)).is_empty());
+        assert!(m.contracts(Some(&seller.id)).await.is_empty());
         // It covers its bidder's requests while it has room (ten seconds
         // of 20 tok/s), for a seller that can serve them.
         let yes = |_: &str| true;
@@ -434,10 +434,13 @@ async fn each_fill_is_a_contract_that_covers_its_bidder_and_survives_a_restart()
             m.cover(&user.id, "m", 100, yes).await.is_none(),
             "past its room"
         );
+        // What is left shows (the bucket refills 20 tok/s meanwhile).
+        let left = m.contracts(Some(&user.id)).await[0].room;
+        assert!((50..60).contains(&left), "{left}");
         // A server started on the same database knows the contract (on
         // PostgreSQL with what is left of its bucket: 50 tokens).
         let again = Market::load(db, 700).await.expect("market");
-        assert_eq!(again.contracts(Some(&user.id)).len(), 1);
+        assert_eq!(again.contracts(Some(&user.id)).await.len(), 1);
         assert!(again.cover(&user.id, "m", 40, yes).await.is_some());
     }
 }

@@ -258,7 +258,10 @@ pub(crate) async fn contracts(
     key: Option<Extension<KeyRecord>>,
 ) -> Result<Json<List<crate::market::contracts::Contract>>, ApiError> {
     let payer = Payer::of(key.as_deref());
-    let data = billing(&state)?.market.contracts(Some(&payer.account_id));
+    let data = billing(&state)?
+        .market
+        .contracts(Some(&payer.account_id))
+        .await;
     Ok(Json(List::of(data)))
 }
 
