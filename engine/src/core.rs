@@ -12,6 +12,7 @@ use tokio::sync::mpsc::UnboundedSender;
 use crate::constraint::Constraint;
 use crate::error::EngineError;
 use crate::executor::{Executor, Step};
+use crate::kv_cache::transfer::KvRows;
 use crate::model::ModelBatch;
 use crate::request::{FinishReason, GenerateRequest, RequestId, TokenLogprob, Usage};
 use crate::sampling::Sampled;
@@ -51,9 +52,39 @@ pub enum Command {
         /// mid-stream): the sequence continues after them as if it had
         /// generated them itself (positions, penalties, `max_tokens`).
         resume: Vec<u32>,
+        /// KV that moves with it: rows to start from, or a stream of its
+        /// prompt's rows for another executor.
+        handoff: Handoff,
     },
     Abort(RequestId),
+    /// How many leading tokens of `tokens` the prefix cache holds now.
+    CachedPrefix {
+        tokens: Vec<u32>,
+        reply: tokio::sync::oneshot::Sender<usize>,
+    },
     Shutdown,
+}
+
+/// KV that moves with a request between executors (prefill/decode
+/// disaggregation across workers).
+#[derive(Debug, Default)]
+pub struct Handoff {
+    /// Rows computed elsewhere for its prompt (verified by the caller):
+    /// used when they start where this engine's prefix cache ends,
+    /// recomputed otherwise.
+    pub import: Option<KvRows>,
+    /// Stream the prompt's rows from this position on, as they are
+    /// computed (cached ones included), to this channel; it closes when
+    /// the last prompt position was sent, or early on a failure.
+    pub export: Option<(usize, UnboundedSender<KvRows>)>,
+}
+
+/// A request whose prompt rows are streamed out as they are computed.
+#[derive(Debug)]
+struct Export {
+    next: usize,
+    until: usize,
+    tx: UnboundedSender<KvRows>,
 }
 
 /// The engine loop's state.
@@ -72,6 +103,7 @@ pub struct EngineCore {
     /// Tokens in the vocabulary (the width of structured output's masks).
     vocab: usize,
     stats: Arc<StatsCell>,
+    exports: std::collections::HashMap<RequestId, Export>,
 }
 
 /// When a request arrived, whether it has been scheduled, and when it last
@@ -102,6 +134,7 @@ impl EngineCore {
             eos,
             vocab,
             stats,
+            exports: Default::default(),
         }
     }
 
@@ -163,9 +196,23 @@ impl EngineCore {
                 arrived,
                 constraint,
                 resume,
+                handoff,
             } => {
                 let mut seq = Sequence::new(id, *req, &self.eos);
                 seq.resume(&resume);
+                if let Some(rows) = handoff.import {
+                    match rows.check(&self.executor.kv_layout()) {
+                        Ok(()) => seq.imported = Some(rows),
+                        Err(e) => {
+                            tracing::warn!(seq = %id, error = %e, "imported KV refused: recomputing");
+                            self.scheduler.imports_refused += 1;
+                        }
+                    }
+                }
+                if let Some((next, tx)) = handoff.export {
+                    let until = seq.prompt_len;
+                    self.exports.insert(id, Export { next, until, tx });
+                }
                 if let Some((c, eos)) = constraint {
                     // A finished structured output ends the sequence, even
                     // with `ignore_eos`.
@@ -197,6 +244,9 @@ impl EngineCore {
                     self.finish(seq, Ok(FinishReason::Abort));
                 }
             }
+            Command::CachedPrefix { tokens, reply } => {
+                let _ = reply.send(self.scheduler.cached_prefix(&tokens));
+            }
             Command::Shutdown => return false,
         }
         self.publish_stats();
@@ -205,11 +255,15 @@ impl EngineCore {
 
     /// One `schedule -> execute -> update` iteration; false if nothing ran.
     fn step(&mut self) -> bool {
-        let batch = self.scheduler.schedule();
+        let mut batch = self.scheduler.schedule();
         if batch.is_empty() {
             return false;
         }
         let started = Instant::now();
+        self.fill_imported(&mut batch);
+        if batch.is_empty() {
+            return true;
+        }
         self.record_scheduled(&batch);
         let sampled = match self.execute(&batch) {
             Ok(s) => s,
@@ -221,6 +275,7 @@ impl EngineCore {
                 return true;
             }
         };
+        self.export_rows(&batch);
         let (tokens, finished) = self.scheduler.update(&batch, &sampled);
         self.move_prefilled();
         // Counters first, so a client that sees this step's tokens also sees
@@ -257,6 +312,60 @@ impl EngineCore {
         }
         self.publish_stats();
         true
+    }
+
+    /// Writes the KV rows that sequences admitted this step imported into
+    /// their blocks; a sequence whose rows cannot be written fails and
+    /// leaves the batch.
+    fn fill_imported(&mut self, batch: &mut ModelBatch) {
+        let mut failed = Vec::new();
+        for fill in self.scheduler.take_fills() {
+            let Some(chunk) = batch.chunks.iter().find(|c| c.seq == fill.seq) else {
+                continue;
+            };
+            if let Err(e) = self
+                .executor
+                .write_rows(&chunk.block_table, &fill.rows, fill.from)
+            {
+                failed.push((fill.seq, e));
+            }
+        }
+        for (id, e) in failed {
+            batch.chunks.retain(|c| c.seq != id);
+            if let Some(seq) = self.scheduler.abort(id) {
+                let err = EngineError::Execution(format!("writing imported KV: {e}"));
+                self.finish(seq, Err(err));
+            }
+        }
+    }
+
+    /// Streams the prompt rows the step just computed (and cached ones
+    /// before them) of every exporting sequence in the batch.
+    fn export_rows(&mut self, batch: &ModelBatch) {
+        if self.exports.is_empty() {
+            return;
+        }
+        for c in &batch.chunks {
+            let Some(x) = self.exports.get_mut(&c.seq) else {
+                continue;
+            };
+            let end = (c.start_pos + c.tokens.len() - c.draft.len()).min(x.until);
+            if end <= x.next {
+                continue;
+            }
+            let sent = self
+                .executor
+                .read_rows(&c.block_table, x.next, end - x.next)
+                .map_err(|e| e.to_string())
+                .and_then(|rows| x.tx.send(rows).map_err(|_| "nobody listens".into()));
+            x.next = end;
+            if let Err(e) = &sent {
+                tracing::warn!(seq = %c.seq, error = %e, "KV export stopped");
+            }
+            if sent.is_err() || end == x.until {
+                self.exports.remove(&c.seq);
+            }
+        }
     }
 
     /// Queue time of the batch's requests scheduled for the first time.
@@ -353,6 +462,7 @@ impl EngineCore {
 
     /// Frees a sequence and tells its stream how it ended.
     fn finish(&mut self, seq: Sequence, outcome: Result<FinishReason, EngineError>) {
+        self.exports.remove(&seq.id);
         self.executor.release(seq.id);
         if let Some(d) = &mut self.decoder {
             d.release(seq.id);
@@ -488,6 +598,7 @@ mod tests {
             arrived: Instant::now(),
             constraint: None,
             resume: Vec::new(),
+            handoff: Handoff::default(),
         })
         .expect("core alive");
         rx

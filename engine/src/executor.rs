@@ -8,7 +8,7 @@
 //! into another (`kv_cache::transfer`).
 
 use crate::error::{EngineError, Result};
-use crate::kv_cache::transfer::{self, KvTransferError};
+use crate::kv_cache::transfer::{self, KvRows, KvTransferError};
 use crate::kv_cache::{KvLayout, KvStorage};
 use crate::model::ModelBatch;
 use crate::model::llama::Llama;
@@ -48,6 +48,25 @@ pub trait Executor: Send {
         blocks: &[u32],
         bytes: &[u8],
     ) -> std::result::Result<(), KvTransferError>;
+    /// The KV of positions `first..first + count` of the sequence over
+    /// `table` (an executor that cannot read its KV says `NotKv`).
+    fn read_rows(
+        &self,
+        _table: &[u32],
+        _first: usize,
+        _count: usize,
+    ) -> std::result::Result<KvRows, KvTransferError> {
+        Err(KvTransferError::NotKv)
+    }
+    /// Writes `rows` from position `from` on into the blocks of `table`.
+    fn write_rows(
+        &mut self,
+        _table: &[u32],
+        _rows: &KvRows,
+        _from: usize,
+    ) -> std::result::Result<(), KvTransferError> {
+        Err(KvTransferError::NotKv)
+    }
 }
 
 /// The in-process CPU executor: the model, the paged KV memory, and a
@@ -133,6 +152,24 @@ impl Executor for LocalExecutor {
         bytes: &[u8],
     ) -> std::result::Result<(), KvTransferError> {
         transfer::import(&mut self.kv, blocks, bytes)
+    }
+
+    fn read_rows(
+        &self,
+        table: &[u32],
+        first: usize,
+        count: usize,
+    ) -> std::result::Result<KvRows, KvTransferError> {
+        transfer::read_rows(&self.kv, table, first, count)
+    }
+
+    fn write_rows(
+        &mut self,
+        table: &[u32],
+        rows: &KvRows,
+        from: usize,
+    ) -> std::result::Result<(), KvTransferError> {
+        transfer::write_rows(&mut self.kv, table, rows, from)
     }
 }
 

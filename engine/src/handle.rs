@@ -11,7 +11,7 @@ use std::thread::JoinHandle;
 
 use crate::chat::{ChatMessage, ChatTemplate, TemplateChoice};
 use crate::constraint::{Constraint, ConstraintFactory};
-use crate::core::{Command, CoreEvent, EngineCore};
+use crate::core::{Command, CoreEvent, EngineCore, Handoff};
 use crate::error::{EngineError, Result};
 use crate::executor::{Executor, LocalExecutor};
 use crate::kv_cache::{KvLayout, KvManager};
@@ -276,6 +276,18 @@ impl EngineHandle {
     /// penalties included, so a seeded draw is the one the first executor
     /// would have made. Structured output cannot be resumed.
     pub fn submit_raw(&self, req: GenerateRequest, resume: Vec<u32>) -> Result<RawStream> {
+        self.submit_handoff(req, resume, Handoff::default())
+    }
+
+    /// `submit_raw` with KV that moves with the request: rows a prefill
+    /// worker computed for its prompt (`handoff.import`), or a stream of
+    /// its prompt's rows for a decode worker (`handoff.export`).
+    pub fn submit_handoff(
+        &self,
+        req: GenerateRequest,
+        resume: Vec<u32>,
+        handoff: Handoff,
+    ) -> Result<RawStream> {
         if req.params.n != 1 {
             return Err(EngineError::validation(
                 "n",
@@ -307,8 +319,19 @@ impl EngineHandle {
             ));
         }
         let constraint = self.constraint_for(&req)?;
-        let (id, rx) = self.send_add(req, None, constraint, resume)?;
+        let (id, rx) = self.send_add(req, None, constraint, resume, handoff)?;
         Ok(RawStream::new(id, rx, self.shared.commands.clone()))
+    }
+
+    /// How many leading tokens of `tokens` this engine's prefix cache
+    /// holds now (whole blocks; answered between steps).
+    pub async fn cached_prefix(&self, tokens: Vec<u32>) -> Result<usize> {
+        let (reply, rx) = tokio::sync::oneshot::channel();
+        self.shared
+            .commands
+            .send(Command::CachedPrefix { tokens, reply })
+            .map_err(|_| EngineError::Shutdown)?;
+        rx.await.map_err(|_| EngineError::Shutdown)
     }
 
     /// The end-of-output token of constrained generation.
@@ -376,7 +399,7 @@ impl EngineHandle {
             &req.prompt_tokens,
             req.params.stop.clone(),
         );
-        let (id, rx) = self.send_add(req, wait_for, constraint, Vec::new())?;
+        let (id, rx) = self.send_add(req, wait_for, constraint, Vec::new(), Handoff::default())?;
         Ok(RequestStream::new(
             id,
             rx,
@@ -392,6 +415,7 @@ impl EngineHandle {
         wait_for: Option<RequestId>,
         constraint: Option<Constraint>,
         resume: Vec<u32>,
+        handoff: Handoff,
     ) -> Result<(RequestId, tokio::sync::mpsc::UnboundedReceiver<CoreEvent>)> {
         let id = RequestId(self.shared.next_id.fetch_add(1, Ordering::Relaxed));
         let (events, rx) = tokio::sync::mpsc::unbounded_channel();
@@ -405,6 +429,7 @@ impl EngineHandle {
                 arrived: std::time::Instant::now(),
                 constraint: constraint.map(|c| (Box::new(c), self.constraint_eos())),
                 resume,
+                handoff,
             })
             .map_err(|_| EngineError::Shutdown)?;
         Ok((id, rx))

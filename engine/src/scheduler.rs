@@ -16,6 +16,7 @@ use std::collections::VecDeque;
 
 use crate::constraint::Constraint;
 use crate::kv_cache::KvManager;
+use crate::kv_cache::transfer::KvRows;
 use crate::model::{ModelBatch, SeqChunk};
 use crate::request::{FinishReason, GenerateRequest, RequestId, SamplingParams, TokenLogprob};
 use crate::sampling::{PenaltyState, RowSampling, Sampled, SamplingSpec, TokenMask};
@@ -76,6 +77,9 @@ pub struct Sequence {
     /// With split stages: its KV has moved to the decode executor (set
     /// when its prefill is done, cleared when it is preempted).
     pub on_decoder: bool,
+    /// KV computed elsewhere for some of its prompt (a prefill worker's):
+    /// taken at admission when it starts where the prefix cache ends.
+    pub imported: Option<KvRows>,
 }
 
 impl Sequence {
@@ -102,6 +106,7 @@ impl Sequence {
             stop_ids,
             wait_for: None,
             on_decoder: false,
+            imported: None,
         }
     }
 
@@ -158,6 +163,21 @@ pub struct Scheduler {
     /// while decoding live on the decode executor only, so they are not
     /// offered to the prefix cache (a later prefill could not read them).
     split: bool,
+    /// Imported KV to write before this step runs (`take_fills`).
+    fills: Vec<Fill>,
+    /// Sequences admitted on imported KV, and those whose import was
+    /// refused (recomputed instead).
+    pub imports_used: u64,
+    pub imports_refused: u64,
+}
+
+/// Imported KV rows to write into a sequence's blocks, from position
+/// `from` on.
+#[derive(Debug)]
+pub struct Fill {
+    pub seq: RequestId,
+    pub rows: KvRows,
+    pub from: usize,
 }
 
 impl Scheduler {
@@ -171,7 +191,21 @@ impl Scheduler {
             spec_proposed: 0,
             spec_accepted: 0,
             split: false,
+            fills: Vec::new(),
+            imports_used: 0,
+            imports_refused: 0,
         }
+    }
+
+    /// Imported KV the coming step's sequences start from: the caller
+    /// writes each into the sequence's blocks before running the step.
+    pub fn take_fills(&mut self) -> Vec<Fill> {
+        std::mem::take(&mut self.fills)
+    }
+
+    /// The prompt tokens of `tokens` the prefix cache holds now.
+    pub fn cached_prefix(&self, tokens: &[u32]) -> usize {
+        self.kv.cached_prefix(tokens)
     }
 
     /// Prefill on one executor, decode on another (see `split`).
@@ -325,14 +359,38 @@ impl Scheduler {
             }
             let seq = &mut self.waiting[idx];
             let hit = self.kv.start(seq.id, &seq.tokens);
-            seq.num_computed = hit;
-            let n = (seq.len() - hit).min(*budget);
-            if !self.kv.allocate(seq.id, hit + n) {
+            let imported = seq.imported.take();
+            // Imported KV counts as computed when it covers the prompt from
+            // where the cache ends (never the last token: it is sampled).
+            let usable = imported
+                .as_ref()
+                .is_some_and(|r| r.first <= hit && r.end() > hit && r.end() < seq.len());
+            seq.num_computed = match &imported {
+                Some(r) if usable => r.end(),
+                _ => hit,
+            };
+            let n = (seq.len() - seq.num_computed).min(*budget);
+            if !self.kv.allocate(seq.id, seq.num_computed + n) {
                 let id = seq.id;
                 seq.num_computed = 0;
+                seq.imported = imported;
                 self.kv.free(id);
                 break;
             }
+            match imported {
+                Some(rows) if usable => {
+                    self.imports_used += 1;
+                    let seq = seq.id;
+                    self.fills.push(Fill {
+                        seq,
+                        rows,
+                        from: hit,
+                    });
+                }
+                Some(_) => self.imports_refused += 1,
+                None => {}
+            }
+            let seq = &mut self.waiting[idx];
             seq.num_cached_tokens.get_or_insert(hit.min(seq.prompt_len));
             let Some(seq) = self.waiting.remove(idx) else {
                 break;

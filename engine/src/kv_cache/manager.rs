@@ -93,6 +93,24 @@ impl KvManager {
         hit
     }
 
+    /// The leading tokens of `tokens` whose blocks the prefix cache holds
+    /// now (whole blocks, never the last token), without taking them.
+    pub fn cached_prefix(&self, tokens: &[u32]) -> usize {
+        let bs = self.block_size;
+        let full = tokens.len().saturating_sub(1) / bs;
+        let mut parent = None;
+        let mut hit = 0;
+        for chunk in tokens.chunks(bs).take(full) {
+            let hash = chain_hash(parent, chunk);
+            if self.pool.lookup(hash, chunk).is_none() {
+                break;
+            }
+            parent = Some(hash);
+            hit += bs;
+        }
+        hit
+    }
+
     /// Makes room for `seq` to hold `total` positions; all or nothing.
     pub fn allocate(&mut self, seq: RequestId, total: usize) -> bool {
         let have = self.tables.get(&seq).map_or(0, |t| t.blocks.len());

@@ -1,5 +1,8 @@
-//! Moving a sequence's KV blocks between executors: `export` writes the
-//! blocks as bytes, `import` reads them into another executor's blocks.
+//! Moving a sequence's KV between executors: `export` writes whole
+//! blocks as bytes, `import` reads them into another executor's blocks;
+//! `read_rows` and `write_rows` do the same for a range of positions, one
+//! byte string per layer (what a prefill worker streams to a decode
+//! worker as it goes, `KvRows`).
 //!
 //! Layout (little-endian): the magic `SYKV`, a `u16` version, the geometry
 //! (`u32` layers, KV heads, head dim, block size, block count), then for
@@ -33,6 +36,159 @@ pub enum KvTransferError {
     BlockId(u32),
     #[error("KV digest mismatch: the bytes were damaged")]
     Digest,
+}
+
+/// The KV of positions `first..first + count` of one sequence: per
+/// layer, the keys of each position (`[position][kv_head][head_dim]`, f16
+/// bits, little-endian), then the values likewise.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KvRows {
+    pub first: usize,
+    pub count: usize,
+    pub layers: Vec<Vec<u8>>,
+}
+
+impl KvRows {
+    /// One past the last position.
+    pub fn end(&self) -> usize {
+        self.first + self.count
+    }
+
+    /// Bytes of one position of one layer (keys and values) in `l`.
+    pub fn bytes_per_position(l: &KvLayout) -> usize {
+        2 * l.n_kv_head * l.head_dim * 2
+    }
+
+    /// Checks the rows fit `l`: one byte string per layer, each exactly
+    /// `count` positions long.
+    pub fn check(&self, l: &KvLayout) -> Result<(), KvTransferError> {
+        if self.layers.len() != l.n_layer {
+            return Err(KvTransferError::Count {
+                got: self.layers.len(),
+                want: l.n_layer,
+            });
+        }
+        let want = self.count * Self::bytes_per_position(l);
+        match self.layers.iter().find(|b| b.len() != want) {
+            Some(b) => Err(KvTransferError::Length { got: b.len(), want }),
+            None => Ok(()),
+        }
+    }
+}
+
+impl KvRows {
+    /// Joins consecutive row ranges (each starting where the one before
+    /// ended) into one; `None` when they are empty, have gaps or differ
+    /// in layers.
+    pub fn concat(parts: &[KvRows]) -> Option<KvRows> {
+        let first = parts.first()?;
+        let n_layer = first.layers.len();
+        let mut end = first.first;
+        for p in parts {
+            if p.first != end || p.layers.len() != n_layer {
+                return None;
+            }
+            end = p.end();
+        }
+        let layers = (0..n_layer)
+            .map(|l| {
+                let halves = |keys: bool| {
+                    parts.iter().flat_map(move |p| {
+                        let (k, v) = p.layers[l].split_at(p.layers[l].len() / 2);
+                        if keys { k } else { v }.iter().copied()
+                    })
+                };
+                halves(true).chain(halves(false)).collect()
+            })
+            .collect();
+        Some(KvRows {
+            first: first.first,
+            count: end - first.first,
+            layers,
+        })
+    }
+}
+
+/// The block and slot of position `p` in `table`.
+fn slot_of(l: &KvLayout, table: &[u32], p: usize) -> Result<(u32, usize), KvTransferError> {
+    let block = *table
+        .get(p / l.block_size)
+        .ok_or(KvTransferError::BlockId(u32::MAX))?;
+    if block as usize >= l.num_blocks {
+        return Err(KvTransferError::BlockId(block));
+    }
+    Ok((block, p % l.block_size))
+}
+
+/// The KV of positions `first..first + count` of the sequence whose
+/// block table is `table`.
+pub fn read_rows(
+    kv: &KvStorage,
+    table: &[u32],
+    first: usize,
+    count: usize,
+) -> Result<KvRows, KvTransferError> {
+    let l = kv.layout;
+    let slots: Vec<(u32, usize)> = (first..first + count)
+        .map(|p| slot_of(&l, table, p))
+        .collect::<Result<_, _>>()?;
+    let width = l.n_kv_head * l.head_dim;
+    let layers = (0..l.n_layer)
+        .map(|layer| {
+            let (mut k, mut v) = (
+                Vec::with_capacity(count * width),
+                Vec::with_capacity(count * width),
+            );
+            for &(block, slot) in &slots {
+                kv.read_slot_bits(layer, block, slot, &mut k, &mut v);
+            }
+            k.iter()
+                .chain(&v)
+                .flat_map(|x| x.to_le_bytes())
+                .collect::<Vec<u8>>()
+        })
+        .collect();
+    Ok(KvRows {
+        first,
+        count,
+        layers,
+    })
+}
+
+/// Writes `rows` from position `from` (at or after `rows.first`) to its
+/// end into the blocks of `table`; checks everything before writing.
+pub fn write_rows(
+    kv: &mut KvStorage,
+    table: &[u32],
+    rows: &KvRows,
+    from: usize,
+) -> Result<(), KvTransferError> {
+    let l = kv.layout;
+    rows.check(&l)?;
+    if from < rows.first || from > rows.end() {
+        return Err(KvTransferError::Count {
+            got: from,
+            want: rows.first,
+        });
+    }
+    let slots: Vec<(u32, usize)> = (from..rows.end())
+        .map(|p| slot_of(&l, table, p))
+        .collect::<Result<_, _>>()?;
+    let width = l.n_kv_head * l.head_dim;
+    let bits = |b: &[u8], i: usize| -> Vec<u16> {
+        b[i * 2 * width..(i + 1) * 2 * width]
+            .chunks_exact(2)
+            .map(|c| u16::from_le_bytes([c[0], c[1]]))
+            .collect()
+    };
+    for (layer, bytes) in rows.layers.iter().enumerate() {
+        let (keys, values) = bytes.split_at(rows.count * 2 * width);
+        for (j, &(block, slot)) in slots.iter().enumerate() {
+            let i = from - rows.first + j;
+            kv.write_slot_bits(layer, block, slot, &bits(keys, i), &bits(values, i));
+        }
+    }
+    Ok(())
 }
 
 fn geometry(l: &KvLayout) -> String {
@@ -178,6 +334,51 @@ mod tests {
             assert_eq!(src.block_bits(layer, 4), dst.block_bits(layer, 0));
             assert_eq!(src.block_bits(layer, 1), dst.block_bits(layer, 5));
         }
+    }
+
+    #[test]
+    fn rows_move_position_by_position_into_other_blocks() {
+        let src = filled(4);
+        // Positions 2..6 of a sequence over blocks [4, 1] (slots 2 of 4,
+        // then 0..3 of 1), into a sequence over blocks [0, 5, 2].
+        let rows = read_rows(&src, &[4, 1], 2, 4).expect("read");
+        assert_eq!(rows.layers.len(), 2);
+        assert_eq!(
+            rows.layers[0].len(),
+            4 * KvRows::bytes_per_position(&layout(6))
+        );
+        let mut dst = KvStorage::new(layout(6));
+        write_rows(&mut dst, &[0, 5, 2], &rows, 3).expect("write");
+        let (mut a, mut b) = (Vec::new(), Vec::new());
+        let (mut c, mut d) = (Vec::new(), Vec::new());
+        for layer in 0..2 {
+            for p in 3..6 {
+                src.read_slot_bits(layer, [4, 1][p / 3], p % 3, &mut a, &mut b);
+                dst.read_slot_bits(layer, [0, 5, 2][p / 3], p % 3, &mut c, &mut d);
+            }
+        }
+        assert_eq!((a, b), (c, d));
+        // Position 2 was before `from`: not written.
+        let (mut k, mut v) = (Vec::new(), Vec::new());
+        dst.read_slot_bits(0, 0, 2, &mut k, &mut v);
+        assert!(k.iter().chain(&v).all(|&x| x == 0));
+        // Rows that do not fit the cache, or a table too short, change nothing.
+        let mut short = rows.clone();
+        short.layers[1].pop();
+        let mut fresh = KvStorage::new(layout(6));
+        assert!(write_rows(&mut fresh, &[0, 5, 2], &short, 2).is_err());
+        assert!(write_rows(&mut fresh, &[0], &rows, 2).is_err());
+        assert!(write_rows(&mut fresh, &[0, 5, 2], &rows, 1).is_err());
+        assert_eq!(fresh.allocated_blocks(), 0);
+        assert!(read_rows(&src, &[4], 2, 4).is_err(), "past the table");
+        // Ranges read in pieces join into the range read at once.
+        let parts: Vec<KvRows> = [(2, 1), (3, 2), (5, 1)]
+            .iter()
+            .map(|&(f, n)| read_rows(&src, &[4, 1], f, n).expect("read"))
+            .collect();
+        assert_eq!(KvRows::concat(&parts), Some(rows));
+        assert_eq!(KvRows::concat(&[parts[0].clone(), parts[2].clone()]), None);
+        assert_eq!(KvRows::concat(&[]), None);
     }
 
     #[test]

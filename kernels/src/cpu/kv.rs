@@ -113,6 +113,44 @@ impl KvStorage {
         l.v[block as usize] = Some(v);
     }
 
+    /// One position's keys and values of one layer as f16 bits, appended
+    /// to `k` and `v` (`n_kv_head * head_dim` each, heads in order);
+    /// zeros for a block never written.
+    pub fn read_slot_bits(
+        &self,
+        layer: usize,
+        block: u32,
+        slot: usize,
+        k: &mut Vec<u16>,
+        v: &mut Vec<u16>,
+    ) {
+        let (kb, vb) = self.block_bits(layer, block);
+        let (bs, hd) = (self.layout.block_size, self.layout.head_dim);
+        for h in 0..self.layout.n_kv_head {
+            let at = (h * bs + slot) * hd;
+            k.extend_from_slice(&kb[at..at + hd]);
+            v.extend_from_slice(&vb[at..at + hd]);
+        }
+    }
+
+    /// Writes one position's keys and values of one layer from f16 bits
+    /// (`n_kv_head * head_dim` each, heads in order).
+    pub fn write_slot_bits(&mut self, layer: usize, block: u32, slot: usize, k: &[u16], v: &[u16]) {
+        let l = self.layout;
+        let fresh = || vec![0u16; l.block_len()].into_boxed_slice();
+        let lk = &mut self.layers[layer];
+        let (kb, vb) = (
+            lk.k[block as usize].get_or_insert_with(fresh),
+            lk.v[block as usize].get_or_insert_with(fresh),
+        );
+        let hd = l.head_dim;
+        for h in 0..l.n_kv_head {
+            let at = (h * l.block_size + slot) * hd;
+            kb[at..at + hd].copy_from_slice(&k[h * hd..(h + 1) * hd]);
+            vb[at..at + hd].copy_from_slice(&v[h * hd..(h + 1) * hd]);
+        }
+    }
+
     /// Blocks holding memory in the first layer (for memory accounting).
     pub fn allocated_blocks(&self) -> usize {
         self.layers
