@@ -402,6 +402,16 @@ pub struct WorkerArgs {
     #[arg(long, hide = true)]
     pub debug_stall_after: Option<u64>,
 
+    /// Testing only: misbehave as a prefill worker: `corrupt` flips a
+    /// byte of a KV frame after its checksum, `drop-end` never sends the
+    /// end of a transfer.
+    #[arg(long, hide = true, value_parser = ["corrupt", "drop-end"])]
+    pub debug_kv_fault: Option<String>,
+
+    /// Testing only: wait this long before each KV frame (a slow link).
+    #[arg(long, hide = true, default_value_t = 0)]
+    pub debug_kv_frame_delay_ms: u64,
+
     #[command(flatten)]
     pub models: ModelArgs,
 

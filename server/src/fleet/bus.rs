@@ -316,7 +316,10 @@ async fn for_worker(
         ToWorker::Welcome { .. }
         | ToWorker::Error { .. }
         | ToWorker::Drain { .. }
-        | ToWorker::Cancel { .. } => None,
+        | ToWorker::Cancel { .. }
+        | ToWorker::Prefill { .. }
+        | ToWorker::KvEnd { .. }
+        | ToWorker::KvAbort { .. } => None,
     };
     if let Some((job, attempt)) = assigned {
         let (tx, rx) = mpsc::unbounded_channel();

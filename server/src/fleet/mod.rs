@@ -9,6 +9,7 @@
 //! - `registry`: the connected workers, their devices, models, asks and
 //!   load;
 //! - `jobs`: the attempts running on workers, routed to their relays;
+//! - `transfers`: KV relayed from a prefill worker to a decode worker;
 //! - `standing`: each provider's reputation and uptime, measured;
 //! - `bus`: replicas sharing their workers over Redis pub/sub.
 //!
@@ -20,3 +21,4 @@ pub mod protocol;
 pub mod registry;
 pub mod session;
 pub mod standing;
+pub mod transfers;

@@ -188,6 +188,45 @@ pub enum FromWorker {
         attempt: u32,
         message: String,
     },
+    /// Decode side of a split: send transfer `transfer`'s KV from prompt
+    /// position `from` on (what its prefix cache holds is not sent).
+    KvWant {
+        v: u8,
+        job: u64,
+        attempt: u32,
+        transfer: u64,
+        from: u32,
+    },
+    /// Prefill side: every frame of `transfer` was sent, `tokens`
+    /// positions of every layer, the SHA-256 (hex) of the frames'
+    /// payloads in order, the first generated token, and its engine's
+    /// counts.
+    KvEnd {
+        v: u8,
+        transfer: u64,
+        tokens: u32,
+        digest: String,
+        first: JobToken,
+        prompt_tokens: u32,
+        cached_tokens: u32,
+    },
+    /// Prefill side: the transfer failed (nothing more comes).
+    KvFailed {
+        v: u8,
+        transfer: u64,
+        message: String,
+    },
+    /// Decode side: whether it started from the transfer's KV or
+    /// recomputed the prompt, and why.
+    KvResult {
+        v: u8,
+        job: u64,
+        attempt: u32,
+        transfer: u64,
+        imported: bool,
+        #[serde(default)]
+        reason: String,
+    },
 }
 
 /// Messages the server sends.
@@ -223,9 +262,47 @@ pub enum ToWorker {
         #[serde(default)]
         resume: Vec<u32>,
         params: JobParams,
+        /// Split: the prompt's KV arrives from a prefill worker.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        kv: Option<KvIncoming>,
     },
-    /// Stop `job` (the client left, or a stop string matched).
+    /// Stop `job` (the client left, or a stop string matched), or a
+    /// prefill by its transfer id.
     Cancel { v: u8, job: u64 },
+    /// Prefill side of a split: compute `prompt`, sample its first token,
+    /// and stream its KV from position `from` on as binary frames of
+    /// `transfer`, as the prefill goes, then `kv_end` (or `kv_failed`).
+    Prefill {
+        v: u8,
+        transfer: u64,
+        model: String,
+        prompt: Vec<u32>,
+        params: JobParams,
+        from: u32,
+    },
+    /// Decode side: every frame of `transfer` was relayed; verify, then
+    /// start after `first` (relayed from the prefill side's `kv_end`).
+    KvEnd {
+        v: u8,
+        transfer: u64,
+        tokens: u32,
+        digest: String,
+        first: JobToken,
+    },
+    /// Decode side: the transfer failed (`reason`); recompute the prompt.
+    KvAbort {
+        v: u8,
+        transfer: u64,
+        reason: String,
+    },
+}
+
+/// With an assignment: its prompt's KV comes from another worker as
+/// transfer `transfer` (answer `kv_want`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KvIncoming {
+    pub transfer: u64,
 }
 
 /// Why a message or frame was refused (sent as the close reason).
@@ -255,7 +332,11 @@ pub fn decode(text: &str) -> Result<FromWorker, ProtocolError> {
         | FromWorker::Accepted { v, .. }
         | FromWorker::Tokens { v, .. }
         | FromWorker::Done { v, .. }
-        | FromWorker::Failed { v, .. } => *v,
+        | FromWorker::Failed { v, .. }
+        | FromWorker::KvWant { v, .. }
+        | FromWorker::KvEnd { v, .. }
+        | FromWorker::KvFailed { v, .. }
+        | FromWorker::KvResult { v, .. } => *v,
     };
     if v != VERSION {
         return Err(ProtocolError::Version(v));
@@ -275,7 +356,10 @@ pub fn decode_from_server(text: &str) -> Result<ToWorker, ProtocolError> {
         | ToWorker::Error { v, .. }
         | ToWorker::Drain { v }
         | ToWorker::Assign { v, .. }
-        | ToWorker::Cancel { v, .. } => *v,
+        | ToWorker::Cancel { v, .. }
+        | ToWorker::Prefill { v, .. }
+        | ToWorker::KvEnd { v, .. }
+        | ToWorker::KvAbort { v, .. } => *v,
     };
     if v != VERSION {
         return Err(ProtocolError::Version(v));
@@ -342,6 +426,27 @@ pub fn encode_frame(
     out.extend_from_slice(&crc32fast::hash(payload).to_le_bytes());
     out.extend_from_slice(payload);
     out
+}
+
+/// The transfer a binary frame belongs to, after the checks a relay
+/// makes (magic, version, kind, a payload of the length it says, within
+/// the limit); the payload's checksum and geometry are the receiver's to
+/// check.
+pub fn frame_transfer(bytes: &[u8]) -> Result<u64, ProtocolError> {
+    let bad = |m: String| Err(ProtocolError::Frame(m));
+    if bytes.len() < HEADER || bytes[..4] != MAGIC {
+        return bad("not a KV frame".into());
+    }
+    if bytes[4] != VERSION {
+        return Err(ProtocolError::Version(bytes[4]));
+    }
+    let len = u32::from_le_bytes([bytes[32], bytes[33], bytes[34], bytes[35]]) as usize;
+    if bytes[5] != FrameKind::Kv as u8 || len > MAX_PAYLOAD || len != bytes.len() - HEADER {
+        return bad(format!("a frame of {} bytes says {len}", bytes.len()));
+    }
+    let mut t = [0u8; 8];
+    t.copy_from_slice(&bytes[8..16]);
+    Ok(u64::from_le_bytes(t))
 }
 
 /// Decodes a binary frame against the geometry of the model it is for:
@@ -498,6 +603,11 @@ mod tests {
         long.push(0);
         assert!(refused(&long), "trailing byte");
         assert!(refused(&frame[..HEADER - 1]), "short header");
+        // The relay's check: routing fields and length, not the checksum.
+        assert_eq!(frame_transfer(&frame), Ok(7));
+        assert_eq!(frame_transfer(&flipped), Ok(7));
+        assert!(frame_transfer(&long).is_err());
+        assert!(frame_transfer(&frame[..HEADER - 1]).is_err());
     }
 
     /// Random and mutated bytes never panic the decoders.
@@ -520,6 +630,7 @@ mod tests {
             }
             f.truncate((next() as usize) % (f.len() + 1));
             let _ = decode_frame(&f, &m);
+            let _ = frame_transfer(&f);
             let text = String::from_utf8_lossy(&f);
             let _ = decode(&text);
         }

@@ -68,6 +68,10 @@ pub struct WorkerInfo {
     pub profile: Option<Profile>,
     /// Its last `status` (self-reported).
     pub load: Load,
+    /// The round trip of its connection, measured by the gateway's pings
+    /// (ms, smoothed; 0 until measured).
+    #[serde(default)]
+    pub rtt_ms: f64,
     /// Choices of this server running on it now.
     pub jobs_running: u64,
     /// Tokens it delivered for this server, and attempts it lost.
@@ -76,6 +80,14 @@ pub struct WorkerInfo {
     /// Unix seconds.
     pub connected_at: i64,
     pub last_seen: i64,
+}
+
+/// What the server sends a worker's session: a control message, or a KV
+/// frame relayed from another worker (one queue: order is kept).
+#[derive(Debug)]
+pub enum ToSession {
+    Msg(ToWorker),
+    Frame(Vec<u8>),
 }
 
 /// What a session registers.
@@ -123,7 +135,7 @@ struct Entry {
     info: WorkerInfo,
     /// To the worker's session (bounded: a full queue drops the message
     /// and the session's own checks catch the worker up).
-    to_session: mpsc::Sender<ToWorker>,
+    to_session: mpsc::Sender<ToSession>,
 }
 
 /// A worker connected to another replica, as its last announcement said.
@@ -147,6 +159,8 @@ pub struct Registry {
     pub changed: tokio::sync::Notify,
     /// Jobs running on workers (sessions route their messages here).
     pub jobs: super::jobs::Jobs,
+    /// KV transfers between this replica's workers.
+    pub transfers: super::transfers::Transfers,
     next: AtomicU64,
     /// Connections the fleet has seen end (for `/metrics`).
     pub disconnects: AtomicU64,
@@ -184,7 +198,7 @@ pub const REMOTE_TTL: std::time::Duration = std::time::Duration::from_secs(3);
 
 impl Registry {
     /// Adds a worker; returns its id (unique in this process).
-    pub fn register(&self, r: Registration, to_session: mpsc::Sender<ToWorker>) -> String {
+    pub fn register(&self, r: Registration, to_session: mpsc::Sender<ToSession>) -> String {
         let n = self.next.fetch_add(1, Ordering::Relaxed);
         let id = format!(
             "worker-{}-{n}",
@@ -209,6 +223,7 @@ impl Registry {
             state: "calibrating".into(),
             profile: None,
             load: Load::default(),
+            rtt_ms: 0.0,
             jobs_running: 0,
             tokens_delivered: 0,
             jobs_lost: 0,
@@ -299,6 +314,17 @@ impl Registry {
         }
     }
 
+    /// Takes a measured round trip of a worker's link into its smoothed
+    /// one (the first sample as is, then 1/8 of each new one).
+    pub fn set_rtt(&self, id: &str, rtt: std::time::Duration) {
+        let ms = rtt.as_secs_f64() * 1e3;
+        let mut w = self.workers.write().unwrap_or_else(|e| e.into_inner());
+        if let Some(e) = w.get_mut(id) {
+            let r = &mut e.info.rtt_ms;
+            *r = if *r == 0.0 { ms } else { *r + (ms - *r) / 8.0 };
+        }
+    }
+
     /// Marks a worker draining (it said so, or an admin asked); with
     /// `tell`, its session is told to drain. False for an unknown id.
     pub fn drain(&self, id: &str, tell: bool) -> bool {
@@ -307,9 +333,9 @@ impl Registry {
         e.info.state = "draining".into();
         self.changed.notify_one();
         if tell {
-            let _ = e.to_session.try_send(ToWorker::Drain {
+            let _ = e.to_session.try_send(ToSession::Msg(ToWorker::Drain {
                 v: super::protocol::VERSION,
-            });
+            }));
         }
         true
     }
@@ -347,6 +373,22 @@ impl Registry {
             self.standing.disconnected(&e.info.provider_id, now());
         }
         self.jobs.lost(id, "the worker disconnected");
+        self.transfers.lost(id);
+    }
+
+    /// Relays a KV frame to one of this replica's workers (waiting while
+    /// its queue is full); false if it is gone.
+    pub async fn send_frame(&self, id: &str, frame: Vec<u8>) -> bool {
+        match self.session_of(id) {
+            Some(tx) => tx.send(ToSession::Frame(frame)).await.is_ok(),
+            None => false,
+        }
+    }
+
+    /// Whether `id` is connected to this replica (KV moves only between
+    /// this replica's workers).
+    pub fn is_local(&self, id: &str) -> bool {
+        self.session_of(id).is_some()
     }
 
     /// Sends `msg` to a worker's session (waiting while its queue is
@@ -354,7 +396,7 @@ impl Registry {
     pub async fn send(&self, id: &str, msg: ToWorker) -> bool {
         let local = self.session_of(id);
         if let Some(tx) = local {
-            return tx.send(msg).await.is_ok();
+            return tx.send(ToSession::Msg(msg)).await.is_ok();
         }
         let replica = {
             let r = self.remote.read().unwrap_or_else(|e| e.into_inner());
@@ -371,12 +413,12 @@ impl Registry {
     /// views of a worker cannot bounce a message between them).
     pub async fn send_local(&self, id: &str, msg: ToWorker) -> bool {
         match self.session_of(id) {
-            Some(tx) => tx.send(msg).await.is_ok(),
+            Some(tx) => tx.send(ToSession::Msg(msg)).await.is_ok(),
             None => false,
         }
     }
 
-    fn session_of(&self, id: &str) -> Option<mpsc::Sender<ToWorker>> {
+    fn session_of(&self, id: &str) -> Option<mpsc::Sender<ToSession>> {
         let w = self.workers.read().unwrap_or_else(|e| e.into_inner());
         w.get(id).map(|e| e.to_session.clone())
     }

@@ -18,7 +18,8 @@ use engine::{FinishReason, TokenLogprob, Usage};
 
 use super::jobs::{Delivery, JobEvent};
 use super::protocol::{self, Ask, FromWorker, ProtocolError, ServedModel, ToWorker, VERSION};
-use super::registry::{Registration, Registry};
+use super::registry::{Registration, Registry, ToSession};
+use super::transfers::{Side, TransferEvent};
 
 /// How long a new connection has to register.
 pub const REGISTER_WITHIN: Duration = Duration::from_secs(10);
@@ -31,14 +32,18 @@ const TO_WORKER_QUEUE: usize = 256;
 #[derive(Debug, Clone, PartialEq)]
 pub enum Inbound {
     Text(String),
-    /// A binary frame (only its length matters until transfers exist).
-    Binary(usize),
+    /// A binary frame (a KV frame of a transfer it sends).
+    Binary(Vec<u8>),
+    /// The worker answered the gateway's ping after this long.
+    Pong(Duration),
 }
 
 /// A frame to the worker.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Outbound {
     Text(String),
+    /// A KV frame relayed from another worker.
+    Binary(Vec<u8>),
     /// Close with a code (1008 policy, 1009 too big, 1003 unsupported)
     /// and the reason.
     Close(u16, String),
@@ -75,7 +80,7 @@ pub async fn run(
                 Err(e) => return close(code(&e), e.to_string()).await,
             }
         }
-        Ok(Some(Inbound::Binary(_))) => {
+        Ok(Some(Inbound::Binary(_) | Inbound::Pong(_))) => {
             return close(1003, "register first".into()).await;
         }
         Ok(None) => return,
@@ -140,7 +145,7 @@ async fn serve(
     id: &str,
     inbound: &mut mpsc::Receiver<Inbound>,
     outbound: &mpsc::Sender<Outbound>,
-    from_registry: &mut mpsc::Receiver<ToWorker>,
+    from_registry: &mut mpsc::Receiver<ToSession>,
     heartbeat: Duration,
 ) -> Option<(u16, String)> {
     let patience = heartbeat * MISSED_BEATS;
@@ -151,8 +156,11 @@ async fn serve(
                     return Some((1008, format!("no status for {} ms", patience.as_millis())));
                 }
                 Ok(None) => return None,
-                Ok(Some(Inbound::Binary(n))) => {
-                    return Some((1003, format!("binary frame of {n} bytes with no transfer open")));
+                Ok(Some(Inbound::Pong(rtt))) => registry.set_rtt(id, rtt),
+                Ok(Some(Inbound::Binary(frame))) => {
+                    if let Some(why) = relay_frame(registry, id, frame).await {
+                        return Some((1003, why));
+                    }
                 }
                 Ok(Some(Inbound::Text(t))) => match protocol::decode(&t) {
                     Ok(FromWorker::Status { load, .. }) => registry.status(id, load),
@@ -171,12 +179,78 @@ async fn serve(
                 },
             },
             Some(msg) = from_registry.recv() => {
-                if outbound.send(Outbound::Text(protocol::encode(&msg))).await.is_err() {
+                let out = match msg {
+                    ToSession::Msg(m) => Outbound::Text(protocol::encode(&m)),
+                    ToSession::Frame(f) => Outbound::Binary(f),
+                };
+                if outbound.send(out).await.is_err() {
                     return None;
                 }
             }
         }
     }
+}
+
+/// Relays a KV frame of a transfer this worker sends to its receiver
+/// (waiting while the receiver's queue is full: back-pressure reaches
+/// the sender); why the session must close otherwise.
+async fn relay_frame(registry: &Registry, worker: &str, frame: Vec<u8>) -> Option<String> {
+    let transfer = match protocol::frame_transfer(&frame) {
+        Ok(t) => t,
+        Err(e) => return Some(e.to_string()),
+    };
+    let payload = frame.len() - protocol::HEADER;
+    match registry.transfers.frame(worker, transfer, payload) {
+        (Delivery::Delivered, Some(dest)) => {
+            // A receiver that left is its job's loss, not this worker's.
+            registry.send_frame(&dest, frame).await;
+            None
+        }
+        (Delivery::Stale, _) => None,
+        _ => Some(format!(
+            "binary frame of {} bytes with no transfer open",
+            frame.len()
+        )),
+    }
+}
+
+/// Hands a transfer's message to its relay; the transfer if it never
+/// involved this worker.
+fn route_transfer(registry: &Registry, worker: &str, msg: FromWorker) -> Option<u64> {
+    let (side, transfer, ev) = match msg {
+        FromWorker::KvWant { transfer, from, .. } => {
+            (Side::Decode, transfer, TransferEvent::Want { from })
+        }
+        FromWorker::KvResult {
+            transfer,
+            imported,
+            reason,
+            ..
+        } => (Side::Decode, transfer, TransferEvent::Result { imported, reason }),
+        FromWorker::KvEnd {
+            transfer,
+            tokens,
+            digest,
+            first,
+            prompt_tokens,
+            cached_tokens,
+            ..
+        } => {
+            let ev = TransferEvent::End {
+                tokens,
+                digest,
+                first,
+                prompt_tokens,
+                cached_tokens,
+            };
+            (Side::Prefill, transfer, ev)
+        }
+        FromWorker::KvFailed {
+            transfer, message, ..
+        } => (Side::Prefill, transfer, TransferEvent::Failed(message)),
+        _ => return None,
+    };
+    (registry.transfers.event(worker, side, transfer, ev) == Delivery::NotYours).then_some(transfer)
 }
 
 /// Hands a job message to its relay; returns the job if it was never this
@@ -242,6 +316,10 @@ fn route(registry: &Registry, worker: &str, msg: FromWorker) -> Option<u64> {
         FromWorker::Register { .. } | FromWorker::Status { .. } | FromWorker::Drain { .. } => {
             return None;
         }
+        FromWorker::KvWant { .. }
+        | FromWorker::KvResult { .. }
+        | FromWorker::KvEnd { .. }
+        | FromWorker::KvFailed { .. } => return route_transfer(registry, worker, msg),
     };
     for ev in events {
         if registry.jobs.deliver(worker, job, attempt, ev) == Delivery::NotYours {
@@ -470,7 +548,7 @@ mod tests {
             (vec![Inbound::Text(ask("m", 5, 1))], 1008, "already lapsed"),
             (vec![Inbound::Text(two.to_string())], 1008, "two asks"),
             (vec![Inbound::Text("{".into())], 1008, "malformed"),
-            (vec![Inbound::Binary(9)], 1003, "register first"),
+            (vec![Inbound::Binary(vec![0; 9])], 1003, "register first"),
             (
                 vec![Inbound::Text(r#"{"type":"drain","v":1}"#.into())],
                 1008,
@@ -497,10 +575,28 @@ mod tests {
             (
                 vec![
                     Inbound::Text(register_json("w", 30)),
-                    Inbound::Binary(1 << 20),
+                    Inbound::Binary(protocol::encode_frame(5, 0, 0, 1, &[0; 768])),
                 ],
                 1003,
                 "no transfer open",
+            ),
+            (
+                vec![
+                    Inbound::Text(register_json("w", 30)),
+                    Inbound::Binary(vec![7; 1 << 10]),
+                ],
+                1003,
+                "not a KV frame",
+            ),
+            (
+                vec![
+                    Inbound::Text(register_json("w", 30)),
+                    Inbound::Text(
+                        r#"{"type":"kv_failed","v":1,"transfer":99,"message":"x"}"#.into(),
+                    ),
+                ],
+                1008,
+                "was not given to this worker",
             ),
             (
                 vec![

@@ -234,6 +234,7 @@ async fn timed(
                 model: model.to_string(),
                 prompt,
                 resume: Vec::new(),
+                kv: None,
                 params: JobParams {
                     temperature: 0.0,
                     top_p: 1.0,

@@ -12,7 +12,10 @@ use engine::core::CoreEvent;
 use engine::{EngineHandle, FinishReason, GenerateRequest, RequestId, SamplingParams};
 use tokio::sync::mpsc;
 
-use crate::fleet::protocol::{FromWorker, JobParams, JobToken, VERSION};
+use engine::core::Handoff;
+
+use super::Out;
+use crate::fleet::protocol::{FromWorker, JobParams, JobToken, ServedModel, VERSION};
 use crate::services::models::ModelRegistry;
 
 /// One assignment, as received.
@@ -32,7 +35,28 @@ pub struct Running {
     jobs: Mutex<HashMap<u64, (EngineHandle, RequestId)>>,
     /// Assignments taken so far.
     started: std::sync::atomic::AtomicU64,
+    /// Split jobs waiting for their KV: transfer -> what arrives for it,
+    /// and job -> transfer (for cancels).
+    incoming: Mutex<HashMap<u64, mpsc::UnboundedSender<Arrival>>>,
+    waiting: Mutex<HashMap<u64, u64>>,
 }
+
+/// What reaches a split job waiting for its KV.
+#[derive(Debug)]
+pub enum Arrival {
+    Frame(Vec<u8>),
+    End {
+        tokens: u32,
+        digest: String,
+        first: JobToken,
+    },
+    Abort(String),
+    Cancel,
+}
+
+/// How long a decode worker waits for the end of a transfer before it
+/// gives the job up (the server ends a transfer long before).
+const KV_PATIENCE: std::time::Duration = std::time::Duration::from_secs(120);
 
 impl std::fmt::Debug for Running {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -42,8 +66,8 @@ impl std::fmt::Debug for Running {
     }
 }
 
-fn encode(msg: &FromWorker) -> String {
-    serde_json::to_string(msg).unwrap_or_default()
+fn encode(msg: &FromWorker) -> Out {
+    Out::Text(serde_json::to_string(msg).unwrap_or_default())
 }
 
 impl Running {
@@ -54,40 +78,46 @@ impl Running {
         self: &Arc<Self>,
         models: &ModelRegistry,
         a: Assignment,
-        out: &mpsc::Sender<String>,
+        out: &mpsc::Sender<Out>,
         delay: std::time::Duration,
         stall_after: Option<u64>,
     ) {
-        let (job, attempt) = (a.job, a.attempt);
         let n = self
             .started
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         if stall_after.is_some_and(|s| n >= s) {
             return; // `--debug-stall-after`: a hung device never answers
         }
-        let failed = |message: String| {
-            encode(&FromWorker::Failed {
-                v: VERSION,
-                job,
-                attempt,
-                message,
-            })
-        };
         let engine = match models.text(&a.model) {
             Ok(e) => e,
             Err(e) => {
-                send_later(out, failed(e.to_string()));
+                send_later(out, failed(a.job, a.attempt, e.to_string()));
                 return;
             }
         };
+        let resume = a.resume.clone();
+        self.submit(engine, a, resume, Handoff::default(), out, delay);
+    }
+
+    /// Submits `a` (continued after `resume`) and forwards its events.
+    fn submit(
+        self: &Arc<Self>,
+        engine: EngineHandle,
+        a: Assignment,
+        resume: Vec<u32>,
+        handoff: Handoff,
+        out: &mpsc::Sender<Out>,
+        delay: std::time::Duration,
+    ) {
+        let (job, attempt) = (a.job, a.attempt);
         let req = GenerateRequest {
             prompt_tokens: a.prompt,
             params: sampling(&a.params),
         };
-        let mut raw = match engine.submit_raw(req, a.resume) {
+        let mut raw = match engine.submit_handoff(req, resume, handoff) {
             Ok(r) => r,
             Err(e) => {
-                send_later(out, failed(e.to_string()));
+                send_later(out, failed(job, attempt, e.to_string()));
                 return;
             }
         };
@@ -95,49 +125,10 @@ impl Running {
         let (me, out) = (self.clone(), out.clone());
         tokio::spawn(async move {
             while let Some(ev) = raw.next().await {
-                let msg = match ev {
-                    CoreEvent::Accepted => FromWorker::Accepted {
-                        v: VERSION,
-                        job,
-                        attempt,
-                    },
-                    CoreEvent::Token { id, logprob } => {
-                        if !delay.is_zero() {
-                            tokio::time::sleep(delay).await;
-                        }
-                        FromWorker::Tokens {
-                            v: VERSION,
-                            job,
-                            attempt,
-                            tokens: vec![JobToken {
-                                id,
-                                logprob: logprob.as_ref().map(|l| l.logprob),
-                                top: logprob.map(|l| l.top).unwrap_or_default(),
-                            }],
-                        }
-                    }
-                    CoreEvent::Finished { reason, usage } => FromWorker::Done {
-                        v: VERSION,
-                        job,
-                        attempt,
-                        reason: match reason {
-                            FinishReason::Stop => "stop",
-                            FinishReason::Length => "length",
-                            FinishReason::Abort => "abort",
-                        }
-                        .into(),
-                        prompt_tokens: usage.prompt_tokens as u32,
-                        cached_tokens: usage.cached_tokens as u32,
-                        completion_tokens: usage.completion_tokens as u32,
-                    },
-                    CoreEvent::Failed(e) => FromWorker::Failed {
-                        v: VERSION,
-                        job,
-                        attempt,
-                        message: e.to_string(),
-                    },
-                };
-                if out.send(encode(&msg)).await.is_err() {
+                if matches!(ev, CoreEvent::Token { .. }) && !delay.is_zero() {
+                    tokio::time::sleep(delay).await;
+                }
+                if out.send(encode(&message(job, attempt, ev))).await.is_err() {
                     break; // the connection is gone: dropping `raw` aborts
                 }
             }
@@ -145,10 +136,142 @@ impl Running {
         });
     }
 
+    /// Starts the decode side of a split: asks for the KV its prefix
+    /// cache lacks, gathers and verifies it, then generates after the
+    /// prefill side's first token; on any doubt it recomputes the prompt.
+    pub fn start_split(
+        self: &Arc<Self>,
+        models: &ModelRegistry,
+        a: Assignment,
+        transfer: u64,
+        out: &mpsc::Sender<Out>,
+        delay: std::time::Duration,
+    ) {
+        let engine = match models.text(&a.model) {
+            Ok(e) => e,
+            Err(e) => {
+                send_later(out, failed(a.job, a.attempt, e.to_string()));
+                return;
+            }
+        };
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        lock(&self.incoming).insert(transfer, tx);
+        lock(&self.waiting).insert(a.job, transfer);
+        let (me, out) = (self.clone(), out.clone());
+        tokio::spawn(async move {
+            let (job, attempt) = (a.job, a.attempt);
+            let from = engine.cached_prefix(a.prompt.clone()).await.unwrap_or(0);
+            let want = FromWorker::KvWant {
+                v: VERSION,
+                job,
+                attempt,
+                transfer,
+                from: from as u32,
+            };
+            let _ = out.send(encode(&want)).await;
+            let mut kv = super::kv::Incoming::new(transfer, served(&a.model, &engine), from);
+            let deadline = tokio::time::Instant::now() + KV_PATIENCE;
+            let decided = loop {
+                match tokio::time::timeout_at(deadline, rx.recv()).await {
+                    Ok(Some(Arrival::Frame(f))) => kv.push(&f),
+                    Ok(Some(Arrival::End { tokens, digest, first })) => {
+                        break Some((kv.finish(tokens, &digest, a.prompt.len()), Some(first)));
+                    }
+                    Ok(Some(Arrival::Abort(why))) => break Some((Err(why), None)),
+                    Ok(Some(Arrival::Cancel)) => break None,
+                    Ok(None) | Err(_) => {
+                        break Some((Err("no end of the transfer".into()), None));
+                    }
+                }
+            };
+            lock(&me.incoming).remove(&transfer);
+            lock(&me.waiting).remove(&job);
+            let Some((rows, first)) = decided else {
+                let done = message(job, attempt, CoreEvent::Finished {
+                    reason: FinishReason::Abort,
+                    usage: engine::Usage::default(),
+                });
+                let _ = out.send(encode(&done)).await;
+                return;
+            };
+            let mut resume = a.resume.clone();
+            resume.extend(first.map(|t| t.id));
+            let result = FromWorker::KvResult {
+                v: VERSION,
+                job,
+                attempt,
+                transfer,
+                imported: rows.is_ok(),
+                reason: rows.as_ref().err().cloned().unwrap_or_default(),
+            };
+            let _ = out.send(encode(&result)).await;
+            if let Err(why) = &rows {
+                tracing::warn!(transfer, reason = %why, "KV transfer refused: recomputing the prompt");
+            }
+            let handoff = Handoff {
+                import: rows.ok(),
+                ..Default::default()
+            };
+            me.submit(engine, a, resume, handoff, &out, delay);
+        });
+    }
+
+    /// Starts the prefill side of a split (see `kv::prefill`).
+    #[allow(clippy::too_many_arguments)]
+    pub fn start_prefill(
+        self: &Arc<Self>,
+        models: &ModelRegistry,
+        transfer: u64,
+        model: &str,
+        prompt: Vec<u32>,
+        params: JobParams,
+        from: usize,
+        out: &mpsc::Sender<Out>,
+        faults: super::kv::Faults,
+    ) {
+        let engine = match models.text(model) {
+            Ok(e) => e,
+            Err(e) => {
+                let msg = FromWorker::KvFailed {
+                    v: VERSION,
+                    transfer,
+                    message: e.to_string(),
+                };
+                send_later(out, encode(&msg));
+                return;
+            }
+        };
+        let (me, out) = (self.clone(), out.clone());
+        tokio::spawn(async move {
+            let track = |id| {
+                me.lock().insert(transfer, (engine.clone(), id));
+            };
+            let end =
+                super::kv::prefill(&engine, transfer, prompt, &params, from, &out, faults, &track)
+                    .await;
+            me.lock().remove(&transfer);
+            if let Some(end) = end {
+                let _ = out.send(encode(&end)).await;
+            }
+        });
+    }
+
+    /// Hands what arrived for `transfer` to its job; false when no job
+    /// waits for it.
+    pub fn arrive(&self, transfer: u64, a: Arrival) -> bool {
+        lock(&self.incoming)
+            .get(&transfer)
+            .is_some_and(|tx| tx.send(a).is_ok())
+    }
+
     /// Stops `job` (its `done` with `abort` follows).
     pub fn cancel(&self, job: u64) {
         if let Some((engine, id)) = self.lock().get(&job) {
             engine.abort(*id);
+        }
+        let transfer = lock(&self.waiting).get(&job).copied();
+        if let Some(t) = transfer {
+            self.arrive(t, Arrival::Cancel);
         }
     }
 
@@ -157,10 +280,13 @@ impl Running {
         for (engine, id) in self.lock().values() {
             engine.abort(*id);
         }
+        for tx in lock(&self.incoming).values() {
+            let _ = tx.send(Arrival::Cancel);
+        }
     }
 
     pub fn len(&self) -> usize {
-        self.lock().len()
+        self.lock().len() + lock(&self.waiting).len()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -172,10 +298,78 @@ impl Running {
     }
 }
 
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn failed(job: u64, attempt: u32, message: String) -> Out {
+    encode(&FromWorker::Failed {
+        v: VERSION,
+        job,
+        attempt,
+        message,
+    })
+}
+
+/// The protocol message for one engine event of a job's attempt.
+fn message(job: u64, attempt: u32, ev: CoreEvent) -> FromWorker {
+    match ev {
+        CoreEvent::Accepted => FromWorker::Accepted {
+            v: VERSION,
+            job,
+            attempt,
+        },
+        CoreEvent::Token { id, logprob } => FromWorker::Tokens {
+            v: VERSION,
+            job,
+            attempt,
+            tokens: vec![JobToken {
+                id,
+                logprob: logprob.as_ref().map(|l| l.logprob),
+                top: logprob.map(|l| l.top).unwrap_or_default(),
+            }],
+        },
+        CoreEvent::Finished { reason, usage } => FromWorker::Done {
+            v: VERSION,
+            job,
+            attempt,
+            reason: match reason {
+                FinishReason::Stop => "stop",
+                FinishReason::Length => "length",
+                FinishReason::Abort => "abort",
+            }
+            .into(),
+            prompt_tokens: usage.prompt_tokens as u32,
+            cached_tokens: usage.cached_tokens as u32,
+            completion_tokens: usage.completion_tokens as u32,
+        },
+        CoreEvent::Failed(e) => FromWorker::Failed {
+            v: VERSION,
+            job,
+            attempt,
+            message: e.to_string(),
+        },
+    }
+}
+
+/// The KV geometry of `model` as this worker's engine holds it.
+pub fn served(model: &str, engine: &EngineHandle) -> ServedModel {
+    let i = engine.info();
+    let n = |v: usize| u32::try_from(v).unwrap_or(u32::MAX);
+    ServedModel {
+        name: model.to_string(),
+        layers: n(i.layers),
+        kv_heads: n(i.kv_heads),
+        head_dim: n(i.head_dim),
+        block_size: n(i.block_size),
+        context_length: n(i.context_length),
+    }
+}
+
 /// Queues `msg` for the server from a task of its own: the connection
 /// loop that drains the queue may be the caller, so it must not wait on
 /// a full queue here.
-pub fn send_later(out: &mpsc::Sender<String>, msg: String) {
+pub fn send_later(out: &mpsc::Sender<Out>, msg: Out) {
     let out = out.clone();
     tokio::spawn(async move {
         let _ = out.send(msg).await;

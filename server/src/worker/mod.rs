@@ -12,6 +12,23 @@
 
 pub mod devices;
 pub mod jobs;
+pub mod kv;
+
+/// A frame for the server: a control message or a KV frame (one queue,
+/// so a transfer's end never overtakes its frames).
+#[derive(Debug)]
+pub enum Out {
+    Text(String),
+    Frame(Vec<u8>),
+}
+
+/// Testing knobs of a worker (hidden flags).
+#[derive(Debug, Clone, Copy, Default)]
+struct Debug {
+    token_delay: Duration,
+    stall_after: Option<u64>,
+    kv: kv::Faults,
+}
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -63,17 +80,16 @@ pub async fn run(args: WorkerArgs) -> anyhow::Result<()> {
     let mut delay = BACKOFF_FIRST;
     loop {
         let started = Instant::now();
-        let token_delay = args.debug_token_delay_ms;
-        match connect_once(
-            &url,
-            &args.token,
-            &register,
-            &models,
-            &mut stop,
-            token_delay,
-            args.debug_stall_after,
-        )
-        .await?
+        let debug = Debug {
+            token_delay: Duration::from_millis(args.debug_token_delay_ms),
+            stall_after: args.debug_stall_after,
+            kv: kv::Faults {
+                corrupt: args.debug_kv_fault.as_deref() == Some("corrupt"),
+                drop_end: args.debug_kv_fault.as_deref() == Some("drop-end"),
+                frame_delay: Duration::from_millis(args.debug_kv_frame_delay_ms),
+            },
+        };
+        match connect_once(&url, &args.token, &register, &models, &mut stop, debug).await?
         {
             Ended::Leave => break,
             Ended::Lost(why) => {
@@ -212,8 +228,7 @@ async fn connect_once(
     register: &FromWorker,
     models: &ModelRegistry,
     stop: &mut watch::Receiver<bool>,
-    delay_ms: u64,
-    stall_after: Option<u64>,
+    debug: Debug,
 ) -> anyhow::Result<Ended> {
     let mut request = url.into_client_request().context("the --server address")?;
     let auth = format!("Bearer {token}")
@@ -258,8 +273,7 @@ async fn connect_once(
     let mut tick = tokio::time::interval(heartbeat);
     let status = |load| serde_json::to_string(&FromWorker::Status { v: VERSION, load });
     let running = Arc::new(jobs::Running::default());
-    let token_delay = Duration::from_millis(delay_ms);
-    let (out, mut outgoing) = mpsc::channel::<String>(OUT_QUEUE);
+    let (out, mut outgoing) = mpsc::channel::<Out>(OUT_QUEUE);
     let mut draining = false;
     let ended = loop {
         if draining && running.is_empty() {
@@ -273,21 +287,36 @@ async fn connect_once(
                     break Ended::Lost(e.to_string());
                 }
             }
-            Some(text) = outgoing.recv() => {
-                if let Err(e) = sink.send(Message::Text(text.into())).await {
+            Some(msg) = outgoing.recv() => {
+                let msg = match msg {
+                    Out::Text(t) => Message::Text(t.into()),
+                    Out::Frame(b) => Message::Binary(b.into()),
+                };
+                if let Err(e) = sink.send(msg).await {
                     break Ended::Lost(e.to_string());
                 }
             }
             frame = stream.next() => match frame {
                 Some(Ok(Message::Text(t))) => match protocol::decode_from_server(&t) {
-                    Ok(ToWorker::Assign { job, attempt, model, prompt, resume, params, .. }) => {
+                    Ok(ToWorker::Assign { job, attempt, model, prompt, resume, params, kv, .. }) => {
                         let a = jobs::Assignment { job, attempt, model, prompt, resume, params };
                         if draining {
                             let refused = FromWorker::Failed { v: VERSION, job, attempt, message: "this worker is draining".into() };
-                            jobs::send_later(&out, serde_json::to_string(&refused).unwrap_or_default());
+                            jobs::send_later(&out, Out::Text(serde_json::to_string(&refused).unwrap_or_default()));
+                        } else if let Some(kv) = kv {
+                            running.start_split(models, a, kv.transfer, &out, debug.token_delay);
                         } else {
-                            running.start(models, a, &out, token_delay, stall_after);
+                            running.start(models, a, &out, debug.token_delay, debug.stall_after);
                         }
+                    }
+                    Ok(ToWorker::Prefill { transfer, model, prompt, params, from, .. }) => {
+                        running.start_prefill(models, transfer, &model, prompt, params, from as usize, &out, debug.kv);
+                    }
+                    Ok(ToWorker::KvEnd { transfer, tokens, digest, first, .. }) => {
+                        running.arrive(transfer, jobs::Arrival::End { tokens, digest, first });
+                    }
+                    Ok(ToWorker::KvAbort { transfer, reason, .. }) => {
+                        running.arrive(transfer, jobs::Arrival::Abort(reason));
                     }
                     Ok(ToWorker::Cancel { job, .. }) => running.cancel(job),
                     Ok(ToWorker::Drain { .. }) => {
@@ -301,6 +330,13 @@ async fn connect_once(
                         break Ended::Lost(format!("unexpected message: {}", &t[..t.len().min(100)]));
                     }
                 },
+                Some(Ok(Message::Binary(b))) => {
+                    // A frame of a transfer no job waits for (cancelled,
+                    // or given up) is dropped.
+                    if let Ok(transfer) = protocol::frame_transfer(&b) {
+                        running.arrive(transfer, jobs::Arrival::Frame(b.to_vec()));
+                    }
+                }
                 Some(Ok(Message::Close(frame))) => {
                     break Ended::Lost(frame.map_or_else(|| "closed".to_string(), |f| format!("closed: {} {}", u16::from(f.code), f.reason)));
                 }

@@ -139,14 +139,26 @@ async fn pump(
     let (to_session, inbound) = mpsc::channel(QUEUE);
     let (outbound, mut from_session) = mpsc::channel(QUEUE);
     let session = tokio::spawn(session::run(registry, peer, inbound, outbound, HEARTBEAT));
+    // The link's round trip, for the cost of moving KV: a ping every
+    // heartbeat, its payload the microseconds since `epoch`.
+    let epoch = std::time::Instant::now();
     let writer = async move {
-        while let Some(out) = from_session.recv().await {
-            let msg = match out {
-                Outbound::Text(t) => Message::Text(t.into()),
-                Outbound::Close(code, reason) => Message::Close(Some(CloseFrame {
-                    code,
-                    reason: reason.into(),
-                })),
+        let mut ping = tokio::time::interval(HEARTBEAT);
+        loop {
+            let msg = tokio::select! {
+                out = from_session.recv() => match out {
+                    Some(Outbound::Text(t)) => Message::Text(t.into()),
+                    Some(Outbound::Binary(b)) => Message::Binary(b.into()),
+                    Some(Outbound::Close(code, reason)) => Message::Close(Some(CloseFrame {
+                        code,
+                        reason: reason.into(),
+                    })),
+                    None => break,
+                },
+                _ = ping.tick() => {
+                    let at = epoch.elapsed().as_micros() as u64;
+                    Message::Ping(at.to_le_bytes().to_vec().into())
+                }
             };
             let last = matches!(msg, Message::Close(_));
             if sink.send(msg).await.is_err() || last {
@@ -159,8 +171,12 @@ async fn pump(
         while let Some(frame) = stream.next().await {
             let inbound = match frame {
                 Ok(Message::Text(t)) => Inbound::Text(t.to_string()),
-                Ok(Message::Binary(b)) => Inbound::Binary(b.len()),
-                Ok(Message::Ping(_) | Message::Pong(_)) => continue,
+                Ok(Message::Binary(b)) => Inbound::Binary(b.to_vec()),
+                Ok(Message::Pong(p)) => match pong_rtt(&p, epoch) {
+                    Some(rtt) => Inbound::Pong(rtt),
+                    None => continue,
+                },
+                Ok(Message::Ping(_)) => continue,
                 Ok(Message::Close(_)) => break,
                 Err(e) => {
                     tracing::debug!(error = %e, "worker socket error");
@@ -186,6 +202,14 @@ async fn pump(
     {
         abort.abort();
     }
+}
+
+/// The round trip a pong says (its payload: when the ping left, in
+/// microseconds since `epoch`); `None` for a pong that is not ours.
+fn pong_rtt(payload: &[u8], epoch: std::time::Instant) -> Option<Duration> {
+    let at = u64::from_le_bytes(payload.try_into().ok()?);
+    let now = epoch.elapsed().as_micros() as u64;
+    now.checked_sub(at).map(Duration::from_micros)
 }
 
 /// The workers connected to this server.

@@ -302,6 +302,7 @@ impl Relay {
             prompt: self.prompt.clone(),
             resume: self.delivered.clone(),
             params: job_params(&self.params),
+            kv: None,
         };
         if !fleet.send(worker, assign).await {
             return Attempt::Lost("the worker is gone".into());
