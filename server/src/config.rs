@@ -247,6 +247,17 @@ pub struct ServeArgs {
     #[arg(long, env = "SYNOR_FLEET_QUEUE_TIMEOUT", default_value_t = 30.0)]
     pub fleet_queue_timeout: f64,
 
+    /// Prefill a choice's prompt on another worker than its decode, the
+    /// KV moved between them: `auto` when the cost model expects it to
+    /// pay, `always` whenever a second worker can, `never`.
+    #[arg(long, env = "SYNOR_FLEET_SPLIT", default_value = "auto")]
+    pub fleet_split: crate::services::dispatch::split::SplitMode,
+
+    /// Seconds a KV transfer may take before the decode worker
+    /// recomputes the prompt instead.
+    #[arg(long, env = "SYNOR_FLEET_KV_TIMEOUT", default_value_t = 10.0)]
+    pub fleet_kv_timeout: f64,
+
     /// Share workers with the other `synor serve` replicas of this
     /// deployment over this Redis (pub/sub): a worker connected to any
     /// replica serves requests arriving at every one. Without it, each

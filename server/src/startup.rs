@@ -128,6 +128,10 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
                 args.fleet_max_queue,
                 seconds(args.fleet_queue_timeout, 0.0, 3600.0),
             )
+            .with_split(
+                args.fleet_split,
+                seconds(args.fleet_kv_timeout, 0.05, 3600.0),
+            )
             .with_billing(billing.clone()),
     );
     if let Some(url) = &args.fleet_bus {

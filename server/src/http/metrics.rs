@@ -16,6 +16,7 @@ use engine::HistogramSnapshot;
 
 use crate::cache::ResponseCache;
 use crate::fleet::registry::{Registry, WorkerInfo};
+use crate::services::dispatch::split::SplitStats;
 use crate::services::dispatch::stages::StageTotals;
 use crate::services::dispatch::utilization::ExecutorUse;
 use crate::services::models::{ModelKind, ModelRegistry};
@@ -229,6 +230,76 @@ fn utilization_metrics(out: &mut String, uses: &[ExecutorUse]) {
     }
 }
 
+/// Prefill/decode plans, KV transfers, and the cost model's accuracy.
+fn split_metrics(out: &mut String, s: &SplitStats, fleet: &Registry) {
+    use std::sync::atomic::Ordering::Relaxed;
+    let name = "synor:fleet_plans_total";
+    Family {
+        name,
+        kind: "counter",
+        help: "Choices placed by plan: colocated (one worker) or split (prefill on another).",
+    }
+    .header(out);
+    for (plan, v) in [("colocated", &s.colocated), ("split", &s.split)] {
+        let _ = writeln!(out, "{name}{{plan=\"{plan}\"}} {}", v.load(Relaxed));
+    }
+    let name = "synor:kv_transfers_total";
+    Family {
+        name,
+        kind: "counter",
+        help: "KV transfers by outcome: imported by the decode worker, recomputed there (refused), or aborted (the prefill failed, was lost or timed out).",
+    }
+    .header(out);
+    for (outcome, v) in [
+        ("imported", &s.imported),
+        ("recomputed", &s.recomputed),
+        ("aborted", &s.aborted),
+    ] {
+        let _ = writeln!(out, "{name}{{outcome=\"{outcome}\"}} {}", v.load(Relaxed));
+    }
+    for (name, help, v) in [
+        (
+            "synor:kv_transfer_bytes_total",
+            "KV payload bytes relayed between workers.",
+            &fleet.transfers.bytes,
+        ),
+        (
+            "synor:kv_transfer_frames_total",
+            "KV frames relayed between workers.",
+            &fleet.transfers.frames,
+        ),
+    ] {
+        Family {
+            name,
+            kind: "counter",
+            help,
+        }
+        .header(out);
+        let _ = writeln!(out, "{name} {}", v.load(Relaxed));
+    }
+    let name = "synor:plan_latency_ms";
+    Family {
+        name,
+        kind: "gauge",
+        help: "Mean estimated and measured TTFT and TPOT of each plan's recent choices (the cost model's accuracy).",
+    }
+    .header(out);
+    for (plan, split) in [("colocated", false), ("split", true)] {
+        let a = s.accuracy(split);
+        for (metric, kind, v) in [
+            ("ttft", "estimated", a.estimated_ttft_ms),
+            ("ttft", "measured", a.measured_ttft_ms),
+            ("tpot", "estimated", a.estimated_tpot_ms),
+            ("tpot", "measured", a.measured_tpot_ms),
+        ] {
+            let _ = writeln!(
+                out,
+                "{name}{{plan=\"{plan}\",metric=\"{metric}\",kind=\"{kind}\"}} {v:.3}"
+            );
+        }
+    }
+}
+
 /// Choices waiting for an executor with room (admission past saturation).
 fn queue_metrics(out: &mut String, queued: usize) {
     let name = "synor:fleet_queued";
@@ -330,8 +401,10 @@ pub fn render(
     fleet_queued: usize,
     stages: &[(String, StageTotals)],
     uses: &[ExecutorUse],
+    split: &SplitStats,
 ) -> String {
     let mut out = String::new();
+    split_metrics(&mut out, split, fleet);
     if let Some(cache) = cache {
         cache_metrics(&mut out, cache);
     }

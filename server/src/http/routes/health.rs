@@ -121,6 +121,7 @@ pub(crate) async fn metrics(State(state): State<AppState>) -> impl axum::respons
             state.dispatch.queued(),
             &state.dispatch.stages.totals(),
             &state.dispatch.utilization.report(),
+            &state.dispatch.split,
         ),
     )
 }

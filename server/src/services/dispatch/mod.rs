@@ -38,6 +38,7 @@ use crate::services::metering::{Billing, Credits};
 use relay::Relay;
 
 mod relay;
+pub mod split;
 pub mod stages;
 pub mod utilization;
 
@@ -84,7 +85,16 @@ pub struct Dispatch {
     pub stages: stages::Stages,
     /// How busy each executor is.
     pub utilization: utilization::Utilization,
+    /// Whether prompts may prefill on another worker than their decode.
+    split_mode: split::SplitMode,
+    /// How long a KV transfer may take before the decode side recomputes.
+    kv_timeout: Duration,
+    /// Plans, transfers and the cost model's accuracy.
+    pub split: split::SplitStats,
 }
+
+/// Default `--fleet-kv-timeout`.
+const KV_TIMEOUT: Duration = Duration::from_secs(10);
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
@@ -182,7 +192,18 @@ impl Dispatch {
             affinity: Mutex::default(),
             stages: stages::Stages::default(),
             utilization: utilization::Utilization::default(),
+            split_mode: split::SplitMode::default(),
+            kv_timeout: KV_TIMEOUT,
+            split: split::SplitStats::default(),
         }
+    }
+
+    /// Whether prompts may prefill on another worker (`--fleet-split`),
+    /// and how long a KV transfer may take (`--fleet-kv-timeout`).
+    pub fn with_split(mut self, mode: split::SplitMode, kv_timeout: Duration) -> Self {
+        self.split_mode = mode;
+        self.kv_timeout = kv_timeout;
+        self
     }
 
     /// Lets at most `max` choices wait for room, each for at most `wait`.
@@ -360,6 +381,7 @@ impl Dispatch {
             first,
             cached: 0,
             timing: stages::Timing::start(),
+            prefilled: None,
         };
         tokio::spawn(relay.run());
         RequestStream::relay(

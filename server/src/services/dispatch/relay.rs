@@ -11,6 +11,7 @@ use engine::core::CoreEvent;
 use engine::{EngineError, EngineHandle, FinishReason, GenerateRequest, Usage};
 use tokio::sync::{mpsc, watch};
 
+use super::split::{Estimate, Prefilled, SplitPlan};
 use super::stages::Timing;
 use super::{CANCEL_WAIT, Dispatch, HOUSE, MAX_ATTEMPTS, Target, Want};
 use crate::fleet::jobs::JobEvent;
@@ -53,6 +54,8 @@ pub(super) struct Relay {
     pub(super) timing: Timing,
     /// Prompt tokens the current attempt's executor had cached.
     pub(super) cached: usize,
+    /// A split attempt's prefill (`None` for a colocated one).
+    pub(super) prefilled: Option<Prefilled>,
 }
 
 impl Relay {
@@ -91,13 +94,24 @@ impl Relay {
             };
             let before = self.delivered.len();
             self.cached = 0;
+            self.prefilled = None;
             self.timing = Timing::start();
+            let (estimate, split) = self.plan_split(&target, attempt);
             let key = target.key().to_string();
             self.dispatch.measure(&key, |m| m.outstanding += 1);
-            let outcome = match &target {
-                Target::House => self.on_house().await,
-                Target::Worker(id, ..) => self.on_worker(id, attempt).await,
+            let outcome = match (&target, &split) {
+                (Target::House, _) => self.on_house().await,
+                (Target::Worker(id, ..), Some(plan)) => self.on_split(id, plan, attempt).await,
+                (Target::Worker(id, ..), None) => self.on_worker(id, attempt).await,
             };
+            if let Some((ttft, tpot)) = self.timing.ttft_tpot(self.delivered.len() - before) {
+                self.dispatch
+                    .split
+                    .observe(split.is_some(), estimate, ttft, tpot);
+            }
+            if let Some(plan) = &split {
+                self.account_prefill(plan);
+            }
             self.dispatch
                 .measure(&key, |m| m.outstanding = m.outstanding.saturating_sub(1));
             self.dispatch.admission.room.notify_waiters();
@@ -129,15 +143,88 @@ impl Relay {
         self.dispatch.fleet.jobs.end(self.job);
     }
 
+    /// The cost model's estimate for attempt `attempt` on `target`, and
+    /// its split plan when it picks one (first attempts only: a replay
+    /// runs where it lands).
+    fn plan_split(&self, target: &Target, attempt: u32) -> (Estimate, Option<SplitPlan>) {
+        if attempt != 1 || !self.delivered.is_empty() {
+            return (Estimate::default(), None);
+        }
+        let house = self.dispatch.house_terms(&self.model, &self.house);
+        let w = Want {
+            model: &self.model,
+            house: &house,
+            prompt: &self.prompt,
+            max_tokens: self.params.max_tokens,
+            only: None,
+        };
+        let (colocated, split) = self.dispatch.split_for(&w, target);
+        let c = &self.dispatch.split;
+        let n = if split.is_some() { &c.split } else { &c.colocated };
+        n.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        match split {
+            Some(plan) => {
+                let e = plan.estimate;
+                tracing::info!(job = self.job, plan = "split", prefill = %plan.prefill.key(), decode = %target.key(), est_ttft_ms = e.ttft_ms, est_tpot_ms = e.tpot_ms, est_transfer_ms = e.transfer_ms, kv_bytes = e.kv_bytes, "placed");
+                (e, Some(plan))
+            }
+            None => (colocated, None),
+        }
+    }
+
+    /// Books a split attempt's prefill: its provider is paid for the
+    /// prompt and the first token when the decode worker used its KV; a
+    /// prefill that failed, or whose KV was refused, counts as lost.
+    fn account_prefill(&self, plan: &SplitPlan) {
+        let Some(s) = &self.prefilled else { return };
+        let Target::Worker(id, provider, label) = &plan.prefill else {
+            return;
+        };
+        let used = s.imported == Some(true);
+        if let (Some((prompt, cached)), Some(timing)) = (s.counts, &s.timing) {
+            let computed = if used { prompt - cached.min(prompt) } else { 0 };
+            self.dispatch.stages.record(label, computed, 1, timing);
+            if let (true, Some(c)) = (used, &self.credits) {
+                let work = Work {
+                    provider: plan.terms.provider_id.clone(),
+                    prices: plan.terms.prices,
+                    payout_bps: plan.terms.payout_bps,
+                    tokens: Tokens {
+                        prompt: prompt as u64,
+                        cached: cached as u64,
+                        completion: 1,
+                    },
+                };
+                c.attempt(label, work);
+            }
+        }
+        let lost = s.failed || s.imported == Some(false);
+        self.dispatch
+            .fleet
+            .record(id, provider, usize::from(used), lost);
+    }
+
     /// Books an attempt that ended, `before` tokens having been delivered
     /// when it started: its provider's accepted work (an attempt that
     /// delivered is paid for the prompt it computed, replayed tokens
     /// included, and what it delivered, at its own prices), the worker's
     /// record, and the executor's stage times.
     fn account(&self, target: &Target, terms: &Terms, before: usize, lost: bool) {
-        let tokens = self.delivered.len() - before;
+        let mut tokens = self.delivered.len() - before;
         let executor = target.label(&self.house);
-        let computed = (self.prompt.len() + before).saturating_sub(self.cached);
+        let mut computed = (self.prompt.len() + before).saturating_sub(self.cached);
+        // Split: the first token was the prefill worker's, and with its
+        // KV used the prompt was too.
+        let mut prompt = (self.prompt.len() + before) as u64;
+        let mut cached = self.cached as u64;
+        if let Some(s) = &self.prefilled {
+            if s.counts.is_some() {
+                tokens = tokens.saturating_sub(1);
+            }
+            if s.imported == Some(true) {
+                (computed, prompt, cached) = (0, 0, 0);
+            }
+        }
         self.dispatch
             .stages
             .record(&executor, computed, tokens, &self.timing);
@@ -147,8 +234,8 @@ impl Relay {
                 prices: terms.prices,
                 payout_bps: terms.payout_bps,
                 tokens: Tokens {
-                    prompt: (self.prompt.len() + before) as u64,
-                    cached: self.cached as u64,
+                    prompt,
+                    cached,
                     completion: tokens as u64,
                 },
             };
@@ -179,7 +266,7 @@ impl Relay {
 
     /// The choice ended with what was delivered (the lost executor had
     /// produced its last token, but not its end).
-    fn already_over(&self) -> Option<FinishReason> {
+    pub(super) fn already_over(&self) -> Option<FinishReason> {
         let last = self.delivered.last()?;
         if self.delivered.len() >= self.params.max_tokens {
             Some(FinishReason::Length)
@@ -193,7 +280,7 @@ impl Relay {
     }
 
     /// Sends the end, with the usage of the whole choice.
-    fn finish(&mut self, reason: FinishReason, cached: usize) {
+    pub(super) fn finish(&mut self, reason: FinishReason, cached: usize) {
         self.cached = cached;
         let usage = Usage {
             prompt_tokens: self.prompt.len(),
@@ -206,7 +293,7 @@ impl Relay {
     /// Forwards one core event; `Some` when the choice is over.
     /// `last` is when this attempt's previous token came (`None` before
     /// its first: that gap is the prefill's, not a decode step).
-    fn forward(
+    pub(super) fn forward(
         &mut self,
         ev: CoreEvent,
         key: &str,
@@ -290,7 +377,7 @@ impl Relay {
         }
     }
 
-    async fn on_worker(&mut self, worker: &str, attempt: u32) -> Attempt {
+    pub(super) async fn on_worker(&mut self, worker: &str, attempt: u32) -> Attempt {
         let fleet = self.dispatch.fleet.clone();
         let (jtx, mut jrx) = mpsc::unbounded_channel();
         fleet.jobs.place(self.job, worker, attempt, jtx);
@@ -345,7 +432,7 @@ impl Relay {
     }
 }
 
-async fn cancel(fleet: &Registry, worker: &str, job: u64) {
+pub(super) async fn cancel(fleet: &Registry, worker: &str, job: u64) {
     let _ = fleet
         .send(worker, ToWorker::Cancel { v: VERSION, job })
         .await;
@@ -370,7 +457,7 @@ fn step_ms(arrivals: &mut VecDeque<Instant>, at: Instant) -> Option<f64> {
 }
 
 /// The wire form of a resolved choice's sampling.
-fn job_params(p: &engine::SamplingParams) -> JobParams {
+pub(super) fn job_params(p: &engine::SamplingParams) -> JobParams {
     JobParams {
         temperature: p.temperature,
         top_p: p.top_p,

@@ -32,6 +32,15 @@ impl Timing {
         self.first.get_or_insert(now);
         self.last = Some(now);
     }
+
+    /// Time to the first token and the mean gap after it over `tokens`
+    /// tokens, in ms (`None` before two tokens).
+    pub fn ttft_tpot(&self, tokens: usize) -> Option<(f64, f64)> {
+        let (first, last) = (self.first?, self.last?);
+        let gaps = tokens.checked_sub(1).filter(|&g| g > 0)?;
+        let ttft = first.duration_since(self.started).as_secs_f64() * 1e3;
+        Some((ttft, (last - first).as_secs_f64() * 1e3 / gaps as f64))
+    }
 }
 
 /// One executor's totals.
