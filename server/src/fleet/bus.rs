@@ -396,7 +396,7 @@ mod tests {
     use crate::fleet::protocol::JobParams;
     use crate::fleet::registry::Registration;
 
-    fn worker(r: &Registry) -> (String, mpsc::Receiver<ToWorker>) {
+    fn worker(r: &Registry) -> (String, mpsc::Receiver<crate::fleet::registry::ToSession>) {
         let (tx, rx) = mpsc::channel(8);
         let reg = Registration::for_test("p", vec![]);
         (r.register(reg, tx), rx)
@@ -410,6 +410,7 @@ mod tests {
             model: "m".into(),
             prompt: vec![1, 2],
             resume: vec![],
+            kv: None,
             params: JobParams {
                 temperature: 0.0,
                 top_p: 1.0,
@@ -469,7 +470,9 @@ mod tests {
             .await
             .expect("assigned")
             .expect("message");
-        assert!(matches!(got, ToWorker::Assign { job: j, .. } if j == job));
+        assert!(
+            matches!(got, crate::fleet::registry::ToSession::Msg(ToWorker::Assign { job: j, .. }) if j == job)
+        );
         let token = JobEvent::Core(CoreEvent::Token {
             id: 9,
             logprob: None,

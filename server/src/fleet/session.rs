@@ -226,7 +226,11 @@ fn route_transfer(registry: &Registry, worker: &str, msg: FromWorker) -> Option<
             imported,
             reason,
             ..
-        } => (Side::Decode, transfer, TransferEvent::Result { imported, reason }),
+        } => (
+            Side::Decode,
+            transfer,
+            TransferEvent::Result { imported, reason },
+        ),
         FromWorker::KvEnd {
             transfer,
             tokens,
@@ -248,7 +252,13 @@ fn route_transfer(registry: &Registry, worker: &str, msg: FromWorker) -> Option<
         FromWorker::KvFailed {
             transfer, message, ..
         } => (Side::Prefill, transfer, TransferEvent::Failed(message)),
-        _ => return None,
+        FromWorker::Register { .. }
+        | FromWorker::Status { .. }
+        | FromWorker::Drain { .. }
+        | FromWorker::Accepted { .. }
+        | FromWorker::Tokens { .. }
+        | FromWorker::Done { .. }
+        | FromWorker::Failed { .. } => return None,
     };
     (registry.transfers.event(worker, side, transfer, ev) == Delivery::NotYours).then_some(transfer)
 }
@@ -481,7 +491,7 @@ mod tests {
         loop {
             match s.rx.recv().await.expect("a close") {
                 Outbound::Close(c, why) => return (c, why),
-                Outbound::Text(_) => {}
+                Outbound::Text(_) | Outbound::Binary(_) => {}
             }
         }
     }

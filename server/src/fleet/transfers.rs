@@ -88,7 +88,13 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 impl Transfers {
     /// Opens transfer `id` from `source` to `dest`; events go to `tx`.
-    pub fn open(&self, id: u64, source: &str, dest: &str, tx: mpsc::UnboundedSender<TransferEvent>) {
+    pub fn open(
+        &self,
+        id: u64,
+        source: &str,
+        dest: &str,
+        tx: mpsc::UnboundedSender<TransferEvent>,
+    ) {
         let route = Route {
             source: source.to_string(),
             dest: dest.to_string(),
@@ -164,7 +170,8 @@ impl Transfers {
     /// `worker` is gone: the transfers it sends hear so.
     pub fn lost(&self, worker: &str) {
         for r in lock(&self.routes).values().filter(|r| r.source == worker) {
-            let _ = r.tx.send(TransferEvent::Lost("the prefill worker is gone".into()));
+            let _ =
+                r.tx.send(TransferEvent::Lost("the prefill worker is gone".into()));
         }
     }
 
@@ -183,13 +190,26 @@ mod tests {
         let t = Transfers::default();
         let (tx, mut rx) = mpsc::unbounded_channel();
         t.open(7, "p", "d", tx);
-        assert_eq!(t.frame("p", 7, 100), (Delivery::Delivered, Some("d".into())));
-        assert_eq!(t.frame("d", 7, 100).0, Delivery::NotYours, "the receiver sends no frames");
+        assert_eq!(
+            t.frame("p", 7, 100),
+            (Delivery::Delivered, Some("d".into()))
+        );
+        assert_eq!(
+            t.frame("d", 7, 100).0,
+            Delivery::NotYours,
+            "the receiver sends no frames"
+        );
         assert_eq!(t.frame("x", 7, 100).0, Delivery::NotYours);
         assert_eq!(t.frame("p", 8, 100).0, Delivery::NotYours, "never opened");
         let want = TransferEvent::Want { from: 16 };
-        assert_eq!(t.event("d", Side::Decode, 7, want.clone()), Delivery::Delivered);
-        assert_eq!(t.event("p", Side::Decode, 7, want.clone()), Delivery::NotYours);
+        assert_eq!(
+            t.event("d", Side::Decode, 7, want.clone()),
+            Delivery::Delivered
+        );
+        assert_eq!(
+            t.event("p", Side::Decode, 7, want.clone()),
+            Delivery::NotYours
+        );
         assert_eq!(rx.try_recv(), Ok(want));
         t.lost("d");
         assert!(rx.try_recv().is_err(), "the receiver's loss is the job's");
@@ -200,7 +220,10 @@ mod tests {
         assert_eq!(moved.bytes, 150);
         assert!(moved.span.is_some());
         assert_eq!(t.frame("p", 7, 1).0, Delivery::Stale, "late, not hostile");
-        assert_eq!(t.event("d", Side::Decode, 7, TransferEvent::Failed("x".into())), Delivery::Stale);
+        assert_eq!(
+            t.event("d", Side::Decode, 7, TransferEvent::Failed("x".into())),
+            Delivery::Stale
+        );
         assert_eq!(t.frame("q", 7, 1).0, Delivery::NotYours);
         assert_eq!(t.bytes.load(Ordering::Relaxed), 150);
         assert_eq!(t.open_count(), 0);

@@ -16,6 +16,7 @@ use engine::HistogramSnapshot;
 
 use crate::cache::ResponseCache;
 use crate::fleet::registry::{Registry, WorkerInfo};
+use crate::services::dispatch::Dispatch;
 use crate::services::dispatch::split::SplitStats;
 use crate::services::dispatch::stages::StageTotals;
 use crate::services::dispatch::utilization::ExecutorUse;
@@ -398,20 +399,17 @@ pub fn render(
     cache: Option<&ResponseCache>,
     http: &HttpMetrics,
     fleet: &Registry,
-    fleet_queued: usize,
-    stages: &[(String, StageTotals)],
-    uses: &[ExecutorUse],
-    split: &SplitStats,
+    dispatch: &Dispatch,
 ) -> String {
     let mut out = String::new();
-    split_metrics(&mut out, split, fleet);
     if let Some(cache) = cache {
         cache_metrics(&mut out, cache);
     }
     fleet_metrics(&mut out, fleet);
-    queue_metrics(&mut out, fleet_queued);
-    stage_metrics(&mut out, stages);
-    utilization_metrics(&mut out, uses);
+    queue_metrics(&mut out, dispatch.queued());
+    stage_metrics(&mut out, &dispatch.stages.totals());
+    utilization_metrics(&mut out, &dispatch.utilization.report());
+    split_metrics(&mut out, &dispatch.split, fleet);
     let text: Vec<(String, engine::EngineStats, engine::LatencyStats)> = models
         .list()
         .iter()

@@ -174,7 +174,11 @@ impl Running {
             let decided = loop {
                 match tokio::time::timeout_at(deadline, rx.recv()).await {
                     Ok(Some(Arrival::Frame(f))) => kv.push(&f),
-                    Ok(Some(Arrival::End { tokens, digest, first })) => {
+                    Ok(Some(Arrival::End {
+                        tokens,
+                        digest,
+                        first,
+                    })) => {
                         break Some((kv.finish(tokens, &digest, a.prompt.len()), Some(first)));
                     }
                     Ok(Some(Arrival::Abort(why))) => break Some((Err(why), None)),
@@ -187,10 +191,14 @@ impl Running {
             lock(&me.incoming).remove(&transfer);
             lock(&me.waiting).remove(&job);
             let Some((rows, first)) = decided else {
-                let done = message(job, attempt, CoreEvent::Finished {
-                    reason: FinishReason::Abort,
-                    usage: engine::Usage::default(),
-                });
+                let done = message(
+                    job,
+                    attempt,
+                    CoreEvent::Finished {
+                        reason: FinishReason::Abort,
+                        usage: engine::Usage::default(),
+                    },
+                );
                 let _ = out.send(encode(&done)).await;
                 return;
             };
@@ -217,19 +225,15 @@ impl Running {
     }
 
     /// Starts the prefill side of a split (see `kv::prefill`).
-    #[allow(clippy::too_many_arguments)]
     pub fn start_prefill(
         self: &Arc<Self>,
         models: &ModelRegistry,
-        transfer: u64,
-        model: &str,
-        prompt: Vec<u32>,
-        params: JobParams,
-        from: usize,
+        job: super::kv::Prefill,
         out: &mpsc::Sender<Out>,
         faults: super::kv::Faults,
     ) {
-        let engine = match models.text(model) {
+        let transfer = job.transfer;
+        let engine = match models.text(&job.model) {
             Ok(e) => e,
             Err(e) => {
                 let msg = FromWorker::KvFailed {
@@ -246,9 +250,7 @@ impl Running {
             let track = |id| {
                 me.lock().insert(transfer, (engine.clone(), id));
             };
-            let end =
-                super::kv::prefill(&engine, transfer, prompt, &params, from, &out, faults, &track)
-                    .await;
+            let end = super::kv::prefill(&engine, job, &out, faults, &track).await;
             me.lock().remove(&transfer);
             if let Some(end) = end {
                 let _ = out.send(encode(&end)).await;

@@ -21,7 +21,9 @@ use engine::kv_cache::transfer::KvRows;
 use engine::{EngineHandle, GenerateRequest};
 
 use super::Out;
-use crate::fleet::protocol::{self, FromWorker, JobParams, JobToken, MAX_PAYLOAD, ServedModel, VERSION};
+use crate::fleet::protocol::{
+    self, FromWorker, JobParams, JobToken, MAX_PAYLOAD, ServedModel, VERSION,
+};
 
 /// How a prefill worker misbehaves (tests only).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -34,6 +36,17 @@ pub struct Faults {
     pub frame_delay: std::time::Duration,
 }
 
+/// A prefill to run for a split, as the server sent it.
+#[derive(Debug, Clone)]
+pub struct Prefill {
+    pub transfer: u64,
+    pub model: String,
+    pub prompt: Vec<u32>,
+    pub params: JobParams,
+    /// The first position to send (the decode side holds those before).
+    pub from: usize,
+}
+
 /// Hex of a digest.
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
@@ -44,14 +57,18 @@ fn hex(bytes: &[u8]) -> String {
 /// when a fault drops it.
 pub async fn prefill(
     engine: &EngineHandle,
-    transfer: u64,
-    prompt: Vec<u32>,
-    params: &JobParams,
-    from: usize,
+    job: Prefill,
     out: &mpsc::Sender<Out>,
     faults: Faults,
     started: &(dyn Fn(engine::RequestId) + Send + Sync),
 ) -> Option<FromWorker> {
+    let Prefill {
+        transfer,
+        prompt,
+        params,
+        from,
+        ..
+    } = job;
     let failed = |message: String| {
         Some(FromWorker::KvFailed {
             v: VERSION,
@@ -59,7 +76,7 @@ pub async fn prefill(
             message,
         })
     };
-    let mut sampling = super::jobs::sampling(params);
+    let mut sampling = super::jobs::sampling(&params);
     sampling.max_tokens = 1;
     let req = GenerateRequest {
         prompt_tokens: prompt,
@@ -293,7 +310,11 @@ mod tests {
         let frames: Vec<Vec<u8>> = parts.iter().flat_map(|r| frames_of(9, r)).collect();
         assert_eq!(frames.len(), 6, "one frame per layer per chunk");
         let payload: usize = frames.iter().map(|f| f.len() - protocol::HEADER).sum();
-        assert_eq!(payload, 2 * 35 * 2 * 2 * 4 * 2, "layers x tokens x K,V x heads x dims x f16");
+        assert_eq!(
+            payload,
+            2 * 35 * 2 * 2 * 4 * 2,
+            "layers x tokens x K,V x heads x dims x f16"
+        );
         let mut inc = Incoming::new(9, model(), 32);
         frames.iter().for_each(|f| inc.push(f));
         let got = inc.finish(35, &digest_of(&frames), 67).expect("verified");
@@ -313,16 +334,32 @@ mod tests {
         let mut bad = frames.clone();
         let last = bad[1].len() - 1;
         bad[1][last] ^= 1;
-        assert!(verify(&bad, 40, &digest, 0).unwrap_err().contains("checksum"));
-        assert!(verify(&frames[..1], 40, &digest, 0).is_err(), "a layer missing");
-        assert!(verify(&frames, 40, &"0".repeat(64), 0).unwrap_err().contains("digest"));
-        assert!(verify(&frames, 39, &digest, 0).is_err(), "short of the prompt");
-        assert!(verify(&frames, 40, &digest, 8).is_err(), "not where it was asked");
+        assert!(matches!(verify(&bad, 40, &digest, 0), Err(e) if e.contains("checksum")));
+        assert!(
+            verify(&frames[..1], 40, &digest, 0).is_err(),
+            "a layer missing"
+        );
+        let zeros = "0".repeat(64);
+        assert!(matches!(verify(&frames, 40, &zeros, 0), Err(e) if e.contains("digest")));
+        assert!(
+            verify(&frames, 39, &digest, 0).is_err(),
+            "short of the prompt"
+        );
+        assert!(
+            verify(&frames, 40, &digest, 8).is_err(),
+            "not where it was asked"
+        );
         let mut swapped = frames.clone();
         swapped.swap(0, 1);
-        assert!(verify(&swapped, 40, &digest, 0).is_err(), "digest is over the order");
+        assert!(
+            verify(&swapped, 40, &digest, 0).is_err(),
+            "digest is over the order"
+        );
         let other = frames_of(10, &rows(0, 40));
-        assert!(verify(&other, 40, &digest_of(&other), 0).is_err(), "another transfer");
+        assert!(
+            verify(&other, 40, &digest_of(&other), 0).is_err(),
+            "another transfer"
+        );
     }
 
     #[test]
@@ -341,7 +378,11 @@ mod tests {
         };
         let frames = frames_of(1, &r);
         assert!(frames.len() > 1);
-        assert!(frames.iter().all(|f| f.len() - protocol::HEADER <= MAX_PAYLOAD));
+        assert!(
+            frames
+                .iter()
+                .all(|f| f.len() - protocol::HEADER <= MAX_PAYLOAD)
+        );
         let mut inc = Incoming::new(1, m, 0);
         frames.iter().for_each(|f| inc.push(f));
         assert_eq!(inc.finish(600, &digest_of(&frames), 600), Ok(r));

@@ -89,8 +89,7 @@ pub async fn run(args: WorkerArgs) -> anyhow::Result<()> {
                 frame_delay: Duration::from_millis(args.debug_kv_frame_delay_ms),
             },
         };
-        match connect_once(&url, &args.token, &register, &models, &mut stop, debug).await?
-        {
+        match connect_once(&url, &args.token, &register, &models, &mut stop, debug).await? {
             Ended::Leave => break,
             Ended::Lost(why) => {
                 if started.elapsed() >= STABLE {
@@ -310,7 +309,8 @@ async fn connect_once(
                         }
                     }
                     Ok(ToWorker::Prefill { transfer, model, prompt, params, from, .. }) => {
-                        running.start_prefill(models, transfer, &model, prompt, params, from as usize, &out, debug.kv);
+                        let job = kv::Prefill { transfer, model, prompt, params, from: from as usize };
+                        running.start_prefill(models, job, &out, debug.kv);
                     }
                     Ok(ToWorker::KvEnd { transfer, tokens, digest, first, .. }) => {
                         running.arrive(transfer, jobs::Arrival::End { tokens, digest, first });

@@ -118,10 +118,7 @@ pub(crate) async fn metrics(State(state): State<AppState>) -> impl axum::respons
             state.cache.as_deref(),
             &state.http,
             &state.fleet,
-            state.dispatch.queued(),
-            &state.dispatch.stages.totals(),
-            &state.dispatch.utilization.report(),
-            &state.dispatch.split,
+            &state.dispatch,
         ),
     )
 }

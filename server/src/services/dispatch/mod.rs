@@ -424,7 +424,14 @@ impl Dispatch {
             return None;
         }
         let house = self.house_terms(model, house);
-        Some(self.place(&Want::of(model, &house, first, only), &[]))
+        // Its prefix is remembered where it runs once the relay knows
+        // whether it splits (the split's cost model reads what was there).
+        Some(self.choose(&Want::of(model, &house, first, only), &[]))
+    }
+
+    /// Remembers `key` as holding `prompt`'s prefix blocks.
+    fn ran_prefix(&self, key: &str, prompt: &[u32]) {
+        lock(&self.affinity).record(key, &prefix_hashes(prompt));
     }
 
     /// Whether `provider` has an executor for `model` here: the house

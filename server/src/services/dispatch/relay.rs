@@ -89,7 +89,11 @@ impl Relay {
                         max_tokens: left,
                         only: None,
                     };
-                    self.dispatch.place(&w, &tried)
+                    if attempt == 1 {
+                        self.dispatch.choose(&w, &tried)
+                    } else {
+                        self.dispatch.place(&w, &tried)
+                    }
                 }
             };
             let before = self.delivered.len();
@@ -97,6 +101,12 @@ impl Relay {
             self.prefilled = None;
             self.timing = Timing::start();
             let (estimate, split) = self.plan_split(&target, attempt);
+            if attempt == 1 {
+                self.dispatch.ran_prefix(target.key(), &self.prompt);
+                if let Some(plan) = &split {
+                    self.dispatch.ran_prefix(plan.prefill.key(), &self.prompt);
+                }
+            }
             let key = target.key().to_string();
             self.dispatch.measure(&key, |m| m.outstanding += 1);
             let outcome = match (&target, &split) {
@@ -160,7 +170,11 @@ impl Relay {
         };
         let (colocated, split) = self.dispatch.split_for(&w, target);
         let c = &self.dispatch.split;
-        let n = if split.is_some() { &c.split } else { &c.colocated };
+        let n = if split.is_some() {
+            &c.split
+        } else {
+            &c.colocated
+        };
         n.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         match split {
             Some(plan) => {

@@ -85,6 +85,9 @@ const MIN_SPLIT_TOKENS: usize = 32;
 /// Estimates kept per plan for the predicted-vs-measured report.
 const KEEP: usize = 256;
 
+/// One finished choice: its estimate, and its measured TTFT and TPOT (ms).
+type Sample = (Estimate, f64, f64);
+
 /// Counters of plans and transfers, for `/metrics` and the benchmark.
 #[derive(Debug, Default)]
 pub struct SplitStats {
@@ -95,7 +98,7 @@ pub struct SplitStats {
     pub aborted: AtomicU64,
     /// Per plan (`false` colocated, `true` split): recent (estimated,
     /// measured) TTFT and TPOT in ms.
-    samples: Mutex<HashMap<bool, VecDeque<(Estimate, f64, f64)>>>,
+    samples: Mutex<HashMap<bool, VecDeque<Sample>>>,
     /// Measured bandwidth of each worker's link (bytes/s, smoothed).
     links: Mutex<HashMap<String, f64>>,
 }
@@ -128,7 +131,7 @@ impl SplitStats {
             return PlanAccuracy::default();
         };
         let n = q.len() as f64;
-        let mean = |f: &dyn Fn(&(Estimate, f64, f64)) -> f64| q.iter().map(f).sum::<f64>() / n;
+        let mean = |f: &dyn Fn(&Sample) -> f64| q.iter().map(f).sum::<f64>() / n;
         PlanAccuracy {
             choices: q.len(),
             estimated_ttft_ms: mean(&|x| x.0.ttft_ms),
@@ -192,7 +195,12 @@ impl Dispatch {
         let hashes = crate::services::placement::prefix_hashes(want.prompt);
         let measures = lock(&self.measures).clone();
         let cached = |key: &str| lock(&self.affinity).cached_tokens(key, &hashes);
-        let rtt = |id: &str| workers.iter().find(|w| w.id == id).map_or(0.0, |w| w.rtt_ms);
+        let rtt = |id: &str| {
+            workers
+                .iter()
+                .find(|w| w.id == id)
+                .map_or(0.0, |w| w.rtt_ms)
+        };
         let dm = measures.get(d.as_str()).copied().unwrap_or_default();
         let prompt = want.prompt.len();
         let uncached_d = prompt - cached(d).min(prompt);
@@ -216,7 +224,10 @@ impl Dispatch {
         let max = want.max_tokens as f64;
         let time_c = colocated.ttft_ms + max * tpot + f64::from(dm.outstanding) * pre_d;
         let mut best: Option<(f64, SplitPlan)> = None;
-        for w in workers.iter().filter(|w| &w.id != d && self.fleet.is_local(&w.id)) {
+        for w in workers
+            .iter()
+            .filter(|w| &w.id != d && self.fleet.is_local(&w.id))
+        {
             let pm = measures.get(w.id.as_str()).copied().unwrap_or_default();
             let cached_p = cached(&w.id).min(prompt);
             let Some(pre_p) = prefill_ms(&pm, prompt - cached_p) else {
@@ -244,7 +255,12 @@ impl Dispatch {
             };
             let cost_s = price(&terms, prompt - cached_p, cached_p, 0)
                 + price(&decode_terms, 0, 0, want.max_tokens);
-            let cost_c = price(&decode_terms, uncached_d, prompt - uncached_d, want.max_tokens);
+            let cost_c = price(
+                &decode_terms,
+                uncached_d,
+                prompt - uncached_d,
+                want.max_tokens,
+            );
             let wt = self.weights.latency + self.weights.load;
             let score = wt * (time_s / time_c).ln() + self.weights.cost * (cost_s / cost_c).ln();
             let score = if self.split_mode == SplitMode::Always {
@@ -264,7 +280,7 @@ impl Dispatch {
         let pick = match self.split_mode {
             SplitMode::Always => best.map(|(_, p)| p),
             // A split must win by a margin: moving KV is a new way to fail.
-            _ => best.filter(|(s, _)| *s < -0.05).map(|(_, p)| p),
+            SplitMode::Auto | SplitMode::Never => best.filter(|(s, _)| *s < -0.05).map(|(_, p)| p),
         };
         (colocated, pick)
     }

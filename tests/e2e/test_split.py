@@ -1,0 +1,156 @@
+"""Prefill on one worker, decode on another (issue 15), with real worker
+processes on loopback: the KV moves through the server as checksummed
+frames, the decode worker verifies it before its first step, and any
+doubt (a corrupted frame, a missing end, the prefill worker killed
+mid-transfer) ends in a recompute, never in wrong text."""
+
+import re
+import signal
+import threading
+import time
+import urllib.request
+
+from conftest import http_call
+from test_fleet import (complete, fleet, open_server, provider_token, start_worker, stop,
+                        wait_for, workers_up)
+
+# Long enough that the decode worker lacks at least 32 prompt tokens.
+PROMPTS = [
+    "A list of rivers: the Nile, the Amazon, the Yangtze, the Mississippi, the Danube, "
+    "the Volga, the Rhine, the Ganges, the Mekong, the Niger and",
+    "Once upon a time, in a kingdom by the sea, there lived a fisherman, his wife, their "
+    "three daughters, a cat, a dog, and a very old goat who",
+    "Counting slowly: one, two, three, four, five, six, seven, eight, nine, ten, eleven, "
+    "twelve, thirteen, fourteen, fifteen,",
+]
+
+
+def metrics(base):
+    text = urllib.request.urlopen(base + "/metrics", timeout=10).read().decode()
+    out = {}
+    for line in text.splitlines():
+        m = re.match(r"^(synor:(?:kv_transfer|fleet_plans)\w*)(\{[^}]*\})? (\S+)$", line)
+        if m:
+            out[m.group(1) + (m.group(2) or "")] = float(m.group(3))
+    return out
+
+
+def transfers(base, outcome):
+    return metrics(base).get(f'synor:kv_transfers_total{{outcome="{outcome}"}}', 0)
+
+
+def kv_bytes(base):
+    return metrics(base)["synor:kv_transfer_bytes_total"]
+
+
+def per_token(base):
+    """KV bytes of one position over all layers (K and V, f16)."""
+    m = fleet(base)[0]["models"][0]
+    return m["layers"] * m["kv_heads"] * m["head_dim"] * 2 * 2
+
+
+def test_split_output_is_a_single_workers_and_only_uncached_kv_moves():
+    srv = open_server("--fleet-split", "always")
+    base = srv["base"]
+    procs = []
+    try:
+        want = {p: complete(base, p, 24).choices[0].text for p in PROMPTS}
+        longer = PROMPTS[0] + " the Thames, the Seine, the Loire, the Elbe, the Oder, the Vistula, the Dnieper and"
+        ref = complete(base, longer, 16).choices[0].text
+        created = provider_token(base)
+        procs = [start_worker(base, created["token"], name=f"w{i}") for i in (1, 2)]
+        workers_up(base, procs, 2)
+        per = per_token(base)
+        for p in PROMPTS:
+            before = kv_bytes(base)
+            r = complete(base, p, 24)
+            assert r.choices[0].text == want[p], p
+            # Neither worker ran this prompt: every position moved.
+            assert kv_bytes(base) - before == per * r.usage.prompt_tokens, p
+        assert transfers(base, "imported") == len(PROMPTS), metrics(base)
+        assert metrics(base)['synor:fleet_plans_total{plan="split"}'] == len(PROMPTS)
+        # A longer prompt over one already run: the blocks the decode
+        # worker holds are not sent again.
+        before = kv_bytes(base)
+        r = complete(base, longer, 16)
+        sent = (kv_bytes(base) - before) // per
+        kept = r.usage.prompt_tokens - sent
+        assert 0 < sent < r.usage.prompt_tokens and kept % 16 == 0, (sent, r.usage)
+        assert r.choices[0].text == ref
+        # Streams too, concurrently.
+        texts, errors = [], []
+
+        def one(i):
+            try:
+                chunks = complete(base, PROMPTS[i % 3], 24, stream=True)
+                texts.append((i, "".join(c.choices[0].text for c in chunks if c.choices)))
+            except Exception as e:  # noqa: BLE001 - reported below
+                errors.append(repr(e))
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(6)]
+        [t.start() for t in threads]
+        [t.join(timeout=120) for t in threads]
+        assert errors == [] and sorted(texts) == [(i, want[PROMPTS[i % 3]]) for i in range(6)]
+        status, audit = http_call(base, "GET", "/admin/ledger/audit",
+                                  token=__import__("conftest").ADMIN_TOKEN)[:2]
+        assert status == 200 and audit["violations"] == [], audit
+    finally:
+        for p in procs:
+            stop(p)
+        srv["gen"].close()
+
+
+def test_a_transfer_in_doubt_is_recomputed_and_the_text_stays_right():
+    # The faulty worker decodes slowly, so it is the prefill side.
+    srv = open_server("--fleet-split", "always", "--fleet-kv-timeout", "1")
+    base = srv["base"]
+    procs = []
+    try:
+        # Each case its own prompts: one the decode worker ran is cached there.
+        later = [p.replace(",", ";") for p in PROMPTS[:2]]
+        want = {p: complete(base, p, 12).choices[0].text for p in PROMPTS + later}
+        created = provider_token(base)
+        good = start_worker(base, created["token"], "good")
+        procs.append(good)
+        workers_up(base, procs, 1)
+
+        def with_prefill_worker(*flags):
+            bad = start_worker(base, created["token"], "bad", "--debug-token-delay-ms", "20", *flags)
+            procs.append(bad)
+            workers_up(base, procs, 2)
+            return bad
+
+        # A corrupted chunk: the decode worker refuses the KV, recomputes.
+        bad = with_prefill_worker("--debug-kv-fault", "corrupt")
+        for p in PROMPTS:
+            assert complete(base, p, 12).choices[0].text == want[p], p
+        assert transfers(base, "recomputed") == len(PROMPTS), metrics(base)
+        assert transfers(base, "imported") == 0
+        stop(bad)
+        procs.remove(bad)
+        wait_for(lambda: len(fleet(base)) == 1, what="the bad worker to leave")
+        # A dropped end: the server gives the transfer up after 1 s.
+        bad = with_prefill_worker("--debug-kv-fault", "drop-end")
+        t = time.monotonic()
+        assert complete(base, later[0], 12).choices[0].text == want[later[0]]
+        assert time.monotonic() - t >= 1.0
+        assert transfers(base, "aborted") == 1, metrics(base)
+        stop(bad)
+        procs.remove(bad)
+        wait_for(lambda: len(fleet(base)) == 1, what="the bad worker to leave")
+        # The prefill worker killed mid-transfer (each frame takes 300 ms).
+        bad = with_prefill_worker("--debug-kv-frame-delay-ms", "300")
+        got = {}
+        client = threading.Thread(target=lambda: got.update(
+            r=complete(base, later[1], 12).choices[0].text))
+        frames = metrics(base)["synor:kv_transfer_frames_total"]
+        client.start()
+        wait_for(lambda: metrics(base)["synor:kv_transfer_frames_total"] > frames,
+                 what="the transfer to start")
+        bad.send_signal(signal.SIGKILL)
+        client.join(timeout=60)
+        assert got.get("r") == want[later[1]], got
+        assert transfers(base, "aborted") == 2, metrics(base)
+    finally:
+        for p in procs:
+            stop(p)
+        srv["gen"].close()
