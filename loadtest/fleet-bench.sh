@@ -19,8 +19,15 @@
 # Poisson load at the given rates, by goodput (TTFT <= 2 s, TPOT <= 35 ms),
 # with a decode step target of 30 ms for the batch caps.
 #
+# `split` compares prefill/decode disaggregation (issue 15) on two
+# one-thread workers pinned to cores 0 and 1: --fleet-split never,
+# always and auto, at each concurrency, with 512-word prompts and 64
+# output tokens; then the cost model's estimated against measured TTFT
+# and TPOT per plan, and the transfers, from /metrics.
+#
 # Usage: loadtest/fleet-bench.sh [serving] [CONCURRENCY...]   (default: 1 16)
 #        loadtest/fleet-bench.sh placement [RATE...]          (default: 2 4 8)
+#        loadtest/fleet-bench.sh split [CONCURRENCY...]       (default: 1 4)
 # Needs release binaries: cargo build --release -p server -p loadtest
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -29,8 +36,12 @@ SYNOR="$TARGET/synor"
 LOADTEST="$TARGET/synor-loadtest"
 export SYNOR_MODELS_DIR="${SYNOR_MODELS_DIR:-models}"
 MODE=serving
-if [ "${1:-}" = serving ] || [ "${1:-}" = placement ]; then MODE=$1; shift; fi
-if [ "$MODE" = placement ]; then ARGS=("${@:-2 4 8}"); else ARGS=("${@:-1 16}"); fi
+if [ "${1:-}" = serving ] || [ "${1:-}" = placement ] || [ "${1:-}" = split ]; then MODE=$1; shift; fi
+case "$MODE" in
+    placement) ARGS=("${@:-2 4 8}") ;;
+    split) ARGS=("${@:-1 4}") ;;
+    *) ARGS=("${@:-1 16}") ;;
+esac
 read -r -a CONCURRENCY <<<"${ARGS[*]}"
 ADMIN=bench-admin
 WORK=$(mktemp -d)
@@ -115,6 +126,30 @@ if [ "$MODE" = placement ]; then
                 "$(grep -E 'Request goodput|Output token throughput|Median TPOT|Median TTFT' "$out" | tr -s ' ' | paste -sd ';')"
         done
         admin "$BASE/admin/fleet" | python3 -c 'import json,sys; print("   tokens per worker:", {w["name"]: w["tokens_delivered"] for w in json.load(sys.stdin)["data"]})'
+        stop_workers
+        stop_server
+        rm -f "$WORK/synor.db"*
+    done
+    exit 0
+fi
+
+if [ "$MODE" = split ]; then
+    for split in never always auto; do
+        start_server 1000 measured --fleet-split "$split"
+        TOKEN=$(admin -X POST "$BASE/admin/providers" -d '{"name":"bench"}' | python3 -c 'import json,sys; print(json.load(sys.stdin)["token"])')
+        start_worker a 1 0
+        start_worker b 1 1
+        workers_up 2
+        for c in "${CONCURRENCY[@]}"; do
+            out="$WORK/split-$split-$c.txt"
+            "$LOADTEST" --base-url "$BASE" --seed "$c" --num-prompts $((6 * c)) --max-concurrency "$c" \
+                --random-input-len 512 --random-output-len 64 --ignore-eos --no-progress >"$out" 2>&1 \
+                || { cat "$out"; exit 1; }
+            printf '%-7s c=%-3s %s\n' "$split" "$c" \
+                "$(grep -E 'Output token throughput|Median TTFT|Median TPOT|P99 ITL' "$out" | tr -s ' ' | paste -sd ';')"
+        done
+        curl -sf "$BASE/metrics" | grep -E '^synor:(fleet_plans_total|kv_transfers_total|kv_transfer_bytes_total|plan_latency_ms)' \
+            | grep -v ' 0$' | grep -v ' 0.000$' | sed 's/^/   /'
         stop_workers
         stop_server
         rm -f "$WORK/synor.db"*

@@ -57,6 +57,14 @@ pub enum Command {
         handoff: Handoff,
     },
     Abort(RequestId),
+    /// Scores `tokens[prompt_len..]` as the continuation of the tokens
+    /// before them (one prefill over all of them): each token's
+    /// log-probability and rank under this engine's model.
+    Score {
+        tokens: Vec<u32>,
+        prompt_len: usize,
+        reply: tokio::sync::oneshot::Sender<Result<Vec<TokenScore>, EngineError>>,
+    },
     /// How many leading tokens of `tokens` the prefix cache holds now.
     CachedPrefix {
         tokens: Vec<u32>,
@@ -77,6 +85,16 @@ pub struct Handoff {
     /// computed (cached ones included), to this channel; it closes when
     /// the last prompt position was sent, or early on a failure.
     pub export: Option<(usize, UnboundedSender<KvRows>)>,
+}
+
+/// How this engine's model rates one token of a scored continuation.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TokenScore {
+    pub token: u32,
+    /// Log-probability under the raw distribution.
+    pub logprob: f32,
+    /// Tokens more likely than it (0: the most likely).
+    pub rank: u32,
 }
 
 /// A request whose prompt rows are streamed out as they are computed.
@@ -244,6 +262,13 @@ impl EngineCore {
                     self.finish(seq, Ok(FinishReason::Abort));
                 }
             }
+            Command::Score {
+                tokens,
+                prompt_len,
+                reply,
+            } => {
+                let _ = reply.send(self.score(&tokens, prompt_len));
+            }
             Command::CachedPrefix { tokens, reply } => {
                 let _ = reply.send(self.scheduler.cached_prefix(&tokens));
             }
@@ -312,6 +337,52 @@ impl EngineCore {
         }
         self.publish_stats();
         true
+    }
+
+    /// One prefill over `tokens` in scratch blocks (freed after): the
+    /// score of every token from `prompt_len` on.
+    fn score(&mut self, tokens: &[u32], prompt_len: usize) -> Result<Vec<TokenScore>, EngineError> {
+        let n = tokens.len().saturating_sub(prompt_len);
+        if prompt_len == 0 || n == 0 {
+            return Err(EngineError::validation("tokens", "nothing to score"));
+        }
+        let id = RequestId(u64::MAX - 1);
+        let computed = tokens.len() - 1;
+        let table = self
+            .scheduler
+            .scratch(id, computed)
+            .ok_or_else(|| EngineError::Execution("no free KV blocks to score now".into()))?;
+        let chunk = crate::model::SeqChunk {
+            seq: id,
+            tokens: tokens[..computed].to_vec(),
+            start_pos: 0,
+            want_logits: true,
+            block_table: table,
+            draft: tokens[prompt_len..computed].to_vec(),
+        };
+        let batch = ModelBatch {
+            chunks: vec![chunk],
+        };
+        let rows = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            self.executor.logits(&batch)
+        }))
+        .unwrap_or_else(|_| Err(EngineError::Execution("scoring panicked".into())));
+        self.scheduler.free_scratch(id);
+        let rows = rows?;
+        Ok(rows
+            .iter()
+            .zip(&tokens[prompt_len..])
+            .map(|(row, &token)| {
+                let lp = crate::sampling::logprobs(row, token, 0).logprob;
+                let mine = row.get(token as usize).copied().unwrap_or(f32::NEG_INFINITY);
+                let rank = row.iter().filter(|&&v| v > mine).count() as u32;
+                TokenScore {
+                    token,
+                    logprob: lp,
+                    rank,
+                }
+            })
+            .collect())
     }
 
     /// Writes the KV rows that sequences admitted this step imported into

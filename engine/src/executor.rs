@@ -48,6 +48,14 @@ pub trait Executor: Send {
         blocks: &[u32],
         bytes: &[u8],
     ) -> std::result::Result<(), KvTransferError>;
+    /// The forward pass alone: one logits row per row the batch asks for
+    /// (scoring a continuation); an executor that cannot says so.
+    fn logits(&mut self, _batch: &ModelBatch) -> Result<Vec<Vec<f32>>> {
+        Err(EngineError::Execution(format!(
+            "executor {} cannot score",
+            self.name()
+        )))
+    }
     /// The KV of positions `first..first + count` of the sequence over
     /// `table` (an executor that cannot read its KV says `NotKv`).
     fn read_rows(
@@ -141,6 +149,10 @@ impl Executor for LocalExecutor {
     }
 
     fn release(&mut self, _seq: RequestId) {}
+
+    fn logits(&mut self, batch: &ModelBatch) -> Result<Vec<Vec<f32>>> {
+        LocalExecutor::logits(self, batch)
+    }
 
     fn export_kv(&self, blocks: &[u32]) -> std::result::Result<Vec<u8>, KvTransferError> {
         transfer::export(&self.kv, blocks)

@@ -11,7 +11,7 @@ use std::thread::JoinHandle;
 
 use crate::chat::{ChatMessage, ChatTemplate, TemplateChoice};
 use crate::constraint::{Constraint, ConstraintFactory};
-use crate::core::{Command, CoreEvent, EngineCore, Handoff};
+use crate::core::{Command, CoreEvent, EngineCore, Handoff, TokenScore};
 use crate::error::{EngineError, Result};
 use crate::executor::{Executor, LocalExecutor};
 use crate::kv_cache::{KvLayout, KvManager};
@@ -321,6 +321,29 @@ impl EngineHandle {
         let constraint = self.constraint_for(&req)?;
         let (id, rx) = self.send_add(req, None, constraint, resume, handoff)?;
         Ok(RawStream::new(id, rx, self.shared.commands.clone()))
+    }
+
+    /// Scores `tokens[prompt_len..]` as the continuation of the tokens
+    /// before them, in one prefill between steps (a spot check's
+    /// reference): each token's log-probability and rank.
+    pub async fn score(&self, tokens: Vec<u32>, prompt_len: usize) -> Result<Vec<TokenScore>> {
+        let vocab = self.shared.info.vocab_size as u32;
+        if tokens.len() >= self.shared.info.context_length || tokens.iter().any(|&t| t >= vocab) {
+            return Err(EngineError::validation(
+                "tokens",
+                "past the context or outside the vocabulary",
+            ));
+        }
+        let (reply, rx) = tokio::sync::oneshot::channel();
+        self.shared
+            .commands
+            .send(Command::Score {
+                tokens,
+                prompt_len,
+                reply,
+            })
+            .map_err(|_| EngineError::Shutdown)?;
+        rx.await.map_err(|_| EngineError::Shutdown)?
     }
 
     /// How many leading tokens of `tokens` this engine's prefix cache

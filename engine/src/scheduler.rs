@@ -203,6 +203,22 @@ impl Scheduler {
         std::mem::take(&mut self.fills)
     }
 
+    /// Blocks for `positions` positions of a scratch sequence `id` (one
+    /// the engine runs outside the batch: a spot check's scoring), or
+    /// `None` when the pool has no room; free them with `free_scratch`.
+    pub fn scratch(&mut self, id: RequestId, positions: usize) -> Option<Vec<u32>> {
+        if self.kv.allocate(id, positions) {
+            Some(self.kv.table(id).to_vec())
+        } else {
+            self.kv.free(id);
+            None
+        }
+    }
+
+    pub fn free_scratch(&mut self, id: RequestId) {
+        self.kv.free(id);
+    }
+
     /// The prompt tokens of `tokens` the prefix cache holds now.
     pub fn cached_prefix(&self, tokens: &[u32]) -> usize {
         self.kv.cached_prefix(tokens)
