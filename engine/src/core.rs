@@ -374,7 +374,10 @@ impl EngineCore {
             .zip(&tokens[prompt_len..])
             .map(|(row, &token)| {
                 let lp = crate::sampling::logprobs(row, token, 0).logprob;
-                let mine = row.get(token as usize).copied().unwrap_or(f32::NEG_INFINITY);
+                let mine = row
+                    .get(token as usize)
+                    .copied()
+                    .unwrap_or(f32::NEG_INFINITY);
                 let rank = row.iter().filter(|&&v| v > mine).count() as u32;
                 TokenScore {
                     token,

@@ -31,6 +31,9 @@ pub struct EngineConfig {
     pub kv_cache_memory: usize,
     /// Positions per KV block.
     pub block_size: usize,
+    /// Run only the model's first this many layers (testing: a provider
+    /// that cheats by skipping layers; spot checks must catch it).
+    pub keep_layers: Option<usize>,
 }
 
 impl Default for EngineConfig {
@@ -39,6 +42,7 @@ impl Default for EngineConfig {
             scheduler: SchedulerConfig::default(),
             kv_cache_memory: 1 << 30,
             block_size: 16,
+            keep_layers: None,
         }
     }
 }
@@ -228,10 +232,13 @@ impl EngineHandle {
     /// `config.kv_cache_memory`.
     pub fn start(loaded: LoadedModel, config: EngineConfig) -> Result<Self> {
         let LoadedModel {
-            model,
+            mut model,
             tokenizer,
             template,
         } = loaded;
+        if let Some(n) = config.keep_layers {
+            model.keep_layers(n);
+        }
         let mc = &model.config;
         let block_size = config.block_size.max(1);
         let per_block =

@@ -41,9 +41,13 @@ async fn generate(e: &EngineHandle, prompt: &[u32], params: SamplingParams) -> V
 async fn an_honest_continuation_scores_as_it_was_generated() {
     let e = engine();
     let mut worst = 0f32;
-    for (i, text) in ["The capital of France is", "def fibonacci(n):", "Once upon a time"]
-        .iter()
-        .enumerate()
+    for (i, text) in [
+        "The capital of France is",
+        "def fibonacci(n):",
+        "Once upon a time",
+    ]
+    .iter()
+    .enumerate()
     {
         let prompt = e.tokenizer().encode_prompt(text).expect("encode");
         for temperature in [0.0, 0.8] {
@@ -73,10 +77,19 @@ async fn an_honest_continuation_scores_as_it_was_generated() {
     assert!(worst < 0.05, "logprobs differ by {worst}");
     eprintln!("largest logprob difference, decode against scoring prefill: {worst}");
     // Another model's continuation scores far lower.
-    let prompt = e.tokenizer().encode_prompt("The capital of France is").expect("encode");
+    let prompt = e
+        .tokenizer()
+        .encode_prompt("The capital of France is")
+        .expect("encode");
     let mut all = prompt.clone();
     all.extend([1000u32, 2000, 3000, 4000]);
     let scores = e.score(all, prompt.len()).await.expect("score");
-    assert!(scores.iter().all(|s| s.rank > 10 && s.logprob < -5.0), "{scores:?}");
-    assert!(e.score(prompt.clone(), prompt.len()).await.is_err(), "nothing to score");
+    assert!(
+        scores.iter().all(|s| s.rank > 10 && s.logprob < -5.0),
+        "{scores:?}"
+    );
+    assert!(
+        e.score(prompt.clone(), prompt.len()).await.is_err(),
+        "nothing to score"
+    );
 }

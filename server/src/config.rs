@@ -253,6 +253,29 @@ pub struct ServeArgs {
     #[arg(long, env = "SYNOR_FLEET_SPLIT", default_value = "auto")]
     pub fleet_split: crate::services::dispatch::split::SplitMode,
 
+    /// Share of a proven provider's worker attempts re-scored on the
+    /// house engine (spot checks).
+    #[arg(long, env = "SYNOR_SPOT_CHECK_RATE", default_value_t = 0.02)]
+    pub spot_check_rate: f64,
+
+    /// Share of a new provider's worker attempts spot-checked.
+    #[arg(long, env = "SYNOR_SPOT_CHECK_NEW_RATE", default_value_t = 0.25)]
+    pub spot_check_new_rate: f64,
+
+    /// Attempts a provider delivers before it counts as proven.
+    #[arg(long, env = "SYNOR_SPOT_CHECK_PROVEN_AFTER", default_value_t = 200)]
+    pub spot_check_proven_after: u64,
+
+    /// A greedy token passes a spot check when it is among the
+    /// reference's this many most likely.
+    #[arg(long, env = "SYNOR_SPOT_CHECK_TOP_K", default_value_t = 4)]
+    pub spot_check_top_k: u32,
+
+    /// Largest difference (nats) between a token's log-probability as a
+    /// worker reported it and as the house engine scores it.
+    #[arg(long, env = "SYNOR_SPOT_CHECK_TOLERANCE", default_value_t = 0.25)]
+    pub spot_check_tolerance: f32,
+
     /// Seconds a KV transfer may take before the decode worker
     /// recomputes the prompt instead.
     #[arg(long, env = "SYNOR_FLEET_KV_TIMEOUT", default_value_t = 10.0)]
@@ -418,6 +441,15 @@ pub struct WorkerArgs {
     /// end of a transfer.
     #[arg(long, hide = true, value_parser = ["corrupt", "drop-end"])]
     pub debug_kv_fault: Option<String>,
+
+    /// Testing only: cheat as a dishonest provider would: `replay` sends
+    /// the tokens (and log-probabilities) of one job for every later one.
+    #[arg(long, hide = true, value_parser = ["replay"])]
+    pub debug_cheat: Option<String>,
+
+    /// Testing only: run this many assignments honestly before cheating.
+    #[arg(long, hide = true, default_value_t = 0)]
+    pub debug_cheat_after: u64,
 
     /// Testing only: wait this long before each KV frame (a slow link).
     #[arg(long, hide = true, default_value_t = 0)]
@@ -602,6 +634,11 @@ pub struct SchedulerArgs {
     /// Positions per KV block.
     #[arg(long, env = "SYNOR_BLOCK_SIZE", default_value_t = 16, value_parser = clap::value_parser!(u16).range(1..=1024))]
     pub block_size: u16,
+
+    /// Testing only: run the model's first N layers (a provider cheating
+    /// by skipping layers, for spot checks to catch).
+    #[arg(long, hide = true)]
+    pub debug_keep_layers: Option<usize>,
 }
 
 /// Parses a byte size: a number with an optional `K`, `M`, `G` (powers of
@@ -641,6 +678,7 @@ impl SchedulerArgs {
             },
             kv_cache_memory: self.kv_cache_memory,
             block_size: usize::from(self.block_size),
+            keep_layers: self.debug_keep_layers,
         }
     }
 }

@@ -128,6 +128,13 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
                 args.fleet_max_queue,
                 seconds(args.fleet_queue_timeout, 0.0, 3600.0),
             )
+            .with_spot_checks(crate::services::spotcheck::SpotConfig {
+                new_rate: args.spot_check_new_rate.clamp(0.0, 1.0),
+                rate: args.spot_check_rate.clamp(0.0, 1.0),
+                proven_after: args.spot_check_proven_after,
+                top_k: args.spot_check_top_k.max(1),
+                tolerance: args.spot_check_tolerance.max(0.0),
+            })
             .with_split(
                 args.fleet_split,
                 seconds(args.fleet_kv_timeout, 0.05, 3600.0),

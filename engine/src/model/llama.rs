@@ -479,6 +479,16 @@ fn rope_tables(c: &LlamaConfig) -> Rope {
     }
 }
 
+impl<B: Backend> Llama<B> {
+    /// Keeps the first `n` layers (at least one) and drops the rest: the
+    /// same model with fewer layers (a cheating provider, in tests).
+    pub fn keep_layers(&mut self, n: usize) {
+        let n = n.clamp(1, self.layers.len().max(1));
+        self.layers.truncate(n);
+        self.config.n_layer = self.layers.len();
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use kernels::reference;

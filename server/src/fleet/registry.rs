@@ -61,8 +61,9 @@ pub struct WorkerInfo {
     /// 0.5-2.0x and uptime.
     pub reputation_bps: i64,
     pub uptime_bps: i64,
-    /// `calibrating` (measured before it gets work), `active`, or
-    /// `draining` (no new work).
+    /// `calibrating` (measured before it gets work), `active`,
+    /// `draining` (no new work), or `quarantined` (caught by a spot check
+    /// or a canary: no work, its token refused on reconnect).
     pub state: String,
     /// What the server measured of it (`None` until calibrated).
     pub profile: Option<Profile>,
@@ -161,6 +162,9 @@ pub struct Registry {
     pub jobs: super::jobs::Jobs,
     /// KV transfers between this replica's workers.
     pub transfers: super::transfers::Transfers,
+    /// Worker tokens whose workers failed a spot check: refused until an
+    /// admin clears them.
+    quarantined: std::sync::Mutex<std::collections::HashSet<String>>,
     next: AtomicU64,
     /// Connections the fleet has seen end (for `/metrics`).
     pub disconnects: AtomicU64,
@@ -312,6 +316,39 @@ impl Registry {
             e.info.load = load;
             e.info.last_seen = now();
         }
+    }
+
+    /// Quarantines a worker that failed a spot check: it stays connected
+    /// (admins see it) but gets no more work, and its token is refused
+    /// from now on.
+    pub fn quarantine(&self, id: &str) {
+        let token = {
+            let mut w = self.workers.write().unwrap_or_else(|e| e.into_inner());
+            let Some(e) = w.get_mut(id) else { return };
+            e.info.state = "quarantined".into();
+            e.info.token_id.clone()
+        };
+        self.changed.notify_one();
+        self.quarantined
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(token);
+    }
+
+    /// Whether workers of this token are quarantined.
+    pub fn is_quarantined(&self, token_id: &str) -> bool {
+        self.quarantined
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains(token_id)
+    }
+
+    /// Lifts a token's quarantine; false if it was not quarantined.
+    pub fn clear_quarantine(&self, token_id: &str) -> bool {
+        self.quarantined
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(token_id)
     }
 
     /// Takes a measured round trip of a worker's link into its smoothed

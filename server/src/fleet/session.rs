@@ -89,6 +89,10 @@ pub async fn run(
             return close(1008, why).await;
         }
     };
+    if registry.is_quarantined(&registration.token_id) {
+        let why = "this worker token is quarantined: a spot check caught its work".into();
+        return close(1008, why).await;
+    }
     let (to_session, mut from_registry) = mpsc::channel(TO_WORKER_QUEUE);
     let provider_id = registration.provider_id.clone();
     let id = registry.register(registration, to_session);

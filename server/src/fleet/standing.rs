@@ -152,6 +152,15 @@ impl Standing {
         });
     }
 
+    /// A worker of `provider` failed a spot check: it counts as `weight`
+    /// lost attempts.
+    pub fn cheated(&self, provider: &str, weight: u64) {
+        self.with(provider, |r, d| {
+            r.jobs_lost += weight;
+            d.jobs_lost += weight;
+        });
+    }
+
     /// `provider`'s record (a default one if never seen).
     pub fn get(&self, provider: &str) -> Record {
         let b = self.book.lock().unwrap_or_else(|e| e.into_inner());

@@ -231,6 +231,48 @@ fn utilization_metrics(out: &mut String, uses: &[ExecutorUse]) {
     }
 }
 
+/// Spot checks of workers' output, and the trusted compute they cost.
+fn spot_metrics(out: &mut String, s: &crate::services::spotcheck::SpotCheck) {
+    use std::sync::atomic::Ordering::Relaxed;
+    let name = "synor:spot_checks_total";
+    Family {
+        name,
+        kind: "counter",
+        help: "Worker attempts re-scored on the house engine, by result (skipped: the reference could not run).",
+    }
+    .header(out);
+    for (result, v) in [
+        ("pass", &s.passed),
+        ("fail", &s.failed),
+        ("skipped", &s.skipped),
+    ] {
+        let _ = writeln!(out, "{name}{{result=\"{result}\"}} {}", v.load(Relaxed));
+    }
+    for (name, kind, help, v) in [
+        (
+            "synor:spot_check_seconds_total",
+            "counter",
+            "House engine time spent scoring spot checks.",
+            s.check_micros.load(Relaxed) as f64 / 1e6,
+        ),
+        (
+            "synor:spot_check_tokens_total",
+            "counter",
+            "Tokens re-scored by spot checks.",
+            s.tokens.load(Relaxed) as f64,
+        ),
+        (
+            "synor:spot_check_max_pass_deviation",
+            "gauge",
+            "The largest log-probability difference (nats) of a passing spot check.",
+            f64::from(s.worst_pass()),
+        ),
+    ] {
+        Family { name, kind, help }.header(out);
+        let _ = writeln!(out, "{name} {v}");
+    }
+}
+
 /// Prefill/decode plans, KV transfers, and the cost model's accuracy.
 fn split_metrics(out: &mut String, s: &SplitStats, fleet: &Registry) {
     use std::sync::atomic::Ordering::Relaxed;
@@ -410,6 +452,7 @@ pub fn render(
     stage_metrics(&mut out, &dispatch.stages.totals());
     utilization_metrics(&mut out, &dispatch.utilization.report());
     split_metrics(&mut out, &dispatch.split, fleet);
+    spot_metrics(&mut out, &dispatch.spot);
     let text: Vec<(String, engine::EngineStats, engine::LatencyStats)> = models
         .list()
         .iter()

@@ -196,6 +196,76 @@ impl Ledger {
             .await
     }
 
+    /// Claws back what a provider was paid for work that failed a spot
+    /// check and refunds its user, once per `key` (a repeat does nothing
+    /// and answers `None`): `pay` from the provider to the treasury (the
+    /// provider owes it if its balance is short), `refund` from the
+    /// treasury to `payer`. One journal transaction of kind `clawback`.
+    pub async fn clawback(
+        &self,
+        key: &str,
+        provider_id: &str,
+        payer: &str,
+        pay: Amount,
+        refund: Amount,
+        memo: &str,
+    ) -> Result<Option<String>, LedgerError> {
+        for a in [pay, refund].into_iter().filter(|&a| a != 0) {
+            money::check_amount("clawback", a).map_err(LedgerError::InvalidAmount)?;
+        }
+        if self.account(provider_id).await?.kind != AccountKind::Provider.as_str() {
+            return Err(LedgerError::WrongAccount(format!(
+                "clawbacks apply to provider accounts, not `{provider_id}`"
+            )));
+        }
+        self.account(payer).await?;
+        let mut tx = self.db.pool.begin().await?;
+        let tx_id = format!("clawback:{key}");
+        let fresh = sqlx::query(
+            "INSERT INTO journal (id, kind, memo, created_at) VALUES ($1, 'clawback', $2, $3) \
+             ON CONFLICT (id) DO NOTHING",
+        )
+        .bind(&tx_id)
+        .bind(memo)
+        .bind(now())
+        .execute(&mut *tx)
+        .await?;
+        if fresh.rows_affected() == 0 {
+            return Ok(None);
+        }
+        let mut moves = [
+            (provider_id, -pay),
+            (TREASURY, pay - refund),
+            (payer, refund),
+        ];
+        moves.sort();
+        for (id, delta) in moves.into_iter().filter(|m| m.1 != 0) {
+            let done = sqlx::query(
+                "UPDATE accounts SET balance = balance + $1 WHERE id = $2 \
+                 AND balance + $3 BETWEEN $4 AND $5",
+            )
+            .bind(delta)
+            .bind(id)
+            .bind(delta)
+            .bind(-MAX_BALANCE)
+            .bind(MAX_BALANCE)
+            .execute(&mut *tx)
+            .await?;
+            if done.rows_affected() == 0 {
+                drop(tx);
+                return Err(self.transfer_refusal(id, delta).await);
+            }
+            sqlx::query("INSERT INTO entries (tx_id, account_id, amount) VALUES ($1, $2, $3)")
+                .bind(&tx_id)
+                .bind(id)
+                .bind(delta)
+                .execute(&mut *tx)
+                .await?;
+        }
+        tx.commit().await?;
+        Ok(Some(tx_id))
+    }
+
     /// Moves `amount` (`0 < amount <= MAX_AMOUNT`) from one account to
     /// another as one journal transaction of kind `kind`. The debit must
     /// fit the payer's funds (balance + credit limit - holds) unless it is

@@ -7,8 +7,14 @@
 //! shown to admins, never used. The challenge travels as ordinary
 //! assignments, so a worker cannot tell it from real traffic. The house
 //! engine is calibrated the same way at start-up.
+//!
+//! The decode challenges are also canaries: their greedy answers are
+//! known (the house engine scores them, as a spot check would), so a
+//! worker that does not run the model it registered is quarantined
+//! before it earns anything, as is one that fails
+//! `MAX_FAILED_CALIBRATIONS` challenges in a row.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -23,6 +29,7 @@ use crate::fleet::protocol::{JobParams, ToWorker, VERSION};
 use crate::fleet::registry::{Profile, Registry, WorkerInfo};
 use crate::services::dispatch::Dispatch;
 use crate::services::models::ModelRegistry;
+use crate::services::spotcheck::{Sample, Verdict};
 
 /// Prompt tokens of the prefill challenge.
 const PREFILL: usize = 128;
@@ -47,6 +54,7 @@ enum On<'a> {
 /// first worker arrives (a server without workers does no extra work).
 pub async fn run(fleet: Arc<Registry>, models: Arc<ModelRegistry>, dispatch: Arc<Dispatch>) {
     let busy: Arc<Mutex<HashSet<String>>> = Arc::default();
+    let failures: Arc<Mutex<HashMap<String, u32>>> = Arc::default();
     let mut house_done = false;
     let mut tick = tokio::time::interval(SCAN);
     loop {
@@ -72,14 +80,15 @@ pub async fn run(fleet: Arc<Registry>, models: Arc<ModelRegistry>, dispatch: Arc
             {
                 continue;
             }
-            let (fleet, models, dispatch, busy) = (
+            let (fleet, models, dispatch, busy, failures) = (
                 fleet.clone(),
                 models.clone(),
                 dispatch.clone(),
                 busy.clone(),
+                failures.clone(),
             );
             tokio::spawn(async move {
-                calibrate_worker(&fleet, &models, &dispatch, &w).await;
+                calibrate_worker(&fleet, &models, &dispatch, &w, &failures).await;
                 busy.lock().unwrap_or_else(|e| e.into_inner()).remove(&w.id);
             });
         }
@@ -93,7 +102,7 @@ async fn calibrate_house(models: &ModelRegistry, dispatch: &Dispatch) {
     });
     let Some(house) = house else { return };
     match challenge(On::House(&house), house.info().vocab_size, 0).await {
-        Ok(p) => {
+        Ok((p, _)) => {
             tracing::info!(?p, "house engine calibrated");
             dispatch.set_profile("house", p);
         }
@@ -106,6 +115,7 @@ async fn calibrate_worker(
     models: &ModelRegistry,
     dispatch: &Dispatch,
     w: &WorkerInfo,
+    failures: &Mutex<HashMap<String, u32>>,
 ) {
     let Some((model, house)) = w
         .models
@@ -125,21 +135,57 @@ async fn calibrate_worker(
     )
     .await
     {
-        Ok(p) => {
+        Ok((p, answers)) => {
+            if let Some(why) = canaries(dispatch, &house, &answers).await {
+                dispatch.quarantine(&w.id, &w.provider_id, &format!("canary: {why}"));
+                return;
+            }
+            failures
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(&w.id);
             tracing::info!(worker = %w.id, ?p, "worker calibrated");
             fleet.set_profile(&w.id, p);
             dispatch.set_profile(&w.id, p);
         }
         Err(e) => {
-            // A worker that fails the challenge pays for it like a lost job.
+            // A worker that fails the challenge pays for it like a lost job;
+            // one that cannot run it time after time does not serve the
+            // model it registered.
             fleet.standing.attempt(&w.provider_id, true);
             tracing::warn!(worker = %w.id, error = %e, "calibration failed; retrying");
+            let n = {
+                let mut f = failures.lock().unwrap_or_else(|e| e.into_inner());
+                let n = f.entry(w.id.clone()).or_insert(0);
+                *n += 1;
+                *n
+            };
+            if n >= MAX_FAILED_CALIBRATIONS {
+                let why = format!("{n} failed calibrations, the last: {e}");
+                dispatch.quarantine(&w.id, &w.provider_id, &why);
+            }
         }
     }
 }
 
-/// Runs the whole challenge on `on` and derives the profile.
-async fn challenge(on: On<'_>, vocab: usize, seed: u64) -> Result<Profile, String> {
+/// Failed calibrations in a row after which a worker is quarantined.
+const MAX_FAILED_CALIBRATIONS: u32 = 3;
+
+/// Checks the greedy answers of a worker's challenge against the house
+/// engine's reference, as spot checks do: why the first one fails.
+async fn canaries(dispatch: &Dispatch, house: &EngineHandle, answers: &[Sample]) -> Option<String> {
+    for a in answers {
+        if let Some(Verdict::Fail(why)) = dispatch.spot.check(house, a).await {
+            return Some(why);
+        }
+    }
+    None
+}
+
+/// Runs the whole challenge on `on` and derives the profile; the
+/// greedy answers of its decode challenges are the canaries' (checked
+/// against the house engine's reference).
+async fn challenge(on: On<'_>, vocab: usize, seed: u64) -> Result<(Profile, Vec<Sample>), String> {
     let mut rng = StdRng::seed_from_u64(seed);
     let mut tokens = |n: usize| -> Vec<u32> {
         (0..n)
@@ -149,18 +195,23 @@ async fn challenge(on: On<'_>, vocab: usize, seed: u64) -> Result<Profile, Strin
     let long = tokens(PREFILL);
     let mut prefill = f64::MAX;
     for _ in 0..2 {
-        let (start, times) = timed(on, long.clone(), 1).await?;
-        let first = times.first().ok_or("no token from the prefill challenge")?;
-        prefill = prefill.min(first.duration_since(start).as_secs_f64());
+        let t = timed(on, long.clone(), 1).await?;
+        let first = t
+            .times
+            .first()
+            .ok_or("no token from the prefill challenge")?;
+        prefill = prefill.min(first.duration_since(t.start).as_secs_f64());
     }
-    let one = decode_gap(on, vec![tokens(8)]).await?;
-    let four = decode_gap(on, (0..4).map(|_| tokens(8)).collect()).await?;
-    Ok(Profile {
+    let mut answers = Vec::new();
+    let one = decode_gap(on, vec![tokens(8)], &mut answers).await?;
+    let four = decode_gap(on, (0..4).map(|_| tokens(8)).collect(), &mut answers).await?;
+    let profile = Profile {
         prefill_tokens_per_s: PREFILL as f64 / prefill.max(1e-6),
         decode_step_ms_1: one,
         decode_step_ms_4: four.max(one),
         measured_at: crate::store::now(),
-    })
+    };
+    Ok((profile, answers))
 }
 
 /// The decode step (ms) with these prompts at once: for each, the time
@@ -169,16 +220,25 @@ async fn challenge(on: On<'_>, vocab: usize, seed: u64) -> Result<Profile, Strin
 /// several tokens in one message, so gaps between arrivals say nothing,
 /// and the round trip is part of what a client waits for), and the
 /// median over the prompts.
-async fn decode_gap(on: On<'_>, prompts: Vec<Vec<u32>>) -> Result<f64, String> {
+async fn decode_gap(
+    on: On<'_>,
+    prompts: Vec<Vec<u32>>,
+    answers: &mut Vec<Sample>,
+) -> Result<f64, String> {
     let runs =
-        futures_util::future::join_all(prompts.into_iter().map(|p| timed(on, p, DECODE))).await;
+        futures_util::future::join_all(prompts.iter().map(|p| timed(on, p.clone(), DECODE))).await;
     let mut steps = Vec::new();
-    for r in runs {
-        let (start, times) = r?;
-        if let Some(last) = times.last() {
-            let span = last.duration_since(start).as_secs_f64() * 1e3;
-            steps.push(span / times.len() as f64);
+    for (r, prompt) in runs.into_iter().zip(prompts) {
+        let t = r?;
+        if let Some(last) = t.times.last() {
+            let span = last.duration_since(t.start).as_secs_f64() * 1e3;
+            steps.push(span / t.times.len() as f64);
         }
+        answers.push(Sample {
+            context: prompt,
+            tokens: t.tokens,
+            plain_greedy: true,
+        });
     }
     if steps.is_empty() {
         return Err("no decode steps".into());
@@ -192,19 +252,25 @@ fn greedy(max_tokens: usize) -> SamplingParams {
         temperature: 0.0,
         max_tokens,
         ignore_eos: true,
+        logprobs: Some(0),
         ..SamplingParams::default()
     }
 }
 
+/// One challenge job: when it was sent, when each token arrived, and the
+/// tokens with their reported log-probabilities.
+struct Timed {
+    start: Instant,
+    times: Vec<Instant>,
+    tokens: Vec<(u32, Option<f32>)>,
+}
+
 /// Runs one challenge job; returns when it was sent and when each token
 /// arrived, on this server's clock.
-async fn timed(
-    on: On<'_>,
-    prompt: Vec<u32>,
-    max_tokens: usize,
-) -> Result<(Instant, Vec<Instant>), String> {
+async fn timed(on: On<'_>, prompt: Vec<u32>, max_tokens: usize) -> Result<Timed, String> {
     let start = Instant::now();
     let mut times = Vec::with_capacity(max_tokens);
+    let mut tokens = Vec::with_capacity(max_tokens);
     match on {
         On::House(h) => {
             let req = GenerateRequest {
@@ -214,8 +280,17 @@ async fn timed(
             let mut raw = h.submit_raw(req, Vec::new()).map_err(|e| e.to_string())?;
             loop {
                 match tokio::time::timeout(JOB_TIMEOUT, raw.next()).await {
-                    Ok(Some(CoreEvent::Token { .. })) => times.push(Instant::now()),
-                    Ok(Some(CoreEvent::Finished { .. })) => return Ok((start, times)),
+                    Ok(Some(CoreEvent::Token { id, logprob })) => {
+                        times.push(Instant::now());
+                        tokens.push((id, logprob.map(|l| l.logprob)));
+                    }
+                    Ok(Some(CoreEvent::Finished { .. })) => {
+                        return Ok(Timed {
+                            start,
+                            times,
+                            tokens,
+                        });
+                    }
                     Ok(Some(CoreEvent::Accepted)) => {}
                     Ok(Some(CoreEvent::Failed(e))) => return Err(e.to_string()),
                     Ok(None) | Err(_) => return Err("the house engine did not finish".into()),
@@ -248,7 +323,8 @@ async fn timed(
                     frequency_penalty: 0.0,
                     presence_penalty: 0.0,
                     logit_bias: Vec::new(),
-                    logprobs: None,
+                    // The canary's check compares them with the house's.
+                    logprobs: Some(0),
                 },
             };
             let result = async {
@@ -257,8 +333,9 @@ async fn timed(
                 }
                 loop {
                     match tokio::time::timeout(JOB_TIMEOUT, rx.recv()).await {
-                        Ok(Some(JobEvent::Core(CoreEvent::Token { .. }))) => {
-                            times.push(Instant::now())
+                        Ok(Some(JobEvent::Core(CoreEvent::Token { id, logprob }))) => {
+                            times.push(Instant::now());
+                            tokens.push((id, logprob.map(|l| l.logprob)));
                         }
                         Ok(Some(JobEvent::Core(CoreEvent::Finished { .. }))) => return Ok(()),
                         Ok(Some(JobEvent::Core(CoreEvent::Accepted))) => {}
@@ -270,7 +347,11 @@ async fn timed(
             }
             .await;
             fleet.jobs.end(job);
-            result.map(|()| (start, times))
+            result.map(|()| Timed {
+                start,
+                times,
+                tokens,
+            })
         }
     }
 }

@@ -99,9 +99,38 @@ struct Attempts {
     work: Vec<crate::ledger::settle::Work>,
     prefill: Option<String>,
     decode: Vec<String>,
+    /// Whose request it is, for a clawback's refund.
+    payer: Option<PaidBy>,
+}
+
+/// Who pays a request, and how (a spot check that fails refunds it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PaidBy {
+    pub account_id: String,
+    pub request_id: String,
+    /// The protocol fee its providers' pay is net of.
+    pub fee_bps: i64,
+    /// Paid per token (false: prepaid capacity, nothing to refund).
+    pub refundable: bool,
 }
 
 impl Credits {
+    /// Credits of a request `payer` pays.
+    fn of(payer: PaidBy) -> Self {
+        let c = Self::default();
+        c.0.lock().unwrap_or_else(|e| e.into_inner()).payer = Some(payer);
+        c
+    }
+
+    /// Who pays the request (`None` for an unmetered one).
+    pub fn payer(&self) -> Option<PaidBy> {
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .payer
+            .clone()
+    }
+
     /// An attempt on `executor` ended having done `work` (accepted only
     /// if it delivered a token).
     pub fn attempt(&self, executor: &str, work: crate::ledger::settle::Work) {
@@ -118,7 +147,13 @@ impl Credits {
     /// What settlement needs (nothing when no relay ran: the hold's own
     /// provider and executors stand).
     fn take(&self) -> crate::ledger::settle::Attribution {
-        let a = std::mem::take(&mut *self.0.lock().unwrap_or_else(|e| e.into_inner()));
+        let a = {
+            let mut g = self.0.lock().unwrap_or_else(|e| e.into_inner());
+            let payer = g.payer.clone();
+            let a = std::mem::take(&mut *g);
+            g.payer = payer;
+            a
+        };
         let stages = a.prefill.map(|prefill| Stages {
             decode: if a.decode.is_empty() {
                 prefill.clone()
@@ -198,6 +233,12 @@ impl Billing {
                 ..ChoiceUse::default()
             })
             .collect();
+        let credits = Credits::of(PaidBy {
+            account_id: payer.account_id.clone(),
+            request_id: request_id.clone(),
+            fee_bps: quote.fee_bps,
+            refundable: held,
+        });
         Ok(Tab {
             ledger: self.ledger.clone(),
             request_id,
@@ -207,7 +248,7 @@ impl Billing {
             closed: false,
             checkpointed: Instant::now(),
             prices: quote.prices,
-            credits: Credits::default(),
+            credits,
         })
     }
 

@@ -11,6 +11,8 @@
 //! - `dispatch`: where each choice runs (house engine or a worker), its
 //!   relay, replay of lost attempts; `placement`: how executors are
 //!   scored; `calibration`: measuring workers.
+//! - `spotcheck`: re-scoring a sample of workers' output on the house
+//!   engine; what a failed check costs the provider.
 //! - `asks`: workers' asks posted on the order book.
 //! - `standing`: persisting providers' measured reputation and uptime.
 //! - `generation`: the one path of a generation (chat, completions) and of
@@ -26,6 +28,7 @@ pub mod limits;
 pub mod metering;
 pub mod models;
 pub mod placement;
+pub mod spotcheck;
 pub mod standing;
 
 use engine::EngineError;

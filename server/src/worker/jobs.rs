@@ -39,6 +39,19 @@ pub struct Running {
     /// and job -> transfer (for cancels).
     incoming: Mutex<HashMap<u64, mpsc::UnboundedSender<Arrival>>>,
     waiting: Mutex<HashMap<u64, u64>>,
+    /// Testing (`--debug-cheat replay`): the tokens of the first job run
+    /// with log-probabilities, sent again for every later job.
+    replay: Option<Mutex<Option<Vec<JobToken>>>>,
+    /// With `replay`: assignments run honestly before it starts.
+    honest_first: u64,
+}
+
+/// How an assignment runs: after which tokens, with what KV, and whether
+/// its tokens are recorded for replay (`--debug-cheat replay`).
+struct Run {
+    resume: Vec<u32>,
+    handoff: Handoff,
+    record: bool,
 }
 
 /// What reaches a split job waiting for its KV.
@@ -71,6 +84,59 @@ fn encode(msg: &FromWorker) -> Out {
 }
 
 impl Running {
+    /// Jobs that replay the first job's tokens instead of running (a
+    /// cheating provider, for tests).
+    pub fn replaying(honest_first: u64) -> Self {
+        Self {
+            replay: Some(Mutex::default()),
+            honest_first,
+            ..Default::default()
+        }
+    }
+
+    /// With `--debug-cheat replay` and a job recorded: answers `a` with
+    /// the recorded tokens; false when it must run for real.
+    fn replayed(&self, a: &Assignment, out: &mpsc::Sender<Out>) -> bool {
+        let Some(canned) = self.replay.as_ref().and_then(|r| lock(r).clone()) else {
+            return false;
+        };
+        let (job, attempt) = (a.job, a.attempt);
+        let room = (a.params.max_tokens as usize)
+            .saturating_sub(a.resume.len())
+            .max(1);
+        let tokens: Vec<JobToken> = canned.into_iter().take(room).collect();
+        let n = tokens.len() as u32;
+        let msgs = [
+            FromWorker::Accepted {
+                v: VERSION,
+                job,
+                attempt,
+            },
+            FromWorker::Tokens {
+                v: VERSION,
+                job,
+                attempt,
+                tokens,
+            },
+            FromWorker::Done {
+                v: VERSION,
+                job,
+                attempt,
+                reason: "length".into(),
+                prompt_tokens: a.prompt.len() as u32,
+                cached_tokens: 0,
+                completion_tokens: n,
+            },
+        ];
+        let out = out.clone();
+        tokio::spawn(async move {
+            for m in msgs {
+                let _ = out.send(encode(&m)).await;
+            }
+        });
+        true
+    }
+
     /// Starts `a` on this worker's engine for its model; a refusal goes
     /// back as `failed` (the server places it elsewhere).
     /// `delay` holds each token back (`--debug-token-delay-ms`).
@@ -95,20 +161,35 @@ impl Running {
                 return;
             }
         };
+        // `--debug-cheat replay`: honest for a while, then the first job
+        // is recorded and sent again for every later one.
+        let record = self.replay.is_some() && n >= self.honest_first;
+        if record && self.replayed(&a, out) {
+            return;
+        }
         let resume = a.resume.clone();
-        self.submit(engine, a, resume, Handoff::default(), out, delay);
+        let run = Run {
+            resume,
+            handoff: Handoff::default(),
+            record,
+        };
+        self.submit(engine, a, run, out, delay);
     }
 
-    /// Submits `a` (continued after `resume`) and forwards its events.
+    /// Submits `a` (continued after `run.resume`) and forwards its events.
     fn submit(
         self: &Arc<Self>,
         engine: EngineHandle,
         a: Assignment,
-        resume: Vec<u32>,
-        handoff: Handoff,
+        run: Run,
         out: &mpsc::Sender<Out>,
         delay: std::time::Duration,
     ) {
+        let Run {
+            resume,
+            handoff,
+            record,
+        } = run;
         let (job, attempt) = (a.job, a.attempt);
         let req = GenerateRequest {
             prompt_tokens: a.prompt,
@@ -124,13 +205,23 @@ impl Running {
         self.lock().insert(job, (engine, raw.id()));
         let (me, out) = (self.clone(), out.clone());
         tokio::spawn(async move {
+            let mut seen = Vec::new();
             while let Some(ev) = raw.next().await {
                 if matches!(ev, CoreEvent::Token { .. }) && !delay.is_zero() {
                     tokio::time::sleep(delay).await;
                 }
-                if out.send(encode(&message(job, attempt, ev))).await.is_err() {
+                let msg = message(job, attempt, ev);
+                if let (true, FromWorker::Tokens { tokens, .. }) = (record, &msg) {
+                    seen.extend(tokens.iter().filter(|t| t.logprob.is_some()).cloned());
+                }
+                if out.send(encode(&msg)).await.is_err() {
                     break; // the connection is gone: dropping `raw` aborts
                 }
+            }
+            if let Some(r) = me.replay.as_ref().filter(|_| record)
+                && !seen.is_empty()
+            {
+                lock(r).get_or_insert(seen);
             }
             me.lock().remove(&job);
         });
@@ -220,7 +311,12 @@ impl Running {
                 import: rows.ok(),
                 ..Default::default()
             };
-            me.submit(engine, a, resume, handoff, &out, delay);
+            let run = Run {
+                resume,
+                handoff,
+                record: false,
+            };
+            me.submit(engine, a, run, &out, delay);
         });
     }
 

@@ -28,6 +28,10 @@ struct Debug {
     token_delay: Duration,
     stall_after: Option<u64>,
     kv: kv::Faults,
+    /// Replay one job's tokens for every later job, after `cheat_after`
+    /// honest ones.
+    replay: bool,
+    cheat_after: u64,
 }
 
 use std::sync::Arc;
@@ -88,6 +92,8 @@ pub async fn run(args: WorkerArgs) -> anyhow::Result<()> {
                 drop_end: args.debug_kv_fault.as_deref() == Some("drop-end"),
                 frame_delay: Duration::from_millis(args.debug_kv_frame_delay_ms),
             },
+            replay: args.debug_cheat.as_deref() == Some("replay"),
+            cheat_after: args.debug_cheat_after,
         };
         match connect_once(&url, &args.token, &register, &models, &mut stop, debug).await? {
             Ended::Leave => break,
@@ -271,7 +277,11 @@ async fn connect_once(
     let mut meter = Meter { last: (0, 0) };
     let mut tick = tokio::time::interval(heartbeat);
     let status = |load| serde_json::to_string(&FromWorker::Status { v: VERSION, load });
-    let running = Arc::new(jobs::Running::default());
+    let running = Arc::new(if debug.replay {
+        jobs::Running::replaying(debug.cheat_after)
+    } else {
+        jobs::Running::default()
+    });
     let (out, mut outgoing) = mpsc::channel::<Out>(OUT_QUEUE);
     let mut draining = false;
     let ended = loop {

@@ -35,6 +35,7 @@ use crate::ledger::HOUSE_PROVIDER;
 use crate::ledger::money::{BPS, Prices};
 use crate::services::ServiceError;
 use crate::services::metering::{Billing, Credits};
+use crate::services::spotcheck::{Sample, SpotCheck, SpotConfig, Verdict};
 use relay::Relay;
 
 mod relay;
@@ -91,6 +92,8 @@ pub struct Dispatch {
     kv_timeout: Duration,
     /// Plans, transfers and the cost model's accuracy.
     pub split: split::SplitStats,
+    /// Spot checks of workers' output.
+    pub spot: SpotCheck,
 }
 
 /// Default `--fleet-kv-timeout`.
@@ -146,6 +149,19 @@ impl<'a> Want<'a> {
     }
 }
 
+/// An attempt under a spot check: where it ran, on what terms, for
+/// whose request.
+#[derive(Debug, Clone)]
+struct Caught {
+    target: Target,
+    terms: Terms,
+    job: u64,
+    attempt: u32,
+    /// Prompt tokens its executor had cached.
+    cached: usize,
+    credits: Option<Credits>,
+}
+
 /// Where one attempt runs.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Target {
@@ -195,6 +211,83 @@ impl Dispatch {
             split_mode: split::SplitMode::default(),
             kv_timeout: KV_TIMEOUT,
             split: split::SplitStats::default(),
+            spot: SpotCheck::default(),
+        }
+    }
+
+    /// Checks workers' output as `c` says (`--spot-check-*`).
+    pub fn with_spot_checks(mut self, c: SpotConfig) -> Self {
+        self.spot = SpotCheck::new(c);
+        self
+    }
+
+    /// Runs a spot check of an attempt `target` (a worker, on `terms`)
+    /// delivered, in the background; a failure costs its provider.
+    fn spot_check(self: &Arc<Self>, house: EngineHandle, caught: Caught, sample: Sample) {
+        let me = self.clone();
+        tokio::spawn(async move {
+            if let Some(Verdict::Fail(why)) = me.spot.check(&house, &sample).await {
+                me.caught(caught, &sample, &why).await;
+            }
+        });
+    }
+
+    /// Quarantines worker `id` of `provider`, caught cheating: no more
+    /// work, its token refused, its provider's standing cut.
+    pub fn quarantine(&self, id: &str, provider: &str, why: &str) {
+        tracing::warn!(worker = %id, %provider, reason = %why, "quarantining a worker");
+        self.fleet
+            .standing
+            .cheated(provider, crate::services::spotcheck::CHEAT_WEIGHT);
+        self.fleet.quarantine(id);
+    }
+
+    /// A worker's attempt failed its spot check: its provider's standing
+    /// takes the hit, the worker is quarantined, the pay is clawed back
+    /// and the user refunded.
+    async fn caught(&self, c: Caught, sample: &Sample, why: &str) {
+        let Target::Worker(id, provider, label) = &c.target else {
+            return;
+        };
+        tracing::warn!(worker = %label, job = c.job, attempt = c.attempt, "clawing back the pay of a failed spot check");
+        self.quarantine(id, provider, why);
+        let (Some(b), Some(p)) = (&self.billing, c.credits.as_ref().and_then(Credits::payer))
+        else {
+            return;
+        };
+        let tokens = crate::ledger::money::Tokens {
+            prompt: sample.context.len() as u64,
+            cached: c.cached.min(sample.context.len()) as u64,
+            completion: sample.tokens.len() as u64,
+        };
+        let quote = crate::ledger::Quote {
+            provider_id: provider.clone(),
+            model: String::new(),
+            prices: c.terms.prices,
+            fee_bps: p.fee_bps,
+            payout_bps: c.terms.payout_bps,
+            stages: Default::default(),
+        };
+        let cost = quote.cost(tokens).max(0);
+        let work = crate::ledger::settle::Work {
+            provider: provider.clone(),
+            prices: c.terms.prices,
+            payout_bps: c.terms.payout_bps,
+            tokens,
+        };
+        let pay: i64 = crate::ledger::settle::payees(p.fee_bps, cost, &[work])
+            .iter()
+            .map(|x| x.1)
+            .sum();
+        let refund = if p.refundable { cost } else { 0 };
+        let key = format!("{}:{}:{}", p.request_id, c.job, c.attempt);
+        let memo = format!("spot check failed on {label}: {why}");
+        if let Err(e) = b
+            .ledger
+            .clawback(&key, provider, &p.account_id, pay, refund, &memo)
+            .await
+        {
+            tracing::error!(error = %e, %key, "the clawback failed");
         }
     }
 
@@ -382,6 +475,8 @@ impl Dispatch {
             cached: 0,
             timing: stages::Timing::start(),
             prefilled: None,
+            check: false,
+            observed: Vec::new(),
         };
         tokio::spawn(relay.run());
         RequestStream::relay(

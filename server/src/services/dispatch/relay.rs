@@ -13,7 +13,7 @@ use tokio::sync::{mpsc, watch};
 
 use super::split::{Estimate, Prefilled, SplitPlan};
 use super::stages::Timing;
-use super::{CANCEL_WAIT, Dispatch, HOUSE, MAX_ATTEMPTS, Target, Want};
+use super::{CANCEL_WAIT, Caught, Dispatch, HOUSE, MAX_ATTEMPTS, Target, Want};
 use crate::fleet::jobs::JobEvent;
 use crate::fleet::protocol::{JobParams, ToWorker, VERSION};
 use crate::fleet::registry::Registry;
@@ -21,6 +21,7 @@ use crate::ledger::money::Tokens;
 use crate::ledger::settle::Work;
 use crate::services::metering::Credits;
 use crate::services::placement::Terms;
+use crate::services::spotcheck::Sample;
 
 /// How an attempt ended.
 pub(super) enum Attempt {
@@ -56,6 +57,10 @@ pub(super) struct Relay {
     pub(super) cached: usize,
     /// A split attempt's prefill (`None` for a colocated one).
     pub(super) prefilled: Option<Prefilled>,
+    /// The current attempt is spot-checked: its tokens and the
+    /// log-probabilities its worker reported.
+    pub(super) check: bool,
+    pub(super) observed: Vec<(u32, Option<f32>)>,
 }
 
 impl Relay {
@@ -107,6 +112,14 @@ impl Relay {
                     self.dispatch.ran_prefix(plan.prefill.key(), &self.prompt);
                 }
             }
+            self.observed.clear();
+            self.check = match (&target, &split) {
+                (Target::Worker(_, provider, _), None) => {
+                    let jobs = self.dispatch.fleet.standing.get(provider).jobs_ok;
+                    self.dispatch.spot.pick(jobs)
+                }
+                _ => false,
+            };
             let key = target.key().to_string();
             self.dispatch.measure(&key, |m| m.outstanding += 1);
             let outcome = match (&target, &split) {
@@ -126,6 +139,9 @@ impl Relay {
                 .measure(&key, |m| m.outstanding = m.outstanding.saturating_sub(1));
             self.dispatch.admission.room.notify_waiters();
             self.account(&target, &terms, before, matches!(outcome, Attempt::Lost(_)));
+            if self.check && matches!(outcome, Attempt::Over) && !self.observed.is_empty() {
+                self.spot_check(&target, &terms, attempt, before);
+            }
             match outcome {
                 Attempt::Over => break,
                 Attempt::Lost(why) => {
@@ -151,6 +167,32 @@ impl Relay {
             }
         }
         self.dispatch.fleet.jobs.end(self.job);
+    }
+
+    /// Hands the attempt that just ended to a spot check.
+    fn spot_check(&mut self, target: &Target, terms: &Terms, attempt: u32, before: usize) {
+        let p = &self.params;
+        let plain_greedy = p.temperature < 1e-5
+            && p.repetition_penalty == 1.0
+            && p.frequency_penalty == 0.0
+            && p.presence_penalty == 0.0
+            && p.logit_bias.is_empty();
+        let mut context = self.prompt.clone();
+        context.extend_from_slice(&self.delivered[..before]);
+        let sample = Sample {
+            context,
+            tokens: std::mem::take(&mut self.observed),
+            plain_greedy,
+        };
+        let caught = Caught {
+            target: target.clone(),
+            terms: terms.clone(),
+            job: self.job,
+            attempt,
+            cached: self.cached,
+            credits: self.credits.clone(),
+        };
+        self.dispatch.spot_check(self.house.clone(), caught, sample);
     }
 
     /// The cost model's estimate for attempt `attempt` on `target`, and
@@ -336,6 +378,12 @@ impl Relay {
                     });
                 }
                 self.delivered.push(id);
+                if self.check {
+                    self.observed
+                        .push((id, logprob.as_ref().map(|l| l.logprob)));
+                }
+                // Asked of the worker for a spot check only: not the client's.
+                let logprob = logprob.filter(|_| self.params.logprobs.is_some());
                 if !self.accepted {
                     self.accepted = true;
                     let _ = self.tx.send(CoreEvent::Accepted);
@@ -395,6 +443,10 @@ impl Relay {
         let fleet = self.dispatch.fleet.clone();
         let (jtx, mut jrx) = mpsc::unbounded_channel();
         fleet.jobs.place(self.job, worker, attempt, jtx);
+        let mut params = job_params(&self.params);
+        if self.check {
+            params.logprobs.get_or_insert(0);
+        }
         let assign = ToWorker::Assign {
             v: VERSION,
             job: self.job,
@@ -402,7 +454,7 @@ impl Relay {
             model: self.model.clone(),
             prompt: self.prompt.clone(),
             resume: self.delivered.clone(),
-            params: job_params(&self.params),
+            params,
             kv: None,
         };
         if !fleet.send(worker, assign).await {

@@ -1,0 +1,249 @@
+//! Spot checks of untrusted providers: a sample of the attempts workers
+//! complete (a high share for providers with few jobs, a lower one for
+//! proven ones) is re-scored on the house engine, the trusted executor,
+//! with one prefill over the attempt's context and its output. An attempt
+//! passes when every token's log-probability as the worker reported it
+//! agrees with the reference within `tolerance` (calibrated on honest runs
+//! of the backend pair: identical CPU builds agree exactly, see
+//! BENCHMARKS.md), and, for a greedy attempt without penalties, every
+//! token is in the reference's top `top_k`. Exact text is never required.
+//!
+//! A failed check claws the attempt's pay back from its provider (the
+//! provider owes it if its balance is short) and refunds its user, cuts
+//! the provider's reputation as many lost attempts, and quarantines the
+//! worker: it gets no more work, and its token is refused until an admin
+//! clears it.
+
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::time::Instant;
+
+use engine::EngineHandle;
+use engine::core::TokenScore;
+use rand::Rng;
+
+/// A failed check weighs this many lost attempts in the reputation.
+pub const CHEAT_WEIGHT: u64 = 200;
+
+/// How much is checked, and how strictly (`--spot-check-*`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SpotConfig {
+    /// Share of a new provider's attempts checked.
+    pub new_rate: f64,
+    /// Share of a proven provider's attempts checked.
+    pub rate: f64,
+    /// Attempts delivered after which a provider counts as proven.
+    pub proven_after: u64,
+    /// Greedy tokens must be among the reference's `top_k` most likely.
+    pub top_k: u32,
+    /// Largest difference of log-probabilities (nats) that passes.
+    pub tolerance: f32,
+}
+
+impl Default for SpotConfig {
+    fn default() -> Self {
+        Self {
+            new_rate: 0.25,
+            rate: 0.02,
+            proven_after: 200,
+            top_k: 4,
+            tolerance: 0.25,
+        }
+    }
+}
+
+/// What one checked attempt delivered.
+#[derive(Debug, Clone)]
+pub struct Sample {
+    /// The tokens before the attempt's output (prompt and replayed ones).
+    pub context: Vec<u32>,
+    /// Each delivered token with the log-probability the worker reported.
+    pub tokens: Vec<(u32, Option<f32>)>,
+    /// Greedy with no penalties or bias: its tokens must rank top-k.
+    pub plain_greedy: bool,
+}
+
+/// How a check came out.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Verdict {
+    /// Passed, with its largest log-probability difference.
+    Pass(f32),
+    Fail(String),
+}
+
+/// Judges `sample` against the reference `scores` of its tokens.
+pub fn judge(c: &SpotConfig, sample: &Sample, scores: &[TokenScore]) -> Verdict {
+    if scores.len() != sample.tokens.len() {
+        return Verdict::Fail(format!(
+            "{} tokens scored for {} delivered",
+            scores.len(),
+            sample.tokens.len()
+        ));
+    }
+    let mut worst = 0f32;
+    for (i, (s, (token, reported))) in scores.iter().zip(&sample.tokens).enumerate() {
+        let Some(lp) = reported.filter(|v| v.is_finite() && *v <= 0.0) else {
+            return Verdict::Fail(format!("token {i}: no valid log-probability reported"));
+        };
+        if s.token != *token {
+            return Verdict::Fail(format!("token {i}: scored {} for {token}", s.token));
+        }
+        if sample.plain_greedy && s.rank >= c.top_k {
+            return Verdict::Fail(format!(
+                "token {i} ({token}) is the reference's #{} choice, outside its top {}",
+                s.rank + 1,
+                c.top_k
+            ));
+        }
+        let d = (lp - s.logprob).abs();
+        if d.is_nan() || d > c.tolerance {
+            return Verdict::Fail(format!(
+                "token {i} ({token}): log-probability {lp:.3} reported, {:.3} by the reference",
+                s.logprob
+            ));
+        }
+        worst = worst.max(d);
+    }
+    Verdict::Pass(worst)
+}
+
+/// The checker: its settings and counters.
+#[derive(Debug, Default)]
+pub struct SpotCheck {
+    pub config: SpotConfig,
+    pub passed: AtomicU64,
+    pub failed: AtomicU64,
+    /// Checks that could not run (the reference was busy or gone).
+    pub skipped: AtomicU64,
+    /// Trusted compute spent on checks, and on everything the house ran.
+    pub check_micros: AtomicU64,
+    /// Tokens re-scored.
+    pub tokens: AtomicU64,
+    /// The largest difference of a passing check (nats, as f32 bits).
+    worst_pass: Mutex<f32>,
+}
+
+impl SpotCheck {
+    pub fn new(config: SpotConfig) -> Self {
+        Self {
+            config,
+            ..Default::default()
+        }
+    }
+
+    /// Whether to check an attempt of a provider with `delivered`
+    /// attempts to its name.
+    pub fn pick(&self, delivered: u64) -> bool {
+        let c = &self.config;
+        let rate = if delivered < c.proven_after {
+            c.new_rate
+        } else {
+            c.rate
+        };
+        rate > 0.0 && rand::rng().random_bool(rate.min(1.0))
+    }
+
+    /// Scores `sample` on the house engine and judges it (`None`: the
+    /// check could not run).
+    pub async fn check(&self, house: &EngineHandle, sample: &Sample) -> Option<Verdict> {
+        let started = Instant::now();
+        let mut all = sample.context.clone();
+        all.extend(sample.tokens.iter().map(|t| t.0));
+        let scored = house.score(all, sample.context.len()).await;
+        self.check_micros
+            .fetch_add(started.elapsed().as_micros() as u64, Relaxed);
+        let scores = match scored {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(error = %e, "a spot check could not run");
+                self.skipped.fetch_add(1, Relaxed);
+                return None;
+            }
+        };
+        self.tokens.fetch_add(scores.len() as u64, Relaxed);
+        let v = judge(&self.config, sample, &scores);
+        match &v {
+            Verdict::Pass(d) => {
+                self.passed.fetch_add(1, Relaxed);
+                let mut w = self.worst_pass.lock().unwrap_or_else(|e| e.into_inner());
+                *w = w.max(*d);
+            }
+            Verdict::Fail(_) => {
+                self.failed.fetch_add(1, Relaxed);
+            }
+        }
+        Some(v)
+    }
+
+    /// The largest log-probability difference a passing check had.
+    pub fn worst_pass(&self) -> f32 {
+        *self.worst_pass.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn score(token: u32, logprob: f32, rank: u32) -> TokenScore {
+        TokenScore {
+            token,
+            logprob,
+            rank,
+        }
+    }
+
+    fn sample(tokens: &[(u32, Option<f32>)], plain_greedy: bool) -> Sample {
+        Sample {
+            context: vec![1, 2, 3],
+            tokens: tokens.to_vec(),
+            plain_greedy,
+        }
+    }
+
+    #[test]
+    fn honest_tokens_pass_and_each_kind_of_lie_fails() {
+        let c = SpotConfig::default();
+        let refs = [score(5, -0.1, 0), score(9, -2.5, 3)];
+        let honest = sample(&[(5, Some(-0.1)), (9, Some(-2.45))], false);
+        assert!(matches!(judge(&c, &honest, &refs), Verdict::Pass(d) if (d - 0.05).abs() < 1e-6));
+        // Greedy without penalties: the second token ranks 4th, inside
+        // the top 4; 5th would not be.
+        assert!(matches!(
+            judge(&c, &sample(&honest.tokens, true), &refs),
+            Verdict::Pass(_)
+        ));
+        let fifth = [score(5, -0.1, 0), score(9, -2.5, 4)];
+        assert!(
+            matches!(judge(&c, &sample(&honest.tokens, true), &fifth), Verdict::Fail(m) if m.contains("top 4"))
+        );
+        // Logprobs that do not match, or none at all, or nonsense.
+        for bad in [Some(-1.0), None, Some(0.5), Some(f32::NAN)] {
+            let s = sample(&[(5, Some(-0.1)), (9, bad)], false);
+            assert!(matches!(judge(&c, &s, &refs), Verdict::Fail(_)), "{bad:?}");
+        }
+        // A token count that does not match what was scored.
+        assert!(matches!(
+            judge(&c, &sample(&[(5, Some(-0.1))], false), &refs),
+            Verdict::Fail(_)
+        ));
+    }
+
+    #[test]
+    fn new_providers_are_checked_more_often() {
+        let s = SpotCheck::new(SpotConfig {
+            new_rate: 1.0,
+            rate: 0.0,
+            proven_after: 10,
+            ..Default::default()
+        });
+        assert!((0..100).all(|_| s.pick(9)));
+        assert!((0..100).all(|_| !s.pick(10)));
+        let half = SpotCheck::new(SpotConfig {
+            new_rate: 0.5,
+            ..Default::default()
+        });
+        let n = (0..4000).filter(|_| half.pick(0)).count();
+        assert!((1700..2300).contains(&n), "{n}");
+    }
+}
