@@ -198,9 +198,10 @@ impl Ledger {
 
     /// Claws back what a provider was paid for work that failed a spot
     /// check and refunds its user, once per `key` (a repeat does nothing
-    /// and answers `None`): `pay` from the provider to the treasury (the
-    /// provider owes it if its balance is short), `refund` from the
-    /// treasury to `payer`. One journal transaction of kind `clawback`.
+    /// and answers `None`): `pay` from the provider to the treasury, at
+    /// most what the provider has available (the treasury bears the
+    /// rest), and `refund` from the treasury to `payer`. One journal
+    /// transaction of kind `clawback`; answers it and the amount clawed.
     pub async fn clawback(
         &self,
         key: &str,
@@ -209,15 +210,17 @@ impl Ledger {
         pay: Amount,
         refund: Amount,
         memo: &str,
-    ) -> Result<Option<String>, LedgerError> {
+    ) -> Result<Option<(String, Amount)>, LedgerError> {
         for a in [pay, refund].into_iter().filter(|&a| a != 0) {
             money::check_amount("clawback", a).map_err(LedgerError::InvalidAmount)?;
         }
-        if self.account(provider_id).await?.kind != AccountKind::Provider.as_str() {
+        let p = self.account(provider_id).await?;
+        if p.kind != AccountKind::Provider.as_str() {
             return Err(LedgerError::WrongAccount(format!(
                 "clawbacks apply to provider accounts, not `{provider_id}`"
             )));
         }
+        let pay = pay.min(p.available().max(0));
         self.account(payer).await?;
         let mut tx = self.db.pool.begin().await?;
         let tx_id = format!("clawback:{key}");
@@ -242,13 +245,16 @@ impl Ledger {
         for (id, delta) in moves.into_iter().filter(|m| m.1 != 0) {
             let done = sqlx::query(
                 "UPDATE accounts SET balance = balance + $1 WHERE id = $2 \
-                 AND balance + $3 BETWEEN $4 AND $5",
+                 AND balance + $3 BETWEEN $4 AND $5 \
+                 AND ($6 > 0 OR unlimited = 1 OR balance - held + $7 >= -credit_limit)",
             )
             .bind(delta)
             .bind(id)
             .bind(delta)
             .bind(-MAX_BALANCE)
             .bind(MAX_BALANCE)
+            .bind(delta)
+            .bind(delta)
             .execute(&mut *tx)
             .await?;
             if done.rows_affected() == 0 {
@@ -263,7 +269,7 @@ impl Ledger {
                 .await?;
         }
         tx.commit().await?;
-        Ok(Some(tx_id))
+        Ok(Some((tx_id, pay)))
     }
 
     /// Moves `amount` (`0 < amount <= MAX_AMOUNT`) from one account to

@@ -643,6 +643,66 @@ async fn providers_pay_penalties_to_the_treasury_within_their_funds() {
 }
 
 #[tokio::test]
+async fn a_clawback_takes_the_pay_back_and_refunds_the_user_once() {
+    for l in ledgers().await {
+        let user = l
+            .create_account(AccountKind::User, "claw", 0)
+            .await
+            .expect("user");
+        let provider = l
+            .create_account(AccountKind::Provider, "cheat", 0)
+            .await
+            .expect("provider");
+        l.top_up(&provider.id, 1_000, "earned")
+            .await
+            .expect("top up");
+        let balance = |id: String| {
+            let l = l.clone();
+            async move { l.account(&id).await.expect("account").balance }
+        };
+        let key = format!("req-{}:1:1", l.instance());
+        let (_, clawed) = l
+            .clawback(&key, &provider.id, &user.id, 300, 400, "caught")
+            .await
+            .expect("clawback")
+            .expect("done");
+        assert_eq!(clawed, 300);
+        assert_eq!(balance(provider.id.clone()).await, 700);
+        assert_eq!(balance(user.id.clone()).await, 400);
+        // Once per key.
+        let again = l
+            .clawback(&key, &provider.id, &user.id, 300, 400, "caught")
+            .await
+            .expect("repeat");
+        assert_eq!(again, None);
+        assert_eq!(balance(provider.id.clone()).await, 700);
+        // Never more than the provider has (the treasury bears the rest);
+        // prepaid capacity refunds nothing.
+        let key2 = format!("req2-{}:1:1", l.instance());
+        let (_, clawed) = l
+            .clawback(&key2, &provider.id, &user.id, 5_000, 0, "caught")
+            .await
+            .expect("no refund")
+            .expect("done");
+        assert_eq!(clawed, 700);
+        assert_eq!(balance(provider.id.clone()).await, 0);
+        assert_eq!(balance(user.id.clone()).await, 400);
+        // Only providers are clawed from; amounts are checked.
+        assert!(matches!(
+            l.clawback("k3", &user.id, &provider.id, 1, 1, "x").await,
+            Err(LedgerError::WrongAccount(_))
+        ));
+        assert!(matches!(
+            l.clawback("k4", &provider.id, &user.id, -1, 1, "x").await,
+            Err(LedgerError::InvalidAmount(_))
+        ));
+        let j = l.journal(Some(&provider.id), 10).await.expect("journal");
+        assert_eq!(j.iter().filter(|t| t.kind == "clawback").count(), 2);
+        assert_clean(&l).await;
+    }
+}
+
+#[tokio::test]
 async fn charges_bill_known_costs_once_and_never_overdraw() {
     for l in ledgers().await {
         let user = l

@@ -280,6 +280,13 @@ impl Dispatch {
             .map(|x| x.1)
             .sum();
         let refund = if p.refundable { cost } else { 0 };
+        // Its pay lands when the request settles: claw after that.
+        for _ in 0..600 {
+            if matches!(b.ledger.usage_of(&p.request_id).await, Ok(Some(_))) {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
         let key = format!("{}:{}:{}", p.request_id, c.job, c.attempt);
         let memo = format!("spot check failed on {label}: {why}");
         if let Err(e) = b
