@@ -247,6 +247,11 @@ pub struct ServeArgs {
     #[arg(long, env = "SYNOR_FLEET_QUEUE_TIMEOUT", default_value_t = 30.0)]
     pub fleet_queue_timeout: f64,
 
+    /// A choice a worker has not started after this many milliseconds
+    /// (queued behind others) is taken by an idle worker.
+    #[arg(long, env = "SYNOR_FLEET_STEAL_AFTER_MS", default_value_t = 1000)]
+    pub fleet_steal_after_ms: u64,
+
     /// Prefill a choice's prompt on another worker than its decode, the
     /// KV moved between them: `auto` when the cost model expects it to
     /// pay, `always` whenever a second worker can, `never`.

@@ -135,6 +135,7 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
                 top_k: args.spot_check_top_k.max(1),
                 tolerance: args.spot_check_tolerance.max(0.0),
             })
+            .with_steal_after(std::time::Duration::from_millis(args.fleet_steal_after_ms))
             .with_split(
                 args.fleet_split,
                 seconds(args.fleet_kv_timeout, 0.05, 3600.0),

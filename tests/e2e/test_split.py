@@ -1,8 +1,9 @@
-"""Prefill on one worker, decode on another (issue 15), with real worker
-processes on loopback: the KV moves through the server as checksummed
-frames, the decode worker verifies it before its first step, and any
-doubt (a corrupted frame, a missing end, the prefill worker killed
-mid-transfer) ends in a recompute, never in wrong text."""
+"""The heterogeneous pipeline (issue 15), with real worker processes on
+loopback. Prefill on one worker, decode on another: the KV moves through
+the server as checksummed frames, the decode worker verifies it before
+its first step, and any doubt (a corrupted frame, a missing end, the
+prefill worker killed mid-transfer) ends in a recompute, never in wrong
+text. Work stealing: an idle worker takes choices queued on a busy one."""
 
 import re
 import signal
@@ -11,7 +12,7 @@ import time
 import urllib.request
 
 from conftest import http_call
-from test_fleet import (complete, fleet, open_server, provider_token, start_worker, stop,
+from test_fleet import (complete, fleet, open_server, provider_token, sdk, start_worker, stop,
                         wait_for, workers_up)
 
 # Long enough that the decode worker lacks at least 32 prompt tokens.
@@ -29,7 +30,7 @@ def metrics(base):
     text = urllib.request.urlopen(base + "/metrics", timeout=10).read().decode()
     out = {}
     for line in text.splitlines():
-        m = re.match(r"^(synor:(?:kv_transfer|fleet_plans)\w*)(\{[^}]*\})? (\S+)$", line)
+        m = re.match(r"^(synor:(?:kv_transfer|fleet_plans|fleet_steals)\w*)(\{[^}]*\})? (\S+)$", line)
         if m:
             out[m.group(1) + (m.group(2) or "")] = float(m.group(3))
     return out
@@ -154,3 +155,47 @@ def test_a_transfer_in_doubt_is_recomputed_and_the_text_stays_right():
         for p in procs:
             stop(p)
         srv["gen"].close()
+
+
+def test_an_idle_worker_takes_work_queued_on_a_busy_one():
+    # The real model, one sequence at a time on the busy worker: about a
+    # second a request, so the others wait in its queue.
+    from conftest import ADMIN_TOKEN, _start
+    from test_spotcheck import SMOL, worker
+    gen = _start("--embedding-model", "none", "--admin-token", ADMIN_TOKEN,
+                 "--placement-house-factor", "1000", "--fleet-steal-after-ms", "300")
+    base = next(gen)["base"]
+    procs = []
+    try:
+        client = sdk(base)
+
+        def complete_smol(p):
+            return client.completions.create(
+                model=SMOL, prompt=p, max_tokens=160, temperature=0,
+                extra_body={"ignore_eos": True}, extra_headers={"x-synor-cache": "bypass"},
+            ).choices[0].text
+        prompts = [f"Story number {i}:" for i in range(6)]
+        want = {p: complete_smol(p) for p in prompts}
+        created = provider_token(base)
+        procs.append(worker(base, created["token"], "busy", "--max-num-seqs", "1"))
+        workers_up(base, procs, 1)
+        got, errors = {}, []
+
+        def one(p):
+            try:
+                got[p] = complete_smol(p)
+            except Exception as e:  # noqa: BLE001 - reported below
+                errors.append(repr(e))
+        threads = [threading.Thread(target=one, args=(p,)) for p in prompts]
+        [t.start() for t in threads]
+        wait_for(lambda: [w for w in fleet(base) if w["jobs_running"] >= 3], what="a queue")
+        procs.append(worker(base, created["token"], "idle"))
+        [t.join(timeout=120) for t in threads]
+        assert errors == [] and got == want, (errors, got)
+        delivered = {w["name"]: w["tokens_delivered"] for w in fleet(base)}
+        assert delivered["idle"] > 0, delivered
+        assert metrics(base)["synor:fleet_steals_total"] >= 1
+    finally:
+        for p in procs:
+            stop(p)
+        gen.close()

@@ -274,7 +274,7 @@ fn spot_metrics(out: &mut String, s: &crate::services::spotcheck::SpotCheck) {
 }
 
 /// Prefill/decode plans, KV transfers, and the cost model's accuracy.
-fn split_metrics(out: &mut String, s: &SplitStats, fleet: &Registry) {
+fn split_metrics(out: &mut String, s: &SplitStats, fleet: &Registry, steals: u64) {
     use std::sync::atomic::Ordering::Relaxed;
     let name = "synor:fleet_plans_total";
     Family {
@@ -286,6 +286,14 @@ fn split_metrics(out: &mut String, s: &SplitStats, fleet: &Registry) {
     for (plan, v) in [("colocated", &s.colocated), ("split", &s.split)] {
         let _ = writeln!(out, "{name}{{plan=\"{plan}\"}} {}", v.load(Relaxed));
     }
+    let name = "synor:fleet_steals_total";
+    Family {
+        name,
+        kind: "counter",
+        help: "Choices a worker had not started, taken by an idle worker.",
+    }
+    .header(out);
+    let _ = writeln!(out, "{name} {}", steals);
     let name = "synor:kv_transfers_total";
     Family {
         name,
@@ -451,7 +459,8 @@ pub fn render(
     queue_metrics(&mut out, dispatch.queued());
     stage_metrics(&mut out, &dispatch.stages.totals());
     utilization_metrics(&mut out, &dispatch.utilization.report());
-    split_metrics(&mut out, &dispatch.split, fleet);
+    let steals = dispatch.steals.load(std::sync::atomic::Ordering::Relaxed);
+    split_metrics(&mut out, &dispatch.split, fleet, steals);
     spot_metrics(&mut out, &dispatch.spot);
     let text: Vec<(String, engine::EngineStats, engine::LatencyStats)> = models
         .list()

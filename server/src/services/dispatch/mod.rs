@@ -94,7 +94,15 @@ pub struct Dispatch {
     pub split: split::SplitStats,
     /// Spot checks of workers' output.
     pub spot: SpotCheck,
+    /// A choice a worker has not started after this long goes to an idle
+    /// worker (`--fleet-steal-after-ms`).
+    steal_after: Duration,
+    /// Choices taken over that way (for `/metrics`).
+    pub steals: std::sync::atomic::AtomicU64,
 }
+
+/// Default `--fleet-steal-after-ms`.
+const STEAL_AFTER: Duration = Duration::from_secs(1);
 
 /// Default `--fleet-kv-timeout`.
 const KV_TIMEOUT: Duration = Duration::from_secs(10);
@@ -212,7 +220,27 @@ impl Dispatch {
             kv_timeout: KV_TIMEOUT,
             split: split::SplitStats::default(),
             spot: SpotCheck::default(),
+            steal_after: STEAL_AFTER,
+            steals: Default::default(),
         }
+    }
+
+    /// Lets an idle worker take a choice another has not started after `d`.
+    pub fn with_steal_after(mut self, d: Duration) -> Self {
+        self.steal_after = d;
+        self
+    }
+
+    /// Whether a calibrated worker other than `except`, serving `model`,
+    /// runs nothing for this server now.
+    fn idle_worker(&self, model: &str, except: &str) -> bool {
+        let measures = lock(&self.measures);
+        self.fleet.serving(model).iter().any(|w| {
+            w.id != except
+                && measures
+                    .get(&w.id)
+                    .is_some_and(|m| m.profile.is_some() && m.outstanding == 0)
+        })
     }
 
     /// Checks workers' output as `c` says (`--spot-check-*`).

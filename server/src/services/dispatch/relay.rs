@@ -29,6 +29,9 @@ pub(super) enum Attempt {
     Over,
     /// The executor was lost: replay elsewhere.
     Lost(String),
+    /// It had not started the choice while another worker sat idle: the
+    /// idle one takes it (work stealing; not the first one's fault).
+    Stolen,
 }
 
 /// One choice's relay.
@@ -138,12 +141,21 @@ impl Relay {
             self.dispatch
                 .measure(&key, |m| m.outstanding = m.outstanding.saturating_sub(1));
             self.dispatch.admission.room.notify_waiters();
+            if matches!(outcome, Attempt::Stolen) {
+                tracing::info!(job = self.job, from = %key, attempt, "an idle worker takes a choice still queued");
+                self.dispatch
+                    .steals
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                tried.push(key);
+                continue;
+            }
             self.account(&target, &terms, before, matches!(outcome, Attempt::Lost(_)));
             if self.check && matches!(outcome, Attempt::Over) && !self.observed.is_empty() {
                 self.spot_check(&target, &terms, attempt, before);
             }
             match outcome {
                 Attempt::Over => break,
+                Attempt::Stolen => {}
                 Attempt::Lost(why) => {
                     tracing::warn!(job = self.job, executor = %key, attempt, delivered = self.delivered.len(), reason = %why, "attempt lost; replaying");
                     self.dispatch
@@ -462,12 +474,23 @@ impl Relay {
         }
         let mut arrivals = VecDeque::new();
         let mut cancelled: Option<Instant> = None;
+        let started = Instant::now();
+        let before = self.delivered.len();
+        let mut look = tokio::time::interval(STEAL_LOOK);
         loop {
             let patience = match cancelled {
                 Some(at) => CANCEL_WAIT.saturating_sub(at.elapsed()),
                 None => self.dispatch.progress,
             };
             tokio::select! {
+                _ = look.tick(), if cancelled.is_none() && self.delivered.len() == before && attempt < MAX_ATTEMPTS => {
+                    if started.elapsed() >= self.dispatch.steal_after
+                        && self.dispatch.idle_worker(&self.model, worker)
+                    {
+                        cancel(&fleet, worker, self.job).await;
+                        return Attempt::Stolen;
+                    }
+                }
                 ev = tokio::time::timeout(patience, jrx.recv()) => match ev {
                     Ok(Some(JobEvent::Core(ev))) => {
                         if let Some(done) = self.forward(ev, worker, &mut arrivals) {
@@ -503,6 +526,9 @@ pub(super) async fn cancel(fleet: &Registry, worker: &str, job: u64) {
         .send(worker, ToWorker::Cancel { v: VERSION, job })
         .await;
 }
+
+/// How often a queued attempt looks for an idle worker to take it.
+const STEAL_LOOK: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// Token arrivals a decode step is measured over.
 const STEP_WINDOW: usize = 16;
