@@ -3,7 +3,8 @@
 //! `PREFILL` random tokens (the time to the first token, best of two), then
 //! decoding `DECODE` tokens alone and four sequences at once (the time to
 //! the last token over the tokens, the median over sequences). A worker gets no work until it is calibrated, and is
-//! measured again every `RECALIBRATE`; what it reports about itself is
+//! measured again every `RECALIBRATE` (sooner, `DRIFT_RECHECK`, when its
+//! observed steps drift past 2x of its profile); what it reports about itself is
 //! shown to admins, never used. The challenge travels as ordinary
 //! assignments, so a worker cannot tell it from real traffic. The house
 //! engine is calibrated the same way at start-up.
@@ -39,6 +40,9 @@ const DECODE: usize = 24;
 const JOB_TIMEOUT: Duration = Duration::from_secs(60);
 /// How often a calibrated worker is measured again.
 const RECALIBRATE: Duration = Duration::from_secs(600);
+/// How soon after a calibration a worker whose steps drifted from its
+/// profile is measured again.
+const DRIFT_RECHECK: Duration = Duration::from_secs(30);
 /// How often the calibrator looks for workers to measure.
 const SCAN: Duration = Duration::from_millis(200);
 
@@ -69,7 +73,11 @@ pub async fn run(fleet: Arc<Registry>, models: Arc<ModelRegistry>, dispatch: Arc
         for w in workers {
             let due = match (&w.state[..], &w.profile) {
                 ("calibrating", _) => true,
-                ("active", Some(p)) => now - p.measured_at >= RECALIBRATE.as_secs() as i64,
+                ("active", Some(p)) => {
+                    let age = now - p.measured_at;
+                    age >= RECALIBRATE.as_secs() as i64
+                        || (age >= DRIFT_RECHECK.as_secs() as i64 && dispatch.drifted(&w.id))
+                }
                 _ => false,
             };
             if !due

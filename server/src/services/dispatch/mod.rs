@@ -231,6 +231,15 @@ impl Dispatch {
         self
     }
 
+    /// Whether executor `key`'s observed steps have drifted from its
+    /// calibrated profile (the learned correction is past 2x either way):
+    /// it gets less work meanwhile, and calibration measures it again.
+    pub fn drifted(&self, key: &str) -> bool {
+        lock(&self.measures)
+            .get(key)
+            .is_some_and(|m| m.profile.is_some() && !(0.5..=2.0).contains(&m.correction))
+    }
+
     /// Whether a calibrated worker other than `except`, serving `model`,
     /// runs nothing for this server now.
     fn idle_worker(&self, model: &str, except: &str) -> bool {
@@ -1026,6 +1035,25 @@ mod tests {
         // The house's capacity runs on the house engine.
         let house_only = want(Some(HOUSE_PROVIDER));
         assert_eq!(d.place(&house_only, &[]).0, Target::House);
+    }
+
+    #[test]
+    fn a_worker_whose_steps_drift_from_its_profile_gets_less_work_and_is_flagged() {
+        let fleet = Arc::new(Registry::default());
+        let d = by_time(&fleet);
+        let (a, b) = (worker(&fleet, "a"), worker(&fleet, "b"));
+        calibrate(&fleet, &d, &[&a, &b], profile(5.0, 8.0));
+        assert!(!d.drifted(&a) && !d.drifted(&b));
+        // `a` now takes 4x its profile's step: its correction follows.
+        for _ in 0..200 {
+            d.measure(&a, |m| m.observe(20.0));
+        }
+        assert!(d.drifted(&a), "calibration should measure it again");
+        let p: Vec<u32> = (0..64).collect();
+        assert_eq!(place(&d, &[], &p, 50).0.key(), b, "less work meanwhile");
+        // A recalibration resets the correction.
+        d.set_profile(&a, profile(20.0, 24.0));
+        assert!(!d.drifted(&a));
     }
 
     #[test]
