@@ -24,6 +24,9 @@ pub(crate) const FULL_PENALTY: f64 = 4.0;
 pub(crate) struct Measure {
     /// Choices it runs for this server now.
     pub(crate) outstanding: u32,
+    /// Of those, the ones still waiting for their first token (queued or
+    /// in prefill).
+    pub(crate) prefilling: u32,
     /// Moving average of milliseconds per delivered token.
     pub(crate) ms_per_token: f64,
     /// Its calibrated profile, once measured.
@@ -42,6 +45,7 @@ impl Default for Measure {
     fn default() -> Self {
         Self {
             outstanding: 0,
+            prefilling: 0,
             ms_per_token: 20.0,
             profile: None,
             correction: 1.0,
@@ -63,6 +67,12 @@ impl Measure {
             None => f64::from(batch) * self.ms_per_token * max_tokens as f64,
         };
         raw * self.correction
+    }
+
+    /// A prefill placed on it alone (a split's) ended.
+    pub(crate) fn prefill_done(&mut self) {
+        self.outstanding = self.outstanding.saturating_sub(1);
+        self.prefilling = self.prefilling.saturating_sub(1);
     }
 
     /// Whether it runs as many choices as its cap allows.

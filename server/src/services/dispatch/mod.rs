@@ -521,6 +521,7 @@ impl Dispatch {
             prefilled: None,
             check: false,
             observed: Vec::new(),
+            prefilling: None,
         };
         tokio::spawn(relay.run());
         RequestStream::relay(

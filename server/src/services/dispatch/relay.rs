@@ -64,6 +64,9 @@ pub(super) struct Relay {
     /// log-probabilities its worker reported.
     pub(super) check: bool,
     pub(super) observed: Vec<(u32, Option<f32>)>,
+    /// The executor counted as prefilling this choice until its first
+    /// token comes.
+    pub(super) prefilling: Option<String>,
 }
 
 impl Relay {
@@ -124,7 +127,11 @@ impl Relay {
                 _ => false,
             };
             let key = target.key().to_string();
-            self.dispatch.measure(&key, |m| m.outstanding += 1);
+            self.dispatch.measure(&key, |m| {
+                m.outstanding += 1;
+                m.prefilling += 1;
+            });
+            self.prefilling = Some(key.clone());
             let outcome = match (&target, &split) {
                 (Target::House, _) => self.on_house().await,
                 (Target::Worker(id, ..), Some(plan)) => self.on_split(id, plan, attempt).await,
@@ -140,6 +147,7 @@ impl Relay {
             }
             self.dispatch
                 .measure(&key, |m| m.outstanding = m.outstanding.saturating_sub(1));
+            self.first_token_came();
             self.dispatch.admission.room.notify_waiters();
             if matches!(outcome, Attempt::Stolen) {
                 tracing::info!(job = self.job, from = %key, attempt, "an idle worker takes a choice still queued");
@@ -179,6 +187,15 @@ impl Relay {
             }
         }
         self.dispatch.fleet.jobs.end(self.job);
+    }
+
+    /// The attempt's first token came (or it ended without one): its
+    /// executor no longer counts it as prefilling.
+    fn first_token_came(&mut self) {
+        if let Some(key) = self.prefilling.take() {
+            self.dispatch
+                .measure(&key, |m| m.prefilling = m.prefilling.saturating_sub(1));
+        }
     }
 
     /// Hands the attempt that just ended to a spot check.
@@ -382,6 +399,7 @@ impl Relay {
                     )));
                 }
                 self.timing.token();
+                self.first_token_came();
                 if let Some(ms) = step_ms(arrivals, Instant::now()) {
                     let target = self.dispatch.step_target_ms;
                     self.dispatch.measure(key, |m| {

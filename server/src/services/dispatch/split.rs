@@ -207,8 +207,9 @@ impl Dispatch {
         let (Some(pre_d), Some(tpot)) = (prefill_ms(&dm, uncached_d), tpot_ms(&dm)) else {
             return none;
         };
+        // Prefills queued before it on D run first (taken as long as it).
         let colocated = Estimate {
-            ttft_ms: pre_d + rtt(d),
+            ttft_ms: pre_d * f64::from(dm.prefilling + 1) + rtt(d),
             tpot_ms: tpot,
             transfer_ms: 0.0,
             kv_bytes: 0,
@@ -239,12 +240,15 @@ impl Dispatch {
             let bytes = per_token * uncached_d as u64;
             let transfer = bytes as f64 * 1e3 / self.split.bandwidth(&w.id) + rtt(&w.id) + rtt(d);
             let estimate = Estimate {
-                ttft_ms: pre_p + rtt(&w.id),
+                ttft_ms: pre_p * f64::from(pm.prefilling + 1) + rtt(&w.id),
                 tpot_ms: tpot,
                 transfer_ms: transfer,
                 kv_bytes: bytes,
             };
-            let time_s = pre_p + transfer + (max - 1.0) * tpot + f64::from(pm.outstanding) * pre_p;
+            let time_s = estimate.ttft_ms
+                + transfer
+                + (max - 1.0) * tpot
+                + f64::from(pm.outstanding) * pre_p;
             let terms = self.worker_terms(w, want.model, want.house);
             let price = |t: &Terms, computed: usize, cached: usize, out: usize| {
                 let p = &t.prices;
@@ -364,11 +368,14 @@ impl Relay {
         loop {
             tokio::select! {
                 ev = trx.recv() => match ev {
-                    Some(TransferEvent::Want { from }) if !asked => {
+                    Some(TransferEvent::Want { from }) if !asked && !decided => {
                         asked = true;
                         deadline = tokio::time::Instant::now() + self.dispatch.kv_timeout;
                         self.set_prefill(|s| s.timing = Some(Timing::start()));
-                        self.dispatch.measure(p, |m| m.outstanding += 1);
+                        self.dispatch.measure(p, |m| {
+                            m.outstanding += 1;
+                            m.prefilling += 1;
+                        });
                         let prefill = ToWorker::Prefill {
                             v: VERSION,
                             transfer,
@@ -379,12 +386,12 @@ impl Relay {
                         };
                         if !fleet.send(p, prefill).await {
                             decided = true;
-                            self.end_prefill(d, p, transfer, "the prefill worker is gone").await;
+                            self.end_prefill(d, p, transfer, "the prefill worker is gone", true).await;
                         }
                     }
                     Some(TransferEvent::End { tokens, digest, first, prompt_tokens, cached_tokens }) if asked && !decided => {
                         decided = true;
-                        self.dispatch.measure(p, |m| m.outstanding = m.outstanding.saturating_sub(1));
+                        self.dispatch.measure(p, Measure::prefill_done);
                         self.set_prefill(|s| {
                             s.counts = Some((prompt_tokens as usize, cached_tokens as usize));
                             if let Some(t) = &mut s.timing { t.token(); }
@@ -403,7 +410,7 @@ impl Relay {
                     }
                     Some(TransferEvent::Failed(why) | TransferEvent::Lost(why)) if !decided => {
                         decided = true;
-                        self.end_prefill(d, p, transfer, &why).await;
+                        self.end_prefill(d, p, transfer, &why, asked).await;
                     }
                     Some(TransferEvent::Result { imported, reason }) => {
                         let c = &self.dispatch.split;
@@ -433,7 +440,7 @@ impl Relay {
                     if asked && !decided {
                         decided = true;
                         deadline = tokio::time::Instant::now() + self.dispatch.progress;
-                        self.end_prefill(d, p, transfer, "the KV transfer timed out").await;
+                        self.end_prefill(d, p, transfer, "the KV transfer timed out", true).await;
                     } else {
                         cancel(&fleet, d, self.job).await;
                         if !decided { cancel(&fleet, p, transfer).await; }
@@ -459,13 +466,15 @@ impl Relay {
         }
     }
 
-    /// The prefill failed: D recomputes, P is stopped and counted lost.
-    async fn end_prefill(&mut self, d: &str, p: &str, transfer: u64, why: &str) {
+    /// The prefill failed (or P was lost before it was `asked`): D
+    /// recomputes, P is stopped and counted lost.
+    async fn end_prefill(&mut self, d: &str, p: &str, transfer: u64, why: &str, asked: bool) {
         let fleet = self.dispatch.fleet.clone();
         tracing::warn!(job = self.job, transfer, prefill = %p, reason = %why, "KV transfer ended; the decode worker recomputes");
         self.dispatch.split.aborted.fetch_add(1, Relaxed);
-        self.dispatch
-            .measure(p, |m| m.outstanding = m.outstanding.saturating_sub(1));
+        if asked {
+            self.dispatch.measure(p, Measure::prefill_done);
+        }
         self.set_prefill(|s| s.failed = true);
         let abort = ToWorker::KvAbort {
             v: VERSION,
