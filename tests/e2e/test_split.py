@@ -12,7 +12,7 @@ import time
 import urllib.request
 
 from conftest import http_call
-from test_fleet import (complete, fleet, open_server, provider_token, sdk, start_worker, stop,
+from test_fleet import (call, complete, fleet, open_server, provider_token, sdk, start_worker, stop,
                         wait_for, workers_up)
 
 # Long enough that the decode worker lacks at least 32 prompt tokens.
@@ -91,6 +91,12 @@ def test_split_output_is_a_single_workers_and_only_uncached_kv_moves():
         [t.start() for t in threads]
         [t.join(timeout=120) for t in threads]
         assert errors == [] and sorted(texts) == [(i, want[PROMPTS[i % 3]]) for i in range(6)]
+        # Both workers spent part of the last minute moving KV.
+        status, uses = call(base, "GET", "/admin/fleet/utilization")
+        ids = {w["id"] for w in fleet(base)}
+        moving = {u["executor"]: u["transferring"] for u in uses["data"] if u["executor"] in ids}
+        assert status == 200 and len(moving) == 2, uses
+        assert all(0 < v < 1 for v in moving.values()), moving
         status, audit = http_call(base, "GET", "/admin/ledger/audit",
                                   token=__import__("conftest").ADMIN_TOKEN)[:2]
         assert status == 200 and audit["violations"] == [], audit

@@ -99,6 +99,8 @@ pub struct Dispatch {
     steal_after: Duration,
     /// Choices taken over that way (for `/metrics`).
     pub steals: std::sync::atomic::AtomicU64,
+    /// KV transfers open on each executor (sending or receiving).
+    kv_open: Mutex<HashMap<String, u32>>,
 }
 
 /// Default `--fleet-steal-after-ms`.
@@ -222,7 +224,19 @@ impl Dispatch {
             spot: SpotCheck::default(),
             steal_after: STEAL_AFTER,
             steals: Default::default(),
+            kv_open: Mutex::default(),
         }
+    }
+
+    /// One more (`delta` 1) or one fewer (-1) KV transfer open on `key`.
+    fn kv_transfers(&self, key: &str, delta: i32) {
+        let n = {
+            let mut m = lock(&self.kv_open);
+            let n = m.entry(key.to_string()).or_default();
+            *n = n.saturating_add_signed(delta);
+            *n
+        };
+        self.utilization.transferring(key, n);
     }
 
     /// Lets an idle worker take a choice another has not started after `d`.

@@ -303,6 +303,33 @@ impl Dispatch {
     }
 }
 
+/// Counts a transfer as open on both its executors until dropped.
+struct KvClock {
+    dispatch: std::sync::Arc<Dispatch>,
+    keys: [String; 2],
+}
+
+impl KvClock {
+    fn open(dispatch: &std::sync::Arc<Dispatch>, p: &str, d: &str) -> Self {
+        let keys = [p.to_string(), d.to_string()];
+        for k in &keys {
+            dispatch.kv_transfers(k, 1);
+        }
+        Self {
+            dispatch: dispatch.clone(),
+            keys,
+        }
+    }
+}
+
+impl Drop for KvClock {
+    fn drop(&mut self) {
+        for k in &self.keys {
+            self.dispatch.kv_transfers(k, -1);
+        }
+    }
+}
+
 /// How a split attempt's prefill went, for pay and standing.
 #[derive(Debug, Clone, Default)]
 pub(super) struct Prefilled {
@@ -365,7 +392,12 @@ impl Relay {
         let mut arrivals = VecDeque::new();
         let mut deadline = tokio::time::Instant::now() + self.dispatch.progress;
         let (mut asked, mut decided) = (false, false);
+        // The KV moves from the prefill's start to its end (or failure).
+        let mut _clock: Option<KvClock> = None;
         loop {
+            if decided {
+                _clock = None;
+            }
             tokio::select! {
                 ev = trx.recv() => match ev {
                     Some(TransferEvent::Want { from }) if !asked && !decided => {
@@ -376,6 +408,7 @@ impl Relay {
                             m.outstanding += 1;
                             m.prefilling += 1;
                         });
+                        _clock = Some(KvClock::open(&self.dispatch, p, d));
                         let prefill = ToWorker::Prefill {
                             v: VERSION,
                             transfer,

@@ -1,6 +1,7 @@
 //! How busy each executor is, measured by this server: an executor is busy
 //! while at least one choice of this server runs on it (from its
-//! placement to its end), idle otherwise. Busy time is accumulated and
+//! placement to its end), idle otherwise, and transferring while a KV
+//! transfer it sends or receives is open. Time is accumulated and
 //! sampled every `SAMPLE`, so the share of time busy over the last
 //! minute and five minutes, and its trend (the last minute against the
 //! one before), come from differences of samples: the seeds' "zero idle
@@ -98,13 +99,21 @@ pub struct ExecutorUse {
     pub busy_5m: f64,
     /// The last minute's share less the minute's before (positive: busier).
     pub trend: f64,
-    /// Share of time moving KV (0 until prefill and decode are split).
+    /// Share of the last minute it was sending or receiving KV (a split's
+    /// prefill or decode side).
     pub transferring: f64,
 }
 
-/// Every executor's clock.
+/// One executor's clocks: running choices, and open KV transfers.
+#[derive(Debug)]
+struct Clocks {
+    busy: Clock,
+    kv: Clock,
+}
+
+/// Every executor's clocks.
 #[derive(Debug, Default)]
-pub struct Utilization(Mutex<BTreeMap<String, Clock>>);
+pub struct Utilization(Mutex<BTreeMap<String, Clocks>>);
 
 impl Utilization {
     /// `key` now runs `running` choices of this server.
@@ -113,10 +122,21 @@ impl Utilization {
     }
 
     fn running_at(&self, key: &str, running: u32, at: Instant) {
+        self.clocks(key, at, |c| c.busy.set_running(running, at));
+    }
+
+    /// `key` now has `open` KV transfers (sending or receiving).
+    pub fn transferring(&self, key: &str, open: u32) {
+        let at = Instant::now();
+        self.clocks(key, at, |c| c.kv.set_running(open, at));
+    }
+
+    fn clocks(&self, key: &str, at: Instant, f: impl FnOnce(&mut Clocks)) {
         let mut m = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        m.entry(key.to_string())
-            .or_insert_with(|| Clock::new(at))
-            .set_running(running, at);
+        f(m.entry(key.to_string()).or_insert_with(|| Clocks {
+            busy: Clock::new(at),
+            kv: Clock::new(at),
+        }));
     }
 
     /// Takes a sample of every clock (every `SAMPLE`).
@@ -126,7 +146,7 @@ impl Utilization {
 
     fn sample_at(&self, at: Instant) {
         let mut m = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        for c in m.values_mut() {
+        for c in m.values_mut().flat_map(|c| [&mut c.busy, &mut c.kv]) {
             let busy = c.busy_at(at);
             c.samples.push_back((at, busy));
             while c.samples.len() > KEEP {
@@ -144,7 +164,8 @@ impl Utilization {
         let m = self.0.lock().unwrap_or_else(|e| e.into_inner());
         let minute = Duration::from_secs(60);
         m.iter()
-            .map(|(k, c)| {
+            .map(|(k, cs)| {
+                let c = &cs.busy;
                 let last = c.share(at, minute);
                 let before = at
                     .checked_sub(minute)
@@ -155,7 +176,7 @@ impl Utilization {
                     busy_1m: last,
                     busy_5m: c.share(at, 5 * minute),
                     trend: last - before,
-                    transferring: 0.0,
+                    transferring: cs.kv.share(at, minute),
                 }
             })
             .collect()
@@ -198,5 +219,16 @@ mod tests {
         u.running_at("w", 1, at(180));
         let r = &u.report_at(at(190))[0];
         assert!(r.busy_1m > 0.0 && r.running == 1, "{r:?}");
+        assert_eq!(r.transferring, 0.0);
+    }
+
+    #[test]
+    fn transfers_are_timed_on_their_own_clock() {
+        let u = Utilization::default();
+        u.transferring("w", 1);
+        std::thread::sleep(Duration::from_millis(30));
+        u.transferring("w", 0);
+        let r = &u.report()[0];
+        assert!(r.transferring > 0.5 && r.busy_1m == 0.0, "{r:?}");
     }
 }
