@@ -229,6 +229,21 @@ fn utilization_metrics(out: &mut String, uses: &[ExecutorUse]) {
             u.busy_5m
         );
     }
+    let name = "synor:executor_transfer_ratio";
+    Family {
+        name,
+        kind: "gauge",
+        help: "Share of the last minute the executor was sending or receiving KV.",
+    }
+    .header(out);
+    for u in uses {
+        let e = label(&u.executor);
+        let _ = writeln!(
+            out,
+            "{name}{{executor=\"{e}\",window=\"1m\"}} {}",
+            u.transferring
+        );
+    }
 }
 
 /// Spot checks of workers' output, and the trusted compute they cost.
