@@ -205,3 +205,45 @@ def test_an_idle_worker_takes_work_queued_on_a_busy_one():
         for p in procs:
             stop(p)
         gen.close()
+
+
+def test_embeddings_run_on_a_worker_that_holds_the_encoder():
+    from conftest import ADMIN_TOKEN, ROOT, _start
+    import os
+    import subprocess
+    gen = _start("--model", "tiny/tiny.gguf", "--admin-token", ADMIN_TOKEN,
+                 "--placement-house-factor", "1000", open_mode=True)
+    base = next(gen)["base"]
+    proc = None
+    try:
+        client = sdk(base)
+        texts = ["The cat sat on the mat.", "Paris is the capital of France."]
+        here = client.embeddings.create(model="all-minilm-l6-v2", input=texts)
+        created = provider_token(base)
+        binary = os.environ.get("SYNOR_BIN", os.path.join(ROOT, "target", "debug", "synor"))
+        env = dict(os.environ, RUST_LOG="info")
+        env.setdefault("SYNOR_MODELS_DIR", os.path.join(ROOT, "models"))
+        proc = subprocess.Popen(
+            [binary, "worker", "--server", base.replace("http://", "ws://"), "--token",
+             created["token"], "--name", "enc", "--model", "tiny/tiny.gguf", "--threads", "1"],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+        [w] = wait_for(lambda: [w for w in fleet(base) if w["state"] == "active"], timeout=60,
+                       what="the worker")
+        assert w["encoders"] == ["all-minilm-l6-v2"], w
+        there = client.embeddings.create(model="all-minilm-l6-v2", input=texts)
+        for a, b in zip(here.data, there.data):
+            assert max(abs(x - y) for x, y in zip(a.embedding, b.embedding)) < 1e-4
+        assert there.usage.prompt_tokens == here.usage.prompt_tokens
+        jobs = lambda: float(re.search(r"^synor:embed_jobs_on_workers_total (\S+)$",  # noqa: E731
+                                       urllib.request.urlopen(base + "/metrics").read().decode(),
+                                       re.M).group(1))
+        assert jobs() == 1
+        # Its provider is paid for the tokens it embedded.
+        wait_for(lambda: call(base, "GET", f"/admin/accounts/{created['account_id']}")[1]["balance"] > 0,
+                 timeout=10, what="the provider to be paid")
+        status, audit = call(base, "GET", "/admin/ledger/audit")
+        assert status == 200 and audit["violations"] == [], audit
+    finally:
+        if proc is not None:
+            stop(proc)
+        gen.close()

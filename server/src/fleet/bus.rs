@@ -96,6 +96,10 @@ impl Wire {
             },
             JobEvent::Core(CoreEvent::Failed(e)) => Self::Lost { why: e.to_string() },
             JobEvent::Lost(why) => Self::Lost { why },
+            // Embedding jobs go to this replica's own workers only.
+            JobEvent::Embedded(_) => Self::Lost {
+                why: "embeddings do not cross replicas".into(),
+            },
         }
     }
 
@@ -318,6 +322,7 @@ async fn for_worker(
         | ToWorker::Drain { .. }
         | ToWorker::Cancel { .. }
         | ToWorker::Prefill { .. }
+        | ToWorker::Embed { .. }
         | ToWorker::KvEnd { .. }
         | ToWorker::KvAbort { .. } => None,
     };

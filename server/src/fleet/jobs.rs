@@ -19,6 +19,8 @@ pub enum JobEvent {
     Core(CoreEvent),
     /// The attempt is gone (worker lost, failed, or refused it): replay.
     Lost(String),
+    /// An embedding job's vectors.
+    Embedded(engine::Embeddings),
 }
 
 struct Slot {

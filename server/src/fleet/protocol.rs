@@ -156,6 +156,9 @@ pub enum FromWorker {
         /// Its prices (none: it takes the house's).
         #[serde(default)]
         asks: Vec<Ask>,
+        /// The embedding models it serves.
+        #[serde(default)]
+        encoders: Vec<String>,
     },
     /// Every second.
     Status { v: u8, load: Load },
@@ -187,6 +190,13 @@ pub enum FromWorker {
         job: u64,
         attempt: u32,
         message: String,
+    },
+    /// The vectors of an `embed` job, in order, and the tokens embedded.
+    Embedded {
+        v: u8,
+        job: u64,
+        vectors: Vec<Vec<f32>>,
+        prompt_tokens: u32,
     },
     /// Decode side of a split: send transfer `transfer`'s KV from prompt
     /// position `from` on (what its prefix cache holds is not sent).
@@ -269,6 +279,21 @@ pub enum ToWorker {
     /// Stop `job` (the client left, or a stop string matched), or a
     /// prefill by its transfer id.
     Cancel { v: u8, job: u64 },
+    /// Embed `texts` (or `tokens`, one list per input) with `model`;
+    /// `query`: one short text for similarity search (the int8 query
+    /// encoder, whose vectors compare only with each other). Answered by
+    /// `embedded` or `failed` (attempt 1).
+    Embed {
+        v: u8,
+        job: u64,
+        model: String,
+        #[serde(default)]
+        texts: Vec<String>,
+        #[serde(default)]
+        tokens: Vec<Vec<u32>>,
+        #[serde(default)]
+        query: bool,
+    },
     /// Prefill side of a split: compute `prompt`, sample its first token,
     /// and stream its KV from position `from` on as binary frames of
     /// `transfer`, as the prefill goes, then `kv_end` (or `kv_failed`).
@@ -333,6 +358,7 @@ pub fn decode(text: &str) -> Result<FromWorker, ProtocolError> {
         | FromWorker::Tokens { v, .. }
         | FromWorker::Done { v, .. }
         | FromWorker::Failed { v, .. }
+        | FromWorker::Embedded { v, .. }
         | FromWorker::KvWant { v, .. }
         | FromWorker::KvEnd { v, .. }
         | FromWorker::KvFailed { v, .. }
@@ -357,6 +383,7 @@ pub fn decode_from_server(text: &str) -> Result<ToWorker, ProtocolError> {
         | ToWorker::Drain { v }
         | ToWorker::Assign { v, .. }
         | ToWorker::Cancel { v, .. }
+        | ToWorker::Embed { v, .. }
         | ToWorker::Prefill { v, .. }
         | ToWorker::KvEnd { v, .. }
         | ToWorker::KvAbort { v, .. } => *v,

@@ -53,6 +53,9 @@ pub struct WorkerInfo {
     /// What it detected (self-reported: shown, never trusted).
     pub devices: Vec<Device>,
     pub models: Vec<ServedModel>,
+    /// The embedding models it serves.
+    #[serde(default)]
+    pub encoders: Vec<String>,
     pub threads: u32,
     pub region: String,
     /// Its prices per model (none: it takes the house's).
@@ -101,6 +104,7 @@ pub struct Registration {
     pub build: String,
     pub devices: Vec<Device>,
     pub models: Vec<ServedModel>,
+    pub encoders: Vec<String>,
     pub threads: u32,
     pub region: String,
     pub asks: Vec<Ask>,
@@ -125,6 +129,7 @@ impl Registration {
                 block_size: 16,
                 context_length: 64,
             }],
+            encoders: vec![],
             threads: 1,
             region: "r".into(),
             asks,
@@ -219,6 +224,7 @@ impl Registry {
             remote: r.remote,
             devices: r.devices,
             models: r.models,
+            encoders: r.encoders,
             threads: r.threads,
             region: r.region,
             asks: r.asks,
@@ -458,6 +464,18 @@ impl Registry {
     fn session_of(&self, id: &str) -> Option<mpsc::Sender<ToSession>> {
         let w = self.workers.read().unwrap_or_else(|e| e.into_inner());
         w.get(id).map(|e| e.to_session.clone())
+    }
+
+    /// This replica's active workers that serve the embedding model `model`.
+    pub fn encoding(&self, model: &str) -> Vec<WorkerInfo> {
+        let w = self.workers.read().unwrap_or_else(|e| e.into_inner());
+        let mut out: Vec<WorkerInfo> = w
+            .values()
+            .filter(|e| e.info.state == "active" && e.info.encoders.iter().any(|m| m == model))
+            .map(|e| e.info.clone())
+            .collect();
+        out.sort_by(|a, b| a.id.cmp(&b.id));
+        out
     }
 
     /// Active workers that serve `model`, this replica's and the others'.

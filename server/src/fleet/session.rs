@@ -262,6 +262,7 @@ fn route_transfer(registry: &Registry, worker: &str, msg: FromWorker) -> Option<
         | FromWorker::Accepted { .. }
         | FromWorker::Tokens { .. }
         | FromWorker::Done { .. }
+        | FromWorker::Embedded { .. }
         | FromWorker::Failed { .. } => return None,
     };
     (registry.transfers.event(worker, side, transfer, ev) == Delivery::NotYours).then_some(transfer)
@@ -327,6 +328,18 @@ fn route(registry: &Registry, worker: &str, msg: FromWorker) -> Option<u64> {
             message,
             ..
         } => (job, attempt, vec![JobEvent::Lost(message)]),
+        FromWorker::Embedded {
+            job,
+            vectors,
+            prompt_tokens,
+            ..
+        } => {
+            let out = engine::Embeddings {
+                vectors,
+                prompt_tokens: prompt_tokens as usize,
+            };
+            (job, 1, vec![JobEvent::Embedded(out)])
+        }
         FromWorker::Register { .. } | FromWorker::Status { .. } | FromWorker::Drain { .. } => {
             return None;
         }
@@ -360,6 +373,7 @@ fn registration(m: FromWorker, peer: &Peer) -> Result<Registration, ProtocolErro
         threads,
         region,
         asks,
+        encoders,
         ..
     } = m
     else {
@@ -371,8 +385,11 @@ fn registration(m: FromWorker, peer: &Peer) -> Result<Registration, ProtocolErro
     if name.trim().is_empty() || name.len() > 128 || build.len() > 128 || region.len() > 64 {
         return bad("name (1-128), build (<=128) or region (<=64) out of bounds".into());
     }
-    if devices.len() > 64 || models.len() > 16 {
-        return bad("at most 64 devices and 16 models".into());
+    if devices.len() > 64 || models.len() > 16 || encoders.len() > 16 {
+        return bad("at most 64 devices, 16 models and 16 encoders".into());
+    }
+    if encoders.iter().any(|e| e.is_empty() || e.len() > 128) {
+        return bad("an encoder name is empty or over 128 bytes".into());
     }
     if let Some(m) = models.iter().find(|m| !sane(m)) {
         return bad(format!("model `{}` has an impossible geometry", m.name));
@@ -386,6 +403,7 @@ fn registration(m: FromWorker, peer: &Peer) -> Result<Registration, ProtocolErro
         build,
         devices,
         models,
+        encoders,
         threads,
         region,
         asks,

@@ -289,7 +289,12 @@ fn spot_metrics(out: &mut String, s: &crate::services::spotcheck::SpotCheck) {
 }
 
 /// Prefill/decode plans, KV transfers, and the cost model's accuracy.
-fn split_metrics(out: &mut String, s: &SplitStats, fleet: &Registry, steals: u64) {
+fn split_metrics(
+    out: &mut String,
+    s: &SplitStats,
+    fleet: &Registry,
+    (steals, embedded): (u64, u64),
+) {
     use std::sync::atomic::Ordering::Relaxed;
     let name = "synor:fleet_plans_total";
     Family {
@@ -301,6 +306,14 @@ fn split_metrics(out: &mut String, s: &SplitStats, fleet: &Registry, steals: u64
     for (plan, v) in [("colocated", &s.colocated), ("split", &s.split)] {
         let _ = writeln!(out, "{name}{{plan=\"{plan}\"}} {}", v.load(Relaxed));
     }
+    let name = "synor:embed_jobs_on_workers_total";
+    Family {
+        name,
+        kind: "counter",
+        help: "Embedding jobs (requests and semantic-cache queries) workers answered.",
+    }
+    .header(out);
+    let _ = writeln!(out, "{name} {embedded}");
     let name = "synor:fleet_steals_total";
     Family {
         name,
@@ -475,7 +488,10 @@ pub fn render(
     stage_metrics(&mut out, &dispatch.stages.totals());
     utilization_metrics(&mut out, &dispatch.utilization.report());
     let steals = dispatch.steals.load(std::sync::atomic::Ordering::Relaxed);
-    split_metrics(&mut out, &dispatch.split, fleet, steals);
+    let embedded = dispatch
+        .embedded_on_workers
+        .load(std::sync::atomic::Ordering::Relaxed);
+    split_metrics(&mut out, &dispatch.split, fleet, (steals, embedded));
     spot_metrics(&mut out, &dispatch.spot);
     let text: Vec<(String, engine::EngineStats, engine::LatencyStats)> = models
         .list()

@@ -68,6 +68,7 @@ impl AppState {
                     cache,
                     models: self.models.clone(),
                     price_bps: self.cache_price_bps,
+                    dispatch: Some(self.dispatch.clone()),
                 }),
             dispatch: Some(self.dispatch.clone()),
         }

@@ -107,6 +107,36 @@ pub struct ResponseCaching {
     pub models: Arc<ModelRegistry>,
     /// What a hit costs, as a fraction of the generated price (bps).
     pub price_bps: i64,
+    /// Places query embeddings (on a worker's encoder when that is
+    /// expected to be sooner).
+    pub dispatch: Option<Arc<crate::services::dispatch::Dispatch>>,
+}
+
+/// The query encoder's vector of `text`: on the executor placement
+/// expects to be soonest (the house's, or a worker's with the same
+/// encoder), or the house's without a fleet.
+async fn query_vector(
+    (name, encoder): (String, EmbeddingHandle),
+    dispatch: Option<Arc<crate::services::dispatch::Dispatch>>,
+    text: &str,
+) -> Option<Vec<f32>> {
+    let got = match dispatch {
+        Some(d) => {
+            let input = engine::EmbedInput::Texts(vec![text.to_string()]);
+            d.embed(&name, &encoder, input, true)
+                .await
+                .map(|(mut e, _)| e.vectors.pop().unwrap_or_default())
+        }
+        None => encoder.embed_query(text).await,
+    };
+    match got {
+        Ok(v) if !v.is_empty() => Some(v),
+        Ok(_) => None,
+        Err(e) => {
+            tracing::warn!(error = %e, "semantic cache: embedding failed");
+            None
+        }
+    }
 }
 
 /// The stable encoding of every sampling parameter that shapes an answer
@@ -252,13 +282,7 @@ impl ResponseCaching {
             // computed after the response, when it is stored).
             return None;
         }
-        let vector = match self.embedder()?.embed_query(&text).await {
-            Ok(v) => v,
-            Err(e) => {
-                tracing::warn!(error = %e, "semantic cache: embedding failed");
-                return None;
-            }
-        };
+        let vector = query_vector(self.embedder()?, self.dispatch.clone(), &text).await?;
         plan.vector = Some(vector.clone());
         let m = cache.semantic_get(&ik, &vector, &text)?;
         match cache.get(&plan.scope, &plan.model, &m.key).await {
@@ -275,9 +299,9 @@ impl ResponseCaching {
     }
 
     /// The embedding model the semantic cache uses (the first one served).
-    fn embedder(&self) -> Option<EmbeddingHandle> {
+    fn embedder(&self) -> Option<(String, EmbeddingHandle)> {
         self.models.list().into_iter().find_map(|m| match m.kind {
-            ModelKind::Embedding(h) => Some(h),
+            ModelKind::Embedding(h) => Some((m.name.clone(), h)),
             ModelKind::Text(_) => None,
         })
     }
@@ -354,6 +378,7 @@ impl ResponseCaching {
             prices,
         };
         let embedder = self.embedder();
+        let dispatch = self.dispatch.clone();
         let cache = self.cache.clone();
         tokio::spawn(async move {
             cache.put(&plan.key, answer).await;
@@ -362,12 +387,9 @@ impl ResponseCaching {
             };
             let vector = match (plan.vector, embedder) {
                 (Some(v), _) => v,
-                (None, Some(e)) => match e.embed_query(&text).await {
-                    Ok(v) => v,
-                    Err(e) => {
-                        tracing::warn!(error = %e, "semantic cache: embedding failed");
-                        return;
-                    }
+                (None, Some(e)) => match query_vector(e, dispatch, &text).await {
+                    Some(v) => v,
+                    None => return,
                 },
                 (None, None) => return,
             };

@@ -349,6 +349,9 @@ async fn timed(on: On<'_>, prompt: Vec<u32>, max_tokens: usize) -> Result<Timed,
                         Ok(Some(JobEvent::Core(CoreEvent::Accepted))) => {}
                         Ok(Some(JobEvent::Core(CoreEvent::Failed(e)))) => return Err(e.to_string()),
                         Ok(Some(JobEvent::Lost(why))) => return Err(why),
+                        Ok(Some(JobEvent::Embedded(_))) => {
+                            return Err("vectors for a generation".into());
+                        }
                         Ok(None) | Err(_) => return Err("the worker did not finish".into()),
                     }
                 }

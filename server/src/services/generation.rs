@@ -21,6 +21,7 @@ use futures_util::stream::{self, BoxStream, Stream, StreamExt};
 use crate::ledger::money::Stages;
 use crate::services::ServiceError;
 use crate::services::caching::{CacheRequest, Hit, Plan, ResponseCaching};
+use crate::services::dispatch::Target;
 use crate::services::limits::Limiter;
 use crate::services::metering::{Billing, Payer, Tab};
 use crate::services::models::ModelRegistry;
@@ -158,12 +159,20 @@ impl Generation {
             }
             None => None,
         };
-        let out = encoder.embed_input(input).await?;
+        let (out, on) = match &self.dispatch {
+            Some(d) => d.embed(model, encoder, input, false).await?,
+            None => (encoder.embed_input(input).await?, Target::House),
+        };
         if let Some(mut tab) = tab {
             let usage = Usage {
                 prompt_tokens: out.prompt_tokens,
                 ..Usage::default()
             };
+            // A worker computed it: its provider is paid for the tokens.
+            if let (Target::Worker(_, provider, label), Some(d)) = (&on, &self.dispatch) {
+                let work = d.encoder_work(provider, tab.prices(), out.prompt_tokens);
+                tab.credits().encoded(label, work);
+            }
             tab.finished(0, &usage);
             crate::services::metering::settle(Some(tab)).await;
         }

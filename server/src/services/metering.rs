@@ -122,6 +122,15 @@ impl Credits {
         c
     }
 
+    /// A worker's encoder on `executor` embedded the request: its
+    /// provider is paid for `work`.
+    pub fn encoded(&self, executor: &str, work: crate::ledger::settle::Work) {
+        let mut a = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        a.prefill = Some(executor.to_string());
+        a.decode = vec![executor.to_string()];
+        a.work.push(work);
+    }
+
     /// Who pays the request (`None` for an unmetered one).
     pub fn payer(&self) -> Option<PaidBy> {
         self.0

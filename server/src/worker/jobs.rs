@@ -396,6 +396,61 @@ impl Running {
     }
 }
 
+/// Runs an `embed` job on this worker's encoder `model` and answers
+/// `embedded` (or `failed`), from a task of its own.
+pub fn embed(
+    models: &ModelRegistry,
+    job: u64,
+    model: &str,
+    texts: Vec<String>,
+    tokens: Vec<Vec<u32>>,
+    query: bool,
+    out: &mpsc::Sender<Out>,
+) {
+    let encoder = models.embedding(model);
+    let out = out.clone();
+    tokio::spawn(async move {
+        let result = match encoder {
+            Err(e) => Err(e.to_string()),
+            Ok(e) => {
+                let input = if tokens.is_empty() {
+                    engine::EmbedInput::Texts(texts)
+                } else {
+                    engine::EmbedInput::Tokens(tokens)
+                };
+                match (query, input) {
+                    (true, engine::EmbedInput::Texts(t)) if t.len() == 1 => {
+                        e.embed_query(&t[0]).await.map(|v| engine::Embeddings {
+                            vectors: vec![v],
+                            prompt_tokens: 0,
+                        })
+                    }
+                    (_, input) => match e.validate(&input) {
+                        Ok(()) => e.embed_input(input).await,
+                        Err(err) => Err(err),
+                    },
+                }
+                .map_err(|e| e.to_string())
+            }
+        };
+        let msg = match result {
+            Ok(done) => FromWorker::Embedded {
+                v: VERSION,
+                job,
+                vectors: done.vectors,
+                prompt_tokens: done.prompt_tokens as u32,
+            },
+            Err(message) => FromWorker::Failed {
+                v: VERSION,
+                job,
+                attempt: 1,
+                message,
+            },
+        };
+        let _ = out.send(encode(&msg)).await;
+    });
+}
+
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }

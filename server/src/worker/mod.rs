@@ -158,6 +158,12 @@ fn registration(args: &WorkerArgs, models: &ModelRegistry) -> FromWorker {
             ModelKind::Embedding(_) => None,
         })
         .collect::<Vec<ServedModel>>();
+    let encoders = models
+        .list()
+        .into_iter()
+        .filter(|m| matches!(m.kind, ModelKind::Embedding(_)))
+        .map(|m| m.name.clone())
+        .collect();
     let asks = args
         .price
         .map(|p| {
@@ -184,6 +190,7 @@ fn registration(args: &WorkerArgs, models: &ModelRegistry) -> FromWorker {
         threads: rayon::current_num_threads() as u32,
         region: args.region.clone(),
         asks,
+        encoders,
     }
 }
 
@@ -329,6 +336,9 @@ async fn connect_once(
                         running.arrive(transfer, jobs::Arrival::Abort(reason));
                     }
                     Ok(ToWorker::Cancel { job, .. }) => running.cancel(job),
+                    Ok(ToWorker::Embed { job, model, texts, tokens, query, .. }) => {
+                        jobs::embed(models, job, &model, texts, tokens, query, &out);
+                    }
                     Ok(ToWorker::Drain { .. }) => {
                         tracing::info!("the server asked this worker to drain");
                         draining = start_drain(&mut sink, draining).await;

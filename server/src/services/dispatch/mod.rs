@@ -38,6 +38,7 @@ use crate::services::metering::{Billing, Credits};
 use crate::services::spotcheck::{Sample, SpotCheck, SpotConfig, Verdict};
 use relay::Relay;
 
+pub mod encode;
 mod relay;
 pub mod split;
 pub mod stages;
@@ -101,6 +102,10 @@ pub struct Dispatch {
     pub steals: std::sync::atomic::AtomicU64,
     /// KV transfers open on each executor (sending or receiving).
     kv_open: Mutex<HashMap<String, u32>>,
+    /// Each executor's embedding measures.
+    encoders: encode::Encoders,
+    /// Embedding jobs workers answered (for `/metrics`).
+    pub embedded_on_workers: std::sync::atomic::AtomicU64,
 }
 
 /// Default `--fleet-steal-after-ms`.
@@ -225,6 +230,8 @@ impl Dispatch {
             steal_after: STEAL_AFTER,
             steals: Default::default(),
             kv_open: Mutex::default(),
+            encoders: encode::Encoders::default(),
+            embedded_on_workers: Default::default(),
         }
     }
 

@@ -516,6 +516,9 @@ impl Relay {
                         }
                     }
                     Ok(Some(JobEvent::Lost(why))) if cancelled.is_none() => return Attempt::Lost(why),
+                    Ok(Some(JobEvent::Embedded(_))) if cancelled.is_none() => {
+                        return Attempt::Lost("the worker answered a generation with vectors".into());
+                    }
                     Ok(None) if cancelled.is_none() => return Attempt::Lost("the worker is gone".into()),
                     Err(_) if cancelled.is_none() => {
                         cancel(&fleet, worker, self.job).await;
@@ -523,7 +526,7 @@ impl Relay {
                         return Attempt::Lost(format!("no progress for {s} s"));
                     }
                     // Cancelled and the worker went quiet or away: end here.
-                    Ok(Some(JobEvent::Lost(_)) | None) | Err(_) => {
+                    Ok(Some(JobEvent::Lost(_) | JobEvent::Embedded(_)) | None) | Err(_) => {
                         self.finish(FinishReason::Abort, 0);
                         return Attempt::Over;
                     }

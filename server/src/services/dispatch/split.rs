@@ -467,6 +467,10 @@ impl Relay {
                         if !decided { cancel(&fleet, p, transfer).await; }
                         return Attempt::Lost(why);
                     }
+                    Some(JobEvent::Embedded(_)) => {
+                        if !decided { cancel(&fleet, p, transfer).await; }
+                        return Attempt::Lost("the worker answered a generation with vectors".into());
+                    }
                     None => return Attempt::Lost("the worker is gone".into()),
                 },
                 _ = tokio::time::sleep_until(deadline) => {
