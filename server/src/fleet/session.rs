@@ -477,6 +477,7 @@ mod tests {
                 block_size: 16,
                 context_length: 2048,
             }],
+            encoders: vec!["e".into()],
             threads: 1,
             region: "us-east".into(),
             asks: vec![],
