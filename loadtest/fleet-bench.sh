@@ -28,6 +28,13 @@
 # Usage: loadtest/fleet-bench.sh [serving] [CONCURRENCY...]   (default: 1 16)
 #        loadtest/fleet-bench.sh placement [RATE...]          (default: 2 4 8)
 #        loadtest/fleet-bench.sh split [CONCURRENCY...]       (default: 1 4)
+#        loadtest/fleet-bench.sh pipeline [CONCURRENCY]       (default: 16)
+#
+# `pipeline` saturates two one-thread workers (cores 0 and 1) with a
+# mixed load (prompts of 32 to 992 words, 16 to 240 output tokens) at
+# the default spot-check rates, then reports each worker's busy and
+# transferring shares of the last minute, and what the spot checks cost
+# the house engine against the work the workers did.
 # Needs release binaries: cargo build --release -p server -p loadtest
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -36,10 +43,11 @@ SYNOR="$TARGET/synor"
 LOADTEST="$TARGET/synor-loadtest"
 export SYNOR_MODELS_DIR="${SYNOR_MODELS_DIR:-models}"
 MODE=serving
-if [ "${1:-}" = serving ] || [ "${1:-}" = placement ] || [ "${1:-}" = split ]; then MODE=$1; shift; fi
+case "${1:-}" in serving | placement | split | pipeline) MODE=$1; shift ;; esac
 case "$MODE" in
     placement) ARGS=("${@:-2 4 8}") ;;
     split) ARGS=("${@:-1 4}") ;;
+    pipeline) ARGS=("${@:-16}") ;;
     *) ARGS=("${@:-1 16}") ;;
 esac
 read -r -a CONCURRENCY <<<"${ARGS[*]}"
@@ -130,6 +138,30 @@ if [ "$MODE" = placement ]; then
         stop_server
         rm -f "$WORK/synor.db"*
     done
+    exit 0
+fi
+
+if [ "$MODE" = pipeline ]; then
+    start_server 1000 measured
+    TOKEN=$(admin -X POST "$BASE/admin/providers" -d '{"name":"bench"}' | python3 -c 'import json,sys; print(json.load(sys.stdin)["token"])')
+    start_worker a 1 0
+    start_worker b 1 1
+    workers_up 2
+    c="${CONCURRENCY[0]}"
+    out="$WORK/pipeline.txt"
+    start=$(date +%s)
+    "$LOADTEST" --base-url "$BASE" --seed 5 --num-prompts $((8 * c)) --max-concurrency "$c" \
+        --random-input-len 512 --random-output-len 128 --random-range-ratio 0.9 --ignore-eos \
+        --no-progress >"$out" 2>&1 || { cat "$out"; exit 1; }
+    echo "pipeline c=$c, $(( $(date +%s) - start )) s: $(grep -E 'Output token throughput|Median TTFT|Median TPOT' "$out" | tr -s ' ' | paste -sd ';')"
+    admin "$BASE/admin/fleet/utilization" | python3 -c '
+import json, sys
+names = {}
+for u in json.load(sys.stdin)["data"]:
+    print(f"   {u[\"executor\"]}: busy {u[\"busy_1m\"]:.3f} of the last minute, transferring {u[\"transferring\"]:.3f}")'
+    curl -sf "$BASE/metrics" | grep -E '^synor:(spot_check|stage_(prefill|decode)_seconds_total|fleet_plans_total)' | sed 's/^/   /'
+    stop_workers
+    stop_server
     exit 0
 fi
 

@@ -495,10 +495,13 @@ impl Relay {
         let started = Instant::now();
         let before = self.delivered.len();
         let mut look = tokio::time::interval(STEAL_LOOK);
+        // Progress is measured from the attempt's last event, whatever
+        // else wakes this loop.
+        let mut last_event = Instant::now();
         loop {
             let patience = match cancelled {
                 Some(at) => CANCEL_WAIT.saturating_sub(at.elapsed()),
-                None => self.dispatch.progress,
+                None => self.dispatch.progress.saturating_sub(last_event.elapsed()),
             };
             tokio::select! {
                 _ = look.tick(), if cancelled.is_none() && self.delivered.len() == before && attempt < MAX_ATTEMPTS => {
@@ -511,6 +514,7 @@ impl Relay {
                 }
                 ev = tokio::time::timeout(patience, jrx.recv()) => match ev {
                     Ok(Some(JobEvent::Core(ev))) => {
+                        last_event = Instant::now();
                         if let Some(done) = self.forward(ev, worker, &mut arrivals) {
                             return done;
                         }
