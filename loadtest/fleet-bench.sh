@@ -154,12 +154,14 @@ if [ "$MODE" = pipeline ]; then
         --random-input-len 512 --random-output-len 128 --random-range-ratio 0.9 --ignore-eos \
         --no-progress >"$out" 2>&1 || { cat "$out"; exit 1; }
     echo "pipeline c=$c, $(( $(date +%s) - start )) s: $(grep -E 'Output token throughput|Median TTFT|Median TPOT' "$out" | tr -s ' ' | paste -sd ';')"
-    admin "$BASE/admin/fleet/utilization" | python3 -c '
+    admin "$BASE/admin/fleet/utilization" >"$WORK/utilization.json"
+    python3 - "$WORK/utilization.json" <<'EOF'
 import json, sys
-names = {}
-for u in json.load(sys.stdin)["data"]:
-    print(f"   {u[\"executor\"]}: busy {u[\"busy_1m\"]:.3f} of the last minute, transferring {u[\"transferring\"]:.3f}")'
-    curl -sf "$BASE/metrics" | grep -E '^synor:(spot_check|stage_(prefill|decode)_seconds_total|fleet_plans_total)' | sed 's/^/   /'
+for u in json.load(open(sys.argv[1]))["data"]:
+    print(f"   {u['executor']}: busy {u['busy_1m']:.3f} of the last minute, "
+          f"{u['busy_5m']:.3f} of five; transferring {u['transferring']:.3f}")
+EOF
+    curl -sf "$BASE/metrics" | grep -E '^synor:(spot_check|stage_(prefill|decode)_seconds_total|fleet_plans_total|engine_(busy|score)_seconds_total)' | sed 's/^/   /'
     stop_workers
     stop_server
     exit 0

@@ -363,10 +363,12 @@ impl EngineCore {
         let batch = ModelBatch {
             chunks: vec![chunk],
         };
+        let started = Instant::now();
         let rows = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             self.executor.logits(&batch)
         }))
         .unwrap_or_else(|_| Err(EngineError::Execution("scoring panicked".into())));
+        self.stats.record_score(started.elapsed());
         self.scheduler.free_scratch(id);
         let rows = rows?;
         Ok(rows

@@ -19,6 +19,8 @@ pub struct EngineStats {
     pub generated_tokens: u64,
     /// Total time spent in forward passes.
     pub busy_micros: u64,
+    /// Of that, time spent scoring continuations (spot checks).
+    pub score_micros: u64,
     /// Fraction of KV blocks in use, in parts per million.
     pub kv_usage_ppm: u64,
     /// Prompt tokens looked up in the prefix cache, and found there.
@@ -47,6 +49,7 @@ pub struct StatsCell {
     batched_tokens: AtomicU64,
     generated_tokens: AtomicU64,
     busy_micros: AtomicU64,
+    score_micros: AtomicU64,
     kv_usage_ppm: AtomicU64,
     prefix_queries: AtomicU64,
     prefix_hits: AtomicU64,
@@ -86,6 +89,13 @@ impl StatsCell {
             .fetch_add(took.as_micros() as u64, Ordering::Relaxed);
     }
 
+    /// A scoring pass (a spot check's reference) took `took`.
+    pub fn record_score(&self, took: Duration) {
+        let us = took.as_micros() as u64;
+        self.busy_micros.fetch_add(us, Ordering::Relaxed);
+        self.score_micros.fetch_add(us, Ordering::Relaxed);
+    }
+
     pub fn snapshot(&self) -> EngineStats {
         EngineStats {
             num_running: self.running.load(Ordering::Relaxed),
@@ -94,6 +104,7 @@ impl StatsCell {
             batched_tokens: self.batched_tokens.load(Ordering::Relaxed),
             generated_tokens: self.generated_tokens.load(Ordering::Relaxed),
             busy_micros: self.busy_micros.load(Ordering::Relaxed),
+            score_micros: self.score_micros.load(Ordering::Relaxed),
             kv_usage_ppm: self.kv_usage_ppm.load(Ordering::Relaxed),
             prefix_queries: self.prefix_queries.load(Ordering::Relaxed),
             prefix_hits: self.prefix_hits.load(Ordering::Relaxed),

@@ -586,6 +586,24 @@ pub fn render(
     scalar(
         &mut out,
         fam(
+            "synor:engine_busy_seconds_total",
+            "counter",
+            "Time the engine spent in forward passes (scoring included).",
+        ),
+        &|s, _| s.busy_micros as f64 / 1e6,
+    );
+    scalar(
+        &mut out,
+        fam(
+            "synor:engine_score_seconds_total",
+            "counter",
+            "Time the engine spent scoring continuations for spot checks.",
+        ),
+        &|s, _| s.score_micros as f64 / 1e6,
+    );
+    scalar(
+        &mut out,
+        fam(
             "synor:engine_steps_total",
             "counter",
             "Engine steps (forward passes).",
