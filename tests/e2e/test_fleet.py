@@ -357,7 +357,7 @@ def test_a_worker_killed_mid_stream_costs_the_client_nothing():
 
 
 def test_a_worker_that_stops_answering_loses_its_jobs_and_its_share():
-    # The challenge is 7 assignments; after them this worker hangs.
+    # The challenge is 8 assignments; after them this worker hangs.
     srv = open_server("--fleet-progress-timeout", "1")
     base = srv["base"]
     procs = []
@@ -366,7 +366,7 @@ def test_a_worker_that_stops_answering_loses_its_jobs_and_its_share():
         created = provider_token(base)
         # Alone, the hung worker gets the next request and loses it: the
         # client still gets the text (replayed on the house engine).
-        procs = [start_worker(base, created["token"], "hung", "--debug-stall-after", "7")]
+        procs = [start_worker(base, created["token"], "hung", "--debug-stall-after", "8")]
         workers_up(base, procs, 1)
         assert complete(base, "Once upon a time", 30).choices[0].text == want
         hung = next(w for w in fleet(base) if w["name"] == "hung")

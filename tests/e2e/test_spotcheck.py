@@ -96,11 +96,11 @@ def test_cheaters_are_caught_quarantined_and_their_pay_clawed_back():
             wait_for(lambda: fleet(base) == [], timeout=20, what="the cheater to leave")
             assert call(base, "GET", f"/admin/accounts/{p['account_id']}")[1]["balance"] == 0
             refused_again(base, p, name, flags)
-        # One passes calibration (seven honest jobs), serves a request
+        # One passes calibration (eight honest jobs), serves a request
         # honestly, then replays that answer to every later request: a spot
         # check catches it, its pay is clawed back and its user refunded.
         p = provider_token(base, "replay")
-        flags = ["--debug-cheat", "replay", "--debug-cheat-after", "7"]
+        flags = ["--debug-cheat", "replay", "--debug-cheat-after", "8"]
         cheat = worker(base, p["token"], "replay", *flags)
         try:
             active(base, 1)

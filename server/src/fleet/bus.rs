@@ -446,6 +446,7 @@ mod tests {
             &w,
             crate::fleet::registry::Profile {
                 prefill_tokens_per_s: 1.0,
+                prefill_ms_long: 0.0,
                 decode_step_ms_1: 1.0,
                 decode_step_ms_4: 1.0,
                 measured_at: 1,

@@ -18,14 +18,37 @@ use super::standing::Standing;
 /// and at four sequences.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Profile {
+    /// Prefill throughput on a `PREFILL_SHORT`-token prompt.
     pub prefill_tokens_per_s: f64,
+    /// Milliseconds to prefill a `PREFILL_LONG`-token prompt (0: not
+    /// measured; longer prompts then scale linearly from the short one).
+    #[serde(default)]
+    pub prefill_ms_long: f64,
     pub decode_step_ms_1: f64,
     pub decode_step_ms_4: f64,
     /// Unix seconds.
     pub measured_at: i64,
 }
 
+/// The prompt lengths calibration times prefill at.
+pub const PREFILL_SHORT: usize = 128;
+pub const PREFILL_LONG: usize = 512;
+
 impl Profile {
+    /// Expected milliseconds to prefill `n` tokens: linear in the short
+    /// prompt's throughput up to `PREFILL_SHORT`, then along the line
+    /// through the two measured lengths (attention makes a long prompt's
+    /// tokens dearer).
+    pub fn prefill_ms(&self, n: usize) -> f64 {
+        let per = 1e3 / self.prefill_tokens_per_s.max(1.0);
+        let short = PREFILL_SHORT as f64 * per;
+        if n <= PREFILL_SHORT || self.prefill_ms_long <= short {
+            return n as f64 * per;
+        }
+        let slope = (self.prefill_ms_long - short) / (PREFILL_LONG - PREFILL_SHORT) as f64;
+        short + (n - PREFILL_SHORT) as f64 * slope
+    }
+
     /// The expected decode step with `batch` sequences (linear between the
     /// measured points, extended past them).
     pub fn step_ms(&self, batch: u32) -> f64 {

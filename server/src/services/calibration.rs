@@ -1,8 +1,10 @@
 //! Calibration: the server measures every executor itself, on the real
 //! model, with a seeded challenge it times on its own clock: a prefill of
-//! `PREFILL` random tokens (the time to the first token, best of two), then
+//! `PREFILL` random tokens (the time to the first token, best of two) and
+//! one of `PREFILL_LONG` (a long prompt's tokens cost more), then
 //! decoding `DECODE` tokens alone and four sequences at once (the time to
-//! the last token over the tokens, the median over sequences). A worker gets no work until it is calibrated, and is
+//! the last token over the tokens, the median over sequences). A worker
+//! gets no work until it is calibrated, and is
 //! measured again every `RECALIBRATE` (sooner, `DRIFT_RECHECK`, when its
 //! observed steps drift past 2x of its profile); what it reports about itself is
 //! shown to admins, never used. The challenge travels as ordinary
@@ -32,8 +34,9 @@ use crate::services::dispatch::Dispatch;
 use crate::services::models::ModelRegistry;
 use crate::services::spotcheck::{Sample, Verdict};
 
-/// Prompt tokens of the prefill challenge.
-const PREFILL: usize = 128;
+/// Prompt tokens of the prefill challenges.
+const PREFILL: usize = crate::fleet::registry::PREFILL_SHORT;
+const PREFILL_LONG: usize = crate::fleet::registry::PREFILL_LONG;
 /// Tokens of each decode challenge.
 const DECODE: usize = 24;
 /// How long one challenge job may take before the worker fails it.
@@ -210,11 +213,19 @@ async fn challenge(on: On<'_>, vocab: usize, seed: u64) -> Result<(Profile, Vec<
             .ok_or("no token from the prefill challenge")?;
         prefill = prefill.min(first.duration_since(t.start).as_secs_f64());
     }
+    // A long prompt's tokens cost more (attention): timed once more.
+    let t = timed(on, tokens(PREFILL_LONG), 1).await?;
+    let first = t
+        .times
+        .first()
+        .ok_or("no token from the long prefill challenge")?;
+    let prefill_long = first.duration_since(t.start).as_secs_f64();
     let mut answers = Vec::new();
     let one = decode_gap(on, vec![tokens(8)], &mut answers).await?;
     let four = decode_gap(on, (0..4).map(|_| tokens(8)).collect(), &mut answers).await?;
     let profile = Profile {
         prefill_tokens_per_s: PREFILL as f64 / prefill.max(1e-6),
+        prefill_ms_long: prefill_long * 1e3,
         decode_step_ms_1: one,
         decode_step_ms_4: four.max(one),
         measured_at: crate::store::now(),

@@ -60,10 +60,7 @@ impl Measure {
     pub(crate) fn expected_ms(&self, prompt: usize, max_tokens: usize) -> f64 {
         let batch = self.outstanding + 1;
         let raw = match &self.profile {
-            Some(p) => {
-                prompt as f64 * 1e3 / p.prefill_tokens_per_s.max(1.0)
-                    + max_tokens as f64 * p.step_ms(batch)
-            }
+            Some(p) => p.prefill_ms(prompt) + max_tokens as f64 * p.step_ms(batch),
             None => f64::from(batch) * self.ms_per_token * max_tokens as f64,
         };
         raw * self.correction
@@ -331,6 +328,7 @@ mod tests {
         Measure {
             profile: Some(Profile {
                 prefill_tokens_per_s: 1000.0,
+                prefill_ms_long: 0.0,
                 decode_step_ms_1: step_ms,
                 decode_step_ms_4: step_ms * 1.2,
                 measured_at: 0,

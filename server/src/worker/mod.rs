@@ -264,7 +264,16 @@ async fn connect_once(
     if let Err(e) = sink.send(Message::Text(text.into())).await {
         return Ok(Ended::Lost(e.to_string()));
     }
-    let heartbeat = match tokio::time::timeout(WELCOME_WITHIN, stream.next()).await {
+    // The first message that is not a ping or a pong must be the welcome.
+    let first = async {
+        loop {
+            match stream.next().await {
+                Some(Ok(Message::Ping(_) | Message::Pong(_))) => continue,
+                other => return other,
+            }
+        }
+    };
+    let heartbeat = match tokio::time::timeout(WELCOME_WITHIN, first).await {
         Ok(Some(Ok(Message::Text(t)))) => match serde_json::from_str::<ToWorker>(&t) {
             Ok(ToWorker::Welcome {
                 worker_id,

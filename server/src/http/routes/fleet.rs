@@ -143,7 +143,8 @@ async fn pump(
     // heartbeat, its payload the microseconds since `epoch`.
     let epoch = std::time::Instant::now();
     let writer = async move {
-        let mut ping = tokio::time::interval(HEARTBEAT);
+        // The first ping after a heartbeat: the welcome goes first.
+        let mut ping = tokio::time::interval_at(tokio::time::Instant::now() + HEARTBEAT, HEARTBEAT);
         loop {
             let msg = tokio::select! {
                 out = from_session.recv() => match out {

@@ -795,6 +795,7 @@ mod tests {
     fn profile(step_1: f64, step_4: f64) -> Profile {
         Profile {
             prefill_tokens_per_s: 1000.0,
+            prefill_ms_long: 0.0,
             decode_step_ms_1: step_1,
             decode_step_ms_4: step_4,
             measured_at: 0,

@@ -163,7 +163,7 @@ impl SplitStats {
 /// Expected ms to prefill `tokens` on an executor.
 fn prefill_ms(m: &Measure, tokens: usize) -> Option<f64> {
     let p = m.profile?;
-    Some(tokens as f64 * 1e3 / p.prefill_tokens_per_s.max(1.0) * m.correction)
+    Some(p.prefill_ms(tokens) * m.correction)
 }
 
 /// Expected decode step with one more choice.
