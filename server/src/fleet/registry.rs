@@ -569,3 +569,30 @@ impl Registry {
         self.len() == 0
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_prefill_is_timed_along_the_two_measured_lengths() {
+        let p = Profile {
+            prefill_tokens_per_s: 1000.0,
+            prefill_ms_long: 640.0,
+            decode_step_ms_1: 5.0,
+            decode_step_ms_4: 8.0,
+            measured_at: 0,
+        };
+        // 128 ms for 128 tokens, 640 for 512: 4/3 ms a token past 128.
+        assert!((p.prefill_ms(64) - 64.0).abs() < 1e-9);
+        assert!((p.prefill_ms(128) - 128.0).abs() < 1e-9);
+        assert!((p.prefill_ms(512) - 640.0).abs() < 1e-9);
+        assert!((p.prefill_ms(1024) - (640.0 + 512.0 * 4.0 / 3.0)).abs() < 1e-6);
+        // Not measured (or not dearer): linear in the short throughput.
+        let flat = Profile {
+            prefill_ms_long: 0.0,
+            ..p
+        };
+        assert!((flat.prefill_ms(1024) - 1024.0).abs() < 1e-9);
+    }
+}
