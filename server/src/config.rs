@@ -258,6 +258,12 @@ pub struct ServeArgs {
     #[arg(long, env = "SYNOR_FLEET_SPLIT", default_value = "auto")]
     pub fleet_split: crate::services::dispatch::split::SplitMode,
 
+    /// Seconds a provider's earnings stay pending before they are final:
+    /// a failed spot check can claw them back meanwhile, and penalties
+    /// take final funds only.
+    #[arg(long, env = "SYNOR_EARNINGS_WINDOW", default_value_t = 3600)]
+    pub earnings_window: u64,
+
     /// Share of a proven provider's worker attempts re-scored on the
     /// house engine (spot checks).
     #[arg(long, env = "SYNOR_SPOT_CHECK_RATE", default_value_t = 0.02)]

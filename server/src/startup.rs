@@ -70,6 +70,7 @@ async fn billing(args: &ServeArgs, db: Db) -> anyhow::Result<Billing> {
     let config = LedgerConfig {
         stale_after: std::time::Duration::from_secs(args.instance_stale_after.max(1)),
         heartbeat: std::time::Duration::from_secs((args.instance_stale_after / 6).clamp(1, 2)),
+        earnings_window: std::time::Duration::from_secs(args.earnings_window),
     };
     let ledger = Ledger::start(db.clone(), config)
         .await

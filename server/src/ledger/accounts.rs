@@ -192,8 +192,34 @@ impl Ledger {
                 "penalties apply to provider accounts, not `{provider_id}`"
             )));
         }
+        // Earnings still pending may yet be clawed back: a penalty takes
+        // final funds only.
+        let pending = self.pending_earnings(provider_id).await?;
+        let final_funds = p.available().saturating_sub(pending);
+        if amount > final_funds {
+            return Err(LedgerError::InsufficientQuota {
+                need: amount,
+                available: final_funds.max(0),
+            });
+        }
         self.transfer("penalty", provider_id, TREASURY, amount, memo)
             .await
+    }
+
+    /// What `account` earned for work (usage entries) within the earnings
+    /// window: pending, not final yet.
+    pub async fn pending_earnings(&self, account: &str) -> Result<Amount, LedgerError> {
+        let since = now() - self.earnings_window.as_secs() as i64;
+        let row = sqlx::query(
+            "SELECT CAST(COALESCE(SUM(e.amount), 0) AS BIGINT) AS pending FROM entries e \
+             JOIN journal j ON j.id = e.tx_id \
+             WHERE e.account_id = $1 AND j.kind = 'usage' AND e.amount > 0 AND j.created_at > $2",
+        )
+        .bind(account)
+        .bind(since)
+        .fetch_one(&self.db.pool)
+        .await?;
+        Ok(row.try_get("pending")?)
     }
 
     /// Claws back what a provider was paid for work that failed a spot

@@ -107,6 +107,10 @@ pub struct LedgerConfig {
     /// Silence after which an instance counts as dead and its holds are
     /// released.
     pub stale_after: Duration,
+    /// How long a provider's earnings stay pending (a failed spot check
+    /// can still claw them back; penalties cannot touch them) before
+    /// they are final.
+    pub earnings_window: Duration,
 }
 
 impl Default for LedgerConfig {
@@ -114,6 +118,7 @@ impl Default for LedgerConfig {
         Self {
             heartbeat: Duration::from_secs(2),
             stale_after: Duration::from_secs(15),
+            earnings_window: EARNINGS_WINDOW,
         }
     }
 }
@@ -124,7 +129,12 @@ pub struct Ledger {
     pub db: Db,
     instance: Arc<str>,
     jobs: mpsc::UnboundedSender<settle::Job>,
+    /// How long earnings stay pending (`LedgerConfig::earnings_window`).
+    earnings_window: Duration,
 }
+
+/// The default `earnings_window`: an hour.
+pub const EARNINGS_WINDOW: Duration = Duration::from_secs(3600);
 
 impl Ledger {
     /// Registers this instance, closes what dead instances left open, and
@@ -139,7 +149,12 @@ impl Ledger {
         let (jobs, rx) = mpsc::unbounded_channel();
         tokio::spawn(settle::writer(db.clone(), rx));
         tokio::spawn(recovery::heartbeat(db.clone(), instance.clone(), config));
-        Ok(Self { db, instance, jobs })
+        Ok(Self {
+            db,
+            instance,
+            jobs,
+            earnings_window: config.earnings_window,
+        })
     }
 
     /// A ledger for reading and administration only (the CLI): no
@@ -150,6 +165,7 @@ impl Ledger {
             db,
             instance: "offline".into(),
             jobs,
+            earnings_window: EARNINGS_WINDOW,
         }
     }
 

@@ -21,15 +21,21 @@ use crate::store::testing;
 const QUIET: LedgerConfig = LedgerConfig {
     heartbeat: Duration::from_secs(3600),
     stale_after: Duration::from_secs(3600),
+    // Earnings final at once (the window has its own test).
+    earnings_window: Duration::ZERO,
 };
 
 async fn ledgers() -> Vec<Ledger> {
+    ledgers_with(QUIET).await
+}
+
+async fn ledgers_with(config: LedgerConfig) -> Vec<Ledger> {
     let mut out = Vec::new();
     for url in [testing::sqlite_url(), testing::fresh_postgres_url().await] {
         let db = Db::connect(&url)
             .await
             .unwrap_or_else(|e| panic!("{url}: {e}"));
-        out.push(Ledger::start(db, QUIET).await.expect("ledger"));
+        out.push(Ledger::start(db, config).await.expect("ledger"));
     }
     out
 }
@@ -638,6 +644,63 @@ async fn providers_pay_penalties_to_the_treasury_within_their_funds() {
         let j = l.journal(Some(&provider.id), 10).await.expect("journal");
         assert_eq!(j.len(), 2);
         assert_eq!(j.iter().filter(|t| t.kind == "penalty").count(), 1);
+        assert_clean(&l).await;
+    }
+}
+
+#[tokio::test]
+async fn earnings_stay_pending_for_the_window_clawable_but_not_penalizable() {
+    let config = LedgerConfig {
+        earnings_window: Duration::from_secs(3600),
+        ..QUIET
+    };
+    for l in ledgers_with(config).await {
+        let user = l
+            .create_account(AccountKind::User, "w", 0)
+            .await
+            .expect("user");
+        let provider = l
+            .create_account(AccountKind::Provider, "w", 0)
+            .await
+            .expect("provider");
+        l.top_up(&user.id, 1_000_000, "w").await.expect("top up");
+        l.top_up(&provider.id, 50, "old money")
+            .await
+            .expect("final funds");
+        let q = Quote {
+            provider_id: provider.id.clone(),
+            ..quote(BPS)
+        };
+        let id = format!("win-{}", l.instance());
+        l.hold(user_hold(&id, &user.id, &q, q.worst_case(10_000, 10_000)))
+            .await
+            .expect("hold");
+        let t = Tokens {
+            prompt: 10_000,
+            cached: 0,
+            completion: 10_000,
+        };
+        l.settle(&id, t, Outcome::Finished).await.expect("settle");
+        let balance = l.account(&provider.id).await.expect("p").balance;
+        let pending = l.pending_earnings(&provider.id).await.expect("pending");
+        assert_eq!(pending, balance - 50, "the settlement's pay is pending");
+        // Only the final 50 can be taken by a penalty.
+        assert!(matches!(
+            l.penalize(&provider.id, 51, "fine").await,
+            Err(LedgerError::InsufficientQuota { available: 50, .. })
+        ));
+        l.penalize(&provider.id, 50, "fine")
+            .await
+            .expect("final funds");
+        // A clawback reaches the pending pay.
+        let key = format!("{id}:1:1");
+        let (_, clawed) = l
+            .clawback(&key, &provider.id, &user.id, pending, pending, "caught")
+            .await
+            .expect("clawback")
+            .expect("done");
+        assert_eq!(clawed, pending);
+        assert_eq!(l.account(&provider.id).await.expect("p").balance, 0);
         assert_clean(&l).await;
     }
 }

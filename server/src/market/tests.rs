@@ -169,6 +169,7 @@ async fn quiet_ledger(db: &Db) -> Ledger {
     let config = crate::ledger::LedgerConfig {
         heartbeat: std::time::Duration::from_secs(3600),
         stale_after: std::time::Duration::from_secs(3600),
+        earnings_window: crate::ledger::EARNINGS_WINDOW,
     };
     Ledger::start(db.clone(), config).await.expect("ledger")
 }

@@ -43,6 +43,10 @@ pub struct Earnings {
     pub provider_id: String,
     /// Ticks.
     pub balance: i64,
+    /// Of the balance, what it earned within the earnings window
+    /// (`--earnings-window`): not final yet (a failed spot check can
+    /// claw it back).
+    pub pending: i64,
     /// Its entries by journal kind (`usage`: paid for tokens its workers
     /// delivered; `trade`: market fills; `penalty`: taken back).
     pub totals: Vec<crate::ledger::accounts::KindTotal>,
@@ -63,6 +67,7 @@ pub(crate) async fn earnings(
     let ledger = &billing(&state)?.ledger;
     let account = ledger.account(&token.account_id).await?;
     let totals = ledger.totals(&account.id).await?;
+    let pending = ledger.pending_earnings(&account.id).await?;
     let workers = state
         .fleet
         .list()
@@ -72,6 +77,7 @@ pub(crate) async fn earnings(
     Ok(Json(Earnings {
         provider_id: account.id,
         balance: account.balance,
+        pending,
         totals,
         workers,
     }))

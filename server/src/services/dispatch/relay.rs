@@ -127,11 +127,14 @@ impl Relay {
                 _ => false,
             };
             let key = target.key().to_string();
+            // A split's decode side waits for the prefill worker: it is
+            // not prefilling (the prefill worker counts it).
+            let prefills = split.is_none();
             self.dispatch.measure(&key, |m| {
                 m.outstanding += 1;
-                m.prefilling += 1;
+                m.prefilling += u32::from(prefills);
             });
-            self.prefilling = Some(key.clone());
+            self.prefilling = prefills.then(|| key.clone());
             let outcome = match (&target, &split) {
                 (Target::House, _) => self.on_house().await,
                 (Target::Worker(id, ..), Some(plan)) => self.on_split(id, plan, attempt).await,

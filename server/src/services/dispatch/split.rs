@@ -207,9 +207,11 @@ impl Dispatch {
         let (Some(pre_d), Some(tpot)) = (prefill_ms(&dm, uncached_d), tpot_ms(&dm)) else {
             return none;
         };
-        // Prefills queued before it on D run first (taken as long as it).
+        // Prefills already on D share its steps (on average half done,
+        // each taken as long as this one).
+        let queued = |m: &Measure| 1.0 + 0.5 * f64::from(m.prefilling);
         let colocated = Estimate {
-            ttft_ms: pre_d * f64::from(dm.prefilling + 1) + rtt(d),
+            ttft_ms: pre_d * queued(&dm) + rtt(d),
             tpot_ms: tpot,
             transfer_ms: 0.0,
             kv_bytes: 0,
@@ -240,7 +242,7 @@ impl Dispatch {
             let bytes = per_token * uncached_d as u64;
             let transfer = bytes as f64 * 1e3 / self.split.bandwidth(&w.id) + rtt(&w.id) + rtt(d);
             let estimate = Estimate {
-                ttft_ms: pre_p * f64::from(pm.prefilling + 1) + rtt(&w.id),
+                ttft_ms: pre_p * queued(&pm) + rtt(&w.id),
                 tpot_ms: tpot,
                 transfer_ms: transfer,
                 kv_bytes: bytes,
