@@ -120,6 +120,9 @@ def test_cheaters_are_caught_quarantined_and_their_pay_clawed_back():
             assert moved[p["account_id"]] < 0 < moved["user:local"], moved
             assert sum(moved.values()) == 0, moved
             assert w["reputation_bps"] < 7_000, w
+            # What is left of its pay is still pending (the window is an hour).
+            status, earned = http_call(base, "GET", "/v1/providers/earnings", token=p["token"])[:2]
+            assert status == 200 and earned["pending"] >= earned["balance"] >= 0, earned
         finally:
             stop(cheat)
         refused_again(base, p, "replay", flags)
