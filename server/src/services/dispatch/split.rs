@@ -160,10 +160,11 @@ impl SplitStats {
     }
 }
 
-/// Expected ms to prefill `tokens` on an executor.
+/// Expected ms to prefill `tokens` on an executor (its profile's: the
+/// correction is learned from decode steps, which other choices' prefill
+/// chunks slow down; it says nothing of a prefill's own speed).
 fn prefill_ms(m: &Measure, tokens: usize) -> Option<f64> {
-    let p = m.profile?;
-    Some(p.prefill_ms(tokens) * m.correction)
+    Some(m.profile?.prefill_ms(tokens))
 }
 
 /// Expected decode step with one more choice.
@@ -236,7 +237,8 @@ impl Dispatch {
             let Some(pre_p) = prefill_ms(&pm, prompt - cached_p) else {
                 continue;
             };
-            if pm.full() {
+            // A full worker is no prefill candidate, unless told to always split.
+            if pm.full() && self.split_mode != SplitMode::Always {
                 continue;
             }
             let bytes = per_token * uncached_d as u64;
