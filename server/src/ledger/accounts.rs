@@ -269,21 +269,7 @@ impl Ledger {
         ];
         moves.sort();
         for (id, delta) in moves.into_iter().filter(|m| m.1 != 0) {
-            let done = sqlx::query(
-                "UPDATE accounts SET balance = balance + $1 WHERE id = $2 \
-                 AND balance + $3 BETWEEN $4 AND $5 \
-                 AND ($6 > 0 OR unlimited = 1 OR balance - held + $7 >= -credit_limit)",
-            )
-            .bind(delta)
-            .bind(id)
-            .bind(delta)
-            .bind(-MAX_BALANCE)
-            .bind(MAX_BALANCE)
-            .bind(delta)
-            .bind(delta)
-            .execute(&mut *tx)
-            .await?;
-            if done.rows_affected() == 0 {
+            if !apply_move(&mut tx, id, delta).await? {
                 drop(tx);
                 return Err(self.transfer_refusal(id, delta).await);
             }
@@ -318,21 +304,7 @@ impl Ledger {
         let mut moves = [(from, -amount), (to, amount)];
         moves.sort();
         for (id, delta) in moves {
-            let done = sqlx::query(
-                "UPDATE accounts SET balance = balance + $1 WHERE id = $2 \
-                 AND balance + $3 BETWEEN $4 AND $5 \
-                 AND ($6 > 0 OR unlimited = 1 OR balance - held + $7 >= -credit_limit)",
-            )
-            .bind(delta)
-            .bind(id)
-            .bind(delta)
-            .bind(-MAX_BALANCE)
-            .bind(MAX_BALANCE)
-            .bind(delta)
-            .bind(delta)
-            .execute(&mut *tx)
-            .await?;
-            if done.rows_affected() == 0 {
+            if !apply_move(&mut tx, id, delta).await? {
                 drop(tx);
                 return Err(self.transfer_refusal(id, delta).await);
             }
@@ -466,4 +438,30 @@ pub struct KindTotal {
     /// Ticks (credits positive).
     pub total: Amount,
     pub transactions: i64,
+}
+
+/// Adds `delta` to `id`'s balance inside `tx` when the result stays
+/// within the ledger's bounds and, for a debit, within the account's
+/// funds (balance + credit limit - holds) unless it is unlimited; false
+/// when refused (nothing changed).
+async fn apply_move(
+    tx: &mut sqlx::Transaction<'_, sqlx::Any>,
+    id: &str,
+    delta: Amount,
+) -> Result<bool, sqlx::Error> {
+    let done = sqlx::query(
+        "UPDATE accounts SET balance = balance + $1 WHERE id = $2 \
+         AND balance + $3 BETWEEN $4 AND $5 \
+         AND ($6 > 0 OR unlimited = 1 OR balance - held + $7 >= -credit_limit)",
+    )
+    .bind(delta)
+    .bind(id)
+    .bind(delta)
+    .bind(-MAX_BALANCE)
+    .bind(MAX_BALANCE)
+    .bind(delta)
+    .bind(delta)
+    .execute(&mut **tx)
+    .await?;
+    Ok(done.rows_affected() > 0)
 }

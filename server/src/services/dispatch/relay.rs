@@ -227,6 +227,26 @@ impl Relay {
         self.dispatch.spot_check(self.house.clone(), caught, sample);
     }
 
+    /// Attempt `attempt` as a worker's assignment (`kv`: its prompt's KV
+    /// comes from a prefill worker).
+    pub(super) fn assignment(
+        &self,
+        attempt: u32,
+        params: JobParams,
+        kv: Option<crate::fleet::protocol::KvIncoming>,
+    ) -> ToWorker {
+        ToWorker::Assign {
+            v: VERSION,
+            job: self.job,
+            attempt,
+            model: self.model.clone(),
+            prompt: self.prompt.clone(),
+            resume: self.delivered.clone(),
+            params,
+            kv,
+        }
+    }
+
     /// The cost model's estimate for attempt `attempt` on `target`, and
     /// its split plan when it picks one (first attempts only: a replay
     /// runs where it lands).
@@ -235,13 +255,7 @@ impl Relay {
             return (Estimate::default(), None);
         }
         let house = self.dispatch.house_terms(&self.model, &self.house);
-        let w = Want {
-            model: &self.model,
-            house: &house,
-            prompt: &self.prompt,
-            max_tokens: self.params.max_tokens,
-            only: None,
-        };
+        let w = first_want(&self.model, &self.prompt, self.params.max_tokens, &house);
         let (colocated, split) = self.dispatch.split_for(&w, target);
         let c = &self.dispatch.split;
         let n = if split.is_some() {
@@ -338,13 +352,7 @@ impl Relay {
     /// room (dropping the plan made before); false when it gave up.
     async fn room(&mut self) -> bool {
         let house = self.dispatch.house_terms(&self.model, &self.house);
-        let w = Want {
-            model: &self.model,
-            house: &house,
-            prompt: &self.prompt,
-            max_tokens: self.params.max_tokens,
-            only: None,
-        };
+        let w = first_want(&self.model, &self.prompt, self.params.max_tokens, &house);
         if !self.dispatch.saturated(&w) {
             return true;
         }
@@ -480,16 +488,7 @@ impl Relay {
         if self.check {
             params.logprobs.get_or_insert(0);
         }
-        let assign = ToWorker::Assign {
-            v: VERSION,
-            job: self.job,
-            attempt,
-            model: self.model.clone(),
-            prompt: self.prompt.clone(),
-            resume: self.delivered.clone(),
-            params,
-            kv: None,
-        };
+        let assign = self.assignment(attempt, params, None);
         if !fleet.send(worker, assign).await {
             return Attempt::Lost("the worker is gone".into());
         }
@@ -546,6 +545,22 @@ impl Relay {
                 }
             }
         }
+    }
+}
+
+/// What placement weighs for a choice's first attempt.
+fn first_want<'a>(
+    model: &'a str,
+    prompt: &'a [u32],
+    max_tokens: usize,
+    house: &'a Terms,
+) -> Want<'a> {
+    Want {
+        model,
+        house,
+        prompt,
+        max_tokens,
+        only: None,
     }
 }
 

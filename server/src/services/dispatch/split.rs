@@ -361,16 +361,8 @@ impl Relay {
         let (jtx, mut jrx) = mpsc::unbounded_channel();
         fleet.jobs.place(self.job, d, attempt, jtx);
         self.prefilled = Some(Prefilled::default());
-        let assign = ToWorker::Assign {
-            v: VERSION,
-            job: self.job,
-            attempt,
-            model: self.model.clone(),
-            prompt: self.prompt.clone(),
-            resume: self.delivered.clone(),
-            params: job_params(&self.params),
-            kv: Some(KvIncoming { transfer }),
-        };
+        let kv = Some(KvIncoming { transfer });
+        let assign = self.assignment(attempt, job_params(&self.params), kv);
         let outcome = if fleet.send(d, assign).await {
             self.split_loop(d, p, transfer, &mut trx, &mut jrx).await
         } else {
