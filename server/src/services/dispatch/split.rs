@@ -396,6 +396,11 @@ impl Relay {
             }
             tokio::select! {
                 ev = trx.recv() => match ev {
+                    Some(TransferEvent::Want { from }) if !asked && !decided && from as usize >= self.prompt.len() => {
+                        // Nothing to send past the prompt: a broken answer.
+                        decided = true;
+                        self.end_prefill(d, p, transfer, "the decode worker asked past the prompt", false).await;
+                    }
                     Some(TransferEvent::Want { from }) if !asked && !decided => {
                         asked = true;
                         deadline = tokio::time::Instant::now() + self.dispatch.kv_timeout;
