@@ -510,10 +510,11 @@ impl Relay {
         let fleet = self.dispatch.fleet.clone();
         tracing::warn!(job = self.job, transfer, prefill = %p, reason = %why, "KV transfer ended; the decode worker recomputes");
         self.dispatch.split.aborted.fetch_add(1, Relaxed);
+        // Only a prefill that was started can have failed on P's side.
         if asked {
             self.dispatch.measure(p, Measure::prefill_done);
+            self.set_prefill(|s| s.failed = true);
         }
-        self.set_prefill(|s| s.failed = true);
         let abort = ToWorker::KvAbort {
             v: VERSION,
             transfer,
