@@ -260,7 +260,11 @@ impl Running {
                 from: from as u32,
             };
             let _ = out.send(encode(&want)).await;
-            let mut kv = super::kv::Incoming::new(transfer, served(&a.model, &engine), from);
+            // Frames past the prompt are refused as past the "context":
+            // what a transfer can make this worker hold is bounded.
+            let mut geometry = served(&a.model, &engine);
+            geometry.context_length = u32::try_from(a.prompt.len()).unwrap_or(u32::MAX);
+            let mut kv = super::kv::Incoming::new(transfer, geometry, from);
             let deadline = tokio::time::Instant::now() + KV_PATIENCE;
             let decided = loop {
                 match tokio::time::timeout_at(deadline, rx.recv()).await {
