@@ -498,6 +498,9 @@ pub fn decode_frame<'a>(
     if h[5] != FrameKind::Kv as u8 || h[20] != DTYPE_F16 {
         return bad(format!("unknown kind {} or dtype {}", h[5], h[20]));
     }
+    if h[6..8] != [0, 0] || h[21..24] != [0, 0, 0] {
+        return bad("reserved header bytes are not zero".into());
+    }
     let mut transfer = [0u8; 8];
     transfer.copy_from_slice(&h[8..16]);
     let header = FrameHeader {

@@ -139,6 +139,27 @@ async fn random_walk(l: &Ledger, seed: u64, steps: usize) {
                 expect.get_mut(&o.account).expect("user").1 -= o.amount;
                 closed.push(o.id);
             }
+            9 if !closed.is_empty() && rng.random_bool(0.25) => {
+                // A spot check failed on a closed request: claw the
+                // worker's pay back (at most what it has), refund the user,
+                // once per key.
+                let id = &closed[rng.random_range(0..closed.len())];
+                let (pay, refund) = (rng.random_range(0..5_000), rng.random_range(0..5_000));
+                let key = format!("{id}:{step}");
+                let before = l.account(&worker).await.expect("worker").balance;
+                let got = l
+                    .clawback(&key, &worker, &user, pay, refund, "walk")
+                    .await
+                    .expect("clawback");
+                let (_, clawed) = got.expect("a fresh key");
+                assert!(
+                    clawed <= pay && clawed <= before.max(0),
+                    "{clawed} of {pay}"
+                );
+                expect.get_mut(&user).expect("user").0 += refund;
+                let again = l.clawback(&key, &worker, &user, pay, refund, "walk").await;
+                assert_eq!(again.expect("repeat"), None);
+            }
             9 if rng.random_bool(0.5) => market_step(l, &mut rng, &user).await,
             _ if !closed.is_empty() => {
                 let id = &closed[rng.random_range(0..closed.len())];

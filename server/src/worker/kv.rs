@@ -362,6 +362,39 @@ mod tests {
         );
     }
 
+    /// Random and mutated frames never panic the decode side, and never
+    /// pass for the real transfer.
+    #[test]
+    fn mangled_frames_never_panic_and_never_verify() {
+        let frames = frames_of(9, &rows(0, 40));
+        let digest = digest_of(&frames);
+        let mut rng = 0x2545_f491_4f6c_dd1du64;
+        let mut next = || {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            rng
+        };
+        for _ in 0..2_000 {
+            let mut fs = frames.clone();
+            let i = (next() as usize) % fs.len();
+            let f = &mut fs[i];
+            for _ in 0..1 + next() % 3 {
+                let at = (next() as usize) % f.len();
+                f[at] = next() as u8;
+            }
+            let cut = (next() as usize) % (f.len() + 1);
+            if next() % 2 == 0 {
+                f.truncate(cut);
+            }
+            let mut inc = Incoming::new(9, model(), 0);
+            fs.iter().for_each(|f| inc.push(f));
+            if fs != frames {
+                assert!(inc.finish(40, &digest, 40).is_err());
+            }
+        }
+    }
+
     #[test]
     fn big_layers_are_cut_into_payloads_under_the_limit() {
         let m = ServedModel {
