@@ -1079,6 +1079,59 @@ mod tests {
         assert!(!d.drifted(&a));
     }
 
+    /// A profile with this prefill throughput and a 5 ms decode step.
+    fn prefilling(tokens_per_s: f64) -> Profile {
+        Profile {
+            prefill_tokens_per_s: tokens_per_s,
+            ..profile(5.0, 8.0)
+        }
+    }
+
+    #[test]
+    fn the_cost_model_splits_a_long_prompt_onto_a_much_faster_prefill_worker() {
+        let fleet = Arc::new(Registry::default());
+        let (gpu, cpu) = (worker(&fleet, "gpu"), worker(&fleet, "cpu"));
+        let d = Dispatch::new(fleet.clone())
+            .with_weights("latency=1".parse().expect("weights"))
+            .with_split(split::SplitMode::Auto, KV_TIMEOUT);
+        calibrate(&fleet, &d, &[&gpu], prefilling(100_000.0));
+        calibrate(&fleet, &d, &[&cpu], prefilling(500.0));
+        let h = house();
+        let want = |prompt: &'static [u32], max_tokens| Want {
+            model: "m",
+            house: &h,
+            prompt,
+            max_tokens,
+            only: None,
+        };
+        let decode = worker_target(&fleet.list().into_iter().find(|w| w.id == cpu).expect("cpu"));
+        static LONG: [u32; 2048] = [7; 2048];
+        // 2,048 tokens: 4 s of prefill on the decode worker, 20 ms on the
+        // other, and 8 KB of KV (this model's geometry) to move.
+        let (colocated, plan) = d.split_for(&want(&LONG, 16), &decode);
+        let plan = plan.expect("a split");
+        assert_eq!(plan.prefill.key(), gpu);
+        assert!((colocated.ttft_ms - 4096.0).abs() < 1.0, "{colocated:?}");
+        assert!(plan.estimate.ttft_ms < 25.0, "{:?}", plan.estimate);
+        assert_eq!(plan.estimate.kv_bytes, 2048 * 4);
+        // A short prompt stays where it is.
+        static SHORT: [u32; 20] = [7; 20];
+        assert!(d.split_for(&want(&SHORT, 16), &decode).1.is_none());
+        // One token to generate: nothing to decode elsewhere.
+        assert!(d.split_for(&want(&LONG, 1), &decode).1.is_none());
+        // Decoding on the fast one, a slow prefill never pays.
+        let fast = worker_target(&fleet.list().into_iter().find(|w| w.id == gpu).expect("gpu"));
+        assert!(d.split_for(&want(&LONG, 16), &fast).1.is_none());
+        // `never` never splits; `always` does whenever it can.
+        let never = Dispatch::new(fleet.clone()).with_split(split::SplitMode::Never, KV_TIMEOUT);
+        calibrate(&fleet, &never, &[&gpu, &cpu], prefilling(1_000.0));
+        assert!(never.split_for(&want(&LONG, 16), &decode).1.is_none());
+        let always = Dispatch::new(fleet.clone()).with_split(split::SplitMode::Always, KV_TIMEOUT);
+        calibrate(&fleet, &always, &[&gpu, &cpu], prefilling(1_000.0));
+        let plan = always.split_for(&want(&LONG, 16), &fast).1.expect("always");
+        assert_eq!(plan.prefill.key(), cpu);
+    }
+
     #[test]
     fn round_robin_takes_the_workers_in_turn() {
         let fleet = Arc::new(Registry::default());
