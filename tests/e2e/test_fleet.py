@@ -296,7 +296,10 @@ def test_a_worker_killed_mid_stream_costs_the_client_nothing():
         def ensure_two():
             for name in ("a", "b"):
                 if name not in procs or procs[name].poll() is not None:
-                    procs[name] = start_worker(base, created["token"], name=name)
+                    # 2 ms a token: the tiny model would otherwise finish all
+                    # 600 before the client reads the chunk it kills at.
+                    procs[name] = start_worker(base, created["token"], name,
+                                               "--debug-token-delay-ms", "2")
             wait_for(lambda: sorted(w["name"] for w in fleet(base) if w["state"] == "active")
                      == ["a", "b"], what="two live, calibrated workers")
             # The previous round's relay lets go of its job just after the
