@@ -45,6 +45,9 @@ pub enum ApiError {
     /// The admin token is missing or wrong, or no admin token is set.
     #[error("this route needs the admin token")]
     AdminOnly,
+    /// A console session's mutating request without its CSRF token.
+    #[error("this request needs the console session's x-csrf-token header")]
+    CsrfMissing,
     /// A per-key limit is reached; retry after this many seconds.
     #[error("rate limit reached for this key ({what}); retry in {retry_after} s")]
     RateLimited {
@@ -132,6 +135,7 @@ impl ApiError {
             ),
             Self::Unauthorized(_) => (S::UNAUTHORIZED, INVALID, None, Some("invalid_api_key")),
             Self::AdminOnly => (S::UNAUTHORIZED, INVALID, None, Some("invalid_admin_token")),
+            Self::CsrfMissing => (S::FORBIDDEN, INVALID, None, Some("csrf_token_missing")),
             Self::RateLimited { .. } => (
                 S::TOO_MANY_REQUESTS,
                 "rate_limit_error",

@@ -73,6 +73,8 @@ impl Modify for Security {
         routes::fleet::connect,
         routes::fleet::earnings,
         routes::fleet::list,
+        routes::console::sign_in,
+        routes::console::sign_out,
         routes::fleet::drain,
         routes::fleet::utilization,
     ),

@@ -45,7 +45,7 @@ pub struct AdminThrottle(Mutex<HashMap<Option<IpAddr>, (f64, Instant)>>);
 
 impl AdminThrottle {
     /// Seconds until `who` may try again, if its bucket is empty.
-    fn blocked(&self, who: Option<IpAddr>, now: Instant) -> Option<u64> {
+    pub(crate) fn blocked(&self, who: Option<IpAddr>, now: Instant) -> Option<u64> {
         let mut map = self.0.lock().unwrap_or_else(|e| e.into_inner());
         let (tokens, at) = map.get_mut(&who)?;
         *tokens = (*tokens + now.duration_since(*at).as_secs_f64() * REFILL_PER_S).min(BURST);
@@ -54,7 +54,7 @@ impl AdminThrottle {
     }
 
     /// Takes one failure from `who`'s bucket.
-    fn failed(&self, who: Option<IpAddr>, now: Instant) {
+    pub(crate) fn failed(&self, who: Option<IpAddr>, now: Instant) {
         let mut map = self.0.lock().unwrap_or_else(|e| e.into_inner());
         if map.len() >= MAX_TRACKED {
             map.retain(|_, (t, at)| {
@@ -66,7 +66,8 @@ impl AdminThrottle {
     }
 }
 
-/// Middleware for admin routes: throttled, then the token.
+/// Middleware for admin routes: throttled, then the token (or a console
+/// session, with its CSRF token when the request mutates).
 pub async fn require_admin(State(auth): State<Arc<Auth>>, req: Request, next: Next) -> Response {
     let who = req
         .extensions()
@@ -81,8 +82,16 @@ pub async fn require_admin(State(auth): State<Arc<Auth>>, req: Request, next: Ne
         .into_response();
     }
     if let Err(e) = auth.check_admin(req.headers()) {
-        auth.admin_throttle.failed(who, now);
-        return e.into_response();
+        match auth.console.check(req.method(), req.headers()) {
+            super::console::SessionCheck::Ok => {}
+            super::console::SessionCheck::MissingCsrf => {
+                return ApiError::CsrfMissing.into_response();
+            }
+            super::console::SessionCheck::None => {
+                auth.admin_throttle.failed(who, now);
+                return e.into_response();
+            }
+        }
     }
     next.run(req).await
 }

@@ -5,6 +5,7 @@
 //! need the admin token.
 
 pub mod admin;
+pub mod console;
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -30,6 +31,8 @@ pub struct Auth {
     pub limiter: Arc<Limiter>,
     /// Failed admin authentications per client address.
     pub admin_throttle: Arc<admin::AdminThrottle>,
+    /// The admin console's signed-in sessions.
+    pub console: Arc<console::Sessions>,
 }
 
 impl Auth {
@@ -44,6 +47,7 @@ impl Auth {
             admin_token,
             limiter: Arc::default(),
             admin_throttle: Arc::default(),
+            console: Arc::default(),
         }
     }
 

@@ -6,6 +6,7 @@ pub mod admin;
 pub mod cache;
 pub mod chat;
 pub mod completions;
+pub mod console;
 pub mod embeddings;
 pub mod fleet;
 pub mod health;
@@ -49,6 +50,7 @@ pub fn router(state: &AppState) -> Router<AppState> {
         .merge(admin)
         .merge(health::router())
         .merge(fleet::router())
+        .merge(console::router())
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
 }
