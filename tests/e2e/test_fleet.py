@@ -206,6 +206,23 @@ def complete(base, prompt, max_tokens, stream=False):
         **({"stream_options": {"include_usage": True}} if stream else {}))
 
 
+def concurrent_streams(base, prompts, n, max_tokens):
+    """`n` streamed completions at once, prompt `i % len(prompts)` for the
+    i-th: the (i, text) of each that finished, and the errors of the rest."""
+    texts, errors = [], []
+
+    def one(i):
+        try:
+            chunks = complete(base, prompts[i % len(prompts)], max_tokens, stream=True)
+            texts.append((i, "".join(c.choices[0].text for c in chunks if c.choices)))
+        except Exception as e:  # noqa: BLE001 - reported by the caller
+            errors.append(repr(e))
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(n)]
+    [t.start() for t in threads]
+    [t.join(timeout=120) for t in threads]
+    return texts, errors
+
+
 def workers_up(base, procs, n):
     """Waits for `n` workers, registered and calibrated."""
     wait_for(lambda: len([w for w in fleet(base) if w["state"] == "active"]) == n,
@@ -229,17 +246,7 @@ def test_greedy_text_is_the_same_on_every_executor_and_streams_spread_over_worke
         for p in PROMPTS:
             assert complete(base, p, 40).choices[0].text == want[p], p
         # 32 concurrent streams: all complete, both workers take part.
-        texts, errors = [], []
-
-        def one(i):
-            try:
-                chunks = complete(base, PROMPTS[i % 3], 24, stream=True)
-                texts.append((i, "".join(c.choices[0].text for c in chunks if c.choices)))
-            except Exception as e:  # noqa: BLE001 - reported below
-                errors.append(repr(e))
-        threads = [threading.Thread(target=one, args=(i,)) for i in range(32)]
-        [t.start() for t in threads]
-        [t.join(timeout=120) for t in threads]
+        texts, errors = concurrent_streams(base, PROMPTS, 32, 24)
         assert errors == [] and len(texts) == 32, errors
         for i, text in texts:
             assert want[PROMPTS[i % 3]].startswith(text), (i, text)

@@ -12,7 +12,7 @@ import time
 import urllib.request
 
 from conftest import http_call
-from test_fleet import (call, complete, fleet, open_server, provider_token, sdk, start_worker, stop,
+from test_fleet import (call, complete, concurrent_streams, fleet, open_server, provider_token, sdk, start_worker, stop,
                         wait_for, workers_up)
 
 # Long enough that the decode worker lacks at least 32 prompt tokens.
@@ -79,17 +79,7 @@ def test_split_output_is_a_single_workers_and_only_uncached_kv_moves():
         assert 0 < sent < r.usage.prompt_tokens and kept % 16 == 0, (sent, r.usage)
         assert r.choices[0].text == ref
         # Streams too, concurrently.
-        texts, errors = [], []
-
-        def one(i):
-            try:
-                chunks = complete(base, PROMPTS[i % 3], 24, stream=True)
-                texts.append((i, "".join(c.choices[0].text for c in chunks if c.choices)))
-            except Exception as e:  # noqa: BLE001 - reported below
-                errors.append(repr(e))
-        threads = [threading.Thread(target=one, args=(i,)) for i in range(6)]
-        [t.start() for t in threads]
-        [t.join(timeout=120) for t in threads]
+        texts, errors = concurrent_streams(base, PROMPTS, 6, 24)
         assert errors == [] and sorted(texts) == [(i, want[PROMPTS[i % 3]]) for i in range(6)]
         # Both workers spent part of the last minute moving KV.
         status, uses = call(base, "GET", "/admin/fleet/utilization")

@@ -207,42 +207,35 @@ fn stage_metrics(out: &mut String, stages: &[(String, StageTotals)]) {
     }
 }
 
-/// Per executor: the share of the last minute and five minutes it was busy.
+/// Per executor: the share of the last minute and five minutes it was
+/// busy, and of the last minute it was moving KV.
 fn utilization_metrics(out: &mut String, uses: &[ExecutorUse]) {
-    let name = "synor:executor_busy_ratio";
-    Family {
-        name,
-        kind: "gauge",
-        help: "Share of the window with a choice of this server running on the executor.",
-    }
-    .header(out);
-    for u in uses {
-        let e = label(&u.executor);
-        let _ = writeln!(
-            out,
-            "{name}{{executor=\"{e}\",window=\"1m\"}} {}",
-            u.busy_1m
-        );
-        let _ = writeln!(
-            out,
-            "{name}{{executor=\"{e}\",window=\"5m\"}} {}",
-            u.busy_5m
-        );
-    }
-    let name = "synor:executor_transfer_ratio";
-    Family {
-        name,
-        kind: "gauge",
-        help: "Share of the last minute the executor was sending or receiving KV.",
-    }
-    .header(out);
-    for u in uses {
-        let e = label(&u.executor);
-        let _ = writeln!(
-            out,
-            "{name}{{executor=\"{e}\",window=\"1m\"}} {}",
-            u.transferring
-        );
+    type Windows = fn(&ExecutorUse) -> Vec<(&'static str, f64)>;
+    let families: [(&str, &str, Windows); 2] = [
+        (
+            "synor:executor_busy_ratio",
+            "Share of the window with a choice of this server running on the executor.",
+            |u| vec![("1m", u.busy_1m), ("5m", u.busy_5m)],
+        ),
+        (
+            "synor:executor_transfer_ratio",
+            "Share of the last minute the executor was sending or receiving KV.",
+            |u| vec![("1m", u.transferring)],
+        ),
+    ];
+    for (name, help, windows) in families {
+        Family {
+            name,
+            kind: "gauge",
+            help,
+        }
+        .header(out);
+        for u in uses {
+            let e = label(&u.executor);
+            for (window, v) in windows(u) {
+                let _ = writeln!(out, "{name}{{executor=\"{e}\",window=\"{window}\"}} {v}");
+            }
+        }
     }
 }
 
