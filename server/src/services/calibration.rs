@@ -62,6 +62,9 @@ enum On<'a> {
 pub async fn run(fleet: Arc<Registry>, models: Arc<ModelRegistry>, dispatch: Arc<Dispatch>) {
     let busy: Arc<Mutex<HashSet<String>>> = Arc::default();
     let failures: Arc<Mutex<HashMap<String, u32>>> = Arc::default();
+    // One challenge at a time: challenges that overlap on shared cores
+    // measure each other, not the executor.
+    let one_at_a_time = Arc::new(tokio::sync::Semaphore::new(1));
     let mut house_done = false;
     let mut tick = tokio::time::interval(SCAN);
     loop {
@@ -70,6 +73,7 @@ pub async fn run(fleet: Arc<Registry>, models: Arc<ModelRegistry>, dispatch: Arc
         let workers = fleet.local();
         if !house_done && !fleet.list().is_empty() {
             house_done = true;
+            let _turn = one_at_a_time.acquire().await;
             calibrate_house(&models, &dispatch).await;
         }
         let now = crate::store::now();
@@ -91,14 +95,16 @@ pub async fn run(fleet: Arc<Registry>, models: Arc<ModelRegistry>, dispatch: Arc
             {
                 continue;
             }
-            let (fleet, models, dispatch, busy, failures) = (
+            let (fleet, models, dispatch, busy, failures, turns) = (
                 fleet.clone(),
                 models.clone(),
                 dispatch.clone(),
                 busy.clone(),
                 failures.clone(),
+                one_at_a_time.clone(),
             );
             tokio::spawn(async move {
+                let _turn = turns.acquire().await;
                 calibrate_worker(&fleet, &models, &dispatch, &w, &failures).await;
                 busy.lock().unwrap_or_else(|e| e.into_inner()).remove(&w.id);
             });
