@@ -17,7 +17,7 @@ MODEL_FILES := \
 	$(SYNOR_MODELS_DIR)/all-minilm-l6-v2/1_Pooling/config.json \
 	$(SYNOR_MODELS_DIR)/tiny/tiny.gguf
 
-.PHONY: run test models check lint unit e2e build bench-chat clean-models
+.PHONY: run test models check lint unit e2e build browser bench-chat clean-models
 
 ## run: fetch the default models if missing, then serve them on 127.0.0.1:8080
 run: $(MODEL_FILES)
@@ -48,7 +48,11 @@ $(VENV)/.installed: tests/e2e/requirements.txt
 	$(VENV)/bin/pip install --quiet --disable-pip-version-check -r tests/e2e/requirements.txt
 	touch $@
 
-e2e: $(MODEL_FILES) build $(VENV)/.installed
+## browser: Debian's chromium, for the console's tests in headless Chromium
+browser:
+	scripts/install-browser.sh
+
+e2e: $(MODEL_FILES) build $(VENV)/.installed browser
 	SYNOR_BIN=$(TARGET_DIR)/debug/synor LOADTEST_BIN=$(TARGET_DIR)/debug/synor-loadtest \
 		$(VENV)/bin/python -m pytest -q tests/e2e
 

@@ -179,6 +179,31 @@ def test_a_worker_reconnects_when_its_server_comes_back_and_leaves_when_drained(
         srv["gen"].close()
 
 
+def test_an_admin_removes_a_worker_at_once_and_its_canaries_are_on_record():
+    srv = start_server(fresh_db())
+    base = srv["base"]
+    worker = start_worker(base, provider_token(base)["token"])
+    try:
+        [w] = wait_for(lambda: [w for w in fleet(base) if w["state"] == "active"],
+                       what="the worker to be calibrated")
+        status, checks = call(base, "GET", "/admin/spotchecks")
+        assert status == 200, checks
+        [rec] = [c for c in checks["data"] if c["worker_id"] == w["id"]]
+        assert rec["checked"] >= 1 and rec["passed"] == rec["checked"], rec
+        assert rec["failed"] == 0 and rec["last_failure"] is None, rec
+        status, body = call(base, "DELETE", f"/admin/fleet/{w['id']}?now=true")
+        assert status == 200 and body["state"] == "removed", body
+        code, out = finish(worker, timeout=30)
+        assert code == 0 and "removed from the fleet by an admin" in out, out
+        wait_for(lambda: fleet(base) == [], timeout=10, what="the removed worker to go")
+        status, body = call(base, "DELETE", f"/admin/fleet/{w['id']}?now=true")
+        assert status == 404, body
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+        srv["gen"].close()
+
+
 # --- Running work on workers, and losing them mid-stream -----------------
 
 import random

@@ -9,6 +9,9 @@ use serde::{Deserialize, Serialize};
 
 /// The protocol version this build speaks.
 pub const VERSION: u8 = 1;
+/// The WebSocket close code of a worker an admin removed: it leaves and
+/// does not reconnect.
+pub const CLOSE_REMOVED: u16 = 4001;
 /// The largest control message accepted (bytes of JSON).
 pub const MAX_CONTROL: usize = 64 * 1024;
 /// The largest binary frame payload (a KV chunk): 1 MiB.

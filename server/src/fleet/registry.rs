@@ -115,6 +115,9 @@ pub struct WorkerInfo {
 pub enum ToSession {
     Msg(ToWorker),
     Frame(Vec<u8>),
+    /// An admin removed the worker: close its connection with
+    /// `protocol::CLOSE_REMOVED` and this reason.
+    Close(String),
 }
 
 /// What a session registers.
@@ -480,6 +483,17 @@ impl Registry {
     pub async fn send_local(&self, id: &str, msg: ToWorker) -> bool {
         match self.session_of(id) {
             Some(tx) => tx.send(ToSession::Msg(msg)).await.is_ok(),
+            None => false,
+        }
+    }
+
+    /// Closes a worker's connection at once (an admin removed it): its
+    /// running attempts are lost and replayed elsewhere, as when a worker
+    /// crashes, and the worker does not reconnect by itself. False if the
+    /// worker is not connected to this replica.
+    pub async fn close(&self, id: &str, why: &str) -> bool {
+        match self.session_of(id) {
+            Some(tx) => tx.send(ToSession::Close(why.to_string())).await.is_ok(),
             None => false,
         }
     }

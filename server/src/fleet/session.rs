@@ -186,6 +186,7 @@ async fn serve(
                 let out = match msg {
                     ToSession::Msg(m) => Outbound::Text(protocol::encode(&m)),
                     ToSession::Frame(f) => Outbound::Binary(f),
+                    ToSession::Close(why) => return Some((protocol::CLOSE_REMOVED, why)),
                 };
                 if outbound.send(out).await.is_err() {
                     return None;

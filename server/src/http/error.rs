@@ -45,6 +45,9 @@ pub enum ApiError {
     /// The admin token is missing or wrong, or no admin token is set.
     #[error("this route needs the admin token")]
     AdminOnly,
+    /// No admin token is set: the admin API and the console are off.
+    #[error("the admin API is off: start the server with --admin-token (or SYNOR_ADMIN_TOKEN)")]
+    AdminOff,
     /// A console session's mutating request without its CSRF token.
     #[error("this request needs the console session's x-csrf-token header")]
     CsrfMissing,
@@ -135,6 +138,7 @@ impl ApiError {
             ),
             Self::Unauthorized(_) => (S::UNAUTHORIZED, INVALID, None, Some("invalid_api_key")),
             Self::AdminOnly => (S::UNAUTHORIZED, INVALID, None, Some("invalid_admin_token")),
+            Self::AdminOff => (S::FORBIDDEN, INVALID, None, Some("admin_disabled")),
             Self::CsrfMissing => (S::FORBIDDEN, INVALID, None, Some("csrf_token_missing")),
             Self::RateLimited { .. } => (
                 S::TOO_MANY_REQUESTS,

@@ -35,7 +35,7 @@ impl HttpMetrics {
             .or_default() += 1;
     }
 
-    fn snapshot(&self) -> Vec<((String, String, u16), u64)> {
+    pub(crate) fn snapshot(&self) -> Vec<((String, String, u16), u64)> {
         let c = self.counts.lock().unwrap_or_else(|e| e.into_inner());
         c.iter().map(|(k, v)| (k.clone(), *v)).collect()
     }

@@ -10,6 +10,7 @@ pub mod error;
 pub mod metrics;
 pub mod observe;
 pub mod openapi;
+pub mod overview;
 pub mod routes;
 pub mod state;
 

@@ -77,6 +77,16 @@ impl Modify for Security {
         routes::console::sign_out,
         routes::fleet::drain,
         routes::fleet::utilization,
+        routes::fleet::spot_checks,
+        routes::accounts::admin_usage,
+        routes::market_admin::prices,
+        routes::market_admin::book,
+        routes::market_admin::trades,
+        routes::market_admin::history,
+        routes::market_admin::orders,
+        routes::market_admin::cancel,
+        routes::overview::overview,
+        routes::overview::stream_overview,
     ),
     modifiers(&Security)
 )]
@@ -134,6 +144,53 @@ mod tests {
             }
         }
         assert!(untyped.is_empty(), "free-form answers: {untyped:#?}");
+    }
+
+    /// The console's endpoint table (`web/api.js`, one `name: ['METHOD',
+    /// '/path'],` per line): every call it makes is a documented route,
+    /// and every documented admin route has a place in the console.
+    #[test]
+    fn the_console_calls_only_documented_routes_and_covers_the_admin_api() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../web/api.js");
+        let js = std::fs::read_to_string(path).expect("web/api.js");
+        let doc: serde_json::Value = serde_json::from_str(&super::json()).expect("json");
+        let mut used = std::collections::BTreeSet::new();
+        for line in js.lines() {
+            let parts: Vec<&str> = line.split('\'').collect();
+            if !(line.trim_start().contains(": ['") && parts.len() >= 5) {
+                continue;
+            }
+            let (method, route) = (parts[1].to_ascii_lowercase(), parts[3]);
+            assert!(
+                doc["paths"][route][&method].is_object(),
+                "web/api.js calls {method} {route}, which openapi.json does not describe"
+            );
+            used.insert((method, route.to_string()));
+        }
+        assert!(
+            used.len() >= 30,
+            "the endpoint table was not found: {used:?}"
+        );
+        // Admin routes the console needs no call of its own for.
+        let elsewhere = [
+            // One account: the list carries every field of each.
+            ("get", "/admin/accounts/{id}"),
+        ];
+        let mut missing = Vec::new();
+        for (route, ops) in doc["paths"].as_object().expect("paths") {
+            for method in ops.as_object().expect("operations").keys() {
+                let admin = route.starts_with("/admin/") || route.starts_with("/console/");
+                let known = used.contains(&(method.clone(), route.clone()))
+                    || elsewhere.contains(&(method.as_str(), route.as_str()));
+                if admin && !known {
+                    missing.push(format!("{method} {route}"));
+                }
+            }
+        }
+        assert!(
+            missing.is_empty(),
+            "the console has no place for {missing:?}"
+        );
     }
 
     #[test]

@@ -30,6 +30,8 @@ pub struct AppState {
     pub fleet: Arc<crate::fleet::registry::Registry>,
     /// Placement of choices on the house engine or on workers.
     pub dispatch: Arc<crate::services::dispatch::Dispatch>,
+    /// The console's overview: samples of the last hour.
+    pub overview: Arc<crate::http::overview::Overview>,
 }
 
 impl AppState {
@@ -51,6 +53,7 @@ impl AppState {
             draining: Arc::default(),
             fleet: fleet.clone(),
             dispatch: Arc::new(crate::services::dispatch::Dispatch::new(fleet)),
+            overview: Arc::default(),
         }
     }
 

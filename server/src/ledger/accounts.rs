@@ -382,12 +382,29 @@ impl Ledger {
         account_id: &str,
         limit: i64,
     ) -> Result<Vec<UsageRecord>, LedgerError> {
+        self.usage_where(Some(account_id), None, limit).await
+    }
+
+    /// The newest usage records, of one account and of one key when given
+    /// (`limit` at most).
+    pub async fn usage_where(
+        &self,
+        account_id: Option<&str>,
+        key_id: Option<&str>,
+        limit: i64,
+    ) -> Result<Vec<UsageRecord>, LedgerError> {
         let rows = sqlx::query(
             "SELECT request_id, key_id, model, provider_id, prompt_tokens, cached_tokens, \
              completion_tokens, cost, provider_amount, fee, outcome, created_at, prefill_by, \
-             decode_by FROM usage_records WHERE account_id = $1 ORDER BY created_at DESC, request_id LIMIT $2",
+             decode_by FROM usage_records \
+             WHERE (CAST($1 AS TEXT) IS NULL OR account_id = $2) \
+               AND (CAST($3 AS TEXT) IS NULL OR key_id = $4) \
+             ORDER BY created_at DESC, request_id LIMIT $5",
         )
         .bind(account_id)
+        .bind(account_id)
+        .bind(key_id)
+        .bind(key_id)
         .bind(limit)
         .fetch_all(&self.db.pool)
         .await?;

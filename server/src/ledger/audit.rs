@@ -107,22 +107,27 @@ impl Ledger {
         Ok(audit)
     }
 
-    /// The newest journal transactions (of one account, or all).
+    /// The newest journal transactions (touching one account, of one
+    /// kind, or all).
     pub async fn journal(
         &self,
         account: Option<&str>,
+        kind: Option<&str>,
         limit: i64,
     ) -> Result<Vec<Transaction>, LedgerError> {
         let rows = sqlx::query(
             "SELECT j.id, j.kind, j.ref, j.memo, j.created_at, e.account_id, e.amount \
              FROM journal j JOIN entries e ON e.tx_id = j.id WHERE j.id IN ( \
-               SELECT j2.id FROM journal j2 WHERE CAST($1 AS TEXT) IS NULL OR EXISTS ( \
-                 SELECT 1 FROM entries e2 WHERE e2.tx_id = j2.id AND e2.account_id = $2) \
-               ORDER BY j2.created_at DESC, j2.id DESC LIMIT $3) \
+               SELECT j2.id FROM journal j2 WHERE (CAST($1 AS TEXT) IS NULL OR EXISTS ( \
+                 SELECT 1 FROM entries e2 WHERE e2.tx_id = j2.id AND e2.account_id = $2)) \
+                 AND (CAST($3 AS TEXT) IS NULL OR j2.kind = $4) \
+               ORDER BY j2.created_at DESC, j2.id DESC LIMIT $5) \
              ORDER BY j.created_at DESC, j.id DESC",
         )
         .bind(account)
         .bind(account)
+        .bind(kind)
+        .bind(kind)
         .bind(limit)
         .fetch_all(&self.db.pool)
         .await?;

@@ -662,9 +662,23 @@ async fn providers_pay_penalties_to_the_treasury_within_their_funds() {
             l.penalize(&user.id, 1, "x").await,
             Err(LedgerError::WrongAccount(_))
         ));
-        let j = l.journal(Some(&provider.id), 10).await.expect("journal");
+        let j = l
+            .journal(Some(&provider.id), None, 10)
+            .await
+            .expect("journal");
         assert_eq!(j.len(), 2);
         assert_eq!(j.iter().filter(|t| t.kind == "penalty").count(), 1);
+        let only = l
+            .journal(Some(&provider.id), Some("penalty"), 10)
+            .await
+            .expect("journal");
+        assert_eq!(only.len(), 1, "the kind filter");
+        assert_eq!(only[0].kind, "penalty");
+        let none = l
+            .journal(None, Some("no-such-kind"), 10)
+            .await
+            .expect("journal");
+        assert!(none.is_empty());
         assert_clean(&l).await;
     }
 }
@@ -780,7 +794,10 @@ async fn a_clawback_takes_the_pay_back_and_refunds_the_user_once() {
             l.clawback("k4", &provider.id, &user.id, -1, 1, "x").await,
             Err(LedgerError::InvalidAmount(_))
         ));
-        let j = l.journal(Some(&provider.id), 10).await.expect("journal");
+        let j = l
+            .journal(Some(&provider.id), None, 10)
+            .await
+            .expect("journal");
         assert_eq!(j.iter().filter(|t| t.kind == "clawback").count(), 2);
         assert_clean(&l).await;
     }

@@ -207,6 +207,15 @@ impl Book {
         self.bids.values().cloned()
     }
 
+    /// Every resting order: bids best first, then asks best first.
+    pub fn resting(&self) -> Vec<Order> {
+        self.bids
+            .values()
+            .chain(self.asks.values())
+            .cloned()
+            .collect()
+    }
+
     /// Ids of every resting order.
     pub fn order_ids(&self) -> impl Iterator<Item = String> + '_ {
         self.index.keys().cloned()

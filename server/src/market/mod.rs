@@ -594,6 +594,15 @@ impl Market {
         Ok(())
     }
 
+    /// The resting orders of `instrument` (bids, then asks, best first).
+    pub async fn orders(&self, instrument: &str) -> Vec<Order> {
+        let mut books = self.books.lock().await;
+        if let Ok(Some(b)) = shared::reload(&self.db, instrument).await {
+            books.insert(instrument.to_string(), b);
+        }
+        books.get(instrument).map(Book::resting).unwrap_or_default()
+    }
+
     /// Best bid and ask, last trade and `depth` levels of each side.
     pub async fn spot(&self, instrument: &str, depth: usize) -> Spot {
         let mut books = self.books.lock().await;

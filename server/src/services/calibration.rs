@@ -153,7 +153,11 @@ async fn calibrate_worker(
     .await
     {
         Ok((p, answers)) => {
-            if let Some(why) = canaries(dispatch, &house, &answers).await {
+            let who = crate::services::spotcheck::Who {
+                worker: &w.id,
+                provider: &w.provider_id,
+            };
+            if let Some(why) = canaries(dispatch, &house, &answers, who).await {
                 dispatch.quarantine(&w.id, &w.provider_id, &format!("canary: {why}"));
                 return;
             }
@@ -190,9 +194,14 @@ const MAX_FAILED_CALIBRATIONS: u32 = 3;
 
 /// Checks the greedy answers of a worker's challenge against the house
 /// engine's reference, as spot checks do: why the first one fails.
-async fn canaries(dispatch: &Dispatch, house: &EngineHandle, answers: &[Sample]) -> Option<String> {
+async fn canaries(
+    dispatch: &Dispatch,
+    house: &EngineHandle,
+    answers: &[Sample],
+    who: crate::services::spotcheck::Who<'_>,
+) -> Option<String> {
     for a in answers {
-        if let Some(Verdict::Fail(why)) = dispatch.spot.check(house, a).await {
+        if let Some(Verdict::Fail(why)) = dispatch.spot.check(house, a, who).await {
             return Some(why);
         }
     }

@@ -107,6 +107,30 @@ pub fn judge(c: &SpotConfig, sample: &Sample, scores: &[TokenScore]) -> Verdict 
     Verdict::Pass(worst)
 }
 
+/// Whose attempt a check judges.
+#[derive(Debug, Clone, Copy)]
+pub struct Who<'a> {
+    pub worker: &'a str,
+    pub provider: &'a str,
+}
+
+/// One worker's spot-check record.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, utoipa::ToSchema)]
+pub struct WorkerChecks {
+    pub worker_id: String,
+    pub provider_id: String,
+    /// Checks judged (canaries included), passed and failed.
+    pub checked: u64,
+    pub passed: u64,
+    pub failed: u64,
+    /// Why its last failed check failed.
+    pub last_failure: Option<String>,
+}
+
+/// Workers whose records are kept (the oldest passing ones are
+/// forgotten first).
+const MAX_RECORDS: usize = 10_000;
+
 /// The checker: its settings and counters.
 #[derive(Debug, Default)]
 pub struct SpotCheck {
@@ -121,6 +145,8 @@ pub struct SpotCheck {
     pub tokens: AtomicU64,
     /// The largest difference of a passing check (nats, as f32 bits).
     worst_pass: Mutex<f32>,
+    /// Each worker's record, by worker id.
+    records: Mutex<std::collections::BTreeMap<String, WorkerChecks>>,
 }
 
 impl SpotCheck {
@@ -145,7 +171,12 @@ impl SpotCheck {
 
     /// Scores `sample` on the house engine and judges it (`None`: the
     /// check could not run).
-    pub async fn check(&self, house: &EngineHandle, sample: &Sample) -> Option<Verdict> {
+    pub async fn check(
+        &self,
+        house: &EngineHandle,
+        sample: &Sample,
+        who: Who<'_>,
+    ) -> Option<Verdict> {
         let started = Instant::now();
         let mut all = sample.context.clone();
         all.extend(sample.tokens.iter().map(|t| t.0));
@@ -162,6 +193,7 @@ impl SpotCheck {
         };
         self.tokens.fetch_add(scores.len() as u64, Relaxed);
         let v = judge(&self.config, sample, &scores);
+        self.record(who, &v);
         match &v {
             Verdict::Pass(d) => {
                 self.passed.fetch_add(1, Relaxed);
@@ -173,6 +205,43 @@ impl SpotCheck {
             }
         }
         Some(v)
+    }
+
+    /// Adds a verdict to a worker's record.
+    fn record(&self, who: Who<'_>, v: &Verdict) {
+        let mut records = self.records.lock().unwrap_or_else(|e| e.into_inner());
+        if records.len() >= MAX_RECORDS && !records.contains_key(who.worker) {
+            let clean: Vec<String> = records
+                .iter()
+                .filter(|(_, r)| r.failed == 0)
+                .map(|(k, _)| k.clone())
+                .take(MAX_RECORDS / 10)
+                .collect();
+            for k in clean {
+                records.remove(&k);
+            }
+        }
+        let r = records
+            .entry(who.worker.to_string())
+            .or_insert_with(|| WorkerChecks {
+                worker_id: who.worker.to_string(),
+                provider_id: who.provider.to_string(),
+                ..WorkerChecks::default()
+            });
+        r.checked += 1;
+        match v {
+            Verdict::Pass(_) => r.passed += 1,
+            Verdict::Fail(why) => {
+                r.failed += 1;
+                r.last_failure = Some(why.clone());
+            }
+        }
+    }
+
+    /// Every worker's record, by worker id.
+    pub fn records(&self) -> Vec<WorkerChecks> {
+        let records = self.records.lock().unwrap_or_else(|e| e.into_inner());
+        records.values().cloned().collect()
     }
 
     /// The largest log-probability difference a passing check had.

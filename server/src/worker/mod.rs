@@ -366,6 +366,10 @@ async fn connect_once(
                         running.arrive(transfer, jobs::Arrival::Frame(b.to_vec()));
                     }
                 }
+                Some(Ok(Message::Close(Some(f)))) if u16::from(f.code) == protocol::CLOSE_REMOVED => {
+                    tracing::warn!(reason = %f.reason, "removed from the fleet by an admin: leaving");
+                    break Ended::Leave;
+                }
                 Some(Ok(Message::Close(frame))) => {
                     break Ended::Lost(frame.map_or_else(|| "closed".to_string(), |f| format!("closed: {} {}", u16::from(f.code), f.reason)));
                 }

@@ -63,7 +63,7 @@ pub struct Moved {
 #[derive(Debug, Serialize, ToSchema)]
 pub struct Drained {
     pub id: String,
-    /// `draining`.
+    /// `draining`, or `removed`.
     pub state: String,
 }
 

@@ -55,6 +55,7 @@ impl Auth {
     pub fn check_admin(&self, headers: &HeaderMap) -> Result<(), ApiError> {
         match (&self.admin_token, bearer(headers)) {
             (Some(want), Some(got)) if admin::token_matches(want, got) => Ok(()),
+            (None, _) => Err(ApiError::AdminOff),
             _ => Err(ApiError::AdminOnly),
         }
     }

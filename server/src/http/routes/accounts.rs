@@ -14,7 +14,7 @@ use crate::http::api::bodies::{KeyUse, List, Moved, UsageAnswer};
 use crate::http::api::json::ApiJson;
 use crate::http::error::ApiError;
 use crate::http::state::AppState;
-use crate::ledger::accounts::{Account, AccountKind};
+use crate::ledger::accounts::{Account, AccountKind, UsageRecord};
 use crate::ledger::audit::{Audit, Transaction};
 use crate::services::metering::Payer;
 use crate::store::keys::KeyRecord;
@@ -31,6 +31,7 @@ pub fn admin_router() -> Router<AppState> {
         .route("/admin/accounts/{id}/topup", post(top_up))
         .route("/admin/accounts/{id}/penalty", post(penalty))
         .route("/admin/journal", get(journal))
+        .route("/admin/usage", get(admin_usage))
         .route("/admin/ledger/audit", get(audit))
 }
 
@@ -38,14 +39,24 @@ pub fn admin_router() -> Router<AppState> {
 pub(crate) struct LimitQuery {
     /// Rows to return (default 50, at most 1000).
     limit: Option<i64>,
-    /// Journal: only transactions touching this account.
-    account: Option<String>,
 }
 
-impl LimitQuery {
-    fn limit(&self) -> i64 {
-        self.limit.unwrap_or(50).clamp(1, 1000)
-    }
+/// Rows to return.
+fn rows(limit: Option<i64>) -> i64 {
+    limit.unwrap_or(50).clamp(1, 1000)
+}
+
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+pub(crate) struct FilterQuery {
+    /// Rows to return (default 50, at most 1000).
+    limit: Option<i64>,
+    /// Only rows of this account (journal: transactions touching it).
+    account: Option<String>,
+    /// Journal: only transactions of this kind (`usage`, `topup`,
+    /// `penalty`, `clawback`, ...).
+    kind: Option<String>,
+    /// Usage: only records of this API key.
+    key: Option<String>,
 }
 
 /// The caller's account (balance, held funds, credit limit; ticks)
@@ -61,7 +72,7 @@ pub(crate) async fn usage(
     let b = billing(&state)?;
     let payer = Payer::of(key.as_deref());
     let account = b.ledger.account(&payer.account_id).await?;
-    let records = b.ledger.usage(&payer.account_id, q.limit()).await?;
+    let records = b.ledger.usage(&payer.account_id, rows(q.limit)).await?;
     let key = key.map(|k| KeyUse {
         id: k.id.clone(),
         budget: k.budget,
@@ -214,16 +225,32 @@ pub(crate) async fn penalty(
 }
 
 /// Admin: the latest journal transactions with their entries.
-#[utoipa::path(get, path = "/admin/journal", tag = "admin", params(LimitQuery),
+#[utoipa::path(get, path = "/admin/journal", tag = "admin", params(FilterQuery),
     responses((status = 200, description = "Transactions, newest first", body = List<Transaction>), (status = 401, description = "Missing or wrong admin token", body = crate::http::error::ErrorResponse)),
     security(("admin_token" = [])))]
 pub(crate) async fn journal(
     State(state): State<AppState>,
-    Query(q): Query<LimitQuery>,
+    Query(q): Query<FilterQuery>,
 ) -> Result<Json<List<Transaction>>, ApiError> {
     let data = billing(&state)?
         .ledger
-        .journal(q.account.as_deref(), q.limit())
+        .journal(q.account.as_deref(), q.kind.as_deref(), rows(q.limit))
+        .await?;
+    Ok(Json(List::of(data)))
+}
+
+/// Admin: the latest usage records, of every account or of one account
+/// and/or one key.
+#[utoipa::path(get, path = "/admin/usage", tag = "admin", params(FilterQuery),
+    responses((status = 200, description = "Usage records, newest first", body = List<UsageRecord>), (status = 401, description = "Missing or wrong admin token", body = crate::http::error::ErrorResponse)),
+    security(("admin_token" = [])))]
+pub(crate) async fn admin_usage(
+    State(state): State<AppState>,
+    Query(q): Query<FilterQuery>,
+) -> Result<Json<List<UsageRecord>>, ApiError> {
+    let data = billing(&state)?
+        .ledger
+        .usage_where(q.account.as_deref(), q.key.as_deref(), rows(q.limit))
         .await?;
     Ok(Json(List::of(data)))
 }

@@ -58,6 +58,9 @@ pub(crate) async fn sign_in(
     }
     let Json(body) = body.map_err(|e| ApiError::invalid("token", e.body_text()))?;
     let admin = auth.admin_token.as_deref();
+    if admin.is_none() {
+        return Err(ApiError::AdminOff);
+    }
     if !admin.is_some_and(|want| crate::http::auth::admin::token_matches(want, &body.token)) {
         auth.admin_throttle.failed(who, now);
         return Err(ApiError::AdminOnly);

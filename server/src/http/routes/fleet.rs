@@ -9,7 +9,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use axum::extract::ws::{CloseFrame, Message, WebSocket, WebSocketUpgrade};
-use axum::extract::{ConnectInfo, Path, State};
+use axum::extract::{ConnectInfo, Path, Query, State};
 use axum::http::HeaderMap;
 use axum::response::Response;
 use axum::routing::{delete, get};
@@ -105,6 +105,7 @@ pub fn admin_router() -> Router<AppState> {
         .route("/admin/fleet", get(list))
         .route("/admin/fleet/utilization", get(utilization))
         .route("/admin/fleet/{id}", delete(drain))
+        .route("/admin/spotchecks", get(spot_checks))
 }
 
 /// The gateway: a worker token in `Authorization: Bearer`, then a
@@ -240,16 +241,46 @@ pub(crate) async fn utilization(
     Json(List::of(state.dispatch.utilization.report()))
 }
 
+#[derive(Debug, serde::Deserialize, utoipa::IntoParams)]
+pub(crate) struct RemoveQuery {
+    /// Remove it now instead of draining: its connection is closed, its
+    /// running work replayed elsewhere, and it does not reconnect by
+    /// itself (revoke its token to bar it).
+    now: Option<bool>,
+}
+
+/// Each worker's spot-check record (canaries included): checks judged,
+/// passed and failed, and why the last failure failed.
+#[utoipa::path(get, path = "/admin/spotchecks", tag = "admin",
+    responses((status = 200, description = "Per worker", body = List<crate::services::spotcheck::WorkerChecks>), (status = 401, description = "Missing or wrong admin token", body = crate::http::error::ErrorResponse)),
+    security(("admin_token" = [])))]
+pub(crate) async fn spot_checks(
+    State(state): State<AppState>,
+) -> Json<List<crate::services::spotcheck::WorkerChecks>> {
+    Json(List::of(state.dispatch.spot.records()))
+}
+
 /// Drains a worker: it takes no new work and leaves once idle. A worker
-/// connected to another replica is told through the fleet bus.
+/// connected to another replica is told through the fleet bus. With
+/// `now=true`, removes it at once (a worker of this replica).
 #[utoipa::path(delete, path = "/admin/fleet/{id}", tag = "admin",
-    params(("id" = String, Path, description = "The worker's id")),
+    params(("id" = String, Path, description = "The worker's id"), RemoveQuery),
     responses((status = 200, description = "Draining", body = Drained), (status = 404, description = "No such worker", body = crate::http::error::ErrorResponse), (status = 401, description = "Missing or wrong admin token", body = crate::http::error::ErrorResponse)),
     security(("admin_token" = [])))]
 pub(crate) async fn drain(
     State(state): State<AppState>,
     Path(id): Path<String>,
+    Query(q): Query<RemoveQuery>,
 ) -> Result<Json<Drained>, ApiError> {
+    if q.now == Some(true) {
+        if !state.fleet.close(&id, "removed by an admin").await {
+            return Err(ApiError::NotFound { what: "worker", id });
+        }
+        return Ok(Json(Drained {
+            id,
+            state: "removed".into(),
+        }));
+    }
     let here = state.fleet.drain(&id, true);
     let elsewhere = !here
         && state.fleet.list().iter().any(|w| w.id == id)

@@ -100,7 +100,7 @@ pub(crate) async fn prices(
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
 pub(crate) struct InstrumentQuery {
     /// A served text model's name.
-    instrument: String,
+    pub(crate) instrument: String,
     /// Price levels (book) or rows (trades, history); default 20, at most 500.
     limit: Option<i64>,
 }

@@ -11,8 +11,11 @@ pub mod embeddings;
 pub mod fleet;
 pub mod health;
 pub mod market;
+pub mod market_admin;
 pub mod models;
+pub mod overview;
 pub mod providers;
+pub mod web;
 
 use axum::Router;
 
@@ -37,6 +40,8 @@ pub fn router(state: &AppState) -> Router<AppState> {
     let admin = Router::new()
         .merge(admin::router())
         .merge(market::admin_router())
+        .merge(market_admin::admin_router())
+        .merge(overview::admin_router())
         .merge(accounts::admin_router())
         .merge(cache::admin_router())
         .merge(providers::admin_router())
@@ -51,6 +56,7 @@ pub fn router(state: &AppState) -> Router<AppState> {
         .merge(health::router())
         .merge(fleet::router())
         .merge(console::router())
+        .merge(web::router())
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
 }

@@ -284,7 +284,13 @@ impl Dispatch {
     fn spot_check(self: &Arc<Self>, house: EngineHandle, caught: Caught, sample: Sample) {
         let me = self.clone();
         tokio::spawn(async move {
-            if let Some(Verdict::Fail(why)) = me.spot.check(&house, &sample).await {
+            let (worker, provider) = match &caught.target {
+                Target::Worker(id, provider, _) => (id.as_str(), provider.as_str()),
+                Target::House => (HOUSE, HOUSE),
+            };
+            let who = crate::services::spotcheck::Who { worker, provider };
+            let verdict = me.spot.check(&house, &sample, who).await;
+            if let Some(Verdict::Fail(why)) = verdict {
                 me.caught(caught, &sample, &why).await;
             }
         });

@@ -1,0 +1,85 @@
+//! `GET /admin/overview` (the console's overview: the current sample and
+//! the last hour) and `GET /admin/overview/stream` (the same, then every
+//! sample as it is taken, as Server-Sent Events). A stream opened with a
+//! console session ends when the session does.
+
+use std::convert::Infallible;
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::http::{HeaderMap, Method};
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::routing::get;
+use axum::{Json, Router};
+use futures_util::stream::{self, Stream};
+use tokio::sync::broadcast::error::RecvError;
+
+use crate::http::auth::console::SessionCheck;
+use crate::http::overview::OverviewAnswer;
+use crate::http::state::AppState;
+
+pub fn admin_router() -> Router<AppState> {
+    Router::new()
+        .route("/admin/overview", get(overview))
+        .route("/admin/overview/stream", get(stream_overview))
+}
+
+/// The platform now (rates and percentiles over the last ten seconds) and
+/// one sample per ten seconds over the last hour.
+#[utoipa::path(get, path = "/admin/overview", tag = "admin",
+    responses((status = 200, description = "Now and the last hour", body = OverviewAnswer), (status = 401, description = "Missing or wrong admin token", body = crate::http::error::ErrorResponse)),
+    security(("admin_token" = [])))]
+pub(crate) async fn overview(State(state): State<AppState>) -> Json<OverviewAnswer> {
+    Json(state.overview.answer(&state))
+}
+
+/// Server-Sent Events: `overview` (the body of `GET /admin/overview`),
+/// then a `sample` (a `Sample`) every second; samples with `point: true`
+/// are also the history's. A console session's stream ends when the
+/// session expires or signs out.
+#[utoipa::path(get, path = "/admin/overview/stream", tag = "admin",
+    responses((status = 200, description = "An event stream of `overview`, then `sample`s", content_type = "text/event-stream", body = String), (status = 401, description = "Missing or wrong admin token", body = crate::http::error::ErrorResponse)),
+    security(("admin_token" = [])))]
+pub(crate) async fn stream_overview(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
+    let first = state.overview.answer(&state);
+    let rx = state.overview.subscribe();
+    let session = matches!(
+        state.auth.console.check(&Method::GET, &headers),
+        SessionCheck::Ok
+    );
+    let events = stream::unfold(
+        (Some(first), rx, state, headers),
+        move |(first, mut rx, state, headers)| async move {
+            if let Some(first) = first {
+                let ev = json_event("overview", &first);
+                return Some((ev, (None, rx, state, headers)));
+            }
+            let sample = loop {
+                match rx.recv().await {
+                    Ok(s) => break s,
+                    Err(RecvError::Lagged(_)) => continue,
+                    Err(RecvError::Closed) => return None,
+                }
+            };
+            let valid = matches!(
+                state.auth.console.check(&Method::GET, &headers),
+                SessionCheck::Ok
+            );
+            if session && !valid {
+                return None;
+            }
+            let ev = json_event("sample", &sample);
+            Some((ev, (None, rx, state, headers)))
+        },
+    );
+    Sse::new(events).keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
+}
+
+fn json_event<T: serde::Serialize>(name: &str, value: &T) -> Result<Event, Infallible> {
+    Ok(Event::default()
+        .event(name)
+        .data(crate::http::api::stream::to_json(value)))
+}

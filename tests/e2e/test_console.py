@@ -1,0 +1,216 @@
+"""The admin console in real headless Chromium (Debian's `chromium`, driven
+by Playwright), against the real `synor` binary: sign in, create an
+account and a key, use the key with the OpenAI SDK, watch the overview,
+the usage and the balance move, revoke the key (the SDK then gets 401),
+flush the cache; a wrong token and a user key are refused, and the page
+never asks anything of another host. A screenshot of every page is saved
+under $CONSOLE_ARTIFACTS (default .artifacts/console).
+"""
+
+import os
+import re
+import shutil
+
+import pytest
+
+from conftest import ADMIN_TOKEN, ROOT, _synor, http_call
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+ARTIFACTS = os.environ.get("CONSOLE_ARTIFACTS", os.path.join(ROOT, ".artifacts", "console"))
+# As the machine notes say: no background traffic to a network that is closed.
+CHROMIUM_ARGS = [
+    "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+]
+PAGES = ["overview", "fleet", "market", "money", "keys", "caches", "models"]
+WAIT_MS = 20_000
+
+
+@pytest.fixture(scope="module")
+def console_server(tmp_path_factory):
+    db = "sqlite://" + str(tmp_path_factory.mktemp("console") / "synor.db")
+    yield from _synor("--model", "tiny/tiny.gguf", "--embedding-model", "none",
+                      "--database-url", db, "--admin-token", ADMIN_TOKEN, open_mode=False)
+
+
+@pytest.fixture(scope="module")
+def browser():
+    if not os.path.exists(CHROMIUM):
+        pytest.fail("Debian's chromium is missing: run scripts/install-browser.sh")
+    from playwright.sync_api import sync_playwright
+    with sync_playwright() as pw:
+        b = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        yield b
+        b.close()
+
+
+@pytest.fixture
+def page(browser, console_server, request):
+    """A fresh browser context on the console, recording every request URL
+    and the page's errors; its last state is saved as a screenshot."""
+    os.makedirs(ARTIFACTS, exist_ok=True)
+    ctx = browser.new_context(viewport={"width": 1366, "height": 860})
+    p = ctx.new_page()
+    p.requests, p.errors = [], []
+    p.on("request", lambda r: p.requests.append(r.url))
+    p.on("pageerror", lambda e: p.errors.append(str(e)))
+    p.on("console", lambda m: m.type == "error" and "Failed to load resource" not in m.text
+         and p.errors.append(m.text))
+    p.goto(console_server["base"] + "/console")
+    yield p
+    shot(p, f"end-{request.node.name}")
+    ctx.close()
+    assert not p.errors, f"the page reported errors: {p.errors}"
+
+
+
+def shot(page, name):
+    page.screenshot(path=os.path.join(ARTIFACTS, f"{name}.png"), full_page=True)
+
+
+def sign_in(page, token):
+    page.fill("#signin input[name=token]", token)
+    page.click("#signin [type=submit]")
+
+
+def go(page, name):
+    page.click(f'nav a[href="#{name}"]')
+    page.wait_for_function(f"location.hash === '#{name}'")
+
+
+def flash(page):
+    """The flash area's latest message, once one shows."""
+    el = page.locator('[data-testid="flash"]')
+    el.wait_for(state="visible", timeout=WAIT_MS)
+    return el
+
+
+def number(text):
+    digits = re.sub(r"[^0-9\-]", "", text)
+    return int(digits) if digits not in ("", "-") else 0
+
+
+def test_a_wrong_token_and_a_user_key_cannot_open_the_console(page, console_server):
+    base = console_server["base"]
+    sign_in(page, "not-the-admin-token")
+    err = page.locator('[data-testid="signin-error"]')
+    err.wait_for(state="visible", timeout=WAIT_MS)
+    assert "admin token" in err.inner_text()
+    shot(page, "signin-refused")
+    status, body, _ = http_call(base, "POST", "/admin/keys", {"name": "someone"})
+    assert status == 201, body
+    user_key = body["key"]
+    page.fill("#signin input[name=token]", "")
+    sign_in(page, user_key)
+    page.wait_for_function(
+        "document.querySelector('[data-testid=\"signin-error\"]').textContent.length > 0")
+    assert page.locator("nav").is_hidden(), "a user key opened the console"
+    # Nor does the key reach the admin API, the overview stream included.
+    for path in ["/admin/overview", "/admin/overview/stream", "/admin/keys"]:
+        status, body, _ = http_call(base, "GET", path, token=user_key)
+        assert status == 401, (path, body)
+    assert not page.context.cookies(), "no session for a refused sign-in"
+
+
+def test_sign_in_create_a_key_use_it_revoke_it_and_flush_the_cache(page, console_server):
+    from openai import AuthenticationError, OpenAI
+
+    base = console_server["base"]
+    sign_in(page, ADMIN_TOKEN)
+    page.locator("nav").wait_for(state="visible", timeout=WAIT_MS)
+    cookie = next(c for c in page.context.cookies() if c["name"] == "synor_console")
+    assert cookie["httpOnly"] and cookie["sameSite"] == "Strict" and cookie["expires"] > 0
+    assert ADMIN_TOKEN not in page.url
+    page.locator('[data-testid="live"]').filter(has_text="live").wait_for(timeout=WAIT_MS)
+    requests_before = number(page.locator('[data-testid="stat-requests"]').inner_text())
+
+    # An account with money, and a key that spends it.
+    go(page, "money")
+    page.fill("form[name=create-account] input[name=name]", "console-user")
+    page.click("form[name=create-account] [type=submit]")
+    row = page.locator("tr[data-account-id]", has_text="console-user")
+    row.wait_for(timeout=WAIT_MS)
+    account_id = row.get_attribute("data-account-id")
+    row.locator("form[name=topup] input[name=amount]").fill("5000000")
+    row.locator("form[name=topup] [type=submit]").click()
+    page.wait_for_function(
+        f"""() => {{
+            const c = document.querySelector('tr[data-account-id="{account_id}"] [data-testid="balance"]');
+            return c && c.textContent.replace(/[^0-9]/g, '') === '5000000';
+        }}""", timeout=WAIT_MS)
+
+    go(page, "keys")
+    page.fill("form[name=create-key] input[name=name]", "console-key")
+    page.fill("form[name=create-key] input[name=account_id]", account_id)
+    page.click("form[name=create-key] [type=submit]")
+    secret_el = page.locator('[data-testid="new-secret"]')
+    secret_el.wait_for(timeout=WAIT_MS)
+    secret = secret_el.inner_text().strip()
+    assert secret.startswith("sk-"), secret
+    key_row = page.locator("tr[data-key-id]", has_text="console-key")
+    key_row.wait_for(timeout=WAIT_MS)
+    key_id = key_row.get_attribute("data-key-id")
+    shot(page, "keys")
+
+    # The key works with the OpenAI SDK.
+    sdk = OpenAI(base_url=base + "/v1", api_key=secret, max_retries=0, timeout=60)
+    r = sdk.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "hello console"}],
+        max_tokens=8, temperature=0)
+    assert r.usage.completion_tokens > 0
+
+    # The overview sees it live, without a reload.
+    go(page, "overview")
+    page.wait_for_function(
+        f"""() => {{
+            const el = document.querySelector('[data-testid="stat-requests"]');
+            return el && Number(el.textContent.replace(/[^0-9]/g, '')) > {requests_before};
+        }}""", timeout=WAIT_MS)
+    shot(page, "overview")
+
+    # Usage and balance moved.
+    go(page, "money")
+    page.locator("tr[data-request-id]", has_text="tiny").first.wait_for(timeout=WAIT_MS)
+    balance = page.locator(f'tr[data-account-id="{account_id}"] [data-testid="balance"]')
+    assert number(balance.inner_text()) < 5_000_000, balance.inner_text()
+    assert page.locator('[data-testid="audit-ok"]').is_visible()
+    shot(page, "money")
+
+    # Revoked: the SDK gets 401.
+    go(page, "keys")
+    page.once("dialog", lambda d: d.accept())
+    page.locator(f'tr[data-key-id="{key_id}"] [data-testid="revoke"]').click()
+    page.locator(f'tr[data-key-id="{key_id}"]', has_text="revoked").wait_for(timeout=WAIT_MS)
+    with pytest.raises(AuthenticationError):
+        sdk.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": "hello again"}], max_tokens=4)
+
+    # The cache flush answers with what it removed.
+    go(page, "caches")
+    page.click('[data-testid="flush"]')
+    assert "ok" in flash(page).get_attribute("class")
+    shot(page, "caches")
+
+    for name in ["fleet", "market", "models"]:
+        go(page, name)
+        page.wait_for_load_state("networkidle")
+        errors = page.locator('[data-testid="flash"].error')
+        assert errors.count() == 0 or not errors.first.is_visible(), (name, errors.first.inner_text())
+        shot(page, name)
+
+    # Sign out: the session is gone, its cookie no longer opens the API.
+    page.click('[data-testid="signout"]')
+    page.locator("#signin").wait_for(state="visible", timeout=WAIT_MS)
+    status = page.evaluate("fetch('/admin/keys').then(r => r.status)")
+    assert status == 401
+    outside = [u for u in page.requests if not u.startswith(base) and not u.startswith("data:")]
+    assert not outside, f"requests left the server: {outside}"
+
+
+def test_a_mutation_without_the_csrf_token_is_refused_in_the_browser(page, console_server):
+    sign_in(page, ADMIN_TOKEN)
+    page.locator("nav").wait_for(state="visible", timeout=WAIT_MS)
+    # The cookie alone (as a forged cross-site form would send it) is not enough.
+    status = page.evaluate("""fetch('/admin/cache/flush', {method: 'POST',
+        headers: {'content-type': 'application/json'}, body: '{}'}).then(r => r.status)""")
+    assert status == 403

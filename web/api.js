@@ -1,0 +1,174 @@
+// The console's only door to the server: the admin endpoints it uses
+// (ENDPOINTS, checked against openapi.json by a Rust test), `call`, the
+// session (sign-in, sign-out, the CSRF token) and the overview stream.
+
+export const ENDPOINTS = Object.freeze({
+  signIn: ['POST', '/console/session'],
+  signOut: ['DELETE', '/console/session'],
+  health: ['GET', '/health'],
+  overview: ['GET', '/admin/overview'],
+  overviewStream: ['GET', '/admin/overview/stream'],
+  listWorkers: ['GET', '/admin/fleet'],
+  utilization: ['GET', '/admin/fleet/utilization'],
+  drainWorker: ['DELETE', '/admin/fleet/{id}'],
+  spotChecks: ['GET', '/admin/spotchecks'],
+  listWorkerTokens: ['GET', '/admin/providers/tokens'],
+  createProvider: ['POST', '/admin/providers'],
+  revokeWorkerToken: ['DELETE', '/admin/providers/tokens/{id}'],
+  marketPrices: ['GET', '/admin/market/prices'],
+  marketBook: ['GET', '/admin/market/book'],
+  marketTrades: ['GET', '/admin/market/trades'],
+  marketHistory: ['GET', '/admin/market/history'],
+  listOrders: ['GET', '/admin/market/orders'],
+  postAsk: ['POST', '/admin/market/orders'],
+  cancelOrder: ['DELETE', '/admin/market/orders/{id}'],
+  listRegions: ['GET', '/admin/market/regions'],
+  setRegion: ['PUT', '/admin/market/regions/{region}'],
+  listProviders: ['GET', '/admin/market/providers'],
+  setProvider: ['PUT', '/admin/market/providers/{id}'],
+  listAccounts: ['GET', '/admin/accounts'],
+  createAccount: ['POST', '/admin/accounts'],
+  updateAccount: ['PATCH', '/admin/accounts/{id}'],
+  topUp: ['POST', '/admin/accounts/{id}/topup'],
+  penalty: ['POST', '/admin/accounts/{id}/penalty'],
+  journal: ['GET', '/admin/journal'],
+  usage: ['GET', '/admin/usage'],
+  audit: ['GET', '/admin/ledger/audit'],
+  listKeys: ['GET', '/admin/keys'],
+  createKey: ['POST', '/admin/keys'],
+  revokeKey: ['DELETE', '/admin/keys/{id}'],
+  cacheStats: ['GET', '/admin/cache'],
+  flushCache: ['POST', '/admin/cache/flush'],
+  setThreshold: ['PUT', '/admin/cache/threshold'],
+  setShared: ['PUT', '/admin/cache/shared/{model}'],
+  loadModel: ['POST', '/admin/models'],
+  unloadModel: ['DELETE', '/admin/models/{name}'],
+});
+
+const CSRF_KEY = 'synor.csrf';
+let csrf = sessionStorage.getItem(CSRF_KEY);
+let onSignedOut = () => {};
+
+/** An error answer: the API's own message, with its HTTP status and code. */
+export class ApiError extends Error {
+  constructor(message, status, code, body) {
+    super(message);
+    this.name = 'ApiError';
+    this.status = status;
+    this.code = code;
+    this.body = body; // the answer's JSON, when it had one
+  }
+}
+
+/** Whether a session is held (its CSRF token is known). */
+export const signedIn = () => Boolean(csrf);
+
+/** Registers what to do when the session ends (401, or CSRF refused). */
+export function whenSignedOut(fn) {
+  onSignedOut = fn;
+}
+
+function keepCsrf(token) {
+  csrf = token;
+  if (token) sessionStorage.setItem(CSRF_KEY, token);
+  else sessionStorage.removeItem(CSRF_KEY);
+}
+
+// Integers past 2^53 (large balances in ticks) come back as BigInt.
+function parse(text) {
+  return JSON.parse(text, (key, v, ctx) =>
+    typeof v === 'number' && !Number.isSafeInteger(v) && /^-?\d+$/.test(ctx?.source ?? '')
+      ? BigInt(ctx.source) : v);
+}
+
+function stringify(body) {
+  return JSON.stringify(body, (key, v) =>
+    typeof v === 'bigint' ? (JSON.rawJSON ? JSON.rawJSON(v.toString()) : Number(v)) : v);
+}
+
+/** The URL of an endpoint, its path params filled and query added. */
+function url(name, { params = {}, query = {} } = {}) {
+  const entry = ENDPOINTS[name];
+  if (!entry) throw new Error(`unknown endpoint ${name}`);
+  const path = entry[1].replace(/\{(\w+)\}/g, (_, p) => {
+    if (params[p] === undefined) throw new Error(`${name}: missing ${p}`);
+    return encodeURIComponent(params[p]);
+  });
+  const q = new URLSearchParams();
+  for (const [k, v] of Object.entries(query)) {
+    if (v !== undefined && v !== null && v !== '') q.set(k, String(v));
+  }
+  const qs = q.toString();
+  return qs ? `${path}?${qs}` : path;
+}
+
+async function errorOf(resp) {
+  let body = null;
+  try {
+    body = parse(await resp.text());
+  } catch {
+    // Not JSON (a proxy's page): the status says it.
+  }
+  const detail = body?.error ?? {};
+  const message = detail.message || `${resp.status} ${resp.statusText || 'error'}`;
+  return new ApiError(message, resp.status, detail.code ?? null, body);
+}
+
+function sessionLost(err) {
+  return err.status === 401 || err.code === 'csrf_token_missing';
+}
+
+async function send(name, opts, { guarded = true } = {}) {
+  const method = ENDPOINTS[name][0];
+  const headers = { accept: 'application/json' };
+  if (opts.body !== undefined) headers['content-type'] = 'application/json';
+  if (method !== 'GET' && csrf) headers['x-csrf-token'] = csrf;
+  const resp = await fetch(url(name, opts), {
+    method,
+    headers,
+    credentials: 'same-origin',
+    body: opts.body === undefined ? undefined : stringify(opts.body),
+  });
+  if (!resp.ok) {
+    const err = await errorOf(resp);
+    if (guarded && sessionLost(err)) {
+      keepCsrf(null);
+      onSignedOut(err);
+    }
+    throw err;
+  }
+  const text = await resp.text();
+  return text ? parse(text) : null;
+}
+
+/** Calls an endpoint by name; throws ApiError on a non-2xx answer. */
+export function call(name, opts = {}) {
+  return send(name, opts);
+}
+
+/** Opens a console session with the admin token (kept nowhere). */
+export async function signIn(token) {
+  const session = await send('signIn', { body: { token } }, { guarded: false });
+  keepCsrf(session.csrf);
+  return session;
+}
+
+/** Closes the session; the local token is dropped whatever the answer. */
+export async function signOut() {
+  try {
+    await send('signOut', {}, { guarded: false });
+  } finally {
+    keepCsrf(null);
+  }
+}
+
+/** The items of a list answer (`{"object":"list","data":[...]}`). */
+export const rows = (answer) => (Array.isArray(answer) ? answer : answer?.data ?? []);
+
+/** Server-sent events of a GET endpoint (the session cookie authenticates). */
+export function openStream(name, opts) {
+  return new EventSource(url(name, opts));
+}
+
+/** Parses an event's JSON data like an answer. */
+export const eventData = (ev) => parse(ev.data);

@@ -1,0 +1,71 @@
+// The models page: the served models with their engines' state (from
+// /health), loading a model from the models directory, unloading one.
+
+import { call } from '../api.js';
+import { action, badge, card, fill, flash, form, h, num, pct, table } from '../ui.js';
+
+const text = (m) => m.kind === 'text';
+const ifText = (f) => (m) => (text(m) ? f(m) : '–');
+
+function modelsTable(models, refresh) {
+  return table([
+    { label: 'Model', cell: (m) => h('strong', {}, m.id) },
+    { label: 'Kind', cell: (m) => m.kind },
+    { label: 'Running', num: true, cell: ifText((m) => num(m.running)) },
+    { label: 'Waiting', num: true, cell: ifText((m) => num(m.waiting)) },
+    { label: 'KV use', num: true, cell: ifText((m) => pct(m.kv_cache_usage)) },
+    { label: 'KV blocks × size', num: true, cell: ifText((m) => `${num(m.kv_blocks)} × ${num(m.block_size)}`) },
+    { label: 'Context', num: true, cell: ifText((m) => num(m.max_model_len)) },
+    { label: 'Prefix hits', num: true, cell: ifText((m) => (m.prefix_cache_queries
+      ? pct(m.prefix_cache_hits / m.prefix_cache_queries) : '–')) },
+    { label: 'Generated', num: true, cell: ifText((m) => num(m.generated_tokens)) },
+    { label: 'Preemptions', num: true, cell: ifText((m) => num(m.preemptions)) },
+    { label: '', cell: (m) => action('Unload', async () => {
+      await call('unloadModel', { params: { name: m.id } });
+      flash(`Model ${m.id} unloaded.`);
+      await refresh();
+    }, { confirm: `Unload model ${m.id}? Its requests are refused from now on.`, cls: 'danger', testid: 'unload' }) },
+  ], models, { rowAttrs: (m) => ({ 'data-model': m.id }), empty: 'No model is loaded.' });
+}
+
+function loadForm(refresh) {
+  return form({
+    name: 'load-model', submit: 'Load',
+    fields: [
+      { name: 'name', label: 'Name', required: true },
+      { name: 'path', label: 'Path (inside the models directory)', required: true, placeholder: 'model.gguf' },
+      { name: 'kind', label: 'Kind', options: [['text', 'text (GGUF file)'], ['embedding', 'embedding (folder)']] },
+    ],
+    onSubmit: async (x, f) => {
+      const loaded = await call('loadModel', { body: { name: x.name, path: x.path, kind: x.kind } });
+      f.reset();
+      flash(`Model ${loaded.id} loaded.`);
+      await refresh();
+    },
+  });
+}
+
+// /health answers 503 while the server drains, with the same body.
+async function health() {
+  try {
+    return await call('health');
+  } catch (err) {
+    if (err.status === 503 && err.body?.models) return err.body;
+    throw err;
+  }
+}
+
+export async function render(main) {
+  const list = h('div', {}, h('p', { class: 'quiet' }, 'Loading…'));
+  const status = h('span');
+  const refresh = async () => {
+    const hl = await health();
+    fill(status, badge(hl.status));
+    fill(list, modelsTable(hl.models, refresh));
+  };
+  fill(main,
+    h('div', { class: 'title' }, h('h1', {}, 'Models'), status),
+    card('Served models', list),
+    card('Load a model', loadForm(refresh)));
+  await refresh();
+}

@@ -1,0 +1,172 @@
+// The money page: the ledger audit, accounts (create, top up, credit
+// limit, provider penalties), the journal and usage records (filtered).
+
+import { call, rows } from '../api.js';
+import {
+  action, badge, card, datalist, fill, flash, form, h, int, money, num, table, time, values,
+} from '../ui.js';
+
+const KINDS = [['', 'any kind'], ['topup', 'topup'], ['usage', 'usage'], ['trade', 'trade'],
+  ['penalty', 'penalty'], ['clawback', 'clawback']];
+
+function auditView(a, rerun) {
+  const again = action('Audit again', rerun);
+  if (a.violations.length) {
+    return h('div', { class: 'violations', 'data-testid': 'audit-violations', role: 'alert' },
+      h('strong', {}, `The ledger fails its audit: ${a.violations.length} violation(s)`),
+      h('ul', {}, a.violations.map((v) => h('li', {}, v))), again);
+  }
+  return h('p', { class: 'quiet', 'data-testid': 'audit-ok' },
+    `Ledger balanced: ${num(a.transactions)} transactions, ${num(a.open_holds)} open holds. `, again);
+}
+
+function topUpForm(a, done) {
+  return form({
+    name: 'topup', cls: 'inline tight', submit: 'Top up',
+    fields: [
+      { name: 'amount', label: '', type: 'number', min: 1, required: true, placeholder: 'ticks' },
+      { name: 'memo', label: '', placeholder: 'memo' },
+    ],
+    onSubmit: async (x, f) => {
+      const moved = await call('topUp', { params: { id: a.id }, body: { amount: int(x.amount, 'Amount'), memo: x.memo } });
+      f.reset();
+      flash(`Topped up ${a.name}: balance now ${num(moved.account.balance)} ticks.`);
+      await done();
+    },
+  });
+}
+
+function accountsTable(list, v) {
+  return table([
+    { label: 'Name', cell: (a) => h('strong', {}, a.name) },
+    { label: 'Account', cell: (a) => h('code', {}, a.id) },
+    { label: 'Kind', cell: (a) => badge(a.kind) },
+    { label: 'Balance', num: true, cell: (a) => h('span', { 'data-testid': 'balance' }, money(a.balance)) },
+    { label: 'Held', num: true, cell: (a) => money(a.held) },
+    { label: 'Credit limit', num: true, cell: (a) => (a.unlimited ? 'unlimited' : money(a.credit_limit)) },
+    { label: 'Created', cls: 'nw', cell: (a) => time(a.created_at) },
+    { label: 'Top up (ticks)', cell: (a) => (a.kind === 'user' || a.kind === 'provider' ? topUpForm(a, v.refresh) : '') },
+    { label: '', cell: (a) => h('button', { type: 'button', class: 'secondary', onclick: () => manage(v, a) }, 'Manage') },
+  ], list, { rowAttrs: (a) => ({ 'data-account-id': a.id }), empty: 'No accounts.' });
+}
+
+function manage(v, a) {
+  const creditForm = form({
+    name: 'credit-limit', submit: 'Set credit limit',
+    fields: [{ name: 'credit_limit', label: 'Credit limit (ticks)', type: 'number', min: 0, required: true, value: String(a.credit_limit) }],
+    onSubmit: async (x) => {
+      await call('updateAccount', { params: { id: a.id }, body: { credit_limit: int(x.credit_limit, 'Credit limit') } });
+      flash(`Credit limit of ${a.name} set.`);
+      await v.refresh();
+    },
+  });
+  const penaltyForm = a.kind === 'provider' && form({
+    name: 'penalty', submit: 'Apply penalty',
+    fields: [
+      { name: 'amount', label: 'Penalty (ticks)', type: 'number', min: 1, required: true },
+      { name: 'memo', label: 'Reason' },
+    ],
+    onSubmit: async (x, f) => {
+      await call('penalty', { params: { id: a.id }, body: { amount: int(x.amount, 'Penalty'), memo: x.memo } });
+      f.reset();
+      flash(`Penalty taken from ${a.name}.`);
+      await v.refresh();
+    },
+  });
+  fill(v.manage, h('div', { class: 'panel', 'data-account-id': a.id },
+    h('h3', {}, `${a.name} `, h('code', {}, a.id)), creditForm, penaltyForm,
+    h('button', { type: 'button', class: 'secondary', onclick: () => fill(v.manage) }, 'Close')));
+}
+
+function createForm(v) {
+  return form({
+    name: 'create-account', submit: 'Create account',
+    fields: [
+      { name: 'name', label: 'Name', required: true },
+      { name: 'kind', label: 'Kind', options: [['user', 'user'], ['provider', 'provider']] },
+      { name: 'credit_limit', label: 'Credit limit (ticks, optional)', type: 'number', min: 0 },
+    ],
+    onSubmit: async (x, f) => {
+      const a = await call('createAccount', { body: {
+        name: x.name, kind: x.kind, credit_limit: int(x.credit_limit, 'Credit limit') } });
+      f.reset();
+      flash(`Account ${a.name} created: ${a.id}.`);
+      await v.refresh();
+    },
+  });
+}
+
+function entries(t, names) {
+  return Object.entries(t.entries).map(([id, amount]) => h('div', { class: 'sub' },
+    `${names.get(id) ?? id}: `, h('span', { class: amount < 0 ? 'neg' : 'pos' }, money(amount))));
+}
+
+const journalTable = (list, names) => table([
+  { label: 'Time', cls: 'nw', cell: (t) => time(t.created_at) },
+  { label: 'Kind', cell: (t) => t.kind },
+  { label: 'Memo', cell: (t) => t.memo },
+  { label: 'Request', cell: (t) => (t.ref ? h('code', {}, t.ref) : '–') },
+  { label: 'Entries (ticks)', cell: (t) => entries(t, names) },
+], list, { rowAttrs: (t) => ({ 'data-transaction-id': t.id }), empty: 'No transactions.' });
+
+const usageTable = (list) => table([
+  { label: 'Time', cls: 'nw', cell: (u) => time(u.created_at) },
+  { label: 'Request', cell: (u) => h('code', {}, u.request_id) },
+  { label: 'Model', cell: (u) => u.model },
+  { label: 'Key', cell: (u) => (u.key_id ? h('code', {}, u.key_id) : '–') },
+  { label: 'Prompt (cached)', num: true, cell: (u) => `${num(u.prompt_tokens)} (${num(u.cached_tokens)})` },
+  { label: 'Output', num: true, cell: (u) => num(u.completion_tokens) },
+  { label: 'Cost', num: true, cell: (u) => money(u.cost) },
+  { label: 'Provider', cell: (u) => [h('code', {}, u.provider_id), ' ', money(u.provider_amount)] },
+  { label: 'Fee', num: true, cell: (u) => money(u.fee) },
+  { label: 'Outcome', cell: (u) => badge(u.outcome) },
+  { label: 'Prefill / decode by', cell: (u) => (u.prefill_by || u.decode_by ? `${u.prefill_by || '–'} / ${u.decode_by || '–'}` : 'cache') },
+], list, { rowAttrs: (u) => ({ 'data-request-id': u.request_id }), empty: 'No usage records.' });
+
+function filterForm(name, fields, load) {
+  return form({ name, submit: 'Show', fields, onSubmit: load });
+}
+
+async function loadJournal(v, x) {
+  const query = { account: x.account, kind: x.kind, limit: int(x.limit, 'Rows') };
+  fill(v.journal, journalTable(rows(await call('journal', { query })), v.names));
+}
+
+async function loadUsage(v, x) {
+  const query = { account: x.account, key: x.key, limit: int(x.limit, 'Rows') };
+  fill(v.usage, usageTable(rows(await call('usage', { query }))));
+}
+
+function build(main) {
+  const box = () => h('div', {}, h('p', { class: 'quiet' }, 'Loading…'));
+  const v = { audit: box(), accounts: box(), manage: h('div'), journal: box(), usage: box(), lists: h('div'), names: new Map() };
+  const limit = { name: 'limit', label: 'Rows', type: 'number', min: 1, max: 1000, value: '50' };
+  const account = { name: 'account', label: 'Account', list: 'money-accounts', placeholder: 'any' };
+  v.journalFilter = filterForm('journal-filter', [account, { name: 'kind', label: 'Kind', options: KINDS }, limit],
+    (x) => loadJournal(v, x));
+  v.usageFilter = filterForm('usage-filter', [account, { name: 'key', label: 'Key id', placeholder: 'any' }, limit],
+    (x) => loadUsage(v, x));
+  fill(main,
+    h('div', { class: 'title' }, h('h1', {}, 'Money')),
+    v.audit, v.lists,
+    card('Accounts', v.accounts, v.manage, h('h3', {}, 'New account'), createForm(v)),
+    card('Journal', v.journalFilter, v.journal),
+    card('Usage records', v.usageFilter, v.usage));
+  return v;
+}
+
+async function refresh(v) {
+  const [audit, accounts] = await Promise.all([call('audit'), call('listAccounts')]);
+  const list = rows(accounts);
+  v.names = new Map(list.map((a) => [a.id, a.name]));
+  fill(v.audit, auditView(audit, () => refresh(v)));
+  fill(v.accounts, accountsTable(list, v));
+  fill(v.lists, datalist('money-accounts', list.map((a) => a.id)));
+  await loadJournal(v, values(v.journalFilter));
+}
+
+export async function render(main) {
+  const v = build(main);
+  v.refresh = () => refresh(v);
+  await Promise.all([refresh(v), loadUsage(v, values(v.usageFilter))]);
+}

@@ -1,0 +1,145 @@
+// The overview page: live tiles (the current sample, every second over
+// Server-Sent Events) and charts of the last hour (a point per 10 s).
+
+import { call, eventData, openStream } from '../api.js';
+import { lineChart } from '../charts.js';
+import { card, fill, h, num, pct } from '../ui.js';
+
+const HOUR_MS = 3600 * 1000;
+const RETRY_MS = 5000;
+
+const pair = (p, a, b) => (p ? `${num(p[a], 0)} / ${num(p[b], 0)} ms` : '–');
+
+// name (data-testid stat-<name>), label, value, tone (warn/bad or none).
+const TILES = [
+  ['running', 'Running', (s) => num(s.running)],
+  ['waiting', 'Waiting', (s) => num(s.waiting), (s) => (s.waiting > 0 ? 'warn' : '')],
+  ['tps', 'Output tok/s', (s) => num(s.output_tokens_per_s, 1)],
+  ['requests', 'Requests (total)', (s) => num(s.requests_total)],
+  ['ttft', 'TTFT p50 / p99', (s) => pair(s.ttft_ms, 'p50', 'p99')],
+  ['itl', 'ITL p50 / p99', (s) => pair(s.itl_ms, 'p50', 'p99')],
+  ['kv', 'KV cache use', (s) => pct(s.kv_cache_usage), (s) => (s.kv_cache_usage > 0.9 ? 'warn' : '')],
+  ['prefix', 'Prefix-cache hits', (s) => pct(s.prefix_cache_hit_rate)],
+  ['cache', 'Response-cache hits', (s) => pct(s.response_cache_hit_rate)],
+  ['errors', 'Errors 5xx / 4xx (10 s)', (s) => `${num(s.server_errors)} / ${num(s.client_errors)}`,
+    (s) => (s.server_errors > 0 ? 'bad' : '')],
+  ['workers', 'Workers', (s) => num(s.workers)],
+];
+
+const f1 = (v) => num(v, 1);
+const f0 = (v) => num(v, 0);
+const p0 = (v) => pct(v, 0);
+const series = (hist, label, get) => ({ label, points: hist.map((s) => [s.t, get(s) ?? null]) });
+
+function charts(hist) {
+  return [
+    lineChart('Output tokens/s', [series(hist, 'tok/s', (s) => s.output_tokens_per_s)], { fmt: f1 }),
+    lineChart('Running and waiting', [
+      series(hist, 'running', (s) => s.running), series(hist, 'waiting', (s) => s.waiting)], { fmt: f0 }),
+    lineChart('TTFT (ms)', [
+      series(hist, 'p50', (s) => s.ttft_ms?.p50), series(hist, 'p99', (s) => s.ttft_ms?.p99)], { fmt: f0 }),
+    lineChart('KV cache use', [series(hist, 'KV', (s) => s.kv_cache_usage)], { fmt: p0 }),
+    lineChart('Cache hit rates', [
+      series(hist, 'prefix', (s) => s.prefix_cache_hit_rate),
+      series(hist, 'response', (s) => s.response_cache_hit_rate)], { fmt: p0 }),
+    lineChart('Errors per 10 s', [
+      series(hist, '5xx', (s) => s.server_errors), series(hist, '4xx', (s) => s.client_errors)], { fmt: f0 }),
+  ];
+}
+
+let active = null;
+
+function buildView(main) {
+  const values = {};
+  const tiles = TILES.map(([name, label]) => {
+    values[name] = h('div', { class: 'value', 'data-testid': `stat-${name}` }, '–');
+    return h('div', { class: 'tile' }, h('div', { class: 'label' }, label), values[name]);
+  });
+  const live = h('span', { class: 'live', 'data-testid': 'live' }, 'connecting');
+  const chartBox = h('div', { class: 'grid charts' });
+  fill(main,
+    h('div', { class: 'title' }, h('h1', {}, 'Overview'), live),
+    h('div', { class: 'grid tiles' }, tiles),
+    card('The last hour', chartBox));
+  return { values, live, chartBox, history: [], streamed: false, stream: null, timer: null, closed: false };
+}
+
+function showSample(view, s) {
+  for (const [name, , value, tone] of TILES) {
+    const el = view.values[name];
+    el.textContent = value(s);
+    el.parentElement.className = `tile ${tone?.(s) ?? ''}`.trim();
+  }
+}
+
+function showHistory(view) {
+  fill(view.chartBox, charts(view.history));
+}
+
+function setLive(view, text, on) {
+  view.live.textContent = text;
+  view.live.className = on ? 'live on' : 'live';
+}
+
+function takeOverview(view, o) {
+  view.history = o.history ?? [];
+  showSample(view, o.current);
+  showHistory(view);
+}
+
+function takeSample(view, s) {
+  showSample(view, s);
+  if (!s.point) return;
+  view.history.push(s);
+  const since = s.t - HOUR_MS;
+  while (view.history.length && view.history[0].t < since) view.history.shift();
+  showHistory(view);
+}
+
+// EventSource reconnects by itself after a network error; a refused
+// stream (a 401, say) is closed for good: retry after a GET, which
+// sends an ended session back to the sign-in view.
+function connect(view) {
+  const es = openStream('overviewStream');
+  view.stream = es;
+  es.addEventListener('open', () => setLive(view, 'live', true));
+  es.addEventListener('overview', (ev) => {
+    view.streamed = true;
+    takeOverview(view, eventData(ev));
+  });
+  es.addEventListener('sample', (ev) => takeSample(view, eventData(ev)));
+  es.addEventListener('error', () => {
+    if (es.readyState !== EventSource.CLOSED) {
+      setLive(view, 'reconnecting', false);
+      return;
+    }
+    setLive(view, 'offline', false);
+    view.timer = setTimeout(() => retry(view), RETRY_MS);
+  });
+}
+
+async function retry(view) {
+  try {
+    takeOverview(view, await call('overview'));
+  } catch {
+    if (!view.closed) view.timer = setTimeout(() => retry(view), RETRY_MS);
+    return;
+  }
+  if (!view.closed) connect(view);
+}
+
+export async function render(main) {
+  const view = buildView(main);
+  active = view;
+  connect(view);
+  const first = await call('overview');
+  if (!view.streamed) takeOverview(view, first);
+}
+
+export function dispose() {
+  if (!active) return;
+  active.closed = true;
+  active.stream?.close();
+  clearTimeout(active.timer);
+  active = null;
+}
