@@ -33,12 +33,21 @@ pub(crate) async fn overview(State(state): State<AppState>) -> Json<OverviewAnsw
     Json(state.overview.answer(&state))
 }
 
+/// One Server-Sent Event of the overview stream: `event` is `overview`
+/// (then `data` is an `OverviewAnswer`) or `sample` (a `Sample`), `data`
+/// its JSON.
+#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
+pub struct OverviewEvent {
+    pub event: String,
+    pub data: String,
+}
+
 /// Server-Sent Events: `overview` (the body of `GET /admin/overview`),
 /// then a `sample` (a `Sample`) every second; samples with `point: true`
 /// are also the history's. A console session's stream ends when the
 /// session expires or signs out.
 #[utoipa::path(get, path = "/admin/overview/stream", tag = "admin",
-    responses((status = 200, description = "An event stream of `overview`, then `sample`s", content_type = "text/event-stream", body = String), (status = 401, description = "Missing or wrong admin token", body = crate::http::error::ErrorResponse)),
+    responses((status = 200, description = "An event stream of `overview`, then `sample`s", content_type = "text/event-stream", body = OverviewEvent), (status = 401, description = "Missing or wrong admin token", body = crate::http::error::ErrorResponse)),
     security(("admin_token" = [])))]
 pub(crate) async fn stream_overview(
     State(state): State<AppState>,
