@@ -1,10 +1,12 @@
 // The console's only door to the server: the admin endpoints it uses
 // (ENDPOINTS, checked against openapi.json by a Rust test), `call`, the
-// session (sign-in, sign-out, the CSRF token) and the overview stream.
+// session (sign-in, resuming it, sign-out, the CSRF token), `/health` and
+// the overview stream.
 
 export const ENDPOINTS = Object.freeze({
   signIn: ['POST', '/console/session'],
   signOut: ['DELETE', '/console/session'],
+  session: ['GET', '/console/session'],
   health: ['GET', '/health'],
   overview: ['GET', '/admin/overview'],
   overviewStream: ['GET', '/admin/overview/stream'],
@@ -118,7 +120,7 @@ function sessionLost(err) {
   return err.status === 401 || err.code === 'csrf_token_missing';
 }
 
-async function send(name, opts, { guarded = true } = {}) {
+async function request(name, opts) {
   const method = ENDPOINTS[name][0];
   const headers = { accept: 'application/json' };
   if (opts.body !== undefined) headers['content-type'] = 'application/json';
@@ -129,16 +131,37 @@ async function send(name, opts, { guarded = true } = {}) {
     credentials: 'same-origin',
     body: opts.body === undefined ? undefined : stringify(opts.body),
   });
-  if (!resp.ok) {
-    const err = await errorOf(resp);
-    if (guarded && sessionLost(err)) {
+  if (!resp.ok) throw await errorOf(resp);
+  const text = await resp.text();
+  return text ? parse(text) : null;
+}
+
+let refreshing = null; // the CSRF re-fetch under way, shared by concurrent requests
+
+// The CSRF token of the cookie's live session (another tab may have
+// signed in and replaced the cookie); null when there is none.
+function refreshCsrf() {
+  refreshing ??= request('session', {})
+    .then((s) => { keepCsrf(s?.csrf ?? null); return csrf; }, () => null)
+    .finally(() => { refreshing = null; });
+  return refreshing;
+}
+
+// guarded: a lost session signs the page out. retry: a refused CSRF token
+// is re-fetched once and the request sent again with it.
+async function send(name, opts, { guarded = true, retry = true } = {}) {
+  try {
+    return await request(name, opts);
+  } catch (err) {
+    if (retry && err.code === 'csrf_token_missing' && await refreshCsrf()) {
+      return send(name, opts, { guarded, retry: false });
+    }
+    if (guarded && err instanceof ApiError && sessionLost(err)) {
       keepCsrf(null);
       onSignedOut(err);
     }
     throw err;
   }
-  const text = await resp.text();
-  return text ? parse(text) : null;
 }
 
 /** Calls an endpoint by name; throws ApiError on a non-2xx answer. */
@@ -148,22 +171,59 @@ export function call(name, opts = {}) {
 
 /** Opens a console session with the admin token (kept nowhere). */
 export async function signIn(token) {
-  const session = await send('signIn', { body: { token } }, { guarded: false });
+  const session = await send('signIn', { body: { token } }, { guarded: false, retry: false });
   keepCsrf(session.csrf);
   return session;
 }
 
-/** Closes the session; the local token is dropped whatever the answer. */
+/**
+ * Whether a session is held: the tab's CSRF token, or else the one of the
+ * cookie's live session (a new tab). False when there is none (401).
+ */
+export async function resume() {
+  if (csrf) return true;
+  try {
+    keepCsrf((await request('session', {})).csrf);
+  } catch (err) {
+    if (err.status === 401) return false;
+    throw err;
+  }
+  return signedIn();
+}
+
+/**
+ * Closes the session; the local token is dropped whatever the answer. A
+ * session already gone (401, or no live one to take a CSRF token from)
+ * counts as signed out.
+ */
 export async function signOut() {
   try {
     await send('signOut', {}, { guarded: false });
+  } catch (err) {
+    if (!sessionLost(err)) throw err;
   } finally {
     keepCsrf(null);
   }
 }
 
+/** Ends the session on the page (the server said it ended). */
+export function sessionEnded() {
+  keepCsrf(null);
+  onSignedOut(null);
+}
+
+/** `GET /health`: its 503 while the server drains carries the same body. */
+export async function health() {
+  try {
+    return await call('health');
+  } catch (err) {
+    if (err.status === 503 && err.body?.models) return err.body;
+    throw err;
+  }
+}
+
 /** The items of a list answer (`{"object":"list","data":[...]}`). */
-export const rows = (answer) => (Array.isArray(answer) ? answer : answer?.data ?? []);
+export const rows = (answer) => answer?.data ?? [];
 
 /** Server-sent events of a GET endpoint (the session cookie authenticates). */
 export function openStream(name, opts) {

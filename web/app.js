@@ -1,7 +1,7 @@
 // Boot and navigation: the sign-in view or the app view, the hash router
 // (#overview, #fleet, ...), and each page's render/dispose lifecycle.
 
-import { signIn, signOut, signedIn, whenSignedOut } from './api.js';
+import { resume, signIn, signOut, signedIn, whenSignedOut } from './api.js';
 import { clearFlash, flashError } from './ui.js';
 
 const PAGES = ['overview', 'fleet', 'market', 'money', 'keys', 'caches', 'models'];
@@ -82,21 +82,32 @@ async function onSignIn(ev) {
   }
 }
 
+// The page drops its session whatever the server answered; a refused
+// sign-out is said on the sign-in view (the cookie may still be live).
 async function onSignOut() {
   try {
     await signOut();
-  } catch {
-    // The session is dropped here whatever the server answered.
+  } catch (e) {
+    showSignIn(`Signing out failed: ${e.message}`);
+    return;
   }
   showSignIn();
 }
 
-function boot() {
+// A new tab has no CSRF token yet: the cookie's live session gives it.
+async function boot() {
   $('signin').addEventListener('submit', onSignIn);
   $('signout').addEventListener('click', onSignOut);
   window.addEventListener('hashchange', route);
   whenSignedOut(() => showSignIn('Your session has ended: sign in again.'));
-  if (signedIn()) showApp();
+  let resumed = false;
+  try {
+    resumed = await resume();
+  } catch (e) {
+    showSignIn(e.message);
+    return;
+  }
+  if (resumed) showApp();
   else showSignIn();
 }
 

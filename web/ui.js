@@ -1,6 +1,6 @@
 // DOM helpers for every page: elements built with textContent only (API
 // data is user-controlled: never innerHTML), tables, forms, formatting,
-// the flash area and confirmations.
+// the flash area, confirmations and polling.
 
 const PROPS = new Set(['value', 'checked', 'disabled']);
 
@@ -41,6 +41,31 @@ export function redraw(el, data, draw) {
   if (drawn.get(el) === text) return;
   drawn.set(el, text);
   fill(el, draw(data));
+}
+
+/** A box showing `Loading…` until it is filled (attrs as for h). */
+export const placeholder = (attrs = {}) => h('div', attrs, h('p', { class: 'quiet' }, 'Loading…'));
+
+/**
+ * Runs fn every ms milliseconds until the returned function is called.
+ * A tick is skipped while the page is hidden or the last run is still
+ * under way; a run's error is dropped (the next tick tries again; a lost
+ * session signs the page out by itself).
+ */
+export function poll(fn, ms) {
+  let running = false;
+  const timer = setInterval(async () => {
+    if (running || document.hidden) return;
+    running = true;
+    try {
+      await fn();
+    } catch {
+      // Shown by the next run that succeeds, or by the sign-in view.
+    } finally {
+      running = false;
+    }
+  }, ms);
+  return () => clearInterval(timer);
 }
 
 /** A titled card. */
@@ -108,7 +133,7 @@ export function bytes(n) {
 export function badge(state) {
   const tone = {
     active: 'good', ok: 'good', finished: 'good', ready: 'good', bid: 'good',
-    calibrating: 'warn', draining: 'warn', cut: 'warn', ask: 'warn',
+    calibrating: 'warn', draining: 'warn', cut: 'warn', ask: 'warn', shared: 'warn',
     quarantined: 'bad', revoked: 'bad', failed: 'bad',
   }[state] ?? 'muted';
   return h('span', { class: `badge ${tone}` }, state);
@@ -136,9 +161,6 @@ export function clearFlash() {
   flashEl().hidden = true;
 }
 
-/** Asks the admin to confirm. */
-export const confirmed = (text) => window.confirm(text);
-
 /** Runs an action from a button: disabled meanwhile, errors flashed. */
 async function busy(button, fn) {
   button.disabled = true;
@@ -155,7 +177,7 @@ async function busy(button, fn) {
 export function action(label, fn, { confirm, cls = 'secondary', testid } = {}) {
   const b = h('button', { type: 'button', class: cls, 'data-testid': testid }, label);
   b.addEventListener('click', () => {
-    if (confirm && !confirmed(confirm)) return;
+    if (confirm && !window.confirm(confirm)) return;
     busy(b, fn);
   });
   return b;

@@ -51,8 +51,13 @@ def page(browser, console_server, request):
     os.makedirs(ARTIFACTS, exist_ok=True)
     ctx = browser.new_context(viewport={"width": 1366, "height": 860})
     p = ctx.new_page()
-    p.requests, p.errors = [], []
+    p.requests, p.errors, p.unguarded = [], [], []
     p.on("request", lambda r: p.requests.append(r.url))
+    # Every change the page makes carries the session's CSRF token
+    # (signing in is what fetches it).
+    p.on("request", lambda r: r.method not in ("GET", "HEAD") and "x-csrf-token" not in r.headers
+         and not (r.method == "POST" and r.url.endswith("/console/session"))
+         and p.unguarded.append(f"{r.method} {r.url}"))
     p.on("pageerror", lambda e: p.errors.append(str(e)))
     p.on("console", lambda m: m.type == "error" and "Failed to load resource" not in m.text
          and p.errors.append(m.text))
@@ -61,6 +66,7 @@ def page(browser, console_server, request):
     shot(p, f"end-{request.node.name}")
     ctx.close()
     assert not p.errors, f"the page reported errors: {p.errors}"
+    assert not p.unguarded, f"changes sent without the CSRF token: {p.unguarded}"
 
 
 
@@ -121,6 +127,13 @@ def test_sign_in_create_a_key_use_it_revoke_it_and_flush_the_cache(page, console
     cookie = next(c for c in page.context.cookies() if c["name"] == "synor_console")
     assert cookie["httpOnly"] and cookie["sameSite"] == "Strict" and cookie["expires"] > 0
     assert ADMIN_TOKEN not in page.url
+    stored = page.evaluate("JSON.stringify([{...sessionStorage}, {...localStorage}])")
+    assert ADMIN_TOKEN not in stored, "the admin token was kept by the page"
+    # A second tab of the signed-in browser opens the console as well.
+    other = page.context.new_page()
+    other.goto(base + "/console#keys")
+    other.locator("nav").wait_for(state="visible", timeout=WAIT_MS)
+    other.close()
     page.locator('[data-testid="live"]').filter(has_text="live").wait_for(timeout=WAIT_MS)
     requests_before = number(page.locator('[data-testid="stat-requests"]').inner_text())
 
@@ -140,6 +153,10 @@ def test_sign_in_create_a_key_use_it_revoke_it_and_flush_the_cache(page, console
         }}""", timeout=WAIT_MS)
 
     go(page, "keys")
+    # An API error is shown as the API's own message.
+    page.fill("form[name=create-key] input[name=name]", "x" * 200)
+    page.click("form[name=create-key] [type=submit]")
+    assert "a key name is 1-128 characters" in flash(page).inner_text()
     page.fill("form[name=create-key] input[name=name]", "console-key")
     page.fill("form[name=create-key] input[name=account_id]", account_id)
     page.click("form[name=create-key] [type=submit]")
@@ -191,6 +208,10 @@ def test_sign_in_create_a_key_use_it_revoke_it_and_flush_the_cache(page, console
     assert "ok" in flash(page).get_attribute("class")
     shot(page, "caches")
 
+    go(page, "fleet")
+    page.locator('[data-testid="house"] tr[data-model="tiny"]').wait_for(timeout=WAIT_MS)
+    go(page, "models")
+    page.locator("text=tiny").first.wait_for(timeout=WAIT_MS)
     for name in ["fleet", "market", "models"]:
         go(page, name)
         page.wait_for_load_state("networkidle")
@@ -207,6 +228,18 @@ def test_sign_in_create_a_key_use_it_revoke_it_and_flush_the_cache(page, console
     assert not outside, f"requests left the server: {outside}"
 
 
+def test_names_from_the_api_are_shown_as_text_never_run(page, console_server):
+    hostile = '<img src=x onerror="window.__pwned=1">'
+    status, body, _ = http_call(console_server["base"], "POST", "/admin/accounts",
+                                {"name": hostile, "kind": "user"})
+    assert status in (200, 201), body
+    sign_in(page, ADMIN_TOKEN)
+    page.locator("nav").wait_for(state="visible", timeout=WAIT_MS)
+    go(page, "money")
+    page.locator("tr[data-account-id]", has_text=hostile).wait_for(timeout=WAIT_MS)
+    assert page.evaluate("window.__pwned") is None
+
+
 def test_a_mutation_without_the_csrf_token_is_refused_in_the_browser(page, console_server):
     sign_in(page, ADMIN_TOKEN)
     page.locator("nav").wait_for(state="visible", timeout=WAIT_MS)
@@ -214,3 +247,53 @@ def test_a_mutation_without_the_csrf_token_is_refused_in_the_browser(page, conso
     status = page.evaluate("""fetch('/admin/cache/flush', {method: 'POST',
         headers: {'content-type': 'application/json'}, body: '{}'}).then(r => r.status)""")
     assert status == 403
+    page.unguarded.clear()  # that forged request was this test's own
+
+
+def test_the_overview_stream_ends_when_its_session_signs_out(console_server):
+    import http.client
+    import json
+    from urllib.parse import urlparse
+
+    u = urlparse(console_server["base"])
+
+    def request(method, path, body=None, headers=None):
+        c = http.client.HTTPConnection(u.hostname, u.port, timeout=30)
+        c.request(method, path, body=body, headers=headers or {})
+        return c, c.getresponse()
+
+    _, r = request("POST", "/console/session", json.dumps({"token": ADMIN_TOKEN}),
+                   {"content-type": "application/json"})
+    assert r.status == 200
+    cookie = r.getheader("set-cookie").split(";")[0]
+    csrf = json.loads(r.read())["csrf"]
+    conn, stream = request("GET", "/admin/overview/stream", headers={"cookie": cookie})
+    assert stream.status == 200
+    assert stream.getheader("content-type").startswith("text/event-stream")
+    assert stream.getheader("cache-control") == "no-store"
+    events = []
+
+    def read_event():
+        lines = []
+        while True:
+            line = stream.readline().decode()
+            if line in ("\n", ""):
+                return lines
+            lines.append(line.rstrip("\n"))
+
+    first = read_event()
+    assert first[0] == "event: overview", first
+    overview = json.loads(first[1][len("data: "):])
+    assert overview["interval_s"] == 10 and "current" in overview
+    _, out = request("DELETE", "/console/session", headers={"cookie": cookie, "x-csrf-token": csrf})
+    assert out.status == 204
+    conn.sock.settimeout(10)
+    while True:
+        ev = read_event()
+        if not ev:
+            break
+        events.append(ev[0])
+        if ev[0] == "event: ended":
+            break
+    assert events and events[-1] == "event: ended", events
+    assert read_event() == [], "the stream closed after `ended`"

@@ -2,9 +2,9 @@
 // evictions), flushing (all, or a scope and/or model), the semantic
 // threshold, and sharing a model's cache across tenants.
 
-import { call } from '../api.js';
+import { call, health } from '../api.js';
 import {
-  action, bytes, card, datalist, dec, fill, flash, form, h, num, pct, table,
+  action, badge, bytes, card, datalist, dec, fill, flash, form, h, num, pct, placeholder, redraw, table,
 } from '../ui.js';
 
 function removedText(r) {
@@ -60,38 +60,48 @@ function thresholdForm(current, refresh) {
   });
 }
 
-function sharedForm() {
-  return form({
-    name: 'shared', submit: 'Apply',
-    fields: [
-      { name: 'model', label: 'Model', list: 'cache-models', required: true },
-      { name: 'shared', label: 'Shared across tenants', type: 'checkbox' },
-    ],
-    onSubmit: async (x) => {
-      const set = await call('setShared', { params: { model: x.model }, body: { shared: x.shared } });
-      flash(`The cache of ${set.model} is ${set.shared ? 'shared across tenants' : 'per tenant'}.`);
-    },
-  });
+// A row per served text model (and per shared model no longer served),
+// each with its current state and the button that flips it.
+function sharedTable(d, refresh) {
+  const shared = new Set(d.shared);
+  const names = [...new Set([...d.served, ...d.shared])].sort((a, b) => a.localeCompare(b));
+  return table([
+    { label: 'Model', cell: (m) => h('strong', {}, m) },
+    { label: 'Cache', cell: (m) => badge(shared.has(m) ? 'shared' : 'per tenant') },
+    { label: '', cell: (m) => {
+      const on = !shared.has(m);
+      return action(on ? 'Share' : 'Make per tenant', async () => {
+        const set = await call('setShared', { params: { model: m }, body: { shared: on } });
+        flash(`The cache of ${set.model} is ${set.shared ? 'shared across tenants' : 'per tenant'}.`);
+        await refresh();
+      }, {
+        confirm: on ? `Share the cache of ${m} across tenants? Answers cached from now on serve every tenant.` : null,
+        testid: 'toggle-shared',
+      });
+    } },
+  ], names, { rowAttrs: (m) => ({ 'data-model': m, 'data-shared': String(shared.has(m)) }), empty: 'No text model is served.' });
 }
 
 export async function render(main) {
-  const stats = h('div', {}, h('p', { class: 'quiet' }, 'Loading…'));
-  const settings = h('div');
+  const stats = placeholder();
+  const threshold = h('div');
+  const shared = placeholder();
   const lists = h('div');
+  // Errors are shown in the card (not thrown: the caller would flash them too).
   const refresh = async () => {
     let c;
+    let hl;
     try {
-      c = await call('cacheStats');
+      [c, hl] = await Promise.all([call('cacheStats'), health().catch(() => null)]);
     } catch (err) {
       fill(stats, h('p', { class: 'error-text' }, err.message));
-      fill(settings);
-      throw err;
+      return;
     }
+    const served = (hl?.models ?? []).filter((m) => m.kind === 'text').map((m) => m.id);
     fill(stats, sizes(c), tiersTable(c.tiers));
-    if (!settings.firstChild) {
-      fill(settings, card('Semantic threshold', thresholdForm(c.semantic.threshold, refresh)),
-        card('Shared models', h('p', { class: 'sub' }, 'A shared model\'s answers are cached once for every tenant.'), sharedForm()));
-    }
+    if (!threshold.firstChild) fill(threshold, thresholdForm(c.semantic.threshold, refresh));
+    redraw(shared, { served, shared: c.shared_models ?? [] }, (d) => sharedTable(d, refresh));
+    redraw(lists, served, (d) => datalist('cache-models', d));
   };
   fill(main,
     h('div', { class: 'title' }, h('h1', {}, 'Caches'),
@@ -99,7 +109,7 @@ export async function render(main) {
     lists,
     card('Response cache', stats),
     card('Flush', flushForm(refresh)),
-    settings);
-  call('health').then((hl) => fill(lists, datalist('cache-models', hl.models.map((m) => m.id))), () => {});
+    card('Semantic threshold', threshold),
+    card('Shared models', h('p', { class: 'sub' }, 'A shared model\'s answers are cached once for every tenant.'), shared));
   await refresh();
 }

@@ -2,14 +2,15 @@
 // the last hour's busy timeline, spot-check records, and worker tokens
 // (create with the secret shown once, revoke).
 
-import { call, rows } from '../api.js';
+import { call, health, rows } from '../api.js';
 import { busyStrip } from '../charts.js';
 import {
-  action, badge, bps, bytes, card, dur, fill, flash, form, h, num, pct, redraw, secretBox, table, time,
+  action, badge, bps, bytes, card, dur, fill, flash, form, h, num, pct, placeholder, poll, redraw, secretBox,
+  table, time,
 } from '../ui.js';
 
 const REFRESH_MS = 5000;
-let active = null;
+let stop = () => {};
 
 const serverUrl = () => `${location.protocol === 'https:' ? 'wss' : 'ws'}://${location.host}`;
 const connectHint = (token = 'swt-synor-...') => h('pre', { class: 'command' },
@@ -66,18 +67,19 @@ const WORKER_COLUMNS = (refresh) => [
   { label: '', cell: (w) => workerActions(w, refresh) },
 ];
 
-// The house engine is an executor too: its models' load from /health,
-// its busy share from the overview.
-function houseTable(health, busy) {
-  const engines = (health.models ?? []).filter((m) => m.engine);
+// The house engine is an executor too: its text models' load from
+// /health (each model's engine statistics, flattened into it), its busy
+// share from the overview.
+function houseTable(models, busy) {
+  const engines = models.filter((m) => m.kind === 'text');
   return [small(`Busy ${busy === undefined ? '–' : pct(busy)} of the last 10 s (time in forward passes).`),
     table([
       { label: 'Model', cell: (m) => h('strong', {}, m.id) },
-      { label: 'Running', num: true, cell: (m) => num(m.engine.running) },
-      { label: 'Waiting', num: true, cell: (m) => num(m.engine.waiting) },
-      { label: 'KV use', num: true, cell: (m) => pct(m.engine.kv_cache_usage) },
-      { label: 'KV blocks', num: true, cell: (m) => `${num(m.engine.kv_blocks)} × ${num(m.engine.block_size)}` },
-      { label: 'Prefix hits', num: true, cell: (m) => `${num(m.engine.prefix_cache_hits)} / ${num(m.engine.prefix_cache_queries)}` },
+      { label: 'Running', num: true, cell: (m) => num(m.running) },
+      { label: 'Waiting', num: true, cell: (m) => num(m.waiting) },
+      { label: 'KV use', num: true, cell: (m) => pct(m.kv_cache_usage) },
+      { label: 'KV blocks', num: true, cell: (m) => `${num(m.kv_blocks)} × ${num(m.block_size)}` },
+      { label: 'Prefix hits', num: true, cell: (m) => `${num(m.prefix_cache_hits)} / ${num(m.prefix_cache_queries)}` },
     ], engines, { rowAttrs: (m) => ({ 'data-model': m.id }), empty: 'The house serves no text model.' })];
 }
 
@@ -156,8 +158,10 @@ function tokenForm(created, refresh) {
 }
 
 function build(main) {
-  const box = () => h('div', {}, h('p', { class: 'quiet' }, 'Loading…'));
-  const v = { workers: box(), house: box(), use: box(), timeline: box(), spot: box(), tokens: box(), created: h('div') };
+  const v = {
+    workers: placeholder(), house: placeholder({ 'data-testid': 'house' }), use: placeholder(),
+    timeline: placeholder(), spot: placeholder(), tokens: placeholder(), created: h('div'),
+  };
   fill(main,
     h('div', { class: 'title' }, h('h1', {}, 'Fleet')),
     card('Workers', v.workers),
@@ -169,13 +173,15 @@ function build(main) {
   return v;
 }
 
+// One overview answer gives both the house's busy share and the timeline.
 async function refreshFleet(v) {
-  const [workers, use, spot, health, overview] = await Promise.all([
-    call('listWorkers'), call('utilization'), call('spotChecks'), call('health'), call('overview')]);
+  const [workers, use, spot, hl, overview] = await Promise.all([
+    call('listWorkers'), call('utilization'), call('spotChecks'), health(), call('overview')]);
   redraw(v.workers, rows(workers), (d) => workersTable(d, () => refreshFleet(v)));
   const busy = overview.current.executors.find((e) => e.executor === 'house')?.busy;
-  redraw(v.house, { health, busy }, (d) => houseTable(d.health, d.busy));
+  redraw(v.house, { models: hl.models ?? [], busy }, (d) => houseTable(d.models, d.busy));
   redraw(v.use, rows(use), utilizationTable);
+  redraw(v.timeline, overview.history ?? [], timeline);
   redraw(v.spot, rows(spot), spotTable);
 }
 
@@ -186,18 +192,13 @@ async function refreshTokens(v, tokenBox) {
 
 export async function render(main) {
   const v = build(main);
-  active = v;
-  v.timer = setInterval(() => { if (!document.hidden) refreshFleet(v).catch(() => {}); }, REFRESH_MS);
+  stop = poll(() => refreshFleet(v), REFRESH_MS);
   const tokenBox = h('div');
   fill(v.tokens, tokenBox, tokenForm(v.created, () => refreshTokens(v, tokenBox)));
-  await Promise.all([
-    refreshFleet(v),
-    refreshTokens(v, tokenBox),
-    call('overview').then((o) => fill(v.timeline, timeline(o.history ?? []))),
-  ]);
+  await Promise.all([refreshFleet(v), refreshTokens(v, tokenBox)]);
 }
 
 export function dispose() {
-  if (active) clearInterval(active.timer);
-  active = null;
+  stop();
+  stop = () => {};
 }

@@ -3,7 +3,7 @@
 
 import { call, rows } from '../api.js';
 import {
-  action, badge, card, datalist, fill, flash, form, h, int, money, num, secretBox, table, time,
+  action, badge, card, datalist, fill, flash, form, h, int, money, num, placeholder, secretBox, table, time,
 } from '../ui.js';
 
 const limit = (label, v) => `${label} ${v === null || v === undefined ? '∞' : num(v)}`;
@@ -16,8 +16,8 @@ function keysTable(list, names, refresh) {
     { label: 'Created', cls: 'nw', cell: (k) => time(k.created_at) },
     { label: 'Spent / budget (ticks)', num: true, cell: (k) => [money(k.spent), ' / ',
       k.budget === null || k.budget === undefined ? '∞' : money(k.budget)] },
-    { label: 'Limits', cell: (k) => [limit('rpm', k.limits.rpm), limit(' · tpm', k.limits.tpm),
-      limit(' · concurrent', k.limits.max_concurrent)].join('') },
+    { label: 'Limits', cell: (k) => [limit('rpm', k.limits.rpm), limit('tpm', k.limits.tpm),
+      limit('concurrent', k.limits.max_concurrent)].join(' · ') },
     { label: 'State', cell: (k) => (k.revoked_at
       ? [badge('revoked'), h('div', { class: 'sub' }, time(k.revoked_at))] : badge('active')) },
     { label: '', cell: (k) => (k.revoked_at ? '' : action('Revoke', async () => {
@@ -59,7 +59,7 @@ function createForm(created, refresh) {
 }
 
 export async function render(main) {
-  const list = h('div', {}, h('p', { class: 'quiet' }, 'Loading…'));
+  const list = placeholder();
   const created = h('div', { class: 'created' });
   const lists = h('div');
   const refresh = async () => {

@@ -6,11 +6,12 @@
 import { call, rows } from '../api.js';
 import { depthChart, lineChart } from '../charts.js';
 import {
-  action, badge, bps, card, datalist, dur, fill, flash, form, h, int, money, num, redraw, table, time,
+  action, badge, bps, card, datalist, dur, fill, flash, flashError, form, h, int, money, num, placeholder, poll,
+  redraw, table, time,
 } from '../ui.js';
 
 const REFRESH_MS = 5000;
-let active = null;
+let stop = () => {};
 
 const fmtPrice = (v) => num(Math.round(v));
 const pricesOf = (p) => [money(p.input), ' / ', money(p.output), ' / ', money(p.cached_input)];
@@ -77,7 +78,11 @@ function ordersTable(list, refresh) {
       await call('cancelOrder', { params: { id: o.id } });
       flash(`Order ${o.id} cancelled.`);
       await refresh();
-    }, { cls: 'danger', testid: 'cancel' }) },
+    }, {
+      confirm: `Cancel the ${o.side} ${o.id} of ${o.account_id}? Its remaining ${num(o.remaining)} tok/s leave the book.`,
+      cls: 'danger',
+      testid: 'cancel',
+    }) },
   ], list, { rowAttrs: (o) => ({ 'data-order-id': o.id }), empty: 'No resting orders.' });
 }
 
@@ -86,7 +91,7 @@ function askForm(v) {
     name: 'post-ask',
     submit: 'Post ask',
     fields: [
-      { name: 'instrument', label: 'Model', required: true, list: 'market-models', value: v.instrument ?? '' },
+      { name: 'instrument', label: 'Model', required: true, list: 'market-models' },
       { name: 'account_id', label: 'Provider account', required: true, list: 'market-providers', placeholder: 'provider:...' },
       { name: 'price', label: 'Price (ticks per M tokens)', type: 'number', min: 1, required: true },
       { name: 'quantity', label: 'Tok/s', type: 'number', min: 1, required: true },
@@ -178,14 +183,17 @@ function providersTable(list, edit) {
   ], list, { rowAttrs: (p) => ({ 'data-provider-id': p.account_id }), empty: 'No provider profiles.' });
 }
 
+// The 5 s refresh and choosing an instrument can overlap: each refresh
+// takes a number, and the answers of an older one are dropped.
 async function refreshInstrument(v) {
   const instrument = v.instrument;
   if (!instrument) return;
+  const mine = ++v.instrumentRun;
   const q = { query: { instrument, limit: 50 } };
   const [book, trades, history, orders] = await Promise.all([
     call('marketBook', q), call('marketTrades', q),
     call('marketHistory', { query: { instrument, limit: 360 } }), call('listOrders', { query: { instrument } })]);
-  if (instrument !== v.instrument) return;
+  if (mine !== v.instrumentRun || instrument !== v.instrument) return;
   redraw(v.book, book, bookView);
   redraw(v.trades, rows(trades), tradesTable);
   redraw(v.history, rows(history), historyView);
@@ -193,7 +201,9 @@ async function refreshInstrument(v) {
 }
 
 async function refreshPrices(v) {
+  const mine = ++v.pricesRun;
   const list = rows(await call('marketPrices'));
+  if (mine !== v.pricesRun) return;
   const models = list.map((m) => m.model);
   if (!v.instrument || !models.includes(v.instrument)) v.instrument = models[0] ?? null;
   redraw(v.prices, list, (d) => pricesTable(d, (m) => choose(v, m)));
@@ -205,7 +215,7 @@ async function refreshPrices(v) {
 function choose(v, model) {
   v.instrument = model;
   v.picker.value = model;
-  refreshInstrument(v).catch((e) => flash(e.message, 'error'));
+  refreshInstrument(v).catch(flashError);
 }
 
 async function refreshSetup(v) {
@@ -222,10 +232,10 @@ async function refreshSetup(v) {
 }
 
 function build(main) {
-  const box = () => h('div', {}, h('p', { class: 'quiet' }, 'Loading…'));
   const v = {
-    instrument: null, prices: box(), book: box(), trades: box(), history: box(), orders: box(),
-    regions: box(), providers: box(), profileForm: h('div'), picker: h('select', { name: 'instrument' }),
+    instrument: null, instrumentRun: 0, pricesRun: 0,
+    prices: placeholder(), book: placeholder(), trades: placeholder(), history: placeholder(), orders: placeholder(),
+    regions: placeholder(), providers: placeholder(), profileForm: h('div'), picker: h('select', { name: 'instrument' }),
     lists: { models: h('div'), regions: h('div'), providers: h('div') },
   };
   v.picker.addEventListener('change', () => choose(v, v.picker.value));
@@ -241,16 +251,18 @@ function build(main) {
   return v;
 }
 
+async function refreshMarket(v) {
+  await refreshPrices(v);
+  await refreshInstrument(v);
+}
+
 export async function render(main) {
   const v = build(main);
-  active = v;
-  v.timer = setInterval(() => {
-    if (!document.hidden) refreshPrices(v).then(() => refreshInstrument(v)).catch(() => {});
-  }, REFRESH_MS);
-  await Promise.all([refreshPrices(v).then(() => refreshInstrument(v)), refreshSetup(v)]);
+  stop = poll(() => refreshMarket(v), REFRESH_MS);
+  await Promise.all([refreshMarket(v), refreshSetup(v)]);
 }
 
 export function dispose() {
-  if (active) clearInterval(active.timer);
-  active = null;
+  stop();
+  stop = () => {};
 }

@@ -1,8 +1,8 @@
 // The models page: the served models with their engines' state (from
 // /health), loading a model from the models directory, unloading one.
 
-import { call } from '../api.js';
-import { action, badge, card, fill, flash, form, h, num, pct, table } from '../ui.js';
+import { call, health } from '../api.js';
+import { action, badge, card, fill, flash, form, h, num, pct, placeholder, table } from '../ui.js';
 
 const text = (m) => m.kind === 'text';
 const ifText = (f) => (m) => (text(m) ? f(m) : '–');
@@ -45,18 +45,8 @@ function loadForm(refresh) {
   });
 }
 
-// /health answers 503 while the server drains, with the same body.
-async function health() {
-  try {
-    return await call('health');
-  } catch (err) {
-    if (err.status === 503 && err.body?.models) return err.body;
-    throw err;
-  }
-}
-
 export async function render(main) {
-  const list = h('div', {}, h('p', { class: 'quiet' }, 'Loading…'));
+  const list = placeholder();
   const status = h('span');
   const refresh = async () => {
     const hl = await health();

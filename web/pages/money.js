@@ -3,7 +3,7 @@
 
 import { call, rows } from '../api.js';
 import {
-  action, badge, card, datalist, fill, flash, form, h, int, money, num, table, time, values,
+  action, badge, card, datalist, fill, flash, form, h, int, money, num, placeholder, table, time, values,
 } from '../ui.js';
 
 const KINDS = [['', 'any kind'], ['topup', 'topup'], ['usage', 'usage'], ['trade', 'trade'],
@@ -50,7 +50,15 @@ function accountsTable(list, v) {
   ], list, { rowAttrs: (a) => ({ 'data-account-id': a.id }), empty: 'No accounts.' });
 }
 
+function closeManage(v) {
+  v.managing = null;
+  fill(v.manage);
+}
+
+// The Manage panel of account a; refresh() builds it again from the fresh
+// account after every change.
 function manage(v, a) {
+  v.managing = a.id;
   const creditForm = form({
     name: 'credit-limit', submit: 'Set credit limit',
     fields: [{ name: 'credit_limit', label: 'Credit limit (ticks)', type: 'number', min: 0, required: true, value: String(a.credit_limit) }],
@@ -75,7 +83,7 @@ function manage(v, a) {
   });
   fill(v.manage, h('div', { class: 'panel', 'data-account-id': a.id },
     h('h3', {}, `${a.name} `, h('code', {}, a.id)), creditForm, penaltyForm,
-    h('button', { type: 'button', class: 'secondary', onclick: () => fill(v.manage) }, 'Close')));
+    h('button', { type: 'button', class: 'secondary', onclick: () => closeManage(v) }, 'Close')));
 }
 
 function createForm(v) {
@@ -123,10 +131,6 @@ const usageTable = (list) => table([
   { label: 'Prefill / decode by', cell: (u) => (u.prefill_by || u.decode_by ? `${u.prefill_by || '–'} / ${u.decode_by || '–'}` : 'cache') },
 ], list, { rowAttrs: (u) => ({ 'data-request-id': u.request_id }), empty: 'No usage records.' });
 
-function filterForm(name, fields, load) {
-  return form({ name, submit: 'Show', fields, onSubmit: load });
-}
-
 async function loadJournal(v, x) {
   const query = { account: x.account, kind: x.kind, limit: int(x.limit, 'Rows') };
   fill(v.journal, journalTable(rows(await call('journal', { query })), v.names));
@@ -138,14 +142,22 @@ async function loadUsage(v, x) {
 }
 
 function build(main) {
-  const box = () => h('div', {}, h('p', { class: 'quiet' }, 'Loading…'));
-  const v = { audit: box(), accounts: box(), manage: h('div'), journal: box(), usage: box(), lists: h('div'), names: new Map() };
+  const v = {
+    audit: placeholder(), accounts: placeholder(), manage: h('div'), managing: null,
+    journal: placeholder(), usage: placeholder(), lists: h('div'), names: new Map(),
+  };
   const limit = { name: 'limit', label: 'Rows', type: 'number', min: 1, max: 1000, value: '50' };
   const account = { name: 'account', label: 'Account', list: 'money-accounts', placeholder: 'any' };
-  v.journalFilter = filterForm('journal-filter', [account, { name: 'kind', label: 'Kind', options: KINDS }, limit],
-    (x) => loadJournal(v, x));
-  v.usageFilter = filterForm('usage-filter', [account, { name: 'key', label: 'Key id', placeholder: 'any' }, limit],
-    (x) => loadUsage(v, x));
+  v.journalFilter = form({
+    name: 'journal-filter', submit: 'Show',
+    fields: [account, { name: 'kind', label: 'Kind', options: KINDS }, limit],
+    onSubmit: (x) => loadJournal(v, x),
+  });
+  v.usageFilter = form({
+    name: 'usage-filter', submit: 'Show',
+    fields: [account, { name: 'key', label: 'Key id', placeholder: 'any' }, limit],
+    onSubmit: (x) => loadUsage(v, x),
+  });
   fill(main,
     h('div', { class: 'title' }, h('h1', {}, 'Money')),
     v.audit, v.lists,
@@ -155,6 +167,8 @@ function build(main) {
   return v;
 }
 
+// Everything a change can move: the audit, the accounts (and the open
+// Manage panel), the journal and the usage records.
 async function refresh(v) {
   const [audit, accounts] = await Promise.all([call('audit'), call('listAccounts')]);
   const list = rows(accounts);
@@ -162,11 +176,16 @@ async function refresh(v) {
   fill(v.audit, auditView(audit, () => refresh(v)));
   fill(v.accounts, accountsTable(list, v));
   fill(v.lists, datalist('money-accounts', list.map((a) => a.id)));
-  await loadJournal(v, values(v.journalFilter));
+  if (v.managing) {
+    const fresh = list.find((a) => a.id === v.managing);
+    if (fresh) manage(v, fresh);
+    else closeManage(v);
+  }
+  await Promise.all([loadJournal(v, values(v.journalFilter)), loadUsage(v, values(v.usageFilter))]);
 }
 
 export async function render(main) {
   const v = build(main);
   v.refresh = () => refresh(v);
-  await Promise.all([refresh(v), loadUsage(v, values(v.usageFilter))]);
+  await refresh(v);
 }

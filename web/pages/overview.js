@@ -1,7 +1,7 @@
 // The overview page: live tiles (the current sample, every second over
 // Server-Sent Events) and charts of the last hour (a point per 10 s).
 
-import { call, eventData, openStream } from '../api.js';
+import { call, eventData, openStream, sessionEnded } from '../api.js';
 import { lineChart } from '../charts.js';
 import { card, fill, h, num, pct } from '../ui.js';
 
@@ -89,7 +89,8 @@ function takeOverview(view, o) {
 
 function takeSample(view, s) {
   showSample(view, s);
-  if (!s.point) return;
+  // A point the history already has (it came with the overview) is not added twice.
+  if (!s.point || (view.history.length && s.t <= view.history.at(-1).t)) return;
   view.history.push(s);
   const since = s.t - HOUR_MS;
   while (view.history.length && view.history[0].t < since) view.history.shift();
@@ -98,7 +99,8 @@ function takeSample(view, s) {
 
 // EventSource reconnects by itself after a network error; a refused
 // stream (a 401, say) is closed for good: retry after a GET, which
-// sends an ended session back to the sign-in view.
+// sends an ended session back to the sign-in view. The server says
+// `ended` before it closes the stream of an expired or signed-out session.
 function connect(view) {
   const es = openStream('overviewStream');
   view.stream = es;
@@ -108,6 +110,7 @@ function connect(view) {
     takeOverview(view, eventData(ev));
   });
   es.addEventListener('sample', (ev) => takeSample(view, eventData(ev)));
+  es.addEventListener('ended', () => ended(view, es));
   es.addEventListener('error', () => {
     if (es.readyState !== EventSource.CLOSED) {
       setLive(view, 'reconnecting', false);
@@ -116,6 +119,21 @@ function connect(view) {
     setLive(view, 'offline', false);
     view.timer = setTimeout(() => retry(view), RETRY_MS);
   });
+}
+
+// The stream's session ended (expired, or signed out). The cookie may
+// meanwhile hold another tab's newer session: then the GET succeeds and
+// the stream is opened again; otherwise back to the sign-in view.
+async function ended(view, es) {
+  es.close();
+  setLive(view, 'offline', false);
+  try {
+    takeOverview(view, await call('overview'));
+  } catch {
+    if (!view.closed) sessionEnded();
+    return;
+  }
+  if (!view.closed) connect(view);
 }
 
 async function retry(view) {

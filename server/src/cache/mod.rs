@@ -250,6 +250,12 @@ impl ResponseCache {
             .contains(model)
     }
 
+    /// The models whose cache is shared across tenants.
+    pub fn shared_models(&self) -> Vec<String> {
+        let s = self.shared.lock().unwrap_or_else(|e| e.into_inner());
+        s.iter().cloned().collect()
+    }
+
     pub fn set_shared(&self, model: &str, shared: bool) {
         let mut s = self.shared.lock().unwrap_or_else(|e| e.into_inner());
         if shared {

@@ -75,6 +75,7 @@ impl Modify for Security {
         routes::fleet::list,
         routes::console::sign_in,
         routes::console::sign_out,
+        routes::console::current,
         routes::fleet::drain,
         routes::fleet::utilization,
         routes::fleet::spot_checks,

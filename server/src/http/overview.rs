@@ -141,6 +141,9 @@ impl Overview {
     pub fn start(state: AppState) {
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(TICK);
+            // After a stall, one reading, not a burst of them (a burst
+            // would shrink the window rates are taken over).
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 tick.tick().await;
                 state.overview.take(read(&state));

@@ -154,6 +154,8 @@ pub struct CacheStats {
     pub l1: TierSize,
     pub l2: TierSize,
     pub semantic: SemanticSize,
+    /// Models whose cache is shared across tenants.
+    pub shared_models: Vec<String>,
 }
 
 /// Entries removed per tier by a flush.

@@ -12,6 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use axum::extract::{ConnectInfo, Request, State};
+use axum::http::{HeaderValue, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use sha2::{Digest, Sha256};
@@ -88,12 +89,24 @@ pub async fn require_admin(State(auth): State<Arc<Auth>>, req: Request, next: Ne
                 return ApiError::CsrfMissing.into_response();
             }
             super::console::SessionCheck::None => {
-                auth.admin_throttle.failed(who, now);
+                // A guessed token counts against its address; an expired
+                // session's cookie (its tabs keep asking) does not: a
+                // 256-bit id is not guessed.
+                let stale = super::bearer(req.headers()).is_none()
+                    && super::console::cookie(req.headers(), super::console::COOKIE).is_some();
+                if !stale {
+                    auth.admin_throttle.failed(who, now);
+                }
                 return e.into_response();
             }
         }
     }
-    next.run(req).await
+    let mut resp = next.run(req).await;
+    // Admin answers are private: no shared or browser cache keeps them.
+    let h = resp.headers_mut();
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    h.insert(header::VARY, HeaderValue::from_static("Cookie"));
+    resp
 }
 
 #[cfg(test)]

@@ -4,9 +4,12 @@
 //! it; expiring after `TTL`). The token itself is never put in a URL or
 //! kept by the page. A session authenticates admin routes like the token
 //! does; for every mutating request it also needs the session's CSRF token
-//! in `x-csrf-token` (answered at sign-in and kept in page memory), which
-//! a cross-site form cannot know. Sessions live in this process: a
-//! restart signs everyone out.
+//! in `x-csrf-token` (answered at sign-in, or to `GET /console/session`
+//! from the page of a live session; the page keeps it in its tab's
+//! `sessionStorage`), which a cross-site form cannot know. Behind a proxy
+//! that says `X-Forwarded-Proto: https` the cookie is also `Secure`.
+//! Sessions live in this process: a restart signs everyone out, and
+//! replicas behind one address need sticky sessions for the console.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -82,6 +85,16 @@ impl Sessions {
         self.0.lock().unwrap_or_else(|e| e.into_inner()).remove(id);
     }
 
+    /// The CSRF token and the time left of the request's live session.
+    pub fn current(&self, headers: &HeaderMap) -> Option<(String, Duration)> {
+        let id = cookie(headers, COOKIE)?;
+        let now = Instant::now();
+        let m = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        m.get(id)
+            .filter(|s| s.expires > now)
+            .map(|s| (s.csrf.clone(), s.expires - now))
+    }
+
     /// Checks a request's session cookie (and, when it mutates, its CSRF
     /// header).
     pub fn check(&self, method: &Method, headers: &HeaderMap) -> SessionCheck {
@@ -122,14 +135,24 @@ pub fn cookie<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
         .filter(|v| !v.is_empty())
 }
 
+/// Whether the request reached us over HTTPS (a proxy in front says so):
+/// then the cookie is `Secure`, never sent over plain HTTP.
+pub fn over_https(headers: &HeaderMap) -> bool {
+    headers
+        .get("x-forwarded-proto")
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.trim().eq_ignore_ascii_case("https"))
+}
+
 /// The `Set-Cookie` value that holds session `id` (`None`: clears it).
-pub fn set_cookie(id: Option<&str>) -> String {
+pub fn set_cookie(id: Option<&str>, secure: bool) -> String {
+    let secure = if secure { "; Secure" } else { "" };
     match id {
         Some(id) => format!(
-            "{COOKIE}={id}; Path=/; HttpOnly; SameSite=Strict; Max-Age={}",
+            "{COOKIE}={id}; Path=/; HttpOnly; SameSite=Strict; Max-Age={}{secure}",
             TTL.as_secs()
         ),
-        None => format!("{COOKIE}=; Path=/; HttpOnly; SameSite=Strict; Max-Age=0"),
+        None => format!("{COOKIE}=; Path=/; HttpOnly; SameSite=Strict; Max-Age=0{secure}"),
     }
 }
 
@@ -202,7 +225,7 @@ mod tests {
 
     #[test]
     fn the_cookie_is_http_only_strict_and_expires() {
-        let c = set_cookie(Some("abc"));
+        let c = set_cookie(Some("abc"), false);
         for part in [
             "synor_console=abc",
             "HttpOnly",
@@ -212,7 +235,12 @@ mod tests {
         ] {
             assert!(c.contains(part), "{c}");
         }
-        assert!(set_cookie(None).contains("Max-Age=0"));
+        assert!(set_cookie(None, false).contains("Max-Age=0"));
+        assert!(!c.contains("Secure"));
+        assert!(set_cookie(Some("abc"), true).ends_with("; Secure"));
+        let mut https = HeaderMap::new();
+        https.insert("x-forwarded-proto", "HTTPS".parse().expect("header"));
+        assert!(over_https(&https) && !over_https(&HeaderMap::new()));
         let mut h = HeaderMap::new();
         h.insert("cookie", "synor_console=; other=1".parse().expect("header"));
         assert_eq!(cookie(&h, COOKIE), None, "an empty cookie is none");

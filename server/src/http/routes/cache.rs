@@ -71,6 +71,7 @@ pub(crate) async fn stats(State(state): State<AppState>) -> Result<Json<CacheSta
             entries: c.semantic_len(),
             threshold: c.threshold(),
         },
+        shared_models: c.shared_models(),
     }))
 }
 

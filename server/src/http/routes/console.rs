@@ -20,8 +20,17 @@ use crate::http::error::ApiError;
 use crate::http::state::AppState;
 
 pub fn router() -> Router<AppState> {
-    Router::new().route("/console/session", post(sign_in).delete(sign_out))
+    Router::new().route(
+        "/console/session",
+        post(sign_in).delete(sign_out).get(current),
+    )
 }
+
+/// Every answer about a session is private to its browser.
+const PRIVATE: [(header::HeaderName, &str); 2] = [
+    (header::CACHE_CONTROL, "no-store"),
+    (header::VARY, "Cookie"),
+];
 
 /// The admin token, to open a console session.
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
@@ -44,6 +53,7 @@ pub struct Session {
     responses((status = 200, description = "Signed in; the session cookie is set", body = Session), (status = 401, description = "Not the admin token", body = crate::http::error::ErrorResponse), (status = 429, description = "Too many failed sign-ins from this address", body = crate::http::error::ErrorResponse)))]
 pub(crate) async fn sign_in(
     State(state): State<AppState>,
+    headers: HeaderMap,
     peer: Option<Extension<ConnectInfo<SocketAddr>>>,
     body: Result<Json<SignIn>, axum::extract::rejection::JsonRejection>,
 ) -> Result<Response, ApiError> {
@@ -70,12 +80,33 @@ pub(crate) async fn sign_in(
         csrf,
         expires_in: console::TTL.as_secs(),
     };
-    let cookie = console::set_cookie(Some(&id));
-    Ok(([(header::SET_COOKIE, cookie)], Json(session)).into_response())
+    let cookie = console::set_cookie(Some(&id), console::over_https(&headers));
+    Ok(([(header::SET_COOKIE, cookie)], PRIVATE, Json(session)).into_response())
+}
+
+/// The browser's live console session: its CSRF token (for a new tab of
+/// a signed-in browser), and the seconds it has left.
+#[utoipa::path(get, path = "/console/session", tag = "admin",
+    responses((status = 200, description = "The session", body = Session), (status = 401, description = "No live session", body = crate::http::error::ErrorResponse)))]
+pub(crate) async fn current(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let (csrf, left) = state
+        .auth
+        .console
+        .current(&headers)
+        .ok_or(ApiError::Unauthorized("no console session: sign in"))?;
+    let session = Session {
+        csrf,
+        expires_in: left.as_secs(),
+    };
+    Ok((PRIVATE, Json(session)).into_response())
 }
 
 /// Closes the console session (its CSRF token required); the cookie is
-/// cleared either way.
+/// cleared either way (without the CSRF token, the browser forgets the
+/// session and the server lets it expire).
 #[utoipa::path(delete, path = "/console/session", tag = "admin",
     responses((status = 204, description = "Signed out"), (status = 403, description = "The session's x-csrf-token is missing or wrong", body = crate::http::error::ErrorResponse)))]
 pub(crate) async fn sign_out(
@@ -83,8 +114,14 @@ pub(crate) async fn sign_out(
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let sessions = &state.auth.console;
+    let cookie = [(
+        header::SET_COOKIE,
+        console::set_cookie(None, console::over_https(&headers)),
+    )];
     match sessions.check(&axum::http::Method::DELETE, &headers) {
-        SessionCheck::MissingCsrf => return Err(ApiError::CsrfMissing),
+        SessionCheck::MissingCsrf => {
+            return Ok((cookie, ApiError::CsrfMissing).into_response());
+        }
         SessionCheck::Ok => {
             if let Some(id) = console::cookie(&headers, console::COOKIE) {
                 sessions.close(id);
@@ -92,8 +129,7 @@ pub(crate) async fn sign_out(
         }
         SessionCheck::None => {}
     }
-    let cookie = console::set_cookie(None);
-    Ok((StatusCode::NO_CONTENT, [(header::SET_COOKIE, cookie)]).into_response())
+    Ok((StatusCode::NO_CONTENT, cookie, PRIVATE).into_response())
 }
 
 #[cfg(test)]
@@ -169,9 +205,25 @@ mod tests {
         );
         let cookie = set.split(';').next().expect("pair").to_string();
         let csrf = body["csrf"].as_str().expect("csrf").to_string();
-        // The session reads admin routes without the token.
-        let (status, _, _) = call(&app, with("GET", "/admin/fleet", &cookie, None)).await;
+        assert_eq!(headers[header::CACHE_CONTROL], "no-store");
+        // A new tab of the same browser reads its session's CSRF token.
+        let (status, headers, body) =
+            call(&app, with("GET", "/console/session", &cookie, None)).await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        assert_eq!(body["csrf"], csrf.as_str());
+        assert!(body["expires_in"].as_u64().expect("seconds") > 28_000);
+        assert_eq!(headers[header::CACHE_CONTROL], "no-store");
+        let (status, _, _) = call(
+            &app,
+            with("GET", "/console/session", "synor_console=forged", None),
+        )
+        .await;
+        assert_eq!(status, StatusCode::UNAUTHORIZED);
+        // The session reads admin routes without the token; no cache
+        // keeps what it read.
+        let (status, headers, _) = call(&app, with("GET", "/admin/fleet", &cookie, None)).await;
         assert_eq!(status, StatusCode::OK);
+        assert_eq!(headers[header::CACHE_CONTROL], "no-store");
         // A mutation needs the CSRF token: 403 without it, then through
         // authentication (404: no such worker) with it.
         let (status, _, body) = call(&app, with("DELETE", "/admin/fleet/w1", &cookie, None)).await;
@@ -190,9 +242,23 @@ mod tests {
         )
         .await;
         assert_eq!(status, StatusCode::UNAUTHORIZED);
-        // Sign-out needs the CSRF token too, then the session is gone.
-        let (status, _, _) = call(&app, with("DELETE", "/console/session", &cookie, None)).await;
+        // Sign-out needs the CSRF token to end the session; without it
+        // the browser still forgets the cookie.
+        let (status, headers, _) =
+            call(&app, with("DELETE", "/console/session", &cookie, None)).await;
         assert_eq!(status, StatusCode::FORBIDDEN);
+        assert!(
+            headers[header::SET_COOKIE]
+                .to_str()
+                .expect("cookie")
+                .contains("Max-Age=0")
+        );
+        let (status, _, _) = call(&app, with("GET", "/admin/fleet", &cookie, None)).await;
+        assert_eq!(
+            status,
+            StatusCode::OK,
+            "the server session stands until signed out or expired"
+        );
         let (status, headers, _) = call(
             &app,
             with("DELETE", "/console/session", &cookie, Some(&csrf)),

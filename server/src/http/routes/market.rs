@@ -101,12 +101,13 @@ pub(crate) async fn prices(
 pub(crate) struct InstrumentQuery {
     /// A served text model's name.
     pub(crate) instrument: String,
-    /// Price levels (book) or rows (trades, history); default 20, at most 500.
+    /// Price levels (book) or rows (trades, history, orders); default 20,
+    /// at most 500.
     limit: Option<i64>,
 }
 
 impl InstrumentQuery {
-    fn limit(&self) -> i64 {
+    pub(crate) fn limit(&self) -> i64 {
         self.limit.unwrap_or(20).clamp(1, 500)
     }
 }

@@ -75,7 +75,8 @@ pub(crate) async fn orders(
     State(state): State<AppState>,
     Query(q): Query<InstrumentQuery>,
 ) -> Result<Json<List<Order>>, ApiError> {
-    let data = billing(&state)?.market.orders(&q.instrument).await;
+    let mut data = billing(&state)?.market.orders(&q.instrument).await;
+    data.truncate(q.limit() as usize);
     Ok(Json(List::of(data)))
 }
 

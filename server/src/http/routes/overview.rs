@@ -12,6 +12,7 @@ use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::routing::get;
 use axum::{Json, Router};
 use futures_util::stream::{self, Stream};
+use tokio::sync::broadcast;
 use tokio::sync::broadcast::error::RecvError;
 
 use crate::http::auth::console::SessionCheck;
@@ -34,8 +35,8 @@ pub(crate) async fn overview(State(state): State<AppState>) -> Json<OverviewAnsw
 }
 
 /// One Server-Sent Event of the overview stream: `event` is `overview`
-/// (then `data` is an `OverviewAnswer`) or `sample` (a `Sample`), `data`
-/// its JSON.
+/// (then `data` is an `OverviewAnswer`), `sample` (a `Sample`) or `ended`
+/// (`{"reason"}`: the console session ended), `data` its JSON.
 #[derive(Debug, serde::Serialize, utoipa::ToSchema)]
 pub struct OverviewEvent {
     pub event: String,
@@ -45,7 +46,7 @@ pub struct OverviewEvent {
 /// Server-Sent Events: `overview` (the body of `GET /admin/overview`),
 /// then a `sample` (a `Sample`) every second; samples with `point: true`
 /// are also the history's. A console session's stream ends when the
-/// session expires or signs out.
+/// session expires or signs out, with an `ended` event.
 #[utoipa::path(get, path = "/admin/overview/stream", tag = "admin",
     responses((status = 200, description = "An event stream of `overview`, then `sample`s", content_type = "text/event-stream", body = OverviewEvent), (status = 401, description = "Missing or wrong admin token", body = crate::http::error::ErrorResponse)),
     security(("admin_token" = [])))]
@@ -53,38 +54,72 @@ pub(crate) async fn stream_overview(
     State(state): State<AppState>,
     headers: HeaderMap,
 ) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
-    let first = state.overview.answer(&state);
+    // Subscribed before the history is read: no point falls between.
     let rx = state.overview.subscribe();
+    let first = state.overview.answer(&state);
     let session = matches!(
         state.auth.console.check(&Method::GET, &headers),
         SessionCheck::Ok
     );
-    let events = stream::unfold(
-        (Some(first), rx, state, headers),
-        move |(first, mut rx, state, headers)| async move {
-            if let Some(first) = first {
-                let ev = json_event("overview", &first);
-                return Some((ev, (None, rx, state, headers)));
-            }
-            let sample = loop {
-                match rx.recv().await {
-                    Ok(s) => break s,
-                    Err(RecvError::Lagged(_)) => continue,
-                    Err(RecvError::Closed) => return None,
-                }
-            };
-            let valid = matches!(
-                state.auth.console.check(&Method::GET, &headers),
-                SessionCheck::Ok
-            );
-            if session && !valid {
-                return None;
-            }
-            let ev = json_event("sample", &sample);
-            Some((ev, (None, rx, state, headers)))
-        },
-    );
+    let stream = Feed {
+        first: Some(first),
+        rx,
+        state,
+        headers,
+        session,
+        done: false,
+    };
+    let events = stream::unfold(stream, |mut f| async move {
+        let ev = f.next().await?;
+        Some((ev, f))
+    });
     Sse::new(events).keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
+}
+
+/// How often a stream without samples (a stalled sampler) still checks
+/// its session.
+const SESSION_CHECK: Duration = Duration::from_secs(2);
+
+/// One subscriber's stream.
+struct Feed {
+    first: Option<OverviewAnswer>,
+    rx: broadcast::Receiver<crate::http::overview::Sample>,
+    state: AppState,
+    headers: HeaderMap,
+    /// Opened with a console session: it ends with the session.
+    session: bool,
+    done: bool,
+}
+
+impl Feed {
+    async fn next(&mut self) -> Option<Result<Event, Infallible>> {
+        if self.done {
+            return None;
+        }
+        if let Some(first) = self.first.take() {
+            return Some(json_event("overview", &first));
+        }
+        loop {
+            let got = tokio::time::timeout(SESSION_CHECK, self.rx.recv()).await;
+            if self.session && !self.live() {
+                self.done = true;
+                let why = serde_json::json!({"reason": "the console session ended"});
+                return Some(json_event("ended", &why));
+            }
+            match got {
+                Ok(Ok(sample)) => return Some(json_event("sample", &sample)),
+                Ok(Err(RecvError::Lagged(_))) | Err(_) => continue,
+                Ok(Err(RecvError::Closed)) => return None,
+            }
+        }
+    }
+
+    fn live(&self) -> bool {
+        matches!(
+            self.state.auth.console.check(&Method::GET, &self.headers),
+            SessionCheck::Ok
+        )
+    }
 }
 
 fn json_event<T: serde::Serialize>(name: &str, value: &T) -> Result<Event, Infallible> {

@@ -4,6 +4,8 @@
 //! the browser), and an ETag lets a reload revalidate instead of refetch.
 
 use axum::Router;
+use std::sync::LazyLock;
+
 use axum::extract::Path;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -43,6 +45,14 @@ assets!(
     "pages/models.js",
 );
 
+/// Each asset's ETag (a digest of its bytes), computed once.
+static ETAGS: LazyLock<Vec<String>> = LazyLock::new(|| {
+    ASSETS
+        .iter()
+        .map(|(_, body)| format!("\"{}\"", hex16(&Sha256::digest(body.as_bytes()))))
+        .collect()
+});
+
 pub fn router() -> Router<AppState> {
     Router::new()
         .route("/console", get(page))
@@ -70,19 +80,19 @@ fn content_type(path: &str) -> &'static str {
 /// A file with its security and caching headers, or 304 when the
 /// browser's copy is current.
 fn serve(path: &str, headers: &HeaderMap) -> Response {
-    let Some((_, body)) = ASSETS.iter().find(|(p, _)| *p == path) else {
+    let Some(i) = ASSETS.iter().position(|(p, _)| *p == path) else {
         return ApiError::RouteNotFound(format!("/console/{path}")).into_response();
     };
-    let digest = Sha256::digest(body.as_bytes());
-    let etag = format!("\"{}\"", hex16(&digest));
+    let body = ASSETS[i].1;
+    let etag = &ETAGS[i];
     let fresh = headers
         .get(header::IF_NONE_MATCH)
         .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.split(',').any(|t| t.trim() == etag));
+        .is_some_and(|v| v.split(',').any(|t| t.trim() == etag.as_str()));
     let mut resp = if fresh {
         StatusCode::NOT_MODIFIED.into_response()
     } else {
-        ([(header::CONTENT_TYPE, content_type(path))], *body).into_response()
+        ([(header::CONTENT_TYPE, content_type(path))], body).into_response()
     };
     let h = resp.headers_mut();
     for (name, value) in [
@@ -94,7 +104,7 @@ fn serve(path: &str, headers: &HeaderMap) -> Response {
     ] {
         h.insert(name, HeaderValue::from_static(value));
     }
-    if let Ok(v) = HeaderValue::from_str(&etag) {
+    if let Ok(v) = HeaderValue::from_str(etag) {
         h.insert(header::ETAG, v);
     }
     resp
