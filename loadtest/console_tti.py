@@ -36,7 +36,7 @@ MEASURE = """() => {
     };
 }"""
 
-LIVE = "document.querySelector('[data-testid=\"live\"]')?.textContent.trim() === 'live'"
+LIVE = "() => document.querySelector('[data-testid=\"live\"]')?.textContent.trim() === 'live'"
 
 
 def sign_in(ctx, base, token):
