@@ -173,7 +173,7 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         let cache = crate::cache::ResponseCache::new(&c).context("opening the response cache")?;
         state = state.with_cache(Arc::new(cache), args.cache.cache_price_bps.clamp(0, 10_000));
     }
-    crate::http::overview::Overview::start(state.clone());
+    state.overview.clone().start(state.overview_sources());
     let listener = TcpListener::bind(args.bind)
         .await
         .with_context(|| format!("binding {}", args.bind))?;

@@ -5,14 +5,27 @@
 //! console's event stream) get every sample as it is taken.
 
 use std::collections::VecDeque;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::Serialize;
 use tokio::sync::broadcast;
 
-use crate::http::state::AppState;
-use crate::services::models::ModelKind;
+use crate::cache::ResponseCache;
+use crate::fleet::registry::Registry;
+use crate::http::metrics::HttpMetrics;
+use crate::services::dispatch::Dispatch;
+use crate::services::models::{ModelKind, ModelRegistry};
+
+/// What the sampler reads.
+#[derive(Debug, Clone)]
+pub struct Sources {
+    pub models: Arc<ModelRegistry>,
+    pub http: Arc<HttpMetrics>,
+    pub fleet: Arc<Registry>,
+    pub cache: Option<Arc<ResponseCache>>,
+    pub dispatch: Arc<Dispatch>,
+}
 
 /// How often the sampler reads the counters.
 pub const TICK: Duration = Duration::from_secs(1);
@@ -137,8 +150,8 @@ impl Default for Overview {
 }
 
 impl Overview {
-    /// Samples `state` every `TICK`, for as long as the runtime runs.
-    pub fn start(state: AppState) {
+    /// Samples `sources` every `TICK`, for as long as the runtime runs.
+    pub fn start(self: Arc<Self>, sources: Sources) {
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(TICK);
             // After a stall, one reading, not a burst of them (a burst
@@ -146,7 +159,7 @@ impl Overview {
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 tick.tick().await;
-                state.overview.take(read(&state));
+                self.take(read(&sources));
             }
         });
     }
@@ -157,8 +170,8 @@ impl Overview {
     }
 
     /// The last hour, and a sample taken now (not kept).
-    pub fn answer(&self, state: &AppState) -> OverviewAnswer {
-        let now = read(state);
+    pub fn answer(&self, sources: &Sources) -> OverviewAnswer {
+        let now = read(sources);
         let kept = self.kept.lock().unwrap_or_else(|e| e.into_inner());
         let mut current = sample(kept.readings.front().unwrap_or(&now), &now);
         current.point = false;
@@ -204,7 +217,7 @@ fn now_ms() -> u64 {
 }
 
 /// Reads every counter the overview needs.
-fn read(state: &AppState) -> Reading {
+fn read(state: &Sources) -> Reading {
     let mut r = Reading {
         t_ms: now_ms(),
         ..Reading::default()

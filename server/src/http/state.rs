@@ -77,6 +77,17 @@ impl AppState {
         }
     }
 
+    /// What the overview's sampler reads.
+    pub fn overview_sources(&self) -> crate::http::overview::Sources {
+        crate::http::overview::Sources {
+            models: self.models.clone(),
+            http: self.http.clone(),
+            fleet: self.fleet.clone(),
+            cache: self.cache.clone(),
+            dispatch: self.dispatch.clone(),
+        }
+    }
+
     /// Whether the server is shutting down.
     pub fn is_draining(&self) -> bool {
         self.draining.load(std::sync::atomic::Ordering::Relaxed)

@@ -31,7 +31,7 @@ pub fn admin_router() -> Router<AppState> {
     responses((status = 200, description = "Now and the last hour", body = OverviewAnswer), (status = 401, description = "Missing or wrong admin token", body = crate::http::error::ErrorResponse)),
     security(("admin_token" = [])))]
 pub(crate) async fn overview(State(state): State<AppState>) -> Json<OverviewAnswer> {
-    Json(state.overview.answer(&state))
+    Json(state.overview.answer(&state.overview_sources()))
 }
 
 /// One Server-Sent Event of the overview stream: `event` is `overview`
@@ -56,7 +56,7 @@ pub(crate) async fn stream_overview(
 ) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
     // Subscribed before the history is read: no point falls between.
     let rx = state.overview.subscribe();
-    let first = state.overview.answer(&state);
+    let first = state.overview.answer(&state.overview_sources());
     let session = matches!(
         state.auth.console.check(&Method::GET, &headers),
         SessionCheck::Ok
