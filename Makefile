@@ -17,14 +17,15 @@ MODEL_FILES := \
 	$(SYNOR_MODELS_DIR)/all-minilm-l6-v2/1_Pooling/config.json \
 	$(SYNOR_MODELS_DIR)/tiny/tiny.gguf
 
-.PHONY: run test models check lint unit e2e build browser bench-chat clean-models
+.PHONY: run test models check lint unit gpu-unit e2e build browser vulkan bench-chat clean-models
 
 ## run: fetch the default models if missing, then serve them on 127.0.0.1:8080
 run: $(MODEL_FILES)
 	$(CARGO) run --release -p server --bin synor -- serve --open
 
-## test: formatting, lints, every cargo test, and the OpenAI-SDK end-to-end test
-test: $(MODEL_FILES) lint unit e2e
+## test: formatting, lints, every cargo test (the wgpu backend's on lavapipe
+## too), the OpenAI-SDK end-to-end tests and the console in headless Chromium
+test: $(MODEL_FILES) lint unit gpu-unit e2e
 
 ## models: fetch and verify the default models (sha256) into $(SYNOR_MODELS_DIR)
 models:
@@ -36,9 +37,20 @@ $(MODEL_FILES) &:
 lint:
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
+	$(CARGO) clippy -p kernels -p engine --all-targets --features engine/wgpu -- -D warnings
 
 unit: $(MODEL_FILES)
 	$(CARGO) test --workspace
+
+## gpu-unit: every WGSL shader against the reference, and the default model
+## on wgpu against the CPU, on whatever Vulkan adapter there is (lavapipe)
+gpu-unit: $(MODEL_FILES) vulkan
+	XDG_RUNTIME_DIR=$$(mktemp -d) $(CARGO) test -p kernels --features wgpu --lib wgpu::
+	XDG_RUNTIME_DIR=$$(mktemp -d) $(CARGO) test -p engine --features wgpu --test gpu_parity
+
+## vulkan: Mesa's software Vulkan driver (lavapipe), for the wgpu tests
+vulkan:
+	scripts/install-vulkan.sh
 
 build:
 	$(CARGO) build -p server -p loadtest --bins

@@ -19,5 +19,7 @@ pub mod kquant;
 pub mod layout;
 pub mod quant;
 pub mod reference;
+#[cfg(feature = "wgpu")]
+pub mod wgpu;
 
 pub use quant::{KernelError, QMatrix, QuantType};

@@ -46,6 +46,9 @@ pub enum KernelError {
     },
     #[error("the column count {0} is not a multiple of {QK}")]
     Unaligned(usize),
+    /// A GPU backend's device could not be opened or used.
+    #[error("GPU: {0}")]
+    Device(String),
 }
 
 /// A quantized weight matrix: `rows` output features, each a row of `cols`

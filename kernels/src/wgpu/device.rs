@@ -1,0 +1,270 @@
+//! `Gpu`: one wgpu device and queue, its compiled pipelines, and the
+//! command encoder every operation records into. Nothing is submitted
+//! until a result is read back (`read`), so a whole forward pass (every
+//! layer of a decode step) is one submission with no host round trip in
+//! between. Buffers are reference-counted by wgpu: one dropped while its
+//! commands are pending lives until they ran.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use crate::quant::KernelError;
+
+/// The WGSL sources: each is compiled with `common.wgsl` in front.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Shader {
+    Matmul,
+    Rows,
+    Attention,
+    Copy,
+}
+
+impl Shader {
+    fn source(self) -> String {
+        let body = match self {
+            Self::Matmul => include_str!("shaders/matmul.wgsl"),
+            Self::Rows => include_str!("shaders/rows.wgsl"),
+            Self::Attention => include_str!("shaders/attention.wgsl"),
+            Self::Copy => include_str!("shaders/copy.wgsl"),
+        };
+        format!("{}\n{body}", include_str!("shaders/common.wgsl"))
+    }
+}
+
+/// Workgroups per grid row: larger launches fold into a second dimension.
+pub const GRID_X: u32 = 32_768;
+
+/// What the adapter is.
+#[derive(Debug, Clone)]
+pub struct AdapterInfo {
+    pub name: String,
+    /// `cpu` (a software rasterizer such as lavapipe), `discrete`, ...
+    pub kind: String,
+    pub driver: String,
+    pub max_binding: u64,
+}
+
+/// The device, its queue, pipelines and pending commands.
+pub struct Gpu {
+    device: wgpu::Device,
+    queue: wgpu::Queue,
+    pub info: AdapterInfo,
+    pipelines: Mutex<HashMap<(Shader, &'static str), Arc<wgpu::ComputePipeline>>>,
+    pending: Mutex<Option<wgpu::CommandEncoder>>,
+}
+
+impl std::fmt::Debug for Gpu {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Gpu").field("info", &self.info).finish()
+    }
+}
+
+/// Runs a future that is ready at once (wgpu's on native) to its end.
+fn ready<F: std::future::Future>(fut: F) -> F::Output {
+    let mut fut = std::pin::pin!(fut);
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    loop {
+        if let std::task::Poll::Ready(v) = fut.as_mut().poll(&mut cx) {
+            return v;
+        }
+        std::thread::yield_now();
+    }
+}
+
+fn gpu_error(what: &str, e: impl std::fmt::Display) -> KernelError {
+    KernelError::Device(format!("{what}: {e}"))
+}
+
+impl Gpu {
+    /// Opens the first Vulkan adapter (a GPU first, a software one when
+    /// there is none).
+    pub fn open() -> Result<Self, KernelError> {
+        let instance = wgpu::Instance::new(wgpu::InstanceDescriptor {
+            backends: wgpu::Backends::VULKAN | wgpu::Backends::METAL | wgpu::Backends::DX12,
+            ..wgpu::InstanceDescriptor::new_without_display_handle()
+        });
+        let adapter = ready(instance.request_adapter(&wgpu::RequestAdapterOptions {
+            power_preference: wgpu::PowerPreference::HighPerformance,
+            force_fallback_adapter: false,
+            compatible_surface: None,
+            apply_limit_buckets: false,
+        }))
+        .map_err(|e| gpu_error("no GPU adapter (is a Vulkan driver installed?)", e))?;
+        let limits = adapter.limits();
+        let (device, queue) = ready(adapter.request_device(&wgpu::DeviceDescriptor {
+            label: Some("synor"),
+            required_features: wgpu::Features::empty(),
+            required_limits: limits.clone(),
+            experimental_features: wgpu::ExperimentalFeatures::disabled(),
+            memory_hints: wgpu::MemoryHints::Performance,
+            trace: wgpu::Trace::Off,
+        }))
+        .map_err(|e| gpu_error("opening the GPU device", e))?;
+        let a = adapter.get_info();
+        let info = AdapterInfo {
+            name: a.name,
+            kind: format!("{:?}", a.device_type).to_lowercase(),
+            driver: format!("{} {}", a.driver, a.driver_info),
+            max_binding: limits.max_storage_buffer_binding_size,
+        };
+        Ok(Self {
+            device,
+            queue,
+            info,
+            pipelines: Mutex::default(),
+            pending: Mutex::default(),
+        })
+    }
+
+    fn pipeline(&self, shader: Shader, entry: &'static str) -> Arc<wgpu::ComputePipeline> {
+        let mut map = self.pipelines.lock().unwrap_or_else(|e| e.into_inner());
+        map.entry((shader, entry))
+            .or_insert_with(|| {
+                let module = self
+                    .device
+                    .create_shader_module(wgpu::ShaderModuleDescriptor {
+                        label: Some(entry),
+                        source: wgpu::ShaderSource::Wgsl(shader.source().into()),
+                    });
+                Arc::new(
+                    self.device
+                        .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                            label: Some(entry),
+                            layout: None,
+                            module: &module,
+                            entry_point: Some(entry),
+                            compilation_options: Default::default(),
+                            cache: None,
+                        }),
+                )
+            })
+            .clone()
+    }
+
+    /// A storage buffer of `bytes` (at least 16), uninitialized.
+    pub fn alloc(&self, bytes: u64) -> Arc<wgpu::Buffer> {
+        Arc::new(self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: None,
+            size: bytes.max(16).next_multiple_of(4),
+            usage: wgpu::BufferUsages::STORAGE
+                | wgpu::BufferUsages::COPY_SRC
+                | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        }))
+    }
+
+    /// A buffer holding `data` (written at creation: no queue ordering).
+    pub fn upload(&self, data: &[u8], usage: wgpu::BufferUsages) -> Arc<wgpu::Buffer> {
+        let size = (data.len() as u64).max(16).next_multiple_of(4);
+        let buf = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: None,
+            size,
+            usage,
+            mapped_at_creation: true,
+        });
+        // A buffer just created mapped always maps.
+        if let Ok(mut view) = buf.get_mapped_range_mut(..) {
+            view.slice(..data.len()).copy_from_slice(data);
+        }
+        buf.unmap();
+        Arc::new(buf)
+    }
+
+    /// A storage buffer holding 32-bit words.
+    pub fn words(&self, words: &[u32]) -> Arc<wgpu::Buffer> {
+        let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+        self.upload(
+            &bytes,
+            wgpu::BufferUsages::STORAGE
+                | wgpu::BufferUsages::COPY_SRC
+                | wgpu::BufferUsages::COPY_DST,
+        )
+    }
+
+    /// Records one dispatch of `entry`: `params` as its uniform block,
+    /// `bindings` (binding number, buffer) after it, `groups` workgroups
+    /// (folded into a grid of `GRID_X` columns) by `z`.
+    pub fn dispatch(
+        &self,
+        shader: Shader,
+        entry: &'static str,
+        params: [u32; 8],
+        bindings: &[(u32, &wgpu::Buffer)],
+        groups: u32,
+        z: u32,
+    ) {
+        if groups == 0 || z == 0 {
+            return;
+        }
+        let pipeline = self.pipeline(shader, entry);
+        let bytes: Vec<u8> = params.iter().flat_map(|w| w.to_le_bytes()).collect();
+        let uniform = self.upload(&bytes, wgpu::BufferUsages::UNIFORM);
+        let mut entries = vec![wgpu::BindGroupEntry {
+            binding: 0,
+            resource: uniform.as_entire_binding(),
+        }];
+        entries.extend(bindings.iter().map(|(i, b)| wgpu::BindGroupEntry {
+            binding: *i,
+            resource: b.as_entire_binding(),
+        }));
+        let group = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: Some(entry),
+            layout: &pipeline.get_bind_group_layout(0),
+            entries: &entries,
+        });
+        let (x, y) = (groups.min(GRID_X), groups.div_ceil(GRID_X));
+        let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+        let enc = pending.get_or_insert_with(|| {
+            self.device
+                .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None })
+        });
+        let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+            label: Some(entry),
+            timestamp_writes: None,
+        });
+        pass.set_pipeline(&pipeline);
+        pass.set_bind_group(0, &group, &[]);
+        pass.dispatch_workgroups(x, y, z);
+    }
+
+    /// Submits everything recorded, then reads `bytes` of `src` back.
+    pub fn read(&self, src: &wgpu::Buffer, bytes: u64) -> Result<Vec<u8>, KernelError> {
+        let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("readback"),
+            size: bytes.max(16).next_multiple_of(4),
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        let mut enc = self
+            .pending
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+            .unwrap_or_else(|| {
+                self.device
+                    .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None })
+            });
+        if bytes > 0 {
+            enc.copy_buffer_to_buffer(src, 0, &staging, 0, bytes.next_multiple_of(4));
+        }
+        self.queue.submit([enc.finish()]);
+        let (tx, rx) = std::sync::mpsc::channel();
+        staging.map_async(wgpu::MapMode::Read, .., move |r| {
+            let _ = tx.send(r);
+        });
+        self.device
+            .poll(wgpu::PollType::wait_indefinitely())
+            .map_err(|e| gpu_error("waiting for the GPU", e))?;
+        rx.recv()
+            .map_err(|e| gpu_error("reading back", e))?
+            .map_err(|e| gpu_error("mapping the result", e))?;
+        let out = {
+            let view = staging
+                .get_mapped_range(..)
+                .map_err(|e| gpu_error("reading the result", e))?;
+            view[..bytes as usize].to_vec()
+        };
+        staging.unmap();
+        Ok(out)
+    }
+}

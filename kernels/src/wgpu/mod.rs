@@ -1,0 +1,592 @@
+//! `WgpuBackend` (feature `wgpu`): the compute backend on a GPU through
+//! wgpu and WGSL (`shaders/`), on any Vulkan, Metal or DX12 device, and
+//! on lavapipe (Mesa's software Vulkan) where there is none.
+//!
+//! Weights are uploaded once and stay quantized on the device: each
+//! 32-weight block repacked into whole words (the scale, and Q4_1's min,
+//! as f32, then the block's GGML bytes), dequantized in the matmul shader.
+//! Activations and the paged KV (f16, two values to a word) stay on the
+//! device; every operation records into one command encoder and only
+//! `to_host` submits and waits (`device::Gpu`).
+
+mod device;
+#[cfg(test)]
+mod tests;
+
+use std::sync::Arc;
+
+pub use device::AdapterInfo;
+use device::{Gpu, Shader};
+
+use crate::backend::{AttnShape, Backend, HostMatrix, KvLayout, Rope};
+use crate::quant::{KernelError, QMatrix, QuantType};
+
+/// Activations on the device: `rows x cols` f32. Not `Clone`: the
+/// in-place operations write its buffer, which a copy would share.
+#[derive(Debug)]
+pub struct GpuTensor {
+    buf: Arc<wgpu::Buffer>,
+    pub rows: usize,
+    pub cols: usize,
+}
+
+/// A weight matrix on the device.
+#[derive(Debug, Clone)]
+pub struct GpuMatrix {
+    buf: Arc<wgpu::Buffer>,
+    rows: usize,
+    cols: usize,
+    /// 0 = Q4_0, 1 = Q4_1, 2 = Q8_0, 3 = f32 (the shader's `kind`).
+    kind: u32,
+    /// Words per 32-weight block (quantized kinds).
+    words_per_block: u32,
+}
+
+/// A 1-D weight on the device.
+#[derive(Debug, Clone)]
+pub struct GpuVector {
+    buf: Arc<wgpu::Buffer>,
+}
+
+/// The paged KV of one model: per layer, K and V buffers of f16 pairs.
+#[derive(Debug)]
+pub struct GpuKv {
+    layout: KvLayout,
+    k: Vec<Arc<wgpu::Buffer>>,
+    v: Vec<Arc<wgpu::Buffer>>,
+}
+
+/// The wgpu backend: one device.
+#[derive(Debug, Clone)]
+pub struct WgpuBackend {
+    gpu: Arc<Gpu>,
+}
+
+const WG: usize = 64;
+/// Rows of x one matmul workgroup computes (the shader's `TM`).
+const TILE_M: usize = 4;
+/// Words of one quantized activation block (the shader's `XQ_WORDS`).
+const XQ_WORDS: usize = 10;
+
+fn f32_bytes(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+fn storage() -> wgpu::BufferUsages {
+    wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST
+}
+
+/// A quantized matrix as the shader reads it: per block, the scale (and
+/// min) as f32 words, then the block's bytes as words.
+fn repack(q: &QMatrix) -> (Vec<u32>, u32, u32) {
+    let (kind, head, wpb) = match q.ty {
+        QuantType::Q4_0 => (0, 2, 5),
+        QuantType::Q4_1 => (1, 4, 6),
+        QuantType::Q8_0 => (2, 2, 9),
+    };
+    let block = q.ty.block_bytes();
+    let f16 = |b: &[u8]| half::f16::from_le_bytes([b[0], b[1]]).to_f32().to_bits();
+    let mut words = Vec::with_capacity(q.rows * q.blocks_per_row() * wpb as usize);
+    for r in 0..q.rows {
+        for b in q.ggml_row(r).chunks_exact(block) {
+            words.push(f16(&b[0..2]));
+            if kind == 1 {
+                words.push(f16(&b[2..4]));
+            }
+            words.extend(
+                b[head..]
+                    .chunks_exact(4)
+                    .map(|w| u32::from_le_bytes([w[0], w[1], w[2], w[3]])),
+            );
+        }
+    }
+    (words, kind, wpb)
+}
+
+impl WgpuBackend {
+    /// Opens the first adapter wgpu finds (a GPU, else a software one).
+    pub fn new() -> Result<Self, KernelError> {
+        Ok(Self {
+            gpu: Arc::new(Gpu::open()?),
+        })
+    }
+
+    /// The adapter this backend runs on.
+    pub fn adapter(&self) -> &AdapterInfo {
+        &self.gpu.info
+    }
+
+    fn new_tensor(&self, rows: usize, cols: usize) -> GpuTensor {
+        GpuTensor {
+            buf: self.gpu.alloc((rows * cols * 4) as u64),
+            rows,
+            cols,
+        }
+    }
+
+    /// Workgroups for one invocation per element.
+    fn groups(n: usize) -> u32 {
+        n.div_ceil(WG) as u32
+    }
+
+    /// One dispatch of an element-wise entry of `rows.wgsl` on `x`.
+    fn rows_op(&self, entry: &'static str, x: &GpuTensor, other: Option<&wgpu::Buffer>, n: usize) {
+        let p = [x.rows as u32, x.cols as u32, 0, 0, 0, 0, 0, 0];
+        let mut b: Vec<(u32, &wgpu::Buffer)> = vec![(1, &x.buf)];
+        if let Some(o) = other {
+            b.push((2, o));
+        }
+        self.gpu
+            .dispatch(Shader::Rows, entry, p, &b, Self::groups(n), 1);
+    }
+
+    /// `dst` = columns `off..off + width` of rows `idx` of `src`.
+    fn gather(&self, src: &GpuTensor, idx: &[u32], off: usize, width: usize) -> GpuTensor {
+        let out = self.new_tensor(idx.len(), width);
+        let ib = self.gpu.words(idx);
+        let p = [
+            idx.len() as u32,
+            src.cols as u32,
+            width as u32,
+            off as u32,
+            0,
+            0,
+            0,
+            0,
+        ];
+        let b = [(1, &*src.buf), (2, &*ib), (3, &*out.buf)];
+        self.gpu.dispatch(
+            Shader::Copy,
+            "gather",
+            p,
+            &b,
+            Self::groups(idx.len() * width),
+            1,
+        );
+        out
+    }
+
+    fn check_binding(&self, what: &'static str, bytes: usize) -> Result<(), KernelError> {
+        let max = self.gpu.info.max_binding as usize;
+        if bytes > max {
+            return Err(KernelError::Device(format!(
+                "{what} of {bytes} bytes is over this device's {max}-byte binding limit"
+            )));
+        }
+        Ok(())
+    }
+}
+
+impl Backend for WgpuBackend {
+    type Tensor = GpuTensor;
+    type Matrix = GpuMatrix;
+    type Vector = GpuVector;
+    type Kv = GpuKv;
+
+    fn name(&self) -> &'static str {
+        "wgpu"
+    }
+
+    fn matrix(&self, m: HostMatrix) -> Result<GpuMatrix, KernelError> {
+        let (words, rows, cols, kind, wpb) = match m {
+            HostMatrix::Quant(q) => {
+                let (w, kind, wpb) = repack(&q);
+                (w, q.rows, q.cols, kind, wpb)
+            }
+            HostMatrix::Dense { data, rows, cols } => {
+                if data.len() != rows * cols {
+                    return Err(KernelError::Shape {
+                        what: "dense matrix",
+                        expected: rows * cols,
+                        got: data.len(),
+                    });
+                }
+                (data.iter().map(|v| v.to_bits()).collect(), rows, cols, 3, 0)
+            }
+        };
+        self.check_binding("a weight matrix", words.len() * 4)?;
+        Ok(GpuMatrix {
+            buf: self.gpu.words(&words),
+            rows,
+            cols,
+            kind,
+            words_per_block: wpb,
+        })
+    }
+
+    fn matrix_shape(&self, m: &GpuMatrix) -> (usize, usize) {
+        (m.rows, m.cols)
+    }
+
+    fn vector(&self, v: Vec<f32>) -> GpuVector {
+        GpuVector {
+            buf: self.gpu.upload(&f32_bytes(&v), storage()),
+        }
+    }
+
+    fn kv(&self, layout: KvLayout) -> GpuKv {
+        let bytes = (layout.num_blocks * layout.block_len() * 2) as u64;
+        let layer = |_| self.gpu.alloc(bytes);
+        GpuKv {
+            layout,
+            k: (0..layout.n_layer).map(layer).collect(),
+            v: (0..layout.n_layer).map(layer).collect(),
+        }
+    }
+
+    fn kv_layout(&self, kv: &GpuKv) -> KvLayout {
+        kv.layout
+    }
+
+    fn tensor(&self, data: Vec<f32>, cols: usize) -> GpuTensor {
+        GpuTensor {
+            buf: self.gpu.upload(&f32_bytes(&data), storage()),
+            rows: data.len() / cols.max(1),
+            cols,
+        }
+    }
+
+    fn to_host(&self, x: &GpuTensor) -> Vec<f32> {
+        let n = x.rows * x.cols;
+        // A device lost mid-pass is not recoverable here: the engine's
+        // executor turns the panic into a failed step.
+        let bytes = self
+            .gpu
+            .read(&x.buf, (n * 4) as u64)
+            .unwrap_or_else(|e| panic!("{e}"));
+        bytes
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect()
+    }
+
+    fn embed(&self, table: &GpuMatrix, ids: &[u32]) -> Result<GpuTensor, KernelError> {
+        if let Some(&bad) = ids.iter().find(|&&id| id as usize >= table.rows) {
+            return Err(KernelError::Shape {
+                what: "embedding row",
+                expected: table.rows,
+                got: bad as usize,
+            });
+        }
+        let out = self.new_tensor(ids.len(), table.cols);
+        let idb = self.gpu.words(ids);
+        let p = [
+            ids.len() as u32,
+            table.rows as u32,
+            table.cols as u32,
+            table.kind,
+            table.words_per_block,
+            0,
+            0,
+            0,
+        ];
+        let (entry, n) = if table.kind == 3 {
+            ("embed_dense", ids.len() * table.cols)
+        } else {
+            ("embed", ids.len() * table.cols / 32)
+        };
+        let b = [(1, &*idb), (2, &*table.buf), (3, &*out.buf)];
+        self.gpu
+            .dispatch(Shader::Matmul, entry, p, &b, Self::groups(n), 1);
+        Ok(out)
+    }
+
+    fn matmul(&self, x: &GpuTensor, w: &GpuMatrix) -> Result<GpuTensor, KernelError> {
+        if x.cols != w.cols {
+            return Err(KernelError::Shape {
+                what: "matmul input width",
+                expected: w.cols,
+                got: x.cols,
+            });
+        }
+        let out = self.new_tensor(x.rows, w.rows);
+        let p = [
+            x.rows as u32,
+            w.rows as u32,
+            w.cols as u32,
+            w.kind,
+            w.words_per_block,
+            0,
+            0,
+            0,
+        ];
+        let z = x.rows.div_ceil(TILE_M) as u32;
+        if w.kind == 3 {
+            let b = [(1, &*x.buf), (2, &*w.buf), (3, &*out.buf)];
+            self.gpu
+                .dispatch(Shader::Matmul, "dense", p, &b, w.rows as u32, z);
+            return Ok(out);
+        }
+        // The activations, quantized block by block as the CPU does.
+        let blocks = x.rows * x.cols / 32;
+        let xq = self.gpu.alloc((blocks * XQ_WORDS * 4) as u64);
+        let b = [(1, &*x.buf), (4, &*xq)];
+        self.gpu
+            .dispatch(Shader::Matmul, "quantize", p, &b, Self::groups(blocks), 1);
+        let b = [(2, &*w.buf), (3, &*out.buf), (4, &*xq)];
+        self.gpu
+            .dispatch(Shader::Matmul, "quant", p, &b, w.rows as u32, z);
+        Ok(out)
+    }
+
+    fn split_cols(&self, x: &GpuTensor, widths: &[usize]) -> Vec<GpuTensor> {
+        let idx: Vec<u32> = (0..x.rows as u32).collect();
+        let mut off = 0;
+        widths
+            .iter()
+            .map(|&w| {
+                let t = self.gather(x, &idx, off, w);
+                off += w;
+                t
+            })
+            .collect()
+    }
+
+    fn concat_cols(&self, parts: &[GpuTensor]) -> GpuTensor {
+        let cols = parts.iter().map(|p| p.cols).sum();
+        let rows = parts.first().map_or(0, |p| p.rows);
+        let out = self.new_tensor(rows, cols);
+        let mut off = 0;
+        for part in parts {
+            let p = [
+                rows as u32,
+                part.cols as u32,
+                cols as u32,
+                off as u32,
+                0,
+                0,
+                0,
+                0,
+            ];
+            let b = [(1, &*part.buf), (3, &*out.buf)];
+            self.gpu.dispatch(
+                Shader::Copy,
+                "scatter",
+                p,
+                &b,
+                Self::groups(rows * part.cols),
+                1,
+            );
+            off += part.cols;
+        }
+        out
+    }
+
+    fn rows(&self, x: &GpuTensor, rows: &[usize]) -> GpuTensor {
+        let idx: Vec<u32> = rows.iter().map(|&r| r as u32).collect();
+        self.gather(x, &idx, 0, x.cols)
+    }
+
+    fn add(&self, x: &mut GpuTensor, y: &GpuTensor) {
+        self.rows_op("add", x, Some(&y.buf), x.rows * x.cols);
+    }
+
+    fn add_bias(&self, x: &mut GpuTensor, b: &GpuVector) {
+        self.rows_op("add_bias", x, Some(&b.buf), x.rows * x.cols);
+    }
+
+    fn rms_norm(&self, x: &GpuTensor, w: &GpuVector, eps: f32) -> GpuTensor {
+        let out = self.new_tensor(x.rows, x.cols);
+        let p = [x.rows as u32, x.cols as u32, 0, 0, eps.to_bits(), 0, 0, 0];
+        let b = [(1, &*x.buf), (2, &*w.buf), (4, &*out.buf)];
+        self.gpu
+            .dispatch(Shader::Rows, "rms_norm", p, &b, x.rows as u32, 1);
+        out
+    }
+
+    fn layer_norm(&self, x: &GpuTensor, w: &GpuVector, bias: &GpuVector, eps: f32) -> GpuTensor {
+        let out = self.new_tensor(x.rows, x.cols);
+        let p = [x.rows as u32, x.cols as u32, 0, 0, eps.to_bits(), 0, 0, 0];
+        let b = [(1, &*x.buf), (2, &*w.buf), (3, &*bias.buf), (4, &*out.buf)];
+        self.gpu
+            .dispatch(Shader::Rows, "layer_norm", p, &b, x.rows as u32, 1);
+        out
+    }
+
+    fn swiglu(&self, gate_up: &GpuTensor) -> GpuTensor {
+        let n = gate_up.cols / 2;
+        let out = self.new_tensor(gate_up.rows, n);
+        let p = [
+            gate_up.rows as u32,
+            gate_up.cols as u32,
+            n as u32,
+            0,
+            0,
+            0,
+            0,
+            0,
+        ];
+        let b = [(1, &*gate_up.buf), (4, &*out.buf)];
+        self.gpu.dispatch(
+            Shader::Rows,
+            "swiglu",
+            p,
+            &b,
+            Self::groups(gate_up.rows * n),
+            1,
+        );
+        out
+    }
+
+    fn gelu(&self, x: &mut GpuTensor) {
+        self.rows_op("gelu", x, None, x.rows * x.cols);
+    }
+
+    fn softmax_rows(&self, x: &mut GpuTensor) {
+        let p = [x.rows as u32, x.cols as u32, 0, 0, 0, 0, 0, 0];
+        self.gpu.dispatch(
+            Shader::Rows,
+            "softmax",
+            p,
+            &[(1, &*x.buf)],
+            x.rows as u32,
+            1,
+        );
+    }
+
+    fn rope(&self, x: &mut GpuTensor, positions: &[usize], rope: &Rope) {
+        let half = rope.head_dim / 2;
+        let mut cs = Vec::with_capacity(2 * positions.len() * half);
+        for table in [&rope.cos, &rope.sin] {
+            for &pos in positions {
+                cs.extend_from_slice(&table[pos * half..(pos + 1) * half]);
+            }
+        }
+        let csb = self.gpu.upload(&f32_bytes(&cs), storage());
+        let p = [
+            positions.len() as u32,
+            x.cols as u32,
+            0,
+            u32::from(rope.neox),
+            0,
+            rope.head_dim as u32,
+            0,
+            0,
+        ];
+        let b = [(1, &*x.buf), (2, &*csb)];
+        let n = positions.len() * x.cols / 2;
+        self.gpu
+            .dispatch(Shader::Rows, "rope", p, &b, Self::groups(n), 1);
+    }
+
+    fn write_kv(
+        &self,
+        kv: &mut GpuKv,
+        layer: usize,
+        k: &GpuTensor,
+        v: &GpuTensor,
+        slots: &[(u32, usize)],
+    ) {
+        let l = kv.layout;
+        let idx: Vec<u32> = slots.iter().flat_map(|&(b, s)| [b, s as u32]).collect();
+        let ib = self.gpu.words(&idx);
+        let p = [
+            slots.len() as u32,
+            l.n_kv_head as u32,
+            l.head_dim as u32,
+            l.block_size as u32,
+            0,
+            0,
+            0,
+            0,
+        ];
+        let n = slots.len() * l.n_kv_head * l.head_dim / 2;
+        for (src, dst) in [(k, &kv.k[layer]), (v, &kv.v[layer])] {
+            let b = [(1, &*src.buf), (2, &*ib), (4, &**dst)];
+            self.gpu
+                .dispatch(Shader::Copy, "write_kv", p, &b, Self::groups(n), 1);
+        }
+    }
+
+    fn self_attention(
+        &self,
+        q: &GpuTensor,
+        k: &GpuTensor,
+        v: &GpuTensor,
+        heads: usize,
+        seqs: &[usize],
+    ) -> GpuTensor {
+        let mut info = Vec::with_capacity(2 * q.rows);
+        let mut start = 0u32;
+        for &len in seqs {
+            for _ in 0..len {
+                info.extend([start, len as u32]);
+            }
+            start += len as u32;
+        }
+        let ib = self.gpu.words(&info);
+        let out = self.new_tensor(q.rows, q.cols);
+        let hd = q.cols / heads.max(1);
+        let p = [
+            q.rows as u32,
+            heads as u32,
+            heads as u32,
+            hd as u32,
+            1,
+            0,
+            0,
+            0,
+        ];
+        let b = [
+            (1, &*q.buf),
+            (2, &*k.buf),
+            (3, &*v.buf),
+            (4, &*ib),
+            (6, &*out.buf),
+        ];
+        self.gpu.dispatch(
+            Shader::Attention,
+            "bidirectional",
+            p,
+            &b,
+            (q.rows * heads) as u32,
+            1,
+        );
+        out
+    }
+
+    fn attention(
+        &self,
+        q: &GpuTensor,
+        kv: &GpuKv,
+        layer: usize,
+        queries: &[(usize, &[u32])],
+        shape: AttnShape,
+    ) -> GpuTensor {
+        let mut info = Vec::with_capacity(2 * queries.len());
+        let mut tables = Vec::new();
+        for &(pos, table) in queries {
+            info.extend([pos as u32, tables.len() as u32]);
+            tables.extend_from_slice(table);
+        }
+        let (ib, tb) = (self.gpu.words(&info), self.gpu.words(&tables));
+        let out = self.new_tensor(q.rows, q.cols);
+        let p = [
+            queries.len() as u32,
+            shape.n_head as u32,
+            shape.n_kv_head as u32,
+            shape.head_dim as u32,
+            shape.block_size as u32,
+            0,
+            0,
+            0,
+        ];
+        let b = [
+            (1, &*q.buf),
+            (2, &*kv.k[layer]),
+            (3, &*kv.v[layer]),
+            (4, &*ib),
+            (5, &*tb),
+            (6, &*out.buf),
+        ];
+        self.gpu.dispatch(
+            Shader::Attention,
+            "paged",
+            p,
+            &b,
+            (queries.len() * shape.n_head) as u32,
+            1,
+        );
+        out
+    }
+}

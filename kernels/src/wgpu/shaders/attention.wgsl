@@ -1,0 +1,203 @@
+// Attention, one workgroup per (query row, head), online softmax over
+// chunks of 64 positions: each thread scores one position of the chunk,
+// then every thread folds the chunk into the output dimensions it owns
+// (up to four: head_dim <= 256).
+//
+// `paged`: causal attention over the paged f16 KV of one layer. K and V
+// hold, per block, `[kv_head][slot][head_dim]` f16 values, two to a word.
+// `info` holds per query row (position, table offset); `tables` the
+// sequences' block tables. a = (rows, n_head, n_kv_head, head_dim),
+// b = (block_size, x groups, 0, 0).
+//
+// `bidirectional`: an encoder's attention over f32 q, k, v rows stacked
+// sequence after sequence; `info` holds per row (sequence start, length).
+// a = (rows, n_head, n_head, head_dim).
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read> q: array<f32>;
+@group(0) @binding(2) var<storage, read> k: array<u32>;
+@group(0) @binding(3) var<storage, read> v: array<u32>;
+@group(0) @binding(4) var<storage, read> info: array<u32>;
+@group(0) @binding(5) var<storage, read> tables: array<u32>;
+@group(0) @binding(6) var<storage, read_write> out: array<f32>;
+
+const WG: u32 = 64u;
+var<workgroup> qs: array<f32, 256>;
+var<workgroup> wts: array<f32, 64>;
+var<workgroup> red: array<f32, 64>;
+// Positions the workgroup attends over (loaded once, uniformly).
+var<workgroup> span: u32;
+
+fn chunk_max(lid: u32, s: f32) -> f32 {
+    red[lid] = s;
+    workgroupBarrier();
+    for (var st = WG / 2u; st > 0u; st = st >> 1u) {
+        if (lid < st) {
+            red[lid] = max(red[lid], red[lid + st]);
+        }
+        workgroupBarrier();
+    }
+    let m = red[0];
+    workgroupBarrier();
+    return m;
+}
+
+// Value `d` of head `h` at the KV word array position of (block, slot).
+fn kv_at(arr_is_k: bool, block: u32, slot: u32, h: u32, d: u32) -> f32 {
+    let hd = p.a.w;
+    let bs = p.b.x;
+    let idx = ((block * p.a.z + h) * bs + slot) * hd + d;
+    var word: u32;
+    if (arr_is_k) {
+        word = k[idx / 2u];
+    } else {
+        word = v[idx / 2u];
+    }
+    return f16_to_f32((word >> (16u * (idx % 2u))) & 0xffffu);
+}
+
+@compute @workgroup_size(64)
+fn paged(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>,
+         @builtin(local_invocation_id) lid3: vec3<u32>) {
+    let lid = lid3.x;
+    let task = group_index(wid, groups);
+    let n_head = p.a.y;
+    let hd = p.a.w;
+    let live = task < p.a.x * n_head;
+    let t = task / n_head;
+    let h = task % n_head;
+    let kvh = h / (n_head / p.a.z);
+    let bs = p.b.x;
+    var pos = 0u;
+    var toff = 0u;
+    if (live) {
+        pos = info[2u * t];
+        toff = info[2u * t + 1u];
+        for (var d = lid; d < hd; d += WG) {
+            qs[d] = q[(t * n_head + h) * hd + d];
+        }
+    }
+    if (lid == 0u) {
+        span = select(0u, pos + 1u, live);
+    }
+    let n = workgroupUniformLoad(&span);
+    let scale = 1.0 / sqrt(f32(hd));
+    var m = -3.4e38;
+    var l = 0.0;
+    var acc = array<f32, 4>(0.0, 0.0, 0.0, 0.0);
+    for (var c = 0u; c < n; c += WG) {
+        let j = c + lid;
+        var s = -3.4e38;
+        if (j < n) {
+            let block = tables[toff + j / bs];
+            s = 0.0;
+            for (var d = 0u; d < hd; d++) {
+                s += qs[d] * kv_at(true, block, j % bs, kvh, d);
+            }
+            s *= scale;
+        }
+        let nm = max(m, chunk_max(lid, s));
+        let corr = exp_precise(m - nm);
+        wts[lid] = select(0.0, exp_precise(s - nm), j < n);
+        workgroupBarrier();
+        var sum = 0.0;
+        let cn = min(WG, n - c);
+        for (var i = 0u; i < cn; i++) {
+            sum += wts[i];
+        }
+        l = l * corr + sum;
+        for (var e = 0u; e < 4u; e++) {
+            let d = lid + e * WG;
+            if (d < hd) {
+                var a = acc[e] * corr;
+                for (var i = 0u; i < cn; i++) {
+                    let jj = c + i;
+                    a += wts[i] * kv_at(false, tables[toff + jj / bs], jj % bs, kvh, d);
+                }
+                acc[e] = a;
+            }
+        }
+        m = nm;
+        workgroupBarrier();
+    }
+    if (live) {
+        for (var e = 0u; e < 4u; e++) {
+            let d = lid + e * WG;
+            if (d < hd) {
+                out[(t * n_head + h) * hd + d] = acc[e] / l;
+            }
+        }
+    }
+}
+
+@compute @workgroup_size(64)
+fn bidirectional(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>,
+                 @builtin(local_invocation_id) lid3: vec3<u32>) {
+    let lid = lid3.x;
+    let task = group_index(wid, groups);
+    let n_head = p.a.y;
+    let hd = p.a.w;
+    let cols = n_head * hd;
+    let live = task < p.a.x * n_head;
+    let t = task / n_head;
+    let h = task % n_head;
+    var start = 0u;
+    var len = 0u;
+    if (live) {
+        start = info[2u * t];
+        len = info[2u * t + 1u];
+        for (var d = lid; d < hd; d += WG) {
+            qs[d] = q[t * cols + h * hd + d];
+        }
+    }
+    if (lid == 0u) {
+        span = len;
+    }
+    let n = workgroupUniformLoad(&span);
+    let scale = 1.0 / sqrt(f32(hd));
+    var m = -3.4e38;
+    var l = 0.0;
+    var acc = array<f32, 4>(0.0, 0.0, 0.0, 0.0);
+    for (var c = 0u; c < n; c += WG) {
+        let j = c + lid;
+        var s = -3.4e38;
+        if (j < n) {
+            s = 0.0;
+            let ko = (start + j) * cols + h * hd;
+            for (var d = 0u; d < hd; d++) {
+                s += qs[d] * bitcast<f32>(k[ko + d]);
+            }
+            s *= scale;
+        }
+        let nm = max(m, chunk_max(lid, s));
+        let corr = exp_precise(m - nm);
+        wts[lid] = select(0.0, exp_precise(s - nm), j < n);
+        workgroupBarrier();
+        var sum = 0.0;
+        let cn = min(WG, n - c);
+        for (var i = 0u; i < cn; i++) {
+            sum += wts[i];
+        }
+        l = l * corr + sum;
+        for (var e = 0u; e < 4u; e++) {
+            let d = lid + e * WG;
+            if (d < hd) {
+                var a = acc[e] * corr;
+                for (var i = 0u; i < cn; i++) {
+                    a += wts[i] * bitcast<f32>(v[(start + c + i) * cols + h * hd + d]);
+                }
+                acc[e] = a;
+            }
+        }
+        m = nm;
+        workgroupBarrier();
+    }
+    if (live) {
+        for (var e = 0u; e < 4u; e++) {
+            let d = lid + e * WG;
+            if (d < hd) {
+                out[t * cols + h * hd + d] = acc[e] / l;
+            }
+        }
+    }
+}

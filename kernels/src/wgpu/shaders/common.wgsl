@@ -1,0 +1,82 @@
+// Shared by every shader (prepended by the host): the parameter block and
+// f16 conversions written out by hand, so no shader needs the f16
+// extension (lavapipe and older drivers lack it in some builds).
+
+struct Params {
+    a: vec4<u32>,
+    b: vec4<u32>,
+}
+
+// f16 bits (low 16 bits of `h`) to f32.
+fn f16_to_f32(h: u32) -> f32 {
+    let sign = (h & 0x8000u) << 16u;
+    let e = (h >> 10u) & 0x1fu;
+    let m = h & 0x3ffu;
+    if (e == 0u) {
+        let v = f32(m) * 5.9604645e-8;
+        return select(v, -v, sign != 0u);
+    }
+    if (e == 31u) {
+        return bitcast<f32>(sign | 0x7f800000u | (m << 13u));
+    }
+    return bitcast<f32>(sign | ((e + 112u) << 23u) | (m << 13u));
+}
+
+// f32 to f16 bits, rounding to nearest even (as the `half` crate does).
+fn f32_to_f16(v: f32) -> u32 {
+    let x = bitcast<u32>(v);
+    let sign = (x >> 16u) & 0x8000u;
+    let e = (x >> 23u) & 0xffu;
+    let m = x & 0x7fffffu;
+    if (e == 0xffu) {
+        return sign | 0x7c00u | select(0u, 0x200u, m != 0u) | (m >> 13u);
+    }
+    let he = i32(e) - 112;
+    if (he >= 31) {
+        return sign | 0x7c00u;
+    }
+    if (he <= 0) {
+        if (he < -10) {
+            return sign;
+        }
+        let mm = m | 0x800000u;
+        let shift = u32(14 - he);
+        let round = 1u << (shift - 1u);
+        var hm = mm >> shift;
+        if ((mm & round) != 0u && (mm & (3u * round - 1u)) != 0u) {
+            hm += 1u;
+        }
+        return sign | hm;
+    }
+    var h = sign | (u32(he) << 10u) | (m >> 13u);
+    if ((m & 0x1000u) != 0u && (m & 0x2fffu) != 0u) {
+        h += 1u;
+    }
+    return h;
+}
+
+// The linear index of a workgroup in a grid folded into x and y.
+fn group_index(wid: vec3<u32>, groups: vec3<u32>) -> u32 {
+    return wid.x + wid.y * groups.x;
+}
+
+// e^x to within about one ulp (the driver's `exp` may be a few ulps off,
+// which the next layer's 8-bit activations can turn into a different
+// code): x = k ln2 + r by Cody and Waite, a degree-7 polynomial for e^r on
+// |r| <= ln2 / 2, then 2^k in two factors (subnormal results stay exact).
+fn exp_precise(x: f32) -> f32 {
+    if (x > 88.72283) {
+        return bitcast<f32>(0x7f800000u);
+    }
+    if (x < -103.97208) {
+        return 0.0;
+    }
+    let k = round(x * 1.4426950);
+    let r = (x - k * 0.693145752) - k * 1.42860677e-6;
+    let p = 1.0 + r * (1.0 + r * (0.5 + r * (0.16666667 + r * (0.041666668
+        + r * (0.008333334 + r * (0.0013888889 + r * 0.0001984127))))));
+    let ki = i32(k);
+    let k1 = ki / 2;
+    let k2 = ki - k1;
+    return p * bitcast<f32>(u32(k1 + 127) << 23u) * bitcast<f32>(u32(k2 + 127) << 23u);
+}
