@@ -17,7 +17,7 @@ MODEL_FILES := \
 	$(SYNOR_MODELS_DIR)/all-minilm-l6-v2/1_Pooling/config.json \
 	$(SYNOR_MODELS_DIR)/tiny/tiny.gguf
 
-.PHONY: run test models check lint unit gpu-unit e2e build browser vulkan bench-chat clean-models
+.PHONY: run test models check lint unit e2e build browser vulkan bench-chat clean-models
 
 ## run: fetch the default models if missing, then serve them on 127.0.0.1:8080
 run: $(MODEL_FILES)
@@ -25,7 +25,7 @@ run: $(MODEL_FILES)
 
 ## test: formatting, lints, every cargo test (the wgpu backend's on lavapipe
 ## too), the OpenAI-SDK end-to-end tests and the console in headless Chromium
-test: $(MODEL_FILES) lint unit gpu-unit e2e
+test: $(MODEL_FILES) lint unit e2e
 
 ## models: fetch and verify the default models (sha256) into $(SYNOR_MODELS_DIR)
 models:
@@ -37,16 +37,12 @@ $(MODEL_FILES) &:
 lint:
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
-	$(CARGO) clippy -p kernels -p engine --all-targets --features engine/wgpu -- -D warnings
 
-unit: $(MODEL_FILES)
-	$(CARGO) test --workspace
-
-## gpu-unit: every WGSL shader against the reference, and the default model
-## on wgpu against the CPU, on whatever Vulkan adapter there is (lavapipe)
-gpu-unit: $(MODEL_FILES) vulkan
-	XDG_RUNTIME_DIR=$$(mktemp -d) $(CARGO) test -p kernels --features wgpu --lib wgpu::
-	XDG_RUNTIME_DIR=$$(mktemp -d) $(CARGO) test -p engine --features wgpu --test gpu_parity
+## unit: every cargo test; the server's default build has the wgpu backend,
+## so its shaders' tests and the model's GPU parity test run here too, on
+## whatever Vulkan adapter there is (lavapipe: `make vulkan`)
+unit: $(MODEL_FILES) vulkan
+	XDG_RUNTIME_DIR=$$(mktemp -d) $(CARGO) test --workspace
 
 ## vulkan: Mesa's software Vulkan driver (lavapipe), for the wgpu tests
 vulkan:

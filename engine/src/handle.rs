@@ -17,6 +17,7 @@ use crate::executor::{Executor, LocalExecutor};
 use crate::kv_cache::{KvLayout, KvManager};
 use crate::latency::LatencyStats;
 use crate::loader::{LoadedModel, load_gguf};
+use crate::model::llama::Llama;
 use crate::output::{OutputProcessor, RawStream, RequestStream};
 use crate::request::{GenerateRequest, RequestId};
 use crate::scheduler::{Scheduler, SchedulerConfig};
@@ -34,6 +35,79 @@ pub struct EngineConfig {
     /// Run only the model's first this many layers (testing: a provider
     /// that cheats by skipping layers; spot checks must catch it).
     pub keep_layers: Option<usize>,
+    /// Where the model runs.
+    pub device: Device,
+}
+
+/// The compute device an engine runs on.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Device {
+    #[default]
+    Cpu,
+    /// The first adapter wgpu finds (Vulkan, Metal, DX12; lavapipe).
+    Wgpu,
+    /// An NVIDIA GPU by index, through CUDA.
+    Cuda(u32),
+}
+
+impl std::str::FromStr for Device {
+    type Err = String;
+
+    /// `cpu`, `wgpu`, `cuda` or `cuda:N`.
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "cpu" => Ok(Self::Cpu),
+            "wgpu" => Ok(Self::Wgpu),
+            "cuda" => Ok(Self::Cuda(0)),
+            _ => s
+                .strip_prefix("cuda:")
+                .and_then(|n| n.parse().ok())
+                .map(Self::Cuda)
+                .ok_or_else(|| format!("unknown device `{s}`: cpu, wgpu, cuda or cuda:N")),
+        }
+    }
+}
+
+/// The executor of `model` on `device`.
+fn executor_on(device: Device, model: Llama, layout: KvLayout) -> Result<Box<dyn Executor>> {
+    match device {
+        Device::Cpu => Ok(Box::new(LocalExecutor::new(model, layout)?)),
+        #[cfg(feature = "wgpu")]
+        Device::Wgpu => {
+            let backend =
+                kernels::wgpu::WgpuBackend::new().map_err(|e| EngineError::Load(e.to_string()))?;
+            // Each layer's keys (and values) are one buffer the attention
+            // shader binds whole: the cache gets at most what one binding
+            // holds (the engine sizes its block tables from the executor).
+            let mut layout = layout;
+            let per_block = (layout.block_len() * 2) as u64;
+            let fit = (backend.adapter().max_binding / per_block.max(1)) as usize;
+            if layout.num_blocks > fit {
+                tracing::warn!(
+                    blocks = layout.num_blocks,
+                    fit,
+                    "the KV cache is larger than one GPU binding holds per layer: capped"
+                );
+                layout.num_blocks = fit;
+            }
+            if layout.num_blocks == 0 {
+                return Err(EngineError::Load(
+                    "one KV block is larger than the GPU's largest binding".into(),
+                ));
+            }
+            let model = model.onto(backend)?;
+            Ok(Box::new(crate::gpu_executor::GpuExecutor::new(
+                model, layout,
+            )))
+        }
+        #[cfg(not(feature = "wgpu"))]
+        Device::Wgpu => Err(EngineError::Load(
+            "this build has no wgpu backend: build with `--features wgpu`".into(),
+        )),
+        Device::Cuda(n) => Err(EngineError::Load(format!(
+            "cuda:{n}: the CUDA backend is not in this build yet; use --device wgpu for an NVIDIA GPU (Vulkan)"
+        ))),
+    }
 }
 
 impl Default for EngineConfig {
@@ -43,6 +117,7 @@ impl Default for EngineConfig {
             kv_cache_memory: 1 << 30,
             block_size: 16,
             keep_layers: None,
+            device: Device::Cpu,
         }
     }
 }
@@ -258,7 +333,7 @@ impl EngineHandle {
         let layout = mc.kv_layout(block_size, num_blocks);
         EngineBuilder::new(tokenizer, template, facts)
             .scheduler(config.scheduler)
-            .executor(Box::new(LocalExecutor::new(model, layout)?))
+            .executor(executor_on(config.device, model, layout)?)
             .start()
     }
 

@@ -17,6 +17,8 @@ pub mod core;
 pub mod embed;
 pub mod error;
 pub mod executor;
+#[cfg(feature = "wgpu")]
+pub mod gpu_executor;
 pub mod handle;
 pub mod kv_cache;
 pub mod latency;
@@ -33,7 +35,7 @@ pub use chat::{ChatMessage, TemplateChoice};
 pub use constraint::Grammar;
 pub use embed::{EmbedInput, EmbeddingHandle, Embeddings};
 pub use error::EngineError;
-pub use handle::{EngineBuilder, EngineConfig, EngineHandle, ModelFacts, ModelInfo};
+pub use handle::{Device, EngineBuilder, EngineConfig, EngineHandle, ModelFacts, ModelInfo};
 pub use latency::{HistogramSnapshot, LatencyStats};
 pub use output::{RawStream, RequestStream};
 pub use request::{

@@ -650,6 +650,12 @@ pub struct SchedulerArgs {
     /// by skipping layers, for spot checks to catch).
     #[arg(long, hide = true)]
     pub debug_keep_layers: Option<usize>,
+
+    /// Where text models run: `cpu`, `wgpu` (the first Vulkan, Metal or
+    /// DX12 adapter; the KV cache then lives in its memory), or
+    /// `cuda[:N]` (not in this build yet: a clear error).
+    #[arg(long, env = "SYNOR_DEVICE", default_value = "cpu")]
+    pub device: engine::Device,
 }
 
 /// Parses a byte size: a number with an optional `K`, `M`, `G` (powers of
@@ -690,6 +696,7 @@ impl SchedulerArgs {
             kv_cache_memory: self.kv_cache_memory,
             block_size: usize::from(self.block_size),
             keep_layers: self.debug_keep_layers,
+            device: self.device,
         }
     }
 }

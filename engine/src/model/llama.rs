@@ -287,6 +287,69 @@ impl Llama<CpuBackend> {
     }
 }
 
+/// A CPU weight matrix as the host form another backend takes.
+fn host_matrix(m: &kernels::cpu::backend::CpuMatrix) -> HostMatrix {
+    use kernels::cpu::backend::CpuMatrix;
+    match m {
+        CpuMatrix::Quant(q) => HostMatrix::Quant(q.as_ref().clone()),
+        CpuMatrix::Dense(p) => HostMatrix::Dense {
+            data: (0..p.n).flat_map(|r| p.row(r)).collect(),
+            rows: p.n,
+            cols: p.k,
+        },
+    }
+}
+
+impl Llama<CpuBackend> {
+    /// The same model with its weights moved into `backend`'s memory
+    /// (quantized ones stay quantized).
+    pub fn onto<B: Backend>(self, backend: B) -> Result<Llama<B>> {
+        let b = &backend;
+        let matrix = |m: &kernels::cpu::backend::CpuMatrix| b.matrix(host_matrix(m)).map_err(load);
+        let proj = |p: &Proj<CpuBackend>| -> Result<Proj<B>> {
+            Ok(match p {
+                Proj::Fused { w, widths } => Proj::Fused {
+                    w: matrix(w)?,
+                    widths: widths.clone(),
+                },
+                Proj::Separate(ws) => {
+                    Proj::Separate(ws.iter().map(&matrix).collect::<Result<_>>()?)
+                }
+            })
+        };
+        let layers = self
+            .layers
+            .iter()
+            .map(|l| {
+                Ok(Layer {
+                    attn_norm: b.vector(l.attn_norm.clone()),
+                    qkv: proj(&l.qkv)?,
+                    bias: l.bias.as_ref().map(|[q, k, v]| {
+                        [
+                            b.vector(q.clone()),
+                            b.vector(k.clone()),
+                            b.vector(v.clone()),
+                        ]
+                    }),
+                    wo: matrix(&l.wo)?,
+                    ffn_norm: b.vector(l.ffn_norm.clone()),
+                    gate_up: proj(&l.gate_up)?,
+                    w_down: matrix(&l.w_down)?,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Llama {
+            embed: matrix(&self.embed)?,
+            lm_head: self.lm_head.as_ref().map(&matrix).transpose()?,
+            norm: b.vector(self.norm.clone()),
+            layers,
+            config: self.config,
+            rope: self.rope,
+            backend,
+        })
+    }
+}
+
 impl<B: Backend> Llama<B> {
     /// Loads a GGUF file's weights into `backend`'s memory.
     pub fn load_on<R: Read + Seek>(backend: B, ct: &Content, reader: &mut R) -> Result<Self> {

@@ -9,11 +9,34 @@ use std::path::Path;
 use crate::fleet::protocol::Device;
 
 /// Every device found, the CPU first.
-pub fn detect() -> Vec<Device> {
+pub fn detect(running: engine::Device) -> Vec<Device> {
     let mut out = vec![cpu()];
     out.extend(nvidia(Path::new("/proc/driver/nvidia/gpus")));
-    out.extend(vulkan(Path::new("/usr/share/vulkan/icd.d")));
+    match (running, adapter()) {
+        // The adapter the engine runs on, instead of the driver listing.
+        (engine::Device::Wgpu, Some(a)) => out.push(a),
+        _ => out.extend(vulkan(Path::new("/usr/share/vulkan/icd.d"))),
+    }
     out
+}
+
+/// The adapter `--device wgpu` runs models on.
+#[cfg(feature = "wgpu")]
+fn adapter() -> Option<Device> {
+    let a = engine::gpu_executor::adapter().ok()?;
+    Some(Device {
+        kind: "wgpu".into(),
+        name: a.name,
+        cores: 0,
+        memory_bytes: 0,
+        features: vec![a.kind, a.driver],
+        usable: true,
+    })
+}
+
+#[cfg(not(feature = "wgpu"))]
+fn adapter() -> Option<Device> {
+    None
 }
 
 fn cpu() -> Device {
@@ -130,12 +153,12 @@ mod tests {
 
     #[test]
     fn the_cpu_is_found_and_usable() {
-        let d = detect();
+        let d = detect(engine::Device::Cpu);
         assert_eq!(d[0].kind, "cpu");
         assert!(d[0].usable && d[0].cores >= 1 && !d[0].name.is_empty());
         assert!(
             d[1..].iter().all(|g| !g.usable),
-            "GPUs cannot run models yet"
+            "a worker on the CPU runs nothing on its GPUs"
         );
     }
 

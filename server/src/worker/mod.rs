@@ -185,7 +185,7 @@ fn registration(args: &WorkerArgs, models: &ModelRegistry) -> FromWorker {
         v: VERSION,
         name: args.name.clone().unwrap_or_else(hostname),
         build: format!("synor {}", env!("CARGO_PKG_VERSION")),
-        devices: devices::detect(),
+        devices: devices::detect(args.scheduler.device),
         models: served,
         threads: rayon::current_num_threads() as u32,
         region: args.region.clone(),
