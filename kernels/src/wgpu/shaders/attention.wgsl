@@ -24,22 +24,24 @@
 const WG: u32 = 64u;
 var<workgroup> qs: array<f32, 256>;
 var<workgroup> wts: array<f32, 64>;
-var<workgroup> red: array<f32, 64>;
 // Positions the workgroup attends over (loaded once, uniformly).
 var<workgroup> span: u32;
 
-fn chunk_max(lid: u32, s: f32) -> f32 {
-    red[lid] = s;
+// Folds one chunk's scores (`s`, valid for `j < n`) into the running max
+// `m` and sum `l`, leaves the chunk's weights in `wts`, and returns the
+// factor the output accumulated so far is scaled by.
+fn fold(lid: u32, s: f32, valid: bool, cn: u32, m: ptr<function, f32>, l: ptr<function, f32>) -> f32 {
+    let nm = max(*m, wg_max(lid, s));
+    let corr = exp_precise(*m - nm);
+    wts[lid] = select(0.0, exp_precise(s - nm), valid);
     workgroupBarrier();
-    for (var st = WG / 2u; st > 0u; st = st >> 1u) {
-        if (lid < st) {
-            red[lid] = max(red[lid], red[lid + st]);
-        }
-        workgroupBarrier();
+    var sum = 0.0;
+    for (var i = 0u; i < cn; i++) {
+        sum += wts[i];
     }
-    let m = red[0];
-    workgroupBarrier();
-    return m;
+    *l = *l * corr + sum;
+    *m = nm;
+    return corr;
 }
 
 // Value `d` of head `h` at the KV word array position of (block, slot).
@@ -96,16 +98,8 @@ fn paged(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups:
             }
             s *= scale;
         }
-        let nm = max(m, chunk_max(lid, s));
-        let corr = exp_precise(m - nm);
-        wts[lid] = select(0.0, exp_precise(s - nm), j < n);
-        workgroupBarrier();
-        var sum = 0.0;
         let cn = min(WG, n - c);
-        for (var i = 0u; i < cn; i++) {
-            sum += wts[i];
-        }
-        l = l * corr + sum;
+        let corr = fold(lid, s, j < n, cn, &m, &l);
         for (var e = 0u; e < 4u; e++) {
             let d = lid + e * WG;
             if (d < hd) {
@@ -117,7 +111,6 @@ fn paged(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups:
                 acc[e] = a;
             }
         }
-        m = nm;
         workgroupBarrier();
     }
     if (live) {
@@ -169,16 +162,8 @@ fn bidirectional(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
             }
             s *= scale;
         }
-        let nm = max(m, chunk_max(lid, s));
-        let corr = exp_precise(m - nm);
-        wts[lid] = select(0.0, exp_precise(s - nm), j < n);
-        workgroupBarrier();
-        var sum = 0.0;
         let cn = min(WG, n - c);
-        for (var i = 0u; i < cn; i++) {
-            sum += wts[i];
-        }
-        l = l * corr + sum;
+        let corr = fold(lid, s, j < n, cn, &m, &l);
         for (var e = 0u; e < 4u; e++) {
             let d = lid + e * WG;
             if (d < hd) {
@@ -189,7 +174,6 @@ fn bidirectional(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
                 acc[e] = a;
             }
         }
-        m = nm;
         workgroupBarrier();
     }
     if (live) {

@@ -1,6 +1,7 @@
-// Shared by every shader (prepended by the host): the parameter block and
-// f16 conversions written out by hand, so no shader needs the f16
-// extension (lavapipe and older drivers lack it in some builds).
+// Shared by every shader (prepended by the host): the parameter block,
+// f16 conversions written out by hand (so no shader needs the f16
+// extension, which lavapipe and older drivers lack in some builds), an
+// `exp` accurate to an ulp, and workgroup reductions.
 
 struct Params {
     a: vec4<u32>,
@@ -80,3 +81,36 @@ fn exp_precise(x: f32) -> f32 {
     let k2 = ki - k1;
     return p * bitcast<f32>(u32(k1 + 127) << 23u) * bitcast<f32>(u32(k2 + 127) << 23u);
 }
+
+// Workgroup reductions over 64 threads (every thread gets the result).
+var<workgroup> red: array<f32, 64>;
+
+// The sum of every thread's `v` in the workgroup (all threads get it).
+fn wg_sum(lid: u32, v: f32) -> f32 {
+    red[lid] = v;
+    workgroupBarrier();
+    for (var s = 32u; s > 0u; s = s >> 1u) {
+        if (lid < s) {
+            red[lid] += red[lid + s];
+        }
+        workgroupBarrier();
+    }
+    let total = red[0];
+    workgroupBarrier();
+    return total;
+}
+
+fn wg_max(lid: u32, v: f32) -> f32 {
+    red[lid] = v;
+    workgroupBarrier();
+    for (var s = 32u; s > 0u; s = s >> 1u) {
+        if (lid < s) {
+            red[lid] = max(red[lid], red[lid + s]);
+        }
+        workgroupBarrier();
+    }
+    let total = red[0];
+    workgroupBarrier();
+    return total;
+}
+
