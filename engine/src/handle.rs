@@ -104,9 +104,13 @@ fn executor_on(device: Device, model: Llama, layout: KvLayout) -> Result<Box<dyn
         Device::Wgpu => Err(EngineError::Load(
             "this build has no wgpu backend: build with `--features wgpu`".into(),
         )),
-        Device::Cuda(n) => Err(EngineError::Load(format!(
-            "cuda:{n}: the CUDA backend is not in this build yet; use --device wgpu for an NVIDIA GPU (Vulkan)"
-        ))),
+        Device::Cuda(n) => {
+            #[cfg(feature = "cuda")]
+            kernels::cuda::probe(n).map_err(|e| EngineError::Load(e.to_string()))?;
+            Err(EngineError::Load(format!(
+                "cuda:{n}: the CUDA executor is not built yet (its kernels are); use --device wgpu for an NVIDIA GPU through Vulkan"
+            )))
+        }
     }
 }
 

@@ -15,6 +15,8 @@
 
 pub mod backend;
 pub mod cpu;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 pub mod kquant;
 pub mod layout;
 pub mod quant;

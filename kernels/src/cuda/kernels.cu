@@ -1,0 +1,440 @@
+// The CUDA backend's kernels: the same operations and the same arithmetic
+// as the WGSL shaders (`kernels/src/wgpu/shaders`), compiled at run time
+// by NVRTC. Weights stay quantized on the device in the repacked layout
+// (per 32-weight block: the scale, and Q4_1's min, as f32 words, then the
+// block's GGML bytes); activations are quantized to 8 bits as the CPU does
+// and each block's dot product is the CPU's integer sum. The KV cache
+// holds f16 values, two to a 32-bit word.
+
+typedef unsigned int u32;
+typedef unsigned short u16;
+
+#define WG 64
+#define TM 4
+#define XQ_WORDS 10
+
+extern "C" {
+
+// ---- f16 by hand, as the shaders (bit-identical to the `half` crate) ----
+
+__device__ float f16_to_f32(u32 h) {
+    u32 sign = (h & 0x8000u) << 16;
+    u32 e = (h >> 10) & 0x1fu;
+    u32 m = h & 0x3ffu;
+    if (e == 0u) {
+        float v = (float)m * 5.9604645e-8f;
+        return sign ? -v : v;
+    }
+    if (e == 31u) return __uint_as_float(sign | 0x7f800000u | (m << 13));
+    return __uint_as_float(sign | ((e + 112u) << 23) | (m << 13));
+}
+
+__device__ u32 f32_to_f16(float v) {
+    u32 x = __float_as_uint(v);
+    u32 sign = (x >> 16) & 0x8000u;
+    u32 e = (x >> 23) & 0xffu;
+    u32 m = x & 0x7fffffu;
+    if (e == 0xffu) return sign | 0x7c00u | (m ? 0x200u : 0u) | (m >> 13);
+    int he = (int)e - 112;
+    if (he >= 31) return sign | 0x7c00u;
+    if (he <= 0) {
+        if (he < -10) return sign;
+        u32 mm = m | 0x800000u;
+        u32 shift = (u32)(14 - he);
+        u32 round = 1u << (shift - 1u);
+        u32 hm = mm >> shift;
+        if ((mm & round) && (mm & (3u * round - 1u))) hm += 1u;
+        return sign | hm;
+    }
+    u32 h = sign | ((u32)he << 10) | (m >> 13);
+    if ((m & 0x1000u) && (m & 0x2fffu)) h += 1u;
+    return h;
+}
+
+// e^x to about an ulp, as the shaders compute it (expf's fast paths differ
+// between toolkits).
+__device__ float exp_precise(float x) {
+    if (x > 88.72283f) return __uint_as_float(0x7f800000u);
+    if (x < -103.97208f) return 0.0f;
+    float k = rintf(x * 1.4426950f);
+    float r = __fsub_rn(__fsub_rn(x, __fmul_rn(k, 0.693145752f)), __fmul_rn(k, 1.42860677e-6f));
+    float p = 1.0f + r * (1.0f + r * (0.5f + r * (0.16666667f + r * (0.041666668f
+        + r * (0.008333334f + r * (0.0013888889f + r * 0.0001984127f))))));
+    int ki = (int)k;
+    int k1 = ki / 2;
+    int k2 = ki - k1;
+    return p * __uint_as_float((u32)(k1 + 127) << 23) * __uint_as_float((u32)(k2 + 127) << 23);
+}
+
+__device__ int sbyte(u32 w, u32 t) { return (int)(signed char)((w >> (8u * t)) & 0xffu); }
+
+// ---- reductions over a 64-thread block ----
+
+__device__ float block_sum(float v, float* red) {
+    red[threadIdx.x] = v;
+    __syncthreads();
+    for (u32 s = WG / 2; s > 0; s >>= 1) {
+        if (threadIdx.x < s) red[threadIdx.x] += red[threadIdx.x + s];
+        __syncthreads();
+    }
+    float t = red[0];
+    __syncthreads();
+    return t;
+}
+
+__device__ float block_max(float v, float* red) {
+    red[threadIdx.x] = v;
+    __syncthreads();
+    for (u32 s = WG / 2; s > 0; s >>= 1) {
+        if (threadIdx.x < s) red[threadIdx.x] = fmaxf(red[threadIdx.x], red[threadIdx.x + s]);
+        __syncthreads();
+    }
+    float t = red[0];
+    __syncthreads();
+    return t;
+}
+
+// ---- matmul ----
+
+// Quantizes rows x (rows, k) into xq, one thread a 32-value block.
+__global__ void quantize(const float* x, u32* xq, u32 rows, u32 k) {
+    u32 i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= rows * (k / 32u)) return;
+    const float* b = x + i * 32u;
+    float amax = 0.0f;
+    for (u32 j = 0; j < 32u; j++) amax = fmaxf(amax, fabsf(b[j]));
+    float d = __fdiv_rn(amax, 127.0f);
+    float id = d != 0.0f ? __fdiv_rn(1.0f, d) : 0.0f;
+    int sum = 0;
+    u32* o = xq + i * XQ_WORDS;
+    for (u32 j = 0; j < 8u; j++) {
+        u32 word = 0;
+        for (u32 t = 0; t < 4u; t++) {
+            float v = __fmul_rn(b[4u * j + t], id);
+            int q = (int)(v + (v < 0.0f ? -0.5f : 0.5f));
+            q = max(-128, min(127, q));
+            sum += q;
+            word |= ((u32)q & 0xffu) << (8u * t);
+        }
+        o[2u + j] = word;
+    }
+    o[0] = __float_as_uint(d);
+    o[1] = __float_as_uint(__fmul_rn(d, (float)sum));
+}
+
+__device__ float block_dot(const u32* w, u32 blk, u32 kind, u32 wpb, const u32* xb) {
+    const u32* base = w + blk * wpb;
+    float d = __uint_as_float(base[0]);
+    float xd = __uint_as_float(xb[0]);
+    float xs = __uint_as_float(xb[1]);
+    int isum = 0;
+    if (kind == 2u) {
+        for (u32 j = 0; j < 8u; j++) {
+            u32 q = base[1u + j], a = xb[2u + j];
+            for (u32 t = 0; t < 4u; t++) isum += (int)(((q >> (8u * t)) & 0xffu) ^ 0x80u) * sbyte(a, t);
+        }
+        return __fadd_rn(__fmul_rn(__fmul_rn(d, xd), (float)isum), __fmul_rn(-128.0f * d, xs));
+    }
+    bool has_min = kind == 1u;
+    const u32* qs = base + (has_min ? 2u : 1u);
+    for (u32 j = 0; j < 4u; j++) {
+        u32 q = qs[j], lo = xb[2u + j], hi = xb[6u + j];
+        for (u32 t = 0; t < 4u; t++) {
+            u32 byte = (q >> (8u * t)) & 0xffu;
+            isum += (int)(byte & 0xfu) * sbyte(lo, t) + (int)(byte >> 4) * sbyte(hi, t);
+        }
+    }
+    float offset = has_min ? __uint_as_float(base[1]) : -8.0f * d;
+    return __fadd_rn(__fmul_rn(__fmul_rn(d, xd), (float)isum), __fmul_rn(offset, xs));
+}
+
+__device__ void reduce_store(float* acc, float* y, u32 n, u32 m0, u32 m, u32 nn) {
+    __shared__ float partial[TM * WG];
+    for (u32 r = 0; r < TM; r++) partial[r * WG + threadIdx.x] = acc[r];
+    __syncthreads();
+    for (u32 s = WG / 2; s > 0; s >>= 1) {
+        if (threadIdx.x < s)
+            for (u32 r = 0; r < TM; r++) partial[r * WG + threadIdx.x] += partial[r * WG + threadIdx.x + s];
+        __syncthreads();
+    }
+    if (threadIdx.x < TM && n < nn && m0 + threadIdx.x < m)
+        y[(m0 + threadIdx.x) * nn + n] = partial[threadIdx.x * WG];
+}
+
+// y (m, n) = x · Wᵀ, W quantized: one block per output column n (grid.x,
+// grid.y) and TM rows of x (grid.z).
+__global__ void matmul_quant(const u32* xq, const u32* w, float* y, u32 m, u32 n_out, u32 k,
+                             u32 kind, u32 wpb) {
+    u32 n = blockIdx.x + blockIdx.y * gridDim.x;
+    u32 m0 = blockIdx.z * TM;
+    u32 nb = k / 32u;
+    float acc[TM] = {0.0f, 0.0f, 0.0f, 0.0f};
+    if (n < n_out)
+        for (u32 b = threadIdx.x; b < nb; b += WG)
+            for (u32 r = 0; r < TM; r++)
+                if (m0 + r < m) acc[r] += block_dot(w, n * nb + b, kind, wpb, xq + ((m0 + r) * nb + b) * XQ_WORDS);
+    reduce_store(acc, y, n, m0, m, n_out);
+}
+
+__global__ void matmul_dense(const float* x, const float* w, float* y, u32 m, u32 n_out, u32 k) {
+    u32 n = blockIdx.x + blockIdx.y * gridDim.x;
+    u32 m0 = blockIdx.z * TM;
+    float acc[TM] = {0.0f, 0.0f, 0.0f, 0.0f};
+    if (n < n_out)
+        for (u32 i = threadIdx.x; i < k; i += WG) {
+            float wv = w[n * k + i];
+            for (u32 r = 0; r < TM; r++)
+                if (m0 + r < m) acc[r] += wv * x[(m0 + r) * k + i];
+        }
+    reduce_store(acc, y, n, m0, m, n_out);
+}
+
+// Embedding rows of a quantized table: one thread a (row, block).
+__global__ void embed_quant(const u32* ids, const u32* w, float* y, u32 rows, u32 n, u32 k, u32 kind,
+                            u32 wpb) {
+    u32 nb = k / 32u;
+    u32 i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= rows * nb) return;
+    u32 t = i / nb, b = i % nb, id = ids[t];
+    if (id >= n) return;
+    const u32* base = w + (id * nb + b) * wpb;
+    float d = __uint_as_float(base[0]);
+    float* out = y + t * k + b * 32u;
+    if (kind == 2u) {
+        for (u32 j = 0; j < 32u; j++) out[j] = (float)sbyte(base[1u + j / 4u], j % 4u) * d;
+        return;
+    }
+    bool has_min = kind == 1u;
+    float mn = has_min ? __uint_as_float(base[1]) : 0.0f;
+    float off = has_min ? 0.0f : 8.0f;
+    const u32* qs = base + (has_min ? 2u : 1u);
+    for (u32 j = 0; j < 16u; j++) {
+        u32 byte = (qs[j / 4u] >> (8u * (j % 4u))) & 0xffu;
+        out[j] = ((float)(byte & 0xfu) - off) * d + mn;
+        out[j + 16u] = ((float)(byte >> 4) - off) * d + mn;
+    }
+}
+
+// ---- row operations ----
+
+__global__ void rms_norm(const float* x, const float* w, float* out, u32 rows, u32 cols, float eps) {
+    __shared__ float red[WG];
+    u32 row = blockIdx.x + blockIdx.y * gridDim.x;
+    bool live = row < rows;
+    const float* xr = x + row * cols;
+    float s = 0.0f;
+    if (live) for (u32 i = threadIdx.x; i < cols; i += WG) s += xr[i] * xr[i];
+    float inv = 1.0f / sqrtf(block_sum(s, red) / (float)cols + eps);
+    if (live) for (u32 i = threadIdx.x; i < cols; i += WG) out[row * cols + i] = xr[i] * inv * w[i];
+}
+
+__global__ void layer_norm(const float* x, const float* w, const float* bias, float* out, u32 rows,
+                           u32 cols, float eps) {
+    __shared__ float red[WG];
+    u32 row = blockIdx.x + blockIdx.y * gridDim.x;
+    bool live = row < rows;
+    const float* xr = x + row * cols;
+    float s = 0.0f;
+    if (live) for (u32 i = threadIdx.x; i < cols; i += WG) s += xr[i];
+    float mean = block_sum(s, red) / (float)cols;
+    float q = 0.0f;
+    if (live) for (u32 i = threadIdx.x; i < cols; i += WG) q += (xr[i] - mean) * (xr[i] - mean);
+    float inv = 1.0f / sqrtf(block_sum(q, red) / (float)cols + eps);
+    if (live)
+        for (u32 i = threadIdx.x; i < cols; i += WG) out[row * cols + i] = (xr[i] - mean) * inv * w[i] + bias[i];
+}
+
+__global__ void softmax_rows(float* x, u32 rows, u32 cols) {
+    __shared__ float red[WG];
+    u32 row = blockIdx.x + blockIdx.y * gridDim.x;
+    bool live = row < rows;
+    float* xr = x + row * cols;
+    float m = -3.4e38f;
+    if (live) for (u32 i = threadIdx.x; i < cols; i += WG) m = fmaxf(m, xr[i]);
+    float mx = block_max(m, red);
+    float s = 0.0f;
+    if (live)
+        for (u32 i = threadIdx.x; i < cols; i += WG) {
+            float e = exp_precise(xr[i] - mx);
+            xr[i] = e;
+            s += e;
+        }
+    float total = block_sum(s, red);
+    if (live) for (u32 i = threadIdx.x; i < cols; i += WG) xr[i] = xr[i] / total;
+}
+
+__global__ void add(float* x, const float* y, u32 n) {
+    u32 i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] += y[i];
+}
+
+__global__ void add_bias(float* x, const float* b, u32 n, u32 cols) {
+    u32 i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] += b[i % cols];
+}
+
+__global__ void swiglu(const float* gu, float* out, u32 rows, u32 n) {
+    u32 i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= rows * n) return;
+    u32 r = i / n, c = i % n;
+    float g = gu[r * 2u * n + c];
+    out[i] = g / (1.0f + exp_precise(-g)) * gu[r * 2u * n + n + c];
+}
+
+__device__ float erf_as(float v) {
+    float t = 1.0f / (1.0f + 0.3275911f * fabsf(v));
+    float poly = t * (0.2548296f + t * (-0.28449674f + t * (1.4214137f + t * (-1.4531521f + t * 1.0614054f))));
+    float r = 1.0f - poly * exp_precise(-v * v);
+    return v < 0.0f ? -r : r;
+}
+
+__global__ void gelu(float* x, u32 n) {
+    u32 i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] = 0.5f * x[i] * (1.0f + erf_as(x[i] * 0.70710677f));
+}
+
+// cs: the rows' cos values (rows x half), then their sin values.
+__global__ void rope(float* x, const float* cs, u32 rows, u32 cols, u32 hd, u32 neox) {
+    u32 i = blockIdx.x * blockDim.x + threadIdx.x;
+    u32 half = hd / 2u, per_row = cols / 2u;
+    if (i >= rows * per_row) return;
+    u32 r = i / per_row, head = (i % per_row) / half, j = i % half;
+    u32 base = r * cols + head * hd;
+    u32 a = neox ? base + j : base + 2u * j;
+    u32 b = neox ? base + j + half : a + 1u;
+    float c = cs[r * half + j], s = cs[rows * half + r * half + j];
+    float x0 = x[a], x1 = x[b];
+    x[a] = x0 * c - x1 * s;
+    x[b] = x0 * s + x1 * c;
+}
+
+// ---- moving rows and the KV cache ----
+
+__global__ void gather(const float* src, const u32* idx, float* dst, u32 rows, u32 src_cols, u32 w, u32 off) {
+    u32 i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < rows * w) dst[i] = src[idx[i / w] * src_cols + off + i % w];
+}
+
+__global__ void scatter(const float* src, float* dst, u32 rows, u32 w, u32 dst_cols, u32 off) {
+    u32 i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < rows * w) dst[(i / w) * dst_cols + off + i % w] = src[i];
+}
+
+// slots: (block, slot) per row; one thread a pair of values (one word).
+__global__ void write_kv(const float* src, const u32* slots, u32* kv, u32 rows, u32 kv_heads, u32 hd, u32 bs) {
+    u32 i = blockIdx.x * blockDim.x + threadIdx.x;
+    u32 pairs = kv_heads * hd / 2u;
+    if (i >= rows * pairs) return;
+    u32 r = i / pairs, e = 2u * (i % pairs), h = e / hd, d = e % hd;
+    u32 at = (((slots[2u * r] * kv_heads + h) * bs + slots[2u * r + 1u]) * hd + d) / 2u;
+    const float* row = src + r * kv_heads * hd;
+    kv[at] = f32_to_f16(row[e]) | (f32_to_f16(row[e + 1u]) << 16);
+}
+
+// ---- attention: one block per (query row, head), online softmax over
+// chunks of 64 positions (head_dim <= 256) ----
+
+__device__ float kv_value(const u32* a, u32 block, u32 slot, u32 h, u32 d, u32 kv_heads, u32 hd, u32 bs) {
+    u32 idx = ((block * kv_heads + h) * bs + slot) * hd + d;
+    return f16_to_f32((a[idx / 2u] >> (16u * (idx % 2u))) & 0xffffu);
+}
+
+// Folds a chunk's score into the running max and sum; weights in wts.
+__device__ float fold(float s, bool valid, u32 cn, float* m, float* l, float* wts, float* red) {
+    float nm = fmaxf(*m, block_max(s, red));
+    float corr = exp_precise(*m - nm);
+    wts[threadIdx.x] = valid ? exp_precise(s - nm) : 0.0f;
+    __syncthreads();
+    float sum = 0.0f;
+    for (u32 i = 0; i < cn; i++) sum += wts[i];
+    *l = *l * corr + sum;
+    *m = nm;
+    return corr;
+}
+
+// info: (position, table offset) per query row.
+__global__ void paged_attention(const float* q, const u32* k, const u32* v, const u32* info,
+                                const u32* tables, float* out, u32 rows, u32 n_head, u32 kv_heads,
+                                u32 hd, u32 bs) {
+    __shared__ float qs[256];
+    __shared__ float wts[WG];
+    __shared__ float red[WG];
+    u32 task = blockIdx.x + blockIdx.y * gridDim.x;
+    if (task >= rows * n_head) return;  // whole block: no barrier divergence
+    u32 t = task / n_head, h = task % n_head, kvh = h / (n_head / kv_heads);
+    u32 n = info[2u * t] + 1u, toff = info[2u * t + 1u];
+    for (u32 d = threadIdx.x; d < hd; d += WG) qs[d] = q[(t * n_head + h) * hd + d];
+    __syncthreads();
+    float scale = 1.0f / sqrtf((float)hd);
+    float m = -3.4e38f, l = 0.0f, acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (u32 c = 0; c < n; c += WG) {
+        u32 j = c + threadIdx.x;
+        float s = -3.4e38f;
+        if (j < n) {
+            u32 block = tables[toff + j / bs];
+            s = 0.0f;
+            for (u32 d = 0; d < hd; d++) s += qs[d] * kv_value(k, block, j % bs, kvh, d, kv_heads, hd, bs);
+            s *= scale;
+        }
+        u32 cn = min((u32)WG, n - c);
+        float corr = fold(s, j < n, cn, &m, &l, wts, red);
+        for (u32 e = 0; e < 4u; e++) {
+            u32 d = threadIdx.x + e * WG;
+            if (d < hd) {
+                float a = acc[e] * corr;
+                for (u32 i = 0; i < cn; i++) {
+                    u32 jj = c + i;
+                    a += wts[i] * kv_value(v, tables[toff + jj / bs], jj % bs, kvh, d, kv_heads, hd, bs);
+                }
+                acc[e] = a;
+            }
+        }
+        __syncthreads();
+    }
+    for (u32 e = 0; e < 4u; e++) {
+        u32 d = threadIdx.x + e * WG;
+        if (d < hd) out[(t * n_head + h) * hd + d] = acc[e] / l;
+    }
+}
+
+// info: (sequence start, length) per row.
+__global__ void bidirectional_attention(const float* q, const float* k, const float* v, const u32* info,
+                                        float* out, u32 rows, u32 n_head, u32 hd) {
+    __shared__ float qs[256];
+    __shared__ float wts[WG];
+    __shared__ float red[WG];
+    u32 task = blockIdx.x + blockIdx.y * gridDim.x;
+    if (task >= rows * n_head) return;
+    u32 t = task / n_head, h = task % n_head, cols = n_head * hd;
+    u32 start = info[2u * t], n = info[2u * t + 1u];
+    for (u32 d = threadIdx.x; d < hd; d += WG) qs[d] = q[t * cols + h * hd + d];
+    __syncthreads();
+    float scale = 1.0f / sqrtf((float)hd);
+    float m = -3.4e38f, l = 0.0f, acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (u32 c = 0; c < n; c += WG) {
+        u32 j = c + threadIdx.x;
+        float s = -3.4e38f;
+        if (j < n) {
+            s = 0.0f;
+            for (u32 d = 0; d < hd; d++) s += qs[d] * k[(start + j) * cols + h * hd + d];
+            s *= scale;
+        }
+        u32 cn = min((u32)WG, n - c);
+        float corr = fold(s, j < n, cn, &m, &l, wts, red);
+        for (u32 e = 0; e < 4u; e++) {
+            u32 d = threadIdx.x + e * WG;
+            if (d < hd) {
+                float a = acc[e] * corr;
+                for (u32 i = 0; i < cn; i++) a += wts[i] * v[(start + c + i) * cols + h * hd + d];
+                acc[e] = a;
+            }
+        }
+        __syncthreads();
+    }
+    for (u32 e = 0; e < 4u; e++) {
+        u32 d = threadIdx.x + e * WG;
+        if (d < hd) out[t * cols + h * hd + d] = acc[e] / l;
+    }
+}
+
+}  // extern "C"
