@@ -351,6 +351,11 @@ pub struct ServeArgs {
     /// Token for the admin API (`/admin/...`); unset disables it.
     #[arg(long, env = "SYNOR_ADMIN_TOKEN", hide_env_values = true)]
     pub admin_token: Option<String>,
+
+    /// Failed admin authentications one address may make in a row before
+    /// it must wait (one more a second).
+    #[arg(long, env = "SYNOR_ADMIN_AUTH_BURST", default_value_t = 10)]
+    pub admin_auth_burst: u32,
 }
 
 /// `NAME=PATH` of `--extra-model`.

@@ -100,7 +100,7 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let db = Db::connect(&args.database_url)
         .await
         .with_context(|| format!("opening the database {}", args.database_url))?;
-    let auth = if args.open {
+    let mut auth = if args.open {
         Auth {
             admin_token: args.admin_token.clone(),
             ..Auth::open()
@@ -108,6 +108,9 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     } else {
         Auth::with_keys(db.clone(), args.admin_token.clone())
     };
+    auth.admin_throttle = Arc::new(crate::http::auth::admin::AdminThrottle::with_burst(
+        args.admin_auth_burst,
+    ));
     let billing = Arc::new(billing(&args, db).await?);
     let registry = Arc::new(load_models(&args.models, &args.scheduler).await?);
     tokio::spawn(crate::services::metering::run_house(

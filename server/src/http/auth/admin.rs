@@ -2,6 +2,7 @@
 //! The token is compared as SHA-256 digests (fixed length, constant time,
 //! so neither its bytes nor its length leak through timing), and failed
 //! attempts are throttled per client address: a bucket of `BURST` failures
+//! (or `--admin-auth-burst`)
 //! refilled at `REFILL_PER_S`; an address with an empty bucket gets 429
 //! (with `Retry-After`) for every admin request, right token or not, until
 //! it refills. About one guess a second instead of thousands.
@@ -41,28 +42,46 @@ pub fn token_matches(want: &str, given: &str) -> bool {
 
 /// Failed admin authentications per client address (`None`: unknown, as
 /// in in-process tests).
-#[derive(Debug, Default)]
-pub struct AdminThrottle(Mutex<HashMap<Option<IpAddr>, (f64, Instant)>>);
+#[derive(Debug)]
+pub struct AdminThrottle {
+    buckets: Mutex<HashMap<Option<IpAddr>, (f64, Instant)>>,
+    /// Failures an address may make in a row.
+    burst: f64,
+}
+
+impl Default for AdminThrottle {
+    fn default() -> Self {
+        Self::with_burst(BURST as u32)
+    }
+}
 
 impl AdminThrottle {
+    /// A throttle allowing `burst` failures in a row (at least one).
+    pub fn with_burst(burst: u32) -> Self {
+        Self {
+            buckets: Mutex::default(),
+            burst: f64::from(burst.max(1)),
+        }
+    }
+
     /// Seconds until `who` may try again, if its bucket is empty.
     pub(crate) fn blocked(&self, who: Option<IpAddr>, now: Instant) -> Option<u64> {
-        let mut map = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let mut map = self.buckets.lock().unwrap_or_else(|e| e.into_inner());
         let (tokens, at) = map.get_mut(&who)?;
-        *tokens = (*tokens + now.duration_since(*at).as_secs_f64() * REFILL_PER_S).min(BURST);
+        *tokens = (*tokens + now.duration_since(*at).as_secs_f64() * REFILL_PER_S).min(self.burst);
         *at = now;
         (*tokens < 1.0).then(|| ((1.0 - *tokens) / REFILL_PER_S).ceil().max(1.0) as u64)
     }
 
     /// Takes one failure from `who`'s bucket.
     pub(crate) fn failed(&self, who: Option<IpAddr>, now: Instant) {
-        let mut map = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let mut map = self.buckets.lock().unwrap_or_else(|e| e.into_inner());
         if map.len() >= MAX_TRACKED {
             map.retain(|_, (t, at)| {
-                *t + now.duration_since(*at).as_secs_f64() * REFILL_PER_S < BURST
+                *t + now.duration_since(*at).as_secs_f64() * REFILL_PER_S < self.burst
             });
         }
-        let (tokens, _) = map.entry(who).or_insert((BURST, now));
+        let (tokens, _) = map.entry(who).or_insert((self.burst, now));
         *tokens -= 1.0;
     }
 }
