@@ -26,6 +26,19 @@ pub enum HostMatrix {
     },
 }
 
+/// Checks that a dense matrix's data is `rows x cols` (what every backend's
+/// `matrix` does first).
+pub fn check_dense(data: &[f32], rows: usize, cols: usize) -> Result<(), KernelError> {
+    if data.len() != rows * cols {
+        return Err(KernelError::Shape {
+            what: "dense matrix",
+            expected: rows * cols,
+            got: data.len(),
+        });
+    }
+    Ok(())
+}
+
 /// Shapes of one attention call.
 #[derive(Debug, Clone, Copy)]
 pub struct AttnShape {

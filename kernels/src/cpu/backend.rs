@@ -51,13 +51,7 @@ impl Backend for CpuBackend {
         Ok(match m {
             HostMatrix::Quant(q) => CpuMatrix::Quant(Arc::new(q)),
             HostMatrix::Dense { data, rows, cols } => {
-                if data.len() != rows * cols {
-                    return Err(KernelError::Shape {
-                        what: "dense matrix",
-                        expected: rows * cols,
-                        got: data.len(),
-                    });
-                }
+                crate::backend::check_dense(&data, rows, cols)?;
                 CpuMatrix::Dense(Arc::new(super::dense::Packed::new(&data, rows, cols)))
             }
         })

@@ -194,13 +194,7 @@ impl Backend for WgpuBackend {
                 (w, q.rows, q.cols, kind, wpb)
             }
             HostMatrix::Dense { data, rows, cols } => {
-                if data.len() != rows * cols {
-                    return Err(KernelError::Shape {
-                        what: "dense matrix",
-                        expected: rows * cols,
-                        got: data.len(),
-                    });
-                }
+                crate::backend::check_dense(&data, rows, cols)?;
                 (data.iter().map(|v| v.to_bits()).collect(), rows, cols, 3, 0)
             }
         };

@@ -61,6 +61,11 @@ fn group_index(wid: vec3<u32>, groups: vec3<u32>) -> u32 {
     return wid.x + wid.y * groups.x;
 }
 
+// The linear index of an invocation of a 64-wide workgroup in such a grid.
+fn element(gid: vec3<u32>, groups: vec3<u32>) -> u32 {
+    return gid.x + gid.y * groups.x * 64u;
+}
+
 // e^x to within about one ulp (the driver's `exp` may be a few ulps off,
 // which the next layer's 8-bit activations can turn into a different
 // code): x = k ln2 + r by Cody and Waite, a degree-7 polynomial for e^r on

@@ -7,10 +7,6 @@
 @group(0) @binding(2) var<storage, read> idx: array<u32>;
 @group(0) @binding(3) var<storage, read_write> dst: array<f32>;
 
-fn element(gid: vec3<u32>, groups: vec3<u32>) -> u32 {
-    return gid.x + gid.y * groups.x * 64u;
-}
-
 // dst[r][c] = src[idx[r]][off + c]: a = (rows, src cols, dst cols, off).
 @compute @workgroup_size(64)
 fn gather(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>) {

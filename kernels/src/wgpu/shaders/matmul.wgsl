@@ -96,7 +96,7 @@ fn block_dot(blk: u32, kind: u32, wpb: u32, xb: u32) -> f32 {
 // Quantizes x's rows, block by block, into xq (one invocation a block).
 @compute @workgroup_size(64)
 fn quantize(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>) {
-    let i = gid.x + gid.y * groups.x * 64u;
+    let i = element(gid, groups);
     if (i >= p.a.x * (p.a.z / 32u)) {
         return;
     }
@@ -191,7 +191,7 @@ fn dense(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups:
 // (row, column) of an f32 one; a = (rows, n, k, kind).
 @compute @workgroup_size(64)
 fn embed(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>) {
-    let i = gid.x + gid.y * groups.x * 64u;
+    let i = element(gid, groups);
     let k = p.a.z;
     let nb = k / 32u;
     if (i >= p.a.x * nb) {
@@ -212,7 +212,7 @@ fn embed(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups)
 
 @compute @workgroup_size(64)
 fn embed_dense(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>) {
-    let i = gid.x + gid.y * groups.x * 64u;
+    let i = element(gid, groups);
     let k = p.a.z;
     if (i >= p.a.x * k) {
         return;

@@ -184,6 +184,16 @@ mod tests {
         r.body(Body::empty()).expect("request")
     }
 
+    /// The answer tells the browser to forget the session cookie.
+    fn assert_clears_cookie(headers: &HeaderMap) {
+        assert!(
+            headers[header::SET_COOKIE]
+                .to_str()
+                .expect("cookie")
+                .contains("Max-Age=0")
+        );
+    }
+
     #[tokio::test]
     async fn the_console_signs_in_with_the_admin_token_only_and_guards_every_mutation() {
         let app = app();
@@ -247,12 +257,7 @@ mod tests {
         let (status, headers, _) =
             call(&app, with("DELETE", "/console/session", &cookie, None)).await;
         assert_eq!(status, StatusCode::FORBIDDEN);
-        assert!(
-            headers[header::SET_COOKIE]
-                .to_str()
-                .expect("cookie")
-                .contains("Max-Age=0")
-        );
+        assert_clears_cookie(&headers);
         let (status, _, _) = call(&app, with("GET", "/admin/fleet", &cookie, None)).await;
         assert_eq!(
             status,
@@ -265,12 +270,7 @@ mod tests {
         )
         .await;
         assert_eq!(status, StatusCode::NO_CONTENT);
-        assert!(
-            headers[header::SET_COOKIE]
-                .to_str()
-                .expect("cookie")
-                .contains("Max-Age=0")
-        );
+        assert_clears_cookie(&headers);
         let (status, _, _) = call(&app, with("GET", "/admin/fleet", &cookie, None)).await;
         assert_eq!(status, StatusCode::UNAUTHORIZED);
     }
