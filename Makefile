@@ -66,8 +66,8 @@ $(VENV)/.installed: tests/e2e/requirements.txt
 browser:
 	scripts/install-browser.sh
 
-e2e: $(MODEL_FILES) build $(VENV)/.installed browser
-	SYNOR_BIN=$(TARGET_DIR)/debug/synor LOADTEST_BIN=$(TARGET_DIR)/debug/synor-loadtest \
+e2e: $(MODEL_FILES) $(NVRTC) build $(VENV)/.installed browser
+	SYNOR_NVRTC=$(NVRTC) SYNOR_BIN=$(TARGET_DIR)/debug/synor LOADTEST_BIN=$(TARGET_DIR)/debug/synor-loadtest \
 		$(VENV)/bin/python -m pytest -q tests/e2e
 
 clean-models:

@@ -1,13 +1,12 @@
-//! `GpuExecutor` (feature `wgpu`): the executor on a GPU through the wgpu
-//! backend. The model's weights and the paged KV live on the device; a
-//! step's logits come back to the host for sampling. Moving KV rows to or
-//! from another executor (a split's prefill or decode side) is not
-//! supported on it yet: it says `NotKv`, and the fleet recomputes.
+//! `GpuExecutor` (features `wgpu`, `cuda`): the executor on a GPU backend
+//! (wgpu or CUDA). The model's weights and the paged KV live on the
+//! device; a step's logits come back to the host for sampling. Moving KV
+//! rows to or from another executor (a split's prefill or decode side) is
+//! not supported on it yet: it says `NotKv`, and the fleet recomputes.
 
 use kernels::backend::{Backend, KvLayout};
-use kernels::wgpu::{GpuKv, WgpuBackend};
 
-use crate::error::Result;
+use crate::error::{EngineError, Result};
 use crate::executor::{Executor, Step, sample_step};
 use crate::kv_cache::transfer::KvTransferError;
 use crate::model::ModelBatch;
@@ -15,14 +14,14 @@ use crate::model::llama::Llama;
 use crate::request::RequestId;
 use crate::sampling::Sampled;
 
-/// The model and its KV on one wgpu device.
-pub struct GpuExecutor {
-    model: Llama<WgpuBackend>,
-    kv: GpuKv,
+/// The model and its KV on one GPU.
+pub struct GpuExecutor<B: Backend> {
+    model: Llama<B>,
+    kv: B::Kv,
     name: String,
 }
 
-impl std::fmt::Debug for GpuExecutor {
+impl<B: Backend> std::fmt::Debug for GpuExecutor<B> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("GpuExecutor")
             .field("name", &self.name)
@@ -31,20 +30,90 @@ impl std::fmt::Debug for GpuExecutor {
 }
 
 /// The adapter `--device wgpu` runs on (opening it to ask).
+#[cfg(feature = "wgpu")]
 pub fn adapter() -> std::result::Result<kernels::wgpu::AdapterInfo, kernels::KernelError> {
-    Ok(WgpuBackend::new()?.adapter().clone())
+    Ok(kernels::wgpu::WgpuBackend::new()?.adapter().clone())
 }
 
-impl GpuExecutor {
-    pub fn new(model: Llama<WgpuBackend>, layout: KvLayout) -> Self {
+/// The device `--device cuda:N` runs on (opening it to ask).
+#[cfg(feature = "cuda")]
+pub fn cuda_device(
+    index: u32,
+) -> std::result::Result<kernels::cuda::CudaDeviceInfo, kernels::KernelError> {
+    Ok(kernels::cuda::CudaBackend::new(index)?.device().clone())
+}
+
+fn load_error(e: kernels::KernelError) -> EngineError {
+    EngineError::Load(e.to_string())
+}
+
+/// The executor of `model` on the first wgpu adapter. Each layer's keys
+/// (and values) are one buffer the attention shader binds whole: the KV
+/// cache gets at most what one binding holds (the engine sizes its block
+/// tables from the executor).
+#[cfg(feature = "wgpu")]
+pub fn on_wgpu(model: Llama, mut layout: KvLayout) -> Result<Box<dyn Executor>> {
+    let backend = kernels::wgpu::WgpuBackend::new().map_err(load_error)?;
+    let per_block = (layout.block_len() * 2) as u64;
+    let fit = (backend.adapter().max_binding / per_block.max(1)) as usize;
+    cap_blocks(&mut layout, fit, "one GPU binding per layer")?;
+    let name = format!("wgpu:{}", backend.adapter().name);
+    let model = model.onto(backend)?;
+    Ok(Box::new(GpuExecutor::new(model, layout, name)))
+}
+
+/// Device memory left free for activations and the allocator after the
+/// weights and the KV cache are in.
+#[cfg(feature = "cuda")]
+const CUDA_HEADROOM: u64 = 512 << 20;
+
+/// The executor of `model` on CUDA device `index`. The KV cache gets at
+/// most the device memory the weights leave (less `CUDA_HEADROOM`), and
+/// at most what the kernels' 32-bit offsets reach per layer.
+#[cfg(feature = "cuda")]
+pub fn on_cuda(index: u32, model: Llama, mut layout: KvLayout) -> Result<Box<dyn Executor>> {
+    let backend = kernels::cuda::CudaBackend::new(index).map_err(load_error)?;
+    let name = format!("cuda:{index}:{}", backend.device().name);
+    let model = model.onto(backend)?;
+    let (free, _) = model.backend().memory().map_err(load_error)?;
+    let per_block = (layout.block_len() * 2 * 2 * layout.n_layer) as u64;
+    let fit = (free.saturating_sub(CUDA_HEADROOM) / per_block.max(1)) as usize;
+    cap_blocks(&mut layout, fit, "the device's free memory")?;
+    let offsets = (u32::MAX as usize) / layout.block_len().max(1);
+    cap_blocks(&mut layout, offsets, "32-bit offsets per layer")?;
+    Ok(Box::new(GpuExecutor::new(model, layout, name)))
+}
+
+/// Caps the KV cache at `fit` blocks (with a warning), or fails when not
+/// one block fits.
+fn cap_blocks(layout: &mut KvLayout, fit: usize, limit: &str) -> Result<()> {
+    if layout.num_blocks > fit {
+        tracing::warn!(
+            blocks = layout.num_blocks,
+            fit,
+            limit,
+            "the KV cache is larger than the GPU holds: capped"
+        );
+        layout.num_blocks = fit;
+    }
+    if layout.num_blocks == 0 {
+        return Err(EngineError::Load(format!(
+            "not one KV block fits the GPU ({limit})"
+        )));
+    }
+    Ok(())
+}
+
+impl<B: Backend> GpuExecutor<B> {
+    /// The executor of `model` with a KV of `layout`, named `name`
+    /// (`wgpu:<adapter>`, `cuda:0:<device>`).
+    pub fn new(model: Llama<B>, layout: KvLayout, name: String) -> Self {
         let kv = model.backend().kv(layout);
-        let a = model.backend().adapter();
-        let name = format!("wgpu:{}", a.name);
         Self { model, kv, name }
     }
 }
 
-impl Executor for GpuExecutor {
+impl<B: Backend + 'static> Executor for GpuExecutor<B> {
     fn name(&self) -> String {
         self.name.clone()
     }

@@ -50,6 +50,16 @@ pub enum Device {
     Cuda(u32),
 }
 
+impl Device {
+    /// The CUDA device index, for `Cuda(n)`.
+    pub fn cuda_index(self) -> Option<u32> {
+        match self {
+            Self::Cuda(n) => Some(n),
+            Self::Cpu | Self::Wgpu => None,
+        }
+    }
+}
+
 impl std::str::FromStr for Device {
     type Err = String;
 
@@ -73,44 +83,17 @@ fn executor_on(device: Device, model: Llama, layout: KvLayout) -> Result<Box<dyn
     match device {
         Device::Cpu => Ok(Box::new(LocalExecutor::new(model, layout)?)),
         #[cfg(feature = "wgpu")]
-        Device::Wgpu => {
-            let backend =
-                kernels::wgpu::WgpuBackend::new().map_err(|e| EngineError::Load(e.to_string()))?;
-            // Each layer's keys (and values) are one buffer the attention
-            // shader binds whole: the cache gets at most what one binding
-            // holds (the engine sizes its block tables from the executor).
-            let mut layout = layout;
-            let per_block = (layout.block_len() * 2) as u64;
-            let fit = (backend.adapter().max_binding / per_block.max(1)) as usize;
-            if layout.num_blocks > fit {
-                tracing::warn!(
-                    blocks = layout.num_blocks,
-                    fit,
-                    "the KV cache is larger than one GPU binding holds per layer: capped"
-                );
-                layout.num_blocks = fit;
-            }
-            if layout.num_blocks == 0 {
-                return Err(EngineError::Load(
-                    "one KV block is larger than the GPU's largest binding".into(),
-                ));
-            }
-            let model = model.onto(backend)?;
-            Ok(Box::new(crate::gpu_executor::GpuExecutor::new(
-                model, layout,
-            )))
-        }
+        Device::Wgpu => crate::gpu_executor::on_wgpu(model, layout),
         #[cfg(not(feature = "wgpu"))]
         Device::Wgpu => Err(EngineError::Load(
             "this build has no wgpu backend: build with `--features wgpu`".into(),
         )),
-        Device::Cuda(n) => {
-            #[cfg(feature = "cuda")]
-            kernels::cuda::probe(n).map_err(|e| EngineError::Load(e.to_string()))?;
-            Err(EngineError::Load(format!(
-                "cuda:{n}: the CUDA executor is not built yet (its kernels are); use --device wgpu for an NVIDIA GPU through Vulkan"
-            )))
-        }
+        #[cfg(feature = "cuda")]
+        Device::Cuda(n) => crate::gpu_executor::on_cuda(n, model, layout),
+        #[cfg(not(feature = "cuda"))]
+        Device::Cuda(n) => Err(EngineError::Load(format!(
+            "cuda:{n}: this build has no CUDA backend: build with `--features cuda`"
+        ))),
     }
 }
 

@@ -17,7 +17,7 @@ pub mod core;
 pub mod embed;
 pub mod error;
 pub mod executor;
-#[cfg(feature = "wgpu")]
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
 pub mod gpu_executor;
 pub mod handle;
 pub mod kv_cache;

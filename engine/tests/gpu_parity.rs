@@ -1,6 +1,8 @@
-//! The default model on the wgpu backend (lavapipe in CI) against the CPU
-//! backend: per-position logits of each test prompt agree within a
-//! documented tolerance, and greedy decoding gives the same tokens.
+//! The default model on the GPU backends against the CPU backend: on wgpu
+//! (lavapipe in CI) and on CUDA (where a CUDA device exists; skipped, and
+//! said so, elsewhere), per-position logits of each test prompt agree
+//! within a documented tolerance, and greedy decoding gives the same
+//! tokens.
 //!
 //! The GPU mirrors the CPU's arithmetic where it can: activations are
 //! quantized to 8 bits the same way and each block's dot product is the
@@ -13,7 +15,7 @@
 //! the CPU's two best tokens are nearly tied the GPU may take the other.
 //! Both backends are driven with the CPU's greedy choice, so every step
 //! compares the same context.
-#![cfg(feature = "wgpu")]
+#![cfg(any(feature = "wgpu", feature = "cuda"))]
 
 mod common;
 
@@ -23,7 +25,6 @@ use engine::loader::load_gguf;
 use engine::model::llama::Llama;
 use engine::model::{ModelBatch, SeqChunk};
 use kernels::backend::Backend;
-use kernels::wgpu::WgpuBackend;
 
 /// Largest logit difference allowed, as a fraction of the logits' range
 /// at that position (measured on lavapipe: 0.033).
@@ -41,12 +42,12 @@ const PROMPTS: [&str; 4] = [
 ];
 const DECODE: usize = 24;
 
-fn wgpu_model() -> Llama<WgpuBackend> {
+/// The default model, loaded onto `backend`.
+fn model_on<B: Backend>(backend: B) -> Llama<B> {
     let path = common::model_path(common::SMOLLM2);
     let mut reader = std::io::BufReader::new(std::fs::File::open(&path).expect("open"));
     let ct = gguf_file::Content::read(&mut reader).expect("gguf");
-    let backend = WgpuBackend::new().expect("a wgpu adapter (apt-get install mesa-vulkan-drivers)");
-    Llama::load_on(backend, &ct, &mut reader).expect("load on wgpu")
+    Llama::load_on(backend, &ct, &mut reader).expect("load on the GPU")
 }
 
 /// One sequence on one backend, driven step by step.
@@ -93,14 +94,32 @@ fn top2(l: &[f32]) -> (usize, usize) {
     if l[a] >= l[b] { (a, b) } else { (b, a) }
 }
 
+#[cfg(feature = "wgpu")]
 #[test]
 fn the_default_model_on_wgpu_chooses_the_cpus_greedy_tokens_within_tolerance() {
+    let backend = kernels::wgpu::WgpuBackend::new()
+        .expect("a wgpu adapter (apt-get install mesa-vulkan-drivers)");
+    parity(&model_on(backend));
+}
+
+#[cfg(feature = "cuda")]
+#[test]
+fn the_default_model_on_cuda_chooses_the_cpus_greedy_tokens_within_tolerance() {
+    if !kernels::cuda::driver_present() {
+        eprintln!("skipped: no CUDA driver on this machine");
+        return;
+    }
+    let backend = kernels::cuda::CudaBackend::new(0).unwrap_or_else(|e| panic!("{e}"));
+    parity(&model_on(backend));
+}
+
+/// The CPU's and `gpu`'s logits and greedy choices, step by step.
+fn parity<B: Backend>(gpu: &Llama<B>) {
     let cpu = load_gguf(&common::model_path(common::SMOLLM2), &Default::default()).expect("load");
-    let gpu = wgpu_model();
     let (mut worst, mut ties, mut same, mut steps) = (0.0f32, 0, 0, 0);
     for text in PROMPTS {
         let prompt = cpu.tokenizer.encode_prompt(text).expect("encode");
-        let (mut c, mut g) = (Seq::new(&cpu.model), Seq::new(&gpu));
+        let (mut c, mut g) = (Seq::new(&cpu.model), Seq::new(gpu));
         let (mut cl, mut gl) = (c.step(&prompt), g.step(&prompt));
         let mut greedy = Vec::new();
         for step in 0..=DECODE {

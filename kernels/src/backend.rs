@@ -1,10 +1,10 @@
 //! The compute-backend seam: the operations the llama and BERT forward
 //! passes are made of, over memory the backend owns. A model is written
-//! once over `Backend`; the CPU backend (`cpu::backend::CpuBackend`) is the
-//! first implementation, and the `wgpu` and `cuda` features are reserved
-//! for the GPU ones (weights uploaded once with `matrix`, activations and
-//! the paged KV staying on the device between operations, only `to_host`
-//! bringing rows back).
+//! once over `Backend`: on the CPU (`cpu::backend::CpuBackend`), through
+//! wgpu (`wgpu::WgpuBackend`, feature `wgpu`) and through CUDA
+//! (`cuda::CudaBackend`, feature `cuda`). On a GPU, weights are uploaded
+//! once with `matrix`, activations and the paged KV stay on the device
+//! between operations, and only `to_host` brings rows back.
 //!
 //! Shapes: a `Tensor` is a row-major `[rows, cols]` f32 matrix (one row per
 //! token); a `Matrix` is a weight `W` of `rows` outputs by `cols` inputs,

@@ -2,13 +2,14 @@
 //! implementations they are tested against.
 //!
 //! - `backend`: the compute-backend trait the forward passes are written
-//!   over (features `wgpu` and `cuda` are reserved for the GPU backends);
+//!   over;
 //! - `quant`: GGML block formats (Q4_0, Q4_1, Q8_0) and Q8 activations;
 //! - `kquant`: K-quant weights brought into those formats (Q4_K as Q4_1);
 //! - `layout`: the interleaved 16-row weight layout the kernels read;
 //! - `cpu`: the CPU backend: quantized matmul, multi-threaded, AVX-512 VNNI
 //!   / AVX2 / scalar, picked at run time; row ops; the paged f16 KV memory
 //!   and attention over it;
+//! - `wgpu`, `cuda` (features): the GPU backends, sharing `gpu_pack`;
 //! - `reference`: straightforward, obviously-correct versions of every op a
 //!   forward pass needs (RMSNorm, LayerNorm, GELU, RoPE, softmax, causal GQA
 //!   attention, f32 matmul): the test oracle for the fast paths here and in the engine.
@@ -17,6 +18,10 @@ pub mod backend;
 pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+pub mod gpu_pack;
+#[cfg(all(test, any(feature = "wgpu", feature = "cuda")))]
+mod gpu_tests;
 pub mod kquant;
 pub mod layout;
 pub mod quant;

@@ -1,41 +1,50 @@
-//! The CUDA backend's kernels (feature `cuda`): CUDA C sources
-//! (`kernels.cu`, the same operations and arithmetic as the WGSL shaders)
-//! compiled at run time by NVRTC through cudarc, which loads the CUDA
-//! libraries dynamically: the crate builds and its tests run with no CUDA
-//! toolkit and no driver. Without a driver, selecting CUDA fails with one
-//! clear error (`probe`). NVRTC is found by the normal library search, or
-//! at `SYNOR_NVRTC` (an absolute path, as `fetch-models.sh nvrtc` leaves
-//! it), loaded before cudarc asks for it by name.
-//!
-//! Still to come: the `Backend` implementation that launches these
-//! kernels (issue 17).
+//! The CUDA backend (feature `cuda`): CUDA C sources (`kernels.cu`, the
+//! same operations and arithmetic as the WGSL shaders) compiled at run
+//! time by NVRTC (`nvrtc`) through cudarc, which loads the CUDA libraries
+//! dynamically: the crate builds and its tests run with no CUDA toolkit
+//! and no driver. Without a driver, selecting CUDA fails with one clear
+//! error (`probe`). NVRTC is found by the normal library search, or at
+//! `SYNOR_NVRTC` (an absolute path, as `fetch-models.sh nvrtc` leaves
+//! it), loaded before cudarc asks for it by name. `CudaBackend`
+//! (`backend`) launches the kernels.
+
+mod backend;
+mod nvrtc;
+#[cfg(test)]
+mod tests;
 
 use std::sync::OnceLock;
+
+pub use backend::{CudaBackend, CudaDeviceInfo, CudaKv, CudaMatrix, CudaTensor, CudaVector};
+pub use nvrtc::Image;
 
 use crate::quant::KernelError;
 
 /// Every kernel's CUDA C source.
 pub const SOURCE: &str = include_str!("kernels.cu");
 
-/// The kernels `SOURCE` defines (each one launchable entry).
-pub const KERNELS: [&str; 17] = [
-    "quantize",
-    "matmul_quant",
-    "matmul_dense",
-    "embed_quant",
-    "rms_norm",
-    "layer_norm",
-    "softmax_rows",
-    "add",
-    "add_bias",
-    "swiglu",
-    "gelu",
-    "rope",
-    "gather",
-    "scatter",
-    "write_kv",
-    "paged_attention",
-    "bidirectional_attention",
+/// Every kernel `SOURCE` defines and its parameters, one letter each:
+/// `f` a `float*`, `w` a `u32*`, `u` a `u32`, `x` a `float`. Every launch
+/// is checked against this (a wrong argument list is refused, never run),
+/// and a test checks it against the source.
+pub const KERNELS: [(&str, &str); 17] = [
+    ("quantize", "fwuu"),
+    ("matmul_quant", "wwfuuuuu"),
+    ("matmul_dense", "fffuuu"),
+    ("embed_quant", "wwfuuuuu"),
+    ("rms_norm", "fffuux"),
+    ("layer_norm", "ffffuux"),
+    ("softmax_rows", "fuu"),
+    ("add", "ffu"),
+    ("add_bias", "ffuu"),
+    ("swiglu", "ffuu"),
+    ("gelu", "fu"),
+    ("rope", "ffuuuu"),
+    ("gather", "fwfuuuu"),
+    ("scatter", "ffuuuu"),
+    ("write_kv", "fwwuuuu"),
+    ("paged_attention", "fwwwwfuuuuu"),
+    ("bidirectional_attention", "fffwfuuu"),
 ];
 
 /// The NVRTC library named by `SYNOR_NVRTC`, kept loaded for the process.
@@ -62,10 +71,15 @@ pub fn driver_present() -> bool {
     unsafe { cudarc::driver::sys::is_culib_present() }
 }
 
-/// Compiles `SOURCE` to PTX for `arch` (e.g. `compute_80`): the text of
-/// the module, or NVRTC's log when a kernel does not compile.
+/// Compiles `SOURCE` for `arch`: `compute_XY` gives PTX, `sm_XY` a CUBIN;
+/// NVRTC's log is the error when a kernel does not compile.
+pub fn compile(arch: &str) -> Result<Image, KernelError> {
+    compile_source(SOURCE, arch)
+}
+
+/// Compiles CUDA C `src` for `arch`, as `compile`.
 #[allow(unsafe_code)]
-pub fn compile(arch: &'static str) -> Result<String, KernelError> {
+fn compile_source(src: &str, arch: &str) -> Result<Image, KernelError> {
     preload_nvrtc()?;
     // SAFETY: only tries to open the library by its known names.
     if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
@@ -75,13 +89,7 @@ pub fn compile(arch: &'static str) -> Result<String, KernelError> {
                 .into(),
         ));
     }
-    let opts = cudarc::nvrtc::CompileOptions {
-        arch: Some(arch),
-        ..Default::default()
-    };
-    let ptx = cudarc::nvrtc::compile_ptx_with_opts(SOURCE, opts)
-        .map_err(|e| KernelError::Device(format!("NVRTC: {e}")))?;
-    Ok(ptx.to_src())
+    nvrtc::compile(src, arch)
 }
 
 /// Checks that CUDA device `index` can be used: one clear error when the
@@ -93,29 +101,4 @@ pub fn probe(index: u32) -> Result<(), KernelError> {
         )));
     }
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn every_kernel_compiles_to_ptx_with_nvrtc() {
-        let ptx = compile("compute_80").unwrap_or_else(|e| panic!("{e}"));
-        for k in KERNELS {
-            assert!(
-                ptx.contains(&format!(".entry {k}(")),
-                "{k} is not in the PTX"
-            );
-        }
-    }
-
-    #[test]
-    fn without_a_driver_cuda_fails_with_one_clear_error() {
-        if driver_present() {
-            return; // a GPU machine: the parity tests run there instead
-        }
-        let e = probe(0).expect_err("no driver here");
-        assert!(e.to_string().contains("no CUDA driver"), "{e}");
-    }
 }

@@ -19,7 +19,8 @@ pub use device::AdapterInfo;
 use device::{Gpu, Shader};
 
 use crate::backend::{AttnShape, Backend, HostMatrix, KvLayout, Rope};
-use crate::quant::{KernelError, QMatrix, QuantType};
+use crate::gpu_pack::{self, KIND_F32, TILE_M, WG, XQ_WORDS};
+use crate::quant::KernelError;
 
 /// Activations on the device: `rows x cols` f32. Not `Clone`: the
 /// in-place operations write its buffer, which a copy would share.
@@ -62,45 +63,12 @@ pub struct WgpuBackend {
     gpu: Arc<Gpu>,
 }
 
-const WG: usize = 64;
-/// Rows of x one matmul workgroup computes (the shader's `TM`).
-const TILE_M: usize = 4;
-/// Words of one quantized activation block (the shader's `XQ_WORDS`).
-const XQ_WORDS: usize = 10;
-
 fn f32_bytes(v: &[f32]) -> Vec<u8> {
     v.iter().flat_map(|x| x.to_le_bytes()).collect()
 }
 
 fn storage() -> wgpu::BufferUsages {
     wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST
-}
-
-/// A quantized matrix as the shader reads it: per block, the scale (and
-/// min) as f32 words, then the block's bytes as words.
-fn repack(q: &QMatrix) -> (Vec<u32>, u32, u32) {
-    let (kind, head, wpb) = match q.ty {
-        QuantType::Q4_0 => (0, 2, 5),
-        QuantType::Q4_1 => (1, 4, 6),
-        QuantType::Q8_0 => (2, 2, 9),
-    };
-    let block = q.ty.block_bytes();
-    let f16 = |b: &[u8]| half::f16::from_le_bytes([b[0], b[1]]).to_f32().to_bits();
-    let mut words = Vec::with_capacity(q.rows * q.blocks_per_row() * wpb as usize);
-    for r in 0..q.rows {
-        for b in q.ggml_row(r).chunks_exact(block) {
-            words.push(f16(&b[0..2]));
-            if kind == 1 {
-                words.push(f16(&b[2..4]));
-            }
-            words.extend(
-                b[head..]
-                    .chunks_exact(4)
-                    .map(|w| u32::from_le_bytes([w[0], w[1], w[2], w[3]])),
-            );
-        }
-    }
-    (words, kind, wpb)
 }
 
 impl WgpuBackend {
@@ -190,12 +158,18 @@ impl Backend for WgpuBackend {
     fn matrix(&self, m: HostMatrix) -> Result<GpuMatrix, KernelError> {
         let (words, rows, cols, kind, wpb) = match m {
             HostMatrix::Quant(q) => {
-                let (w, kind, wpb) = repack(&q);
+                let (w, kind, wpb) = gpu_pack::repack(&q);
                 (w, q.rows, q.cols, kind, wpb)
             }
             HostMatrix::Dense { data, rows, cols } => {
                 crate::backend::check_dense(&data, rows, cols)?;
-                (data.iter().map(|v| v.to_bits()).collect(), rows, cols, 3, 0)
+                (
+                    data.iter().map(|v| v.to_bits()).collect(),
+                    rows,
+                    cols,
+                    KIND_F32,
+                    0,
+                )
             }
         };
         self.check_binding("a weight matrix", words.len() * 4)?;
@@ -274,7 +248,7 @@ impl Backend for WgpuBackend {
             0,
             0,
         ];
-        let (entry, n) = if table.kind == 3 {
+        let (entry, n) = if table.kind == KIND_F32 {
             ("embed_dense", ids.len() * table.cols)
         } else {
             ("embed", ids.len() * table.cols / 32)
@@ -305,7 +279,7 @@ impl Backend for WgpuBackend {
             0,
         ];
         let z = x.rows.div_ceil(TILE_M) as u32;
-        if w.kind == 3 {
+        if w.kind == KIND_F32 {
             let b = [(1, &*x.buf), (2, &*w.buf), (3, &*out.buf)];
             self.gpu
                 .dispatch(Shader::Matmul, "dense", p, &b, w.rows as u32, z);
@@ -439,13 +413,7 @@ impl Backend for WgpuBackend {
     }
 
     fn rope(&self, x: &mut GpuTensor, positions: &[usize], rope: &Rope) {
-        let half = rope.head_dim / 2;
-        let mut cs = Vec::with_capacity(2 * positions.len() * half);
-        for table in [&rope.cos, &rope.sin] {
-            for &pos in positions {
-                cs.extend_from_slice(&table[pos * half..(pos + 1) * half]);
-            }
-        }
+        let cs = gpu_pack::rope_rows(positions, &rope.cos, &rope.sin, rope.head_dim);
         let csb = self.gpu.upload(&f32_bytes(&cs), storage());
         let p = [
             positions.len() as u32,
@@ -472,7 +440,7 @@ impl Backend for WgpuBackend {
         slots: &[(u32, usize)],
     ) {
         let l = kv.layout;
-        let idx: Vec<u32> = slots.iter().flat_map(|&(b, s)| [b, s as u32]).collect();
+        let idx = gpu_pack::slot_words(slots);
         let ib = self.gpu.words(&idx);
         let p = [
             slots.len() as u32,
@@ -500,14 +468,7 @@ impl Backend for WgpuBackend {
         heads: usize,
         seqs: &[usize],
     ) -> GpuTensor {
-        let mut info = Vec::with_capacity(2 * q.rows);
-        let mut start = 0u32;
-        for &len in seqs {
-            for _ in 0..len {
-                info.extend([start, len as u32]);
-            }
-            start += len as u32;
-        }
+        let info = gpu_pack::sequence_rows(seqs);
         let ib = self.gpu.words(&info);
         let out = self.new_tensor(q.rows, q.cols);
         let hd = q.cols / heads.max(1);
@@ -547,12 +508,7 @@ impl Backend for WgpuBackend {
         queries: &[(usize, &[u32])],
         shape: AttnShape,
     ) -> GpuTensor {
-        let mut info = Vec::with_capacity(2 * queries.len());
-        let mut tables = Vec::new();
-        for &(pos, table) in queries {
-            info.extend([pos as u32, tables.len() as u32]);
-            tables.extend_from_slice(table);
-        }
+        let (info, tables) = gpu_pack::paged_queries(queries);
         let (ib, tb) = (self.gpu.words(&info), self.gpu.words(&tables));
         let out = self.new_tensor(q.rows, q.cols);
         let p = [

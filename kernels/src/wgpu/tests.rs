@@ -1,11 +1,9 @@
-//! Every WGSL shader against the plain-Rust reference (and, for the paged
-//! attention and the f16 KV, against the CPU backend, itself tested
-//! against the reference). They run on whatever adapter wgpu finds: in CI
-//! lavapipe, Mesa's software Vulkan (`.ci/run` installs it).
+//! The shared GPU kernel tests (`gpu_tests`) on the wgpu backend, on
+//! whatever adapter wgpu finds: in CI lavapipe, Mesa's software Vulkan
+//! (`.ci/run` installs it).
 
 use super::*;
-use crate::cpu::backend::CpuBackend;
-use crate::reference;
+use crate::gpu_tests as t;
 
 fn gpu() -> WgpuBackend {
     WgpuBackend::new().unwrap_or_else(|e| {
@@ -13,344 +11,50 @@ fn gpu() -> WgpuBackend {
     })
 }
 
-fn close(got: &[f32], want: &[f32], tol: f32, what: &str) {
-    assert_eq!(got.len(), want.len(), "{what}: length");
-    let scale = want.iter().fold(1.0f32, |a, v| a.max(v.abs()));
-    let d = reference::max_diff(got, want);
-    assert!(d <= tol * scale, "{what}: max diff {d} (scale {scale})");
-}
-
 #[test]
 fn quantized_and_dense_matmuls_and_embeddings_match_the_reference() {
-    let g = gpu();
-    let (rows, cols) = (70, 96);
-    let w = reference::ramp(rows * cols, 11);
-    for m in [1, 3, 4, 9] {
-        let x = reference::ramp(m * cols, 12 + m);
-        let xt = g.tensor(x.clone(), cols);
-        for ty in [QuantType::Q4_0, QuantType::Q4_1, QuantType::Q8_0] {
-            let q = QMatrix::quantize(ty, rows, cols, &w).expect("quantize");
-            let deq: Vec<f32> = (0..rows).flat_map(|r| q.dequantize_row(r)).collect();
-            let want = reference::matmul(&x, &deq, m, cols, rows);
-            let gm = g.matrix(HostMatrix::Quant(q.clone())).expect("upload");
-            let got = g.to_host(&g.matmul(&xt, &gm).expect("matmul"));
-            // Activations are quantized to 8 bits, as on the CPU: within
-            // that rounding of the f32 reference, and the CPU's integer
-            // arithmetic up to the order of the f32 sums.
-            close(&got, &want, 0.02, "quant matmul against the reference");
-            let c = CpuBackend;
-            let cm = c.matrix(HostMatrix::Quant(q.clone())).expect("cpu");
-            let cpu = c
-                .matmul(&c.tensor(x.clone(), cols), &cm)
-                .expect("cpu matmul");
-            close(
-                &got,
-                &cpu.data,
-                1e-5,
-                "quant matmul against the CPU backend",
-            );
-            let ids = [5u32, 0, 69, 5];
-            let emb = g.to_host(&g.embed(&gm, &ids).expect("embed"));
-            let want: Vec<f32> = ids
-                .iter()
-                .flat_map(|&i| q.dequantize_row(i as usize))
-                .collect();
-            assert_eq!(emb, want, "{ty:?} embedding rows are the dequantized rows");
-        }
-        let dense = g
-            .matrix(HostMatrix::Dense {
-                data: w.clone(),
-                rows,
-                cols,
-            })
-            .expect("dense");
-        let want = reference::matmul(&x, &w, m, cols, rows);
-        close(
-            &g.to_host(&g.matmul(&xt, &dense).expect("matmul")),
-            &want,
-            1e-5,
-            "dense matmul",
-        );
-        let emb = g.to_host(&g.embed(&dense, &[3]).expect("embed"));
-        assert_eq!(emb, w[3 * cols..4 * cols]);
-    }
-    let bad = g.tensor(vec![0.0; 32], 32);
-    let gm = g
-        .matrix(HostMatrix::Quant(
-            QMatrix::quantize(QuantType::Q8_0, rows, cols, &w).expect("q"),
-        ))
-        .expect("upload");
-    assert!(g.matmul(&bad, &gm).is_err(), "a wrong width is refused");
-    assert!(
-        g.embed(&gm, &[70]).is_err(),
-        "a row past the table is refused"
-    );
+    t::quantized_and_dense_matmuls_and_embeddings_match_the_reference(&gpu());
 }
 
 #[test]
 fn row_ops_match_the_reference() {
-    let (g, c) = (gpu(), CpuBackend);
-    let cols = 200;
-    let data = reference::ramp(5 * cols, 3);
-    let x = g.tensor(data.clone(), cols);
-    let w = reference::ramp(cols, 4);
-    let bias = reference::ramp(cols, 5);
-    let (gw, gb) = (g.vector(w.clone()), g.vector(bias.clone()));
-    let got = g.to_host(&g.rms_norm(&x, &gw, 1e-5));
-    close(
-        &got,
-        &reference::rms_norm(&data, &w, 1e-5),
-        1e-6,
-        "rms_norm",
-    );
-    let got = g.to_host(&g.layer_norm(&x, &gw, &gb, 1e-5));
-    close(
-        &got,
-        &reference::layer_norm(&data, &w, &bias, 1e-5),
-        1e-5,
-        "layer_norm",
-    );
-    let mut s = g.tensor(data.clone(), cols);
-    g.softmax_rows(&mut s);
-    close(
-        &g.to_host(&s),
-        &reference::softmax(&data, cols),
-        1e-6,
-        "softmax",
-    );
-    let mut e = g.tensor(data.clone(), cols);
-    g.gelu(&mut e);
-    close(&g.to_host(&e), &reference::gelu(&data), 1e-6, "gelu");
-    let mut a = g.tensor(data.clone(), cols);
-    g.add(&mut a, &x);
-    let twice: Vec<f32> = data.iter().map(|v| v * 2.0).collect();
-    close(&g.to_host(&a), &twice, 0.0, "add");
-    let mut ab = g.tensor(data.clone(), cols);
-    g.add_bias(&mut ab, &gb);
-    let mut want = c.tensor(data.clone(), cols);
-    c.add_bias(&mut want, &bias);
-    close(&g.to_host(&ab), &want.data, 0.0, "add_bias");
-    let sw = g.to_host(&g.swiglu(&x));
-    close(
-        &sw,
-        &c.swiglu(&c.tensor(data.clone(), cols)).data,
-        1e-6,
-        "swiglu",
-    );
-    let parts = g.split_cols(&x, &[30, 170]);
-    assert_eq!(g.to_host(&g.concat_cols(&parts)), data, "split then concat");
-    assert_eq!(g.to_host(&parts[0])[..30], data[..30]);
-    assert_eq!(
-        g.to_host(&g.rows(&x, &[4, 1])),
-        c.rows(&want_rows(&data, cols), &[4, 1]).data
-    );
-}
-
-fn want_rows(data: &[f32], cols: usize) -> crate::cpu::backend::CpuTensor {
-    CpuBackend.tensor(data.to_vec(), cols)
+    t::row_ops_match_the_reference(&gpu());
 }
 
 #[test]
 fn rope_matches_the_cpu_both_pairings() {
-    let (g, c) = (gpu(), CpuBackend);
-    let (hd, heads, rows) = (16, 3, 4);
-    let half = hd / 2;
-    let max_pos = 40;
-    let cos: Vec<f32> = (0..max_pos * half)
-        .map(|i| (i as f32 * 0.37).cos())
-        .collect();
-    let sin: Vec<f32> = (0..max_pos * half)
-        .map(|i| (i as f32 * 0.37).sin())
-        .collect();
-    let positions = [0, 7, 39, 7];
-    for neox in [false, true] {
-        let rope = Rope {
-            cos: cos.clone(),
-            sin: sin.clone(),
-            head_dim: hd,
-            neox,
-        };
-        let data = reference::ramp(rows * heads * hd, 21);
-        let mut gx = g.tensor(data.clone(), heads * hd);
-        g.rope(&mut gx, &positions, &rope);
-        let mut cx = c.tensor(data, heads * hd);
-        c.rope(&mut cx, &positions, &rope);
-        close(&g.to_host(&gx), &cx.data, 1e-6, "rope");
-    }
+    t::rope_matches_the_cpu_both_pairings(&gpu());
 }
 
 #[test]
 fn paged_attention_over_f16_kv_matches_the_cpu() {
-    let (g, c) = (gpu(), CpuBackend);
-    let shape = AttnShape {
-        n_head: 4,
-        n_kv_head: 2,
-        head_dim: 32,
-        block_size: 4,
-    };
-    let layout = KvLayout {
-        n_layer: 2,
-        n_kv_head: 2,
-        head_dim: 32,
-        block_size: 4,
-        num_blocks: 16,
-    };
-    let (mut gkv, mut ckv) = (g.kv(layout), c.kv(layout));
-    // Two sequences: 10 positions in blocks [3, 9, 1], 5 in [0, 12].
-    let tables: [&[u32]; 2] = [&[3, 9, 1], &[0, 12]];
-    let mut slots = Vec::new();
-    for (len, table) in [(10usize, tables[0]), (5, tables[1])] {
-        for p in 0..len {
-            slots.push((table[p / 4], p % 4));
-        }
-    }
-    let kvw = layout.n_kv_head * layout.head_dim;
-    let k = reference::ramp(slots.len() * kvw, 31);
-    let v = reference::ramp(slots.len() * kvw, 32);
-    g.write_kv(
-        &mut gkv,
-        1,
-        &g.tensor(k.clone(), kvw),
-        &g.tensor(v.clone(), kvw),
-        &slots,
-    );
-    c.write_kv(&mut ckv, 1, &c.tensor(k, kvw), &c.tensor(v, kvw), &slots);
-    let queries: Vec<(usize, &[u32])> = vec![
-        (9, tables[0]),
-        (3, tables[0]),
-        (4, tables[1]),
-        (0, tables[1]),
-    ];
-    let qw = shape.n_head * shape.head_dim;
-    let q = reference::ramp(queries.len() * qw, 33);
-    let got = g.to_host(&g.attention(&g.tensor(q.clone(), qw), &gkv, 1, &queries, shape));
-    let want = c.attention(&c.tensor(q, qw), &ckv, 1, &queries, shape);
-    close(&got, &want.data, 1e-5, "paged attention");
+    t::paged_attention_over_f16_kv_matches_the_cpu(&gpu());
 }
 
 #[test]
 fn paged_attention_at_the_default_models_shapes_matches_the_cpu() {
-    let (g, c) = (gpu(), CpuBackend);
-    let (n_head, n_kv_head, head_dim, bs) = (9, 3, 64, 16);
-    let shape = AttnShape {
-        n_head,
-        n_kv_head,
-        head_dim,
-        block_size: bs,
-    };
-    let layout = KvLayout {
-        n_layer: 1,
-        n_kv_head,
-        head_dim,
-        block_size: bs,
-        num_blocks: 8,
-    };
-    let (mut gkv, mut ckv) = (g.kv(layout), c.kv(layout));
-    let table: Vec<u32> = (0..8).collect();
-    let n = 70;
-    let slots: Vec<(u32, usize)> = (0..n).map(|p| (table[p / bs], p % bs)).collect();
-    let kvw = n_kv_head * head_dim;
-    let k = reference::ramp(n * kvw, 61);
-    let v = reference::ramp(n * kvw, 62);
-    g.write_kv(
-        &mut gkv,
-        0,
-        &g.tensor(k.clone(), kvw),
-        &g.tensor(v.clone(), kvw),
-        &slots,
-    );
-    c.write_kv(&mut ckv, 0, &c.tensor(k, kvw), &c.tensor(v, kvw), &slots);
-    let queries: Vec<(usize, &[u32])> = (0..n).map(|p| (p, table.as_slice())).collect();
-    let qw = n_head * head_dim;
-    let q: Vec<f32> = reference::ramp(n * qw, 63)
-        .iter()
-        .map(|v| v * 4.0)
-        .collect();
-    let got = g.to_host(&g.attention(&g.tensor(q.clone(), qw), &gkv, 0, &queries, shape));
-    let want = c.attention(&c.tensor(q, qw), &ckv, 0, &queries, shape);
-    close(
-        &got,
-        &want.data,
-        1e-5,
-        "paged attention at the model's shapes",
-    );
+    t::paged_attention_at_the_default_models_shapes_matches_the_cpu(&gpu());
 }
 
 #[test]
 fn f16_conversion_in_the_shader_rounds_like_the_half_crate() {
-    // Values across the f16 range, halfway cases, subnormals, overflow.
-    let mut vals: Vec<f32> = (0..2000).map(|i| (i as f32 - 1000.0) * 0.0137).collect();
-    vals.extend([
-        0.0,
-        -0.0,
-        1.0,
-        65504.0,
-        65520.0,
-        1e6,
-        -1e6,
-        6.1e-5,
-        3.0e-6,
-        5.96e-8,
-        2.9e-8,
-        1e-9,
-        1.0 + 1.0 / 2048.0,
-        1.0 + 3.0 / 4096.0,
-        2049.0,
-        2051.0,
-        -2050.0,
-    ]);
     let g = gpu();
-    let layout = KvLayout {
-        n_layer: 1,
-        n_kv_head: 1,
-        head_dim: vals.len().next_multiple_of(2),
-        block_size: 1,
-        num_blocks: 1,
-    };
-    vals.resize(layout.head_dim, 0.5);
-    let mut kv = g.kv(layout);
-    let t = g.tensor(vals.clone(), vals.len());
-    g.write_kv(
-        &mut kv,
-        0,
-        &t,
-        &g.tensor(vals.clone(), vals.len()),
-        &[(0, 0)],
-    );
-    let raw = g.gpu.read(&kv.k[0], (vals.len() * 2) as u64).expect("read");
-    for (i, v) in vals.iter().enumerate() {
-        let got = u16::from_le_bytes([raw[2 * i], raw[2 * i + 1]]);
-        assert_eq!(got, half::f16::from_f32(*v).to_bits(), "{v}");
-    }
+    t::f16_conversion_rounds_like_the_half_crate(&g, |kv: &GpuKv| {
+        let raw = g.gpu.read(&kv.k[0], kv.k[0].size()).expect("read");
+        raw.chunks_exact(2)
+            .map(|b| u16::from_le_bytes([b[0], b[1]]))
+            .collect()
+    });
 }
 
 #[test]
 fn bidirectional_attention_matches_the_reference_per_sequence() {
-    let g = gpu();
-    let (heads, hd) = (3, 16);
-    let cols = heads * hd;
-    let seqs = [5usize, 1, 70];
-    let n: usize = seqs.iter().sum();
-    let (q, k, v) = (
-        reference::ramp(n * cols, 41),
-        reference::ramp(n * cols, 42),
-        reference::ramp(n * cols, 43),
-    );
-    let got = g.to_host(&g.self_attention(
-        &g.tensor(q.clone(), cols),
-        &g.tensor(k.clone(), cols),
-        &g.tensor(v.clone(), cols),
-        heads,
-        &seqs,
-    ));
-    let mut at = 0;
-    for len in seqs {
-        let r = at * cols..(at + len) * cols;
-        let want =
-            reference::self_attention(&q[r.clone()], &k[r.clone()], &v[r.clone()], cols, heads);
-        close(&got[r], &want, 1e-5, "bidirectional attention");
-        at += len;
-    }
+    t::bidirectional_attention_matches_the_reference_per_sequence(&gpu());
+}
+
+#[test]
+fn a_matmul_wider_than_one_grid_row_covers_every_output() {
+    t::a_matmul_wider_than_one_grid_row_covers_every_output(&gpu(), device::GRID_X as usize + 1000);
 }
 
 #[test]
@@ -359,18 +63,4 @@ fn the_adapter_says_what_it_is() {
     let a = g.adapter();
     assert!(!a.name.is_empty() && !a.kind.is_empty());
     assert!(a.max_binding >= 128 << 20);
-}
-
-#[test]
-fn a_matmul_wider_than_one_grid_row_covers_every_output() {
-    let g = gpu();
-    let (rows, cols, m) = (device::GRID_X as usize + 1000, 64, 6);
-    let w = reference::ramp(rows * cols, 51);
-    let x = reference::ramp(m * cols, 52);
-    let q = QMatrix::quantize(QuantType::Q8_0, rows, cols, &w).expect("quantize");
-    let deq: Vec<f32> = (0..rows).flat_map(|r| q.dequantize_row(r)).collect();
-    let want = reference::matmul(&x, &deq, m, cols, rows);
-    let gm = g.matrix(HostMatrix::Quant(q)).expect("upload");
-    let got = g.to_host(&g.matmul(&g.tensor(x, cols), &gm).expect("matmul"));
-    close(&got, &want, 0.02, "wide matmul");
 }

@@ -1,8 +1,10 @@
 //! What a worker can see of its machine: the CPU (model, cores, SIMD
-//! features, memory) that it runs models on, and the GPUs it cannot use
-//! yet but reports (Vulkan drivers that wgpu would find, NVIDIA devices
-//! that CUDA would), read from the operating system without loading any
-//! GPU library. Self-reported: the server shows it and measures the rest.
+//! features, memory), the GPU its engine runs on (`--device wgpu`: the
+//! adapter; `--device cuda:N`: the CUDA device), both usable, and the GPUs
+//! it does not run on but reports (Vulkan drivers that wgpu would find,
+//! NVIDIA devices that CUDA would), read from the operating system without
+//! loading any GPU library. Self-reported: the server shows it and
+//! measures the rest (calibration, canaries).
 
 use std::path::Path;
 
@@ -11,13 +13,38 @@ use crate::fleet::protocol::Device;
 /// Every device found, the CPU first.
 pub fn detect(running: engine::Device) -> Vec<Device> {
     let mut out = vec![cpu()];
-    out.extend(nvidia(Path::new("/proc/driver/nvidia/gpus")));
+    // The device the engine runs on, instead of the driver's listing.
+    match running.cuda_index().and_then(cuda) {
+        Some(d) => out.push(d),
+        None => out.extend(nvidia(Path::new("/proc/driver/nvidia/gpus"))),
+    }
     match (running, adapter()) {
-        // The adapter the engine runs on, instead of the driver listing.
         (engine::Device::Wgpu, Some(a)) => out.push(a),
         _ => out.extend(vulkan(Path::new("/usr/share/vulkan/icd.d"))),
     }
     out
+}
+
+/// CUDA device `index`, which `--device cuda:N` runs models on.
+#[cfg(feature = "cuda")]
+fn cuda(index: u32) -> Option<Device> {
+    let d = engine::gpu_executor::cuda_device(index).ok()?;
+    Some(Device {
+        kind: "cuda".into(),
+        name: d.name,
+        cores: 0,
+        memory_bytes: d.memory_bytes,
+        features: vec![
+            format!("cuda:{}", d.index),
+            format!("sm_{}{}", d.capability.0, d.capability.1),
+        ],
+        usable: true,
+    })
+}
+
+#[cfg(not(feature = "cuda"))]
+fn cuda(_index: u32) -> Option<Device> {
+    None
 }
 
 /// The adapter `--device wgpu` runs models on.

@@ -1,0 +1,148 @@
+//! The CUDA kernels: every one compiles with NVRTC (to PTX and to a
+//! CUBIN) and matches its parameter list (no device needed), one clear
+//! error without a driver, and, where a CUDA device exists, the shared GPU
+//! kernel tests (`gpu_tests`) on it.
+
+use super::*;
+use crate::gpu_tests as t;
+
+/// Device 0, or `None` (the test is skipped, and says so) where this
+/// machine has no CUDA driver.
+fn gpu() -> Option<CudaBackend> {
+    if !driver_present() {
+        eprintln!("skipped: no CUDA driver on this machine");
+        return None;
+    }
+    Some(CudaBackend::new(0).unwrap_or_else(|e| panic!("{e}")))
+}
+
+#[test]
+fn quantized_and_dense_matmuls_and_embeddings_match_the_reference() {
+    let Some(g) = gpu() else { return };
+    t::quantized_and_dense_matmuls_and_embeddings_match_the_reference(&g);
+}
+
+#[test]
+fn row_ops_match_the_reference() {
+    let Some(g) = gpu() else { return };
+    t::row_ops_match_the_reference(&g);
+}
+
+#[test]
+fn rope_matches_the_cpu_both_pairings() {
+    let Some(g) = gpu() else { return };
+    t::rope_matches_the_cpu_both_pairings(&g);
+}
+
+#[test]
+fn paged_attention_over_f16_kv_matches_the_cpu() {
+    let Some(g) = gpu() else { return };
+    t::paged_attention_over_f16_kv_matches_the_cpu(&g);
+}
+
+#[test]
+fn paged_attention_at_the_default_models_shapes_matches_the_cpu() {
+    let Some(g) = gpu() else { return };
+    t::paged_attention_at_the_default_models_shapes_matches_the_cpu(&g);
+}
+
+#[test]
+fn f16_conversion_rounds_like_the_half_crate() {
+    let Some(g) = gpu() else { return };
+    t::f16_conversion_rounds_like_the_half_crate(&g, |kv: &CudaKv| g.raw_keys(kv, 0));
+}
+
+#[test]
+fn bidirectional_attention_matches_the_reference_per_sequence() {
+    let Some(g) = gpu() else { return };
+    t::bidirectional_attention_matches_the_reference_per_sequence(&g);
+}
+
+#[test]
+fn a_matmul_of_many_outputs_covers_every_output() {
+    let Some(g) = gpu() else { return };
+    t::a_matmul_wider_than_one_grid_row_covers_every_output(&g, 70_000);
+}
+
+/// Each `__global__` kernel of the source and its parameters as letters
+/// (`f` float*, `w` u32*, `u` u32, `x` float).
+fn source_signatures() -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    for part in SOURCE.split("__global__ void ").skip(1) {
+        let (name, rest) = part.split_once('(').expect("a parameter list");
+        let params = rest.split_once(')').expect("closed").0;
+        let letters = params
+            .split(',')
+            .map(|p| match (p.contains('*'), p.contains("float")) {
+                (true, true) => 'f',
+                (true, false) => 'w',
+                (false, true) => 'x',
+                (false, false) => 'u',
+            })
+            .collect();
+        out.push((name.trim().to_string(), letters));
+    }
+    out
+}
+
+#[test]
+fn every_kernel_is_launched_with_its_own_parameter_list() {
+    let src = source_signatures();
+    let table: Vec<(String, String)> = KERNELS
+        .iter()
+        .map(|(k, s)| (k.to_string(), s.to_string()))
+        .collect();
+    assert_eq!(
+        src, table,
+        "KERNELS must list the source's kernels and parameters"
+    );
+}
+
+#[test]
+fn every_kernel_compiles_to_ptx_and_to_a_cubin_with_nvrtc() {
+    let Image::Ptx(ptx) = compile("compute_80").unwrap_or_else(|e| panic!("{e}")) else {
+        panic!("compute_80 gives PTX");
+    };
+    for (k, _) in KERNELS {
+        assert!(
+            ptx.contains(&format!(".entry {k}(")),
+            "{k} is not in the PTX"
+        );
+    }
+    // The backend loads a CUBIN for the device's own architecture: Ampere
+    // and Hopper here (an ELF image with every kernel's name in it).
+    for arch in ["sm_80", "sm_90"] {
+        let Image::Cubin(bin) = compile(arch).unwrap_or_else(|e| panic!("{e}")) else {
+            panic!("{arch} gives a CUBIN");
+        };
+        assert_eq!(&bin[..4], b"\x7fELF", "{arch}: an ELF image");
+        for (k, _) in KERNELS {
+            assert!(
+                bin.windows(k.len() + 1)
+                    .any(|w| &w[..k.len()] == k.as_bytes() && w[k.len()] == 0),
+                "{arch}: {k} is not in the CUBIN"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_kernel_that_does_not_compile_gives_nvrtcs_log() {
+    let e = compile_source(
+        "extern \"C\" __global__ void k() { undefined_thing(); }",
+        "sm_80",
+    )
+    .expect_err("does not compile");
+    assert!(e.to_string().contains("undefined_thing"), "{e}");
+}
+
+#[test]
+fn without_a_driver_cuda_fails_with_one_clear_error() {
+    if driver_present() {
+        return; // a GPU machine: the tests above run on it instead
+    }
+    let e = probe(0).expect_err("no driver here");
+    assert!(e.to_string().contains("no CUDA driver"), "{e}");
+    let e = CudaBackend::new(0).expect_err("no driver here");
+    assert!(e.to_string().contains("no CUDA driver"), "{e}");
+}
