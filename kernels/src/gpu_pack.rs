@@ -22,27 +22,33 @@ pub const KIND_Q8_0: u32 = 2;
 pub const KIND_F32: u32 = 3;
 
 /// A quantized matrix as the kernels read it: the words, the format's
-/// `kind` and the words per 32-weight block.
+/// `kind` and the words per 32-weight block. Blocks are stored block
+/// column by block column (block `b` of row `r` is block `b * rows + r`):
+/// the matmul kernels give each output row its own thread, and
+/// neighbouring threads then read neighbouring blocks.
 pub fn repack(q: &QMatrix) -> (Vec<u32>, u32, u32) {
     let (kind, head, wpb) = match q.ty {
         QuantType::Q4_0 => (KIND_Q4_0, 2, 5),
         QuantType::Q4_1 => (KIND_Q4_1, 4, 6),
         QuantType::Q8_0 => (KIND_Q8_0, 2, 9),
     };
+    let (nb, w) = (q.blocks_per_row(), wpb as usize);
     let block = q.ty.block_bytes();
     let f16 = |b: &[u8]| half::f16::from_le_bytes([b[0], b[1]]).to_f32().to_bits();
-    let mut words = Vec::with_capacity(q.rows * q.blocks_per_row() * wpb as usize);
+    let mut words = vec![0u32; q.rows * nb * w];
     for r in 0..q.rows {
-        for b in q.ggml_row(r).chunks_exact(block) {
-            words.push(f16(&b[0..2]));
-            if kind == KIND_Q4_1 {
-                words.push(f16(&b[2..4]));
+        for (b, bytes) in q.ggml_row(r).chunks_exact(block).enumerate() {
+            let out = &mut words[(b * q.rows + r) * w..][..w];
+            out[0] = f16(&bytes[0..2]);
+            let at = if kind == KIND_Q4_1 {
+                out[1] = f16(&bytes[2..4]);
+                2
+            } else {
+                1
+            };
+            for (o, c) in out[at..].iter_mut().zip(bytes[head..].chunks_exact(4)) {
+                *o = u32::from_le_bytes([c[0], c[1], c[2], c[3]]);
             }
-            words.extend(
-                b[head..]
-                    .chunks_exact(4)
-                    .map(|w| u32::from_le_bytes([w[0], w[1], w[2], w[3]])),
-            );
         }
     }
     (words, kind, wpb)

@@ -37,6 +37,8 @@ pub(crate) fn quantized_and_dense_matmuls_and_embeddings_match_the_reference<B: 
             let cpu = c
                 .matmul(&c.tensor(x.clone(), cols), &cm)
                 .expect("cpu matmul");
+            // The same block sums in the same order: within the rounding of
+            // a multiply-add the driver may not fuse.
             close(
                 &got,
                 &cpu.data,

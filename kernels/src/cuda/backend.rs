@@ -446,7 +446,7 @@ impl Backend for CudaBackend {
                     Arg::U(*kind),
                     Arg::U(*wpb),
                 ];
-                self.launch("matmul_quant", grid, WG as u32, &args);
+                self.elementwise("matmul_quant", x.rows * w.rows, &args);
             }
         }
         Ok(out)

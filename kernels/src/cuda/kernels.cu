@@ -122,10 +122,13 @@ __global__ void quantize(const float* x, u32* xq, u32 rows, u32 k) {
     o[1] = __float_as_uint(__fmul_rn(d, (float)sum));
 }
 
-__device__ float block_dot(const u32* w, u32 blk, u32 kind, u32 wpb, const u32* xb) {
+// One block's terms against quantized activation block xb, as the CPU's
+// integer path computes them: (isum, d_w * d_x, offset, s), the block
+// adding isum * (d_w * d_x) + offset * s to the dot product.
+__device__ float4 block_terms(const u32* w, u32 blk, u32 kind, u32 wpb, const u32* xb) {
     const u32* base = w + blk * wpb;
     float d = __uint_as_float(base[0]);
-    float xd = __uint_as_float(xb[0]);
+    float dd = __fmul_rn(d, __uint_as_float(xb[0]));
     float xs = __uint_as_float(xb[1]);
     int isum = 0;
     if (kind == 2u) {
@@ -133,7 +136,7 @@ __device__ float block_dot(const u32* w, u32 blk, u32 kind, u32 wpb, const u32* 
             u32 q = base[1u + j], a = xb[2u + j];
             for (u32 t = 0; t < 4u; t++) isum += (int)(((q >> (8u * t)) & 0xffu) ^ 0x80u) * sbyte(a, t);
         }
-        return __fadd_rn(__fmul_rn(__fmul_rn(d, xd), (float)isum), __fmul_rn(-128.0f * d, xs));
+        return make_float4((float)isum, dd, __fmul_rn(-128.0f, d), xs);
     }
     bool has_min = kind == 1u;
     const u32* qs = base + (has_min ? 2u : 1u);
@@ -144,8 +147,8 @@ __device__ float block_dot(const u32* w, u32 blk, u32 kind, u32 wpb, const u32* 
             isum += (int)(byte & 0xfu) * sbyte(lo, t) + (int)(byte >> 4) * sbyte(hi, t);
         }
     }
-    float offset = has_min ? __uint_as_float(base[1]) : -8.0f * d;
-    return __fadd_rn(__fmul_rn(__fmul_rn(d, xd), (float)isum), __fmul_rn(offset, xs));
+    float offset = has_min ? __uint_as_float(base[1]) : __fmul_rn(-8.0f, d);
+    return make_float4((float)isum, dd, offset, xs);
 }
 
 __device__ void reduce_store(float* acc, float* y, u32 n, u32 m0, u32 m, u32 nn) {
@@ -161,19 +164,21 @@ __device__ void reduce_store(float* acc, float* y, u32 n, u32 m0, u32 m, u32 nn)
         y[(m0 + threadIdx.x) * nn + n] = partial[threadIdx.x * WG];
 }
 
-// y (m, n) = x · Wᵀ, W quantized: one block per output column n (grid.x,
-// grid.y) and TM rows of x (grid.z).
+// y (m, n) = x · Wᵀ, W quantized (block b of row n at b * n_out + n): one
+// thread per output, the blocks in order, each added with two fused
+// multiply-adds: the sums of the CPU's AVX-512 path, bit for bit.
 __global__ void matmul_quant(const u32* xq, const u32* w, float* y, u32 m, u32 n_out, u32 k,
                              u32 kind, u32 wpb) {
-    u32 n = blockIdx.x + blockIdx.y * gridDim.x;
-    u32 m0 = blockIdx.z * TM;
-    u32 nb = k / 32u;
-    float acc[TM] = {0.0f, 0.0f, 0.0f, 0.0f};
-    if (n < n_out)
-        for (u32 b = threadIdx.x; b < nb; b += WG)
-            for (u32 r = 0; r < TM; r++)
-                if (m0 + r < m) acc[r] += block_dot(w, n * nb + b, kind, wpb, xq + ((m0 + r) * nb + b) * XQ_WORDS);
-    reduce_store(acc, y, n, m0, m, n_out);
+    u32 i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= m * n_out) return;
+    u32 r = i / n_out, n = i % n_out, nb = k / 32u;
+    float acc = 0.0f;
+    for (u32 b = 0; b < nb; b++) {
+        float4 t = block_terms(w, b * n_out + n, kind, wpb, xq + (r * nb + b) * XQ_WORDS);
+        acc = __fmaf_rn(t.x, t.y, acc);
+        acc = __fmaf_rn(t.z, t.w, acc);
+    }
+    y[i] = acc;
 }
 
 __global__ void matmul_dense(const float* x, const float* w, float* y, u32 m, u32 n_out, u32 k) {
@@ -189,7 +194,8 @@ __global__ void matmul_dense(const float* x, const float* w, float* y, u32 m, u3
     reduce_store(acc, y, n, m0, m, n_out);
 }
 
-// Embedding rows of a quantized table: one thread a (row, block).
+// Embedding rows of a quantized table (n rows, block b of row r at
+// b * n + r): one thread a (row, block).
 __global__ void embed_quant(const u32* ids, const u32* w, float* y, u32 rows, u32 n, u32 k, u32 kind,
                             u32 wpb) {
     u32 nb = k / 32u;
@@ -197,7 +203,7 @@ __global__ void embed_quant(const u32* ids, const u32* w, float* y, u32 rows, u3
     if (i >= rows * nb) return;
     u32 t = i / nb, b = i % nb, id = ids[t];
     if (id >= n) return;
-    const u32* base = w + (id * nb + b) * wpb;
+    const u32* base = w + (b * n + id) * wpb;
     float d = __uint_as_float(base[0]);
     float* out = y + t * k + b * 32u;
     if (kind == 2u) {

@@ -292,8 +292,9 @@ impl Backend for WgpuBackend {
         self.gpu
             .dispatch(Shader::Matmul, "quantize", p, &b, Self::groups(blocks), 1);
         let b = [(2, &*w.buf), (3, &*out.buf), (4, &*xq)];
+        let outputs = Self::groups(x.rows * w.rows);
         self.gpu
-            .dispatch(Shader::Matmul, "quant", p, &b, w.rows as u32, z);
+            .dispatch(Shader::Matmul, "quant", p, &b, outputs, 1);
         Ok(out)
     }
 

@@ -4,17 +4,18 @@
 // Quantized weights are repacked at upload into whole 32-bit words per
 // 32-weight block: the scale (and Q4_1's min) as f32, then the block's
 // bytes as in GGML (Q4: byte j holds weight j in its low nibble and weight
-// j + 16 in its high one; Q8_0: one signed byte per weight).
+// j + 16 in its high one; Q8_0: one signed byte per weight). Blocks are
+// stored block column by block column: block b of row r is b * rows + r.
 //
 // Activations are quantized first (`quantize`), block by block, to 8
 // bits exactly as the CPU backend does (d = amax / 127, round half away
 // from zero, s = d * sum(q)), and each block's dot product is an integer
-// sum over the unsigned weights: `d_w * d_x * isum + offset * s`, so the
-// GPU computes what the CPU computes, up to the order of the f32 sums.
+// sum over the unsigned weights: `isum * (d_w * d_x) + offset * s`, added
+// block after block as the CPU adds them.
 //
 // Params a = (m, n, k, kind), b = (words per block, 0, 0, 0); kind 0 =
-// Q4_0, 1 = Q4_1, 2 = Q8_0, 3 = f32. One workgroup computes one output
-// column `n` for up to TM rows of x.
+// Q4_0, 1 = Q4_1, 2 = Q8_0, 3 = f32. The f32 matmul: one workgroup
+// computes one output column `n` for up to TM rows of x.
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> x: array<f32>;
@@ -57,12 +58,13 @@ fn dequant(blk: u32, kind: u32, wpb: u32, out: ptr<function, array<f32, 32>>) {
     }
 }
 
-// One block's dot product with quantized activation block `xb`, as the
-// CPU's integer path computes it.
-fn block_dot(blk: u32, kind: u32, wpb: u32, xb: u32) -> f32 {
+// One block's terms against quantized activation block `xb`, as the
+// CPU's integer path computes them: (isum, d_w * d_x, offset, s), the
+// block adding `isum * (d_w * d_x) + offset * s` to the dot product.
+fn block_terms(blk: u32, kind: u32, wpb: u32, xb: u32) -> vec4<f32> {
     let base = blk * wpb;
     let d = bitcast<f32>(w[base]);
-    let xd = bitcast<f32>(xq[xb]);
+    let dd = d * bitcast<f32>(xq[xb]);
     let xs = bitcast<f32>(xq[xb + 1u]);
     var isum = 0i;
     if (kind == 2u) {
@@ -74,7 +76,7 @@ fn block_dot(blk: u32, kind: u32, wpb: u32, xb: u32) -> f32 {
                 isum += u * (bitcast<i32>(((a >> (8u * t)) & 0xffu) << 24u) >> 24u);
             }
         }
-        return d * xd * f32(isum) + (-128.0 * d) * xs;
+        return vec4<f32>(f32(isum), dd, -128.0 * d, xs);
     }
     let has_min = kind == 1u;
     let qs = base + select(1u, 2u, has_min);
@@ -90,7 +92,7 @@ fn block_dot(blk: u32, kind: u32, wpb: u32, xb: u32) -> f32 {
         }
     }
     let offset = select(-8.0 * d, bitcast<f32>(w[base + 1u]), has_min);
-    return d * xd * f32(isum) + offset * xs;
+    return vec4<f32>(f32(isum), dd, offset, xs);
 }
 
 // Quantizes x's rows, block by block, into xq (one invocation a block).
@@ -144,25 +146,27 @@ fn reduce_store(lid: u32, n: u32, m0: u32, acc: array<f32, 4>) {
     }
 }
 
+// One invocation per output (row m of x, column n): the blocks in order,
+// each added with two fused multiply-adds as the CPU's AVX-512 path adds
+// them. Where the driver fuses them (GPUs do; lavapipe rounds the product
+// first) the sums are the CPU's bit for bit.
 @compute @workgroup_size(64)
-fn quant(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>,
-         @builtin(local_invocation_id) lid: vec3<u32>) {
-    let n = wid.x + wid.y * groups.x;
-    let m0 = wid.z * TM;
-    let k = p.a.z;
-    let nb = k / 32u;
-    var acc = array<f32, 4>(0.0, 0.0, 0.0, 0.0);
-    if (n < p.a.y) {
-        for (var b = lid.x; b < nb; b += WG) {
-            for (var r = 0u; r < TM; r++) {
-                let m = m0 + r;
-                if (m < p.a.x) {
-                    acc[r] += block_dot(n * nb + b, p.a.w, p.b.x, (m * nb + b) * XQ_WORDS);
-                }
-            }
-        }
+fn quant(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>) {
+    let i = element(gid, groups);
+    let n_out = p.a.y;
+    if (i >= p.a.x * n_out) {
+        return;
     }
-    reduce_store(lid.x, n, m0, acc);
+    let m = i / n_out;
+    let n = i % n_out;
+    let nb = p.a.z / 32u;
+    var acc = 0.0;
+    for (var b = 0u; b < nb; b++) {
+        let t = block_terms(b * n_out + n, p.a.w, p.b.x, (m * nb + b) * XQ_WORDS);
+        acc = fma(t.x, t.y, acc);
+        acc = fma(t.z, t.w, acc);
+    }
+    y[m * n_out + n] = acc;
 }
 
 @compute @workgroup_size(64)
@@ -204,7 +208,7 @@ fn embed(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups)
         return;
     }
     var v: array<f32, 32>;
-    dequant(id * nb + b, p.a.w, p.b.x, &v);
+    dequant(b * p.a.y + id, p.a.w, p.b.x, &v);
     for (var j = 0u; j < 32u; j++) {
         y[t * k + b * 32u + j] = v[j];
     }
