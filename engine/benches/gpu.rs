@@ -1,26 +1,26 @@
-//! The default model on the wgpu backend: prefill tokens/s and decode
+//! The default model on a GPU backend: prefill tokens/s and decode
 //! tokens/s at batch 1, 16 and 64, against the device's memory-bandwidth
 //! limit (a decode step reads every weight once, so the limit is
 //! bandwidth / weight bytes steps a second). Runs unchanged on any
-//! adapter wgpu finds:
+//! adapter wgpu finds, or on a CUDA device:
 //!
-//!     cargo bench -p engine --features wgpu --bench gpu -- [GB/s]
+//!     cargo bench -p engine --features wgpu,cuda --bench gpu -- [wgpu|cuda:N] [GB/s]
 //!
-//! The optional argument is the device's memory bandwidth (GB/s, from its
+//! The optional number is the device's memory bandwidth (GB/s, from its
 //! data sheet) for the limit column. On lavapipe (Mesa's CPU Vulkan) the
 //! numbers measure correctness plumbing, not speed.
 
-#[cfg(feature = "wgpu")]
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
 fn main() {
     bench::run();
 }
 
-#[cfg(not(feature = "wgpu"))]
+#[cfg(not(any(feature = "wgpu", feature = "cuda")))]
 fn main() {
-    eprintln!("build with --features wgpu");
+    eprintln!("build with --features wgpu or cuda");
 }
 
-#[cfg(feature = "wgpu")]
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
 mod bench {
     use std::path::PathBuf;
     use std::time::Instant;
@@ -30,7 +30,6 @@ mod bench {
     use engine::model::llama::Llama;
     use engine::model::{ModelBatch, SeqChunk};
     use kernels::backend::Backend;
-    use kernels::wgpu::WgpuBackend;
 
     const BLOCK: usize = 16;
     /// Blocks of each decoding sequence (its prompt and the steps).
@@ -81,17 +80,58 @@ mod bench {
     }
 
     pub fn run() {
-        let path = model_path();
-        let weight_bytes = std::fs::metadata(&path).map_or(0, |m| m.len()) as f64;
-        let gbps: Option<f64> = std::env::args().skip(1).find_map(|a| a.parse().ok());
-        let mut reader = std::io::BufReader::new(std::fs::File::open(&path).expect("make models"));
-        let ct = gguf_file::Content::read(&mut reader).expect("gguf");
-        let backend = WgpuBackend::new().expect("a wgpu adapter");
+        let args: Vec<String> = std::env::args().skip(1).collect();
+        let gbps: Option<f64> = args.iter().find_map(|a| a.parse().ok());
+        let device = args
+            .iter()
+            .find(|a| a.starts_with("cuda") || *a == "wgpu")
+            .map_or("wgpu", String::as_str);
+        match device.strip_prefix("cuda") {
+            Some(n) => cuda(n.trim_start_matches(':').parse().unwrap_or(0), gbps),
+            None => wgpu(gbps),
+        }
+    }
+
+    #[cfg(feature = "wgpu")]
+    fn wgpu(gbps: Option<f64>) {
+        let backend = kernels::wgpu::WgpuBackend::new().expect("a wgpu adapter");
         let a = backend.adapter().clone();
         println!("adapter: {} ({}, {})", a.name, a.kind, a.driver);
         // A software adapter (lavapipe) gets short prompts and no 512-token
         // prefill: its numbers are about correctness, not speed.
-        let (prefills, prompt): (&[usize], usize) = if a.kind == "cpu" {
+        measure(backend, a.kind == "cpu", gbps);
+    }
+
+    #[cfg(not(feature = "wgpu"))]
+    fn wgpu(_: Option<f64>) {
+        eprintln!("build with --features wgpu");
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda(index: u32, gbps: Option<f64>) {
+        let backend = kernels::cuda::CudaBackend::new(index).unwrap_or_else(|e| panic!("{e}"));
+        let d = backend.device().clone();
+        println!(
+            "device: cuda:{index} {} (sm_{}{}, {:.0} GiB)",
+            d.name,
+            d.capability.0,
+            d.capability.1,
+            d.memory_bytes as f64 / (1u64 << 30) as f64
+        );
+        measure(backend, false, gbps);
+    }
+
+    #[cfg(not(feature = "cuda"))]
+    fn cuda(_: u32, _: Option<f64>) {
+        eprintln!("build with --features cuda");
+    }
+
+    fn measure<B: Backend>(backend: B, software: bool, gbps: Option<f64>) {
+        let path = model_path();
+        let weight_bytes = std::fs::metadata(&path).map_or(0, |m| m.len()) as f64;
+        let mut reader = std::io::BufReader::new(std::fs::File::open(&path).expect("make models"));
+        let ct = gguf_file::Content::read(&mut reader).expect("gguf");
+        let (prefills, prompt): (&[usize], usize) = if software {
             (&[128], 16)
         } else {
             (&[128, 512], 128)

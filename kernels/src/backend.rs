@@ -39,6 +39,19 @@ pub fn check_dense(data: &[f32], rows: usize, cols: usize) -> Result<(), KernelE
     Ok(())
 }
 
+/// Checks that every token id is a row of an embedding table of `rows`
+/// (what every backend's `embed` does first).
+pub fn check_ids(ids: &[u32], rows: usize) -> Result<(), KernelError> {
+    match ids.iter().find(|&&id| id as usize >= rows) {
+        Some(&bad) => Err(KernelError::Shape {
+            what: "embedding row",
+            expected: rows,
+            got: bad as usize,
+        }),
+        None => Ok(()),
+    }
+}
+
 /// Shapes of one attention call.
 #[derive(Debug, Clone, Copy)]
 pub struct AttnShape {

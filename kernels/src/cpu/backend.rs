@@ -86,16 +86,10 @@ impl Backend for CpuBackend {
 
     fn embed(&self, table: &CpuMatrix, ids: &[u32]) -> Result<CpuTensor, KernelError> {
         let (rows, cols) = self.matrix_shape(table);
+        crate::backend::check_ids(ids, rows)?;
         let mut data = Vec::with_capacity(ids.len() * cols);
         for &id in ids {
             let r = id as usize;
-            if r >= rows {
-                return Err(KernelError::Shape {
-                    what: "embedding row",
-                    expected: rows,
-                    got: r,
-                });
-            }
             match table {
                 CpuMatrix::Quant(q) => data.extend(q.dequantize_row(r)),
                 CpuMatrix::Dense(p) => data.extend(p.row(r)),

@@ -374,13 +374,7 @@ impl Backend for CudaBackend {
     }
 
     fn embed(&self, table: &CudaMatrix, ids: &[u32]) -> Result<CudaTensor, KernelError> {
-        if let Some(&bad) = ids.iter().find(|&&id| id as usize >= table.rows) {
-            return Err(KernelError::Shape {
-                what: "embedding row",
-                expected: table.rows,
-                got: bad as usize,
-            });
-        }
+        crate::backend::check_ids(ids, table.rows)?;
         let k = table.cols;
         match &table.data {
             MatrixData::Dense(buf) => Ok(self.gather(buf, k, ids, 0, k)),

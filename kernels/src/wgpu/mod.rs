@@ -229,13 +229,7 @@ impl Backend for WgpuBackend {
     }
 
     fn embed(&self, table: &GpuMatrix, ids: &[u32]) -> Result<GpuTensor, KernelError> {
-        if let Some(&bad) = ids.iter().find(|&&id| id as usize >= table.rows) {
-            return Err(KernelError::Shape {
-                what: "embedding row",
-                expected: table.rows,
-                got: bad as usize,
-            });
-        }
+        crate::backend::check_ids(ids, table.rows)?;
         let out = self.new_tensor(ids.len(), table.cols);
         let idb = self.gpu.words(ids);
         let p = [
