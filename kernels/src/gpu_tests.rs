@@ -9,6 +9,29 @@ use crate::cpu::backend::CpuBackend;
 use crate::quant::{QMatrix, QuantType};
 use crate::reference;
 
+/// The GPU kernels compute what the CPU backend computes, operation for
+/// operation: bit for bit where the CPU runs the path they mirror
+/// (`exact`), else within 1e-5.
+fn same_as_cpu(got: &[f32], cpu: &[f32], exact: bool, what: &str) {
+    if exact {
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(got), bits(cpu), "{what}: bit for bit as the CPU");
+    } else {
+        close(got, cpu, 1e-5, what);
+    }
+}
+
+/// Whether the CPU's quantized matmul runs its AVX-512 VNNI path (the one
+/// the GPU kernels mirror).
+fn vnni() -> bool {
+    crate::cpu::Isa::detect() == crate::cpu::Isa::Avx512Vnni
+}
+
+/// Whether the CPU's attention runs its AVX2 + FMA path.
+fn avx2() -> bool {
+    crate::cpu::Isa::detect() != crate::cpu::Isa::Scalar
+}
+
 fn close(got: &[f32], want: &[f32], tol: f32, what: &str) {
     assert_eq!(got.len(), want.len(), "{what}: length");
     let scale = want.iter().fold(1.0f32, |a, v| a.max(v.abs()));
@@ -37,14 +60,7 @@ pub(crate) fn quantized_and_dense_matmuls_and_embeddings_match_the_reference<B: 
             let cpu = c
                 .matmul(&c.tensor(x.clone(), cols), &cm)
                 .expect("cpu matmul");
-            // The same block sums in the same order: within the rounding of
-            // a multiply-add the driver may not fuse.
-            close(
-                &got,
-                &cpu.data,
-                1e-5,
-                "quant matmul against the CPU backend",
-            );
+            same_as_cpu(&got, &cpu.data, vnni(), "quant matmul");
             let ids = [5u32, 0, 69, 5];
             let emb = g.to_host(&g.embed(&gm, &ids).expect("embed"));
             let want: Vec<f32> = ids
@@ -98,6 +114,8 @@ pub(crate) fn row_ops_match_the_reference<B: Backend>(g: &B) {
         1e-6,
         "rms_norm",
     );
+    let cx = c.tensor(data.clone(), cols);
+    same_as_cpu(&got, &c.rms_norm(&cx, &w, 1e-5).data, true, "rms_norm");
     let got = g.to_host(&g.layer_norm(&x, &gw, &gb, 1e-5));
     close(
         &got,
@@ -126,12 +144,8 @@ pub(crate) fn row_ops_match_the_reference<B: Backend>(g: &B) {
     c.add_bias(&mut want, &bias);
     close(&g.to_host(&ab), &want.data, 0.0, "add_bias");
     let sw = g.to_host(&g.swiglu(&x));
-    close(
-        &sw,
-        &c.swiglu(&c.tensor(data.clone(), cols)).data,
-        1e-6,
-        "swiglu",
-    );
+    let want_sw = c.swiglu(&c.tensor(data.clone(), cols)).data;
+    same_as_cpu(&sw, &want_sw, true, "swiglu");
     let parts = g.split_cols(&x, &[30, 170]);
     assert_eq!(g.to_host(&g.concat_cols(&parts)), data, "split then concat");
     assert_eq!(g.to_host(&parts[0])[..30], data[..30]);
@@ -169,7 +183,7 @@ pub(crate) fn rope_matches_the_cpu_both_pairings<B: Backend>(g: &B) {
         g.rope(&mut gx, &positions, &rope);
         let mut cx = c.tensor(data, heads * hd);
         c.rope(&mut cx, &positions, &rope);
-        close(&g.to_host(&gx), &cx.data, 1e-6, "rope");
+        same_as_cpu(&g.to_host(&gx), &cx.data, true, "rope");
     }
 }
 
@@ -218,7 +232,7 @@ pub(crate) fn paged_attention_over_f16_kv_matches_the_cpu<B: Backend>(g: &B) {
     let q = reference::ramp(queries.len() * qw, 33);
     let got = g.to_host(&g.attention(&g.tensor(q.clone(), qw), &gkv, 1, &queries, shape));
     let want = c.attention(&c.tensor(q, qw), &ckv, 1, &queries, shape);
-    close(&got, &want.data, 1e-5, "paged attention");
+    same_as_cpu(&got, &want.data, avx2(), "paged attention");
 }
 
 pub(crate) fn paged_attention_at_the_default_models_shapes_matches_the_cpu<B: Backend>(g: &B) {
@@ -260,10 +274,10 @@ pub(crate) fn paged_attention_at_the_default_models_shapes_matches_the_cpu<B: Ba
         .collect();
     let got = g.to_host(&g.attention(&g.tensor(q.clone(), qw), &gkv, 0, &queries, shape));
     let want = c.attention(&c.tensor(q, qw), &ckv, 0, &queries, shape);
-    close(
+    same_as_cpu(
         &got,
         &want.data,
-        1e-5,
+        avx2(),
         "paged attention at the model's shapes",
     );
 }

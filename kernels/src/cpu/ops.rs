@@ -45,7 +45,7 @@ pub fn swiglu(gate_up: &[f32], n: usize) -> Vec<f32> {
         for (orow, row) in o.chunks_exact_mut(n).zip(gu.chunks_exact(2 * n)) {
             let (g, u) = row.split_at(n);
             for ((o, &g), &u) in orow.iter_mut().zip(g).zip(u) {
-                *o = g / (1.0 + (-g).exp()) * u;
+                *o = g / (1.0 + exp(-g)) * u;
             }
         }
     });
@@ -83,18 +83,52 @@ pub fn erf(x: f32) -> f32 {
     let poly = t
         * (0.254_829_6
             + t * (-0.284_496_74 + t * (1.421_413_7 + t * (-1.453_152_1 + t * 1.061_405_4))));
-    let y = 1.0 - poly * (-x * x).exp();
+    let y = 1.0 - poly * exp(-x * x);
     if x < 0.0 { -y } else { y }
+}
+
+/// e^x to within about one ulp, the same operations in the same order as
+/// the GPU kernels' `exp_precise` (`common.wgsl`, `kernels.cu`), so every
+/// backend's softmax, SiLU and GELU round alike: x = k ln2 + r by Cody and
+/// Waite, a degree-7 polynomial for e^r on |r| <= ln2 / 2, then 2^k in two
+/// factors (subnormal results stay exact). Branch-free, so loops over it
+/// vectorize.
+#[inline]
+#[allow(clippy::excessive_precision)]
+pub fn exp(x: f32) -> f32 {
+    // Adding and taking away 1.5 * 2^23 rounds to an integer, ties to
+    // even (the shaders' `round`, `rintf`).
+    const ROUND: f32 = 12_582_912.0;
+    let xc = x.clamp(-104.0, 89.0);
+    let k = (xc * std::f32::consts::LOG2_E + ROUND) - ROUND;
+    let r = (xc - k * 0.693145752) - k * 1.42860677e-6;
+    let p = 1.0
+        + r * (1.0
+            + r * (0.5
+                + r * (0.16666667
+                    + r * (0.041666668
+                        + r * (0.008333334 + r * (0.0013888889 + r * 0.0001984127))))));
+    let ki = k as i32;
+    let (k1, k2) = (ki / 2, ki - ki / 2);
+    let two = |e: i32| f32::from_bits(((e + 127) as u32) << 23);
+    let y = p * two(k1) * two(k2);
+    if x > 88.72283 {
+        f32::INFINITY
+    } else if x < -103.97208 {
+        0.0
+    } else {
+        y
+    }
 }
 
 /// Numerically stable softmax of one row, in place.
 pub fn softmax_in_place(row: &mut [f32]) {
     let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let mut sum = 0.0;
     for v in row.iter_mut() {
-        *v = (*v - max).exp();
-        sum += *v;
+        *v = exp(*v - max);
     }
+    // In position order (the GPU kernels add in the same order).
+    let sum = row.iter().fold(0.0, |s, v| s + v);
     for v in row.iter_mut() {
         *v /= sum;
     }
@@ -208,6 +242,22 @@ mod tests {
             add_in_place(&mut x, &y);
             assert!(max_diff(&x, &want) < 1e-6);
         }
+    }
+
+    #[test]
+    fn exp_is_within_two_ulps_of_libm_everywhere_it_is_finite() {
+        let ulps = |a: f32, b: f32| (a.to_bits() as i64 - b.to_bits() as i64).abs();
+        let mut x = -103.0f32;
+        while x < 88.7 {
+            let (got, want) = (exp(x), x.exp());
+            assert!(ulps(got, want) <= 2, "exp({x}) = {got}, libm {want}");
+            x += 0.0137;
+        }
+        assert_eq!(exp(0.0), 1.0);
+        assert_eq!(exp(89.0), f32::INFINITY);
+        assert_eq!(exp(-104.0), 0.0);
+        assert!(exp(f32::NAN).is_nan());
+        assert!(exp(-100.0) > 0.0, "subnormal results stay");
     }
 
     #[test]

@@ -7,7 +7,11 @@
 //! two values to a word) stay on the device. Every operation is queued on
 //! the stream and only `to_host` waits, so a forward pass makes no host
 //! round trip between layers. Every launch is checked against the kernel's
-//! parameter list (`super::KERNELS`) before it runs.
+//! parameter list (`super::KERNELS`) before it runs. The kernels compute
+//! what the CPU backend computes, in its order and with its fused
+//! multiply-adds (`__fmaf_rn`; nothing else is contracted), so a model's
+//! logits are meant to be the CPU's bit for bit (the parity tests check
+//! it where a GPU is).
 //!
 //! The `Backend` trait's operations cannot fail except where they return a
 //! `Result`; a driver error (a device lost, memory exhausted mid-pass)

@@ -1,6 +1,7 @@
 // The CUDA backend's kernels: the same operations and the same arithmetic
 // as the WGSL shaders (`kernels/src/wgpu/shaders`), compiled at run time
-// by NVRTC. Weights stay quantized on the device in the repacked layout
+// by NVRTC with --fmad=false, so a * b + c rounds twice as in Rust and
+// only the explicit __fmaf_rn fuses. Weights stay quantized on the device in the repacked layout
 // (per 32-weight block: the scale, and Q4_1's min, as f32 words, then the
 // block's GGML bytes); activations are quantized to 8 bits as the CPU does
 // and each block's dot product is the CPU's integer sum. The KV cache
@@ -51,8 +52,8 @@ __device__ u32 f32_to_f16(float v) {
     return h;
 }
 
-// e^x to about an ulp, as the shaders compute it (expf's fast paths differ
-// between toolkits).
+// e^x to about an ulp, operation for operation as the CPU's cpu::ops::exp
+// and the shaders' exp_precise, so every backend rounds alike.
 __device__ float exp_precise(float x) {
     if (x > 88.72283f) return __uint_as_float(0x7f800000u);
     if (x < -103.97208f) return 0.0f;
@@ -223,14 +224,30 @@ __global__ void embed_quant(const u32* ids, const u32* w, float* y, u32 rows, u3
 
 // ---- row operations ----
 
+// RMSNorm in the CPU's order (cpu::ops::rms_norm): eight partial sums of
+// squares over the whole chunks of eight, added in lane order, then the
+// tail's squares.
 __global__ void rms_norm(const float* x, const float* w, float* out, u32 rows, u32 cols, float eps) {
     __shared__ float red[WG];
     u32 row = blockIdx.x + blockIdx.y * gridDim.x;
     bool live = row < rows;
     const float* xr = x + row * cols;
-    float s = 0.0f;
-    if (live) for (u32 i = threadIdx.x; i < cols; i += WG) s += xr[i] * xr[i];
-    float inv = 1.0f / sqrtf(block_sum(s, red) / (float)cols + eps);
+    u32 whole = cols - cols % 8u;
+    if (live && threadIdx.x < 8u) {
+        float a = 0.0f;
+        for (u32 i = threadIdx.x; i < whole; i += 8u) a += xr[i] * xr[i];
+        red[threadIdx.x] = a;
+    }
+    __syncthreads();
+    if (live && threadIdx.x == 0u) {
+        float s = 0.0f;
+        for (u32 l = 0; l < 8u; l++) s += red[l];
+        float tail = 0.0f;
+        for (u32 i = whole; i < cols; i++) tail += xr[i] * xr[i];
+        red[8] = 1.0f / sqrtf((s + tail) / (float)cols + eps);
+    }
+    __syncthreads();
+    float inv = red[8];
     if (live) for (u32 i = threadIdx.x; i < cols; i += WG) out[row * cols + i] = xr[i] * inv * w[i];
 }
 
@@ -358,6 +375,24 @@ __device__ float fold(float s, bool valid, u32 cn, float* m, float* l, float* wt
     return corr;
 }
 
+// Position j's score, as the CPU's AVX2 loop computes it: eight lanes
+// (lane l takes dimensions l, l + 8, ...) of fused multiply-adds, added as
+// its horizontal sum, times the scale.
+__device__ float paged_score(const float* qs, const u32* k, const u32* tables, u32 toff, u32 j,
+                             u32 kvh, u32 kv_heads, u32 hd, u32 bs, float scale) {
+    u32 block = tables[toff + j / bs];
+    float a[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+    for (u32 d = 0; d < hd; d += 8u)
+        for (u32 l = 0; l < 8u && d + l < hd; l++)
+            a[l] = __fmaf_rn(qs[d + l], kv_value(k, block, j % bs, kvh, d + l, kv_heads, hd, bs), a[l]);
+    return scale * (((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7])));
+}
+
+// Causal attention over the paged KV in the CPU backend's arithmetic and
+// order (cpu::attention, cpu::paged): the scores, a softmax of max, exp, a
+// sum in position order and a division, then the values added position
+// by position with fused multiply-adds. The scores are computed three
+// times (the max, the sum, the weights) rather than stored.
 // info: (position, table offset) per query row.
 __global__ void paged_attention(const float* q, const u32* k, const u32* v, const u32* info,
                                 const u32* tables, float* out, u32 rows, u32 n_head, u32 kv_heads,
@@ -372,34 +407,41 @@ __global__ void paged_attention(const float* q, const u32* k, const u32* v, cons
     for (u32 d = threadIdx.x; d < hd; d += WG) qs[d] = q[(t * n_head + h) * hd + d];
     __syncthreads();
     float scale = 1.0f / sqrtf((float)hd);
-    float m = -3.4e38f, l = 0.0f, acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    float m = -3.4e38f;
     for (u32 c = 0; c < n; c += WG) {
         u32 j = c + threadIdx.x;
-        float s = -3.4e38f;
-        if (j < n) {
-            u32 block = tables[toff + j / bs];
-            s = 0.0f;
-            for (u32 d = 0; d < hd; d++) s += qs[d] * kv_value(k, block, j % bs, kvh, d, kv_heads, hd, bs);
-            s *= scale;
-        }
+        float s = j < n ? paged_score(qs, k, tables, toff, j, kvh, kv_heads, hd, bs, scale) : -3.4e38f;
+        m = fmaxf(m, block_max(s, red));
+    }
+    float total = 0.0f;
+    for (u32 c = 0; c < n; c += WG) {
+        u32 j = c + threadIdx.x;
+        if (j < n) wts[threadIdx.x] = exp_precise(paged_score(qs, k, tables, toff, j, kvh, kv_heads, hd, bs, scale) - m);
+        __syncthreads();
+        for (u32 i = 0; i < min((u32)WG, n - c); i++) total += wts[i];
+        __syncthreads();
+    }
+    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (u32 c = 0; c < n; c += WG) {
+        u32 j = c + threadIdx.x;
+        if (j < n)
+            wts[threadIdx.x] = exp_precise(paged_score(qs, k, tables, toff, j, kvh, kv_heads, hd, bs, scale) - m) / total;
+        __syncthreads();
         u32 cn = min((u32)WG, n - c);
-        float corr = fold(s, j < n, cn, &m, &l, wts, red);
         for (u32 e = 0; e < 4u; e++) {
             u32 d = threadIdx.x + e * WG;
-            if (d < hd) {
-                float a = acc[e] * corr;
+            if (d < hd)
                 for (u32 i = 0; i < cn; i++) {
                     u32 jj = c + i;
-                    a += wts[i] * kv_value(v, tables[toff + jj / bs], jj % bs, kvh, d, kv_heads, hd, bs);
+                    float value = kv_value(v, tables[toff + jj / bs], jj % bs, kvh, d, kv_heads, hd, bs);
+                    acc[e] = __fmaf_rn(wts[i], value, acc[e]);
                 }
-                acc[e] = a;
-            }
         }
         __syncthreads();
     }
     for (u32 e = 0; e < 4u; e++) {
         u32 d = threadIdx.x + e * WG;
-        if (d < hd) out[(t * n_head + h) * hd + d] = acc[e] / l;
+        if (d < hd) out[(t * n_head + h) * hd + d] = acc[e];
     }
 }
 

@@ -48,7 +48,12 @@ pub fn compile(src: &str, arch: &str) -> Result<Image, KernelError> {
             .map_err(|e| nvrtc_err("create", e))?,
         _src: src,
     };
-    let opts = [format!("--gpu-architecture={arch}"), "--std=c++17".into()];
+    // No contraction: a * b + c rounds twice, as in the CPU backend's Rust.
+    let opts = [
+        format!("--gpu-architecture={arch}"),
+        "--std=c++17".into(),
+        "--fmad=false".into(),
+    ];
     // SAFETY: `prog` is live until dropped below.
     if let Err(e) = unsafe { result::compile_program(prog.prog, &opts) } {
         // SAFETY: as above.

@@ -50,6 +50,8 @@ pub struct Gpu {
     queue: wgpu::Queue,
     pub info: AdapterInfo,
     pipelines: Mutex<HashMap<(Shader, &'static str), Arc<wgpu::ComputePipeline>>>,
+    /// Whether the driver's `fma` rounds once (the shaders' `FUSED`).
+    fused: bool,
     pending: Mutex<Option<wgpu::CommandEncoder>>,
 }
 
@@ -107,13 +109,53 @@ impl Gpu {
             driver: format!("{} {}", a.driver, a.driver_info),
             max_binding: limits.max_storage_buffer_binding_size,
         };
-        Ok(Self {
+        let mut gpu = Self {
             device,
             queue,
             info,
             pipelines: Mutex::default(),
+            fused: true,
             pending: Mutex::default(),
-        })
+        };
+        gpu.fused = gpu.fma_fuses()?;
+        Ok(gpu)
+    }
+
+    /// Whether the driver's `fma` rounds once: (1 + 2^-12)^2 - (1 + 2^-11)
+    /// is 2^-24 fused and 0 when the product is rounded first.
+    fn fma_fuses(&self) -> Result<bool, KernelError> {
+        const PROBE: &str = "@group(0) @binding(0) var<storage, read_write> o: array<f32>;\n\
+            @compute @workgroup_size(1) fn probe() { o[2] = fma(o[0], o[0], o[1]); }";
+        let module = self
+            .device
+            .create_shader_module(wgpu::ShaderModuleDescriptor {
+                label: Some("fma probe"),
+                source: wgpu::ShaderSource::Wgsl(PROBE.into()),
+            });
+        let pipeline = self
+            .device
+            .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                label: Some("fma probe"),
+                layout: None,
+                module: &module,
+                entry_point: Some("probe"),
+                compilation_options: Default::default(),
+                cache: None,
+            });
+        let a = 1.0 + f32::powi(2.0, -12);
+        let c = -(1.0 + f32::powi(2.0, -11));
+        let bytes: Vec<u8> = [a, c, 7.0, 0.0]
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect();
+        let buf = self.upload(
+            &bytes,
+            wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC,
+        );
+        self.record(&pipeline, &[(0, &buf)], (1, 1, 1));
+        let out = self.read(&buf, 16)?;
+        let got = f32::from_le_bytes([out[8], out[9], out[10], out[11]]);
+        Ok(got != 0.0)
     }
 
     fn pipeline(&self, shader: Shader, entry: &'static str) -> Arc<wgpu::ComputePipeline> {
@@ -133,7 +175,10 @@ impl Gpu {
                             layout: None,
                             module: &module,
                             entry_point: Some(entry),
-                            compilation_options: Default::default(),
+                            compilation_options: wgpu::PipelineCompilationOptions {
+                                constants: &[("FUSED", f64::from(u8::from(self.fused)))],
+                                ..Default::default()
+                            },
                             cache: None,
                         }),
                 )
@@ -196,35 +241,52 @@ impl Gpu {
         if groups == 0 || z == 0 {
             return;
         }
+        // The last word is the shaders' opaque zero (`common.wgsl`).
+        assert_eq!(
+            params[7], 0,
+            "{entry}: the last parameter word is kept zero"
+        );
         let pipeline = self.pipeline(shader, entry);
         let bytes: Vec<u8> = params.iter().flat_map(|w| w.to_le_bytes()).collect();
         let uniform = self.upload(&bytes, wgpu::BufferUsages::UNIFORM);
-        let mut entries = vec![wgpu::BindGroupEntry {
-            binding: 0,
-            resource: uniform.as_entire_binding(),
-        }];
-        entries.extend(bindings.iter().map(|(i, b)| wgpu::BindGroupEntry {
-            binding: *i,
-            resource: b.as_entire_binding(),
-        }));
+        let mut all: Vec<(u32, &wgpu::Buffer)> = vec![(0, &uniform)];
+        all.extend_from_slice(bindings);
+        let (x, y) = (groups.min(GRID_X), groups.div_ceil(GRID_X));
+        self.record(&pipeline, &all, (x, y, z));
+    }
+
+    /// Records one dispatch of `pipeline` over `grid` workgroups with
+    /// these buffers bound, into the pending command encoder.
+    fn record(
+        &self,
+        pipeline: &wgpu::ComputePipeline,
+        bindings: &[(u32, &wgpu::Buffer)],
+        grid: (u32, u32, u32),
+    ) {
+        let entries: Vec<wgpu::BindGroupEntry<'_>> = bindings
+            .iter()
+            .map(|(i, b)| wgpu::BindGroupEntry {
+                binding: *i,
+                resource: b.as_entire_binding(),
+            })
+            .collect();
         let group = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
-            label: Some(entry),
+            label: None,
             layout: &pipeline.get_bind_group_layout(0),
             entries: &entries,
         });
-        let (x, y) = (groups.min(GRID_X), groups.div_ceil(GRID_X));
         let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
         let enc = pending.get_or_insert_with(|| {
             self.device
                 .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None })
         });
         let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
-            label: Some(entry),
+            label: None,
             timestamp_writes: None,
         });
-        pass.set_pipeline(&pipeline);
+        pass.set_pipeline(pipeline);
         pass.set_bind_group(0, &group, &[]);
-        pass.dispatch_workgroups(x, y, z);
+        pass.dispatch_workgroups(grid.0, grid.1, grid.2);
     }
 
     /// Submits everything recorded, then reads `bytes` of `src` back.

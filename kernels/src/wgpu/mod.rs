@@ -8,6 +8,12 @@
 //! Activations and the paged KV (f16, two values to a word) stay on the
 //! device; every operation records into one command encoder and only
 //! `to_host` submits and waits (`device::Gpu`).
+//!
+//! The shaders compute what the CPU backend computes, operation for
+//! operation and in its order (its fused multiply-adds, exact in software
+//! where the driver's `fma` does not fuse, which `device::Gpu` probes), so
+//! on a driver that neither contracts nor reassociates (lavapipe) a model's
+//! logits are the CPU's bit for bit.
 
 mod device;
 #[cfg(test)]

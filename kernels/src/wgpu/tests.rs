@@ -64,3 +64,47 @@ fn the_adapter_says_what_it_is() {
     assert!(!a.name.is_empty() && !a.kind.is_empty());
     assert!(a.max_binding >= 128 << 20);
 }
+
+#[test]
+fn the_shaders_multiply_add_rounds_once_like_the_cpus_fma() {
+    use rand::{Rng, SeedableRng};
+    let g = gpu();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+    let mut triples: Vec<[f32; 3]> = Vec::new();
+    // A halfway case: (1 + 2^-12)^2 - (1 + 2^-11) is 2^-24 fused, 0 not.
+    let a = 1.0 + f32::powi(2.0, -12);
+    triples.push([a, a, -(1.0 + f32::powi(2.0, -11))]);
+    for _ in 0..20_000 {
+        let a: f32 = rng.random_range(-1.0..1.0) * f32::powi(2.0, rng.random_range(-20..20));
+        let b: f32 = rng.random_range(-1.0..1.0) * f32::powi(2.0, rng.random_range(-20..20));
+        // Sums that cancel (c near -a*b), and sums of every other size.
+        let c = match rng.random_range(0..3) {
+            0 => -(a * b) * (1.0 + rng.random_range(-1e-6..1e-6)),
+            1 => -(a * b),
+            _ => rng.random_range(-1.0..1.0) * f32::powi(2.0, rng.random_range(-30..30)),
+        };
+        triples.push([a, b, c]);
+    }
+    let x: Vec<f32> = triples.iter().flatten().copied().collect();
+    let xt = g.tensor(x, 3);
+    let out = g.new_tensor(triples.len(), 1);
+    let p = [triples.len() as u32, 0, 0, 0, 0, 0, 0, 0];
+    let b = [(1, &*xt.buf), (4, &*out.buf)];
+    g.gpu.dispatch(
+        Shader::Rows,
+        "fma_check",
+        p,
+        &b,
+        WgpuBackend::groups(triples.len()),
+        1,
+    );
+    let got = g.to_host(&out);
+    for (t, got) in triples.iter().zip(got) {
+        let want = t[0].mul_add(t[1], t[2]);
+        assert_eq!(
+            got.to_bits(),
+            want.to_bits(),
+            "fma{t:?}: {got:e}, want {want:e}"
+        );
+    }
+}

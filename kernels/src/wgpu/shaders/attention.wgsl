@@ -1,17 +1,23 @@
-// Attention, one workgroup per (query row, head), online softmax over
-// chunks of 64 positions: each thread scores one position of the chunk,
-// then every thread folds the chunk into the output dimensions it owns
-// (up to four: head_dim <= 256).
+// Attention, one workgroup per (query row, head), over chunks of 64
+// positions: each thread scores one position of a chunk, then every thread
+// adds the chunk into the output dimensions it owns (up to four:
+// head_dim <= 256).
 //
-// `paged`: causal attention over the paged f16 KV of one layer. K and V
-// hold, per block, `[kv_head][slot][head_dim]` f16 values, two to a word.
-// `info` holds per query row (position, table offset); `tables` the
-// sequences' block tables. a = (rows, n_head, n_kv_head, head_dim),
-// b = (block_size, x groups, 0, 0).
+// `paged`: causal attention over the paged f16 KV of one layer, in the CPU
+// backend's arithmetic and order (`cpu::attention`, `cpu::paged`), so it
+// rounds alike: scores as its eight-lane fused multiply-adds and their
+// horizontal sum, a softmax of max, exp, a sum in position order and a
+// division, then the values added position by position with fused
+// multiply-adds. The scores are computed three times (the max, the sum,
+// the weights) rather than stored. K and V hold, per block,
+// `[kv_head][slot][head_dim]` f16 values, two to a word. `info` holds per
+// query row (position, table offset); `tables` the sequences' block
+// tables. a = (rows, n_head, n_kv_head, head_dim), b = (block_size, 0, 0,
+// 0).
 //
 // `bidirectional`: an encoder's attention over f32 q, k, v rows stacked
-// sequence after sequence; `info` holds per row (sequence start, length).
-// a = (rows, n_head, n_head, head_dim).
+// sequence after sequence, with an online softmax; `info` holds per row
+// (sequence start, length). a = (rows, n_head, n_head, head_dim).
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> q: array<f32>;
@@ -58,6 +64,22 @@ fn kv_at(arr_is_k: bool, block: u32, slot: u32, h: u32, d: u32) -> f32 {
     return f16_to_f32((word >> (16u * (idx % 2u))) & 0xffffu);
 }
 
+// Position j's score for the query in `qs`, as the CPU's AVX2 loop
+// computes it: eight lanes (lane l takes dimensions l, l + 8, ...) of
+// fused multiply-adds, added as its horizontal sum, times the scale.
+fn paged_score(j: u32, toff: u32, kvh: u32, scale: f32) -> f32 {
+    let hd = p.a.w;
+    let bs = p.b.x;
+    let block = tables[toff + j / bs];
+    var a = array<f32, 8>(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0);
+    for (var d = 0u; d < hd; d += 8u) {
+        for (var l = 0u; l < 8u && d + l < hd; l++) {
+            a[l] = fma_exact(qs[d + l], kv_at(true, block, j % bs, kvh, d + l), a[l]);
+        }
+    }
+    return scale * (((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7])));
+}
+
 @compute @workgroup_size(64)
 fn paged(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>,
          @builtin(local_invocation_id) lid3: vec3<u32>) {
@@ -84,31 +106,42 @@ fn paged(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups:
     }
     let n = workgroupUniformLoad(&span);
     let scale = 1.0 / sqrt(f32(hd));
+    // The largest score.
     var m = -3.4e38;
-    var l = 0.0;
+    for (var c = 0u; c < n; c += WG) {
+        var s = -3.4e38;
+        if (c + lid < n) {
+            s = paged_score(c + lid, toff, kvh, scale);
+        }
+        m = max(m, wg_max(lid, s));
+    }
+    // The exponentials' sum, in position order (every thread adds alike).
+    var total = 0.0;
+    for (var c = 0u; c < n; c += WG) {
+        if (c + lid < n) {
+            wts[lid] = exp_precise(paged_score(c + lid, toff, kvh, scale) - m);
+        }
+        workgroupBarrier();
+        for (var i = 0u; i < min(WG, n - c); i++) {
+            total += wts[i];
+        }
+        workgroupBarrier();
+    }
+    // The weights, and the values added position by position.
     var acc = array<f32, 4>(0.0, 0.0, 0.0, 0.0);
     for (var c = 0u; c < n; c += WG) {
-        let j = c + lid;
-        var s = -3.4e38;
-        if (j < n) {
-            let block = tables[toff + j / bs];
-            s = 0.0;
-            for (var d = 0u; d < hd; d++) {
-                s += qs[d] * kv_at(true, block, j % bs, kvh, d);
-            }
-            s *= scale;
+        if (c + lid < n) {
+            wts[lid] = exp_precise(paged_score(c + lid, toff, kvh, scale) - m) / total;
         }
-        let cn = min(WG, n - c);
-        let corr = fold(lid, s, j < n, cn, &m, &l);
+        workgroupBarrier();
         for (var e = 0u; e < 4u; e++) {
             let d = lid + e * WG;
             if (d < hd) {
-                var a = acc[e] * corr;
-                for (var i = 0u; i < cn; i++) {
+                for (var i = 0u; i < min(WG, n - c); i++) {
                     let jj = c + i;
-                    a += wts[i] * kv_at(false, tables[toff + jj / bs], jj % bs, kvh, d);
+                    let value = kv_at(false, tables[toff + jj / bs], jj % bs, kvh, d);
+                    acc[e] = fma_exact(wts[i], value, acc[e]);
                 }
-                acc[e] = a;
             }
         }
         workgroupBarrier();
@@ -117,7 +150,7 @@ fn paged(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups:
         for (var e = 0u; e < 4u; e++) {
             let d = lid + e * WG;
             if (d < hd) {
-                out[(t * n_head + h) * hd + d] = acc[e] / l;
+                out[(t * n_head + h) * hd + d] = acc[e];
             }
         }
     }

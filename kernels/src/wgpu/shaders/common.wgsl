@@ -87,6 +87,61 @@ fn exp_precise(x: f32) -> f32 {
     return p * bitcast<f32>(u32(k1 + 127) << 23u) * bitcast<f32>(u32(k2 + 127) << 23u);
 }
 
+// Whether this driver's fma() rounds once (GPUs) or rounds the product
+// first (lavapipe): set per device at pipeline creation (`device.rs`
+// probes it).
+override FUSED: bool = true;
+
+// a * b + c rounded once, as the CPU's FMA: the driver's fma where it
+// fuses; elsewhere from error-free transforms (Dekker's exact product,
+// Knuth's exact sum, then Boldo and Melquiond's rounding to odd), exact
+// for products that neither overflow nor fall below 2^-100.
+fn fma_exact(a: f32, b: f32, c: f32) -> f32 {
+    if (FUSED) {
+        return fma(a, b, c);
+    }
+    let pr = opaque(a * b);
+    let sa = split(a);
+    let sb = split(b);
+    let e = ((sa.x * sb.x - pr) + sa.x * sb.y + sa.y * sb.x) + sa.y * sb.y;
+    let th = opaque(c + pr);
+    let z = opaque(th - c);
+    let tl = (c - opaque(th - z)) + (pr - z);
+    return th + sum_round_odd(tl, e);
+}
+
+// x, hidden from the shader compiler's algebra: the error-free transforms
+// above are exact only as written, and a compiler that treats float
+// arithmetic as real arithmetic (Mesa's NIR folds `t - (t - a)` to `a`)
+// would erase them. `p.b.w` is zero at run time (`device.rs` keeps the
+// last parameter word zero), which the compiler cannot know.
+fn opaque(x: f32) -> f32 {
+    return bitcast<f32>(bitcast<u32>(x) ^ p.b.w);
+}
+
+// Veltkamp's split of a into a high and a low half of 12 bits each.
+fn split(a: f32) -> vec2<f32> {
+    let t = opaque(4097.0 * a);
+    let hi = opaque(t - opaque(t - a));
+    return vec2<f32>(hi, a - hi);
+}
+
+// x + y rounded to odd: the nearest float, moved one ulp toward the exact
+// sum when that is inexact and its last bit is even.
+fn sum_round_odd(x: f32, y: f32) -> f32 {
+    let s = opaque(x + y);
+    let z = opaque(s - x);
+    let err = (x - opaque(s - z)) + (y - z);
+    let bits = bitcast<u32>(s);
+    if (err == 0.0 || (bits & 1u) == 1u) {
+        return s;
+    }
+    if ((err > 0.0) == (s > 0.0)) {
+        return bitcast<f32>(bits + 1u);
+    }
+    return bitcast<f32>(bits - 1u);
+}
+
 // Workgroup reductions over 64 threads (every thread gets the result).
 var<workgroup> red: array<f32, 64>;
 

@@ -148,8 +148,7 @@ fn reduce_store(lid: u32, n: u32, m0: u32, acc: array<f32, 4>) {
 
 // One invocation per output (row m of x, column n): the blocks in order,
 // each added with two fused multiply-adds as the CPU's AVX-512 path adds
-// them. Where the driver fuses them (GPUs do; lavapipe rounds the product
-// first) the sums are the CPU's bit for bit.
+// them: the CPU's sums bit for bit.
 @compute @workgroup_size(64)
 fn quant(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>) {
     let i = element(gid, groups);
@@ -163,8 +162,8 @@ fn quant(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups)
     var acc = 0.0;
     for (var b = 0u; b < nb; b++) {
         let t = block_terms(b * n_out + n, p.a.w, p.b.x, (m * nb + b) * XQ_WORDS);
-        acc = fma(t.x, t.y, acc);
-        acc = fma(t.z, t.w, acc);
+        acc = fma_exact(t.x, t.y, acc);
+        acc = fma_exact(t.z, t.w, acc);
     }
     y[m * n_out + n] = acc;
 }

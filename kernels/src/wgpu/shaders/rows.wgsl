@@ -15,6 +15,10 @@
 
 const WG: u32 = 64u;
 
+// RMSNorm in the CPU's order (`cpu::ops::rms_norm`), so every backend
+// rounds alike: eight partial sums of squares over the row's whole chunks
+// of eight (lane l takes elements l, l + 8, ...), added in lane order,
+// then the tail's squares.
 @compute @workgroup_size(64)
 fn rms_norm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>,
             @builtin(local_invocation_id) lid: vec3<u32>) {
@@ -22,13 +26,28 @@ fn rms_norm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) grou
     let cols = p.a.y;
     let live = row < p.a.x;
     let o = row * cols;
-    var s = 0.0;
-    if (live) {
-        for (var i = lid.x; i < cols; i += WG) {
-            s += x[o + i] * x[o + i];
+    let whole = cols - cols % 8u;
+    if (live && lid.x < 8u) {
+        var a = 0.0;
+        for (var i = lid.x; i < whole; i += 8u) {
+            a += x[o + i] * x[o + i];
         }
+        red[lid.x] = a;
     }
-    let inv = 1.0 / sqrt(wg_sum(lid.x, s) / f32(cols) + bitcast<f32>(p.b.x));
+    workgroupBarrier();
+    if (live && lid.x == 0u) {
+        var s = 0.0;
+        for (var l = 0u; l < 8u; l++) {
+            s += red[l];
+        }
+        var tail = 0.0;
+        for (var i = whole; i < cols; i++) {
+            tail += x[o + i] * x[o + i];
+        }
+        red[8] = 1.0 / sqrt((s + tail) / f32(cols) + bitcast<f32>(p.b.x));
+    }
+    workgroupBarrier();
+    let inv = red[8];
     if (live) {
         for (var i = lid.x; i < cols; i += WG) {
             out[o + i] = x[o + i] * inv * w[i];
@@ -172,4 +191,13 @@ fn rope(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     let x1 = x[b];
     x[a] = x0 * c - x1 * s;
     x[b] = x0 * s + x1 * c;
+}
+
+// fma_exact on the triples of x, one per invocation (its test).
+@compute @workgroup_size(64)
+fn fma_check(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>) {
+    let i = element(gid, groups);
+    if (i < p.a.x) {
+        out[i] = fma_exact(x[3u * i], x[3u * i + 1u], x[3u * i + 2u]);
+    }
 }
