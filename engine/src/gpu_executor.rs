@@ -1,14 +1,14 @@
 //! `GpuExecutor` (features `wgpu`, `cuda`): the executor on a GPU backend
 //! (wgpu or CUDA). The model's weights and the paged KV live on the
-//! device; a step's logits come back to the host for sampling. Moving KV
-//! rows to or from another executor (a split's prefill or decode side) is
-//! not supported on it yet: it says `NotKv`, and the fleet recomputes.
+//! device; a step's logits come back to the host for sampling. Its KV
+//! blocks and rows move to and from other executors (a split's prefill or
+//! decode side) in the same bytes as the CPU's (`kv_cache::transfer`).
 
 use kernels::backend::{Backend, KvLayout};
 
 use crate::error::{EngineError, Result};
 use crate::executor::{Executor, Step, sample_step};
-use crate::kv_cache::transfer::KvTransferError;
+use crate::kv_cache::transfer::{self, KvRows, KvTransferError};
 use crate::model::ModelBatch;
 use crate::model::llama::Llama;
 use crate::request::RequestId;
@@ -133,15 +133,33 @@ impl<B: Backend + 'static> Executor for GpuExecutor<B> {
         self.model.forward(batch, &mut self.kv)
     }
 
-    fn export_kv(&self, _blocks: &[u32]) -> std::result::Result<Vec<u8>, KvTransferError> {
-        Err(KvTransferError::NotKv)
+    fn export_kv(&self, blocks: &[u32]) -> std::result::Result<Vec<u8>, KvTransferError> {
+        transfer::export_on(self.model.backend(), &self.kv, blocks)
     }
 
     fn import_kv(
         &mut self,
-        _blocks: &[u32],
-        _bytes: &[u8],
+        blocks: &[u32],
+        bytes: &[u8],
     ) -> std::result::Result<(), KvTransferError> {
-        Err(KvTransferError::NotKv)
+        transfer::import_on(self.model.backend(), &mut self.kv, blocks, bytes)
+    }
+
+    fn read_rows(
+        &self,
+        table: &[u32],
+        first: usize,
+        count: usize,
+    ) -> std::result::Result<KvRows, KvTransferError> {
+        transfer::read_rows_on(self.model.backend(), &self.kv, table, first, count)
+    }
+
+    fn write_rows(
+        &mut self,
+        table: &[u32],
+        rows: &KvRows,
+        from: usize,
+    ) -> std::result::Result<(), KvTransferError> {
+        transfer::write_rows_on(self.model.backend(), &mut self.kv, table, rows, from)
     }
 }

@@ -182,3 +182,56 @@ fn parity<B: Backend>(gpu: &Llama<B>, exact: bool) {
     assert!(worst < TOLERANCE, "logits differ by {worst} of their range");
     assert!(ties <= MAX_TIES, "{ties} near ties");
 }
+
+/// A split: the prompt prefilled on wgpu, its KV moved to the CPU in the
+/// transfer format, decoded there, then moved back and decoded on wgpu:
+/// every logit as an all-CPU run's (bit for bit where the backends are).
+#[cfg(feature = "wgpu")]
+#[test]
+fn a_prompt_prefilled_on_wgpu_decodes_on_the_cpu_and_back_like_the_cpu() {
+    use engine::kv_cache::transfer::{export_on, import_on};
+    let backend = kernels::wgpu::WgpuBackend::new()
+        .expect("a wgpu adapter (apt-get install mesa-vulkan-drivers)");
+    let exact = backend.adapter().kind == "cpu" && vnni();
+    let gpu = model_on(backend);
+    let cpu = load_gguf(&common::model_path(common::SMOLLM2), &Default::default()).expect("load");
+    let prompt = cpu.tokenizer.encode_prompt(PROMPTS[3]).expect("encode");
+    let blocks: Vec<u32> = (0..8).collect();
+    let (mut all_cpu, mut g, mut c) = (Seq::new(&cpu.model), Seq::new(&gpu), Seq::new(&cpu.model));
+    let mut want = all_cpu.step(&prompt);
+    let mut got = g.step(&prompt);
+    let mut on_gpu = true;
+    for step in 0..12 {
+        let (w, h) = (want.last().expect("logits"), got.last().expect("logits"));
+        if exact {
+            assert_eq!(w, h, "step {step}: the CPU's logits bit for bit");
+        } else {
+            let d = w
+                .iter()
+                .zip(h)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0.0, f32::max);
+            assert!(d < 1.0, "step {step}: logits differ by {d}");
+        }
+        // Move the sequence to the other backend every four steps.
+        if step % 4 == 0 {
+            if on_gpu {
+                let bytes = export_on(gpu.backend(), &g.kv, &blocks).expect("export");
+                import_on(cpu.model.backend(), &mut c.kv, &blocks, &bytes).expect("import");
+                c.pos = g.pos;
+            } else {
+                let bytes = export_on(cpu.model.backend(), &c.kv, &blocks).expect("export");
+                import_on(gpu.backend(), &mut g.kv, &blocks, &bytes).expect("import");
+                g.pos = c.pos;
+            }
+            on_gpu = !on_gpu;
+        }
+        let next = top2(w).0 as u32;
+        want = all_cpu.step(&[next]);
+        got = if on_gpu {
+            g.step(&[next])
+        } else {
+            c.step(&[next])
+        };
+    }
+}

@@ -94,6 +94,14 @@ pub trait Backend: Send + Sync {
     fn kv(&self, layout: KvLayout) -> Self::Kv;
     /// The geometry of a paged KV memory.
     fn kv_layout(&self, kv: &Self::Kv) -> KvLayout;
+    /// The f16 bits of `blocks` of the KV: block by block and, in each,
+    /// layer by layer, the keys then the values (`block_len` bits each,
+    /// `[kv_head][slot][head_dim]`), as the KV transfer format lays them
+    /// out. Every block id is below the layout's `num_blocks` (the caller
+    /// checks).
+    fn kv_blocks(&self, kv: &Self::Kv, blocks: &[u32]) -> Vec<u16>;
+    /// Writes bits laid out as `kv_blocks` gives them into `blocks`.
+    fn set_kv_blocks(&self, kv: &mut Self::Kv, blocks: &[u32], bits: &[u16]);
     /// Host rows into a tensor of `cols` columns.
     fn tensor(&self, data: Vec<f32>, cols: usize) -> Self::Tensor;
     /// The tensor's rows, back on the host, row-major.

@@ -235,6 +235,59 @@ pub(crate) fn paged_attention_over_f16_kv_matches_the_cpu<B: Backend>(g: &B) {
     same_as_cpu(&got, &want.data, avx2(), "paged attention");
 }
 
+/// KV blocks read from the device are the CPU's bits (after the same
+/// writes); blocks written from those bits attend as the originals.
+pub(crate) fn kv_blocks_move_between_backends_bit_for_bit<B: Backend>(g: &B) {
+    let c = CpuBackend;
+    let layout = KvLayout {
+        n_layer: 2,
+        n_kv_head: 2,
+        head_dim: 32,
+        block_size: 4,
+        num_blocks: 8,
+    };
+    let (mut gkv, mut ckv) = (g.kv(layout), c.kv(layout));
+    let slots: Vec<(u32, usize)> = (0..10).map(|p| ([5u32, 2, 7][p / 4], p % 4)).collect();
+    let kvw = layout.n_kv_head * layout.head_dim;
+    for layer in 0..2 {
+        let k = reference::ramp(slots.len() * kvw, 71 + layer);
+        let v = reference::ramp(slots.len() * kvw, 81 + layer);
+        g.write_kv(
+            &mut gkv,
+            layer,
+            &g.tensor(k.clone(), kvw),
+            &g.tensor(v.clone(), kvw),
+            &slots,
+        );
+        c.write_kv(
+            &mut ckv,
+            layer,
+            &c.tensor(k, kvw),
+            &c.tensor(v, kvw),
+            &slots,
+        );
+    }
+    let blocks = [7u32, 5, 2, 0];
+    let bits = g.kv_blocks(&gkv, &blocks);
+    assert_eq!(bits.len(), 4 * 2 * 2 * layout.block_len());
+    assert_eq!(bits, c.kv_blocks(&ckv, &blocks), "the CPU's bits");
+    // Into other blocks of a fresh cache: the same attention as before.
+    let moved = [1u32, 3, 6, 4];
+    let mut fresh = g.kv(layout);
+    g.set_kv_blocks(&mut fresh, &moved, &bits);
+    assert_eq!(g.kv_blocks(&fresh, &moved), bits);
+    let shape = AttnShape {
+        n_head: 4,
+        n_kv_head: 2,
+        head_dim: 32,
+        block_size: 4,
+    };
+    let q = g.tensor(reference::ramp(4 * 32, 91), 4 * 32);
+    let before = g.to_host(&g.attention(&q, &gkv, 1, &[(9, &[5, 2, 7])], shape));
+    let after = g.to_host(&g.attention(&q, &fresh, 1, &[(9, &[3, 6, 1])], shape));
+    assert_eq!(before, after);
+}
+
 pub(crate) fn paged_attention_at_the_default_models_shapes_matches_the_cpu<B: Backend>(g: &B) {
     let c = CpuBackend;
     let (n_head, n_kv_head, head_dim, bs) = (9, 3, 64, 16);

@@ -237,3 +237,27 @@ def test_embeddings_run_on_a_worker_that_holds_the_encoder():
         if proc is not None:
             stop(proc)
         gen.close()
+
+
+def test_a_split_between_a_cpu_and_a_wgpu_worker_moves_kv_and_keeps_the_text():
+    # The GPU kernels compute what the CPU computes, and a GPU executor's
+    # KV moves in the CPU's bytes: a prompt prefilled on one and decoded on
+    # the other gives the house's text.
+    srv = open_server("--fleet-split", "always")
+    base = srv["base"]
+    procs = []
+    try:
+        want = {p: complete(base, p, 12).choices[0].text for p in PROMPTS}
+        created = provider_token(base)
+        procs = [start_worker(base, created["token"], "cpu1"),
+                 start_worker(base, created["token"], "gpu1", "--device", "wgpu")]
+        workers_up(base, procs, 2)
+        kinds = {w["name"]: {d["kind"] for d in w["devices"] if d["usable"]} for w in fleet(base)}
+        assert "wgpu" in kinds["gpu1"] and "wgpu" not in kinds["cpu1"], kinds
+        for p in PROMPTS:
+            assert complete(base, p, 12).choices[0].text == want[p], p
+        assert transfers(base, "imported") == len(PROMPTS), metrics(base)
+    finally:
+        for p in procs:
+            stop(p)
+        srv["gen"].close()

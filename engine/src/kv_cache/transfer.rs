@@ -2,7 +2,9 @@
 //! blocks as bytes, `import` reads them into another executor's blocks;
 //! `read_rows` and `write_rows` do the same for a range of positions, one
 //! byte string per layer (what a prefill worker streams to a decode
-//! worker as it goes, `KvRows`).
+//! worker as it goes, `KvRows`). The `_on` forms work on any backend's KV
+//! (`Backend::kv_blocks`): a GPU executor's blocks move in the same bytes
+//! as the CPU's.
 //!
 //! Layout (little-endian): the magic `SYKV`, a `u16` version, the geometry
 //! (`u32` layers, KV heads, head dim, block size, block count), then for
@@ -12,6 +14,8 @@
 //! against its own cache, every block id and the digest before it writes
 //! anything: bytes that fail any check change nothing.
 
+use kernels::backend::Backend;
+use kernels::cpu::backend::CpuBackend;
 use sha2::{Digest, Sha256};
 
 use super::storage::{KvLayout, KvStorage};
@@ -128,31 +132,7 @@ pub fn read_rows(
     first: usize,
     count: usize,
 ) -> Result<KvRows, KvTransferError> {
-    let l = kv.layout;
-    let slots: Vec<(u32, usize)> = (first..first + count)
-        .map(|p| slot_of(&l, table, p))
-        .collect::<Result<_, _>>()?;
-    let width = l.n_kv_head * l.head_dim;
-    let layers = (0..l.n_layer)
-        .map(|layer| {
-            let (mut k, mut v) = (
-                Vec::with_capacity(count * width),
-                Vec::with_capacity(count * width),
-            );
-            for &(block, slot) in &slots {
-                kv.read_slot_bits(layer, block, slot, &mut k, &mut v);
-            }
-            k.iter()
-                .chain(&v)
-                .flat_map(|x| x.to_le_bytes())
-                .collect::<Vec<u8>>()
-        })
-        .collect();
-    Ok(KvRows {
-        first,
-        count,
-        layers,
-    })
+    read_rows_on(&CpuBackend, kv, table, first, count)
 }
 
 /// Writes `rows` from position `from` (at or after `rows.first`) to its
@@ -163,7 +143,88 @@ pub fn write_rows(
     rows: &KvRows,
     from: usize,
 ) -> Result<(), KvTransferError> {
-    let l = kv.layout;
+    write_rows_on(&CpuBackend, kv, table, rows, from)
+}
+
+/// The bytes of `blocks` (in this order), with their digest.
+pub fn export(kv: &KvStorage, blocks: &[u32]) -> Result<Vec<u8>, KvTransferError> {
+    export_on(&CpuBackend, kv, blocks)
+}
+
+/// Checks `bytes` against `kv`'s geometry and `blocks`, then writes them.
+pub fn import(kv: &mut KvStorage, blocks: &[u32], bytes: &[u8]) -> Result<(), KvTransferError> {
+    import_on(&CpuBackend, kv, blocks, bytes)
+}
+
+/// The distinct blocks of `slots` in order of first use, and each slot's
+/// block's index among them.
+fn touched(slots: &[(u32, usize)]) -> (Vec<u32>, Vec<usize>) {
+    let mut blocks: Vec<u32> = Vec::new();
+    let at = slots
+        .iter()
+        .map(|&(b, _)| {
+            blocks.iter().position(|&x| x == b).unwrap_or_else(|| {
+                blocks.push(b);
+                blocks.len() - 1
+            })
+        })
+        .collect();
+    (blocks, at)
+}
+
+/// Where position (block index `bi`, `slot`), layer `layer`, head `h`
+/// starts in bits laid out as `Backend::kv_blocks` gives them: the keys;
+/// the values are `block_len` further.
+fn bit_at(l: &KvLayout, bi: usize, layer: usize, h: usize, slot: usize) -> usize {
+    (bi * l.n_layer + layer) * 2 * l.block_len() + (h * l.block_size + slot) * l.head_dim
+}
+
+/// `read_rows` on any backend's KV.
+pub fn read_rows_on<B: Backend>(
+    backend: &B,
+    kv: &B::Kv,
+    table: &[u32],
+    first: usize,
+    count: usize,
+) -> Result<KvRows, KvTransferError> {
+    let l = backend.kv_layout(kv);
+    let slots: Vec<(u32, usize)> = (first..first + count)
+        .map(|p| slot_of(&l, table, p))
+        .collect::<Result<_, _>>()?;
+    let (blocks, at) = touched(&slots);
+    let bits = backend.kv_blocks(kv, &blocks);
+    let (hd, n) = (l.head_dim, l.block_len());
+    let layers = (0..l.n_layer)
+        .map(|layer| {
+            let mut out = Vec::with_capacity(count * KvRows::bytes_per_position(&l));
+            for values in [0, n] {
+                for (&(_, slot), &bi) in slots.iter().zip(&at) {
+                    for h in 0..l.n_kv_head {
+                        let from = bit_at(&l, bi, layer, h, slot) + values;
+                        out.extend(bits[from..from + hd].iter().flat_map(|x| x.to_le_bytes()));
+                    }
+                }
+            }
+            out
+        })
+        .collect();
+    Ok(KvRows {
+        first,
+        count,
+        layers,
+    })
+}
+
+/// `write_rows` on any backend's KV: the touched blocks are read, the
+/// rows written into them, and the blocks written back.
+pub fn write_rows_on<B: Backend>(
+    backend: &B,
+    kv: &mut B::Kv,
+    table: &[u32],
+    rows: &KvRows,
+    from: usize,
+) -> Result<(), KvTransferError> {
+    let l = backend.kv_layout(kv);
     rows.check(&l)?;
     if from < rows.first || from > rows.end() {
         return Err(KvTransferError::Count {
@@ -174,20 +235,25 @@ pub fn write_rows(
     let slots: Vec<(u32, usize)> = (from..rows.end())
         .map(|p| slot_of(&l, table, p))
         .collect::<Result<_, _>>()?;
-    let width = l.n_kv_head * l.head_dim;
-    let bits = |b: &[u8], i: usize| -> Vec<u16> {
-        b[i * 2 * width..(i + 1) * 2 * width]
-            .chunks_exact(2)
-            .map(|c| u16::from_le_bytes([c[0], c[1]]))
-            .collect()
-    };
+    let (blocks, at) = touched(&slots);
+    let mut bits = backend.kv_blocks(kv, &blocks);
+    let (hd, n, width) = (l.head_dim, l.block_len(), l.n_kv_head * l.head_dim);
     for (layer, bytes) in rows.layers.iter().enumerate() {
-        let (keys, values) = bytes.split_at(rows.count * 2 * width);
-        for (j, &(block, slot)) in slots.iter().enumerate() {
-            let i = from - rows.first + j;
-            kv.write_slot_bits(layer, block, slot, &bits(keys, i), &bits(values, i));
+        let half = rows.count * 2 * width;
+        for (values, part) in [(0, &bytes[..half]), (n, &bytes[half..])] {
+            for (j, (&(_, slot), &bi)) in slots.iter().zip(&at).enumerate() {
+                let i = from - rows.first + j;
+                for h in 0..l.n_kv_head {
+                    let src = &part[(i * width + h * hd) * 2..(i * width + (h + 1) * hd) * 2];
+                    let dst = bit_at(&l, bi, layer, h, slot) + values;
+                    for (d, c) in bits[dst..dst + hd].iter_mut().zip(src.chunks_exact(2)) {
+                        *d = u16::from_le_bytes([c[0], c[1]]);
+                    }
+                }
+            }
         }
     }
+    backend.set_kv_blocks(kv, &blocks, &bits);
     Ok(())
 }
 
@@ -198,9 +264,13 @@ fn geometry(l: &KvLayout) -> String {
     )
 }
 
-/// The bytes of `blocks` (in this order), with their digest.
-pub fn export(kv: &KvStorage, blocks: &[u32]) -> Result<Vec<u8>, KvTransferError> {
-    let l = kv.layout;
+/// `export` from any backend's KV.
+pub fn export_on<B: Backend>(
+    backend: &B,
+    kv: &B::Kv,
+    blocks: &[u32],
+) -> Result<Vec<u8>, KvTransferError> {
+    let l = backend.kv_layout(kv);
     if let Some(&b) = blocks.iter().find(|&&b| b as usize >= l.num_blocks) {
         return Err(KvTransferError::BlockId(b));
     }
@@ -217,13 +287,8 @@ pub fn export(kv: &KvStorage, blocks: &[u32]) -> Result<Vec<u8>, KvTransferError
     ] {
         out.extend_from_slice(&(v as u32).to_le_bytes());
     }
-    for &b in blocks {
-        for layer in 0..l.n_layer {
-            let (k, v) = kv.block_bits(layer, b);
-            for x in k.iter().chain(v) {
-                out.extend_from_slice(&x.to_le_bytes());
-            }
-        }
+    for x in backend.kv_blocks(kv, blocks) {
+        out.extend_from_slice(&x.to_le_bytes());
     }
     let digest = Sha256::digest(&out);
     out.extend_from_slice(&digest);
@@ -236,9 +301,14 @@ fn u32_at(bytes: &[u8], at: usize) -> usize {
     u32::from_le_bytes(b) as usize
 }
 
-/// Checks `bytes` against `kv`'s geometry and `blocks`, then writes them.
-pub fn import(kv: &mut KvStorage, blocks: &[u32], bytes: &[u8]) -> Result<(), KvTransferError> {
-    let l = kv.layout;
+/// `import` into any backend's KV.
+pub fn import_on<B: Backend>(
+    backend: &B,
+    kv: &mut B::Kv,
+    blocks: &[u32],
+    bytes: &[u8],
+) -> Result<(), KvTransferError> {
+    let l = backend.kv_layout(kv);
     if bytes.len() < HEADER + DIGEST || &bytes[..4] != MAGIC || bytes[4..6] != VERSION.to_le_bytes()
     {
         return Err(KvTransferError::NotKv);
@@ -278,17 +348,11 @@ pub fn import(kv: &mut KvStorage, blocks: &[u32], bytes: &[u8]) -> Result<(), Kv
     if Sha256::digest(data)[..] != digest[..] {
         return Err(KvTransferError::Digest);
     }
-    let mut words = data[HEADER..]
+    let bits: Vec<u16> = data[HEADER..]
         .chunks_exact(2)
-        .map(|c| u16::from_le_bytes([c[0], c[1]]));
-    let n = l.block_len();
-    for &b in blocks {
-        for layer in 0..l.n_layer {
-            let k: Vec<u16> = words.by_ref().take(n).collect();
-            let v: Vec<u16> = words.by_ref().take(n).collect();
-            kv.set_block_bits(layer, b, k.into_boxed_slice(), v.into_boxed_slice());
-        }
-    }
+        .map(|c| u16::from_le_bytes([c[0], c[1]]))
+        .collect();
+    backend.set_kv_blocks(kv, blocks, &bits);
     Ok(())
 }
 

@@ -76,6 +76,32 @@ impl Backend for CpuBackend {
         kv.layout
     }
 
+    fn kv_blocks(&self, kv: &KvStorage, blocks: &[u32]) -> Vec<u16> {
+        let l = kv.layout;
+        let mut out = Vec::with_capacity(blocks.len() * l.n_layer * 2 * l.block_len());
+        for &b in blocks {
+            for layer in 0..l.n_layer {
+                let (k, v) = kv.block_bits(layer, b);
+                out.extend_from_slice(k);
+                out.extend_from_slice(v);
+            }
+        }
+        out
+    }
+
+    fn set_kv_blocks(&self, kv: &mut KvStorage, blocks: &[u32], bits: &[u16]) {
+        let l = kv.layout;
+        let mut parts = bits.chunks_exact(l.block_len());
+        for &b in blocks {
+            for layer in 0..l.n_layer {
+                let (k, v) = (parts.next(), parts.next());
+                if let (Some(k), Some(v)) = (k, v) {
+                    kv.set_block_bits(layer, b, k.into(), v.into());
+                }
+            }
+        }
+    }
+
     fn tensor(&self, data: Vec<f32>, cols: usize) -> CpuTensor {
         CpuTensor { data, cols }
     }

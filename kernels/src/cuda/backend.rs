@@ -358,6 +358,44 @@ impl Backend for CudaBackend {
         kv.layout
     }
 
+    fn kv_blocks(&self, kv: &CudaKv, blocks: &[u32]) -> Vec<u16> {
+        let words = kv.layout.block_len() / 2;
+        let mut out = Vec::with_capacity(blocks.len() * kv.layout.n_layer * 4 * words);
+        for &b in blocks {
+            let at = b as usize * words;
+            for l in 0..kv.layout.n_layer {
+                for buf in [&kv.k[l], &kv.v[l]] {
+                    let part = self
+                        .stream
+                        .clone_dtoh(&buf.slice(at..at + words))
+                        .unwrap_or_else(|e| panic!("CUDA: reading KV blocks back: {e}"));
+                    out.extend(part.iter().flat_map(|w| [*w as u16, (w >> 16) as u16]));
+                }
+            }
+        }
+        out
+    }
+
+    fn set_kv_blocks(&self, kv: &mut CudaKv, blocks: &[u32], bits: &[u16]) {
+        let words = kv.layout.block_len() / 2;
+        let mut parts = bits.chunks_exact(2 * words);
+        for &b in blocks {
+            let at = b as usize * words;
+            for l in 0..kv.layout.n_layer {
+                for buf in [&mut kv.k[l], &mut kv.v[l]] {
+                    let Some(part) = parts.next() else { return };
+                    let w: Vec<u32> = part
+                        .chunks_exact(2)
+                        .map(|p| u32::from(p[0]) | (u32::from(p[1]) << 16))
+                        .collect();
+                    self.stream
+                        .memcpy_htod(&w, &mut buf.slice_mut(at..at + words))
+                        .unwrap_or_else(|e| panic!("CUDA: writing KV blocks: {e}"));
+                }
+            }
+        }
+    }
+
     fn tensor(&self, data: Vec<f32>, cols: usize) -> CudaTensor {
         CudaTensor {
             buf: self.upload(&data),

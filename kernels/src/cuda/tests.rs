@@ -146,3 +146,9 @@ fn without_a_driver_cuda_fails_with_one_clear_error() {
     let e = CudaBackend::new(0).expect_err("no driver here");
     assert!(e.to_string().contains("no CUDA driver"), "{e}");
 }
+
+#[test]
+fn kv_blocks_move_between_backends_bit_for_bit() {
+    let Some(g) = gpu() else { return };
+    t::kv_blocks_move_between_backends_bit_for_bit(&g);
+}

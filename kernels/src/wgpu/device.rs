@@ -291,9 +291,20 @@ impl Gpu {
 
     /// Submits everything recorded, then reads `bytes` of `src` back.
     pub fn read(&self, src: &wgpu::Buffer, bytes: u64) -> Result<Vec<u8>, KernelError> {
+        self.read_ranges(&[(src, 0, bytes)])
+    }
+
+    /// Submits the pending commands, then reads the byte ranges `(buffer,
+    /// offset, length)` back, one after another, in one copy and one wait.
+    pub fn read_ranges(
+        &self,
+        ranges: &[(&wgpu::Buffer, u64, u64)],
+    ) -> Result<Vec<u8>, KernelError> {
+        let padded: Vec<u64> = ranges.iter().map(|r| r.2.next_multiple_of(4)).collect();
+        let total: u64 = padded.iter().sum();
         let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("readback"),
-            size: bytes.max(16).next_multiple_of(4),
+            size: total.max(16),
             usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
         });
@@ -306,8 +317,12 @@ impl Gpu {
                 self.device
                     .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None })
             });
-        if bytes > 0 {
-            enc.copy_buffer_to_buffer(src, 0, &staging, 0, bytes.next_multiple_of(4));
+        let mut at = 0;
+        for (&(src, offset, _), &len) in ranges.iter().zip(&padded) {
+            if len > 0 {
+                enc.copy_buffer_to_buffer(src, offset, &staging, at, len);
+            }
+            at += len;
         }
         self.queue.submit([enc.finish()]);
         let (tx, rx) = std::sync::mpsc::channel();
@@ -320,13 +335,32 @@ impl Gpu {
         rx.recv()
             .map_err(|e| gpu_error("reading back", e))?
             .map_err(|e| gpu_error("mapping the result", e))?;
-        let out = {
+        let mut out = Vec::with_capacity(ranges.iter().map(|r| r.2 as usize).sum());
+        {
             let view = staging
                 .get_mapped_range(..)
                 .map_err(|e| gpu_error("reading the result", e))?;
-            view[..bytes as usize].to_vec()
-        };
+            let mut at = 0;
+            for (r, &len) in ranges.iter().zip(&padded) {
+                out.extend_from_slice(&view[at as usize..(at + r.2) as usize]);
+                at += len;
+            }
+        }
         staging.unmap();
         Ok(out)
+    }
+
+    /// Writes `bytes` into `dst` at `offset`, after every command recorded
+    /// so far (they are submitted first).
+    pub fn write(&self, dst: &wgpu::Buffer, offset: u64, bytes: &[u8]) {
+        if let Some(enc) = self
+            .pending
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+        {
+            self.queue.submit([enc.finish()]);
+        }
+        self.queue.write_buffer(dst, offset, bytes);
     }
 }

@@ -212,6 +212,41 @@ impl Backend for WgpuBackend {
         kv.layout
     }
 
+    fn kv_blocks(&self, kv: &GpuKv, blocks: &[u32]) -> Vec<u16> {
+        let bytes = (kv.layout.block_len() * 2) as u64;
+        let ranges: Vec<(&wgpu::Buffer, u64, u64)> = blocks
+            .iter()
+            .flat_map(|&b| (0..kv.layout.n_layer).map(move |l| (l, b)))
+            .flat_map(|(l, b)| {
+                let at = u64::from(b) * bytes;
+                [(&*kv.k[l], at, bytes), (&*kv.v[l], at, bytes)]
+            })
+            .collect();
+        // A device lost mid-read is not recoverable here (as `to_host`).
+        let raw = self
+            .gpu
+            .read_ranges(&ranges)
+            .unwrap_or_else(|e| panic!("{e}"));
+        raw.chunks_exact(2)
+            .map(|c| u16::from_le_bytes([c[0], c[1]]))
+            .collect()
+    }
+
+    fn set_kv_blocks(&self, kv: &mut GpuKv, blocks: &[u32], bits: &[u16]) {
+        let n = kv.layout.block_len();
+        let mut parts = bits.chunks_exact(n);
+        for &b in blocks {
+            for l in 0..kv.layout.n_layer {
+                for buf in [&kv.k[l], &kv.v[l]] {
+                    if let Some(part) = parts.next() {
+                        let bytes: Vec<u8> = part.iter().flat_map(|x| x.to_le_bytes()).collect();
+                        self.gpu.write(buf, u64::from(b) * (n * 2) as u64, &bytes);
+                    }
+                }
+            }
+        }
+    }
+
     fn tensor(&self, data: Vec<f32>, cols: usize) -> GpuTensor {
         GpuTensor {
             buf: self.gpu.upload(&f32_bytes(&data), storage()),

@@ -108,3 +108,8 @@ fn the_shaders_multiply_add_rounds_once_like_the_cpus_fma() {
         );
     }
 }
+
+#[test]
+fn kv_blocks_move_between_backends_bit_for_bit() {
+    t::kv_blocks_move_between_backends_bit_for_bit(&gpu());
+}
