@@ -32,6 +32,30 @@ fn avx2() -> bool {
     crate::cpu::Isa::detect() != crate::cpu::Isa::Scalar
 }
 
+/// Writes the same ramp keys and values (seeded `seed`, `seed + 1`) at
+/// `slots` of `layer` into a GPU and a CPU cache.
+fn write_both<B: Backend>(
+    (g, gkv): (&B, &mut B::Kv),
+    ckv: &mut crate::cpu::kv::KvStorage,
+    layer: usize,
+    slots: &[(u32, usize)],
+    seed: usize,
+) {
+    let c = CpuBackend;
+    let l = c.kv_layout(ckv);
+    let kvw = l.n_kv_head * l.head_dim;
+    let k = reference::ramp(slots.len() * kvw, seed);
+    let v = reference::ramp(slots.len() * kvw, seed + 1);
+    g.write_kv(
+        gkv,
+        layer,
+        &g.tensor(k.clone(), kvw),
+        &g.tensor(v.clone(), kvw),
+        slots,
+    );
+    c.write_kv(ckv, layer, &c.tensor(k, kvw), &c.tensor(v, kvw), slots);
+}
+
 fn close(got: &[f32], want: &[f32], tol: f32, what: &str) {
     assert_eq!(got.len(), want.len(), "{what}: length");
     let scale = want.iter().fold(1.0f32, |a, v| a.max(v.abs()));
@@ -211,17 +235,7 @@ pub(crate) fn paged_attention_over_f16_kv_matches_the_cpu<B: Backend>(g: &B) {
             slots.push((table[p / 4], p % 4));
         }
     }
-    let kvw = layout.n_kv_head * layout.head_dim;
-    let k = reference::ramp(slots.len() * kvw, 31);
-    let v = reference::ramp(slots.len() * kvw, 32);
-    g.write_kv(
-        &mut gkv,
-        1,
-        &g.tensor(k.clone(), kvw),
-        &g.tensor(v.clone(), kvw),
-        &slots,
-    );
-    c.write_kv(&mut ckv, 1, &c.tensor(k, kvw), &c.tensor(v, kvw), &slots);
+    write_both((g, &mut gkv), &mut ckv, 1, &slots, 31);
     let queries: Vec<(usize, &[u32])> = vec![
         (9, tables[0]),
         (3, tables[0]),
@@ -248,24 +262,8 @@ pub(crate) fn kv_blocks_move_between_backends_bit_for_bit<B: Backend>(g: &B) {
     };
     let (mut gkv, mut ckv) = (g.kv(layout), c.kv(layout));
     let slots: Vec<(u32, usize)> = (0..10).map(|p| ([5u32, 2, 7][p / 4], p % 4)).collect();
-    let kvw = layout.n_kv_head * layout.head_dim;
     for layer in 0..2 {
-        let k = reference::ramp(slots.len() * kvw, 71 + layer);
-        let v = reference::ramp(slots.len() * kvw, 81 + layer);
-        g.write_kv(
-            &mut gkv,
-            layer,
-            &g.tensor(k.clone(), kvw),
-            &g.tensor(v.clone(), kvw),
-            &slots,
-        );
-        c.write_kv(
-            &mut ckv,
-            layer,
-            &c.tensor(k, kvw),
-            &c.tensor(v, kvw),
-            &slots,
-        );
+        write_both((g, &mut gkv), &mut ckv, layer, &slots, 71 + 2 * layer);
     }
     let blocks = [7u32, 5, 2, 0];
     let bits = g.kv_blocks(&gkv, &blocks);
@@ -308,17 +306,7 @@ pub(crate) fn paged_attention_at_the_default_models_shapes_matches_the_cpu<B: Ba
     let table: Vec<u32> = (0..8).collect();
     let n = 70;
     let slots: Vec<(u32, usize)> = (0..n).map(|p| (table[p / bs], p % bs)).collect();
-    let kvw = n_kv_head * head_dim;
-    let k = reference::ramp(n * kvw, 61);
-    let v = reference::ramp(n * kvw, 62);
-    g.write_kv(
-        &mut gkv,
-        0,
-        &g.tensor(k.clone(), kvw),
-        &g.tensor(v.clone(), kvw),
-        &slots,
-    );
-    c.write_kv(&mut ckv, 0, &c.tensor(k, kvw), &c.tensor(v, kvw), &slots);
+    write_both((g, &mut gkv), &mut ckv, 0, &slots, 61);
     let queries: Vec<(usize, &[u32])> = (0..n).map(|p| (p, table.as_slice())).collect();
     let qw = n_head * head_dim;
     let q: Vec<f32> = reference::ramp(n * qw, 63)
