@@ -9,6 +9,9 @@ use super::money::{self, Amount, MAX_BALANCE, Quote};
 use super::{Ledger, LedgerError};
 use crate::store::now;
 
+/// Retries of a hold that met another transaction (`super::retryable`).
+const RETRIES: u32 = 4;
+
 /// One request's reservation.
 #[derive(Debug, Clone)]
 pub struct HoldRequest<'a> {
@@ -40,6 +43,20 @@ impl Ledger {
             return Err(LedgerError::Closed);
         }
         check_hold(h.amount)?;
+        let mut attempt = 0;
+        loop {
+            match self.hold_once(&h, instance).await {
+                Err(LedgerError::Sql(e)) if super::retryable(&e) && attempt < RETRIES => {
+                    attempt += 1;
+                    super::backoff(attempt).await;
+                }
+                r => return r,
+            }
+        }
+    }
+
+    /// One attempt at `hold_for`, in one transaction.
+    async fn hold_once(&self, h: &HoldRequest<'_>, instance: &str) -> Result<(), LedgerError> {
         let mut tx = self.db.pool.begin().await?;
         match reserve(&mut tx, h.account_id, h.key_id, h.amount).await? {
             Reserved::Yes => {}
@@ -53,7 +70,7 @@ impl Ledger {
                 return Err(self.budget_refusal(key, h.amount).await);
             }
         }
-        if let Err(e) = insert_hold(&mut tx, &h, instance).await {
+        if let Err(e) = insert_hold(&mut tx, h, instance).await {
             let duplicate = matches!(&e, sqlx::Error::Database(d) if d.is_unique_violation());
             return Err(if duplicate {
                 LedgerError::DuplicateHold(h.request_id.to_string())

@@ -136,6 +136,22 @@ pub struct Ledger {
 /// The default `earnings_window`: an hour.
 pub const EARNINGS_WINDOW: Duration = Duration::from_secs(3600);
 
+/// Whether a transaction failed only because it met another one (a
+/// Postgres deadlock or serialization failure): it wrote nothing, and
+/// running it again is safe.
+pub(crate) fn retryable(e: &sqlx::Error) -> bool {
+    matches!(e, sqlx::Error::Database(d)
+        if matches!(d.code().as_deref(), Some("40P01") | Some("40001")))
+}
+
+/// A short, jittered wait before retry `attempt` (1, 2, ...), so two
+/// transactions that met do not meet again.
+pub(crate) async fn backoff(attempt: u32) {
+    use rand::Rng;
+    let ms = rand::rng().random_range(1..=10u64 << attempt.min(4));
+    tokio::time::sleep(Duration::from_millis(ms)).await;
+}
+
 impl Ledger {
     /// Registers this instance, closes what dead instances left open, and
     /// starts the settlement writer and the heartbeat.

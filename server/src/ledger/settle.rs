@@ -14,7 +14,7 @@ use tokio::sync::{mpsc, oneshot};
 use super::holds;
 use super::money::{Prices, Quote, Stages, Tokens};
 use super::{Amount, Closed, LedgerError, Outcome, TREASURY};
-use crate::store::{Db, now};
+use crate::store::{Backend, Db, now};
 
 /// Most closings per transaction.
 const MAX_BATCH: usize = 256;
@@ -147,7 +147,10 @@ pub async fn writer(db: Db, mut rx: mpsc::UnboundedReceiver<Job>) {
 async fn run(db: &Db, batch: Vec<(Item, Option<Reply>)>) {
     let items: Vec<Item> = batch.iter().map(|(i, _)| i.clone()).collect();
     let mut last = None;
-    for _ in 0..ATTEMPTS {
+    for attempt in 0..ATTEMPTS {
+        if attempt > 0 {
+            super::backoff(attempt as u32).await;
+        }
         match close_batch(db, &items).await {
             Ok(results) => {
                 for ((_, reply), r) in batch.into_iter().zip(results) {
@@ -409,7 +412,7 @@ pub(super) async fn close_batch(db: &Db, items: &[Item]) -> Result<Vec<Closed>, 
         let cost = moves.settle(h, t, outcome, work);
         results.insert(rid, Closed::Billed { cost });
     }
-    write_moves(&mut tx, &moves).await?;
+    write_moves(&mut tx, db.backend, &moves).await?;
     tx.commit().await?;
     Ok(items
         .iter()
@@ -507,18 +510,24 @@ async fn place(
 
 async fn write_moves(
     tx: &mut sqlx::Transaction<'_, sqlx::Any>,
+    backend: Backend,
     m: &Moves,
 ) -> Result<(), sqlx::Error> {
-    update_balances(tx, "accounts", "balance", &m.accounts).await?;
-    update_balances(tx, "api_keys", "spent", &m.keys).await?;
+    update_balances(tx, backend, "accounts", "balance", &m.accounts).await?;
+    update_balances(tx, backend, "api_keys", "spent", &m.keys).await?;
     insert_usage(tx, &m.usage).await?;
     insert_journal(tx, &m.entries).await
 }
 
 /// `UPDATE <table> SET <first> = <first> + d0, held = held + d1` for every
-/// row in `deltas`, in one statement (rows in id order).
+/// row in `deltas`, in one statement. On Postgres the rows are locked in
+/// id order first: one multi-row UPDATE locks rows in the order its scan
+/// meets them, which concurrent updates can change (a row's new version
+/// lands elsewhere in the heap), so two servers settling batches over the
+/// same accounts (a user's, the treasury) could otherwise deadlock.
 async fn update_balances(
     tx: &mut sqlx::Transaction<'_, sqlx::Any>,
+    backend: Backend,
     table: &str,
     first: &str,
     deltas: &HashMap<String, (Amount, Amount)>,
@@ -528,6 +537,18 @@ async fn update_balances(
     }
     let mut rows: Vec<_> = deltas.iter().collect();
     rows.sort_by(|a, b| a.0.cmp(b.0));
+    if backend == Backend::Postgres {
+        let ids: Vec<String> = (1..=rows.len()).map(|i| format!("${i}")).collect();
+        let sql = format!(
+            "SELECT id FROM {table} WHERE id IN ({}) ORDER BY id FOR NO KEY UPDATE",
+            ids.join(", ")
+        );
+        let mut q = sqlx::query(AssertSqlSafe(sql));
+        for (id, _) in &rows {
+            q = q.bind(id.as_str());
+        }
+        q.fetch_all(&mut **tx).await?;
+    }
     let case = |offset: usize| -> String {
         let arms: Vec<String> = (0..rows.len())
             .map(|i| {

@@ -924,3 +924,102 @@ async fn a_charge_over_the_key_budget_at_commit_is_not_billed_and_leaves_nothing
         assert_clean(&l).await;
     }
 }
+
+/// Two servers on one Postgres settle batches over the same accounts (two
+/// users, the treasury, the house provider) at once: every batch commits
+/// (rows are locked in id order, so no deadlock), each hold is billed
+/// once, and the books balance.
+#[tokio::test]
+async fn two_servers_settling_over_the_same_accounts_never_deadlock() {
+    let url = testing::fresh_postgres_url().await;
+    let mut ledgers = Vec::new();
+    for _ in 0..2 {
+        let db = Db::connect(&url).await.expect("postgres");
+        ledgers.push(Ledger::start(db, QUIET).await.expect("ledger"));
+    }
+    let q = quote(BPS);
+    let each = q.worst_case(100, 10);
+    let mut users = Vec::new();
+    for name in ["u1", "u2"] {
+        let u = ledgers[0]
+            .create_account(AccountKind::User, name, 0)
+            .await
+            .expect("user");
+        ledgers[0]
+            .top_up(&u.id, each * 200, "t")
+            .await
+            .expect("top up");
+        users.push(u.id);
+    }
+    let t = Tokens {
+        prompt: 100,
+        cached: 0,
+        completion: 10,
+    };
+    let tasks: Vec<_> = (0..160)
+        .map(|i| {
+            let l = ledgers[i % 2].clone();
+            let (q, account) = (q.clone(), users[(i / 2) % 2].clone());
+            tokio::spawn(async move {
+                let id = format!("dl-{}-{i}", l.instance());
+                let h = HoldRequest {
+                    request_id: &id,
+                    account_id: &account,
+                    key_id: None,
+                    quote: &q,
+                    amount: each,
+                };
+                l.hold(h).await?;
+                l.settle(&id, t, Outcome::Finished).await
+            })
+        })
+        .collect();
+    let mut billed = 0;
+    for task in tasks {
+        match task.await.expect("task") {
+            Ok(Closed::Billed { .. }) => billed += 1,
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(billed, 160);
+    for l in &ledgers {
+        assert_clean(l).await;
+    }
+}
+
+/// A real deadlock between two Postgres transactions is what `retryable`
+/// recognizes (and what a hold or a settlement then runs again).
+#[tokio::test]
+async fn a_postgres_deadlock_is_recognized_as_retryable() {
+    let db = Db::connect(&testing::fresh_postgres_url().await)
+        .await
+        .expect("postgres");
+    for sql in [
+        "CREATE TABLE deadlock_probe (id INTEGER PRIMARY KEY, n INTEGER NOT NULL)",
+        "INSERT INTO deadlock_probe (id, n) VALUES (1, 0), (2, 0)",
+    ] {
+        sqlx::query(sql).execute(&db.pool).await.expect("setup");
+    }
+    let bump = "UPDATE deadlock_probe SET n = n + 1 WHERE id = $1";
+    let (mut a, mut b) = (
+        db.pool.begin().await.expect("a"),
+        db.pool.begin().await.expect("b"),
+    );
+    sqlx::query(bump)
+        .bind(1)
+        .execute(&mut *a)
+        .await
+        .expect("a 1");
+    sqlx::query(bump)
+        .bind(2)
+        .execute(&mut *b)
+        .await
+        .expect("b 2");
+    let (ra, rb) = tokio::join!(
+        sqlx::query(bump).bind(2).execute(&mut *a),
+        sqlx::query(bump).bind(1).execute(&mut *b),
+    );
+    let e = ra.err().or(rb.err()).expect("one of them deadlocks");
+    assert!(retryable(&e), "{e}");
+    assert!(!retryable(&sqlx::Error::RowNotFound));
+}
