@@ -28,8 +28,16 @@ NVRTC_MANIFEST=(
   "nvidia-cuda-nvrtc-cu12==12.9.86|nvidia/cuda_nvrtc/lib/libnvrtc.so.12|nvrtc/libnvrtc.so.12|7c67c6b51ea0e0279634cebd676ff7efda1674806444520c84430ad5c35fe625"
   "nvidia-cuda-nvrtc-cu12==12.9.86|nvidia/cuda_nvrtc/lib/libnvrtc-builtins.so.12.9|nvrtc/libnvrtc-builtins.so.12.9|6507cf33450cfb22970c2c1e7aa8e7c0a33e39d864720277b05f61a92791e2e8"
 )
+# `fetch-models.sh eval`: instead, evaluation data: fow-cache's 600
+# labelled question pairs (same answer or a near miss; data CC BY 4.0), the
+# semantic cache's held-out set (`cargo bench -p server --bench semantic`).
+EVAL_MANIFEST=(
+  "fow-cache==0.1.0|fow_cache/data/pairs.jsonl|eval/fow-cache-pairs.jsonl|d9378763c7ce3be7931af2713f60c3ad3213baaa070ba7ad535da93e7d56195e"
+)
 if [[ "${1:-}" == "nvrtc" ]]; then
   MANIFEST=("${NVRTC_MANIFEST[@]}")
+elif [[ "${1:-}" == "eval" ]]; then
+  MANIFEST=("${EVAL_MANIFEST[@]}")
 fi
 
 sha_of() { sha256sum "$1" | cut -d' ' -f1; }

@@ -4,6 +4,11 @@
 //! first phrasing in one index, and asks with the other three phrasings
 //! (should hit their own group) and with the near misses (should hit
 //! nothing), at several thresholds, with and without the key-term guard.
+//! Then the held-out set, never tuned on: fow-cache's 600 labelled pairs
+//! (`scripts/fetch-models.sh eval`), each pair's first question cached and
+//! its second asked: the same-answer pairs should hit, the near misses
+//! (negation, swapped entities, other numbers or dates, other scope)
+//! should not.
 //!
 //! `cargo bench -p server --bench semantic`
 
@@ -15,6 +20,15 @@ use server::cache::semantic::{
     IndexKey, Limits, SemanticIndex, key_terms, ordered_terms, question_kind, similarity,
     topic_drift,
 };
+
+/// One labelled pair of the held-out set.
+#[derive(serde::Deserialize)]
+struct Pair {
+    category: String,
+    a: String,
+    b: String,
+    same_answer: bool,
+}
 
 #[derive(serde::Deserialize)]
 struct Group {
@@ -149,6 +163,7 @@ fn main() {
             }
         }
     }
+    held_out(&embed);
     // The index itself, as the server uses it: one lookup among 120.
     let mut index = SemanticIndex::new(Limits {
         per_index: 10_000,
@@ -184,4 +199,66 @@ fn main() {
         "one short query embedded in {:.2} ms",
         t.elapsed().as_secs_f64() * 1e3 / reps as f64
     );
+}
+
+/// The held-out pairs' hit rates (same answer) and false-hit rates (near
+/// misses, also per category at each guard's best row).
+fn held_out(embed: &dyn Fn(Vec<String>) -> Vec<Vec<f32>>) {
+    let path = models_dir().join("eval/fow-cache-pairs.jsonl");
+    let Ok(text) = std::fs::read_to_string(&path) else {
+        println!(
+            "held-out set: {} missing (scripts/fetch-models.sh eval)",
+            path.display()
+        );
+        return;
+    };
+    let pairs: Vec<Pair> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("pair"))
+        .collect();
+    let va = embed(pairs.iter().map(|p| p.a.clone()).collect());
+    let vb = embed(pairs.iter().map(|p| p.b.clone()).collect());
+    let same = pairs.iter().filter(|p| p.same_answer).count();
+    println!(
+        "held-out (fow-cache, never tuned on): {same} same-answer pairs, {} near misses",
+        pairs.len() - same
+    );
+    println!("| threshold | guard | same-answer hits | near-miss false hits | by category |");
+    println!("|---|---|---|---|---|");
+    for guard in [0usize, 1, 5, 6] {
+        for threshold in [0.70f32, 0.80, 0.85, 0.90, 0.95] {
+            let hit: Vec<bool> = pairs
+                .iter()
+                .zip(&va)
+                .zip(&vb)
+                .map(|((p, a), b)| {
+                    let cached = [(a.clone(), p.a.clone(), 0)];
+                    best(&cached, b, &p.b, threshold, guard).is_some()
+                })
+                .collect();
+            let mut by: std::collections::BTreeMap<&str, (usize, usize)> = Default::default();
+            let (mut hits, mut false_hits) = (0, 0);
+            for (p, &h) in pairs.iter().zip(&hit) {
+                let e = by.entry(p.category.as_str()).or_default();
+                e.0 += usize::from(h);
+                e.1 += 1;
+                if p.same_answer {
+                    hits += usize::from(h);
+                } else {
+                    false_hits += usize::from(h);
+                }
+            }
+            let cats: Vec<String> = by
+                .iter()
+                .map(|(c, (h, n))| format!("{c} {:.0}%", 100.0 * *h as f64 / *n as f64))
+                .collect();
+            println!(
+                "| {threshold:.2} | {} | {:.1}% | {:.1}% | {} |",
+                GUARDS[guard],
+                100.0 * hits as f64 / same as f64,
+                100.0 * false_hits as f64 / (pairs.len() - same) as f64,
+                cats.join(", ")
+            );
+        }
+    }
 }
