@@ -112,13 +112,20 @@ def test_cheaters_are_caught_quarantined_and_their_pay_clawed_back():
             [w] = wait_for(lambda: [w for w in fleet(base) if w["state"] == "quarantined"],
                            timeout=20, what="the replaying cheater to be caught")
             after = checks(base)
-            assert after["fail"] == before.get("fail", 0) + 1, (before, after)
+            # At least the check that caught it failed; a replayed answer
+            # served before the quarantine took effect may fail its own
+            # check a moment later (each is then clawed back on its own).
+            assert after["fail"] >= before.get("fail", 0) + 1, (before, after)
             assert after["pass"] >= before.get("pass", 0) + 1, "its honest answer passed"
-            [claw] = wait_for(lambda: journal_of(base, p["account_id"], "clawback"), timeout=10,
-                              what="the clawback")
-            moved = claw["entries"]
-            assert moved[p["account_id"]] < 0 < moved["user:local"], moved
-            assert sum(moved.values()) == 0, moved
+            claws = wait_for(lambda: journal_of(base, p["account_id"], "clawback"), timeout=10,
+                             what="the clawback")
+            for claw in claws:
+                moved = claw["entries"]
+                assert moved[p["account_id"]] < 0 < moved["user:local"], moved
+                assert sum(moved.values()) == 0, moved
+            # One clawback per failed check, never two for one.
+            assert len({c["id"] for c in claws}) == len(claws), claws
+            assert len(claws) <= checks(base)["fail"] - before.get("fail", 0), (claws, before)
             assert w["reputation_bps"] < 7_000, w
             # What is left of its pay is still pending (the window is an hour).
             status, earned = http_call(base, "GET", "/v1/providers/earnings", token=p["token"])[:2]
