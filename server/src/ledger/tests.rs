@@ -55,6 +55,24 @@ fn quote(payout_bps: i64) -> Quote {
     }
 }
 
+/// A hold of `amount` for request `id` on `account`, with no key.
+async fn hold_plain(
+    l: &Ledger,
+    id: &str,
+    account: &str,
+    q: &Quote,
+    amount: Amount,
+) -> Result<(), LedgerError> {
+    let h = HoldRequest {
+        request_id: id,
+        account_id: account,
+        key_id: None,
+        quote: q,
+        amount,
+    };
+    l.hold(h).await
+}
+
 async fn assert_clean(l: &Ledger) {
     let audit = l.audit().await.expect("audit");
     assert!(audit.violations.is_empty(), "{:?}", audit.violations);
@@ -430,14 +448,7 @@ async fn concurrent_holds_never_overdraw_and_concurrent_settlements_bill_once() 
                 let (l, q, account) = (l.clone(), q.clone(), user.id.clone());
                 tokio::spawn(async move {
                     let id = format!("race-{}-{i}", l.instance());
-                    let h = HoldRequest {
-                        request_id: &id,
-                        account_id: &account,
-                        key_id: None,
-                        quote: &q,
-                        amount: each,
-                    };
-                    l.hold(h).await.map(|()| id)
+                    hold_plain(&l, &id, &account, &q, each).await.map(|()| id)
                 })
             })
             .collect();
@@ -962,14 +973,7 @@ async fn two_servers_settling_over_the_same_accounts_never_deadlock() {
             let (q, account) = (q.clone(), users[(i / 2) % 2].clone());
             tokio::spawn(async move {
                 let id = format!("dl-{}-{i}", l.instance());
-                let h = HoldRequest {
-                    request_id: &id,
-                    account_id: &account,
-                    key_id: None,
-                    quote: &q,
-                    amount: each,
-                };
-                l.hold(h).await?;
+                hold_plain(&l, &id, &account, &q, each).await?;
                 l.settle(&id, t, Outcome::Finished).await
             })
         })
