@@ -185,6 +185,17 @@ impl EmbeddingHandle {
             .map_err(|e| EngineError::Execution(format!("query encoder: {e}")))?
     }
 
+    /// Embeds several short queries (single words, say) as `embed_query`
+    /// does, in one trip off the async runtime.
+    pub async fn embed_queries(&self, texts: Vec<String>) -> Result<Vec<Vec<f32>>> {
+        let Some(q) = self.query.clone() else {
+            return Ok(self.embed(texts).await?.vectors);
+        };
+        tokio::task::spawn_blocking(move || texts.iter().map(|t| q.embed(t)).collect())
+            .await
+            .map_err(|e| EngineError::Execution(format!("query encoder: {e}")))?
+    }
+
     /// Embeds `inputs` (one vector each, in order).
     pub async fn embed(&self, inputs: Vec<String>) -> Result<Embeddings> {
         self.embed_input(EmbedInput::Texts(inputs)).await

@@ -152,9 +152,21 @@ pub struct CacheArgs {
     #[arg(long, env = "SYNOR_REDIS_URL")]
     pub redis_url: Option<String>,
 
-    /// Similarity a semantic hit needs (cosine, 0-1).
-    #[arg(long, env = "SYNOR_SEMANTIC_THRESHOLD", default_value_t = 0.95)]
+    /// Similarity a semantic candidate needs (cosine, 0-1); the verifier
+    /// then decides (see `--semantic-verify`).
+    #[arg(long, env = "SYNOR_SEMANTIC_THRESHOLD", default_value_t = 0.70)]
     pub semantic_threshold: f32,
+
+    /// Whether a semantic candidate must also pass the verifier (same
+    /// numbers, names, units and direction, negation, question kind,
+    /// language and topic). `false` trusts similarity alone.
+    #[arg(long, env = "SYNOR_SEMANTIC_VERIFY", default_value_t = true, action = clap::ArgAction::Set)]
+    pub semantic_verify: bool,
+
+    /// Let topic words that differ match by their word vectors at this
+    /// similarity (0-1; unset: only the same stems match).
+    #[arg(long, env = "SYNOR_SEMANTIC_ALIGN")]
+    pub semantic_align: Option<f32>,
 
     /// Price of a cache hit as a fraction of the generated price (bps).
     #[arg(long, env = "SYNOR_CACHE_PRICE_BPS", default_value_t = 1_000)]
@@ -171,7 +183,13 @@ impl CacheArgs {
             l2_bytes: self.cache_l2_bytes as u64,
             redis_url: self.redis_url.clone(),
             ttl,
-            threshold: self.semantic_threshold.clamp(0.0, 1.0),
+            policy: crate::cache::semantic::Policy {
+                threshold: self.semantic_threshold.clamp(0.0, 1.0),
+                verify: self.semantic_verify,
+                align: self
+                    .semantic_align
+                    .filter(|a| (0.0..=1.0).contains(a) && *a > 0.0),
+            },
             // 384 floats (1.5 KiB) per entry: at most about 80 MB.
             semantic: crate::cache::semantic::Limits {
                 per_index: 5_000,

@@ -197,3 +197,72 @@ def test_completions_are_cached_exactly(cache_server):
     chunks = list(c.completions.create(
         model=SMOL, prompt="The capital of France is", max_tokens=6, temperature=0, stream=True))
     assert "".join(ch.choices[0].text for ch in chunks if ch.choices) == first.choices[0].text
+
+
+# Twelve everyday questions, cached, then asked again in other words as a
+# user would (issue 18's trial), and near misses that must never hit.
+EVERYDAY = [
+    ("What is the capital of France?", "Which city is the capital of France?"),
+    ("How do I boil an egg?", "What's the way to boil an egg?"),
+    ("Who wrote Romeo and Juliet?", "Who is the author of Romeo and Juliet?"),
+    ("How many legs does a spider have?", "How many legs do spiders have?"),
+    ("What is the boiling point of water?", "At what temperature does water boil?"),
+    ("Convert 10 miles to kilometers.", "How many kilometers is 10 miles?"),
+    ("What is the largest planet in the solar system?",
+     "Which planet is the biggest in our solar system?"),
+    ("How do I reverse a list in Python?", "What's the way to reverse a Python list?"),
+    ("When did World War II end?", "What year did the Second World War end?"),
+    ("What is the speed of light?", "How fast does light travel?"),
+    ("Who painted the Mona Lisa?", "Who was the painter of the Mona Lisa?"),
+    ("How many days are in a leap year?", "How many days does a leap year have?"),
+]
+NEAR_MISSES = [
+    "Convert 10 kilometers to miles.",
+    "Convert 12 miles to kilometers.",
+    "What is the capital of Spain?",
+    "What is the smallest planet in the solar system?",
+    "How do I reverse a list in JavaScript?",
+    "Who did not paint the Mona Lisa?",
+    "¿Cuál es la capital de Francia?",
+    "How do I poach an egg?",
+]
+
+
+def metric(base, line_start):
+    import urllib.request
+    text = urllib.request.urlopen(base + "/metrics", timeout=10).read().decode()
+    return float(next(ln for ln in text.splitlines() if ln.startswith(line_start)).split()[-1])
+
+
+def test_paraphrases_hit_near_misses_never_and_operators_see_why(cache_server):
+    base = cache_server["base"]
+    _, key = funded_key(base, 50_000_000, "everyday")
+    status, set_ = call(base, "PUT", "/admin/cache/threshold",
+                        {"model": SMOL, "threshold": 0.7, "verify": True})
+    assert status == 200 and set_ == {"model": SMOL, "threshold": 0.7, "verify": True}, set_
+    assert call(base, "PUT", "/admin/cache/threshold", {"model": SMOL})[0] == 400
+    assert call(base, "PUT", "/admin/cache/threshold", {"model": "nope", "threshold": 0.5})[0] == 404
+    assert call(base, "PUT", "/admin/cache/threshold", {"threshold": 1.5})[0] == 400
+    before = call(base, "GET", "/admin/cache")[1]["semantic"]
+    assert before["models"][SMOL] == {"threshold": 0.7, "verify": True}, before
+    for cached, _ in EVERYDAY:
+        assert ask(base, cached, key, model=SMOL)[1] == "miss"
+    wait_semantic_entries(base, before["entries"] + len(EVERYDAY))
+    lookups = metric(base, "synor:cache_semantic_similarity_count")
+    hits = [q for _, q in EVERYDAY if ask(base, q, key, model=SMOL)[1] == "semantic"]
+    assert len(hits) >= 10, hits
+    for q in NEAR_MISSES:
+        assert ask(base, q, key, model=SMOL)[1] == "miss", q
+    # Operators see the trade-off: every lookup's nearest similarity, and
+    # the verifier's rejections by reason.
+    assert metric(base, "synor:cache_semantic_similarity_count") >= lookups + len(EVERYDAY)
+    assert metric(base, 'synor:cache_semantic_rejections_total{reason="direction"}') >= 1
+    assert metric(base, 'synor:cache_semantic_rejections_total{reason="names"}') >= 1
+    after = call(base, "GET", "/admin/cache")[1]["semantic"]
+    assert sum(after["rejections"].values()) >= len(NEAR_MISSES) // 2, after
+    # The verifier off for this model: similarity alone lets a near miss in.
+    call(base, "PUT", "/admin/cache/threshold", {"model": SMOL, "verify": False})
+    try:
+        assert ask(base, "Convert 10 kilometres to miles.", key, model=SMOL)[1] == "semantic"
+    finally:
+        call(base, "PUT", "/admin/cache/threshold", {"model": SMOL, "verify": True})

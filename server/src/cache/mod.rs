@@ -6,8 +6,10 @@
 
 pub mod answer;
 pub mod disk;
+pub mod lexicon;
 pub mod redis_tier;
 pub mod semantic;
+pub mod verify;
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -17,7 +19,8 @@ use std::time::{Duration, Instant};
 use answer::CachedAnswer;
 use disk::DiskTier;
 use redis_tier::RedisTier;
-use semantic::{IndexKey, Match, SemanticIndex};
+use semantic::{IndexKey, Lookup, Match, Policy, SemanticIndex};
+use verify::{Facts, Reject};
 
 /// Which tier answered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -59,6 +62,56 @@ impl TierStats {
     }
 }
 
+/// The semantic cache's own counters, beside its `TierStats`: why
+/// candidates over the threshold were turned down, and how similar each
+/// lookup's nearest entry was (hit or not), so an operator can see the
+/// trade-off a threshold makes on live traffic.
+#[derive(Debug, Default)]
+pub struct SemanticStats {
+    /// Per `Reject::ALL` reason: lookups whose first candidate over the
+    /// threshold it rejected (and that missed).
+    pub rejections: [AtomicU64; Reject::ALL.len()],
+    /// Lookups whose nearest entry's similarity was at most
+    /// `SIMILARITY_BUCKETS[i]` (cumulative counts are made when rendered).
+    pub similarity: [AtomicU64; SIMILARITY_BUCKETS.len()],
+    pub similarity_sum: Mutex<f64>,
+}
+
+/// Upper bounds of the similarity histogram's buckets (the last is +Inf).
+pub const SIMILARITY_BUCKETS: [f32; 11] =
+    [0.5, 0.6, 0.7, 0.75, 0.8, 0.85, 0.9, 0.93, 0.95, 0.97, 1.0];
+
+impl SemanticStats {
+    fn record(&self, l: &Lookup) {
+        if l.hit.is_none()
+            && let Some(r) = l.rejected
+            && let Some(i) = Reject::ALL.iter().position(|x| *x == r)
+        {
+            self.rejections[i].fetch_add(1, Ordering::Relaxed);
+        }
+        if let Some(b) = l.best {
+            let i = SIMILARITY_BUCKETS
+                .iter()
+                .position(|u| b <= *u)
+                .unwrap_or(SIMILARITY_BUCKETS.len() - 1);
+            self.similarity[i].fetch_add(1, Ordering::Relaxed);
+            *self
+                .similarity_sum
+                .lock()
+                .unwrap_or_else(|e| e.into_inner()) += f64::from(b);
+        }
+    }
+}
+
+/// What an admin changes in a semantic policy (`None`: keep).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct PolicyChange {
+    pub threshold: Option<f32>,
+    pub verify: Option<bool>,
+    /// 0 turns word alignment off.
+    pub align: Option<f32>,
+}
+
 /// Sizes and lifetimes.
 #[derive(Debug, Clone)]
 pub struct CacheConfig {
@@ -69,8 +122,8 @@ pub struct CacheConfig {
     /// `None` disables L3.
     pub redis_url: Option<String>,
     pub ttl: Duration,
-    /// Default semantic similarity threshold.
-    pub threshold: f32,
+    /// The semantic policy of models without their own.
+    pub policy: Policy,
     pub semantic: semantic::Limits,
 }
 
@@ -83,7 +136,9 @@ pub struct ResponseCache {
     semantic: Mutex<SemanticIndex>,
     /// Per tier (L1, L2, L3), then the semantic index.
     pub stats: [TierStats; 4],
-    threshold: AtomicU64,
+    pub semantic_counts: SemanticStats,
+    /// The default semantic policy, and each model's own (admin-set).
+    policies: Mutex<(Policy, std::collections::BTreeMap<String, Policy>)>,
     /// Models whose cache an admin made shared across tenants.
     shared: Mutex<std::collections::BTreeSet<String>>,
 }
@@ -110,7 +165,8 @@ impl ResponseCache {
             l3,
             semantic: Mutex::new(SemanticIndex::new(c.semantic)),
             stats: Default::default(),
-            threshold: AtomicU64::new(u64::from(c.threshold.to_bits())),
+            semantic_counts: SemanticStats::default(),
+            policies: Mutex::new((c.policy, Default::default())),
             shared: Mutex::default(),
         })
     }
@@ -203,13 +259,39 @@ impl ResponseCache {
         self.semantic.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    pub fn threshold(&self) -> f32 {
-        f32::from_bits(self.threshold.load(Ordering::Relaxed) as u32)
+    fn policies(
+        &self,
+    ) -> std::sync::MutexGuard<'_, (Policy, std::collections::BTreeMap<String, Policy>)> {
+        self.policies.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    pub fn set_threshold(&self, t: f32) {
-        self.threshold
-            .store(u64::from(t.to_bits()), Ordering::Relaxed);
+    /// The semantic policy of `model` (its own, or the default).
+    pub fn policy(&self, model: &str) -> Policy {
+        let p = self.policies();
+        p.1.get(model).copied().unwrap_or(p.0)
+    }
+
+    /// The default policy and every model's own.
+    pub fn policies_set(&self) -> (Policy, std::collections::BTreeMap<String, Policy>) {
+        self.policies().clone()
+    }
+
+    /// Sets the default policy (`None`) or one model's; returns it.
+    pub fn set_policy(&self, model: Option<&str>, change: PolicyChange) -> Policy {
+        let mut p = self.policies();
+        let base = model.and_then(|m| p.1.get(m).copied()).unwrap_or(p.0);
+        let new = Policy {
+            threshold: change.threshold.unwrap_or(base.threshold),
+            verify: change.verify.unwrap_or(base.verify),
+            align: change.align.map_or(base.align, |a| (a > 0.0).then_some(a)),
+        };
+        match model {
+            Some(m) => {
+                p.1.insert(m.to_string(), new);
+            }
+            None => p.0 = new,
+        }
+        new
     }
 
     /// Whether a semantic lookup in `ik` could hit at all (any entries).
@@ -217,14 +299,27 @@ impl ResponseCache {
         self.index().has(ik)
     }
 
-    /// The most similar cached question in `ik`, if over the threshold.
-    pub fn semantic_get(&self, ik: &IndexKey, vector: &[f32], text: &str) -> Option<Match> {
+    /// The most similar cached question in `ik` over its model's
+    /// threshold that the verifier accepts, if any.
+    pub fn semantic_get(&self, ik: &IndexKey, vector: &[f32], facts: &Facts) -> Option<Match> {
         let t = Instant::now();
-        let m = self
+        let policy = self.policy(&ik.model);
+        let l = self
             .index()
-            .lookup(ik, vector, text, self.threshold(), Instant::now());
-        self.semantic_stats().lookup(m.is_some(), t);
-        m
+            .lookup(ik, vector, facts, policy, Instant::now());
+        self.semantic_stats().lookup(l.hit.is_some(), t);
+        self.semantic_counts.record(&l);
+        l.hit
+    }
+
+    /// The topic words of `facts` the verifier has no vectors for yet.
+    pub fn semantic_missing_words(&self, facts: &Facts) -> Vec<String> {
+        self.index().missing_words(facts)
+    }
+
+    /// Gives the verifier word vectors (from the query encoder).
+    pub fn semantic_add_words(&self, words: Vec<(String, Vec<f32>)>) {
+        self.index().add_words(words);
     }
 
     pub fn semantic_put(&self, ik: IndexKey, vector: Vec<f32>, text: &str, key: String) {

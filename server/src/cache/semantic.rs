@@ -3,18 +3,23 @@
 //! cached, searched by exact scan (cosine similarity of unit vectors; at
 //! the sizes one scope holds, a scan of a few thousand 384-float rows is a
 //! fraction of a millisecond, less than an approximate index's overhead).
-//! A hit needs the similarity over the threshold *and* the same `Guard`:
-//! the same names, numbers and quoted words in the same order, the same
-//! kind of question (when / where / why / how many ...) and the same topic
-//! words. Embeddings alone put "the capital of Spain", "25 F to C" or "the
-//! opposite of 'lucid'" close to "the capital of France", "25 C to F" and
-//! "the meaning of 'lucid'"; the paraphrase benchmark (BENCHMARKS.md)
-//! measures what each check buys. Entries
+//! A hit needs the similarity over the model's threshold *and* the
+//! verifier's consent (`verify.rs`): embeddings alone put "the capital of
+//! Spain", "25 F to C" or "foods not high in protein" close to "the
+//! capital of France", "25 C to F" and "foods high in protein". The
+//! closest few candidates over the threshold are verified in order. The
+//! paraphrase benchmark (BENCHMARKS.md) measures what each stage buys. Entries
 //! expire after a TTL; each index and the whole are bounded, evicting the
 //! least recently used.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::HashMap;
 use std::time::{Duration, Instant};
+
+use super::verify::{Checks, Facts, Reject, verify};
+
+/// How many word vectors the index keeps for aligning topic words (about
+/// 1.5 KiB each); past that the store starts again empty.
+const WORDS: usize = 20_000;
 
 /// Which index an entry belongs to: only requests with the same scope,
 /// model and conversation context (earlier turns, system prompt, sampling
@@ -26,30 +31,10 @@ pub struct IndexKey {
     pub context: String,
 }
 
-/// What two prompts must share, beyond similar embeddings, to be the same
-/// question: the key terms in order (names, numbers, quoted words), the
-/// kind of answer asked for, and the topic words.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Guard {
-    terms: Vec<String>,
-    kind: &'static str,
-    topic: BTreeSet<String>,
-}
-
-impl Guard {
-    pub fn of(text: &str) -> Self {
-        Self {
-            terms: ordered_terms(text),
-            kind: question_kind(text),
-            topic: content_words(text),
-        }
-    }
-}
-
 #[derive(Debug, Clone)]
 struct Entry {
     vector: Vec<f32>,
-    guard: Guard,
+    facts: Facts,
     /// The exact-cache key of the answer.
     key: String,
     created: Instant,
@@ -62,6 +47,35 @@ pub struct Limits {
     pub per_index: usize,
     pub total: usize,
     pub ttl: Duration,
+}
+
+/// How many of the nearest entries over the threshold the verifier
+/// reads before a lookup gives up (each costs a few microseconds).
+const CANDIDATES: usize = 8;
+
+/// What a semantic hit needs, per model: the first stage's similarity,
+/// and whether the verifier must accept the candidate too.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, utoipa::ToSchema)]
+pub struct Policy {
+    /// Cosine similarity a candidate needs (0-1).
+    pub threshold: f32,
+    /// Whether the verifier (numbers, names, units and their direction,
+    /// negation, opposites, question kind, language, topic) must accept it.
+    pub verify: bool,
+    /// When set, topic words that differ may still match by their word
+    /// vectors' similarity (this, for a substitution); when not, only by
+    /// stem.
+    pub align: Option<f32>,
+}
+
+/// A lookup's outcome: the hit, the best similarity seen (hit or not,
+/// for the distribution), and why the first candidate over the
+/// threshold was turned down.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Lookup {
+    pub hit: Option<Match>,
+    pub best: Option<f32>,
+    pub rejected: Option<Reject>,
 }
 
 /// A match: the answer's exact-cache key and the similarity.
@@ -77,230 +91,8 @@ pub struct SemanticIndex {
     total: usize,
     limits: Limits,
     pub evictions: u64,
-}
-
-/// Words that start or shape a question rather than name what it is about;
-/// they do not count as key terms even when capitalized.
-const STOPWORDS: &[&str] = &[
-    "a",
-    "about",
-    "an",
-    "and",
-    "are",
-    "around",
-    "at",
-    "by",
-    "calculate",
-    "can",
-    "compute",
-    "convert",
-    "could",
-    "define",
-    "describe",
-    "did",
-    "do",
-    "does",
-    "explain",
-    "find",
-    "for",
-    "from",
-    "give",
-    "how",
-    "i",
-    "in",
-    "into",
-    "is",
-    "it",
-    "list",
-    "me",
-    "multiply",
-    "my",
-    "name",
-    "of",
-    "on",
-    "one",
-    "please",
-    "should",
-    "show",
-    "tell",
-    "the",
-    "to",
-    "translate",
-    "what",
-    "what's",
-    "when",
-    "where",
-    "which",
-    "who",
-    "why",
-    "will",
-    "with",
-    "would",
-    "write",
-    "you",
-];
-
-/// The terms two prompts must share for a semantic hit: numbers,
-/// capitalized words that are not question words, and quoted phrases,
-/// lowercased (a possessive `'s` dropped).
-pub fn key_terms(text: &str) -> BTreeSet<String> {
-    let mut terms = BTreeSet::new();
-    let mut rest = text;
-    // Quoted phrases first ('...' or "..."), then the remaining words.
-    let mut unquoted = String::new();
-    while let Some(start) = rest.find(['\'', '"']) {
-        let q = rest[start..].chars().next().unwrap_or('"');
-        let after = &rest[start + 1..];
-        let is_open = start == 0 || !rest[..start].ends_with(char::is_alphanumeric);
-        match after.find(q).filter(|_| is_open) {
-            Some(end) => {
-                unquoted.push_str(&rest[..start]);
-                terms.insert(after[..end].trim().to_lowercase());
-                rest = &after[end + 1..];
-            }
-            None => {
-                unquoted.push_str(&rest[..=start]);
-                rest = after;
-            }
-        }
-    }
-    unquoted.push_str(rest);
-    for raw in unquoted.split_whitespace() {
-        let word = raw.trim_matches(|c: char| !c.is_alphanumeric() && c != '-' && c != '.');
-        let word = word.trim_end_matches('.');
-        let lower = word.to_lowercase();
-        let lower = lower.strip_suffix("'s").unwrap_or(&lower).to_string();
-        let number = word.chars().any(|c| c.is_ascii_digit());
-        let name = word.chars().next().is_some_and(char::is_uppercase)
-            && !STOPWORDS.contains(&lower.as_str());
-        if number || name {
-            terms.insert(lower);
-        }
-    }
-    terms
-}
-
-/// Function words that carry no topic (on top of `STOPWORDS`).
-const FUNCTION_WORDS: &[&str] = &[
-    "am",
-    "any",
-    "as",
-    "be",
-    "been",
-    "but",
-    "city",
-    "degrees",
-    "get",
-    "have",
-    "has",
-    "need",
-    "needs",
-    "number",
-    "or",
-    "so",
-    "that",
-    "their",
-    "there",
-    "these",
-    "this",
-    "those",
-    "us",
-    "was",
-    "way",
-    "we",
-    "were",
-    "your",
-    "using",
-    "many",
-    "much",
-    "long",
-    "time",
-    "minutes",
-    "year",
-    "equals",
-    "equal",
-    "word",
-    "mean",
-    "meaning",
-    "definition",
-    "say",
-];
-
-/// The topic words of a prompt: lowercased alphanumeric words that are
-/// neither question words nor function words, with a crude plural `s`
-/// and possessive `'s` dropped.
-pub fn content_words(text: &str) -> BTreeSet<String> {
-    text.split(|c: char| !(c.is_alphanumeric() || c == '\'' || c == '-'))
-        .map(|w| {
-            w.trim_matches(|c: char| c == '\'' || c == '-')
-                .to_lowercase()
-        })
-        .map(|w| w.strip_suffix("'s").map(str::to_string).unwrap_or(w))
-        .filter(|w| {
-            !w.is_empty()
-                && !STOPWORDS.contains(&w.as_str())
-                && !FUNCTION_WORDS.contains(&w.as_str())
-        })
-        .map(|w| match w.strip_suffix('s') {
-            Some(stem) if stem.len() > 3 && !stem.ends_with('s') => stem.to_string(),
-            _ => w,
-        })
-        .collect()
-}
-
-/// What kind of answer a question asks for, from its question words: a
-/// time, a place, a reason, a person, a quantity, a manner, or other.
-pub fn question_kind(text: &str) -> &'static str {
-    let words: Vec<String> = text
-        .split(|c: char| !c.is_alphanumeric())
-        .filter(|w| !w.is_empty())
-        .map(str::to_lowercase)
-        .collect();
-    let has = |w: &str| words.iter().any(|x| x == w);
-    let pair = |a: &str, b: &str| words.windows(2).any(|p| p[0] == a && p[1] == b);
-    if has("when") || pair("what", "year") || pair("which", "year") {
-        "time"
-    } else if has("where") {
-        "place"
-    } else if has("why") {
-        "reason"
-    } else if has("who") || has("whom") {
-        "person"
-    } else if pair("how", "many") || pair("how", "much") {
-        "quantity"
-    } else if pair("how", "long") {
-        "duration"
-    } else if has("how") {
-        "manner"
-    } else {
-        "other"
-    }
-}
-
-/// The key terms in the order they appear (first occurrence each): "25
-/// Celsius to Fahrenheit" and "25 Fahrenheit to Celsius" differ.
-pub fn ordered_terms(text: &str) -> Vec<String> {
-    let set = key_terms(text);
-    let mut out: Vec<String> = Vec::new();
-    let lower = text.to_lowercase();
-    let mut found: Vec<(usize, &String)> = set
-        .iter()
-        .filter_map(|t| lower.find(t.as_str()).map(|i| (i, t)))
-        .collect();
-    found.sort();
-    for (_, t) in found {
-        if !out.contains(t) {
-            out.push(t.clone());
-        }
-    }
-    out
-}
-
-/// How many topic words one prompt has that the other lacks.
-pub fn topic_drift(a: &str, b: &str) -> usize {
-    content_words(a)
-        .symmetric_difference(&content_words(b))
-        .count()
+    /// Vectors of single topic words ("tallest", "highest"), by word.
+    words: HashMap<String, Vec<f32>>,
 }
 
 /// Cosine similarity of two unit vectors.
@@ -315,6 +107,7 @@ impl SemanticIndex {
             total: 0,
             limits,
             evictions: 0,
+            words: HashMap::new(),
         }
     }
 
@@ -350,7 +143,7 @@ impl SemanticIndex {
         }
         entries.push(Entry {
             vector,
-            guard: Guard::of(text),
+            facts: Facts::of(text),
             key,
             created: now,
             used: now,
@@ -359,32 +152,76 @@ impl SemanticIndex {
         while self.total > self.limits.total && self.evict_oldest() {}
     }
 
-    /// The most similar live entry over `threshold` with the same key
-    /// terms, if any (expired entries met on the way are dropped).
+    /// The most similar live entry over the policy's threshold that the
+    /// verifier accepts (the closest few are tried in order); expired
+    /// entries met on the way are dropped.
     pub fn lookup(
         &mut self,
         ik: &IndexKey,
         vector: &[f32],
-        text: &str,
-        threshold: f32,
+        query: &Facts,
+        policy: Policy,
         now: Instant,
-    ) -> Option<Match> {
+    ) -> Lookup {
         let ttl = self.limits.ttl;
-        let entries = self.indexes.get_mut(ik)?;
+        let Some(entries) = self.indexes.get_mut(ik) else {
+            return Lookup::default();
+        };
         let before = entries.len();
         entries.retain(|e| now.duration_since(e.created) < ttl);
         self.total -= before - entries.len();
-        let guard = Guard::of(text);
-        let best = entries
-            .iter_mut()
-            .map(|e| (similarity(&e.vector, vector), e))
-            .filter(|(s, e)| *s >= threshold && e.guard == guard)
-            .max_by(|a, b| a.0.total_cmp(&b.0))?;
-        best.1.used = now;
-        Some(Match {
-            key: best.1.key.clone(),
-            similarity: best.0,
-        })
+        let mut near: Vec<(f32, usize)> = entries
+            .iter()
+            .enumerate()
+            .map(|(i, e)| (similarity(&e.vector, vector), i))
+            .collect();
+        let best = near.iter().map(|n| n.0).max_by(f32::total_cmp);
+        near.retain(|n| n.0 >= policy.threshold);
+        near.sort_by(|a, b| b.0.total_cmp(&a.0));
+        let mut out = Lookup {
+            best,
+            ..Lookup::default()
+        };
+        for &(sim, i) in near.iter().take(CANDIDATES) {
+            let e = &mut entries[i];
+            let verdict = match policy.verify {
+                true => verify(&e.facts, query, Checks::aligned(policy.align), &self.words),
+                false => Ok(()),
+            };
+            match verdict {
+                Ok(()) => {
+                    e.used = now;
+                    out.hit = Some(Match {
+                        key: e.key.clone(),
+                        similarity: sim,
+                    });
+                    return out;
+                }
+                Err(why) => {
+                    out.rejected.get_or_insert(why);
+                }
+            }
+        }
+        out
+    }
+
+    /// The topic words of `facts` whose vectors the index lacks.
+    pub fn missing_words(&self, facts: &Facts) -> Vec<String> {
+        facts
+            .topic_words()
+            .filter(|w| !self.words.contains_key(*w))
+            .map(str::to_string)
+            .collect()
+    }
+
+    /// Keeps word vectors for the topic check (bounded by `WORDS`).
+    pub fn add_words(&mut self, words: impl IntoIterator<Item = (String, Vec<f32>)>) {
+        for (w, v) in words {
+            if self.words.len() >= WORDS {
+                self.words.clear();
+            }
+            self.words.insert(w, v);
+        }
     }
 
     /// Whether `ik` has any entry (a lookup there could hit).
@@ -471,105 +308,115 @@ mod tests {
         }
     }
 
-    #[test]
-    fn key_terms_keep_names_numbers_and_quotes_but_not_question_words() {
-        let t = |s| key_terms(s).into_iter().collect::<Vec<_>>();
-        assert_eq!(t("What is the capital of France?"), ["france"]);
-        assert_eq!(t("France's capital is which city?"), ["france"]);
-        assert_eq!(t("Which city is the capital of France?"), ["france"]);
-        assert_eq!(
-            t("Convert 25 degrees Celsius to Fahrenheit."),
-            ["25", "celsius", "fahrenheit"]
-        );
-        assert_eq!(t("What is 12 times 7?"), ["12", "7"]);
-        assert_eq!(t("Define 'ephemeral'."), ["ephemeral"]);
-        assert_eq!(t("How do I reverse a list in Python?"), ["python"]);
-        assert_eq!(
-            t("Translate 'I love you' into Dutch."),
-            ["dutch", "i love you"]
-        );
-        assert_ne!(
-            t("What is the capital of Spain?"),
-            t("What is the capital of France?")
-        );
+    const ON: Policy = Policy {
+        threshold: 0.9,
+        verify: true,
+        align: None,
+    };
+
+    fn find(
+        s: &mut SemanticIndex,
+        ik: &IndexKey,
+        v: &[f32],
+        text: &str,
+        p: Policy,
+        now: Instant,
+    ) -> Option<String> {
+        s.lookup(ik, v, &Facts::of(text), p, now).hit.map(|m| m.key)
     }
 
     #[test]
-    fn a_hit_needs_the_threshold_the_terms_and_the_same_index() {
+    fn a_hit_needs_the_threshold_the_verifier_and_the_same_index() {
         let mut s = SemanticIndex::new(limits());
         let now = Instant::now();
         let v = unit(&[1.0, 0.0, 0.1]);
-        s.insert(
-            ik("a", "c"),
-            v.clone(),
-            "What is the capital of France?",
-            "k1".into(),
-            now,
-        );
+        let france = "What is the capital of France?";
+        s.insert(ik("a", "c"), v.clone(), france, "k1".into(), now);
         let close = unit(&[1.0, 0.05, 0.1]);
-        let hit = s.lookup(
+        let para = "Which city is the capital of France?";
+        assert_eq!(
+            find(&mut s, &ik("a", "c"), &close, para, ON, now).as_deref(),
+            Some("k1")
+        );
+        let spain = s.lookup(
             &ik("a", "c"),
             &close,
-            "Which city is the capital of France?",
-            0.9,
+            &Facts::of("What is the capital of Spain?"),
+            ON,
             now,
         );
-        assert_eq!(hit.map(|m| m.key), Some("k1".to_string()));
-        assert!(
-            s.lookup(
+        assert_eq!(spain.hit, None);
+        assert_eq!(spain.rejected, Some(Reject::Names));
+        assert!(spain.best.is_some_and(|b| b > 0.99));
+        let off = Policy {
+            verify: false,
+            ..ON
+        };
+        assert_eq!(
+            find(
+                &mut s,
                 &ik("a", "c"),
                 &close,
                 "What is the capital of Spain?",
-                0.9,
+                off,
                 now
             )
-            .is_none()
+            .as_deref(),
+            Some("k1"),
+            "the verifier off: similarity alone"
         );
-        assert!(
-            s.lookup(
-                &ik("b", "c"),
-                &close,
-                "What is the capital of France?",
-                0.9,
-                now
-            )
-            .is_none(),
+        assert_eq!(
+            find(&mut s, &ik("b", "c"), &close, france, ON, now),
+            None,
             "another tenant"
         );
-        assert!(
-            s.lookup(
-                &ik("a", "other turns"),
-                &close,
-                "What is the capital of France?",
-                0.9,
-                now
-            )
-            .is_none()
+        assert_eq!(
+            find(&mut s, &ik("a", "other turns"), &close, france, ON, now),
+            None
         );
         let far = unit(&[0.0, 1.0, 0.0]);
-        assert!(
-            s.lookup(
-                &ik("a", "c"),
-                &far,
-                "What is the capital of France?",
-                0.9,
-                now
-            )
-            .is_none()
+        let miss = s.lookup(&ik("a", "c"), &far, &Facts::of(france), ON, now);
+        assert_eq!(
+            (miss.hit, miss.rejected),
+            (None, None),
+            "under the threshold"
         );
         let later = now + Duration::from_secs(61);
-        assert!(
-            s.lookup(
-                &ik("a", "c"),
-                &v,
-                "What is the capital of France?",
-                0.9,
-                later
-            )
-            .is_none(),
+        assert_eq!(
+            find(&mut s, &ik("a", "c"), &v, france, ON, later),
+            None,
             "expired"
         );
         assert!(s.is_empty());
+    }
+
+    #[test]
+    fn a_rejected_nearest_entry_does_not_hide_an_accepted_one_behind_it() {
+        let mut s = SemanticIndex::new(limits());
+        let now = Instant::now();
+        s.insert(
+            ik("a", "c"),
+            unit(&[1.0, 0.0, 0.0]),
+            "Convert 10 km to miles",
+            "km".into(),
+            now,
+        );
+        s.insert(
+            ik("a", "c"),
+            unit(&[1.0, 0.2, 0.0]),
+            "Convert 10 miles to km",
+            "mi".into(),
+            now,
+        );
+        let q = unit(&[1.0, 0.01, 0.0]);
+        let got = s.lookup(
+            &ik("a", "c"),
+            &q,
+            &Facts::of("How many kilometers are in ten miles?"),
+            ON,
+            now,
+        );
+        assert_eq!(got.hit.map(|m| m.key).as_deref(), Some("mi"));
     }
 
     #[test]

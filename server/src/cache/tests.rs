@@ -30,7 +30,11 @@ fn config(dir: &std::path::Path, redis: Option<&str>) -> CacheConfig {
         l2_bytes: 1 << 20,
         redis_url: redis.map(str::to_string),
         ttl: Duration::from_secs(60),
-        threshold: 0.95,
+        policy: semantic::Policy {
+            threshold: 0.95,
+            verify: true,
+            align: None,
+        },
         semantic: semantic::Limits {
             per_index: 100,
             total: 1000,

@@ -438,6 +438,7 @@ fn cache_metrics(out: &mut String, cache: &crate::cache::ResponseCache) {
             s.lookup_micros.load(Relaxed) as f64 / 1e6
         );
     }
+    semantic_metrics(out, cache);
     let (b1, n1, b2, n2) = cache.sizes();
     let n3 = cache.semantic_len() as u64;
     for (name, help, rows) in [
@@ -462,6 +463,48 @@ fn cache_metrics(out: &mut String, cache: &crate::cache::ResponseCache) {
             let _ = writeln!(out, "{name}{{tier=\"{tier}\"}} {v}");
         }
     }
+}
+
+/// The semantic cache's verifier rejections by reason, and the
+/// histogram of each lookup's nearest similarity.
+fn semantic_metrics(out: &mut String, cache: &crate::cache::ResponseCache) {
+    use crate::cache::{SIMILARITY_BUCKETS, verify::Reject};
+    use std::sync::atomic::Ordering::Relaxed;
+    let counts = &cache.semantic_counts;
+    let name = "synor:cache_semantic_rejections_total";
+    Family {
+        name,
+        kind: "counter",
+        help: "Semantic lookups that missed because the verifier rejected the nearest candidate over the threshold, by reason.",
+    }
+    .header(out);
+    for (r, n) in Reject::ALL.iter().zip(&counts.rejections) {
+        let _ = writeln!(
+            out,
+            "{name}{{reason=\"{}\"}} {}",
+            r.as_str(),
+            n.load(Relaxed)
+        );
+    }
+    let name = "synor:cache_semantic_similarity";
+    Family {
+        name,
+        kind: "histogram",
+        help: "Similarity of each semantic lookup's nearest cached question (hit or not).",
+    }
+    .header(out);
+    let mut total = 0;
+    for (le, n) in SIMILARITY_BUCKETS.iter().zip(&counts.similarity) {
+        total += n.load(Relaxed);
+        let _ = writeln!(out, "{name}_bucket{{le=\"{le}\"}} {total}");
+    }
+    let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {total}");
+    let sum = *counts
+        .similarity_sum
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
+    let _ = writeln!(out, "{name}_sum {sum}");
+    let _ = writeln!(out, "{name}_count {total}");
 }
 
 /// The whole exposition.

@@ -15,7 +15,8 @@
 //!   the caches).
 //! - A semantic hit needs the same scope, model and context (earlier turns,
 //!   system prompt, parameters, hashed into the index key), a similar last
-//!   user message over the threshold, and the same guard terms.
+//!   user message over the model's threshold, and the verifier's consent
+//!   (`cache::verify`).
 
 use std::fmt::Write as _;
 use std::sync::Arc;
@@ -26,6 +27,7 @@ use sha2::{Digest, Sha256};
 use crate::cache::ResponseCache;
 use crate::cache::answer::{CachedAnswer, CachedChoice, KeyParts, exact_key, hex};
 use crate::cache::semantic::IndexKey;
+use crate::cache::verify::Facts;
 use crate::ledger::money::BPS;
 use crate::ledger::{Prices, Quote};
 use crate::services::ServiceError;
@@ -284,7 +286,11 @@ impl ResponseCaching {
         }
         let vector = query_vector(self.embedder()?, self.dispatch.clone(), &text).await?;
         plan.vector = Some(vector.clone());
-        let m = cache.semantic_get(&ik, &vector, &text)?;
+        let facts = Facts::of(&text);
+        if cache.policy(&ik.model).align.is_some() {
+            learn_words(&self.cache, self.embedder(), &facts).await;
+        }
+        let m = cache.semantic_get(&ik, &vector, &facts)?;
         match cache.get(&plan.scope, &plan.model, &m.key).await {
             Some((answer, _)) => Some(Hit {
                 answer,
@@ -385,6 +391,9 @@ impl ResponseCaching {
             let Some((ik, text)) = plan.semantic else {
                 return;
             };
+            if cache.policy(&ik.model).align.is_some() {
+                learn_words(&cache, embedder.clone(), &Facts::of(&text)).await;
+            }
             let vector = match (plan.vector, embedder) {
                 (Some(v), _) => v,
                 (None, Some(e)) => match query_vector(e, dispatch, &text).await {
@@ -395,6 +404,25 @@ impl ResponseCaching {
             };
             cache.semantic_put(ik, vector, &text, plan.key);
         });
+    }
+}
+
+/// Embeds the topic words of `facts` the verifier has no vectors for (one
+/// word each, with the query encoder), so that it can tell "tallest" from
+/// "highest" and "boil" from "poach". On failure the words stay unknown
+/// and only the same stems align.
+async fn learn_words(
+    cache: &ResponseCache,
+    embedder: Option<(String, EmbeddingHandle)>,
+    facts: &Facts,
+) {
+    let missing = cache.semantic_missing_words(facts);
+    let Some((_, encoder)) = embedder.filter(|_| !missing.is_empty()) else {
+        return;
+    };
+    match encoder.embed_queries(missing.clone()).await {
+        Ok(vectors) => cache.semantic_add_words(missing.into_iter().zip(vectors).collect()),
+        Err(e) => tracing::warn!(error = %e, "semantic cache: word vectors failed"),
     }
 }
 

@@ -140,11 +140,22 @@ pub struct TierSize {
     pub entries: u64,
 }
 
-/// The semantic index's size and threshold.
+/// The semantic index's size, policies and verifier rejections.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct SemanticSize {
     pub entries: usize,
+    /// The default policy's threshold.
     pub threshold: f32,
+    /// Whether the default policy verifies candidates.
+    pub verify: bool,
+    /// The default policy's word alignment (absent: off).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub align: Option<f32>,
+    /// Models with their own policy.
+    pub models: std::collections::BTreeMap<String, crate::cache::semantic::Policy>,
+    /// Lookups that missed because the verifier turned the nearest
+    /// candidate down, by reason.
+    pub rejections: std::collections::BTreeMap<String, u64>,
 }
 
 /// `GET /admin/cache`.
@@ -173,10 +184,16 @@ pub struct Flushed {
     pub removed: Removed,
 }
 
-/// The semantic threshold, as set.
+/// A semantic policy, as set (`model` absent: the default).
 #[derive(Debug, Serialize, ToSchema)]
 pub struct ThresholdSet {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
     pub threshold: f32,
+    pub verify: bool,
+    /// Word alignment (absent: off).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub align: Option<f32>,
 }
 
 /// A model's cache sharing, as set.

@@ -67,9 +67,21 @@ pub(crate) async fn stats(State(state): State<AppState>) -> Result<Json<CacheSta
             bytes: b2,
             entries: n2,
         },
-        semantic: SemanticSize {
-            entries: c.semantic_len(),
-            threshold: c.threshold(),
+        semantic: {
+            let (default, models) = c.policies_set();
+            let rejections = crate::cache::verify::Reject::ALL
+                .iter()
+                .zip(&c.semantic_counts.rejections)
+                .map(|(r, n)| (r.as_str().to_string(), n.load(Relaxed)))
+                .collect();
+            SemanticSize {
+                entries: c.semantic_len(),
+                threshold: default.threshold,
+                verify: default.verify,
+                align: default.align,
+                models,
+                rejections,
+            }
         },
         shared_models: c.shared_models(),
     }))
@@ -110,28 +122,64 @@ pub(crate) async fn flush(
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct Threshold {
-    /// Cosine similarity a semantic hit needs (0-1).
-    threshold: f32,
+    /// Cosine similarity a semantic candidate needs (0-1).
+    #[serde(default)]
+    threshold: Option<f32>,
+    /// Whether candidates must also pass the verifier.
+    #[serde(default)]
+    verify: Option<bool>,
+    /// Align differing topic words by their vectors at this similarity
+    /// (0-1; 0 turns it off: only the same stems match).
+    #[serde(default)]
+    align: Option<f32>,
+    /// Only this model (absent: the default of every model without its own).
+    #[serde(default)]
+    model: Option<String>,
 }
 
-/// Admin: sets the semantic similarity threshold.
+/// Admin: sets the semantic policy (threshold and/or verifier), the
+/// default or one model's.
 #[utoipa::path(put, path = "/admin/cache/threshold", tag = "admin", request_body = Threshold,
-    responses((status = 200, description = "Updated", body = ThresholdSet), (status = 400, description = "Out of range", body = crate::http::error::ErrorResponse), (status = 401, description = "Missing or wrong admin token", body = crate::http::error::ErrorResponse)),
+    responses((status = 200, description = "Updated", body = ThresholdSet), (status = 400, description = "Out of range or empty", body = crate::http::error::ErrorResponse), (status = 404, description = "No such model", body = crate::http::error::ErrorResponse), (status = 401, description = "Missing or wrong admin token", body = crate::http::error::ErrorResponse)),
     security(("admin_token" = [])))]
 pub(crate) async fn threshold(
     State(state): State<AppState>,
     ApiJson(t): ApiJson<Threshold>,
 ) -> Result<Json<ThresholdSet>, ApiError> {
     let c = cache(&state)?;
-    if !(0.0..=1.0).contains(&t.threshold) {
+    let in_range = |x: Option<f32>| x.is_none_or(|x| (0.0..=1.0).contains(&x));
+    if !in_range(t.threshold) {
         return Err(ApiError::invalid(
             "threshold",
             "a threshold is between 0 and 1",
         ));
     }
-    c.set_threshold(t.threshold);
-    Ok(Json(ThresholdSet {
+    if !in_range(t.align) {
+        return Err(ApiError::invalid(
+            "align",
+            "an alignment is between 0 and 1",
+        ));
+    }
+    if t.threshold.is_none() && t.verify.is_none() && t.align.is_none() {
+        return Err(ApiError::invalid(
+            "threshold",
+            "set `threshold`, `verify` or `align`",
+        ));
+    }
+    if let Some(m) = &t.model {
+        state.models.get(m)?;
+    }
+    let change = crate::cache::PolicyChange {
         threshold: t.threshold,
+        verify: t.verify,
+        align: t.align,
+    };
+    let p = c.set_policy(t.model.as_deref(), change);
+    Ok(Json(ThresholdSet {
+        model: t.model,
+        threshold: p.threshold,
+        verify: p.verify,
+        align: p.align,
     }))
 }
 
