@@ -250,6 +250,7 @@ def test_paraphrases_hit_near_misses_never_and_operators_see_why(cache_server):
     wait_semantic_entries(base, before["entries"] + len(EVERYDAY))
     lookups = metric(base, "synor:cache_semantic_similarity_count")
     hits = [q for _, q in EVERYDAY if ask(base, q, key, model=SMOL)[1] == "semantic"]
+    print(f"{len(hits)} of {len(EVERYDAY)} paraphrases hit:", hits)
     assert len(hits) >= 10, hits
     for q in NEAR_MISSES:
         assert ask(base, q, key, model=SMOL)[1] == "miss", q

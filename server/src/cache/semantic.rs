@@ -65,6 +65,7 @@ pub struct Policy {
     /// When set, topic words that differ may still match by their word
     /// vectors' similarity (this, for a substitution); when not, only by
     /// stem.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub align: Option<f32>,
 }
 
