@@ -133,3 +133,79 @@ async fn l1_is_bounded_by_bytes() {
         "{bytes} bytes, {entries} entries"
     );
 }
+
+#[test]
+fn semantic_policies_are_per_model_and_lookups_count_rejections_and_similarity() {
+    let dir = tmp();
+    let c = ResponseCache::new(&config(&dir, None)).expect("cache");
+    let change = |threshold, verify| PolicyChange {
+        threshold,
+        verify,
+        align: None,
+    };
+    assert_eq!(c.policy("m").threshold, 0.95);
+    let own = c.set_policy(Some("m"), change(Some(0.6), None));
+    assert_eq!((own.threshold, own.verify), (0.6, true));
+    assert_eq!(c.policy("m"), own);
+    assert_eq!(
+        c.policy("other").threshold,
+        0.95,
+        "the default is untouched"
+    );
+    c.set_policy(None, change(None, Some(false)));
+    assert!(!c.policy("other").verify);
+    assert!(
+        c.policy("m").verify,
+        "a model's own policy outlives a new default"
+    );
+    let aligned = c.set_policy(
+        Some("m"),
+        PolicyChange {
+            align: Some(0.7),
+            ..PolicyChange::default()
+        },
+    );
+    assert_eq!(aligned.align, Some(0.7));
+    assert_eq!(
+        c.set_policy(
+            Some("m"),
+            PolicyChange {
+                align: Some(0.0),
+                ..PolicyChange::default()
+            }
+        )
+        .align,
+        None
+    );
+
+    let ik = IndexKey {
+        scope: "s".into(),
+        model: "m".into(),
+        context: "c".into(),
+    };
+    let v = vec![1.0, 0.0];
+    c.semantic_put(ik.clone(), v.clone(), "Convert 10 miles to km", "k".into());
+    let near = [0.99f32, 0.141];
+    let facts = Facts::of("Convert 10 km to miles");
+    assert_eq!(c.semantic_get(&ik, &near, &facts), None);
+    assert!(
+        c.semantic_get(&ik, &near, &Facts::of("How many km is 10 miles?"))
+            .is_some()
+    );
+    let direction = Reject::ALL
+        .iter()
+        .position(|r| *r == Reject::Direction)
+        .expect("reason");
+    assert_eq!(
+        c.semantic_counts.rejections[direction].load(Ordering::Relaxed),
+        1
+    );
+    let seen: u64 = c
+        .semantic_counts
+        .similarity
+        .iter()
+        .map(|n| n.load(Ordering::Relaxed))
+        .sum();
+    assert_eq!(seen, 2, "every lookup's nearest similarity is counted");
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -626,9 +626,14 @@ impl Facts {
         let (quoted, rest) = quoted_phrases(&text);
         let ws = words(&rest);
         let mut all = words(&quoted);
+        // A quoted word or two is the subject, even "who" or "the"; a
+        // quoted sentence is read as words.
+        let short = quoted
+            .split(" . ")
+            .all(|q| q.split_whitespace().count() <= 2);
         all.iter_mut().for_each(|w| {
             w.initial = true;
-            w.quoted = true;
+            w.quoted = short;
         });
         all.splice(0..0, words(&rest));
         let negated = all
@@ -769,7 +774,10 @@ impl Facts {
             self.directed = true;
         } else if lower.chars().any(char::is_alphanumeric)
             && (w.quoted
-                || !(STOPWORDS.contains(&lower) || NEGATIONS.contains(&lower) || is_filler(lower)))
+                || !(STOPWORDS.contains(&lower)
+                    || NEGATIONS.contains(&lower)
+                    || CONVERT.contains(&lower)
+                    || is_filler(lower)))
         {
             let s = stem(lower);
             let capital = w.raw.chars().next().is_some_and(char::is_uppercase);
