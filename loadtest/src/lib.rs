@@ -21,6 +21,7 @@ pub mod cli;
 pub mod client;
 pub mod compare;
 pub mod dataset;
+pub mod genmodel;
 pub mod metrics;
 pub mod overhead;
 pub mod plot;

@@ -1,0 +1,359 @@
+//! Benchmark models of realistic shapes: a GGUF file with random weights
+//! in the layout llama.cpp writes (the same tensor names, types and
+//! metadata), so that every byte a real model of that shape reads is read,
+//! and llama.cpp and Synor can be run on the same file. The text is noise.
+//! The tokenizer is copied from a real GGUF (SmolLM2's by default) and
+//! padded with unused tokens up to the shape's vocabulary.
+//!
+//! `cargo run --release -p loadtest --bin synor-genmodel -- --shape llama-1b --quant q4_0`
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use anyhow::{Context, Result, bail};
+use candle_core::quantized::gguf_file::{self, Value};
+use candle_core::quantized::{GgmlDType, QTensor};
+use candle_core::{Device, Tensor};
+
+/// A model's shape (the `{arch}.*` keys and the tensors they imply).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Shape {
+    pub name: &'static str,
+    pub arch: &'static str,
+    pub hidden: usize,
+    pub layers: usize,
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub ffn: usize,
+    pub vocab: usize,
+    /// `attn_q/k/v` carry biases (Qwen2).
+    pub qkv_bias: bool,
+    /// No `output.weight`: the embedding is the output projection.
+    pub tied: bool,
+    pub rope_theta: f32,
+}
+
+/// The shapes of Llama-3.2-1B and -3B and Qwen2.5-0.5B.
+pub const SHAPES: [Shape; 3] = [
+    Shape {
+        name: "llama-1b",
+        arch: "llama",
+        hidden: 2048,
+        layers: 16,
+        heads: 32,
+        kv_heads: 8,
+        ffn: 8192,
+        vocab: 128_256,
+        qkv_bias: false,
+        tied: true,
+        rope_theta: 500_000.0,
+    },
+    Shape {
+        name: "llama-3b",
+        arch: "llama",
+        hidden: 3072,
+        layers: 28,
+        heads: 24,
+        kv_heads: 8,
+        ffn: 8192,
+        vocab: 128_256,
+        qkv_bias: false,
+        tied: true,
+        rope_theta: 500_000.0,
+    },
+    Shape {
+        name: "qwen2-0.5b",
+        arch: "qwen2",
+        hidden: 896,
+        layers: 24,
+        heads: 14,
+        kv_heads: 2,
+        ffn: 4864,
+        vocab: 151_936,
+        qkv_bias: true,
+        tied: true,
+        rope_theta: 1_000_000.0,
+    },
+];
+
+/// How the weights are quantized, as llama.cpp's `quantize` names it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Quant {
+    Q4_0,
+    /// Q4_K, with `attn_v` and `ffn_down` in Q6_K on the layers llama.cpp
+    /// gives more bits (the first and last eighth, and every third between),
+    /// and the output projection in Q6_K.
+    Q4KM,
+}
+
+impl std::str::FromStr for Quant {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.to_ascii_lowercase().as_str() {
+            "q4_0" => Ok(Self::Q4_0),
+            "q4_k_m" => Ok(Self::Q4KM),
+            other => Err(format!("unknown quantization `{other}` (q4_0, q4_k_m)")),
+        }
+    }
+}
+
+impl Quant {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Q4_0 => "Q4_0",
+            Self::Q4KM => "Q4_K_M",
+        }
+    }
+
+    /// llama.cpp's `general.file_type` for it.
+    fn file_type(self) -> u32 {
+        match self {
+            Self::Q4_0 => 2,
+            Self::Q4KM => 15,
+        }
+    }
+
+    /// The type of a matrix: `kind` is its name after `blk.N.`.
+    fn of(self, kind: &str, layer: Option<usize>, layers: usize) -> GgmlDType {
+        match self {
+            Self::Q4_0 => GgmlDType::Q4_0,
+            Self::Q4KM => {
+                let more_bits = layer.is_none_or(|i| {
+                    i < layers / 8 || i >= 7 * layers / 8 || (i - layers / 8) % 3 == 2
+                });
+                let wide = matches!(kind, "attn_v.weight" | "ffn_down.weight" | "output.weight");
+                if wide && more_bits {
+                    GgmlDType::Q6K
+                } else {
+                    GgmlDType::Q4K
+                }
+            }
+        }
+    }
+}
+
+/// Uniform noise in `[-scale, scale]` from a xorshift stream.
+struct Noise(u64);
+
+impl Noise {
+    fn fill(&mut self, n: usize, scale: f32) -> Vec<f32> {
+        (0..n)
+            .map(|_| {
+                self.0 ^= self.0 << 13;
+                self.0 ^= self.0 >> 7;
+                self.0 ^= self.0 << 17;
+                ((self.0 >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * scale
+            })
+            .collect()
+    }
+}
+
+fn matrix(noise: &mut Noise, rows: usize, cols: usize, dtype: GgmlDType) -> Result<QTensor> {
+    // As llama.cpp does where a row is not a whole number of 256-blocks
+    // (Qwen2's 896): Q5_0 for Q4_K, Q8_0 for Q6_K.
+    let whole = cols.is_multiple_of(256);
+    let dtype = if dtype == GgmlDType::Q4K && !whole {
+        GgmlDType::Q5_0
+    } else if dtype == GgmlDType::Q6K && !whole {
+        GgmlDType::Q8_0
+    } else {
+        dtype
+    };
+    let scale = (3.0 / cols as f32).sqrt();
+    let t = Tensor::from_vec(noise.fill(rows * cols, scale), (rows, cols), &Device::Cpu)?;
+    Ok(QTensor::quantize(&t, dtype)?)
+}
+
+fn vector(values: Vec<f32>) -> Result<QTensor> {
+    let n = values.len();
+    let t = Tensor::from_vec(values, n, &Device::Cpu)?;
+    Ok(QTensor::quantize(&t, GgmlDType::F32)?)
+}
+
+/// Every tensor of `shape`, named as llama.cpp names them.
+fn tensors(shape: &Shape, quant: Quant, seed: u64) -> Result<Vec<(String, QTensor)>> {
+    let mut noise = Noise(seed | 1);
+    let (h, kv) = (shape.hidden, shape.kv_heads * (shape.hidden / shape.heads));
+    let mut out = Vec::new();
+    let embd = quant.of("token_embd.weight", None, shape.layers);
+    // llama.cpp keeps the embedding in Q4_K for Q4_K_M, Q4_0 for Q4_0.
+    let embd = if embd == GgmlDType::Q6K {
+        GgmlDType::Q4K
+    } else {
+        embd
+    };
+    out.push((
+        "token_embd.weight".into(),
+        matrix(&mut noise, shape.vocab, h, embd)?,
+    ));
+    for i in 0..shape.layers {
+        let p = format!("blk.{i}");
+        let dt = |k: &str| quant.of(k, Some(i), shape.layers);
+        out.push((format!("{p}.attn_norm.weight"), vector(vec![1.0; h])?));
+        for (k, rows) in [("attn_q", h), ("attn_k", kv), ("attn_v", kv)] {
+            let name = format!("{k}.weight");
+            out.push((
+                format!("{p}.{name}"),
+                matrix(&mut noise, rows, h, dt(&name))?,
+            ));
+            if shape.qkv_bias {
+                out.push((format!("{p}.{k}.bias"), vector(noise.fill(rows, 0.02))?));
+            }
+        }
+        out.push((
+            format!("{p}.attn_output.weight"),
+            matrix(&mut noise, h, h, dt("attn_output.weight"))?,
+        ));
+        out.push((format!("{p}.ffn_norm.weight"), vector(vec![1.0; h])?));
+        out.push((
+            format!("{p}.ffn_gate.weight"),
+            matrix(&mut noise, shape.ffn, h, dt("ffn_gate.weight"))?,
+        ));
+        out.push((
+            format!("{p}.ffn_up.weight"),
+            matrix(&mut noise, shape.ffn, h, dt("ffn_up.weight"))?,
+        ));
+        out.push((
+            format!("{p}.ffn_down.weight"),
+            matrix(&mut noise, h, shape.ffn, dt("ffn_down.weight"))?,
+        ));
+    }
+    out.push(("output_norm.weight".into(), vector(vec![1.0; h])?));
+    if !shape.tied {
+        let dt = quant.of("output.weight", None, shape.layers);
+        out.push((
+            "output.weight".into(),
+            matrix(&mut noise, shape.vocab, h, dt)?,
+        ));
+    }
+    Ok(out)
+}
+
+/// The source's `tokenizer.*` keys, its token lists padded to `vocab`.
+fn tokenizer(source: &gguf_file::Content, vocab: usize) -> Result<Vec<(String, Value)>> {
+    let mut out = Vec::new();
+    for (k, v) in &source.metadata {
+        if !k.starts_with("tokenizer.") {
+            continue;
+        }
+        let v = match (k.as_str(), v) {
+            ("tokenizer.ggml.tokens", Value::Array(a)) => {
+                if a.len() > vocab {
+                    bail!(
+                        "the tokenizer has {} tokens, more than the shape's {vocab}",
+                        a.len()
+                    );
+                }
+                let mut a = a.clone();
+                a.extend((a.len()..vocab).map(|i| Value::String(format!("<|unused_{i}|>"))));
+                Value::Array(a)
+            }
+            // Padding tokens are "unused" (5).
+            ("tokenizer.ggml.token_type", Value::Array(a)) => {
+                let mut a = a.clone();
+                a.resize(vocab, Value::I32(5));
+                Value::Array(a)
+            }
+            ("tokenizer.ggml.scores", Value::Array(a)) => {
+                let mut a = a.clone();
+                a.resize(vocab, Value::F32(0.0));
+                Value::Array(a)
+            }
+            (_, v) => v.clone(),
+        };
+        out.push((k.clone(), v));
+    }
+    if out.is_empty() {
+        bail!("the tokenizer source has no tokenizer.* keys");
+    }
+    Ok(out)
+}
+
+/// The model's metadata: llama.cpp's keys for `shape`, and the tokenizer.
+fn metadata(shape: &Shape, quant: Quant, tok: Vec<(String, Value)>) -> Vec<(String, Value)> {
+    let a = shape.arch;
+    let u = |v: usize| Value::U32(v as u32);
+    let mut m = vec![
+        ("general.architecture".to_string(), Value::String(a.into())),
+        (
+            "general.name".to_string(),
+            Value::String(format!(
+                "synor-bench {} {} (random weights)",
+                shape.name,
+                quant.as_str()
+            )),
+        ),
+        (
+            "general.file_type".to_string(),
+            Value::U32(quant.file_type()),
+        ),
+        (format!("{a}.context_length"), u(8192)),
+        (format!("{a}.embedding_length"), u(shape.hidden)),
+        (format!("{a}.block_count"), u(shape.layers)),
+        (format!("{a}.feed_forward_length"), u(shape.ffn)),
+        (format!("{a}.attention.head_count"), u(shape.heads)),
+        (format!("{a}.attention.head_count_kv"), u(shape.kv_heads)),
+        (
+            format!("{a}.rope.dimension_count"),
+            u(shape.hidden / shape.heads),
+        ),
+        (format!("{a}.rope.freq_base"), Value::F32(shape.rope_theta)),
+        (
+            format!("{a}.attention.layer_norm_rms_epsilon"),
+            Value::F32(1e-5),
+        ),
+        (format!("{a}.vocab_size"), u(shape.vocab)),
+    ];
+    m.extend(tok);
+    m
+}
+
+/// Writes a model of `shape` to `out`, its tokenizer from `tokenizer_gguf`.
+pub fn generate(
+    shape: &Shape,
+    quant: Quant,
+    tokenizer_gguf: &Path,
+    out: &Path,
+    seed: u64,
+) -> Result<()> {
+    let mut src = std::fs::File::open(tokenizer_gguf)
+        .with_context(|| format!("opening {}", tokenizer_gguf.display()))?;
+    let source = gguf_file::Content::read(&mut src).context("reading the tokenizer's GGUF")?;
+    let meta = metadata(shape, quant, tokenizer(&source, shape.vocab)?);
+    let tensors = tensors(shape, quant, seed)?;
+    let tmp = out.with_extension("gguf.part");
+    let mut w = std::io::BufWriter::new(std::fs::File::create(&tmp)?);
+    let meta_refs: Vec<(&str, &Value)> = meta.iter().map(|(k, v)| (k.as_str(), v)).collect();
+    let tensor_refs: Vec<(&str, &QTensor)> = tensors.iter().map(|(k, t)| (k.as_str(), t)).collect();
+    gguf_file::write(&mut w, &meta_refs, &tensor_refs)?;
+    use std::io::Write as _;
+    w.flush()?;
+    drop(w);
+    std::fs::rename(&tmp, out)?;
+    Ok(())
+}
+
+/// The shape named `name`.
+pub fn shape(name: &str) -> Result<Shape> {
+    SHAPES
+        .iter()
+        .find(|s| s.name == name)
+        .copied()
+        .with_context(|| {
+            let names: Vec<_> = SHAPES.iter().map(|s| s.name).collect();
+            format!("unknown shape `{name}` ({})", names.join(", "))
+        })
+}
+
+/// Tensor types by name, for tests and reports.
+pub fn types(content: &gguf_file::Content) -> HashMap<String, GgmlDType> {
+    content
+        .tensor_infos
+        .iter()
+        .map(|(k, t)| (k.clone(), t.ggml_dtype))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests;

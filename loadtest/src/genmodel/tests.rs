@@ -1,0 +1,81 @@
+//! A small model of the generator's layout: its tensors, types and
+//! metadata read back, and the engine loads it and runs a forward pass.
+
+use super::*;
+
+fn models_dir() -> std::path::PathBuf {
+    std::env::var_os("SYNOR_MODELS_DIR").map_or_else(
+        || std::path::PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../models")),
+        std::path::PathBuf::from,
+    )
+}
+
+const SMALL: Shape = Shape {
+    name: "small",
+    arch: "qwen2",
+    hidden: 256,
+    layers: 8,
+    heads: 4,
+    kv_heads: 2,
+    ffn: 512,
+    vocab: 49_160,
+    qkv_bias: true,
+    tied: false,
+    rope_theta: 10_000.0,
+};
+
+#[test]
+fn a_q4_k_m_model_reads_back_with_llama_cpp_s_layout_and_the_engine_loads_it() {
+    let tok = models_dir().join("smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf");
+    let out = std::env::temp_dir().join(format!("synor-genmodel-{}.gguf", std::process::id()));
+    generate(&SMALL, Quant::Q4KM, &tok, &out, 7).expect("generate");
+    let mut f = std::fs::File::open(&out).expect("open");
+    let ct = gguf_file::Content::read(&mut f).expect("read");
+    let ty = types(&ct);
+    // 1 embedding, 12 per layer (with the three biases), the norm, the output.
+    assert_eq!(ty.len(), 1 + 12 * SMALL.layers + 2);
+    assert_eq!(ty["token_embd.weight"], GgmlDType::Q4K);
+    assert_eq!(ty["output.weight"], GgmlDType::Q6K);
+    assert_eq!(ty["blk.0.attn_q.bias"], GgmlDType::F32);
+    // More bits on layers 0, 3, 6 and 7 of 8, as llama.cpp gives them.
+    for i in 0..SMALL.layers {
+        let want = if [0, 3, 6, 7].contains(&i) {
+            GgmlDType::Q6K
+        } else {
+            GgmlDType::Q4K
+        };
+        assert_eq!(ty[&format!("blk.{i}.attn_v.weight")], want, "layer {i}");
+        assert_eq!(ty[&format!("blk.{i}.ffn_down.weight")], want, "layer {i}");
+        assert_eq!(
+            ty[&format!("blk.{i}.ffn_up.weight")],
+            GgmlDType::Q4K,
+            "layer {i}"
+        );
+    }
+    let dims = ct.tensor_infos["blk.0.attn_k.weight"].shape.dims().to_vec();
+    assert_eq!(dims, [128, 256], "kv_heads * head_dim rows");
+    let Value::Array(tokens) = &ct.metadata["tokenizer.ggml.tokens"] else {
+        panic!("the tokens are not a list");
+    };
+    assert_eq!(tokens.len(), SMALL.vocab, "padded to the vocabulary");
+    let loaded = engine::loader::load_gguf(&out, &engine::TemplateChoice::ChatMl).expect("load");
+    let c = &loaded.model.config;
+    assert_eq!(
+        (c.n_layer, c.hidden, c.n_head, c.n_kv_head, c.vocab_size),
+        (8, 256, 4, 2, 49_160)
+    );
+    assert!(c.rope_neox, "qwen2 pairs RoPE halves");
+    let _ = std::fs::remove_file(out);
+}
+
+#[test]
+fn shapes_are_consistent_and_quantizations_parse() {
+    for s in SHAPES {
+        assert_eq!(s.hidden % s.heads, 0, "{}", s.name);
+        assert_eq!(s.heads % s.kv_heads, 0, "{}", s.name);
+        assert_eq!(shape(s.name).expect("named"), s);
+    }
+    assert!(shape("llama-70b").is_err());
+    assert_eq!("Q4_K_M".parse::<Quant>(), Ok(Quant::Q4KM));
+    assert!("q3".parse::<Quant>().is_err());
+}
