@@ -1,6 +1,8 @@
 //! Forward-pass timing on the default model: prefill chunks and batched
 //! decode steps of several sizes. Run with
-//! `cargo bench -p engine --bench forward` (models fetched by `make models`).
+//! `cargo bench -p engine --bench forward` (models fetched by `make models`);
+//! `SYNOR_BENCH_MODEL=path.gguf` times another model (the shapes
+//! `synor-genmodel` writes, say).
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -17,6 +19,9 @@ const PROMPT: usize = 128;
 const BLOCKS_PER_SEQ: usize = 64;
 
 fn model_path() -> PathBuf {
+    if let Some(p) = std::env::var_os("SYNOR_BENCH_MODEL") {
+        return PathBuf::from(p);
+    }
     std::env::var_os("SYNOR_MODELS_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../models"))
@@ -60,7 +65,12 @@ fn main() {
             n as f64 / ms * 1e3
         );
     }
-    for seqs in [1usize, 4, 16, 32] {
+    // `SYNOR_BENCH_SEQS=1,8` times only those batch sizes.
+    let seqs_list: Vec<usize> = std::env::var("SYNOR_BENCH_SEQS").map_or_else(
+        |_| vec![1, 4, 8, 16, 32],
+        |v| v.split(',').filter_map(|s| s.trim().parse().ok()).collect(),
+    );
+    for seqs in seqs_list {
         let prefill = ModelBatch {
             chunks: (0..seqs as u64).map(|s| chunk(s, 0, PROMPT)).collect(),
         };

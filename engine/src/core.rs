@@ -300,6 +300,7 @@ impl EngineCore {
                 return true;
             }
         };
+        self.scheduler.observe_step(&batch, started.elapsed());
         self.export_rows(&batch);
         let (tokens, finished) = self.scheduler.update(&batch, &sampled);
         self.move_prefilled();

@@ -29,6 +29,7 @@ pub mod request;
 pub mod sampling;
 pub mod scheduler;
 pub mod stats;
+pub mod step_budget;
 pub mod tokenizer;
 
 pub use chat::{ChatMessage, TemplateChoice};

@@ -13,6 +13,7 @@
 //! than failing or stalling. Aborts are applied between steps.
 
 use std::collections::VecDeque;
+use std::time::Duration;
 
 use crate::constraint::Constraint;
 use crate::kv_cache::KvManager;
@@ -20,6 +21,11 @@ use crate::kv_cache::transfer::KvRows;
 use crate::model::{ModelBatch, SeqChunk};
 use crate::request::{FinishReason, GenerateRequest, RequestId, SamplingParams, TokenLogprob};
 use crate::sampling::{PenaltyState, RowSampling, Sampled, SamplingSpec, TokenMask};
+use crate::step_budget::StepBudget;
+
+/// The fewest prefill tokens a decoding step carries under a time budget
+/// (one KV block), so prompts progress however slow decoding is.
+const MIN_PREFILL_CHUNK: usize = 16;
 
 /// Limits that shape each step.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -36,6 +42,9 @@ pub struct SchedulerConfig {
     pub num_speculative_tokens: usize,
     /// Longest n-gram matched when looking up drafts (down to 1).
     pub spec_ngram_max: usize,
+    /// A step that decodes carries only the prefill tokens that keep it
+    /// under this time (`StepBudget`); `None`: the token budget alone.
+    pub step_target: Option<Duration>,
 }
 
 impl Default for SchedulerConfig {
@@ -47,6 +56,7 @@ impl Default for SchedulerConfig {
             max_model_len: 2048,
             num_speculative_tokens: 0,
             spec_ngram_max: 3,
+            step_target: None,
         }
     }
 }
@@ -169,6 +179,8 @@ pub struct Scheduler {
     /// refused (recomputed instead).
     pub imports_used: u64,
     pub imports_refused: u64,
+    /// Prefill tokens per decoding step by time (`config.step_target`).
+    budget: Option<StepBudget>,
 }
 
 /// Imported KV rows to write into a sequence's blocks, from position
@@ -182,7 +194,12 @@ pub struct Fill {
 
 impl Scheduler {
     pub fn new(config: SchedulerConfig, kv: KvManager) -> Self {
+        let budget = config
+            .step_target
+            .filter(|t| !t.is_zero())
+            .map(|t| StepBudget::new(t, MIN_PREFILL_CHUNK));
         Self {
+            budget,
             config,
             kv,
             waiting: VecDeque::new(),
@@ -300,12 +317,17 @@ impl Scheduler {
     /// Plans the next step: running sequences first, then admissions.
     pub fn schedule(&mut self) -> ModelBatch {
         let mut budget = self.config.max_num_batched_tokens;
+        let mut prefill = self.prefill_allowance();
         let mut batch = ModelBatch::default();
         let mut preempted = false;
         let mut i = 0;
         while i < self.running.len() && budget > 0 {
             let seq = &self.running[i];
-            let n = (seq.len() - seq.num_computed).min(budget);
+            let left = seq.len() - seq.num_computed;
+            let n = match left {
+                1 => 1,
+                _ => left.min(budget).min(prefill),
+            };
             if n == 0 {
                 i += 1;
                 continue;
@@ -318,6 +340,9 @@ impl Scheduler {
             let (id, end) = (seq.id, seq.num_computed + n + draft.len());
             if self.kv.allocate(id, end) {
                 budget -= n + draft.len();
+                if left > 1 {
+                    prefill -= n;
+                }
                 self.spec_proposed += draft.len() as u64;
                 batch.chunks.push(self.chunk(i, n, draft));
                 i += 1;
@@ -333,9 +358,46 @@ impl Scheduler {
             // If that was this very sequence, it waits with the rest.
         }
         if !preempted {
+            let mut budget = budget.min(prefill);
             self.admit(&mut budget, &mut batch);
         }
         batch
+    }
+
+    /// Prefill tokens the coming step may carry: all of the token budget,
+    /// or under a time budget, what fits beside the sequences decoding.
+    fn prefill_allowance(&self) -> usize {
+        let max = self.config.max_num_batched_tokens;
+        let Some(b) = &self.budget else {
+            return max;
+        };
+        let decoding = self
+            .running
+            .iter()
+            .filter(|s| s.len() - s.num_computed == 1)
+            .count();
+        b.prefill_tokens(decoding, max)
+    }
+
+    /// Records how long `batch` took, for the time budget.
+    pub fn observe_step(&mut self, batch: &ModelBatch, took: Duration) {
+        let Some(b) = &mut self.budget else {
+            return;
+        };
+        let (mut decodes, mut prefill) = (0, 0);
+        for c in &batch.chunks {
+            match c.tokens.len() - c.draft.len() {
+                1 => decodes += c.tokens.len(),
+                n => prefill += n,
+            }
+        }
+        b.observe(decodes, prefill, took);
+    }
+
+    /// The learnt step cost (fixed, per decode row, per prefill token,
+    /// in seconds), under a time budget.
+    pub fn step_cost(&self) -> Option<[f64; 3]> {
+        self.budget.as_ref().map(StepBudget::cost)
     }
 
     /// Prompt-lookup drafts for a decoding sequence: the tokens that followed
@@ -687,6 +749,10 @@ mod tests {
                 max_model_len: 120,
                 num_speculative_tokens: rng.random_range(0..4),
                 spec_ngram_max: 3,
+                // Half the runs under a time budget, fed random timings.
+                step_target: rng
+                    .random_bool(0.5)
+                    .then(|| Duration::from_millis(rng.random_range(1..50))),
             };
             // Small pools force preemption; every request still fits alone.
             let block_size = rng.random_range(1..9);
@@ -755,6 +821,7 @@ mod tests {
     fn step(s: &mut Scheduler, rng: &mut StdRng, live: &mut HashSet<RequestId>) {
         let batch = s.schedule();
         check_step(s, &batch);
+        s.observe_step(&batch, Duration::from_micros(rng.random_range(0..100_000)));
         let logits: Vec<Vec<f32>> = batch
             .chunks
             .iter()
@@ -779,6 +846,18 @@ mod tests {
         }
     }
 
+    /// A prefill chunk of `n` tokens of an unknown sequence (for timings).
+    fn chunk_of(seq: u64, n: usize) -> SeqChunk {
+        SeqChunk {
+            seq: RequestId(seq),
+            tokens: vec![1; n],
+            start_pos: 0,
+            want_logits: true,
+            block_table: Vec::new(),
+            draft: Vec::new(),
+        }
+    }
+
     fn config(max_num_batched_tokens: usize) -> SchedulerConfig {
         SchedulerConfig {
             max_num_seqs: 4,
@@ -800,6 +879,55 @@ mod tests {
         assert_eq!(prompt_lookup(&t, 2, 3), [9, 0]);
         assert!(prompt_lookup(&[1, 2, 3], 4, 3).is_empty());
         assert!(prompt_lookup(&[], 4, 3).is_empty());
+    }
+
+    #[test]
+    fn under_a_time_budget_a_decoding_step_carries_what_fits() {
+        let config = SchedulerConfig {
+            max_num_batched_tokens: 64,
+            step_target: Some(Duration::from_millis(40)),
+            ..config(64)
+        };
+        let mut s = Scheduler::new(config, KvManager::new(64, 4));
+        // A machine: 10 ms a step, 10 ms a decode row, 1 ms a prefill token.
+        let cost = |b: &ModelBatch| {
+            let (mut d, mut p) = (0u64, 0u64);
+            for c in &b.chunks {
+                if c.tokens.len() == 1 {
+                    d += 1
+                } else {
+                    p += c.tokens.len() as u64
+                }
+            }
+            Duration::from_millis(10 + 10 * d + p)
+        };
+        s.add(seq(1, 40, 50)).expect("room");
+        let mut b = s.schedule();
+        assert_eq!(b.num_tokens(), 40, "nobody decodes: the whole prompt");
+        s.observe_step(&b, cost(&b));
+        update_from_logits(&mut s, &b, &[vec![-100.0, 100.0]]);
+        for _ in 0..6 {
+            b = s.schedule();
+            s.observe_step(&b, cost(&b));
+            update_from_logits(&mut s, &b, &[vec![-100.0, 100.0]]);
+        }
+        s.add(seq(2, 60, 5)).expect("room");
+        s.observe_step(
+            &ModelBatch {
+                chunks: vec![chunk_of(9, 30)],
+            },
+            Duration::from_millis(40),
+        );
+        let b = s.schedule();
+        let prefill: usize = b
+            .chunks
+            .iter()
+            .filter(|c| c.seq == RequestId(2))
+            .map(|c| c.tokens.len())
+            .sum();
+        // 40 ms - 10 - 10 for the decode row leaves about 20 tokens.
+        assert!((16..=24).contains(&prefill), "{prefill} prefill tokens");
+        assert_eq!(b.chunks[0].tokens.len(), 1, "the decode row still runs");
     }
 
     #[test]

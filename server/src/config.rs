@@ -661,6 +661,13 @@ pub struct SchedulerArgs {
     #[arg(long, env = "SYNOR_SPEC_NGRAM_MAX", default_value_t = 3, value_parser = clap::value_parser!(u8).range(1..=16))]
     pub spec_ngram_max: u8,
 
+    /// Inter-token target of a step that decodes, in milliseconds: such a
+    /// step carries only the prefill tokens that its measured cost says
+    /// fit (at least one KV block's worth), so running streams do not
+    /// stall behind a long prompt; 0 turns it off (the token budget alone).
+    #[arg(long, env = "SYNOR_STEP_TARGET_MS", default_value_t = 100.0, value_parser = parse_step_target)]
+    pub step_target_ms: f64,
+
     /// Memory for the paged KV cache (f16), e.g. `1GiB`, `512MiB`, `2G`.
     #[arg(long, env = "SYNOR_KV_CACHE_MEMORY", default_value = "1GiB", value_parser = parse_size)]
     pub kv_cache_memory: usize,
@@ -679,6 +686,18 @@ pub struct SchedulerArgs {
     /// `cuda[:N]` (not in this build yet: a clear error).
     #[arg(long, env = "SYNOR_DEVICE", default_value = "cpu")]
     pub device: engine::Device,
+}
+
+/// Parses the step target: milliseconds from 0 (off) to a minute.
+fn parse_step_target(s: &str) -> Result<f64, String> {
+    let v: f64 = s
+        .trim()
+        .parse()
+        .map_err(|_| format!("`{s}` is not a number of milliseconds"))?;
+    if !(0.0..=60_000.0).contains(&v) {
+        return Err(format!("{v} ms is outside 0 (off) to 60000"));
+    }
+    Ok(v)
 }
 
 /// Parses a byte size: a number with an optional `K`, `M`, `G` (powers of
@@ -715,6 +734,8 @@ impl SchedulerArgs {
                 max_model_len: self.max_model_len.unwrap_or(usize::MAX),
                 num_speculative_tokens: self.num_speculative_tokens,
                 spec_ngram_max: usize::from(self.spec_ngram_max),
+                step_target: (self.step_target_ms > 0.0)
+                    .then(|| std::time::Duration::from_secs_f64(self.step_target_ms / 1e3)),
             },
             kv_cache_memory: self.kv_cache_memory,
             block_size: usize::from(self.block_size),
@@ -815,6 +836,14 @@ mod tests {
     fn bad_values_are_refused() {
         assert!(Cli::try_parse_from(["synor", "serve", "--bind", "nowhere"]).is_err());
         assert!(Cli::try_parse_from(["synor", "serve", "--log-format", "xml"]).is_err());
+        for bad in ["-1", "soon", "1e9", "NaN"] {
+            assert!(
+                Cli::try_parse_from(["synor", "serve", "--step-target-ms", bad]).is_err(),
+                "{bad}"
+            );
+        }
+        assert_eq!(parse_step_target("0"), Ok(0.0));
+        assert_eq!(parse_step_target("80"), Ok(80.0));
     }
 
     #[test]

@@ -1,0 +1,164 @@
+#!/usr/bin/env bash
+# Synor against llama.cpp's llama-server on the same GGUF files, with the
+# same client (synor-loadtest), one server after the other (issue 19).
+# A benchmark, not a test: never run in CI.
+#
+#   loadtest/vs-llamacpp.sh [SHAPE:QUANT ...]     (default: llama-1b:q4_0)
+#
+# - The models are made by synor-genmodel (random weights in llama.cpp's
+#   GGUF layout) under $SYNOR_MODELS_DIR/bench, once.
+# - llama.cpp is built once under $LLAMA_DIR (default /tmp/synor-llamacpp)
+#   from the source distribution of llama-cpp-python on PyPI; it is never
+#   committed and never built in CI.
+# - Each server runs alone on 127.0.0.1 with two threads; the client sends
+#   random 128-word prompts for 128 tokens (--ignore-eos), past the response
+#   cache (`x-synor-cache: bypass`), at each concurrency in $CONCURRENCY.
+# - Results (JSON) go to $OUT (default /tmp/synor-vs-llamacpp); the summary
+#   table prints at the end.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+MODELS_DIR="${SYNOR_MODELS_DIR:-$PWD/models}"
+LLAMA_DIR="${LLAMA_DIR:-/tmp/synor-llamacpp}"
+LLAMA_VERSION="${LLAMA_VERSION:-0.3.36}"
+OUT="${OUT:-/tmp/synor-vs-llamacpp}"
+CONCURRENCY="${CONCURRENCY:-1 8 16}"
+INPUT_LEN="${INPUT_LEN:-128}"
+OUTPUT_LEN="${OUTPUT_LEN:-128}"
+THREADS="${THREADS:-2}"
+PORT="${PORT:-18080}"
+SYNOR_ARGS="${SYNOR_ARGS:-}"
+ONLY="${ONLY:-synor llama}"
+TARGET_DIR="${CARGO_TARGET_DIR:-$PWD/target}"
+SHAPES=("$@")
+((${#SHAPES[@]})) || SHAPES=(llama-1b:q4_0)
+
+die() { echo "vs-llamacpp: $*" >&2; exit 1; }
+log() { echo "vs-llamacpp: $*" >&2; }
+
+build_synor() {
+  cargo build --release -q -p server --bin synor -p loadtest --bin synor-loadtest --bin synor-genmodel
+  SYNOR="$TARGET_DIR/release/synor"
+  LOADTEST="$TARGET_DIR/release/synor-loadtest"
+  GENMODEL="$TARGET_DIR/release/synor-genmodel"
+}
+
+build_llama() {
+  LLAMA_SERVER="$LLAMA_DIR/build/bin/llama-server"
+  [[ -x "$LLAMA_SERVER" ]] && return
+  command -v cmake >/dev/null || die "cmake is missing (apt-get install cmake)"
+  mkdir -p "$LLAMA_DIR"
+  if [[ ! -d "$LLAMA_DIR/src" ]]; then
+    log "fetching llama-cpp-python==$LLAMA_VERSION's source distribution"
+    python3 -m venv "$LLAMA_DIR/venv"
+    "$LLAMA_DIR/venv/bin/pip" install -q scikit-build-core
+    "$LLAMA_DIR/venv/bin/pip" download -q --no-deps --no-binary :all: --no-build-isolation \
+      "llama-cpp-python==$LLAMA_VERSION" -d "$LLAMA_DIR/dl"
+    mkdir -p "$LLAMA_DIR/sdist"
+    tar -xzf "$LLAMA_DIR"/dl/llama_cpp_python-*.tar.gz -C "$LLAMA_DIR/sdist"
+    mv "$LLAMA_DIR"/sdist/*/vendor/llama.cpp "$LLAMA_DIR/src"
+  fi
+  local flags=()
+  # Intel VMs may advertise AMX that the guest cannot use.
+  grep -q amx_tile /proc/cpuinfo &&
+    flags+=("-DCMAKE_C_FLAGS=-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+      "-DCMAKE_CXX_FLAGS=-mno-amx-tile -mno-amx-int8 -mno-amx-bf16")
+  log "building llama-server (about 5 minutes on two cores)"
+  cmake -S "$LLAMA_DIR/src" -B "$LLAMA_DIR/build" -DCMAKE_BUILD_TYPE=Release \
+    -DGGML_NATIVE=ON -DLLAMA_OPENSSL=OFF -DLLAMA_CURL=OFF -DLLAMA_BUILD_UI=OFF \
+    -DLLAMA_USE_PREBUILT_UI=OFF "${flags[@]}" >"$LLAMA_DIR/cmake.log"
+  cmake --build "$LLAMA_DIR/build" -j "$(nproc)" --target llama-server llama-bench \
+    >"$LLAMA_DIR/build.log" || die "llama.cpp build failed: $LLAMA_DIR/build.log"
+}
+
+model_file() {
+  local shape=$1 quant=$2 file
+  file="$MODELS_DIR/bench/$shape.$(tr a-z A-Z <<<"$quant").gguf"
+  if [[ ! -f "$file" ]]; then
+    log "writing $file"
+    "$GENMODEL" --shape "$shape" --quant "$quant" --out-dir "$MODELS_DIR/bench" >&2
+  fi
+  [[ -f "$file" ]] || die "synor-genmodel wrote no $file"
+  echo "$file"
+}
+
+wait_ready() {
+  local pid=$1
+  for _ in $(seq 600); do
+    kill -0 "$pid" 2>/dev/null || die "the server exited (log: $OUT/server.log)"
+    curl -sf "http://127.0.0.1:$PORT/v1/models" >/dev/null && return
+    sleep 0.5
+  done
+  die "the server did not come up in 300 s"
+}
+
+stop() {
+  kill "$1" 2>/dev/null || true
+  wait "$1" 2>/dev/null || true
+}
+
+# run_one SERVER NAME MODELFILE CONCURRENCY
+run_one() {
+  local server=$1 name=$2 file=$3 c=$4 pid
+  local prompts=$((c < 4 ? 8 : 4 * c))
+  if [[ $server == synor ]]; then
+    # shellcheck disable=SC2086
+    SYNOR_NO_CACHE=1 "$SYNOR" serve --bind "127.0.0.1:$PORT" --model "$file" \
+      --served-model-name bench --embedding-model none --max-num-seqs "$((c > 16 ? c : 16))" \
+      $SYNOR_ARGS >"$OUT/server.log" 2>&1 &
+  else
+    "$LLAMA_SERVER" -m "$file" --host 127.0.0.1 --port "$PORT" -t "$THREADS" -np "$c" \
+      -c "$((c * (INPUT_LEN * 2 + OUTPUT_LEN + 64)))" -a bench >"$OUT/server.log" 2>&1 &
+  fi
+  pid=$!
+  wait_ready "$pid"
+  "$LOADTEST" --base-url "http://127.0.0.1:$PORT" --model bench --endpoint completions \
+    --dataset random --random-input-len "$INPUT_LEN" --random-output-len "$OUTPUT_LEN" \
+    --ignore-eos --max-concurrency "$c" --num-prompts "$prompts" --request-rate inf \
+    --result-file "$OUT/$name.$server.c$c.json" >"$OUT/$name.$server.c$c.txt" 2>&1 ||
+    { stop "$pid"; die "the client failed: $OUT/$name.$server.c$c.txt"; }
+  stop "$pid"
+  log "$server $name c=$c: $(grep -E 'Output token throughput' "$OUT/$name.$server.c$c.txt" | tr -s ' ')"
+}
+
+summary() {
+  python3 - "$OUT" <<'EOF'
+import json, sys, glob, os
+out = sys.argv[1]
+rows = {}
+for f in sorted(glob.glob(os.path.join(out, "*.json"))):
+    name, server, c, _ = os.path.basename(f).rsplit(".", 3)
+    a = json.load(open(f))["aggregates"]
+    rows.setdefault((name, int(c[1:])), {})[server] = a
+def g(a, *path):
+    for p in path:
+        a = a.get(p) if isinstance(a, dict) else None
+    return a
+print("| model | streams | server | output tok/s | TTFT p50 / p99 ms | ITL p50 / p99 ms |")
+print("|---|---|---|---|---|---|")
+for (name, c), by in sorted(rows.items()):
+    for server in ("synor", "llama"):
+        a = by.get(server)
+        if not a:
+            continue
+        tp = g(a, "output_throughput")
+        t50, t99 = g(a, "ttft_ms", "percentiles", "p50"), g(a, "ttft_ms", "percentiles", "p99")
+        i50, i99 = g(a, "itl_ms", "percentiles", "p50"), g(a, "itl_ms", "percentiles", "p99")
+        f = lambda x: "-" if x is None else f"{x:.0f}"
+        print(f"| {name} | {c} | {server} | {tp:.1f} | {f(t50)} / {f(t99)} | {f(i50)} / {f(i99)} |")
+EOF
+}
+
+mkdir -p "$OUT"
+build_synor
+[[ " $ONLY " == *" llama "* ]] && build_llama
+for sq in "${SHAPES[@]}"; do
+  shape=${sq%%:*} quant=${sq#*:}
+  file=$(model_file "$shape" "$quant")
+  for c in $CONCURRENCY; do
+    for server in $ONLY; do
+      run_one "$server" "$shape.$quant" "$file" "$c"
+    done
+  done
+done
+summary
