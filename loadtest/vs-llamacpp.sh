@@ -86,16 +86,19 @@ wait_ready() {
   local pid=$1
   for _ in $(seq 600); do
     kill -0 "$pid" 2>/dev/null || die "the server exited (log: $OUT/server.log)"
-    curl -sf "http://127.0.0.1:$PORT/v1/models" >/dev/null && return
+    curl -sf "http://127.0.0.1:$PORT/health" >/dev/null && return
     sleep 0.5
   done
   die "the server did not come up in 300 s"
 }
 
+SERVER_PID=
 stop() {
   kill "$1" 2>/dev/null || true
   wait "$1" 2>/dev/null || true
+  SERVER_PID=
 }
+trap '[[ -n "$SERVER_PID" ]] && stop "$SERVER_PID"' EXIT
 
 # run_one SERVER NAME MODELFILE CONCURRENCY
 run_one() {
@@ -103,14 +106,15 @@ run_one() {
   local prompts=$((c < 4 ? 8 : 4 * c))
   if [[ $server == synor ]]; then
     # shellcheck disable=SC2086
-    SYNOR_NO_CACHE=1 "$SYNOR" serve --bind "127.0.0.1:$PORT" --model "$file" \
-      --served-model-name bench --embedding-model none --max-num-seqs "$((c > 16 ? c : 16))" \
+    SYNOR_NO_CACHE=true "$SYNOR" serve --bind "127.0.0.1:$PORT" --model "$file" \
+      --open --served-model-name bench --embedding-model none --max-num-seqs "$((c > 16 ? c : 16))" \
       $SYNOR_ARGS >"$OUT/server.log" 2>&1 &
   else
     "$LLAMA_SERVER" -m "$file" --host 127.0.0.1 --port "$PORT" -t "$THREADS" -np "$c" \
       -c "$((c * (INPUT_LEN * 2 + OUTPUT_LEN + 64)))" -a bench >"$OUT/server.log" 2>&1 &
   fi
   pid=$!
+  SERVER_PID=$pid
   wait_ready "$pid"
   "$LOADTEST" --base-url "http://127.0.0.1:$PORT" --model bench --endpoint completions \
     --dataset random --random-input-len "$INPUT_LEN" --random-output-len "$OUTPUT_LEN" \
@@ -150,6 +154,7 @@ EOF
 }
 
 mkdir -p "$OUT"
+curl -s "http://127.0.0.1:$PORT/" >/dev/null && die "port $PORT is taken (PORT=...)"
 build_synor
 [[ " $ONLY " == *" llama "* ]] && build_llama
 for sq in "${SHAPES[@]}"; do

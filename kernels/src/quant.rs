@@ -90,6 +90,11 @@ impl QMatrix {
         self.cols / QK
     }
 
+    /// Bytes of the packed weights (what one pass over them reads).
+    pub fn data_len(&self) -> usize {
+        self.data.len()
+    }
+
     /// Groups of `layout::GROUP` rows (the last one may be padded).
     pub fn groups(&self) -> usize {
         self.rows.div_ceil(layout::GROUP)
