@@ -120,9 +120,9 @@ impl Rls {
             *t += ki * err;
         }
         // P = (P - k·(P x)ᵀ) / λ  (P stays symmetric).
-        for i in 0..3 {
-            for j in 0..3 {
-                self.p[i][j] = (self.p[i][j] - k[i] * px[j]) / FORGET;
+        for (row, ki) in self.p.iter_mut().zip(k) {
+            for (v, pxj) in row.iter_mut().zip(px) {
+                *v = (*v - ki * pxj) / FORGET;
             }
         }
         if self.theta.iter().any(|t| !t.is_finite()) {

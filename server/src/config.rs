@@ -665,7 +665,7 @@ pub struct SchedulerArgs {
     /// step carries only the prefill tokens that its measured cost says
     /// fit (at least one KV block's worth), so running streams do not
     /// stall behind a long prompt; 0 turns it off (the token budget alone).
-    #[arg(long, env = "SYNOR_STEP_TARGET_MS", default_value_t = 100.0, value_parser = parse_step_target)]
+    #[arg(long, env = "SYNOR_STEP_TARGET_MS", default_value_t = 200.0, value_parser = parse_step_target)]
     pub step_target_ms: f64,
 
     /// Memory for the paged KV cache (f16), e.g. `1GiB`, `512MiB`, `2G`.
