@@ -1,7 +1,9 @@
 //! Continuous-batching scheduler in the vLLM v1 shape: each step,
 //! `schedule()` spends one token budget, running sequences first (a decode
 //! token each, or the next prefill chunk), then admits waiting ones while
-//! the budget, the running limit and the KV blocks allow; `sampling()`
+//! the budget, the running limit and the KV blocks allow (under a time
+//! target, a step that decodes carries only the prefill tokens that
+//! `StepBudget` says fit); `sampling()`
 //! says how the executor samples each chunk (with structured output's
 //! token masks from `masks()`); `update()` takes the sampled tokens and
 //! decides which sequences finished.
@@ -392,12 +394,6 @@ impl Scheduler {
             }
         }
         b.observe(decodes, prefill, took);
-    }
-
-    /// The learnt step cost (fixed, per decode row, per prefill token,
-    /// in seconds), under a time budget.
-    pub fn step_cost(&self) -> Option<[f64; 3]> {
-        self.budget.as_ref().map(StepBudget::cost)
     }
 
     /// Prompt-lookup drafts for a decoding sequence: the tokens that followed
