@@ -2,9 +2,13 @@
 //! decode steps of several sizes. Run with
 //! `cargo bench -p engine --bench forward` (models fetched by `make models`);
 //! `SYNOR_BENCH_MODEL=path.gguf` times another model (the shapes
-//! `synor-genmodel` writes, say).
+//! `synor-genmodel` writes, say). A single sequence's decode step is also
+//! put against the bandwidth limit, measured beside it.
 
 use std::path::PathBuf;
+
+use candle_core::quantized::gguf_file;
+use kernels::cpu::membw::BandwidthProbe;
 use std::time::Instant;
 
 use engine::RequestId;
@@ -15,6 +19,8 @@ use engine::model::{ModelBatch, SeqChunk};
 const BLOCK: usize = 16;
 /// Prompt tokens before the decode steps (llama-batched-bench's `-npp 128`).
 const PROMPT: usize = 128;
+/// Decode steps timed with `-- decode`.
+const DECODE_STEPS: usize = 128;
 /// Blocks per sequence (enough for 1024 positions).
 const BLOCKS_PER_SEQ: usize = 64;
 
@@ -75,7 +81,7 @@ fn main() {
             chunks: (0..seqs as u64).map(|s| chunk(s, 0, PROMPT)).collect(),
         };
         exec.logits(&prefill).expect("prefill");
-        let steps = if only_decode { 128 } else { 16 };
+        let steps = if only_decode { DECODE_STEPS } else { 16 };
         let t = Instant::now();
         for step in 0..steps {
             let batch = ModelBatch {
@@ -90,5 +96,56 @@ fn main() {
             "decode {seqs:>3} seqs: {ms:8.1} ms/step  ({:.0} tok/s aggregate)",
             seqs as f64 / ms * 1e3
         );
+        if seqs == 1 {
+            against_bandwidth(ms, steps, &mut || {
+                for step in 0..steps {
+                    let batch = ModelBatch {
+                        chunks: vec![chunk(0, PROMPT + step, 1)],
+                    };
+                    exec.logits(&batch).expect("decode");
+                }
+            });
+        }
     }
+}
+
+/// One decode step against its bound, the weights read once at the
+/// machine's read bandwidth, measured beside it: bandwidth, the decode
+/// loop again, bandwidth, with the best bandwidth as the limit (the host's
+/// moves from minute to minute, so only numbers taken together compare).
+fn against_bandwidth(first_ms: f64, steps: usize, decode: &mut dyn FnMut()) {
+    let bytes = weight_bytes(&model_path());
+    let threads = std::thread::available_parallelism().map_or(1, usize::from);
+    let probe = BandwidthProbe::new(1 << 30);
+    let before = probe.read_gbps(threads, 3);
+    let t = Instant::now();
+    decode();
+    let again = t.elapsed().as_secs_f64() * 1e3 / steps as f64;
+    let after = probe.read_gbps(threads, 3);
+    let best = before.max(after);
+    let limit_ms = bytes as f64 / best / 1e6;
+    let ms = first_ms.min(again);
+    println!(
+        "  weights read per token {:.0} MB; read bandwidth {before:.1} / {after:.1} GB/s \
+         (before / after); limit {limit_ms:.1} ms/token; best step {ms:.1} ms = {:.0}% of the limit",
+        bytes as f64 / 1e6,
+        100.0 * limit_ms / ms
+    );
+}
+
+/// Bytes of the weights a decode step reads: every tensor of the file
+/// except the embedding table, which is read too when it doubles as the
+/// output projection (no `output.weight`).
+fn weight_bytes(path: &std::path::Path) -> u64 {
+    let mut f = std::fs::File::open(path).expect("model file");
+    let ct = gguf_file::Content::read(&mut f).expect("GGUF");
+    let tied = !ct.tensor_infos.contains_key("output.weight");
+    ct.tensor_infos
+        .iter()
+        .filter(|(name, _)| tied || name.as_str() != "token_embd.weight")
+        .map(|(_, t)| {
+            let d = t.ggml_dtype;
+            (t.shape.elem_count() / d.block_size() * d.type_size()) as u64
+        })
+        .sum()
 }

@@ -4,11 +4,13 @@
 //! bandwidth, so GB/s against the machine's read bandwidth says how close
 //! a decode step is to its limit. Run with
 //! `cargo bench -p kernels --bench matmul` (`-- 1b`: the 1B shapes only;
+//! `-- cold`: the 1B shapes from memory, not cache, as in a decode step;
 //! `-- bandwidth`: the machine's read bandwidth with 1 and 2 threads, the
 //! bound of a decode step: bytes of weights / bandwidth).
 
 use std::time::Instant;
 
+use kernels::cpu::membw::BandwidthProbe;
 use kernels::cpu::{Isa, matmul_with};
 use kernels::{QMatrix, QuantType};
 
@@ -31,6 +33,7 @@ fn main() {
         return;
     }
     let only_1b = std::env::args().any(|a| a == "1b");
+    let cold = std::env::args().any(|a| a == "cold");
     if !only_1b {
         for (ty, label) in [(QuantType::Q4_1, "Q4_1"), (QuantType::Q8_0, "Q8_0")] {
             for &(name, rows, cols) in &SMOL {
@@ -40,11 +43,10 @@ fn main() {
                 run(
                     ty,
                     label,
-                    name,
-                    rows,
-                    cols,
+                    (name, rows, cols),
                     &[1, 16, 128],
                     &Isa::all_supported(),
+                    false,
                 );
             }
         }
@@ -53,40 +55,54 @@ fn main() {
         run(
             QuantType::Q4_0,
             "Q4_0",
-            name,
-            rows,
-            cols,
+            (name, rows, cols),
             &[1, 8],
             &[Isa::detect()],
+            cold,
         );
     }
 }
 
+/// Bytes of weight copies a cold run cycles through (past the LLC).
+const COLD_BYTES: usize = 512 << 20;
+
 fn run(
     ty: QuantType,
     label: &str,
-    name: &str,
-    rows: usize,
-    cols: usize,
+    (name, rows, cols): (&str, usize, usize),
     ms: &[usize],
     isas: &[Isa],
+    cold: bool,
 ) {
     let w: Vec<f32> = (0..rows * cols)
         .map(|i| ((i * 7919) % 1013) as f32 / 506.0 - 1.0)
         .collect();
     let w = QMatrix::quantize(ty, rows, cols, &w).expect("quantize");
     let bytes = w.data_len() as f64;
+    // Cold: copies past any last-level cache, cycled, so every call streams
+    // its weights from memory as a decode step does.
+    let copies = if cold {
+        COLD_BYTES.div_ceil(w.data_len()).max(2)
+    } else {
+        1
+    };
+    let ws = vec![w; copies];
+    let label = if cold {
+        format!("{label} cold")
+    } else {
+        label.to_string()
+    };
     for &m in ms {
         let x: Vec<f32> = (0..m * cols)
             .map(|i| ((i * 104_729) % 997) as f32 / 498.0 - 1.0)
             .collect();
         let mut out = vec![0.0; m * rows];
         for &isa in isas {
-            matmul_with(isa, &w, &x, m, &mut out).expect("warm-up");
-            let reps = (2_000_000_000 / (rows * cols * m)).clamp(4, 2000);
+            matmul_with(isa, &ws[0], &x, m, &mut out).expect("warm-up");
+            let reps = (2_000_000_000 / (rows * cols * m)).clamp(4 * copies, 2000);
             let t = Instant::now();
-            for _ in 0..reps {
-                matmul_with(isa, &w, &x, m, &mut out).expect("matmul");
+            for r in 0..reps {
+                matmul_with(isa, &ws[r % copies], &x, m, &mut out).expect("matmul");
             }
             let s = t.elapsed().as_secs_f64() / reps as f64;
             let gmacs = (rows * cols * m) as f64 / s / 1e9;
@@ -99,66 +115,13 @@ fn run(
     }
 }
 
-/// Best of five passes summing a 1 GiB buffer, split over 1 and 2 threads
-/// (512-bit loads where the CPU has them, like the kernels).
+/// Best of five passes summing a 1 GiB buffer, split over 1 and 2 threads.
 fn bandwidth() {
-    let words = (1usize << 30) / 8;
-    let buf: Vec<u64> = (0..words as u64).collect();
+    let probe = BandwidthProbe::new(1 << 30);
     for threads in [1usize, 2] {
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(threads)
-            .build()
-            .expect("thread pool");
-        let mut best = f64::MAX;
-        for _ in 0..5 {
-            let t = Instant::now();
-            let sum: u64 = pool.install(|| {
-                use rayon::prelude::*;
-                buf.par_chunks(words / threads)
-                    .map(sum_words)
-                    .reduce(|| 0, u64::wrapping_add)
-            });
-            best = best.min(t.elapsed().as_secs_f64());
-            std::hint::black_box(sum);
-        }
         println!(
             "read bandwidth, {threads} thread(s): {:.1} GB/s",
-            (words * 8) as f64 / best / 1e9
+            probe.read_gbps(threads, 5)
         );
     }
-}
-
-fn sum_words(c: &[u64]) -> u64 {
-    #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx512f") {
-        // SAFETY: AVX-512F is present (checked above).
-        #[allow(unsafe_code)]
-        return unsafe { sum_avx512(c) };
-    }
-    c.iter().fold(0u64, |s, x| s.wrapping_add(*x))
-}
-
-#[cfg(target_arch = "x86_64")]
-#[allow(unsafe_code)]
-#[target_feature(enable = "avx512f")]
-unsafe fn sum_avx512(c: &[u64]) -> u64 {
-    use std::arch::x86_64::*;
-    let mut acc = [_mm512_setzero_si512(); 4];
-    let mut blocks = c.chunks_exact(32);
-    for b in &mut blocks {
-        for (k, a) in acc.iter_mut().enumerate() {
-            // SAFETY: `b` holds 32 words, so words 8k..8k + 8 are in bounds.
-            let v = unsafe { _mm512_loadu_si512(b.as_ptr().add(8 * k).cast()) };
-            *a = _mm512_add_epi64(*a, v);
-        }
-    }
-    let total = _mm512_add_epi64(
-        _mm512_add_epi64(acc[0], acc[1]),
-        _mm512_add_epi64(acc[2], acc[3]),
-    );
-    let tail = blocks
-        .remainder()
-        .iter()
-        .fold(0u64, |s, x| s.wrapping_add(*x));
-    (_mm512_reduce_add_epi64(total) as u64).wrapping_add(tail)
 }

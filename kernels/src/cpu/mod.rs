@@ -14,6 +14,7 @@ pub mod backend;
 pub mod bidirectional;
 pub mod dense;
 pub mod kv;
+pub mod membw;
 pub mod ops;
 pub mod paged;
 pub mod scalar;
@@ -26,6 +27,16 @@ use rayon::prelude::*;
 
 use crate::layout::GROUP;
 use crate::quant::{KernelError, Q8Block, QK, QMatrix, quantize_block_q8};
+
+/// Asks for the memory of `s` in L1 ahead of its use (a hint: reads
+/// nothing, never faults; a no-op off x86-64).
+#[inline(always)]
+pub fn prefetch_slice<T>(s: &[T]) {
+    #[cfg(target_arch = "x86_64")]
+    x86::prefetch(s.as_ptr().cast(), std::mem::size_of_val(s));
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = s;
+}
 
 /// The SIMD path in use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

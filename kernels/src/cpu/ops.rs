@@ -8,6 +8,9 @@ use rayon::prelude::*;
 /// Rows per parallel task; smaller batches run on the calling thread.
 const ROWS_PER_TASK: usize = 16;
 
+/// Elements per parallel task when a few wide rows are split along the row.
+const COLS_PER_TASK: usize = 2048;
+
 /// RMSNorm of each row (`weight.len()` wide).
 pub fn rms_norm(x: &[f32], weight: &[f32], eps: f32) -> Vec<f32> {
     let dim = weight.len();
@@ -41,15 +44,93 @@ fn mean_square(row: &[f32]) -> f32 {
 /// `silu(gate) * up`, one `n`-wide row per input row.
 pub fn swiglu(gate_up: &[f32], n: usize) -> Vec<f32> {
     let mut out = vec![0.0; gate_up.len() / 2];
+    if n == 0 {
+        return out;
+    }
+    let rows = out.len() / n;
+    if rows < ROWS_PER_TASK && n >= 2 * COLS_PER_TASK {
+        // A decode step's few wide rows: split along each row, so no core
+        // idles (and falls asleep) between the matmuls around this.
+        for (orow, row) in out.chunks_exact_mut(n).zip(gate_up.chunks_exact(2 * n)) {
+            let (g, u) = row.split_at(n);
+            orow.par_chunks_mut(COLS_PER_TASK)
+                .zip(g.par_chunks(COLS_PER_TASK))
+                .zip(u.par_chunks(COLS_PER_TASK))
+                .for_each(|((o, g), u)| silu_mul(o, g, u));
+        }
+        return out;
+    }
     for_rows(&mut out, gate_up, n, |(o, gu): (&mut [f32], &[f32])| {
         for (orow, row) in o.chunks_exact_mut(n).zip(gu.chunks_exact(2 * n)) {
             let (g, u) = row.split_at(n);
-            for ((o, &g), &u) in orow.iter_mut().zip(g).zip(u) {
-                *o = g / (1.0 + exp(-g)) * u;
-            }
+            silu_mul(orow, g, u);
         }
     });
     out
+}
+
+/// `o = silu(g) * u`, element-wise.
+fn silu_mul(o: &mut [f32], g: &[f32], u: &[f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if wide::silu_mul(o, g, u) {
+        return;
+    }
+    silu_mul_portable(o, g, u);
+}
+
+#[inline(always)]
+fn silu_mul_portable(o: &mut [f32], g: &[f32], u: &[f32]) {
+    for ((o, &g), &u) in o.iter_mut().zip(g).zip(u) {
+        *o = g / (1.0 + exp(-g)) * u;
+    }
+}
+
+/// `row[i] = exp(row[i] - max)`.
+#[inline(always)]
+fn exp_shifted(row: &mut [f32], max: f32) {
+    for v in row.iter_mut() {
+        *v = exp(*v - max);
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod wide {
+    //! The element-wise loops over `exp`, compiled for AVX2: the same
+    //! operations in the same order (Rust never fuses a multiply and an
+    //! add by itself), so the results are bit-identical, eight at a time.
+    //! Each returns false, doing nothing, where the CPU lacks AVX2 (or
+    //! `SYNOR_KERNELS=scalar` asks for the portable path).
+    #![allow(unsafe_code)]
+
+    use crate::cpu::Isa;
+
+    pub fn silu_mul(o: &mut [f32], g: &[f32], u: &[f32]) -> bool {
+        let wide = Isa::detect() != Isa::Scalar;
+        if wide {
+            // SAFETY: AVX2 is present (`Isa::detect` checked it).
+            unsafe { silu_mul_avx2(o, g, u) };
+        }
+        wide
+    }
+
+    pub fn exp_shifted(row: &mut [f32], max: f32) -> bool {
+        let wide = Isa::detect() != Isa::Scalar;
+        if wide {
+            // SAFETY: as above.
+            unsafe { exp_shifted_avx2(row, max) };
+        }
+        wide
+    }
+
+    #[target_feature(enable = "avx2")]
+    unsafe fn silu_mul_avx2(o: &mut [f32], g: &[f32], u: &[f32]) {
+        super::silu_mul_portable(o, g, u);
+    }
+
+    #[target_feature(enable = "avx2")]
+    unsafe fn exp_shifted_avx2(row: &mut [f32], max: f32) {
+        super::exp_shifted(row, max);
+    }
 }
 
 /// LayerNorm of each row (`weight.len()` wide): `(x - mean) / sqrt(var +
@@ -124,8 +205,12 @@ pub fn exp(x: f32) -> f32 {
 /// Numerically stable softmax of one row, in place.
 pub fn softmax_in_place(row: &mut [f32]) {
     let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    for v in row.iter_mut() {
-        *v = exp(*v - max);
+    #[cfg(target_arch = "x86_64")]
+    let done = wide::exp_shifted(row, max);
+    #[cfg(not(target_arch = "x86_64"))]
+    let done = false;
+    if !done {
+        exp_shifted(row, max);
     }
     // In position order (the GPU kernels add in the same order).
     let sum = row.iter().fold(0.0, |s, v| s + v);
@@ -219,8 +304,9 @@ mod tests {
 
     #[test]
     fn swiglu_gates_each_row_with_its_own_half() {
-        for rows in [2, 37] {
-            let n = 5;
+        // Few narrow rows, many rows (split by rows), and a decode step's
+        // wide rows (split along each row, with a partial last task).
+        for (rows, n) in [(2, 5), (37, 5), (3, 2 * COLS_PER_TASK + 5)] {
             let gu = ramp(rows * 2 * n);
             let got = swiglu(&gu, n);
             for r in 0..rows {
@@ -230,6 +316,33 @@ mod tests {
                     assert!((got[r * n + j] - want).abs() < 1e-6, "row {r} col {j}");
                 }
             }
+        }
+    }
+
+    #[test]
+    fn the_wide_exp_loops_round_exactly_like_the_portable_ones() {
+        // Past both clamps, through subnormal results, and every tail length.
+        let xs: Vec<f32> = (0..20_011)
+            .map(|i| (i as f32 - 10_000.0) * 0.0113)
+            .collect();
+        let us = ramp(xs.len());
+        let (mut wide, mut portable) = (vec![0.0; xs.len()], vec![0.0; xs.len()]);
+        silu_mul(&mut wide, &xs, &us);
+        silu_mul_portable(&mut portable, &xs, &us);
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&wide), bits(&portable), "silu");
+        for len in [1, 7, 8, 9, 191, 20_011] {
+            let mut a = xs[..len].to_vec();
+            let mut b = a.clone();
+            #[cfg(target_arch = "x86_64")]
+            let done = wide::exp_shifted(&mut a, 3.0);
+            #[cfg(not(target_arch = "x86_64"))]
+            let done = false;
+            if !done {
+                exp_shifted(&mut a, 3.0);
+            }
+            exp_shifted(&mut b, 3.0);
+            assert_eq!(bits(&a), bits(&b), "exp, {len} values");
         }
     }
 

@@ -12,7 +12,11 @@ use rayon::prelude::*;
 
 use super::kv::KvStorage;
 use super::ops::softmax_in_place;
+use super::prefetch_slice;
 pub use crate::backend::AttnShape;
+
+/// KV blocks (of one head) requested ahead of the one being read.
+const KV_AHEAD: usize = 4;
 
 /// `q` is `[token][n_head * head_dim]` (RoPE applied); `queries[t]` gives
 /// token `t`'s position and its sequence's block table. Returns
@@ -67,8 +71,24 @@ fn attend_one(
     let n = pos + 1;
     let scale = 1.0 / (hd as f32).sqrt();
     let mut scores = vec![0.0f32; qs.len() / hd * n];
-    let blocks = table.iter().enumerate().take(n.div_ceil(bs));
+    let used = &table[..n.div_ceil(bs).min(table.len())];
+    let blocks = used.iter().enumerate();
+    // A decode step's keys and values were pushed out of cache by the
+    // layer weights streamed since they were last read: fetching them
+    // blocks ahead keeps these loops on bandwidth, not on each block's
+    // memory latency.
+    let fetch = |b: Option<&u32>, keys: bool| {
+        if let Some(&b) = b {
+            prefetch_slice(if keys {
+                c.kv.k(c.layer, b, kvh, bs)
+            } else {
+                c.kv.v(c.layer, b, kvh, bs)
+            });
+        }
+    };
+    (0..KV_AHEAD).for_each(|bi| fetch(used.get(bi), true));
     for (bi, &block) in blocks.clone() {
+        fetch(used.get(bi + KV_AHEAD), true);
         let len = bs.min(n - bi * bs);
         let keys = c.kv.k(c.layer, block, kvh, len);
         let heads = HeadGroup {
@@ -78,11 +98,13 @@ fn attend_one(
         };
         scores_f16(heads, keys, len, scale, &mut scores[bi * bs..]);
     }
+    (0..KV_AHEAD).for_each(|bi| fetch(used.get(bi), false));
     for row in scores.chunks_exact_mut(n) {
         softmax_in_place(row);
     }
     o.fill(0.0);
     for (bi, &block) in blocks {
+        fetch(used.get(bi + KV_AHEAD), false);
         let len = bs.min(n - bi * bs);
         let values = c.kv.v(c.layer, block, kvh, len);
         weighted_sum_f16(&scores[bi * bs..], n, values, len, o, hd);

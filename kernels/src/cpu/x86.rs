@@ -25,16 +25,41 @@ const fn ty(t: u8) -> QuantType {
     }
 }
 
-/// Group blocks read ahead of the one being multiplied: a decode step is
-/// bound by how fast weights stream in, and the hardware prefetcher alone
+/// Group blocks read ahead of the one being multiplied, into L1, when a
+/// tile carries several activation rows: the hardware prefetcher alone
 /// left the cores waiting on each block's first line (BENCHMARKS.md,
 /// issue 19: 8 blocks, about 2.3 KiB of Q4_0, measured best).
 const PREFETCH_BLOCKS: usize = 8;
 
+/// Group blocks read ahead into L2 when a tile carries one or two rows (a
+/// single stream's decode step, bound by memory alone): farther ahead, and
+/// into L2 so the requests do not hold L1's few fill buffers. Measured
+/// interleaved step by step on the 1B shape: one row 7% faster than
+/// `PREFETCH_BLOCKS` into L1 (16, 32 and 64 blocks alike), two rows 3%;
+/// four and eight rows were slower, so they keep the near prefetch.
+const FAR_PREFETCH_BLOCKS: usize = 16;
+
+/// Requests the weights `ahead` of the block at `base` for a tile of `mr`
+/// rows (see `PREFETCH_BLOCKS` and `FAR_PREFETCH_BLOCKS`).
+#[inline(always)]
+fn prefetch_ahead(base: *const u8, gbb: usize, mr: usize) {
+    if mr <= 2 {
+        let p = base.wrapping_add(FAR_PREFETCH_BLOCKS * gbb);
+        let mut o = 0;
+        while o < gbb {
+            // SAFETY: a prefetch reads nothing and never faults.
+            unsafe { _mm_prefetch::<_MM_HINT_T1>(p.wrapping_add(o).cast()) };
+            o += 64;
+        }
+    } else {
+        prefetch(base.wrapping_add(PREFETCH_BLOCKS * gbb), gbb);
+    }
+}
+
 /// Asks for the `bytes` at `p` in L1 (a hint: never faults, whatever the
 /// address, so reading ahead past the last block is harmless).
 #[inline(always)]
-fn prefetch(p: *const u8, bytes: usize) {
+pub(crate) fn prefetch(p: *const u8, bytes: usize) {
     let mut o = 0;
     while o < bytes {
         // SAFETY: a prefetch reads nothing and never faults.
@@ -67,12 +92,11 @@ pub unsafe fn group_vnni<const T: u8, const MR: usize>(
     let q = quants_offset(ty(T));
     let m4 = _mm512_set1_epi8(0x0F);
     let mut acc = [_mm512_setzero_ps(); MR];
-    let pf = PREFETCH_BLOCKS * gbb;
     for b in 0..nb {
         // SAFETY (whole loop body): block `b` of the group and of every
         // activation row is in bounds (caller contract).
         let base = unsafe { g.add(b * gbb) };
-        prefetch(base.wrapping_add(pf), gbb);
+        prefetch_ahead(base, gbb, MR);
         let dw = _mm512_cvtph_ps(unsafe { _mm256_loadu_si256(base.cast()) });
         let ow = match T {
             Q4_1 => _mm512_cvtph_ps(unsafe { _mm256_loadu_si256(base.add(2 * GROUP).cast()) }),
@@ -163,7 +187,7 @@ pub unsafe fn group_avx2<const T: u8, const MR: usize>(
         // SAFETY (whole loop body): block `b` of the group and of every
         // activation row is in bounds (caller contract).
         let base = unsafe { g.add(b * gbb) };
-        prefetch(base.wrapping_add(PREFETCH_BLOCKS * gbb), gbb);
+        prefetch_ahead(base, gbb, MR);
         for h in 0..2 {
             let dw = _mm256_cvtph_ps(unsafe { _mm_loadu_si128(base.add(16 * h).cast()) });
             let ow = match T {
