@@ -13,6 +13,9 @@
 # - Each server runs alone on 127.0.0.1 with two threads; the client sends
 #   random 128-word prompts for 128 tokens (--ignore-eos), past the response
 #   cache (`x-synor-cache: bypass`), at each concurrency in $CONCURRENCY.
+# - The machine's read bandwidth is measured just before and after each
+#   run; a single stream's time per output token is put against the limit
+#   it gives (the model file read once per token).
 # - Results (JSON) go to $OUT (default /tmp/synor-vs-llamacpp); the summary
 #   table prints at the end.
 set -euo pipefail
@@ -41,6 +44,14 @@ build_synor() {
   SYNOR="$TARGET_DIR/release/synor"
   LOADTEST="$TARGET_DIR/release/synor-loadtest"
   GENMODEL="$TARGET_DIR/release/synor-genmodel"
+  cargo bench -q -p kernels --bench matmul --no-run 2>/dev/null
+}
+
+# The machine's read bandwidth now, in GB/s (all threads; it moves from
+# minute to minute on a shared host, so it is taken beside every run).
+bandwidth() {
+  cargo bench -q -p kernels --bench matmul -- bandwidth 2>/dev/null |
+    awk '/thread/ { v = $(NF - 1) } END { print v }'
 }
 
 build_llama() {
@@ -116,11 +127,15 @@ run_one() {
   pid=$!
   SERVER_PID=$pid
   wait_ready "$pid"
+  local bw_before bw_after
+  bw_before=$(bandwidth)
   "$LOADTEST" --base-url "http://127.0.0.1:$PORT" --model bench --endpoint completions \
     --dataset random --random-input-len "$INPUT_LEN" --random-output-len "$OUTPUT_LEN" \
     --ignore-eos --max-concurrency "$c" --num-prompts "$prompts" --request-rate inf \
     --result-file "$OUT/$name.$server.c$c.json" >"$OUT/$name.$server.c$c.txt" 2>&1 ||
     { stop "$pid"; die "the client failed: $OUT/$name.$server.c$c.txt"; }
+  bw_after=$(bandwidth)
+  echo "$bw_before $bw_after $(stat -c %s "$file")" >"$OUT/$name.$server.c$c.bw"
   stop "$pid"
   log "$server $name c=$c: $(grep -E 'Output token throughput' "$OUT/$name.$server.c$c.txt" | tr -s ' ')"
 }
@@ -133,13 +148,17 @@ rows = {}
 for f in sorted(glob.glob(os.path.join(out, "*.json"))):
     name, server, c, _ = os.path.basename(f).rsplit(".", 3)
     a = json.load(open(f))["aggregates"]
+    bw = f[: -len(".json")] + ".bw"
+    a["bw"] = [float(x) for x in open(bw).read().split()] if os.path.exists(bw) else None
     rows.setdefault((name, int(c[1:])), {})[server] = a
 def g(a, *path):
     for p in path:
         a = a.get(p) if isinstance(a, dict) else None
     return a
-print("| model | streams | server | output tok/s | TTFT p50 / p99 ms | ITL p50 / p99 ms |")
-print("|---|---|---|---|---|---|")
+# The limit: the model file (every weight, the tied embedding included) read
+# once per token at the best bandwidth measured just before and after.
+print("| model | streams | server | output tok/s | TTFT p50 / p99 ms | ITL p50 / p99 ms | TPOT p50 ms | read GB/s before / after | TPOT vs limit |")
+print("|---|---|---|---|---|---|---|---|---|")
 for (name, c), by in sorted(rows.items()):
     for server in ("synor", "llama"):
         a = by.get(server)
@@ -149,7 +168,15 @@ for (name, c), by in sorted(rows.items()):
         t50, t99 = g(a, "ttft_ms", "percentiles", "p50"), g(a, "ttft_ms", "percentiles", "p99")
         i50, i99 = g(a, "itl_ms", "percentiles", "p50"), g(a, "itl_ms", "percentiles", "p99")
         f = lambda x: "-" if x is None else f"{x:.0f}"
-        print(f"| {name} | {c} | {server} | {tp:.1f} | {f(t50)} / {f(t99)} | {f(i50)} / {f(i99)} |")
+        tpot = g(a, "tpot_ms", "percentiles", "p50")
+        bw, vs = "-", "-"
+        if a["bw"] and tpot:
+            before, after, size = a["bw"]
+            bw = f"{before:.1f} / {after:.1f}"
+            limit_ms = size / max(before, after) / 1e6
+            vs = f"{100 * limit_ms / tpot:.0f}% ({limit_ms:.1f} ms)" if c == 1 else "-"
+        tp50 = "-" if tpot is None else f"{tpot:.1f}"
+        print(f"| {name} | {c} | {server} | {tp:.1f} | {f(t50)} / {f(t99)} | {f(i50)} / {f(i99)} | {tp50} | {bw} | {vs} |")
 EOF
 }
 
