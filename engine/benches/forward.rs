@@ -6,15 +6,14 @@
 //! put against the bandwidth limit, measured beside it.
 
 use std::path::PathBuf;
-
-use candle_core::quantized::gguf_file;
-use kernels::cpu::membw::BandwidthProbe;
 use std::time::Instant;
 
+use candle_core::quantized::gguf_file;
 use engine::RequestId;
 use engine::executor::LocalExecutor;
 use engine::loader::load_gguf;
 use engine::model::{ModelBatch, SeqChunk};
+use kernels::cpu::membw::BandwidthProbe;
 
 const BLOCK: usize = 16;
 /// Prompt tokens before the decode steps (llama-batched-bench's `-npp 128`).

@@ -85,6 +85,15 @@ fn silu_mul_portable(o: &mut [f32], g: &[f32], u: &[f32]) {
     }
 }
 
+/// `row[i] = exp(row[i] - max)`, eight at a time where the CPU allows.
+fn exp_shifted_fast(row: &mut [f32], max: f32) {
+    #[cfg(target_arch = "x86_64")]
+    if wide::exp_shifted(row, max) {
+        return;
+    }
+    exp_shifted(row, max);
+}
+
 /// `row[i] = exp(row[i] - max)`.
 #[inline(always)]
 fn exp_shifted(row: &mut [f32], max: f32) {
@@ -205,13 +214,7 @@ pub fn exp(x: f32) -> f32 {
 /// Numerically stable softmax of one row, in place.
 pub fn softmax_in_place(row: &mut [f32]) {
     let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    #[cfg(target_arch = "x86_64")]
-    let done = wide::exp_shifted(row, max);
-    #[cfg(not(target_arch = "x86_64"))]
-    let done = false;
-    if !done {
-        exp_shifted(row, max);
-    }
+    exp_shifted_fast(row, max);
     // In position order (the GPU kernels add in the same order).
     let sum = row.iter().fold(0.0, |s, v| s + v);
     for v in row.iter_mut() {
@@ -334,13 +337,7 @@ mod tests {
         for len in [1, 7, 8, 9, 191, 20_011] {
             let mut a = xs[..len].to_vec();
             let mut b = a.clone();
-            #[cfg(target_arch = "x86_64")]
-            let done = wide::exp_shifted(&mut a, 3.0);
-            #[cfg(not(target_arch = "x86_64"))]
-            let done = false;
-            if !done {
-                exp_shifted(&mut a, 3.0);
-            }
+            exp_shifted_fast(&mut a, 3.0);
             exp_shifted(&mut b, 3.0);
             assert_eq!(bits(&a), bits(&b), "exp, {len} values");
         }
