@@ -6,6 +6,8 @@
 //!
 //!     cargo bench -p engine --features wgpu,cuda --bench gpu -- [wgpu|cuda:N] [GB/s]
 //!
+//! `SYNOR_BENCH_MODEL` names another GGUF (a `synor-genmodel` shape).
+//!
 //! The optional number is the device's memory bandwidth (GB/s, from its
 //! data sheet) for the limit column. On lavapipe (Mesa's CPU Vulkan) the
 //! numbers measure correctness plumbing, not speed.
@@ -38,7 +40,11 @@ mod bench {
     const PREFILL_BLOCKS: usize = 32;
     const MAX_BATCH: usize = 64;
 
+    /// The default model, or the GGUF at `SYNOR_BENCH_MODEL`.
     fn model_path() -> PathBuf {
+        if let Some(p) = std::env::var_os("SYNOR_BENCH_MODEL") {
+            return PathBuf::from(p);
+        }
         std::env::var_os("SYNOR_MODELS_DIR")
             .map(PathBuf::from)
             .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../models"))

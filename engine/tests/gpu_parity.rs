@@ -47,9 +47,25 @@ const PROMPTS: [&str; 4] = [
 ];
 const DECODE: usize = 24;
 
-/// The default model, loaded onto `backend`.
+/// The model the parity runs on: the default model, or the GGUF at
+/// `SYNOR_PARITY_MODEL` (a `synor-genmodel` shape on a GPU machine, where
+/// the default model's file is not at hand).
+fn parity_model() -> std::path::PathBuf {
+    std::env::var_os("SYNOR_PARITY_MODEL")
+        .map_or_else(|| common::model_path(common::SMOLLM2), Into::into)
+}
+
+/// Whether the greedy choices are judged too: on the default model. A
+/// random-weight model's logits are nearly flat (its two best are often
+/// closer than any tolerance), so there only the logits are checked: within
+/// `TOLERANCE`, or bit for bit where the arithmetic is the CPU's.
+fn judge_choices() -> bool {
+    std::env::var_os("SYNOR_PARITY_MODEL").is_none()
+}
+
+/// The parity model, loaded onto `backend`.
 fn model_on<B: Backend>(backend: B) -> Llama<B> {
-    let path = common::model_path(common::SMOLLM2);
+    let path = parity_model();
     let mut reader = std::io::BufReader::new(std::fs::File::open(&path).expect("open"));
     let ct = gguf_file::Content::read(&mut reader).expect("gguf");
     Llama::load_on(backend, &ct, &mut reader).expect("load on the GPU")
@@ -129,7 +145,7 @@ fn vnni() -> bool {
 /// The CPU's and `gpu`'s logits and greedy choices, step by step: bit for
 /// bit and every choice the same when `exact`, else within the tolerance.
 fn parity<B: Backend>(gpu: &Llama<B>, exact: bool) {
-    let cpu = load_gguf(&common::model_path(common::SMOLLM2), &Default::default()).expect("load");
+    let cpu = load_gguf(&parity_model(), &Default::default()).expect("load");
     let (mut worst, mut ties, mut same, mut steps) = (0.0f32, 0, 0, 0);
     for text in PROMPTS {
         let prompt = cpu.tokenizer.encode_prompt(text).expect("encode");
@@ -155,7 +171,7 @@ fn parity<B: Backend>(gpu: &Llama<B>, exact: bool) {
             } else {
                 let margin = cl.last().expect("logits")[cb] - cl.last().expect("logits")[c2];
                 assert!(
-                    margin < NEAR_TIE && gb == c2,
+                    !judge_choices() || (margin < NEAR_TIE && gb == c2),
                     "{text:?} step {step}: the GPU chose {gb}, the CPU {cb} by a margin of {margin}"
                 );
                 ties += 1;
@@ -180,7 +196,7 @@ fn parity<B: Backend>(gpu: &Llama<B>, exact: bool) {
         assert_eq!(same, steps, "greedy decoding is the CPU's");
     }
     assert!(worst < TOLERANCE, "logits differ by {worst} of their range");
-    assert!(ties <= MAX_TIES, "{ties} near ties");
+    assert!(!judge_choices() || ties <= MAX_TIES, "{ties} near ties");
 }
 
 /// A split: the prompt prefilled on wgpu, its KV moved to the CPU in the
@@ -194,7 +210,7 @@ fn a_prompt_prefilled_on_wgpu_decodes_on_the_cpu_and_back_like_the_cpu() {
         .expect("a wgpu adapter (apt-get install mesa-vulkan-drivers)");
     let exact = backend.adapter().kind == "cpu" && vnni();
     let gpu = model_on(backend);
-    let cpu = load_gguf(&common::model_path(common::SMOLLM2), &Default::default()).expect("load");
+    let cpu = load_gguf(&parity_model(), &Default::default()).expect("load");
     let prompt = cpu.tokenizer.encode_prompt(PROMPTS[3]).expect("encode");
     let blocks: Vec<u32> = (0..8).collect();
     let (mut all_cpu, mut g, mut c) = (Seq::new(&cpu.model), Seq::new(&gpu), Seq::new(&cpu.model));

@@ -1,0 +1,148 @@
+#!/usr/bin/env bash
+# The GPU backends on a real GPU, in two halves:
+#
+#   scripts/gpu-check.sh build [DIR]   here: the CUDA/wgpu kernel tests, the
+#                                      model parity test, the GPU bench and
+#                                      synor-genmodel, built and stripped
+#                                      into DIR (default .dev), with the
+#                                      small tokenizer source they need
+#   scripts/gpu-check.sh run [DIR]     on the GPU machine, from the repo
+#                                      root: every CUDA and wgpu kernel test,
+#                                      the parity of a 1B Llama shape and a
+#                                      Qwen2 shape (random weights, made
+#                                      there by synor-genmodel) against the
+#                                      CPU, and the GPU bench on both, with
+#                                      the device's copy bandwidth measured
+#                                      beside it; logs under $OUT
+#
+# The GPU machine has no network and no Rust: everything it runs is built
+# here. Its NVRTC is the machine's own (any libnvrtc.so* it has), its
+# Vulkan loader the Debian packages in .gl (see the device notes).
+set -uo pipefail
+
+mode="${1:-}"
+dir="${2:-.dev}"
+
+exe_of() { grep -o '(/[^)]*)' | tr -d '()' | tail -1; }
+
+build() {
+  set -e
+  mkdir -p "$dir"
+  local k p b
+  k=$(cargo test --release -p kernels --features cuda,wgpu --no-run 2>&1 |
+    tee /dev/stderr | grep 'Executable unittests' | exe_of)
+  p=$(cargo test --release -p engine --features cuda,wgpu --test gpu_parity --no-run 2>&1 |
+    tee /dev/stderr | grep 'Executable' | exe_of)
+  b=$(cargo bench -p engine --features wgpu,cuda --bench gpu --no-run 2>&1 |
+    tee /dev/stderr | grep 'Executable' | exe_of)
+  cargo build --release -p loadtest --bin synor-genmodel
+  local target="${CARGO_TARGET_DIR:-target}/release"
+  cp "$k" "$dir/kernels-tests"
+  cp "$p" "$dir/gpu-parity"
+  cp "$b" "$dir/gpu-bench"
+  cp "$target/synor-genmodel" "$dir/synor-genmodel"
+  strip "$dir"/kernels-tests "$dir"/gpu-parity "$dir"/gpu-bench "$dir"/synor-genmodel
+  cp "${SYNOR_MODELS_DIR:-models}/tiny/tiny.gguf" "$dir/tokenizer.gguf"
+  du -sh "$dir"/*
+}
+
+# NVRTC: the machine's newest libnvrtc.so*, found by the name cudarc asks
+# for (libnvrtc.so) through a link, and preloaded by its own path (never
+# the toolkit's stubs: its stub libcuda would shadow the driver).
+find_nvrtc() {
+  local lib
+  lib=$(find /usr/local /opt /usr/lib -name 'libnvrtc.so*' 2>/dev/null |
+    grep -v -e builtins -e stubs | sort -V | tail -1)
+  [[ -n "$lib" ]] || { echo "no libnvrtc on this machine"; return 1; }
+  mkdir -p /tmp/nvrtc
+  ln -sf "$lib" /tmp/nvrtc/libnvrtc.so
+  export SYNOR_NVRTC="$lib"
+  export LD_LIBRARY_PATH="/tmp/nvrtc:$(dirname "$lib")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  echo "NVRTC: $lib"
+}
+
+vulkan() {
+  for f in .gl/*.deb; do dpkg -x "$f" /; done
+  ldconfig
+  local icd=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
+  [[ -f "$icd" ]] && export VK_DRIVER_FILES="$icd"
+}
+
+# The device's read+write copy bandwidth (GB/s), through PyTorch when the
+# machine has it.
+copy_bandwidth() {
+  python3 - <<'EOF' 2>/dev/null || echo 0
+import torch
+x = torch.empty(2 << 30, dtype=torch.uint8, device="cuda")
+y = torch.empty_like(x)
+for _ in range(3):
+    y.copy_(x)
+s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+s.record()
+for _ in range(10):
+    y.copy_(x)
+e.record()
+torch.cuda.synchronize()
+print(round(2 * 10 * x.numel() / (s.elapsed_time(e) / 1e3) / 1e9))
+EOF
+}
+
+run() {
+  local out="${OUT:-/tmp/gpu-check}"
+  mkdir -p "$out" /tmp/bench
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.max.mem \
+    --format=csv | tee "$out/device.txt"
+  grep -m1 'model name' /proc/cpuinfo | tee -a "$out/device.txt"
+  grep -qw avx512_vnni /proc/cpuinfo && echo "CPU: AVX-512 VNNI" | tee -a "$out/device.txt"
+  find_nvrtc | tee -a "$out/device.txt"
+  find_nvrtc >/dev/null
+  vulkan
+  local gbps
+  gbps=$(copy_bandwidth)
+  echo "copy bandwidth (read + write): $gbps GB/s" | tee -a "$out/device.txt"
+  for shape in llama-1b qwen2-0.5b; do
+    "$dir/synor-genmodel" --shape "$shape" --quant q4_0 \
+      --tokenizer "$dir/tokenizer.gguf" --out-dir /tmp/bench
+  done
+  local status=0
+  # One process per test, each under a time limit, so a test that hangs
+  # on a driver (seen: the wgpu tests on NVIDIA's Vulkan) neither stops
+  # the rest nor hides its own output.
+  local t
+  for backend in cuda wgpu; do
+    echo "== kernel tests: $backend"
+    for t in $("$dir/kernels-tests" "$backend::" --list 2>/dev/null | sed -n 's/: test$//p'); do
+      if timeout 60 "$dir/kernels-tests" --exact "$t" --nocapture >"$out/t.log" 2>&1; then
+        echo "ok      $t"
+      else
+        echo "FAILED  $t (exit $?)"
+        status=1
+      fi
+      { echo "== $t"; cat "$out/t.log"; } >>"$out/kernels-$backend.log"
+      grep -m3 -A3 'panicked' "$out/t.log" || true
+    done
+  done
+  rm -f "$out/t.log"
+  for m in llama-1b qwen2-0.5b; do
+    echo "== parity: $m"
+    SYNOR_PARITY_MODEL="/tmp/bench/$m.Q4_0.gguf" "$dir/gpu-parity" --nocapture --test-threads=1 \
+      2>&1 | tee "$out/parity-$m.log" | grep -v '^$' | tail -25 || status=1
+  done
+  for m in llama-1b qwen2-0.5b; do
+    for dev in cuda wgpu; do
+      echo "== bench: $m on $dev"
+      SYNOR_BENCH_MODEL="/tmp/bench/$m.Q4_0.gguf" timeout 90 "$dir/gpu-bench" "$dev" "$gbps" \
+        2>&1 | tee "$out/bench-$m-$dev.log" || status=1
+    done
+  done
+  return $status
+}
+
+case "$mode" in
+  build) build ;;
+  run) run ;;
+  *)
+    echo "usage: scripts/gpu-check.sh build|run [DIR]" >&2
+    exit 2
+    ;;
+esac
