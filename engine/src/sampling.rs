@@ -284,6 +284,96 @@ fn apply_processors(
 /// Temperature, top-k, top-p, min-p, then a draw.
 fn draw(spec: &SamplingSpec, logits: &[f32], rng: &mut StdRng) -> u32 {
     let inv_t = 1.0 / spec.temperature;
+    if spec.top_k > 0 && spec.top_k < logits.len() {
+        return draw_top_k(spec, logits, inv_t, rng);
+    }
+    // Every token's softmax numerator, `exp(l / t - max)`, eight at a time
+    // (a 128k vocabulary costs tens of microseconds, not milliseconds);
+    // tokens whose logit is not finite get 0.
+    let mut w: Vec<f32> = logits
+        .iter()
+        .map(|&l| {
+            if l.is_finite() {
+                l * inv_t
+            } else {
+                f32::NEG_INFINITY
+            }
+        })
+        .collect();
+    let max = lanes_max(&w);
+    if max == f32::NEG_INFINITY {
+        return argmax(logits);
+    }
+    kernels::cpu::ops::exp_shifted_fast(&mut w, max);
+    let sums: Vec<f32> = w.chunks(PICK_CHUNK).map(lanes_sum).collect();
+    let z: f32 = sums.iter().sum();
+    if spec.top_p >= 1.0 && spec.min_p <= 0.0 {
+        // Temperature alone: a draw over every token, in token order (the
+        // chunk holding the draw found from the chunks' sums first).
+        let mut r = rng.random::<f32>() * z;
+        let last = w.iter().rposition(|&x| x > 0.0).unwrap_or(0) / PICK_CHUNK;
+        let mut chunk = 0;
+        while chunk < last && r >= sums[chunk] {
+            r -= sums[chunk];
+            chunk += 1;
+        }
+        let at = chunk * PICK_CHUNK;
+        let weights = w[at..].iter().enumerate();
+        return pick(weights.map(|(i, &x)| ((at + i) as u32, x)), r);
+    }
+    // The top-p nucleus is the fewest most likely tokens holding `top_p`
+    // of the mass. No token under `(1 - top_p) / n` can be in it (all of
+    // them together hold less than the `1 - top_p` left out), so only the
+    // tokens above that are candidates: a handful for a trained model.
+    let floor = if spec.top_p < 1.0 {
+        (1.0 - spec.top_p) / w.len() as f32 * z
+    } else {
+        spec.min_p
+    };
+    let mut cands: Vec<(u32, f32)> = w
+        .iter()
+        .enumerate()
+        .filter(|&(_, &x)| x > 0.0 && x >= floor)
+        .map(|(i, &x)| (i as u32, x))
+        .collect();
+    nucleus_and_min_p(spec, &mut cands, z);
+    let total: f32 = cands.iter().map(|c| c.1).sum();
+    let r = rng.random::<f32>() * total;
+    pick(cands.iter().copied(), r)
+}
+
+/// Tokens per partial sum of a draw over the whole vocabulary.
+const PICK_CHUNK: usize = 256;
+
+/// The largest of `xs` (no NaN among them), eight lanes at a time.
+fn lanes_max(xs: &[f32]) -> f32 {
+    let mut m = [f32::NEG_INFINITY; 8];
+    let mut it = xs.chunks_exact(8);
+    for c in &mut it {
+        for (m, &x) in m.iter_mut().zip(c) {
+            if x > *m {
+                *m = x;
+            }
+        }
+    }
+    let tail = it.remainder().iter().copied();
+    m.into_iter().chain(tail).fold(f32::NEG_INFINITY, f32::max)
+}
+
+/// The sum of `xs`, eight lanes at a time.
+fn lanes_sum(xs: &[f32]) -> f32 {
+    let mut s = [0.0f32; 8];
+    let mut it = xs.chunks_exact(8);
+    for c in &mut it {
+        for (s, &x) in s.iter_mut().zip(c) {
+            *s += x;
+        }
+    }
+    s.iter().sum::<f32>() + it.remainder().iter().sum::<f32>()
+}
+
+/// Top-k first (then top-p and min-p among those `k`).
+fn draw_top_k(spec: &SamplingSpec, logits: &[f32], inv_t: f32, rng: &mut StdRng) -> u32 {
     let mut cands: Vec<(u32, f32)> = logits
         .iter()
         .enumerate()
@@ -293,36 +383,96 @@ fn draw(spec: &SamplingSpec, logits: &[f32], rng: &mut StdRng) -> u32 {
     if cands.is_empty() {
         return argmax(logits);
     }
-    if spec.top_k > 0 && spec.top_k < cands.len() {
+    if spec.top_k < cands.len() {
         cands.select_nth_unstable_by(spec.top_k - 1, |a, b| b.1.total_cmp(&a.1));
         cands.truncate(spec.top_k);
+        // Drawn in token order, like every other setting without top-p
+        // (not in whatever order the selection left).
+        cands.sort_unstable_by_key(|c| c.0);
     }
     softmax_pairs(&mut cands);
+    let z = cands.iter().map(|c| c.1).sum();
+    nucleus_and_min_p(spec, &mut cands, z);
+    let total: f32 = cands.iter().map(|c| c.1).sum();
+    let r = rng.random::<f32>() * total;
+    pick(cands.iter().copied(), r)
+}
+
+/// Keeps the top-p nucleus of `cands` (token order, weights summing to
+/// `z` over the whole vocabulary), then the tokens at least `min_p` times
+/// as likely as the most likely; the kept ones stay in token order.
+fn nucleus_and_min_p(spec: &SamplingSpec, cands: &mut Vec<(u32, f32)>, z: f32) {
     if spec.top_p < 1.0 {
-        cands.sort_unstable_by(|a, b| b.1.total_cmp(&a.1));
-        let mut mass = 0.0;
-        let keep = cands
-            .iter()
-            .position(|&(_, p)| {
-                mass += p;
-                mass >= spec.top_p
-            })
-            .map_or(cands.len(), |i| i + 1);
-        cands.truncate(keep);
+        keep_nucleus(cands, spec.top_p, z);
     }
     if spec.min_p > 0.0 {
         let top = cands.iter().map(|c| c.1).fold(0.0, f32::max);
         cands.retain(|c| c.1 >= spec.min_p * top);
     }
-    let total: f32 = cands.iter().map(|c| c.1).sum();
-    let mut r = rng.random::<f32>() * total;
-    for &(id, p) in &cands {
+}
+
+/// Buckets of weight by their bits: the exponent and three mantissa bits
+/// (eight buckets an octave; every weight here is in `(0, 1]`).
+const NUCLEUS_SHIFT: u32 = 20;
+const NUCLEUS_BUCKETS: usize = (0x3F80_0000 >> NUCLEUS_SHIFT) + 1;
+
+/// Keeps the fewest most likely tokens holding `top_p` of the mass `z`,
+/// without sorting them all: the weights are summed by bucket from the
+/// top, and only the bucket where the mass reaches `top_p` is sorted (by
+/// weight, then token). A flat distribution's nucleus of 100k tokens then
+/// costs a sort of a few hundred.
+fn keep_nucleus(cands: &mut Vec<(u32, f32)>, top_p: f32, z: f32) {
+    let key = |x: f32| ((x.to_bits() >> NUCLEUS_SHIFT) as usize).min(NUCLEUS_BUCKETS - 1);
+    let mut mass = vec![0.0f64; NUCLEUS_BUCKETS];
+    for &(_, x) in cands.iter() {
+        mass[key(x)] += f64::from(x);
+    }
+    let target = f64::from(top_p) * f64::from(z);
+    let mut acc = 0.0;
+    let Some(edge_key) = (0..NUCLEUS_BUCKETS).rev().find(|&b| {
+        let reached = mass[b] > 0.0 && acc + mass[b] >= target;
+        if !reached {
+            acc += mass[b];
+        }
+        reached
+    }) else {
+        return; // rounding left the mass short of `top_p`: keep them all
+    };
+    let mut edge: Vec<(u32, f32)> = cands
+        .iter()
+        .copied()
+        .filter(|c| key(c.1) == edge_key)
+        .collect();
+    edge.sort_unstable_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+    let mut last = edge[edge.len() - 1];
+    for &c in &edge {
+        acc += f64::from(c.1);
+        if acc >= target {
+            last = c;
+            break;
+        }
+    }
+    cands.retain(|&(id, x)| {
+        let k = key(x);
+        k > edge_key || (k == edge_key && (x > last.1 || (x == last.1 && id <= last.0)))
+    });
+}
+
+/// The token where the running sum of the weights passes `r` (the last
+/// one if rounding leaves `r` past them all).
+fn pick(weights: impl Iterator<Item = (u32, f32)>, mut r: f32) -> u32 {
+    let mut last = 0;
+    for (id, p) in weights {
+        if p <= 0.0 {
+            continue;
+        }
         if r < p {
             return id;
         }
         r -= p;
+        last = id;
     }
-    cands.last().map_or(0, |c| c.0)
+    last
 }
 
 /// Log-probability of `token` and the `k` most likely tokens under the raw
@@ -463,6 +613,98 @@ mod tests {
         };
         let verified = sample_chunk(&row, rows.iter().copied(), &plain[..3]);
         assert_eq!(verified.iter().map(|t| t.0).collect::<Vec<_>>(), plain);
+    }
+
+    /// The plain definition of a draw, in f64: softmax over every finite
+    /// token, every candidate sorted, the nucleus, min-p, then, in token
+    /// order, the token where the running sum passes `u` times the kept
+    /// mass. Returns it and the kept set.
+    fn reference_draw(spec: &SamplingSpec, logits: &[f32], u: f64) -> (u32, Vec<u32>) {
+        let t = f64::from(spec.temperature);
+        let mut c: Vec<(u32, f64)> = logits
+            .iter()
+            .enumerate()
+            .filter(|(_, l)| l.is_finite())
+            .map(|(i, &l)| (i as u32, f64::from(l) / t))
+            .collect();
+        if spec.top_k > 0 && spec.top_k < c.len() {
+            c.sort_by(|a, b| b.1.total_cmp(&a.1));
+            c.truncate(spec.top_k);
+        }
+        let max = c.iter().map(|x| x.1).fold(f64::NEG_INFINITY, f64::max);
+        let z: f64 = c.iter().map(|x| (x.1 - max).exp()).sum();
+        c.iter_mut().for_each(|x| x.1 = (x.1 - max).exp() / z);
+        let sorted = spec.top_p < 1.0;
+        if sorted {
+            c.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+            let mut mass = 0.0;
+            let keep = c
+                .iter()
+                .position(|x| {
+                    mass += x.1;
+                    mass >= f64::from(spec.top_p)
+                })
+                .map_or(c.len(), |i| i + 1);
+            c.truncate(keep);
+        }
+        c.sort_by_key(|x| x.0);
+        let top = c.iter().map(|x| x.1).fold(0.0, f64::max);
+        c.retain(|x| x.1 >= f64::from(spec.min_p) * top);
+        let mut r = u * c.iter().map(|x| x.1).sum::<f64>();
+        let kept: Vec<u32> = c.iter().map(|x| x.0).collect();
+        for &(id, p) in &c {
+            if r < p {
+                return (id, kept);
+            }
+            r -= p;
+        }
+        (*kept.last().expect("a token"), kept)
+    }
+
+    #[test]
+    fn draws_match_the_plain_definition_on_random_logits_and_settings() {
+        let mut rng = StdRng::seed_from_u64(19);
+        let (mut same, cases) = (0, 2000);
+        for case in 0..cases {
+            let n = rng.random_range(1..3000);
+            let spread = [0.5f32, 2.0, 6.0][case % 3];
+            let mut logits: Vec<f32> = (0..n)
+                .map(|_| (rng.random::<f32>() - 0.5) * 2.0 * spread)
+                .collect();
+            // A few tokens far above the rest (a trained model's shape),
+            // and some that are not finite (masked or broken).
+            for _ in 0..rng.random_range(0..4) {
+                let i = rng.random_range(0..n);
+                logits[i] += 10.0;
+            }
+            if n > 1 && case % 5 == 0 {
+                logits[rng.random_range(0..n)] = f32::NEG_INFINITY;
+                logits[rng.random_range(0..n)] = f32::NAN;
+            }
+            let spec = SamplingSpec {
+                temperature: [0.3, 0.8, 1.0, 1.7][case % 4],
+                top_p: [1.0, 0.95, 0.5, 0.1, 0.0][(case / 4) % 5],
+                top_k: [0, 0, 40, 1][(case / 16) % 4],
+                min_p: [0.0, 0.0, 0.05][(case / 7) % 3],
+                ..SamplingSpec::new(&params(1.0, 1.0, 0, 1))
+            };
+            let mut a = rng_at(case as u64, 0);
+            let u = f64::from(rng_at(case as u64, 0).random::<f32>());
+            let got = draw(&spec, &logits, &mut a);
+            let (want, kept) = reference_draw(&spec, &logits, u);
+            assert!(
+                kept.contains(&got),
+                "case {case}: drew {got}, outside the {} kept tokens ({spec:?})",
+                kept.len()
+            );
+            same += usize::from(got == want);
+        }
+        // Only a draw within rounding of a boundary between two tokens may
+        // go the other way.
+        assert!(
+            same >= cases * 995 / 1000,
+            "{same} of {cases} draws as defined"
+        );
     }
 
     #[test]

@@ -93,6 +93,10 @@ pub struct RunArgs {
     pub ignore_eos: bool,
     #[arg(long, default_value_t = 0.0)]
     pub temperature: f32,
+    /// Nucleus sampling's `top_p`, sent only when given (sampling's cost
+    /// over a large vocabulary is part of what a user's request pays).
+    #[arg(long)]
+    pub top_p: Option<f32>,
     /// `bypass` sends `x-synor-cache: bypass`, so every answer is generated;
     /// `allow` lets the server's response cache answer (to measure it).
     #[arg(long, value_enum, default_value_t = CacheMode::Bypass)]
@@ -216,6 +220,7 @@ impl RunArgs {
                 api_key: self.api_key.clone(),
                 ignore_eos: self.ignore_eos,
                 temperature: self.temperature,
+                top_p: self.top_p,
                 cache: self.cache,
                 tokenizer,
             },

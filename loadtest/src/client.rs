@@ -53,6 +53,7 @@ pub struct Target {
     pub api_key: Option<String>,
     pub ignore_eos: bool,
     pub temperature: f32,
+    pub top_p: Option<f32>,
     pub cache: CacheMode,
     /// Counts output tokens when the server sends no usage.
     pub tokenizer: Option<Arc<tokenizers::Tokenizer>>,
@@ -110,6 +111,9 @@ pub fn request_body(target: &Target, spec: &RequestSpec) -> Value {
         "stream": true,
         "stream_options": {"include_usage": true},
     });
+    if let Some(p) = target.top_p {
+        body["top_p"] = json!(p);
+    }
     match target.endpoint {
         Endpoint::Chat => body["messages"] = json!(spec.messages),
         Endpoint::Completions => body["prompt"] = json!(spec.prompt()),
@@ -314,6 +318,7 @@ mod tests {
             api_key: Some("k".into()),
             ignore_eos: false,
             temperature: 0.0,
+            top_p: None,
             cache,
             tokenizer: None,
         }

@@ -138,6 +138,7 @@ fn target(base: String, endpoint: Endpoint) -> Target {
         api_key: None,
         ignore_eos: false,
         temperature: 0.0,
+        top_p: None,
         cache: CacheMode::Bypass,
         tokenizer: None,
     }

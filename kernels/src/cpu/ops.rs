@@ -86,7 +86,7 @@ fn silu_mul_portable(o: &mut [f32], g: &[f32], u: &[f32]) {
 }
 
 /// `row[i] = exp(row[i] - max)`, eight at a time where the CPU allows.
-fn exp_shifted_fast(row: &mut [f32], max: f32) {
+pub fn exp_shifted_fast(row: &mut [f32], max: f32) {
     #[cfg(target_arch = "x86_64")]
     if wide::exp_shifted(row, max) {
         return;
