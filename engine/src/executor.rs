@@ -129,7 +129,7 @@ pub fn sample_step_parallel(step: &Step<'_>, logits: &[Vec<f32>]) -> Vec<Vec<Sam
         .sampling
         .iter()
         .flatten()
-        .filter(|s| s.spec.temperature > 0.0)
+        .filter(|s| !s.spec.greedy())
         .count();
     if random < 2 {
         return sample_step(step, logits);

@@ -56,6 +56,11 @@ impl SamplingSpec {
         }
     }
 
+    /// Whether this sequence takes the argmax (no random draw).
+    pub fn greedy(&self) -> bool {
+        self.temperature < GREEDY_EPS
+    }
+
     /// Whether any penalty applies (then draws need the `PenaltyState`).
     pub fn penalized(&self) -> bool {
         self.repetition_penalty != 1.0
@@ -169,7 +174,7 @@ pub fn sample(
         mask.apply(processed.get_or_insert_with(|| logits.to_vec()));
     }
     let scores = processed.as_deref().unwrap_or(logits);
-    let token = if spec.temperature < GREEDY_EPS {
+    let token = if spec.greedy() {
         argmax(scores)
     } else {
         draw(spec, scores, &mut rng_at(spec.seed, position))
