@@ -57,7 +57,8 @@ bandwidth() {
 build_llama() {
   LLAMA_SERVER="$LLAMA_DIR/build/bin/llama-server"
   [[ -x "$LLAMA_SERVER" ]] && return
-  command -v cmake >/dev/null || die "cmake is missing (apt-get install cmake)"
+  command -v cmake >/dev/null || scripts/apt-install.sh cmake
+  command -v cmake >/dev/null || die "cmake is missing and could not be installed"
   mkdir -p "$LLAMA_DIR"
   if [[ ! -d "$LLAMA_DIR/src" ]]; then
     log "fetching llama-cpp-python==$LLAMA_VERSION's source distribution"

@@ -620,6 +620,7 @@ mod tests {
                 head_dim: 1,
                 block_size: 4,
                 num_blocks: 16,
+                dtype: Default::default(),
             }
         }
 

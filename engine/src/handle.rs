@@ -14,7 +14,7 @@ use crate::constraint::{Constraint, ConstraintFactory};
 use crate::core::{Command, CoreEvent, EngineCore, Handoff, TokenScore};
 use crate::error::{EngineError, Result};
 use crate::executor::{Executor, LocalExecutor};
-use crate::kv_cache::{KvLayout, KvManager};
+use crate::kv_cache::{KvDtype, KvLayout, KvManager};
 use crate::latency::LatencyStats;
 use crate::loader::{LoadedModel, load_gguf};
 use crate::model::llama::Llama;
@@ -28,8 +28,11 @@ use crate::tokenizer::TextTokenizer;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EngineConfig {
     pub scheduler: SchedulerConfig,
-    /// Bytes of KV cache (f16 keys and values of every layer).
+    /// Bytes of KV cache (keys and values of every layer, scales included).
     pub kv_cache_memory: usize,
+    /// How the KV cache stores keys and values (Q8_0: about half the
+    /// bytes of f16; the CPU backend only).
+    pub kv_cache_dtype: KvDtype,
     /// Positions per KV block.
     pub block_size: usize,
     /// Run only the model's first this many layers (testing: a provider
@@ -80,6 +83,12 @@ impl std::str::FromStr for Device {
 
 /// The executor of `model` on `device`.
 fn executor_on(device: Device, model: Llama, layout: KvLayout) -> Result<Box<dyn Executor>> {
+    if device != Device::Cpu && layout.dtype != KvDtype::F16 {
+        return Err(EngineError::Load(format!(
+            "--kv-cache-dtype {} runs on the CPU backend only; the GPU backends keep f16",
+            layout.dtype.name()
+        )));
+    }
     match device {
         Device::Cpu => Ok(Box::new(LocalExecutor::new(model, layout)?)),
         #[cfg(feature = "wgpu")]
@@ -102,6 +111,7 @@ impl Default for EngineConfig {
         Self {
             scheduler: SchedulerConfig::default(),
             kv_cache_memory: 1 << 30,
+            kv_cache_dtype: KvDtype::F16,
             block_size: 16,
             keep_layers: None,
             device: Device::Cpu,
@@ -303,8 +313,9 @@ impl EngineHandle {
         }
         let mc = &model.config;
         let block_size = config.block_size.max(1);
+        let dtype = config.kv_cache_dtype;
         let per_block =
-            block_size * KvLayout::bytes_per_token(mc.n_layer, mc.n_kv_head, mc.head_dim);
+            block_size * KvLayout::bytes_per_token(mc.n_layer, mc.n_kv_head, mc.head_dim, dtype);
         let num_blocks = config.kv_cache_memory / per_block.max(1);
         if num_blocks == 0 {
             return Err(EngineError::Load(format!(
@@ -317,7 +328,10 @@ impl EngineHandle {
             context_length: mc.context_length,
             vocab_size: mc.vocab_size,
         };
-        let layout = mc.kv_layout(block_size, num_blocks);
+        let layout = KvLayout {
+            dtype,
+            ..mc.kv_layout(block_size, num_blocks)
+        };
         EngineBuilder::new(tokenizer, template, facts)
             .scheduler(config.scheduler)
             .executor(executor_on(config.device, model, layout)?)

@@ -37,6 +37,7 @@ pub use constraint::Grammar;
 pub use embed::{EmbedInput, EmbeddingHandle, Embeddings};
 pub use error::EngineError;
 pub use handle::{Device, EngineBuilder, EngineConfig, EngineHandle, ModelFacts, ModelInfo};
+pub use kv_cache::KvDtype;
 pub use latency::{HistogramSnapshot, LatencyStats};
 pub use output::{RawStream, RequestStream};
 pub use request::{

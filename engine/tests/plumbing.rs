@@ -6,8 +6,8 @@ mod common;
 use std::time::{Duration, Instant};
 
 use engine::{
-    EngineConfig, EngineError, EngineHandle, FinishReason, GenerateRequest, RequestStream,
-    SamplingParams, SchedulerConfig, TemplateChoice, TokenEvent,
+    Device, EngineConfig, EngineError, EngineHandle, FinishReason, GenerateRequest, KvDtype,
+    RequestStream, SamplingParams, SchedulerConfig, TemplateChoice, TokenEvent,
 };
 use tokio_stream::StreamExt;
 
@@ -371,4 +371,54 @@ async fn a_regex_grammar_shapes_the_output_of_a_sentencepiece_model() {
         assert!(ok, "seed {seed}: {text:?}");
     }
     h.shutdown();
+}
+
+#[tokio::test]
+async fn a_q8_kv_cache_holds_more_positions_in_the_same_memory_and_serves() {
+    let start = |kv_cache_dtype| {
+        // SmolLM2: 30 layers, 3 KV heads of 64: 23,040 bytes a position
+        // in f16, 12,960 in Q8_0 (64 quants and two scales a row).
+        let config = EngineConfig {
+            kv_cache_memory: 16 * 16 * 23_040,
+            kv_cache_dtype,
+            ..Default::default()
+        };
+        EngineHandle::start_gguf(
+            &common::model_path(common::SMOLLM2),
+            &TemplateChoice::Auto,
+            config,
+        )
+        .expect("load SmolLM2")
+    };
+    let (f16, q8) = (start(KvDtype::F16), start(KvDtype::Q8_0));
+    assert_eq!(f16.info().kv_blocks, 16);
+    assert_eq!(q8.info().kv_blocks, 16 * 23_040 / 12_960);
+    f16.shutdown();
+    // Past what f16 would hold at once: six 90-position requests.
+    let reqs: Vec<GenerateRequest> = (0..6)
+        .map(|i| req((0..30).map(|t| 1 + t * 7 + i).collect(), 60, Some(i as u64)))
+        .collect();
+    for (tokens, end) in futures_join(&q8, reqs).await {
+        assert_eq!(end.expect("completes").1, 60);
+        assert_eq!(tokens.len(), 60);
+    }
+    wait_idle(&q8).await;
+    assert_eq!(q8.stats().kv_usage(), 0.0, "blocks held after the requests");
+    q8.shutdown();
+}
+
+#[test]
+fn a_q8_kv_cache_on_a_gpu_device_is_refused_with_a_clear_error() {
+    let config = EngineConfig {
+        kv_cache_dtype: KvDtype::Q8_0,
+        device: Device::Wgpu,
+        ..Default::default()
+    };
+    let err = EngineHandle::start_gguf(
+        &common::model_path(common::TINY),
+        &TemplateChoice::Auto,
+        config,
+    )
+    .expect_err("q8 KV on a GPU");
+    assert!(err.to_string().contains("CPU backend only"), "{err}");
 }

@@ -21,7 +21,8 @@ const SMOL: [(&str, usize, usize); 4] = [
     ("lm_head 49152x576", 49152, 576),
 ];
 
-const LLAMA_1B: [(&str, usize, usize); 3] = [
+const LLAMA_1B: [(&str, usize, usize); 4] = [
+    ("1b o 2048x2048", 2048, 2048),
     ("1b gate+up 16384x2048", 16384, 2048),
     ("1b down 2048x8192", 2048, 8192),
     ("1b lm_head 128256x2048", 128_256, 2048),

@@ -225,6 +225,7 @@ pub(crate) fn paged_attention_over_f16_kv_matches_the_cpu<B: Backend>(g: &B) {
         head_dim: 32,
         block_size: 4,
         num_blocks: 16,
+        dtype: Default::default(),
     };
     let (mut gkv, mut ckv) = (g.kv(layout), c.kv(layout));
     // Two sequences: 10 positions in blocks [3, 9, 1], 5 in [0, 12].
@@ -259,6 +260,7 @@ pub(crate) fn kv_blocks_move_between_backends_bit_for_bit<B: Backend>(g: &B) {
         head_dim: 32,
         block_size: 4,
         num_blocks: 8,
+        dtype: Default::default(),
     };
     let (mut gkv, mut ckv) = (g.kv(layout), c.kv(layout));
     let slots: Vec<(u32, usize)> = (0..10).map(|p| ([5u32, 2, 7][p / 4], p % 4)).collect();
@@ -301,6 +303,7 @@ pub(crate) fn paged_attention_at_the_default_models_shapes_matches_the_cpu<B: Ba
         head_dim,
         block_size: bs,
         num_blocks: 8,
+        dtype: Default::default(),
     };
     let (mut gkv, mut ckv) = (g.kv(layout), c.kv(layout));
     let table: Vec<u32> = (0..8).collect();
@@ -354,6 +357,7 @@ pub(crate) fn f16_conversion_rounds_like_the_half_crate<B: Backend>(
         head_dim: vals.len().next_multiple_of(2),
         block_size: 1,
         num_blocks: 1,
+        dtype: Default::default(),
     };
     vals.resize(layout.head_dim, 0.5);
     let mut kv = g.kv(layout);

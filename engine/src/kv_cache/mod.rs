@@ -10,4 +10,4 @@ pub mod transfer;
 
 pub use block_pool::{BlockId, BlockPool};
 pub use manager::KvManager;
-pub use storage::{KvLayout, KvStorage};
+pub use storage::{KvDtype, KvLayout, KvStorage};

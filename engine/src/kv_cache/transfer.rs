@@ -319,6 +319,7 @@ pub fn import_on<B: Backend>(
         head_dim: u32_at(bytes, 14),
         block_size: u32_at(bytes, 18),
         num_blocks: l.num_blocks,
+        dtype: l.dtype,
     };
     if got != l {
         return Err(KvTransferError::Geometry {
@@ -370,6 +371,7 @@ mod tests {
             head_dim: 4,
             block_size: 3,
             num_blocks,
+            dtype: Default::default(),
         }
     }
 

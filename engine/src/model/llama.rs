@@ -110,6 +110,7 @@ impl LlamaConfig {
             head_dim: self.head_dim,
             block_size,
             num_blocks,
+            dtype: Default::default(),
         }
     }
 }

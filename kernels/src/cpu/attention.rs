@@ -1,7 +1,7 @@
-//! Attention inner loops over f16 keys and values (the paged KV cache's
-//! storage format): query-key scores and probability-weighted value sums,
-//! with an AVX2 + F16C + FMA path picked at run time and a portable one.
-//! Vectors are `head_dim` long; rows are contiguous.
+//! Attention inner loops over the paged KV cache's rows, f16 or Q8_0:
+//! query-key scores and probability-weighted value sums, with an AVX2 +
+//! F16C + FMA path picked at run time and a portable one. Vectors are
+//! `head_dim` long; rows are contiguous.
 #![allow(unsafe_code)]
 
 use half::f16;
@@ -23,40 +23,92 @@ impl HeadGroup<'_> {
     }
 }
 
+/// Consecutive key or value rows of `hd` values as the cache holds them:
+/// f16, or Q8_0 (`q * d`, one f32 scale per `group` values of a row).
+#[derive(Debug, Clone, Copy)]
+pub enum KvRows<'a> {
+    F16(&'a [f16]),
+    Q8 {
+        q: &'a [i8],
+        d: &'a [f32],
+        group: usize,
+    },
+}
+
+impl KvRows<'_> {
+    /// Whether `len` rows of `hd` values are there.
+    fn holds(&self, len: usize, hd: usize) -> bool {
+        match *self {
+            KvRows::F16(x) => x.len() >= len * hd,
+            KvRows::Q8 { q, d, group } => {
+                group > 0
+                    && hd.is_multiple_of(group)
+                    && q.len() >= len * hd
+                    && d.len() >= len * hd / group
+            }
+        }
+    }
+
+    /// Whether the SIMD loops take these rows (8 values at a time, never
+    /// across a scale group).
+    fn simd(&self, hd: usize) -> bool {
+        let group_ok = match *self {
+            KvRows::F16(_) => true,
+            KvRows::Q8 { group, .. } => group.is_multiple_of(8),
+        };
+        hd.is_multiple_of(8) && group_ok && Isa::detect() != Isa::Scalar
+    }
+
+    /// Value `i` of row `j` (the portable loops).
+    fn at(&self, j: usize, i: usize, hd: usize) -> f32 {
+        match *self {
+            KvRows::F16(x) => x[j * hd + i].to_f32(),
+            KvRows::Q8 { q, d, group } => f32::from(q[j * hd + i]) * d[(j * hd + i) / group],
+        }
+    }
+}
+
 /// `out[g * stride + j] = scale * q_g · keys[j]` for every query head `g`
-/// and the `len` f16 rows of `keys` (each key row is converted once for
-/// the whole group).
-pub fn scores_f16(h: HeadGroup<'_>, keys: &[f16], len: usize, scale: f32, out: &mut [f32]) {
+/// and the `len` rows of `keys` (each key row is converted once for the
+/// whole group).
+pub fn scores(h: HeadGroup<'_>, keys: KvRows<'_>, len: usize, scale: f32, out: &mut [f32]) {
     let (hd, heads) = (h.hd, h.heads());
     assert!(
-        hd > 0
-            && keys.len() >= len * hd
-            && (heads == 0 || out.len() >= (heads - 1) * h.stride + len),
+        hd > 0 && keys.holds(len, hd) && (heads == 0 || out.len() >= (heads - 1) * h.stride + len),
         "scores: buffers too short"
     );
     #[cfg(target_arch = "x86_64")]
-    if hd.is_multiple_of(8) && Isa::detect() != Isa::Scalar {
+    if keys.simd(hd) {
         // SAFETY: AVX2, FMA and F16C are present (Isa::detect checked
-        // them); lengths were checked above.
-        unsafe { x86::scores(h, keys, len, scale, out) };
+        // them); lengths and groups were checked above.
+        unsafe {
+            match keys {
+                KvRows::F16(x) => x86::scores(h, x86::F16Rows(x.as_ptr().cast()), len, scale, out),
+                KvRows::Q8 { q, d, group } => {
+                    x86::scores(h, x86::Q8Rows::new(q, d, group), len, scale, out)
+                }
+            }
+        }
         return;
     }
     for (g, q) in h.q.chunks_exact(hd).enumerate() {
         for j in 0..len {
-            let k = &keys[j * hd..(j + 1) * hd];
-            out[g * h.stride + j] =
-                scale * q.iter().zip(k).map(|(a, b)| a * b.to_f32()).sum::<f32>();
+            out[g * h.stride + j] = scale
+                * q.iter()
+                    .enumerate()
+                    .map(|(i, a)| a * keys.at(j, i, hd))
+                    .sum::<f32>();
         }
     }
 }
 
 /// `out_g += Σ_j probs[g * stride + j] * values[j]` for every head `g` of
-/// `out` (`heads x hd`) and the `len` f16 rows of `values` (each value row
-/// is converted once for the whole group).
-pub fn weighted_sum_f16(
+/// `out` (`heads x hd`) and the `len` rows of `values` (each value row is
+/// converted once for the whole group).
+pub fn weighted_sum(
     probs: &[f32],
     stride: usize,
-    values: &[f16],
+    values: KvRows<'_>,
     len: usize,
     out: &mut [f32],
     hd: usize,
@@ -64,21 +116,32 @@ pub fn weighted_sum_f16(
     let heads = out.len() / hd.max(1);
     assert!(
         hd > 0
-            && values.len() >= len * hd
+            && values.holds(len, hd)
             && (heads == 0 || probs.len() >= (heads - 1) * stride + len),
         "weighted sum: buffers too short"
     );
     #[cfg(target_arch = "x86_64")]
-    if hd.is_multiple_of(8) && Isa::detect() != Isa::Scalar {
-        // SAFETY: as in `scores_f16`.
-        unsafe { x86::weighted_sum(probs, stride, values, len, out, hd) };
+    if values.simd(hd) {
+        // SAFETY: as in `scores`.
+        unsafe {
+            match values {
+                KvRows::F16(x) => {
+                    let rows = x86::F16Rows(x.as_ptr().cast());
+                    x86::weighted_sum(probs, stride, rows, len, out, hd)
+                }
+                KvRows::Q8 { q, d, group } => {
+                    let rows = x86::Q8Rows::new(q, d, group);
+                    x86::weighted_sum(probs, stride, rows, len, out, hd)
+                }
+            }
+        }
         return;
     }
     for (g, o) in out.chunks_exact_mut(hd).enumerate() {
         for j in 0..len {
             let p = probs[g * stride + j];
-            for (o, v) in o.iter_mut().zip(&values[j * hd..(j + 1) * hd]) {
-                *o += p * v.to_f32();
+            for (i, o) in o.iter_mut().enumerate() {
+                *o += p * values.at(j, i, hd);
             }
         }
     }
@@ -88,18 +151,78 @@ pub fn weighted_sum_f16(
 mod x86 {
     use std::arch::x86_64::*;
 
-    use half::f16;
-
     use super::HeadGroup;
 
     /// Query heads handled together (their accumulators stay in registers).
     const MAX_HEADS: usize = 4;
 
+    /// Rows the SIMD loops read eight values at a time, as f32.
+    pub trait Rows: Copy {
+        /// Values `i..i + 8` of row `j` (rows `hd` long).
+        ///
+        /// # Safety
+        /// AVX2 and F16C must be enabled and the values in bounds; `i` is a
+        /// multiple of 8.
+        unsafe fn load8(self, j: usize, i: usize, hd: usize) -> __m256;
+    }
+
+    /// f16 rows.
+    #[derive(Clone, Copy)]
+    pub struct F16Rows(pub *const u16);
+
+    impl Rows for F16Rows {
+        #[inline(always)]
+        unsafe fn load8(self, j: usize, i: usize, hd: usize) -> __m256 {
+            // SAFETY: caller contract.
+            unsafe { _mm256_cvtph_ps(_mm_loadu_si128(self.0.add(j * hd + i).cast())) }
+        }
+    }
+
+    /// Q8_0 rows: eight quants widened and scaled by their group's factor
+    /// (a group holds a multiple of eight values, so eight never straddle
+    /// two groups).
+    #[derive(Clone, Copy)]
+    pub struct Q8Rows {
+        q: *const i8,
+        d: *const f32,
+        group: usize,
+    }
+
+    impl Q8Rows {
+        pub fn new(q: &[i8], d: &[f32], group: usize) -> Self {
+            Self {
+                q: q.as_ptr(),
+                d: d.as_ptr(),
+                group,
+            }
+        }
+    }
+
+    impl Rows for Q8Rows {
+        #[inline(always)]
+        unsafe fn load8(self, j: usize, i: usize, hd: usize) -> __m256 {
+            let at = j * hd + i;
+            // SAFETY: caller contract; scale `at / group` belongs to the
+            // same row (`hd` is a multiple of `group`).
+            unsafe {
+                let q = _mm256_cvtepi8_epi32(_mm_loadl_epi64(self.q.add(at).cast()));
+                let d = _mm256_set1_ps(*self.d.add(at / self.group));
+                _mm256_mul_ps(_mm256_cvtepi32_ps(q), d)
+            }
+        }
+    }
+
     /// # Safety
     /// AVX2, FMA and F16C must be available; `hd` is a multiple of 8 and
-    /// the buffers are as long as `scores_f16` checks.
+    /// the buffers are as long as `super::scores` checks.
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn scores(h: HeadGroup<'_>, keys: &[f16], len: usize, scale: f32, out: &mut [f32]) {
+    pub unsafe fn scores<R: Rows>(
+        h: HeadGroup<'_>,
+        keys: R,
+        len: usize,
+        scale: f32,
+        out: &mut [f32],
+    ) {
         let heads = h.heads();
         let mut g0 = 0;
         while g0 < heads {
@@ -107,10 +230,10 @@ mod x86 {
             // SAFETY: forwarded caller contract, heads `g0..g0 + n`.
             unsafe {
                 match n {
-                    1 => scores_n::<1>(h, g0, keys, len, scale, out),
-                    2 => scores_n::<2>(h, g0, keys, len, scale, out),
-                    3 => scores_n::<3>(h, g0, keys, len, scale, out),
-                    _ => scores_n::<4>(h, g0, keys, len, scale, out),
+                    1 => scores_n::<1, R>(h, g0, keys, len, scale, out),
+                    2 => scores_n::<2, R>(h, g0, keys, len, scale, out),
+                    3 => scores_n::<3, R>(h, g0, keys, len, scale, out),
+                    _ => scores_n::<4, R>(h, g0, keys, len, scale, out),
                 }
             }
             g0 += n;
@@ -118,23 +241,22 @@ mod x86 {
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn scores_n<const G: usize>(
+    unsafe fn scores_n<const G: usize, R: Rows>(
         h: HeadGroup<'_>,
         g0: usize,
-        keys: &[f16],
+        keys: R,
         len: usize,
         scale: f32,
         out: &mut [f32],
     ) {
         let hd = h.hd;
-        let kp = keys.as_ptr().cast::<u16>();
         let qp = h.q.as_ptr();
         for j in 0..len {
             let mut acc = [_mm256_setzero_ps(); G];
             for d in (0..hd).step_by(8) {
                 // SAFETY: row j, elements d..d+8 are in bounds, and so are
                 // heads g0..g0 + G of `q` (caller contract).
-                let k = unsafe { _mm256_cvtph_ps(_mm_loadu_si128(kp.add(j * hd + d).cast())) };
+                let k = unsafe { keys.load8(j, d, hd) };
                 for (g, a) in acc.iter_mut().enumerate() {
                     let qv = unsafe { _mm256_loadu_ps(qp.add((g0 + g) * hd + d)) };
                     *a = _mm256_fmadd_ps(qv, k, *a);
@@ -158,12 +280,12 @@ mod x86 {
     }
 
     /// # Safety
-    /// As for `scores`, with the lengths `weighted_sum_f16` checks.
+    /// As for `scores`, with the lengths `super::weighted_sum` checks.
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn weighted_sum(
+    pub unsafe fn weighted_sum<R: Rows>(
         probs: &[f32],
         stride: usize,
-        values: &[f16],
+        values: R,
         len: usize,
         out: &mut [f32],
         hd: usize,
@@ -177,10 +299,10 @@ mod x86 {
             // SAFETY: forwarded caller contract, heads `g0..g0 + n`.
             unsafe {
                 match n {
-                    1 => weighted_n::<1>(p, stride, values, len, o, hd),
-                    2 => weighted_n::<2>(p, stride, values, len, o, hd),
-                    3 => weighted_n::<3>(p, stride, values, len, o, hd),
-                    _ => weighted_n::<4>(p, stride, values, len, o, hd),
+                    1 => weighted_n::<1, R>(p, stride, values, len, o, hd),
+                    2 => weighted_n::<2, R>(p, stride, values, len, o, hd),
+                    3 => weighted_n::<3, R>(p, stride, values, len, o, hd),
+                    _ => weighted_n::<4, R>(p, stride, values, len, o, hd),
                 }
             }
             g0 += n;
@@ -190,15 +312,14 @@ mod x86 {
     /// `G` heads, 16 dimensions at a time: `2 * G` accumulators plus two
     /// converted value vectors fit the 16 AVX2 registers.
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn weighted_n<const G: usize>(
+    unsafe fn weighted_n<const G: usize, R: Rows>(
         probs: &[f32],
         stride: usize,
-        values: &[f16],
+        values: R,
         len: usize,
         out: &mut [f32],
         hd: usize,
     ) {
-        let vp = values.as_ptr().cast::<u16>();
         let op = out.as_mut_ptr();
         let mut d = 0;
         while d < hd {
@@ -214,9 +335,7 @@ mod x86 {
             for j in 0..len {
                 let mut v = [_mm256_setzero_ps(); 2];
                 for (c, x) in v.iter_mut().enumerate().take(w) {
-                    *x = unsafe {
-                        _mm256_cvtph_ps(_mm_loadu_si128(vp.add(j * hd + d + 8 * c).cast()))
-                    };
+                    *x = unsafe { values.load8(j, d + 8 * c, hd) };
                 }
                 for (g, a) in acc.iter_mut().enumerate() {
                     let p = _mm256_set1_ps(probs[g * stride + j]);
@@ -245,49 +364,76 @@ mod tests {
             .collect()
     }
 
+    /// The rows' values, as the plain loops of the test read them.
+    fn dequantized(rows: KvRows<'_>, n: usize, hd: usize) -> Vec<f32> {
+        (0..n * hd).map(|x| rows.at(x / hd, x % hd, hd)).collect()
+    }
+
+    /// Checks `scores` and `weighted_sum` on `rows` against plain f32 loops
+    /// over the same values.
+    fn check(rows: KvRows<'_>, n: usize, hd: usize, heads: usize) {
+        let vals = dequantized(rows, n, hd);
+        let stride = n + 3;
+        let q = ramp(heads * hd, 1);
+        let mut got = vec![0.0; heads * stride];
+        let group = HeadGroup { q: &q, hd, stride };
+        scores(group, rows, n, 0.5, &mut got);
+        for g in 0..heads {
+            for j in 0..n {
+                let want: f32 = 0.5
+                    * q[g * hd..(g + 1) * hd]
+                        .iter()
+                        .zip(&vals[j * hd..])
+                        .map(|(a, b)| a * b)
+                        .sum::<f32>();
+                let v = got[g * stride + j];
+                assert!(
+                    (v - want).abs() < 1e-4,
+                    "hd {hd} head {g} score {j}: {v} vs {want}"
+                );
+            }
+        }
+        let p = ramp(heads * stride, 3);
+        let mut acc = ramp(heads * hd, 4);
+        let mut want = acc.clone();
+        weighted_sum(&p, stride, rows, n, &mut acc, hd);
+        for g in 0..heads {
+            for j in 0..n {
+                let pj = p[g * stride + j];
+                for (w, v) in want[g * hd..(g + 1) * hd].iter_mut().zip(&vals[j * hd..]) {
+                    *w += pj * v;
+                }
+            }
+        }
+        let err = acc
+            .iter()
+            .zip(&want)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0, f32::max);
+        assert!(err < 1e-4, "hd {hd} weighted sum error {err}");
+    }
+
     #[test]
-    fn simd_scores_and_sums_match_the_plain_loops() {
-        for (hd, heads) in [(8usize, 1usize), (64, 3), (24, 5), (12, 2)] {
+    fn simd_scores_and_sums_match_the_plain_loops_on_f16_and_q8_rows() {
+        for (hd, heads) in [(8usize, 1usize), (64, 3), (24, 5), (12, 2), (96, 4)] {
             let n = 13;
-            let stride = n + 3;
-            let q = ramp(heads * hd, 1);
             let rows: Vec<f16> = ramp(n * hd, 2).into_iter().map(f16::from_f32).collect();
-            let mut got = vec![0.0; heads * stride];
-            let group = HeadGroup { q: &q, hd, stride };
-            scores_f16(group, &rows, n, 0.5, &mut got);
-            for g in 0..heads {
-                for j in 0..n {
-                    let want: f32 = 0.5
-                        * q[g * hd..(g + 1) * hd]
-                            .iter()
-                            .zip(&rows[j * hd..])
-                            .map(|(a, b)| a * b.to_f32())
-                            .sum::<f32>();
-                    let v = got[g * stride + j];
-                    assert!(
-                        (v - want).abs() < 1e-4,
-                        "hd {hd} head {g} score {j}: {v} vs {want}"
-                    );
-                }
-            }
-            let p = ramp(heads * stride, 3);
-            let mut acc = ramp(heads * hd, 4);
-            let mut want = acc.clone();
-            weighted_sum_f16(&p, stride, &rows, n, &mut acc, hd);
-            for g in 0..heads {
-                for j in 0..n {
-                    let pj = p[g * stride + j];
-                    for (w, v) in want[g * hd..(g + 1) * hd].iter_mut().zip(&rows[j * hd..]) {
-                        *w += pj * v.to_f32();
-                    }
-                }
-            }
-            let err = acc
-                .iter()
-                .zip(&want)
-                .map(|(a, b)| (a - b).abs())
-                .fold(0.0, f32::max);
-            assert!(err < 1e-4, "hd {hd} weighted sum error {err}");
+            check(KvRows::F16(&rows), n, hd, heads);
+            // Q8_0 in groups of 32 where the row allows it, else one group
+            // per row (12: the portable loop; 24: SIMD, a group of 24).
+            let group = if hd.is_multiple_of(32) { 32 } else { hd };
+            let q: Vec<i8> = (0..n * hd).map(|i| ((i * 37) % 255) as i8).collect();
+            let d: Vec<f32> = ramp(n * hd / group, 5).iter().map(|x| x / 64.0).collect();
+            check(
+                KvRows::Q8 {
+                    q: &q,
+                    d: &d,
+                    group,
+                },
+                n,
+                hd,
+                heads,
+            );
         }
     }
 }

@@ -82,8 +82,8 @@ impl Backend for CpuBackend {
         for &b in blocks {
             for layer in 0..l.n_layer {
                 let (k, v) = kv.block_bits(layer, b);
-                out.extend_from_slice(k);
-                out.extend_from_slice(v);
+                out.extend_from_slice(&k);
+                out.extend_from_slice(&v);
             }
         }
         out

@@ -1,14 +1,72 @@
-//! `KvStorage`: the paged key/value memory of one model, in f16. Each layer
-//! holds `num_blocks` blocks of `block_size` positions; within a block the
-//! layout is `[kv_head][slot][head_dim]`, so one head's keys for a whole
-//! block are contiguous (converted to f32 in one call by attention).
+//! `KvStorage`: the paged key/value memory of one model, in f16 or Q8_0
+//! (`KvDtype`). Each layer holds `num_blocks` blocks of `block_size`
+//! positions; within a block the layout is `[kv_head][slot][head_dim]`, so
+//! one head's keys for a whole block are contiguous (read in one call by
+//! attention). A Q8_0 block keeps beside its quants one f32 scale per
+//! `q8_group(head_dim)` values of a row: about half the bytes of f16, so
+//! twice the positions in the same memory and half the bytes a decode step
+//! reads at long contexts.
 //!
 //! Blocks are allocated on first write, so resident memory follows the
 //! blocks actually used (the pool reuses warm blocks first), not the
-//! configured budget.
+//! configured budget. Blocks move between backends and machines as f16
+//! bits whatever the storage (`block_bits`, `set_block_bits`).
+
+use std::borrow::Cow;
 
 use half::f16;
 use half::slice::HalfBitsSliceExt;
+
+use super::attention::KvRows;
+
+/// How cached keys and values are stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum KvDtype {
+    /// Half precision, as computed (rounded once).
+    #[default]
+    F16,
+    /// 8-bit integers with an f32 scale per group of values (llama.cpp's
+    /// `q8_0` cache type).
+    Q8_0,
+}
+
+impl KvDtype {
+    /// Parses a `--kv-cache-dtype` value: `auto`, `f16` (`fp16`,
+    /// `float16`, `half`) or `q8_0` (`q8`, `int8`).
+    pub fn parse(s: &str) -> Option<Self> {
+        match s.to_ascii_lowercase().as_str() {
+            "auto" | "f16" | "fp16" | "float16" | "half" => Some(Self::F16),
+            "q8_0" | "q8" | "int8" => Some(Self::Q8_0),
+            _ => None,
+        }
+    }
+
+    /// The name `parse` takes back.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::F16 => "f16",
+            Self::Q8_0 => "q8_0",
+        }
+    }
+
+    /// Bytes one row of `head_dim` values takes (scales included).
+    pub fn row_bytes(self, head_dim: usize) -> usize {
+        match self {
+            Self::F16 => 2 * head_dim,
+            Self::Q8_0 => head_dim + 4 * head_dim / q8_group(head_dim),
+        }
+    }
+}
+
+/// Values sharing one Q8_0 scale in a row of `head_dim`: 32 (llama.cpp's
+/// block) where it divides the row, else the whole row.
+pub fn q8_group(head_dim: usize) -> usize {
+    if head_dim.is_multiple_of(32) {
+        32
+    } else {
+        head_dim.max(1)
+    }
+}
 
 /// Geometry of the cache.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -18,12 +76,18 @@ pub struct KvLayout {
     pub head_dim: usize,
     pub block_size: usize,
     pub num_blocks: usize,
+    pub dtype: KvDtype,
 }
 
 impl KvLayout {
-    /// Bytes one cached position takes across all layers (K and V, f16).
-    pub fn bytes_per_token(n_layer: usize, n_kv_head: usize, head_dim: usize) -> usize {
-        2 * n_layer * n_kv_head * head_dim * std::mem::size_of::<f16>()
+    /// Bytes one cached position takes across all layers (K and V).
+    pub fn bytes_per_token(
+        n_layer: usize,
+        n_kv_head: usize,
+        head_dim: usize,
+        dtype: KvDtype,
+    ) -> usize {
+        2 * n_layer * n_kv_head * dtype.row_bytes(head_dim)
     }
 
     /// Values in one block of one layer's K (or V).
@@ -32,11 +96,140 @@ impl KvLayout {
     }
 }
 
-/// Keys and values of one layer: per block, f16 bits, allocated lazily.
+/// One block of one layer's keys (or values).
+#[derive(Debug, Clone)]
+enum Block {
+    F16(Box<[u16]>),
+    /// Quants, and one scale per `group` values.
+    Q8 {
+        q: Box<[i8]>,
+        d: Box<[f32]>,
+    },
+}
+
+impl Block {
+    /// A block of zeros in `l`'s format.
+    fn zeroed(l: &KvLayout) -> Self {
+        let len = l.block_len();
+        match l.dtype {
+            KvDtype::F16 => Block::F16(vec![0u16; len].into_boxed_slice()),
+            KvDtype::Q8_0 => Block::Q8 {
+                q: vec![0i8; len].into_boxed_slice(),
+                d: vec![0.0f32; len / q8_group(l.head_dim)].into_boxed_slice(),
+            },
+        }
+    }
+
+    /// Rows `at / hd .. at / hd + rows` (row starts `hd` apart) for attention.
+    fn rows(&self, at: usize, rows: usize, hd: usize) -> KvRows<'_> {
+        match self {
+            Block::F16(x) => KvRows::F16(x[at..at + rows * hd].reinterpret_cast()),
+            Block::Q8 { q, d } => {
+                let group = q8_group(hd);
+                KvRows::Q8 {
+                    q: &q[at..at + rows * hd],
+                    d: &d[at / group..(at + rows * hd) / group],
+                    group,
+                }
+            }
+        }
+    }
+
+    /// Stores one row of `x.len()` values starting at value `at`.
+    fn write_row(&mut self, at: usize, x: &[f32]) {
+        match self {
+            Block::F16(b) => {
+                for (dst, src) in b[at..at + x.len()].iter_mut().zip(x) {
+                    *dst = f16::from_f32(*src).to_bits();
+                }
+            }
+            Block::Q8 { q, d } => {
+                let group = q8_group(x.len());
+                let groups = x.chunks(group).zip(q[at..at + x.len()].chunks_mut(group));
+                for (gi, (xs, qs)) in groups.enumerate() {
+                    d[at / group + gi] = quantize_group(xs, qs);
+                }
+            }
+        }
+    }
+
+    /// Appends the row of `hd` values starting at `at` as f16 bits.
+    fn row_bits(&self, at: usize, hd: usize, out: &mut Vec<u16>) {
+        match self {
+            Block::F16(b) => out.extend_from_slice(&b[at..at + hd]),
+            Block::Q8 { .. } => {
+                let KvRows::Q8 { q, d, group } = self.rows(at, 1, hd) else {
+                    unreachable!("a Q8 block gives Q8 rows")
+                };
+                out.extend(
+                    q.iter()
+                        .enumerate()
+                        .map(|(i, &v)| f16::from_f32(f32::from(v) * d[i / group]).to_bits()),
+                );
+            }
+        }
+    }
+
+    /// The whole block as f16 bits (rows `hd` long).
+    fn bits(&self, hd: usize) -> Cow<'_, [u16]> {
+        match self {
+            Block::F16(b) => Cow::Borrowed(b),
+            Block::Q8 { q, .. } => {
+                let mut out = Vec::with_capacity(q.len());
+                for at in (0..q.len()).step_by(hd) {
+                    self.row_bits(at, hd, &mut out);
+                }
+                Cow::Owned(out)
+            }
+        }
+    }
+
+    /// A block in `l`'s format from f16 bits (`block_len` of them).
+    fn from_bits(l: &KvLayout, bits: Box<[u16]>) -> Self {
+        if l.dtype == KvDtype::F16 {
+            return Block::F16(bits);
+        }
+        let mut b = Block::zeroed(l);
+        let mut row = vec![0.0f32; l.head_dim];
+        for (r, src) in bits.chunks_exact(l.head_dim).enumerate() {
+            src.convert_to_f32_slice_from_bits(&mut row);
+            b.write_row(r * l.head_dim, &row);
+        }
+        b
+    }
+}
+
+/// Quantizes one group to `q` with the largest magnitude mapped to 127;
+/// returns the scale (zero for a group of zeros).
+fn quantize_group(x: &[f32], q: &mut [i8]) -> f32 {
+    let amax = x.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+    let d = amax / 127.0;
+    let inv = if d > 0.0 { 1.0 / d } else { 0.0 };
+    for (q, &v) in q.iter_mut().zip(x) {
+        *q = (v * inv).round().clamp(-127.0, 127.0) as i8;
+    }
+    d
+}
+
+/// f16 bits to f32s, through `half`'s converter.
+trait BitsToF32 {
+    fn convert_to_f32_slice_from_bits(&self, out: &mut [f32]);
+}
+
+impl BitsToF32 for [u16] {
+    fn convert_to_f32_slice_from_bits(&self, out: &mut [f32]) {
+        let halves: &[f16] = self.reinterpret_cast();
+        for (o, h) in out.iter_mut().zip(halves) {
+            *o = h.to_f32();
+        }
+    }
+}
+
+/// Keys and values of one layer, per block, allocated lazily.
 #[derive(Debug)]
 pub struct LayerKv {
-    k: Vec<Option<Box<[u16]>>>,
-    v: Vec<Option<Box<[u16]>>>,
+    k: Vec<Option<Block>>,
+    v: Vec<Option<Block>>,
 }
 
 /// The whole paged cache.
@@ -45,7 +238,7 @@ pub struct KvStorage {
     pub layout: KvLayout,
     layers: Vec<LayerKv>,
     /// Zeros returned for blocks never written (never read in practice).
-    zeros: Box<[u16]>,
+    zeros: Block,
 }
 
 impl KvStorage {
@@ -60,57 +253,57 @@ impl KvStorage {
         Self {
             layout,
             layers,
-            zeros: vec![0u16; layout.block_len()].into_boxed_slice(),
+            zeros: Block::zeroed(&layout),
         }
     }
 
-    fn head_range(&self, head: usize, slots: usize) -> std::ops::Range<usize> {
+    fn block<'a>(&'a self, blocks: &'a [Option<Block>], block: u32) -> &'a Block {
+        blocks[block as usize].as_ref().unwrap_or(&self.zeros)
+    }
+
+    /// Keys of `head` for the first `slots` positions of `block`.
+    pub fn k(&self, layer: usize, block: u32, head: usize, slots: usize) -> KvRows<'_> {
         let l = &self.layout;
         let at = head * l.block_size * l.head_dim;
-        at..at + slots * l.head_dim
+        self.block(&self.layers[layer].k, block)
+            .rows(at, slots, l.head_dim)
     }
 
-    /// Keys of `head` for the first `slots` positions of `block`, as f16.
-    pub fn k(&self, layer: usize, block: u32, head: usize, slots: usize) -> &[f16] {
-        let data = self.layers[layer].k[block as usize]
-            .as_deref()
-            .unwrap_or(&self.zeros);
-        data[self.head_range(head, slots)].reinterpret_cast()
-    }
-
-    /// Values of `head` for the first `slots` positions of `block`, as f16.
-    pub fn v(&self, layer: usize, block: u32, head: usize, slots: usize) -> &[f16] {
-        let data = self.layers[layer].v[block as usize]
-            .as_deref()
-            .unwrap_or(&self.zeros);
-        data[self.head_range(head, slots)].reinterpret_cast()
+    /// Values of `head` for the first `slots` positions of `block`.
+    pub fn v(&self, layer: usize, block: u32, head: usize, slots: usize) -> KvRows<'_> {
+        let l = &self.layout;
+        let at = head * l.block_size * l.head_dim;
+        self.block(&self.layers[layer].v, block)
+            .rows(at, slots, l.head_dim)
     }
 
     /// Writes one position's keys and values (`n_kv_head * head_dim` each).
     pub fn write(&mut self, layer: usize, block: u32, slot: usize, k: &[f32], v: &[f32]) {
         let l = self.layout;
-        let fresh = || vec![0u16; l.block_len()].into_boxed_slice();
         let lk = &mut self.layers[layer];
-        write_heads(lk.k[block as usize].get_or_insert_with(fresh), &l, slot, k);
-        write_heads(lk.v[block as usize].get_or_insert_with(fresh), &l, slot, v);
+        let kb = lk.k[block as usize].get_or_insert_with(|| Block::zeroed(&l));
+        write_heads(kb, &l, slot, k);
+        let vb = lk.v[block as usize].get_or_insert_with(|| Block::zeroed(&l));
+        write_heads(vb, &l, slot, v);
     }
 
     /// One block of one layer as f16 bits: (keys, values); zeros for a
     /// block never written. For moving blocks (`transfer`).
-    pub fn block_bits(&self, layer: usize, block: u32) -> (&[u16], &[u16]) {
-        let l = &self.layers[layer];
-        let zeros: &[u16] = &self.zeros;
-        let k = l.k[block as usize].as_deref().unwrap_or(zeros);
-        let v = l.v[block as usize].as_deref().unwrap_or(zeros);
-        (k, v)
+    pub fn block_bits(&self, layer: usize, block: u32) -> (Cow<'_, [u16]>, Cow<'_, [u16]>) {
+        let (l, hd) = (&self.layers[layer], self.layout.head_dim);
+        (
+            self.block(&l.k, block).bits(hd),
+            self.block(&l.v, block).bits(hd),
+        )
     }
 
-    /// Replaces one block of one layer (`block_len` values each).
+    /// Replaces one block of one layer (`block_len` f16 values each).
     pub fn set_block_bits(&mut self, layer: usize, block: u32, k: Box<[u16]>, v: Box<[u16]>) {
         debug_assert_eq!(k.len(), self.layout.block_len());
-        let l = &mut self.layers[layer];
-        l.k[block as usize] = Some(k);
-        l.v[block as usize] = Some(v);
+        let l = self.layout;
+        let lk = &mut self.layers[layer];
+        lk.k[block as usize] = Some(Block::from_bits(&l, k));
+        lk.v[block as usize] = Some(Block::from_bits(&l, v));
     }
 
     /// One position's keys and values of one layer as f16 bits, appended
@@ -124,31 +317,24 @@ impl KvStorage {
         k: &mut Vec<u16>,
         v: &mut Vec<u16>,
     ) {
-        let (kb, vb) = self.block_bits(layer, block);
+        let lk = &self.layers[layer];
+        let (kb, vb) = (self.block(&lk.k, block), self.block(&lk.v, block));
         let (bs, hd) = (self.layout.block_size, self.layout.head_dim);
         for h in 0..self.layout.n_kv_head {
             let at = (h * bs + slot) * hd;
-            k.extend_from_slice(&kb[at..at + hd]);
-            v.extend_from_slice(&vb[at..at + hd]);
+            kb.row_bits(at, hd, k);
+            vb.row_bits(at, hd, v);
         }
     }
 
     /// Writes one position's keys and values of one layer from f16 bits
     /// (`n_kv_head * head_dim` each, heads in order).
     pub fn write_slot_bits(&mut self, layer: usize, block: u32, slot: usize, k: &[u16], v: &[u16]) {
-        let l = self.layout;
-        let fresh = || vec![0u16; l.block_len()].into_boxed_slice();
-        let lk = &mut self.layers[layer];
-        let (kb, vb) = (
-            lk.k[block as usize].get_or_insert_with(fresh),
-            lk.v[block as usize].get_or_insert_with(fresh),
-        );
-        let hd = l.head_dim;
-        for h in 0..l.n_kv_head {
-            let at = (h * l.block_size + slot) * hd;
-            kb[at..at + hd].copy_from_slice(&k[h * hd..(h + 1) * hd]);
-            vb[at..at + hd].copy_from_slice(&v[h * hd..(h + 1) * hd]);
-        }
+        let mut kf = vec![0.0f32; k.len()];
+        let mut vf = vec![0.0f32; v.len()];
+        k.convert_to_f32_slice_from_bits(&mut kf);
+        v.convert_to_f32_slice_from_bits(&mut vf);
+        self.write(layer, block, slot, &kf, &vf);
     }
 
     /// Blocks holding memory in the first layer (for memory accounting).
@@ -159,12 +345,136 @@ impl KvStorage {
     }
 }
 
-fn write_heads(block: &mut [u16], l: &KvLayout, slot: usize, x: &[f32]) {
+fn write_heads(block: &mut Block, l: &KvLayout, slot: usize, x: &[f32]) {
     let hd = l.head_dim;
     for h in 0..l.n_kv_head {
-        let at = (h * l.block_size + slot) * hd;
-        for (dst, src) in block[at..at + hd].iter_mut().zip(&x[h * hd..(h + 1) * hd]) {
-            *dst = f16::from_f32(*src).to_bits();
+        block.write_row((h * l.block_size + slot) * hd, &x[h * hd..(h + 1) * hd]);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use rand::rngs::StdRng;
+    use rand::{Rng, SeedableRng};
+
+    use super::*;
+
+    fn layout(dtype: KvDtype, head_dim: usize) -> KvLayout {
+        KvLayout {
+            n_layer: 2,
+            n_kv_head: 3,
+            head_dim,
+            block_size: 4,
+            num_blocks: 5,
+            dtype,
         }
+    }
+
+    fn row_values(rows: KvRows<'_>) -> Vec<f32> {
+        match rows {
+            KvRows::F16(x) => x.iter().map(|v| v.to_f32()).collect(),
+            KvRows::Q8 { q, d, group } => q
+                .iter()
+                .enumerate()
+                .map(|(i, &v)| f32::from(v) * d[i / group])
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn q8_rows_hold_every_value_within_half_a_step_of_its_group() {
+        let mut rng = StdRng::seed_from_u64(3);
+        for hd in [64usize, 24, 8] {
+            let l = layout(KvDtype::Q8_0, hd);
+            let mut kv = KvStorage::new(l);
+            let width = l.n_kv_head * hd;
+            // Rows of very different sizes, one all zeros, one with an outlier.
+            let mut rows = Vec::new();
+            for slot in 0..4 {
+                let spread = [1e-3f32, 1.0, 40.0, 0.0][slot];
+                let mut k: Vec<f32> = (0..width)
+                    .map(|_| rng.random_range(-spread..=spread))
+                    .collect();
+                if slot == 1 {
+                    k[5] = 90.0;
+                }
+                let v: Vec<f32> = k.iter().map(|x| -x).collect();
+                kv.write(1, 2, slot, &k, &v);
+                rows.push(k);
+            }
+            let group = q8_group(hd);
+            for (slot, k) in rows.iter().enumerate() {
+                for h in 0..l.n_kv_head {
+                    let all = row_values(kv.k(1, 2, h, 4));
+                    let got = &all[slot * hd..(slot + 1) * hd];
+                    let want = &k[h * hd..(h + 1) * hd];
+                    for (g, (gs, ws)) in got.chunks(group).zip(want.chunks(group)).enumerate() {
+                        let amax = ws.iter().fold(0.0f32, |m, x| m.max(x.abs()));
+                        for (a, b) in gs.iter().zip(ws) {
+                            assert!(
+                                (a - b).abs() <= amax / 254.0 * 1.0001,
+                                "hd {hd} slot {slot} head {h} group {g}: {a} vs {b}"
+                            );
+                        }
+                    }
+                    let back = row_values(kv.v(1, 2, h, 4));
+                    assert_eq!(
+                        &back[slot * hd..(slot + 1) * hd],
+                        &got.iter().map(|x| -x).collect::<Vec<_>>()[..]
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn blocks_move_as_f16_bits_between_f16_and_q8_caches() {
+        let mut rng = StdRng::seed_from_u64(4);
+        let (lf, lq) = (layout(KvDtype::F16, 64), layout(KvDtype::Q8_0, 64));
+        let mut f = KvStorage::new(lf);
+        let width = lf.n_kv_head * 64;
+        for slot in 0..4 {
+            let k: Vec<f32> = (0..width).map(|_| rng.random_range(-2.0..2.0)).collect();
+            f.write(0, 1, slot, &k, &k);
+        }
+        // f16 -> q8 -> f16: each value within the quantization step.
+        let mut q = KvStorage::new(lq);
+        let (k, v) = f.block_bits(0, 1);
+        q.set_block_bits(0, 3, k.to_vec().into(), v.to_vec().into());
+        let (qk, _) = q.block_bits(0, 3);
+        for (a, b) in qk.iter().zip(k.iter()) {
+            let (a, b) = (f16::from_bits(*a).to_f32(), f16::from_bits(*b).to_f32());
+            assert!((a - b).abs() <= 2.0 / 254.0 + 2e-3, "{a} vs {b}");
+        }
+        // Q8 -> f16 bits -> Q8 again moves no value by more than f16's
+        // rounding (the same grid comes back).
+        let mut q2 = KvStorage::new(lq);
+        q2.set_block_bits(0, 0, qk.to_vec().into(), qk.to_vec().into());
+        for (a, b) in q2.block_bits(0, 0).0.iter().zip(qk.iter()) {
+            let (a, b) = (f16::from_bits(*a).to_f32(), f16::from_bits(*b).to_f32());
+            assert!((a - b).abs() <= 2e-3 * b.abs().max(1e-3), "{a} vs {b}");
+        }
+        // One slot through the slot API matches the block.
+        let (mut sk, mut sv) = (Vec::new(), Vec::new());
+        q.read_slot_bits(0, 3, 2, &mut sk, &mut sv);
+        let mut q3 = KvStorage::new(lq);
+        q3.write_slot_bits(0, 4, 2, &sk, &sv);
+        let (mut sk2, mut sv2) = (Vec::new(), Vec::new());
+        q3.read_slot_bits(0, 4, 2, &mut sk2, &mut sv2);
+        assert_eq!((sk, sv), (sk2, sv2));
+    }
+
+    #[test]
+    fn dtypes_parse_and_size_their_rows() {
+        assert_eq!(KvDtype::parse("auto"), Some(KvDtype::F16));
+        assert_eq!(KvDtype::parse("Q8_0"), Some(KvDtype::Q8_0));
+        assert_eq!(KvDtype::parse("fp8"), None);
+        assert_eq!(KvDtype::F16.row_bytes(64), 128);
+        assert_eq!(KvDtype::Q8_0.row_bytes(64), 72);
+        assert_eq!(KvDtype::Q8_0.row_bytes(24), 28);
+        assert_eq!(
+            KvLayout::bytes_per_token(2, 3, 64, KvDtype::Q8_0),
+            2 * 2 * 3 * 72
+        );
     }
 }

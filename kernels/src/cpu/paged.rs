@@ -7,7 +7,7 @@
 //! numerically stable softmax over the visible positions `0..=pos`, then
 //! accumulates the values the same way.
 
-use super::attention::{HeadGroup, scores_f16, weighted_sum_f16};
+use super::attention::{self, HeadGroup, KvRows};
 use rayon::prelude::*;
 
 use super::kv::KvStorage;
@@ -79,11 +79,17 @@ fn attend_one(
     // memory latency.
     let fetch = |b: Option<&u32>, keys: bool| {
         if let Some(&b) = b {
-            prefetch_slice(if keys {
+            match if keys {
                 c.kv.k(c.layer, b, kvh, bs)
             } else {
                 c.kv.v(c.layer, b, kvh, bs)
-            });
+            } {
+                KvRows::F16(x) => prefetch_slice(x),
+                KvRows::Q8 { q, d, .. } => {
+                    prefetch_slice(q);
+                    prefetch_slice(d);
+                }
+            }
         }
     };
     (0..KV_AHEAD).for_each(|bi| fetch(used.get(bi), true));
@@ -96,7 +102,7 @@ fn attend_one(
             hd,
             stride: n,
         };
-        scores_f16(heads, keys, len, scale, &mut scores[bi * bs..]);
+        attention::scores(heads, keys, len, scale, &mut scores[bi * bs..]);
     }
     (0..KV_AHEAD).for_each(|bi| fetch(used.get(bi), false));
     for row in scores.chunks_exact_mut(n) {
@@ -107,7 +113,7 @@ fn attend_one(
         fetch(used.get(bi + KV_AHEAD), false);
         let len = bs.min(n - bi * bs);
         let values = c.kv.v(c.layer, block, kvh, len);
-        weighted_sum_f16(&scores[bi * bs..], n, values, len, o, hd);
+        attention::weighted_sum(&scores[bi * bs..], n, values, len, o, hd);
     }
 }
 
@@ -119,7 +125,7 @@ mod tests {
     use rand::{Rng, SeedableRng};
 
     use super::*;
-    use crate::cpu::kv::KvLayout;
+    use crate::cpu::kv::{KvDtype, KvLayout};
 
     fn random(rng: &mut StdRng, n: usize) -> Vec<f32> {
         (0..n).map(|_| rng.random_range(-1.0..1.0)).collect()
@@ -129,16 +135,44 @@ mod tests {
         x.iter().map(|&v| f16::from_f32(v).to_f32()).collect()
     }
 
+    /// What the cache holds for position `p` of head `h` (keys or
+    /// values), as f32.
+    fn stored(kv: &KvStorage, keys: bool, block: u32, slot: usize, h: usize) -> Vec<f32> {
+        let hd = kv.layout.head_dim;
+        let bs = kv.layout.block_size;
+        let rows = if keys {
+            kv.k(0, block, h, bs)
+        } else {
+            kv.v(0, block, h, bs)
+        };
+        let at = slot * hd;
+        match rows {
+            KvRows::F16(x) => x[at..at + hd].iter().map(|v| v.to_f32()).collect(),
+            KvRows::Q8 { q, d, group } => (at..at + hd)
+                .map(|i| f32::from(q[i]) * d[i / group])
+                .collect(),
+        }
+    }
+
     #[test]
     fn paged_attention_matches_the_reference_through_scattered_blocks() {
+        for dtype in [KvDtype::F16, KvDtype::Q8_0] {
+            for hd in [8usize, 64] {
+                paged_case(dtype, hd);
+            }
+        }
+    }
+
+    fn paged_case(dtype: KvDtype, hd: usize) {
         let mut rng = StdRng::seed_from_u64(9);
-        let (nh, nkv, hd, bs) = (6, 2, 8, 4);
+        let (nh, nkv, bs) = (6, 2, 4);
         let layout = KvLayout {
             n_layer: 1,
             n_kv_head: nkv,
             head_dim: hd,
             block_size: bs,
             num_blocks: 16,
+            dtype,
         };
         for l in [1usize, 5, 13] {
             let mut kv = KvStorage::new(layout);
@@ -175,10 +209,30 @@ mod tests {
                     })
                     .collect()
             };
-            let (kr, vr) = (
-                to_heads(&round_f16(&k), nkv, l),
-                to_heads(&round_f16(&v), nkv, l),
-            );
+            // The reference reads what the cache holds: f16-rounded or
+            // Q8-dequantized values; f16 is checked against the rounding
+            // done here too.
+            let held = |keys: bool| -> Vec<f32> {
+                let mut out = Vec::new();
+                for p in 0..l {
+                    for h in 0..nkv {
+                        out.extend(stored(&kv, keys, table[p / bs], p % bs, h));
+                    }
+                }
+                out
+            };
+            let (hk, hv) = (held(true), held(false));
+            if dtype == KvDtype::F16 {
+                assert_eq!((hk.clone(), hv.clone()), (round_f16(&k), round_f16(&v)));
+            } else {
+                let err = hk
+                    .iter()
+                    .zip(&k)
+                    .map(|(a, b)| (a - b).abs())
+                    .fold(0.0, f32::max);
+                assert!(err <= 1.0 / 254.0 * 1.001, "q8 keys off by {err}");
+            }
+            let (kr, vr) = (to_heads(&hk, nkv, l), to_heads(&hv, nkv, l));
             let ref_shape = reference::AttnShape {
                 n_head: nh,
                 n_kv_head: nkv,
@@ -192,7 +246,7 @@ mod tests {
                 .zip(&want)
                 .map(|(a, b)| (a - b).abs())
                 .fold(0.0, f32::max);
-            assert!(err < 1e-5, "l={l}: {err}");
+            assert!(err < 1e-5, "{dtype:?} hd={hd} l={l}: {err}");
         }
     }
 }
