@@ -240,6 +240,10 @@ mod x86 {
         }
     }
 
+    /// `G` query heads against the key rows, `8 / G` rows at a time: the
+    /// tile's eight (or six) accumulators are reduced together by `hsum8`
+    /// (in `hsum`'s order, so every score is the same float as one row at
+    /// a time gives); the rows left over go one at a time.
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn scores_n<const G: usize, R: Rows>(
         h: HeadGroup<'_>,
@@ -251,11 +255,36 @@ mod x86 {
     ) {
         let hd = h.hd;
         let qp = h.q.as_ptr();
-        for j in 0..len {
+        let rows = 8 / G;
+        let mut j = 0;
+        while j + rows <= len {
+            let mut acc = [_mm256_setzero_ps(); 8];
+            for d in (0..hd).step_by(8) {
+                for r in 0..rows {
+                    // SAFETY: rows j..j + rows, elements d..d+8, are in
+                    // bounds, and so are heads g0..g0 + G of `q`.
+                    let k = unsafe { keys.load8(j + r, d, hd) };
+                    for g in 0..G {
+                        let qv = unsafe { _mm256_loadu_ps(qp.add((g0 + g) * hd + d)) };
+                        acc[r * G + g] = _mm256_fmadd_ps(qv, k, acc[r * G + g]);
+                    }
+                }
+            }
+            let mut sums = [0.0f32; 8];
+            let scaled = _mm256_mul_ps(_mm256_set1_ps(scale), hsum8(acc));
+            // SAFETY: `sums` holds 8 floats.
+            unsafe { _mm256_storeu_ps(sums.as_mut_ptr(), scaled) };
+            for (lane, &v) in HSUM8_ORDER.iter().enumerate() {
+                if v < rows * G {
+                    out[(g0 + v % G) * h.stride + j + v / G] = sums[lane];
+                }
+            }
+            j += rows;
+        }
+        for j in j..len {
             let mut acc = [_mm256_setzero_ps(); G];
             for d in (0..hd).step_by(8) {
-                // SAFETY: row j, elements d..d+8 are in bounds, and so are
-                // heads g0..g0 + G of `q` (caller contract).
+                // SAFETY: as above, for row j.
                 let k = unsafe { keys.load8(j, d, hd) };
                 for (g, a) in acc.iter_mut().enumerate() {
                     let qv = unsafe { _mm256_loadu_ps(qp.add((g0 + g) * hd + d)) };
@@ -265,6 +294,34 @@ mod x86 {
             for (g, a) in acc.iter().enumerate() {
                 out[(g0 + g) * h.stride + j] = scale * hsum(*a);
             }
+        }
+    }
+
+    /// Which vector's sum each lane of `hsum8` holds.
+    const HSUM8_ORDER: [usize; 8] = [0, 2, 4, 6, 1, 3, 5, 7];
+
+    /// The eight lane sums of eight vectors at once, each added in `hsum`'s
+    /// order, ((x0 + x4) + (x2 + x6)) + ((x1 + x5) + (x3 + x7)), so the
+    /// floats are the same; lane `i` holds vector `HSUM8_ORDER[i]`'s.
+    #[inline(always)]
+    fn hsum8(v: [__m256; 8]) -> __m256 {
+        // SAFETY: only called from functions compiled with AVX enabled.
+        unsafe {
+            // [lo + hi of a | lo + hi of b]: x_i + x_{i+4}.
+            let halves = |a: __m256, b: __m256| {
+                _mm256_add_ps(
+                    _mm256_permute2f128_ps(a, b, 0x20),
+                    _mm256_permute2f128_ps(a, b, 0x31),
+                )
+            };
+            // Per 128-bit lane, elements (0 + 2, 1 + 3) of each input.
+            let pairs = |a: __m256, b: __m256| {
+                _mm256_add_ps(_mm256_shuffle_ps(a, b, 0x44), _mm256_shuffle_ps(a, b, 0xEE))
+            };
+            let a = pairs(halves(v[0], v[1]), halves(v[2], v[3]));
+            let b = pairs(halves(v[4], v[5]), halves(v[6], v[7]));
+            // Element 0 + element 1 of each pair.
+            _mm256_add_ps(_mm256_shuffle_ps(a, b, 0x88), _mm256_shuffle_ps(a, b, 0xDD))
         }
     }
 
@@ -411,6 +468,55 @@ mod tests {
             .map(|(a, b)| (a - b).abs())
             .fold(0.0, f32::max);
         assert!(err < 1e-4, "hd {hd} weighted sum error {err}");
+    }
+
+    /// One score as the SIMD loop adds it: eight lanes of fused
+    /// multiply-adds, reduced ((0 + 4) + (2 + 6)) + ((1 + 5) + (3 + 7)).
+    fn score_in_lane_order(q: &[f32], k: &[f32], scale: f32) -> f32 {
+        let mut l = [0.0f32; 8];
+        for d in (0..q.len()).step_by(8) {
+            for (i, l) in l.iter_mut().enumerate() {
+                *l = q[d + i].mul_add(k[d + i], *l);
+            }
+        }
+        scale * (((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7])))
+    }
+
+    #[test]
+    fn simd_scores_in_tiles_of_rows_are_the_row_at_a_time_floats() {
+        if Isa::detect() == Isa::Scalar {
+            return;
+        }
+        // Every head count (tiles of 8, 4, 2 rows; 3 heads pad the tile)
+        // and lengths that leave rows over.
+        for heads in 1..=9 {
+            for n in [1usize, 2, 3, 7, 8, 13, 17] {
+                let hd = 64;
+                let stride = n + 1;
+                let q = ramp(heads * hd, 7);
+                let rows: Vec<f16> = ramp(n * hd, 8).into_iter().map(f16::from_f32).collect();
+                let kf: Vec<f32> = rows.iter().map(|v| v.to_f32()).collect();
+                let mut got = vec![0.0; heads * stride];
+                scores(
+                    HeadGroup { q: &q, hd, stride },
+                    KvRows::F16(&rows),
+                    n,
+                    0.125,
+                    &mut got,
+                );
+                for g in 0..heads {
+                    for j in 0..n {
+                        let want =
+                            score_in_lane_order(&q[g * hd..][..hd], &kf[j * hd..][..hd], 0.125);
+                        assert_eq!(
+                            got[g * stride + j].to_bits(),
+                            want.to_bits(),
+                            "heads {heads} n {n} head {g} row {j}"
+                        );
+                    }
+                }
+            }
+        }
     }
 
     #[test]
