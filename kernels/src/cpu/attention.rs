@@ -356,20 +356,24 @@ mod x86 {
             // SAFETY: forwarded caller contract, heads `g0..g0 + n`.
             unsafe {
                 match n {
-                    1 => weighted_n::<1, R>(p, stride, values, len, o, hd),
-                    2 => weighted_n::<2, R>(p, stride, values, len, o, hd),
-                    3 => weighted_n::<3, R>(p, stride, values, len, o, hd),
-                    _ => weighted_n::<4, R>(p, stride, values, len, o, hd),
+                    1 => weighted_n::<1, 8, R>(p, stride, values, len, o, hd),
+                    2 => weighted_n::<2, 4, R>(p, stride, values, len, o, hd),
+                    3 => weighted_n::<3, 4, R>(p, stride, values, len, o, hd),
+                    _ => weighted_n::<4, 2, R>(p, stride, values, len, o, hd),
                 }
             }
             g0 += n;
         }
     }
 
-    /// `G` heads, 16 dimensions at a time: `2 * G` accumulators plus two
-    /// converted value vectors fit the 16 AVX2 registers.
+    /// `G` heads, `8 * W` dimensions at a time (`W` by `G`: 8, 4, 4, 2, so
+    /// `G * W` accumulators, the heads' probabilities and one value vector
+    /// fit the 16 AVX2 registers and enough independent chains of fused
+    /// multiply-adds are in flight); dimensions left over go eight at a
+    /// time. Each output element adds its rows in row order whatever the
+    /// width, so the floats do not depend on it.
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn weighted_n<const G: usize, R: Rows>(
+    unsafe fn weighted_n<const G: usize, const W: usize, R: Rows>(
         probs: &[f32],
         stride: usize,
         values: R,
@@ -377,36 +381,56 @@ mod x86 {
         out: &mut [f32],
         hd: usize,
     ) {
-        let op = out.as_mut_ptr();
         let mut d = 0;
-        while d < hd {
-            let w = if d + 16 <= hd { 2 } else { 1 };
-            // SAFETY (whole loop): dims d..d + 8w of every head and of every
-            // value row j < len are in bounds (caller contract).
-            let mut acc = [[_mm256_setzero_ps(); 2]; G];
+        // SAFETY (both loops): dims d..d + 8W of every head and of every
+        // value row j < len are in bounds (caller contract).
+        unsafe {
+            while d + 8 * W <= hd {
+                weighted_pass::<G, W, R>(probs, stride, values, len, out, hd, d);
+                d += 8 * W;
+            }
+            while d < hd {
+                weighted_pass::<G, 1, R>(probs, stride, values, len, out, hd, d);
+                d += 8;
+            }
+        }
+    }
+
+    /// Dimensions `d..d + 8W` of `G` heads over every row.
+    #[inline(always)]
+    unsafe fn weighted_pass<const G: usize, const W: usize, R: Rows>(
+        probs: &[f32],
+        stride: usize,
+        values: R,
+        len: usize,
+        out: &mut [f32],
+        hd: usize,
+        d: usize,
+    ) {
+        let op = out.as_mut_ptr();
+        // SAFETY (whole function): dims d..d + 8W of every head and of
+        // every value row j < len are in bounds (caller contract).
+        unsafe {
+            let mut acc = [[_mm256_setzero_ps(); W]; G];
             for (g, a) in acc.iter_mut().enumerate() {
-                for (c, v) in a.iter_mut().enumerate().take(w) {
-                    *v = unsafe { _mm256_loadu_ps(op.add(g * hd + d + 8 * c)) };
+                for (c, v) in a.iter_mut().enumerate() {
+                    *v = _mm256_loadu_ps(op.add(g * hd + d + 8 * c));
                 }
             }
             for j in 0..len {
-                let mut v = [_mm256_setzero_ps(); 2];
-                for (c, x) in v.iter_mut().enumerate().take(w) {
-                    *x = unsafe { values.load8(j, d + 8 * c, hd) };
-                }
-                for (g, a) in acc.iter_mut().enumerate() {
-                    let p = _mm256_set1_ps(probs[g * stride + j]);
-                    for c in 0..w {
-                        a[c] = _mm256_fmadd_ps(p, v[c], a[c]);
+                let p: [__m256; G] = std::array::from_fn(|g| _mm256_set1_ps(probs[g * stride + j]));
+                for c in 0..W {
+                    let v = values.load8(j, d + 8 * c, hd);
+                    for (a, p) in acc.iter_mut().zip(&p) {
+                        a[c] = _mm256_fmadd_ps(*p, v, a[c]);
                     }
                 }
             }
             for (g, a) in acc.iter().enumerate() {
-                for (c, v) in a.iter().enumerate().take(w) {
-                    unsafe { _mm256_storeu_ps(op.add(g * hd + d + 8 * c), *v) };
+                for (c, v) in a.iter().enumerate() {
+                    _mm256_storeu_ps(op.add(g * hd + d + 8 * c), *v);
                 }
             }
-            d += 8 * w;
         }
     }
 }
@@ -480,6 +504,38 @@ mod tests {
             }
         }
         scale * (((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7])))
+    }
+
+    #[test]
+    fn simd_weighted_sums_add_each_element_in_row_order() {
+        if Isa::detect() == Isa::Scalar {
+            return;
+        }
+        // Every head count and widths that leave dimensions over.
+        for heads in 1..=9 {
+            for hd in [8usize, 24, 64, 72, 128] {
+                let n = 11;
+                let stride = n + 2;
+                let rows: Vec<f16> = ramp(n * hd, 9).into_iter().map(f16::from_f32).collect();
+                let p = ramp(heads * stride, 10);
+                let mut got = ramp(heads * hd, 11);
+                let mut want = got.clone();
+                weighted_sum(&p, stride, KvRows::F16(&rows), n, &mut got, hd);
+                for g in 0..heads {
+                    for j in 0..n {
+                        for i in 0..hd {
+                            let w = &mut want[g * hd + i];
+                            *w = p[g * stride + j].mul_add(rows[j * hd + i].to_f32(), *w);
+                        }
+                    }
+                }
+                let same = got
+                    .iter()
+                    .zip(&want)
+                    .all(|(a, b)| a.to_bits() == b.to_bits());
+                assert!(same, "heads {heads} hd {hd}");
+            }
+        }
     }
 
     #[test]
