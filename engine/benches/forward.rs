@@ -5,7 +5,9 @@
 //! `synor-genmodel` writes, say). A single sequence's decode step is also
 //! put against the bandwidth limit, measured beside it.
 
-use std::path::PathBuf;
+mod common;
+
+use common::model_path;
 use std::time::Instant;
 
 use candle_core::quantized::gguf_file;
@@ -22,16 +24,6 @@ const PROMPT: usize = 128;
 const DECODE_STEPS: usize = 128;
 /// Blocks per sequence (enough for 1024 positions).
 const BLOCKS_PER_SEQ: usize = 64;
-
-fn model_path() -> PathBuf {
-    if let Some(p) = std::env::var_os("SYNOR_BENCH_MODEL") {
-        return PathBuf::from(p);
-    }
-    std::env::var_os("SYNOR_MODELS_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../models"))
-        .join("smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf")
-}
 
 fn chunk(seq: u64, start: usize, n: usize) -> SeqChunk {
     let first = seq as u32 * BLOCKS_PER_SEQ as u32;

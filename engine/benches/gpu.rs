@@ -23,8 +23,11 @@ fn main() {
 }
 
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
+mod common;
+
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
 mod bench {
-    use std::path::PathBuf;
+    use super::common::model_path;
     use std::time::Instant;
 
     use candle_core::quantized::gguf_file;
@@ -39,17 +42,6 @@ mod bench {
     /// Blocks of the prefill runs' sequence (512 positions).
     const PREFILL_BLOCKS: usize = 32;
     const MAX_BATCH: usize = 64;
-
-    /// The default model, or the GGUF at `SYNOR_BENCH_MODEL`.
-    fn model_path() -> PathBuf {
-        if let Some(p) = std::env::var_os("SYNOR_BENCH_MODEL") {
-            return PathBuf::from(p);
-        }
-        std::env::var_os("SYNOR_MODELS_DIR")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../models"))
-            .join("smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf")
-    }
 
     /// Sequence `seq`'s chunk; sequence `MAX_BATCH` is the prefill runs'.
     fn chunk(seq: usize, start: usize, n: usize) -> SeqChunk {

@@ -11,10 +11,14 @@
 //!   timed at several context lengths, f16 and Q8_0 alternating round by
 //!   round so the host's noise falls on both alike.
 
+mod common;
+
 #[path = "../tests/common/kv_eval.rs"]
 mod kv_eval;
 
 use std::path::PathBuf;
+
+use common::model_path;
 use std::time::Instant;
 
 use engine::RequestId;
@@ -31,16 +35,6 @@ const CONTEXTS: [usize; 3] = [256, 1024, 2040];
 const BLOCKS_PER_SEQ: usize = FILLED / BLOCK + 2;
 const ROUNDS: usize = 6;
 const STEPS_PER_ROUND: usize = 4;
-
-fn model_path() -> PathBuf {
-    if let Some(p) = std::env::var_os("SYNOR_BENCH_MODEL") {
-        return PathBuf::from(p);
-    }
-    std::env::var_os("SYNOR_MODELS_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../models"))
-        .join("smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf")
-}
 
 fn main() {
     let model = model_path();
