@@ -15,7 +15,7 @@
 use std::borrow::Cow;
 
 use half::f16;
-use half::slice::HalfBitsSliceExt;
+use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
 
 use super::attention::KvRows;
 
@@ -192,7 +192,7 @@ impl Block {
         let mut b = Block::zeroed(l);
         let mut row = vec![0.0f32; l.head_dim];
         for (r, src) in bits.chunks_exact(l.head_dim).enumerate() {
-            src.convert_to_f32_slice_from_bits(&mut row);
+            bits_to_f32(src, &mut row);
             b.write_row(r * l.head_dim, &row);
         }
         b
@@ -211,18 +211,10 @@ fn quantize_group(x: &[f32], q: &mut [i8]) -> f32 {
     d
 }
 
-/// f16 bits to f32s, through `half`'s converter.
-trait BitsToF32 {
-    fn convert_to_f32_slice_from_bits(&self, out: &mut [f32]);
-}
-
-impl BitsToF32 for [u16] {
-    fn convert_to_f32_slice_from_bits(&self, out: &mut [f32]) {
-        let halves: &[f16] = self.reinterpret_cast();
-        for (o, h) in out.iter_mut().zip(halves) {
-            *o = h.to_f32();
-        }
-    }
+/// f16 bits to f32s (`half`'s slice converter).
+fn bits_to_f32(bits: &[u16], out: &mut [f32]) {
+    let halves: &[f16] = bits.reinterpret_cast();
+    halves.convert_to_f32_slice(out);
 }
 
 /// Keys and values of one layer, per block, allocated lazily.
@@ -332,8 +324,8 @@ impl KvStorage {
     pub fn write_slot_bits(&mut self, layer: usize, block: u32, slot: usize, k: &[u16], v: &[u16]) {
         let mut kf = vec![0.0f32; k.len()];
         let mut vf = vec![0.0f32; v.len()];
-        k.convert_to_f32_slice_from_bits(&mut kf);
-        v.convert_to_f32_slice_from_bits(&mut vf);
+        bits_to_f32(k, &mut kf);
+        bits_to_f32(v, &mut vf);
         self.write(layer, block, slot, &kf, &vf);
     }
 
