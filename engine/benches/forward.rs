@@ -45,8 +45,13 @@ fn main() {
     // steps after 128-token prompts: the shape of llama-batched-bench's
     // `-npp 128 -ntg 128`.
     let only_decode = std::env::args().any(|a| a == "decode");
-    let prefill_sizes: &[usize] = if only_decode { &[] } else { &[1, 16, 128, 512] };
-    for &n in prefill_sizes {
+    // `SYNOR_BENCH_PREFILL=128,512` times only those prompt lengths.
+    let prefill_sizes: Vec<usize> = match std::env::var("SYNOR_BENCH_PREFILL") {
+        _ if only_decode => Vec::new(),
+        Ok(v) => v.split(',').filter_map(|s| s.trim().parse().ok()).collect(),
+        Err(_) => vec![1, 16, 128, 512],
+    };
+    for &n in &prefill_sizes {
         let batch = ModelBatch {
             chunks: vec![chunk(1, 0, n)],
         };

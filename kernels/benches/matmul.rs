@@ -57,7 +57,7 @@ fn main() {
             QuantType::Q4_0,
             "Q4_0",
             (name, rows, cols),
-            &[1, 8, 16],
+            &[1, 8, 16, 128, 512],
             &[Isa::detect()],
             cold,
         );

@@ -104,31 +104,56 @@ fn exp_shifted(row: &mut [f32], max: f32) {
 
 #[cfg(target_arch = "x86_64")]
 mod wide {
-    //! The element-wise loops over `exp`, compiled for AVX2: the same
-    //! operations in the same order (Rust never fuses a multiply and an
-    //! add by itself), so the results are bit-identical, eight at a time.
-    //! Each returns false, doing nothing, where the CPU lacks AVX2 (or
-    //! `SYNOR_KERNELS=scalar` asks for the portable path).
+    //! The element-wise loops over `exp`, compiled for AVX2 or AVX-512:
+    //! the same operations in the same order (Rust never fuses a multiply
+    //! and an add by itself), so the results are bit-identical, eight or
+    //! sixteen at a time. Each returns false, doing nothing, where the CPU
+    //! lacks AVX2 (or `SYNOR_KERNELS=scalar` asks for the portable path).
     #![allow(unsafe_code)]
 
     use crate::cpu::Isa;
 
     pub fn silu_mul(o: &mut [f32], g: &[f32], u: &[f32]) -> bool {
-        let wide = Isa::detect() != Isa::Scalar;
-        if wide {
-            // SAFETY: AVX2 is present (`Isa::detect` checked it).
-            unsafe { silu_mul_avx2(o, g, u) };
-        }
-        wide
+        silu_mul_on(Isa::detect(), o, g, u)
     }
 
     pub fn exp_shifted(row: &mut [f32], max: f32) -> bool {
-        let wide = Isa::detect() != Isa::Scalar;
-        if wide {
-            // SAFETY: as above.
-            unsafe { exp_shifted_avx2(row, max) };
+        exp_shifted_on(Isa::detect(), row, max)
+    }
+
+    /// `silu_mul` on the path `isa`, which the CPU must support.
+    pub(super) fn silu_mul_on(isa: Isa, o: &mut [f32], g: &[f32], u: &[f32]) -> bool {
+        assert!(Isa::all_supported().contains(&isa));
+        // SAFETY (both arms): the CPU has the features each function
+        // enables (`isa` is one it supports, checked above).
+        match isa {
+            Isa::Avx512Vnni => unsafe { silu_mul_avx512(o, g, u) },
+            Isa::Avx2 => unsafe { silu_mul_avx2(o, g, u) },
+            Isa::Scalar => return false,
         }
-        wide
+        true
+    }
+
+    /// `exp_shifted` on the path `isa`, which the CPU must support.
+    pub(super) fn exp_shifted_on(isa: Isa, row: &mut [f32], max: f32) -> bool {
+        assert!(Isa::all_supported().contains(&isa));
+        // SAFETY: as above.
+        match isa {
+            Isa::Avx512Vnni => unsafe { exp_shifted_avx512(row, max) },
+            Isa::Avx2 => unsafe { exp_shifted_avx2(row, max) },
+            Isa::Scalar => return false,
+        }
+        true
+    }
+
+    #[target_feature(enable = "avx2,avx512f")]
+    unsafe fn silu_mul_avx512(o: &mut [f32], g: &[f32], u: &[f32]) {
+        super::silu_mul_portable(o, g, u);
+    }
+
+    #[target_feature(enable = "avx2,avx512f")]
+    unsafe fn exp_shifted_avx512(row: &mut [f32], max: f32) {
+        super::exp_shifted(row, max);
     }
 
     #[target_feature(enable = "avx2")]
@@ -190,7 +215,8 @@ pub fn exp(x: f32) -> f32 {
     // even (the shaders' `round`, `rintf`).
     const ROUND: f32 = 12_582_912.0;
     let xc = x.clamp(-104.0, 89.0);
-    let k = (xc * std::f32::consts::LOG2_E + ROUND) - ROUND;
+    let kr = xc * std::f32::consts::LOG2_E + ROUND;
+    let k = kr - ROUND;
     let r = (xc - k * 0.693145752) - k * 1.42860677e-6;
     let p = 1.0
         + r * (1.0
@@ -198,7 +224,9 @@ pub fn exp(x: f32) -> f32 {
                 + r * (0.16666667
                     + r * (0.041666668
                         + r * (0.008333334 + r * (0.0013888889 + r * 0.0001984127))))));
-    let ki = k as i32;
+    // `k as i32` without the saturating cast (which LLVM leaves scalar):
+    // `kr` is 1.5 * 2^23 + k in one binade, so its low bits are `k`.
+    let ki = (kr.to_bits() as i32).wrapping_sub(ROUND.to_bits() as i32);
     let (k1, k2) = (ki / 2, ki - ki / 2);
     let two = |e: i32| f32::from_bits(((e + 127) as u32) << 23);
     let y = p * two(k1) * two(k2);
@@ -329,17 +357,23 @@ mod tests {
             .map(|i| (i as f32 - 10_000.0) * 0.0113)
             .collect();
         let us = ramp(xs.len());
-        let (mut wide, mut portable) = (vec![0.0; xs.len()], vec![0.0; xs.len()]);
-        silu_mul(&mut wide, &xs, &us);
-        silu_mul_portable(&mut portable, &xs, &us);
         let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-        assert_eq!(bits(&wide), bits(&portable), "silu");
-        for len in [1, 7, 8, 9, 191, 20_011] {
-            let mut a = xs[..len].to_vec();
-            let mut b = a.clone();
-            exp_shifted_fast(&mut a, 3.0);
-            exp_shifted(&mut b, 3.0);
-            assert_eq!(bits(&a), bits(&b), "exp, {len} values");
+        let mut portable = vec![0.0; xs.len()];
+        silu_mul_portable(&mut portable, &xs, &us);
+        // Every path this CPU has (AVX2 and AVX-512 where present).
+        for isa in crate::cpu::Isa::all_supported() {
+            let mut wide = portable.iter().map(|_| f32::NAN).collect::<Vec<_>>();
+            if !wide::silu_mul_on(isa, &mut wide, &xs, &us) {
+                continue;
+            }
+            assert_eq!(bits(&wide), bits(&portable), "silu on {isa:?}");
+            for len in [1, 7, 8, 9, 15, 16, 17, 191, 20_011] {
+                let mut a = xs[..len].to_vec();
+                let mut b = a.clone();
+                assert!(wide::exp_shifted_on(isa, &mut a, 3.0));
+                exp_shifted(&mut b, 3.0);
+                assert_eq!(bits(&a), bits(&b), "exp on {isa:?}, {len} values");
+            }
         }
     }
 

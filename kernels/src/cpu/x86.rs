@@ -27,9 +27,12 @@ const fn ty(t: u8) -> QuantType {
 
 /// Group blocks read ahead of the one being multiplied, into L1, when a
 /// tile carries several activation rows: the hardware prefetcher alone
-/// left the cores waiting on each block's first line (BENCHMARKS.md,
-/// issue 19: 8 blocks, about 2.3 KiB of Q4_0, measured best).
-const PREFETCH_BLOCKS: usize = 8;
+/// left the cores waiting on each block's first line. 8 blocks (about
+/// 2.3 KiB of Q4_0) measured best on the first hosts; on a Zen 5, whose
+/// tiles run about twice as fast, 8 blocks is under a memory latency
+/// ahead, and 24 to 64 blocks gave 15-30% on weights streamed from memory
+/// at m = 8 and 16 (BENCHMARKS.md, session 16), the same at m = 128.
+const PREFETCH_BLOCKS: usize = 32;
 
 /// Group blocks read ahead into L2 when a tile carries one or two rows (a
 /// single stream's decode step, bound by memory alone): farther ahead, and
