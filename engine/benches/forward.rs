@@ -2,8 +2,10 @@
 //! decode steps of several sizes. Run with
 //! `cargo bench -p engine --bench forward` (models fetched by `make models`);
 //! `SYNOR_BENCH_MODEL=path.gguf` times another model (the shapes
-//! `synor-genmodel` writes, say). A single sequence's decode step is also
-//! put against the bandwidth limit, measured beside it.
+//! `synor-genmodel` writes, say); `SYNOR_BENCH_PREFILL=128,512` and
+//! `SYNOR_BENCH_SEQS=8,16` pick the prompt lengths and batch sizes (empty:
+//! none). A single sequence's decode step is also put against the
+//! bandwidth limit, measured beside it.
 
 mod common;
 
