@@ -123,47 +123,37 @@ mod wide {
 
     /// `silu_mul` on the path `isa`, which the CPU must support.
     pub(super) fn silu_mul_on(isa: Isa, o: &mut [f32], g: &[f32], u: &[f32]) -> bool {
-        assert!(Isa::all_supported().contains(&isa));
-        // SAFETY (both arms): the CPU has the features each function
-        // enables (`isa` is one it supports, checked above).
-        match isa {
-            Isa::Avx512Vnni => unsafe { silu_mul_avx512(o, g, u) },
-            Isa::Avx2 => unsafe { silu_mul_avx2(o, g, u) },
-            Isa::Scalar => return false,
-        }
-        true
+        on(isa, || super::silu_mul_portable(o, g, u))
     }
 
     /// `exp_shifted` on the path `isa`, which the CPU must support.
     pub(super) fn exp_shifted_on(isa: Isa, row: &mut [f32], max: f32) -> bool {
+        on(isa, || super::exp_shifted(row, max))
+    }
+
+    /// Runs the loop `f` compiled for `isa` (inlined into a function that
+    /// enables its features); false, running nothing, for `Scalar`.
+    #[inline(always)]
+    fn on(isa: Isa, f: impl FnOnce()) -> bool {
         assert!(Isa::all_supported().contains(&isa));
-        // SAFETY: as above.
+        // SAFETY (both arms): the CPU has the features each function
+        // enables (`isa` is one it supports, checked above).
         match isa {
-            Isa::Avx512Vnni => unsafe { exp_shifted_avx512(row, max) },
-            Isa::Avx2 => unsafe { exp_shifted_avx2(row, max) },
+            Isa::Avx512Vnni => unsafe { avx512(f) },
+            Isa::Avx2 => unsafe { avx2(f) },
             Isa::Scalar => return false,
         }
         true
     }
 
     #[target_feature(enable = "avx2,avx512f")]
-    unsafe fn silu_mul_avx512(o: &mut [f32], g: &[f32], u: &[f32]) {
-        super::silu_mul_portable(o, g, u);
-    }
-
-    #[target_feature(enable = "avx2,avx512f")]
-    unsafe fn exp_shifted_avx512(row: &mut [f32], max: f32) {
-        super::exp_shifted(row, max);
+    unsafe fn avx512(f: impl FnOnce()) {
+        f();
     }
 
     #[target_feature(enable = "avx2")]
-    unsafe fn silu_mul_avx2(o: &mut [f32], g: &[f32], u: &[f32]) {
-        super::silu_mul_portable(o, g, u);
-    }
-
-    #[target_feature(enable = "avx2")]
-    unsafe fn exp_shifted_avx2(row: &mut [f32], max: f32) {
-        super::exp_shifted(row, max);
+    unsafe fn avx2(f: impl FnOnce()) {
+        f();
     }
 }
 
