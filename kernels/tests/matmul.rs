@@ -73,6 +73,42 @@ fn every_path_matches_the_reference_for_every_format_and_batch() {
 }
 
 #[test]
+fn the_largest_block_sums_are_exact_on_every_path() {
+    // Weights whose nibbles are 15 (all but the block's first, which sets
+    // the scale) against activations that quantize to +127 or -127 alike:
+    // the largest integer sums a block can give, which the AVX2 path adds
+    // in 16-bit lanes before widening. Q8_0 rows of +-127 likewise.
+    let cols = 256;
+    let row = |first: f32, rest: f32| -> Vec<f32> {
+        (0..cols)
+            .map(|k| if k % QK == 0 { first } else { rest })
+            .collect()
+    };
+    for (ty, w) in [
+        (
+            QuantType::Q4_0,
+            [row(1.0, -0.875), row(-1.0, 0.875)].concat(),
+        ),
+        (QuantType::Q4_1, [row(-1.0, 1.0), row(1.0, -1.0)].concat()),
+        (QuantType::Q8_0, [row(1.0, 1.0), row(-1.0, -1.0)].concat()),
+    ] {
+        let w = QMatrix::quantize(ty, 2, cols, &w).expect("quantize");
+        let x = [vec![1.0; cols], vec![-1.0; cols], row(-1.0, 1.0)].concat();
+        let want = reference(&w, &x, 3);
+        for isa in Isa::all_supported() {
+            let mut got = vec![f32::NAN; 3 * 2];
+            matmul_with(isa, &w, &x, 3, &mut got).expect("matmul");
+            for (g, e) in got.iter().zip(&want) {
+                assert!(
+                    (g - e).abs() <= 1e-5 * e.abs().max(1.0),
+                    "{ty:?} {isa:?}: {got:?} against {want:?}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
 fn quantized_matmul_approximates_the_float_product() {
     // Against the unquantized activations the error is the Q8 rounding only.
     let mut rng = StdRng::seed_from_u64(5);

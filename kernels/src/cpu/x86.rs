@@ -172,6 +172,40 @@ unsafe fn half_weights<const T: u8>(base: *const u8, half: usize) -> [__m256i; 8
     }
 }
 
+/// The integer dot products of one half block's eight rows with one
+/// activation block. Q4 pairs (`maddubs` of a nibble and an 8-bit
+/// activation: at most 2 * 15 * 127 = 3810) are summed as 16-bit lanes over
+/// the whole block, 8 pairs a lane (at most 30480, under `i16::MAX`, so
+/// exact), and widened once: 8 `maddubs` and one `madd` instead of 8 of
+/// each. Q8_0's pairs reach 32512, so they are widened chunk by chunk.
+///
+/// # Safety
+/// AVX2 must be enabled; `xb` must point at a valid block.
+#[inline(always)]
+unsafe fn half_sums<const T: u8>(wv: &[__m256i; 8], xb: *const Q8Block, ones: __m256i) -> __m256i {
+    // SAFETY (whole body): AVX2 is enabled and `xb` is valid (caller
+    // contract); `c < 8`.
+    unsafe {
+        let xc = |c: usize| _mm256_set1_epi32(act_chunk(xb, c));
+        if T == Q8_0 {
+            let mut s = _mm256_setzero_si256();
+            for (c, &w) in wv.iter().enumerate() {
+                let p = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(xc(c), w));
+                s = _mm256_add_epi32(s, _mm256_madd_epi16(p, ones));
+            }
+            return s;
+        }
+        // Two chains of four, so the dependent adds overlap.
+        let mut p0 = _mm256_maddubs_epi16(wv[0], xc(0));
+        let mut p1 = _mm256_maddubs_epi16(wv[1], xc(1));
+        for c in (2..8).step_by(2) {
+            p0 = _mm256_add_epi16(p0, _mm256_maddubs_epi16(wv[c], xc(c)));
+            p1 = _mm256_add_epi16(p1, _mm256_maddubs_epi16(wv[c + 1], xc(c + 1)));
+        }
+        _mm256_madd_epi16(_mm256_add_epi16(p0, p1), ones)
+    }
+}
+
 /// The AVX2 version of `group_vnni`.
 ///
 /// # Safety
@@ -203,16 +237,7 @@ pub unsafe fn group_avx2<const T: u8, const MR: usize>(
             let wv = unsafe { half_weights::<T>(base, h) };
             for (i, a) in acc.iter_mut().enumerate() {
                 let xb = unsafe { x[i].add(b) };
-                let mut s = _mm256_setzero_si256();
-                for (c, &w) in wv.iter().enumerate() {
-                    let xc = _mm256_set1_epi32(unsafe { act_chunk(xb, c) });
-                    let p = if T == Q8_0 {
-                        _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(xc, w))
-                    } else {
-                        _mm256_maddubs_epi16(w, xc)
-                    };
-                    s = _mm256_add_epi32(s, _mm256_madd_epi16(p, ones));
-                }
+                let s = unsafe { half_sums::<T>(&wv, xb, ones) };
                 let (xd, xs) = unsafe { ((*xb).d, (*xb).s) };
                 let sums = _mm256_cvtepi32_ps(s);
                 a[h] = _mm256_fmadd_ps(sums, _mm256_mul_ps(dw, _mm256_set1_ps(xd)), a[h]);
