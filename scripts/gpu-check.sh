@@ -15,6 +15,11 @@
 #                                      the device's copy bandwidth measured
 #                                      beside it; logs under $OUT
 #
+# GPU_CHECK_PARTS (default "kernels parity bench") picks what `run` runs,
+# GPU_CHECK_MODELS (default "llama-1b qwen2-0.5b") the shapes, and
+# GPU_CHECK_TEST_S (default 60) each kernel test's time limit, so a short
+# lease can spend its minutes where they are needed.
+#
 # The GPU machine has no network and no Rust: everything it runs is built
 # here. Its NVRTC is the machine's own (any libnvrtc.so* it has), its
 # Vulkan loader the Debian packages in .gl (see the device notes).
@@ -100,11 +105,21 @@ run() {
   local gbps
   gbps=$(copy_bandwidth)
   echo "copy bandwidth (read + write): $gbps GB/s" | tee -a "$out/device.txt"
-  for shape in llama-1b qwen2-0.5b; do
+  local models="${GPU_CHECK_MODELS:-llama-1b qwen2-0.5b}"
+  for shape in $models; do
     "$dir/synor-genmodel" --shape "$shape" --quant q4_0 \
       --tokenizer "$dir/tokenizer.gguf" --out-dir /tmp/bench
   done
+  local parts="${GPU_CHECK_PARTS:-kernels parity bench}"
   local status=0
+  [[ " $parts " == *" kernels "* ]] && { kernel_tests "$out" || status=1; }
+  [[ " $parts " == *" parity "* ]] && { parity "$out" || status=1; }
+  [[ " $parts " == *" bench "* ]] && { bench "$out" "$gbps" || status=1; }
+  return $status
+}
+
+kernel_tests() {
+  local out="$1" status=0
   # One process per test, each under a time limit, so a test that hangs
   # on a driver (seen: the wgpu tests on NVIDIA's Vulkan) neither stops
   # the rest nor hides its own output.
@@ -112,7 +127,7 @@ run() {
   for backend in cuda wgpu; do
     echo "== kernel tests: $backend"
     for t in $("$dir/kernels-tests" "$backend::" --list 2>/dev/null | sed -n 's/: test$//p'); do
-      if timeout 60 "$dir/kernels-tests" --exact "$t" --nocapture >"$out/t.log" 2>&1; then
+      if timeout "${GPU_CHECK_TEST_S:-60}" "$dir/kernels-tests" --exact "$t" --nocapture >"$out/t.log" 2>&1; then
         echo "ok      $t"
       else
         echo "FAILED  $t (exit $?)"
@@ -123,12 +138,22 @@ run() {
     done
   done
   rm -f "$out/t.log"
-  for m in llama-1b qwen2-0.5b; do
+  return $status
+}
+
+parity() {
+  local out="$1" status=0
+  for m in ${GPU_CHECK_MODELS:-llama-1b qwen2-0.5b}; do
     echo "== parity: $m"
     SYNOR_PARITY_MODEL="/tmp/bench/$m.Q4_0.gguf" "$dir/gpu-parity" --nocapture --test-threads=1 \
       2>&1 | tee "$out/parity-$m.log" | grep -v '^$' | tail -25 || status=1
   done
-  for m in llama-1b qwen2-0.5b; do
+  return $status
+}
+
+bench() {
+  local out="$1" gbps="$2" status=0
+  for m in ${GPU_CHECK_MODELS:-llama-1b qwen2-0.5b}; do
     for dev in cuda wgpu; do
       echo "== bench: $m on $dev"
       SYNOR_BENCH_MODEL="/tmp/bench/$m.Q4_0.gguf" timeout 90 "$dir/gpu-bench" "$dev" "$gbps" \

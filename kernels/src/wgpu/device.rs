@@ -42,6 +42,20 @@ pub struct AdapterInfo {
     pub kind: String,
     pub driver: String,
     pub max_binding: u64,
+    /// The PCI vendor id (0x10de NVIDIA; 0x10005 Mesa's software drivers).
+    pub vendor: u32,
+}
+
+impl AdapterInfo {
+    /// Whether the shaders' arithmetic was measured on this driver to be
+    /// the CPU backend's bit for bit (given the CPU paths they mirror):
+    /// lavapipe, and NVIDIA's Vulkan driver (an H100, `scripts/gpu-check.sh`),
+    /// which contracts `a * b + c` and divides within a few ulp unless the
+    /// shaders keep it from doing so (`mul_rn`, `div_rn`, `sqrt_rn`). Other
+    /// drivers are held to the parity tests' tolerance.
+    pub fn bit_exact(&self) -> bool {
+        self.kind == "cpu" || self.vendor == 0x10de
+    }
 }
 
 /// The device, its queue, pipelines and pending commands.
@@ -108,6 +122,7 @@ impl Gpu {
             kind: format!("{:?}", a.device_type).to_lowercase(),
             driver: format!("{} {}", a.driver, a.driver_info),
             max_binding: limits.max_storage_buffer_binding_size,
+            vendor: a.vendor,
         };
         let mut gpu = Self {
             device,

@@ -77,7 +77,8 @@ fn paged_score(j: u32, toff: u32, kvh: u32, scale: f32) -> f32 {
             a[l] = fma_exact(qs[d + l], kv_at(true, block, j % bs, kvh, d + l), a[l]);
         }
     }
-    return scale * (((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7])));
+    // Rounded on its own: the caller subtracts the maximum from it.
+    return mul_rn(scale, ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7])));
 }
 
 @compute @workgroup_size(64)
@@ -105,7 +106,7 @@ fn paged(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups:
         span = select(0u, pos + 1u, live);
     }
     let n = workgroupUniformLoad(&span);
-    let scale = 1.0 / sqrt(f32(hd));
+    let scale = div_rn(1.0, sqrt_rn(f32(hd)));
     // The largest score.
     var m = -3.4e38;
     for (var c = 0u; c < n; c += WG) {
@@ -131,7 +132,7 @@ fn paged(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups:
     var acc = array<f32, 4>(0.0, 0.0, 0.0, 0.0);
     for (var c = 0u; c < n; c += WG) {
         if (c + lid < n) {
-            wts[lid] = exp_precise(paged_score(c + lid, toff, kvh, scale) - m) / total;
+            wts[lid] = div_rn(exp_precise(paged_score(c + lid, toff, kvh, scale) - m), total);
         }
         workgroupBarrier();
         for (var e = 0u; e < 4u; e++) {

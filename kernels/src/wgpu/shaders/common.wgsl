@@ -66,6 +66,94 @@ fn element(gid: vec3<u32>, groups: vec3<u32>) -> u32 {
     return gid.x + gid.y * groups.x * 64u;
 }
 
+// a * b rounded on its own, as the CPU rounds it: never fused with the
+// add or subtract that takes it. SPIR-V lets a driver contract `a * b + c`
+// into one rounding unless the product is decorated NoContraction, which
+// naga does not emit; the product's bits through `opaque` cannot be fused.
+fn mul_rn(a: f32, b: f32) -> f32 {
+    return opaque(a * b);
+}
+
+// Below and above these the remainders `div_rn` and `sqrt_rn` correct
+// with may not be exact (2^-80, 2^80): there they keep the driver's result.
+const EXACT_LO: f32 = 8.271806e-25;
+const EXACT_HI: f32 = 1.2089258e24;
+
+// a / b rounded to nearest even, as the CPU divides. Vulkan lets a
+// driver's division be 2.5 ulp off (and compilers turn `a / c` into a
+// multiply by 1 / c); the quotient is moved ulp by ulp toward the exact
+// one, judged by the exact remainder a - q * b (one fused multiply-add),
+// until q is the nearest float. Zeros, infinities, NaN and operands or
+// quotients outside [EXACT_LO, EXACT_HI] keep the driver's quotient.
+fn div_rn(a: f32, b: f32) -> f32 {
+    return div_from(a, b, opaque(a / b));
+}
+
+// div_rn from a first guess q0 of a / b, as far off as a driver may be.
+fn div_from(a: f32, b: f32, q0: f32) -> f32 {
+    let x = abs(a);
+    let y = abs(b);
+    var q = abs(q0);
+    if (!(min(min(x, y), q) >= EXACT_LO && max(max(x, y), q) <= EXACT_HI)) {
+        return q0;
+    }
+    // One Newton step first: a guess many ulp off lands within about one.
+    q = fma_exact(fma_exact(-q, y, x), opaque(1.0 / y), q);
+    for (var i = 0u; i < 4u; i++) {
+        let bits = bitcast<u32>(q);
+        let up = bitcast<f32>(bits + 1u);
+        let dn = bitcast<f32>(bits - 1u);
+        let odd = (bits & 1u) == 1u;
+        // x - q y against half the gap to each neighbour, times y (the
+        // gaps are powers of two: exact).
+        let r = fma_exact(-q, y, x);
+        let half_up = mul_rn(y, up - q) * 0.5;
+        let half_dn = mul_rn(y, q - dn) * 0.5;
+        if (r > half_up || (r == half_up && odd)) {
+            q = up;
+        } else if (r < -half_dn || (r == -half_dn && odd)) {
+            q = dn;
+        } else {
+            break;
+        }
+    }
+    return select(q, -q, (a < 0.0) != (b < 0.0));
+}
+
+// The square root rounded to nearest, as the CPU's: the driver's root
+// (Vulkan allows a few ulp) moved ulp by ulp until it is the nearest
+// float, judged by the exact residual x - s * s. With s = S u (S an
+// integer, u the gap above s) the residual is a whole multiple of u^2,
+// so the root is past the midpoint s + u/2 exactly when x - s^2 > s u,
+// and below the midpoint under s exactly when x - s^2 <= -s u' (u' the
+// gap below s); no root of a float is a midpoint. Outside [EXACT_LO,
+// EXACT_HI], zeros, infinities and NaN keep the driver's root.
+fn sqrt_rn(x: f32) -> f32 {
+    return sqrt_from(x, opaque(sqrt(x)));
+}
+
+// sqrt_rn from a first guess s0 of the root, as far off as a driver may be.
+fn sqrt_from(x: f32, s0: f32) -> f32 {
+    if (!(x >= EXACT_LO && x <= EXACT_HI)) {
+        return s0;
+    }
+    var s = fma_exact(fma_exact(-s0, s0, x), opaque(0.5 / s0), s0);
+    for (var i = 0u; i < 4u; i++) {
+        let bits = bitcast<u32>(s);
+        let up = bitcast<f32>(bits + 1u);
+        let dn = bitcast<f32>(bits - 1u);
+        let r = fma_exact(-s, s, x);
+        if (r > mul_rn(s, up - s)) {
+            s = up;
+        } else if (r <= -mul_rn(s, s - dn)) {
+            s = dn;
+        } else {
+            break;
+        }
+    }
+    return s;
+}
+
 // e^x to within about one ulp (the driver's `exp` may be a few ulps off,
 // which the next layer's 8-bit activations can turn into a different
 // code): x = k ln2 + r by Cody and Waite, a degree-7 polynomial for e^r on
@@ -78,13 +166,13 @@ fn exp_precise(x: f32) -> f32 {
         return 0.0;
     }
     let k = round(x * 1.4426950);
-    let r = (x - k * 0.693145752) - k * 1.42860677e-6;
-    let p = 1.0 + r * (1.0 + r * (0.5 + r * (0.16666667 + r * (0.041666668
-        + r * (0.008333334 + r * (0.0013888889 + r * 0.0001984127))))));
+    let r = (x - mul_rn(k, 0.693145752)) - mul_rn(k, 1.42860677e-6);
+    let p = 1.0 + mul_rn(r, 1.0 + mul_rn(r, 0.5 + mul_rn(r, 0.16666667 + mul_rn(r, 0.041666668
+        + mul_rn(r, 0.008333334 + mul_rn(r, 0.0013888889 + mul_rn(r, 0.0001984127)))))));
     let ki = i32(k);
     let k1 = ki / 2;
     let k2 = ki - k1;
-    return p * bitcast<f32>(u32(k1 + 127) << 23u) * bitcast<f32>(u32(k2 + 127) << 23u);
+    return opaque(p * bitcast<f32>(u32(k1 + 127) << 23u) * bitcast<f32>(u32(k2 + 127) << 23u));
 }
 
 // Whether this driver's fma() rounds once (GPUs) or rounds the product

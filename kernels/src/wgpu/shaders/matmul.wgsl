@@ -52,8 +52,8 @@ fn dequant(blk: u32, kind: u32, wpb: u32, out: ptr<function, array<f32, 32>>) {
         let q = w[qs + j];
         for (var t = 0u; t < 4u; t++) {
             let byte = (q >> (8u * t)) & 0xffu;
-            (*out)[4u * j + t] = (f32(byte & 0xfu) - off) * d + mn;
-            (*out)[4u * j + t + 16u] = (f32(byte >> 4u) - off) * d + mn;
+            (*out)[4u * j + t] = mul_rn(f32(byte & 0xfu) - off, d) + mn;
+            (*out)[4u * j + t + 16u] = mul_rn(f32(byte >> 4u) - off, d) + mn;
         }
     }
 }
@@ -107,14 +107,14 @@ fn quantize(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgrou
     for (var j = 0u; j < 32u; j++) {
         amax = max(amax, abs(x[o + j]));
     }
-    let d = amax / 127.0;
-    let id = select(0.0, 1.0 / d, d != 0.0);
+    let d = div_rn(amax, 127.0);
+    let id = select(0.0, div_rn(1.0, d), d != 0.0);
     var sum = 0i;
     let at = i * XQ_WORDS;
     for (var j = 0u; j < 8u; j++) {
         var word = 0u;
         for (var t = 0u; t < 4u; t++) {
-            let v = x[o + 4u * j + t] * id;
+            let v = mul_rn(x[o + 4u * j + t], id);
             let q = clamp(i32(v + select(0.5, -0.5, v < 0.0)), -128, 127);
             sum += q;
             word |= (bitcast<u32>(q) & 0xffu) << (8u * t);

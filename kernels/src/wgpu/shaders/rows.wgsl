@@ -30,7 +30,7 @@ fn rms_norm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) grou
     if (live && lid.x < 8u) {
         var a = 0.0;
         for (var i = lid.x; i < whole; i += 8u) {
-            a += x[o + i] * x[o + i];
+            a += mul_rn(x[o + i], x[o + i]);
         }
         red[lid.x] = a;
     }
@@ -42,9 +42,9 @@ fn rms_norm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) grou
         }
         var tail = 0.0;
         for (var i = whole; i < cols; i++) {
-            tail += x[o + i] * x[o + i];
+            tail += mul_rn(x[o + i], x[o + i]);
         }
-        red[8] = 1.0 / sqrt((s + tail) / f32(cols) + bitcast<f32>(p.b.x));
+        red[8] = div_rn(1.0, sqrt_rn(div_rn(s + tail, f32(cols)) + bitcast<f32>(p.b.x)));
     }
     workgroupBarrier();
     let inv = red[8];
@@ -109,7 +109,7 @@ fn softmax(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) group
     let total = wg_sum(lid.x, s);
     if (live) {
         for (var i = lid.x; i < cols; i += WG) {
-            x[o + i] = x[o + i] / total;
+            x[o + i] = div_rn(x[o + i], total);
         }
     }
 }
@@ -141,7 +141,7 @@ fn swiglu(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups
         let r = i / n;
         let c = i % n;
         let g = x[r * 2u * n + c];
-        out[i] = g / (1.0 + exp_precise(-g)) * x[r * 2u * n + n + c];
+        out[i] = div_rn(g, 1.0 + exp_precise(-g)) * x[r * 2u * n + n + c];
     }
 }
 
@@ -189,8 +189,8 @@ fn rope(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     let s = w[p.a.x * half + r * half + j];
     let x0 = x[a];
     let x1 = x[b];
-    x[a] = x0 * c - x1 * s;
-    x[b] = x0 * s + x1 * c;
+    x[a] = mul_rn(x0, c) - mul_rn(x1, s);
+    x[b] = mul_rn(x0, s) + mul_rn(x1, c);
 }
 
 // fma_exact on the triples of x, one per invocation (its test).
@@ -199,5 +199,22 @@ fn fma_check(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgro
     let i = element(gid, groups);
     if (i < p.a.x) {
         out[i] = fma_exact(x[3u * i], x[3u * i + 1u], x[3u * i + 2u]);
+    }
+}
+
+// div_rn and sqrt_rn on the triples (a, b, k) of x, one per invocation
+// (their test): out[2i] = a / b, out[2i + 1] = sqrt(a), each corrected
+// from the driver's result moved k ulp away (k an integer, as f32).
+@compute @workgroup_size(64)
+fn rounding_check(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>) {
+    let i = element(gid, groups);
+    if (i < p.a.x) {
+        let a = x[3u * i];
+        let b = x[3u * i + 1u];
+        let k = i32(x[3u * i + 2u]);
+        let q = opaque(a / b);
+        let s = opaque(sqrt(a));
+        out[2u * i] = div_from(a, b, bitcast<f32>(bitcast<i32>(q) + k));
+        out[2u * i + 1u] = sqrt_from(a, bitcast<f32>(bitcast<i32>(s) + k));
     }
 }
