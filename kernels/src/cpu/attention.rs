@@ -49,14 +49,18 @@ impl KvRows<'_> {
         }
     }
 
-    /// Whether the SIMD loops take these rows (8 values at a time, never
-    /// across a scale group).
-    fn simd(&self, hd: usize) -> bool {
+    /// Whether the SIMD loops take these rows on `isa`, `lanes` values at
+    /// a time (8: AVX2, 16: AVX-512), never across a scale group.
+    fn simd(&self, hd: usize, isa: Isa, lanes: usize) -> bool {
         let group_ok = match *self {
             KvRows::F16(_) => true,
-            KvRows::Q8 { group, .. } => group.is_multiple_of(8),
+            KvRows::Q8 { group, .. } => group.is_multiple_of(lanes),
         };
-        hd.is_multiple_of(8) && group_ok && Isa::detect() != Isa::Scalar
+        let isa_ok = match lanes {
+            8 => isa != Isa::Scalar,
+            _ => isa == Isa::Avx512Vnni,
+        };
+        hd.is_multiple_of(8) && group_ok && isa_ok
     }
 
     /// Value `i` of row `j` (the portable loops).
@@ -78,7 +82,7 @@ pub fn scores(h: HeadGroup<'_>, keys: KvRows<'_>, len: usize, scale: f32, out: &
         "scores: buffers too short"
     );
     #[cfg(target_arch = "x86_64")]
-    if keys.simd(hd) {
+    if keys.simd(hd, Isa::detect(), 8) {
         // SAFETY: AVX2, FMA and F16C are present (Isa::detect checked
         // them); lengths and groups were checked above.
         unsafe {
@@ -113,6 +117,20 @@ pub fn weighted_sum(
     out: &mut [f32],
     hd: usize,
 ) {
+    weighted_sum_on(Isa::detect(), probs, stride, values, len, out, hd);
+}
+
+/// `weighted_sum` on the path `isa` picks (every path adds each output
+/// element's rows in row order with fused multiply-adds: the same floats).
+fn weighted_sum_on(
+    isa: Isa,
+    probs: &[f32],
+    stride: usize,
+    values: KvRows<'_>,
+    len: usize,
+    out: &mut [f32],
+    hd: usize,
+) {
     let heads = out.len() / hd.max(1);
     assert!(
         hd > 0
@@ -121,17 +139,19 @@ pub fn weighted_sum(
         "weighted sum: buffers too short"
     );
     #[cfg(target_arch = "x86_64")]
-    if values.simd(hd) {
-        // SAFETY: as in `scores`.
+    if values.simd(hd, isa, 8) {
+        let wide = values.simd(hd, isa, 16);
+        // SAFETY: as in `scores`; AVX-512 F is present where `wide` (the
+        // VNNI path implies it).
         unsafe {
             match values {
                 KvRows::F16(x) => {
                     let rows = x86::F16Rows(x.as_ptr().cast());
-                    x86::weighted_sum(probs, stride, rows, len, out, hd)
+                    x86::weighted_sum(probs, stride, rows, len, out, hd, wide)
                 }
                 KvRows::Q8 { q, d, group } => {
                     let rows = x86::Q8Rows::new(q, d, group);
-                    x86::weighted_sum(probs, stride, rows, len, out, hd)
+                    x86::weighted_sum(probs, stride, rows, len, out, hd, wide)
                 }
             }
         }
@@ -208,6 +228,37 @@ mod x86 {
                 let q = _mm256_cvtepi8_epi32(_mm_loadl_epi64(self.q.add(at).cast()));
                 let d = _mm256_set1_ps(*self.d.add(at / self.group));
                 _mm256_mul_ps(_mm256_cvtepi32_ps(q), d)
+            }
+        }
+    }
+
+    /// Rows the AVX-512 loops read sixteen values at a time, as f32.
+    pub trait Rows16: Rows {
+        /// Values `i..i + 16` of row `j` (rows `hd` long).
+        ///
+        /// # Safety
+        /// AVX-512 F must be enabled and the values in bounds; `i` is a
+        /// multiple of 16 (of the scale group, for Q8_0 rows).
+        unsafe fn load16(self, j: usize, i: usize, hd: usize) -> __m512;
+    }
+
+    impl Rows16 for F16Rows {
+        #[inline(always)]
+        unsafe fn load16(self, j: usize, i: usize, hd: usize) -> __m512 {
+            // SAFETY: caller contract.
+            unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(self.0.add(j * hd + i).cast())) }
+        }
+    }
+
+    impl Rows16 for Q8Rows {
+        #[inline(always)]
+        unsafe fn load16(self, j: usize, i: usize, hd: usize) -> __m512 {
+            let at = j * hd + i;
+            // SAFETY: caller contract; the sixteen share one scale.
+            unsafe {
+                let q = _mm512_cvtepi8_epi32(_mm_loadu_si128(self.q.add(at).cast()));
+                let d = _mm512_set1_ps(*self.d.add(at / self.group));
+                _mm512_mul_ps(_mm512_cvtepi32_ps(q), d)
             }
         }
     }
@@ -337,15 +388,16 @@ mod x86 {
     }
 
     /// # Safety
-    /// As for `scores`, with the lengths `super::weighted_sum` checks.
-    #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn weighted_sum<R: Rows>(
+    /// As for `scores`, with the lengths `super::weighted_sum` checks;
+    /// AVX-512 F too where `wide` (and Q8_0 groups of a multiple of 16).
+    pub unsafe fn weighted_sum<R: Rows16>(
         probs: &[f32],
         stride: usize,
         values: R,
         len: usize,
         out: &mut [f32],
         hd: usize,
+        wide: bool,
     ) {
         let heads = out.len() / hd;
         let mut g0 = 0;
@@ -355,14 +407,111 @@ mod x86 {
             let p = &probs[g0 * stride..];
             // SAFETY: forwarded caller contract, heads `g0..g0 + n`.
             unsafe {
-                match n {
-                    1 => weighted_n::<1, 8, R>(p, stride, values, len, o, hd),
-                    2 => weighted_n::<2, 4, R>(p, stride, values, len, o, hd),
-                    3 => weighted_n::<3, 4, R>(p, stride, values, len, o, hd),
-                    _ => weighted_n::<4, 2, R>(p, stride, values, len, o, hd),
+                if wide {
+                    weighted_heads512(n, p, stride, values, len, o, hd);
+                } else {
+                    match n {
+                        1 => weighted_n::<1, 8, R>(p, stride, values, len, o, hd),
+                        2 => weighted_n::<2, 4, R>(p, stride, values, len, o, hd),
+                        3 => weighted_n::<3, 4, R>(p, stride, values, len, o, hd),
+                        _ => weighted_n::<4, 2, R>(p, stride, values, len, o, hd),
+                    }
                 }
             }
             g0 += n;
+        }
+    }
+
+    /// `n` (1 to 4) heads on the AVX-512 loop.
+    #[target_feature(enable = "avx2,fma,f16c,avx512f")]
+    unsafe fn weighted_heads512<R: Rows16>(
+        n: usize,
+        p: &[f32],
+        stride: usize,
+        values: R,
+        len: usize,
+        o: &mut [f32],
+        hd: usize,
+    ) {
+        // SAFETY: forwarded caller contract.
+        unsafe {
+            match n {
+                1 => weighted512_n::<1, R>(p, stride, values, len, o, hd),
+                2 => weighted512_n::<2, R>(p, stride, values, len, o, hd),
+                3 => weighted512_n::<3, R>(p, stride, values, len, o, hd),
+                _ => weighted512_n::<4, R>(p, stride, values, len, o, hd),
+            }
+        }
+    }
+
+    /// `G` heads, 64 dimensions at a time in sixteen-lane registers (up to
+    /// 16 accumulators, the heads' probabilities and the value vectors fit
+    /// the 32 AVX-512 registers, and a head of 64 is one pass over the
+    /// rows where AVX2 takes four); then 16 at a time, then the AVX2
+    /// loop's eight. Each output element still adds its rows in row order.
+    #[target_feature(enable = "avx2,fma,f16c,avx512f")]
+    unsafe fn weighted512_n<const G: usize, R: Rows16>(
+        probs: &[f32],
+        stride: usize,
+        values: R,
+        len: usize,
+        out: &mut [f32],
+        hd: usize,
+    ) {
+        let mut d = 0;
+        // SAFETY (every loop): dims d..d + 64 (16, 8) of every head and of
+        // every value row j < len are in bounds (caller contract).
+        unsafe {
+            while d + 64 <= hd {
+                weighted_pass512::<G, 4, R>(probs, stride, values, len, out, hd, d);
+                d += 64;
+            }
+            while d + 16 <= hd {
+                weighted_pass512::<G, 1, R>(probs, stride, values, len, out, hd, d);
+                d += 16;
+            }
+            while d < hd {
+                weighted_pass::<G, 1, R>(probs, stride, values, len, out, hd, d);
+                d += 8;
+            }
+        }
+    }
+
+    /// Dimensions `d..d + 16W` of `G` heads over every row.
+    #[inline(always)]
+    unsafe fn weighted_pass512<const G: usize, const W: usize, R: Rows16>(
+        probs: &[f32],
+        stride: usize,
+        values: R,
+        len: usize,
+        out: &mut [f32],
+        hd: usize,
+        d: usize,
+    ) {
+        let op = out.as_mut_ptr();
+        // SAFETY (whole function): dims d..d + 16W of every head and of
+        // every value row j < len are in bounds (caller contract).
+        unsafe {
+            let mut acc = [[_mm512_setzero_ps(); W]; G];
+            for (g, a) in acc.iter_mut().enumerate() {
+                for (c, v) in a.iter_mut().enumerate() {
+                    *v = _mm512_loadu_ps(op.add(g * hd + d + 16 * c));
+                }
+            }
+            for j in 0..len {
+                let p: [__m512; G] = std::array::from_fn(|g| _mm512_set1_ps(probs[g * stride + j]));
+                for c in 0..W {
+                    let v = values.load16(j, d + 16 * c, hd);
+                    for (a, p) in acc.iter_mut().zip(&p) {
+                        a[c] = _mm512_fmadd_ps(*p, v, a[c]);
+                    }
+                }
+            }
+            for (g, a) in acc.iter().enumerate() {
+                for (c, v) in a.iter().enumerate() {
+                    _mm512_storeu_ps(op.add(g * hd + d + 16 * c), *v);
+                }
+            }
         }
     }
 
@@ -508,33 +657,62 @@ mod tests {
 
     #[test]
     fn simd_weighted_sums_add_each_element_in_row_order() {
-        if Isa::detect() == Isa::Scalar {
-            return;
+        // Every SIMD path (the portable loop rounds each product), head
+        // count, and widths that leave dimensions over (the AVX-512 loop's
+        // 64, 16 and 8 at a time).
+        for isa in Isa::all_supported()
+            .into_iter()
+            .filter(|&i| i != Isa::Scalar)
+        {
+            for heads in 1..=9 {
+                for hd in [8usize, 24, 40, 64, 72, 88, 128] {
+                    check_row_order(isa, heads, hd);
+                }
+            }
         }
-        // Every head count and widths that leave dimensions over.
-        for heads in 1..=9 {
-            for hd in [8usize, 24, 64, 72, 128] {
-                let n = 11;
-                let stride = n + 2;
-                let rows: Vec<f16> = ramp(n * hd, 9).into_iter().map(f16::from_f32).collect();
-                let p = ramp(heads * stride, 10);
-                let mut got = ramp(heads * hd, 11);
-                let mut want = got.clone();
-                weighted_sum(&p, stride, KvRows::F16(&rows), n, &mut got, hd);
-                for g in 0..heads {
-                    for j in 0..n {
-                        for i in 0..hd {
-                            let w = &mut want[g * hd + i];
-                            *w = p[g * stride + j].mul_add(rows[j * hd + i].to_f32(), *w);
-                        }
+    }
+
+    /// `weighted_sum` on `isa` against a sequential `mul_add` loop, bit for
+    /// bit, on f16 rows and on Q8_0 rows (groups of 8, 16 and 32 where the
+    /// row holds them).
+    fn check_row_order(isa: Isa, heads: usize, hd: usize) {
+        let n = 11;
+        let stride = n + 2;
+        let p = ramp(heads * stride, 10);
+        let f16s: Vec<f16> = ramp(n * hd, 9).into_iter().map(f16::from_f32).collect();
+        let q: Vec<i8> = (0..n * hd).map(|i| ((i * 37) % 255) as i8).collect();
+        let mut cases = vec![KvRows::F16(&f16s)];
+        let scales: Vec<Vec<f32>> = [8usize, 16, 32]
+            .iter()
+            .map(|g| ramp(n * hd / g, 5).iter().map(|x| x / 64.0).collect())
+            .collect();
+        for (group, d) in [8usize, 16, 32].into_iter().zip(&scales) {
+            if hd.is_multiple_of(group) {
+                cases.push(KvRows::Q8 { q: &q, d, group });
+            }
+        }
+        for rows in cases {
+            let vals = dequantized(rows, n, hd);
+            let mut got = ramp(heads * hd, 11);
+            let mut want = got.clone();
+            weighted_sum_on(isa, &p, stride, rows, n, &mut got, hd);
+            for g in 0..heads {
+                for j in 0..n {
+                    for i in 0..hd {
+                        let w = &mut want[g * hd + i];
+                        *w = p[g * stride + j].mul_add(vals[j * hd + i], *w);
                     }
                 }
-                let same = got
-                    .iter()
-                    .zip(&want)
-                    .all(|(a, b)| a.to_bits() == b.to_bits());
-                assert!(same, "heads {heads} hd {hd}");
             }
+            let same = got
+                .iter()
+                .zip(&want)
+                .all(|(a, b)| a.to_bits() == b.to_bits());
+            let kind = match rows {
+                KvRows::F16(_) => "f16".to_string(),
+                KvRows::Q8 { group, .. } => format!("q8, groups of {group}"),
+            };
+            assert!(same, "{isa:?} heads {heads} hd {hd} {kind}");
         }
     }
 
