@@ -13,9 +13,12 @@
 #                                      there by synor-genmodel) against the
 #                                      CPU, and the GPU bench on both, with
 #                                      the device's copy bandwidth measured
-#                                      beside it; logs under $OUT
+#                                      beside it, and the real `synor`
+#                                      binary serving on CUDA and on wgpu
+#                                      with the CPU's greedy text; logs
+#                                      under $OUT
 #
-# GPU_CHECK_PARTS (default "kernels parity bench") picks what `run` runs,
+# GPU_CHECK_PARTS (default "kernels parity serve bench") picks what `run` runs,
 # GPU_CHECK_MODELS (default "llama-1b qwen2-0.5b") the shapes, and
 # GPU_CHECK_TEST_S (default 60) each kernel test's time limit, so a short
 # lease can spend its minutes where they are needed.
@@ -40,13 +43,14 @@ build() {
     tee /dev/stderr | grep 'Executable' | exe_of)
   b=$(cargo bench -p engine --features wgpu,cuda --bench gpu --no-run 2>&1 |
     tee /dev/stderr | grep 'Executable' | exe_of)
-  cargo build --release -p loadtest --bin synor-genmodel
+  cargo build --release -p loadtest --bin synor-genmodel -p server --bin synor
   local target="${CARGO_TARGET_DIR:-target}/release"
+  cp "$target/synor" "$dir/synor"
   cp "$k" "$dir/kernels-tests"
   cp "$p" "$dir/gpu-parity"
   cp "$b" "$dir/gpu-bench"
   cp "$target/synor-genmodel" "$dir/synor-genmodel"
-  strip "$dir"/kernels-tests "$dir"/gpu-parity "$dir"/gpu-bench "$dir"/synor-genmodel
+  strip "$dir"/kernels-tests "$dir"/gpu-parity "$dir"/gpu-bench "$dir"/synor-genmodel "$dir"/synor
   cp "${SYNOR_MODELS_DIR:-models}/tiny/tiny.gguf" "$dir/tokenizer.gguf"
   du -sh "$dir"/*
 }
@@ -110,10 +114,11 @@ run() {
     "$dir/synor-genmodel" --shape "$shape" --quant q4_0 \
       --tokenizer "$dir/tokenizer.gguf" --out-dir /tmp/bench
   done
-  local parts="${GPU_CHECK_PARTS:-kernels parity bench}"
+  local parts="${GPU_CHECK_PARTS:-kernels parity serve bench}"
   local status=0
   [[ " $parts " == *" kernels "* ]] && { kernel_tests "$out" || status=1; }
   [[ " $parts " == *" parity "* ]] && { parity "$out" || status=1; }
+  [[ " $parts " == *" serve "* ]] && { serve_check "$out" || status=1; }
   [[ " $parts " == *" bench "* ]] && { bench "$out" "$gbps" || status=1; }
   return $status
 }
@@ -147,6 +152,73 @@ parity() {
     echo "== parity: $m"
     SYNOR_PARITY_MODEL="/tmp/bench/$m.Q4_0.gguf" "$dir/gpu-parity" --nocapture --test-threads=1 \
       2>&1 | tee "$out/parity-$m.log" | grep -v '^$' | tail -25 || status=1
+  done
+  return $status
+}
+
+# Waits for the background curls (every job but the server `$1`).
+wait_curls() {
+  local j
+  for j in $(jobs -p); do
+    [[ "$j" == "$1" ]] || wait "$j"
+  done
+}
+
+# One greedy completion from `synor serve` on device $2 (empty: the CPU)
+# with model $1, printed as its text.
+complete_on() {
+  local model=$1 dev=$2 out=$3 pid port=18181
+  local args=(serve --bind "127.0.0.1:$port" --model "$model" --open --no-cache
+    --served-model-name m --embedding-model none)
+  [[ -n "$dev" ]] && args+=(--device "$dev")
+  "$dir/synor" "${args[@]}" >>"$out/serve.log" 2>&1 &
+  pid=$!
+  for _ in $(seq 240); do
+    curl -sf "http://127.0.0.1:$port/health" >/dev/null && break
+    kill -0 "$pid" 2>/dev/null || break
+    sleep 0.5
+  done
+  # The prompts in flight together, so the device decodes them as a batch.
+  local i=0 prompt
+  for prompt in "The capital of France is" "def fibonacci(n):" "Once upon a time"; do
+    curl -s "http://127.0.0.1:$port/v1/completions" -H 'content-type: application/json' \
+      -d "{\"model\":\"m\",\"prompt\":\"$prompt\",\"max_tokens\":24,\"temperature\":0,\"ignore_eos\":true}" \
+      >"$out/completion.$i" &
+    i=$((i + 1))
+  done
+  wait_curls "$pid"
+  for i in 0 1 2; do
+    python3 -c '
+import json, sys
+body = sys.stdin.read()
+try:
+    print(repr(json.loads(body)["choices"][0]["text"]))
+except Exception:
+    print("FAILED:", body[:200].replace("\n", " "))' <"$out/completion.$i"
+  done
+  rm -f "$out"/completion.*
+  kill "$pid" 2>/dev/null
+  wait "$pid" 2>/dev/null
+}
+
+# The real binary on each device: the same greedy text as on the CPU.
+serve_check() {
+  local out="$1" status=0 model want got dev
+  for model in "$(realpath "$dir/tokenizer.gguf")" /tmp/bench/llama-1b.Q4_0.gguf; do
+    [[ -f "$model" ]] || continue
+    echo "== serve: $(basename "$model")"
+    want=$(complete_on "$model" "" "$out")
+    echo "cpu:    $want"
+    for dev in cuda:0 wgpu; do
+      got=$(complete_on "$model" "$dev" "$out")
+      echo "$dev: $got"
+      if [[ "$got" == "$want" && "$got" != *FAILED* ]]; then
+        echo "same as the CPU"
+      else
+        echo "DIFFERS from the CPU"
+        status=1
+      fi
+    done
   done
   return $status
 }

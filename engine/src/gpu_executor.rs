@@ -59,6 +59,7 @@ pub fn on_wgpu(model: Llama, mut layout: KvLayout) -> Result<Box<dyn Executor>> 
     cap_blocks(&mut layout, fit, "one GPU binding per layer")?;
     let name = format!("wgpu:{}", backend.adapter().name);
     let model = model.onto(backend)?;
+    announce(&name, &layout);
     Ok(Box::new(GpuExecutor::new(model, layout, name)))
 }
 
@@ -81,7 +82,19 @@ pub fn on_cuda(index: u32, model: Llama, mut layout: KvLayout) -> Result<Box<dyn
     cap_blocks(&mut layout, fit, "the device's free memory")?;
     let offsets = (u32::MAX as usize) / layout.block_len().max(1);
     cap_blocks(&mut layout, offsets, "32-bit offsets per layer")?;
+    announce(&name, &layout);
     Ok(Box::new(GpuExecutor::new(model, layout, name)))
+}
+
+/// Says in the log which device serves and how much KV cache it holds
+/// (nothing else tells an operator that `--device` took effect).
+fn announce(device: &str, layout: &KvLayout) {
+    tracing::info!(
+        device,
+        kv_blocks = layout.num_blocks,
+        block_size = layout.block_size,
+        "the model is on the GPU"
+    );
 }
 
 /// Caps the KV cache at `fit` blocks (with a warning), or fails when not
