@@ -259,7 +259,7 @@ mod simd {
     #![allow(unsafe_code)]
 
     use super::x86::{self, Q4_0, Q4_1, Q8_0};
-    use super::{Isa, Job, Q8Block};
+    use super::{GROUP, Isa, Job, Q8Block};
     use crate::quant::QuantType;
 
     /// Group `g` against every activation row. Only called with
@@ -291,16 +291,32 @@ mod simd {
         let x: [*const Q8Block; MR] = std::array::from_fn(|k| job.acts[(i + k) * nb..].as_ptr());
         // SAFETY: `isa` was checked against the CPU's features; `w` holds
         // `nb` group blocks of format `T` and each `x[k]` starts a row of
-        // `nb` activation blocks inside `acts`.
-        let out = unsafe {
-            if job.isa == Isa::Avx512Vnni {
-                x86::group_vnni::<T, MR>(w.as_ptr(), x, nb)
-            } else {
-                x86::group_avx2::<T, MR>(w.as_ptr(), x, nb)
-            }
+        // `nb` activation blocks inside `acts`; `out` points at 16 floats
+        // per row: columns r0..r0 + 16 < rows of output rows i + k < m
+        // (`run` keeps i + MR <= m), which only this task writes, or `part`.
+        let rows = job.w.rows;
+        let r0 = g * GROUP;
+        let whole = r0 + GROUP <= rows;
+        let mut part = [[0.0f32; GROUP]; MR];
+        // A whole group's rows go straight into the output (rows i..i + MR
+        // of `m`, columns r0..r0 + 16 of `rows`); a partial last group's
+        // through `part`, whose padding lanes are dropped.
+        let out = if whole {
+            (job.out.0.wrapping_add(i * rows + r0), rows)
+        } else {
+            (part.as_mut_ptr().cast::<f32>(), GROUP)
         };
-        for (k, sums) in out.iter().enumerate() {
-            job.store(i + k, g, sums);
+        unsafe {
+            if job.isa == Isa::Avx512Vnni {
+                x86::group_vnni::<T, MR>(w.as_ptr(), x, nb, out)
+            } else {
+                x86::group_avx2::<T, MR>(w.as_ptr(), x, nb, out)
+            }
+        }
+        if !whole {
+            for (k, sums) in part.iter().enumerate() {
+                job.store(i + k, g, sums);
+            }
         }
         MR
     }

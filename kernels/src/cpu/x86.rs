@@ -80,17 +80,21 @@ unsafe fn act_chunk(xb: *const Q8Block, c: usize) -> i32 {
     unsafe { (*xb).qs.as_ptr().cast::<i32>().add(c).read_unaligned() }
 }
 
-/// Computes `out[i][lane] = dot(w[lane], x[i])` for one 16-row group.
+/// Computes `out[i * stride + lane] = dot(w[lane], x[i])` for one 16-row
+/// group: straight into the output rows where the group is whole (a copy
+/// through an array cost a call to `memcpy` per row, 2% of a decode step).
 ///
 /// # Safety
 /// The CPU must support AVX-512 F/BW/VL/VNNI and F16C; `g` must point at
-/// `nb` group blocks of format `T` and every `x[i]` at `nb` Q8 blocks.
+/// `nb` group blocks of format `T`, every `x[i]` at `nb` Q8 blocks, and
+/// `out + i * stride` at 16 writable floats for every `i < MR`.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 pub unsafe fn group_vnni<const T: u8, const MR: usize>(
     g: *const u8,
     x: [*const Q8Block; MR],
     nb: usize,
-) -> [[f32; GROUP]; MR] {
+    (out, stride): (*mut f32, usize),
+) {
     let gbb = group_block_bytes(ty(T));
     let q = quants_offset(ty(T));
     let m4 = _mm512_set1_epi8(0x0F);
@@ -135,12 +139,10 @@ pub unsafe fn group_vnni<const T: u8, const MR: usize>(
             *a = _mm512_fmadd_ps(ow, _mm512_set1_ps(xs), *a);
         }
     }
-    let mut out = [[0.0f32; GROUP]; MR];
-    for (o, a) in out.iter_mut().zip(acc) {
-        // SAFETY: `o` holds 16 floats.
-        unsafe { _mm512_storeu_ps(o.as_mut_ptr(), a) };
+    for (i, a) in acc.into_iter().enumerate() {
+        // SAFETY: row `i` of the output holds 16 floats (caller contract).
+        unsafe { _mm512_storeu_ps(out.add(i * stride), a) };
     }
-    out
 }
 
 /// The eight 4-weight chunks of one half (8 rows) of a group block, as
@@ -210,13 +212,15 @@ unsafe fn half_sums<const T: u8>(wv: &[__m256i; 8], xb: *const Q8Block, ones: __
 ///
 /// # Safety
 /// The CPU must support AVX2, FMA and F16C; `g` must point at `nb` group
-/// blocks of format `T` and every `x[i]` at `nb` Q8 blocks.
+/// blocks of format `T`, every `x[i]` at `nb` Q8 blocks, and
+/// `out + i * stride` at 16 writable floats for every `i < MR`.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn group_avx2<const T: u8, const MR: usize>(
     g: *const u8,
     x: [*const Q8Block; MR],
     nb: usize,
-) -> [[f32; GROUP]; MR] {
+    (out, stride): (*mut f32, usize),
+) {
     let gbb = group_block_bytes(ty(T));
     let ones = _mm256_set1_epi16(1);
     let mut acc = [[_mm256_setzero_ps(); 2]; MR];
@@ -247,15 +251,13 @@ pub unsafe fn group_avx2<const T: u8, const MR: usize>(
             }
         }
     }
-    let mut out = [[0.0f32; GROUP]; MR];
-    for (o, a) in out.iter_mut().zip(acc) {
-        // SAFETY: `o` holds 16 floats, two halves of 8.
+    for (i, a) in acc.into_iter().enumerate() {
+        // SAFETY: row `i` of the output holds 16 floats (caller contract).
         unsafe {
-            _mm256_storeu_ps(o.as_mut_ptr(), a[0]);
-            _mm256_storeu_ps(o.as_mut_ptr().add(8), a[1]);
+            _mm256_storeu_ps(out.add(i * stride), a[0]);
+            _mm256_storeu_ps(out.add(i * stride + 8), a[1]);
         }
     }
-    out
 }
 
 /// `quant::quantize_block_q8` with AVX2: the same arithmetic (max of
