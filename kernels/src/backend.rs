@@ -106,6 +106,11 @@ pub trait Backend: Send + Sync {
     fn tensor(&self, data: Vec<f32>, cols: usize) -> Self::Tensor;
     /// The tensor's rows, back on the host, row-major.
     fn to_host(&self, x: &Self::Tensor) -> Vec<f32>;
+    /// `to_host` of a tensor no longer needed: a backend whose tensors
+    /// live on the host hands over their memory instead of a copy.
+    fn take_host(&self, x: Self::Tensor) -> Vec<f32> {
+        self.to_host(&x)
+    }
 
     /// Rows `ids` of `table` (embedding lookup).
     fn embed(&self, table: &Self::Matrix, ids: &[u32]) -> Result<Self::Tensor, KernelError>;

@@ -271,7 +271,7 @@ impl<B: Backend> BertEncoder<B> {
         for l in &self.layers {
             x = self.layer(l, x, &lens)?;
         }
-        let x = b.to_host(&x);
+        let x = b.take_host(x);
         let mut out = Vec::with_capacity(seqs.len());
         let mut rows = x.chunks_exact(h);
         for &n in &lens {

@@ -110,6 +110,10 @@ impl Backend for CpuBackend {
         x.data.clone()
     }
 
+    fn take_host(&self, x: CpuTensor) -> Vec<f32> {
+        x.data
+    }
+
     fn embed(&self, table: &CpuMatrix, ids: &[u32]) -> Result<CpuTensor, KernelError> {
         let (rows, cols) = self.matrix_shape(table);
         crate::backend::check_ids(ids, rows)?;
