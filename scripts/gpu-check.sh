@@ -2,10 +2,11 @@
 # The GPU backends on a real GPU, in two halves:
 #
 #   scripts/gpu-check.sh build [DIR]   here: the CUDA/wgpu kernel tests, the
-#                                      model parity test, the GPU bench and
-#                                      synor-genmodel, built and stripped
-#                                      into DIR (default .dev), with the
-#                                      small tokenizer source they need
+#                                      model parity test, the GPU bench,
+#                                      synor-genmodel and synor, built,
+#                                      stripped and compressed into DIR
+#                                      (default .dev), with the small
+#                                      tokenizer source they need
 #   scripts/gpu-check.sh run [DIR]     on the GPU machine, from the repo
 #                                      root: every CUDA and wgpu kernel test,
 #                                      the parity of a 1B Llama shape and a
@@ -52,6 +53,11 @@ build() {
   cp "$target/synor-genmodel" "$dir/synor-genmodel"
   strip "$dir"/kernels-tests "$dir"/gpu-parity "$dir"/gpu-bench "$dir"/synor-genmodel "$dir"/synor
   cp "${SYNOR_MODELS_DIR:-models}/tiny/tiny.gguf" "$dir/tokenizer.gguf"
+  # Compressed, so the whole set (about 26 MB, 70 uncompressed) travels
+  # under the device tool's 64 MiB; `run` unpacks it.
+  rm -f "$dir"/*.gz
+  gzip -9 -f "$dir"/kernels-tests "$dir"/gpu-parity "$dir"/gpu-bench "$dir"/synor-genmodel \
+    "$dir"/synor "$dir"/tokenizer.gguf
   du -sh "$dir"/*
 }
 
@@ -97,7 +103,10 @@ EOF
 }
 
 run() {
-  local out="${OUT:-/tmp/gpu-check}"
+  local out="${OUT:-/tmp/gpu-check}" f
+  for f in "$dir"/*.gz; do
+    [[ -e "$f" ]] && gunzip -f "$f"
+  done
   mkdir -p "$out" /tmp/bench
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.max.mem \
     --format=csv | tee "$out/device.txt"
