@@ -289,11 +289,6 @@ mod simd {
         let nb = job.nb;
         let w = job.w.group(g);
         let x: [*const Q8Block; MR] = std::array::from_fn(|k| job.acts[(i + k) * nb..].as_ptr());
-        // SAFETY: `isa` was checked against the CPU's features; `w` holds
-        // `nb` group blocks of format `T` and each `x[k]` starts a row of
-        // `nb` activation blocks inside `acts`; `out` points at 16 floats
-        // per row: columns r0..r0 + 16 < rows of output rows i + k < m
-        // (`run` keeps i + MR <= m), which only this task writes, or `part`.
         let rows = job.w.rows;
         let r0 = g * GROUP;
         let whole = r0 + GROUP <= rows;
@@ -306,6 +301,12 @@ mod simd {
         } else {
             (part.as_mut_ptr().cast::<f32>(), GROUP)
         };
+        // SAFETY: `isa` was checked against the CPU's features; `w` holds
+        // `nb` group blocks of format `T` and each `x[k]` starts a row of
+        // `nb` activation blocks inside `acts`; `out` points at 16 floats
+        // per row: either `part`, or columns r0..r0 + 16 <= rows of the
+        // `m x rows` output's rows i + k < m (`run` keeps i + MR <= m),
+        // which only this task's group writes.
         unsafe {
             if job.isa == Isa::Avx512Vnni {
                 x86::group_vnni::<T, MR>(w.as_ptr(), x, nb, out)
