@@ -463,54 +463,16 @@ mod x86 {
         // every value row j < len are in bounds (caller contract).
         unsafe {
             while d + 64 <= hd {
-                weighted_pass512::<G, 4, R>(probs, stride, values, len, out, hd, d);
+                weighted_pass::<__m512, G, 4, R>(probs, stride, values, len, out, hd, d);
                 d += 64;
             }
             while d + 16 <= hd {
-                weighted_pass512::<G, 1, R>(probs, stride, values, len, out, hd, d);
+                weighted_pass::<__m512, G, 1, R>(probs, stride, values, len, out, hd, d);
                 d += 16;
             }
             while d < hd {
-                weighted_pass::<G, 1, R>(probs, stride, values, len, out, hd, d);
+                weighted_pass::<__m256, G, 1, R>(probs, stride, values, len, out, hd, d);
                 d += 8;
-            }
-        }
-    }
-
-    /// Dimensions `d..d + 16W` of `G` heads over every row.
-    #[inline(always)]
-    unsafe fn weighted_pass512<const G: usize, const W: usize, R: Rows16>(
-        probs: &[f32],
-        stride: usize,
-        values: R,
-        len: usize,
-        out: &mut [f32],
-        hd: usize,
-        d: usize,
-    ) {
-        let op = out.as_mut_ptr();
-        // SAFETY (whole function): dims d..d + 16W of every head and of
-        // every value row j < len are in bounds (caller contract).
-        unsafe {
-            let mut acc = [[_mm512_setzero_ps(); W]; G];
-            for (g, a) in acc.iter_mut().enumerate() {
-                for (c, v) in a.iter_mut().enumerate() {
-                    *v = _mm512_loadu_ps(op.add(g * hd + d + 16 * c));
-                }
-            }
-            for j in 0..len {
-                let p: [__m512; G] = std::array::from_fn(|g| _mm512_set1_ps(probs[g * stride + j]));
-                for c in 0..W {
-                    let v = values.load16(j, d + 16 * c, hd);
-                    for (a, p) in acc.iter_mut().zip(&p) {
-                        a[c] = _mm512_fmadd_ps(*p, v, a[c]);
-                    }
-                }
-            }
-            for (g, a) in acc.iter().enumerate() {
-                for (c, v) in a.iter().enumerate() {
-                    _mm512_storeu_ps(op.add(g * hd + d + 16 * c), *v);
-                }
             }
         }
     }
@@ -522,7 +484,7 @@ mod x86 {
     /// time. Each output element adds its rows in row order whatever the
     /// width, so the floats do not depend on it.
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn weighted_n<const G: usize, const W: usize, R: Rows>(
+    unsafe fn weighted_n<const G: usize, const W: usize, R: Rows16>(
         probs: &[f32],
         stride: usize,
         values: R,
@@ -535,19 +497,91 @@ mod x86 {
         // value row j < len are in bounds (caller contract).
         unsafe {
             while d + 8 * W <= hd {
-                weighted_pass::<G, W, R>(probs, stride, values, len, out, hd, d);
+                weighted_pass::<__m256, G, W, R>(probs, stride, values, len, out, hd, d);
                 d += 8 * W;
             }
             while d < hd {
-                weighted_pass::<G, 1, R>(probs, stride, values, len, out, hd, d);
+                weighted_pass::<__m256, G, 1, R>(probs, stride, values, len, out, hd, d);
                 d += 8;
             }
         }
     }
 
-    /// Dimensions `d..d + 8W` of `G` heads over every row.
+    /// A register of `LANES` f32 lanes: AVX2's eight or AVX-512's sixteen
+    /// (the one weighted pass below, written once for both widths).
+    trait Lanes: Copy {
+        const LANES: usize;
+        unsafe fn zero() -> Self;
+        unsafe fn load(p: *const f32) -> Self;
+        unsafe fn store(self, p: *mut f32);
+        unsafe fn splat(x: f32) -> Self;
+        /// `a * b + self`, rounded once.
+        unsafe fn fma(self, a: Self, b: Self) -> Self;
+        /// Values `i..i + LANES` of row `j` of `rows`.
+        unsafe fn row<R: Rows16>(rows: R, j: usize, i: usize, hd: usize) -> Self;
+    }
+
+    impl Lanes for __m256 {
+        const LANES: usize = 8;
+        #[inline(always)]
+        unsafe fn zero() -> Self {
+            unsafe { _mm256_setzero_ps() }
+        }
+        #[inline(always)]
+        unsafe fn load(p: *const f32) -> Self {
+            unsafe { _mm256_loadu_ps(p) }
+        }
+        #[inline(always)]
+        unsafe fn store(self, p: *mut f32) {
+            unsafe { _mm256_storeu_ps(p, self) }
+        }
+        #[inline(always)]
+        unsafe fn splat(x: f32) -> Self {
+            unsafe { _mm256_set1_ps(x) }
+        }
+        #[inline(always)]
+        unsafe fn fma(self, a: Self, b: Self) -> Self {
+            unsafe { _mm256_fmadd_ps(a, b, self) }
+        }
+        #[inline(always)]
+        unsafe fn row<R: Rows16>(rows: R, j: usize, i: usize, hd: usize) -> Self {
+            unsafe { rows.load8(j, i, hd) }
+        }
+    }
+
+    impl Lanes for __m512 {
+        const LANES: usize = 16;
+        #[inline(always)]
+        unsafe fn zero() -> Self {
+            unsafe { _mm512_setzero_ps() }
+        }
+        #[inline(always)]
+        unsafe fn load(p: *const f32) -> Self {
+            unsafe { _mm512_loadu_ps(p) }
+        }
+        #[inline(always)]
+        unsafe fn store(self, p: *mut f32) {
+            unsafe { _mm512_storeu_ps(p, self) }
+        }
+        #[inline(always)]
+        unsafe fn splat(x: f32) -> Self {
+            unsafe { _mm512_set1_ps(x) }
+        }
+        #[inline(always)]
+        unsafe fn fma(self, a: Self, b: Self) -> Self {
+            unsafe { _mm512_fmadd_ps(a, b, self) }
+        }
+        #[inline(always)]
+        unsafe fn row<R: Rows16>(rows: R, j: usize, i: usize, hd: usize) -> Self {
+            unsafe { rows.load16(j, i, hd) }
+        }
+    }
+
+    /// Dimensions `d..d + W * LANES` of `G` heads over every row, in
+    /// registers of `V` (compiled into the AVX2 or AVX-512 function that
+    /// calls it, whose features the intrinsics need).
     #[inline(always)]
-    unsafe fn weighted_pass<const G: usize, const W: usize, R: Rows>(
+    unsafe fn weighted_pass<V: Lanes, const G: usize, const W: usize, R: Rows16>(
         probs: &[f32],
         stride: usize,
         values: R,
@@ -557,27 +591,29 @@ mod x86 {
         d: usize,
     ) {
         let op = out.as_mut_ptr();
-        // SAFETY (whole function): dims d..d + 8W of every head and of
-        // every value row j < len are in bounds (caller contract).
+        let at = |g: usize, c: usize| g * hd + d + V::LANES * c;
+        // SAFETY (whole function): dims d..d + W * LANES of every head and
+        // of every value row j < len are in bounds (caller contract), and
+        // the caller enables the instructions `V` uses.
         unsafe {
-            let mut acc = [[_mm256_setzero_ps(); W]; G];
+            let mut acc = [[V::zero(); W]; G];
             for (g, a) in acc.iter_mut().enumerate() {
                 for (c, v) in a.iter_mut().enumerate() {
-                    *v = _mm256_loadu_ps(op.add(g * hd + d + 8 * c));
+                    *v = V::load(op.add(at(g, c)));
                 }
             }
             for j in 0..len {
-                let p: [__m256; G] = std::array::from_fn(|g| _mm256_set1_ps(probs[g * stride + j]));
+                let p: [V; G] = std::array::from_fn(|g| V::splat(probs[g * stride + j]));
                 for c in 0..W {
-                    let v = values.load8(j, d + 8 * c, hd);
+                    let v = V::row(values, j, d + V::LANES * c, hd);
                     for (a, p) in acc.iter_mut().zip(&p) {
-                        a[c] = _mm256_fmadd_ps(*p, v, a[c]);
+                        a[c] = a[c].fma(*p, v);
                     }
                 }
             }
             for (g, a) in acc.iter().enumerate() {
                 for (c, v) in a.iter().enumerate() {
-                    _mm256_storeu_ps(op.add(g * hd + d + 8 * c), *v);
+                    v.store(op.add(at(g, c)));
                 }
             }
         }
