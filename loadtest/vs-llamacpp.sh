@@ -16,15 +16,18 @@
 # - The machine's read bandwidth is measured just before and after each
 #   run; a single stream's time per output token is put against the limit
 #   it gives (the model file read once per token).
-# - Results (JSON) go to $OUT (default /tmp/synor-vs-llamacpp); the summary
+# - Results (JSON) go to $OUT (default /tmp/synor-vs-llamacpp-$ISA); the summary
 #   table prints at the end.
+# - ISA=avx2 holds both servers to AVX2 (+FMA, F16C) on an AVX-512 host:
+#   Synor through SYNOR_KERNELS=avx2, llama.cpp built without GGML_NATIVE
+#   and with AVX-512 off (in its own build folder). It stands in for an
+#   AVX2-only host when none is at hand; a real one is still the measure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 MODELS_DIR="${SYNOR_MODELS_DIR:-$PWD/models}"
 LLAMA_DIR="${LLAMA_DIR:-/tmp/synor-llamacpp}"
 LLAMA_VERSION="${LLAMA_VERSION:-0.3.36}"
-OUT="${OUT:-/tmp/synor-vs-llamacpp}"
 CONCURRENCY="${CONCURRENCY:-1 8 16}"
 INPUT_LEN="${INPUT_LEN:-128}"
 OUTPUT_LEN="${OUTPUT_LEN:-128}"
@@ -32,12 +35,15 @@ THREADS="${THREADS:-2}"
 PORT="${PORT:-18080}"
 SYNOR_ARGS="${SYNOR_ARGS:-}"
 ONLY="${ONLY:-synor llama}"
+ISA="${ISA:-native}"
+OUT="${OUT:-/tmp/synor-vs-llamacpp-${ISA}}"
 TARGET_DIR="${CARGO_TARGET_DIR:-$PWD/target}"
 SHAPES=("$@")
 ((${#SHAPES[@]})) || SHAPES=(llama-1b:q4_0)
 
 die() { echo "vs-llamacpp: $*" >&2; exit 1; }
 log() { echo "vs-llamacpp: $*" >&2; }
+[[ $ISA == native || $ISA == avx2 ]] || die "ISA is native or avx2, not $ISA"
 
 build_synor() {
   cargo build --release -q -p server --bin synor -p loadtest --bin synor-loadtest --bin synor-genmodel
@@ -55,7 +61,13 @@ bandwidth() {
 }
 
 build_llama() {
-  LLAMA_SERVER="$LLAMA_DIR/build/bin/llama-server"
+  local build="$LLAMA_DIR/build" isa_flags=(-DGGML_NATIVE=ON)
+  if [[ $ISA == avx2 ]]; then
+    build="$LLAMA_DIR/build-avx2"
+    isa_flags=(-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON
+      -DGGML_AVX512=OFF -DGGML_AVX_VNNI=OFF -DGGML_BMI2=ON)
+  fi
+  LLAMA_SERVER="$build/bin/llama-server"
   [[ -x "$LLAMA_SERVER" ]] && return
   command -v cmake >/dev/null || scripts/apt-install.sh cmake
   command -v cmake >/dev/null || die "cmake is missing and could not be installed"
@@ -76,10 +88,10 @@ build_llama() {
     flags+=("-DCMAKE_C_FLAGS=-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
       "-DCMAKE_CXX_FLAGS=-mno-amx-tile -mno-amx-int8 -mno-amx-bf16")
   log "building llama-server (about 5 minutes on two cores)"
-  cmake -S "$LLAMA_DIR/src" -B "$LLAMA_DIR/build" -DCMAKE_BUILD_TYPE=Release \
-    -DGGML_NATIVE=ON -DLLAMA_OPENSSL=OFF -DLLAMA_CURL=OFF -DLLAMA_BUILD_UI=OFF \
+  cmake -S "$LLAMA_DIR/src" -B "$build" -DCMAKE_BUILD_TYPE=Release \
+    "${isa_flags[@]}" -DLLAMA_OPENSSL=OFF -DLLAMA_CURL=OFF -DLLAMA_BUILD_UI=OFF \
     -DLLAMA_USE_PREBUILT_UI=OFF "${flags[@]}" >"$LLAMA_DIR/cmake.log"
-  cmake --build "$LLAMA_DIR/build" -j "$(nproc)" --target llama-server llama-bench \
+  cmake --build "$build" -j "$(nproc)" --target llama-server llama-bench \
     >"$LLAMA_DIR/build.log" || die "llama.cpp build failed: $LLAMA_DIR/build.log"
 }
 
@@ -118,7 +130,7 @@ run_one() {
   local prompts=$((c < 4 ? 8 : 4 * c))
   if [[ $server == synor ]]; then
     # shellcheck disable=SC2086
-    SYNOR_NO_CACHE=true "$SYNOR" serve --bind "127.0.0.1:$PORT" --model "$file" \
+    SYNOR_NO_CACHE=true SYNOR_KERNELS="${ISA/native/}" "$SYNOR" serve --bind "127.0.0.1:$PORT" --model "$file" \
       --open --served-model-name bench --embedding-model none --max-num-seqs "$((c > 16 ? c : 16))" \
       $SYNOR_ARGS >"$OUT/server.log" 2>&1 &
   else

@@ -7,6 +7,9 @@
 //!     cargo bench -p engine --features wgpu,cuda --bench gpu -- [wgpu|cuda:N] [GB/s]
 //!
 //! `SYNOR_BENCH_MODEL` names another GGUF (a `synor-genmodel` shape).
+//! With `SYNOR_CUDA_PROFILE=1` the CUDA run adds one profiled decode step
+//! at each batch size: its wall time, the kernels' GPU time by kernel, and
+//! the launches, allocations and uploads it made.
 //!
 //! The optional number is the device's memory bandwidth (GB/s, from its
 //! data sheet) for the limit column. On lavapipe (Mesa's CPU Vulkan) the
@@ -97,7 +100,7 @@ mod bench {
         println!("adapter: {} ({}, {})", a.name, a.kind, a.driver);
         // A software adapter (lavapipe) gets short prompts and no 512-token
         // prefill: its numbers are about correctness, not speed.
-        measure(backend, a.kind == "cpu", gbps);
+        measure(backend, a.kind == "cpu", gbps, None);
     }
 
     #[cfg(not(feature = "wgpu"))]
@@ -116,7 +119,45 @@ mod bench {
             d.capability.1,
             d.memory_bytes as f64 / (1u64 << 30) as f64
         );
-        measure(backend, false, gbps);
+        let probe = backend.clone();
+        let report = move |step: Option<(&str, f64)>| {
+            let Some(p) = probe.take_profile() else {
+                return;
+            };
+            if let Some((label, wall)) = step {
+                print_profile(label, wall, &p);
+            }
+        };
+        let profiling = probe_profiling();
+        measure(backend, false, gbps, profiling.then_some(&report));
+    }
+
+    #[cfg(feature = "cuda")]
+    fn probe_profiling() -> bool {
+        std::env::var("SYNOR_CUDA_PROFILE").is_ok_and(|v| !v.is_empty() && v != "0")
+    }
+
+    #[cfg(feature = "cuda")]
+    fn print_profile(label: &str, wall: f64, p: &kernels::cuda::Profile) {
+        let gpu = p.gpu_ms();
+        println!(
+            "  profile, {label}: wall {:.2} ms, kernels {gpu:.2} ms on the GPU ({:.0}%), \
+             {} launches, {} allocations, {} uploads",
+            wall * 1e3,
+            100.0 * gpu / (wall * 1e3),
+            p.launches(),
+            p.allocations,
+            p.uploads
+        );
+        for k in &p.kernels {
+            println!(
+                "    {:<24} {:>5} launches {:>9.3} ms  {:>7.1} us each",
+                k.name,
+                k.launches,
+                k.gpu_ms,
+                1e3 * k.gpu_ms / k.launches as f64
+            );
+        }
     }
 
     #[cfg(not(feature = "cuda"))]
@@ -124,7 +165,11 @@ mod bench {
         eprintln!("build with --features cuda");
     }
 
-    fn measure<B: Backend>(backend: B, software: bool, gbps: Option<f64>) {
+    /// Called with `None` to start a profiled step and with its label and
+    /// wall seconds after it (see the module's header).
+    type Report<'a> = &'a dyn Fn(Option<(&str, f64)>);
+
+    fn measure<B: Backend>(backend: B, software: bool, gbps: Option<f64>, report: Option<Report>) {
         let path = model_path();
         let weight_bytes = std::fs::metadata(&path).map_or(0, |m| m.len()) as f64;
         let mut reader = std::io::BufReader::new(std::fs::File::open(&path).expect("make models"));
@@ -149,6 +194,12 @@ mod bench {
                 s * 1e3,
                 n as f64 / s
             );
+            if let Some(report) = report {
+                report(None);
+                let t = Instant::now();
+                model.forward(&b, &mut kv).expect("prefill");
+                report(Some((&format!("prefill {n}"), t.elapsed().as_secs_f64())));
+            }
         }
         for batch in [1, 16, MAX_BATCH] {
             let prompts = ModelBatch {
@@ -170,6 +221,15 @@ mod bench {
                 s * 1e3,
                 batch as f64 / s
             );
+            if let Some(report) = report {
+                report(None);
+                let t = Instant::now();
+                model.forward(&step, &mut kv).expect("decode");
+                report(Some((
+                    &format!("decode batch {batch}"),
+                    t.elapsed().as_secs_f64(),
+                )));
+            }
         }
     }
 }

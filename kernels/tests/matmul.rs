@@ -91,17 +91,58 @@ fn the_largest_block_sums_are_exact_on_every_path() {
         ),
         (QuantType::Q4_1, [row(-1.0, 1.0), row(1.0, -1.0)].concat()),
         (QuantType::Q8_0, [row(1.0, 1.0), row(-1.0, -1.0)].concat()),
+        // All nibbles 0 (the most negative weights).
+        (QuantType::Q4_0, [row(1.0, 1.0), row(-1.0, -1.0)].concat()),
     ] {
         let w = QMatrix::quantize(ty, 2, cols, &w).expect("quantize");
         let x = [vec![1.0; cols], vec![-1.0; cols], row(-1.0, 1.0)].concat();
-        let want = reference(&w, &x, 3);
+        // Three rows (tiles of 2 and 1) and nine (tiles of 8 and 1).
+        for m in [3, 9] {
+            let x = x.repeat(m / 3);
+            let want = reference(&w, &x, m);
+            for isa in Isa::all_supported() {
+                let mut got = vec![f32::NAN; m * 2];
+                matmul_with(isa, &w, &x, m, &mut got).expect("matmul");
+                for (g, e) in got.iter().zip(&want) {
+                    assert!(
+                        (g - e).abs() <= 1e-5 * e.abs().max(1.0),
+                        "{ty:?} {isa:?} m={m}: {got:?} against {want:?}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn a_rows_result_does_not_depend_on_its_batch() {
+    // Every path computes each activation row alone, whatever tile (8, 4, 2
+    // or 1 rows) it falls in: a sequence's logits are the same bit for bit
+    // alone and in any batch, which a tile that changed the arithmetic for
+    // some batch sizes (session 19 tried one for AVX2) would break.
+    let mut rng = StdRng::seed_from_u64(23);
+    let (rows, cols) = (40, 256);
+    for ty in [QuantType::Q4_0, QuantType::Q4_1, QuantType::Q8_0] {
+        let w =
+            QMatrix::quantize(ty, rows, cols, &random(&mut rng, rows * cols)).expect("quantize");
+        let x = random(&mut rng, 21 * cols);
         for isa in Isa::all_supported() {
-            let mut got = vec![f32::NAN; 3 * 2];
-            matmul_with(isa, &w, &x, 3, &mut got).expect("matmul");
-            for (g, e) in got.iter().zip(&want) {
-                assert!(
-                    (g - e).abs() <= 1e-5 * e.abs().max(1.0),
-                    "{ty:?} {isa:?}: {got:?} against {want:?}"
+            let alone: Vec<f32> = x
+                .chunks_exact(cols)
+                .flat_map(|xi| {
+                    let mut out = vec![f32::NAN; rows];
+                    matmul_with(isa, &w, xi, 1, &mut out).expect("matmul");
+                    out
+                })
+                .collect();
+            for m in 2..=21 {
+                let mut got = vec![f32::NAN; m * rows];
+                matmul_with(isa, &w, &x[..m * cols], m, &mut got).expect("matmul");
+                let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                assert_eq!(
+                    bits(&got),
+                    bits(&alone[..m * rows]),
+                    "{ty:?} {isa:?}: rows in a batch of {m} against alone"
                 );
             }
         }

@@ -25,6 +25,7 @@ use cudarc::driver::{
     CudaContext, CudaFunction, CudaSlice, CudaStream, LaunchConfig, PushKernelArg,
 };
 
+use super::profile::{Profile, Profiler};
 use super::{Image, KERNELS};
 use crate::backend::{AttnShape, Backend, HostMatrix, KvLayout, Rope};
 use crate::gpu_pack::{self, MAX_HEAD_DIM, TILE_M, WG, XQ_WORDS};
@@ -118,6 +119,8 @@ pub struct CudaBackend {
     stream: Arc<CudaStream>,
     functions: Arc<HashMap<&'static str, CudaFunction>>,
     info: CudaDeviceInfo,
+    /// Set by `SYNOR_CUDA_PROFILE` (see `super::profile`).
+    profiler: Option<Arc<Profiler>>,
 }
 
 fn driver(what: &str, e: impl std::fmt::Display) -> KernelError {
@@ -162,7 +165,23 @@ impl CudaBackend {
             stream: ctx.default_stream(),
             functions: Arc::new(functions),
             info,
+            profiler: Profiler::from_env(),
         })
+    }
+
+    /// This backend with the profiler on, whatever `SYNOR_CUDA_PROFILE`
+    /// says (for tests).
+    #[cfg(test)]
+    pub(super) fn profiled(mut self) -> Self {
+        self.profiler = Some(Arc::new(Profiler::default()));
+        self
+    }
+
+    /// The kernels' GPU time, launches, allocations and uploads since the
+    /// last call, when `SYNOR_CUDA_PROFILE` is set (waits for the launches
+    /// to finish); `None` otherwise.
+    pub fn take_profile(&self) -> Option<Profile> {
+        self.profiler.as_ref().map(|p| p.take())
     }
 
     /// The device this backend runs on.
@@ -209,12 +228,18 @@ impl CudaBackend {
 
     /// `n` f32 on the device (at least one).
     fn alloc(&self, n: usize) -> CudaSlice<f32> {
+        if let Some(p) = &self.profiler {
+            p.allocated();
+        }
         self.stream
             .alloc_zeros(n.max(1))
             .unwrap_or_else(|e| panic!("CUDA allocation of {n} floats: {e}"))
     }
 
     fn upload<T: cudarc::driver::DeviceRepr + Default + Copy>(&self, v: &[T]) -> CudaSlice<T> {
+        if let Some(p) = &self.profiler {
+            p.uploaded();
+        }
         let one = [T::default()];
         let v = if v.is_empty() { &one[..] } else { v };
         self.stream
@@ -265,7 +290,11 @@ impl CudaBackend {
         // type (checked above against `KERNELS`, itself checked against the
         // source); every buffer holds what the kernel indexes, as the
         // shapes passed beside it say (the callers size them).
+        let start = self.profiler.as_ref().map(|p| p.start(&self.stream));
         unsafe { b.launch(cfg) }.unwrap_or_else(|e| panic!("CUDA kernel {name}: {e}"));
+        if let (Some(p), Some(start)) = (&self.profiler, start) {
+            p.finish(name, start, &self.stream);
+        }
     }
 
     /// One thread per element of `n`.
@@ -466,6 +495,9 @@ impl Backend for CudaBackend {
             MatrixData::Quant { words, kind, wpb } => {
                 // The activations, quantized block by block as the CPU does.
                 let blocks = x.rows * x.cols / 32;
+                if let Some(p) = &self.profiler {
+                    p.allocated();
+                }
                 let xq = self
                     .stream
                     .alloc_zeros::<u32>((blocks * XQ_WORDS).max(1))

@@ -6,10 +6,12 @@
 //! error (`probe`). NVRTC is found by the normal library search, or at
 //! `SYNOR_NVRTC` (an absolute path, as `fetch-models.sh nvrtc` leaves
 //! it), loaded before cudarc asks for it by name. `CudaBackend`
-//! (`backend`) launches the kernels.
+//! (`backend`) launches the kernels; `profile` times them when
+//! `SYNOR_CUDA_PROFILE` is set.
 
 mod backend;
 mod nvrtc;
+mod profile;
 #[cfg(test)]
 mod tests;
 
@@ -17,6 +19,7 @@ use std::sync::OnceLock;
 
 pub use backend::{CudaBackend, CudaDeviceInfo, CudaKv, CudaMatrix, CudaTensor, CudaVector};
 pub use nvrtc::Image;
+pub use profile::{KernelTime, Profile};
 
 use crate::quant::KernelError;
 

@@ -152,3 +152,35 @@ fn kv_blocks_move_between_backends_bit_for_bit() {
     let Some(g) = gpu() else { return };
     t::kv_blocks_move_between_backends_bit_for_bit(&g);
 }
+
+#[test]
+fn the_profile_counts_every_launch_allocation_and_upload_once() {
+    use crate::backend::Backend;
+    let Some(g) = gpu() else { return };
+    let g = g.profiled();
+    let (rows, cols, m) = (48, 64, 3);
+    let w: Vec<f32> = (0..rows * cols)
+        .map(|i| (i % 13) as f32 / 7.0 - 0.9)
+        .collect();
+    let q = crate::QMatrix::quantize(crate::QuantType::Q4_0, rows, cols, &w).expect("quantize");
+    let wm = g
+        .matrix(crate::backend::HostMatrix::Quant(q))
+        .expect("upload");
+    assert!(g.take_profile().is_some(), "profiling is on");
+    let x = g.tensor(vec![0.5; m * cols], cols);
+    let y = g.matmul(&x, &wm).expect("matmul");
+    assert_eq!(g.to_host(&y).len(), m * rows);
+    let p = g.take_profile().expect("profiling is on");
+    let names: Vec<_> = p.kernels.iter().map(|k| (k.name, k.launches)).collect();
+    assert_eq!(p.launches(), 2, "{names:?}");
+    assert!(names.contains(&("quantize", 1)) && names.contains(&("matmul_quant", 1)));
+    assert!(p.kernels.iter().all(|k| k.gpu_ms > 0.0), "{:?}", p.kernels);
+    // The activations uploaded; the quantized copy and the output allocated.
+    assert_eq!((p.uploads, p.allocations), (1, 2));
+    let again = g.take_profile().expect("profiling is on");
+    assert_eq!(
+        again,
+        super::Profile::default(),
+        "a report starts from zero"
+    );
+}
