@@ -26,6 +26,7 @@ use cudarc::driver::{
 };
 
 use super::profile::{Profile, Profiler};
+use super::reuse::Reused;
 use super::{Image, KERNELS};
 use crate::backend::{AttnShape, Backend, HostMatrix, KvLayout, Rope};
 use crate::gpu_pack::{self, MAX_HEAD_DIM, TILE_M, WG, XQ_WORDS};
@@ -121,6 +122,17 @@ pub struct CudaBackend {
     info: CudaDeviceInfo,
     /// Set by `SYNOR_CUDA_PROFILE` (see `super::profile`).
     profiler: Option<Arc<Profiler>>,
+    tables: Arc<StepTables>,
+}
+
+/// The per-layer tables of a forward pass, uploaded once a pass (see
+/// `super::reuse`).
+#[derive(Debug, Default)]
+struct StepTables {
+    rope: Reused<f32>,
+    slots: Reused<u32>,
+    queries: Reused<u32>,
+    blocks: Reused<u32>,
 }
 
 fn driver(what: &str, e: impl std::fmt::Display) -> KernelError {
@@ -139,6 +151,14 @@ impl CudaBackend {
             )));
         }
         let ctx = CudaContext::new(index as usize).map_err(|e| driver("context", e))?;
+        // SAFETY: every allocation, copy and launch of this backend goes to
+        // its one stream, in order, so no buffer is used on another stream
+        // (what cudarc's per-buffer events order); without them, no buffer
+        // costs two events created and destroyed.
+        #[allow(unsafe_code)]
+        unsafe {
+            ctx.disable_event_tracking();
+        }
         let capability = ctx
             .compute_capability()
             .map_err(|e| driver("compute capability", e))?;
@@ -166,6 +186,7 @@ impl CudaBackend {
             functions: Arc::new(functions),
             info,
             profiler: Profiler::from_env(),
+            tables: Arc::default(),
         })
     }
 
@@ -623,7 +644,7 @@ impl Backend for CudaBackend {
 
     fn rope(&self, x: &mut CudaTensor, positions: &[usize], rope: &Rope) {
         let cs = gpu_pack::rope_rows(positions, &rope.cos, &rope.sin, rope.head_dim);
-        let csb = self.upload(&cs);
+        let csb = self.tables.rope.get(cs, |v| self.upload(v));
         let args = [
             Arg::F(&x.buf),
             Arg::F(&csb),
@@ -644,7 +665,7 @@ impl Backend for CudaBackend {
         slots: &[(u32, usize)],
     ) {
         let l = kv.layout;
-        let ib = self.upload(&gpu_pack::slot_words(slots));
+        let ib = (self.tables.slots).get(gpu_pack::slot_words(slots), |v| self.upload(v));
         let n = slots.len() * l.n_kv_head * l.head_dim / 2;
         for (src, dst) in [(k, &kv.k[layer]), (v, &kv.v[layer])] {
             let args = [
@@ -703,7 +724,8 @@ impl Backend for CudaBackend {
             shape.head_dim
         );
         let (info, tables) = gpu_pack::paged_queries(queries);
-        let (ib, tb) = (self.upload(&info), self.upload(&tables));
+        let ib = self.tables.queries.get(info, |v| self.upload(v));
+        let tb = self.tables.blocks.get(tables, |v| self.upload(v));
         let out = self.new_tensor(q.rows, q.cols);
         let args = [
             Arg::F(&q.buf),

@@ -7,11 +7,13 @@
 //! `SYNOR_NVRTC` (an absolute path, as `fetch-models.sh nvrtc` leaves
 //! it), loaded before cudarc asks for it by name. `CudaBackend`
 //! (`backend`) launches the kernels; `profile` times them when
-//! `SYNOR_CUDA_PROFILE` is set.
+//! `SYNOR_CUDA_PROFILE` is set; `reuse` uploads a pass's per-layer tables
+//! once.
 
 mod backend;
 mod nvrtc;
 mod profile;
+mod reuse;
 #[cfg(test)]
 mod tests;
 
