@@ -35,6 +35,15 @@ use crate::quant::KernelError;
 /// Threads of a block in the element-wise kernels.
 const ELEMENTWISE: u32 = 256;
 
+/// `matmul_quant`'s tile (`MQ_N`, `MQ_R` in `kernels.cu`): outputs and
+/// activation rows a block takes, and its threads (`MQ_N * MQ_S`).
+pub(super) const MQ_OUTPUTS: usize = 32;
+pub(super) const MQ_ROWS: usize = 4;
+pub(super) const MQ_THREADS: u32 = 256;
+// `matmul`'s check of the rows (at most 65,535 tiles of `TILE_M`) holds
+// for both matmul kernels' grids.
+const _: () = assert!(MQ_ROWS == TILE_M);
+
 /// Activations on the device: `rows x cols` f32 (at least one element is
 /// allocated, so an empty tensor is a valid pointer).
 #[derive(Debug)]
@@ -535,7 +544,12 @@ impl Backend for CudaBackend {
                     Arg::U(*kind),
                     Arg::U(*wpb),
                 ];
-                self.elementwise("matmul_quant", x.rows * w.rows, &args);
+                let grid = (
+                    w.rows.div_ceil(MQ_OUTPUTS) as u32,
+                    x.rows.div_ceil(MQ_ROWS) as u32,
+                    1,
+                );
+                self.launch("matmul_quant", grid, MQ_THREADS, &args);
             }
         }
         Ok(out)

@@ -165,21 +165,41 @@ __device__ void reduce_store(float* acc, float* y, u32 n, u32 m0, u32 m, u32 nn)
         y[(m0 + threadIdx.x) * nn + n] = partial[threadIdx.x * WG];
 }
 
-// y (m, n) = x · Wᵀ, W quantized (block b of row n at b * n_out + n): one
-// thread per output, the blocks in order, each added with two fused
-// multiply-adds: the sums of the CPU's AVX-512 path, bit for bit.
+// y (m, n) = x · Wᵀ, W quantized (block b of row n at b * n_out + n). A
+// block of MQ_N * MQ_S threads takes MQ_N outputs (consecutive n, so
+// their weight blocks are adjacent) of MQ_R activation rows: in each round
+// thread (x, s) computes the terms of block b0 + s for output x and every
+// row into shared memory, then one thread per (output, row) adds the
+// round's blocks in order, each with two fused multiply-adds: the sums of
+// the CPU's AVX-512 path, bit for bit. The terms (the memory reads and
+// integer sums) spread over MQ_S times the threads the chains need.
+#define MQ_N 32u
+#define MQ_S 8u
+#define MQ_R 4u
 __global__ void matmul_quant(const u32* xq, const u32* w, float* y, u32 m, u32 n_out, u32 k,
                              u32 kind, u32 wpb) {
-    u32 i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= m * n_out) return;
-    u32 r = i / n_out, n = i % n_out, nb = k / 32u;
+    __shared__ float4 terms[MQ_R][MQ_S][MQ_N];
+    u32 x = threadIdx.x % MQ_N, s = threadIdx.x / MQ_N;
+    u32 n = blockIdx.x * MQ_N + x, r0 = blockIdx.y * MQ_R, nb = k / 32u;
+    u32 rows = min(MQ_R, m - r0);
     float acc = 0.0f;
-    for (u32 b = 0; b < nb; b++) {
-        float4 t = block_terms(w, b * n_out + n, kind, wpb, xq + (r * nb + b) * XQ_WORDS);
-        acc = __fmaf_rn(t.x, t.y, acc);
-        acc = __fmaf_rn(t.z, t.w, acc);
+    for (u32 b0 = 0; b0 < nb; b0 += MQ_S) {
+        u32 b = b0 + s;
+        if (n < n_out && b < nb)
+            for (u32 r = 0; r < rows; r++)
+                terms[r][s][x] = block_terms(w, b * n_out + n, kind, wpb, xq + ((r0 + r) * nb + b) * XQ_WORDS);
+        __syncthreads();
+        if (s < rows && n < n_out) {
+            u32 cnt = min(MQ_S, nb - b0);
+            for (u32 j = 0; j < cnt; j++) {
+                float4 t = terms[s][j][x];
+                acc = __fmaf_rn(t.x, t.y, acc);
+                acc = __fmaf_rn(t.z, t.w, acc);
+            }
+        }
+        __syncthreads();
     }
-    y[i] = acc;
+    if (s < rows && n < n_out) y[(r0 + s) * n_out + n] = acc;
 }
 
 __global__ void matmul_dense(const float* x, const float* w, float* y, u32 m, u32 n_out, u32 k) {
@@ -227,11 +247,20 @@ __global__ void embed_quant(const u32* ids, const u32* w, float* y, u32 rows, u3
 // RMSNorm in the CPU's order (cpu::ops::rms_norm): eight partial sums of
 // squares over the whole chunks of eight, added in lane order, then the
 // tail's squares.
+// Rows up to NORM_CACHE wide are first copied into shared memory by the
+// whole block, so the eight sums in the CPU's lane order read it there.
+#define NORM_CACHE 8192u
 __global__ void rms_norm(const float* x, const float* w, float* out, u32 rows, u32 cols, float eps) {
     __shared__ float red[WG];
+    __shared__ float staged[NORM_CACHE];
     u32 row = blockIdx.x + blockIdx.y * gridDim.x;
     bool live = row < rows;
     const float* xr = x + row * cols;
+    if (live && cols <= NORM_CACHE) {
+        for (u32 i = threadIdx.x; i < cols; i += WG) staged[i] = xr[i];
+        xr = staged;
+    }
+    __syncthreads();
     u32 whole = cols - cols % 8u;
     if (live && threadIdx.x < 8u) {
         float a = 0.0f;
@@ -391,15 +420,18 @@ __device__ float paged_score(const float* qs, const u32* k, const u32* tables, u
 // Causal attention over the paged KV in the CPU backend's arithmetic and
 // order (cpu::attention, cpu::paged): the scores, a softmax of max, exp, a
 // sum in position order and a division, then the values added position
-// by position with fused multiply-adds. The scores are computed three
-// times (the max, the sum, the weights) rather than stored.
+// by position with fused multiply-adds. Up to ATT_CACHE positions the
+// scores, then their exponentials, are kept in shared memory; past it they
+// are computed again for the sum and the weights (the same floats).
 // info: (position, table offset) per query row.
+#define ATT_CACHE 4096u
 __global__ void paged_attention(const float* q, const u32* k, const u32* v, const u32* info,
                                 const u32* tables, float* out, u32 rows, u32 n_head, u32 kv_heads,
                                 u32 hd, u32 bs) {
     __shared__ float qs[256];
     __shared__ float wts[WG];
     __shared__ float red[WG];
+    __shared__ float sc[ATT_CACHE];
     u32 task = blockIdx.x + blockIdx.y * gridDim.x;
     if (task >= rows * n_head) return;  // whole block: no barrier divergence
     u32 t = task / n_head, h = task % n_head, kvh = h / (n_head / kv_heads);
@@ -407,25 +439,37 @@ __global__ void paged_attention(const float* q, const u32* k, const u32* v, cons
     for (u32 d = threadIdx.x; d < hd; d += WG) qs[d] = q[(t * n_head + h) * hd + d];
     __syncthreads();
     float scale = 1.0f / sqrtf((float)hd);
+    bool cached = n <= ATT_CACHE;
     float m = -3.4e38f;
     for (u32 c = 0; c < n; c += WG) {
         u32 j = c + threadIdx.x;
         float s = j < n ? paged_score(qs, k, tables, toff, j, kvh, kv_heads, hd, bs, scale) : -3.4e38f;
+        if (cached && j < n) sc[j] = s;
         m = fmaxf(m, block_max(s, red));
     }
     float total = 0.0f;
-    for (u32 c = 0; c < n; c += WG) {
-        u32 j = c + threadIdx.x;
-        if (j < n) wts[threadIdx.x] = exp_precise(paged_score(qs, k, tables, toff, j, kvh, kv_heads, hd, bs, scale) - m);
+    if (cached) {
+        // Each thread its own positions (those it scored), then the sum of
+        // all in position order.
+        for (u32 j = threadIdx.x; j < n; j += WG) sc[j] = exp_precise(sc[j] - m);
         __syncthreads();
-        for (u32 i = 0; i < min((u32)WG, n - c); i++) total += wts[i];
-        __syncthreads();
+        for (u32 j = 0; j < n; j++) total += sc[j];
+    } else {
+        for (u32 c = 0; c < n; c += WG) {
+            u32 j = c + threadIdx.x;
+            if (j < n) wts[threadIdx.x] = exp_precise(paged_score(qs, k, tables, toff, j, kvh, kv_heads, hd, bs, scale) - m);
+            __syncthreads();
+            for (u32 i = 0; i < min((u32)WG, n - c); i++) total += wts[i];
+            __syncthreads();
+        }
     }
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     for (u32 c = 0; c < n; c += WG) {
         u32 j = c + threadIdx.x;
-        if (j < n)
-            wts[threadIdx.x] = exp_precise(paged_score(qs, k, tables, toff, j, kvh, kv_heads, hd, bs, scale) - m) / total;
+        if (j < n) {
+            float e = cached ? sc[j] : exp_precise(paged_score(qs, k, tables, toff, j, kvh, kv_heads, hd, bs, scale) - m);
+            wts[threadIdx.x] = e / total;
+        }
         __syncthreads();
         u32 cn = min((u32)WG, n - c);
         for (u32 e = 0; e < 4u; e++) {

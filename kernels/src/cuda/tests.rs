@@ -184,3 +184,23 @@ fn the_profile_counts_every_launch_allocation_and_upload_once() {
         "a report starts from zero"
     );
 }
+
+#[test]
+fn the_matmul_tile_is_the_same_in_the_source_and_the_launch() {
+    let define = |name: &str| -> u32 {
+        let line = SOURCE
+            .lines()
+            .find(|l| l.starts_with(&format!("#define {name} ")))
+            .unwrap_or_else(|| panic!("{name} is defined"));
+        line.split_whitespace()
+            .nth(2)
+            .expect("a value")
+            .trim_end_matches('u')
+            .parse()
+            .expect("a number")
+    };
+    let (n, s, r) = (define("MQ_N"), define("MQ_S"), define("MQ_R"));
+    assert_eq!(n as usize, backend::MQ_OUTPUTS);
+    assert_eq!(r as usize, backend::MQ_ROWS);
+    assert_eq!(n * s, backend::MQ_THREADS);
+}
