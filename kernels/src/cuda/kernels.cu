@@ -247,20 +247,11 @@ __global__ void embed_quant(const u32* ids, const u32* w, float* y, u32 rows, u3
 // RMSNorm in the CPU's order (cpu::ops::rms_norm): eight partial sums of
 // squares over the whole chunks of eight, added in lane order, then the
 // tail's squares.
-// Rows up to NORM_CACHE wide are first copied into shared memory by the
-// whole block, so the eight sums in the CPU's lane order read it there.
-#define NORM_CACHE 8192u
 __global__ void rms_norm(const float* x, const float* w, float* out, u32 rows, u32 cols, float eps) {
     __shared__ float red[WG];
-    __shared__ float staged[NORM_CACHE];
     u32 row = blockIdx.x + blockIdx.y * gridDim.x;
     bool live = row < rows;
     const float* xr = x + row * cols;
-    if (live && cols <= NORM_CACHE) {
-        for (u32 i = threadIdx.x; i < cols; i += WG) staged[i] = xr[i];
-        xr = staged;
-    }
-    __syncthreads();
     u32 whole = cols - cols % 8u;
     if (live && threadIdx.x < 8u) {
         float a = 0.0f;
