@@ -332,6 +332,48 @@ pub(crate) fn paged_attention_at_the_default_models_shapes_matches_the_cpu<B: Ba
     );
 }
 
+/// Queries at 4,096 positions and past them: the CUDA kernel keeps up to
+/// 4,096 scores in shared memory and computes them again past that; both
+/// give the CPU's floats.
+pub(crate) fn paged_attention_past_4096_positions_matches_the_cpu<B: Backend>(g: &B) {
+    let c = CpuBackend;
+    let (n_head, n_kv_head, head_dim, bs) = (2, 1, 8, 16);
+    let shape = AttnShape {
+        n_head,
+        n_kv_head,
+        head_dim,
+        block_size: bs,
+    };
+    let n: usize = 4_100;
+    let layout = KvLayout {
+        n_layer: 1,
+        n_kv_head,
+        head_dim,
+        block_size: bs,
+        num_blocks: n.div_ceil(bs),
+        dtype: Default::default(),
+    };
+    let (mut gkv, mut ckv) = (g.kv(layout), c.kv(layout));
+    // The blocks in reverse, so the table matters.
+    let table: Vec<u32> = (0..layout.num_blocks as u32).rev().collect();
+    let slots: Vec<(u32, usize)> = (0..n).map(|p| (table[p / bs], p % bs)).collect();
+    write_both((g, &mut gkv), &mut ckv, 0, &slots, 91);
+    let queries: Vec<(usize, &[u32])> = [n - 1, 4_096, 4_095, 700]
+        .iter()
+        .map(|&p| (p, table.as_slice()))
+        .collect();
+    let qw = n_head * head_dim;
+    let q = reference::ramp(queries.len() * qw, 93);
+    let got = g.to_host(&g.attention(&g.tensor(q.clone(), qw), &gkv, 0, &queries, shape));
+    let want = c.attention(&c.tensor(q, qw), &ckv, 0, &queries, shape);
+    same_as_cpu(
+        &got,
+        &want.data,
+        avx2(),
+        "paged attention past 4096 positions",
+    );
+}
+
 pub(crate) fn f16_conversion_rounds_like_the_half_crate<B: Backend>(
     g: &B,
     raw_keys: impl Fn(&B::Kv) -> Vec<u16>,

@@ -47,6 +47,12 @@ fn paged_attention_at_the_default_models_shapes_matches_the_cpu() {
 }
 
 #[test]
+fn paged_attention_past_4096_positions_matches_the_cpu() {
+    let Some(g) = gpu() else { return };
+    t::paged_attention_past_4096_positions_matches_the_cpu(&g);
+}
+
+#[test]
 fn f16_conversion_rounds_like_the_half_crate() {
     let Some(g) = gpu() else { return };
     t::f16_conversion_rounds_like_the_half_crate(&g, |kv: &CudaKv| g.raw_keys(kv, 0));

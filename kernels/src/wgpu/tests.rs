@@ -37,6 +37,11 @@ fn paged_attention_at_the_default_models_shapes_matches_the_cpu() {
 }
 
 #[test]
+fn paged_attention_past_4096_positions_matches_the_cpu() {
+    t::paged_attention_past_4096_positions_matches_the_cpu(&gpu());
+}
+
+#[test]
 fn f16_conversion_in_the_shader_rounds_like_the_half_crate() {
     let g = gpu();
     t::f16_conversion_rounds_like_the_half_crate(&g, |kv: &GpuKv| {
