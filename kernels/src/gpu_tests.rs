@@ -334,17 +334,25 @@ pub(crate) fn paged_attention_at_the_default_models_shapes_matches_the_cpu<B: Ba
 
 /// Queries at 4,096 positions and past them: the CUDA kernel keeps up to
 /// 4,096 scores in shared memory and computes them again past that; both
-/// give the CPU's floats.
+/// give the CPU's floats. Heads 8 wide, and 256 (the widest) over 1,100
+/// positions. (Heads of 256 over 4,100 positions match on NVIDIA's CUDA
+/// and Vulkan, but lavapipe's result is off there, by 0.7: a lavapipe
+/// defect, so CI's lavapipe run keeps to 1,100.)
 pub(crate) fn paged_attention_past_4096_positions_matches_the_cpu<B: Backend>(g: &B) {
+    for (head_dim, n) in [(8, 4_100), (256, 1_100)] {
+        paged_attention_over(g, head_dim, n);
+    }
+}
+
+fn paged_attention_over<B: Backend>(g: &B, head_dim: usize, n: usize) {
     let c = CpuBackend;
-    let (n_head, n_kv_head, head_dim, bs) = (2, 1, 8, 16);
+    let (n_head, n_kv_head, bs) = (2, 1, 16);
     let shape = AttnShape {
         n_head,
         n_kv_head,
         head_dim,
         block_size: bs,
     };
-    let n: usize = 4_100;
     let layout = KvLayout {
         n_layer: 1,
         n_kv_head,
@@ -360,6 +368,7 @@ pub(crate) fn paged_attention_past_4096_positions_matches_the_cpu<B: Backend>(g:
     write_both((g, &mut gkv), &mut ckv, 0, &slots, 91);
     let queries: Vec<(usize, &[u32])> = [n - 1, 4_096, 4_095, 700]
         .iter()
+        .filter(|&&p| p < n)
         .map(|&p| (p, table.as_slice()))
         .collect();
     let qw = n_head * head_dim;
