@@ -32,6 +32,12 @@ pub trait Executor: Send {
     /// The geometry of this executor's KV memory (the engine sizes its
     /// block tables from it).
     fn kv_layout(&self) -> KvLayout;
+    /// The longest sequence this executor computes correctly, where that
+    /// is less than its KV holds (a software GPU adapter's attention
+    /// shader); the engine serves no longer context.
+    fn max_positions(&self) -> Option<usize> {
+        None
+    }
     /// Runs one step; returns, per chunk of the batch, the tokens sampled
     /// for it in order (empty for chunks without logits; with drafts, the
     /// accepted drafts then the correction).

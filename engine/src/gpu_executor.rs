@@ -19,6 +19,8 @@ pub struct GpuExecutor<B: Backend> {
     model: Llama<B>,
     kv: B::Kv,
     name: String,
+    /// See `Executor::max_positions`.
+    max_positions: Option<usize>,
 }
 
 impl<B: Backend> std::fmt::Debug for GpuExecutor<B> {
@@ -58,9 +60,18 @@ pub fn on_wgpu(model: Llama, mut layout: KvLayout) -> Result<Box<dyn Executor>> 
     let fit = (backend.adapter().max_binding / per_block.max(1)) as usize;
     cap_blocks(&mut layout, fit, "one GPU binding per layer")?;
     let name = format!("wgpu:{}", backend.adapter().name);
+    let cap = backend.adapter().max_attention_positions(layout.head_dim);
+    if let Some(cap) = cap {
+        tracing::warn!(
+            positions = cap,
+            "a software adapter attends over this many positions at most: contexts capped"
+        );
+    }
     let model = model.onto(backend)?;
     announce(&name, &layout);
-    Ok(Box::new(GpuExecutor::new(model, layout, name)))
+    let mut executor = GpuExecutor::new(model, layout, name);
+    executor.max_positions = cap;
+    Ok(Box::new(executor))
 }
 
 /// Device memory left free for activations and the allocator after the
@@ -122,7 +133,12 @@ impl<B: Backend> GpuExecutor<B> {
     /// (`wgpu:<adapter>`, `cuda:0:<device>`).
     pub fn new(model: Llama<B>, layout: KvLayout, name: String) -> Self {
         let kv = model.backend().kv(layout);
-        Self { model, kv, name }
+        Self {
+            model,
+            kv,
+            name,
+            max_positions: None,
+        }
     }
 }
 
@@ -133,6 +149,10 @@ impl<B: Backend + 'static> Executor for GpuExecutor<B> {
 
     fn kv_layout(&self) -> KvLayout {
         self.model.backend().kv_layout(&self.kv)
+    }
+
+    fn max_positions(&self) -> Option<usize> {
+        self.max_positions
     }
 
     fn execute(&mut self, step: &Step<'_>) -> Result<Vec<Vec<Sampled>>> {

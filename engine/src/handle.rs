@@ -238,6 +238,14 @@ impl EngineBuilder {
         let capacity = num_blocks * block_size;
         let context = self.facts.context_length;
         sched.max_model_len = sched.max_model_len.min(context).min(capacity);
+        let computed = [Some(&executor), decoder.as_ref()]
+            .into_iter()
+            .flatten()
+            .filter_map(|e| e.max_positions())
+            .min();
+        if let Some(limit) = computed {
+            sched.max_model_len = sched.max_model_len.min(limit);
+        }
         if capacity < context {
             tracing::warn!(
                 capacity,

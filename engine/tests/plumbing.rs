@@ -422,3 +422,42 @@ fn a_q8_kv_cache_on_a_gpu_device_is_refused_with_a_clear_error() {
     .expect_err("q8 KV on a GPU");
     assert!(err.to_string().contains("CPU backend only"), "{err}");
 }
+
+/// A software Vulkan adapter (lavapipe in CI) ends a shader invocation's
+/// loops after 65,535 iterations in all, so its attention shader is wrong
+/// past a few thousand positions: the engine serves no longer context
+/// there (SmolLM2's own is 8,192), and refuses a longer request with the
+/// usual context-length error.
+#[cfg(feature = "wgpu")]
+#[tokio::test]
+async fn a_software_adapter_caps_the_context_to_what_it_computes_correctly() {
+    let adapter = engine::gpu_executor::adapter().expect("a wgpu adapter");
+    let config = EngineConfig {
+        device: Device::Wgpu,
+        scheduler: SchedulerConfig {
+            max_model_len: 1 << 20,
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let h = EngineHandle::start_gguf(
+        &common::model_path(common::SMOLLM2),
+        &TemplateChoice::Auto,
+        config,
+    )
+    .expect("SmolLM2 on wgpu");
+    let info = h.info();
+    match adapter.max_attention_positions(info.head_dim) {
+        Some(cap) => {
+            assert!(cap < 8192, "{cap}: under the model's own context");
+            assert_eq!(info.context_length, cap);
+            let over = req(vec![1; cap - 5], 10, None);
+            assert!(matches!(
+                h.submit(over),
+                Err(EngineError::ContextLength { max_context, .. }) if max_context == cap
+            ));
+        }
+        None => assert_eq!(info.context_length, 8192, "{} has no cap", adapter.name),
+    }
+    h.shutdown();
+}

@@ -346,7 +346,7 @@ pub(crate) fn paged_attention_past_4096_positions_matches_the_cpu<B: Backend>(g:
     }
 }
 
-fn paged_attention_over<B: Backend>(g: &B, head_dim: usize, n: usize) {
+pub(crate) fn paged_attention_over<B: Backend>(g: &B, head_dim: usize, n: usize) {
     let c = CpuBackend;
     let (n_head, n_kv_head, bs) = (2, 1, 16);
     let shape = AttnShape {

@@ -56,7 +56,31 @@ impl AdapterInfo {
     pub fn bit_exact(&self) -> bool {
         self.kind == "cpu" || self.vendor == 0x10de
     }
+
+    /// The most positions the attention shader attends over correctly on
+    /// this adapter, where it has such a limit: a software adapter. Mesa's
+    /// (lavapipe's gallivm) ends every loop of a shader invocation once
+    /// they have run `SOFTWARE_LOOP_LIMIT` iterations together, and the
+    /// paged attention shader's loops run about `4.375 * hd + 140` times
+    /// per 64 positions (three scoring passes of `hd + hd / 8`, the value
+    /// sums, the sum, the weights' division), so past the limit its
+    /// results are silently wrong (measured on lavapipe: heads of 64 fail
+    /// between 8,300 and 13,000 positions, of 192 between 4,100 and 4,400,
+    /// of 256 between 3,000 and 3,500). The cap counts `4.5 * hd + 256` a
+    /// chunk, on the safe side; a test runs the shader at it. `None`
+    /// elsewhere.
+    pub fn max_attention_positions(&self, head_dim: usize) -> Option<usize> {
+        (self.kind == "cpu").then(|| {
+            let per_chunk = 4 * head_dim + head_dim / 2 + 256;
+            (SOFTWARE_LOOP_LIMIT / per_chunk) * 64
+        })
+    }
 }
+
+/// Loop iterations a shader invocation runs on Mesa's software drivers
+/// before every loop is ended (gallivm's `LP_MAX_TGSI_LOOP_ITERATIONS`,
+/// shared between every loop of a shader).
+const SOFTWARE_LOOP_LIMIT: usize = 65_535;
 
 /// The device, its queue, pipelines and pending commands.
 pub struct Gpu {

@@ -235,3 +235,18 @@ fn rounding_check(g: &WgpuBackend, triples: &[[f32; 3]]) -> Vec<f32> {
         .dispatch(Shader::Rows, "rounding_check", p, &b, groups, 1);
     g.to_host(&out)
 }
+
+#[test]
+fn attention_at_a_software_adapters_position_cap_matches_the_cpu() {
+    let g = gpu();
+    let a = g.adapter().clone();
+    let Some(_) = a.max_attention_positions(64) else {
+        eprintln!("skipped: {} ({}) has no position cap", a.name, a.kind);
+        return;
+    };
+    for hd in [64, 128, 192, 256] {
+        let cap = a.max_attention_positions(hd).expect("a software adapter");
+        eprintln!("heads of {hd}: {cap} positions");
+        t::paged_attention_over(&g, hd, cap);
+    }
+}
