@@ -128,13 +128,9 @@ mod bench {
                 print_profile(label, wall, &p);
             }
         };
-        let profiling = probe_profiling();
+        // The backend says whether SYNOR_CUDA_PROFILE turned its profiler on.
+        let profiling = backend.take_profile().is_some();
         measure(backend, false, gbps, profiling.then_some(&report));
-    }
-
-    #[cfg(feature = "cuda")]
-    fn probe_profiling() -> bool {
-        std::env::var("SYNOR_CUDA_PROFILE").is_ok_and(|v| !v.is_empty() && v != "0")
     }
 
     #[cfg(feature = "cuda")]

@@ -294,23 +294,33 @@ pub(crate) fn kv_blocks_move_between_backends_bit_for_bit<B: Backend>(g: &B) {
     assert_eq!(before, after);
 }
 
-pub(crate) fn paged_attention_at_the_default_models_shapes_matches_the_cpu<B: Backend>(g: &B) {
-    let c = CpuBackend;
-    let (n_head, n_kv_head, head_dim, bs) = (9, 3, 64, 16);
+/// One layer's attention shape and paged KV layout of `num_blocks` blocks.
+fn one_layer(
+    (n_head, n_kv_head, head_dim): (usize, usize, usize),
+    block_size: usize,
+    num_blocks: usize,
+) -> (AttnShape, KvLayout) {
     let shape = AttnShape {
         n_head,
         n_kv_head,
         head_dim,
-        block_size: bs,
+        block_size,
     };
     let layout = KvLayout {
         n_layer: 1,
         n_kv_head,
         head_dim,
-        block_size: bs,
-        num_blocks: 8,
+        block_size,
+        num_blocks,
         dtype: Default::default(),
     };
+    (shape, layout)
+}
+
+pub(crate) fn paged_attention_at_the_default_models_shapes_matches_the_cpu<B: Backend>(g: &B) {
+    let c = CpuBackend;
+    let (n_head, n_kv_head, head_dim, bs) = (9, 3, 64, 16);
+    let (shape, layout) = one_layer((n_head, n_kv_head, head_dim), bs, 8);
     let (mut gkv, mut ckv) = (g.kv(layout), c.kv(layout));
     let table: Vec<u32> = (0..8).collect();
     let n = 70;
@@ -348,20 +358,7 @@ pub(crate) fn paged_attention_past_4096_positions_matches_the_cpu<B: Backend>(g:
 pub(crate) fn paged_attention_over<B: Backend>(g: &B, head_dim: usize, n: usize) {
     let c = CpuBackend;
     let (n_head, n_kv_head, bs) = (2, 1, 16);
-    let shape = AttnShape {
-        n_head,
-        n_kv_head,
-        head_dim,
-        block_size: bs,
-    };
-    let layout = KvLayout {
-        n_layer: 1,
-        n_kv_head,
-        head_dim,
-        block_size: bs,
-        num_blocks: n.div_ceil(bs),
-        dtype: Default::default(),
-    };
+    let (shape, layout) = one_layer((n_head, n_kv_head, head_dim), bs, n.div_ceil(bs));
     let (mut gkv, mut ckv) = (g.kv(layout), c.kv(layout));
     // The blocks in reverse, so the table matters.
     let table: Vec<u32> = (0..layout.num_blocks as u32).rev().collect();
