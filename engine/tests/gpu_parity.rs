@@ -140,7 +140,7 @@ fn the_default_model_on_cuda_gives_the_cpus_logits_and_greedy_tokens() {
 /// Whether the CPU backend's quantized matmul runs its AVX-512 VNNI path,
 /// the one the GPU kernels mirror.
 fn vnni() -> bool {
-    kernels::cpu::Isa::detect() == kernels::cpu::Isa::Avx512Vnni
+    kernels::cpu::Isa::detect() >= kernels::cpu::Isa::Avx512Vnni
 }
 
 /// The CPU's and `gpu`'s logits and greedy choices, step by step: bit for

@@ -6,7 +6,8 @@
 //! `cargo bench -p kernels --bench matmul` (`-- 1b`: the 1B shapes only;
 //! `-- cold`: the 1B shapes from memory, not cache, as in a decode step;
 //! `-- bandwidth`: the machine's read bandwidth with 1 and 2 threads, the
-//! bound of a decode step: bytes of weights / bandwidth).
+//! bound of a decode step: bytes of weights / bandwidth; `-- paths`: every
+//! SIMD path on one thread, alternating, on a weight held in L2).
 
 use std::time::Instant;
 
@@ -33,6 +34,10 @@ fn main() {
         bandwidth();
         return;
     }
+    if std::env::args().any(|a| a == "paths") {
+        paths();
+        return;
+    }
     let only_1b = std::env::args().any(|a| a == "1b");
     let cold = std::env::args().any(|a| a == "cold");
     if !only_1b {
@@ -52,13 +57,19 @@ fn main() {
             }
         }
     }
+    // AMX hosts: the VNNI path beside it (batched rows are where they differ).
+    let isas = if Isa::detect() == Isa::Amx {
+        vec![Isa::Avx512Vnni, Isa::Amx]
+    } else {
+        vec![Isa::detect()]
+    };
     for &(name, rows, cols) in &LLAMA_1B {
         run(
             QuantType::Q4_0,
             "Q4_0",
             (name, rows, cols),
             &[1, 8, 16, 128, 512],
-            &[Isa::detect()],
+            &isas,
             cold,
         );
     }
@@ -111,6 +122,50 @@ fn run(
                 "{label} {name:<22} m={m:<4} {isa:<11?} {:>9.3} ms  {gmacs:>7.1} GMAC/s  {:>5.1} GB/s of weights",
                 s * 1e3,
                 bytes / s / 1e9
+            );
+        }
+    }
+}
+
+/// Every path on one thread, alternating, on a weight that stays in L2
+/// (the kernels' own speed, not memory's): best of seven rounds.
+fn paths() {
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(1)
+        .build()
+        .expect("pool");
+    let (rows, cols) = (512, 2048);
+    let w: Vec<f32> = (0..rows * cols)
+        .map(|i| ((i * 7919) % 1013) as f32 / 506.0 - 1.0)
+        .collect();
+    let w = QMatrix::quantize(QuantType::Q4_0, rows, cols, &w).expect("quantize");
+    for m in [16, 32, 48, 64, 128, 256] {
+        let x: Vec<f32> = (0..m * cols)
+            .map(|i| ((i * 104_729) % 997) as f32 / 498.0 - 1.0)
+            .collect();
+        let mut out = vec![0.0; m * rows];
+        let isas: Vec<Isa> = Isa::all_supported()
+            .into_iter()
+            .filter(|&i| i >= Isa::Avx2)
+            .collect();
+        let mut best = vec![f64::MAX; isas.len()];
+        for _ in 0..7 {
+            for (k, &isa) in isas.iter().enumerate() {
+                let reps = 20;
+                let t = Instant::now();
+                pool.install(|| {
+                    for _ in 0..reps {
+                        matmul_with(isa, &w, &x, m, &mut out).expect("matmul");
+                    }
+                });
+                best[k] = best[k].min(t.elapsed().as_secs_f64() / reps as f64);
+            }
+        }
+        for (isa, s) in isas.iter().zip(best) {
+            let gmacs = (rows * cols * m) as f64 / s / 1e9;
+            println!(
+                "Q4_0 {rows}x{cols} m={m:<4} {isa:<11?} 1 thread {:>8.3} ms {gmacs:>7.1} GMAC/s",
+                s * 1e3
             );
         }
     }

@@ -24,7 +24,7 @@ fn same_as_cpu(got: &[f32], cpu: &[f32], exact: bool, what: &str) {
 /// Whether the CPU's quantized matmul runs its AVX-512 VNNI path (the one
 /// the GPU kernels mirror).
 fn vnni() -> bool {
-    crate::cpu::Isa::detect() == crate::cpu::Isa::Avx512Vnni
+    crate::cpu::Isa::detect() >= crate::cpu::Isa::Avx512Vnni
 }
 
 /// Whether the CPU's attention runs its AVX2 + FMA path.

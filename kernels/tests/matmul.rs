@@ -96,8 +96,9 @@ fn the_largest_block_sums_are_exact_on_every_path() {
     ] {
         let w = QMatrix::quantize(ty, 2, cols, &w).expect("quantize");
         let x = [vec![1.0; cols], vec![-1.0; cols], row(-1.0, 1.0)].concat();
-        // Three rows (tiles of 2 and 1) and nine (tiles of 8 and 1).
-        for m in [3, 9] {
+        // Three rows (tiles of 2 and 1), nine (tiles of 8 and 1) and 66
+        // (AMX's four of 16, then 2).
+        for m in [3, 9, 66] {
             let x = x.repeat(m / 3);
             let want = reference(&w, &x, m);
             for isa in Isa::all_supported() {
@@ -116,16 +117,18 @@ fn the_largest_block_sums_are_exact_on_every_path() {
 
 #[test]
 fn a_rows_result_does_not_depend_on_its_batch() {
-    // Every path computes each activation row alone, whatever tile (8, 4, 2
-    // or 1 rows) it falls in: a sequence's logits are the same bit for bit
-    // alone and in any batch, which a tile that changed the arithmetic for
-    // some batch sizes (session 19 tried one for AVX2) would break.
+    // Every path computes each activation row alone, whatever tile (AMX's
+    // 16 rows, or 8, 4, 2 or 1) it falls in: a sequence's logits are the
+    // same bit for bit alone and in any batch, which a tile that changed
+    // the arithmetic for some batch sizes (session 19 tried one for AVX2)
+    // would break. On AMX, the lone row takes the VNNI tile and batches of
+    // 64 and more the AMX one, so this holds the two to the same bits.
     let mut rng = StdRng::seed_from_u64(23);
     let (rows, cols) = (40, 256);
     for ty in [QuantType::Q4_0, QuantType::Q4_1, QuantType::Q8_0] {
         let w =
             QMatrix::quantize(ty, rows, cols, &random(&mut rng, rows * cols)).expect("quantize");
-        let x = random(&mut rng, 21 * cols);
+        let x = random(&mut rng, 83 * cols);
         for isa in Isa::all_supported() {
             let alone: Vec<f32> = x
                 .chunks_exact(cols)
@@ -135,7 +138,7 @@ fn a_rows_result_does_not_depend_on_its_batch() {
                     out
                 })
                 .collect();
-            for m in 2..=21 {
+            for m in (2..=21).chain([31, 37, 64, 65, 71, 83]) {
                 let mut got = vec![f32::NAN; m * rows];
                 matmul_with(isa, &w, &x[..m * cols], m, &mut got).expect("matmul");
                 let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();

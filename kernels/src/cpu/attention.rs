@@ -58,7 +58,7 @@ impl KvRows<'_> {
         };
         let isa_ok = match lanes {
             8 => isa != Isa::Scalar,
-            _ => isa == Isa::Avx512Vnni,
+            _ => isa >= Isa::Avx512Vnni,
         };
         hd.is_multiple_of(8) && group_ok && isa_ok
     }

@@ -5,10 +5,15 @@
 //! tiles reuse each unpacked weight block for up to 8 activation rows, so a
 //! batched step reads each weight once.
 //!
-//! The instruction set is picked once at run time: AVX-512 VNNI, then
-//! AVX2+FMA+F16C, then portable scalar code. `SYNOR_KERNELS=scalar|avx2`
-//! forces a lower path (for tests and comparisons).
+//! The instruction set is picked once at run time: AMX-INT8 tiles for
+//! batches of `amx::MIN_ROWS` rows and more (AVX-512 VNNI for the rest
+//! and smaller batches, with the same bits), then
+//! AVX-512 VNNI, then AVX2+FMA+F16C, then portable scalar code.
+//! `SYNOR_KERNELS=scalar|avx2|vnni` forces a lower path (for tests and
+//! comparisons).
 
+#[cfg(target_arch = "x86_64")]
+pub mod amx;
 pub mod attention;
 pub mod backend;
 pub mod bidirectional;
@@ -44,6 +49,8 @@ pub enum Isa {
     Scalar,
     Avx2,
     Avx512Vnni,
+    /// AVX-512 VNNI with AMX-INT8 tiles for batched rows (bit-identical).
+    Amx,
 }
 
 impl Isa {
@@ -55,6 +62,7 @@ impl Isa {
             match std::env::var("SYNOR_KERNELS").as_deref() {
                 Ok("scalar") => Self::Scalar,
                 Ok("avx2") if best != Self::Scalar => Self::Avx2,
+                Ok("vnni") if best >= Self::Avx512Vnni => Self::Avx512Vnni,
                 _ => best,
             }
         })
@@ -63,7 +71,7 @@ impl Isa {
     /// Every path this CPU can run (for tests).
     pub fn all_supported() -> Vec<Self> {
         let best = Self::best_supported();
-        [Self::Scalar, Self::Avx2, Self::Avx512Vnni]
+        [Self::Scalar, Self::Avx2, Self::Avx512Vnni, Self::Amx]
             .into_iter()
             .filter(|&i| i <= best)
             .collect()
@@ -73,7 +81,10 @@ impl Isa {
     fn best_supported() -> Self {
         use std::arch::is_x86_feature_detected as has;
         let avx2 = has!("avx2") && has!("fma") && has!("f16c");
-        if avx2 && has!("avx512f") && has!("avx512vl") && has!("avx512vnni") {
+        let vnni = has!("avx512f") && has!("avx512bw") && has!("avx512vl") && has!("avx512vnni");
+        if avx2 && vnni && amx::available() {
+            Self::Amx
+        } else if avx2 && vnni {
             Self::Avx512Vnni
         } else if avx2 {
             Self::Avx2
@@ -159,7 +170,7 @@ fn quantize_block(isa: Isa, b: &[f32]) -> Q8Block {
         #[allow(unsafe_code)]
         // SAFETY: `isa` was checked against the CPU's features; `b` holds
         // one 32-value block.
-        Isa::Avx2 | Isa::Avx512Vnni => unsafe { x86::quantize_block_avx2(b) },
+        Isa::Avx2 | Isa::Avx512Vnni | Isa::Amx => unsafe { x86::quantize_block_avx2(b) },
         _ => quantize_block_q8(b),
     }
 }
@@ -225,7 +236,7 @@ impl Job<'_> {
     fn group(&self, g: usize) {
         match self.isa {
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx2 | Isa::Avx512Vnni => simd::group(self, g),
+            Isa::Avx2 | Isa::Avx512Vnni | Isa::Amx => simd::group(self, g),
             _ => {
                 let nb = self.nb;
                 for i in 0..self.m {
@@ -259,11 +270,11 @@ mod simd {
     #![allow(unsafe_code)]
 
     use super::x86::{self, Q4_0, Q4_1, Q8_0};
-    use super::{GROUP, Isa, Job, Q8Block};
+    use super::{GROUP, Isa, Job, Q8Block, amx};
     use crate::quant::QuantType;
 
     /// Group `g` against every activation row. Only called with
-    /// `Isa::Avx2` or `Isa::Avx512Vnni` (checked by the caller).
+    /// `Isa::Avx2`, `Isa::Avx512Vnni` or `Isa::Amx` (checked by the caller).
     pub fn group(job: &Job<'_>, g: usize) {
         match job.w.ty {
             QuantType::Q4_0 => run::<Q4_0>(job, g),
@@ -274,6 +285,9 @@ mod simd {
 
     fn run<const T: u8>(job: &Job<'_>, g: usize) {
         let mut i = 0;
+        if job.isa == Isa::Amx && job.m >= amx::MIN_ROWS {
+            i = amx_rows::<T>(job, g);
+        }
         while i < job.m {
             i += match job.m - i {
                 n if n >= 8 => tile::<T, 8>(job, g, i),
@@ -308,7 +322,7 @@ mod simd {
         // `m x rows` output's rows i + k < m (`run` keeps i + MR <= m),
         // which only this task's group writes.
         unsafe {
-            if job.isa == Isa::Avx512Vnni {
+            if job.isa >= Isa::Avx512Vnni {
                 x86::group_vnni::<T, MR>(w.as_ptr(), x, nb, out)
             } else {
                 x86::group_avx2::<T, MR>(w.as_ptr(), x, nb, out)
@@ -320,5 +334,43 @@ mod simd {
             }
         }
         MR
+    }
+
+    /// The first `16 * (m / 16)` activation rows against group `g` in AMX
+    /// tiles (the group's weights unpacked once for all of them); returns
+    /// how many rows it did.
+    fn amx_rows<const T: u8>(job: &Job<'_>, g: usize) -> usize {
+        let nb = job.nb;
+        let w = job.w.group(g);
+        let tiles = job.m / amx::ROWS;
+        let rows = job.w.rows;
+        let r0 = g * GROUP;
+        let whole = r0 + GROUP <= rows;
+        // SAFETY: `isa` is `Amx`, checked against the CPU and OS; `w` holds
+        // `nb` group blocks of format `T`; each tile's activation rows
+        // i..i + 16 <= m start rows of `nb` blocks in `acts`, `nb` apart;
+        // `out` is `part` or columns r0..r0 + 16 <= rows of output rows
+        // i..i + 16 <= m, which only this task's group writes.
+        unsafe {
+            let _tiles = amx::Tiles::configure();
+            amx::with_weights::<T, _>(w.as_ptr(), nb, |wt| {
+                for i in (0..tiles * amx::ROWS).step_by(amx::ROWS) {
+                    let mut part = [[0.0f32; GROUP]; amx::ROWS];
+                    let out = if whole {
+                        (job.out.0.wrapping_add(i * rows + r0), rows)
+                    } else {
+                        (part.as_mut_ptr().cast::<f32>(), GROUP)
+                    };
+                    let x = (job.acts[i * nb..].as_ptr(), nb);
+                    amx::group_amx::<T>(w.as_ptr(), wt, x, nb, out);
+                    if !whole {
+                        for (k, sums) in part.iter().enumerate() {
+                            job.store(i + k, g, sums);
+                        }
+                    }
+                }
+            })
+        }
+        tiles * amx::ROWS
     }
 }

@@ -139,7 +139,7 @@ mod wide {
         // SAFETY (both arms): the CPU has the features each function
         // enables (`isa` is one it supports, checked above).
         match isa {
-            Isa::Avx512Vnni => unsafe { avx512(f) },
+            Isa::Avx512Vnni | Isa::Amx => unsafe { avx512(f) },
             Isa::Avx2 => unsafe { avx2(f) },
             Isa::Scalar => return false,
         }
