@@ -22,10 +22,8 @@
 #   Synor through SYNOR_KERNELS=avx2, llama.cpp built without GGML_NATIVE
 #   and with AVX-512 off (in its own build folder). It stands in for an
 #   AVX2-only host when none is at hand; a real one is still the measure.
-# - ISA=vnni holds both to AVX-512 VNNI on an AMX host (Synor through
-#   SYNOR_KERNELS=vnni, llama.cpp built without AMX in its own folder);
-#   ISA=native lets both use AMX where the machine really runs it (a probe
-#   decides: some VMs advertise AMX and fault on the first tile load).
+# - ISA=vnni holds Synor to AVX-512 VNNI on an AMX host (SYNOR_KERNELS=
+#   vnni); llama.cpp is always built without AMX (see build_llama).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -71,8 +69,6 @@ build_llama() {
     build="$LLAMA_DIR/build-avx2"
     isa_flags=(-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON
       -DGGML_AVX512=OFF -DGGML_AVX_VNNI=OFF -DGGML_BMI2=ON)
-  elif [[ $ISA == vnni ]]; then
-    build="$LLAMA_DIR/build-vnni"
   fi
   LLAMA_SERVER="$build/bin/llama-server"
   [[ -x "$LLAMA_SERVER" ]] && return
@@ -90,9 +86,9 @@ build_llama() {
     mv "$LLAMA_DIR"/sdist/*/vendor/llama.cpp "$LLAMA_DIR/src"
   fi
   local flags=()
-  # Without AMX where it is held off or cannot run (some Intel VMs
-  # advertise AMX that the guest cannot use).
-  grep -q amx_tile /proc/cpuinfo && { [[ $ISA == vnni ]] || ! amx_runs; } &&
+  # Without AMX: llama.cpp 0.3.36's AMX path dies (SIGILL on its first
+  # tile load) on the Xeon VMs we have, where Synor's tiles run.
+  grep -q amx_tile /proc/cpuinfo &&
     flags+=("-DCMAKE_C_FLAGS=-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
       "-DCMAKE_CXX_FLAGS=-mno-amx-tile -mno-amx-int8 -mno-amx-bf16")
   log "building llama-server (about 5 minutes on two cores)"
@@ -101,29 +97,6 @@ build_llama() {
     -DLLAMA_USE_PREBUILT_UI=OFF "${flags[@]}" >"$LLAMA_DIR/cmake.log"
   cmake --build "$build" -j "$(nproc)" --target llama-server llama-bench \
     >"$LLAMA_DIR/build.log" || die "llama.cpp build failed: $LLAMA_DIR/build.log"
-}
-
-# Whether a tile multiply runs here (the permission asked as Linux needs).
-amx_runs() {
-  local probe="$LLAMA_DIR/amx-probe"
-  cat >"$probe.c" <<'C'
-#include <immintrin.h>
-#include <string.h>
-#include <sys/syscall.h>
-#include <unistd.h>
-int main(void) {
-  unsigned char cfg[64], a[1024], b[1024];
-  int c[256];
-  if (syscall(SYS_arch_prctl, 0x1023, 18)) return 1;
-  memset(cfg, 0, 64); memset(a, 1, 1024); memset(b, 2, 1024);
-  cfg[0] = 1;
-  for (int t = 0; t < 3; t++) { cfg[16 + 2 * t] = 64; cfg[48 + t] = 16; }
-  _tile_loadconfig(cfg); _tile_zero(2); _tile_loadd(0, a, 64); _tile_loadd(1, b, 64);
-  _tile_dpbuud(2, 0, 1); _tile_stored(2, c, 64); _tile_release();
-  return c[0] == 128 ? 0 : 1;
-}
-C
-  cc -O1 -mamx-tile -mamx-int8 "$probe.c" -o "$probe" 2>/dev/null && "$probe" 2>/dev/null
 }
 
 model_file() {

@@ -187,10 +187,12 @@ pub unsafe fn with_weights<const T: u8, R>(
         });
     }
     SCRATCH.with_borrow_mut(|s| {
-        s.clear();
-        s.resize(nb * 8, Line([0; 64]));
+        // Grown, never cleared: the unpacking overwrites every line used.
+        if s.len() < nb * 8 {
+            s.resize(nb * 8, Line([0; 64]));
+        }
         // SAFETY: AVX-512 is present and `g` holds `nb` blocks (caller);
-        // the scratch holds `nb` blocks of 8 lines (resized above).
+        // the scratch holds at least `nb` blocks of 8 lines (above).
         unsafe { unpack_q4(g, nb, gbb, q, s.as_mut_ptr().cast()) };
         f(&Weights {
             base: s.as_ptr().cast(),
