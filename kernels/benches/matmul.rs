@@ -127,46 +127,57 @@ fn run(
     }
 }
 
-/// Every path on one thread, alternating, on a weight that stays in L2
+/// Every path on one thread, alternating, on weights that stay in L2
 /// (the kernels' own speed, not memory's): best of seven rounds.
 fn paths() {
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(1)
         .build()
         .expect("pool");
-    let (rows, cols) = (512, 2048);
-    let w: Vec<f32> = (0..rows * cols)
-        .map(|i| ((i * 7919) % 1013) as f32 / 506.0 - 1.0)
-        .collect();
-    let w = QMatrix::quantize(QuantType::Q4_0, rows, cols, &w).expect("quantize");
-    for m in [16, 32, 48, 64, 128, 256] {
-        let x: Vec<f32> = (0..m * cols)
-            .map(|i| ((i * 104_729) % 997) as f32 / 498.0 - 1.0)
+    let shapes = [
+        (
+            QuantType::Q4_0,
+            "Q4_0",
+            512,
+            2048,
+            &[16, 32, 48, 64, 128, 256][..],
+        ),
+        (QuantType::Q4_1, "Q4_1", 1536, 576, &[64, 128][..]),
+    ];
+    for (ty, label, rows, cols, ms) in shapes {
+        let w: Vec<f32> = (0..rows * cols)
+            .map(|i| ((i * 7919) % 1013) as f32 / 506.0 - 1.0)
             .collect();
-        let mut out = vec![0.0; m * rows];
-        let isas: Vec<Isa> = Isa::all_supported()
-            .into_iter()
-            .filter(|&i| i >= Isa::Avx2)
-            .collect();
-        let mut best = vec![f64::MAX; isas.len()];
-        for _ in 0..7 {
-            for (k, &isa) in isas.iter().enumerate() {
-                let reps = 20;
-                let t = Instant::now();
-                pool.install(|| {
-                    for _ in 0..reps {
-                        matmul_with(isa, &w, &x, m, &mut out).expect("matmul");
-                    }
-                });
-                best[k] = best[k].min(t.elapsed().as_secs_f64() / reps as f64);
+        let w = QMatrix::quantize(ty, rows, cols, &w).expect("quantize");
+        for &m in ms {
+            let x: Vec<f32> = (0..m * cols)
+                .map(|i| ((i * 104_729) % 997) as f32 / 498.0 - 1.0)
+                .collect();
+            let mut out = vec![0.0; m * rows];
+            let isas: Vec<Isa> = Isa::all_supported()
+                .into_iter()
+                .filter(|&i| i >= Isa::Avx2)
+                .collect();
+            let mut best = vec![f64::MAX; isas.len()];
+            for _ in 0..7 {
+                for (k, &isa) in isas.iter().enumerate() {
+                    let reps = 20;
+                    let t = Instant::now();
+                    pool.install(|| {
+                        for _ in 0..reps {
+                            matmul_with(isa, &w, &x, m, &mut out).expect("matmul");
+                        }
+                    });
+                    best[k] = best[k].min(t.elapsed().as_secs_f64() / reps as f64);
+                }
             }
-        }
-        for (isa, s) in isas.iter().zip(best) {
-            let gmacs = (rows * cols * m) as f64 / s / 1e9;
-            println!(
-                "Q4_0 {rows}x{cols} m={m:<4} {isa:<11?} 1 thread {:>8.3} ms {gmacs:>7.1} GMAC/s",
-                s * 1e3
-            );
+            for (isa, s) in isas.iter().zip(best) {
+                let gmacs = (rows * cols * m) as f64 / s / 1e9;
+                println!(
+                    "{label} {rows}x{cols} m={m:<4} {isa:<11?} 1 thread {:>8.3} ms {gmacs:>7.1} GMAC/s",
+                    s * 1e3
+                );
+            }
         }
     }
 }
