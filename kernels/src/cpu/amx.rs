@@ -24,9 +24,9 @@ use std::cell::RefCell;
 use std::sync::OnceLock;
 
 use crate::layout::{GROUP, group_block_bytes, quants_offset};
-use crate::quant::{Q8Block, QuantType};
+use crate::quant::Q8Block;
 
-use super::x86::{Q4_0, Q4_1, Q8_0};
+use super::x86::{Q4_0, Q4_1, Q8_0, ty};
 
 /// Activation rows per tile (AMX's most rows per tile register).
 pub const ROWS: usize = 16;
@@ -172,11 +172,7 @@ pub unsafe fn with_weights<const T: u8, R>(
     nb: usize,
     f: impl FnOnce(&Weights) -> R,
 ) -> R {
-    let ty = match T {
-        Q4_0 => QuantType::Q4_0,
-        Q4_1 => QuantType::Q4_1,
-        _ => QuantType::Q8_0,
-    };
+    let ty = ty(T);
     let (gbb, q) = (group_block_bytes(ty), quants_offset(ty));
     if T == Q8_0 {
         // SAFETY: the quants of block 0 lie inside the group (caller).
@@ -300,11 +296,7 @@ pub unsafe fn group_amx<const T: u8>(
     nb: usize,
     (out, stride): (*mut f32, usize),
 ) {
-    let ty = match T {
-        Q4_0 => QuantType::Q4_0,
-        Q4_1 => QuantType::Q4_1,
-        _ => QuantType::Q8_0,
-    };
+    let ty = ty(T);
     let gbb = group_block_bytes(ty);
     let a_stride = x_stride * size_of::<Q8Block>();
     let qs = std::mem::offset_of!(Q8Block, qs);

@@ -17,7 +17,7 @@ pub const Q4_0: u8 = 0;
 pub const Q4_1: u8 = 1;
 pub const Q8_0: u8 = 2;
 
-const fn ty(t: u8) -> QuantType {
+pub(crate) const fn ty(t: u8) -> QuantType {
     match t {
         Q4_0 => QuantType::Q4_0,
         Q4_1 => QuantType::Q4_1,
