@@ -21,12 +21,6 @@ fn same_as_cpu(got: &[f32], cpu: &[f32], exact: bool, what: &str) {
     }
 }
 
-/// Whether the CPU's quantized matmul runs its AVX-512 VNNI path (the one
-/// the GPU kernels mirror).
-fn vnni() -> bool {
-    crate::cpu::Isa::detect() >= crate::cpu::Isa::Avx512Vnni
-}
-
 /// Whether the CPU's attention runs its AVX2 + FMA path.
 fn avx2() -> bool {
     crate::cpu::Isa::detect() != crate::cpu::Isa::Scalar
@@ -90,7 +84,8 @@ fn matmuls_and_embeddings_at<B: Backend>(g: &B, rows: usize, cols: usize) {
             let cpu = c
                 .matmul(&c.tensor(x.clone(), cols), &cm)
                 .expect("cpu matmul");
-            same_as_cpu(&got, &cpu.data, vnni(), "quant matmul");
+            // Every CPU path gives the same bits (kernels/tests/matmul.rs).
+            same_as_cpu(&got, &cpu.data, true, "quant matmul");
             let ids = [5u32, 0, rows as u32 - 1, 5];
             let emb = g.to_host(&g.embed(&gm, &ids).expect("embed"));
             let want: Vec<f32> = ids

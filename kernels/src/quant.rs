@@ -244,13 +244,35 @@ fn quantize_block(ty: QuantType, x: &[f32]) -> Vec<u8> {
 }
 
 /// One activation block quantized to 8 bits: `x ~ d * q`, with `s = d * sum(q)`
-/// kept for the formats that have an offset (GGML's Q8_1).
+/// kept for the formats whose offset is a float (Q4_1, as GGML's Q8_1),
+/// and the integer offsets of the formats whose weights are stored as
+/// unsigned integers `u = q + k` (Q4_0: k = 8, Q8_0: k = 128):
+/// `sum (u - k) x = sum u x - k sum(q)`, so their block sums are exact
+/// integers and a block costs one multiply-add fewer.
 #[derive(Debug, Clone, Copy, PartialEq)]
-#[repr(C, align(8))]
+#[repr(C, align(16))]
 pub struct Q8Block {
     pub d: f32,
     pub s: f32,
+    /// `-8 * sum(qs)`: Q4_0's integer offset against this block.
+    pub off4: i32,
+    /// `-128 * sum(qs)`: Q8_0's.
+    pub off8: i32,
     pub qs: [i8; QK],
+}
+
+impl Q8Block {
+    /// The block of `qs` with scale `d` (the sum and offsets from `sum`,
+    /// the sum of `qs`).
+    pub fn new(d: f32, sum: i32, qs: [i8; QK]) -> Self {
+        Self {
+            d,
+            s: d * sum as f32,
+            off4: -8 * sum,
+            off8: -128 * sum,
+            qs,
+        }
+    }
 }
 
 /// Quantizes activation rows (`cols` wide, a multiple of 32) to Q8 blocks.
@@ -278,11 +300,7 @@ pub fn quantize_block_q8(b: &[f32]) -> Q8Block {
         *q = (t + 0.5f32.copysign(t)) as i8;
     }
     let sum: i32 = qs.iter().map(|&q| i32::from(q)).sum();
-    Q8Block {
-        d,
-        s: d * sum as f32,
-        qs,
-    }
+    Q8Block::new(d, sum, qs)
 }
 
 #[cfg(test)]
@@ -345,6 +363,9 @@ mod tests {
         for (b, chunk) in q.iter().zip(x.chunks(32)) {
             let sum: f32 = chunk.iter().sum();
             assert!((b.s - sum).abs() < 0.05, "{} vs {sum}", b.s);
+            let qsum: i32 = b.qs.iter().map(|&q| i32::from(q)).sum();
+            assert_eq!((b.off4, b.off8), (-8 * qsum, -128 * qsum));
+            assert_eq!(b.s, b.d * qsum as f32);
         }
     }
 }

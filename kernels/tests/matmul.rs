@@ -153,6 +153,34 @@ fn a_rows_result_does_not_depend_on_its_batch() {
 }
 
 #[test]
+fn every_path_gives_the_same_bits() {
+    // The integer sums are exact on every path (Q4_0's and Q8_0's offsets
+    // included), and the float steps are the same fused multiply-adds in
+    // the same order, so scalar, AVX2, VNNI and AMX agree bit for bit (and
+    // the GPU kernels, which mirror them, with all of them).
+    let mut rng = StdRng::seed_from_u64(29);
+    let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+    for ty in [QuantType::Q4_0, QuantType::Q4_1, QuantType::Q8_0] {
+        for (m, rows, cols) in [(1, 48, 256), (5, 40, 96), (16, 33, 64), (67, 32, 128)] {
+            let w = QMatrix::quantize(ty, rows, cols, &random(&mut rng, rows * cols))
+                .expect("quantize");
+            let x = random(&mut rng, m * cols);
+            let mut want = vec![f32::NAN; m * rows];
+            matmul_with(Isa::Scalar, &w, &x, m, &mut want).expect("matmul");
+            for isa in Isa::all_supported() {
+                let mut got = vec![f32::NAN; m * rows];
+                matmul_with(isa, &w, &x, m, &mut got).expect("matmul");
+                assert_eq!(
+                    bits(&got),
+                    bits(&want),
+                    "{ty:?} {isa:?} m={m} against scalar"
+                );
+            }
+        }
+    }
+}
+
+#[test]
 fn quantized_matmul_approximates_the_float_product() {
     // Against the unquantized activations the error is the Q8 rounding only.
     let mut rng = StdRng::seed_from_u64(5);

@@ -26,7 +26,7 @@ use std::sync::OnceLock;
 use crate::layout::{GROUP, group_block_bytes, quants_offset};
 use crate::quant::Q8Block;
 
-use super::x86::{Q4_0, Q4_1, Q8_0, ty};
+use super::x86::{Q4_1, Q8_0, int_offset, ty};
 
 /// Activation rows per tile (AMX's most rows per tile register).
 pub const ROWS: usize = 16;
@@ -276,9 +276,10 @@ unsafe fn store(slot: usize, c: *mut i32) {
 
 /// Computes `out[i * stride + lane] = dot(w[lane], x[i])` for the 16
 /// activation rows `x + i * x_stride` (`i < 16`) against one 16-row
-/// weight group, with the float arithmetic of `x86::group_vnni` (block by
-/// block: the integer sum times `d_w * d_x`, then the offset times the
-/// activation sum), so each result is bit-identical to it. The tiles of
+/// weight group, with the arithmetic of `x86::group_vnni` (block by block:
+/// the integer sum with the integer offset added (Q4_0, Q8_0) times `d_w *
+/// d_x`, then Q4_1's float offset times the activation sum), so each
+/// result is bit-identical to it. The tiles of
 /// block `b + 1` are issued before block `b`'s sums are scaled, so the
 /// multiply's latency overlaps the vector work.
 ///
@@ -324,18 +325,21 @@ pub unsafe fn group_amx<const T: u8>(
         // holds its sums.
         let base = unsafe { g.add(b * gbb) };
         let dw = _mm512_cvtph_ps(unsafe { _mm256_loadu_si256(base.cast()) });
-        let ow = match T {
+        let mw = match T {
             Q4_1 => _mm512_cvtph_ps(unsafe { _mm256_loadu_si256(base.add(2 * GROUP).cast()) }),
-            Q4_0 => _mm512_mul_ps(dw, _mm512_set1_ps(-8.0)),
-            _ => _mm512_mul_ps(dw, _mm512_set1_ps(-128.0)),
+            _ => _mm512_setzero_ps(),
         };
         let rows = unsafe { &*sp.add(b & 1) };
         for (i, acc) in acc.iter_mut().enumerate() {
             let xb = unsafe { x.add(i * x_stride + b) };
-            let s = _mm512_cvtepi32_ps(unsafe { _mm512_load_si512(rows[i].as_ptr().cast()) });
+            let off = _mm512_set1_epi32(unsafe { int_offset::<T>(xb) });
+            let s = unsafe { _mm512_load_si512(rows[i].as_ptr().cast()) };
+            let s = _mm512_cvtepi32_ps(_mm512_add_epi32(off, s));
             let (xd, xs) = unsafe { ((*xb).d, (*xb).s) };
             *acc = _mm512_fmadd_ps(s, _mm512_mul_ps(dw, _mm512_set1_ps(xd)), *acc);
-            *acc = _mm512_fmadd_ps(ow, _mm512_set1_ps(xs), *acc);
+            if T == Q4_1 {
+                *acc = _mm512_fmadd_ps(mw, _mm512_set1_ps(xs), *acc);
+            }
         }
         if b + 1 < nb {
             store(b + 1);

@@ -141,12 +141,15 @@ pub fn matmul_with(
     } else {
         Isa::Scalar
     };
-    let acts = quantize_rows(isa, x);
+    let nb = w.blocks_per_row();
+    let stride = act_stride(nb);
+    let acts = quantize_rows(isa, x, nb, stride);
     let job = Job {
         isa,
         w,
         acts: &acts,
-        nb: w.blocks_per_row(),
+        nb,
+        stride,
         m,
         out: OutPtr(out.as_mut_ptr()),
     };
@@ -175,26 +178,37 @@ fn quantize_block(isa: Isa, b: &[f32]) -> Q8Block {
     }
 }
 
-/// The activations as Q8 blocks; large batches are quantized in parallel.
-fn quantize_rows(isa: Isa, x: &[f32]) -> Vec<Q8Block> {
-    if x.len() < 16 * 1024 {
-        return x.chunks_exact(QK).map(|b| quantize_block(isa, b)).collect();
+/// Blocks from one quantized activation row to the next: `nb`, or one more
+/// where `nb` blocks are a multiple of 4 KiB. Rows 4 KiB apart fall in the
+/// same L1 sets, and a tile's 8 rows and the weights then overflow the
+/// cache's ways: the down projection of the 1B shape (8,192 columns, rows
+/// 12 KiB apart) ran 12-15% slower on a Zen 4 (BENCHMARKS.md, session 21).
+fn act_stride(nb: usize) -> usize {
+    if (nb * size_of::<Q8Block>()).is_multiple_of(4096) {
+        nb + 1
+    } else {
+        nb
     }
-    let mut acts = vec![
-        Q8Block {
-            d: 0.0,
-            s: 0.0,
-            qs: [0; QK],
-        };
-        x.len() / QK
-    ];
-    acts.par_chunks_mut(256)
-        .zip(x.par_chunks(256 * QK))
-        .for_each(|(a, xs)| {
-            for (blk, xb) in a.iter_mut().zip(xs.chunks_exact(QK)) {
-                *blk = quantize_block(isa, xb);
-            }
-        });
+}
+
+/// The activations as Q8 blocks, `nb` per row `stride` apart (the padding
+/// blocks are never read); large batches are quantized in parallel.
+fn quantize_rows(isa: Isa, x: &[f32], nb: usize, stride: usize) -> Vec<Q8Block> {
+    let cols = nb * QK;
+    let rows = x.len() / cols;
+    let mut acts = vec![Q8Block::new(0.0, 0, [0; QK]); rows * stride];
+    let row = |(a, xr): (&mut [Q8Block], &[f32])| {
+        for (blk, xb) in a.iter_mut().zip(xr.chunks_exact(QK)) {
+            *blk = quantize_block(isa, xb);
+        }
+    };
+    if x.len() < 16 * 1024 {
+        acts.chunks_mut(stride).zip(x.chunks(cols)).for_each(row);
+    } else {
+        acts.par_chunks_mut(stride)
+            .zip(x.par_chunks(cols))
+            .for_each(row);
+    }
     acts
 }
 
@@ -225,6 +239,8 @@ struct Job<'a> {
     acts: &'a [Q8Block],
     /// Blocks per row.
     nb: usize,
+    /// Blocks from one activation row to the next (`act_stride`).
+    stride: usize,
     /// Activation rows.
     m: usize,
     /// `m x w.rows` output, row-major.
@@ -238,9 +254,8 @@ impl Job<'_> {
             #[cfg(target_arch = "x86_64")]
             Isa::Avx2 | Isa::Avx512Vnni | Isa::Amx => simd::group(self, g),
             _ => {
-                let nb = self.nb;
                 for i in 0..self.m {
-                    let acts = &self.acts[i * nb..(i + 1) * nb];
+                    let acts = &self.acts[i * self.stride..][..self.nb];
                     let sums = scalar::dot_group(self.w.ty, self.w.group(g), acts);
                     self.store(i, g, &sums);
                 }
@@ -302,7 +317,8 @@ mod simd {
     fn tile<const T: u8, const MR: usize>(job: &Job<'_>, g: usize, i: usize) -> usize {
         let nb = job.nb;
         let w = job.w.group(g);
-        let x: [*const Q8Block; MR] = std::array::from_fn(|k| job.acts[(i + k) * nb..].as_ptr());
+        let x: [*const Q8Block; MR] =
+            std::array::from_fn(|k| job.acts[(i + k) * job.stride..].as_ptr());
         let rows = job.w.rows;
         let r0 = g * GROUP;
         let whole = r0 + GROUP <= rows;
@@ -348,7 +364,7 @@ mod simd {
         let whole = r0 + GROUP <= rows;
         // SAFETY: `isa` is `Amx`, checked against the CPU and OS; `w` holds
         // `nb` group blocks of format `T`; each tile's activation rows
-        // i..i + 16 <= m start rows of `nb` blocks in `acts`, `nb` apart;
+        // i..i + 16 <= m start rows of `nb` blocks in `acts`, `stride` apart;
         // `out` is `part` or columns r0..r0 + 16 <= rows of output rows
         // i..i + 16 <= m, which only this task's group writes.
         unsafe {
@@ -361,7 +377,7 @@ mod simd {
                     } else {
                         (part.as_mut_ptr().cast::<f32>(), GROUP)
                     };
-                    let x = (job.acts[i * nb..].as_ptr(), nb);
+                    let x = (job.acts[i * job.stride..].as_ptr(), job.stride);
                     amx::group_amx::<T>(w.as_ptr(), wt, x, nb, out);
                     if !whole {
                         for (k, sums) in part.iter().enumerate() {

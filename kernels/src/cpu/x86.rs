@@ -80,6 +80,23 @@ unsafe fn act_chunk(xb: *const Q8Block, c: usize) -> i32 {
     unsafe { (*xb).qs.as_ptr().cast::<i32>().add(c).read_unaligned() }
 }
 
+/// The integer offset of format `T`'s weights against activation block `xb`
+/// (`Q8Block::off4`, `off8`); 0 for Q4_1, whose offset is a float.
+///
+/// # Safety
+/// `xb` must point at a valid block.
+#[inline(always)]
+pub(crate) unsafe fn int_offset<const T: u8>(xb: *const Q8Block) -> i32 {
+    // SAFETY: `xb` is valid (caller contract).
+    unsafe {
+        match T {
+            Q4_0 => (*xb).off4,
+            Q8_0 => (*xb).off8,
+            _ => 0,
+        }
+    }
+}
+
 /// Computes `out[i * stride + lane] = dot(w[lane], x[i])` for one 16-row
 /// group: straight into the output rows where the group is whole (a copy
 /// through an array cost a call to `memcpy` per row, 2% of a decode step).
@@ -105,10 +122,9 @@ pub unsafe fn group_vnni<const T: u8, const MR: usize>(
         let base = unsafe { g.add(b * gbb) };
         prefetch_ahead(base, gbb, MR);
         let dw = _mm512_cvtph_ps(unsafe { _mm256_loadu_si256(base.cast()) });
-        let ow = match T {
+        let mw = match T {
             Q4_1 => _mm512_cvtph_ps(unsafe { _mm256_loadu_si256(base.add(2 * GROUP).cast()) }),
-            Q4_0 => _mm512_mul_ps(dw, _mm512_set1_ps(-8.0)),
-            _ => _mm512_mul_ps(dw, _mm512_set1_ps(-128.0)),
+            _ => _mm512_setzero_ps(),
         };
         let mut wv = [_mm512_setzero_si512(); 8];
         if T == Q8_0 {
@@ -124,8 +140,10 @@ pub unsafe fn group_vnni<const T: u8, const MR: usize>(
         }
         for (i, a) in acc.iter_mut().enumerate() {
             let xb = unsafe { x[i].add(b) };
-            // Two chains of four, so the dependent `vpdpbusd`s overlap.
-            let mut s0 = _mm512_setzero_si512();
+            // Two chains of four, so the dependent `vpdpbusd`s overlap; an
+            // integer offset (Q4_0, Q8_0) starts one, so the block's sum is
+            // exact and needs no float term for it (see `Q8Block`).
+            let mut s0 = _mm512_set1_epi32(unsafe { int_offset::<T>(xb) });
             let mut s1 = _mm512_setzero_si512();
             for c in (0..8).step_by(2) {
                 let x0 = _mm512_set1_epi32(unsafe { act_chunk(xb, c) });
@@ -136,7 +154,9 @@ pub unsafe fn group_vnni<const T: u8, const MR: usize>(
             let sums = _mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1));
             let (xd, xs) = unsafe { ((*xb).d, (*xb).s) };
             *a = _mm512_fmadd_ps(sums, _mm512_mul_ps(dw, _mm512_set1_ps(xd)), *a);
-            *a = _mm512_fmadd_ps(ow, _mm512_set1_ps(xs), *a);
+            if T == Q4_1 {
+                *a = _mm512_fmadd_ps(mw, _mm512_set1_ps(xs), *a);
+            }
         }
     }
     for (i, a) in acc.into_iter().enumerate() {
@@ -180,6 +200,9 @@ unsafe fn half_weights<const T: u8>(base: *const u8, half: usize) -> [__m256i; 8
 /// the whole block, 8 pairs a lane (at most 30480, under `i16::MAX`, so
 /// exact), and widened once: 8 `maddubs` and one `madd` instead of 8 of
 /// each. Q8_0's pairs reach 32512, so they are widened chunk by chunk.
+/// The sums are those of the signed weights, `sum (u - k) x`, as on the
+/// VNNI path: Q8_0's weights are signed here already, Q4_0's offset is
+/// added as an integer (`Q8Block::off4`).
 ///
 /// # Safety
 /// AVX2 must be enabled; `xb` must point at a valid block.
@@ -204,7 +227,12 @@ unsafe fn half_sums<const T: u8>(wv: &[__m256i; 8], xb: *const Q8Block, ones: __
             p0 = _mm256_add_epi16(p0, _mm256_maddubs_epi16(wv[c], xc(c)));
             p1 = _mm256_add_epi16(p1, _mm256_maddubs_epi16(wv[c + 1], xc(c + 1)));
         }
-        _mm256_madd_epi16(_mm256_add_epi16(p0, p1), ones)
+        let s = _mm256_madd_epi16(_mm256_add_epi16(p0, p1), ones);
+        if T == Q4_0 {
+            _mm256_add_epi32(s, _mm256_set1_epi32((*xb).off4))
+        } else {
+            s
+        }
     }
 }
 
@@ -231,11 +259,10 @@ pub unsafe fn group_avx2<const T: u8, const MR: usize>(
         prefetch_ahead(base, gbb, MR);
         for h in 0..2 {
             let dw = _mm256_cvtph_ps(unsafe { _mm_loadu_si128(base.add(16 * h).cast()) });
-            let ow = match T {
+            let mw = match T {
                 Q4_1 => {
                     _mm256_cvtph_ps(unsafe { _mm_loadu_si128(base.add(2 * GROUP + 16 * h).cast()) })
                 }
-                Q4_0 => _mm256_mul_ps(dw, _mm256_set1_ps(-8.0)),
                 _ => _mm256_setzero_ps(),
             };
             let wv = unsafe { half_weights::<T>(base, h) };
@@ -245,8 +272,8 @@ pub unsafe fn group_avx2<const T: u8, const MR: usize>(
                 let (xd, xs) = unsafe { ((*xb).d, (*xb).s) };
                 let sums = _mm256_cvtepi32_ps(s);
                 a[h] = _mm256_fmadd_ps(sums, _mm256_mul_ps(dw, _mm256_set1_ps(xd)), a[h]);
-                if T != Q8_0 {
-                    a[h] = _mm256_fmadd_ps(ow, _mm256_set1_ps(xs), a[h]);
+                if T == Q4_1 {
+                    a[h] = _mm256_fmadd_ps(mw, _mm256_set1_ps(xs), a[h]);
                 }
             }
         }
@@ -300,14 +327,10 @@ pub unsafe fn quantize_block_avx2(b: &[f32]) -> Q8Block {
     let p16b = _mm256_packs_epi32(q[2], q[3]);
     let p8 = _mm256_packs_epi16(p16a, p16b);
     let ordered = _mm256_permutevar8x32_epi32(p8, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-    let mut out = Q8Block {
-        d,
-        s: d * total as f32,
-        qs: [0; 32],
-    };
+    let mut qs = [0i8; 32];
     // SAFETY: `qs` holds 32 bytes.
-    unsafe { _mm256_storeu_si256(out.qs.as_mut_ptr().cast(), ordered) };
-    out
+    unsafe { _mm256_storeu_si256(qs.as_mut_ptr().cast(), ordered) };
+    Q8Block::new(d, total, qs)
 }
 
 #[cfg(test)]

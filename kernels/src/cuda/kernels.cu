@@ -125,31 +125,33 @@ __global__ void quantize(const float* x, u32* xq, u32 rows, u32 k) {
 
 // One block's terms against quantized activation block xb, as the CPU's
 // integer path computes them: (isum, d_w * d_x, offset, s), the block
-// adding isum * (d_w * d_x) + offset * s to the dot product.
+// adding isum * (d_w * d_x) + offset * s to the dot product. Q4_0's and
+// Q8_0's weights are signed integers times d (isum exact, offset 0, and
+// adding 0 * 0 leaves the sum as it is); Q4_1's are d * u + offset.
 __device__ float4 block_terms(const u32* w, u32 blk, u32 kind, u32 wpb, const u32* xb) {
     const u32* base = w + blk * wpb;
     float d = __uint_as_float(base[0]);
     float dd = __fmul_rn(d, __uint_as_float(xb[0]));
-    float xs = __uint_as_float(xb[1]);
     int isum = 0;
     if (kind == 2u) {
         for (u32 j = 0; j < 8u; j++) {
             u32 q = base[1u + j], a = xb[2u + j];
-            for (u32 t = 0; t < 4u; t++) isum += (int)(((q >> (8u * t)) & 0xffu) ^ 0x80u) * sbyte(a, t);
+            for (u32 t = 0; t < 4u; t++) isum += sbyte(q, t) * sbyte(a, t);
         }
-        return make_float4((float)isum, dd, __fmul_rn(-128.0f, d), xs);
+        return make_float4((float)isum, dd, 0.0f, 0.0f);
     }
     bool has_min = kind == 1u;
+    int k = has_min ? 0 : 8;
     const u32* qs = base + (has_min ? 2u : 1u);
     for (u32 j = 0; j < 4u; j++) {
         u32 q = qs[j], lo = xb[2u + j], hi = xb[6u + j];
         for (u32 t = 0; t < 4u; t++) {
             u32 byte = (q >> (8u * t)) & 0xffu;
-            isum += (int)(byte & 0xfu) * sbyte(lo, t) + (int)(byte >> 4) * sbyte(hi, t);
+            isum += ((int)(byte & 0xfu) - k) * sbyte(lo, t) + ((int)(byte >> 4) - k) * sbyte(hi, t);
         }
     }
-    float offset = has_min ? __uint_as_float(base[1]) : __fmul_rn(-8.0f, d);
-    return make_float4((float)isum, dd, offset, xs);
+    if (!has_min) return make_float4((float)isum, dd, 0.0f, 0.0f);
+    return make_float4((float)isum, dd, __uint_as_float(base[1]), __uint_as_float(xb[1]));
 }
 
 __device__ void reduce_store(float* acc, float* y, u32 n, u32 m0, u32 m, u32 nn) {

@@ -61,24 +61,27 @@ fn dequant(blk: u32, kind: u32, wpb: u32, out: ptr<function, array<f32, 32>>) {
 // One block's terms against quantized activation block `xb`, as the
 // CPU's integer path computes them: (isum, d_w * d_x, offset, s), the
 // block adding `isum * (d_w * d_x) + offset * s` to the dot product.
+// Q4_0's and Q8_0's weights are signed integers times d (isum exact,
+// offset 0, and adding 0 * 0 leaves the sum as it is); Q4_1's are
+// `d * u + offset`.
 fn block_terms(blk: u32, kind: u32, wpb: u32, xb: u32) -> vec4<f32> {
     let base = blk * wpb;
     let d = bitcast<f32>(w[base]);
     let dd = d * bitcast<f32>(xq[xb]);
-    let xs = bitcast<f32>(xq[xb + 1u]);
     var isum = 0i;
     if (kind == 2u) {
         for (var j = 0u; j < 8u; j++) {
             let q = w[base + 1u + j];
             let a = xq[xb + 2u + j];
             for (var t = 0u; t < 4u; t++) {
-                let u = i32(((q >> (8u * t)) & 0xffu) ^ 0x80u);
-                isum += u * (bitcast<i32>(((a >> (8u * t)) & 0xffu) << 24u) >> 24u);
+                let wq = bitcast<i32>(((q >> (8u * t)) & 0xffu) << 24u) >> 24u;
+                isum += wq * (bitcast<i32>(((a >> (8u * t)) & 0xffu) << 24u) >> 24u);
             }
         }
-        return vec4<f32>(f32(isum), dd, -128.0 * d, xs);
+        return vec4<f32>(f32(isum), dd, 0.0, 0.0);
     }
     let has_min = kind == 1u;
+    let k = select(8i, 0i, has_min);
     let qs = base + select(1u, 2u, has_min);
     for (var j = 0u; j < 4u; j++) {
         let q = w[qs + j];
@@ -88,11 +91,13 @@ fn block_terms(blk: u32, kind: u32, wpb: u32, xb: u32) -> vec4<f32> {
             let byte = (q >> (8u * t)) & 0xffu;
             let xl = bitcast<i32>(((lo >> (8u * t)) & 0xffu) << 24u) >> 24u;
             let xh = bitcast<i32>(((hi >> (8u * t)) & 0xffu) << 24u) >> 24u;
-            isum += i32(byte & 0xfu) * xl + i32(byte >> 4u) * xh;
+            isum += (i32(byte & 0xfu) - k) * xl + (i32(byte >> 4u) - k) * xh;
         }
     }
-    let offset = select(-8.0 * d, bitcast<f32>(w[base + 1u]), has_min);
-    return vec4<f32>(f32(isum), dd, offset, xs);
+    if (!has_min) {
+        return vec4<f32>(f32(isum), dd, 0.0, 0.0);
+    }
+    return vec4<f32>(f32(isum), dd, bitcast<f32>(w[base + 1u]), bitcast<f32>(xq[xb + 1u]));
 }
 
 // Quantizes x's rows, block by block, into xq (one invocation a block).
