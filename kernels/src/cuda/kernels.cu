@@ -172,8 +172,8 @@ __device__ void reduce_store(float* acc, float* y, u32 n, u32 m0, u32 m, u32 nn)
 // their weight blocks are adjacent) of MQ_R activation rows: in each round
 // thread (x, s) computes the terms of block b0 + s for output x and every
 // row into shared memory, then one thread per (output, row) adds the
-// round's blocks in order, each with two fused multiply-adds: the sums of
-// the CPU's AVX-512 path, bit for bit. The terms (the memory reads and
+// round's blocks in order, each with two fused multiply-adds: the CPU's
+// sums (on every CPU path), bit for bit. The terms (the memory reads and
 // integer sums) spread over MQ_S times the threads the chains need.
 #define MQ_N 32u
 #define MQ_S 8u

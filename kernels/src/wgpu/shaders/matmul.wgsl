@@ -9,9 +9,10 @@
 //
 // Activations are quantized first (`quantize`), block by block, to 8
 // bits exactly as the CPU backend does (d = amax / 127, round half away
-// from zero, s = d * sum(q)), and each block's dot product is an integer
-// sum over the unsigned weights: `isum * (d_w * d_x) + offset * s`, added
-// block after block as the CPU adds them.
+// from zero, s = d * sum(q)), and each block's dot product is an exact
+// integer sum, `isum * (d_w * d_x) + offset * s` (the offset term only for
+// Q4_1; Q4_0's and Q8_0's weights are signed integers), added block after
+// block as the CPU adds them.
 //
 // Params a = (m, n, k, kind), b = (words per block, 0, 0, 0); kind 0 =
 // Q4_0, 1 = Q4_1, 2 = Q8_0, 3 = f32. The f32 matmul: one workgroup
@@ -152,8 +153,9 @@ fn reduce_store(lid: u32, n: u32, m0: u32, acc: array<f32, 4>) {
 }
 
 // One invocation per output (row m of x, column n): the blocks in order,
-// each added with two fused multiply-adds as the CPU's AVX-512 path adds
-// them: the CPU's sums bit for bit.
+// each added with two fused multiply-adds as the CPU adds them (the
+// second adds 0 * 0 for Q4_0 and Q8_0, which leaves the sum as it is): the
+// CPU's sums bit for bit, on every CPU path.
 @compute @workgroup_size(64)
 fn quant(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>) {
     let i = element(gid, groups);
