@@ -327,14 +327,8 @@ pub(crate) fn paged_attention_at_the_default_models_shapes_matches_the_cpu<B: Ba
         .iter()
         .map(|v| v * 4.0)
         .collect();
-    let got = g.to_host(&g.attention(&g.tensor(q.clone(), qw), &gkv, 0, &queries, shape));
-    let want = c.attention(&c.tensor(q, qw), &ckv, 0, &queries, shape);
-    same_as_cpu(
-        &got,
-        &want.data,
-        avx2(),
-        "paged attention at the model's shapes",
-    );
+    let what = "paged attention at the model's shapes";
+    attention_as_cpu(g, (&gkv, &ckv), (q, qw), &queries, shape, what);
 }
 
 /// Queries at 4,096 positions and past them: the CUDA kernel keeps up to
@@ -366,14 +360,24 @@ pub(crate) fn paged_attention_over<B: Backend>(g: &B, head_dim: usize, n: usize)
         .collect();
     let qw = n_head * head_dim;
     let q = reference::ramp(queries.len() * qw, 93);
-    let got = g.to_host(&g.attention(&g.tensor(q.clone(), qw), &gkv, 0, &queries, shape));
-    let want = c.attention(&c.tensor(q, qw), &ckv, 0, &queries, shape);
-    same_as_cpu(
-        &got,
-        &want.data,
-        avx2(),
-        "paged attention past 4096 positions",
-    );
+    let what = "paged attention past 4096 positions";
+    attention_as_cpu(g, (&gkv, &ckv), (q, qw), &queries, shape, what);
+}
+
+/// Attention of queries `q` (rows `qw` wide) over layer 0 of both caches:
+/// the GPU's result is the CPU's.
+fn attention_as_cpu<B: Backend>(
+    g: &B,
+    (gkv, ckv): (&B::Kv, &crate::cpu::kv::KvStorage),
+    (q, qw): (Vec<f32>, usize),
+    queries: &[(usize, &[u32])],
+    shape: AttnShape,
+    what: &str,
+) {
+    let c = CpuBackend;
+    let got = g.to_host(&g.attention(&g.tensor(q.clone(), qw), gkv, 0, queries, shape));
+    let want = c.attention(&c.tensor(q, qw), ckv, 0, queries, shape);
+    same_as_cpu(&got, &want.data, avx2(), what);
 }
 
 pub(crate) fn f16_conversion_rounds_like_the_half_crate<B: Backend>(
