@@ -11,17 +11,17 @@ use engine::{
 };
 use tokio_stream::StreamExt;
 
+/// The engine on a test model (`common::TINY`, `common::SMOLLM2`).
+fn start(model: &str, config: EngineConfig) -> Result<EngineHandle, EngineError> {
+    EngineHandle::start_gguf(&common::model_path(model), &TemplateChoice::Auto, config)
+}
+
 fn tiny(scheduler: SchedulerConfig) -> EngineHandle {
     let config = EngineConfig {
         scheduler,
         ..Default::default()
     };
-    EngineHandle::start_gguf(
-        &common::model_path(common::TINY),
-        &TemplateChoice::Auto,
-        config,
-    )
-    .expect("load tiny")
+    start(common::TINY, config).expect("load tiny")
 }
 
 fn req(prompt: Vec<u32>, max_tokens: usize, seed: Option<u64>) -> GenerateRequest {
@@ -237,12 +237,7 @@ async fn a_tiny_kv_cache_preempts_and_every_request_still_completes_correctly() 
         kv_cache_memory: 16 * 16 * 128,
         ..Default::default()
     };
-    let h = EngineHandle::start_gguf(
-        &common::model_path(common::TINY),
-        &TemplateChoice::Auto,
-        small,
-    )
-    .expect("load tiny");
+    let h = start(common::TINY, small).expect("load tiny");
     assert_eq!(h.info().kv_blocks, 16);
     let reqs: Vec<GenerateRequest> = (0..6)
         .map(|i| req((0..30).map(|t| 1 + t * 7 + i).collect(), 60, Some(i as u64)))
@@ -383,12 +378,7 @@ async fn a_q8_kv_cache_holds_more_positions_in_the_same_memory_and_serves() {
             kv_cache_dtype,
             ..Default::default()
         };
-        EngineHandle::start_gguf(
-            &common::model_path(common::SMOLLM2),
-            &TemplateChoice::Auto,
-            config,
-        )
-        .expect("load SmolLM2")
+        start(common::SMOLLM2, config).expect("load SmolLM2")
     };
     let (f16, q8) = (start(KvDtype::F16), start(KvDtype::Q8_0));
     assert_eq!(f16.info().kv_blocks, 16);
@@ -414,12 +404,7 @@ fn a_q8_kv_cache_on_a_gpu_device_is_refused_with_a_clear_error() {
         device: Device::Wgpu,
         ..Default::default()
     };
-    let err = EngineHandle::start_gguf(
-        &common::model_path(common::TINY),
-        &TemplateChoice::Auto,
-        config,
-    )
-    .expect_err("q8 KV on a GPU");
+    let err = start(common::TINY, config).expect_err("q8 KV on a GPU");
     assert!(err.to_string().contains("CPU backend only"), "{err}");
 }
 
@@ -440,12 +425,7 @@ async fn a_software_adapter_caps_the_context_to_what_it_computes_correctly() {
         },
         ..Default::default()
     };
-    let h = EngineHandle::start_gguf(
-        &common::model_path(common::SMOLLM2),
-        &TemplateChoice::Auto,
-        config,
-    )
-    .expect("SmolLM2 on wgpu");
+    let h = start(common::SMOLLM2, config).expect("SmolLM2 on wgpu");
     let info = h.info();
     match adapter.max_attention_positions(info.head_dim) {
         Some(cap) => {
