@@ -201,8 +201,9 @@ unsafe fn half_weights<const T: u8>(base: *const u8, half: usize) -> [__m256i; 8
 /// exact), and widened once: 8 `maddubs` and one `madd` instead of 8 of
 /// each. Q8_0's pairs reach 32512, so they are widened chunk by chunk.
 /// The sums are those of the signed weights, `sum (u - k) x`, as on the
-/// VNNI path: Q8_0's weights are signed here already, Q4_0's offset is
-/// added as an integer (`Q8Block::off4`).
+/// VNNI path: Q8_0's weights are signed here already (it returns before
+/// the offset), Q4_0's offset is added as an integer (`int_offset`; Q4_1's
+/// is 0 here, a float added later).
 ///
 /// # Safety
 /// AVX2 must be enabled; `xb` must point at a valid block.
@@ -228,11 +229,7 @@ unsafe fn half_sums<const T: u8>(wv: &[__m256i; 8], xb: *const Q8Block, ones: __
             p1 = _mm256_add_epi16(p1, _mm256_maddubs_epi16(wv[c + 1], xc(c + 1)));
         }
         let s = _mm256_madd_epi16(_mm256_add_epi16(p0, p1), ones);
-        if T == Q4_0 {
-            _mm256_add_epi32(s, _mm256_set1_epi32((*xb).off4))
-        } else {
-            s
-        }
+        _mm256_add_epi32(s, _mm256_set1_epi32(int_offset::<T>(xb)))
     }
 }
 
