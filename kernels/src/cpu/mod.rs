@@ -154,14 +154,16 @@ pub fn matmul_with(
         out: OutPtr(out.as_mut_ptr()),
     };
     let groups = w.groups();
-    let per_task = groups_per_task(groups, m * w.cols * GROUP);
+    let per_task = if job.spread() {
+        spread_groups_per_task(groups)
+    } else {
+        groups_per_task(groups, m * w.cols * GROUP)
+    };
     (0..groups.div_ceil(per_task))
         .into_par_iter()
         .for_each(|t| {
             let g0 = t * per_task;
-            for g in g0..(g0 + per_task).min(groups) {
-                job.group(g);
-            }
+            job.groups(g0, (g0 + per_task).min(groups));
         });
     Ok(())
 }
@@ -219,6 +221,30 @@ fn groups_per_task(groups: usize, macs_per_group: usize) -> usize {
     (MACS_PER_TASK / macs_per_group.max(1)).clamp(1, balanced)
 }
 
+/// Activation rows from which the AVX2 path takes several groups at a time
+/// (`x86::groups_avx2`). It pays where a span of weights serves two tiles
+/// or more, read from L2 the second time: on a Zen 4 held to AVX2, 1B
+/// shapes at 16 rows 4-10% faster and at 128 rows 5-12%, but at 8 rows
+/// (one tile, the weights streamed from memory in 16 streams at once)
+/// 2-8% slower than group by group (BENCHMARKS.md, session 22).
+const SPREAD_MIN_ROWS: usize = 16;
+
+/// Groups that share one spread of the activations (`x86::Spread`): their
+/// accumulators for a tile of 8 rows (8 KiB) stay in L1.
+const SPREAD_GROUPS: usize = 16;
+
+/// Bytes of weights the multi-group AVX2 path reads for every tile of
+/// activation rows before moving on to the next blocks: kept in L2 (512 KiB
+/// on Zen 3), as each tile reads them again.
+const SPREAD_WEIGHT_BYTES: usize = 160 * 1024;
+
+/// Groups per task on the multi-group AVX2 path: `SPREAD_GROUPS`, but at
+/// least four tasks per thread when there are enough groups.
+fn spread_groups_per_task(groups: usize) -> usize {
+    let balanced = groups.div_ceil(4 * rayon::current_num_threads()).max(1);
+    SPREAD_GROUPS.min(balanced)
+}
+
 /// The output buffer, shared by the tasks of one matmul. Each task writes
 /// only the columns (weight rows) of its own groups, so no element is
 /// written twice.
@@ -248,6 +274,22 @@ struct Job<'a> {
 }
 
 impl Job<'_> {
+    /// Whether this job takes the multi-group AVX2 path (`x86::groups_avx2`).
+    fn spread(&self) -> bool {
+        cfg!(target_arch = "x86_64") && self.isa == Isa::Avx2 && self.m >= SPREAD_MIN_ROWS
+    }
+
+    /// Computes groups `g0..g1` against every activation row.
+    fn groups(&self, g0: usize, g1: usize) {
+        #[cfg(target_arch = "x86_64")]
+        if self.spread() {
+            return simd::spread_groups(self, g0, g1);
+        }
+        for g in g0..g1 {
+            self.group(g);
+        }
+    }
+
     /// Computes the 16 weight rows of group `g` against every activation row.
     fn group(&self, g: usize) {
         match self.isa {
@@ -274,7 +316,13 @@ impl Job<'_> {
         // at `i * rows + r0` lie in the `m x rows` buffer; group `g` belongs
         // to exactly one task, so no two threads write the same element.
         unsafe {
-            std::ptr::copy_nonoverlapping(sums.as_ptr(), self.out.0.add(i * self.w.rows + r0), n);
+            let dst = self.out.0.add(i * self.w.rows + r0);
+            if n == GROUP {
+                // A constant length: two vector moves, not a call to `memcpy`.
+                std::ptr::copy_nonoverlapping(sums.as_ptr(), dst, GROUP);
+            } else {
+                std::ptr::copy_nonoverlapping(sums.as_ptr(), dst, n);
+            }
         }
     }
 }
@@ -285,7 +333,8 @@ mod simd {
     #![allow(unsafe_code)]
 
     use super::x86::{self, Q4_0, Q4_1, Q8_0};
-    use super::{GROUP, Isa, Job, Q8Block, amx};
+    use super::{GROUP, Isa, Job, Q8Block, SPREAD_WEIGHT_BYTES, amx};
+    use crate::layout;
     use crate::quant::QuantType;
 
     /// Group `g` against every activation row. Only called with
@@ -303,6 +352,11 @@ mod simd {
         if job.isa == Isa::Amx && job.m >= amx::MIN_ROWS {
             i = amx_rows::<T>(job, g);
         }
+        run_from::<T>(job, g, i);
+    }
+
+    /// Activation rows `i..m` against group `g`, in tiles of 8, 4, 2 and 1.
+    fn run_from<const T: u8>(job: &Job<'_>, g: usize, mut i: usize) {
         while i < job.m {
             i += match job.m - i {
                 n if n >= 8 => tile::<T, 8>(job, g, i),
@@ -311,6 +365,83 @@ mod simd {
                 _ => tile::<T, 1>(job, g, i),
             };
         }
+    }
+
+    /// Groups `g0..g1` against every activation row on the multi-group AVX2
+    /// path: rows in tiles of 8 and 4 against all the task's groups at a
+    /// time (`x86::groups_avx2`), the last `m % 4` rows group by group.
+    pub fn spread_groups(job: &Job<'_>, g0: usize, g1: usize) {
+        match job.w.ty {
+            QuantType::Q4_0 => spread_run::<Q4_0>(job, g0, g1),
+            QuantType::Q4_1 => spread_run::<Q4_1>(job, g0, g1),
+            QuantType::Q8_0 => spread_run::<Q8_0>(job, g0, g1),
+        }
+    }
+
+    /// Groups `g0..g1` (at most `SPREAD_GROUPS`) on the multi-group path:
+    /// the blocks in spans whose weights stay in L2 (`SPREAD_WEIGHT_BYTES`),
+    /// each span against every tile of rows, the accumulators of all rows
+    /// kept between spans.
+    fn spread_run<const T: u8>(job: &Job<'_>, g0: usize, g1: usize) {
+        let (nb, n) = (job.nb, g1 - g0);
+        let rows = job.m - job.m % 4;
+        let span = SPREAD_WEIGHT_BYTES / (n * layout::group_block_bytes(x86::ty(T)));
+        let span = span.clamp(8, nb.max(8));
+        let mut acc = vec![0.0f32; rows * n * GROUP];
+        for b0 in (0..nb).step_by(span) {
+            let blocks = b0..(b0 + span).min(nb);
+            let mut i = 0;
+            while i < rows {
+                i += match rows - i {
+                    n if n >= 8 => spread_tile::<T, 8>(job, g0..g1, i, blocks.clone(), &mut acc),
+                    _ => spread_tile::<T, 4>(job, g0..g1, i, blocks.clone(), &mut acc),
+                };
+            }
+        }
+        store_spread(job, g0..g1, rows, &acc);
+        for g in g0..g1 {
+            run_from::<T>(job, g, rows);
+        }
+    }
+
+    /// Writes the accumulators of `spread_run` (tiles of 8 rows, then one
+    /// of 4: each `[group][row][16]`) into the output.
+    fn store_spread(job: &Job<'_>, gs: std::ops::Range<usize>, rows: usize, acc: &[f32]) {
+        let n = gs.len();
+        let mut i = 0;
+        while i < rows {
+            let mr = if rows - i >= 8 { 8 } else { 4 };
+            let tile = &acc[i * n * GROUP..][..mr * n * GROUP];
+            for (g, sums) in gs.clone().zip(tile.chunks_exact(mr * GROUP)) {
+                for (k, row) in sums.chunks_exact(GROUP).enumerate() {
+                    job.store(i + k, g, row.try_into().expect("16 floats"));
+                }
+            }
+            i += mr;
+        }
+    }
+
+    /// Activation rows `i..i + MR` against groups `gs` over `blocks`, added
+    /// to the tile's accumulators in `acc`; returns `MR`.
+    fn spread_tile<const T: u8, const MR: usize>(
+        job: &Job<'_>,
+        gs: std::ops::Range<usize>,
+        i: usize,
+        blocks: std::ops::Range<usize>,
+        acc: &mut [f32],
+    ) -> usize {
+        let n = gs.len();
+        let acc = &mut acc[i * n * GROUP..][..MR * n * GROUP];
+        let x: [*const Q8Block; MR] =
+            std::array::from_fn(|k| job.acts[(i + k) * job.stride..].as_ptr());
+        let w = job.w.group(gs.start).as_ptr();
+        // SAFETY: `isa` is `Avx2`, checked against the CPU's features; `w`
+        // starts `n` consecutive groups of `nb` blocks of format `T` (the
+        // groups of one matrix are stored one after another); `blocks` lie
+        // in `0..nb`; each `x[k]` starts a row of `nb` activation blocks
+        // inside `acts`; `acc` holds `n * MR * 16` floats.
+        unsafe { x86::groups_avx2::<T, MR>((w, n, job.nb), blocks, x, acc.as_mut_ptr()) };
+        MR
     }
 
     /// Activation rows `i..i + MR` against group `g`; returns `MR`.

@@ -195,24 +195,28 @@ unsafe fn half_weights<const T: u8>(base: *const u8, half: usize) -> [__m256i; 8
 }
 
 /// The integer dot products of one half block's eight rows with one
-/// activation block. Q4 pairs (`maddubs` of a nibble and an 8-bit
-/// activation: at most 2 * 15 * 127 = 3810) are summed as 16-bit lanes over
-/// the whole block, 8 pairs a lane (at most 30480, under `i16::MAX`, so
-/// exact), and widened once: 8 `maddubs` and one `madd` instead of 8 of
-/// each. Q8_0's pairs reach 32512, so they are widened chunk by chunk.
-/// The sums are those of the signed weights, `sum (u - k) x`, as on the
-/// VNNI path: Q8_0's weights are signed here already (it returns before
-/// the offset), Q4_0's offset is added as an integer (`int_offset`; Q4_1's
-/// is 0 here, a float added later).
+/// activation block, whose eight 4-byte chunks `xc(c)` gives broadcast to
+/// every lane and whose integer offset (`int_offset`) `off` holds in every
+/// lane. Q4 pairs (`maddubs` of a nibble and an 8-bit activation: at most
+/// 2 * 15 * 127 = 3810) are summed as 16-bit lanes over the whole block, 8
+/// pairs a lane (at most 30480, under `i16::MAX`, so exact), and widened
+/// once: 8 `maddubs` and one `madd` instead of 8 of each. Q8_0's pairs
+/// reach 32512, so they are widened chunk by chunk. The sums are those of
+/// the signed weights, `sum (u - k) x`, as on the VNNI path: Q8_0's weights
+/// are signed here already (it returns before the offset), Q4_0's offset is
+/// added as an integer (Q4_1's is 0 here, a float added later).
 ///
 /// # Safety
-/// AVX2 must be enabled; `xb` must point at a valid block.
+/// AVX2 must be enabled.
 #[inline(always)]
-unsafe fn half_sums<const T: u8>(wv: &[__m256i; 8], xb: *const Q8Block, ones: __m256i) -> __m256i {
-    // SAFETY (whole body): AVX2 is enabled and `xb` is valid (caller
-    // contract); `c < 8`.
+unsafe fn half_sums<const T: u8>(
+    wv: &[__m256i; 8],
+    xc: impl Fn(usize) -> __m256i,
+    off: __m256i,
+    ones: __m256i,
+) -> __m256i {
+    // SAFETY (whole body): AVX2 is enabled (caller contract).
     unsafe {
-        let xc = |c: usize| _mm256_set1_epi32(act_chunk(xb, c));
         if T == Q8_0 {
             let mut s = _mm256_setzero_si256();
             for (c, &w) in wv.iter().enumerate() {
@@ -229,7 +233,7 @@ unsafe fn half_sums<const T: u8>(wv: &[__m256i; 8], xb: *const Q8Block, ones: __
             p1 = _mm256_add_epi16(p1, _mm256_maddubs_epi16(wv[c + 1], xc(c + 1)));
         }
         let s = _mm256_madd_epi16(_mm256_add_epi16(p0, p1), ones);
-        _mm256_add_epi32(s, _mm256_set1_epi32(int_offset::<T>(xb)))
+        _mm256_add_epi32(s, off)
     }
 }
 
@@ -265,7 +269,10 @@ pub unsafe fn group_avx2<const T: u8, const MR: usize>(
             let wv = unsafe { half_weights::<T>(base, h) };
             for (i, a) in acc.iter_mut().enumerate() {
                 let xb = unsafe { x[i].add(b) };
-                let s = unsafe { half_sums::<T>(&wv, xb, ones) };
+                // SAFETY: `xb` is a valid block and `c < 8`.
+                let xc = |c| _mm256_set1_epi32(unsafe { act_chunk(xb, c) });
+                let off = _mm256_set1_epi32(unsafe { int_offset::<T>(xb) });
+                let s = unsafe { half_sums::<T>(&wv, xc, off, ones) };
                 let (xd, xs) = unsafe { ((*xb).d, (*xb).s) };
                 let sums = _mm256_cvtepi32_ps(s);
                 a[h] = _mm256_fmadd_ps(sums, _mm256_mul_ps(dw, _mm256_set1_ps(xd)), a[h]);
@@ -280,6 +287,97 @@ pub unsafe fn group_avx2<const T: u8, const MR: usize>(
         unsafe {
             _mm256_storeu_ps(out.add(i * stride), a[0]);
             _mm256_storeu_ps(out.add(i * stride + 8), a[1]);
+        }
+    }
+}
+
+/// One activation block laid out for `groups_avx2`: each 4-byte chunk
+/// broadcast to the eight lanes, the integer offset and the two scales
+/// likewise, so the tile reads them as memory operands of its `maddubs`,
+/// adds and multiplies instead of broadcasting them again for every half
+/// block of every group (on Zen 3 and 4 a broadcast from memory takes a
+/// shuffle pipe: 10 of the 30 vector operations per row and half block).
+#[derive(Clone, Copy)]
+#[repr(C, align(32))]
+pub struct Spread {
+    chunks: [__m256i; 8],
+    off: __m256i,
+    d: __m256,
+    s: __m256,
+}
+
+/// `xb` spread (see `Spread`).
+///
+/// # Safety
+/// AVX2 must be enabled; `xb` must point at a valid block.
+#[inline(always)]
+unsafe fn spread<const T: u8>(xb: *const Q8Block) -> Spread {
+    // SAFETY: AVX2 is enabled and `xb` is valid (caller contract); `c < 8`.
+    unsafe {
+        Spread {
+            chunks: std::array::from_fn(|c| _mm256_set1_epi32(act_chunk(xb, c))),
+            off: _mm256_set1_epi32(int_offset::<T>(xb)),
+            d: _mm256_set1_ps((*xb).d),
+            s: _mm256_set1_ps((*xb).s),
+        }
+    }
+}
+
+/// `group_avx2` for `groups` consecutive weight groups at once, over the
+/// blocks `blocks` of their rows: each activation block is spread once
+/// (`Spread`) and serves every group's two half blocks. Adds
+/// `dot(w[g * 16 + lane], x[i])` over those blocks to
+/// `acc[(g * MR + i) * 16 + lane]`, block by block in order, with the same
+/// float operations as `group_avx2`, so the bits are the same.
+///
+/// # Safety
+/// The CPU must support AVX2, FMA and F16C; `w` must point at `groups`
+/// consecutive groups of `nb` blocks of format `T`, every `x[i]` at `nb`
+/// Q8 blocks, `blocks` must lie in `0..nb`, and `acc` must point at
+/// `groups * MR * 16` writable floats.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn groups_avx2<const T: u8, const MR: usize>(
+    (w, groups, nb): (*const u8, usize, usize),
+    blocks: std::ops::Range<usize>,
+    x: [*const Q8Block; MR],
+    acc: *mut f32,
+) {
+    let gbb = group_block_bytes(ty(T));
+    let ones = _mm256_set1_epi16(1);
+    // SAFETY: all-zero bits are a valid `Spread` (vectors of zeros).
+    let mut sp: [Spread; MR] = unsafe { std::mem::zeroed() };
+    for b in blocks {
+        for (s, xi) in sp.iter_mut().zip(x) {
+            // SAFETY: block `b` of every activation row is valid.
+            *s = unsafe { spread::<T>(xi.add(b)) };
+        }
+        for g in 0..groups {
+            // SAFETY (whole loop body): block `b` of group `g` is in bounds
+            // and `acc` holds `groups * MR * 16` floats (caller contract).
+            // No software prefetch: the hardware follows the 16 streams, and
+            // `prefetch_ahead` here measured the same or slower.
+            let base = unsafe { w.add((g * nb + b) * gbb) };
+            for h in 0..2 {
+                let dw = _mm256_cvtph_ps(unsafe { _mm_loadu_si128(base.add(16 * h).cast()) });
+                let mw = match T {
+                    Q4_1 => _mm256_cvtph_ps(unsafe {
+                        _mm_loadu_si128(base.add(2 * GROUP + 16 * h).cast())
+                    }),
+                    _ => _mm256_setzero_ps(),
+                };
+                let wv = unsafe { half_weights::<T>(base, h) };
+                for (i, s) in sp.iter().enumerate() {
+                    let sums = unsafe { half_sums::<T>(&wv, |c| s.chunks[c], s.off, ones) };
+                    let a = unsafe { acc.add((g * MR + i) * GROUP + 8 * h) };
+                    let prev = unsafe { _mm256_loadu_ps(a) };
+                    let mut v =
+                        _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), _mm256_mul_ps(dw, s.d), prev);
+                    if T == Q4_1 {
+                        v = _mm256_fmadd_ps(mw, s.s, v);
+                    }
+                    unsafe { _mm256_storeu_ps(a, v) };
+                }
+            }
         }
     }
 }
