@@ -31,7 +31,7 @@ use std::sync::OnceLock;
 use rayon::prelude::*;
 
 use crate::layout::GROUP;
-use crate::quant::{KernelError, Q8Block, QK, QMatrix, quantize_block_q8};
+use crate::quant::{KernelError, Q8Block, QK, QMatrix, QuantType, quantize_block_q8};
 
 /// Asks for the memory of `s` in L1 ahead of its use (a hint: reads
 /// nothing, never faults; a no-op off x86-64).
@@ -229,6 +229,12 @@ fn groups_per_task(groups: usize, macs_per_group: usize) -> usize {
 /// 2-8% slower than group by group (BENCHMARKS.md, session 22).
 const SPREAD_MIN_ROWS: usize = 16;
 
+/// Blocks per row from which the multi-group AVX2 path is taken: with
+/// SmolLM2's short rows (18 and 48 blocks) a 16-sequence decode step ran
+/// 8% slower on it (a spread serves fewer groups there, and the tasks are
+/// small); the 1B shapes have 64 and 256.
+const SPREAD_MIN_BLOCKS: usize = 64;
+
 /// Groups that share one spread of the activations (`x86::Spread`): their
 /// accumulators for a tile of 8 rows (8 KiB) stay in L1.
 const SPREAD_GROUPS: usize = 16;
@@ -276,7 +282,15 @@ struct Job<'a> {
 impl Job<'_> {
     /// Whether this job takes the multi-group AVX2 path (`x86::groups_avx2`).
     fn spread(&self) -> bool {
-        cfg!(target_arch = "x86_64") && self.isa == Isa::Avx2 && self.m >= SPREAD_MIN_ROWS
+        // Q8_0's sums move each activation's sign by the weight's
+        // (`_mm256_sign_epi8`), an operation per chunk either way: 10%
+        // slower on SmolLM2's Q8_0 lm_head at 16 rows, so it stays group
+        // by group.
+        cfg!(target_arch = "x86_64")
+            && self.isa == Isa::Avx2
+            && self.m >= SPREAD_MIN_ROWS
+            && self.nb >= SPREAD_MIN_BLOCKS
+            && self.w.ty != QuantType::Q8_0
     }
 
     /// Computes groups `g0..g1` against every activation row.
@@ -368,13 +382,13 @@ mod simd {
     }
 
     /// Groups `g0..g1` against every activation row on the multi-group AVX2
-    /// path: rows in tiles of 8 and 4 against all the task's groups at a
+    /// path (Q4_0 and Q4_1; see `Job::spread`): rows in tiles of 8 and 4 against all the task's groups at a
     /// time (`x86::groups_avx2`), the last `m % 4` rows group by group.
     pub fn spread_groups(job: &Job<'_>, g0: usize, g1: usize) {
         match job.w.ty {
             QuantType::Q4_0 => spread_run::<Q4_0>(job, g0, g1),
             QuantType::Q4_1 => spread_run::<Q4_1>(job, g0, g1),
-            QuantType::Q8_0 => spread_run::<Q8_0>(job, g0, g1),
+            QuantType::Q8_0 => (g0..g1).for_each(|g| group(job, g)),
         }
     }
 
