@@ -4,7 +4,9 @@
 //! halves of 8 rows). A tile computes one group of 16 weight rows against
 //! `MR` activation rows, so each unpacked weight block is reused `MR` times
 //! from registers. Four activation bytes are broadcast to every lane; the
-//! per-row sums need no horizontal reduction.
+//! per-row sums need no horizontal reduction. On AVX2, Q4 batches of 16 rows
+//! and more with long rows take `groups_avx2`: 16 groups at a time against each
+//! activation block broadcast once (`Spread`), the same floats.
 #![allow(unsafe_code)]
 
 use std::arch::x86_64::*;
