@@ -162,8 +162,8 @@ fn every_path_gives_the_same_bits() {
     let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
     for ty in [QuantType::Q4_0, QuantType::Q4_1, QuantType::Q8_0] {
         // The last shape takes the multi-group AVX2 path (Q4_0 and Q4_1)
-        // with 16 groups a task, blocks in two or three spans, a partial last group and
-        // one row past the tiles of 4.
+        // with 16 groups a task, blocks in two spans, a partial last group
+        // and one row past the tiles of 4.
         let shapes = [
             (1, 48, 256),
             (5, 40, 96),

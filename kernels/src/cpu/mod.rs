@@ -382,8 +382,9 @@ mod simd {
     }
 
     /// Groups `g0..g1` against every activation row on the multi-group AVX2
-    /// path (Q4_0 and Q4_1; see `Job::spread`): rows in tiles of 8 and 4 against all the task's groups at a
-    /// time (`x86::groups_avx2`), the last `m % 4` rows group by group.
+    /// path (Q4_0 and Q4_1; see `Job::spread`, which keeps Q8_0 off it):
+    /// rows in tiles of 8 and 4 against all the task's groups at a time
+    /// (`x86::groups_avx2`), the last `m % 4` rows group by group.
     pub fn spread_groups(job: &Job<'_>, g0: usize, g1: usize) {
         match job.w.ty {
             QuantType::Q4_0 => spread_run::<Q4_0>(job, g0, g1),
