@@ -17,7 +17,10 @@
 #   run; a single stream's time per output token is put against the limit
 #   it gives (the model file read once per token).
 # - Results (JSON) go to $OUT (default /tmp/synor-vs-llamacpp-$ISA); the summary
-#   table prints at the end.
+#   table prints at the end, with a second one for Synor's engine over each
+#   run (from /health before and after: the share of the run it spent in
+#   steps, and the tokens and time of an average step). For a trace of every
+#   step, run with RUST_LOG=info,engine::scheduler=debug ($OUT/server.log).
 # - ISA=avx2 holds both servers to AVX2 (+FMA, F16C) on an AVX-512 host:
 #   Synor through SYNOR_KERNELS=avx2, llama.cpp built without GGML_NATIVE
 #   and with AVX-512 off (in its own build folder). It stands in for an
@@ -146,11 +149,13 @@ run_one() {
   wait_ready "$pid"
   local bw_before bw_after
   bw_before=$(bandwidth)
+  [[ $server == synor ]] && curl -sf "http://127.0.0.1:$PORT/health" >"$OUT/$name.$server.c$c.health0"
   "$LOADTEST" --base-url "http://127.0.0.1:$PORT" --model bench --endpoint completions \
     --dataset random --random-input-len "$INPUT_LEN" --random-output-len "$OUTPUT_LEN" \
     --ignore-eos --max-concurrency "$c" --num-prompts "$prompts" --request-rate inf \
     --result-file "$OUT/$name.$server.c$c.json" >"$OUT/$name.$server.c$c.txt" 2>&1 ||
     { stop "$pid"; die "the client failed: $OUT/$name.$server.c$c.txt"; }
+  [[ $server == synor ]] && curl -sf "http://127.0.0.1:$PORT/health" >"$OUT/$name.$server.c$c.health1"
   bw_after=$(bandwidth)
   echo "$bw_before $bw_after $(stat -c %s "$file")" >"$OUT/$name.$server.c$c.bw"
   stop "$pid"
@@ -194,6 +199,28 @@ for (name, c), by in sorted(rows.items()):
             vs = f"{100 * limit_ms / tpot:.0f}% ({limit_ms:.1f} ms)" if c == 1 else "-"
         tp50 = "-" if tpot is None else f"{tpot:.1f}"
         print(f"| {name} | {c} | {server} | {tp:.1f} | {f(t50)} / {f(t99)} | {f(i50)} / {f(i99)} | {tp50} | {bw} | {vs} |")
+# Synor's engine over each run, from /health before and after: the share of
+# the run it spent in steps, and what an average step carried and took.
+def engine(path):
+    try:
+        return next(m for m in json.load(open(path))["models"] if "steps" in m)
+    except (OSError, ValueError, KeyError, StopIteration, TypeError):
+        return None
+print()
+print("| model | streams | engine busy | steps | tokens a step | ms a step |")
+print("|---|---|---|---|---|---|")
+for (name, c), by in sorted(rows.items()):
+    a = by.get("synor")
+    base = os.path.join(out, f"{name}.synor.c{c}.health")
+    e0, e1 = engine(base + "0"), engine(base + "1")
+    if not a or not e0 or not e1:
+        continue
+    steps = e1["steps"] - e0["steps"]
+    busy = e1["busy_seconds"] - e0["busy_seconds"]
+    tokens = e1["batched_tokens"] - e0["batched_tokens"]
+    if steps <= 0 or not a.get("duration_s"):
+        continue
+    print(f"| {name} | {c} | {100 * busy / a['duration_s']:.0f}% | {steps} | {tokens / steps:.1f} | {1e3 * busy / steps:.1f} |")
 EOF
 }
 

@@ -381,11 +381,10 @@ impl Scheduler {
         b.prefill_tokens(decoding, max)
     }
 
-    /// Records how long `batch` took, for the time budget.
+    /// Records how long `batch` took, for the time budget, and logs the
+    /// step's shape and time at debug level (`RUST_LOG=engine::scheduler=debug`:
+    /// one line per step, to see how a load is batched).
     pub fn observe_step(&mut self, batch: &ModelBatch, took: Duration) {
-        let Some(b) = &mut self.budget else {
-            return;
-        };
         let (mut decodes, mut prefill) = (0, 0);
         for c in &batch.chunks {
             match c.tokens.len() - c.draft.len() {
@@ -393,6 +392,16 @@ impl Scheduler {
                 n => prefill += n,
             }
         }
+        tracing::debug!(
+            decodes,
+            prefill,
+            waiting = self.waiting.len(),
+            ms = took.as_secs_f64() * 1e3,
+            "step"
+        );
+        let Some(b) = &mut self.budget else {
+            return;
+        };
         b.observe(decodes, prefill, took);
     }
 
