@@ -465,37 +465,44 @@ mod simd {
         let w = job.w.group(g);
         let x: [*const Q8Block; MR] =
             std::array::from_fn(|k| job.acts[(i + k) * job.stride..].as_ptr());
-        let rows = job.w.rows;
-        let r0 = g * GROUP;
-        let whole = r0 + GROUP <= rows;
-        let mut part = [[0.0f32; GROUP]; MR];
-        // A whole group's rows go straight into the output (rows i..i + MR
-        // of `m`, columns r0..r0 + 16 of `rows`); a partial last group's
-        // through `part`, whose padding lanes are dropped.
-        let out = if whole {
-            (job.out.0.wrapping_add(i * rows + r0), rows)
-        } else {
-            (part.as_mut_ptr().cast::<f32>(), GROUP)
-        };
         // SAFETY: `isa` was checked against the CPU's features; `w` holds
         // `nb` group blocks of format `T` and each `x[k]` starts a row of
         // `nb` activation blocks inside `acts`; `out` points at 16 floats
-        // per row: either `part`, or columns r0..r0 + 16 <= rows of the
-        // `m x rows` output's rows i + k < m (`run` keeps i + MR <= m),
-        // which only this task's group writes.
-        unsafe {
+        // for each of the rows i + k < m (`run` keeps i + MR <= m), which
+        // only this task's group writes (`with_out`).
+        with_out::<MR>(job, g, i, |out| unsafe {
             if job.isa >= Isa::Avx512Vnni {
                 x86::group_vnni::<T, MR>(w.as_ptr(), x, nb, out)
             } else {
                 x86::group_avx2::<T, MR>(w.as_ptr(), x, nb, out)
             }
-        }
-        if !whole {
-            for (k, sums) in part.iter().enumerate() {
-                job.store(i + k, g, sums);
-            }
-        }
+        });
         MR
+    }
+
+    /// Runs `f` on where the results of group `g` for activation rows
+    /// `i..i + R` go, as (first row's 16 floats, floats from row to row):
+    /// straight into the output (columns r0..r0 + 16 of rows i..i + R of
+    /// the `m x rows` output) where the group is whole, else through a
+    /// buffer whose padding lanes `Job::store` drops.
+    fn with_out<const R: usize>(
+        job: &Job<'_>,
+        g: usize,
+        i: usize,
+        f: impl FnOnce((*mut f32, usize)),
+    ) {
+        let rows = job.w.rows;
+        let r0 = g * GROUP;
+        assert!(i + R <= job.m, "output rows out of range");
+        if r0 + GROUP <= rows {
+            f((job.out.0.wrapping_add(i * rows + r0), rows));
+            return;
+        }
+        let mut part = [[0.0f32; GROUP]; R];
+        f((part.as_mut_ptr().cast::<f32>(), GROUP));
+        for (k, sums) in part.iter().enumerate() {
+            job.store(i + k, g, sums);
+        }
     }
 
     /// The first `16 * (m / 16)` activation rows against group `g` in AMX
@@ -505,31 +512,19 @@ mod simd {
         let nb = job.nb;
         let w = job.w.group(g);
         let tiles = job.m / amx::ROWS;
-        let rows = job.w.rows;
-        let r0 = g * GROUP;
-        let whole = r0 + GROUP <= rows;
         // SAFETY: `isa` is `Amx`, checked against the CPU and OS; `w` holds
         // `nb` group blocks of format `T`; each tile's activation rows
         // i..i + 16 <= m start rows of `nb` blocks in `acts`, `stride` apart;
-        // `out` is `part` or columns r0..r0 + 16 <= rows of output rows
-        // i..i + 16 <= m, which only this task's group writes.
+        // `out` points at 16 floats for each of those rows, which only this
+        // task's group writes (`with_out`).
         unsafe {
             let _tiles = amx::Tiles::configure();
             amx::with_weights::<T, _>(w.as_ptr(), nb, |wt| {
                 for i in (0..tiles * amx::ROWS).step_by(amx::ROWS) {
-                    let mut part = [[0.0f32; GROUP]; amx::ROWS];
-                    let out = if whole {
-                        (job.out.0.wrapping_add(i * rows + r0), rows)
-                    } else {
-                        (part.as_mut_ptr().cast::<f32>(), GROUP)
-                    };
                     let x = (job.acts[i * job.stride..].as_ptr(), job.stride);
-                    amx::group_amx::<T>(w.as_ptr(), wt, x, nb, out);
-                    if !whole {
-                        for (k, sums) in part.iter().enumerate() {
-                            job.store(i + k, g, sums);
-                        }
-                    }
+                    with_out::<{ amx::ROWS }>(job, g, i, |out| {
+                        amx::group_amx::<T>(w.as_ptr(), wt, x, nb, out)
+                    });
                 }
             })
         }
