@@ -131,6 +131,13 @@ stop() {
 }
 trap '[[ -n "$SERVER_PID" ]] && stop "$SERVER_PID"' EXIT
 
+# health_to SERVER FILE: Synor's /health into FILE (a diagnostic: a failed
+# read leaves the table without that run, never stops the benchmark).
+health_to() {
+  [[ $1 == synor ]] || return 0
+  curl -sf "http://127.0.0.1:$PORT/health" >"$2" || rm -f "$2"
+}
+
 # run_one SERVER NAME MODELFILE CONCURRENCY
 run_one() {
   local server=$1 name=$2 file=$3 c=$4 pid
@@ -149,13 +156,13 @@ run_one() {
   wait_ready "$pid"
   local bw_before bw_after
   bw_before=$(bandwidth)
-  [[ $server == synor ]] && curl -sf "http://127.0.0.1:$PORT/health" >"$OUT/$name.$server.c$c.health0"
+  health_to "$server" "$OUT/$name.$server.c$c.health0"
   "$LOADTEST" --base-url "http://127.0.0.1:$PORT" --model bench --endpoint completions \
     --dataset random --random-input-len "$INPUT_LEN" --random-output-len "$OUTPUT_LEN" \
     --ignore-eos --max-concurrency "$c" --num-prompts "$prompts" --request-rate inf \
     --result-file "$OUT/$name.$server.c$c.json" >"$OUT/$name.$server.c$c.txt" 2>&1 ||
     { stop "$pid"; die "the client failed: $OUT/$name.$server.c$c.txt"; }
-  [[ $server == synor ]] && curl -sf "http://127.0.0.1:$PORT/health" >"$OUT/$name.$server.c$c.health1"
+  health_to "$server" "$OUT/$name.$server.c$c.health1"
   bw_after=$(bandwidth)
   echo "$bw_before $bw_after $(stat -c %s "$file")" >"$OUT/$name.$server.c$c.bw"
   stop "$pid"
