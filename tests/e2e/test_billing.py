@@ -82,6 +82,26 @@ def test_usage_records_name_the_executors_of_each_stage(billed_server):
     assert_audit_clean(base)
 
 
+def test_a_finished_stream_is_billed_before_its_done(billed_server):
+    base = billed_server["base"]
+    _, key = funded_key(base, 5_000_000, "streamer")
+    client = sdk(base, key)
+    for i in range(3):
+        stream = client.chat.completions.create(
+            model=SMOL, messages=[{"role": "user", "content": f"Count to {i + 5}."}],
+            max_tokens=8, stream=True, stream_options={"include_usage": True},
+            extra_headers={"x-synor-cache": "bypass"})
+        usage = [c.usage for c in stream if c.usage][-1]
+        # No polling: the settlement committed before `[DONE]` was sent.
+        status, billed = call(base, "GET", "/v1/usage", token=key)
+        assert status == 200 and len(billed["data"]) == i + 1, billed
+        rec = billed["data"][0]
+        assert rec["outcome"] == "finished", rec
+        assert rec["completion_tokens"] == usage.completion_tokens, (rec, usage)
+        assert billed["account"]["held"] == 0, billed
+    assert_audit_clean(base)
+
+
 def test_a_cut_stream_pays_for_what_it_streamed(billed_server):
     base = billed_server["base"]
     _, key = funded_key(base, 5_000_000, "cutter")

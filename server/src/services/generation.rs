@@ -231,9 +231,9 @@ struct Recorder {
 
 /// A running generation: the events of every choice, interleaved and
 /// tagged with the choice's index. Reading it meters the request; when it
-/// ends it stores the answer (if every choice finished) and settles; when
-/// it is dropped early (the client left) the engine requests are aborted
-/// and the meter settles what ran.
+/// ends it stores the answer (if every choice finished), and `settle` bills
+/// it; when it is dropped unsettled (the client left) the engine requests
+/// are aborted and the meter settles what ran in the background.
 pub struct Run {
     events: BoxStream<'static, (usize, TokenEvent)>,
     choices: usize,
@@ -333,6 +333,13 @@ impl Run {
         }
     }
 
+    /// Settles what ran and waits for the commit, so a streamed answer is
+    /// billed before its `[DONE]` (and `/v1/usage` shows it once the client
+    /// has it); called again, or never, it does nothing more.
+    pub async fn settle(&mut self) {
+        crate::services::metering::settle(self.tab.take()).await;
+    }
+
     /// Runs every choice to the end and settles (waiting for the commit,
     /// so a JSON answer is billed before it is sent).
     pub async fn outcomes(mut self) -> Result<Vec<Outcome>, ServiceError> {
@@ -394,9 +401,9 @@ impl Stream for Run {
                 Poll::Ready(Some((i, ev)))
             }
             Poll::Ready(None) => {
+                // The tab stays for `settle`; a run dropped without it
+                // settles in the background from what was counted.
                 this.end();
-                // Settles in the background from what was counted.
-                drop(this.tab.take());
                 Poll::Ready(None)
             }
             Poll::Pending => Poll::Pending,

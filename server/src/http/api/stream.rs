@@ -71,6 +71,7 @@ pub fn sse<E: ChunkEncoder>(
             Some((i, ev)) => on_event(&mut st, i, ev),
             None => {
                 st.done = true;
+                st.run.settle().await;
                 let mut out = Vec::new();
                 if st.include_usage {
                     out.push(st.encoder.usage(st.usage));
