@@ -94,6 +94,9 @@ pub struct EmbeddingHandle {
     /// The int8 encoder for single short queries (`embed_query`), when the
     /// model loads into it.
     query: Option<Arc<QueryEncoder>>,
+    /// The model's tokenizer, to count inputs' tokens here (a worker's
+    /// own count is never billed).
+    counter: Arc<tokenizers::Tokenizer>,
 }
 
 /// An int8 copy of the model with an unpadded tokenizer, for one query at
@@ -137,6 +140,7 @@ impl EmbeddingHandle {
         let model = BertEmbedder::load(dir)?;
         let (dimensions, max_tokens) = (model.dimensions, model.max_tokens);
         let vocab_size = model.vocab_size();
+        let counter = Arc::new(model.tokenizer().clone());
         let (jobs, mut rx) = mpsc::channel::<Job>(QUEUE_DEPTH);
         std::thread::Builder::new()
             .name("synor-embed".into())
@@ -168,7 +172,25 @@ impl EmbeddingHandle {
             max_tokens,
             vocab_size,
             query,
+            counter,
         })
+    }
+
+    /// The tokens embedding `inputs` processes, as `embed_input` counts
+    /// them (special tokens added to texts, each input truncated at
+    /// `max_tokens`, no padding), without running the model.
+    pub fn count_tokens(&self, inputs: &EmbedInput) -> Result<usize> {
+        let lens: Vec<usize> = match inputs {
+            EmbedInput::Tokens(lists) => lists.iter().map(Vec::len).collect(),
+            EmbedInput::Texts(texts) => self
+                .counter
+                .encode_batch(texts.clone(), true)
+                .map_err(|e| EngineError::Tokenizer(e.to_string()))?
+                .iter()
+                .map(|e| e.get_ids().len())
+                .collect(),
+        };
+        Ok(lens.iter().map(|&n| n.min(self.max_tokens)).sum())
     }
 
     /// Embeds one short query for similarity search, with the int8

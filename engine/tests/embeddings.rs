@@ -211,3 +211,23 @@ fn the_backend_encoder_matches_candles_bert_in_a_mixed_batch() {
         assert!(err < 2e-5, "input {i}: {err}");
     }
 }
+
+#[tokio::test]
+async fn counting_tokens_agrees_with_embedding_them() {
+    let h = EmbeddingHandle::start(&common::model_path(common::MINILM)).expect("load");
+    let texts = vec![
+        "This is an example sentence".to_string(),
+        "word ".repeat(700),
+        "A cat".to_string(),
+    ];
+    let inputs = engine::EmbedInput::Texts(texts.clone());
+    let counted = h.count_tokens(&inputs).expect("count");
+    let embedded = h.embed(texts).await.expect("embed").prompt_tokens;
+    assert_eq!(counted, embedded);
+    assert!(
+        counted > h.max_tokens,
+        "the long one is truncated, not dropped"
+    );
+    let ids = engine::EmbedInput::Tokens(vec![vec![101, 7592, 102], vec![101; 900]]);
+    assert_eq!(h.count_tokens(&ids).expect("count"), 3 + h.max_tokens);
+}

@@ -56,6 +56,7 @@ async fn run(name: &str, url: &str, n: usize, concurrency: usize) {
                 key_id: None,
                 quote: &q,
                 amount: each,
+                max_completion: None,
             })
         });
         for r in futures_util::future::join_all(holds).await {

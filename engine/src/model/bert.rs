@@ -88,6 +88,12 @@ impl BertEmbedder {
         Ok((out, counts))
     }
 
+    /// Its tokenizer (unpadded, truncating at `max_tokens`), to count an
+    /// input's tokens where the model is not.
+    pub fn tokenizer(&self) -> &Tokenizer {
+        &self.tokenizer
+    }
+
     /// Size of the tokenizer's vocabulary (token ids are below it).
     pub fn vocab_size(&self) -> usize {
         self.tokenizer.get_vocab_size(true)

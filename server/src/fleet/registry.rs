@@ -201,6 +201,9 @@ pub struct Registry {
     pub disconnects: AtomicU64,
     /// Attempts lost on a worker and replayed elsewhere (for `/metrics`).
     pub replays: AtomicU64,
+    /// Worker messages that broke the server's count of a job (a token
+    /// past the end, an end before it; for `/metrics`).
+    pub violations: AtomicU64,
     /// Each provider's reputation and uptime, from what its workers do.
     pub standing: Standing,
 }

@@ -241,7 +241,6 @@ fn route_transfer(registry: &Registry, worker: &str, msg: FromWorker) -> Option<
             tokens,
             digest,
             first,
-            prompt_tokens,
             cached_tokens,
             ..
         } => {
@@ -249,7 +248,6 @@ fn route_transfer(registry: &Registry, worker: &str, msg: FromWorker) -> Option<
                 tokens,
                 digest,
                 first,
-                prompt_tokens,
                 cached_tokens,
             };
             (Side::Prefill, transfer, ev)

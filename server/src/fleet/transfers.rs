@@ -26,7 +26,8 @@ pub enum TransferEvent {
         tokens: u32,
         digest: String,
         first: JobToken,
-        prompt_tokens: u32,
+        /// What the prefill worker's prefix cache held (its own prompt
+        /// count is not used: the server counts the prompt).
         cached_tokens: u32,
     },
     /// The prefill side failed.

@@ -144,6 +144,11 @@ fn fleet_metrics(out: &mut String, fleet: &Registry) {
             "Attempts lost on a worker and replayed elsewhere.",
             &fleet.replays,
         ),
+        (
+            "synor:fleet_protocol_violations_total",
+            "Worker answers that broke the server's own count (a token past the answer's end, an end before it).",
+            &fleet.violations,
+        ),
     ];
     for (name, help, v) in totals {
         Family {

@@ -1,6 +1,8 @@
 //! Reading the journal, and the audit: the ledger's invariants checked
-//! against it. Each check is one SQL statement, so it sees one consistent
-//! snapshot even while requests are being billed.
+//! against it, the double entry's and the economic ones (no provider paid
+//! more than its user paid less the fee, no fee below the protocol's, no
+//! completion billed past `max_tokens`). Each check is one SQL statement,
+//! so it sees one consistent snapshot even while requests are being billed.
 
 use std::collections::BTreeMap;
 
@@ -81,6 +83,26 @@ const CHECKS: &[(&str, &str)] = &[
     (
         "balances do not sum to zero",
         "SELECT 'all' AS what FROM (SELECT SUM(balance) AS total FROM accounts) t WHERE t.total <> 0",
+    ),
+    // The economic invariants: what a double entry cannot see.
+    (
+        "providers paid more than the user paid less the protocol fee",
+        "SELECT u.request_id AS what FROM usage_records u JOIN holds h ON h.request_id = u.request_id \
+         WHERE u.fee < 0 OR u.provider_amount < 0 OR u.provider_amount + u.fee <> u.cost \
+         OR u.fee * (10000 + h.fee_bps) < u.cost * h.fee_bps",
+    ),
+    (
+        "provider credits differ from the usage record",
+        "SELECT u.request_id AS what FROM usage_records u WHERE u.provider_amount <> CAST(COALESCE( \
+         (SELECT SUM(e.amount) FROM entries e WHERE e.tx_id = 'usage:' || u.request_id \
+         AND e.account_id <> u.account_id AND e.account_id <> 'treasury'), 0) AS BIGINT) \
+         OR EXISTS (SELECT 1 FROM entries e WHERE e.tx_id = 'usage:' || u.request_id \
+         AND e.account_id <> u.account_id AND e.amount < 0)",
+    ),
+    (
+        "completion tokens billed past the request's max_tokens",
+        "SELECT u.request_id AS what FROM usage_records u JOIN holds h ON h.request_id = u.request_id \
+         WHERE h.max_completion IS NOT NULL AND u.completion_tokens > h.max_completion",
     ),
 ];
 

@@ -22,6 +22,9 @@ pub struct HoldRequest<'a> {
     pub quote: &'a Quote,
     /// The worst case (`quote.worst_case(..)`).
     pub amount: Amount,
+    /// The most completion tokens it may be billed for (the sum of its
+    /// choices' `max_tokens`), checked by the audit; `None`: no limit.
+    pub max_completion: Option<u64>,
 }
 
 impl Ledger {
@@ -230,8 +233,8 @@ pub(super) async fn insert_hold(
     sqlx::query(
         "INSERT INTO holds (request_id, account_id, key_id, model, provider_id, amount, \
          price_input, price_cached, price_output, fee_bps, payout_bps, instance_id, state, created_at, \
-         prefill_by, decode_by) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, 'open', $13, $14, $15)",
+         prefill_by, decode_by, max_completion) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, 'open', $13, $14, $15, $16)",
     )
     .bind(h.request_id)
     .bind(h.account_id)
@@ -248,6 +251,7 @@ pub(super) async fn insert_hold(
     .bind(now())
     .bind(&q.stages.prefill)
     .bind(&q.stages.decode)
+    .bind(h.max_completion.map(|m| i64::try_from(m).unwrap_or(i64::MAX)))
     .execute(&mut **tx)
     .await?;
     Ok(())

@@ -14,8 +14,9 @@
 //! hold, a bid's worst case, a market fill): what the user pays is rounded
 //! up to a whole tick. The cost is then split: the protocol fee inside it
 //! is rounded up too (a charge never rounds the fee away), the provider
-//! gets the rest times its payout multiplier, rounded down, and the
-//! treasury takes the difference, so the parts always sum to the cost.
+//! gets the rest times its payout share (at most 1x), rounded down, and
+//! the treasury takes the difference, so the parts always sum to the cost
+//! and the treasury's part is never below the fee.
 
 use serde::{Deserialize, Serialize};
 
@@ -140,7 +141,8 @@ pub struct Quote {
     /// The protocol fee inside the prices, in basis points of the
     /// provider's share (500 = 5%).
     pub fee_bps: i64,
-    /// Reputation x uptime bonus, in basis points (10,000 = 1x).
+    /// The provider's share of the cost net of the fee, in basis points
+    /// (10,000 = all of it; a poor reputation less; never more).
     pub payout_bps: i64,
     /// Which executors run the request's stages (recorded on its usage).
     pub stages: Stages,
@@ -195,13 +197,15 @@ impl Quote {
     }
 
     /// Divides `cost`: the fee (rounded up) goes to the treasury, the
-    /// provider gets the rest times its payout multiplier (rounded down),
-    /// and the treasury makes up any difference, so the parts always sum to
-    /// the cost.
+    /// provider gets the rest times its payout share (clamped to 0-1x,
+    /// rounded down), and the treasury keeps any difference, so the parts
+    /// always sum to the cost and the provider never gets more than the
+    /// cost less the fee.
     pub fn split(&self, cost: Amount) -> Split {
         let c = i128::from(cost.max(0));
         let fee = fee_inside(c, self.fee_bps);
-        let provider = (c - fee) * i128::from(self.payout_bps) / i128::from(BPS);
+        let share = i128::from(self.payout_bps.clamp(0, BPS));
+        let provider = (c - fee) * share / i128::from(BPS);
         let provider = i64::try_from(provider).unwrap_or(0);
         Split {
             cost,
@@ -313,13 +317,17 @@ mod tests {
     }
 
     #[test]
-    fn splits_always_sum_to_the_cost() {
+    fn splits_always_sum_to_the_cost_and_never_pay_past_the_fee() {
         for (fee, payout) in [(500, BPS), (1000, 5_000), (700, 24_000), (0, BPS)] {
             let q = quote(fee, payout);
             for cost in [0, 1, 7, 999, 1_000_003, 123_456_789] {
                 let s = q.split(cost);
                 assert_eq!(s.provider + s.treasury, cost);
                 assert!(s.provider >= 0);
+                assert!(
+                    s.treasury >= split_fee(cost, fee).treasury,
+                    "{fee} {payout} {cost}"
+                );
             }
         }
         // A 5% fee on top of the provider's price: 105 -> 100 + 5.

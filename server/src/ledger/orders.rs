@@ -68,6 +68,7 @@ impl Ledger {
             key_id: key,
             quote: &quote,
             amount,
+            max_completion: None,
         };
         self.hold_for(h, MARKET_INSTANCE).await
     }

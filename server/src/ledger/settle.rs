@@ -59,12 +59,14 @@ pub struct Attribution {
     pub stages: Option<super::money::Stages>,
 }
 
-/// One attempt's accepted work: its provider is paid for `tokens` at
+/// One attempt's accepted work: its provider's claim is `tokens` at
 /// `prices` (what a user pays on its executor, fee included), less the
-/// protocol fee, times its `payout_bps`. The user pays the hold's quote
-/// for what was delivered; the treasury keeps the rest, or makes up a
-/// replay on a dearer executor. Work of an id that is no provider
-/// account pays no one.
+/// protocol fee, times its `payout_bps` (at most 1x). The user pays the
+/// hold's quote for what was delivered; the providers share at most that
+/// less the fee (claims past it are scaled down: a replay's second prompt
+/// is the platform's cost, never the user's or the treasury's), and the
+/// treasury keeps the rest. Work of an id that is no provider account
+/// pays no one.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Work {
     pub provider: String,
@@ -73,13 +75,9 @@ pub struct Work {
     pub tokens: Tokens,
 }
 
-/// The most providers are paid for one request, as a multiple of what
-/// its user paid (each attempt's replayed prompt is paid again): past it
-/// every payout is scaled down.
-const MAX_PAYOUT_FACTOR: i64 = 4;
-
-/// The highest payout multiplier (2.0x reputation, +20% uptime).
-const MAX_PAYOUT_BPS: i64 = 24_000;
+/// The highest payout share: 1x, so no one is paid more than its work's
+/// price net of the fee.
+const MAX_PAYOUT_BPS: i64 = super::money::BPS;
 
 /// A hold to place and settle at once.
 #[derive(Debug, Clone)]
@@ -335,6 +333,7 @@ impl Moves {
             (true, None) => vec![(h.quote.provider_id.clone(), h.quote.split(cost).provider)],
             (true, Some(work)) => payees(h.quote.fee_bps, cost, work),
         };
+        let payees: Vec<_> = payees.into_iter().filter(|(_, a)| *a > 0).collect();
         let paid: Amount = payees.iter().map(|(_, a)| a).sum();
         let treasury = cost - paid;
         if cost > 0 {
@@ -408,7 +407,10 @@ pub(super) async fn close_batch(db: &Db, items: &[Item]) -> Result<Vec<Closed>, 
             .cloned()
             .collect();
         let rid = h.request_id.clone();
-        let work = (!who.work.is_empty()).then_some(work.as_slice());
+        // A request the fleet's relays ran pays only their accepted work
+        // (none accepted: no one); otherwise the hold's provider did it all.
+        let relayed = !who.work.is_empty() || who.stages.is_some();
+        let work = relayed.then_some(work.as_slice());
         let cost = moves.settle(h, t, outcome, work);
         results.insert(rid, Closed::Billed { cost });
     }
@@ -451,8 +453,9 @@ async fn provider_accounts(
 
 /// What each provider earns for `work` (merged per provider, by id): its
 /// tokens at its prices, less the protocol fee (`fee_bps`), times its
-/// payout multiplier (clamped to 0-`MAX_PAYOUT_BPS`), rounded down;
-/// scaled down so the total stays within `MAX_PAYOUT_FACTOR` x `cost`.
+/// payout share (clamped to 0-1x), rounded down; scaled down, where the
+/// claims add up to more, so that the total never passes what the user
+/// paid (`cost`) less the fee inside it.
 pub(crate) fn payees(fee_bps: i64, cost: Amount, work: &[Work]) -> Vec<(String, Amount)> {
     let mut merged: std::collections::BTreeMap<&str, i128> = std::collections::BTreeMap::new();
     for w in work {
@@ -468,11 +471,15 @@ pub(crate) fn payees(fee_bps: i64, cost: Amount, work: &[Work]) -> Vec<(String, 
         *merged.entry(w.provider.as_str()).or_default() += i128::from(earned.max(0));
     }
     let total: i128 = merged.values().sum();
-    let cap = i128::from(cost.max(0)) * i128::from(MAX_PAYOUT_FACTOR);
+    let pool = i128::from(
+        super::money::split_fee(cost.max(0), fee_bps)
+            .provider
+            .max(0),
+    );
     merged
         .into_iter()
         .map(|(p, a)| {
-            let a = if total > cap { a * cap / total } else { a };
+            let a = if total > pool { a * pool / total } else { a };
             (p.to_string(), i64::try_from(a).unwrap_or(0))
         })
         .filter(|(_, a)| *a > 0)
@@ -503,6 +510,7 @@ async fn place(
         key_id: key,
         quote: &c.quote,
         amount: c.amount,
+        max_completion: None,
     };
     holds::insert_hold(&mut sp, &h, &c.instance).await?;
     sp.commit().await
@@ -676,29 +684,36 @@ mod tests {
     }
 
     #[test]
-    fn each_provider_earns_its_own_price_less_the_fee_times_its_multiplier() {
+    fn each_provider_earns_its_own_price_less_the_fee_never_more() {
         // 1,050,000 ticks per million tokens with a 5% fee: 1 tick net per
-        // token; 10 tokens at 1x and 10 at 2x.
+        // token; "b" asks for 2x, and is paid 1x.
         let w = [
             work("a", 1_050_000, 10, 10_000),
-            work("b", 1_050_000, 10, 20_000),
+            work("b", 2_100_000, 10, 20_000),
             work("a", 1_050_000, 5, 10_000),
         ];
         assert_eq!(
             payees(500, 100, &w),
             vec![("a".into(), 15), ("b".into(), 20)]
         );
-        // Over four times the user's cost, every payout is scaled down.
-        let got = payees(500, 5, &w);
-        assert!(got.iter().map(|(_, a)| a).sum::<i64>() <= 20, "{got:?}");
-        // Nothing earned, nothing listed; a hostile multiplier is clamped.
+        // A poor reputation keeps part of it in the treasury.
+        assert_eq!(
+            payees(500, 100, &[work("a", 1_050_000, 10, 5_000)]),
+            vec![("a".into(), 5)]
+        );
+        // Past what the user paid less the fee (21 - 1), every payout is
+        // scaled down: 15 + 20 claimed, 20 to share.
+        let got = payees(500, 21, &w);
+        assert_eq!(got, vec![("a".into(), 8), ("b".into(), 11)]);
+        // Nothing earned, nothing listed; a hostile multiplier is clamped
+        // to 1x.
         assert!(payees(500, 100, &[work("a", 1_050_000, 0, 10_000)]).is_empty());
         let wild = payees(500, i64::MAX / 8, &[work("a", 1_050_000, 10, i64::MAX)]);
-        assert_eq!(wild, vec![("a".into(), 24)]);
+        assert_eq!(wild, vec![("a".into(), 10)]);
     }
 
     #[test]
-    fn seeded_random_work_never_pays_negative_or_past_the_cap() {
+    fn seeded_random_work_never_pays_more_than_the_user_paid_less_the_fee() {
         let mut rng = 0x2545_f491_u64;
         for _ in 0..10_000 {
             rng ^= rng << 13;
@@ -715,10 +730,12 @@ mod tests {
                     )
                 })
                 .collect();
-            let p = payees(500, cost, &w);
+            let fee_bps = 500 + ((rng >> 4) % 501) as i64;
+            let p = payees(fee_bps, cost, &w);
             let total: i64 = p.iter().map(|(_, a)| a).sum();
+            let fee = super::super::money::split_fee(cost, fee_bps).treasury;
             assert!(p.iter().all(|(_, a)| *a > 0));
-            assert!(total <= cost * MAX_PAYOUT_FACTOR, "{total} for {cost}");
+            assert!(total <= cost - fee, "{total} for {cost} less {fee}");
         }
     }
 }

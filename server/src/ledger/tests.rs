@@ -69,6 +69,7 @@ async fn hold_plain(
         key_id: None,
         quote: q,
         amount,
+        max_completion: None,
     };
     l.hold(h).await
 }
@@ -86,6 +87,7 @@ fn user_hold<'a>(id: &'a str, user: &'a str, q: &'a Quote, amount: Amount) -> Ho
         key_id: None,
         quote: q,
         amount,
+        max_completion: None,
     }
 }
 
@@ -352,11 +354,13 @@ async fn try_hold(
     seed: u64,
     step: usize,
 ) -> bool {
-    let q = quote([5_000, BPS, 12_000][rng.random_range(0..3)]);
+    let mut q = quote([5_000, BPS, 12_000][rng.random_range(0..3)]);
+    q.fee_bps = rng.random_range(500..=1_000);
     let (prompt, max) = (rng.random_range(1..4_000), rng.random_range(1..2_000));
     let amount = q.worst_case(prompt, max);
     let id = format!("req-{}-{seed}-{step}", l.instance());
-    let h = user_hold(&id, user, &q, amount);
+    let mut h = user_hold(&id, user, &q, amount);
+    h.max_completion = Some(max);
     let (balance, held, limit) = expect[user];
     let fits = balance - held - amount >= -limit;
     match l.hold(h).await {
@@ -431,6 +435,95 @@ async fn settle_one(l: &Ledger, rng: &mut StdRng, expect: &mut Expect, o: &Open,
         (want, t.completion)
     );
     assert_eq!(rec.provider_amount + rec.fee, want);
+    // Whatever the work, its multipliers and its prices: the providers
+    // are paid at most what the user paid less the protocol fee.
+    let fee = money::split_fee(want, o.quote.fee_bps).treasury;
+    assert!(
+        rec.provider_amount >= 0 && rec.fee >= fee,
+        "{rec:?} for {want}"
+    );
+}
+
+#[tokio::test]
+async fn the_audit_reports_overpaid_providers_and_tokens_past_max_tokens() {
+    for l in ledgers().await {
+        let user = l
+            .create_account(AccountKind::User, "u", 0)
+            .await
+            .expect("user");
+        let provider = l
+            .create_account(AccountKind::Provider, "p", 0)
+            .await
+            .expect("provider");
+        l.top_up(&user.id, 1_000_000, "t").await.expect("top up");
+        let q = quote(BPS);
+        let id = format!("audit-{}", l.instance());
+        let mut h = user_hold(&id, &user.id, &q, q.worst_case(1_000, 100));
+        h.max_completion = Some(100);
+        l.hold(h).await.expect("hold");
+        let t = Tokens {
+            prompt: 1_000,
+            cached: 0,
+            completion: 100,
+        };
+        let who = settle::Attribution {
+            work: vec![settle::Work {
+                provider: provider.id.clone(),
+                prices: q.prices,
+                payout_bps: BPS,
+                tokens: t,
+            }],
+            stages: None,
+        };
+        l.settle_shared(&id, t, Outcome::Finished, who)
+            .await
+            .expect("settle");
+        assert_clean(&l).await;
+        // What a payout multiplier over 1x once wrote: the provider paid
+        // more than the user, a negative fee (the books still balance).
+        let pool = &l.db.pool;
+        sqlx::query(
+            "UPDATE usage_records SET provider_amount = cost + 5, fee = -5 WHERE request_id = $1",
+        )
+        .bind(&id)
+        .execute(pool)
+        .await
+        .expect("tamper");
+        let tx = format!("usage:{id}");
+        for (acct, delta) in [(provider.id.as_str(), 5 + 1), (TREASURY, -(5 + 1))] {
+            sqlx::query(
+                "UPDATE entries SET amount = amount + $1 WHERE tx_id = $2 AND account_id = $3",
+            )
+            .bind(delta)
+            .bind(&tx)
+            .bind(acct)
+            .execute(pool)
+            .await
+            .expect("tamper");
+            sqlx::query("UPDATE accounts SET balance = balance + $1 WHERE id = $2")
+                .bind(delta)
+                .bind(acct)
+                .execute(pool)
+                .await
+                .expect("tamper");
+        }
+        sqlx::query("UPDATE usage_records SET completion_tokens = 101 WHERE request_id = $1")
+            .bind(&id)
+            .execute(pool)
+            .await
+            .expect("tamper");
+        let v = l.audit().await.expect("audit").violations;
+        for want in [
+            "providers paid more than the user paid less the protocol fee",
+            "completion tokens billed past the request's max_tokens",
+        ] {
+            assert!(v.iter().any(|x| x.starts_with(want)), "{want}: {v:?}");
+        }
+        assert!(
+            !v.iter().any(|x| x.contains("sum to zero")),
+            "the double entry still balances: {v:?}"
+        );
+    }
 }
 
 #[tokio::test]
@@ -511,6 +604,7 @@ async fn key_budgets_cap_spending() {
                 key_id: Some(&key.id),
                 quote: &q,
                 amount: each,
+                max_completion: None,
             };
             results.push(l.hold(h).await.map(|()| id));
         }
@@ -541,6 +635,7 @@ async fn key_budgets_cap_spending() {
             key_id: Some(&key.id),
             quote: &q,
             amount: each,
+            max_completion: None,
         };
         l.hold(h).await.expect("room again");
         assert_clean(&l).await;
@@ -568,6 +663,7 @@ async fn holds_of_a_dead_instance_are_settled_from_checkpoints_or_released_never
                 key_id: None,
                 quote: &q,
                 amount: 1000,
+                max_completion: None,
             };
             l.hold(h).await.expect("hold");
         }
@@ -647,6 +743,7 @@ async fn providers_pay_penalties_to_the_treasury_within_their_funds() {
             key_id: None,
             quote: &q,
             amount,
+            max_completion: None,
         };
         l.hold(h).await.expect("hold");
         let t = Tokens {
@@ -839,6 +936,7 @@ async fn charges_bill_known_costs_once_and_never_overdraw() {
                     key_id: None,
                     quote: &q,
                     amount: cost,
+                    max_completion: None,
                 };
                 l.charge(h, t).await
             }
@@ -927,6 +1025,7 @@ async fn a_charge_over_the_key_budget_at_commit_is_not_billed_and_leaves_nothing
             key_id: Some(&key.id),
             quote: &q,
             amount: cost,
+            max_completion: None,
         };
         assert!(matches!(
             l.charge(h, t).await,

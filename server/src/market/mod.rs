@@ -225,7 +225,7 @@ impl Market {
             model: model.to_string(),
             prices: pricing::prices(&p.profile, kwh, load, self.fee_bps, preemptible),
             fee_bps: self.fee_bps,
-            payout_bps: pricing::payout_bps(p.reputation_bps, p.uptime_bps),
+            payout_bps: pricing::payout_bps(p.reputation_bps),
             stages: Stages::default(),
         })
     }

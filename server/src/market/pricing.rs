@@ -4,8 +4,9 @@
 //! serves per hour it gives a base price per token, separately for input
 //! (prefill), output (decode) and cached input. Demand (utilization and
 //! queue depth) multiplies it by 0.5-2.0, preemptible capacity gets a
-//! discount, and the protocol fee goes on top. Rewards: a provider's payout
-//! multiplier from its reputation and uptime.
+//! discount, and the protocol fee goes on top. Pay: a provider's share of
+//! what its user paid net of the fee, cut (never raised) by a reputation
+//! under 1.0.
 
 use serde::{Deserialize, Serialize};
 
@@ -200,12 +201,14 @@ pub fn measured_rates(
     ))
 }
 
-/// A provider's reward multiplier (bps): reputation (0.5-2.0) times an
-/// uptime bonus rising linearly from 0 at 90% uptime to +20% at 100%.
-pub fn payout_bps(reputation_bps: i64, uptime_bps: i64) -> i64 {
-    let reputation = reputation_bps.clamp(DEMAND_MIN_BPS, DEMAND_MAX_BPS);
-    let bonus = (uptime_bps.clamp(0, BPS) - 9_000).max(0) * 2;
-    reputation * (BPS + bonus) / BPS
+/// The share (bps) of its work's price, net of the fee, a provider is
+/// paid: its reputation, from 0.5 up to 1.0 and never above, so pay never
+/// exceeds what the user paid for that work less the protocol fee (a
+/// provider who is also a user gains nothing by serving itself). A good
+/// reputation and uptime earn placement, not a multiple of the user's
+/// money; what a low reputation withholds stays with the treasury.
+pub fn payout_bps(reputation_bps: i64) -> i64 {
+    reputation_bps.clamp(DEMAND_MIN_BPS, BPS)
 }
 
 #[cfg(test)]
@@ -377,12 +380,12 @@ mod tests {
     }
 
     #[test]
-    fn payouts_reward_reputation_and_uptime() {
-        assert_eq!(payout_bps(BPS, 9_000), BPS);
-        assert_eq!(payout_bps(BPS, BPS), 12_000);
-        assert_eq!(payout_bps(5_000, 9_500), 5_500);
-        assert_eq!(payout_bps(99_999, BPS), 24_000);
-        assert_eq!(payout_bps(0, 0), 5_000);
+    fn pay_is_cut_by_a_poor_reputation_and_never_raised() {
+        assert_eq!(payout_bps(BPS), BPS);
+        assert_eq!(payout_bps(20_000), BPS);
+        assert_eq!(payout_bps(99_999), BPS);
+        assert_eq!(payout_bps(7_000), 7_000);
+        assert_eq!(payout_bps(0), 5_000);
     }
 
     #[test]

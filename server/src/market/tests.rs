@@ -35,8 +35,8 @@ async fn quotes_follow_the_region_table_and_provider_profiles() {
         let q = m.quote(HOUSE_PROVIDER, "m", IDLE, false).expect("quote");
         assert_eq!(
             (q.fee_bps, q.payout_bps),
-            (700, 12_000),
-            "full uptime earns the bonus"
+            (700, 10_000),
+            "full uptime earns placement, never a multiple of the user's money"
         );
         assert!(q.prices.cached_input < q.prices.input && q.prices.input < q.prices.output);
         let busy = m.quote(
@@ -84,7 +84,7 @@ async fn quotes_follow_the_region_table_and_provider_profiles() {
                 .quote(HOUSE_PROVIDER, "m", IDLE, false)
                 .expect("q")
                 .payout_bps,
-            6_000
+            5_000
         );
         assert!(matches!(
             again.quote("provider:none", "m", IDLE, false),

@@ -350,6 +350,7 @@ impl ResponseCaching {
             key_id: payer.key_id.as_deref(),
             quote: &quote,
             amount: quote.cost(tokens),
+            max_completion: None,
         };
         Ok(b.ledger.charge(hold, tokens).await?)
     }

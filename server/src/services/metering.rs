@@ -226,6 +226,7 @@ impl Billing {
             .fold(0i64, i64::saturating_add)
             * i64::from(held);
         let request_id = format!("req_{}", uuid::Uuid::new_v4().simple());
+        let max_completion = choices.iter().map(|&(_, max)| max).sum();
         self.ledger
             .hold(HoldRequest {
                 request_id: &request_id,
@@ -233,6 +234,7 @@ impl Billing {
                 key_id: payer.key_id.as_deref(),
                 quote,
                 amount,
+                max_completion: Some(max_completion),
             })
             .await?;
         let choices = choices

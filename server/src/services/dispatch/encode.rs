@@ -6,8 +6,9 @@
 //! times the jobs it runs plus this one, plus the link's round trip. The
 //! house's expectation is weighed by `--placement-house-factor`, as for
 //! generations. A worker's answer is checked (one finite vector of the
-//! model's width per input); a worker that fails, answers wrongly or
-//! times out loses the job, which then runs on the house.
+//! model's width per input) and billed by this server's own token count;
+//! a worker that fails, answers wrongly or times out loses the job, which
+//! then runs on the house.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -105,7 +106,7 @@ impl Dispatch {
     }
 
     /// What `provider`'s worker earns for embedding `tokens` tokens at
-    /// `prices` (the request's), times its measured payout multiplier.
+    /// `prices` (the request's), net of the fee, times its reputation share.
     pub fn encoder_work(
         &self,
         provider: &str,
@@ -113,11 +114,10 @@ impl Dispatch {
         tokens: usize,
     ) -> crate::ledger::settle::Work {
         let r = self.fleet.standing.get(provider);
-        let now = crate::store::now();
         crate::ledger::settle::Work {
             provider: provider.to_string(),
             prices,
-            payout_bps: crate::market::pricing::payout_bps(r.reputation_bps(), r.uptime_bps(now)),
+            payout_bps: crate::market::pricing::payout_bps(r.reputation_bps()),
             tokens: crate::ledger::money::Tokens {
                 prompt: tokens as u64,
                 cached: 0,
@@ -161,6 +161,9 @@ impl Dispatch {
         query: bool,
     ) -> Result<Embeddings, String> {
         let n = count(input);
+        // What the user pays for and the worker is paid for: the tokens
+        // this server counts, never the worker's own count.
+        let counted = house.count_tokens(input).map_err(|e| e.to_string())?;
         let job = self.fleet.jobs.next_id();
         let (tx, mut rx) = mpsc::unbounded_channel();
         self.fleet.jobs.place(job, id, 1, tx);
@@ -183,7 +186,12 @@ impl Dispatch {
                 return Err("the worker is gone".to_string());
             }
             match tokio::time::timeout(EMBED_TIMEOUT, rx.recv()).await {
-                Ok(Some(JobEvent::Embedded(out))) => check(out, n, house.dimensions),
+                Ok(Some(JobEvent::Embedded(out))) => {
+                    check(out, n, house.dimensions).map(|out| Embeddings {
+                        prompt_tokens: counted,
+                        ..out
+                    })
+                }
                 Ok(Some(JobEvent::Lost(why))) => Err(why),
                 Ok(Some(JobEvent::Core(_))) => Err("tokens for an embedding job".into()),
                 Ok(None) => Err("the worker is gone".into()),

@@ -549,6 +549,7 @@ impl Dispatch {
             check: false,
             observed: Vec::new(),
             prefilling: None,
+            violation: None,
         };
         tokio::spawn(relay.run());
         RequestStream::relay(
@@ -671,7 +672,7 @@ impl Dispatch {
         Terms {
             provider_id: w.provider_id.clone(),
             prices,
-            payout_bps: crate::market::pricing::payout_bps(r.reputation_bps(), r.uptime_bps(now)),
+            payout_bps: crate::market::pricing::payout_bps(r.reputation_bps()),
             reputation_bps: r.reputation_bps(),
         }
     }
@@ -961,13 +962,13 @@ mod tests {
         let (target, terms) = place(&d, &[], &[7; 10], 100);
         assert_eq!(target.key(), cheap);
         // Its ask, as a user pays it (no billing here: no fee), and its
-        // provider's standing: a new provider at 1.0x, full uptime.
+        // provider's standing: a new provider at 1.0x, paid 1.0x.
         assert_eq!(
             (terms.provider_id.as_str(), terms.prices.output),
             ("provider:cheap", 40_000_000)
         );
         assert_eq!(terms.reputation_bps, BPS);
-        assert_eq!(terms.payout_bps, 12_000);
+        assert_eq!(terms.payout_bps, BPS);
         // Busy to its cap, the cheap one is passed over for the next cheapest.
         d.measure(&cheap, |m| m.outstanding = m.cap);
         assert_eq!(place(&d, &[], &[7; 10], 100).0.key(), dear);

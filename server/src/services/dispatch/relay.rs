@@ -67,7 +67,13 @@ pub(super) struct Relay {
     /// The executor counted as prefilling this choice until its first
     /// token comes.
     pub(super) prefilling: Option<String>,
+    /// How the current attempt's worker broke the protocol, if it did.
+    pub(super) violation: Option<&'static str>,
 }
+
+/// How long a worker has to send its `done` after the last token of the
+/// answer (an honest one sends both in the same breath).
+const END_WITHIN: std::time::Duration = std::time::Duration::from_secs(2);
 
 impl Relay {
     pub(super) async fn run(mut self) {
@@ -110,6 +116,7 @@ impl Relay {
             let before = self.delivered.len();
             self.cached = 0;
             self.prefilled = None;
+            self.violation = None;
             self.timing = Timing::start();
             let (estimate, split) = self.plan_split(&target, attempt);
             if attempt == 1 {
@@ -344,8 +351,55 @@ impl Relay {
             c.attempt(&executor, work);
         }
         if let Target::Worker(id, provider, _) = target {
+            let lost = lost || self.violation.is_some();
             self.dispatch.fleet.record(id, provider, tokens, lost);
         }
+    }
+
+    /// A worker's event judged by this server's own count: the choice ends
+    /// where the server says (its `max_tokens`, an end token, a stop id,
+    /// or a cancel it sent), never where the worker says. `Err` ends the
+    /// attempt: a token past the end closes the choice as it stands (the
+    /// worker is paid for no more); an end before the end is lost and
+    /// replayed elsewhere. An honest worker does neither.
+    pub(super) fn vet(&mut self, ev: CoreEvent, cancelled: bool) -> Result<CoreEvent, Attempt> {
+        match ev {
+            CoreEvent::Token { .. } => match self.already_over() {
+                None => Ok(ev),
+                Some(reason) => {
+                    self.violated("a token past the end of the answer");
+                    self.finish(reason, 0);
+                    Err(Attempt::Over)
+                }
+            },
+            CoreEvent::Finished { usage, .. } => {
+                let over = self.already_over();
+                match over.or(cancelled.then_some(FinishReason::Abort)) {
+                    Some(reason) => Ok(CoreEvent::Finished { reason, usage }),
+                    None => {
+                        let why = "an end before the answer's end";
+                        self.violated(why);
+                        Err(Attempt::Lost(format!("the worker sent {why}")))
+                    }
+                }
+            }
+            CoreEvent::Accepted | CoreEvent::Failed(_) => Ok(ev),
+        }
+    }
+
+    /// Records that the current attempt's worker broke the protocol (its
+    /// provider's standing counts the attempt as lost).
+    pub(super) fn violated(&mut self, what: &'static str) {
+        tracing::warn!(
+            job = self.job,
+            violation = what,
+            "a worker broke the protocol"
+        );
+        self.violation = Some(what);
+        self.dispatch
+            .fleet
+            .violations
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Waits, if the executor the choice would get is full, until one has
@@ -497,12 +551,15 @@ impl Relay {
         let started = Instant::now();
         let before = self.delivered.len();
         let mut look = tokio::time::interval(STEAL_LOOK);
-        // Progress is measured from the attempt's last event, whatever
-        // else wakes this loop.
+        // Progress is measured from the attempt's last token (only tokens
+        // count: `accepted` does not), whatever else wakes this loop.
         let mut last_event = Instant::now();
         loop {
             let patience = match cancelled {
                 Some(at) => CANCEL_WAIT.saturating_sub(at.elapsed()),
+                None if self.already_over().is_some() => {
+                    END_WITHIN.saturating_sub(last_event.elapsed())
+                }
                 None => self.dispatch.progress.saturating_sub(last_event.elapsed()),
             };
             tokio::select! {
@@ -516,7 +573,16 @@ impl Relay {
                 }
                 ev = tokio::time::timeout(patience, jrx.recv()) => match ev {
                     Ok(Some(JobEvent::Core(ev))) => {
-                        last_event = Instant::now();
+                        if matches!(ev, CoreEvent::Token { .. }) {
+                            last_event = Instant::now();
+                        }
+                        let ev = match self.vet(ev, cancelled.is_some()) {
+                            Ok(ev) => ev,
+                            Err(end) => {
+                                cancel(&fleet, worker, self.job).await;
+                                return end;
+                            }
+                        };
                         if let Some(done) = self.forward(ev, worker, &mut arrivals) {
                             return done;
                         }
@@ -528,6 +594,11 @@ impl Relay {
                     Ok(None) if cancelled.is_none() => return Attempt::Lost("the worker is gone".into()),
                     Err(_) if cancelled.is_none() => {
                         cancel(&fleet, worker, self.job).await;
+                        if let Some(reason) = self.already_over() {
+                            self.violated("no end after the answer's last token");
+                            self.finish(reason, 0);
+                            return Attempt::Over;
+                        }
                         let s = self.dispatch.progress.as_secs_f64();
                         return Attempt::Lost(format!("no progress for {s} s"));
                     }

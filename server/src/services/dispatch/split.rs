@@ -423,11 +423,14 @@ impl Relay {
                             self.end_prefill(d, p, transfer, "the prefill worker is gone", true).await;
                         }
                     }
-                    Some(TransferEvent::End { tokens, digest, first, prompt_tokens, cached_tokens }) if asked && !decided => {
+                    Some(TransferEvent::End { tokens, digest, first, cached_tokens }) if asked && !decided => {
                         decided = true;
                         self.dispatch.measure(p, Measure::prefill_done);
+                        // The prompt is this server's count, never the
+                        // worker's; its cache can only lower its pay.
+                        let prompt = self.prompt.len();
                         self.set_prefill(|s| {
-                            s.counts = Some((prompt_tokens as usize, cached_tokens as usize));
+                            s.counts = Some((prompt, (cached_tokens as usize).min(prompt)));
                             if let Some(t) = &mut s.timing { t.token(); }
                         });
                         let end = ToWorker::KvEnd { v: VERSION, transfer, tokens, digest, first: first.clone() };
@@ -458,7 +461,17 @@ impl Relay {
                 },
                 ev = jrx.recv() => match ev {
                     Some(JobEvent::Core(ev)) => {
-                        deadline = deadline.max(tokio::time::Instant::now() + self.dispatch.progress);
+                        if matches!(ev, CoreEvent::Token { .. }) {
+                            deadline = deadline.max(tokio::time::Instant::now() + self.dispatch.progress);
+                        }
+                        let ev = match self.vet(ev, false) {
+                            Ok(ev) => ev,
+                            Err(end) => {
+                                cancel(&fleet, d, self.job).await;
+                                if !decided { cancel(&fleet, p, transfer).await; }
+                                return end;
+                            }
+                        };
                         if let Some(done) = self.forward(ev, d, &mut arrivals) {
                             if !decided { cancel(&fleet, p, transfer).await; }
                             return done;

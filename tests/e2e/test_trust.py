@@ -1,0 +1,199 @@
+"""Untrusted providers (issue 41), with a real `synor worker` behind a
+hostile proxy (`hostile.py`) that calibrates honestly, then lies: about
+the tokens it produced, the prompt it prefilled, the inputs it embedded,
+or by answering nothing at all. The server bills and pays only what it
+counted itself, and no provider is ever paid more than its users paid
+for its work less the protocol fee; the ledger's audit checks it."""
+
+import re
+import urllib.request
+
+from hostile import Empty, ExtraTokens, Hostile, InflateEmbed, InflatePrefill
+from test_fleet import (call, complete, fleet, open_server, provider_token, sdk, start_worker, stop,
+                        wait_for, workers_up)
+from test_split import PROMPTS
+
+
+def fee_inside(cost, fee_bps):
+    """The protocol fee inside a cost, rounded up (the ledger's rule)."""
+    return -(-cost * fee_bps // (10_000 + fee_bps))
+
+
+def fee_bps(base):
+    status, prices = call(base, "GET", "/v1/market/prices")
+    assert status == 200, prices
+    return next(m for m in prices["data"] if m["model"] == "tiny")["fee_bps"]
+
+
+def usage(base):
+    status, body = call(base, "GET", "/v1/usage?limit=500")
+    assert status == 200, body
+    return {r["request_id"]: r for r in body["data"]}
+
+
+def balance(base, account):
+    return call(base, "GET", f"/admin/accounts/{account}")[1]["balance"]
+
+
+def violations(base):
+    text = urllib.request.urlopen(base + "/metrics", timeout=10).read().decode()
+    return float(re.search(r"^synor:fleet_protocol_violations_total (\S+)$", text, re.M).group(1))
+
+
+def assert_paid_within_what_users_paid(base, records, fee):
+    """Every record: the fee is at least the protocol's, the providers'
+    part at most the rest; and the audit agrees."""
+    for r in records:
+        assert r["fee"] >= fee_inside(r["cost"], fee), r
+        assert 0 <= r["provider_amount"] <= r["cost"] - fee_inside(r["cost"], fee), r
+    status, audit = call(base, "GET", "/admin/ledger/audit")
+    assert status == 200 and audit["violations"] == [], audit
+
+
+def hostile_worker(base, tamper, name="w1", *extra):
+    proxy = Hostile(base, tamper).start()
+    return proxy, start_worker(proxy.base, provider_token(base, name)["token"], name, *extra)
+
+
+def encoder_worker(base, token):
+    """A worker serving the tiny model and the default encoder."""
+    import os
+    import subprocess
+    from conftest import ROOT
+    binary = os.environ.get("SYNOR_BIN", os.path.join(ROOT, "target", "debug", "synor"))
+    env = dict(os.environ, RUST_LOG="info")
+    env.setdefault("SYNOR_MODELS_DIR", os.path.join(ROOT, "models"))
+    return subprocess.Popen(
+        [binary, "worker", "--server", base.replace("http://", "ws://"), "--token", token,
+         "--name", "enc", "--model", "tiny/tiny.gguf", "--threads", "1"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+
+
+def new_records(base, before):
+    return [r for rid, r in usage(base).items() if rid not in before]
+
+
+def test_a_lying_worker_is_paid_only_what_the_server_counted_and_never_past_the_fee():
+    srv = open_server()
+    base = srv["base"]
+    proxy = proc = None
+    try:
+        fee = fee_bps(base)
+        # House-served requests: the house is paid like any provider.
+        for p in PROMPTS[:2]:
+            complete(base, p, 8)
+        assert_paid_within_what_users_paid(base, usage(base).values(), fee)
+        proxy, proc = hostile_worker(base, ExtraTokens(200))
+        workers_up(base, [proc], 1)
+        provider = fleet(base)[0]["provider_id"]
+        # Honest work first (the proxy is not armed): paid its price less
+        # the fee, never a multiple of what the user paid.
+        seen = usage(base)
+        for p in PROMPTS:
+            complete(base, p, 8)
+        honest = new_records(base, seen)
+        assert [r["provider_id"] for r in honest] == [provider] * 3, honest
+        for r in honest:
+            assert r["provider_amount"] == r["cost"] - fee_inside(r["cost"], fee), r
+        assert_paid_within_what_users_paid(base, honest, fee)
+        paid = balance(base, provider)
+        assert paid == sum(r["provider_amount"] for r in honest), (paid, honest)
+        # 200 tokens past `max_tokens`: the client gets 8, the user pays
+        # for 8, the worker is paid for 8 (and its standing pays).
+        proxy.armed = True
+        before, seen = violations(base), usage(base)
+        r = complete(base, PROMPTS[0], 8)
+        assert r.usage.completion_tokens == 8, r.usage
+        assert proxy.tamper.hits >= 1, "the proxy padded the answer"
+        assert violations(base) >= before + 1
+        [rec] = new_records(base, seen)
+        assert rec["completion_tokens"] == 8, rec
+        assert balance(base, provider) - paid <= rec["cost"] - fee_inside(rec["cost"], fee)
+        # Streamed, the same: no chunk past the eighth token.
+        chunks = list(complete(base, PROMPTS[1], 8, stream=True))
+        assert [c.usage.completion_tokens for c in chunks if c.usage] == [8]
+        # An answer with no tokens, `done` at once: not paid, lost, and
+        # served elsewhere in full.
+        proxy.tamper = Empty()
+        paid, seen = balance(base, provider), usage(base)
+        lost = fleet(base)[0]["jobs_lost"]
+        r = complete(base, PROMPTS[2], 8)
+        assert r.usage.completion_tokens == 8 and r.choices[0].text, r
+        assert proxy.tamper.hits >= 1, "the proxy emptied the answer"
+        assert balance(base, provider) == paid, "an empty answer is not paid"
+        assert fleet(base)[0]["jobs_lost"] > lost
+        assert_paid_within_what_users_paid(base, new_records(base, seen), fee)
+    finally:
+        if proc is not None:
+            stop(proc)
+        if proxy is not None:
+            proxy.close()
+        srv["gen"].close()
+
+
+def test_a_prefill_worker_that_inflates_its_prompt_count_is_paid_for_the_real_prompt():
+    srv = open_server("--fleet-split", "always")
+    base = srv["base"]
+    procs, proxy = [], None
+    try:
+        fee = fee_bps(base)
+        honest = complete(base, PROMPTS[0], 8)
+        proxy = Hostile(base, InflatePrefill(4_000_000_000)).start()
+        token = provider_token(base, "liar")["token"]
+        procs = [start_worker(proxy.base, token, f"w{i}") for i in (1, 2)]
+        workers_up(base, procs, 2)
+        provider = fleet(base)[0]["provider_id"]
+        proxy.armed = True
+        seen = usage(base)
+        r = complete(base, PROMPTS[0], 8)
+        assert proxy.tamper.hits >= 1, "the prefill's count was inflated"
+        assert r.usage.prompt_tokens == honest.usage.prompt_tokens, r.usage
+        assert r.choices[0].text == honest.choices[0].text
+        [rec] = new_records(base, seen)
+        assert rec["prompt_tokens"] == honest.usage.prompt_tokens, rec
+        assert balance(base, provider) <= rec["cost"] - fee_inside(rec["cost"], fee)
+        assert_paid_within_what_users_paid(base, [rec], fee)
+    finally:
+        for p in procs:
+            stop(p)
+        if proxy is not None:
+            proxy.close()
+        srv["gen"].close()
+
+
+def test_an_embedding_worker_is_billed_and_paid_by_the_servers_token_count():
+    from conftest import ADMIN_TOKEN, _start
+    gen = _start("--model", "tiny/tiny.gguf", "--admin-token", ADMIN_TOKEN,
+                 "--placement-house-factor", "1000", open_mode=True)
+    base = next(gen)["base"]
+    proc = proxy = None
+    try:
+        client = sdk(base)
+        texts = ["The cat sat on the mat.", "Paris is the capital of France."]
+        here = client.embeddings.create(model="all-minilm-l6-v2", input=texts)
+        proxy = Hostile(base, InflateEmbed(4_000_000_000)).start()
+        created = provider_token(base, "enc")
+        proc = encoder_worker(proxy.base, created["token"])
+        [w] = wait_for(lambda: [w for w in fleet(base) if w["state"] == "active"], timeout=60,
+                       what="the worker")
+        assert w["encoders"] == ["all-minilm-l6-v2"], w
+        proxy.armed = True
+        seen = usage(base)
+        there = client.embeddings.create(model="all-minilm-l6-v2", input=texts)
+        assert proxy.tamper.hits >= 1, "the worker's count was inflated"
+        assert there.usage.prompt_tokens == here.usage.prompt_tokens
+        [rec] = new_records(base, seen)
+        assert rec["prompt_tokens"] == here.usage.prompt_tokens, rec
+        fee = rec["fee"]
+        assert fee >= 0 and rec["provider_amount"] <= rec["cost"] - fee, rec
+        wait_for(lambda: balance(base, created["account_id"]) > 0, timeout=10,
+                 what="the provider to be paid")
+        assert balance(base, created["account_id"]) <= rec["provider_amount"]
+        status, audit = call(base, "GET", "/admin/ledger/audit")
+        assert status == 200 and audit["violations"] == [], audit
+    finally:
+        if proc is not None:
+            stop(proc)
+        if proxy is not None:
+            proxy.close()
+        gen.close()
