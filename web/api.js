@@ -17,6 +17,7 @@ export const ENDPOINTS = Object.freeze({
   listWorkerTokens: ['GET', '/admin/providers/tokens'],
   createProvider: ['POST', '/admin/providers'],
   revokeWorkerToken: ['DELETE', '/admin/providers/tokens/{id}'],
+  clearQuarantine: ['DELETE', '/admin/providers/tokens/{id}/quarantine'],
   marketPrices: ['GET', '/admin/market/prices'],
   marketBook: ['GET', '/admin/market/book'],
   marketTrades: ['GET', '/admin/market/trades'],

@@ -159,6 +159,10 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         state.fleet.clone(),
         Some(billing.market.clone()),
     ));
+    tokio::spawn(crate::services::sanctions::run(
+        billing.ledger.db.clone(),
+        state.fleet.clone(),
+    ));
     let dispatch = state.dispatch.clone();
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(crate::services::dispatch::utilization::SAMPLE);

@@ -29,8 +29,10 @@ WAIT_MS = 20_000
 @pytest.fixture(scope="module")
 def console_server(tmp_path_factory):
     db = "sqlite://" + str(tmp_path_factory.mktemp("console") / "synor.db")
-    yield from _synor("--model", "tiny/tiny.gguf", "--embedding-model", "none",
-                      "--database-url", db, "--admin-token", ADMIN_TOKEN, open_mode=False)
+    for info in _synor("--model", "tiny/tiny.gguf", "--embedding-model", "none",
+                       "--database-url", db, "--admin-token", ADMIN_TOKEN, open_mode=False):
+        info["database_url"] = db
+        yield info
 
 
 @pytest.fixture(scope="module")
@@ -297,3 +299,29 @@ def test_the_overview_stream_ends_when_its_session_signs_out(console_server):
             break
     assert events and events[-1] == "event: ended", events
     assert read_event() == [], "the stream closed after `ended`"
+
+
+def test_a_quarantined_token_shows_why_and_an_admin_clears_it(page, console_server):
+    import sqlite3
+    import time
+    base = console_server["base"]
+    status, created, _ = http_call(base, "POST", "/admin/providers", {"name": "caught"})
+    assert status == 201, created
+    # What a failed check stores with the token (the trust tests make one
+    # for real, with a cheating worker).
+    db = console_server["database_url"].removeprefix("sqlite://")
+    with sqlite3.connect(db) as conn:
+        conn.execute("UPDATE worker_tokens SET quarantined_at = ?, quarantine_reason = ? WHERE id = ?",
+                     (int(time.time()), "canary: token 7 is not in the top 4", created["id"]))
+    sign_in(page, ADMIN_TOKEN)
+    go(page, "fleet")
+    row = page.locator(f'tr[data-token-id="{created["id"]}"]')
+    row.filter(has_text="quarantined").wait_for(timeout=WAIT_MS)
+    assert "canary: token 7" in row.inner_text()
+    page.once("dialog", lambda d: d.accept())
+    row.locator('[data-testid="clear-quarantine"]').click()
+    row.filter(has_text="active").wait_for(timeout=WAIT_MS)
+    assert row.locator('[data-testid="clear-quarantine"]').count() == 0
+    status, tokens, _ = http_call(base, "GET", "/admin/providers/tokens")
+    [t] = [t for t in tokens["data"] if t["id"] == created["id"]]
+    assert t["quarantined_at"] is None and t["quarantine_reason"] is None, t

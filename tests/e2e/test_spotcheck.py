@@ -3,8 +3,8 @@ processes on loopback serving the real model: every attempt of a new
 provider is re-scored on the house engine here. Three cheaters are
 caught: one serving the tiny random-weight model under the real model's
 name, one running half of the model's layers, one replaying the text of
-an earlier job. Each is quarantined (its token refused), its pay clawed
-back and its user refunded. Honest workers pass a thousand checks with
+an earlier job. Each is quarantined (stored with its token, its worker
+closed and its token refused), its pay clawed back and its user refunded. Honest workers pass a thousand checks with
 no false positive."""
 
 import os
@@ -14,7 +14,7 @@ import threading
 import urllib.request
 
 from conftest import ADMIN_TOKEN, ROOT, _start, http_call
-from test_fleet import call, fleet, provider_token, stop, wait_for
+from test_fleet import call, finish, fleet, provider_token, stop, wait_for
 import openai
 
 SMOL = "smollm2-135m-instruct"
@@ -67,6 +67,26 @@ def journal_of(base, account, kind):
     return [t for t in journal["data"] if t["kind"] == kind and account in t["entries"]]
 
 
+def quarantined(base, p):
+    """The token record of provider token `p`, once it is quarantined."""
+    status, tokens = call(base, "GET", "/admin/providers/tokens")
+    assert status == 200, tokens
+    return next((t for t in tokens["data"] if t["id"] == p["id"] and t["quarantined_at"]), None)
+
+
+def reputation(base, p):
+    """The provider's reputation, as its (quarantined) token still sees it."""
+    status, earned = http_call(base, "GET", "/v1/providers/earnings", token=p["token"])[:2]
+    assert status == 200, earned
+    return earned["reputation_bps"]
+
+
+def closed_for_good(proc):
+    """A sanctioned worker stops by itself, with an error naming why."""
+    code, out = finish(proc)
+    assert code != 0 and "quarantined" in out, out
+
+
 def refused_again(base, p, name, flags):
     """The quarantined token is refused from now on."""
     again = worker(base, p["token"], name, *flags)
@@ -87,13 +107,15 @@ def test_cheaters_are_caught_quarantined_and_their_pay_clawed_back():
             p = provider_token(base, name)
             cheat = worker(base, p["token"], name, *flags)
             try:
-                [w] = wait_for(lambda: [w for w in fleet(base) if w["state"] == "quarantined"],
-                               timeout=60, what=f"the {name} cheater to be caught")
-                assert w["name"] == name and w["profile"] is None, w
-                assert w["reputation_bps"] < 7_000, w
+                t = wait_for(lambda: quarantined(base, p), timeout=60,
+                             what=f"the {name} cheater to be caught")
+                assert t["quarantine_reason"], t
+                # Its worker is closed at once and stops by itself.
+                closed_for_good(cheat)
             finally:
                 stop(cheat)
             wait_for(lambda: fleet(base) == [], timeout=20, what="the cheater to leave")
+            assert reputation(base, p) < 7_000
             assert call(base, "GET", f"/admin/accounts/{p['account_id']}")[1]["balance"] == 0
             refused_again(base, p, name, flags)
         # One passes calibration (eight honest jobs), serves a request
@@ -107,10 +129,10 @@ def test_cheaters_are_caught_quarantined_and_their_pay_clawed_back():
             before = checks(base)
             for i in range(4):
                 ask(base, 3 * i)
-                if [w for w in fleet(base) if w["state"] == "quarantined"]:
+                if quarantined(base, p):
                     break
-            [w] = wait_for(lambda: [w for w in fleet(base) if w["state"] == "quarantined"],
-                           timeout=20, what="the replaying cheater to be caught")
+            wait_for(lambda: quarantined(base, p), timeout=20,
+                     what="the replaying cheater to be caught")
             after = checks(base)
             # At least the check that caught it failed; a replayed answer
             # served before the quarantine took effect may fail its own
@@ -126,7 +148,8 @@ def test_cheaters_are_caught_quarantined_and_their_pay_clawed_back():
             # One clawback per failed check, never two for one.
             assert len({c["id"] for c in claws}) == len(claws), claws
             assert len(claws) <= checks(base)["fail"] - before.get("fail", 0), (claws, before)
-            assert w["reputation_bps"] < 7_000, w
+            closed_for_good(cheat)
+            assert reputation(base, p) < 7_000
             # What is left of its pay is still pending (the window is an hour).
             status, earned = http_call(base, "GET", "/v1/providers/earnings", token=p["token"])[:2]
             assert status == 200 and earned["pending"] >= earned["balance"] >= 0, earned

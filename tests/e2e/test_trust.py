@@ -3,14 +3,17 @@ hostile proxy (`hostile.py`) that calibrates honestly, then lies: about
 the tokens it produced, the prompt it prefilled, the inputs it embedded,
 or by answering nothing at all. The server bills and pays only what it
 counted itself, and no provider is ever paid more than its users paid
-for its work less the protocol fee; the ledger's audit checks it."""
+for its work less the protocol fee; the ledger's audit checks it. A
+sanction follows the token: every live connection, every replica,
+every restart, until an admin clears it."""
 
 import re
 import urllib.request
 
-from hostile import Empty, ExtraTokens, Hostile, InflateEmbed, InflatePrefill
-from test_fleet import (call, complete, fleet, open_server, provider_token, sdk, start_worker, stop,
-                        wait_for, workers_up)
+from conftest import fresh_postgres_url
+from hostile import Empty, ExtraTokens, Garbage, Hostile, InflateEmbed, InflatePrefill
+from test_fleet import (call, complete, finish, fleet, open_server, provider_token, sdk, start_worker,
+                        stop, wait_for, workers_up)
 from test_split import PROMPTS
 
 
@@ -197,3 +200,61 @@ def test_an_embedding_worker_is_billed_and_paid_by_the_servers_token_count():
         if proxy is not None:
             proxy.close()
         gen.close()
+
+
+def closed_for(proc, why):
+    code, out = finish(proc, timeout=30)
+    assert code != 0 and why in out, out
+
+
+def test_a_sanction_follows_the_token_to_every_connection_replica_and_restart():
+    url = fresh_postgres_url()
+    a = open_server("--database-url", url, "--spot-check-new-rate", "1")
+    b = open_server("--database-url", url)
+    procs, proxy = [], None
+    try:
+        p = provider_token(a["base"], "cheat")
+        # One token, three live workers: two behind a hostile proxy on
+        # replica A, one on replica B.
+        proxy = Hostile(a["base"], Garbage(seed=7)).start()
+        procs = [start_worker(proxy.base, p["token"], n) for n in ("g1", "g2")]
+        workers_up(a["base"], procs, 2)
+        procs.append(start_worker(b["base"], p["token"], "b1"))
+        workers_up(b["base"], procs[2:], 1)
+        # Garbage on A: its spot check quarantines the token.
+        proxy.armed = True
+        complete(a["base"], PROMPTS[0], 8)
+        assert proxy.tamper.hits >= 1
+        wait_for(lambda: [t for t in call(b["base"], "GET", "/admin/providers/tokens")[1]["data"]
+                          if t["id"] == p["id"] and t["quarantined_at"]],
+                 timeout=30, what="the quarantine, stored for every replica")
+        # Every live session of the token is closed: on A at once, on B
+        # by its sweep; each worker stops with the reason.
+        for proc in procs:
+            closed_for(proc, "quarantined")
+        assert fleet(a["base"]) == [] and fleet(b["base"]) == []
+        # Refused at the handshake by the other replica and after a restart.
+        closed_for(start_worker(b["base"], p["token"], "again"), "quarantined")
+        a["gen"].close()
+        a = open_server("--database-url", url)
+        closed_for(start_worker(a["base"], p["token"], "again"), "quarantined")
+        # An admin clears it; the token works again, calibrated afresh.
+        path = f"/admin/providers/tokens/{p['id']}/quarantine"
+        assert call(a["base"], "DELETE", path)[0] == 200
+        assert call(a["base"], "DELETE", path)[0] == 404
+        procs = [start_worker(a["base"], p["token"], "cleared")]
+        workers_up(a["base"], procs, 1)
+        # Revoked on B, its worker on A is closed by A's sweep.
+        assert call(b["base"], "DELETE", f"/admin/providers/tokens/{p['id']}")[0] == 200
+        closed_for(procs[0], "revoked")
+        assert complete(a["base"], PROMPTS[1], 8).usage.completion_tokens == 8
+        for srv in (a, b):
+            status, audit = call(srv["base"], "GET", "/admin/ledger/audit")
+            assert status == 200 and audit["violations"] == [], audit
+    finally:
+        for proc in procs:
+            stop(proc)
+        if proxy is not None:
+            proxy.close()
+        a["gen"].close()
+        b["gen"].close()

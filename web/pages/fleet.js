@@ -1,6 +1,6 @@
 // The fleet page: connected workers (drain, remove), executor use and
 // the last hour's busy timeline, spot-check records, and worker tokens
-// (create with the secret shown once, revoke).
+// (create with the secret shown once, clear a quarantine, revoke).
 
 import { call, health, rows } from '../api.js';
 import { busyStrip } from '../charts.js';
@@ -124,18 +124,33 @@ function spotTable(list) {
   ], list, { empty: 'No spot checks yet.' });
 }
 
+// A token is revoked (for good), quarantined (until an admin clears it:
+// a check caught one of its workers) or active.
+function tokenState(t) {
+  if (t.revoked_at) return 'revoked';
+  return t.quarantined_at ? 'quarantined' : 'active';
+}
+
 function tokensTable(list, refresh) {
   return table([
     { label: 'Name', cell: (t) => t.name },
     { label: 'Prefix', cell: (t) => h('code', {}, t.prefix) },
     { label: 'Provider account', cell: (t) => h('code', {}, t.account_id) },
     { label: 'Created', cls: 'nw', cell: (t) => time(t.created_at) },
-    { label: 'State', cell: (t) => badge(t.revoked_at ? 'revoked' : 'active') },
-    { label: '', cell: (t) => (t.revoked_at ? '' : action('Revoke', async () => {
-      await call('revokeWorkerToken', { params: { id: t.id } });
-      flash(`Token ${t.name} revoked.`);
-      await refresh();
-    }, { confirm: `Revoke worker token ${t.name}? Its workers cannot reconnect.`, cls: 'danger', testid: 'revoke' })) },
+    { label: 'State', cell: (t) => badge(tokenState(t)) },
+    { label: 'Why', cell: (t) => (t.quarantined_at && !t.revoked_at ? t.quarantine_reason : '') },
+    { label: '', cell: (t) => (t.revoked_at ? '' : h('span', {}, [
+      t.quarantined_at ? action('Clear quarantine', async () => {
+        await call('clearQuarantine', { params: { id: t.id } });
+        flash(`Token ${t.name} may connect again.`);
+        await refresh();
+      }, { confirm: `Clear the quarantine of ${t.name}? Its workers may connect again and are calibrated afresh.`, testid: 'clear-quarantine' }) : '',
+      action('Revoke', async () => {
+        await call('revokeWorkerToken', { params: { id: t.id } });
+        flash(`Token ${t.name} revoked.`);
+        await refresh();
+      }, { confirm: `Revoke worker token ${t.name}? Its live workers are closed and cannot reconnect.`, cls: 'danger', testid: 'revoke' }),
+    ])) },
   ], list, { rowAttrs: (t) => ({ 'data-token-id': t.id }), empty: 'No worker tokens.' });
 }
 

@@ -12,6 +12,9 @@ pub const VERSION: u8 = 1;
 /// The WebSocket close code of a worker an admin removed: it leaves and
 /// does not reconnect.
 pub const CLOSE_REMOVED: u16 = 4001;
+/// The WebSocket close code of a worker whose token was quarantined or
+/// revoked: it stops, and its token is refused until an admin acts.
+pub const CLOSE_SANCTIONED: u16 = 4003;
 /// The largest control message accepted (bytes of JSON).
 pub const MAX_CONTROL: usize = 64 * 1024;
 /// The largest binary frame payload (a KV chunk): 1 MiB.

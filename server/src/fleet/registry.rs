@@ -118,6 +118,9 @@ pub enum ToSession {
     /// An admin removed the worker: close its connection with
     /// `protocol::CLOSE_REMOVED` and this reason.
     Close(String),
+    /// Its token was quarantined or revoked: close with
+    /// `protocol::CLOSE_SANCTIONED` and this reason.
+    Sanction(String),
 }
 
 /// What a session registers.
@@ -353,21 +356,56 @@ impl Registry {
         }
     }
 
-    /// Quarantines a worker that failed a spot check: it stays connected
-    /// (admins see it) but gets no more work, and its token is refused
-    /// from now on.
-    pub fn quarantine(&self, id: &str) {
+    /// Quarantines a worker that failed a check, and every other session
+    /// of its token: they get no more work, and the token is refused here
+    /// from now on. Answers the token (`None`: no such worker here).
+    pub fn quarantine(&self, id: &str) -> Option<String> {
         let token = {
-            let mut w = self.workers.write().unwrap_or_else(|e| e.into_inner());
-            let Some(e) = w.get_mut(id) else { return };
-            e.info.state = "quarantined".into();
-            e.info.token_id.clone()
+            let w = self.workers.read().unwrap_or_else(|e| e.into_inner());
+            w.get(id)?.info.token_id.clone()
         };
+        self.mark_quarantined(&token);
+        Some(token)
+    }
+
+    /// Marks every session of `token` quarantined and refuses the token.
+    pub fn mark_quarantined(&self, token: &str) {
+        {
+            let mut w = self.workers.write().unwrap_or_else(|e| e.into_inner());
+            for e in w.values_mut().filter(|e| e.info.token_id == token) {
+                e.info.state = "quarantined".into();
+            }
+        }
         self.changed.notify_one();
         self.quarantined
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .insert(token);
+            .insert(token.to_string());
+    }
+
+    /// Closes every session of `token` on this replica (a sanction); the
+    /// workers do not reconnect by themselves. How many it closed.
+    pub async fn close_token(&self, token: &str, why: &str) -> usize {
+        let sessions: Vec<mpsc::Sender<ToSession>> = {
+            let w = self.workers.read().unwrap_or_else(|e| e.into_inner());
+            w.values()
+                .filter(|e| e.info.token_id == token)
+                .map(|e| e.to_session.clone())
+                .collect()
+        };
+        for tx in &sessions {
+            let _ = tx.send(ToSession::Sanction(why.to_string())).await;
+        }
+        sessions.len()
+    }
+
+    /// The tokens of this replica's connected workers.
+    pub fn local_tokens(&self) -> Vec<String> {
+        let w = self.workers.read().unwrap_or_else(|e| e.into_inner());
+        let mut t: Vec<String> = w.values().map(|e| e.info.token_id.clone()).collect();
+        t.sort_unstable();
+        t.dedup();
+        t
     }
 
     /// Whether workers of this token are quarantined.

@@ -187,6 +187,7 @@ async fn serve(
                     ToSession::Msg(m) => Outbound::Text(protocol::encode(&m)),
                     ToSession::Frame(f) => Outbound::Binary(f),
                     ToSession::Close(why) => return Some((protocol::CLOSE_REMOVED, why)),
+                    ToSession::Sanction(why) => return Some((protocol::CLOSE_SANCTIONED, why)),
                 };
                 if outbound.send(out).await.is_err() {
                     return None;

@@ -70,6 +70,7 @@ impl Modify for Security {
         routes::providers::create,
         routes::providers::list,
         routes::providers::revoke,
+        routes::providers::clear_quarantine,
         routes::fleet::connect,
         routes::fleet::earnings,
         routes::fleet::list,

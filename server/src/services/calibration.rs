@@ -158,7 +158,9 @@ async fn calibrate_worker(
                 provider: &w.provider_id,
             };
             if let Some(why) = canaries(dispatch, &house, &answers, who).await {
-                dispatch.quarantine(&w.id, &w.provider_id, &format!("canary: {why}"));
+                dispatch
+                    .quarantine(&w.id, &w.provider_id, &format!("canary: {why}"))
+                    .await;
                 return;
             }
             failures
@@ -183,7 +185,7 @@ async fn calibrate_worker(
             };
             if n >= MAX_FAILED_CALIBRATIONS {
                 let why = format!("{n} failed calibrations, the last: {e}");
-                dispatch.quarantine(&w.id, &w.provider_id, &why);
+                dispatch.quarantine(&w.id, &w.provider_id, &why).await;
             }
         }
     }

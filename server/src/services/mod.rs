@@ -15,6 +15,8 @@
 //!   engine; what a failed check costs the provider.
 //! - `asks`: workers' asks posted on the order book.
 //! - `standing`: persisting providers' measured reputation and uptime.
+//! - `sanctions`: quarantines stored with the token, live sessions of a
+//!   sanctioned token closed on every replica, an admin's clearing.
 //! - `generation`: the one path of a generation (chat, completions) and of
 //!   an embedding request: limits, cache, hold, submission, settlement and
 //!   cache store around the token stream.
@@ -28,6 +30,7 @@ pub mod limits;
 pub mod metering;
 pub mod models;
 pub mod placement;
+pub mod sanctions;
 pub mod spotcheck;
 pub mod standing;
 

@@ -366,6 +366,9 @@ async fn connect_once(
                         running.arrive(transfer, jobs::Arrival::Frame(b.to_vec()));
                     }
                 }
+                Some(Ok(Message::Close(Some(f)))) if u16::from(f.code) == protocol::CLOSE_SANCTIONED => {
+                    bail!("the server closed this worker: {}", f.reason);
+                }
                 Some(Ok(Message::Close(Some(f)))) if u16::from(f.code) == protocol::CLOSE_REMOVED => {
                     tracing::warn!(reason = %f.reason, "removed from the fleet by an admin: leaving");
                     break Ended::Leave;

@@ -50,6 +50,9 @@ pub struct Earnings {
     /// Its entries by journal kind (`usage`: paid for tokens its workers
     /// delivered; `trade`: market fills; `penalty`: taken back).
     pub totals: Vec<crate::ledger::accounts::KindTotal>,
+    /// Its reputation as the fleet measured it (bps; 10,000 = 1x): it
+    /// wins placement, and under 1x it cuts pay.
+    pub reputation_bps: i64,
     /// Its workers connected to this server.
     pub workers: Vec<WorkerInfo>,
 }
@@ -74,7 +77,9 @@ pub(crate) async fn earnings(
         .into_iter()
         .filter(|w| w.provider_id == account.id)
         .collect();
+    let reputation_bps = state.fleet.standing.get(&account.id).reputation_bps();
     Ok(Json(Earnings {
+        reputation_bps,
         provider_id: account.id,
         balance: account.balance,
         pending,
@@ -120,6 +125,11 @@ pub(crate) async fn connect(
     ws: Result<WebSocketUpgrade, axum::extract::ws::rejection::WebSocketUpgradeRejection>,
 ) -> Result<Response, ApiError> {
     let token = worker_token(&state, &headers).await?;
+    if token.quarantined_at.is_some() {
+        return Err(ApiError::Unauthorized(
+            "this worker token is quarantined: a check caught its work (an admin can clear it)",
+        ));
+    }
     let ws = ws.map_err(|e| ApiError::invalid("upgrade", e.body_text()))?;
     let peer = Peer {
         provider_id: token.account_id,

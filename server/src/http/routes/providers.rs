@@ -1,8 +1,11 @@
 //! Providers' worker tokens (admin): `POST /admin/providers` makes a
 //! provider account in the ledger with a worker token (or a new token for
-//! an existing provider), `GET /admin/providers/tokens` lists tokens and
-//! `DELETE /admin/providers/tokens/{id}` revokes one. A token's secret is
-//! in the creating answer only; workers present it at the gateway.
+//! an existing provider), `GET /admin/providers/tokens` lists tokens (with
+//! their quarantine), `DELETE /admin/providers/tokens/{id}` revokes one
+//! (its live workers are closed at once) and `DELETE
+//! /admin/providers/tokens/{id}/quarantine` clears a quarantine. A token's
+//! secret is in the creating answer only; workers present it at the
+//! gateway.
 
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
@@ -25,6 +28,17 @@ pub fn admin_router() -> Router<AppState> {
         .route("/admin/providers", post(create))
         .route("/admin/providers/tokens", get(list))
         .route("/admin/providers/tokens/{id}", delete(revoke))
+        .route(
+            "/admin/providers/tokens/{id}/quarantine",
+            delete(clear_quarantine),
+        )
+}
+
+/// A token whose quarantine was lifted.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct Cleared {
+    pub id: String,
+    pub quarantined: bool,
 }
 
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
@@ -107,8 +121,8 @@ pub(crate) async fn list(
     Ok(Json(List::of(tokens)))
 }
 
-/// Revokes a worker token: its workers are refused from their next
-/// connection.
+/// Revokes a worker token: its live workers are closed at once (on every
+/// replica within seconds) and refused from then on.
 #[utoipa::path(delete, path = "/admin/providers/tokens/{id}", tag = "admin",
     params(("id" = String, Path, description = "The token's id")),
     responses((status = 200, description = "Revoked", body = Revoked), (status = 404, description = "No such active token", body = crate::http::error::ErrorResponse), (status = 401, description = "Missing or wrong admin token", body = crate::http::error::ErrorResponse)),
@@ -129,5 +143,32 @@ pub(crate) async fn revoke(
             id,
         });
     }
+    crate::services::sanctions::revoked(&state.fleet, &id).await;
     Ok(Json(Revoked { id, revoked: true }))
+}
+
+/// Lifts a worker token's quarantine: its workers may connect again (and
+/// are calibrated afresh).
+#[utoipa::path(delete, path = "/admin/providers/tokens/{id}/quarantine", tag = "admin",
+    params(("id" = String, Path, description = "The token's id")),
+    responses((status = 200, description = "Cleared", body = Cleared), (status = 404, description = "No such quarantined token", body = crate::http::error::ErrorResponse), (status = 401, description = "Missing or wrong admin token", body = crate::http::error::ErrorResponse)),
+    security(("admin_token" = [])))]
+pub(crate) async fn clear_quarantine(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Json<Cleared>, ApiError> {
+    let db = &billing(&state)?.ledger.db;
+    let done = crate::services::sanctions::clear(db, &state.fleet, &id)
+        .await
+        .map_err(storage)?;
+    if !done {
+        return Err(ApiError::NotFound {
+            what: "quarantined worker token",
+            id,
+        });
+    }
+    Ok(Json(Cleared {
+        id,
+        quarantined: false,
+    }))
 }

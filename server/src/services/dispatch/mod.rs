@@ -298,12 +298,13 @@ impl Dispatch {
 
     /// Quarantines worker `id` of `provider`, caught cheating: no more
     /// work, its token refused, its provider's standing cut.
-    pub fn quarantine(&self, id: &str, provider: &str, why: &str) {
+    pub async fn quarantine(&self, id: &str, provider: &str, why: &str) {
         tracing::warn!(worker = %id, %provider, reason = %why, "quarantining a worker");
         self.fleet
             .standing
             .cheated(provider, crate::services::spotcheck::CHEAT_WEIGHT);
-        self.fleet.quarantine(id);
+        let db = self.billing.as_ref().map(|b| &b.ledger.db);
+        crate::services::sanctions::quarantine(db, &self.fleet, id, why).await;
     }
 
     /// A worker's attempt failed its spot check: its provider's standing
@@ -314,7 +315,7 @@ impl Dispatch {
             return;
         };
         tracing::warn!(worker = %label, job = c.job, attempt = c.attempt, "clawing back the pay of a failed spot check");
-        self.quarantine(id, provider, why);
+        self.quarantine(id, provider, why).await;
         let (Some(b), Some(p)) = (&self.billing, c.credits.as_ref().and_then(Credits::payer))
         else {
             return;
