@@ -265,6 +265,18 @@ pub struct ServeArgs {
     #[arg(long, env = "SYNOR_FLEET_QUEUE_TIMEOUT", default_value_t = 30.0)]
     pub fleet_queue_timeout: f64,
 
+    /// The most workers one worker token may have connected to this
+    /// server at once (more are refused at registration).
+    #[arg(long, env = "SYNOR_FLEET_MAX_WORKERS_PER_TOKEN", default_value_t = 16,
+          value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub fleet_max_workers_per_token: u32,
+
+    /// The most workers one provider may have connected to this server at
+    /// once, over all its tokens.
+    #[arg(long, env = "SYNOR_FLEET_MAX_WORKERS_PER_PROVIDER", default_value_t = 64,
+          value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub fleet_max_workers_per_provider: u32,
+
     /// A choice a worker has not started after this many milliseconds
     /// (queued behind others) is taken by an idle worker.
     #[arg(long, env = "SYNOR_FLEET_STEAL_AFTER_MS", default_value_t = 1000)]

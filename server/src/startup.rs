@@ -146,6 +146,10 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             )
             .with_billing(billing.clone()),
     );
+    state.fleet.set_caps(crate::fleet::registry::Caps {
+        per_token: args.fleet_max_workers_per_token as usize,
+        per_provider: args.fleet_max_workers_per_provider as usize,
+    });
     if let Some(url) = &args.fleet_bus {
         crate::fleet::bus::start(url, &args.fleet_bus_namespace, state.fleet.clone())
             .map_err(anyhow::Error::msg)?;

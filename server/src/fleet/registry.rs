@@ -209,6 +209,25 @@ pub struct Registry {
     pub violations: AtomicU64,
     /// Each provider's reputation and uptime, from what its workers do.
     pub standing: Standing,
+    /// The most workers a token, and a provider, may have connected here.
+    caps: std::sync::RwLock<Caps>,
+}
+
+/// How many workers one token and one provider may have connected to one
+/// replica at once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Caps {
+    pub per_token: usize,
+    pub per_provider: usize,
+}
+
+impl Default for Caps {
+    fn default() -> Self {
+        Self {
+            per_token: 16,
+            per_provider: 64,
+        }
+    }
 }
 
 impl std::fmt::Debug for Registry {
@@ -239,7 +258,38 @@ pub const REMOTE_TTL: std::time::Duration = std::time::Duration::from_secs(3);
 
 impl Registry {
     /// Adds a worker; returns its id (unique in this process).
+    /// Sets the caps on workers per token and per provider.
+    pub fn set_caps(&self, caps: Caps) {
+        *self.caps.write().unwrap_or_else(|e| e.into_inner()) = caps;
+    }
+
+    /// Registers a worker unless its token or its provider already has
+    /// its cap of workers connected here: then why not. The count and
+    /// the insertion are one step under the registry's lock.
+    pub fn register_within_caps(
+        &self,
+        r: Registration,
+        to_session: mpsc::Sender<ToSession>,
+    ) -> Result<String, String> {
+        let caps = *self.caps.read().unwrap_or_else(|e| e.into_inner());
+        self.admit(r, to_session, caps)
+    }
+
+    /// Registers a worker, whatever the caps.
     pub fn register(&self, r: Registration, to_session: mpsc::Sender<ToSession>) -> String {
+        let unlimited = Caps {
+            per_token: usize::MAX,
+            per_provider: usize::MAX,
+        };
+        self.admit(r, to_session, unlimited).unwrap_or_default()
+    }
+
+    fn admit(
+        &self,
+        r: Registration,
+        to_session: mpsc::Sender<ToSession>,
+        caps: Caps,
+    ) -> Result<String, String> {
         let n = self.next.fetch_add(1, Ordering::Relaxed);
         let id = format!(
             "worker-{}-{n}",
@@ -272,11 +322,32 @@ impl Registry {
             connected_at: t,
             last_seen: t,
         };
-        self.standing.connected(&info.provider_id, t);
         let mut w = self.workers.write().unwrap_or_else(|e| e.into_inner());
+        let token = w
+            .values()
+            .filter(|e| e.info.token_id == info.token_id)
+            .count();
+        if token >= caps.per_token {
+            return Err(format!(
+                "this worker token already has {token} workers connected (at most {})",
+                caps.per_token
+            ));
+        }
+        let provider = w
+            .values()
+            .filter(|e| e.info.provider_id == info.provider_id)
+            .count();
+        if provider >= caps.per_provider {
+            return Err(format!(
+                "this provider already has {provider} workers connected (at most {})",
+                caps.per_provider
+            ));
+        }
+        self.standing.connected(&info.provider_id, t);
         w.insert(id.clone(), Entry { info, to_session });
+        drop(w);
         self.changed.notify_one();
-        id
+        Ok(id)
     }
 
     /// This replica's id (`local` until a bus names it).
@@ -649,5 +720,46 @@ mod tests {
             ..p
         };
         assert!((flat.prefill_ms(1024) - 1024.0).abs() < 1e-9);
+    }
+
+    #[tokio::test]
+    async fn a_token_and_a_provider_connect_at_most_their_caps_and_a_sanction_closes_them_all() {
+        let r = Registry::default();
+        r.set_caps(Caps {
+            per_token: 2,
+            per_provider: 3,
+        });
+        let join = |token: &str, name: &str| {
+            let mut reg = Registration::for_test(name, vec![]);
+            reg.provider_id = "provider:p".into();
+            reg.token_id = token.into();
+            let (tx, rx) = mpsc::channel(4);
+            r.register_within_caps(reg, tx).map(|id| (id, rx))
+        };
+        let (a1, mut rx1) = join("a", "a1").expect("first");
+        let (_, mut rx2) = join("a", "a2").expect("second");
+        let err = join("a", "a3").expect_err("past the token's cap");
+        assert!(err.contains("at most 2"), "{err}");
+        let (_, mut rx3) = join("b", "b1").expect("another token");
+        let err = join("b", "b2").expect_err("past the provider's cap");
+        assert!(
+            err.contains("provider") && err.contains("at most 3"),
+            "{err}"
+        );
+        // A quarantine marks and closes every session of the token, and
+        // no other.
+        assert_eq!(r.quarantine(&a1).as_deref(), Some("a"));
+        assert!(r.is_quarantined("a") && !r.is_quarantined("b"));
+        assert_eq!(r.close_token("a", "caught").await, 2);
+        for rx in [&mut rx1, &mut rx2] {
+            assert!(matches!(rx.try_recv(), Ok(ToSession::Sanction(w)) if w == "caught"));
+        }
+        assert!(rx3.try_recv().is_err());
+        assert_eq!(r.local_tokens(), vec!["a".to_string(), "b".to_string()]);
+        assert!(
+            r.list()
+                .iter()
+                .all(|w| (w.token_id == "a") == (w.state == "quarantined"))
+        );
     }
 }

@@ -1,7 +1,9 @@
 //! One worker's connection, after the gateway checked its token: the
 //! worker must `register` within `REGISTER_WITHIN`, is welcomed, then
 //! reports `status` at least every `heartbeat x MISSED_BEATS` or is
-//! dropped. Any message it should not send (malformed, oversized, another
+//! dropped (its own messages are its heartbeat: answering the gateway's
+//! pings is not), and is dropped too when it stops reading (no pong for
+//! `heartbeat x DEAF_BEATS`). Any message it should not send (malformed, oversized, another
 //! version, a second `register`, a binary frame with no transfer open)
 //! ends the session with a close code and the reason. Socket-free: the
 //! gateway pumps frames through two bounded channels, so a slow or
@@ -12,6 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::mpsc;
+use tokio::time::Instant;
 
 use engine::core::CoreEvent;
 use engine::{FinishReason, TokenLogprob, Usage};
@@ -25,6 +28,9 @@ use super::transfers::{Side, TransferEvent};
 pub const REGISTER_WITHIN: Duration = Duration::from_secs(10);
 /// Heartbeats a worker may miss before it is dropped.
 pub const MISSED_BEATS: u32 = 3;
+/// Heartbeats (the gateway pings once each) without a pong after which a
+/// worker is taken to have stopped reading and is dropped.
+pub const DEAF_BEATS: u32 = 10;
 /// Messages queued for a worker (assignments wait when it is full).
 const TO_WORKER_QUEUE: usize = 256;
 
@@ -95,7 +101,10 @@ pub async fn run(
     }
     let (to_session, mut from_registry) = mpsc::channel(TO_WORKER_QUEUE);
     let provider_id = registration.provider_id.clone();
-    let id = registry.register(registration, to_session);
+    let id = match registry.register_within_caps(registration, to_session) {
+        Ok(id) => id,
+        Err(why) => return close(1008, why).await,
+    };
     // Out of the registry however the session ends (aborted included).
     let _registered = Registered {
         registry: &registry,
@@ -153,21 +162,33 @@ async fn serve(
     heartbeat: Duration,
 ) -> Option<(u16, String)> {
     let patience = heartbeat * MISSED_BEATS;
+    let deaf = heartbeat * DEAF_BEATS;
+    let (mut last_status, mut last_pong) = (Instant::now(), Instant::now());
     loop {
+        let (status_due, pong_due) = (last_status + patience, last_pong + deaf);
         tokio::select! {
-            frame = tokio::time::timeout(patience, inbound.recv()) => match frame {
-                Err(_) => {
+            _ = tokio::time::sleep_until(status_due.min(pong_due)) => {
+                if Instant::now() >= status_due {
                     return Some((1008, format!("no status for {} ms", patience.as_millis())));
                 }
-                Ok(None) => return None,
-                Ok(Some(Inbound::Pong(rtt))) => registry.set_rtt(id, rtt),
-                Ok(Some(Inbound::Binary(frame))) => {
+                return Some((1008, format!("no pong for {} ms: it stopped reading", deaf.as_millis())));
+            }
+            frame = inbound.recv() => match frame {
+                None => return None,
+                Some(Inbound::Pong(rtt)) => {
+                    last_pong = Instant::now();
+                    registry.set_rtt(id, rtt);
+                }
+                Some(Inbound::Binary(frame)) => {
                     if let Some(why) = relay_frame(registry, id, frame).await {
                         return Some((1003, why));
                     }
                 }
-                Ok(Some(Inbound::Text(t))) => match protocol::decode(&t) {
-                    Ok(FromWorker::Status { load, .. }) => registry.status(id, load),
+                Some(Inbound::Text(t)) => match protocol::decode(&t) {
+                    Ok(FromWorker::Status { load, .. }) => {
+                        last_status = Instant::now();
+                        registry.status(id, load);
+                    }
                     Ok(FromWorker::Drain { .. }) => {
                         registry.drain(id, false);
                     }
@@ -552,6 +573,61 @@ mod tests {
         assert!(code == 1008 && why.contains("no status"), "{why}");
         s.done.await.expect("session");
         assert!(s.registry.is_empty());
+    }
+
+    /// Registers on a fresh session and takes the welcome.
+    async fn welcomed(heartbeat: Duration) -> Session {
+        let mut s = start(heartbeat);
+        s.tx.send(Inbound::Text(register_json("w1", 30)))
+            .await
+            .expect("send");
+        assert!(matches!(s.rx.recv().await, Some(Outbound::Text(_))));
+        s
+    }
+
+    #[tokio::test]
+    async fn pongs_are_not_a_heartbeat_and_a_worker_that_stops_reading_is_dropped() {
+        // Answering pings alone keeps nobody registered.
+        let mut s = welcomed(Duration::from_millis(50)).await;
+        let pongs = {
+            let tx = s.tx.clone();
+            tokio::spawn(async move {
+                while tx
+                    .send(Inbound::Pong(Duration::from_millis(1)))
+                    .await
+                    .is_ok()
+                {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+            })
+        };
+        let (code, why) = tokio::time::timeout(Duration::from_secs(5), closed_with(&mut s))
+            .await
+            .expect("dropped, pongs or not");
+        assert!(code == 1008 && why.contains("no status"), "{why}");
+        pongs.abort();
+        // Statuses without pongs: it no longer reads what it is sent.
+        let mut s = welcomed(Duration::from_millis(50)).await;
+        let status = serde_json::to_string(&FromWorker::Status {
+            v: 1,
+            load: crate::fleet::protocol::Load::default(),
+        })
+        .expect("json");
+        let beats = {
+            let tx = s.tx.clone();
+            tokio::spawn(async move {
+                while tx.send(Inbound::Text(status.clone())).await.is_ok() {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            })
+        };
+        let started = std::time::Instant::now();
+        let (code, why) = tokio::time::timeout(Duration::from_secs(5), closed_with(&mut s))
+            .await
+            .expect("dropped for not reading");
+        assert!(code == 1008 && why.contains("no pong"), "{why}");
+        assert!(started.elapsed() >= Duration::from_millis(400));
+        beats.abort();
     }
 
     #[tokio::test]

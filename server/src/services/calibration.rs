@@ -1,23 +1,28 @@
 //! Calibration: the server measures every executor itself, on the real
-//! model, with a seeded challenge it times on its own clock: a prefill of
-//! `PREFILL` random tokens (the time to the first token, best of two) and
-//! one of `PREFILL_LONG` (a long prompt's tokens cost more), then
-//! decoding `DECODE` tokens alone and four sequences at once (the time to
-//! the last token over the tokens, the median over sequences). A worker
-//! gets no work until it is calibrated, and is
-//! measured again every `RECALIBRATE` (sooner, `DRIFT_RECHECK`, when its
-//! observed steps drift past 2x of its profile); what it reports about itself is
-//! shown to admins, never used. The challenge travels as ordinary
-//! assignments, so a worker cannot tell it from real traffic. The house
-//! engine is calibrated the same way at start-up.
+//! model, with a challenge it times on its own clock: a prompt of
+//! `PREFILL` tokens (the time to the first token, best of two) and one of
+//! `PREFILL_LONG` (a long prompt's tokens cost more), then prompts decoded
+//! alone and four at once (the time to the last token over the tokens,
+//! the median over sequences). A worker gets no work until it is
+//! calibrated, and is measured again every `RECALIBRATE` (sooner,
+//! `DRIFT_RECHECK`, when its observed steps drift past 2x of its
+//! profile); what it reports about itself is shown to admins, never used.
 //!
-//! The decode challenges are also canaries: their greedy answers are
-//! known (the house engine scores them, as a spot check would), so a
-//! worker that does not run the model it registered is quarantined
-//! before it earns anything, as is one that fails
-//! `MAX_FAILED_CALIBRATIONS` challenges in a row.
+//! The challenge looks like traffic: ordinary assignments of fresh prose
+//! (tokenized by the model's own tokenizer), with a random seed, a
+//! sampling temperature, an answer length and log-probabilities as
+//! ordinary requests have them (every attempt asks for those). Every
+//! answer is a canary: the house engine scores its tokens as a spot check
+//! would, so a worker that does not run the model it registered (or that
+//! answers a prefill at once with any token) is quarantined before it
+//! earns anything, as is one that fails `MAX_FAILED_CALIBRATIONS`
+//! challenges in a row. A job has `JOB_TIMEOUT` in all (`accepted` buys
+//! no time), a whole calibration `DEADLINE`; one runs at a time (they
+//! would measure each other on shared cores), and the turn goes to the
+//! provider whose workers waited longest, so one provider's many workers
+//! cannot keep another's from being measured.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -39,8 +44,10 @@ const PREFILL: usize = crate::fleet::registry::PREFILL_SHORT;
 const PREFILL_LONG: usize = crate::fleet::registry::PREFILL_LONG;
 /// Tokens of each decode challenge.
 const DECODE: usize = 24;
-/// How long one challenge job may take before the worker fails it.
+/// How long one challenge job may take, in all, before the worker fails it.
 const JOB_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long a whole calibration may take.
+const DEADLINE: Duration = Duration::from_secs(150);
 /// How often a calibrated worker is measured again.
 const RECALIBRATE: Duration = Duration::from_secs(600);
 /// How soon after a calibration a worker whose steps drifted from its
@@ -60,55 +67,75 @@ enum On<'a> {
 /// until the process ends; the house engine is measured once, when the
 /// first worker arrives (a server without workers does no extra work).
 pub async fn run(fleet: Arc<Registry>, models: Arc<ModelRegistry>, dispatch: Arc<Dispatch>) {
-    let busy: Arc<Mutex<HashSet<String>>> = Arc::default();
     let failures: Arc<Mutex<HashMap<String, u32>>> = Arc::default();
-    // One challenge at a time: challenges that overlap on shared cores
+    // One calibration at a time: challenges that overlap on shared cores
     // measure each other, not the executor.
-    let one_at_a_time = Arc::new(tokio::sync::Semaphore::new(1));
+    let running = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut turns = Turns::default();
     let mut house_done = false;
     let mut tick = tokio::time::interval(SCAN);
     loop {
         tick.tick().await;
-        // Workers connected here (another replica measures its own).
-        let workers = fleet.local();
         if !house_done && !fleet.list().is_empty() {
             house_done = true;
-            let _turn = one_at_a_time.acquire().await;
             calibrate_house(&models, &dispatch).await;
         }
-        let now = crate::store::now();
-        for w in workers {
-            let due = match (&w.state[..], &w.profile) {
-                ("calibrating", _) => true,
-                ("active", Some(p)) => {
-                    let age = now - p.measured_at;
-                    age >= RECALIBRATE.as_secs() as i64
-                        || (age >= DRIFT_RECHECK.as_secs() as i64 && dispatch.drifted(&w.id))
-                }
-                _ => false,
-            };
-            if !due
-                || !busy
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .insert(w.id.clone())
-            {
-                continue;
-            }
-            let (fleet, models, dispatch, busy, failures, turns) = (
-                fleet.clone(),
-                models.clone(),
-                dispatch.clone(),
-                busy.clone(),
-                failures.clone(),
-                one_at_a_time.clone(),
-            );
-            tokio::spawn(async move {
-                let _turn = turns.acquire().await;
-                calibrate_worker(&fleet, &models, &dispatch, &w, &failures).await;
-                busy.lock().unwrap_or_else(|e| e.into_inner()).remove(&w.id);
-            });
+        if running.load(std::sync::atomic::Ordering::Acquire) {
+            continue;
         }
+        // Workers connected here (another replica measures its own).
+        let now = crate::store::now();
+        let due: Vec<WorkerInfo> = fleet
+            .local()
+            .into_iter()
+            .filter(|w| is_due(w, now, &dispatch))
+            .collect();
+        let Some(w) = turns.next(due) else { continue };
+        running.store(true, std::sync::atomic::Ordering::Release);
+        let (fleet, models, dispatch, failures, running) = (
+            fleet.clone(),
+            models.clone(),
+            dispatch.clone(),
+            failures.clone(),
+            running.clone(),
+        );
+        tokio::spawn(async move {
+            calibrate_worker(&fleet, &models, &dispatch, &w, &failures).await;
+            running.store(false, std::sync::atomic::Ordering::Release);
+        });
+    }
+}
+
+/// Whether worker `w` is to be measured now.
+fn is_due(w: &WorkerInfo, now: i64, dispatch: &Dispatch) -> bool {
+    match (&w.state[..], &w.profile) {
+        ("calibrating", _) => true,
+        ("active", Some(p)) => {
+            let age = now - p.measured_at;
+            age >= RECALIBRATE.as_secs() as i64
+                || (age >= DRIFT_RECHECK.as_secs() as i64 && dispatch.drifted(&w.id))
+        }
+        _ => false,
+    }
+}
+
+/// Whose turn it is: among the workers due, one of the provider whose
+/// last turn is oldest (a provider never served first), so a provider
+/// with many workers takes one turn in each round, not every turn.
+#[derive(Debug, Default)]
+struct Turns {
+    last: HashMap<String, u64>,
+    clock: u64,
+}
+
+impl Turns {
+    fn next(&mut self, due: Vec<WorkerInfo>) -> Option<WorkerInfo> {
+        let w = due
+            .into_iter()
+            .min_by_key(|w| (self.last.get(&w.provider_id).copied(), w.id.clone()))?;
+        self.clock += 1;
+        self.last.insert(w.provider_id.clone(), self.clock);
+        Some(w)
     }
 }
 
@@ -118,7 +145,7 @@ async fn calibrate_house(models: &ModelRegistry, dispatch: &Dispatch) {
         crate::services::models::ModelKind::Embedding(_) => None,
     });
     let Some(house) = house else { return };
-    match challenge(On::House(&house), house.info().vocab_size, 0).await {
+    match challenge(On::House(&house), house.tokenizer()).await {
         Ok((p, _)) => {
             tracing::info!(?p, "house engine calibrated");
             dispatch.set_profile("house", p);
@@ -142,16 +169,11 @@ async fn calibrate_worker(
         tracing::warn!(worker = %w.id, "serves no model this server knows: left uncalibrated");
         return;
     };
-    let seed =
-        w.id.bytes()
-            .fold(0u64, |h, b| h.wrapping_mul(31).wrapping_add(u64::from(b)));
-    match challenge(
-        On::Worker(fleet, &w.id, &model),
-        house.info().vocab_size,
-        seed,
-    )
-    .await
-    {
+    let run = challenge(On::Worker(fleet, &w.id, &model), house.tokenizer());
+    let outcome = tokio::time::timeout(DEADLINE, run)
+        .await
+        .unwrap_or_else(|_| Err(format!("no answer in {} s", DEADLINE.as_secs())));
+    match outcome {
         Ok((p, answers)) => {
             let who = crate::services::spotcheck::Who {
                 worker: &w.id,
@@ -210,36 +232,32 @@ async fn canaries(
     None
 }
 
-/// Runs the whole challenge on `on` and derives the profile; the
-/// greedy answers of its decode challenges are the canaries' (checked
-/// against the house engine's reference).
-async fn challenge(on: On<'_>, vocab: usize, seed: u64) -> Result<(Profile, Vec<Sample>), String> {
-    let mut rng = StdRng::seed_from_u64(seed);
-    let mut tokens = |n: usize| -> Vec<u32> {
-        (0..n)
-            .map(|_| rng.random_range(3..vocab.max(4) as u32))
-            .collect()
-    };
-    let long = tokens(PREFILL);
+/// Runs the whole challenge on `on` and derives the profile; every
+/// answer is a canary (checked against the house engine's reference).
+async fn challenge(
+    on: On<'_>,
+    tok: &engine::TextTokenizer,
+) -> Result<(Profile, Vec<Sample>), String> {
+    let mut rng = StdRng::from_os_rng();
+    let mut answers = Vec::new();
+    let short = prose(&mut rng, tok, PREFILL)?;
     let mut prefill = f64::MAX;
     for _ in 0..2 {
-        let t = timed(on, long.clone(), 1).await?;
-        let first = t
-            .times
-            .first()
-            .ok_or("no token from the prefill challenge")?;
-        prefill = prefill.min(first.duration_since(t.start).as_secs_f64());
+        let t = timed(on, short.clone(), Draw::new(&mut rng), PREFILL_WANT).await?;
+        prefill = prefill.min(t.first_token()?);
+        answers.push(t.sample(short.clone()));
     }
     // A long prompt's tokens cost more (attention): timed once more.
-    let t = timed(on, tokens(PREFILL_LONG), 1).await?;
-    let first = t
-        .times
-        .first()
-        .ok_or("no token from the long prefill challenge")?;
-    let prefill_long = first.duration_since(t.start).as_secs_f64();
-    let mut answers = Vec::new();
-    let one = decode_gap(on, vec![tokens(8)], &mut answers).await?;
-    let four = decode_gap(on, (0..4).map(|_| tokens(8)).collect(), &mut answers).await?;
+    let long = prose(&mut rng, tok, PREFILL_LONG)?;
+    let t = timed(on, long.clone(), Draw::new(&mut rng), PREFILL_WANT).await?;
+    let prefill_long = t.first_token()?;
+    answers.push(t.sample(long));
+    let one = vec![prose(&mut rng, tok, DECODE_PROMPT)?];
+    let one = decode_gap(on, one, &mut rng, &mut answers).await?;
+    let four = (0..4)
+        .map(|_| prose(&mut rng, tok, DECODE_PROMPT))
+        .collect::<Result<Vec<_>, _>>()?;
+    let four = decode_gap(on, four, &mut rng, &mut answers).await?;
     let profile = Profile {
         prefill_tokens_per_s: PREFILL as f64 / prefill.max(1e-6),
         prefill_ms_long: prefill_long * 1e3,
@@ -248,6 +266,201 @@ async fn challenge(on: On<'_>, vocab: usize, seed: u64) -> Result<(Profile, Vec<
         measured_at: crate::store::now(),
     };
     Ok((profile, answers))
+}
+
+/// Prompt tokens of the decode challenges.
+const DECODE_PROMPT: usize = 24;
+/// Tokens a prefill challenge takes before it is cancelled (its first
+/// times the prefill; one more, as a stop string often comes early).
+const PREFILL_WANT: usize = 2;
+
+/// Words the challenges' prose is drawn from.
+const WORDS: &[&str] = &[
+    "the",
+    "a",
+    "river",
+    "city",
+    "old",
+    "new",
+    "light",
+    "morning",
+    "people",
+    "work",
+    "house",
+    "market",
+    "water",
+    "road",
+    "small",
+    "great",
+    "long",
+    "time",
+    "year",
+    "day",
+    "night",
+    "story",
+    "garden",
+    "school",
+    "music",
+    "book",
+    "letter",
+    "question",
+    "answer",
+    "reason",
+    "history",
+    "mountain",
+    "village",
+    "train",
+    "window",
+    "friend",
+    "family",
+    "language",
+    "number",
+    "price",
+    "energy",
+    "machine",
+    "program",
+    "computer",
+    "simple",
+    "quickly",
+    "slowly",
+    "often",
+    "never",
+    "always",
+    "because",
+    "although",
+    "while",
+    "after",
+    "before",
+    "between",
+    "under",
+    "over",
+    "through",
+    "with",
+    "without",
+    "and",
+    "but",
+    "or",
+    "so",
+    "then",
+    "was",
+    "is",
+    "were",
+    "will",
+    "can",
+    "could",
+    "should",
+    "made",
+    "found",
+    "took",
+    "gave",
+    "wrote",
+    "explained",
+    "described",
+    "asked",
+    "remembered",
+    "built",
+    "opened",
+    "closed",
+    "carried",
+    "followed",
+    "learned",
+    "told",
+    "red",
+    "green",
+    "blue",
+    "quiet",
+    "busy",
+    "early",
+    "late",
+    "northern",
+    "southern",
+    "ancient",
+    "modern",
+    "careful",
+    "happy",
+    "tired",
+    "clear",
+    "bright",
+    "dark",
+    "warm",
+    "cold",
+    "open",
+];
+
+/// Fresh prose of exactly `n` tokens (as the model's tokenizer encodes a
+/// prompt): sentences of common words, different every time.
+fn prose(rng: &mut StdRng, tok: &engine::TextTokenizer, n: usize) -> Result<Vec<u32>, String> {
+    let mut text = String::new();
+    loop {
+        let words = rng.random_range(6..16);
+        for i in 0..words {
+            let w = WORDS[rng.random_range(0..WORDS.len())];
+            if i == 0 {
+                let mut c = w.chars();
+                text.extend(c.next().map(|f| f.to_ascii_uppercase()));
+                text.push_str(c.as_str());
+            } else {
+                text.push(' ');
+                text.push_str(w);
+            }
+        }
+        text.push_str(if rng.random_bool(0.2) { "? " } else { ". " });
+        let ids = tok.encode_prompt(&text).map_err(|e| e.to_string())?;
+        if ids.len() >= n {
+            return Ok(ids[..n].to_vec());
+        }
+    }
+}
+
+/// A challenge job's sampling, drawn as ordinary requests' are: a random
+/// seed, a temperature, nucleus sampling, an answer length.
+#[derive(Debug, Clone, Copy)]
+struct Draw {
+    seed: u64,
+    temperature: f32,
+    top_p: f32,
+    max_tokens: usize,
+}
+
+impl Draw {
+    fn new(rng: &mut StdRng) -> Self {
+        Self {
+            // Below 2^53: exact in any JSON reader, as request seeds are.
+            seed: rng.random_range(0..1u64 << 53),
+            temperature: [0.0, 0.6, 0.7, 0.8, 1.0][rng.random_range(0..5)],
+            top_p: [1.0, 0.9, 0.95][rng.random_range(0..3)],
+            max_tokens: rng.random_range(DECODE..=2 * DECODE),
+        }
+    }
+
+    fn sampling(&self) -> SamplingParams {
+        SamplingParams {
+            temperature: self.temperature,
+            top_p: self.top_p,
+            seed: Some(self.seed),
+            max_tokens: self.max_tokens,
+            logprobs: Some(0),
+            ..SamplingParams::default()
+        }
+    }
+
+    fn job(&self) -> JobParams {
+        JobParams {
+            temperature: self.temperature,
+            top_p: self.top_p,
+            top_k: 0,
+            min_p: 0.0,
+            seed: self.seed,
+            max_tokens: self.max_tokens as u32,
+            stop_token_ids: Vec::new(),
+            ignore_eos: false,
+            repetition_penalty: 1.0,
+            frequency_penalty: 0.0,
+            presence_penalty: 0.0,
+            logit_bias: Vec::new(),
+            logprobs: Some(0),
+        }
+    }
 }
 
 /// The decode step (ms) with these prompts at once: for each, the time
@@ -259,10 +472,17 @@ async fn challenge(on: On<'_>, vocab: usize, seed: u64) -> Result<(Profile, Vec<
 async fn decode_gap(
     on: On<'_>,
     prompts: Vec<Vec<u32>>,
+    rng: &mut StdRng,
     answers: &mut Vec<Sample>,
 ) -> Result<f64, String> {
-    let runs =
-        futures_util::future::join_all(prompts.iter().map(|p| timed(on, p.clone(), DECODE))).await;
+    let draws: Vec<Draw> = prompts.iter().map(|_| Draw::new(rng)).collect();
+    let runs = futures_util::future::join_all(
+        prompts
+            .iter()
+            .zip(&draws)
+            .map(|(p, d)| timed(on, p.clone(), *d, DECODE)),
+    )
+    .await;
     let mut steps = Vec::new();
     for (r, prompt) in runs.into_iter().zip(prompts) {
         let t = r?;
@@ -270,11 +490,7 @@ async fn decode_gap(
             let span = last.duration_since(t.start).as_secs_f64() * 1e3;
             steps.push(span / t.times.len() as f64);
         }
-        answers.push(Sample {
-            context: prompt,
-            tokens: t.tokens,
-            plain_greedy: true,
-        });
+        answers.push(t.sample(prompt));
     }
     if steps.is_empty() {
         return Err("no decode steps".into());
@@ -283,48 +499,70 @@ async fn decode_gap(
     Ok(steps[steps.len() / 2])
 }
 
-fn greedy(max_tokens: usize) -> SamplingParams {
-    SamplingParams {
-        temperature: 0.0,
-        max_tokens,
-        ignore_eos: true,
-        logprobs: Some(0),
-        ..SamplingParams::default()
-    }
-}
-
 /// One challenge job: when it was sent, when each token arrived, and the
 /// tokens with their reported log-probabilities.
 struct Timed {
     start: Instant,
     times: Vec<Instant>,
     tokens: Vec<(u32, Option<f32>)>,
+    /// Greedy with no penalty (its tokens must be the reference's top).
+    greedy: bool,
 }
 
-/// Runs one challenge job; returns when it was sent and when each token
-/// arrived, on this server's clock.
-async fn timed(on: On<'_>, prompt: Vec<u32>, max_tokens: usize) -> Result<Timed, String> {
+impl Timed {
+    /// Seconds to the first token (the prefill and one round trip).
+    fn first_token(&self) -> Result<f64, String> {
+        let first = self.times.first().ok_or("no token from a challenge")?;
+        Ok(first.duration_since(self.start).as_secs_f64())
+    }
+
+    /// The answer as a canary after `prompt`.
+    fn sample(&self, prompt: Vec<u32>) -> Sample {
+        Sample {
+            context: prompt,
+            tokens: self.tokens.clone(),
+            plain_greedy: self.greedy,
+        }
+    }
+}
+
+/// Runs one challenge job until it ends or `want` tokens came (then it is
+/// cancelled, as a client that saw its stop string would); returns when
+/// it was sent and when each token arrived, on this server's clock.
+async fn timed(on: On<'_>, prompt: Vec<u32>, draw: Draw, want: usize) -> Result<Timed, String> {
     let start = Instant::now();
-    let mut times = Vec::with_capacity(max_tokens);
-    let mut tokens = Vec::with_capacity(max_tokens);
+    let deadline = tokio::time::Instant::now() + JOB_TIMEOUT;
+    let mut times = Vec::with_capacity(draw.max_tokens);
+    let mut tokens = Vec::with_capacity(draw.max_tokens);
+    let greedy = draw.temperature == 0.0;
     match on {
         On::House(h) => {
             let req = GenerateRequest {
                 prompt_tokens: prompt,
-                params: greedy(max_tokens),
+                params: draw.sampling(),
             };
             let mut raw = h.submit_raw(req, Vec::new()).map_err(|e| e.to_string())?;
             loop {
-                match tokio::time::timeout(JOB_TIMEOUT, raw.next()).await {
+                match tokio::time::timeout_at(deadline, raw.next()).await {
                     Ok(Some(CoreEvent::Token { id, logprob })) => {
                         times.push(Instant::now());
                         tokens.push((id, logprob.map(|l| l.logprob)));
+                        if tokens.len() >= want {
+                            raw.abort();
+                            return Ok(Timed {
+                                start,
+                                times,
+                                tokens,
+                                greedy,
+                            });
+                        }
                     }
                     Ok(Some(CoreEvent::Finished { .. })) => {
                         return Ok(Timed {
                             start,
                             times,
                             tokens,
+                            greedy,
                         });
                     }
                     Ok(Some(CoreEvent::Accepted)) => {}
@@ -337,7 +575,6 @@ async fn timed(on: On<'_>, prompt: Vec<u32>, max_tokens: usize) -> Result<Timed,
             let job = fleet.jobs.next_id();
             let (tx, mut rx) = mpsc::unbounded_channel();
             fleet.jobs.place(job, worker, 1, tx);
-            let p = greedy(max_tokens);
             let assign = ToWorker::Assign {
                 v: VERSION,
                 job,
@@ -346,32 +583,22 @@ async fn timed(on: On<'_>, prompt: Vec<u32>, max_tokens: usize) -> Result<Timed,
                 prompt,
                 resume: Vec::new(),
                 kv: None,
-                params: JobParams {
-                    temperature: 0.0,
-                    top_p: 1.0,
-                    top_k: 0,
-                    min_p: 0.0,
-                    seed: job,
-                    max_tokens: max_tokens as u32,
-                    stop_token_ids: Vec::new(),
-                    ignore_eos: p.ignore_eos,
-                    repetition_penalty: 1.0,
-                    frequency_penalty: 0.0,
-                    presence_penalty: 0.0,
-                    logit_bias: Vec::new(),
-                    // The canary's check compares them with the house's.
-                    logprobs: Some(0),
-                },
+                params: draw.job(),
             };
             let result = async {
                 if !fleet.send(worker, assign).await {
                     return Err("the worker is gone".to_string());
                 }
                 loop {
-                    match tokio::time::timeout(JOB_TIMEOUT, rx.recv()).await {
+                    match tokio::time::timeout_at(deadline, rx.recv()).await {
                         Ok(Some(JobEvent::Core(CoreEvent::Token { id, logprob }))) => {
                             times.push(Instant::now());
                             tokens.push((id, logprob.map(|l| l.logprob)));
+                            if tokens.len() >= want {
+                                let cancel = ToWorker::Cancel { v: VERSION, job };
+                                fleet.send(worker, cancel).await;
+                                return Ok(());
+                            }
                         }
                         Ok(Some(JobEvent::Core(CoreEvent::Finished { .. }))) => return Ok(()),
                         Ok(Some(JobEvent::Core(CoreEvent::Accepted))) => {}
@@ -390,7 +617,76 @@ async fn timed(on: On<'_>, prompt: Vec<u32>, max_tokens: usize) -> Result<Timed,
                 start,
                 times,
                 tokens,
+                greedy,
             })
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fleet::registry::Registration;
+
+    /// Workers `names` of `provider`, as the registry lists them.
+    fn workers(fleet: &Registry, provider: &str, names: &[&str]) -> Vec<WorkerInfo> {
+        for n in names {
+            let mut r = Registration::for_test(n, vec![]);
+            r.provider_id = format!("provider:{provider}");
+            let (tx, rx) = mpsc::channel(1);
+            std::mem::forget(rx);
+            fleet.register(r, tx);
+        }
+        fleet
+            .list()
+            .into_iter()
+            .filter(|w| w.provider_id == format!("provider:{provider}"))
+            .collect()
+    }
+
+    #[test]
+    fn a_provider_with_many_workers_takes_one_turn_a_round() {
+        let fleet = Registry::default();
+        let many = workers(&fleet, "many", &["m1", "m2", "m3", "m4", "m5", "m6"]);
+        let one = workers(&fleet, "one", &["o1"]);
+        let other = workers(&fleet, "other", &["x1", "x2"]);
+        let mut turns = Turns::default();
+        let mut due: Vec<WorkerInfo> = [many, one, other].concat();
+        let mut order = Vec::new();
+        while let Some(w) = turns.next(due.clone()) {
+            due.retain(|d| d.id != w.id);
+            order.push(w.provider_id);
+        }
+        // Every provider is served in the first round, whoever has more
+        // workers waiting.
+        let first: std::collections::BTreeSet<&str> =
+            order[..3].iter().map(String::as_str).collect();
+        assert_eq!(first.len(), 3, "{order:?}");
+        assert_eq!(order.len(), 9);
+        assert!(
+            order[3..]
+                .iter()
+                .filter(|p| p.as_str() == "provider:one")
+                .count()
+                == 0,
+            "{order:?}"
+        );
+        assert!(Turns::default().next(Vec::new()).is_none());
+    }
+
+    #[test]
+    fn challenge_draws_look_like_traffic() {
+        let mut rng = StdRng::seed_from_u64(1);
+        let draws: Vec<Draw> = (0..200).map(|_| Draw::new(&mut rng)).collect();
+        let seeds: std::collections::HashSet<u64> = draws.iter().map(|d| d.seed).collect();
+        assert_eq!(seeds.len(), 200, "fresh seeds");
+        assert!(draws.iter().all(|d| d.seed < 1 << 53));
+        assert!(
+            draws.iter().any(|d| d.temperature > 0.0) && draws.iter().any(|d| d.temperature == 0.0)
+        );
+        for d in &draws {
+            let j = d.job();
+            assert!(!j.ignore_eos && j.logprobs == Some(0) && j.max_tokens as usize >= DECODE);
         }
     }
 }

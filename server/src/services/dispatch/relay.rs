@@ -477,7 +477,8 @@ impl Relay {
                     self.observed
                         .push((id, logprob.as_ref().map(|l| l.logprob)));
                 }
-                // Asked of the worker for a spot check only: not the client's.
+                // Asked of every worker (for spot checks): the client's only
+                // if it asked.
                 let logprob = logprob.filter(|_| self.params.logprobs.is_some());
                 if !self.accepted {
                     self.accepted = true;
@@ -538,11 +539,7 @@ impl Relay {
         let fleet = self.dispatch.fleet.clone();
         let (jtx, mut jrx) = mpsc::unbounded_channel();
         fleet.jobs.place(self.job, worker, attempt, jtx);
-        let mut params = job_params(&self.params);
-        if self.check {
-            params.logprobs.get_or_insert(0);
-        }
-        let assign = self.assignment(attempt, params, None);
+        let assign = self.assignment(attempt, job_params(&self.params), None);
         if !fleet.send(worker, assign).await {
             return Attempt::Lost("the worker is gone".into());
         }
@@ -662,7 +659,10 @@ fn step_ms(arrivals: &mut VecDeque<Instant>, at: Instant) -> Option<f64> {
     Some(last.duration_since(*first).as_secs_f64() * 1e3 / gaps as f64)
 }
 
-/// The wire form of a resolved choice's sampling.
+/// The wire form of a resolved choice's sampling. Every attempt asks for
+/// the sampled tokens' log-probabilities, whether or not the client did
+/// and whether or not a spot check will look at them: a worker cannot
+/// tell a checked attempt from another.
 pub(super) fn job_params(p: &engine::SamplingParams) -> JobParams {
     JobParams {
         temperature: p.temperature,
@@ -677,7 +677,10 @@ pub(super) fn job_params(p: &engine::SamplingParams) -> JobParams {
         frequency_penalty: p.frequency_penalty,
         presence_penalty: p.presence_penalty,
         logit_bias: p.logit_bias.clone(),
-        logprobs: p.logprobs.map(|n| u32::try_from(n).unwrap_or(u32::MAX)),
+        logprobs: Some(
+            p.logprobs
+                .map_or(0, |n| u32::try_from(n).unwrap_or(u32::MAX)),
+        ),
     }
 }
 
