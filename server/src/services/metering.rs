@@ -178,9 +178,11 @@ impl Credits {
     }
 }
 
-/// How often a running request records its usage on its hold (what
-/// recovery bills if this server dies mid-request).
-const CHECKPOINT_EVERY: Duration = Duration::from_secs(1);
+/// How often a running request records its usage on its hold, besides
+/// at its first token (what recovery bills if this server dies
+/// mid-request: at most this long of its tokens go unbilled, and the
+/// settlement writer's commit).
+pub const CHECKPOINT_EVERY: Duration = Duration::from_millis(250);
 
 impl Billing {
     /// The engine's load as the pricing engine sees it.
@@ -353,10 +355,11 @@ impl Tab {
         self.started = true;
         match ev {
             TokenEvent::Delta { token_ids, .. } => {
+                let first = self.choices.iter().all(|c| c.completion == 0);
                 if let Some(c) = self.choices.get_mut(i) {
                     c.completion += token_ids.len() as u64;
                 }
-                if self.checkpointed.elapsed() >= CHECKPOINT_EVERY {
+                if first || self.checkpointed.elapsed() >= CHECKPOINT_EVERY {
                     self.checkpointed = Instant::now();
                     self.ledger
                         .checkpoint_later(&self.request_id, self.usage().0);
