@@ -53,6 +53,10 @@ pub struct SamplingParams {
     /// Scheduling priority: lower values are admitted first and preempted
     /// last (vLLM's convention); ties go to the earlier request.
     pub priority: i32,
+    /// Who is asking (the server gives each API key its own): within a
+    /// priority, admission and prefill tokens are shared fairly between
+    /// tenants, so one cannot hold the others back with long prompts.
+    pub tenant: u64,
     /// Structured output: what every completion must match.
     pub grammar: Option<crate::constraint::Grammar>,
 }
@@ -81,6 +85,7 @@ impl Default for SamplingParams {
             logprobs: None,
             n: 1,
             priority: 0,
+            tenant: 0,
             grammar: None,
         }
     }

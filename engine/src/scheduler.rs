@@ -8,13 +8,21 @@
 //! token masks from `masks()`); `update()` takes the sampled tokens and
 //! decides which sequences finished.
 //!
+//! Prefill is shared fairly between tenants (`SamplingParams::tenant`, an
+//! API key): decodes go first, then the step's prefill tokens go, a chunk
+//! at a time, to the prompt (running or waiting) of the tenant served the
+//! fewest prefill tokens so far (within a priority), so one tenant's
+//! near-context prompts cannot make another's short request wait for all
+//! of them (deficit round robin over prefill tokens; a tenant that comes
+//! back starts just ahead of the least served one present).
+//!
 //! The scheduler owns the block tables (`KvManager`): a new sequence starts
 //! from its longest cached prefix, every chunk is backed by blocks before it
 //! runs, and when blocks run out the most recently admitted running
 //! sequence is preempted (its blocks freed, to be recomputed later) rather
 //! than failing or stalling. Aborts are applied between steps.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::time::Duration;
 
 use crate::constraint::Constraint;
@@ -183,6 +191,8 @@ pub struct Scheduler {
     pub imports_refused: u64,
     /// Prefill tokens per decoding step by time (`config.step_target`).
     budget: Option<StepBudget>,
+    /// Prefill tokens each present tenant's prompts were given.
+    served: HashMap<u64, u64>,
 }
 
 /// Imported KV rows to write into a sequence's blocks, from position
@@ -213,6 +223,7 @@ impl Scheduler {
             fills: Vec::new(),
             imports_used: 0,
             imports_refused: 0,
+            served: HashMap::new(),
         }
     }
 
@@ -316,37 +327,29 @@ impl Scheduler {
         Some(seq)
     }
 
-    /// Plans the next step: running sequences first, then admissions.
+    /// Plans the next step: decodes of running sequences first, then the
+    /// prefill tokens, shared between tenants (`prefill_fairly`).
     pub fn schedule(&mut self) -> ModelBatch {
+        self.settle_tenants();
         let mut budget = self.config.max_num_batched_tokens;
-        let mut prefill = self.prefill_allowance();
+        let prefill = self.prefill_allowance();
         let mut batch = ModelBatch::default();
         let mut preempted = false;
+        let mut prompts = Vec::new();
         let mut i = 0;
         while i < self.running.len() && budget > 0 {
             let seq = &self.running[i];
-            let left = seq.len() - seq.num_computed;
-            let n = match left {
-                1 => 1,
-                _ => left.min(budget).min(prefill),
-            };
-            if n == 0 {
+            if seq.len() - seq.num_computed > 1 {
+                prompts.push(seq.id);
                 i += 1;
                 continue;
             }
-            let draft = if n == 1 {
-                self.draft_for(seq, budget - 1)
-            } else {
-                Vec::new()
-            };
-            let (id, end) = (seq.id, seq.num_computed + n + draft.len());
+            let draft = self.draft_for(seq, budget - 1);
+            let (id, end) = (seq.id, seq.num_computed + 1 + draft.len());
             if self.kv.allocate(id, end) {
-                budget -= n + draft.len();
-                if left > 1 {
-                    prefill -= n;
-                }
+                budget -= 1 + draft.len();
                 self.spec_proposed += draft.len() as u64;
-                batch.chunks.push(self.chunk(i, n, draft));
+                batch.chunks.push(self.chunk(i, 1, draft));
                 i += 1;
                 continue;
             }
@@ -359,11 +362,101 @@ impl Scheduler {
             self.preempt(victim);
             // If that was this very sequence, it waits with the rest.
         }
-        if !preempted {
-            let mut budget = budget.min(prefill);
-            self.admit(&mut budget, &mut batch);
-        }
+        let mut room = budget.min(prefill);
+        self.prefill_fairly(&prompts, &mut room, !preempted, &mut batch);
         batch
+    }
+
+    /// Forgets tenants with nothing here; a tenant new here starts just
+    /// ahead of the least served one present (a tie would go to the
+    /// earlier arrival: the tenant already here).
+    fn settle_tenants(&mut self) {
+        let present: std::collections::HashSet<u64> = self
+            .running
+            .iter()
+            .chain(&self.waiting)
+            .map(|s| s.params.tenant)
+            .collect();
+        self.served.retain(|t, _| present.contains(t));
+        let floor = self.served.values().copied().min().unwrap_or(1);
+        let floor = floor.saturating_sub(1);
+        for t in present {
+            self.served.entry(t).or_insert(floor);
+        }
+    }
+
+    /// Where a prompt stands for the next prefill chunk: its priority, its
+    /// tenant's prefill tokens so far, its arrival.
+    fn rank(&self, seq: &Sequence) -> (i32, u64, RequestId) {
+        let served = self.served.get(&seq.params.tenant).copied().unwrap_or(0);
+        (seq.params.priority, served, seq.id)
+    }
+
+    /// Gives `room` prefill tokens, a chunk at a time, to the best ranked
+    /// prompt: a running one still prefilling (`prompts`), or a waiting one
+    /// admitted (only if `admit`: no preemption this step, a free slot and
+    /// blocks). A running prompt that finds no blocks preempts the least
+    /// urgent sequence not yet in the step.
+    fn prefill_fairly(
+        &mut self,
+        prompts: &[RequestId],
+        room: &mut usize,
+        mut admit: bool,
+        batch: &mut ModelBatch,
+    ) {
+        let mut prompts: Vec<RequestId> = prompts.to_vec();
+        while *room > 0 {
+            let running = prompts
+                .iter()
+                .filter_map(|id| self.running.iter().position(|s| s.id == *id))
+                .min_by_key(|&i| self.rank(&self.running[i]));
+            let waiting = (admit && self.running.len() < self.config.max_num_seqs)
+                .then(|| self.next_waiting())
+                .flatten();
+            let take_waiting = match (running, waiting) {
+                (Some(r), Some(w)) => self.rank(&self.waiting[w]) < self.rank(&self.running[r]),
+                (None, Some(_)) => true,
+                (Some(_), None) => false,
+                (None, None) => break,
+            };
+            if take_waiting {
+                let Some(w) = waiting else { break };
+                if !self.admit_one(w, room, batch) {
+                    admit = false;
+                }
+                continue;
+            }
+            let Some(i) = running else { break };
+            let seq = &self.running[i];
+            let (id, tenant) = (seq.id, seq.params.tenant);
+            let n = (seq.len() - seq.num_computed).min(*room);
+            prompts.retain(|p| *p != id);
+            if self.kv.allocate(id, seq.num_computed + n) {
+                *room -= n;
+                *self.served.entry(tenant).or_default() += n as u64;
+                batch.chunks.push(self.chunk(i, n, Vec::new()));
+                continue;
+            }
+            admit = false;
+            let in_step = |s: &Sequence| batch.chunks.iter().any(|c| c.seq == s.id);
+            let victim = (0..self.running.len())
+                .filter(|&j| !in_step(&self.running[j]))
+                .max_by_key(|&j| self.running[j].order());
+            if let Some(v) = victim {
+                self.preempt(v);
+                if self.running.iter().any(|s| s.id == id) {
+                    prompts.push(id);
+                }
+            }
+        }
+    }
+
+    /// The waiting sequence to admit next: the best ranked one that is not
+    /// waiting for a sibling's prompt.
+    fn next_waiting(&self) -> Option<usize> {
+        (0..self.waiting.len())
+            .filter(|&i| self.waiting[i].wait_for.is_none_or(|p| !self.prefilling(p)))
+            .min_by_key(|&i| self.rank(&self.waiting[i]))
     }
 
     /// Prefill tokens the coming step may carry: all of the token budget,
@@ -424,66 +517,56 @@ impl Scheduler {
         prompt_lookup(&seq.tokens, k, c.spec_ngram_max)
     }
 
-    /// Admits waiting sequences (first come, first served) while budget,
-    /// slots and blocks allow. Sibling choices wait for their first choice's
-    /// prompt, then start from its cached blocks.
-    fn admit(&mut self, budget: &mut usize, batch: &mut ModelBatch) {
-        let mut idx = 0;
-        while *budget > 0
-            && self.running.len() < self.config.max_num_seqs
-            && idx < self.waiting.len()
-        {
-            if self.waiting[idx]
-                .wait_for
-                .is_some_and(|p| self.prefilling(p))
-            {
-                idx += 1;
-                continue;
-            }
-            let seq = &mut self.waiting[idx];
-            let hit = self.kv.start(seq.id, &seq.tokens);
-            let imported = seq.imported.take();
-            // Imported KV counts as computed when it covers the prompt from
-            // where the cache ends (never the last token: it is sampled).
-            let usable = imported
-                .as_ref()
-                .is_some_and(|r| r.first <= hit && r.end() > hit && r.end() < seq.len());
-            seq.num_computed = match &imported {
-                Some(r) if usable => r.end(),
-                _ => hit,
-            };
-            let n = (seq.len() - seq.num_computed).min(*budget);
-            if !self.kv.allocate(seq.id, seq.num_computed + n) {
-                let id = seq.id;
-                seq.num_computed = 0;
-                seq.imported = imported;
-                self.kv.free(id);
-                break;
-            }
-            match imported {
-                Some(rows) if usable => {
-                    self.imports_used += 1;
-                    let seq = seq.id;
-                    self.fills.push(Fill {
-                        seq,
-                        rows,
-                        from: hit,
-                    });
-                }
-                Some(_) => self.imports_refused += 1,
-                None => {}
-            }
-            let seq = &mut self.waiting[idx];
-            seq.num_cached_tokens.get_or_insert(hit.min(seq.prompt_len));
-            let Some(seq) = self.waiting.remove(idx) else {
-                break;
-            };
-            self.running.push(seq);
-            batch
-                .chunks
-                .push(self.chunk(self.running.len() - 1, n, Vec::new()));
-            *budget -= n;
+    /// Admits waiting sequence `idx` with the first chunk of its prompt
+    /// (`budget` tokens at most), from its longest cached prefix or its
+    /// imported KV; false (nothing changed) when the blocks are not there.
+    /// Sibling choices start from their first choice's cached blocks.
+    fn admit_one(&mut self, idx: usize, budget: &mut usize, batch: &mut ModelBatch) -> bool {
+        let seq = &mut self.waiting[idx];
+        let hit = self.kv.start(seq.id, &seq.tokens);
+        let imported = seq.imported.take();
+        // Imported KV counts as computed when it covers the prompt from
+        // where the cache ends (never the last token: it is sampled).
+        let usable = imported
+            .as_ref()
+            .is_some_and(|r| r.first <= hit && r.end() > hit && r.end() < seq.len());
+        seq.num_computed = match &imported {
+            Some(r) if usable => r.end(),
+            _ => hit,
+        };
+        let n = (seq.len() - seq.num_computed).min(*budget);
+        if !self.kv.allocate(seq.id, seq.num_computed + n) {
+            let id = seq.id;
+            seq.num_computed = 0;
+            seq.imported = imported;
+            self.kv.free(id);
+            return false;
         }
+        match imported {
+            Some(rows) if usable => {
+                self.imports_used += 1;
+                let seq = seq.id;
+                self.fills.push(Fill {
+                    seq,
+                    rows,
+                    from: hit,
+                });
+            }
+            Some(_) => self.imports_refused += 1,
+            None => {}
+        }
+        let seq = &mut self.waiting[idx];
+        seq.num_cached_tokens.get_or_insert(hit.min(seq.prompt_len));
+        let Some(seq) = self.waiting.remove(idx) else {
+            return false;
+        };
+        *self.served.entry(seq.params.tenant).or_default() += n as u64;
+        self.running.push(seq);
+        batch
+            .chunks
+            .push(self.chunk(self.running.len() - 1, n, Vec::new()));
+        *budget -= n;
+        true
     }
 
     /// Whether `id` is known and has not finished computing its prompt.
@@ -769,7 +852,8 @@ mod tests {
                 match rng.random_range(0..10) {
                     0..=2 => {
                         next_id += 1;
-                        let sq = seq(next_id, rng.random_range(1..80), rng.random_range(1..40));
+                        let mut sq = seq(next_id, rng.random_range(1..80), rng.random_range(1..40));
+                        sq.params.tenant = rng.random_range(0..3);
                         if s.add(sq).is_ok() {
                             live.insert(RequestId(next_id));
                         }
@@ -805,6 +889,70 @@ mod tests {
                 "seed {seed}: blocks leaked"
             );
             assert_eq!(s.kv.num_tables(), 0);
+        }
+    }
+
+    /// Steps (sampling a token wherever a chunk wants one) until request
+    /// `id` has its first token; how many steps that took.
+    fn steps_to_first_token(s: &mut Scheduler, id: u64) -> usize {
+        for n in 1..=1_000 {
+            let batch = s.schedule();
+            check_step(s, &batch);
+            let sampled: Vec<Vec<Sampled>> = batch
+                .chunks
+                .iter()
+                .map(|c| vec![(7, None); c.num_logits()])
+                .collect();
+            let (tokens, _) = s.update(&batch, &sampled);
+            if tokens.iter().any(|t| t.seq == RequestId(id)) {
+                return n;
+            }
+        }
+        panic!("request {id} never got a token");
+    }
+
+    #[test]
+    fn one_tenants_long_prompts_do_not_hold_back_anothers_short_one() {
+        let flood_then_small = |small_tenant: u64| {
+            let config = SchedulerConfig {
+                max_num_seqs: 16,
+                max_num_batched_tokens: 256,
+                max_waiting: 64,
+                max_model_len: 2048,
+                ..SchedulerConfig::default()
+            };
+            let mut s = Scheduler::new(config, KvManager::new(4096, 16));
+            // Tenant 1: eight near-context prompts, running (two steps in).
+            for id in 1..=8 {
+                let mut q = seq(id, 1_800, 8);
+                q.params.tenant = 1;
+                // Distinct prompts: nothing comes from the prefix cache.
+                q.tokens[0] = 100 + id as u32;
+                s.add(q).expect("room");
+            }
+            steps_to_first_token_or(&mut s, 2);
+            let mut small = seq(100, 20, 8);
+            small.params.tenant = small_tenant;
+            s.add(small).expect("room");
+            steps_to_first_token(&mut s, 100)
+        };
+        // Another tenant's short prompt is served in the next step ...
+        assert_eq!(flood_then_small(2), 1);
+        // ... where the same tenant's waits behind its own long prompts
+        // (about 8 x 1,800 / 256 steps).
+        assert!(flood_then_small(1) > 40, "{}", flood_then_small(1));
+    }
+
+    /// Runs `n` steps.
+    fn steps_to_first_token_or(s: &mut Scheduler, n: usize) {
+        for _ in 0..n {
+            let batch = s.schedule();
+            let sampled: Vec<Vec<Sampled>> = batch
+                .chunks
+                .iter()
+                .map(|c| vec![(7, None); c.num_logits()])
+                .collect();
+            s.update(&batch, &sampled);
         }
     }
 

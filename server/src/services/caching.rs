@@ -164,6 +164,7 @@ pub fn params_key(p: &SamplingParams) -> String {
         logprobs,
         n,
         priority: _,
+        tenant: _,
         grammar,
     } = p;
     let mut s = String::from("v1");

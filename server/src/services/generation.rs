@@ -68,13 +68,28 @@ pub struct Outcome {
     pub usage: Usage,
 }
 
+/// The engine tenant of a caller: its key (open mode: one tenant, 0).
+fn tenant_of(key: Option<&KeyRecord>) -> u64 {
+    use std::hash::{Hash, Hasher};
+    key.map_or(0, |k| {
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        k.id.hash(&mut h);
+        h.finish() | 1
+    })
+}
+
 impl Generation {
     /// Runs `job` for the caller with `key` (none in open mode).
     pub async fn generate(
         &self,
         key: Option<&KeyRecord>,
-        job: Job,
+        mut job: Job,
     ) -> Result<Generated, ServiceError> {
+        // Each key is its own tenant: the engines share prefill between them.
+        let tenant = tenant_of(key);
+        for r in &mut job.requests {
+            r.params.tenant = tenant;
+        }
         let worst: u64 = job
             .requests
             .iter()

@@ -101,6 +101,8 @@ fn sampling(
         logprobs,
         n,
         priority: c.priority.unwrap_or(0),
+        // Set from the caller's key by the generation service.
+        tenant: 0,
         grammar: None,
     };
     params.validate()?;
