@@ -164,10 +164,10 @@ def test_a_prefill_worker_that_inflates_its_prompt_count_is_paid_for_the_real_pr
         srv["gen"].close()
 
 
-def test_an_embedding_worker_is_billed_and_paid_by_the_servers_token_count():
+def test_an_embedding_worker_is_billed_by_the_servers_count_and_its_vectors_checked():
     from conftest import ADMIN_TOKEN, _start
     gen = _start("--model", "tiny/tiny.gguf", "--admin-token", ADMIN_TOKEN,
-                 "--placement-house-factor", "1000", open_mode=True)
+                 "--placement-house-factor", "1000", "--spot-check-new-rate", "1", open_mode=True)
     base = next(gen)["base"]
     proc = proxy = None
     try:
@@ -180,18 +180,22 @@ def test_an_embedding_worker_is_billed_and_paid_by_the_servers_token_count():
         [w] = wait_for(lambda: [w for w in fleet(base) if w["state"] == "active"], timeout=60,
                        what="the worker")
         assert w["encoders"] == ["all-minilm-l6-v2"], w
+        # It inflates its count and answers constant vectors.
         proxy.armed = True
         seen = usage(base)
         there = client.embeddings.create(model="all-minilm-l6-v2", input=texts)
-        assert proxy.tamper.hits >= 1, "the worker's count was inflated"
+        assert proxy.tamper.hits >= 1, "the worker's answer was forged"
+        # Billed by the server's count; the check caught the vectors and
+        # the house's went to the client instead.
         assert there.usage.prompt_tokens == here.usage.prompt_tokens
+        for a, b in zip(here.data, there.data):
+            assert max(abs(x - y) for x, y in zip(a.embedding, b.embedding)) < 1e-4
         [rec] = new_records(base, seen)
         assert rec["prompt_tokens"] == here.usage.prompt_tokens, rec
-        fee = rec["fee"]
-        assert fee >= 0 and rec["provider_amount"] <= rec["cost"] - fee, rec
-        wait_for(lambda: balance(base, created["account_id"]) > 0, timeout=10,
-                 what="the provider to be paid")
-        assert balance(base, created["account_id"]) <= rec["provider_amount"]
+        assert rec["fee"] >= 0 and rec["provider_amount"] <= rec["cost"] - rec["fee"], rec
+        closed_for(proc, "quarantined")
+        proc = None
+        assert balance(base, created["account_id"]) == 0, "a forged answer is not paid"
         status, audit = call(base, "GET", "/admin/ledger/audit")
         assert status == 200 and audit["violations"] == [], audit
     finally:

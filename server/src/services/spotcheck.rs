@@ -107,6 +107,19 @@ pub fn judge(c: &SpotConfig, sample: &Sample, scores: &[TokenScore]) -> Verdict 
     Verdict::Pass(worst)
 }
 
+/// The least cosine a checked embedding may have with the reference's.
+pub const MIN_COSINE: f32 = 0.99;
+
+fn cosine(a: &[f32], b: &[f32]) -> f32 {
+    let dot: f32 = a.iter().zip(b).map(|(x, y)| x * y).sum();
+    let norm = |v: &[f32]| v.iter().map(|x| x * x).sum::<f32>().sqrt();
+    let d = norm(a) * norm(b);
+    if a.len() != b.len() || d == 0.0 || !d.is_finite() {
+        return f32::NEG_INFINITY;
+    }
+    dot / d
+}
+
 /// Whose attempt a check judges.
 #[derive(Debug, Clone, Copy)]
 pub struct Who<'a> {
@@ -207,6 +220,29 @@ impl SpotCheck {
         Some(v)
     }
 
+    /// Judges a worker's embedding vectors against the house encoder's
+    /// for the same inputs (`want`): each pair must point the same way
+    /// (cosine at least `MIN_COSINE`; honest encoders on different CPUs
+    /// differ by far less). Counted and recorded like a generation's check.
+    pub fn check_vectors(&self, got: &[Vec<f32>], want: &[Vec<f32>], who: Who<'_>) -> Verdict {
+        let worst = got
+            .iter()
+            .zip(want)
+            .map(|(a, b)| cosine(a, b))
+            .fold(f32::INFINITY, f32::min);
+        let v = if got.len() == want.len() && worst >= MIN_COSINE {
+            self.passed.fetch_add(1, Relaxed);
+            Verdict::Pass(1.0 - worst.min(1.0))
+        } else {
+            self.failed.fetch_add(1, Relaxed);
+            Verdict::Fail(format!(
+                "embedding: cosine {worst:.4} with the reference (at least {MIN_COSINE})"
+            ))
+        };
+        self.record(who, &v);
+        v
+    }
+
     /// Adds a verdict to a worker's record.
     fn record(&self, who: Who<'_>, v: &Verdict) {
         let mut records = self.records.lock().unwrap_or_else(|e| e.into_inner());
@@ -296,6 +332,37 @@ mod tests {
             judge(&c, &sample(&[(5, Some(-0.1))], false), &refs),
             Verdict::Fail(_)
         ));
+    }
+
+    #[test]
+    fn embeddings_pass_when_they_point_the_reference_way_and_fail_otherwise() {
+        let c = SpotCheck::default();
+        let who = Who {
+            worker: "w",
+            provider: "p",
+        };
+        let want = vec![vec![0.6, 0.8, 0.0], vec![0.0, 0.0, 1.0]];
+        let near = vec![vec![0.6001, 0.7999, 0.0001], vec![0.0, 0.0001, 1.0]];
+        assert!(matches!(
+            c.check_vectors(&near, &want, who),
+            Verdict::Pass(_)
+        ));
+        let constant = vec![vec![0.1, 0.1, 0.1]; 2];
+        assert!(matches!(
+            c.check_vectors(&constant, &want, who),
+            Verdict::Fail(_)
+        ));
+        let zero = vec![vec![0.0; 3]; 2];
+        assert!(matches!(
+            c.check_vectors(&zero, &want, who),
+            Verdict::Fail(_)
+        ));
+        assert!(matches!(
+            c.check_vectors(&want[..1], &want, who),
+            Verdict::Fail(_)
+        ));
+        let r = &c.records()[0];
+        assert_eq!((r.checked, r.passed, r.failed), (4, 1, 3));
     }
 
     #[test]

@@ -75,10 +75,7 @@ impl Dispatch {
         };
         if let Target::Worker(id, provider, _) = &target {
             match self.embed_on(id, model, house, &input, query).await {
-                Ok(out) => {
-                    self.fleet.record(id, provider, 0, false);
-                    return Ok((out, target));
-                }
+                Ok(out) => return self.checked(out, &target, house, input, query).await,
                 Err(why) => {
                     tracing::warn!(worker = %id, reason = %why, "an embedding job was lost; running it here");
                     self.fleet.record(id, provider, 0, true);
@@ -87,6 +84,59 @@ impl Dispatch {
                 }
             }
         }
+        Ok((self.embed_here(house, input, query).await?, Target::House))
+    }
+
+    /// A worker's vectors, spot-checked as often as its generations
+    /// (against the house encoder, on the same inputs): passed, they are
+    /// the answer; failed, the house's are (the worker is not paid) and
+    /// its token is quarantined.
+    async fn checked(
+        &self,
+        out: Embeddings,
+        target: &Target,
+        house: &EmbeddingHandle,
+        input: EmbedInput,
+        query: bool,
+    ) -> Result<(Embeddings, Target), EngineError> {
+        let Target::Worker(id, provider, _) = target else {
+            return Ok((out, target.clone()));
+        };
+        let jobs = self.fleet.standing.get(provider).jobs_ok;
+        if self.spot.pick(jobs) {
+            let reference = self.embed_here(house, input, query).await?;
+            let who = crate::services::spotcheck::Who {
+                worker: id,
+                provider,
+            };
+            let verdict = self
+                .spot
+                .check_vectors(&out.vectors, &reference.vectors, who);
+            if let crate::services::spotcheck::Verdict::Fail(why) = verdict {
+                self.quarantine(id, provider, &why).await;
+                let prompt_tokens = out.prompt_tokens;
+                return Ok((
+                    Embeddings {
+                        prompt_tokens,
+                        ..reference
+                    },
+                    Target::House,
+                ));
+            }
+        }
+        self.fleet.record(id, provider, 0, false);
+        Ok((out, target.clone()))
+    }
+
+    /// Embeds `input` on the house encoder (`query`: one text, by the
+    /// query encoder), measured.
+    async fn embed_here(
+        &self,
+        house: &EmbeddingHandle,
+        input: EmbedInput,
+        query: bool,
+    ) -> Result<Embeddings, EngineError> {
+        let n = count(&input).max(1);
         let started = Instant::now();
         self.encoders.with(HOUSE, |m| m.outstanding += 1);
         let out = match (query, input) {
@@ -102,7 +152,7 @@ impl Dispatch {
             m.outstanding = m.outstanding.saturating_sub(1);
             observe(m, started.elapsed(), n);
         });
-        Ok((out?, Target::House))
+        out
     }
 
     /// What `provider`'s worker earns for embedding `tokens` tokens at
