@@ -16,45 +16,30 @@ proven one's (the defaults).
 """
 
 import argparse
-import json
 import os
 import re
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import urllib.request
+
+import synor_proc
 
 ADMIN = "check-cost-admin"
 MODEL = "smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 def start_server(args, rate):
-    env = dict(os.environ, RUST_LOG="warn", SYNOR_MODELS_DIR=args.models_dir)
-    proc = subprocess.Popen(
-        [args.bin, "serve", "--open", "--bind", "127.0.0.1:0", "--model", MODEL,
-         "--embedding-model", "none", "--admin-token", ADMIN, "--placement-house-factor", "1000",
-         "--spot-check-new-rate", str(rate), "--spot-check-rate", str(rate),
-         "--database-url", "sqlite://" + tempfile.mkdtemp(prefix="cost-") + "/synor.db",
-         "--cache-dir", tempfile.mkdtemp(prefix="cost-cache-")],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-    for line in proc.stdout:
-        m = re.search(r"listening on (http://\S+)", line)
-        if m:
-            threading.Thread(target=lambda: [None for _ in proc.stdout], daemon=True).start()
-            return proc, m.group(1)
-    raise RuntimeError("the server did not start")
+    db = "sqlite://" + tempfile.mkdtemp(prefix="cost-") + "/synor.db"
+    return synor_proc.start(args.bin, [
+        "--open", "--model", MODEL, "--embedding-model", "none", "--admin-token", ADMIN,
+        "--placement-house-factor", "1000", "--spot-check-new-rate", str(rate),
+        "--spot-check-rate", str(rate), "--database-url", db], args.models_dir)
 
 
 def call(base, method, path, body=None):
-    req = urllib.request.Request(base + path, method=method,
-                                 data=None if body is None else json.dumps(body).encode(),
-                                 headers={"authorization": f"Bearer {ADMIN}",
-                                          "content-type": "application/json",
-                                          "x-synor-cache": "bypass"})
-    with urllib.request.urlopen(req, timeout=300) as r:
-        return json.loads(r.read() or b"null")
+    return synor_proc.call(base, method, path, body, ADMIN, 300)
 
 
 def metric(base, name):

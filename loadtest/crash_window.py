@@ -21,41 +21,27 @@ import argparse
 import json
 import os
 import random
-import re
 import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
 import time
 import urllib.request
 
+import synor_proc
+
 ADMIN = "crash-window-admin"
 
 
 def start(binary, model, db, models_dir):
-    env = dict(os.environ, RUST_LOG="warn", SYNOR_MODELS_DIR=models_dir)
-    proc = subprocess.Popen(
-        [binary, "serve", "--bind", "127.0.0.1:0", "--model", model, "--embedding-model", "none",
-         "--database-url", db, "--admin-token", ADMIN, "--instance-stale-after", "1",
-         "--cache-dir", tempfile.mkdtemp(prefix="crash-cache-")],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-    for line in proc.stdout:
-        m = re.search(r"listening on (http://\S+)", line)
-        if m:
-            threading.Thread(target=lambda: [None for _ in proc.stdout], daemon=True).start()
-            return proc, m.group(1)
-    raise RuntimeError("the server did not start")
+    return synor_proc.start(binary, ["--model", model, "--embedding-model", "none",
+                                     "--database-url", db, "--admin-token", ADMIN,
+                                     "--instance-stale-after", "1"], models_dir)
 
 
 def call(base, method, path, body=None, token=ADMIN):
-    req = urllib.request.Request(base + path, method=method,
-                                 data=None if body is None else json.dumps(body).encode(),
-                                 headers={"authorization": f"Bearer {token}",
-                                          "content-type": "application/json"})
-    with urllib.request.urlopen(req, timeout=60) as r:
-        return json.loads(r.read() or b"null")
+    return synor_proc.call(base, method, path, body, token)
 
 
 def stream(base, key, model, i, counts, first, max_tokens):

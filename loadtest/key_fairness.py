@@ -15,45 +15,27 @@ answer, and when the flood finished.
 """
 
 import argparse
-import json
 import os
-import re
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
 import time
-import urllib.request
+
+import synor_proc
 
 ADMIN = "key-fairness-admin"
 
 
 def start(args):
     db = "sqlite://" + tempfile.mkdtemp(prefix="fair-") + "/synor.db"
-    env = dict(os.environ, RUST_LOG="warn", SYNOR_MODELS_DIR=args.models_dir)
-    proc = subprocess.Popen(
-        [args.bin, "serve", "--bind", "127.0.0.1:0", "--model", args.model,
-         "--embedding-model", "none", "--database-url", db, "--admin-token", ADMIN,
-         "--max-model-len", str(args.context),
-         "--cache-dir", tempfile.mkdtemp(prefix="fair-cache-")],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-    for line in proc.stdout:
-        m = re.search(r"listening on (http://\S+)", line)
-        if m:
-            threading.Thread(target=lambda: [None for _ in proc.stdout], daemon=True).start()
-            return proc, m.group(1)
-    raise RuntimeError("the server did not start")
+    return synor_proc.start(args.bin, ["--model", args.model, "--embedding-model", "none",
+                                       "--database-url", db, "--admin-token", ADMIN,
+                                       "--max-model-len", str(args.context)], args.models_dir)
 
 
 def call(base, method, path, body=None, token=ADMIN, timeout=600):
-    req = urllib.request.Request(base + path, method=method,
-                                 data=None if body is None else json.dumps(body).encode(),
-                                 headers={"authorization": f"Bearer {token}",
-                                          "content-type": "application/json",
-                                          "x-synor-cache": "bypass"})
-    with urllib.request.urlopen(req, timeout=timeout) as r:
-        return json.loads(r.read() or b"null")
+    return synor_proc.call(base, method, path, body, token, timeout)
 
 
 def key(base, name):
