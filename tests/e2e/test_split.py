@@ -170,7 +170,9 @@ def test_an_idle_worker_takes_work_queued_on_a_busy_one():
                 model=SMOL, prompt=p, max_tokens=160, temperature=0,
                 extra_body={"ignore_eos": True}, extra_headers={"x-synor-cache": "bypass"},
             ).choices[0].text
-        prompts = [f"Story number {i}:" for i in range(6)]
+        # Enough queued work to outlast the idle worker's calibration
+        # (a few seconds: its canaries are re-scored on the house).
+        prompts = [f"Story number {i}:" for i in range(10)]
         want = {p: complete_smol(p) for p in prompts}
         created = provider_token(base)
         procs.append(worker(base, created["token"], "busy", "--max-num-seqs", "1"))
