@@ -10,6 +10,8 @@ every restart, until an admin clears it."""
 import re
 import urllib.request
 
+import pytest
+
 from conftest import fresh_postgres_url
 from hostile import Empty, ExtraTokens, Garbage, Hostile, InflateEmbed, InflatePrefill
 from test_fleet import (call, complete, finish, fleet, open_server, provider_token, sdk, start_worker,
@@ -76,8 +78,9 @@ def new_records(base, before):
     return [r for rid, r in usage(base).items() if rid not in before]
 
 
-def test_a_lying_worker_is_paid_only_what_the_server_counted_and_never_past_the_fee():
-    srv = open_server()
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+def test_a_lying_worker_is_paid_only_what_the_server_counted_and_never_past_the_fee(backend):
+    srv = open_server(*(["--database-url", fresh_postgres_url()] if backend == "postgres" else []))
     base = srv["base"]
     proxy = proc = None
     try:
