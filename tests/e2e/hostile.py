@@ -120,6 +120,40 @@ class ExtraTokens(Honest):
         return [msg]
 
 
+class Later:
+    """A message a policy sends at `at` (the proxy loop's clock) instead of
+    now; what comes meanwhile goes on."""
+
+    def __init__(self, at, msg):
+        self.at, self.msg = at, msg
+
+
+class Trickle(Honest):
+    """An armed job's tokens one at a time, `gap` seconds apart (each gap
+    inside the server's progress timeout), its `done` after the last; the
+    worker's statuses flow as usual."""
+
+    def __init__(self, gap=4.0):
+        super().__init__()
+        self.gap = gap
+        self.cursor = {}  # job -> when its last token goes
+
+    def from_worker(self, msg):
+        if not (self._job(msg, "tokens") or self._job(msg, "done")):
+            return [msg]
+        self.hits += 1
+        now = asyncio.get_running_loop().time()  # the hooks run in the proxy's loop
+        job = msg["job"]
+        out = []
+        singles = ([dict(msg, tokens=[t]) for t in msg["tokens"]]
+                   if msg["type"] == "tokens" else [msg])
+        for m in singles:
+            at = max(now, self.cursor.get(job, now)) + (self.gap if m["type"] == "tokens" else 0)
+            self.cursor[job] = at
+            out.append(Later(at, m))
+        return out
+
+
 class InflatePrefill(Honest):
     """An armed prefill's `kv_end` claims `value` prompt tokens, none cached."""
 
@@ -323,7 +357,16 @@ class Hostile:
 
     @staticmethod
     async def _pump(src, dst, relay):
-        """Relays src -> dst until one side closes; returns that side."""
+        """Relays src -> dst until one side closes; returns that side. A
+        `Later` message is sent at its time, the rest flowing meanwhile."""
+        loop = asyncio.get_running_loop()
+
+        async def later(m):
+            await asyncio.sleep(max(0.0, m.at - loop.time()))
+            try:
+                await dst.send(json.dumps(m.msg, separators=(",", ":")))
+            except ConnectionClosed:
+                pass
         while True:
             try:
                 message = await src.recv()
@@ -331,7 +374,10 @@ class Hostile:
                 return src
             try:
                 for out in relay(message):
-                    await dst.send(out)
+                    if isinstance(out, Later):
+                        asyncio.ensure_future(later(out))
+                    else:
+                        await dst.send(out)
             except ConnectionClosed:
                 return dst
 
@@ -359,7 +405,8 @@ class Hostile:
         out = hook(msg)
         if len(out) == 1 and out[0] == json.loads(raw):
             return [raw]
-        return [json.dumps(m, separators=(",", ":")) for m in out]
+        return [m if isinstance(m, Later) else json.dumps(m, separators=(",", ":"))
+                for m in out]
 
     def _from_worker(self, message):
         if isinstance(message, bytes):

@@ -13,7 +13,7 @@ import urllib.request
 import pytest
 
 from conftest import fresh_postgres_url
-from hostile import Empty, ExtraTokens, Garbage, Hostile, InflateEmbed, InflatePrefill
+from hostile import Empty, ExtraTokens, Garbage, Hostile, InflateEmbed, InflatePrefill, Trickle
 from test_fleet import (call, complete, finish, fleet, open_server, provider_token, sdk, start_worker,
                         stop, wait_for, workers_up)
 from test_split import PROMPTS
@@ -207,6 +207,34 @@ def test_an_embedding_worker_is_billed_by_the_servers_count_and_its_vectors_chec
         if proxy is not None:
             proxy.close()
         gen.close()
+
+
+def test_a_worker_that_trickles_tokens_is_cut_at_its_attempts_deadline():
+    import time
+    srv = open_server("--fleet-progress-timeout", "5")
+    base = srv["base"]
+    proxy = proc = None
+    try:
+        want = complete(base, PROMPTS[0], 8).choices[0].text
+        proxy, proc = hostile_worker(base, Trickle(gap=4.0))
+        workers_up(base, [proc], 1)
+        # One token every 4 s, each inside the 5 s progress timeout: the
+        # attempt's deadline (5 s + 8 x 0.25 s) ends it, the house
+        # finishes the answer, the same text.
+        proxy.armed = True
+        t0 = time.monotonic()
+        r = complete(base, PROMPTS[0], 8)
+        took = time.monotonic() - t0
+        assert proxy.tamper.hits >= 1
+        assert r.choices[0].text == want and r.usage.completion_tokens == 8, r
+        assert took < 15, f"{took:.1f} s: the trickle held the client"
+        assert fleet(base)[0]["jobs_lost"] >= 1
+    finally:
+        if proc is not None:
+            stop(proc)
+        if proxy is not None:
+            proxy.close()
+        srv["gen"].close()
 
 
 def closed_for(proc, why):

@@ -71,6 +71,13 @@ pub(super) struct Relay {
     pub(super) violation: Option<&'static str>,
 }
 
+/// The longest any attempt may take (a bound on a slow profile's
+/// allowance).
+const MAX_ATTEMPT: std::time::Duration = std::time::Duration::from_secs(86_400);
+
+/// The least time an attempt is allowed per token it may produce.
+const MIN_TOKEN_ALLOWANCE: std::time::Duration = std::time::Duration::from_millis(250);
+
 /// How long a worker has to send its `done` after the last token of the
 /// answer (an honest one sends both in the same breath).
 const END_WITHIN: std::time::Duration = std::time::Duration::from_secs(2);
@@ -387,6 +394,25 @@ impl Relay {
         }
     }
 
+    /// How long an attempt on `worker` may take in all: the progress
+    /// timeout, then for each token it may still produce twenty of its
+    /// calibrated decode steps (at four sequences) or `MIN_TOKEN_ALLOWANCE`,
+    /// whichever is longer (a tenth of the progress timeout before it is
+    /// calibrated). A worker that trickles one token per progress timeout
+    /// cannot hold a client for minutes.
+    fn allowance(&self, worker: &str) -> std::time::Duration {
+        let progress = self.dispatch.progress;
+        let mut step_ms = None;
+        self.dispatch
+            .measure(worker, |m| step_ms = m.profile.map(|p| p.decode_step_ms_4));
+        let per_token = step_ms.map_or(progress / 10, |ms| {
+            std::time::Duration::from_secs_f64(20.0 * ms.max(0.0) / 1e3).max(MIN_TOKEN_ALLOWANCE)
+        });
+        let left = self.params.max_tokens.saturating_sub(self.delivered.len());
+        let tokens = per_token.saturating_mul(u32::try_from(left).unwrap_or(u32::MAX));
+        progress.saturating_add(tokens).min(MAX_ATTEMPT)
+    }
+
     /// Records that the current attempt's worker broke the protocol (its
     /// provider's standing counts the attempt as lost).
     pub(super) fn violated(&mut self, what: &'static str) {
@@ -547,6 +573,7 @@ impl Relay {
         let mut cancelled: Option<Instant> = None;
         let started = Instant::now();
         let before = self.delivered.len();
+        let hard_end = started + self.allowance(worker);
         let mut look = tokio::time::interval(STEAL_LOOK);
         // Progress is measured from the attempt's last token (only tokens
         // count: `accepted` does not), whatever else wakes this loop.
@@ -557,7 +584,11 @@ impl Relay {
                 None if self.already_over().is_some() => {
                     END_WITHIN.saturating_sub(last_event.elapsed())
                 }
-                None => self.dispatch.progress.saturating_sub(last_event.elapsed()),
+                None => self
+                    .dispatch
+                    .progress
+                    .saturating_sub(last_event.elapsed())
+                    .min(hard_end.saturating_duration_since(Instant::now())),
             };
             tokio::select! {
                 _ = look.tick(), if cancelled.is_none() && self.delivered.len() == before && attempt < MAX_ATTEMPTS => {
@@ -595,6 +626,10 @@ impl Relay {
                             self.violated("no end after the answer's last token");
                             self.finish(reason, 0);
                             return Attempt::Over;
+                        }
+                        if Instant::now() >= hard_end {
+                            let s = hard_end.duration_since(started).as_secs_f64();
+                            return Attempt::Lost(format!("past the attempt's deadline of {s:.1} s"));
                         }
                         let s = self.dispatch.progress.as_secs_f64();
                         return Attempt::Lost(format!("no progress for {s} s"));
