@@ -16,6 +16,9 @@ use crate::services::metering::Billing;
 use crate::services::models::{Kind, ModelLoader, ModelRegistry};
 use crate::store::Db;
 
+/// How often the ledger audits itself (its result in `/metrics`).
+const AUDIT_EVERY: std::time::Duration = std::time::Duration::from_secs(300);
+
 /// How this process loads models (also those the admin API adds later).
 pub fn loader(models: &ModelArgs, scheduler: &SchedulerArgs) -> ModelLoader {
     ModelLoader {
@@ -163,6 +166,7 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         state.fleet.clone(),
         Some(billing.market.clone()),
     ));
+    tokio::spawn(billing.ledger.clone().audit_every(AUDIT_EVERY));
     tokio::spawn(crate::services::sanctions::run(
         billing.ledger.db.clone(),
         state.fleet.clone(),

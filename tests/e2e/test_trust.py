@@ -53,6 +53,8 @@ def assert_paid_within_what_users_paid(base, records, fee):
         assert 0 <= r["provider_amount"] <= r["cost"] - fee_inside(r["cost"], fee), r
     status, audit = call(base, "GET", "/admin/ledger/audit")
     assert status == 200 and audit["violations"] == [], audit
+    text = urllib.request.urlopen(base + "/metrics", timeout=10).read().decode()
+    assert re.search(r"^synor:ledger_audit_violations 0$", text, re.M), "the audit in /metrics"
 
 
 def hostile_worker(base, tamper, name="w1", *extra):

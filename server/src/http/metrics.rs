@@ -519,8 +519,19 @@ pub fn render(
     http: &HttpMetrics,
     fleet: &Registry,
     dispatch: &Dispatch,
+    audit: Option<i64>,
 ) -> String {
     let mut out = String::new();
+    if let Some(n) = audit {
+        let name = "synor:ledger_audit_violations";
+        Family {
+            name,
+            kind: "gauge",
+            help: "Violations the ledger's last audit found (double entry and the economic invariants; it runs every five minutes and on GET /admin/ledger/audit).",
+        }
+        .header(&mut out);
+        let _ = writeln!(out, "{name} {n}");
+    }
     if let Some(cache) = cache {
         cache_metrics(&mut out, cache);
     }

@@ -126,6 +126,10 @@ impl Ledger {
         audit.transactions = count("SELECT CAST(COUNT(*) AS BIGINT) AS n FROM journal").await?;
         audit.open_holds =
             count("SELECT CAST(COUNT(*) AS BIGINT) AS n FROM holds WHERE state = 'open'").await?;
+        self.last_audit.store(
+            audit.violations.len() as i64,
+            std::sync::atomic::Ordering::Relaxed,
+        );
         Ok(audit)
     }
 

@@ -131,6 +131,8 @@ pub struct Ledger {
     jobs: mpsc::UnboundedSender<settle::Job>,
     /// How long earnings stay pending (`LedgerConfig::earnings_window`).
     earnings_window: Duration,
+    /// Violations the last audit found (-1: none ran yet), for `/metrics`.
+    last_audit: Arc<std::sync::atomic::AtomicI64>,
 }
 
 /// The default `earnings_window`: an hour.
@@ -170,7 +172,29 @@ impl Ledger {
             instance,
             jobs,
             earnings_window: config.earnings_window,
+            last_audit: Arc::new((-1).into()),
         })
+    }
+
+    /// How many violations the last audit found (`None`: none ran yet).
+    pub fn last_audit(&self) -> Option<i64> {
+        let n = self.last_audit.load(std::sync::atomic::Ordering::Relaxed);
+        (n >= 0).then_some(n)
+    }
+
+    /// Audits the ledger every `every` (its result in `/metrics`).
+    pub async fn audit_every(self, every: Duration) {
+        let mut tick = tokio::time::interval(every);
+        loop {
+            tick.tick().await;
+            match self.audit().await {
+                Ok(a) if !a.violations.is_empty() => {
+                    tracing::error!(violations = ?a.violations, "the ledger's audit failed");
+                }
+                Ok(_) => {}
+                Err(e) => tracing::warn!(error = %e, "the ledger's audit could not run"),
+            }
+        }
     }
 
     /// A ledger for reading and administration only (the CLI): no
@@ -182,6 +206,7 @@ impl Ledger {
             instance: "offline".into(),
             jobs,
             earnings_window: EARNINGS_WINDOW,
+            last_audit: Arc::new((-1).into()),
         }
     }
 
