@@ -76,6 +76,17 @@ def encoder_worker(base, token):
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
 
 
+def shut(procs, proxy, *servers):
+    """Stops the workers, the proxy and the servers a test started."""
+    for p in procs:
+        if p is not None:
+            stop(p)
+    if proxy is not None:
+        proxy.close()
+    for g in servers:
+        g.close()
+
+
 def new_records(base, before):
     return [r for rid, r in usage(base).items() if rid not in before]
 
@@ -132,11 +143,7 @@ def test_a_lying_worker_is_paid_only_what_the_server_counted_and_never_past_the_
         assert fleet(base)[0]["jobs_lost"] > lost
         assert_paid_within_what_users_paid(base, new_records(base, seen), fee)
     finally:
-        if proc is not None:
-            stop(proc)
-        if proxy is not None:
-            proxy.close()
-        srv["gen"].close()
+        shut([proc], proxy, srv["gen"])
 
 
 def test_a_prefill_worker_that_inflates_its_prompt_count_is_paid_for_the_real_prompt():
@@ -162,11 +169,7 @@ def test_a_prefill_worker_that_inflates_its_prompt_count_is_paid_for_the_real_pr
         assert balance(base, provider) <= rec["cost"] - fee_inside(rec["cost"], fee)
         assert_paid_within_what_users_paid(base, [rec], fee)
     finally:
-        for p in procs:
-            stop(p)
-        if proxy is not None:
-            proxy.close()
-        srv["gen"].close()
+        shut(procs, proxy, srv["gen"])
 
 
 def test_an_embedding_worker_is_billed_by_the_servers_count_and_its_vectors_checked():
@@ -204,11 +207,7 @@ def test_an_embedding_worker_is_billed_by_the_servers_count_and_its_vectors_chec
         status, audit = call(base, "GET", "/admin/ledger/audit")
         assert status == 200 and audit["violations"] == [], audit
     finally:
-        if proc is not None:
-            stop(proc)
-        if proxy is not None:
-            proxy.close()
-        gen.close()
+        shut([proc], proxy, gen)
 
 
 def test_a_worker_that_trickles_tokens_is_cut_at_its_attempts_deadline():
@@ -232,11 +231,7 @@ def test_a_worker_that_trickles_tokens_is_cut_at_its_attempts_deadline():
         assert took < 15, f"{took:.1f} s: the trickle held the client"
         assert fleet(base)[0]["jobs_lost"] >= 1
     finally:
-        if proc is not None:
-            stop(proc)
-        if proxy is not None:
-            proxy.close()
-        srv["gen"].close()
+        shut([proc], proxy, srv["gen"])
 
 
 def closed_for(proc, why):
@@ -289,9 +284,4 @@ def test_a_sanction_follows_the_token_to_every_connection_replica_and_restart():
             status, audit = call(srv["base"], "GET", "/admin/ledger/audit")
             assert status == 200 and audit["violations"] == [], audit
     finally:
-        for proc in procs:
-            stop(proc)
-        if proxy is not None:
-            proxy.close()
-        a["gen"].close()
-        b["gen"].close()
+        shut(procs, proxy, a["gen"], b["gen"])

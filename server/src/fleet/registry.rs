@@ -323,24 +323,23 @@ impl Registry {
             last_seen: t,
         };
         let mut w = self.workers.write().unwrap_or_else(|e| e.into_inner());
-        let token = w
-            .values()
-            .filter(|e| e.info.token_id == info.token_id)
-            .count();
-        if token >= caps.per_token {
+        let same_token = |e: &&Entry| e.info.token_id == info.token_id;
+        let same_provider = |e: &&Entry| e.info.provider_id == info.provider_id;
+        let limits = [
+            (
+                "this worker token",
+                w.values().filter(same_token).count(),
+                caps.per_token,
+            ),
+            (
+                "this provider",
+                w.values().filter(same_provider).count(),
+                caps.per_provider,
+            ),
+        ];
+        if let Some((who, n, cap)) = limits.into_iter().find(|(_, n, cap)| n >= cap) {
             return Err(format!(
-                "this worker token already has {token} workers connected (at most {})",
-                caps.per_token
-            ));
-        }
-        let provider = w
-            .values()
-            .filter(|e| e.info.provider_id == info.provider_id)
-            .count();
-        if provider >= caps.per_provider {
-            return Err(format!(
-                "this provider already has {provider} workers connected (at most {})",
-                caps.per_provider
+                "{who} already has {n} workers connected (at most {cap})"
             ));
         }
         self.standing.connected(&info.provider_id, t);
