@@ -12,11 +12,12 @@ use tokio::sync::mpsc::UnboundedSender;
 use crate::constraint::Constraint;
 use crate::error::EngineError;
 use crate::executor::{Executor, Step};
+use crate::import_check;
 use crate::kv_cache::transfer::KvRows;
 use crate::model::ModelBatch;
 use crate::request::{FinishReason, GenerateRequest, RequestId, TokenLogprob, Usage};
 use crate::sampling::Sampled;
-use crate::scheduler::{Scheduler, Sequence, StepToken};
+use crate::scheduler::{Fill, Scheduler, Sequence, StepToken};
 use crate::stats::StatsCell;
 
 /// What the core sends back to a request's stream.
@@ -85,6 +86,10 @@ pub struct Handoff {
     /// computed (cached ones included), to this channel; it closes when
     /// the last prompt position was sent, or early on a failure.
     pub export: Option<(usize, UnboundedSender<KvRows>)>,
+    /// Told whether `import` was used (it passed `import_check`) or why
+    /// not (the prompt is then computed here); dropped unanswered when
+    /// the request ends before its admission.
+    pub verdict: Option<tokio::sync::oneshot::Sender<Result<(), String>>>,
 }
 
 /// How this engine's model rates one token of a scored continuation.
@@ -122,7 +127,12 @@ pub struct EngineCore {
     vocab: usize,
     stats: Arc<StatsCell>,
     exports: std::collections::HashMap<RequestId, Export>,
+    /// Requests that imported KV, until it is used or refused.
+    verdicts: std::collections::HashMap<RequestId, Verdict>,
 }
+
+/// Where an import's verdict goes.
+type Verdict = tokio::sync::oneshot::Sender<Result<(), String>>;
 
 /// When a request arrived, whether it has been scheduled, and when it last
 /// produced tokens.
@@ -153,6 +163,7 @@ impl EngineCore {
             vocab,
             stats,
             exports: Default::default(),
+            verdicts: Default::default(),
         }
     }
 
@@ -220,10 +231,18 @@ impl EngineCore {
                 seq.resume(&resume);
                 if let Some(rows) = handoff.import {
                     match rows.check(&self.executor.kv_layout()) {
-                        Ok(()) => seq.imported = Some(rows),
+                        Ok(()) => {
+                            seq.imported = Some(rows);
+                            if let Some(v) = handoff.verdict {
+                                self.verdicts.insert(id, v);
+                            }
+                        }
                         Err(e) => {
                             tracing::warn!(seq = %id, error = %e, "imported KV refused: recomputing");
                             self.scheduler.imports_refused += 1;
+                            if let Some(v) = handoff.verdict {
+                                let _ = v.send(Err(e.to_string()));
+                            }
                         }
                     }
                 }
@@ -396,16 +415,33 @@ impl EngineCore {
     /// leaves the batch.
     fn fill_imported(&mut self, batch: &mut ModelBatch) {
         let mut failed = Vec::new();
+        let mut forged = Vec::new();
         for fill in self.scheduler.take_fills() {
             let Some(chunk) = batch.chunks.iter().find(|c| c.seq == fill.seq) else {
                 continue;
             };
-            if let Err(e) = self
-                .executor
-                .write_rows(&chunk.block_table, &fill.rows, fill.from)
-            {
+            let table = chunk.block_table.clone();
+            if let Err(e) = self.executor.write_rows(&table, &fill.rows, fill.from) {
                 failed.push((fill.seq, e));
+                continue;
             }
+            let verdict = self.check_import(&table, &fill);
+            if verdict.is_err() {
+                forged.push((fill.seq, fill.from));
+            }
+            if let Some(v) = self.verdicts.remove(&fill.seq) {
+                let _ = v.send(verdict);
+            }
+        }
+        // Admitted with an import the scheduler could not use.
+        for c in &batch.chunks {
+            if let Some(v) = self.verdicts.remove(&c.seq) {
+                let _ = v.send(Err("the KV does not start where this cache ends".into()));
+            }
+        }
+        for (id, from) in forged {
+            batch.chunks.retain(|c| c.seq != id);
+            self.scheduler.refuse_fill(id, from);
         }
         for (id, e) in failed {
             batch.chunks.retain(|c| c.seq != id);
@@ -413,6 +449,31 @@ impl EngineCore {
                 let err = EngineError::Execution(format!("writing imported KV: {e}"));
                 self.finish(seq, Err(err));
             }
+        }
+    }
+
+    /// Recomputes a few positions of `fill` at random over the imported
+    /// rows (`import_check`); the reason it was refused, if it was.
+    fn check_import(&mut self, table: &[u32], fill: &Fill) -> Result<(), String> {
+        let tokens = self
+            .scheduler
+            .tokens_of(fill.seq)
+            .unwrap_or_default()
+            .to_vec();
+        let picks = import_check::pick(fill.from, fill.rows.end(), import_check::POSITIONS);
+        let checked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            import_check::verify(&mut *self.executor, table, &tokens, &fill.rows, &picks)
+        }));
+        match checked {
+            Ok(Ok(worst)) => {
+                tracing::debug!(seq = %fill.seq, worst, ?picks, "imported KV checked");
+                Ok(())
+            }
+            Ok(Err(e)) => {
+                tracing::warn!(seq = %fill.seq, error = %e, "imported KV failed its check: recomputing");
+                Err(e.to_string())
+            }
+            Err(_) => Err("checking imported KV panicked".into()),
         }
     }
 
@@ -540,6 +601,7 @@ impl EngineCore {
     /// Frees a sequence and tells its stream how it ended.
     fn finish(&mut self, seq: Sequence, outcome: Result<FinishReason, EngineError>) {
         self.exports.remove(&seq.id);
+        self.verdicts.remove(&seq.id);
         self.executor.release(seq.id);
         if let Some(d) = &mut self.decoder {
             d.release(seq.id);

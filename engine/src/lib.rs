@@ -20,6 +20,7 @@ pub mod executor;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 pub mod gpu_executor;
 pub mod handle;
+pub mod import_check;
 pub mod kv_cache;
 pub mod latency;
 pub mod loader;

@@ -100,6 +100,10 @@ pub struct Sequence {
     /// KV computed elsewhere for some of its prompt (a prefill worker's):
     /// taken at admission when it starts where the prefix cache ends.
     pub imported: Option<KvRows>,
+    /// It runs on imported KV: its blocks are never offered to the prefix
+    /// cache, so what another worker computed serves only this request
+    /// (a failed check on cached blocks is always this engine's own).
+    pub foreign: bool,
 }
 
 impl Sequence {
@@ -127,6 +131,7 @@ impl Sequence {
             wait_for: None,
             on_decoder: false,
             imported: None,
+            foreign: false,
         }
     }
 
@@ -189,6 +194,8 @@ pub struct Scheduler {
     /// refused (recomputed instead).
     pub imports_used: u64,
     pub imports_refused: u64,
+    /// Imports that failed the recomputation check (`import_check`).
+    pub imports_forged: u64,
     /// Prefill tokens per decoding step by time (`config.step_target`).
     budget: Option<StepBudget>,
     /// Prefill tokens each present tenant's prompts were given.
@@ -223,6 +230,7 @@ impl Scheduler {
             fills: Vec::new(),
             imports_used: 0,
             imports_refused: 0,
+            imports_forged: 0,
             served: HashMap::new(),
         }
     }
@@ -231,6 +239,26 @@ impl Scheduler {
     /// writes each into the sequence's blocks before running the step.
     pub fn take_fills(&mut self) -> Vec<Fill> {
         std::mem::take(&mut self.fills)
+    }
+
+    /// The tokens of running sequence `id`.
+    pub fn tokens_of(&self, id: RequestId) -> Option<&[u32]> {
+        self.running
+            .iter()
+            .find(|s| s.id == id)
+            .map(|s| s.tokens.as_slice())
+    }
+
+    /// The import of running sequence `id` failed its check: it computes
+    /// its prompt itself from `from` (where its own cached prefix ends),
+    /// starting next step.
+    pub fn refuse_fill(&mut self, id: RequestId, from: usize) {
+        if let Some(seq) = self.running.iter_mut().find(|s| s.id == id) {
+            seq.num_computed = from;
+            seq.foreign = false;
+            self.imports_used = self.imports_used.saturating_sub(1);
+            self.imports_forged += 1;
+        }
     }
 
     /// Blocks for `positions` positions of a scratch sequence `id` (one
@@ -545,6 +573,7 @@ impl Scheduler {
         match imported {
             Some(rows) if usable => {
                 self.imports_used += 1;
+                seq.foreign = true;
                 let seq = seq.id;
                 self.fills.push(Fill {
                     seq,
@@ -581,6 +610,7 @@ impl Scheduler {
         self.kv.free(seq.id);
         seq.num_computed = 0;
         seq.on_decoder = false;
+        seq.foreign = false;
         self.preemptions += 1;
         tracing::debug!(seq = %seq.id, "preempted (out of KV blocks)");
         self.enqueue(seq);
@@ -683,7 +713,8 @@ impl Scheduler {
             }
             self.spec_accepted += accepted as u64;
             seq.num_computed = computed + accepted;
-            if !(self.split && seq.on_decoder) {
+            let elsewhere = self.split && seq.on_decoder;
+            if !(elsewhere || seq.foreign) {
                 self.kv
                     .cache_computed(seq.id, &seq.tokens, seq.num_computed);
             }

@@ -2,7 +2,10 @@
 //! engine side): the prefill engine streams its prompt's KV rows as it
 //! computes them, from where the decode engine's prefix cache ends; the
 //! decode engine starts from those rows and the prefill engine's first
-//! token, and generates exactly what one engine alone would have.
+//! token, and generates exactly what one engine alone would have. It
+//! checks the rows by recomputing a few positions first: forged ones are
+//! refused (and recomputed), and imported rows never enter its prefix
+//! cache.
 
 mod common;
 
@@ -92,23 +95,41 @@ async fn a_sequence_prefilled_on_one_engine_decodes_on_another_as_if_it_had_stay
     assert_eq!((rows.first, rows.end()), (32, 90));
     assert_eq!(rows.layers.len(), 30);
     assert_eq!(rows.layers[0].len(), 58 * 2 * 3 * 64 * 2, "f16 K and V");
-    let decode = |rows: KvRows| Handoff {
-        import: Some(rows),
-        ..Default::default()
+    let decode = |rows: KvRows| {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let h = Handoff {
+            import: Some(rows),
+            verdict: Some(tx),
+            ..Default::default()
+        };
+        (h, rx)
     };
-    let rest = run(&d, &req(12), first.clone(), decode(rows.clone())).await;
+    let (h, verdict) = decode(rows.clone());
+    let rest = run(&d, &req(12), first.clone(), h).await;
     assert_eq!(rest, whole[1..], "the moved sequence went another way");
-    // The rows are really used: zeroed ones of the whole prompt (a fresh
-    // engine, nothing cached) send the sequence elsewhere.
+    assert_eq!(verdict.await.expect("told"), Ok(()));
+    // What another worker computed serves this request only: the decode
+    // engine's prefix cache still ends where its own blocks do.
+    assert_eq!(d.cached_prefix(prompt.clone()).await.expect("probe"), 32);
+    // Forged rows (zeroed, of the whole prompt, on a fresh engine) fail
+    // the check and are recomputed: the answer is still right.
     let zeroed = KvRows {
         first: 0,
         count: 90,
         layers: vec![vec![0; 90 * 2 * 3 * 64 * 2]; 30],
     };
-    let other = run(&engine(), &req(12), first.clone(), decode(zeroed)).await;
-    assert_ne!(other, whole[1..]);
+    let (h, verdict) = decode(zeroed);
+    let other = run(&engine(), &req(12), first.clone(), h).await;
+    assert_eq!(other, whole[1..]);
+    let why = verdict
+        .await
+        .expect("told")
+        .expect_err("forged rows refused");
+    assert!(why.contains("differs from its recomputation"), "{why}");
     // Rows that do not start where the cache ends are recomputed: right.
     let late = KvRows::concat(&parts[1..]).expect("contiguous");
-    let again = run(&engine(), &req(12), first, decode(late)).await;
+    let (h, verdict) = decode(late);
+    let again = run(&engine(), &req(12), first, h).await;
     assert_eq!(again, whole[1..]);
+    assert!(verdict.await.expect("told").is_err());
 }

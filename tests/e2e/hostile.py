@@ -230,6 +230,18 @@ class ForgeKv(Honest):
         return [msg]
 
 
+class ForgeFirst(Honest):
+    """An armed prefill's first token (in its `kv_end`) is another id, its
+    reported log-probability unchanged; the KV is left honest."""
+
+    def from_worker(self, msg):
+        if msg.get("type") == "kv_end" and msg.get("transfer") in self.transfers:
+            self.hits += 1
+            first = dict(msg["first"], id=100 + (msg["first"]["id"] + 17) % 900)
+            return [dict(msg, first=first)]
+        return [msg]
+
+
 class Garbage(Honest):
     """An armed job's generated token ids are random ids in [100, 1000)
     (logprob fields unchanged)."""

@@ -13,10 +13,11 @@ import urllib.request
 import pytest
 
 from conftest import fresh_postgres_url
-from hostile import Empty, ExtraTokens, Garbage, Hostile, InflateEmbed, InflatePrefill, Trickle
-from test_fleet import (call, complete, finish, fleet, open_server, provider_token, sdk, start_worker,
+from hostile import (Empty, ExtraTokens, ForgeFirst, ForgeKv, Garbage, Hostile, InflateEmbed, InflatePrefill,
+                     Trickle)
+from test_fleet import (call, complete, finish, fleet, open_server, provider_token, sdk, start_worker, units,
                         stop, wait_for, workers_up)
-from test_split import PROMPTS
+from test_split import PROMPTS, transfers
 
 
 def fee_inside(cost, fee_bps):
@@ -168,6 +169,65 @@ def test_a_prefill_worker_that_inflates_its_prompt_count_is_paid_for_the_real_pr
         assert rec["prompt_tokens"] == honest.usage.prompt_tokens, rec
         assert balance(base, provider) <= rec["cost"] - fee_inside(rec["cost"], fee)
         assert_paid_within_what_users_paid(base, [rec], fee)
+    finally:
+        shut(procs, proxy, srv["gen"])
+
+
+def quarantined(base, token):
+    rows = call(base, "GET", "/admin/providers/tokens")[1]["data"]
+    return next(t for t in rows if t["id"] == token["id"])["quarantined_at"] is not None
+
+
+def test_a_prefill_worker_that_forges_kv_or_its_first_token_harms_no_one_but_itself():
+    srv = open_server("--fleet-split", "always", "--spot-check-new-rate", "1", "--placement-weights",
+                      "cost=0.6,latency=0.1,capability=0.1,reputation=0.1,load=0.1")
+    base = srv["base"]
+    procs, proxy = [], None
+    try:
+        later = ["Another story. " + p for p in PROMPTS]
+        want = {p: complete(base, p, 8).choices[0].text for p in PROMPTS + later}
+        out = next(m for m in call(base, "GET", "/v1/market/prices")[1]["data"]
+                   if m["model"] == "tiny")["prices"]["output"]
+        # The honest worker asks less, so it is placed as the decode side
+        # and the forger, the only other, prefills.
+        honest, forger = provider_token(base, "honest"), provider_token(base, "forger")
+        proxy = Hostile(base, ForgeKv()).start()
+        procs = [start_worker(base, honest["token"], "h", "--price", f"output={units(out // 2)}"),
+                 start_worker(proxy.base, forger["token"], "f", "--price", f"output={units(out)}")]
+        workers_up(base, procs, 2)
+        # Random KV with matching checksums and digest: the decode worker
+        # recomputes a few positions, refuses it and computes the prompt
+        # itself. The answers are right, nothing forged is cached (the same
+        # prompts again come out right), no one is quarantined, and the
+        # forger is not paid for KV that was not used.
+        proxy.armed = True
+        refused = transfers(base, "recomputed")
+        for _ in range(2):
+            for p in PROMPTS:
+                assert complete(base, p, 8).choices[0].text == want[p], p
+        assert proxy.tamper.hits >= 1, "the proxy forged KV"
+        assert transfers(base, "recomputed") >= refused + 1
+        assert not quarantined(base, honest) and not quarantined(base, forger)
+        # (Placed as the decode side, which its cache can make it, it works
+        # honestly and is paid for that alone.)
+        decoded = sum(r["provider_amount"] for r in usage(base).values()
+                      if r["provider_id"] == forger["account_id"])
+        assert balance(base, forger["account_id"]) <= decoded, usage(base)
+        # A forged first token: the split's check judges it as the prefill
+        # worker's, which is quarantined; the honest decode worker is not.
+        proxy.tamper = ForgeFirst()
+        for p in later:
+            complete(base, p, 8)
+            if proxy.tamper.hits:
+                break
+        assert proxy.tamper.hits >= 1, "the proxy forged a first token"
+        closed_for(procs[1], "quarantined")
+        procs[1] = None
+        assert quarantined(base, forger) and not quarantined(base, honest)
+        [h] = [w for w in fleet(base) if w["name"] == "h"]
+        assert h["state"] == "active", h
+        status, audit = call(base, "GET", "/admin/ledger/audit")
+        assert status == 200 and audit["violations"] == [], audit
     finally:
         shut(procs, proxy, srv["gen"])
 

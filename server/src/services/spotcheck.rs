@@ -14,6 +14,7 @@
 //! worker: it gets no more work, and its token is refused until an admin
 //! clears it.
 
+use std::ops::Range;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Instant;
@@ -190,6 +191,21 @@ impl SpotCheck {
         sample: &Sample,
         who: Who<'_>,
     ) -> Option<Verdict> {
+        let all = 0..sample.tokens.len();
+        let mut v = self.check_parts(house, sample, &[(who, all)]).await?;
+        v.pop()
+    }
+
+    /// Scores `sample` once on the house engine and judges each part of
+    /// its tokens apart, as the attempt of its own worker (a split's first
+    /// token is its prefill worker's, the rest its decode worker's); one
+    /// verdict per part (`None`: the check could not run).
+    pub async fn check_parts(
+        &self,
+        house: &EngineHandle,
+        sample: &Sample,
+        parts: &[(Who<'_>, Range<usize>)],
+    ) -> Option<Vec<Verdict>> {
         let started = Instant::now();
         let mut all = sample.context.clone();
         all.extend(sample.tokens.iter().map(|t| t.0));
@@ -205,9 +221,35 @@ impl SpotCheck {
             }
         };
         self.tokens.fetch_add(scores.len() as u64, Relaxed);
-        let v = judge(&self.config, sample, &scores);
-        self.record(who, &v);
-        match &v {
+        let verdicts = parts
+            .iter()
+            .map(|(who, r)| {
+                let v = match (sample.tokens.get(r.clone()), scores.get(r.clone())) {
+                    (Some(tokens), Some(scores)) => {
+                        let part = Sample {
+                            context: Vec::new(),
+                            tokens: tokens.to_vec(),
+                            plain_greedy: sample.plain_greedy,
+                        };
+                        judge(&self.config, &part, scores)
+                    }
+                    _ => Verdict::Fail(format!(
+                        "{} tokens scored for {} delivered",
+                        scores.len(),
+                        sample.tokens.len()
+                    )),
+                };
+                self.count(*who, &v);
+                v
+            })
+            .collect();
+        Some(verdicts)
+    }
+
+    /// Counts a verdict and adds it to its worker's record.
+    fn count(&self, who: Who<'_>, v: &Verdict) {
+        self.record(who, v);
+        match v {
             Verdict::Pass(d) => {
                 self.passed.fetch_add(1, Relaxed);
                 let mut w = self.worst_pass.lock().unwrap_or_else(|e| e.into_inner());
@@ -217,7 +259,6 @@ impl SpotCheck {
                 self.failed.fetch_add(1, Relaxed);
             }
         }
-        Some(v)
     }
 
     /// Judges a worker's embedding vectors against the house encoder's

@@ -299,19 +299,34 @@ impl Running {
             };
             let mut resume = a.resume.clone();
             resume.extend(first.map(|t| t.id));
-            let result = FromWorker::KvResult {
+            let result = move |verdict: Result<(), String>| FromWorker::KvResult {
                 v: VERSION,
                 job,
                 attempt,
                 transfer,
-                imported: rows.is_ok(),
-                reason: rows.as_ref().err().cloned().unwrap_or_default(),
+                imported: verdict.is_ok(),
+                reason: verdict.err().unwrap_or_default(),
             };
-            let _ = out.send(encode(&result)).await;
-            if let Err(why) = &rows {
-                tracing::warn!(transfer, reason = %why, "KV transfer refused: recomputing the prompt");
+            // Rows that passed the transfer's checks go to the engine,
+            // which recomputes a few positions before it uses them; the
+            // server hears the engine's verdict.
+            let (verdict, told) = tokio::sync::oneshot::channel();
+            match &rows {
+                Ok(_) => {
+                    let out = out.clone();
+                    tokio::spawn(async move {
+                        if let Ok(v) = told.await {
+                            let _ = out.send(encode(&result(v))).await;
+                        }
+                    });
+                }
+                Err(why) => {
+                    tracing::warn!(transfer, reason = %why, "KV transfer refused: recomputing the prompt");
+                    let _ = out.send(encode(&result(Err(why.clone())))).await;
+                }
             }
             let handoff = Handoff {
+                verdict: rows.is_ok().then_some(verdict),
                 import: rows.ok(),
                 ..Default::default()
             };

@@ -164,6 +164,15 @@ impl<'a> Want<'a> {
     }
 }
 
+/// Whose attempt a spot check judges, as its record names it.
+fn who(c: &Caught) -> crate::services::spotcheck::Who<'_> {
+    let (worker, provider) = match &c.target {
+        Target::Worker(id, provider, _) => (id.as_str(), provider.as_str()),
+        Target::House => (HOUSE, HOUSE),
+    };
+    crate::services::spotcheck::Who { worker, provider }
+}
+
 /// An attempt under a spot check: where it ran, on what terms, for
 /// whose request.
 #[derive(Debug, Clone)]
@@ -172,8 +181,8 @@ struct Caught {
     terms: Terms,
     job: u64,
     attempt: u32,
-    /// Prompt tokens its executor had cached.
-    cached: usize,
+    /// The work it was paid for (the server's counts).
+    tokens: crate::ledger::money::Tokens,
     credits: Option<Credits>,
 }
 
@@ -281,17 +290,22 @@ impl Dispatch {
 
     /// Runs a spot check of an attempt `target` (a worker, on `terms`)
     /// delivered, in the background; a failure costs its provider.
-    fn spot_check(self: &Arc<Self>, house: EngineHandle, caught: Caught, sample: Sample) {
+    fn spot_check(
+        self: &Arc<Self>,
+        house: EngineHandle,
+        parts: Vec<(Caught, std::ops::Range<usize>)>,
+        sample: Sample,
+    ) {
         let me = self.clone();
         tokio::spawn(async move {
-            let (worker, provider) = match &caught.target {
-                Target::Worker(id, provider, _) => (id.as_str(), provider.as_str()),
-                Target::House => (HOUSE, HOUSE),
+            let whose: Vec<_> = parts.iter().map(|(c, r)| (who(c), r.clone())).collect();
+            let Some(verdicts) = me.spot.check_parts(&house, &sample, &whose).await else {
+                return;
             };
-            let who = crate::services::spotcheck::Who { worker, provider };
-            let verdict = me.spot.check(&house, &sample, who).await;
-            if let Some(Verdict::Fail(why)) = verdict {
-                me.caught(caught, &sample, &why).await;
+            for ((caught, _), verdict) in parts.into_iter().zip(verdicts) {
+                if let Verdict::Fail(why) = verdict {
+                    me.caught(caught, &why).await;
+                }
             }
         });
     }
@@ -310,7 +324,7 @@ impl Dispatch {
     /// A worker's attempt failed its spot check: its provider's standing
     /// takes the hit, the worker is quarantined, the pay is clawed back
     /// and the user refunded.
-    async fn caught(&self, c: Caught, sample: &Sample, why: &str) {
+    async fn caught(&self, c: Caught, why: &str) {
         let Target::Worker(id, provider, label) = &c.target else {
             return;
         };
@@ -320,11 +334,7 @@ impl Dispatch {
         else {
             return;
         };
-        let tokens = crate::ledger::money::Tokens {
-            prompt: sample.context.len() as u64,
-            cached: c.cached.min(sample.context.len()) as u64,
-            completion: sample.tokens.len() as u64,
-        };
+        let tokens = c.tokens;
         let quote = crate::ledger::Quote {
             provider_id: provider.clone(),
             model: String::new(),

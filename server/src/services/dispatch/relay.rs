@@ -127,19 +127,12 @@ impl Relay {
             self.timing = Timing::start();
             let (estimate, split) = self.plan_split(&target, attempt);
             if attempt == 1 {
-                self.dispatch.ran_prefix(target.key(), &self.prompt);
-                if let Some(plan) = &split {
-                    self.dispatch.ran_prefix(plan.prefill.key(), &self.prompt);
-                }
+                // A split's decode worker never caches the KV it imports.
+                let holder = split.as_ref().map_or(&target, |plan| &plan.prefill);
+                self.dispatch.ran_prefix(holder.key(), &self.prompt);
             }
             self.observed.clear();
-            self.check = match (&target, &split) {
-                (Target::Worker(_, provider, _), None) => {
-                    let jobs = self.dispatch.fleet.standing.get(provider).jobs_ok;
-                    self.dispatch.spot.pick(jobs)
-                }
-                _ => false,
-            };
+            self.check = self.pick_check(&target, split.as_ref());
             let key = target.key().to_string();
             // A split's decode side waits for the prefill worker: it is
             // not prefilling (the prefill worker counts it).
@@ -176,7 +169,7 @@ impl Relay {
             }
             self.account(&target, &terms, before, matches!(outcome, Attempt::Lost(_)));
             if self.check && matches!(outcome, Attempt::Over) && !self.observed.is_empty() {
-                self.spot_check(&target, &terms, attempt, before);
+                self.spot_check(&target, &terms, attempt, before, split.as_ref());
             }
             match outcome {
                 Attempt::Over => break,
@@ -215,8 +208,34 @@ impl Relay {
         }
     }
 
-    /// Hands the attempt that just ended to a spot check.
-    fn spot_check(&mut self, target: &Target, terms: &Terms, attempt: u32, before: usize) {
+    /// Whether to spot-check this attempt: at the rate of the least
+    /// proven provider among its workers (a split's two included).
+    fn pick_check(&self, target: &Target, split: Option<&SplitPlan>) -> bool {
+        let jobs = |t: &Target| match t {
+            Target::Worker(_, provider, _) => {
+                Some(self.dispatch.fleet.standing.get(provider).jobs_ok)
+            }
+            Target::House => None,
+        };
+        let least = [Some(target), split.map(|p| &p.prefill)]
+            .into_iter()
+            .flatten()
+            .filter_map(jobs)
+            .min();
+        least.is_some_and(|jobs| self.dispatch.spot.pick(jobs))
+    }
+
+    /// Hands the attempt that just ended to a spot check: the tokens are
+    /// scored once; a split's first token is judged as its prefill
+    /// worker's work, the rest as its decode worker's.
+    fn spot_check(
+        &mut self,
+        target: &Target,
+        terms: &Terms,
+        attempt: u32,
+        before: usize,
+        split: Option<&SplitPlan>,
+    ) {
         let p = &self.params;
         let plain_greedy = p.temperature < 1e-5
             && p.repetition_penalty == 1.0
@@ -225,20 +244,48 @@ impl Relay {
             && p.logit_bias.is_empty();
         let mut context = self.prompt.clone();
         context.extend_from_slice(&self.delivered[..before]);
+        let n = self.observed.len();
+        let caught = |target: &Target, terms: &Terms, tokens: Tokens| Caught {
+            target: target.clone(),
+            terms: terms.clone(),
+            job: self.job,
+            attempt,
+            tokens,
+            credits: self.credits.clone(),
+        };
+        let mut prompt = Tokens {
+            prompt: context.len() as u64,
+            cached: self.cached.min(context.len()) as u64,
+            completion: 0,
+        };
+        let mut parts = Vec::new();
+        let prefilled = self.prefilled.as_ref().filter(|s| s.counts.is_some());
+        if let (Some(plan), Some(s)) = (split, prefilled) {
+            let (computed, cached) = s.counts.unwrap_or_default();
+            let first = Tokens {
+                prompt: computed as u64,
+                cached: cached as u64,
+                completion: 1,
+            };
+            parts.push((caught(&plan.prefill, &plan.terms, first), 0..1));
+            if s.imported == Some(true) {
+                prompt = Tokens::default();
+            }
+        }
+        let from = parts.len();
+        if from < n {
+            let rest = Tokens {
+                completion: (n - from) as u64,
+                ..prompt
+            };
+            parts.push((caught(target, terms, rest), from..n));
+        }
         let sample = Sample {
             context,
             tokens: std::mem::take(&mut self.observed),
             plain_greedy,
         };
-        let caught = Caught {
-            target: target.clone(),
-            terms: terms.clone(),
-            job: self.job,
-            attempt,
-            cached: self.cached,
-            credits: self.credits.clone(),
-        };
-        self.dispatch.spot_check(self.house.clone(), caught, sample);
+        self.dispatch.spot_check(self.house.clone(), parts, sample);
     }
 
     /// Attempt `attempt` as a worker's assignment (`kv`: its prompt's KV
@@ -400,7 +447,7 @@ impl Relay {
     /// whichever is longer (a tenth of the progress timeout before it is
     /// calibrated). A worker that trickles one token per progress timeout
     /// cannot hold a client for minutes.
-    fn allowance(&self, worker: &str) -> std::time::Duration {
+    pub(super) fn allowance(&self, worker: &str) -> std::time::Duration {
         let progress = self.dispatch.progress;
         let mut step_ms = None;
         self.dispatch

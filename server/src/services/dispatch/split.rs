@@ -387,6 +387,9 @@ impl Relay {
         let fleet = self.dispatch.fleet.clone();
         let mut arrivals = VecDeque::new();
         let mut deadline = tokio::time::Instant::now() + self.dispatch.progress;
+        // The whole attempt: the transfer, then the decode's allowance.
+        let started = tokio::time::Instant::now();
+        let hard_end = started + self.dispatch.kv_timeout + self.allowance(d);
         let (mut asked, mut decided) = (false, false);
         // The KV moves from the prefill's start to its end (or failure).
         let mut _clock: Option<KvClock> = None;
@@ -487,7 +490,13 @@ impl Relay {
                     }
                     None => return Attempt::Lost("the worker is gone".into()),
                 },
-                _ = tokio::time::sleep_until(deadline) => {
+                _ = tokio::time::sleep_until(deadline.min(hard_end)) => {
+                    if tokio::time::Instant::now() >= hard_end {
+                        cancel(&fleet, d, self.job).await;
+                        if !decided { cancel(&fleet, p, transfer).await; }
+                        let s = hard_end.duration_since(started).as_secs_f64();
+                        return Attempt::Lost(format!("past the attempt's deadline of {s:.1} s"));
+                    }
                     if asked && !decided {
                         decided = true;
                         deadline = tokio::time::Instant::now() + self.dispatch.progress;
