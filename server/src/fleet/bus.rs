@@ -46,7 +46,7 @@ enum Msg {
     ToWorker {
         origin: String,
         worker: String,
-        msg: ToWorker,
+        msg: Box<ToWorker>,
     },
     /// Events of an attempt, back to the replica that placed it.
     Events {
@@ -186,7 +186,7 @@ impl Forward for Bus {
         let m = Msg::ToWorker {
             origin: self.replica.clone(),
             worker: worker.to_string(),
-            msg,
+            msg: Box::new(msg),
         };
         let sent = self.publish(self.channel(replica), &m);
         Box::pin(async move { sent })
@@ -289,7 +289,7 @@ fn received(bus: &Arc<Bus>, registry: &Arc<Registry>, payload: &[u8]) {
             msg,
         } => {
             let (bus, registry) = (bus.clone(), registry.clone());
-            tokio::spawn(async move { for_worker(&bus, &registry, origin, worker, msg).await });
+            tokio::spawn(async move { for_worker(&bus, &registry, origin, worker, *msg).await });
         }
         Msg::Events {
             job,
@@ -430,6 +430,7 @@ mod tests {
                 presence_penalty: 0.0,
                 logit_bias: vec![],
                 logprobs: None,
+                tenant: 0,
             },
         }
     }

@@ -127,6 +127,10 @@ pub struct JobParams {
     /// Top log-probabilities to return per token (`None`: none at all).
     #[serde(default)]
     pub logprobs: Option<u32>,
+    /// Whose request it is, as a number of this worker's own (0: no
+    /// one's): the worker's scheduler shares prefill fairly between them.
+    #[serde(default)]
+    pub tenant: u64,
 }
 
 /// One generated token, with its log-probability when asked.

@@ -459,6 +459,8 @@ impl Draw {
             presence_penalty: 0.0,
             logit_bias: Vec::new(),
             logprobs: Some(0),
+            // Like a key's request: a tenant of its own.
+            tenant: rand::random::<u64>() | 1,
         }
     }
 }

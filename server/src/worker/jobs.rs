@@ -567,8 +567,7 @@ pub fn sampling(p: &JobParams) -> SamplingParams {
         logprobs: p.logprobs.map(|n| n as usize),
         n: 1,
         priority: 0,
-        // Keys are the server's: its own admission shares between them.
-        tenant: 0,
+        tenant: p.tenant,
         grammar: None,
     }
 }

@@ -612,7 +612,7 @@ impl Relay {
         let fleet = self.dispatch.fleet.clone();
         let (jtx, mut jrx) = mpsc::unbounded_channel();
         fleet.jobs.place(self.job, worker, attempt, jtx);
-        let assign = self.assignment(attempt, job_params(&self.params), None);
+        let assign = self.assignment(attempt, job_params(&self.params, worker), None);
         if !fleet.send(worker, assign).await {
             return Attempt::Lost("the worker is gone".into());
         }
@@ -744,9 +744,11 @@ fn step_ms(arrivals: &mut VecDeque<Instant>, at: Instant) -> Option<f64> {
 /// The wire form of a resolved choice's sampling. Every attempt asks for
 /// the sampled tokens' log-probabilities, whether or not the client did
 /// and whether or not a spot check will look at them: a worker cannot
-/// tell a checked attempt from another.
-pub(super) fn job_params(p: &engine::SamplingParams) -> JobParams {
+/// tell a checked attempt from another. The request's tenant goes as a
+/// pseudonym of its own for each worker (`worker_tenant`).
+pub(super) fn job_params(p: &engine::SamplingParams, worker: &str) -> JobParams {
     JobParams {
+        tenant: worker_tenant(p.tenant, worker),
         temperature: p.temperature,
         top_p: p.top_p,
         top_k: u32::try_from(p.top_k).unwrap_or(u32::MAX),
@@ -766,11 +768,39 @@ pub(super) fn job_params(p: &engine::SamplingParams) -> JobParams {
     }
 }
 
+/// The tenant `worker` sees for `tenant`: stable on that worker (its
+/// scheduler shares prefill fairly between the keys it serves), another
+/// number on every other worker, so workers cannot link one key's
+/// requests between them; 0 (no tenant) stays 0.
+fn worker_tenant(tenant: u64, worker: &str) -> u64 {
+    use std::hash::{Hash, Hasher};
+    if tenant == 0 {
+        return 0;
+    }
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    (tenant, worker).hash(&mut h);
+    h.finish() | 1
+}
+
 #[cfg(test)]
 mod tests {
     use std::time::Duration;
 
     use super::*;
+
+    #[test]
+    fn each_worker_sees_a_keys_tenant_as_its_own_stable_number() {
+        let params = |tenant| engine::SamplingParams {
+            tenant,
+            ..Default::default()
+        };
+        let on = |t, w| job_params(&params(t), w).tenant;
+        assert_eq!(on(7, "w1"), on(7, "w1"));
+        assert_ne!(on(7, "w1"), on(7, "w2"));
+        assert_ne!(on(7, "w1"), on(9, "w1"));
+        assert_ne!(on(7, "w1"), 0);
+        assert_eq!(on(0, "w1"), 0);
+    }
 
     #[test]
     fn the_step_is_the_mean_gap_whatever_the_batching() {

@@ -362,7 +362,7 @@ impl Relay {
         fleet.jobs.place(self.job, d, attempt, jtx);
         self.prefilled = Some(Prefilled::default());
         let kv = Some(KvIncoming { transfer });
-        let assign = self.assignment(attempt, job_params(&self.params), kv);
+        let assign = self.assignment(attempt, job_params(&self.params, d), kv);
         let outcome = if fleet.send(d, assign).await {
             self.split_loop(d, p, transfer, &mut trx, &mut jrx).await
         } else {
@@ -418,7 +418,7 @@ impl Relay {
                             transfer,
                             model: self.model.clone(),
                             prompt: self.prompt.clone(),
-                            params: job_params(&self.params),
+                            params: job_params(&self.params, p),
                             from,
                         };
                         if !fleet.send(p, prefill).await {
