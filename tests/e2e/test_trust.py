@@ -270,18 +270,23 @@ def test_an_embedding_worker_is_billed_by_the_servers_count_and_its_vectors_chec
         shut([proc], proxy, gen)
 
 
-def test_a_worker_that_trickles_tokens_is_cut_at_its_attempts_deadline():
+@pytest.mark.parametrize("split", [False, True])
+def test_a_worker_that_trickles_tokens_is_cut_at_its_attempts_deadline(split):
     import time
-    srv = open_server("--fleet-progress-timeout", "5")
+    srv = open_server("--fleet-progress-timeout", "5", *(["--fleet-split", "always"] if split else []))
     base = srv["base"]
-    proxy = proc = None
+    procs, proxy = [], None
     try:
         want = complete(base, PROMPTS[0], 8).choices[0].text
-        proxy, proc = hostile_worker(base, Trickle(gap=4.0))
-        workers_up(base, [proc], 1)
+        # Split: two workers of one provider behind the proxy, one the
+        # prefill side, the other the decode side that trickles.
+        proxy = Hostile(base, Trickle(gap=4.0)).start()
+        token = provider_token(base, "slow")["token"]
+        procs = [start_worker(proxy.base, token, f"w{i}") for i in range(1 + split)]
+        workers_up(base, procs, len(procs))
         # One token every 4 s, each inside the 5 s progress timeout: the
-        # attempt's deadline (5 s + 8 x 0.25 s) ends it, the house
-        # finishes the answer, the same text.
+        # attempt's deadline (5 s + 8 x 0.25 s from the end of the KV
+        # transfer) ends it, the house finishes the answer, the same text.
         proxy.armed = True
         t0 = time.monotonic()
         r = complete(base, PROMPTS[0], 8)
@@ -289,9 +294,9 @@ def test_a_worker_that_trickles_tokens_is_cut_at_its_attempts_deadline():
         assert proxy.tamper.hits >= 1
         assert r.choices[0].text == want and r.usage.completion_tokens == 8, r
         assert took < 15, f"{took:.1f} s: the trickle held the client"
-        assert fleet(base)[0]["jobs_lost"] >= 1
+        assert sum(w["jobs_lost"] for w in fleet(base)) >= 1
     finally:
-        shut([proc], proxy, srv["gen"])
+        shut(procs, proxy, srv["gen"])
 
 
 def closed_for(proc, why):

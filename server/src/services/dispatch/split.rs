@@ -387,15 +387,18 @@ impl Relay {
         let fleet = self.dispatch.fleet.clone();
         let mut arrivals = VecDeque::new();
         let mut deadline = tokio::time::Instant::now() + self.dispatch.progress;
-        // The whole attempt: the transfer, then the decode's allowance.
+        // The whole attempt: the transfer, then from its end the decode's
+        // allowance.
         let started = tokio::time::Instant::now();
-        let hard_end = started + self.dispatch.kv_timeout + self.allowance(d);
+        let allowance = self.allowance(d);
+        let mut hard_end = started + self.dispatch.kv_timeout + allowance;
         let (mut asked, mut decided) = (false, false);
         // The KV moves from the prefill's start to its end (or failure).
         let mut _clock: Option<KvClock> = None;
         loop {
-            if decided {
+            if decided && _clock.is_some() {
                 _clock = None;
+                hard_end = hard_end.min(tokio::time::Instant::now() + allowance);
             }
             tokio::select! {
                 ev = trx.recv() => match ev {
