@@ -31,7 +31,14 @@ pub struct Shape {
     /// No `output.weight`: the embedding is the output projection.
     pub tied: bool,
     pub rope_theta: f32,
+    /// Llama 3's rotary scaling (factor, low and high frequency factors,
+    /// original context), written as `rope_freqs.weight` the way
+    /// llama.cpp's converter does.
+    pub llama3_rope: Option<(f32, f32, f32, f32)>,
 }
+
+/// Llama 3.2's `rope_scaling`.
+const LLAMA32_ROPE: Option<(f32, f32, f32, f32)> = Some((32.0, 1.0, 4.0, 8192.0));
 
 /// The shapes of Llama-3.2-1B and -3B and Qwen2.5-0.5B.
 pub const SHAPES: [Shape; 3] = [
@@ -47,6 +54,7 @@ pub const SHAPES: [Shape; 3] = [
         qkv_bias: false,
         tied: true,
         rope_theta: 500_000.0,
+        llama3_rope: LLAMA32_ROPE,
     },
     Shape {
         name: "llama-3b",
@@ -60,6 +68,7 @@ pub const SHAPES: [Shape; 3] = [
         qkv_bias: false,
         tied: true,
         rope_theta: 500_000.0,
+        llama3_rope: LLAMA32_ROPE,
     },
     Shape {
         name: "qwen2-0.5b",
@@ -73,6 +82,7 @@ pub const SHAPES: [Shape; 3] = [
         qkv_bias: true,
         tied: true,
         rope_theta: 1_000_000.0,
+        llama3_rope: None,
     },
 ];
 
@@ -220,6 +230,10 @@ fn tensors(shape: &Shape, quant: Quant, seed: u64) -> Result<Vec<(String, QTenso
         ));
     }
     out.push(("output_norm.weight".into(), vector(vec![1.0; h])?));
+    if let Some(scaling) = shape.llama3_rope {
+        let factors = llama3_rope_factors(shape.rope_theta, h / shape.heads, scaling);
+        out.push(("rope_freqs.weight".into(), vector(factors)?));
+    }
     if !shape.tied {
         let dt = quant.of("output.weight", None, shape.layers);
         out.push((
@@ -228,6 +242,28 @@ fn tensors(shape: &Shape, quant: Quant, seed: u64) -> Result<Vec<(String, QTenso
         ));
     }
     Ok(out)
+}
+
+/// The per-pair divisors of the rotary angles that give Llama 3's scaled
+/// frequencies: 1 for short wavelengths, `factor` for long ones, a smooth
+/// mix between (llama.cpp's converter, `LlamaModel.generate_extra_tensors`).
+pub fn llama3_rope_factors(base: f32, head_dim: usize, scaling: (f32, f32, f32, f32)) -> Vec<f32> {
+    let (factor, low, high, original) = scaling;
+    let (low_wave, high_wave) = (original / low, original / high);
+    (0..head_dim / 2)
+        .map(|i| {
+            let freq = 1.0 / base.powf((2 * i) as f32 / head_dim as f32);
+            let wave = 2.0 * std::f32::consts::PI / freq;
+            if wave < high_wave {
+                1.0
+            } else if wave > low_wave {
+                factor
+            } else {
+                let smooth = (original / wave - low) / (high - low);
+                1.0 / ((1.0 - smooth) / factor + smooth)
+            }
+        })
+        .collect()
 }
 
 /// The source's `tokenizer.*` keys, its token lists padded to `vocab`.

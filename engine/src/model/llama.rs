@@ -20,6 +20,7 @@ use kernels::QMatrix;
 use kernels::backend::{AttnShape, Backend, HostMatrix, Rope};
 use kernels::cpu::backend::CpuBackend;
 
+use super::rope::RopeSpec;
 use super::weights::{Linear, vector};
 use super::{ModelBatch, SeqChunk};
 use crate::error::{EngineError, Result};
@@ -36,8 +37,8 @@ pub struct LlamaConfig {
     pub n_kv_head: usize,
     pub head_dim: usize,
     pub rms_eps: f32,
-    pub rope_theta: f32,
-    pub rope_neox: bool,
+    /// Rotary embedding as the file says (`rope`).
+    pub rope: RopeSpec,
     pub context_length: usize,
     pub vocab_size: usize,
 }
@@ -64,6 +65,7 @@ impl LlamaConfig {
             .get("token_embd.weight")
             .map(|t| t.shape.dims()[0])
             .ok_or_else(|| EngineError::Load("GGUF has no token_embd.weight".into()))?;
+        let head_dim = hidden / n_head.max(1);
         let config = Self {
             n_layer: meta.u32(&key("block_count"))? as usize,
             hidden,
@@ -71,12 +73,11 @@ impl LlamaConfig {
             n_kv_head: meta
                 .u32(&key("attention.head_count_kv"))
                 .map_or(n_head, |v| v as usize),
-            head_dim: hidden / n_head.max(1),
+            head_dim,
             rms_eps: meta
                 .f32(&key("attention.layer_norm_rms_epsilon"))
                 .unwrap_or(1e-5),
-            rope_theta: meta.f32(&key("rope.freq_base")).unwrap_or(10_000.0),
-            rope_neox,
+            rope: RopeSpec::from_meta(&meta, &arch, rope_neox, head_dim)?,
             context_length: meta
                 .u32(&key("context_length"))
                 .map_or(2048, |v| v as usize),
@@ -354,12 +355,18 @@ impl Llama<CpuBackend> {
 impl<B: Backend> Llama<B> {
     /// Loads a GGUF file's weights into `backend`'s memory.
     pub fn load_on<R: Read + Seek>(backend: B, ct: &Content, reader: &mut R) -> Result<Self> {
-        let config = LlamaConfig::from_gguf(ct)?;
+        let mut config = LlamaConfig::from_gguf(ct)?;
         let mut ld = Loader {
             ct,
             reader,
             backend: &backend,
         };
+        // Llama 3.x: the rotary frequencies' factors.
+        if ld.has("rope_freqs.weight") {
+            let qt = ld.qtensor("rope_freqs.weight")?;
+            let factors = vector("rope_freqs.weight", &qt)?;
+            config.rope = config.rope.with_freq_factors(factors, config.head_dim)?;
+        }
         let embed = ld.matrix("token_embd.weight")?;
         let lm_head = if ld.has("output.weight") {
             Some(ld.matrix("output.weight")?)
@@ -527,25 +534,7 @@ fn logit_rows(chunks: &[SeqChunk]) -> Vec<usize> {
 
 /// `cos`/`sin` tables for every position and rotary pair.
 fn rope_tables(c: &LlamaConfig) -> Rope {
-    let half = c.head_dim / 2;
-    let inv: Vec<f32> = (0..half)
-        .map(|i| 1.0 / c.rope_theta.powf((2 * i) as f32 / c.head_dim as f32))
-        .collect();
-    let mut cos = Vec::with_capacity(c.context_length * half);
-    let mut sin = Vec::with_capacity(c.context_length * half);
-    for p in 0..c.context_length {
-        for f in &inv {
-            let (s, co) = (p as f32 * f).sin_cos();
-            cos.push(co);
-            sin.push(s);
-        }
-    }
-    Rope {
-        cos,
-        sin,
-        head_dim: c.head_dim,
-        neox: c.rope_neox,
-    }
+    c.rope.tables(c.head_dim, c.context_length)
 }
 
 impl<B: Backend> Llama<B> {
@@ -580,8 +569,7 @@ mod tests {
             n_kv_head: 2,
             head_dim: 8,
             rms_eps: 1e-5,
-            rope_theta: 10_000.0,
-            rope_neox,
+            rope: RopeSpec::plain(10_000.0, rope_neox),
             context_length: 64,
             vocab_size: 4,
         };

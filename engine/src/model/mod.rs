@@ -4,6 +4,7 @@
 pub mod bert;
 pub mod bert_encoder;
 pub mod llama;
+pub mod rope;
 pub mod weights;
 
 use crate::kv_cache::BlockId;

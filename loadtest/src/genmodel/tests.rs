@@ -22,6 +22,7 @@ const SMALL: Shape = Shape {
     qkv_bias: true,
     tied: false,
     rope_theta: 10_000.0,
+    llama3_rope: None,
 };
 
 #[test]
@@ -64,8 +65,33 @@ fn a_q4_k_m_model_reads_back_with_llama_cpp_s_layout_and_the_engine_loads_it() {
         (c.n_layer, c.hidden, c.n_head, c.n_kv_head, c.vocab_size),
         (8, 256, 4, 2, 49_160)
     );
-    assert!(c.rope_neox, "qwen2 pairs RoPE halves");
+    assert!(c.rope.neox, "qwen2 pairs RoPE halves");
     let _ = std::fs::remove_file(out);
+}
+
+#[test]
+fn a_llama_3_model_carries_its_rope_factors_and_the_engine_reads_them() {
+    let tok = models_dir().join("smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf");
+    let out = std::env::temp_dir().join(format!("synor-genmodel-l3-{}.gguf", std::process::id()));
+    let shape = Shape {
+        name: "small-llama3",
+        arch: "llama",
+        qkv_bias: false,
+        rope_theta: 500_000.0,
+        llama3_rope: Some((32.0, 1.0, 4.0, 8192.0)),
+        layers: 2,
+        ..SMALL
+    };
+    generate(&shape, Quant::Q4_0, &tok, &out, 7).expect("generate");
+    let loaded = engine::loader::load_gguf(&out, &engine::TemplateChoice::ChatMl).expect("load");
+    let _ = std::fs::remove_file(out);
+    let rope = &loaded.model.config.rope;
+    let got = rope.freq_factors.as_ref().expect("rope_freqs.weight read");
+    assert_eq!(got.len(), 32, "one per rotary pair of a 64-wide head");
+    // Fast pairs untouched, slow ones divided by the factor, a ramp between.
+    assert_eq!((got[0], got[31]), (1.0, 32.0), "{got:?}");
+    assert!(got.windows(2).all(|w| w[0] <= w[1]), "{got:?}");
+    assert!(got.iter().any(|f| *f > 1.0 && *f < 32.0), "{got:?}");
 }
 
 #[test]
