@@ -35,7 +35,11 @@ fn main() {
     let loaded = load_gguf(&model, &Default::default()).expect("load");
     let tokenizer = loaded.tokenizer;
     let ids = tokenizer.encode_prompt(&text).expect("tokenize");
-    let bos = tokenizer.encode_prompt("").expect("tokenize").first().copied();
+    let bos = tokenizer
+        .encode_prompt("")
+        .expect("tokenize")
+        .first()
+        .copied();
     let layout = loaded.model.config.kv_layout(BLOCK, N_CTX / BLOCK + 1);
     let mut ex = LocalExecutor::new(loaded.model, layout).expect("executor");
     let table: Vec<u32> = (0..(N_CTX / BLOCK) as u32 + 1).collect();
