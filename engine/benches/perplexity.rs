@@ -14,7 +14,7 @@ mod common;
 use std::path::PathBuf;
 
 use engine::RequestId;
-use engine::executor::{Executor, LocalExecutor};
+use engine::executor::LocalExecutor;
 use engine::loader::load_gguf;
 use engine::model::{ModelBatch, SeqChunk};
 
