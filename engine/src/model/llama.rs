@@ -356,6 +356,7 @@ impl<B: Backend> Llama<B> {
     /// Loads a GGUF file's weights into `backend`'s memory.
     pub fn load_on<R: Read + Seek>(backend: B, ct: &Content, reader: &mut R) -> Result<Self> {
         let mut config = LlamaConfig::from_gguf(ct)?;
+        check_shapes(ct, &config)?;
         let mut ld = Loader {
             ct,
             reader,
@@ -530,6 +531,61 @@ fn logit_rows(chunks: &[SeqChunk]) -> Vec<usize> {
         rows.extend(end - c.num_logits()..end);
     }
     rows
+}
+
+/// Checks that every tensor the model reads is there with the shape its
+/// metadata implies (`[rows, cols]`, vectors `[len]`), so that a file
+/// whose tensors disagree is refused at load, naming the tensor and its
+/// type, instead of failing in a forward pass.
+fn check_shapes(ct: &Content, c: &LlamaConfig) -> Result<()> {
+    let (h, q, kv) = (c.hidden, c.n_head * c.head_dim, c.n_kv_head * c.head_dim);
+    let dims = |name: &str| ct.tensor_infos.get(name).map(|t| t.shape.dims().to_vec());
+    let ffn = dims("blk.0.ffn_gate.weight")
+        .and_then(|d| d.first().copied())
+        .ok_or_else(|| EngineError::Load("GGUF has no blk.0.ffn_gate.weight".into()))?;
+    let mut want: Vec<(String, Vec<usize>)> = vec![
+        ("token_embd.weight".into(), vec![c.vocab_size, h]),
+        ("output_norm.weight".into(), vec![h]),
+    ];
+    if ct.tensor_infos.contains_key("output.weight") {
+        want.push(("output.weight".into(), vec![c.vocab_size, h]));
+    }
+    if ct.tensor_infos.contains_key("rope_freqs.weight") {
+        want.push(("rope_freqs.weight".into(), vec![c.head_dim / 2]));
+    }
+    for i in 0..c.n_layer {
+        let mut at = |k: &str, d: Vec<usize>| want.push((format!("blk.{i}.{k}"), d));
+        at("attn_norm.weight", vec![h]);
+        at("attn_q.weight", vec![q, h]);
+        at("attn_k.weight", vec![kv, h]);
+        at("attn_v.weight", vec![kv, h]);
+        at("attn_output.weight", vec![h, q]);
+        at("ffn_norm.weight", vec![h]);
+        at("ffn_gate.weight", vec![ffn, h]);
+        at("ffn_up.weight", vec![ffn, h]);
+        at("ffn_down.weight", vec![h, ffn]);
+        if ct
+            .tensor_infos
+            .contains_key(&format!("blk.{i}.attn_q.bias"))
+        {
+            at("attn_q.bias", vec![q]);
+            at("attn_k.bias", vec![kv]);
+            at("attn_v.bias", vec![kv]);
+        }
+    }
+    for (name, expected) in want {
+        let Some(t) = ct.tensor_infos.get(&name) else {
+            return Err(EngineError::Load(format!("GGUF has no {name}")));
+        };
+        if t.shape.dims() != expected.as_slice() {
+            return Err(EngineError::Load(format!(
+                "tensor `{name}` ({:?}) has shape {:?}; the metadata implies {expected:?}",
+                t.ggml_dtype,
+                t.shape.dims()
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// `cos`/`sin` tables for every position and rotary pair.
