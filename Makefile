@@ -19,7 +19,11 @@ MODEL_FILES := \
 	$(SYNOR_MODELS_DIR)/all-minilm-l6-v2/1_Pooling/config.json \
 	$(SYNOR_MODELS_DIR)/tiny/tiny.gguf
 
-.PHONY: run test models check lint unit e2e build browser vulkan bench-chat clean-models
+# The parity tests' small models, one per weight type (`synor-genmodel`,
+# a fixed seed: the same bytes every time, as the golden files record).
+PARITY_TYPES := f32 f16 bf16 q4_0 q4_1 q5_0 q5_1 q8_0 q2_k q3_k q4_k q5_k q6_k
+
+.PHONY: run test models check lint unit e2e build browser vulkan bench-chat clean-models synthetic
 
 ## run: fetch the default models if missing, then serve them on 127.0.0.1:8080
 run: $(MODEL_FILES)
@@ -43,12 +47,23 @@ lint:
 ## unit: every cargo test; the server's default build has the wgpu backend,
 ## so its shaders' tests and the model's GPU parity test run here too, on
 ## whatever Vulkan adapter there is (lavapipe: `make vulkan`)
-unit: $(MODEL_FILES) $(NVRTC) vulkan
+unit: $(MODEL_FILES) $(NVRTC) vulkan synthetic
 	XDG_RUNTIME_DIR=$$(mktemp -d) SYNOR_NVRTC=$(NVRTC) $(CARGO) test --workspace
 
 ## NVRTC, for the test that compiles every CUDA kernel (no toolkit needed)
 $(NVRTC):
 	scripts/fetch-models.sh nvrtc
+
+## synthetic: the parity tests' models (engine/tests/golden.rs), written
+## by synor-genmodel into $(SYNOR_MODELS_DIR)/synthetic (about 15 s; always
+## rewritten, so a cached copy can never be stale)
+synthetic: $(MODEL_FILES)
+	$(CARGO) build -p loadtest --bin synor-genmodel
+	@for q in $(PARITY_TYPES); do \
+		$(TARGET_DIR)/debug/synor-genmodel --shape parity-llama --quant $$q \
+			--tokenizer $(SYNOR_MODELS_DIR)/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf \
+			--out-dir $(SYNOR_MODELS_DIR)/synthetic >/dev/null || exit 1; \
+	done
 
 ## vulkan: Mesa's software Vulkan driver (lavapipe), for the wgpu tests
 vulkan:

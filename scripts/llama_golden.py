@@ -9,8 +9,10 @@ sampler), and writes:
     {"model": file, "sha256": ..., "llama_cpp": version, "k": K,
      "self_spread": {"median", "p90", "max"} (llama.cpp against itself
                     with its other attention path, `-fa off`),
-     "cases": [{"prompt": [ids], "tokens": [{"id": i, "logprob": lp,
+     "cases": [{"prompt": [ids], "tokens": [{"id": i,
                 "top": [[id, logprob], ...]}, ...]}, ...]}
+(`top` is empty where llama-server gives no log-probabilities: a token
+that ends inside a UTF-8 character)
 """
 
 import argparse
@@ -74,15 +76,32 @@ def wait_up(base, proc):
 
 
 def case(base, prompt, n, k):
+    """One token at a time (the prompt and the tokens so far, one new
+    token each call, the rest from llama.cpp's cache): one entry per
+    position whatever the tokens' text is (a stream of several tokens
+    drops the entries of tokens that end inside a UTF-8 character), and
+    no end-of-generation bias (`ignore_eos` would be one)."""
     ids = post(base, "/tokenize", {"content": prompt, "add_special": True})["tokens"]
-    r = post(base, "/completion", {
-        "prompt": ids, "n_predict": n, "temperature": 0, "n_probs": k,
-        "ignore_eos": True, "cache_prompt": False, "seed": 0,
-    })
-    tokens = []
-    for p in r["completion_probabilities"]:
+    tokens, cont = [], []
+    for _ in range(n):
+        r = post(base, "/completion", {
+            "prompt": ids + cont, "n_predict": 1, "temperature": 0, "n_probs": k,
+            "cache_prompt": True, "seed": 0, "return_tokens": True,
+        })
+        [token] = r["tokens"]
+        probs = r.get("completion_probabilities", [])
+        if not probs:
+            # llama-server withholds the entry of a token that ends inside
+            # a UTF-8 character: the position is fed, not compared.
+            tokens.append({"id": token, "top": []})
+            cont.append(token)
+            continue
+        [p] = probs
         top = [[t["id"], t["logprob"]] for t in p["top_logprobs"]]
-        tokens.append({"id": p["id"], "logprob": p["logprob"], "top": top})
+        if p["id"] != token or top[0][0] != token:
+            sys.exit(f"llama.cpp's greedy token {token} is not its top one {top[0]}")
+        tokens.append({"id": token, "top": top})
+        cont.append(token)
     return {"prompt": ids, "tokens": tokens}
 
 

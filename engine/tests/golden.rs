@@ -12,9 +12,18 @@
 //!   tokens and its own stay under `MEDIAN` at the median and `P90` at
 //!   the 90th percentile.
 //!
-//! A golden file whose model is not on this machine is skipped (the real
-//! models are fetched by name, not by default); one whose model differs
-//! from the file it was made from (sha256) fails.
+//! The files: the default model, the two real Qwen2.5-Coder models
+//! (`scripts/fetch-models.sh qwen2.5-coder-1.5b`, `...-0.5b`), and a small
+//! synthetic llama per weight type (`make synthetic`: synor-genmodel, a
+//! fixed seed). A golden file whose model is not on this machine is
+//! skipped (the real Qwen models are fetched by name, not by default); one
+//! whose model differs from the file it was made from (sha256) fails.
+//!
+//! On the synthetic files llama.cpp's own spread is small (0.0007 median
+//! for F32), and the types we read natively (F32, F16, BF16, Q4_0, Q4_1,
+//! Q8_0) sit at it, while the ones transcoded at load (Q5_0, Q5_1 and the
+//! K-quants) sit at 1.3-1.55 times it: under the floors below, so they
+//! pass; native kernels for them should let `FLOOR` come down.
 
 #[allow(dead_code)]
 mod common;
@@ -135,6 +144,11 @@ fn rows(ex: &mut LocalExecutor, case: &Case) -> Vec<Vec<f32>> {
 
 fn compare(case: &Case, rows: &[Vec<f32>], found: &mut Found) {
     for (j, (pos, row)) in case.tokens.iter().zip(rows).enumerate() {
+        // llama-server gave nothing here (a token ending inside a UTF-8
+        // character): the position is fed, not compared.
+        if pos.top.is_empty() {
+            continue;
+        }
         let ours = log_softmax(row);
         found.positions += 1;
         let lead = match pos.top.as_slice() {

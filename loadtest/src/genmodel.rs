@@ -86,6 +86,24 @@ pub const SHAPES: [Shape; 3] = [
     },
 ];
 
+/// A small llama for the parity tests (one file per weight type, each
+/// compared with llama.cpp on the same file): every row a whole number of
+/// 256-blocks, so each type applies to every matrix as named.
+pub const PARITY: Shape = Shape {
+    name: "parity-llama",
+    arch: "llama",
+    hidden: 256,
+    layers: 2,
+    heads: 4,
+    kv_heads: 2,
+    ffn: 768,
+    vocab: 49_152,
+    qkv_bias: false,
+    tied: false,
+    rope_theta: 10_000.0,
+    llama3_rope: None,
+};
+
 /// How the weights are quantized, as llama.cpp's `quantize` names it.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Quant {
@@ -94,16 +112,45 @@ pub enum Quant {
     /// gives more bits (the first and last eighth, and every third between),
     /// and the output projection in Q6_K.
     Q4KM,
+    /// Every matrix in one type (the parity tests' files, one per type).
+    All(GgmlDType),
 }
+
+/// The one-type quantizations by name, with llama.cpp's `general.file_type`.
+const UNIFORM: [(&str, GgmlDType, u32); 12] = [
+    ("F32", GgmlDType::F32, 0),
+    ("F16", GgmlDType::F16, 1),
+    ("BF16", GgmlDType::BF16, 32),
+    ("Q4_1", GgmlDType::Q4_1, 3),
+    ("Q8_0", GgmlDType::Q8_0, 7),
+    ("Q5_0", GgmlDType::Q5_0, 8),
+    ("Q5_1", GgmlDType::Q5_1, 9),
+    ("Q2_K", GgmlDType::Q2K, 10),
+    ("Q3_K", GgmlDType::Q3K, 11),
+    ("Q4_K", GgmlDType::Q4K, 14),
+    ("Q5_K", GgmlDType::Q5K, 16),
+    ("Q6_K", GgmlDType::Q6K, 18),
+];
 
 impl std::str::FromStr for Quant {
     type Err = String;
 
     fn from_str(s: &str) -> Result<Self, String> {
-        match s.to_ascii_lowercase().as_str() {
+        let s = s.to_ascii_lowercase();
+        match s.as_str() {
             "q4_0" => Ok(Self::Q4_0),
             "q4_k_m" => Ok(Self::Q4KM),
-            other => Err(format!("unknown quantization `{other}` (q4_0, q4_k_m)")),
+            other => UNIFORM
+                .iter()
+                .find(|u| u.0.eq_ignore_ascii_case(other))
+                .map(|u| Self::All(u.1))
+                .ok_or_else(|| {
+                    let names: Vec<_> = UNIFORM.iter().map(|u| u.0.to_lowercase()).collect();
+                    format!(
+                        "unknown quantization `{other}` (q4_0, q4_k_m, {})",
+                        names.join(", ")
+                    )
+                }),
         }
     }
 }
@@ -113,6 +160,7 @@ impl Quant {
         match self {
             Self::Q4_0 => "Q4_0",
             Self::Q4KM => "Q4_K_M",
+            Self::All(t) => UNIFORM.iter().find(|u| u.1 == t).map_or("?", |u| u.0),
         }
     }
 
@@ -121,6 +169,7 @@ impl Quant {
         match self {
             Self::Q4_0 => 2,
             Self::Q4KM => 15,
+            Self::All(t) => UNIFORM.iter().find(|u| u.1 == t).map_or(0, |u| u.2),
         }
     }
 
@@ -128,6 +177,7 @@ impl Quant {
     fn of(self, kind: &str, layer: Option<usize>, layers: usize) -> GgmlDType {
         match self {
             Self::Q4_0 => GgmlDType::Q4_0,
+            Self::All(t) => t,
             Self::Q4KM => {
                 let more_bits = layer.is_none_or(|i| {
                     i < layers / 8 || i >= 7 * layers / 8 || (i - layers / 8) % 3 == 2
@@ -188,7 +238,7 @@ fn tensors(shape: &Shape, quant: Quant, seed: u64) -> Result<Vec<(String, QTenso
     let mut out = Vec::new();
     let embd = quant.of("token_embd.weight", None, shape.layers);
     // llama.cpp keeps the embedding in Q4_K for Q4_K_M, Q4_0 for Q4_0.
-    let embd = if embd == GgmlDType::Q6K {
+    let embd = if quant == Quant::Q4KM && embd == GgmlDType::Q6K {
         GgmlDType::Q4K
     } else {
         embd
@@ -303,6 +353,8 @@ fn tokenizer(source: &gguf_file::Content, vocab: usize) -> Result<Vec<(String, V
     if out.is_empty() {
         bail!("the tokenizer source has no tokenizer.* keys");
     }
+    // In key order: the same seed writes the same bytes.
+    out.sort_by(|a, b| a.0.cmp(&b.0));
     Ok(out)
 }
 
@@ -374,10 +426,11 @@ pub fn generate(
 pub fn shape(name: &str) -> Result<Shape> {
     SHAPES
         .iter()
+        .chain([&PARITY])
         .find(|s| s.name == name)
         .copied()
         .with_context(|| {
-            let names: Vec<_> = SHAPES.iter().map(|s| s.name).collect();
+            let names: Vec<_> = SHAPES.iter().chain([&PARITY]).map(|s| s.name).collect();
             format!("unknown shape `{name}` ({})", names.join(", "))
         })
 }

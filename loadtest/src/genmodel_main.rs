@@ -10,10 +10,12 @@ use loadtest::genmodel::{Quant, SHAPES, generate, shape};
 #[derive(Parser)]
 #[command(about = "Writes a GGUF model of a realistic shape with random weights")]
 struct Args {
-    /// llama-1b, llama-3b or qwen2-0.5b (`all`: every one).
+    /// llama-1b, llama-3b or qwen2-0.5b (`all`: every one), or
+    /// parity-llama (the small model of the parity tests).
     #[arg(long, default_value = "llama-1b")]
     shape: String,
-    /// q4_0 or q4_k_m.
+    /// q4_0 or q4_k_m, or every matrix in one type: f32, f16, bf16, q4_1,
+    /// q8_0, q5_0, q5_1, q2_k, q3_k, q4_k, q5_k, q6_k.
     #[arg(long, default_value = "q4_0")]
     quant: Quant,
     /// The GGUF whose tokenizer the model gets.
