@@ -64,6 +64,9 @@ synthetic: $(MODEL_FILES)
 			--tokenizer $(SYNOR_MODELS_DIR)/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf \
 			--out-dir $(SYNOR_MODELS_DIR)/synthetic >/dev/null || exit 1; \
 	done
+	$(TARGET_DIR)/debug/synor-genmodel --shape parity-llama3 --quant f32 \
+		--tokenizer $(SYNOR_MODELS_DIR)/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf \
+		--out-dir $(SYNOR_MODELS_DIR)/synthetic >/dev/null
 
 ## vulkan: Mesa's software Vulkan driver (lavapipe), for the wgpu tests
 vulkan:

@@ -104,6 +104,14 @@ pub const PARITY: Shape = Shape {
     llama3_rope: None,
 };
 
+/// `PARITY` with Llama 3.2's rotary scaling (`rope_freqs.weight`) and base.
+pub const PARITY_LLAMA3: Shape = Shape {
+    name: "parity-llama3",
+    rope_theta: 500_000.0,
+    llama3_rope: LLAMA32_ROPE,
+    ..PARITY
+};
+
 /// How the weights are quantized, as llama.cpp's `quantize` names it.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Quant {
@@ -426,11 +434,15 @@ pub fn generate(
 pub fn shape(name: &str) -> Result<Shape> {
     SHAPES
         .iter()
-        .chain([&PARITY])
+        .chain([&PARITY, &PARITY_LLAMA3])
         .find(|s| s.name == name)
         .copied()
         .with_context(|| {
-            let names: Vec<_> = SHAPES.iter().chain([&PARITY]).map(|s| s.name).collect();
+            let names: Vec<_> = SHAPES
+                .iter()
+                .chain([&PARITY, &PARITY_LLAMA3])
+                .map(|s| s.name)
+                .collect();
             format!("unknown shape `{name}` ({})", names.join(", "))
         })
 }
