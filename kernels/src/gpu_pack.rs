@@ -1,9 +1,11 @@
 //! What the GPU backends (`wgpu`, `cuda`) share on the host side: the
 //! quantized weight layout their matmul kernels read (each 32-weight GGML
 //! block repacked into whole 32-bit words: the scale, and Q4_1's min, as
-//! f32, then the block's bytes) and the kernels' fixed sizes.
+//! f32, then the block's bytes) and the kernels' fixed sizes. The GPU
+//! kernels have no K-quant formats yet: Q4_K and Q6_K are requantized to
+//! Q8_0 on upload (a finer step than theirs, but not their exact values).
 
-use crate::quant::{QMatrix, QuantType};
+use crate::quant::{KernelError, QMatrix, QuantType};
 
 /// Threads of one workgroup / thread block in the reduction kernels.
 pub const WG: usize = 64;
@@ -26,11 +28,12 @@ pub const KIND_F32: u32 = 3;
 /// column by block column (block `b` of row `r` is block `b * rows + r`):
 /// the matmul kernels give each output row its own thread, and
 /// neighbouring threads then read neighbouring blocks.
-pub fn repack(q: &QMatrix) -> (Vec<u32>, u32, u32) {
+pub fn repack(q: &QMatrix) -> Result<(Vec<u32>, u32, u32), KernelError> {
     let (kind, head, wpb) = match q.ty {
         QuantType::Q4_0 => (KIND_Q4_0, 2, 5),
         QuantType::Q4_1 => (KIND_Q4_1, 4, 6),
         QuantType::Q8_0 => (KIND_Q8_0, 2, 9),
+        QuantType::Q4K | QuantType::Q6K => return repack(&q.requantize(QuantType::Q8_0)?),
     };
     let (nb, w) = (q.blocks_per_row(), wpb as usize);
     let block = q.ty.block_bytes();
@@ -51,7 +54,7 @@ pub fn repack(q: &QMatrix) -> (Vec<u32>, u32, u32) {
             }
         }
     }
-    (words, kind, wpb)
+    Ok((words, kind, wpb))
 }
 
 /// Per query row of a paged attention call: its position and where its

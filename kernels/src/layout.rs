@@ -17,23 +17,27 @@
 //!   kernels subtract `128 * d * sum(x)` through the block offset.
 //!
 //! The total size equals the GGML size (rows rounded up to a multiple of
-//! 16); padding rows have zero scales and zero weights.
+//! 16); padding rows have zero scales and zero weights. K-quants keep
+//! their 256-weight super-blocks in the same manner (`crate::klayout`).
 
+use crate::klayout;
 use crate::quant::{QK, QuantType};
 
 /// Weight rows per interleaved group.
 pub const GROUP: usize = 16;
 
-/// Bytes of one group block (16 rows x 32 weights, with scales).
+/// Bytes of one group block (16 rows x 32 weights, with scales) of a
+/// 32-weight format.
 pub const fn group_block_bytes(ty: QuantType) -> usize {
     quants_offset(ty) + GROUP * QK * quant_bits(ty) / 8
 }
 
-/// Where the quants start inside a group block.
+/// Where the quants start inside a group block of a 32-weight format.
 pub const fn quants_offset(ty: QuantType) -> usize {
     match ty {
         QuantType::Q4_1 => 4 * GROUP,
         QuantType::Q4_0 | QuantType::Q8_0 => 2 * GROUP,
+        QuantType::Q4K | QuantType::Q6K => panic!("K-quants: see klayout"),
     }
 }
 
@@ -41,6 +45,7 @@ const fn quant_bits(ty: QuantType) -> usize {
     match ty {
         QuantType::Q4_0 | QuantType::Q4_1 => 4,
         QuantType::Q8_0 => 8,
+        QuantType::Q4K | QuantType::Q6K => panic!("K-quants: see klayout"),
     }
 }
 
@@ -49,12 +54,36 @@ const fn ggml_header(ty: QuantType) -> usize {
     match ty {
         QuantType::Q4_1 => 4,
         QuantType::Q4_0 | QuantType::Q8_0 => 2,
+        QuantType::Q4K | QuantType::Q6K => panic!("K-quants: see klayout"),
     }
+}
+
+/// Bytes of one group (16 rows) of a matrix `cols` wide.
+pub const fn group_bytes(ty: QuantType, cols: usize) -> usize {
+    if ty.is_k() {
+        cols / crate::kquant::QK_K * klayout::super_bytes(ty)
+    } else {
+        cols / QK * group_block_bytes(ty)
+    }
+}
+
+/// The GGML bytes of lane `lane` of a group (one row).
+pub fn read_row(ty: QuantType, group: &[u8], lane: usize) -> Vec<u8> {
+    if ty.is_k() {
+        return klayout::read_row(ty, group, lane);
+    }
+    group
+        .chunks_exact(group_block_bytes(ty))
+        .flat_map(|gb| read_lane(ty, gb, lane))
+        .collect()
 }
 
 /// Repacks `rows x cols` GGML blocks (row-major; lengths checked by the
 /// caller) into the interleaved layout.
 pub fn pack(ty: QuantType, rows: usize, cols: usize, ggml: &[u8]) -> Vec<u8> {
+    if ty.is_k() {
+        return klayout::pack(ty, rows, cols, ggml);
+    }
     let nb = cols / QK;
     let bb = ty.block_bytes();
     let gbb = group_block_bytes(ty);
@@ -117,6 +146,7 @@ pub fn unsigned_weight(ty: QuantType, gb: &[u8], lane: usize, j: usize) -> u8 {
     let q = quants_offset(ty);
     match ty {
         QuantType::Q8_0 => gb[q + 64 * (j / 4) + 4 * lane + j % 4],
+        QuantType::Q4K | QuantType::Q6K => unreachable!("K-quants: klayout::unsigned_weight"),
         QuantType::Q4_0 | QuantType::Q4_1 => {
             let chunk = j / 4;
             let byte = gb[q + 64 * (chunk % 4) + 4 * lane + j % 4];

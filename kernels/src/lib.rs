@@ -3,9 +3,12 @@
 //!
 //! - `backend`: the compute-backend trait the forward passes are written
 //!   over;
-//! - `quant`: GGML block formats (Q4_0, Q4_1, Q8_0) and Q8 activations;
-//! - `kquant`: K-quant weights brought into those formats (Q4_K as Q4_1);
-//! - `layout`: the interleaved 16-row weight layout the kernels read;
+//! - `quant`: the weight formats (Q4_0, Q4_1, Q8_0, Q4_K, Q6_K) and Q8
+//!   activations;
+//! - `kquant`: GGML's K-quant super-blocks and their reference
+//!   dequantization;
+//! - `layout`, `klayout`: the interleaved 16-row weight layouts the
+//!   kernels read;
 //! - `cpu`: the CPU backend: quantized matmul, multi-threaded, AVX-512 VNNI
 //!   / AVX2 / scalar, picked at run time; row ops; the paged f16 KV memory
 //!   and attention over it;
@@ -22,6 +25,7 @@ pub mod cuda;
 pub mod gpu_pack;
 #[cfg(all(test, any(feature = "wgpu", feature = "cuda")))]
 mod gpu_tests;
+pub mod klayout;
 pub mod kquant;
 pub mod layout;
 pub mod quant;

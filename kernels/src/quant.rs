@@ -1,17 +1,19 @@
 //! Quantized block formats (GGML layouts, as stored in GGUF files) and the
 //! Q8 activation blocks the integer dot products run against.
 //!
-//! Every format packs 32 weights per block:
+//! The 32-weight formats:
 //! - `Q4_0`: f16 scale `d`, 16 bytes of nibbles; `w = d * (q - 8)`;
 //! - `Q4_1`: f16 scale `d`, f16 min `m`, 16 bytes of nibbles; `w = d * q + m`;
 //! - `Q8_0`: f16 scale `d`, 32 signed bytes; `w = d * q`.
 //!
 //! Nibble order follows GGML: byte `j` holds weight `j` in its low nibble
-//! and weight `j + 16` in its high nibble.
+//! and weight `j + 16` in its high nibble. The K-quants (`Q4_K`, `Q6_K`:
+//! super-blocks of 256 weights) are described in `crate::kquant`; the
+//! kernels read them in their own blocks too, 32 weights at a time.
 
 use half::f16;
 
-use crate::layout;
+use crate::{kquant, layout};
 
 /// Weights (and activations) per quantization block.
 pub const QK: usize = 32;
@@ -22,16 +24,32 @@ pub enum QuantType {
     Q4_0,
     Q4_1,
     Q8_0,
+    /// GGML's Q4_K (4.5 bits a weight).
+    Q4K,
+    /// GGML's Q6_K (6.5625 bits a weight).
+    Q6K,
 }
 
 impl QuantType {
-    /// Bytes of one 32-weight block.
+    /// Bytes of one GGML block (`block_weights` weights).
     pub const fn block_bytes(self) -> usize {
         match self {
             Self::Q4_0 => 18,
             Self::Q4_1 => 20,
             Self::Q8_0 => 34,
+            Self::Q4K => kquant::Q4K_BYTES,
+            Self::Q6K => kquant::Q6K_BYTES,
         }
+    }
+
+    /// Weights of one GGML block: 32, or 256 for a K-quant super-block.
+    pub const fn block_weights(self) -> usize {
+        if self.is_k() { kquant::QK_K } else { QK }
+    }
+
+    /// Whether this is a K-quant (super-blocks of 256 weights).
+    pub const fn is_k(self) -> bool {
+        matches!(self, Self::Q4K | Self::Q6K)
     }
 }
 
@@ -44,8 +62,8 @@ pub enum KernelError {
         expected: usize,
         got: usize,
     },
-    #[error("the column count {0} is not a multiple of {QK}")]
-    Unaligned(usize),
+    #[error("the column count {cols} is not a multiple of {block} (the format's block)")]
+    Unaligned { cols: usize, block: usize },
     /// A GPU backend's device could not be opened or used.
     #[error("GPU: {0}")]
     Device(String),
@@ -66,10 +84,8 @@ impl QMatrix {
     /// Takes raw GGML block bytes (row-major), checking their length, and
     /// repacks them.
     pub fn new(ty: QuantType, rows: usize, cols: usize, ggml: &[u8]) -> Result<Self, KernelError> {
-        if !cols.is_multiple_of(QK) {
-            return Err(KernelError::Unaligned(cols));
-        }
-        let expected = rows * cols / QK * ty.block_bytes();
+        check_cols(ty, cols)?;
+        let expected = rows * cols / ty.block_weights() * ty.block_bytes();
         if ggml.len() != expected {
             return Err(KernelError::Shape {
                 what: "quantized bytes",
@@ -85,7 +101,7 @@ impl QMatrix {
         })
     }
 
-    /// Blocks per row.
+    /// 32-weight blocks per row (a K-quant super-block holds eight).
     pub fn blocks_per_row(&self) -> usize {
         self.cols / QK
     }
@@ -102,17 +118,13 @@ impl QMatrix {
 
     /// The packed bytes of group `g`: `blocks_per_row` group blocks.
     pub fn group(&self, g: usize) -> &[u8] {
-        let len = self.blocks_per_row() * layout::group_block_bytes(self.ty);
+        let len = layout::group_bytes(self.ty, self.cols);
         &self.data[g * len..(g + 1) * len]
     }
 
     /// The GGML bytes of row `r`.
     pub fn ggml_row(&self, r: usize) -> Vec<u8> {
-        let gbb = layout::group_block_bytes(self.ty);
-        self.group(r / layout::GROUP)
-            .chunks_exact(gbb)
-            .flat_map(|gb| layout::read_lane(self.ty, gb, r % layout::GROUP))
-            .collect()
+        layout::read_row(self.ty, self.group(r / layout::GROUP), r % layout::GROUP)
     }
 
     /// Stacks matrices with the same format and width into one (their rows
@@ -142,10 +154,30 @@ impl QMatrix {
     /// Dequantizes row `r` (the reference for every kernel).
     pub fn dequantize_row(&self, r: usize) -> Vec<f32> {
         let bb = self.ty.block_bytes();
-        self.ggml_row(r)
-            .chunks_exact(bb)
-            .flat_map(|b| dequantize_block(self.ty, b))
-            .collect()
+        let row = self.ggml_row(r);
+        match self.ty {
+            QuantType::Q4K => row
+                .chunks_exact(bb)
+                .flat_map(kquant::dequantize_q4k)
+                .collect(),
+            QuantType::Q6K => row
+                .chunks_exact(bb)
+                .flat_map(kquant::dequantize_q6k)
+                .collect(),
+            QuantType::Q4_0 | QuantType::Q4_1 | QuantType::Q8_0 => row
+                .chunks_exact(bb)
+                .flat_map(|b| dequantize_block(self.ty, b))
+                .collect(),
+        }
+    }
+
+    /// The same weights in another format (through f32: lossy unless
+    /// `ty`'s step is finer): for a backend without kernels for this one.
+    pub fn requantize(&self, ty: QuantType) -> Result<Self, KernelError> {
+        let w: Vec<f32> = (0..self.rows)
+            .flat_map(|r| self.dequantize_row(r))
+            .collect();
+        Self::quantize(ty, self.rows, self.cols, &w)
     }
 
     /// Quantizes `rows x cols` f32 weights (row-major) into `ty`, as GGML's
@@ -163,14 +195,34 @@ impl QMatrix {
                 got: w.len(),
             });
         }
-        if !cols.is_multiple_of(QK) {
-            return Err(KernelError::Unaligned(cols));
-        }
-        let data: Vec<u8> = w
-            .chunks_exact(QK)
-            .flat_map(|b| quantize_block(ty, b))
-            .collect();
+        check_cols(ty, cols)?;
+        let data: Vec<u8> = match ty {
+            QuantType::Q4K => w
+                .chunks_exact(kquant::QK_K)
+                .flat_map(kquant::quantize_q4k)
+                .collect(),
+            QuantType::Q6K => w
+                .chunks_exact(kquant::QK_K)
+                .flat_map(kquant::quantize_q6k)
+                .collect(),
+            QuantType::Q4_0 | QuantType::Q4_1 | QuantType::Q8_0 => w
+                .chunks_exact(QK)
+                .flat_map(|b| quantize_block(ty, b))
+                .collect(),
+        };
         Self::new(ty, rows, cols, &data)
+    }
+}
+
+/// Refuses a row width that is not whole blocks of `ty`.
+fn check_cols(ty: QuantType, cols: usize) -> Result<(), KernelError> {
+    if cols.is_multiple_of(ty.block_weights()) {
+        Ok(())
+    } else {
+        Err(KernelError::Unaligned {
+            cols,
+            block: ty.block_weights(),
+        })
     }
 }
 
@@ -178,7 +230,7 @@ pub(crate) fn f16_at(b: &[u8], at: usize) -> f32 {
     f16::from_bits(u16::from_le_bytes([b[at], b[at + 1]])).to_f32()
 }
 
-/// Dequantizes one block.
+/// Dequantizes one 32-weight block (K-quants: `kquant`).
 fn dequantize_block(ty: QuantType, b: &[u8]) -> [f32; QK] {
     let mut out = [0.0; QK];
     match ty {
@@ -194,6 +246,7 @@ fn dequantize_block(ty: QuantType, b: &[u8]) -> [f32; QK] {
                 out[j + 16] = d * f32::from(qs[j] >> 4) + m;
             }
         }
+        QuantType::Q4K | QuantType::Q6K => unreachable!("a K-quant block is 256 weights"),
         QuantType::Q8_0 => {
             let d = f16_at(b, 0);
             for (o, &q) in out.iter_mut().zip(&b[2..34]) {
@@ -204,6 +257,7 @@ fn dequantize_block(ty: QuantType, b: &[u8]) -> [f32; QK] {
     out
 }
 
+/// Quantizes one 32-weight block (K-quants: `kquant`).
 fn quantize_block(ty: QuantType, x: &[f32]) -> Vec<u8> {
     let mut out = Vec::with_capacity(ty.block_bytes());
     match ty {
@@ -229,6 +283,7 @@ fn quantize_block(ty: QuantType, x: &[f32]) -> Vec<u8> {
             let q = |v: f32| (((v - min) * id + 0.5) as i32).clamp(0, 15) as u8;
             out.extend((0..16).map(|j| q(x[j]) | (q(x[j + 16]) << 4)));
         }
+        QuantType::Q4K | QuantType::Q6K => unreachable!("a K-quant block is 256 weights"),
         QuantType::Q8_0 => {
             let amax = x.iter().fold(0.0f32, |a, v| a.max(v.abs()));
             let d = amax / 127.0;
@@ -244,9 +299,10 @@ fn quantize_block(ty: QuantType, x: &[f32]) -> Vec<u8> {
 }
 
 /// One activation block quantized to 8 bits: `x ~ d * q`, with `s = d * sum(q)`
-/// kept for the formats whose offset is a float (Q4_1, as GGML's Q8_1),
-/// and the integer offsets of the formats whose weights are stored as
-/// unsigned integers `u = q + k` (Q4_0: k = 8, Q8_0: k = 128):
+/// kept for the formats whose offset is a float (Q4_1, as GGML's Q8_1;
+/// Q4_K's mins), and the integer offsets of the formats whose weights are
+/// stored as unsigned integers `u = q + k` (Q4_0: k = 8, Q8_0: k = 128,
+/// Q6_K: k = 32 with a scale per 16 weights, so per half block):
 /// `sum (u - k) x = sum u x - k sum(q)`, so their block sums are exact
 /// integers and a block costs one multiply-add fewer.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -254,9 +310,9 @@ fn quantize_block(ty: QuantType, x: &[f32]) -> Vec<u8> {
 pub struct Q8Block {
     pub d: f32,
     pub s: f32,
-    /// `-8 * sum(qs)`: Q4_0's integer offset against this block.
-    pub off4: i32,
-    /// `-128 * sum(qs)`: Q8_0's.
+    /// The sums of `qs[..16]` and of `qs[16..]` (Q6_K's halves).
+    pub halves: [i16; 2],
+    /// `-128 * sum(qs)`: Q8_0's offset (Q4_0's, `-8 * sum`, is this `>> 4`).
     pub off8: i32,
     pub qs: [i8; QK],
 }
@@ -265,32 +321,68 @@ impl Q8Block {
     /// The block of `qs` with scale `d` (the sum and offsets from `sum`,
     /// the sum of `qs`).
     pub fn new(d: f32, sum: i32, qs: [i8; QK]) -> Self {
+        let low: i32 = qs[..QK / 2].iter().map(|&q| i32::from(q)).sum();
+        // Each half is at most 16 * 128 in magnitude.
+        let half = |v: i32| v as i16;
         Self {
             d,
             s: d * sum as f32,
-            off4: -8 * sum,
+            halves: [half(low), half(sum - low)],
             off8: -128 * sum,
             qs,
         }
     }
+
+    /// Q4_0's integer offset, `-8 * sum(qs)`.
+    #[inline(always)]
+    pub fn off4(&self) -> i32 {
+        self.off8 >> 4
+    }
 }
 
-/// Quantizes activation rows (`cols` wide, a multiple of 32) to Q8 blocks.
-pub fn quantize_activations(x: &[f32], cols: usize) -> Vec<Q8Block> {
-    debug_assert!(cols.is_multiple_of(QK));
-    x.chunks_exact(QK).map(quantize_block_q8).collect()
+impl QuantType {
+    /// Activations sharing one Q8 scale against this format: 32, or 256
+    /// for the K-quants, as ggml's Q8_K (so their sums are computed on
+    /// the same activation values as llama.cpp's).
+    pub const fn act_span(self) -> usize {
+        self.block_weights()
+    }
 }
 
-/// One block of 32 activations to Q8 (round half away from zero, as GGML).
-pub fn quantize_block_q8(b: &[f32]) -> Q8Block {
-    // Eight partial maxima: a shape the compiler turns into vector code.
+/// Quantizes activation rows to Q8 blocks, every `span` values (32 or
+/// 256, dividing the row width) sharing one scale.
+pub fn quantize_activations(x: &[f32], span: usize) -> Vec<Q8Block> {
+    debug_assert!(span.is_multiple_of(QK) && x.len().is_multiple_of(span));
+    x.chunks_exact(span)
+        .flat_map(|s| {
+            let floor = if span > QK { amax(s) } else { 0.0 };
+            s.chunks_exact(QK)
+                .map(move |b| quantize_block_q8_at(b, floor))
+        })
+        .collect()
+}
+
+/// The largest magnitude in `b` (eight partial maxima: a shape the
+/// compiler turns into vector code).
+pub fn amax(b: &[f32]) -> f32 {
     let mut m = [0.0f32; 8];
     for c in b.chunks_exact(8) {
         for (mi, v) in m.iter_mut().zip(c) {
             *mi = mi.max(v.abs());
         }
     }
-    let amax = m.iter().fold(0.0f32, |a, &v| a.max(v));
+    m.iter().fold(0.0f32, |a, &v| a.max(v))
+}
+
+/// One block of 32 activations to Q8 (round half away from zero, as GGML).
+pub fn quantize_block_q8(b: &[f32]) -> Q8Block {
+    quantize_block_q8_at(b, 0.0)
+}
+
+/// One block of 32 activations to Q8 with the scale of the larger of its
+/// own largest magnitude and `floor` (its span's, for a shared scale).
+pub fn quantize_block_q8_at(b: &[f32], floor: f32) -> Q8Block {
+    let amax = amax(b).max(floor);
     let d = amax / 127.0;
     let id = if d != 0.0 { 1.0 / d } else { 0.0 };
     let mut qs = [0i8; QK];
@@ -340,7 +432,10 @@ mod tests {
         ));
         assert_eq!(
             QMatrix::new(QuantType::Q8_0, 1, 33, &[]).err(),
-            Some(KernelError::Unaligned(33))
+            Some(KernelError::Unaligned {
+                cols: 33,
+                block: 32
+            })
         );
     }
 
@@ -359,12 +454,14 @@ mod tests {
     #[test]
     fn activation_blocks_keep_their_sum() {
         let x = ramp(64);
-        let q = quantize_activations(&x, 64);
+        let q = quantize_activations(&x, 32);
         for (b, chunk) in q.iter().zip(x.chunks(32)) {
             let sum: f32 = chunk.iter().sum();
             assert!((b.s - sum).abs() < 0.05, "{} vs {sum}", b.s);
             let qsum: i32 = b.qs.iter().map(|&q| i32::from(q)).sum();
-            assert_eq!((b.off4, b.off8), (-8 * qsum, -128 * qsum));
+            assert_eq!((b.off4(), b.off8), (-8 * qsum, -128 * qsum));
+            let low: i32 = b.qs[..16].iter().map(|&q| i32::from(q)).sum();
+            assert_eq!(b.halves, [low as i16, (qsum - low) as i16]);
             assert_eq!(b.s, b.d * qsum as f32);
         }
     }

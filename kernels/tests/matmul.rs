@@ -14,7 +14,7 @@ fn random(rng: &mut StdRng, n: usize) -> Vec<f32> {
 /// The exact value the integer kernels approximate: dequantized weights
 /// times dequantized (Q8) activations, accumulated in f64.
 fn reference(w: &QMatrix, x: &[f32], m: usize) -> Vec<f32> {
-    let acts = quantize_activations(x, w.cols);
+    let acts = quantize_activations(x, w.ty.act_span());
     let nb = w.cols / QK;
     let xq: Vec<f64> = acts
         .iter()
@@ -200,7 +200,7 @@ fn quantized_matmul_approximates_the_float_product() {
     let x = random(&mut rng, m * cols);
     let mut got = vec![0.0; m * rows];
     kernels::cpu::matmul(&w, &x, m, &mut got).expect("matmul");
-    let acts = quantize_activations(&x, cols);
+    let acts = quantize_activations(&x, w.ty.act_span());
     for i in 0..m {
         for r in 0..rows {
             let wr = w.dequantize_row(r);

@@ -1,7 +1,8 @@
 //! Weight matrices as loaded from GGUF, before a compute backend takes
 //! them (`Linear::into_host`). Quantized tensors stay quantized: Q4_0,
-//! Q4_1 and Q8_0 as they are, Q4_K transcoded to Q4_1, the other K-quants
-//! and Q5_0/Q5_1 requantized to Q8_0 (a finer step than theirs). F16, BF16
+//! Q4_1, Q8_0, Q4_K and Q6_K as they are (in the kernels' interleaved
+//! layout, bit for bit the file's values), the other K-quants and
+//! Q5_0/Q5_1 requantized to Q8_0 (a finer step than theirs). F16, BF16
 //! and F32 tensors (and any whose rows are not whole blocks) are kept in
 //! f32. `Linear::forward` is the host-side product the tests compare with.
 
@@ -24,8 +25,6 @@ pub enum Linear {
 enum Plan {
     /// Used as it is.
     Native(QuantType),
-    /// Q4_K, transcoded block by block into Q4_1.
-    Q4kAsQ4_1,
     /// Dequantized and requantized into Q8_0.
     Requantize,
     /// Kept as f32.
@@ -41,7 +40,12 @@ fn plan(dtype: GgmlDType, cols: usize) -> Plan {
         GgmlDType::Q4_0 => Plan::Native(QuantType::Q4_0),
         GgmlDType::Q4_1 => Plan::Native(QuantType::Q4_1),
         GgmlDType::Q8_0 => Plan::Native(QuantType::Q8_0),
-        GgmlDType::Q4K if cols.is_multiple_of(kernels::kquant::QK_K) => Plan::Q4kAsQ4_1,
+        GgmlDType::Q4K if cols.is_multiple_of(kernels::kquant::QK_K) => {
+            Plan::Native(QuantType::Q4K)
+        }
+        GgmlDType::Q6K if cols.is_multiple_of(kernels::kquant::QK_K) => {
+            Plan::Native(QuantType::Q6K)
+        }
         GgmlDType::Q4K
         | GgmlDType::Q5_0
         | GgmlDType::Q5_1
@@ -68,11 +72,6 @@ impl Linear {
             Plan::Native(ty) => {
                 let bytes = qt.data().map_err(|e| load(&e))?;
                 Some(QMatrix::new(ty, rows, cols, &bytes).map_err(|e| load(&e))?)
-            }
-            Plan::Q4kAsQ4_1 => {
-                let bytes = qt.data().map_err(|e| load(&e))?;
-                let q41 = kernels::kquant::q4k_to_q4_1(&bytes).map_err(|e| load(&e))?;
-                Some(QMatrix::new(QuantType::Q4_1, rows, cols, &q41).map_err(|e| load(&e))?)
             }
             Plan::Requantize => {
                 let w = qt
@@ -199,11 +198,40 @@ mod tests {
                 .zip(&want)
                 .map(|(a, b)| (a - b).abs())
                 .fold(0.0, f32::max);
-            // Activations are quantized to 8 bits (and Q4_K scales to f16).
+            // Activations are quantized to 8 bits.
             assert!(
                 err <= 0.02 * scale,
                 "{dtype:?}: max error {err} (scale {scale})"
             );
+        }
+    }
+
+    #[test]
+    fn q4k_and_q6k_rows_read_back_as_candle_dequantizes_them() {
+        let (rows, cols) = (20, 512);
+        let w = Tensor::from_vec(
+            kernels::reference::ramp(rows * cols, 3),
+            (rows, cols),
+            &Device::Cpu,
+        )
+        .expect("w");
+        for dtype in [GgmlDType::Q4K, GgmlDType::Q6K] {
+            let qt = QTensor::quantize(&w, dtype).expect("quantize");
+            let lin = Linear::from_qtensor("w", &qt).expect("load");
+            let Linear::Quant(m) = &lin else {
+                panic!("{dtype:?} is read natively")
+            };
+            assert!(m.ty.is_k(), "{dtype:?} kept in its own format");
+            let deq = qt.dequantize(&Device::Cpu).expect("deq");
+            for r in [0, 7, 19] {
+                let want = deq.get(r).expect("row").to_vec1::<f32>().expect("vec");
+                let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                assert_eq!(
+                    bits(&lin.row(r).expect("row")),
+                    bits(&want),
+                    "{dtype:?} row {r}"
+                );
+            }
         }
     }
 }

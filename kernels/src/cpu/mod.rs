@@ -8,7 +8,8 @@
 //! The instruction set is picked once at run time: AMX-INT8 tiles for
 //! batches of `amx::MIN_ROWS` rows and more (AVX-512 VNNI for the rest
 //! and smaller batches, with the same bits), then
-//! AVX-512 VNNI, then AVX2+FMA+F16C, then portable scalar code.
+//! AVX-512 VNNI, then AVX2+FMA+F16C, then portable scalar code. K-quants
+//! (Q4_K, Q6_K) run their AVX2 tiles (`x86_k`) on every SIMD path.
 //! `SYNOR_KERNELS=scalar|avx2|vnni` forces a lower path (for tests and
 //! comparisons).
 
@@ -25,13 +26,15 @@ pub mod paged;
 pub mod scalar;
 #[cfg(target_arch = "x86_64")]
 pub mod x86;
+#[cfg(target_arch = "x86_64")]
+pub mod x86_k;
 
 use std::sync::OnceLock;
 
 use rayon::prelude::*;
 
 use crate::layout::GROUP;
-use crate::quant::{KernelError, Q8Block, QK, QMatrix, QuantType, quantize_block_q8};
+use crate::quant::{KernelError, Q8Block, QK, QMatrix, QuantType, amax, quantize_block_q8_at};
 
 /// Asks for the memory of `s` in L1 ahead of its use (a hint: reads
 /// nothing, never faults; a no-op off x86-64).
@@ -143,7 +146,7 @@ pub fn matmul_with(
     };
     let nb = w.blocks_per_row();
     let stride = act_stride(nb);
-    let acts = quantize_rows(isa, x, nb, stride);
+    let acts = quantize_rows(isa, x, (nb, stride, w.ty.act_span()));
     let job = Job {
         isa,
         w,
@@ -168,15 +171,16 @@ pub fn matmul_with(
     Ok(())
 }
 
-/// One Q8 block, with SIMD where the chosen path has it.
-fn quantize_block(isa: Isa, b: &[f32]) -> Q8Block {
+/// One Q8 block, with SIMD where the chosen path has it (`floor`: see
+/// `quant::quantize_block_q8_at`).
+fn quantize_block(isa: Isa, b: &[f32], floor: f32) -> Q8Block {
     match isa {
         #[cfg(target_arch = "x86_64")]
         #[allow(unsafe_code)]
         // SAFETY: `isa` was checked against the CPU's features; `b` holds
         // one 32-value block.
-        Isa::Avx2 | Isa::Avx512Vnni | Isa::Amx => unsafe { x86::quantize_block_avx2(b) },
-        _ => quantize_block_q8(b),
+        Isa::Avx2 | Isa::Avx512Vnni | Isa::Amx => unsafe { x86::quantize_block_avx2(b, floor) },
+        _ => quantize_block_q8_at(b, floor),
     }
 }
 
@@ -194,14 +198,18 @@ fn act_stride(nb: usize) -> usize {
 }
 
 /// The activations as Q8 blocks, `nb` per row `stride` apart (the padding
-/// blocks are never read); large batches are quantized in parallel.
-fn quantize_rows(isa: Isa, x: &[f32], nb: usize, stride: usize) -> Vec<Q8Block> {
+/// blocks are never read), every `span` values sharing a scale
+/// (`QuantType::act_span`); large batches are quantized in parallel.
+fn quantize_rows(isa: Isa, x: &[f32], (nb, stride, span): (usize, usize, usize)) -> Vec<Q8Block> {
     let cols = nb * QK;
     let rows = x.len() / cols;
     let mut acts = vec![Q8Block::new(0.0, 0, [0; QK]); rows * stride];
     let row = |(a, xr): (&mut [Q8Block], &[f32])| {
-        for (blk, xb) in a.iter_mut().zip(xr.chunks_exact(QK)) {
-            *blk = quantize_block(isa, xb);
+        for (a, xs) in a.chunks_mut(span / QK).zip(xr.chunks_exact(span)) {
+            let floor = if span > QK { amax(xs) } else { 0.0 };
+            for (blk, xb) in a.iter_mut().zip(xs.chunks_exact(QK)) {
+                *blk = quantize_block(isa, xb, floor);
+            }
         }
     };
     if x.len() < 16 * 1024 {
@@ -285,12 +293,12 @@ impl Job<'_> {
         // Q8_0's sums move each activation's sign by the weight's
         // (`_mm256_sign_epi8`), an operation per chunk either way: 10%
         // slower on SmolLM2's Q8_0 lm_head at 16 rows, so it stays group
-        // by group.
+        // by group; the K-quants have tiles of their own (`x86_k`).
         cfg!(target_arch = "x86_64")
             && self.isa == Isa::Avx2
             && self.m >= SPREAD_MIN_ROWS
             && self.nb >= SPREAD_MIN_BLOCKS
-            && self.w.ty != QuantType::Q8_0
+            && matches!(self.w.ty, QuantType::Q4_0 | QuantType::Q4_1)
     }
 
     /// Computes groups `g0..g1` against every activation row.
@@ -346,7 +354,7 @@ mod simd {
     //! Walks the activation rows of one weight group in SIMD tiles.
     #![allow(unsafe_code)]
 
-    use super::x86::{self, Q4_0, Q4_1, Q8_0};
+    use super::x86::{self, Q4_0, Q4_1, Q4K, Q6K, Q8_0};
     use super::{GROUP, Isa, Job, Q8Block, SPREAD_WEIGHT_BYTES, amx};
     use crate::layout;
     use crate::quant::QuantType;
@@ -358,12 +366,14 @@ mod simd {
             QuantType::Q4_0 => run::<Q4_0>(job, g),
             QuantType::Q4_1 => run::<Q4_1>(job, g),
             QuantType::Q8_0 => run::<Q8_0>(job, g),
+            QuantType::Q4K => run::<Q4K>(job, g),
+            QuantType::Q6K => run::<Q6K>(job, g),
         }
     }
 
     fn run<const T: u8>(job: &Job<'_>, g: usize) {
         let mut i = 0;
-        if job.isa == Isa::Amx && job.m >= amx::MIN_ROWS {
+        if job.isa == Isa::Amx && job.m >= amx::MIN_ROWS && T < Q4K {
             i = amx_rows::<T>(job, g);
         }
         run_from::<T>(job, g, i);
@@ -389,7 +399,9 @@ mod simd {
         match job.w.ty {
             QuantType::Q4_0 => spread_run::<Q4_0>(job, g0, g1),
             QuantType::Q4_1 => spread_run::<Q4_1>(job, g0, g1),
-            QuantType::Q8_0 => (g0..g1).for_each(|g| group(job, g)),
+            QuantType::Q8_0 | QuantType::Q4K | QuantType::Q6K => {
+                (g0..g1).for_each(|g| group(job, g))
+            }
         }
     }
 
@@ -471,7 +483,9 @@ mod simd {
         // for each of the rows i + k < m (`run` keeps i + MR <= m), which
         // only this task's group writes (`with_out`).
         with_out::<MR>(job, g, i, |out| unsafe {
-            if job.isa >= Isa::Avx512Vnni {
+            if T >= Q4K {
+                super::x86_k::group_k_avx2::<T, MR>(w.as_ptr(), x, nb, out)
+            } else if job.isa >= Isa::Avx512Vnni {
                 x86::group_vnni::<T, MR>(w.as_ptr(), x, nb, out)
             } else {
                 x86::group_avx2::<T, MR>(w.as_ptr(), x, nb, out)

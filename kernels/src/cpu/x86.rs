@@ -18,11 +18,16 @@ use crate::quant::{Q8Block, QuantType};
 pub const Q4_0: u8 = 0;
 pub const Q4_1: u8 = 1;
 pub const Q8_0: u8 = 2;
+/// The K-quants (`x86_k`'s tiles).
+pub const Q4K: u8 = 3;
+pub const Q6K: u8 = 4;
 
 pub(crate) const fn ty(t: u8) -> QuantType {
     match t {
         Q4_0 => QuantType::Q4_0,
         Q4_1 => QuantType::Q4_1,
+        Q4K => QuantType::Q4K,
+        Q6K => QuantType::Q6K,
         _ => QuantType::Q8_0,
     }
 }
@@ -47,7 +52,7 @@ const FAR_PREFETCH_BLOCKS: usize = 16;
 /// Requests the weights `ahead` of the block at `base` for a tile of `mr`
 /// rows (see `PREFETCH_BLOCKS` and `FAR_PREFETCH_BLOCKS`).
 #[inline(always)]
-fn prefetch_ahead(base: *const u8, gbb: usize, mr: usize) {
+pub(crate) fn prefetch_ahead(base: *const u8, gbb: usize, mr: usize) {
     if mr <= 2 {
         let p = base.wrapping_add(FAR_PREFETCH_BLOCKS * gbb);
         let mut o = 0;
@@ -78,7 +83,7 @@ pub(crate) fn prefetch(p: *const u8, bytes: usize) {
 /// # Safety
 /// `xb` must point at a valid block and `c < 8`.
 #[inline(always)]
-unsafe fn act_chunk(xb: *const Q8Block, c: usize) -> i32 {
+pub(crate) unsafe fn act_chunk(xb: *const Q8Block, c: usize) -> i32 {
     unsafe { (*xb).qs.as_ptr().cast::<i32>().add(c).read_unaligned() }
 }
 
@@ -92,7 +97,7 @@ pub(crate) unsafe fn int_offset<const T: u8>(xb: *const Q8Block) -> i32 {
     // SAFETY: `xb` is valid (caller contract).
     unsafe {
         match T {
-            Q4_0 => (*xb).off4,
+            Q4_0 => (*xb).off4(),
             Q8_0 => (*xb).off8,
             _ => 0,
         }
@@ -177,20 +182,32 @@ pub unsafe fn group_vnni<const T: u8, const MR: usize>(
 unsafe fn half_weights<const T: u8>(base: *const u8, half: usize) -> [__m256i; 8] {
     let q = quants_offset(ty(T));
     unsafe {
+        if T != Q8_0 {
+            return nibbles(base.add(q), half);
+        }
+        let flip = _mm256_set1_epi8(-128);
+        std::array::from_fn(|c| {
+            let raw = _mm256_loadu_si256(base.add(q + 64 * c + 32 * half).cast());
+            _mm256_xor_si256(raw, flip)
+        })
+    }
+}
+
+/// The eight 4-weight chunks of one half (8 rows) of four nibble loads
+/// at `q` (see `crate::layout`): chunk `l` in the low nibbles of load `l`,
+/// chunk `l + 4` in its high ones.
+///
+/// # Safety
+/// AVX2 must be enabled; `q` must point at four 64-byte loads.
+#[inline(always)]
+pub(crate) unsafe fn nibbles(q: *const u8, half: usize) -> [__m256i; 8] {
+    unsafe {
+        let m4 = _mm256_set1_epi8(0x0F);
         let mut wv = [_mm256_setzero_si256(); 8];
-        if T == Q8_0 {
-            let flip = _mm256_set1_epi8(-128);
-            for (c, v) in wv.iter_mut().enumerate() {
-                let raw = _mm256_loadu_si256(base.add(q + 64 * c + 32 * half).cast());
-                *v = _mm256_xor_si256(raw, flip);
-            }
-        } else {
-            let m4 = _mm256_set1_epi8(0x0F);
-            for l in 0..4 {
-                let raw = _mm256_loadu_si256(base.add(q + 64 * l + 32 * half).cast());
-                wv[l] = _mm256_and_si256(raw, m4);
-                wv[l + 4] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
-            }
+        for l in 0..4 {
+            let raw = _mm256_loadu_si256(q.add(64 * l + 32 * half).cast());
+            wv[l] = _mm256_and_si256(raw, m4);
+            wv[l + 4] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
         }
         wv
     }
@@ -211,7 +228,7 @@ unsafe fn half_weights<const T: u8>(base: *const u8, half: usize) -> [__m256i; 8
 /// # Safety
 /// AVX2 must be enabled.
 #[inline(always)]
-unsafe fn half_sums<const T: u8>(
+pub(crate) unsafe fn half_sums<const T: u8>(
     wv: &[__m256i; 8],
     xc: impl Fn(usize) -> __m256i,
     off: __m256i,
@@ -385,14 +402,14 @@ pub unsafe fn groups_avx2<const T: u8, const MR: usize>(
     }
 }
 
-/// `quant::quantize_block_q8` with AVX2: the same arithmetic (max of
-/// magnitudes, `d = amax / 127`, round half away from zero), so the result
-/// is bit-identical to the portable version.
+/// `quant::quantize_block_q8_at` with AVX2: the same arithmetic (max of
+/// magnitudes and `floor`, `d = amax / 127`, round half away from zero),
+/// so the result is bit-identical to the portable version.
 ///
 /// # Safety
 /// The CPU must support AVX2; `b` must hold 32 floats.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn quantize_block_avx2(b: &[f32]) -> Q8Block {
+pub unsafe fn quantize_block_avx2(b: &[f32], floor: f32) -> Q8Block {
     assert!(b.len() >= 32, "a block is 32 values");
     // SAFETY: 32 floats are readable (checked above).
     let v: [__m256; 4] = std::array::from_fn(|k| unsafe { _mm256_loadu_ps(b.as_ptr().add(8 * k)) });
@@ -403,7 +420,7 @@ pub unsafe fn quantize_block_avx2(b: &[f32]) -> Q8Block {
     }
     let m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
     let m2 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-    let amax = _mm_cvtss_f32(_mm_max_ss(m2, _mm_shuffle_ps(m2, m2, 1)));
+    let amax = _mm_cvtss_f32(_mm_max_ss(m2, _mm_shuffle_ps(m2, m2, 1))).max(floor);
     let d = amax / 127.0;
     let id = _mm256_set1_ps(if d != 0.0 { 1.0 / d } else { 0.0 });
     let half = _mm256_set1_ps(0.5);
@@ -434,7 +451,7 @@ pub unsafe fn quantize_block_avx2(b: &[f32]) -> Q8Block {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::quant::quantize_block_q8;
+    use crate::quant::quantize_block_q8_at;
 
     #[test]
     fn simd_quantization_is_bit_identical_to_the_portable_one() {
@@ -457,8 +474,10 @@ mod tests {
         }
         for b in &blocks {
             // SAFETY: AVX2 is present (checked above); `b` has 32 values.
-            let got = unsafe { quantize_block_avx2(b) };
-            assert_eq!(got, quantize_block_q8(b), "{b:?}");
+            for floor in [0.0, 2.5] {
+                let got = unsafe { quantize_block_avx2(b, floor) };
+                assert_eq!(got, quantize_block_q8_at(b, floor), "{b:?}");
+            }
         }
     }
 }

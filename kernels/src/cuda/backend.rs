@@ -377,7 +377,7 @@ impl Backend for CudaBackend {
     fn matrix(&self, m: HostMatrix) -> Result<CudaMatrix, KernelError> {
         let (data, rows, cols) = match m {
             HostMatrix::Quant(q) => {
-                let (words, kind, wpb) = gpu_pack::repack(&q);
+                let (words, kind, wpb) = gpu_pack::repack(&q)?;
                 let words = self.try_upload(&words)?;
                 (MatrixData::Quant { words, kind, wpb }, q.rows, q.cols)
             }

@@ -164,7 +164,7 @@ impl Backend for WgpuBackend {
     fn matrix(&self, m: HostMatrix) -> Result<GpuMatrix, KernelError> {
         let (words, rows, cols, kind, wpb) = match m {
             HostMatrix::Quant(q) => {
-                let (w, kind, wpb) = gpu_pack::repack(&q);
+                let (w, kind, wpb) = gpu_pack::repack(&q)?;
                 (w, q.rows, q.cols, kind, wpb)
             }
             HostMatrix::Dense { data, rows, cols } => {

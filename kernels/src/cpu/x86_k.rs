@@ -1,0 +1,174 @@
+//! AVX2 tiles for K-quant weights in their own super-blocks
+//! (`crate::klayout`): one group of 16 weight rows against `MR` activation
+//! rows, two 256-bit halves of 8 rows, sub-block by sub-block against the
+//! Q8 activation blocks (32 weights each). The CPU paths above AVX2
+//! (AVX-512 VNNI, AMX) run these tiles too for K-quants.
+//!
+//! - Q4_K: the nibbles as Q4_1's (`x86::half_sums`), the scale
+//!   `d * sc` and the offset `-(dmin * m)` of each row's sub-block made in
+//!   f32 from the unpacked scale bytes, once per half block for all rows.
+//! - Q6_K: 6-bit unsigned quants (nibble | high bits << 4); the products
+//!   of each 8-byte pair (`maddubs`, at most 2 * 63 * 127) summed two
+//!   chunks at a time in 16 bits (at most 32004), then multiplied by the
+//!   row's scale of that half (`madd` with the scale in both 16-bit
+//!   halves of the lane), exact; the offset `32 * (sc_lo * h0 + sc_hi *
+//!   h1)` from the activation block's half sums in one more `madd`.
+#![allow(unsafe_code)]
+
+use std::arch::x86_64::*;
+
+use super::x86::{Q4_1, Q4K, act_chunk, half_sums, nibbles, prefetch_ahead, ty};
+use crate::klayout::{Q6_HIGH, SUB_QUANTS, sub_bytes, sub_offset, super_bytes};
+use crate::layout::GROUP;
+use crate::quant::Q8Block;
+
+/// Eight bytes (one half's rows) widened to f32 lanes.
+///
+/// # Safety
+/// AVX2 must be enabled; 8 bytes at `p` must be readable.
+#[inline(always)]
+unsafe fn bytes_f32(p: *const u8) -> __m256 {
+    unsafe { _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(p.cast()))) }
+}
+
+/// Eight signed scale bytes, each in both 16-bit halves of its lane.
+///
+/// # Safety
+/// AVX2 must be enabled; 8 bytes at `p` must be readable.
+#[inline(always)]
+unsafe fn scale_pairs(p: *const u8) -> __m256i {
+    unsafe {
+        let e = _mm256_cvtepi8_epi32(_mm_loadl_epi64(p.cast()));
+        _mm256_blend_epi16::<0xAA>(e, _mm256_slli_epi32::<16>(e))
+    }
+}
+
+/// Q6_K's eight chunks of one half: the low nibbles with the high bits
+/// put at bits 4-5 (see `crate::klayout`).
+///
+/// # Safety
+/// AVX2 must be enabled; `sub` must point at a whole Q6_K sub-block.
+#[inline(always)]
+unsafe fn q6_weights(sub: *const u8, half: usize) -> [__m256i; 8] {
+    unsafe {
+        let mut wv = nibbles(sub.add(SUB_QUANTS), half);
+        let m = _mm256_set1_epi8(0x30);
+        for p in 0..2 {
+            let hb = _mm256_loadu_si256(sub.add(Q6_HIGH + 64 * p + 32 * half).cast());
+            let parts = [
+                _mm256_slli_epi16::<4>(hb),
+                _mm256_slli_epi16::<2>(hb),
+                hb,
+                _mm256_srli_epi16::<2>(hb),
+            ];
+            for (s, part) in parts.into_iter().enumerate() {
+                let c = 4 * p + s;
+                wv[c] = _mm256_or_si256(wv[c], _mm256_and_si256(part, m));
+            }
+        }
+        wv
+    }
+}
+
+/// Q6_K's exact integer sum of one half block's eight rows with one
+/// activation block (see the module header).
+///
+/// # Safety
+/// AVX2 must be enabled; `xb` must point at a valid block.
+#[inline(always)]
+unsafe fn q6_sums(
+    wv: &[__m256i; 8],
+    xb: *const Q8Block,
+    (s_lo, s_hi, pair): (__m256i, __m256i, __m256i),
+) -> __m256i {
+    unsafe {
+        let xc = |c| _mm256_set1_epi32(act_chunk(xb, c));
+        let p = |c: usize| {
+            _mm256_add_epi16(
+                _mm256_maddubs_epi16(wv[c], xc(c)),
+                _mm256_maddubs_epi16(wv[c + 1], xc(c + 1)),
+            )
+        };
+        let lo = _mm256_add_epi32(_mm256_madd_epi16(p(0), s_lo), _mm256_madd_epi16(p(2), s_lo));
+        let hi = _mm256_add_epi32(_mm256_madd_epi16(p(4), s_hi), _mm256_madd_epi16(p(6), s_hi));
+        let [h0, h1] = (*xb).halves;
+        let h = _mm256_set1_epi32(i32::from(h0 as u16) | (i32::from(h1) << 16));
+        let off = _mm256_slli_epi32::<5>(_mm256_madd_epi16(pair, h));
+        _mm256_sub_epi32(_mm256_add_epi32(lo, hi), off)
+    }
+}
+
+/// Computes `out[i * stride + lane] = dot(w[lane], x[i])` for one 16-row
+/// K-quant group (format tag `K`: `x86::Q4K` or `x86::Q6K`), bit for bit
+/// as `scalar::dot_group_k`.
+///
+/// # Safety
+/// The CPU must support AVX2, FMA and F16C; `g` must point at `nb / 8`
+/// group super-blocks of format `K`, every `x[i]` at `nb` Q8 blocks, and
+/// `out + i * stride` at 16 writable floats for every `i < MR`.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn group_k_avx2<const K: u8, const MR: usize>(
+    g: *const u8,
+    x: [*const Q8Block; MR],
+    nb: usize,
+    (out, stride): (*mut f32, usize),
+) {
+    let (kt, ones) = (ty(K), _mm256_set1_epi16(1));
+    let mut acc = [[_mm256_setzero_ps(); 2]; MR];
+    for s in 0..nb / 8 {
+        // SAFETY (whole loop body): super-block `s` of the group and block
+        // `8s + j` of every activation row are in bounds (caller contract).
+        let sb = unsafe { g.add(s * super_bytes(kt)) };
+        let half_f16 = |at: usize, h: usize| {
+            _mm256_cvtph_ps(unsafe { _mm_loadu_si128(sb.add(at + 16 * h).cast()) })
+        };
+        let d = [half_f16(0, 0), half_f16(0, 1)];
+        let neg = _mm256_set1_ps(-0.0);
+        let neg_dmin = if K == Q4K {
+            [0, 1].map(|h| _mm256_xor_ps(half_f16(2 * GROUP, h), neg))
+        } else {
+            [_mm256_setzero_ps(); 2]
+        };
+        for j in 0..8 {
+            let sub = unsafe { sb.add(sub_offset(kt, j)) };
+            prefetch_ahead(sub, sub_bytes(kt), MR);
+            for h in 0..2 {
+                if K == Q4K {
+                    let dw = _mm256_mul_ps(d[h], unsafe { bytes_f32(sub.add(8 * h)) });
+                    let mw =
+                        _mm256_mul_ps(neg_dmin[h], unsafe { bytes_f32(sub.add(GROUP + 8 * h)) });
+                    let wv = unsafe { nibbles(sub.add(SUB_QUANTS), h) };
+                    let zero = _mm256_setzero_si256();
+                    for (i, a) in acc.iter_mut().enumerate() {
+                        let xb = unsafe { x[i].add(8 * s + j) };
+                        let xc = |c| _mm256_set1_epi32(unsafe { act_chunk(xb, c) });
+                        let sums = unsafe { half_sums::<Q4_1>(&wv, xc, zero, ones) };
+                        let (xd, xs) = unsafe { ((*xb).d, (*xb).s) };
+                        let v = _mm256_cvtepi32_ps(sums);
+                        a[h] = _mm256_fmadd_ps(v, _mm256_mul_ps(dw, _mm256_set1_ps(xd)), a[h]);
+                        a[h] = _mm256_fmadd_ps(mw, _mm256_set1_ps(xs), a[h]);
+                    }
+                } else {
+                    let s_lo = unsafe { scale_pairs(sub.add(8 * h)) };
+                    let s_hi = unsafe { scale_pairs(sub.add(GROUP + 8 * h)) };
+                    let pair = _mm256_blend_epi16::<0xAA>(s_lo, s_hi);
+                    let wv = unsafe { q6_weights(sub, h) };
+                    for (i, a) in acc.iter_mut().enumerate() {
+                        let xb = unsafe { x[i].add(8 * s + j) };
+                        let sums = unsafe { q6_sums(&wv, xb, (s_lo, s_hi, pair)) };
+                        let xd = _mm256_set1_ps(unsafe { (*xb).d });
+                        let v = _mm256_cvtepi32_ps(sums);
+                        a[h] = _mm256_fmadd_ps(v, _mm256_mul_ps(d[h], xd), a[h]);
+                    }
+                }
+            }
+        }
+    }
+    for (i, a) in acc.into_iter().enumerate() {
+        // SAFETY: row `i` of the output holds 16 floats (caller contract).
+        unsafe {
+            _mm256_storeu_ps(out.add(i * stride), a[0]);
+            _mm256_storeu_ps(out.add(i * stride + 8), a[1]);
+        }
+    }
+}

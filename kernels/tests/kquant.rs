@@ -1,0 +1,222 @@
+//! The K-quant matmul paths (Q4_K, Q6_K in their own super-blocks) against
+//! the plain-Rust reference, on seeded random super-blocks of every bit
+//! pattern (not only those a quantizer writes), for the batch shapes the
+//! engine uses and on every SIMD path this CPU has.
+
+use half::f16;
+use kernels::cpu::{Isa, matmul_with};
+use kernels::kquant::{Q4kBlock, Q6kBlock, QK_K};
+use kernels::quant::quantize_activations;
+use kernels::{QMatrix, QuantType};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+const KINDS: [QuantType; 2] = [QuantType::Q4K, QuantType::Q6K];
+
+/// `rows x cols` of random super-blocks: random quants, scales and mins,
+/// super-block scales of a realistic size (so sums stay finite).
+fn random_matrix(rng: &mut StdRng, ty: QuantType, rows: usize, cols: usize) -> QMatrix {
+    let f16_bits = |rng: &mut StdRng, hi: f32| f16::from_f32(rng.random_range(0.0..hi)).to_bits();
+    let mut ggml = Vec::new();
+    for _ in 0..rows * cols / QK_K {
+        if ty == QuantType::Q4K {
+            let k = Q4kBlock {
+                d: f16_bits(rng, 0.002),
+                dmin: f16_bits(rng, 0.002),
+                sc: std::array::from_fn(|_| rng.random_range(0..64)),
+                m: std::array::from_fn(|_| rng.random_range(0..64)),
+                q: std::array::from_fn(|_| rng.random_range(0..16)),
+            };
+            ggml.extend(k.to_ggml());
+        } else {
+            let k = Q6kBlock {
+                d: f16_bits(rng, 0.0005),
+                sc: std::array::from_fn(|_| rng.random_range(-128..=127)),
+                q: std::array::from_fn(|_| rng.random_range(0..64)),
+            };
+            ggml.extend(k.to_ggml());
+        }
+    }
+    QMatrix::new(ty, rows, cols, &ggml).expect("matrix")
+}
+
+fn random(rng: &mut StdRng, n: usize) -> Vec<f32> {
+    (0..n).map(|_| rng.random_range(-1.0f32..1.0)).collect()
+}
+
+/// Dequantized weights times dequantized (Q8) activations, in f64.
+fn reference(w: &QMatrix, x: &[f32], m: usize) -> Vec<f32> {
+    let acts = quantize_activations(x, w.ty.act_span());
+    let xq: Vec<f64> = acts
+        .iter()
+        .flat_map(|b| b.qs.iter().map(move |&q| f64::from(b.d) * f64::from(q)))
+        .collect();
+    let rows: Vec<Vec<f32>> = (0..w.rows).map(|r| w.dequantize_row(r)).collect();
+    let mut out = vec![0.0; m * w.rows];
+    for i in 0..m {
+        let xi = &xq[i * w.cols..(i + 1) * w.cols];
+        for (r, wr) in rows.iter().enumerate() {
+            out[i * w.rows + r] = wr
+                .iter()
+                .zip(xi)
+                .map(|(&a, &b)| f64::from(a) * b)
+                .sum::<f64>() as f32;
+        }
+    }
+    out
+}
+
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|f| f.to_bits()).collect()
+}
+
+fn run(isa: Isa, w: &QMatrix, x: &[f32], m: usize) -> Vec<f32> {
+    let mut out = vec![f32::NAN; m * w.rows];
+    matmul_with(isa, w, x, m, &mut out).expect("matmul");
+    out
+}
+
+#[test]
+fn every_path_matches_the_reference_and_gives_the_same_bits() {
+    let mut rng = StdRng::seed_from_u64(41);
+    let shapes = [
+        (1, 96, 256),
+        (2, 33, 512),
+        (3, 130, 256),
+        (7, 37, 768),
+        (9, 48, 256),
+        (17, 20, 512),
+        (64, 16, 256),
+    ];
+    for ty in KINDS {
+        for &(m, rows, cols) in &shapes {
+            let w = random_matrix(&mut rng, ty, rows, cols);
+            let x = random(&mut rng, m * cols);
+            let want = reference(&w, &x, m);
+            let scalar = run(Isa::Scalar, &w, &x, m);
+            let scale = want.iter().fold(1e-3f32, |a, v| a.max(v.abs()));
+            for isa in Isa::all_supported() {
+                let got = run(isa, &w, &x, m);
+                assert_eq!(
+                    bits(&got),
+                    bits(&scalar),
+                    "{ty:?} {isa:?} m={m} against scalar"
+                );
+                let err = got
+                    .iter()
+                    .zip(&want)
+                    .map(|(a, b)| (a - b).abs())
+                    .fold(0.0, f32::max);
+                assert!(
+                    err <= 2e-5 * scale * (cols as f32).sqrt(),
+                    "{ty:?} {isa:?} m={m} {rows}x{cols}: max error {err} (scale {scale})"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn a_rows_result_does_not_depend_on_its_batch() {
+    let mut rng = StdRng::seed_from_u64(43);
+    let (rows, cols) = (40, 512);
+    for ty in KINDS {
+        let w = random_matrix(&mut rng, ty, rows, cols);
+        let x = random(&mut rng, 37 * cols);
+        for isa in Isa::all_supported() {
+            let alone: Vec<f32> = x
+                .chunks_exact(cols)
+                .flat_map(|xi| run(isa, &w, xi, 1))
+                .collect();
+            for m in (2..=9).chain([16, 17, 37]) {
+                let got = run(isa, &w, &x[..m * cols], m);
+                assert_eq!(
+                    bits(&got),
+                    bits(&alone[..m * rows]),
+                    "{ty:?} {isa:?} batch of {m}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn the_largest_sums_are_exact_on_every_path() {
+    // Q6_K quants of 63 (and 0) with the largest scales, against
+    // activations of +-127: the 16-bit pair sums reach 2 * 2 * 63 * 127.
+    // Q4_K nibbles of 15 with scales and mins of 63.
+    let cols = 512;
+    let q6 = |q: u8, sc: i8| Q6kBlock {
+        d: f16::from_f32(1.0 / 1024.0).to_bits(),
+        sc: [sc; 16],
+        q: [q; QK_K],
+    };
+    let q4 = |q: u8| Q4kBlock {
+        d: f16::from_f32(1.0 / 512.0).to_bits(),
+        dmin: f16::from_f32(1.0 / 512.0).to_bits(),
+        sc: [63; 8],
+        m: [63; 8],
+        q: [q; QK_K],
+    };
+    let matrices = [
+        (
+            QuantType::Q6K,
+            [q6(63, 127), q6(0, -128), q6(63, -128), q6(0, 127)]
+                .iter()
+                .flat_map(|k| [k.to_ggml(), k.to_ggml()].concat())
+                .collect::<Vec<u8>>(),
+        ),
+        (
+            QuantType::Q4K,
+            [q4(15), q4(0)]
+                .iter()
+                .flat_map(|k| [k.to_ggml(), k.to_ggml()].concat())
+                .collect::<Vec<u8>>(),
+        ),
+    ];
+    for (ty, ggml) in matrices {
+        let rows = ggml.len() / (cols / QK_K * ty.block_bytes());
+        let w = QMatrix::new(ty, rows, cols, &ggml).expect("matrix");
+        let x = [vec![1.0; cols], vec![-1.0; cols]].concat();
+        for m in [2, 10] {
+            let x = x.repeat(m / 2);
+            let want = reference(&w, &x, m);
+            for isa in Isa::all_supported() {
+                let got = run(isa, &w, &x, m);
+                for (g, e) in got.iter().zip(&want) {
+                    assert!(
+                        (g - e).abs() <= 1e-5 * e.abs().max(1.0),
+                        "{ty:?} {isa:?} m={m}: {got:?} against {want:?}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn k_quant_rows_stack_and_come_back_as_ggml_bytes() {
+    let mut rng = StdRng::seed_from_u64(47);
+    for ty in KINDS {
+        let a = random_matrix(&mut rng, ty, 17, 512);
+        let b = random_matrix(&mut rng, ty, 5, 512);
+        let ab = QMatrix::concat(&[&a, &b]).expect("stack");
+        assert_eq!(ab.rows, 22);
+        assert_eq!(ab.ggml_row(17), b.ggml_row(0));
+        assert_eq!(ab.dequantize_row(16), a.dequantize_row(16));
+        // The packed size: Q6_K's is GGML's (rows rounded up to 16).
+        if ty == QuantType::Q6K {
+            assert_eq!(ab.data_len(), 32 * 2 * ty.block_bytes());
+        }
+    }
+}
+
+#[test]
+fn widths_that_are_not_whole_super_blocks_are_refused() {
+    let err = QMatrix::new(QuantType::Q4K, 1, 96, &[0; 54]).expect_err("96 columns");
+    assert_eq!(
+        err.to_string(),
+        "the column count 96 is not a multiple of 256 (the format's block)"
+    );
+    assert!(QMatrix::new(QuantType::Q6K, 2, 256, &[0; 210]).is_err());
+}
