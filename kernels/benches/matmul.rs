@@ -7,7 +7,10 @@
 //! `-- cold`: the 1B shapes from memory, not cache, as in a decode step;
 //! `-- bandwidth`: the machine's read bandwidth with 1 and 2 threads, the
 //! bound of a decode step: bytes of weights / bandwidth; `-- paths`: every
-//! SIMD path on one thread, alternating, on a weight held in L2).
+//! SIMD path on one thread, alternating, on a weight held in L2;
+//! `-- kquant`: Qwen2.5-1.5B's Q4_K_M shapes streamed from memory, read
+//! natively (Q4_K, Q6_K) and as the earlier transcodings (Q4_1, Q8_0),
+//! alternating).
 
 use std::time::Instant;
 
@@ -36,6 +39,10 @@ fn main() {
     }
     if std::env::args().any(|a| a == "paths") {
         paths();
+        return;
+    }
+    if std::env::args().any(|a| a == "kquant") {
+        kquant();
         return;
     }
     let only_1b = std::env::args().any(|a| a == "1b");
@@ -178,6 +185,65 @@ fn paths() {
                     s * 1e3
                 );
             }
+        }
+    }
+}
+
+/// Qwen2.5-Coder-1.5B's matrices in its Q4_K_M file (half the `down`
+/// projections are Q6_K, half Q4_K).
+const QWEN_1_5B: [(&str, usize, usize, QuantType); 5] = [
+    ("qkv 2048x1536", 2048, 1536, QuantType::Q4K),
+    ("o 1536x1536", 1536, 1536, QuantType::Q4K),
+    ("gate+up 17920x1536", 17920, 1536, QuantType::Q4K),
+    ("down 1536x8960", 1536, 8960, QuantType::Q6K),
+    ("lm_head 151936x1536", 151_936, 1536, QuantType::Q6K),
+];
+
+/// Each K-quant shape from memory (copies past the LLC, cycled), native
+/// against the earlier transcoding (Q4_K as Q4_1, Q6_K as Q8_0), the two
+/// alternating: best of five rounds.
+fn kquant() {
+    for (name, rows, cols, ty) in QWEN_1_5B {
+        let w: Vec<f32> = (0..rows * cols)
+            .map(|i| ((i * 7919) % 1013) as f32 / 506.0 - 1.0)
+            .collect();
+        let native = QMatrix::quantize(ty, rows, cols, &w).expect("quantize");
+        let old_ty = if ty == QuantType::Q4K {
+            QuantType::Q4_1
+        } else {
+            QuantType::Q8_0
+        };
+        let old = native.requantize(old_ty).expect("requantize");
+        let sets: Vec<Vec<QMatrix>> = [old, native]
+            .into_iter()
+            .map(|w| vec![w.clone(); COLD_BYTES.div_ceil(w.data_len()).max(2)])
+            .collect();
+        for m in [1, 8, 64] {
+            let x: Vec<f32> = (0..m * cols)
+                .map(|i| ((i * 104_729) % 997) as f32 / 498.0 - 1.0)
+                .collect();
+            let mut out = vec![0.0; m * rows];
+            let mut best = [f64::MAX; 2];
+            for _ in 0..5 {
+                for (k, ws) in sets.iter().enumerate() {
+                    let reps = (1_000_000_000 / (rows * cols * m)).clamp(2 * ws.len(), 500);
+                    let t = Instant::now();
+                    for r in 0..reps {
+                        matmul_with(Isa::detect(), &ws[r % ws.len()], &x, m, &mut out)
+                            .expect("matmul");
+                    }
+                    best[k] = best[k].min(t.elapsed().as_secs_f64() / reps as f64);
+                }
+            }
+            let gbs = |k: usize| sets[k][0].data_len() as f64 / best[k] / 1e9;
+            println!(
+                "{name:<20} m={m:<3} {old_ty:?} {:>8.3} ms {:>5.1} GB/s | {ty:?} {:>8.3} ms {:>5.1} GB/s | native {:.2}x",
+                best[0] * 1e3,
+                gbs(0),
+                best[1] * 1e3,
+                gbs(1),
+                best[0] / best[1]
+            );
         }
     }
 }

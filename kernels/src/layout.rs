@@ -15,6 +15,10 @@
 //! - Q8_0: eight 64-byte loads, load `c` holding weights `4c..4c + 4`, each
 //!   stored as the unsigned byte `q + 128` (so `vpdpbusd` can take it); the
 //!   kernels subtract `128 * d * sum(x)` through the block offset.
+//! - Q5_0 / Q5_1: one 64-byte load of high bits, then the nibbles as
+//!   Q4's. In the high load, bit `c` of byte `k` of a row holds the high
+//!   bit of weight `4c + k`, so one shift and one mask put chunk `c`'s at
+//!   bit 4 of every byte.
 //!
 //! The total size equals the GGML size (rows rounded up to a multiple of
 //! 16); padding rows have zero scales and zero weights. K-quants keep
@@ -37,13 +41,20 @@ pub const fn quants_offset(ty: QuantType) -> usize {
     match ty {
         QuantType::Q4_1 => 4 * GROUP,
         QuantType::Q4_0 | QuantType::Q8_0 => 2 * GROUP,
+        QuantType::Q5_0 => 2 * GROUP + 64,
+        QuantType::Q5_1 => 4 * GROUP + 64,
         QuantType::Q4K | QuantType::Q6K => panic!("K-quants: see klayout"),
     }
 }
 
+/// Where Q5_0's and Q5_1's load of high bits starts in a group block.
+pub const fn high_offset(ty: QuantType) -> usize {
+    quants_offset(ty) - 64
+}
+
 const fn quant_bits(ty: QuantType) -> usize {
     match ty {
-        QuantType::Q4_0 | QuantType::Q4_1 => 4,
+        QuantType::Q4_0 | QuantType::Q4_1 | QuantType::Q5_0 | QuantType::Q5_1 => 4,
         QuantType::Q8_0 => 8,
         QuantType::Q4K | QuantType::Q6K => panic!("K-quants: see klayout"),
     }
@@ -54,6 +65,8 @@ const fn ggml_header(ty: QuantType) -> usize {
     match ty {
         QuantType::Q4_1 => 4,
         QuantType::Q4_0 | QuantType::Q8_0 => 2,
+        QuantType::Q5_0 => 6,
+        QuantType::Q5_1 => 8,
         QuantType::Q4K | QuantType::Q6K => panic!("K-quants: see klayout"),
     }
 }
@@ -105,11 +118,35 @@ pub fn pack(ty: QuantType, rows: usize, cols: usize, ggml: &[u8]) -> Vec<u8> {
     out
 }
 
+/// Whether a format has an f16 min after its scale.
+const fn has_min(ty: QuantType) -> bool {
+    matches!(ty, QuantType::Q4_1 | QuantType::Q5_1)
+}
+
+/// Whether a format has a 32-bit word of high bits (Q5_0, Q5_1).
+const fn has_high(ty: QuantType) -> bool {
+    matches!(ty, QuantType::Q5_0 | QuantType::Q5_1)
+}
+
+/// Byte of lane `lane` in the high load, and the bit in it, of weight `j`.
+fn high_at(lane: usize, j: usize) -> (usize, usize) {
+    (4 * lane + j % 4, j / 4)
+}
+
 /// Copies one GGML block into lane `lane` of a group block.
 fn write_lane(ty: QuantType, gb: &mut [u8], lane: usize, blk: &[u8]) {
     gb[2 * lane..2 * lane + 2].copy_from_slice(&blk[0..2]);
-    if ty == QuantType::Q4_1 {
+    if has_min(ty) {
         gb[2 * GROUP + 2 * lane..][..2].copy_from_slice(&blk[2..4]);
+    }
+    if has_high(ty) {
+        let at = ggml_header(ty) - 4;
+        let qh = u32::from_le_bytes([blk[at], blk[at + 1], blk[at + 2], blk[at + 3]]);
+        let high = &mut gb[high_offset(ty)..][..64];
+        for j in 0..QK {
+            let (byte, bit) = high_at(lane, j);
+            high[byte] = (high[byte] & !(1 << bit)) | ((((qh >> j) & 1) as u8) << bit);
+        }
     }
     let qs = &blk[ggml_header(ty)..];
     let q = quants_offset(ty);
@@ -125,8 +162,16 @@ fn write_lane(ty: QuantType, gb: &mut [u8], lane: usize, blk: &[u8]) {
 pub fn read_lane(ty: QuantType, gb: &[u8], lane: usize) -> Vec<u8> {
     let mut blk = Vec::with_capacity(ty.block_bytes());
     blk.extend_from_slice(&gb[2 * lane..2 * lane + 2]);
-    if ty == QuantType::Q4_1 {
+    if has_min(ty) {
         blk.extend_from_slice(&gb[2 * GROUP + 2 * lane..][..2]);
+    }
+    if has_high(ty) {
+        let high = &gb[high_offset(ty)..][..64];
+        let qh = (0..QK).fold(0u32, |h, j| {
+            let (byte, bit) = high_at(lane, j);
+            h | (u32::from((high[byte] >> bit) & 1) << j)
+        });
+        blk.extend_from_slice(&qh.to_le_bytes());
     }
     let q = quants_offset(ty);
     let chunks = (ty.block_bytes() - ggml_header(ty)) / 4;
@@ -141,16 +186,21 @@ pub fn read_lane(ty: QuantType, gb: &[u8], lane: usize) -> Vec<u8> {
 }
 
 /// Weight `j` (0..32) of lane `lane` as the unsigned value the integer
-/// kernels multiply: a nibble (Q4) or `q + 128` (Q8_0).
+/// kernels multiply: a nibble (Q4), five bits (Q5) or `q + 128` (Q8_0).
 pub fn unsigned_weight(ty: QuantType, gb: &[u8], lane: usize, j: usize) -> u8 {
     let q = quants_offset(ty);
     match ty {
         QuantType::Q8_0 => gb[q + 64 * (j / 4) + 4 * lane + j % 4],
         QuantType::Q4K | QuantType::Q6K => unreachable!("K-quants: klayout::unsigned_weight"),
-        QuantType::Q4_0 | QuantType::Q4_1 => {
+        QuantType::Q4_0 | QuantType::Q4_1 | QuantType::Q5_0 | QuantType::Q5_1 => {
             let chunk = j / 4;
             let byte = gb[q + 64 * (chunk % 4) + 4 * lane + j % 4];
-            if chunk < 4 { byte & 0x0F } else { byte >> 4 }
+            let low = if chunk < 4 { byte & 0x0F } else { byte >> 4 };
+            if !has_high(ty) {
+                return low;
+            }
+            let (at, bit) = high_at(lane, j);
+            low | (((gb[high_offset(ty) + at] >> bit) & 1) << 4)
         }
     }
 }
@@ -161,7 +211,13 @@ mod tests {
 
     #[test]
     fn packing_round_trips_every_row_and_pads_the_last_group() {
-        for ty in [QuantType::Q4_0, QuantType::Q4_1, QuantType::Q8_0] {
+        for ty in [
+            QuantType::Q4_0,
+            QuantType::Q4_1,
+            QuantType::Q8_0,
+            QuantType::Q5_0,
+            QuantType::Q5_1,
+        ] {
             let (rows, cols) = (19, 64);
             let bb = ty.block_bytes();
             let ggml: Vec<u8> = (0..rows * cols / QK * bb)

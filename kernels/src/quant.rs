@@ -4,7 +4,11 @@
 //! The 32-weight formats:
 //! - `Q4_0`: f16 scale `d`, 16 bytes of nibbles; `w = d * (q - 8)`;
 //! - `Q4_1`: f16 scale `d`, f16 min `m`, 16 bytes of nibbles; `w = d * q + m`;
-//! - `Q8_0`: f16 scale `d`, 32 signed bytes; `w = d * q`.
+//! - `Q8_0`: f16 scale `d`, 32 signed bytes; `w = d * q`;
+//! - `Q5_0`: f16 `d`, 32 high bits (`u32`, bit `j` of weight `j`), 16
+//!   bytes of nibbles; `w = d * (q - 16)` with `q` in 0..32;
+//! - `Q5_1`: f16 `d`, f16 min `m`, the high bits, the nibbles;
+//!   `w = d * q + m`.
 //!
 //! Nibble order follows GGML: byte `j` holds weight `j` in its low nibble
 //! and weight `j + 16` in its high nibble. The K-quants (`Q4_K`, `Q6_K`:
@@ -24,6 +28,8 @@ pub enum QuantType {
     Q4_0,
     Q4_1,
     Q8_0,
+    Q5_0,
+    Q5_1,
     /// GGML's Q4_K (4.5 bits a weight).
     Q4K,
     /// GGML's Q6_K (6.5625 bits a weight).
@@ -37,6 +43,8 @@ impl QuantType {
             Self::Q4_0 => 18,
             Self::Q4_1 => 20,
             Self::Q8_0 => 34,
+            Self::Q5_0 => 22,
+            Self::Q5_1 => 24,
             Self::Q4K => kquant::Q4K_BYTES,
             Self::Q6K => kquant::Q6K_BYTES,
         }
@@ -164,7 +172,11 @@ impl QMatrix {
                 .chunks_exact(bb)
                 .flat_map(kquant::dequantize_q6k)
                 .collect(),
-            QuantType::Q4_0 | QuantType::Q4_1 | QuantType::Q8_0 => row
+            QuantType::Q4_0
+            | QuantType::Q4_1
+            | QuantType::Q8_0
+            | QuantType::Q5_0
+            | QuantType::Q5_1 => row
                 .chunks_exact(bb)
                 .flat_map(|b| dequantize_block(self.ty, b))
                 .collect(),
@@ -205,7 +217,11 @@ impl QMatrix {
                 .chunks_exact(kquant::QK_K)
                 .flat_map(kquant::quantize_q6k)
                 .collect(),
-            QuantType::Q4_0 | QuantType::Q4_1 | QuantType::Q8_0 => w
+            QuantType::Q4_0
+            | QuantType::Q4_1
+            | QuantType::Q8_0
+            | QuantType::Q5_0
+            | QuantType::Q5_1 => w
                 .chunks_exact(QK)
                 .flat_map(|b| quantize_block(ty, b))
                 .collect(),
@@ -246,6 +262,27 @@ fn dequantize_block(ty: QuantType, b: &[u8]) -> [f32; QK] {
                 out[j + 16] = d * f32::from(qs[j] >> 4) + m;
             }
         }
+        QuantType::Q5_0 | QuantType::Q5_1 => {
+            let d = f16_at(b, 0);
+            let (m, at) = if ty == QuantType::Q5_1 {
+                (f16_at(b, 2), 4)
+            } else {
+                (0.0, 2)
+            };
+            let qh = u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]]);
+            let qs = &b[at + 4..at + 20];
+            let high = |j: usize| (((qh >> j) & 1) << 4) as u8;
+            for j in 0..16 {
+                let (q0, q1) = ((qs[j] & 0x0F) | high(j), (qs[j] >> 4) | high(j + 16));
+                if ty == QuantType::Q5_0 {
+                    out[j] = f32::from(i16::from(q0) - 16) * d;
+                    out[j + 16] = f32::from(i16::from(q1) - 16) * d;
+                } else {
+                    out[j] = f32::from(q0) * d + m;
+                    out[j + 16] = f32::from(q1) * d + m;
+                }
+            }
+        }
         QuantType::Q4K | QuantType::Q6K => unreachable!("a K-quant block is 256 weights"),
         QuantType::Q8_0 => {
             let d = f16_at(b, 0);
@@ -283,6 +320,7 @@ fn quantize_block(ty: QuantType, x: &[f32]) -> Vec<u8> {
             let q = |v: f32| (((v - min) * id + 0.5) as i32).clamp(0, 15) as u8;
             out.extend((0..16).map(|j| q(x[j]) | (q(x[j + 16]) << 4)));
         }
+        QuantType::Q5_0 | QuantType::Q5_1 => quantize_q5(ty, x, &mut out),
         QuantType::Q4K | QuantType::Q6K => unreachable!("a K-quant block is 256 weights"),
         QuantType::Q8_0 => {
             let amax = x.iter().fold(0.0f32, |a, v| a.max(v.abs()));
@@ -296,6 +334,41 @@ fn quantize_block(ty: QuantType, x: &[f32]) -> Vec<u8> {
         }
     }
     out
+}
+
+/// Q5_0 or Q5_1 of 32 weights, as ggml's reference quantizers.
+fn quantize_q5(ty: QuantType, x: &[f32], out: &mut Vec<u8>) {
+    let (d, min) = if ty == QuantType::Q5_0 {
+        let max = x
+            .iter()
+            .copied()
+            .fold(0.0f32, |a, v| if v.abs() > a.abs() { v } else { a });
+        (max / -16.0, 0.0)
+    } else {
+        let min = x.iter().copied().fold(f32::INFINITY, f32::min);
+        let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        ((max - min) / 31.0, min)
+    };
+    let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+    let q = |v: f32| -> u8 {
+        let t = if ty == QuantType::Q5_0 {
+            v * id + 16.5
+        } else {
+            (v - min) * id + 0.5
+        };
+        (t as i32).clamp(0, 31) as u8
+    };
+    out.extend_from_slice(&f16::from_f32(d).to_bits().to_le_bytes());
+    if ty == QuantType::Q5_1 {
+        out.extend_from_slice(&f16::from_f32(min).to_bits().to_le_bytes());
+    }
+    let qs: Vec<u8> = x.iter().map(|&v| q(v)).collect();
+    let qh = qs
+        .iter()
+        .enumerate()
+        .fold(0u32, |h, (j, &v)| h | (u32::from(v >> 4) << j));
+    out.extend_from_slice(&qh.to_le_bytes());
+    out.extend((0..16).map(|j| (qs[j] & 0x0F) | ((qs[j + 16] & 0x0F) << 4)));
 }
 
 /// One activation block quantized to 8 bits: `x ~ d * q`, with `s = d * sum(q)`
@@ -337,6 +410,12 @@ impl Q8Block {
     #[inline(always)]
     pub fn off4(&self) -> i32 {
         self.off8 >> 4
+    }
+
+    /// Q5_0's integer offset, `-16 * sum(qs)`.
+    #[inline(always)]
+    pub fn off5(&self) -> i32 {
+        self.off8 >> 3
     }
 }
 
@@ -412,6 +491,8 @@ mod tests {
             (QuantType::Q4_0, 2.0 / 7.0),
             (QuantType::Q4_1, 2.0 / 15.0),
             (QuantType::Q8_0, 1.0 / 127.0),
+            (QuantType::Q5_0, 2.0 / 15.0),
+            (QuantType::Q5_1, 2.0 / 31.0),
         ] {
             let m = QMatrix::quantize(ty, 2, 32, &w).expect("quantize");
             let back: Vec<f32> = (0..2).flat_map(|r| m.dequantize_row(r)).collect();

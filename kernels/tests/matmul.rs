@@ -7,6 +7,15 @@ use kernels::{QMatrix, QuantType};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
+/// The 32-weight formats (the K-quants: `tests/kquant.rs`).
+const FORMATS: [QuantType; 5] = [
+    QuantType::Q4_0,
+    QuantType::Q4_1,
+    QuantType::Q8_0,
+    QuantType::Q5_0,
+    QuantType::Q5_1,
+];
+
 fn random(rng: &mut StdRng, n: usize) -> Vec<f32> {
     (0..n).map(|_| rng.random_range(-1.0f32..1.0)).collect()
 }
@@ -48,7 +57,7 @@ fn every_path_matches_the_reference_for_every_format_and_batch() {
         (20, 33, 160),
         (64, 40, 288),
     ];
-    for ty in [QuantType::Q4_0, QuantType::Q4_1, QuantType::Q8_0] {
+    for ty in FORMATS {
         for &(m, rows, cols) in &shapes {
             let w = QMatrix::quantize(ty, rows, cols, &random(&mut rng, rows * cols))
                 .expect("quantize");
@@ -93,6 +102,12 @@ fn the_largest_block_sums_are_exact_on_every_path() {
         (QuantType::Q8_0, [row(1.0, 1.0), row(-1.0, -1.0)].concat()),
         // All nibbles 0 (the most negative weights).
         (QuantType::Q4_0, [row(1.0, 1.0), row(-1.0, -1.0)].concat()),
+        // Q5 weights of 31 (the 16-bit sums of four chunks at their most).
+        (QuantType::Q5_1, [row(-1.0, 1.0), row(1.0, -1.0)].concat()),
+        (
+            QuantType::Q5_0,
+            [row(1.0, -0.9375), row(-1.0, 0.9375)].concat(),
+        ),
     ] {
         let w = QMatrix::quantize(ty, 2, cols, &w).expect("quantize");
         let x = [vec![1.0; cols], vec![-1.0; cols], row(-1.0, 1.0)].concat();
@@ -125,7 +140,7 @@ fn a_rows_result_does_not_depend_on_its_batch() {
     // 64 and more the AMX one, so this holds the two to the same bits.
     let mut rng = StdRng::seed_from_u64(23);
     let (rows, cols) = (40, 256);
-    for ty in [QuantType::Q4_0, QuantType::Q4_1, QuantType::Q8_0] {
+    for ty in FORMATS {
         let w =
             QMatrix::quantize(ty, rows, cols, &random(&mut rng, rows * cols)).expect("quantize");
         let x = random(&mut rng, 83 * cols);
@@ -160,7 +175,7 @@ fn every_path_gives_the_same_bits() {
     // the GPU kernels, which mirror them, with all of them).
     let mut rng = StdRng::seed_from_u64(29);
     let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
-    for ty in [QuantType::Q4_0, QuantType::Q4_1, QuantType::Q8_0] {
+    for ty in FORMATS {
         // The last shape takes the multi-group AVX2 path (Q4_0 and Q4_1)
         // with 16 groups a task, blocks in two spans, a partial last group
         // and one row past the tiles of 4.

@@ -1,8 +1,8 @@
 //! Weight matrices as loaded from GGUF, before a compute backend takes
 //! them (`Linear::into_host`). Quantized tensors stay quantized: Q4_0,
-//! Q4_1, Q8_0, Q4_K and Q6_K as they are (in the kernels' interleaved
-//! layout, bit for bit the file's values), the other K-quants and
-//! Q5_0/Q5_1 requantized to Q8_0 (a finer step than theirs). F16, BF16
+//! Q4_1, Q8_0, Q5_0, Q5_1, Q4_K and Q6_K as they are (in the kernels'
+//! interleaved layouts, bit for bit the file's values), the other
+//! K-quants requantized to Q8_0 (a finer step than theirs). F16, BF16
 //! and F32 tensors (and any whose rows are not whole blocks) are kept in
 //! f32. `Linear::forward` is the host-side product the tests compare with.
 
@@ -40,6 +40,8 @@ fn plan(dtype: GgmlDType, cols: usize) -> Plan {
         GgmlDType::Q4_0 => Plan::Native(QuantType::Q4_0),
         GgmlDType::Q4_1 => Plan::Native(QuantType::Q4_1),
         GgmlDType::Q8_0 => Plan::Native(QuantType::Q8_0),
+        GgmlDType::Q5_0 => Plan::Native(QuantType::Q5_0),
+        GgmlDType::Q5_1 => Plan::Native(QuantType::Q5_1),
         GgmlDType::Q4K if cols.is_multiple_of(kernels::kquant::QK_K) => {
             Plan::Native(QuantType::Q4K)
         }
@@ -47,8 +49,6 @@ fn plan(dtype: GgmlDType, cols: usize) -> Plan {
             Plan::Native(QuantType::Q6K)
         }
         GgmlDType::Q4K
-        | GgmlDType::Q5_0
-        | GgmlDType::Q5_1
         | GgmlDType::Q8_1
         | GgmlDType::Q2K
         | GgmlDType::Q3K
@@ -207,7 +207,7 @@ mod tests {
     }
 
     #[test]
-    fn q4k_and_q6k_rows_read_back_as_candle_dequantizes_them() {
+    fn native_rows_read_back_as_candle_dequantizes_them() {
         let (rows, cols) = (20, 512);
         let w = Tensor::from_vec(
             kernels::reference::ramp(rows * cols, 3),
@@ -215,13 +215,18 @@ mod tests {
             &Device::Cpu,
         )
         .expect("w");
-        for dtype in [GgmlDType::Q4K, GgmlDType::Q6K] {
+        for dtype in [
+            GgmlDType::Q4K,
+            GgmlDType::Q6K,
+            GgmlDType::Q5_0,
+            GgmlDType::Q5_1,
+        ] {
             let qt = QTensor::quantize(&w, dtype).expect("quantize");
             let lin = Linear::from_qtensor("w", &qt).expect("load");
             let Linear::Quant(m) = &lin else {
                 panic!("{dtype:?} is read natively")
             };
-            assert!(m.ty.is_k(), "{dtype:?} kept in its own format");
+            assert_ne!(m.ty, QuantType::Q8_0, "{dtype:?} kept in its own format");
             let deq = qt.dequantize(&Device::Cpu).expect("deq");
             for r in [0, 7, 19] {
                 let want = deq.get(r).expect("row").to_vec1::<f32>().expect("vec");

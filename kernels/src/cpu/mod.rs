@@ -9,7 +9,8 @@
 //! batches of `amx::MIN_ROWS` rows and more (AVX-512 VNNI for the rest
 //! and smaller batches, with the same bits), then
 //! AVX-512 VNNI, then AVX2+FMA+F16C, then portable scalar code. K-quants
-//! (Q4_K, Q6_K) run their AVX2 tiles (`x86_k`) on every SIMD path.
+//! (Q4_K, Q6_K) and Q5_0/Q5_1 run their AVX2 tiles (`x86_k`, `x86_q5`)
+//! on every SIMD path.
 //! `SYNOR_KERNELS=scalar|avx2|vnni` forces a lower path (for tests and
 //! comparisons).
 
@@ -28,6 +29,8 @@ pub mod scalar;
 pub mod x86;
 #[cfg(target_arch = "x86_64")]
 pub mod x86_k;
+#[cfg(target_arch = "x86_64")]
+pub mod x86_q5;
 
 use std::sync::OnceLock;
 
@@ -354,7 +357,7 @@ mod simd {
     //! Walks the activation rows of one weight group in SIMD tiles.
     #![allow(unsafe_code)]
 
-    use super::x86::{self, Q4_0, Q4_1, Q4K, Q6K, Q8_0};
+    use super::x86::{self, Q4_0, Q4_1, Q4K, Q5_0, Q5_1, Q6K, Q8_0};
     use super::{GROUP, Isa, Job, Q8Block, SPREAD_WEIGHT_BYTES, amx};
     use crate::layout;
     use crate::quant::QuantType;
@@ -368,6 +371,8 @@ mod simd {
             QuantType::Q8_0 => run::<Q8_0>(job, g),
             QuantType::Q4K => run::<Q4K>(job, g),
             QuantType::Q6K => run::<Q6K>(job, g),
+            QuantType::Q5_0 => run::<Q5_0>(job, g),
+            QuantType::Q5_1 => run::<Q5_1>(job, g),
         }
     }
 
@@ -399,9 +404,11 @@ mod simd {
         match job.w.ty {
             QuantType::Q4_0 => spread_run::<Q4_0>(job, g0, g1),
             QuantType::Q4_1 => spread_run::<Q4_1>(job, g0, g1),
-            QuantType::Q8_0 | QuantType::Q4K | QuantType::Q6K => {
-                (g0..g1).for_each(|g| group(job, g))
-            }
+            QuantType::Q8_0
+            | QuantType::Q5_0
+            | QuantType::Q5_1
+            | QuantType::Q4K
+            | QuantType::Q6K => (g0..g1).for_each(|g| group(job, g)),
         }
     }
 
@@ -483,7 +490,9 @@ mod simd {
         // for each of the rows i + k < m (`run` keeps i + MR <= m), which
         // only this task's group writes (`with_out`).
         with_out::<MR>(job, g, i, |out| unsafe {
-            if T >= Q4K {
+            if T >= Q5_0 {
+                super::x86_q5::group_q5_avx2::<T, MR>(w.as_ptr(), x, nb, out)
+            } else if T >= Q4K {
                 super::x86_k::group_k_avx2::<T, MR>(w.as_ptr(), x, nb, out)
             } else if job.isa >= Isa::Avx512Vnni {
                 x86::group_vnni::<T, MR>(w.as_ptr(), x, nb, out)

@@ -17,12 +17,14 @@ pub fn dot_group(ty: QuantType, g: &[u8], x: &[Q8Block]) -> [f32; GROUP] {
     let gbb = layout::group_block_bytes(ty);
     let mut acc = [0.0f32; GROUP];
     for (gb, xb) in g.chunks_exact(gbb).zip(x) {
-        // The weights are `d * (u - k)` (Q4_0, Q8_0: the offset `k` goes
-        // into the integer sum) or `d * u + m` (Q4_1: `m * sum x` in float).
+        // The weights are `d * (u - k)` (Q4_0, Q5_0, Q8_0: the offset `k`
+        // goes into the integer sum) or `d * u + m` (Q4_1, Q5_1: `m * sum x`
+        // in float).
         let off = match ty {
             QuantType::Q4_0 => xb.off4(),
+            QuantType::Q5_0 => xb.off5(),
             QuantType::Q8_0 => xb.off8,
-            QuantType::Q4_1 | QuantType::Q4K | QuantType::Q6K => 0,
+            QuantType::Q4_1 | QuantType::Q5_1 | QuantType::Q4K | QuantType::Q6K => 0,
         };
         for (lane, a) in acc.iter_mut().enumerate() {
             let d = f16_at(gb, 2 * lane);
@@ -30,7 +32,7 @@ pub fn dot_group(ty: QuantType, g: &[u8], x: &[Q8Block]) -> [f32; GROUP] {
                 .map(|j| i32::from(layout::unsigned_weight(ty, gb, lane, j)) * i32::from(xb.qs[j]))
                 .sum();
             *a = ((isum + off) as f32).mul_add(d * xb.d, *a);
-            if ty == QuantType::Q4_1 {
+            if matches!(ty, QuantType::Q4_1 | QuantType::Q5_1) {
                 *a = f16_at(gb, 2 * GROUP + 2 * lane).mul_add(xb.s, *a);
             }
         }

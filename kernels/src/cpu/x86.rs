@@ -18,9 +18,12 @@ use crate::quant::{Q8Block, QuantType};
 pub const Q4_0: u8 = 0;
 pub const Q4_1: u8 = 1;
 pub const Q8_0: u8 = 2;
-/// The K-quants (`x86_k`'s tiles).
+/// The formats with AVX2 tiles of their own: the K-quants (`x86_k`) and
+/// Q5 (`x86_q5`), from `Q4K` up.
 pub const Q4K: u8 = 3;
 pub const Q6K: u8 = 4;
+pub const Q5_0: u8 = 5;
+pub const Q5_1: u8 = 6;
 
 pub(crate) const fn ty(t: u8) -> QuantType {
     match t {
@@ -28,6 +31,8 @@ pub(crate) const fn ty(t: u8) -> QuantType {
         Q4_1 => QuantType::Q4_1,
         Q4K => QuantType::Q4K,
         Q6K => QuantType::Q6K,
+        Q5_0 => QuantType::Q5_0,
+        Q5_1 => QuantType::Q5_1,
         _ => QuantType::Q8_0,
     }
 }
