@@ -2,8 +2,8 @@
 //! quantized weight layout their matmul kernels read (each 32-weight GGML
 //! block repacked into whole 32-bit words: the scale, and Q4_1's min, as
 //! f32, then the block's bytes) and the kernels' fixed sizes. The GPU
-//! kernels have no Q5 or K-quant formats yet: Q5_0, Q5_1, Q4_K and Q6_K
-//! are requantized to Q8_0 on upload (a finer step than theirs, but not
+//! kernels have no Q5 or K-quant formats yet: Q5_0, Q5_1, Q4_K, Q5_K and
+//! Q6_K are requantized to Q8_0 on upload (a finer step than theirs, but not
 //! their exact values).
 
 use crate::quant::{KernelError, QMatrix, QuantType};
@@ -34,7 +34,7 @@ pub fn repack(q: &QMatrix) -> Result<(Vec<u32>, u32, u32), KernelError> {
         QuantType::Q4_0 => (KIND_Q4_0, 2, 5),
         QuantType::Q4_1 => (KIND_Q4_1, 4, 6),
         QuantType::Q8_0 => (KIND_Q8_0, 2, 9),
-        QuantType::Q5_0 | QuantType::Q5_1 | QuantType::Q4K | QuantType::Q6K => {
+        QuantType::Q5_0 | QuantType::Q5_1 | QuantType::Q4K | QuantType::Q5K | QuantType::Q6K => {
             return repack(&q.requantize(QuantType::Q8_0)?);
         }
     };

@@ -13,6 +13,9 @@
 //!   x16, `dmin` x16, then per sub-block 16 scales, 16 mins and four
 //!   nibble loads (as Q4_1's: load `l` holds weights `4l..4l + 4` in its
 //!   low nibbles and `16 + 4l..` in its high ones).
+//! - Q5_K (2,880 bytes, 5.625 bits against 5.5): as Q4_K, with a load of
+//!   fifth bits before each sub-block's nibbles, arranged as Q5_0's
+//!   (`crate::layout`: bit `c` of byte `k` of a row is weight `4c + k`'s).
 //! - Q6_K (3,360 bytes, 6.5625 bits, GGML's size): `d` x16, then per
 //!   sub-block 16 scales of its first 16 weights, 16 of its last 16, four
 //!   loads of low nibbles (as Q4_1's) and two loads of the high 2 bits:
@@ -21,20 +24,20 @@
 //!   `4p + s`'s at bits 4-5 of every byte.
 
 use crate::kquant::{Q4kBlock, Q6kBlock, QK_K};
-use crate::layout::GROUP;
+use crate::layout::{GROUP, high_at};
 use crate::quant::QuantType;
 
 /// Bytes of one group super-block (16 rows x 256 weights). Every function
-/// here takes a K-quant format (Q4_K, or else Q6_K).
+/// here takes a K-quant format (Q4_K, Q5_K, Q6_K).
 pub const fn super_bytes(ty: QuantType) -> usize {
-    let scales = if matches!(ty, QuantType::Q4K) { 4 } else { 2 };
+    let scales = if has_min(ty) { 4 } else { 2 };
     scales * GROUP + 8 * sub_bytes(ty)
 }
 
 /// Bytes of one group sub-block (16 rows x 32 weights).
 pub const fn sub_bytes(ty: QuantType) -> usize {
-    if matches!(ty, QuantType::Q4K) {
-        SUB_QUANTS + 256
+    if has_min(ty) {
+        sub_quants(ty) + 256
     } else {
         Q6_HIGH + 128
     }
@@ -45,10 +48,25 @@ pub const fn sub_offset(ty: QuantType, j: usize) -> usize {
     super_bytes(ty) - (8 - j) * sub_bytes(ty)
 }
 
-/// Where the nibble loads start in a sub-block (after two scale arrays).
-pub const SUB_QUANTS: usize = 2 * GROUP;
+/// Whether the format has mins (Q4_K, Q5_K; not Q6_K).
+pub const fn has_min(ty: QuantType) -> bool {
+    matches!(ty, QuantType::Q4K | QuantType::Q5K)
+}
+
+/// Where a sub-block's two scale arrays end (Q5_K's high load starts).
+pub const SUB_SCALES: usize = 2 * GROUP;
+
+/// Where the nibble loads start in a sub-block.
+pub const fn sub_quants(ty: QuantType) -> usize {
+    if matches!(ty, QuantType::Q5K) {
+        SUB_SCALES + 64
+    } else {
+        SUB_SCALES
+    }
+}
+
 /// Where Q6_K's two loads of high bits start in a sub-block.
-pub const Q6_HIGH: usize = SUB_QUANTS + 256;
+pub const Q6_HIGH: usize = SUB_SCALES + 256;
 
 /// Puts 32 4-bit values (one row's sub-block, weight order) into lane
 /// `lane` of the four nibble loads at `dst`.
@@ -96,10 +114,12 @@ pub fn pack(ty: QuantType, rows: usize, cols: usize, ggml: &[u8]) -> Vec<u8> {
         for s in 0..ns {
             let blk = &ggml[(r * ns + s) * bb..][..bb];
             let gsb = &mut out[(g * ns + s) * sbb..][..sbb];
-            if ty == QuantType::Q4K {
-                write_q4k(gsb, lane, &Q4kBlock::from_ggml(blk));
-            } else {
+            if ty == QuantType::Q6K {
                 write_q6k(gsb, lane, &Q6kBlock::from_ggml(blk));
+            } else if ty == QuantType::Q5K {
+                write_scaled(ty, gsb, lane, &Q4kBlock::from_ggml_q5k(blk));
+            } else {
+                write_scaled(ty, gsb, lane, &Q4kBlock::from_ggml(blk));
             }
         }
     }
@@ -112,27 +132,38 @@ pub fn read_row(ty: QuantType, group: &[u8], lane: usize) -> Vec<u8> {
     group
         .chunks_exact(super_bytes(ty))
         .flat_map(|gsb| {
-            if ty == QuantType::Q4K {
-                read_q4k(gsb, lane).to_ggml()
-            } else {
+            if ty == QuantType::Q6K {
                 read_q6k(gsb, lane).to_ggml()
+            } else if ty == QuantType::Q5K {
+                read_scaled(ty, gsb, lane).to_ggml_q5k()
+            } else {
+                read_scaled(ty, gsb, lane).to_ggml()
             }
         })
         .collect()
 }
 
-fn write_q4k(gsb: &mut [u8], lane: usize, k: &Q4kBlock) {
+/// Q4_K's or Q5_K's fields into lane `lane` of a group super-block.
+fn write_scaled(ty: QuantType, gsb: &mut [u8], lane: usize, k: &Q4kBlock) {
     gsb[2 * lane..][..2].copy_from_slice(&k.d.to_le_bytes());
     gsb[2 * GROUP + 2 * lane..][..2].copy_from_slice(&k.dmin.to_le_bytes());
     for j in 0..8 {
-        let sub = &mut gsb[sub_offset(QuantType::Q4K, j)..][..sub_bytes(QuantType::Q4K)];
+        let sub = &mut gsb[sub_offset(ty, j)..][..sub_bytes(ty)];
         sub[lane] = k.sc[j];
         sub[GROUP + lane] = k.m[j];
-        put_nibbles(&mut sub[SUB_QUANTS..], lane, &k.q[32 * j..][..32]);
+        let q = &k.q[32 * j..][..32];
+        put_nibbles(&mut sub[sub_quants(ty)..], lane, q);
+        if ty == QuantType::Q5K {
+            for (w, &v) in q.iter().enumerate() {
+                let (at, bit) = high_at(lane, w);
+                let b = &mut sub[SUB_SCALES + at];
+                *b = (*b & !(1 << bit)) | (((v >> 4) & 1) << bit);
+            }
+        }
     }
 }
 
-fn read_q4k(gsb: &[u8], lane: usize) -> Q4kBlock {
+fn read_scaled(ty: QuantType, gsb: &[u8], lane: usize) -> Q4kBlock {
     let bits = |at: usize| u16::from_le_bytes([gsb[at], gsb[at + 1]]);
     let mut k = Q4kBlock {
         d: bits(2 * lane),
@@ -142,9 +173,13 @@ fn read_q4k(gsb: &[u8], lane: usize) -> Q4kBlock {
         q: [0; QK_K],
     };
     for j in 0..8 {
-        let sub = &gsb[sub_offset(QuantType::Q4K, j)..][..sub_bytes(QuantType::Q4K)];
-        (k.sc[j], k.m[j]) = (sub[lane], sub[GROUP + lane]);
-        k.q[32 * j..][..32].copy_from_slice(&get_nibbles(&sub[SUB_QUANTS..], lane));
+        (k.sc[j], k.m[j]) = {
+            let sub = &gsb[sub_offset(ty, j)..];
+            (sub[lane], sub[GROUP + lane])
+        };
+        for (w, q) in k.q[32 * j..][..32].iter_mut().enumerate() {
+            *q = unsigned_weight(ty, gsb, lane, j, w);
+        }
     }
     k
 }
@@ -163,7 +198,7 @@ fn write_q6k(gsb: &mut [u8], lane: usize, k: &Q6kBlock) {
         sub[lane] = k.sc[2 * j] as u8;
         sub[GROUP + lane] = k.sc[2 * j + 1] as u8;
         let q = &k.q[32 * j..][..32];
-        put_nibbles(&mut sub[SUB_QUANTS..], lane, q);
+        put_nibbles(&mut sub[SUB_SCALES..], lane, q);
         let high = &mut sub[Q6_HIGH..];
         for (w, &v) in q.iter().enumerate() {
             let (at, shift) = q6_high_at(lane, w);
@@ -182,7 +217,7 @@ fn read_q6k(gsb: &[u8], lane: usize) -> Q6kBlock {
         let sub = &gsb[sub_offset(QuantType::Q6K, j)..][..sub_bytes(QuantType::Q6K)];
         k.sc[2 * j] = sub[lane] as i8;
         k.sc[2 * j + 1] = sub[GROUP + lane] as i8;
-        let low = get_nibbles(&sub[SUB_QUANTS..], lane);
+        let low = get_nibbles(&sub[SUB_SCALES..], lane);
         for (w, q) in k.q[32 * j..][..32].iter_mut().enumerate() {
             let (at, shift) = q6_high_at(lane, w);
             *q = low[w] | (((sub[Q6_HIGH + at] >> shift) & 3) << 4);
@@ -192,17 +227,20 @@ fn read_q6k(gsb: &[u8], lane: usize) -> Q6kBlock {
 }
 
 /// Weight `w` (0..32) of sub-block `j`, lane `lane`, as the unsigned value
-/// the integer kernels multiply (Q4_K: 0..16, Q6_K: 0..64), with its
-/// scale byte (Q6_K: the scale of its 16 weights).
+/// the integer kernels multiply (Q4_K: 0..16, Q5_K: 0..32, Q6_K: 0..64).
 pub fn unsigned_weight(ty: QuantType, gsb: &[u8], lane: usize, j: usize, w: usize) -> u8 {
     let sub = &gsb[sub_offset(ty, j)..][..sub_bytes(ty)];
-    let b = sub[SUB_QUANTS + 64 * ((w % 16) / 4) + 4 * lane + w % 4];
+    let b = sub[sub_quants(ty) + 64 * ((w % 16) / 4) + 4 * lane + w % 4];
     let low = if w < 16 { b & 0x0F } else { b >> 4 };
-    if ty == QuantType::Q4K {
-        return low;
+    if ty == QuantType::Q5K {
+        let (at, bit) = high_at(lane, w);
+        low | (((sub[SUB_SCALES + at] >> bit) & 1) << 4)
+    } else if ty == QuantType::Q6K {
+        let (at, shift) = q6_high_at(lane, w);
+        low | (((sub[Q6_HIGH + at] >> shift) & 3) << 4)
+    } else {
+        low
     }
-    let (at, shift) = q6_high_at(lane, w);
-    low | (((sub[Q6_HIGH + at] >> shift) & 3) << 4)
 }
 
 #[cfg(test)]
@@ -211,7 +249,7 @@ mod tests {
 
     #[test]
     fn packing_round_trips_every_row_and_pads_the_last_group() {
-        for ty in [QuantType::Q4K, QuantType::Q6K] {
+        for ty in [QuantType::Q4K, QuantType::Q5K, QuantType::Q6K] {
             let (rows, cols) = (19, 512);
             let bb = ty.block_bytes();
             let ggml: Vec<u8> = (0..rows * 2 * bb).map(|i| (i * 37 % 251) as u8).collect();
@@ -243,6 +281,7 @@ mod tests {
     #[test]
     fn sizes_are_as_stated() {
         assert_eq!(super_bytes(QuantType::Q4K), 2368);
+        assert_eq!(super_bytes(QuantType::Q5K), 2880);
         assert_eq!(super_bytes(QuantType::Q6K), 3360);
         // Q6_K keeps GGML's size: 210 bytes per row and super-block.
         assert_eq!(

@@ -9,6 +9,9 @@
 //!   nibbles. Sub-block `j` (32 weights) is `w = (d·sc_j)·q - (dmin·m_j)`;
 //!   its nibbles are the low (even `j`) or high (odd `j`) halves of bytes
 //!   `32·(j/2)..32·(j/2) + 32`.
+//! - Q5_K: Q4_K's fields with 32 bytes of high bits `qh` before the
+//!   nibbles: bit `j` of `qh[l]` is the fifth bit of weight `l` of
+//!   sub-block `j`; `w = (d·sc_j)·q - (dmin·m_j)` with `q` in 0..32.
 //! - Q6_K: 128 bytes of low nibbles `ql`, 64 bytes of 2-bit high parts
 //!   `qh`, sixteen signed 8-bit scales (one per 16 weights), f16 `d`:
 //!   `w = (d·sc_{i/16})·(q - 32)` with `q` in 0..64.
@@ -19,6 +22,8 @@ use half::f16;
 pub const QK_K: usize = 256;
 /// Bytes of one Q4_K super-block.
 pub const Q4K_BYTES: usize = 2 + 2 + 12 + QK_K / 2;
+/// Bytes of one Q5_K super-block.
+pub const Q5K_BYTES: usize = Q4K_BYTES + QK_K / 8;
 /// Bytes of one Q6_K super-block.
 pub const Q6K_BYTES: usize = QK_K / 2 + QK_K / 4 + QK_K / 16 + 2;
 
@@ -42,7 +47,7 @@ fn scale_min(scales: &[u8], j: usize) -> (u8, u8) {
     }
 }
 
-/// One Q4_K super-block taken apart.
+/// One Q4_K or Q5_K super-block taken apart.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Q4kBlock {
     /// f16 bits of the super-block scale and min scale.
@@ -51,14 +56,27 @@ pub struct Q4kBlock {
     /// 6-bit scale and min of each 32-weight sub-block.
     pub sc: [u8; 8],
     pub m: [u8; 8],
-    /// The 4-bit quants, in weight order.
+    /// The quants, in weight order: 4 bits (Q4_K) or 5 (Q5_K).
     pub q: [u8; QK_K],
 }
 
+/// Q5_K's fields are Q4_K's, with five-bit quants.
+pub type Q5kBlock = Q4kBlock;
+
 impl Q4kBlock {
-    /// Reads one super-block (`Q4K_BYTES` bytes).
+    /// Reads one Q4_K super-block (`Q4K_BYTES` bytes).
     pub fn from_ggml(b: &[u8]) -> Self {
+        Self::read(b, None)
+    }
+
+    /// Reads one Q5_K super-block (`Q5K_BYTES` bytes).
+    pub fn from_ggml_q5k(b: &[u8]) -> Self {
+        Self::read(b, Some(&b[16..48]))
+    }
+
+    fn read(b: &[u8], qh: Option<&[u8]>) -> Self {
         let scales = &b[4..16];
+        let qs = &b[16 + qh.map_or(0, <[u8]>::len)..];
         let mut out = Self {
             d: f16_bits(b, 0),
             dmin: f16_bits(b, 2),
@@ -68,17 +86,27 @@ impl Q4kBlock {
         };
         for j in 0..8 {
             (out.sc[j], out.m[j]) = scale_min(scales, j);
-            let bytes = &b[16 + 32 * (j / 2)..][..32];
+            let bytes = &qs[32 * (j / 2)..][..32];
             for (l, &byte) in bytes.iter().enumerate() {
-                out.q[32 * j + l] = if j % 2 == 0 { byte & 0x0F } else { byte >> 4 };
+                let high = qh.map_or(0, |h| ((h[l] >> j) & 1) << 4);
+                out.q[32 * j + l] = high | if j % 2 == 0 { byte & 0x0F } else { byte >> 4 };
             }
         }
         out
     }
 
-    /// The GGML bytes (the inverse of `from_ggml`).
+    /// The Q4_K bytes (the inverse of `from_ggml`).
     pub fn to_ggml(&self) -> Vec<u8> {
-        let mut b = Vec::with_capacity(Q4K_BYTES);
+        self.write(false)
+    }
+
+    /// The Q5_K bytes (the inverse of `from_ggml_q5k`).
+    pub fn to_ggml_q5k(&self) -> Vec<u8> {
+        self.write(true)
+    }
+
+    fn write(&self, q5: bool) -> Vec<u8> {
+        let mut b = Vec::with_capacity(Q5K_BYTES);
         b.extend_from_slice(&self.d.to_le_bytes());
         b.extend_from_slice(&self.dmin.to_le_bytes());
         let (sc, m) = (&self.sc, &self.m);
@@ -89,8 +117,14 @@ impl Q4kBlock {
             scales[j + 8] = (sc[j + 4] & 0x0F) | ((m[j + 4] & 0x0F) << 4);
         }
         b.extend_from_slice(&scales);
+        if q5 {
+            b.extend(
+                (0..32)
+                    .map(|l| (0..8).fold(0u8, |h, j| h | (((self.q[32 * j + l] >> 4) & 1) << j))),
+            );
+        }
         for pair in self.q.chunks_exact(64) {
-            b.extend((0..32).map(|l| pair[l] | (pair[32 + l] << 4)));
+            b.extend((0..32).map(|l| (pair[l] & 0x0F) | ((pair[32 + l] & 0x0F) << 4)));
         }
         b
     }
@@ -155,7 +189,16 @@ impl Q6kBlock {
 
 /// Dequantizes one Q4_K super-block as ggml's `dequantize_row_q4_K` does.
 pub fn dequantize_q4k(b: &[u8]) -> Vec<f32> {
-    let k = Q4kBlock::from_ggml(b);
+    dequantize_scaled(&Q4kBlock::from_ggml(b))
+}
+
+/// Dequantizes one Q5_K super-block as ggml's `dequantize_row_q5_K` does.
+pub fn dequantize_q5k(b: &[u8]) -> Vec<f32> {
+    dequantize_scaled(&Q4kBlock::from_ggml_q5k(b))
+}
+
+/// `(d·sc_j)·q - (dmin·m_j)`, sub-block by sub-block.
+fn dequantize_scaled(k: &Q4kBlock) -> Vec<f32> {
     let (d, dmin) = (f32_of(k.d), f32_of(k.dmin));
     let mut y = Vec::with_capacity(QK_K);
     for j in 0..8 {
@@ -183,12 +226,22 @@ fn round_clamp(v: f32, lo: f32, hi: f32) -> f32 {
 /// super-block's (a plain quantizer, not ggml's search for the best
 /// scales; for tests and benchmarks).
 pub fn quantize_q4k(x: &[f32]) -> Vec<u8> {
+    quantize_scaled(x, 15.0).to_ggml()
+}
+
+/// Quantizes 256 weights into one Q5_K super-block (as `quantize_q4k`,
+/// with 5-bit quants).
+pub fn quantize_q5k(x: &[f32]) -> Vec<u8> {
+    quantize_scaled(x, 31.0).to_ggml_q5k()
+}
+
+fn quantize_scaled(x: &[f32], top: f32) -> Q4kBlock {
     let subs: Vec<(f32, f32)> = x
         .chunks_exact(32)
         .map(|s| {
             let min = s.iter().copied().fold(0.0f32, f32::min);
             let max = s.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            ((max - min) / 15.0, -min)
+            ((max - min) / top, -min)
         })
         .collect();
     let d = f16::from_f32(subs.iter().fold(0.0f32, |a, s| a.max(s.0)) / 63.0);
@@ -214,13 +267,13 @@ pub fn quantize_q4k(x: &[f32]) -> Vec<u8> {
         let mj = dmin.to_f32() * f32::from(k.m[j]);
         for (q, &v) in k.q[32 * j..][..32].iter_mut().zip(s) {
             *q = if dj > 0.0 {
-                round_clamp((v + mj) / dj, 0.0, 15.0) as u8
+                round_clamp((v + mj) / dj, 0.0, top) as u8
             } else {
                 0
             };
         }
     }
-    k.to_ggml()
+    k
 }
 
 /// Quantizes 256 weights into one Q6_K super-block: each 16 weights'
@@ -271,6 +324,12 @@ mod tests {
             assert_eq!(Q4kBlock::from_ggml(&b).to_ggml(), b, "Q4_K seed {seed}");
             let b = bytes(Q6K_BYTES, seed);
             assert_eq!(Q6kBlock::from_ggml(&b).to_ggml(), b, "Q6_K seed {seed}");
+            let b = bytes(Q5K_BYTES, seed);
+            assert_eq!(
+                Q5kBlock::from_ggml_q5k(&b).to_ggml_q5k(),
+                b,
+                "Q5_K seed {seed}"
+            );
         }
     }
 
@@ -317,6 +376,7 @@ mod tests {
             .collect();
         let q4 = dequantize_q4k(&quantize_q4k(&x));
         let q6 = dequantize_q6k(&quantize_q6k(&x));
+        let q5 = dequantize_q5k(&quantize_q5k(&x));
         let err = |y: &[f32]| {
             y.iter()
                 .zip(&x)
@@ -326,6 +386,7 @@ mod tests {
         // Steps of about 2/15 and 1/31, plus the 6- and 8-bit scale rounding.
         assert!(err(&q4) <= 0.1, "Q4_K error {}", err(&q4));
         assert!(err(&q6) <= 0.025, "Q6_K error {}", err(&q6));
+        assert!(err(&q5) <= 0.05, "Q5_K error {}", err(&q5));
         assert_eq!(dequantize_q6k(&quantize_q6k(&[0.0; QK_K])), vec![0.0; QK_K]);
     }
 }

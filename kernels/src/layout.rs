@@ -43,7 +43,7 @@ pub const fn quants_offset(ty: QuantType) -> usize {
         QuantType::Q4_0 | QuantType::Q8_0 => 2 * GROUP,
         QuantType::Q5_0 => 2 * GROUP + 64,
         QuantType::Q5_1 => 4 * GROUP + 64,
-        QuantType::Q4K | QuantType::Q6K => panic!("K-quants: see klayout"),
+        QuantType::Q4K | QuantType::Q5K | QuantType::Q6K => panic!("K-quants: see klayout"),
     }
 }
 
@@ -56,7 +56,7 @@ const fn quant_bits(ty: QuantType) -> usize {
     match ty {
         QuantType::Q4_0 | QuantType::Q4_1 | QuantType::Q5_0 | QuantType::Q5_1 => 4,
         QuantType::Q8_0 => 8,
-        QuantType::Q4K | QuantType::Q6K => panic!("K-quants: see klayout"),
+        QuantType::Q4K | QuantType::Q5K | QuantType::Q6K => panic!("K-quants: see klayout"),
     }
 }
 
@@ -67,7 +67,7 @@ const fn ggml_header(ty: QuantType) -> usize {
         QuantType::Q4_0 | QuantType::Q8_0 => 2,
         QuantType::Q5_0 => 6,
         QuantType::Q5_1 => 8,
-        QuantType::Q4K | QuantType::Q6K => panic!("K-quants: see klayout"),
+        QuantType::Q4K | QuantType::Q5K | QuantType::Q6K => panic!("K-quants: see klayout"),
     }
 }
 
@@ -129,7 +129,7 @@ const fn has_high(ty: QuantType) -> bool {
 }
 
 /// Byte of lane `lane` in the high load, and the bit in it, of weight `j`.
-fn high_at(lane: usize, j: usize) -> (usize, usize) {
+pub(crate) fn high_at(lane: usize, j: usize) -> (usize, usize) {
     (4 * lane + j % 4, j / 4)
 }
 
@@ -191,7 +191,9 @@ pub fn unsigned_weight(ty: QuantType, gb: &[u8], lane: usize, j: usize) -> u8 {
     let q = quants_offset(ty);
     match ty {
         QuantType::Q8_0 => gb[q + 64 * (j / 4) + 4 * lane + j % 4],
-        QuantType::Q4K | QuantType::Q6K => unreachable!("K-quants: klayout::unsigned_weight"),
+        QuantType::Q4K | QuantType::Q5K | QuantType::Q6K => {
+            unreachable!("K-quants: klayout::unsigned_weight")
+        }
         QuantType::Q4_0 | QuantType::Q4_1 | QuantType::Q5_0 | QuantType::Q5_1 => {
             let chunk = j / 4;
             let byte = gb[q + 64 * (chunk % 4) + 4 * lane + j % 4];

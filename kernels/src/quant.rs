@@ -11,7 +11,7 @@
 //!   `w = d * q + m`.
 //!
 //! Nibble order follows GGML: byte `j` holds weight `j` in its low nibble
-//! and weight `j + 16` in its high nibble. The K-quants (`Q4_K`, `Q6_K`:
+//! and weight `j + 16` in its high nibble. The K-quants (`Q4_K`, `Q5_K`, `Q6_K`:
 //! super-blocks of 256 weights) are described in `crate::kquant`; the
 //! kernels read them in their own blocks too, 32 weights at a time.
 
@@ -32,6 +32,8 @@ pub enum QuantType {
     Q5_1,
     /// GGML's Q4_K (4.5 bits a weight).
     Q4K,
+    /// GGML's Q5_K (5.5 bits a weight).
+    Q5K,
     /// GGML's Q6_K (6.5625 bits a weight).
     Q6K,
 }
@@ -46,6 +48,7 @@ impl QuantType {
             Self::Q5_0 => 22,
             Self::Q5_1 => 24,
             Self::Q4K => kquant::Q4K_BYTES,
+            Self::Q5K => kquant::Q5K_BYTES,
             Self::Q6K => kquant::Q6K_BYTES,
         }
     }
@@ -57,7 +60,7 @@ impl QuantType {
 
     /// Whether this is a K-quant (super-blocks of 256 weights).
     pub const fn is_k(self) -> bool {
-        matches!(self, Self::Q4K | Self::Q6K)
+        matches!(self, Self::Q4K | Self::Q5K | Self::Q6K)
     }
 }
 
@@ -168,6 +171,10 @@ impl QMatrix {
                 .chunks_exact(bb)
                 .flat_map(kquant::dequantize_q4k)
                 .collect(),
+            QuantType::Q5K => row
+                .chunks_exact(bb)
+                .flat_map(kquant::dequantize_q5k)
+                .collect(),
             QuantType::Q6K => row
                 .chunks_exact(bb)
                 .flat_map(kquant::dequantize_q6k)
@@ -212,6 +219,10 @@ impl QMatrix {
             QuantType::Q4K => w
                 .chunks_exact(kquant::QK_K)
                 .flat_map(kquant::quantize_q4k)
+                .collect(),
+            QuantType::Q5K => w
+                .chunks_exact(kquant::QK_K)
+                .flat_map(kquant::quantize_q5k)
                 .collect(),
             QuantType::Q6K => w
                 .chunks_exact(kquant::QK_K)
@@ -283,7 +294,9 @@ fn dequantize_block(ty: QuantType, b: &[u8]) -> [f32; QK] {
                 }
             }
         }
-        QuantType::Q4K | QuantType::Q6K => unreachable!("a K-quant block is 256 weights"),
+        QuantType::Q4K | QuantType::Q5K | QuantType::Q6K => {
+            unreachable!("a K-quant block is 256 weights")
+        }
         QuantType::Q8_0 => {
             let d = f16_at(b, 0);
             for (o, &q) in out.iter_mut().zip(&b[2..34]) {
@@ -321,7 +334,9 @@ fn quantize_block(ty: QuantType, x: &[f32]) -> Vec<u8> {
             out.extend((0..16).map(|j| q(x[j]) | (q(x[j + 16]) << 4)));
         }
         QuantType::Q5_0 | QuantType::Q5_1 => quantize_q5(ty, x, &mut out),
-        QuantType::Q4K | QuantType::Q6K => unreachable!("a K-quant block is 256 weights"),
+        QuantType::Q4K | QuantType::Q5K | QuantType::Q6K => {
+            unreachable!("a K-quant block is 256 weights")
+        }
         QuantType::Q8_0 => {
             let amax = x.iter().fold(0.0f32, |a, v| a.max(v.abs()));
             let d = amax / 127.0;

@@ -11,7 +11,7 @@ use kernels::{QMatrix, QuantType};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-const KINDS: [QuantType; 2] = [QuantType::Q4K, QuantType::Q6K];
+const KINDS: [QuantType; 3] = [QuantType::Q4K, QuantType::Q5K, QuantType::Q6K];
 
 /// `rows x cols` of random super-blocks: random quants, scales and mins,
 /// super-block scales of a realistic size (so sums stay finite).
@@ -19,15 +19,20 @@ fn random_matrix(rng: &mut StdRng, ty: QuantType, rows: usize, cols: usize) -> Q
     let f16_bits = |rng: &mut StdRng, hi: f32| f16::from_f32(rng.random_range(0.0..hi)).to_bits();
     let mut ggml = Vec::new();
     for _ in 0..rows * cols / QK_K {
-        if ty == QuantType::Q4K {
+        if ty != QuantType::Q6K {
+            let top = if ty == QuantType::Q4K { 16 } else { 32 };
             let k = Q4kBlock {
                 d: f16_bits(rng, 0.002),
                 dmin: f16_bits(rng, 0.002),
                 sc: std::array::from_fn(|_| rng.random_range(0..64)),
                 m: std::array::from_fn(|_| rng.random_range(0..64)),
-                q: std::array::from_fn(|_| rng.random_range(0..16)),
+                q: std::array::from_fn(|_| rng.random_range(0..top)),
             };
-            ggml.extend(k.to_ggml());
+            ggml.extend(if ty == QuantType::Q4K {
+                k.to_ggml()
+            } else {
+                k.to_ggml_q5k()
+            });
         } else {
             let k = Q6kBlock {
                 d: f16_bits(rng, 0.0005),
@@ -144,7 +149,7 @@ fn a_rows_result_does_not_depend_on_its_batch() {
 fn the_largest_sums_are_exact_on_every_path() {
     // Q6_K quants of 63 (and 0) with the largest scales, against
     // activations of +-127: the 16-bit pair sums reach 2 * 2 * 63 * 127.
-    // Q4_K nibbles of 15 with scales and mins of 63.
+    // Q4_K nibbles of 15 (Q5_K quants of 31) with scales and mins of 63.
     let cols = 512;
     let q6 = |q: u8, sc: i8| Q6kBlock {
         d: f16::from_f32(1.0 / 1024.0).to_bits(),
@@ -164,6 +169,13 @@ fn the_largest_sums_are_exact_on_every_path() {
             [q6(63, 127), q6(0, -128), q6(63, -128), q6(0, 127)]
                 .iter()
                 .flat_map(|k| [k.to_ggml(), k.to_ggml()].concat())
+                .collect::<Vec<u8>>(),
+        ),
+        (
+            QuantType::Q5K,
+            [q4(31), q4(0)]
+                .iter()
+                .flat_map(|k| [k.to_ggml_q5k(), k.to_ggml_q5k()].concat())
                 .collect::<Vec<u8>>(),
         ),
         (

@@ -1,6 +1,6 @@
 //! Weight matrices as loaded from GGUF, before a compute backend takes
 //! them (`Linear::into_host`). Quantized tensors stay quantized: Q4_0,
-//! Q4_1, Q8_0, Q5_0, Q5_1, Q4_K and Q6_K as they are (in the kernels'
+//! Q4_1, Q8_0, Q5_0, Q5_1, Q4_K, Q5_K and Q6_K as they are (in the kernels'
 //! interleaved layouts, bit for bit the file's values), the other
 //! K-quants requantized to Q8_0 (a finer step than theirs). F16, BF16
 //! and F32 tensors (and any whose rows are not whole blocks) are kept in
@@ -44,6 +44,9 @@ fn plan(dtype: GgmlDType, cols: usize) -> Plan {
         GgmlDType::Q5_1 => Plan::Native(QuantType::Q5_1),
         GgmlDType::Q4K if cols.is_multiple_of(kernels::kquant::QK_K) => {
             Plan::Native(QuantType::Q4K)
+        }
+        GgmlDType::Q5K if cols.is_multiple_of(kernels::kquant::QK_K) => {
+            Plan::Native(QuantType::Q5K)
         }
         GgmlDType::Q6K if cols.is_multiple_of(kernels::kquant::QK_K) => {
             Plan::Native(QuantType::Q6K)
@@ -217,6 +220,7 @@ mod tests {
         .expect("w");
         for dtype in [
             GgmlDType::Q4K,
+            GgmlDType::Q5K,
             GgmlDType::Q6K,
             GgmlDType::Q5_0,
             GgmlDType::Q5_1,

@@ -9,7 +9,7 @@
 //! batches of `amx::MIN_ROWS` rows and more (AVX-512 VNNI for the rest
 //! and smaller batches, with the same bits), then
 //! AVX-512 VNNI, then AVX2+FMA+F16C, then portable scalar code. K-quants
-//! (Q4_K, Q6_K) and Q5_0/Q5_1 run their AVX2 tiles (`x86_k`, `x86_q5`)
+//! (Q4_K, Q5_K, Q6_K) and Q5_0/Q5_1 run their AVX2 tiles (`x86_k`, `x86_q5`)
 //! on every SIMD path.
 //! `SYNOR_KERNELS=scalar|avx2|vnni` forces a lower path (for tests and
 //! comparisons).
@@ -357,7 +357,7 @@ mod simd {
     //! Walks the activation rows of one weight group in SIMD tiles.
     #![allow(unsafe_code)]
 
-    use super::x86::{self, Q4_0, Q4_1, Q4K, Q5_0, Q5_1, Q6K, Q8_0};
+    use super::x86::{self, Q4_0, Q4_1, Q4K, Q5_0, Q5_1, Q5K, Q6K, Q8_0};
     use super::{GROUP, Isa, Job, Q8Block, SPREAD_WEIGHT_BYTES, amx};
     use crate::layout;
     use crate::quant::QuantType;
@@ -370,6 +370,7 @@ mod simd {
             QuantType::Q4_1 => run::<Q4_1>(job, g),
             QuantType::Q8_0 => run::<Q8_0>(job, g),
             QuantType::Q4K => run::<Q4K>(job, g),
+            QuantType::Q5K => run::<Q5K>(job, g),
             QuantType::Q6K => run::<Q6K>(job, g),
             QuantType::Q5_0 => run::<Q5_0>(job, g),
             QuantType::Q5_1 => run::<Q5_1>(job, g),
@@ -408,6 +409,7 @@ mod simd {
             | QuantType::Q5_0
             | QuantType::Q5_1
             | QuantType::Q4K
+            | QuantType::Q5K
             | QuantType::Q6K => (g0..g1).for_each(|g| group(job, g)),
         }
     }

@@ -24,7 +24,11 @@ pub fn dot_group(ty: QuantType, g: &[u8], x: &[Q8Block]) -> [f32; GROUP] {
             QuantType::Q4_0 => xb.off4(),
             QuantType::Q5_0 => xb.off5(),
             QuantType::Q8_0 => xb.off8,
-            QuantType::Q4_1 | QuantType::Q5_1 | QuantType::Q4K | QuantType::Q6K => 0,
+            QuantType::Q4_1
+            | QuantType::Q5_1
+            | QuantType::Q4K
+            | QuantType::Q5K
+            | QuantType::Q6K => 0,
         };
         for (lane, a) in acc.iter_mut().enumerate() {
             let d = f16_at(gb, 2 * lane);
@@ -42,7 +46,7 @@ pub fn dot_group(ty: QuantType, g: &[u8], x: &[Q8Block]) -> [f32; GROUP] {
 
 /// `dot_group` for a K-quant group (`crate::klayout`), sub-block by
 /// sub-block against the Q8 activation blocks, as the AVX2 tiles do:
-/// Q4_K as Q4_1 with the scale `d * sc` and the offset `-(dmin * m)`
+/// Q4_K and Q5_K as Q4_1 with the scale `d * sc` and the offset `-(dmin * m)`
 /// made in f32 per sub-block; Q6_K's sum exact in integers, each half
 /// times its scale, less `32 * sc * sum(x)` of the half.
 pub fn dot_group_k(ty: QuantType, g: &[u8], x: &[Q8Block]) -> [f32; GROUP] {
@@ -60,7 +64,7 @@ pub fn dot_group_k(ty: QuantType, g: &[u8], x: &[Q8Block]) -> [f32; GROUP] {
                     })
                     .sum()
                 };
-                if ty == QuantType::Q4K {
+                if klayout::has_min(ty) {
                     let dw = d * f32::from(sub[lane]);
                     let mw = -(f16_at(gsb, 2 * GROUP + 2 * lane) * f32::from(sub[GROUP + lane]));
                     *a = (dot(0..QK) as f32).mul_add(dw * xb.d, *a);

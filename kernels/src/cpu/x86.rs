@@ -21,15 +21,17 @@ pub const Q8_0: u8 = 2;
 /// The formats with AVX2 tiles of their own: the K-quants (`x86_k`) and
 /// Q5 (`x86_q5`), from `Q4K` up.
 pub const Q4K: u8 = 3;
-pub const Q6K: u8 = 4;
-pub const Q5_0: u8 = 5;
-pub const Q5_1: u8 = 6;
+pub const Q5K: u8 = 4;
+pub const Q6K: u8 = 5;
+pub const Q5_0: u8 = 6;
+pub const Q5_1: u8 = 7;
 
 pub(crate) const fn ty(t: u8) -> QuantType {
     match t {
         Q4_0 => QuantType::Q4_0,
         Q4_1 => QuantType::Q4_1,
         Q4K => QuantType::Q4K,
+        Q5K => QuantType::Q5K,
         Q6K => QuantType::Q6K,
         Q5_0 => QuantType::Q5_0,
         Q5_1 => QuantType::Q5_1,

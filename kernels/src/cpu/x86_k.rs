@@ -7,6 +7,8 @@
 //! - Q4_K: the nibbles as Q4_1's (`x86::half_sums`), the scale
 //!   `d * sc` and the offset `-(dmin * m)` of each row's sub-block made in
 //!   f32 from the unpacked scale bytes, once per half block for all rows.
+//! - Q5_K: as Q4_K, with the fifth bits added and the sums widened as
+//!   Q5_0's (`x86_q5`).
 //! - Q6_K: 6-bit unsigned quants (nibble | high bits << 4); the products
 //!   of each 8-byte pair (`maddubs`, at most 2 * 63 * 127) summed two
 //!   chunks at a time in 16 bits (at most 32004), then multiplied by the
@@ -17,8 +19,11 @@
 
 use std::arch::x86_64::*;
 
-use super::x86::{Q4_1, Q4K, act_chunk, half_sums, nibbles, prefetch_ahead, ty};
-use crate::klayout::{Q6_HIGH, SUB_QUANTS, sub_bytes, sub_offset, super_bytes};
+use super::x86::{Q4_1, Q5K, act_chunk, half_sums, nibbles, prefetch_ahead, ty};
+use super::x86_q5::{add_high_bits, wide_sums};
+use crate::klayout::{
+    Q6_HIGH, SUB_SCALES, has_min, sub_bytes, sub_offset, sub_quants, super_bytes,
+};
 use crate::layout::GROUP;
 use crate::quant::Q8Block;
 
@@ -51,7 +56,7 @@ unsafe fn scale_pairs(p: *const u8) -> __m256i {
 #[inline(always)]
 unsafe fn q6_weights(sub: *const u8, half: usize) -> [__m256i; 8] {
     unsafe {
-        let mut wv = nibbles(sub.add(SUB_QUANTS), half);
+        let mut wv = nibbles(sub.add(SUB_SCALES), half);
         let m = _mm256_set1_epi8(0x30);
         for p in 0..2 {
             let hb = _mm256_loadu_si256(sub.add(Q6_HIGH + 64 * p + 32 * half).cast());
@@ -99,7 +104,7 @@ unsafe fn q6_sums(
 }
 
 /// Computes `out[i * stride + lane] = dot(w[lane], x[i])` for one 16-row
-/// K-quant group (format tag `K`: `x86::Q4K` or `x86::Q6K`), bit for bit
+/// K-quant group (format tag `K`: `x86::Q4K`, `Q5K` or `Q6K`), bit for bit
 /// as `scalar::dot_group_k`.
 ///
 /// # Safety
@@ -124,7 +129,7 @@ pub unsafe fn group_k_avx2<const K: u8, const MR: usize>(
         };
         let d = [half_f16(0, 0), half_f16(0, 1)];
         let neg = _mm256_set1_ps(-0.0);
-        let neg_dmin = if K == Q4K {
+        let neg_dmin = if has_min(kt) {
             [0, 1].map(|h| _mm256_xor_ps(half_f16(2 * GROUP, h), neg))
         } else {
             [_mm256_setzero_ps(); 2]
@@ -133,16 +138,23 @@ pub unsafe fn group_k_avx2<const K: u8, const MR: usize>(
             let sub = unsafe { sb.add(sub_offset(kt, j)) };
             prefetch_ahead(sub, sub_bytes(kt), MR);
             for h in 0..2 {
-                if K == Q4K {
+                if has_min(kt) {
                     let dw = _mm256_mul_ps(d[h], unsafe { bytes_f32(sub.add(8 * h)) });
                     let mw =
                         _mm256_mul_ps(neg_dmin[h], unsafe { bytes_f32(sub.add(GROUP + 8 * h)) });
-                    let wv = unsafe { nibbles(sub.add(SUB_QUANTS), h) };
+                    let mut wv = unsafe { nibbles(sub.add(sub_quants(kt)), h) };
+                    if K == Q5K {
+                        unsafe { add_high_bits(&mut wv, sub.add(SUB_SCALES), h) };
+                    }
                     let zero = _mm256_setzero_si256();
                     for (i, a) in acc.iter_mut().enumerate() {
                         let xb = unsafe { x[i].add(8 * s + j) };
                         let xc = |c| _mm256_set1_epi32(unsafe { act_chunk(xb, c) });
-                        let sums = unsafe { half_sums::<Q4_1>(&wv, xc, zero, ones) };
+                        let sums = if K == Q5K {
+                            unsafe { wide_sums(&wv, xb) }
+                        } else {
+                            unsafe { half_sums::<Q4_1>(&wv, xc, zero, ones) }
+                        };
                         let (xd, xs) = unsafe { ((*xb).d, (*xb).s) };
                         let v = _mm256_cvtepi32_ps(sums);
                         a[h] = _mm256_fmadd_ps(v, _mm256_mul_ps(dw, _mm256_set1_ps(xd)), a[h]);

@@ -27,7 +27,21 @@ use crate::quant::Q8Block;
 unsafe fn q5_weights<const T: u8>(base: *const u8, half: usize) -> [__m256i; 8] {
     unsafe {
         let mut wv = nibbles(base.add(quants_offset(ty(T))), half);
-        let hb = _mm256_loadu_si256(base.add(high_offset(ty(T)) + 32 * half).cast());
+        add_high_bits(&mut wv, base.add(high_offset(ty(T))), half);
+        wv
+    }
+}
+
+/// Puts the fifth bits of one half's eight chunks, from the 64-byte load
+/// of high bits at `high` (bit `c` of a row's byte `k`: weight `4c + k`),
+/// at bit 4 of the chunks' bytes.
+///
+/// # Safety
+/// AVX2 must be enabled; 64 bytes at `high` must be readable.
+#[inline(always)]
+pub(crate) unsafe fn add_high_bits(wv: &mut [__m256i; 8], high: *const u8, half: usize) {
+    unsafe {
+        let hb = _mm256_loadu_si256(high.add(32 * half).cast());
         let parts = [
             _mm256_slli_epi16::<4>(hb),
             _mm256_slli_epi16::<3>(hb),
@@ -42,17 +56,16 @@ unsafe fn q5_weights<const T: u8>(base: *const u8, half: usize) -> [__m256i; 8] 
         for (w, part) in wv.iter_mut().zip(parts) {
             *w = _mm256_or_si256(*w, _mm256_and_si256(part, m));
         }
-        wv
     }
 }
 
-/// The integer sums of one half block's eight rows with one activation
-/// block, Q5_0's offset included.
+/// The integer sums of one half block's eight rows of 5-bit weights with
+/// one activation block (no offset).
 ///
 /// # Safety
 /// AVX2 must be enabled; `xb` must point at a valid block.
 #[inline(always)]
-unsafe fn q5_sums<const T: u8>(wv: &[__m256i; 8], xb: *const Q8Block) -> __m256i {
+pub(crate) unsafe fn wide_sums(wv: &[__m256i; 8], xb: *const Q8Block) -> __m256i {
     unsafe {
         let xc = |c| _mm256_set1_epi32(act_chunk(xb, c));
         let four = |c: usize| {
@@ -66,8 +79,19 @@ unsafe fn q5_sums<const T: u8>(wv: &[__m256i; 8], xb: *const Q8Block) -> __m256i
             );
             _mm256_madd_epi16(_mm256_add_epi16(p0, p1), _mm256_set1_epi16(1))
         };
+        _mm256_add_epi32(four(0), four(4))
+    }
+}
+
+/// `wide_sums` with Q5_0's offset.
+///
+/// # Safety
+/// AVX2 must be enabled; `xb` must point at a valid block.
+#[inline(always)]
+unsafe fn q5_sums<const T: u8>(wv: &[__m256i; 8], xb: *const Q8Block) -> __m256i {
+    unsafe {
         let off = if T == Q5_0 { (*xb).off5() } else { 0 };
-        _mm256_add_epi32(_mm256_add_epi32(four(0), four(4)), _mm256_set1_epi32(off))
+        _mm256_add_epi32(wide_sums(wv, xb), _mm256_set1_epi32(off))
     }
 }
 
