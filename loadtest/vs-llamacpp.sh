@@ -3,10 +3,12 @@
 # same client (synor-loadtest), one server after the other (issue 19).
 # A benchmark, not a test: never run in CI.
 #
-#   loadtest/vs-llamacpp.sh [SHAPE:QUANT ...]     (default: llama-1b:q4_0)
+#   loadtest/vs-llamacpp.sh [SHAPE:QUANT | FILE.gguf ...]   (default: llama-1b:q4_0)
 #
-# - The models are made by synor-genmodel (random weights in llama.cpp's
-#   GGUF layout) under $SYNOR_MODELS_DIR/bench, once.
+# - SHAPE:QUANT models are made by synor-genmodel (random weights in
+#   llama.cpp's GGUF layout) under $SYNOR_MODELS_DIR/bench, once; a path
+#   to a .gguf file (a real model: `scripts/fetch-models.sh
+#   qwen2.5-coder-1.5b`) is served as it is.
 # - llama.cpp is built once under $LLAMA_DIR (default /tmp/synor-llamacpp)
 #   from the source distribution of llama-cpp-python on PyPI; it is never
 #   committed and never built in CI.
@@ -236,11 +238,16 @@ curl -s "http://127.0.0.1:$PORT/" >/dev/null && die "port $PORT is taken (PORT=.
 build_synor
 [[ " $ONLY " == *" llama "* ]] && build_llama
 for sq in "${SHAPES[@]}"; do
-  shape=${sq%%:*} quant=${sq#*:}
-  file=$(model_file "$shape" "$quant")
+  if [[ $sq == *.gguf ]]; then
+    [[ -f $sq ]] || die "no such model file: $sq"
+    file=$sq name=$(basename "$sq" .gguf)
+  else
+    shape=${sq%%:*} quant=${sq#*:}
+    file=$(model_file "$shape" "$quant") name=$shape.$quant
+  fi
   for c in $CONCURRENCY; do
     for server in $ONLY; do
-      run_one "$server" "$shape.$quant" "$file" "$c"
+      run_one "$server" "$name" "$file" "$c"
     done
   done
 done

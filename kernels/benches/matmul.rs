@@ -226,7 +226,7 @@ fn kquant() {
             let mut best = [f64::MAX; 2];
             for _ in 0..5 {
                 for (k, ws) in sets.iter().enumerate() {
-                    let reps = (1_000_000_000 / (rows * cols * m)).clamp(2 * ws.len(), 500);
+                    let reps = (1_000_000_000 / (rows * cols * m)).max(2 * ws.len());
                     let t = Instant::now();
                     for r in 0..reps {
                         matmul_with(Isa::detect(), &ws[r % ws.len()], &x, m, &mut out)
