@@ -23,6 +23,8 @@
 #   run (from /health before and after: the share of the run it spent in
 #   steps, and the tokens and time of an average step). For a trace of every
 #   step, run with RUST_LOG=info,engine::scheduler=debug ($OUT/server.log).
+# - SYNOR_BIN=path serves with another synor binary (an older commit's,
+#   for old and new side by side; the client is always this checkout's).
 # - ISA=avx2 holds both servers to AVX2 (+FMA, F16C) on an AVX-512 host:
 #   Synor through SYNOR_KERNELS=avx2, llama.cpp built without GGML_NATIVE
 #   and with AVX-512 off (in its own build folder). It stands in for an
@@ -55,7 +57,7 @@ log() { echo "vs-llamacpp: $*" >&2; }
 
 build_synor() {
   cargo build --release -q -p server --bin synor -p loadtest --bin synor-loadtest --bin synor-genmodel
-  SYNOR="$TARGET_DIR/release/synor"
+  SYNOR="${SYNOR_BIN:-$TARGET_DIR/release/synor}"
   LOADTEST="$TARGET_DIR/release/synor-loadtest"
   GENMODEL="$TARGET_DIR/release/synor-genmodel"
   cargo bench -q -p kernels --bench matmul --no-run 2>/dev/null

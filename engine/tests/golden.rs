@@ -20,10 +20,10 @@
 //! whose model differs from the file it was made from (sha256) fails.
 //!
 //! On the synthetic files llama.cpp's own spread is small (0.0007 median
-//! for F32), and the types we read natively (F32, F16, BF16, Q4_0, Q4_1,
-//! Q8_0) sit at it, while the ones transcoded at load (Q5_0, Q5_1 and the
-//! K-quants) sit at 1.3-1.55 times it: under the floors below, so they
-//! pass; native kernels for them should let `FLOOR` come down.
+//! for F32), and every type we read natively sits within 1.25 times it;
+//! the two still converted at load (Q2_K, Q3_K to Q8_0) sit at 1.4-1.45
+//! times it, as Q4_K, Q5_0 and Q6_K did when they were transcoded, which
+//! `SPREAD` now fails.
 
 #[allow(dead_code)]
 mod common;
@@ -43,10 +43,14 @@ const MARGIN: f64 = 0.5;
 /// between its two CPU attention paths (the file's `self_spread`, `-fa on`
 /// against `-fa off`: on SmolLM2 Q4_1 0.074 median, 0.22 p90, 0.61 max,
 /// and two of six greedy continuations part): the median and the 90th
-/// percentile within 1.5 times its own, the largest within twice.
-const SPREAD: [f64; 3] = [1.5, 1.5, 2.0];
+/// percentile within 1.3 times its own, the largest within twice.
+const SPREAD: [f64; 3] = [1.3, 1.3, 2.0];
+/// The bounds of the files whose weights we convert at load (Q2_K and
+/// Q3_K to Q8_0: a finer step, not the file's exact values).
+const SPREAD_CONVERTED: [f64; 3] = [1.5, 1.5, 2.0];
+const CONVERTED: [&str; 2] = ["parity-q2_k.json", "parity-q3_k.json"];
 /// Spreads under these count as these (a file whose runs agree exactly).
-const FLOOR: [f64; 3] = [0.02, 0.06, 0.2];
+const FLOOR: [f64; 3] = [0.01, 0.03, 0.1];
 const BLOCK: usize = 16;
 
 #[derive(serde::Deserialize)]
@@ -246,8 +250,12 @@ fn every_golden_file_matches_llama_cpp() {
             own[1],
             own[2],
         );
+        let converted = file
+            .file_name()
+            .is_some_and(|n| CONVERTED.iter().any(|c| n == *c));
+        let spread = if converted { SPREAD_CONVERTED } else { SPREAD };
         for (i, what) in ["median", "p90", "max"].iter().enumerate() {
-            let bound = SPREAD[i] * own[i].max(FLOOR[i]);
+            let bound = spread[i] * own[i].max(FLOOR[i]);
             if ours[i].is_nan() || ours[i] > bound {
                 found.failures.push(format!(
                     "top-k log-probabilities apart by {:.4} ({what}), past {bound:.4}",

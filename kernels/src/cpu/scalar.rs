@@ -44,42 +44,53 @@ pub fn dot_group(ty: QuantType, g: &[u8], x: &[Q8Block]) -> [f32; GROUP] {
     acc
 }
 
-/// `dot_group` for a K-quant group (`crate::klayout`), sub-block by
-/// sub-block against the Q8 activation blocks, as the AVX2 tiles do:
-/// Q4_K and Q5_K as Q4_1 with the scale `d * sc` and the offset `-(dmin * m)`
-/// made in f32 per sub-block; Q6_K's sum exact in integers, each half
-/// times its scale, less `32 * sc * sum(x)` of the half.
+/// `dot_group` for a K-quant group (`crate::klayout`), as the AVX2 tiles
+/// do: per super-block, the integer sum of each sub-block's dot product
+/// times its scale (Q6_K: each half's, less `32 * sc * sum(x)` of the
+/// half) and of its min times the activations' sum, then `d * xd` and
+/// `-dmin * xd` times those, `xd` the activations' one scale per 256.
 pub fn dot_group_k(ty: QuantType, g: &[u8], x: &[Q8Block]) -> [f32; GROUP] {
     let sbb = klayout::super_bytes(ty);
     let mut acc = [0.0f32; GROUP];
     for (gsb, xs) in g.chunks_exact(sbb).zip(x.chunks_exact(QK_K / QK)) {
-        for (j, xb) in xs.iter().enumerate() {
-            let sub = &gsb[klayout::sub_offset(ty, j)..];
-            for (lane, a) in acc.iter_mut().enumerate() {
-                let d = f16_at(gsb, 2 * lane);
-                let dot = |ws: std::ops::Range<usize>| -> i32 {
-                    ws.map(|w| {
-                        let u = klayout::unsigned_weight(ty, gsb, lane, j, w);
-                        i32::from(u) * i32::from(xb.qs[w])
-                    })
-                    .sum()
-                };
-                if klayout::has_min(ty) {
-                    let dw = d * f32::from(sub[lane]);
-                    let mw = -(f16_at(gsb, 2 * GROUP + 2 * lane) * f32::from(sub[GROUP + lane]));
-                    *a = (dot(0..QK) as f32).mul_add(dw * xb.d, *a);
-                    *a = mw.mul_add(xb.s, *a);
-                } else {
-                    let (lo, hi) = (
-                        i32::from(sub[lane] as i8),
-                        i32::from(sub[GROUP + lane] as i8),
-                    );
-                    let [h0, h1] = xb.halves.map(i32::from);
-                    let isum = lo * dot(0..16) + hi * dot(16..QK) - 32 * (lo * h0 + hi * h1);
-                    *a = (isum as f32).mul_add(d * xb.d, *a);
-                }
+        let xd = xs[0].d;
+        debug_assert!(xs.iter().all(|b| b.d == xd), "one activation scale per 256");
+        for (lane, a) in acc.iter_mut().enumerate() {
+            let (isum, msum) = super_sums(ty, gsb, xs, lane);
+            *a = (isum as f32).mul_add(f16_at(gsb, 2 * lane) * xd, *a);
+            if klayout::has_min(ty) {
+                let neg_dmin = -f16_at(gsb, 2 * GROUP + 2 * lane);
+                *a = (msum as f32).mul_add(neg_dmin * xd, *a);
             }
         }
     }
     acc
+}
+
+/// Lane `lane`'s integer sums over one group super-block (see
+/// `dot_group_k`): the scaled dot products, and the mins' sum.
+fn super_sums(ty: QuantType, gsb: &[u8], xs: &[Q8Block], lane: usize) -> (i32, i32) {
+    let (mut isum, mut msum) = (0i32, 0i32);
+    for (j, xb) in xs.iter().enumerate() {
+        let sub = &gsb[klayout::sub_offset(ty, j)..];
+        let dot = |ws: std::ops::Range<usize>| -> i32 {
+            ws.map(|w| {
+                let u = klayout::unsigned_weight(ty, gsb, lane, j, w);
+                i32::from(u) * i32::from(xb.qs[w])
+            })
+            .sum()
+        };
+        let [h0, h1] = xb.halves.map(i32::from);
+        if klayout::has_min(ty) {
+            isum += i32::from(sub[lane]) * dot(0..QK);
+            msum += i32::from(sub[GROUP + lane]) * (h0 + h1);
+        } else {
+            let (lo, hi) = (
+                i32::from(sub[lane] as i8),
+                i32::from(sub[GROUP + lane] as i8),
+            );
+            isum += lo * dot(0..16) + hi * dot(16..QK) - 32 * (lo * h0 + hi * h1);
+        }
+    }
+    (isum, msum)
 }

@@ -4,17 +4,20 @@
 //! Q8 activation blocks (32 weights each). The CPU paths above AVX2
 //! (AVX-512 VNNI, AMX) run these tiles too for K-quants.
 //!
-//! - Q4_K: the nibbles as Q4_1's (`x86::half_sums`), the scale
-//!   `d * sc` and the offset `-(dmin * m)` of each row's sub-block made in
-//!   f32 from the unpacked scale bytes, once per half block for all rows.
+//! - Q4_K: the nibbles as Q4_1's (`x86::half_sums`), their 16-bit pair
+//!   sums multiplied by the row's sub-block scale in the widening `madd`
+//!   (at most 2 * 30480 * 63), summed over the super-block in i32 with the
+//!   mins times the activation sums, then two fused multiply-adds per
+//!   super-block, as ggml computes it against Q8_K.
 //! - Q5_K: as Q4_K, with the fifth bits added and the sums widened as
-//!   Q5_0's (`x86_q5`).
+//!   Q5_0's (`x86_q5`), four chunks at a time.
 //! - Q6_K: 6-bit unsigned quants (nibble | high bits << 4); the products
 //!   of each 8-byte pair (`maddubs`, at most 2 * 63 * 127) summed two
 //!   chunks at a time in 16 bits (at most 32004), then multiplied by the
 //!   row's scale of that half (`madd` with the scale in both 16-bit
 //!   halves of the lane), exact; the offset `32 * (sc_lo * h0 + sc_hi *
-//!   h1)` from the activation block's half sums in one more `madd`.
+//!   h1)` from the activation block's half sums in one more `madd`; one
+//!   fused multiply-add per super-block.
 #![allow(unsafe_code)]
 
 use std::arch::x86_64::*;
@@ -27,23 +30,20 @@ use crate::klayout::{
 use crate::layout::GROUP;
 use crate::quant::Q8Block;
 
-/// Eight bytes (one half's rows) widened to f32 lanes.
+/// Eight scale bytes, signed (Q6_K) or not, each in both 16-bit halves of
+/// its lane (a `madd` multiplier).
 ///
 /// # Safety
 /// AVX2 must be enabled; 8 bytes at `p` must be readable.
 #[inline(always)]
-unsafe fn bytes_f32(p: *const u8) -> __m256 {
-    unsafe { _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(p.cast()))) }
-}
-
-/// Eight signed scale bytes, each in both 16-bit halves of its lane.
-///
-/// # Safety
-/// AVX2 must be enabled; 8 bytes at `p` must be readable.
-#[inline(always)]
-unsafe fn scale_pairs(p: *const u8) -> __m256i {
+unsafe fn scale_pairs<const SIGNED: bool>(p: *const u8) -> __m256i {
     unsafe {
-        let e = _mm256_cvtepi8_epi32(_mm_loadl_epi64(p.cast()));
+        let b = _mm_loadl_epi64(p.cast());
+        let e = if SIGNED {
+            _mm256_cvtepi8_epi32(b)
+        } else {
+            _mm256_cvtepu8_epi32(b)
+        };
         _mm256_blend_epi16::<0xAA>(e, _mm256_slli_epi32::<16>(e))
     }
 }
@@ -103,14 +103,76 @@ unsafe fn q6_sums(
     }
 }
 
+/// The integer sums of one group super-block's two halves against `MR`
+/// activation rows: per row and half, `sum_j sc_j * dot_j` (Q6_K: with
+/// its offset) and, for the formats with mins, `sum_j m_j * sum(x_j)`.
+/// At most 8 * 49M (Q6_K) in magnitude: exact in i32.
+///
+/// # Safety
+/// AVX2 must be enabled; `sb` must point at a whole group super-block of
+/// format `K` and every `x[i]` at its 8 activation blocks.
+#[inline(always)]
+unsafe fn super_sums<const K: u8, const MR: usize>(
+    sb: *const u8,
+    x: [*const Q8Block; MR],
+) -> [[[__m256i; 2]; 2]; MR] {
+    // SAFETY (whole body): AVX2 is enabled; sub-block `j` and activation
+    // block `j` are in bounds (caller contract).
+    unsafe {
+        let kt = ty(K);
+        let mut sums = [[[_mm256_setzero_si256(); 2]; 2]; MR];
+        for j in 0..8 {
+            let sub = sb.add(sub_offset(kt, j));
+            prefetch_ahead(sub, sub_bytes(kt), MR);
+            for h in 0..2 {
+                if !has_min(kt) {
+                    let s_lo = scale_pairs::<true>(sub.add(8 * h));
+                    let s_hi = scale_pairs::<true>(sub.add(GROUP + 8 * h));
+                    let pair = _mm256_blend_epi16::<0xAA>(s_lo, s_hi);
+                    let wv = q6_weights(sub, h);
+                    for (i, acc) in sums.iter_mut().enumerate() {
+                        let v = q6_sums(&wv, x[i].add(j), (s_lo, s_hi, pair));
+                        acc[0][h] = _mm256_add_epi32(acc[0][h], v);
+                    }
+                    continue;
+                }
+                let sc = scale_pairs::<false>(sub.add(8 * h));
+                let m = _mm256_cvtepu8_epi32(_mm_loadl_epi64(sub.add(GROUP + 8 * h).cast()));
+                let mut wv = nibbles(sub.add(sub_quants(kt)), h);
+                if K == Q5K {
+                    add_high_bits(&mut wv, sub.add(SUB_SCALES), h);
+                }
+                for (i, acc) in sums.iter_mut().enumerate() {
+                    let xb = x[i].add(j);
+                    let xc = |c| _mm256_set1_epi32(act_chunk(xb, c));
+                    let v = if K == Q5K {
+                        wide_sums(&wv, xb, sc)
+                    } else {
+                        half_sums::<Q4_1>(&wv, xc, _mm256_setzero_si256(), sc)
+                    };
+                    let [h0, h1] = (*xb).halves;
+                    let bsum = _mm256_set1_epi32(i32::from(h0) + i32::from(h1));
+                    acc[0][h] = _mm256_add_epi32(acc[0][h], v);
+                    acc[1][h] = _mm256_add_epi32(acc[1][h], _mm256_madd_epi16(m, bsum));
+                }
+            }
+        }
+        sums
+    }
+}
+
 /// Computes `out[i * stride + lane] = dot(w[lane], x[i])` for one 16-row
 /// K-quant group (format tag `K`: `x86::Q4K`, `Q5K` or `Q6K`), bit for bit
-/// as `scalar::dot_group_k`.
+/// as `scalar::dot_group_k`: the integer sums of each super-block
+/// (`super_sums`), then `d * xd` times the scaled sum and `-dmin * xd`
+/// times the mins' sum, the activation scale `xd` being one per 256
+/// (`QuantType::act_span`), as ggml's `vec_dot_q4_K_q8_K`.
 ///
 /// # Safety
 /// The CPU must support AVX2, FMA and F16C; `g` must point at `nb / 8`
-/// group super-blocks of format `K`, every `x[i]` at `nb` Q8 blocks, and
-/// `out + i * stride` at 16 writable floats for every `i < MR`.
+/// group super-blocks of format `K`, every `x[i]` at `nb` Q8 blocks
+/// (each eight sharing a scale), and `out + i * stride` at 16 writable
+/// floats for every `i < MR`.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn group_k_avx2<const K: u8, const MR: usize>(
     g: *const u8,
@@ -118,60 +180,29 @@ pub unsafe fn group_k_avx2<const K: u8, const MR: usize>(
     nb: usize,
     (out, stride): (*mut f32, usize),
 ) {
-    let (kt, ones) = (ty(K), _mm256_set1_epi16(1));
+    let kt = ty(K);
     let mut acc = [[_mm256_setzero_ps(); 2]; MR];
     for s in 0..nb / 8 {
-        // SAFETY (whole loop body): super-block `s` of the group and block
-        // `8s + j` of every activation row are in bounds (caller contract).
+        // SAFETY (whole loop body): super-block `s` of the group and blocks
+        // `8s..8s + 8` of every activation row are in bounds (caller
+        // contract).
         let sb = unsafe { g.add(s * super_bytes(kt)) };
         let half_f16 = |at: usize, h: usize| {
             _mm256_cvtph_ps(unsafe { _mm_loadu_si128(sb.add(at + 16 * h).cast()) })
         };
         let d = [half_f16(0, 0), half_f16(0, 1)];
         let neg = _mm256_set1_ps(-0.0);
-        let neg_dmin = if has_min(kt) {
-            [0, 1].map(|h| _mm256_xor_ps(half_f16(2 * GROUP, h), neg))
-        } else {
-            [_mm256_setzero_ps(); 2]
-        };
-        for j in 0..8 {
-            let sub = unsafe { sb.add(sub_offset(kt, j)) };
-            prefetch_ahead(sub, sub_bytes(kt), MR);
+        let neg_dmin = [0, 1].map(|h| _mm256_xor_ps(half_f16(2 * GROUP, h), neg));
+        let xs: [*const Q8Block; MR] = std::array::from_fn(|i| unsafe { x[i].add(8 * s) });
+        let sums = unsafe { super_sums::<K, MR>(sb, xs) };
+        for ((a, sum), xb) in acc.iter_mut().zip(&sums).zip(xs) {
+            let xd = _mm256_set1_ps(unsafe { (*xb).d });
             for h in 0..2 {
+                let v = _mm256_cvtepi32_ps(sum[0][h]);
+                a[h] = _mm256_fmadd_ps(v, _mm256_mul_ps(d[h], xd), a[h]);
                 if has_min(kt) {
-                    let dw = _mm256_mul_ps(d[h], unsafe { bytes_f32(sub.add(8 * h)) });
-                    let mw =
-                        _mm256_mul_ps(neg_dmin[h], unsafe { bytes_f32(sub.add(GROUP + 8 * h)) });
-                    let mut wv = unsafe { nibbles(sub.add(sub_quants(kt)), h) };
-                    if K == Q5K {
-                        unsafe { add_high_bits(&mut wv, sub.add(SUB_SCALES), h) };
-                    }
-                    let zero = _mm256_setzero_si256();
-                    for (i, a) in acc.iter_mut().enumerate() {
-                        let xb = unsafe { x[i].add(8 * s + j) };
-                        let xc = |c| _mm256_set1_epi32(unsafe { act_chunk(xb, c) });
-                        let sums = if K == Q5K {
-                            unsafe { wide_sums(&wv, xb) }
-                        } else {
-                            unsafe { half_sums::<Q4_1>(&wv, xc, zero, ones) }
-                        };
-                        let (xd, xs) = unsafe { ((*xb).d, (*xb).s) };
-                        let v = _mm256_cvtepi32_ps(sums);
-                        a[h] = _mm256_fmadd_ps(v, _mm256_mul_ps(dw, _mm256_set1_ps(xd)), a[h]);
-                        a[h] = _mm256_fmadd_ps(mw, _mm256_set1_ps(xs), a[h]);
-                    }
-                } else {
-                    let s_lo = unsafe { scale_pairs(sub.add(8 * h)) };
-                    let s_hi = unsafe { scale_pairs(sub.add(GROUP + 8 * h)) };
-                    let pair = _mm256_blend_epi16::<0xAA>(s_lo, s_hi);
-                    let wv = unsafe { q6_weights(sub, h) };
-                    for (i, a) in acc.iter_mut().enumerate() {
-                        let xb = unsafe { x[i].add(8 * s + j) };
-                        let sums = unsafe { q6_sums(&wv, xb, (s_lo, s_hi, pair)) };
-                        let xd = _mm256_set1_ps(unsafe { (*xb).d });
-                        let v = _mm256_cvtepi32_ps(sums);
-                        a[h] = _mm256_fmadd_ps(v, _mm256_mul_ps(d[h], xd), a[h]);
-                    }
+                    let v = _mm256_cvtepi32_ps(sum[1][h]);
+                    a[h] = _mm256_fmadd_ps(v, _mm256_mul_ps(neg_dmin[h], xd), a[h]);
                 }
             }
         }

@@ -60,12 +60,14 @@ pub(crate) unsafe fn add_high_bits(wv: &mut [__m256i; 8], high: *const u8, half:
 }
 
 /// The integer sums of one half block's eight rows of 5-bit weights with
-/// one activation block (no offset).
+/// one activation block (no offset), each row's times its 16-bit
+/// multiplier in `mul` (1, or Q5_K's sub-block scale: at most 2 * 31496
+/// * 63 a `madd`).
 ///
 /// # Safety
 /// AVX2 must be enabled; `xb` must point at a valid block.
 #[inline(always)]
-pub(crate) unsafe fn wide_sums(wv: &[__m256i; 8], xb: *const Q8Block) -> __m256i {
+pub(crate) unsafe fn wide_sums(wv: &[__m256i; 8], xb: *const Q8Block, mul: __m256i) -> __m256i {
     unsafe {
         let xc = |c| _mm256_set1_epi32(act_chunk(xb, c));
         let four = |c: usize| {
@@ -77,7 +79,7 @@ pub(crate) unsafe fn wide_sums(wv: &[__m256i; 8], xb: *const Q8Block) -> __m256i
                 _mm256_maddubs_epi16(wv[c + 2], xc(c + 2)),
                 _mm256_maddubs_epi16(wv[c + 3], xc(c + 3)),
             );
-            _mm256_madd_epi16(_mm256_add_epi16(p0, p1), _mm256_set1_epi16(1))
+            _mm256_madd_epi16(_mm256_add_epi16(p0, p1), mul)
         };
         _mm256_add_epi32(four(0), four(4))
     }
@@ -91,7 +93,8 @@ pub(crate) unsafe fn wide_sums(wv: &[__m256i; 8], xb: *const Q8Block) -> __m256i
 unsafe fn q5_sums<const T: u8>(wv: &[__m256i; 8], xb: *const Q8Block) -> __m256i {
     unsafe {
         let off = if T == Q5_0 { (*xb).off5() } else { 0 };
-        _mm256_add_epi32(wide_sums(wv, xb), _mm256_set1_epi32(off))
+        let ones = _mm256_set1_epi16(1);
+        _mm256_add_epi32(wide_sums(wv, xb, ones), _mm256_set1_epi32(off))
     }
 }
 
