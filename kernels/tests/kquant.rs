@@ -1,12 +1,14 @@
-//! The K-quant matmul paths (Q4_K, Q6_K in their own super-blocks) against
+//! The K-quant matmul paths (Q4_K, Q5_K, Q6_K in their own super-blocks) against
 //! the plain-Rust reference, on seeded random super-blocks of every bit
 //! pattern (not only those a quantizer writes), for the batch shapes the
 //! engine uses and on every SIMD path this CPU has.
 
+mod common;
+
+use common::{random, reference};
 use half::f16;
 use kernels::cpu::{Isa, matmul_with};
 use kernels::kquant::{Q4kBlock, Q6kBlock, QK_K};
-use kernels::quant::quantize_activations;
 use kernels::{QMatrix, QuantType};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -43,32 +45,6 @@ fn random_matrix(rng: &mut StdRng, ty: QuantType, rows: usize, cols: usize) -> Q
         }
     }
     QMatrix::new(ty, rows, cols, &ggml).expect("matrix")
-}
-
-fn random(rng: &mut StdRng, n: usize) -> Vec<f32> {
-    (0..n).map(|_| rng.random_range(-1.0f32..1.0)).collect()
-}
-
-/// Dequantized weights times dequantized (Q8) activations, in f64.
-fn reference(w: &QMatrix, x: &[f32], m: usize) -> Vec<f32> {
-    let acts = quantize_activations(x, w.ty.act_span());
-    let xq: Vec<f64> = acts
-        .iter()
-        .flat_map(|b| b.qs.iter().map(move |&q| f64::from(b.d) * f64::from(q)))
-        .collect();
-    let rows: Vec<Vec<f32>> = (0..w.rows).map(|r| w.dequantize_row(r)).collect();
-    let mut out = vec![0.0; m * w.rows];
-    for i in 0..m {
-        let xi = &xq[i * w.cols..(i + 1) * w.cols];
-        for (r, wr) in rows.iter().enumerate() {
-            out[i * w.rows + r] = wr
-                .iter()
-                .zip(xi)
-                .map(|(&a, &b)| f64::from(a) * b)
-                .sum::<f64>() as f32;
-        }
-    }
-    out
 }
 
 fn bits(v: &[f32]) -> Vec<u32> {

@@ -1,11 +1,14 @@
 //! Every quantized-matmul path against the plain-Rust reference on seeded
 //! random inputs, for every format and for the batch shapes the engine uses.
 
+mod common;
+
+use common::{random, reference};
 use kernels::cpu::{Isa, matmul_with};
 use kernels::quant::{QK, quantize_activations};
 use kernels::{QMatrix, QuantType};
+use rand::SeedableRng;
 use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
 
 /// The 32-weight formats (the K-quants: `tests/kquant.rs`).
 const FORMATS: [QuantType; 5] = [
@@ -15,34 +18,6 @@ const FORMATS: [QuantType; 5] = [
     QuantType::Q5_0,
     QuantType::Q5_1,
 ];
-
-fn random(rng: &mut StdRng, n: usize) -> Vec<f32> {
-    (0..n).map(|_| rng.random_range(-1.0f32..1.0)).collect()
-}
-
-/// The exact value the integer kernels approximate: dequantized weights
-/// times dequantized (Q8) activations, accumulated in f64.
-fn reference(w: &QMatrix, x: &[f32], m: usize) -> Vec<f32> {
-    let acts = quantize_activations(x, w.ty.act_span());
-    let nb = w.cols / QK;
-    let xq: Vec<f64> = acts
-        .iter()
-        .flat_map(|b| b.qs.iter().map(move |&q| f64::from(b.d) * f64::from(q)))
-        .collect();
-    let rows: Vec<Vec<f32>> = (0..w.rows).map(|r| w.dequantize_row(r)).collect();
-    let mut out = vec![0.0; m * w.rows];
-    for i in 0..m {
-        for (r, wr) in rows.iter().enumerate() {
-            let xi = &xq[i * nb * QK..(i + 1) * nb * QK];
-            out[i * w.rows + r] = wr
-                .iter()
-                .zip(xi)
-                .map(|(&a, &b)| f64::from(a) * b)
-                .sum::<f64>() as f32;
-        }
-    }
-    out
-}
 
 #[test]
 fn every_path_matches_the_reference_for_every_format_and_batch() {

@@ -9,7 +9,7 @@
 //! batches of `amx::MIN_ROWS` rows and more (AVX-512 VNNI for the rest
 //! and smaller batches, with the same bits), then
 //! AVX-512 VNNI, then AVX2+FMA+F16C, then portable scalar code. K-quants
-//! (Q4_K, Q5_K, Q6_K) and Q5_0/Q5_1 run their AVX2 tiles (`x86_k`, `x86_q5`)
+//! (Q4_K, Q5_K, Q6_K) and Q5_0/Q5_1 run their AVX2 tiles (`x86_k`, `x86::group_avx2`)
 //! on every SIMD path.
 //! `SYNOR_KERNELS=scalar|avx2|vnni` forces a lower path (for tests and
 //! comparisons).
@@ -29,8 +29,6 @@ pub mod scalar;
 pub mod x86;
 #[cfg(target_arch = "x86_64")]
 pub mod x86_k;
-#[cfg(target_arch = "x86_64")]
-pub mod x86_q5;
 
 use std::sync::OnceLock;
 
@@ -493,7 +491,7 @@ mod simd {
         // only this task's group writes (`with_out`).
         with_out::<MR>(job, g, i, |out| unsafe {
             if T >= Q5_0 {
-                super::x86_q5::group_q5_avx2::<T, MR>(w.as_ptr(), x, nb, out)
+                x86::group_avx2::<T, MR>(w.as_ptr(), x, nb, out)
             } else if T >= Q4K {
                 super::x86_k::group_k_avx2::<T, MR>(w.as_ptr(), x, nb, out)
             } else if job.isa >= Isa::Avx512Vnni {

@@ -11,15 +11,15 @@
 
 use std::arch::x86_64::*;
 
-use crate::layout::{GROUP, group_block_bytes, quants_offset};
+use crate::layout::{GROUP, group_block_bytes, high_offset, quants_offset};
 use crate::quant::{Q8Block, QuantType};
 
 /// `QuantType` as a const-generic tag (branches fold away per format).
 pub const Q4_0: u8 = 0;
 pub const Q4_1: u8 = 1;
 pub const Q8_0: u8 = 2;
-/// The formats with AVX2 tiles of their own: the K-quants (`x86_k`) and
-/// Q5 (`x86_q5`), from `Q4K` up.
+/// The formats from `Q4K` up run AVX2 tiles on every SIMD path: the
+/// K-quants their own (`x86_k`), Q5 `group_avx2`.
 pub const Q4K: u8 = 3;
 pub const Q5K: u8 = 4;
 pub const Q6K: u8 = 5;
@@ -95,7 +95,8 @@ pub(crate) unsafe fn act_chunk(xb: *const Q8Block, c: usize) -> i32 {
 }
 
 /// The integer offset of format `T`'s weights against activation block `xb`
-/// (`Q8Block::off4`, `off8`); 0 for Q4_1, whose offset is a float.
+/// (`Q8Block::off4`, `off5`, `off8`); 0 for Q4_1 and Q5_1, whose offset is
+/// a float.
 ///
 /// # Safety
 /// `xb` must point at a valid block.
@@ -105,6 +106,7 @@ pub(crate) unsafe fn int_offset<const T: u8>(xb: *const Q8Block) -> i32 {
     unsafe {
         match T {
             Q4_0 => (*xb).off4(),
+            Q5_0 => (*xb).off5(),
             Q8_0 => (*xb).off8,
             _ => 0,
         }
@@ -189,6 +191,11 @@ pub unsafe fn group_vnni<const T: u8, const MR: usize>(
 unsafe fn half_weights<const T: u8>(base: *const u8, half: usize) -> [__m256i; 8] {
     let q = quants_offset(ty(T));
     unsafe {
+        if T == Q5_0 || T == Q5_1 {
+            let mut wv = nibbles(base.add(q), half);
+            add_high_bits(&mut wv, base.add(high_offset(ty(T))), half);
+            return wv;
+        }
         if T != Q8_0 {
             return nibbles(base.add(q), half);
         }
@@ -220,6 +227,33 @@ pub(crate) unsafe fn nibbles(q: *const u8, half: usize) -> [__m256i; 8] {
     }
 }
 
+/// Puts the fifth bits of one half's eight chunks, from the 64-byte load
+/// of high bits at `high` (bit `c` of a row's byte `k`: weight `4c + k`;
+/// `crate::layout`), at bit 4 of the chunks' bytes (Q5_0, Q5_1, Q5_K).
+///
+/// # Safety
+/// AVX2 must be enabled; 64 bytes at `high` must be readable.
+#[inline(always)]
+pub(crate) unsafe fn add_high_bits(wv: &mut [__m256i; 8], high: *const u8, half: usize) {
+    unsafe {
+        let hb = _mm256_loadu_si256(high.add(32 * half).cast());
+        let parts = [
+            _mm256_slli_epi16::<4>(hb),
+            _mm256_slli_epi16::<3>(hb),
+            _mm256_slli_epi16::<2>(hb),
+            _mm256_slli_epi16::<1>(hb),
+            hb,
+            _mm256_srli_epi16::<1>(hb),
+            _mm256_srli_epi16::<2>(hb),
+            _mm256_srli_epi16::<3>(hb),
+        ];
+        let m = _mm256_set1_epi8(0x10);
+        for (w, part) in wv.iter_mut().zip(parts) {
+            *w = _mm256_or_si256(*w, _mm256_and_si256(part, m));
+        }
+    }
+}
+
 /// The integer dot products of one half block's eight rows with one
 /// activation block, whose eight 4-byte chunks `xc(c)` gives broadcast to
 /// every lane and whose integer offset (`int_offset`) `off` holds in every
@@ -230,7 +264,11 @@ pub(crate) unsafe fn nibbles(q: *const u8, half: usize) -> [__m256i; 8] {
 /// reach 32512, so they are widened chunk by chunk. The sums are those of
 /// the signed weights, `sum (u - k) x`, as on the VNNI path: Q8_0's weights
 /// are signed here already (it returns before the offset), Q4_0's offset is
-/// added as an integer (Q4_1's is 0 here, a float added later).
+/// added as an integer (Q4_1's is 0 here, a float added later). Five-bit
+/// weights (Q5_0, Q5_1, Q5_K) are summed four chunks at a time (eight
+/// products of at most 31 * 127: 31496) and widened twice. `ones` is the
+/// `madd` multiplier of each row: 1, or a K-quant's sub-block scale (at
+/// most 2 * 31496 * 63 a lane).
 ///
 /// # Safety
 /// AVX2 must be enabled.
@@ -251,6 +289,20 @@ pub(crate) unsafe fn half_sums<const T: u8>(
             }
             return s;
         }
+        if T == Q5_0 || T == Q5_1 || T == Q5K {
+            let four = |c: usize| {
+                let p0 = _mm256_add_epi16(
+                    _mm256_maddubs_epi16(wv[c], xc(c)),
+                    _mm256_maddubs_epi16(wv[c + 1], xc(c + 1)),
+                );
+                let p1 = _mm256_add_epi16(
+                    _mm256_maddubs_epi16(wv[c + 2], xc(c + 2)),
+                    _mm256_maddubs_epi16(wv[c + 3], xc(c + 3)),
+                );
+                _mm256_madd_epi16(_mm256_add_epi16(p0, p1), ones)
+            };
+            return _mm256_add_epi32(_mm256_add_epi32(four(0), four(4)), off);
+        }
         // Two chains of four, so the dependent adds overlap.
         let mut p0 = _mm256_maddubs_epi16(wv[0], xc(0));
         let mut p1 = _mm256_maddubs_epi16(wv[1], xc(1));
@@ -263,7 +315,13 @@ pub(crate) unsafe fn half_sums<const T: u8>(
     }
 }
 
-/// The AVX2 version of `group_vnni`.
+/// Whether format `T`'s offset is an f16 min added in float (Q4_1, Q5_1).
+const fn float_min(t: u8) -> bool {
+    t == Q4_1 || t == Q5_1
+}
+
+/// The AVX2 version of `group_vnni`, and the tile Q5_0 and Q5_1 take on
+/// every SIMD path.
 ///
 /// # Safety
 /// The CPU must support AVX2, FMA and F16C; `g` must point at `nb` group
@@ -286,11 +344,10 @@ pub unsafe fn group_avx2<const T: u8, const MR: usize>(
         prefetch_ahead(base, gbb, MR);
         for h in 0..2 {
             let dw = _mm256_cvtph_ps(unsafe { _mm_loadu_si128(base.add(16 * h).cast()) });
-            let mw = match T {
-                Q4_1 => {
-                    _mm256_cvtph_ps(unsafe { _mm_loadu_si128(base.add(2 * GROUP + 16 * h).cast()) })
-                }
-                _ => _mm256_setzero_ps(),
+            let mw = if float_min(T) {
+                _mm256_cvtph_ps(unsafe { _mm_loadu_si128(base.add(2 * GROUP + 16 * h).cast()) })
+            } else {
+                _mm256_setzero_ps()
             };
             let wv = unsafe { half_weights::<T>(base, h) };
             for (i, a) in acc.iter_mut().enumerate() {
@@ -302,7 +359,7 @@ pub unsafe fn group_avx2<const T: u8, const MR: usize>(
                 let (xd, xs) = unsafe { ((*xb).d, (*xb).s) };
                 let sums = _mm256_cvtepi32_ps(s);
                 a[h] = _mm256_fmadd_ps(sums, _mm256_mul_ps(dw, _mm256_set1_ps(xd)), a[h]);
-                if T == Q4_1 {
+                if float_min(T) {
                     a[h] = _mm256_fmadd_ps(mw, _mm256_set1_ps(xs), a[h]);
                 }
             }

@@ -10,7 +10,7 @@
 //!   mins times the activation sums, then two fused multiply-adds per
 //!   super-block, as ggml computes it against Q8_K.
 //! - Q5_K: as Q4_K, with the fifth bits added and the sums widened as
-//!   Q5_0's (`x86_q5`), four chunks at a time.
+//!   Q5_0's (`x86::half_sums`), four chunks at a time.
 //! - Q6_K: 6-bit unsigned quants (nibble | high bits << 4); the products
 //!   of each 8-byte pair (`maddubs`, at most 2 * 63 * 127) summed two
 //!   chunks at a time in 16 bits (at most 32004), then multiplied by the
@@ -22,8 +22,7 @@
 
 use std::arch::x86_64::*;
 
-use super::x86::{Q4_1, Q5K, act_chunk, half_sums, nibbles, prefetch_ahead, ty};
-use super::x86_q5::{add_high_bits, wide_sums};
+use super::x86::{Q5K, act_chunk, add_high_bits, half_sums, nibbles, prefetch_ahead, ty};
 use crate::klayout::{
     Q6_HIGH, SUB_SCALES, has_min, sub_bytes, sub_offset, sub_quants, super_bytes,
 };
@@ -145,11 +144,7 @@ unsafe fn super_sums<const K: u8, const MR: usize>(
                 for (i, acc) in sums.iter_mut().enumerate() {
                     let xb = x[i].add(j);
                     let xc = |c| _mm256_set1_epi32(act_chunk(xb, c));
-                    let v = if K == Q5K {
-                        wide_sums(&wv, xb, sc)
-                    } else {
-                        half_sums::<Q4_1>(&wv, xc, _mm256_setzero_si256(), sc)
-                    };
+                    let v = half_sums::<K>(&wv, xc, _mm256_setzero_si256(), sc);
                     let [h0, h1] = (*xb).halves;
                     let bsum = _mm256_set1_epi32(i32::from(h0) + i32::from(h1));
                     acc[0][h] = _mm256_add_epi32(acc[0][h], v);
