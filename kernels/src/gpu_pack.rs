@@ -34,7 +34,13 @@ pub fn repack(q: &QMatrix) -> Result<(Vec<u32>, u32, u32), KernelError> {
         QuantType::Q4_0 => (KIND_Q4_0, 2, 5),
         QuantType::Q4_1 => (KIND_Q4_1, 4, 6),
         QuantType::Q8_0 => (KIND_Q8_0, 2, 9),
-        QuantType::Q5_0 | QuantType::Q5_1 | QuantType::Q4K | QuantType::Q5K | QuantType::Q6K => {
+        QuantType::Q5_0
+        | QuantType::Q5_1
+        | QuantType::Q4K
+        | QuantType::Q5K
+        | QuantType::Q6K
+        | QuantType::Iq4Nl
+        | QuantType::Iq4Xs => {
             return repack(&q.requantize(QuantType::Q8_0)?);
         }
     };

@@ -23,12 +23,13 @@
 //!   bits of weight `4(4p + s) + k`, so one shift and one mask put chunk
 //!   `4p + s`'s at bits 4-5 of every byte.
 
+use crate::iquant::Iq4xsBlock;
 use crate::kquant::{Q4kBlock, Q6kBlock, QK_K};
 use crate::layout::{GROUP, high_at};
 use crate::quant::QuantType;
 
 /// Bytes of one group super-block (16 rows x 256 weights). Every function
-/// here takes a K-quant format (Q4_K, Q5_K, Q6_K).
+/// here takes a super-block format (Q4_K, Q5_K, Q6_K, IQ4_XS).
 pub const fn super_bytes(ty: QuantType) -> usize {
     let scales = if has_min(ty) { 4 } else { 2 };
     scales * GROUP + 8 * sub_bytes(ty)
@@ -36,10 +37,10 @@ pub const fn super_bytes(ty: QuantType) -> usize {
 
 /// Bytes of one group sub-block (16 rows x 32 weights).
 pub const fn sub_bytes(ty: QuantType) -> usize {
-    if has_min(ty) {
-        sub_quants(ty) + 256
-    } else {
+    if matches!(ty, QuantType::Q6K) {
         Q6_HIGH + 128
+    } else {
+        sub_quants(ty) + 256
     }
 }
 
@@ -56,12 +57,13 @@ pub const fn has_min(ty: QuantType) -> bool {
 /// Where a sub-block's two scale arrays end (Q5_K's high load starts).
 pub const SUB_SCALES: usize = 2 * GROUP;
 
-/// Where the nibble loads start in a sub-block.
+/// Where the nibble loads start in a sub-block (IQ4_XS: after its one
+/// array of scales).
 pub const fn sub_quants(ty: QuantType) -> usize {
-    if matches!(ty, QuantType::Q5K) {
-        SUB_SCALES + 64
-    } else {
-        SUB_SCALES
+    match ty {
+        QuantType::Q5K => SUB_SCALES + 64,
+        QuantType::Iq4Xs => GROUP,
+        _ => SUB_SCALES,
     }
 }
 
@@ -116,6 +118,8 @@ pub fn pack(ty: QuantType, rows: usize, cols: usize, ggml: &[u8]) -> Vec<u8> {
             let gsb = &mut out[(g * ns + s) * sbb..][..sbb];
             if ty == QuantType::Q6K {
                 write_q6k(gsb, lane, &Q6kBlock::from_ggml(blk));
+            } else if ty == QuantType::Iq4Xs {
+                write_iq4xs(gsb, lane, &Iq4xsBlock::from_ggml(blk));
             } else if ty == QuantType::Q5K {
                 write_scaled(ty, gsb, lane, &Q4kBlock::from_ggml_q5k(blk));
             } else {
@@ -134,6 +138,8 @@ pub fn read_row(ty: QuantType, group: &[u8], lane: usize) -> Vec<u8> {
         .flat_map(|gsb| {
             if ty == QuantType::Q6K {
                 read_q6k(gsb, lane).to_ggml()
+            } else if ty == QuantType::Iq4Xs {
+                read_iq4xs(gsb, lane).to_ggml()
             } else if ty == QuantType::Q5K {
                 read_scaled(ty, gsb, lane).to_ggml_q5k()
             } else {
@@ -184,6 +190,29 @@ fn read_scaled(ty: QuantType, gsb: &[u8], lane: usize) -> Q4kBlock {
     k
 }
 
+fn write_iq4xs(gsb: &mut [u8], lane: usize, k: &Iq4xsBlock) {
+    gsb[2 * lane..][..2].copy_from_slice(&k.d.to_le_bytes());
+    for j in 0..8 {
+        let sub = &mut gsb[sub_offset(QuantType::Iq4Xs, j)..][..sub_bytes(QuantType::Iq4Xs)];
+        sub[lane] = k.ls[j] as u8;
+        put_nibbles(&mut sub[GROUP..], lane, &k.q[32 * j..][..32]);
+    }
+}
+
+fn read_iq4xs(gsb: &[u8], lane: usize) -> Iq4xsBlock {
+    let mut k = Iq4xsBlock {
+        d: u16::from_le_bytes([gsb[2 * lane], gsb[2 * lane + 1]]),
+        ls: [0; 8],
+        q: [0; QK_K],
+    };
+    for j in 0..8 {
+        let sub = &gsb[sub_offset(QuantType::Iq4Xs, j)..][..sub_bytes(QuantType::Iq4Xs)];
+        k.ls[j] = sub[lane] as i8;
+        k.q[32 * j..][..32].copy_from_slice(&get_nibbles(&sub[GROUP..], lane));
+    }
+    k
+}
+
 /// Byte `k` of lane `lane` in load `p` of the high bits, and the shift of
 /// weight `w`'s two bits in it (see the module header).
 fn q6_high_at(lane: usize, w: usize) -> (usize, usize) {
@@ -227,7 +256,8 @@ fn read_q6k(gsb: &[u8], lane: usize) -> Q6kBlock {
 }
 
 /// Weight `w` (0..32) of sub-block `j`, lane `lane`, as the unsigned value
-/// the integer kernels multiply (Q4_K: 0..16, Q5_K: 0..32, Q6_K: 0..64).
+/// the integer kernels multiply (Q4_K: 0..16, Q5_K: 0..32, Q6_K: 0..64;
+/// IQ4_XS: the index into `iquant::KVALUES`).
 pub fn unsigned_weight(ty: QuantType, gsb: &[u8], lane: usize, j: usize, w: usize) -> u8 {
     let sub = &gsb[sub_offset(ty, j)..][..sub_bytes(ty)];
     let b = sub[sub_quants(ty) + 64 * ((w % 16) / 4) + 4 * lane + w % 4];
@@ -249,7 +279,12 @@ mod tests {
 
     #[test]
     fn packing_round_trips_every_row_and_pads_the_last_group() {
-        for ty in [QuantType::Q4K, QuantType::Q5K, QuantType::Q6K] {
+        for ty in [
+            QuantType::Q4K,
+            QuantType::Q5K,
+            QuantType::Q6K,
+            QuantType::Iq4Xs,
+        ] {
             let (rows, cols) = (19, 512);
             let bb = ty.block_bytes();
             let ggml: Vec<u8> = (0..rows * 2 * bb).map(|i| (i * 37 % 251) as u8).collect();
@@ -283,6 +318,7 @@ mod tests {
         assert_eq!(super_bytes(QuantType::Q4K), 2368);
         assert_eq!(super_bytes(QuantType::Q5K), 2880);
         assert_eq!(super_bytes(QuantType::Q6K), 3360);
+        assert_eq!(super_bytes(QuantType::Iq4Xs), 2208);
         // Q6_K keeps GGML's size: 210 bytes per row and super-block.
         assert_eq!(
             super_bytes(QuantType::Q6K),

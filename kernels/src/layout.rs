@@ -15,6 +15,8 @@
 //! - Q8_0: eight 64-byte loads, load `c` holding weights `4c..4c + 4`, each
 //!   stored as the unsigned byte `q + 128` (so `vpdpbusd` can take it); the
 //!   kernels subtract `128 * d * sum(x)` through the block offset.
+//! - IQ4_NL: as Q4_0 (its 4-bit indices where Q4_0 has nibbles); the
+//!   kernels map them through `iquant::KVALUES`.
 //! - Q5_0 / Q5_1: one 64-byte load of high bits, then the nibbles as
 //!   Q4's. In the high load, bit `c` of byte `k` of a row holds the high
 //!   bit of weight `4c + k`, so one shift and one mask put chunk `c`'s at
@@ -40,10 +42,12 @@ pub const fn group_block_bytes(ty: QuantType) -> usize {
 pub const fn quants_offset(ty: QuantType) -> usize {
     match ty {
         QuantType::Q4_1 => 4 * GROUP,
-        QuantType::Q4_0 | QuantType::Q8_0 => 2 * GROUP,
+        QuantType::Q4_0 | QuantType::Q8_0 | QuantType::Iq4Nl => 2 * GROUP,
         QuantType::Q5_0 => 2 * GROUP + 64,
         QuantType::Q5_1 => 4 * GROUP + 64,
-        QuantType::Q4K | QuantType::Q5K | QuantType::Q6K => panic!("K-quants: see klayout"),
+        QuantType::Q4K | QuantType::Q5K | QuantType::Q6K | QuantType::Iq4Xs => {
+            panic!("K-quants: see klayout")
+        }
     }
 }
 
@@ -54,9 +58,15 @@ pub const fn high_offset(ty: QuantType) -> usize {
 
 const fn quant_bits(ty: QuantType) -> usize {
     match ty {
-        QuantType::Q4_0 | QuantType::Q4_1 | QuantType::Q5_0 | QuantType::Q5_1 => 4,
+        QuantType::Q4_0
+        | QuantType::Q4_1
+        | QuantType::Q5_0
+        | QuantType::Q5_1
+        | QuantType::Iq4Nl => 4,
         QuantType::Q8_0 => 8,
-        QuantType::Q4K | QuantType::Q5K | QuantType::Q6K => panic!("K-quants: see klayout"),
+        QuantType::Q4K | QuantType::Q5K | QuantType::Q6K | QuantType::Iq4Xs => {
+            panic!("K-quants: see klayout")
+        }
     }
 }
 
@@ -64,10 +74,12 @@ const fn quant_bits(ty: QuantType) -> usize {
 const fn ggml_header(ty: QuantType) -> usize {
     match ty {
         QuantType::Q4_1 => 4,
-        QuantType::Q4_0 | QuantType::Q8_0 => 2,
+        QuantType::Q4_0 | QuantType::Q8_0 | QuantType::Iq4Nl => 2,
         QuantType::Q5_0 => 6,
         QuantType::Q5_1 => 8,
-        QuantType::Q4K | QuantType::Q5K | QuantType::Q6K => panic!("K-quants: see klayout"),
+        QuantType::Q4K | QuantType::Q5K | QuantType::Q6K | QuantType::Iq4Xs => {
+            panic!("K-quants: see klayout")
+        }
     }
 }
 
@@ -186,12 +198,17 @@ pub fn read_lane(ty: QuantType, gb: &[u8], lane: usize) -> Vec<u8> {
 }
 
 /// Weight `j` (0..32) of lane `lane` as the unsigned value the integer
-/// kernels multiply: a nibble (Q4), five bits (Q5) or `q + 128` (Q8_0).
+/// kernels multiply: a nibble (Q4), five bits (Q5) or `q + 128` (Q8_0,
+/// and IQ4_NL's table value `+ 128`).
 pub fn unsigned_weight(ty: QuantType, gb: &[u8], lane: usize, j: usize) -> u8 {
     let q = quants_offset(ty);
     match ty {
         QuantType::Q8_0 => gb[q + 64 * (j / 4) + 4 * lane + j % 4],
-        QuantType::Q4K | QuantType::Q5K | QuantType::Q6K => {
+        QuantType::Iq4Nl => {
+            let i = unsigned_weight(QuantType::Q4_0, gb, lane, j);
+            crate::iquant::KVALUES[usize::from(i)] as u8 ^ 0x80
+        }
+        QuantType::Q4K | QuantType::Q5K | QuantType::Q6K | QuantType::Iq4Xs => {
             unreachable!("K-quants: klayout::unsigned_weight")
         }
         QuantType::Q4_0 | QuantType::Q4_1 | QuantType::Q5_0 | QuantType::Q5_1 => {
@@ -219,6 +236,7 @@ mod tests {
             QuantType::Q8_0,
             QuantType::Q5_0,
             QuantType::Q5_1,
+            QuantType::Iq4Nl,
         ] {
             let (rows, cols) = (19, 64);
             let bb = ty.block_bytes();

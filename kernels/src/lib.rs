@@ -25,6 +25,7 @@ pub mod cuda;
 pub mod gpu_pack;
 #[cfg(all(test, any(feature = "wgpu", feature = "cuda")))]
 mod gpu_tests;
+pub mod iquant;
 pub mod klayout;
 pub mod kquant;
 pub mod layout;

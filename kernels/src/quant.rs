@@ -13,11 +13,12 @@
 //! Nibble order follows GGML: byte `j` holds weight `j` in its low nibble
 //! and weight `j + 16` in its high nibble. The K-quants (`Q4_K`, `Q5_K`, `Q6_K`:
 //! super-blocks of 256 weights) are described in `crate::kquant`; the
-//! kernels read them in their own blocks too, 32 weights at a time.
+//! kernels read them in their own blocks too, 32 weights at a time. So
+//! are the non-linear IQ4_NL and IQ4_XS (`crate::iquant`).
 
 use half::f16;
 
-use crate::{kquant, layout};
+use crate::{iquant, kquant, layout};
 
 /// Weights (and activations) per quantization block.
 pub const QK: usize = 32;
@@ -36,6 +37,10 @@ pub enum QuantType {
     Q5K,
     /// GGML's Q6_K (6.5625 bits a weight).
     Q6K,
+    /// GGML's IQ4_NL (4.5 bits a weight, a non-linear table).
+    Iq4Nl,
+    /// GGML's IQ4_XS (4.25 bits a weight: IQ4_NL's table in super-blocks).
+    Iq4Xs,
 }
 
 impl QuantType {
@@ -50,6 +55,8 @@ impl QuantType {
             Self::Q4K => kquant::Q4K_BYTES,
             Self::Q5K => kquant::Q5K_BYTES,
             Self::Q6K => kquant::Q6K_BYTES,
+            Self::Iq4Nl => iquant::IQ4NL_BYTES,
+            Self::Iq4Xs => iquant::IQ4XS_BYTES,
         }
     }
 
@@ -58,9 +65,10 @@ impl QuantType {
         if self.is_k() { kquant::QK_K } else { QK }
     }
 
-    /// Whether this is a K-quant (super-blocks of 256 weights).
+    /// Whether this format has super-blocks of 256 weights (the K-quants
+    /// and IQ4_XS, kept in `crate::klayout`).
     pub const fn is_k(self) -> bool {
-        matches!(self, Self::Q4K | Self::Q5K | Self::Q6K)
+        matches!(self, Self::Q4K | Self::Q5K | Self::Q6K | Self::Iq4Xs)
     }
 }
 
@@ -179,7 +187,12 @@ impl QMatrix {
                 .chunks_exact(bb)
                 .flat_map(kquant::dequantize_q6k)
                 .collect(),
-            QuantType::Q4_0
+            QuantType::Iq4Xs => row
+                .chunks_exact(bb)
+                .flat_map(iquant::dequantize_iq4xs)
+                .collect(),
+            QuantType::Iq4Nl
+            | QuantType::Q4_0
             | QuantType::Q4_1
             | QuantType::Q8_0
             | QuantType::Q5_0
@@ -228,7 +241,12 @@ impl QMatrix {
                 .chunks_exact(kquant::QK_K)
                 .flat_map(kquant::quantize_q6k)
                 .collect(),
-            QuantType::Q4_0
+            QuantType::Iq4Xs => w
+                .chunks_exact(kquant::QK_K)
+                .flat_map(iquant::quantize_iq4xs)
+                .collect(),
+            QuantType::Iq4Nl
+            | QuantType::Q4_0
             | QuantType::Q4_1
             | QuantType::Q8_0
             | QuantType::Q5_0
@@ -294,7 +312,8 @@ fn dequantize_block(ty: QuantType, b: &[u8]) -> [f32; QK] {
                 }
             }
         }
-        QuantType::Q4K | QuantType::Q5K | QuantType::Q6K => {
+        QuantType::Iq4Nl => return iquant::dequantize_iq4nl(b),
+        QuantType::Q4K | QuantType::Q5K | QuantType::Q6K | QuantType::Iq4Xs => {
             unreachable!("a K-quant block is 256 weights")
         }
         QuantType::Q8_0 => {
@@ -334,7 +353,8 @@ fn quantize_block(ty: QuantType, x: &[f32]) -> Vec<u8> {
             out.extend((0..16).map(|j| q(x[j]) | (q(x[j + 16]) << 4)));
         }
         QuantType::Q5_0 | QuantType::Q5_1 => quantize_q5(ty, x, &mut out),
-        QuantType::Q4K | QuantType::Q5K | QuantType::Q6K => {
+        QuantType::Iq4Nl => out = iquant::quantize_iq4nl(x),
+        QuantType::Q4K | QuantType::Q5K | QuantType::Q6K | QuantType::Iq4Xs => {
             unreachable!("a K-quant block is 256 weights")
         }
         QuantType::Q8_0 => {

@@ -1,4 +1,4 @@
-//! The K-quant matmul paths (Q4_K, Q5_K, Q6_K in their own super-blocks) against
+//! The super-block matmul paths (Q4_K, Q5_K, Q6_K, IQ4_XS in their own super-blocks) against
 //! the plain-Rust reference, on seeded random super-blocks of every bit
 //! pattern (not only those a quantizer writes), for the batch shapes the
 //! engine uses and on every SIMD path this CPU has.
@@ -8,12 +8,18 @@ mod common;
 use common::{random, reference};
 use half::f16;
 use kernels::cpu::{Isa, matmul_with};
+use kernels::iquant::Iq4xsBlock;
 use kernels::kquant::{Q4kBlock, Q6kBlock, QK_K};
 use kernels::{QMatrix, QuantType};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-const KINDS: [QuantType; 3] = [QuantType::Q4K, QuantType::Q5K, QuantType::Q6K];
+const KINDS: [QuantType; 4] = [
+    QuantType::Q4K,
+    QuantType::Q5K,
+    QuantType::Q6K,
+    QuantType::Iq4Xs,
+];
 
 /// `rows x cols` of random super-blocks: random quants, scales and mins,
 /// super-block scales of a realistic size (so sums stay finite).
@@ -21,7 +27,14 @@ fn random_matrix(rng: &mut StdRng, ty: QuantType, rows: usize, cols: usize) -> Q
     let f16_bits = |rng: &mut StdRng, hi: f32| f16::from_f32(rng.random_range(0.0..hi)).to_bits();
     let mut ggml = Vec::new();
     for _ in 0..rows * cols / QK_K {
-        if ty != QuantType::Q6K {
+        if ty == QuantType::Iq4Xs {
+            let k = Iq4xsBlock {
+                d: f16_bits(rng, 0.0005),
+                ls: std::array::from_fn(|_| rng.random_range(-32..32)),
+                q: std::array::from_fn(|_| rng.random_range(0..16)),
+            };
+            ggml.extend(k.to_ggml());
+        } else if ty != QuantType::Q6K {
             let top = if ty == QuantType::Q4K { 16 } else { 32 };
             let k = Q4kBlock {
                 d: f16_bits(rng, 0.002),
@@ -139,7 +152,20 @@ fn the_largest_sums_are_exact_on_every_path() {
         m: [63; 8],
         q: [q; QK_K],
     };
+    // IQ4_XS indices of -127 (0) and 113 (15) with scales of -32 and 31.
+    let iq4 = |q: u8, ls: i8| Iq4xsBlock {
+        d: f16::from_f32(1.0 / 1024.0).to_bits(),
+        ls: [ls; 8],
+        q: [q; QK_K],
+    };
     let matrices = [
+        (
+            QuantType::Iq4Xs,
+            [iq4(0, -32), iq4(15, 31), iq4(0, 31), iq4(15, -32)]
+                .iter()
+                .flat_map(|k| [k.to_ggml(), k.to_ggml()].concat())
+                .collect::<Vec<u8>>(),
+        ),
         (
             QuantType::Q6K,
             [q6(63, 127), q6(0, -128), q6(63, -128), q6(0, 127)]

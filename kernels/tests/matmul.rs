@@ -10,13 +10,14 @@ use kernels::{QMatrix, QuantType};
 use rand::SeedableRng;
 use rand::rngs::StdRng;
 
-/// The 32-weight formats (the K-quants: `tests/kquant.rs`).
-const FORMATS: [QuantType; 5] = [
+/// The 32-weight formats (the super-block ones: `tests/kquant.rs`).
+const FORMATS: [QuantType; 6] = [
     QuantType::Q4_0,
     QuantType::Q4_1,
     QuantType::Q8_0,
     QuantType::Q5_0,
     QuantType::Q5_1,
+    QuantType::Iq4Nl,
 ];
 
 #[test]
@@ -75,6 +76,8 @@ fn the_largest_block_sums_are_exact_on_every_path() {
         ),
         (QuantType::Q4_1, [row(-1.0, 1.0), row(1.0, -1.0)].concat()),
         (QuantType::Q8_0, [row(1.0, 1.0), row(-1.0, -1.0)].concat()),
+        // IQ4_NL: every index 0, the table's -127 (multiplied as Q8_0's).
+        (QuantType::Iq4Nl, [row(1.0, 1.0), row(-1.0, -1.0)].concat()),
         // All nibbles 0 (the most negative weights).
         (QuantType::Q4_0, [row(1.0, 1.0), row(-1.0, -1.0)].concat()),
         // Q5 weights of 31 (the 16-bit sums of four chunks at their most).

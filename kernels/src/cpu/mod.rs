@@ -8,9 +8,10 @@
 //! The instruction set is picked once at run time: AMX-INT8 tiles for
 //! batches of `amx::MIN_ROWS` rows and more (AVX-512 VNNI for the rest
 //! and smaller batches, with the same bits), then
-//! AVX-512 VNNI, then AVX2+FMA+F16C, then portable scalar code. K-quants
-//! (Q4_K, Q5_K, Q6_K) and Q5_0/Q5_1 run their AVX2 tiles (`x86_k`, `x86::group_avx2`)
-//! on every SIMD path.
+//! AVX-512 VNNI, then AVX2+FMA+F16C, then portable scalar code. The
+//! super-block formats (Q4_K, Q5_K, Q6_K, IQ4_XS) and Q5_0/Q5_1 run their
+//! AVX2 tiles (`x86_k`, `x86::group_avx2`) on every SIMD path; IQ4_NL has
+//! a VNNI tile, not an AMX one.
 //! `SYNOR_KERNELS=scalar|avx2|vnni` forces a lower path (for tests and
 //! comparisons).
 
@@ -355,7 +356,7 @@ mod simd {
     //! Walks the activation rows of one weight group in SIMD tiles.
     #![allow(unsafe_code)]
 
-    use super::x86::{self, Q4_0, Q4_1, Q4K, Q5_0, Q5_1, Q5K, Q6K, Q8_0};
+    use super::x86::{self, IQ4NL, IQ4XS, Q4_0, Q4_1, Q4K, Q5_0, Q5_1, Q5K, Q6K, Q8_0};
     use super::{GROUP, Isa, Job, Q8Block, SPREAD_WEIGHT_BYTES, amx};
     use crate::layout;
     use crate::quant::QuantType;
@@ -372,12 +373,14 @@ mod simd {
             QuantType::Q6K => run::<Q6K>(job, g),
             QuantType::Q5_0 => run::<Q5_0>(job, g),
             QuantType::Q5_1 => run::<Q5_1>(job, g),
+            QuantType::Iq4Nl => run::<IQ4NL>(job, g),
+            QuantType::Iq4Xs => run::<IQ4XS>(job, g),
         }
     }
 
     fn run<const T: u8>(job: &Job<'_>, g: usize) {
         let mut i = 0;
-        if job.isa == Isa::Amx && job.m >= amx::MIN_ROWS && T < Q4K {
+        if job.isa == Isa::Amx && job.m >= amx::MIN_ROWS && x86::amx_tag(T) {
             i = amx_rows::<T>(job, g);
         }
         run_from::<T>(job, g, i);
@@ -408,7 +411,9 @@ mod simd {
             | QuantType::Q5_1
             | QuantType::Q4K
             | QuantType::Q5K
-            | QuantType::Q6K => (g0..g1).for_each(|g| group(job, g)),
+            | QuantType::Q6K
+            | QuantType::Iq4Nl
+            | QuantType::Iq4Xs => (g0..g1).for_each(|g| group(job, g)),
         }
     }
 
@@ -490,11 +495,9 @@ mod simd {
         // for each of the rows i + k < m (`run` keeps i + MR <= m), which
         // only this task's group writes (`with_out`).
         with_out::<MR>(job, g, i, |out| unsafe {
-            if T >= Q5_0 {
-                x86::group_avx2::<T, MR>(w.as_ptr(), x, nb, out)
-            } else if T >= Q4K {
+            if x86::super_tag(T) {
                 super::x86_k::group_k_avx2::<T, MR>(w.as_ptr(), x, nb, out)
-            } else if job.isa >= Isa::Avx512Vnni {
+            } else if x86::vnni_tag(T) && job.isa >= Isa::Avx512Vnni {
                 x86::group_vnni::<T, MR>(w.as_ptr(), x, nb, out)
             } else {
                 x86::group_avx2::<T, MR>(w.as_ptr(), x, nb, out)

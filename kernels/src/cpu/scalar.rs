@@ -2,6 +2,7 @@
 //! with one Q8 activation row: the fallback on CPUs without AVX2, and the
 //! exact integer arithmetic the SIMD paths reproduce.
 
+use crate::iquant::KVALUES;
 use crate::klayout;
 use crate::kquant::QK_K;
 use crate::layout::{self, GROUP};
@@ -23,12 +24,13 @@ pub fn dot_group(ty: QuantType, g: &[u8], x: &[Q8Block]) -> [f32; GROUP] {
         let off = match ty {
             QuantType::Q4_0 => xb.off4(),
             QuantType::Q5_0 => xb.off5(),
-            QuantType::Q8_0 => xb.off8,
+            QuantType::Q8_0 | QuantType::Iq4Nl => xb.off8,
             QuantType::Q4_1
             | QuantType::Q5_1
             | QuantType::Q4K
             | QuantType::Q5K
-            | QuantType::Q6K => 0,
+            | QuantType::Q6K
+            | QuantType::Iq4Xs => 0,
         };
         for (lane, a) in acc.iter_mut().enumerate() {
             let d = f16_at(gb, 2 * lane);
@@ -68,7 +70,8 @@ pub fn dot_group_k(ty: QuantType, g: &[u8], x: &[Q8Block]) -> [f32; GROUP] {
 }
 
 /// Lane `lane`'s integer sums over one group super-block (see
-/// `dot_group_k`): the scaled dot products, and the mins' sum.
+/// `dot_group_k`): the scaled dot products, and the mins' sum (IQ4_XS:
+/// its table values times the activations, times the signed scale).
 fn super_sums(ty: QuantType, gsb: &[u8], xs: &[Q8Block], lane: usize) -> (i32, i32) {
     let (mut isum, mut msum) = (0i32, 0i32);
     for (j, xb) in xs.iter().enumerate() {
@@ -81,7 +84,15 @@ fn super_sums(ty: QuantType, gsb: &[u8], xs: &[Q8Block], lane: usize) -> (i32, i
             .sum()
         };
         let [h0, h1] = xb.halves.map(i32::from);
-        if klayout::has_min(ty) {
+        if ty == QuantType::Iq4Xs {
+            let dot: i32 = (0..QK)
+                .map(|w| {
+                    let i = klayout::unsigned_weight(ty, gsb, lane, j, w);
+                    i32::from(KVALUES[usize::from(i)]) * i32::from(xb.qs[w])
+                })
+                .sum();
+            isum += i32::from(sub[lane] as i8) * dot;
+        } else if klayout::has_min(ty) {
             isum += i32::from(sub[lane]) * dot(0..QK);
             msum += i32::from(sub[GROUP + lane]) * (h0 + h1);
         } else {

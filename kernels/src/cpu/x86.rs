@@ -25,9 +25,31 @@ pub const Q5K: u8 = 4;
 pub const Q6K: u8 = 5;
 pub const Q5_0: u8 = 6;
 pub const Q5_1: u8 = 7;
+/// IQ4_NL runs `group_vnni` on AVX-512 VNNI hosts, `group_avx2` below.
+pub const IQ4NL: u8 = 8;
+/// IQ4_XS runs its `x86_k` tile on every SIMD path.
+pub const IQ4XS: u8 = 9;
+
+/// Whether format `t` is held in super-blocks of 256 (`x86_k`'s tiles).
+pub const fn super_tag(t: u8) -> bool {
+    matches!(t, Q4K | Q5K | Q6K | IQ4XS)
+}
+
+/// Whether format `t` has a `group_vnni` tile (the others run their AVX2
+/// tiles on AVX-512 hosts too).
+pub const fn vnni_tag(t: u8) -> bool {
+    matches!(t, Q4_0 | Q4_1 | Q8_0 | IQ4NL)
+}
+
+/// Whether format `t` has AMX tiles (`crate::cpu::amx`).
+pub const fn amx_tag(t: u8) -> bool {
+    matches!(t, Q4_0 | Q4_1 | Q8_0)
+}
 
 pub(crate) const fn ty(t: u8) -> QuantType {
     match t {
+        IQ4NL => QuantType::Iq4Nl,
+        IQ4XS => QuantType::Iq4Xs,
         Q4_0 => QuantType::Q4_0,
         Q4_1 => QuantType::Q4_1,
         Q4K => QuantType::Q4K,
@@ -95,8 +117,8 @@ pub(crate) unsafe fn act_chunk(xb: *const Q8Block, c: usize) -> i32 {
 }
 
 /// The integer offset of format `T`'s weights against activation block `xb`
-/// (`Q8Block::off4`, `off5`, `off8`); 0 for Q4_1 and Q5_1, whose offset is
-/// a float.
+/// (`Q8Block::off4`, `off5`, `off8`: IQ4_NL's table values are stored
+/// `+ 128` as Q8_0's bytes); 0 for Q4_1 and Q5_1, whose offset is a float.
 ///
 /// # Safety
 /// `xb` must point at a valid block.
@@ -107,7 +129,7 @@ pub(crate) unsafe fn int_offset<const T: u8>(xb: *const Q8Block) -> i32 {
         match T {
             Q4_0 => (*xb).off4(),
             Q5_0 => (*xb).off5(),
-            Q8_0 => (*xb).off8,
+            Q8_0 | IQ4NL => (*xb).off8,
             _ => 0,
         }
     }
@@ -131,6 +153,9 @@ pub unsafe fn group_vnni<const T: u8, const MR: usize>(
     let gbb = group_block_bytes(ty(T));
     let q = quants_offset(ty(T));
     let m4 = _mm512_set1_epi8(0x0F);
+    // IQ4_NL: each index to its table value + 128 (an unsigned byte, as
+    // Q8_0's), in every 128-bit lane.
+    let table = _mm512_broadcast_i32x4(iq4_table(0x80));
     let mut acc = [_mm512_setzero_ps(); MR];
     for b in 0..nb {
         // SAFETY (whole loop body): block `b` of the group and of every
@@ -152,6 +177,10 @@ pub unsafe fn group_vnni<const T: u8, const MR: usize>(
                 let raw = unsafe { _mm512_loadu_si512(base.add(q + 64 * l).cast()) };
                 wv[l] = _mm512_and_si512(raw, m4);
                 wv[l + 4] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), m4);
+                if T == IQ4NL {
+                    wv[l] = _mm512_shuffle_epi8(table, wv[l]);
+                    wv[l + 4] = _mm512_shuffle_epi8(table, wv[l + 4]);
+                }
             }
         }
         for (i, a) in acc.iter_mut().enumerate() {
@@ -181,9 +210,33 @@ pub unsafe fn group_vnni<const T: u8, const MR: usize>(
     }
 }
 
+/// `iquant::KVALUES`, each value `^ flip` (0x80: `+ 128`), as one 128-bit
+/// `pshufb` table.
+#[inline(always)]
+pub(crate) fn iq4_table(flip: u8) -> __m128i {
+    let b = crate::iquant::KVALUES.map(|v| v as u8 ^ flip);
+    // SAFETY: SSE2 is part of every x86-64 CPU; `b` holds 16 bytes.
+    unsafe { _mm_loadu_si128(b.as_ptr().cast()) }
+}
+
+/// Maps eight chunks of 4-bit indices to IQ4's signed table values.
+///
+/// # Safety
+/// AVX2 must be enabled.
+#[inline(always)]
+pub(crate) unsafe fn iq4_values(wv: &mut [__m256i; 8]) {
+    unsafe {
+        let t = _mm256_broadcastsi128_si256(iq4_table(0));
+        for w in wv.iter_mut() {
+            *w = _mm256_shuffle_epi8(t, *w);
+        }
+    }
+}
+
 /// The eight 4-weight chunks of one half (8 rows) of a group block, as
 /// bytes `maddubs` can take: unsigned nibbles (Q4) or signed bytes (Q8_0,
-/// whose `+128` is removed here; the sign is moved onto the activation).
+/// whose `+128` is removed here, and IQ4_NL's table values; the sign is
+/// moved onto the activation).
 ///
 /// # Safety
 /// AVX2 must be enabled; `base` must point at a whole group block.
@@ -194,6 +247,11 @@ unsafe fn half_weights<const T: u8>(base: *const u8, half: usize) -> [__m256i; 8
         if T == Q5_0 || T == Q5_1 {
             let mut wv = nibbles(base.add(q), half);
             add_high_bits(&mut wv, base.add(high_offset(ty(T))), half);
+            return wv;
+        }
+        if T == IQ4NL {
+            let mut wv = nibbles(base.add(q), half);
+            iq4_values(&mut wv);
             return wv;
         }
         if T != Q8_0 {
@@ -261,7 +319,8 @@ pub(crate) unsafe fn add_high_bits(wv: &mut [__m256i; 8], high: *const u8, half:
 /// 2 * 15 * 127 = 3810) are summed as 16-bit lanes over the whole block, 8
 /// pairs a lane (at most 30480, under `i16::MAX`, so exact), and widened
 /// once: 8 `maddubs` and one `madd` instead of 8 of each. Q8_0's pairs
-/// reach 32512, so they are widened chunk by chunk. The sums are those of
+/// reach 32512 (IQ4's, whose signed table values are multiplied as
+/// Q8_0's, 32258), so they are widened chunk by chunk. The sums are those of
 /// the signed weights, `sum (u - k) x`, as on the VNNI path: Q8_0's weights
 /// are signed here already (it returns before the offset), Q4_0's offset is
 /// added as an integer (Q4_1's is 0 here, a float added later). Five-bit
@@ -281,7 +340,7 @@ pub(crate) unsafe fn half_sums<const T: u8>(
 ) -> __m256i {
     // SAFETY (whole body): AVX2 is enabled (caller contract).
     unsafe {
-        if T == Q8_0 {
+        if T == Q8_0 || T == IQ4NL {
             let mut s = _mm256_setzero_si256();
             for (c, &w) in wv.iter().enumerate() {
                 let p = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(xc(c), w));

@@ -2,7 +2,7 @@
 //! (`crate::klayout`): one group of 16 weight rows against `MR` activation
 //! rows, two 256-bit halves of 8 rows, sub-block by sub-block against the
 //! Q8 activation blocks (32 weights each). The CPU paths above AVX2
-//! (AVX-512 VNNI, AMX) run these tiles too for K-quants.
+//! (AVX-512 VNNI, AMX) run these tiles too for these formats.
 //!
 //! - Q4_K: the nibbles as Q4_1's (`x86::half_sums`), their 16-bit pair
 //!   sums multiplied by the row's sub-block scale in the widening `madd`
@@ -11,6 +11,12 @@
 //!   super-block, as ggml computes it against Q8_K.
 //! - Q5_K: as Q4_K, with the fifth bits added and the sums widened as
 //!   Q5_0's (`x86::half_sums`), four chunks at a time.
+//! - IQ4_XS: the 4-bit indices mapped to their signed table values
+//!   (`pshufb`), multiplied as Q8_0's signed weights (`x86::half_sums`:
+//!   the sign moved onto the activations, pairs of at most 2 * 127 * 127)
+//!   and widened chunk by chunk with the row's signed sub-block scale in
+//!   the `madd` (at most 8 * 16 * 32258 * 32 a super-block), then one
+//!   fused multiply-add per super-block, as Q6_K.
 //! - Q6_K: 6-bit unsigned quants (nibble | high bits << 4); the products
 //!   of each 8-byte pair (`maddubs`, at most 2 * 63 * 127) summed two
 //!   chunks at a time in 16 bits (at most 32004), then multiplied by the
@@ -22,7 +28,9 @@
 
 use std::arch::x86_64::*;
 
-use super::x86::{Q5K, act_chunk, add_high_bits, half_sums, nibbles, prefetch_ahead, ty};
+use super::x86::{
+    IQ4XS, Q5K, Q8_0, act_chunk, add_high_bits, half_sums, iq4_values, nibbles, prefetch_ahead, ty,
+};
 use crate::klayout::{
     Q6_HIGH, SUB_SCALES, has_min, sub_bytes, sub_offset, sub_quants, super_bytes,
 };
@@ -124,6 +132,18 @@ unsafe fn super_sums<const K: u8, const MR: usize>(
             let sub = sb.add(sub_offset(kt, j));
             prefetch_ahead(sub, sub_bytes(kt), MR);
             for h in 0..2 {
+                if K == IQ4XS {
+                    let sc = scale_pairs::<true>(sub.add(8 * h));
+                    let mut wv = nibbles(sub.add(sub_quants(kt)), h);
+                    iq4_values(&mut wv);
+                    for (i, acc) in sums.iter_mut().enumerate() {
+                        let xb = x[i].add(j);
+                        let xc = |c| _mm256_set1_epi32(act_chunk(xb, c));
+                        let v = half_sums::<Q8_0>(&wv, xc, _mm256_setzero_si256(), sc);
+                        acc[0][h] = _mm256_add_epi32(acc[0][h], v);
+                    }
+                    continue;
+                }
                 if !has_min(kt) {
                     let s_lo = scale_pairs::<true>(sub.add(8 * h));
                     let s_hi = scale_pairs::<true>(sub.add(GROUP + 8 * h));
@@ -157,7 +177,7 @@ unsafe fn super_sums<const K: u8, const MR: usize>(
 }
 
 /// Computes `out[i * stride + lane] = dot(w[lane], x[i])` for one 16-row
-/// K-quant group (format tag `K`: `x86::Q4K`, `Q5K` or `Q6K`), bit for bit
+/// K-quant group (format tag `K`: `x86::Q4K`, `Q5K`, `Q6K` or `IQ4XS`), bit for bit
 /// as `scalar::dot_group_k`: the integer sums of each super-block
 /// (`super_sums`), then `d * xd` times the scaled sum and `-dmin * xd`
 /// times the mins' sum, the activation scale `xd` being one per 256
