@@ -60,10 +60,12 @@ pub const SUB_SCALES: usize = 2 * GROUP;
 /// Where the nibble loads start in a sub-block (IQ4_XS: after its one
 /// array of scales).
 pub const fn sub_quants(ty: QuantType) -> usize {
-    match ty {
-        QuantType::Q5K => SUB_SCALES + 64,
-        QuantType::Iq4Xs => GROUP,
-        _ => SUB_SCALES,
+    if matches!(ty, QuantType::Q5K) {
+        SUB_SCALES + 64
+    } else if matches!(ty, QuantType::Iq4Xs) {
+        GROUP
+    } else {
+        SUB_SCALES
     }
 }
 
