@@ -21,7 +21,7 @@ MODEL_FILES := \
 
 # The parity tests' small models, one per weight type (`synor-genmodel`,
 # a fixed seed: the same bytes every time, as the golden files record).
-PARITY_TYPES := f32 f16 bf16 q4_0 q4_1 q5_0 q5_1 q8_0 q2_k q3_k q4_k q5_k q6_k
+PARITY_TYPES := f32 f16 bf16 q4_0 q4_1 q5_0 q5_1 q8_0 q2_k q3_k q4_k q5_k q6_k iq4_nl iq4_xs
 
 .PHONY: run test models check lint unit e2e build browser vulkan bench-chat clean-models synthetic
 

@@ -12,9 +12,9 @@ mod common;
 use common::model_path;
 use std::time::Instant;
 
-use candle_core::quantized::gguf_file;
 use engine::RequestId;
 use engine::executor::LocalExecutor;
+use engine::gguf::Gguf;
 use engine::loader::load_gguf;
 use engine::model::{ModelBatch, SeqChunk};
 use kernels::cpu::membw::BandwidthProbe;
@@ -155,14 +155,11 @@ fn against_bandwidth(first_ms: f64, decode: &mut dyn FnMut(usize)) {
 /// output projection (no `output.weight`).
 fn weight_bytes(path: &std::path::Path) -> u64 {
     let mut f = std::fs::File::open(path).expect("model file");
-    let ct = gguf_file::Content::read(&mut f).expect("GGUF");
-    let tied = !ct.tensor_infos.contains_key("output.weight");
-    ct.tensor_infos
+    let ct = Gguf::read(&mut f).expect("GGUF");
+    let tied = !ct.tensors.contains_key("output.weight");
+    ct.tensors
         .iter()
         .filter(|(name, _)| tied || name.as_str() != "token_embd.weight")
-        .map(|(_, t)| {
-            let d = t.ggml_dtype;
-            (t.shape.elem_count() / d.block_size() * d.type_size()) as u64
-        })
+        .map(|(_, t)| t.bytes() as u64)
         .sum()
 }

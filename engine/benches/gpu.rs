@@ -33,8 +33,8 @@ mod bench {
     use super::common::model_path;
     use std::time::Instant;
 
-    use candle_core::quantized::gguf_file;
     use engine::RequestId;
+    use engine::gguf::Gguf;
     use engine::model::llama::Llama;
     use engine::model::{ModelBatch, SeqChunk};
     use kernels::backend::Backend;
@@ -169,7 +169,7 @@ mod bench {
         let path = model_path();
         let weight_bytes = std::fs::metadata(&path).map_or(0, |m| m.len()) as f64;
         let mut reader = std::io::BufReader::new(std::fs::File::open(&path).expect("make models"));
-        let ct = gguf_file::Content::read(&mut reader).expect("gguf");
+        let ct = Gguf::read(&mut reader).expect("gguf");
         let (prefills, prompt): (&[usize], usize) = if software {
             (&[128], 16)
         } else {

@@ -17,7 +17,7 @@ pub mod core;
 pub mod embed;
 pub mod error;
 pub mod executor;
-pub mod gguf_types;
+pub mod gguf;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 pub mod gpu_executor;
 pub mod handle;

@@ -3,8 +3,6 @@
 
 use std::path::Path;
 
-use candle_core::quantized::gguf_file;
-
 use crate::chat::{ChatTemplate, TemplateChoice};
 use crate::error::{EngineError, Result};
 use crate::model::llama::Llama;
@@ -24,20 +22,8 @@ pub fn load_gguf(path: &Path, template: &TemplateChoice) -> Result<LoadedModel> 
     let file = std::fs::File::open(path)
         .map_err(|e| EngineError::Load(format!("{}: {e}", path.display())))?;
     let mut reader = std::io::BufReader::new(file);
-    let ct = gguf_file::Content::read(&mut reader).map_err(|e| {
-        if let Some((name, ty)) = crate::gguf_types::unreadable_tensor(path) {
-            return EngineError::Load(format!(
-                "{}: tensor `{name}` is {}, a type this engine does not read \
-                 (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K-Q6_K)",
-                path.display(),
-                crate::gguf_types::type_name(ty)
-            ));
-        }
-        EngineError::Load(format!(
-            "{} is not a readable GGUF file: {e}",
-            path.display()
-        ))
-    })?;
+    let ct = crate::gguf::Gguf::read(&mut reader)
+        .map_err(|e| EngineError::Load(format!("{}: {e}", path.display())))?;
     let model = Llama::load(&ct, &mut reader)?;
     let (tok, special) = tokenizer_from_gguf(&ct.metadata)?;
     let tokenizer = TextTokenizer::new(tok, special);

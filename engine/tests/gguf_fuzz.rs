@@ -125,14 +125,14 @@ fn a_tensor_that_disagrees_with_the_metadata_is_refused_by_name() {
     bytes[at..at + 8].copy_from_slice(&32u64.to_le_bytes());
     let why = load(&bytes, &dir, "a wider attn_q").expect_err("refused");
     assert!(why.contains("blk.0.attn_q.weight"), "{why}");
-    // An IQ4_NL tensor (type 20), a type candle does not read: refused,
-    // naming the tensor and the type.
+    // An IQ2_XXS tensor (type 16), a type the engine does not read:
+    // refused, naming the tensor and the type.
     let ty_at = at + 16;
     let mut bytes = src.clone();
-    bytes[ty_at..ty_at + 4].copy_from_slice(&20u32.to_le_bytes());
-    let why = load(&bytes, &dir, "an IQ4_NL tensor").expect_err("refused");
+    bytes[ty_at..ty_at + 4].copy_from_slice(&16u32.to_le_bytes());
+    let why = load(&bytes, &dir, "an IQ2_XXS tensor").expect_err("refused");
     assert!(
-        why.contains("blk.0.attn_q.weight") && why.contains("IQ4_NL"),
+        why.contains("blk.0.attn_q.weight") && why.contains("IQ2_XXS"),
         "{why}"
     );
     // An alignment of zero.

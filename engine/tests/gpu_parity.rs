@@ -22,8 +22,8 @@
 
 mod common;
 
-use candle_core::quantized::gguf_file;
 use engine::RequestId;
+use engine::gguf::Gguf;
 use engine::loader::load_gguf;
 use engine::model::llama::Llama;
 use engine::model::{ModelBatch, SeqChunk};
@@ -68,7 +68,7 @@ fn judge_choices() -> bool {
 fn model_on<B: Backend>(backend: B) -> Llama<B> {
     let path = parity_model();
     let mut reader = std::io::BufReader::new(std::fs::File::open(&path).expect("open"));
-    let ct = gguf_file::Content::read(&mut reader).expect("gguf");
+    let ct = Gguf::read(&mut reader).expect("gguf");
     Llama::load_on(backend, &ct, &mut reader).expect("load on the GPU")
 }
 

@@ -11,9 +11,9 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use anyhow::{Context, Result, bail};
-use candle_core::quantized::gguf_file::{self, Value};
-use candle_core::quantized::{GgmlDType, QTensor};
+use candle_core::quantized::QTensor;
 use candle_core::{Device, Tensor};
+use engine::gguf::{Gguf, TensorType, Value, WriteTensor};
 
 /// A model's shape (the `{arch}.*` keys and the tensors they imply).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -121,23 +121,25 @@ pub enum Quant {
     /// and the output projection in Q6_K.
     Q4KM,
     /// Every matrix in one type (the parity tests' files, one per type).
-    All(GgmlDType),
+    All(TensorType),
 }
 
 /// The one-type quantizations by name, with llama.cpp's `general.file_type`.
-const UNIFORM: [(&str, GgmlDType, u32); 12] = [
-    ("F32", GgmlDType::F32, 0),
-    ("F16", GgmlDType::F16, 1),
-    ("BF16", GgmlDType::BF16, 32),
-    ("Q4_1", GgmlDType::Q4_1, 3),
-    ("Q8_0", GgmlDType::Q8_0, 7),
-    ("Q5_0", GgmlDType::Q5_0, 8),
-    ("Q5_1", GgmlDType::Q5_1, 9),
-    ("Q2_K", GgmlDType::Q2K, 10),
-    ("Q3_K", GgmlDType::Q3K, 11),
-    ("Q4_K", GgmlDType::Q4K, 14),
-    ("Q5_K", GgmlDType::Q5K, 16),
-    ("Q6_K", GgmlDType::Q6K, 18),
+const UNIFORM: [(&str, TensorType, u32); 14] = [
+    ("F32", TensorType::F32, 0),
+    ("F16", TensorType::F16, 1),
+    ("BF16", TensorType::BF16, 32),
+    ("Q4_1", TensorType::Q4_1, 3),
+    ("Q8_0", TensorType::Q8_0, 7),
+    ("Q5_0", TensorType::Q5_0, 8),
+    ("Q5_1", TensorType::Q5_1, 9),
+    ("Q2_K", TensorType::Q2K, 10),
+    ("Q3_K", TensorType::Q3K, 11),
+    ("Q4_K", TensorType::Q4K, 14),
+    ("Q5_K", TensorType::Q5K, 16),
+    ("Q6_K", TensorType::Q6K, 18),
+    ("IQ4_NL", TensorType::Iq4Nl, 25),
+    ("IQ4_XS", TensorType::Iq4Xs, 30),
 ];
 
 impl std::str::FromStr for Quant {
@@ -182,9 +184,9 @@ impl Quant {
     }
 
     /// The type of a matrix: `kind` is its name after `blk.N.`.
-    fn of(self, kind: &str, layer: Option<usize>, layers: usize) -> GgmlDType {
+    fn of(self, kind: &str, layer: Option<usize>, layers: usize) -> TensorType {
         match self {
-            Self::Q4_0 => GgmlDType::Q4_0,
+            Self::Q4_0 => TensorType::Q4_0,
             Self::All(t) => t,
             Self::Q4KM => {
                 let more_bits = layer.is_none_or(|i| {
@@ -192,9 +194,9 @@ impl Quant {
                 });
                 let wide = matches!(kind, "attn_v.weight" | "ffn_down.weight" | "output.weight");
                 if wide && more_bits {
-                    GgmlDType::Q6K
+                    TensorType::Q6K
                 } else {
-                    GgmlDType::Q4K
+                    TensorType::Q4K
                 }
             }
         }
@@ -217,87 +219,121 @@ impl Noise {
     }
 }
 
-fn matrix(noise: &mut Noise, rows: usize, cols: usize, dtype: GgmlDType) -> Result<QTensor> {
-    // As llama.cpp does where a row is not a whole number of 256-blocks
-    // (Qwen2's 896): Q5_0 for Q4_K, Q8_0 for Q6_K.
-    let whole = cols.is_multiple_of(256);
-    let dtype = if dtype == GgmlDType::Q4K && !whole {
-        GgmlDType::Q5_0
-    } else if dtype == GgmlDType::Q6K && !whole {
-        GgmlDType::Q8_0
-    } else {
-        dtype
+/// `values` (`dims`, outermost first) in type `ty`: candle's quantizers
+/// (ggml's reference ones), the kernels' for the i-quants.
+fn quantize(name: String, values: Vec<f32>, dims: &[usize], ty: TensorType) -> Result<WriteTensor> {
+    let bytes = match ty.candle() {
+        Some(dt) => {
+            let t = Tensor::from_vec(values, dims, &Device::Cpu)?;
+            QTensor::quantize(&t, dt)?.data()?.to_vec()
+        }
+        None => {
+            let block: fn(&[f32]) -> Vec<u8> = if ty == TensorType::Iq4Xs {
+                kernels::iquant::quantize_iq4xs
+            } else {
+                kernels::iquant::quantize_iq4nl
+            };
+            values
+                .chunks_exact(ty.block_weights())
+                .flat_map(block)
+                .collect()
+        }
     };
-    let scale = (3.0 / cols as f32).sqrt();
-    let t = Tensor::from_vec(noise.fill(rows * cols, scale), (rows, cols), &Device::Cpu)?;
-    Ok(QTensor::quantize(&t, dtype)?)
+    Ok(WriteTensor {
+        name,
+        ty,
+        dims: dims.to_vec(),
+        bytes,
+    })
 }
 
-fn vector(values: Vec<f32>) -> Result<QTensor> {
+fn matrix(
+    name: String,
+    noise: &mut Noise,
+    (rows, cols): (usize, usize),
+    ty: TensorType,
+) -> Result<WriteTensor> {
+    // As llama.cpp does where a row is not a whole number of 256-blocks
+    // (Qwen2's 896): Q5_0 for Q4_K, Q8_0 for Q6_K, IQ4_NL for IQ4_XS.
+    let ty = match (cols.is_multiple_of(256), ty) {
+        (false, TensorType::Q4K) => TensorType::Q5_0,
+        (false, TensorType::Q6K) => TensorType::Q8_0,
+        (false, TensorType::Iq4Xs) => TensorType::Iq4Nl,
+        (_, other) => other,
+    };
+    let scale = (3.0 / cols as f32).sqrt();
+    quantize(name, noise.fill(rows * cols, scale), &[rows, cols], ty)
+}
+
+fn vector(name: String, values: Vec<f32>) -> Result<WriteTensor> {
     let n = values.len();
-    let t = Tensor::from_vec(values, n, &Device::Cpu)?;
-    Ok(QTensor::quantize(&t, GgmlDType::F32)?)
+    quantize(name, values, &[n], TensorType::F32)
 }
 
 /// Every tensor of `shape`, named as llama.cpp names them.
-fn tensors(shape: &Shape, quant: Quant, seed: u64) -> Result<Vec<(String, QTensor)>> {
+fn tensors(shape: &Shape, quant: Quant, seed: u64) -> Result<Vec<WriteTensor>> {
     let mut noise = Noise(seed | 1);
     let (h, kv) = (shape.hidden, shape.kv_heads * (shape.hidden / shape.heads));
     let mut out = Vec::new();
     let embd = quant.of("token_embd.weight", None, shape.layers);
     // llama.cpp keeps the embedding in Q4_K for Q4_K_M, Q4_0 for Q4_0.
-    let embd = if quant == Quant::Q4KM && embd == GgmlDType::Q6K {
-        GgmlDType::Q4K
+    let embd = if quant == Quant::Q4KM && embd == TensorType::Q6K {
+        TensorType::Q4K
     } else {
         embd
     };
-    out.push((
+    out.push(matrix(
         "token_embd.weight".into(),
-        matrix(&mut noise, shape.vocab, h, embd)?,
-    ));
+        &mut noise,
+        (shape.vocab, h),
+        embd,
+    )?);
     for i in 0..shape.layers {
         let p = format!("blk.{i}");
         let dt = |k: &str| quant.of(k, Some(i), shape.layers);
-        out.push((format!("{p}.attn_norm.weight"), vector(vec![1.0; h])?));
+        out.push(vector(format!("{p}.attn_norm.weight"), vec![1.0; h])?);
         for (k, rows) in [("attn_q", h), ("attn_k", kv), ("attn_v", kv)] {
             let name = format!("{k}.weight");
-            out.push((
+            out.push(matrix(
                 format!("{p}.{name}"),
-                matrix(&mut noise, rows, h, dt(&name))?,
-            ));
+                &mut noise,
+                (rows, h),
+                dt(&name),
+            )?);
             if shape.qkv_bias {
-                out.push((format!("{p}.{k}.bias"), vector(noise.fill(rows, 0.02))?));
+                out.push(vector(format!("{p}.{k}.bias"), noise.fill(rows, 0.02))?);
             }
         }
-        out.push((
+        let wo = dt("attn_output.weight");
+        out.push(matrix(
             format!("{p}.attn_output.weight"),
-            matrix(&mut noise, h, h, dt("attn_output.weight"))?,
-        ));
-        out.push((format!("{p}.ffn_norm.weight"), vector(vec![1.0; h])?));
-        out.push((
-            format!("{p}.ffn_gate.weight"),
-            matrix(&mut noise, shape.ffn, h, dt("ffn_gate.weight"))?,
-        ));
-        out.push((
-            format!("{p}.ffn_up.weight"),
-            matrix(&mut noise, shape.ffn, h, dt("ffn_up.weight"))?,
-        ));
-        out.push((
-            format!("{p}.ffn_down.weight"),
-            matrix(&mut noise, h, shape.ffn, dt("ffn_down.weight"))?,
-        ));
+            &mut noise,
+            (h, h),
+            wo,
+        )?);
+        out.push(vector(format!("{p}.ffn_norm.weight"), vec![1.0; h])?);
+        for (k, dims) in [
+            ("ffn_gate", (shape.ffn, h)),
+            ("ffn_up", (shape.ffn, h)),
+            ("ffn_down", (h, shape.ffn)),
+        ] {
+            let name = format!("{k}.weight");
+            out.push(matrix(format!("{p}.{name}"), &mut noise, dims, dt(&name))?);
+        }
     }
-    out.push(("output_norm.weight".into(), vector(vec![1.0; h])?));
+    out.push(vector("output_norm.weight".into(), vec![1.0; h])?);
     if let Some(scaling) = shape.llama3_rope {
         let factors = llama3_rope_factors(shape.rope_theta, h / shape.heads, scaling);
-        out.push(("rope_freqs.weight".into(), vector(factors)?));
+        out.push(vector("rope_freqs.weight".into(), factors)?);
     }
     if !shape.tied {
         let dt = quant.of("output.weight", None, shape.layers);
-        out.push((
+        out.push(matrix(
             "output.weight".into(),
-            matrix(&mut noise, shape.vocab, h, dt)?,
-        ));
+            &mut noise,
+            (shape.vocab, h),
+            dt,
+        )?);
     }
     Ok(out)
 }
@@ -325,7 +361,7 @@ pub fn llama3_rope_factors(base: f32, head_dim: usize, scaling: (f32, f32, f32, 
 }
 
 /// The source's `tokenizer.*` keys, its token lists padded to `vocab`.
-fn tokenizer(source: &gguf_file::Content, vocab: usize) -> Result<Vec<(String, Value)>> {
+fn tokenizer(source: &Gguf, vocab: usize) -> Result<Vec<(String, Value)>> {
     let mut out = Vec::new();
     for (k, v) in &source.metadata {
         if !k.starts_with("tokenizer.") {
@@ -415,14 +451,14 @@ pub fn generate(
 ) -> Result<()> {
     let mut src = std::fs::File::open(tokenizer_gguf)
         .with_context(|| format!("opening {}", tokenizer_gguf.display()))?;
-    let source = gguf_file::Content::read(&mut src).context("reading the tokenizer's GGUF")?;
+    let source = Gguf::read(&mut std::io::BufReader::new(&mut src))
+        .context("reading the tokenizer's GGUF")?;
     let meta = metadata(shape, quant, tokenizer(&source, shape.vocab)?);
     let tensors = tensors(shape, quant, seed)?;
     let tmp = out.with_extension("gguf.part");
     let mut w = std::io::BufWriter::new(std::fs::File::create(&tmp)?);
     let meta_refs: Vec<(&str, &Value)> = meta.iter().map(|(k, v)| (k.as_str(), v)).collect();
-    let tensor_refs: Vec<(&str, &QTensor)> = tensors.iter().map(|(k, t)| (k.as_str(), t)).collect();
-    gguf_file::write(&mut w, &meta_refs, &tensor_refs)?;
+    engine::gguf::write(&mut w, &meta_refs, &tensors)?;
     use std::io::Write as _;
     w.flush()?;
     drop(w);
@@ -448,11 +484,11 @@ pub fn shape(name: &str) -> Result<Shape> {
 }
 
 /// Tensor types by name, for tests and reports.
-pub fn types(content: &gguf_file::Content) -> HashMap<String, GgmlDType> {
+pub fn types(content: &Gguf) -> HashMap<String, TensorType> {
     content
-        .tensor_infos
+        .tensors
         .iter()
-        .map(|(k, t)| (k.clone(), t.ggml_dtype))
+        .map(|(k, t)| (k.clone(), t.ty))
         .collect()
 }
 

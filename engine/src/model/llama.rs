@@ -13,9 +13,6 @@
 
 use std::io::{Read, Seek};
 
-use candle_core::Device;
-use candle_core::quantized::gguf_file::Content;
-
 use kernels::QMatrix;
 use kernels::backend::{AttnShape, Backend, HostMatrix, Rope};
 use kernels::cpu::backend::CpuBackend;
@@ -24,6 +21,7 @@ use super::rope::RopeSpec;
 use super::weights::{Linear, vector};
 use super::{ModelBatch, SeqChunk};
 use crate::error::{EngineError, Result};
+use crate::gguf::Gguf;
 use crate::kv_cache::KvLayout;
 use crate::tokenizer::gguf::Meta;
 
@@ -45,7 +43,7 @@ pub struct LlamaConfig {
 
 impl LlamaConfig {
     /// Reads the `{arch}.*` keys llama.cpp writes.
-    pub fn from_gguf(ct: &Content) -> Result<Self> {
+    pub fn from_gguf(ct: &Gguf) -> Result<Self> {
         let meta = Meta(&ct.metadata);
         let arch = meta.string("general.architecture")?.to_string();
         let rope_neox = match arch.as_str() {
@@ -61,9 +59,9 @@ impl LlamaConfig {
         let n_head = meta.u32(&key("attention.head_count"))? as usize;
         let hidden = meta.u32(&key("embedding_length"))? as usize;
         let vocab_size = ct
-            .tensor_infos
+            .tensors
             .get("token_embd.weight")
-            .map(|t| t.shape.dims()[0])
+            .map(|t| t.dims[0])
             .ok_or_else(|| EngineError::Load("GGUF has no token_embd.weight".into()))?;
         let head_dim = hidden / n_head.max(1);
         let config = Self {
@@ -214,21 +212,21 @@ impl<B: Backend> std::fmt::Debug for Llama<B> {
 }
 
 struct Loader<'a, R, B> {
-    ct: &'a Content,
+    ct: &'a Gguf,
     reader: &'a mut R,
     backend: &'a B,
 }
 
-impl<R: Read + Seek, B: Backend> Loader<'_, R, B> {
-    fn qtensor(&mut self, name: &str) -> Result<candle_core::quantized::QTensor> {
-        self.ct
-            .tensor(self.reader, name, &Device::Cpu)
-            .map_err(|e| EngineError::Load(format!("tensor `{name}`: {e}")))
+impl<'a, R: Read + Seek, B: Backend> Loader<'a, R, B> {
+    /// Tensor `name`'s type and shape, and its bytes from the file.
+    fn raw(&mut self, name: &str) -> Result<(&'a crate::gguf::TensorInfo, Vec<u8>)> {
+        let ct: &'a Gguf = self.ct;
+        Ok((ct.info(name)?, ct.tensor_bytes(self.reader, name)?))
     }
 
     fn linear(&mut self, name: &str) -> Result<Linear> {
-        let qt = self.qtensor(name)?;
-        Linear::from_qtensor(name, &qt)
+        let (t, bytes) = self.raw(name)?;
+        Linear::from_gguf(name, t.ty, &t.dims, &bytes)
     }
 
     fn matrix(&mut self, name: &str) -> Result<B::Matrix> {
@@ -237,12 +235,12 @@ impl<R: Read + Seek, B: Backend> Loader<'_, R, B> {
     }
 
     fn vector(&mut self, name: &str) -> Result<B::Vector> {
-        let qt = self.qtensor(name)?;
-        Ok(self.backend.vector(vector(name, &qt)?))
+        let (t, bytes) = self.raw(name)?;
+        Ok(self.backend.vector(vector(name, t.ty, &t.dims, &bytes)?))
     }
 
     fn has(&self, name: &str) -> bool {
-        self.ct.tensor_infos.contains_key(name)
+        self.ct.tensors.contains_key(name)
     }
 
     fn layer(&mut self, i: usize) -> Result<Layer<B>> {
@@ -284,7 +282,7 @@ impl<R: Read + Seek, B: Backend> Loader<'_, R, B> {
 impl Llama<CpuBackend> {
     /// Loads a GGUF file's weights onto the CPU backend (quantized ones
     /// stay quantized).
-    pub fn load<R: Read + Seek>(ct: &Content, reader: &mut R) -> Result<Self> {
+    pub fn load<R: Read + Seek>(ct: &Gguf, reader: &mut R) -> Result<Self> {
         Self::load_on(CpuBackend, ct, reader)
     }
 }
@@ -354,7 +352,7 @@ impl Llama<CpuBackend> {
 
 impl<B: Backend> Llama<B> {
     /// Loads a GGUF file's weights into `backend`'s memory.
-    pub fn load_on<R: Read + Seek>(backend: B, ct: &Content, reader: &mut R) -> Result<Self> {
+    pub fn load_on<R: Read + Seek>(backend: B, ct: &Gguf, reader: &mut R) -> Result<Self> {
         let mut config = LlamaConfig::from_gguf(ct)?;
         check_shapes(ct, &config)?;
         let mut ld = Loader {
@@ -364,8 +362,8 @@ impl<B: Backend> Llama<B> {
         };
         // Llama 3.x: the rotary frequencies' factors.
         if ld.has("rope_freqs.weight") {
-            let qt = ld.qtensor("rope_freqs.weight")?;
-            let factors = vector("rope_freqs.weight", &qt)?;
+            let (t, bytes) = ld.raw("rope_freqs.weight")?;
+            let factors = vector("rope_freqs.weight", t.ty, &t.dims, &bytes)?;
             config.rope = config.rope.with_freq_factors(factors, config.head_dim)?;
         }
         let embed = ld.matrix("token_embd.weight")?;
@@ -537,9 +535,9 @@ fn logit_rows(chunks: &[SeqChunk]) -> Vec<usize> {
 /// metadata implies (`[rows, cols]`, vectors `[len]`), so that a file
 /// whose tensors disagree is refused at load, naming the tensor and its
 /// type, instead of failing in a forward pass.
-fn check_shapes(ct: &Content, c: &LlamaConfig) -> Result<()> {
+fn check_shapes(ct: &Gguf, c: &LlamaConfig) -> Result<()> {
     let (h, q, kv) = (c.hidden, c.n_head * c.head_dim, c.n_kv_head * c.head_dim);
-    let dims = |name: &str| ct.tensor_infos.get(name).map(|t| t.shape.dims().to_vec());
+    let dims = |name: &str| ct.tensors.get(name).map(|t| t.dims.clone());
     let ffn = dims("blk.0.ffn_gate.weight")
         .and_then(|d| d.first().copied())
         .ok_or_else(|| EngineError::Load("GGUF has no blk.0.ffn_gate.weight".into()))?;
@@ -547,10 +545,10 @@ fn check_shapes(ct: &Content, c: &LlamaConfig) -> Result<()> {
         ("token_embd.weight".into(), vec![c.vocab_size, h]),
         ("output_norm.weight".into(), vec![h]),
     ];
-    if ct.tensor_infos.contains_key("output.weight") {
+    if ct.tensors.contains_key("output.weight") {
         want.push(("output.weight".into(), vec![c.vocab_size, h]));
     }
-    if ct.tensor_infos.contains_key("rope_freqs.weight") {
+    if ct.tensors.contains_key("rope_freqs.weight") {
         want.push(("rope_freqs.weight".into(), vec![c.head_dim / 2]));
     }
     for i in 0..c.n_layer {
@@ -564,24 +562,21 @@ fn check_shapes(ct: &Content, c: &LlamaConfig) -> Result<()> {
         at("ffn_gate.weight", vec![ffn, h]);
         at("ffn_up.weight", vec![ffn, h]);
         at("ffn_down.weight", vec![h, ffn]);
-        if ct
-            .tensor_infos
-            .contains_key(&format!("blk.{i}.attn_q.bias"))
-        {
+        if ct.tensors.contains_key(&format!("blk.{i}.attn_q.bias")) {
             at("attn_q.bias", vec![q]);
             at("attn_k.bias", vec![kv]);
             at("attn_v.bias", vec![kv]);
         }
     }
     for (name, expected) in want {
-        let Some(t) = ct.tensor_infos.get(&name) else {
+        let Some(t) = ct.tensors.get(&name) else {
             return Err(EngineError::Load(format!("GGUF has no {name}")));
         };
-        if t.shape.dims() != expected.as_slice() {
+        if t.dims != expected {
             return Err(EngineError::Load(format!(
-                "tensor `{name}` ({:?}) has shape {:?}; the metadata implies {expected:?}",
-                t.ggml_dtype,
-                t.shape.dims()
+                "tensor `{name}` ({}) has shape {:?}; the metadata implies {expected:?}",
+                t.ty.name(),
+                t.dims
             )));
         }
     }

@@ -1,18 +1,19 @@
 //! Weight matrices as loaded from GGUF, before a compute backend takes
 //! them (`Linear::into_host`). Quantized tensors stay quantized: Q4_0,
-//! Q4_1, Q8_0, Q5_0, Q5_1, Q4_K, Q5_K and Q6_K as they are (in the kernels'
-//! interleaved layouts, bit for bit the file's values), the other
-//! K-quants requantized to Q8_0 (a finer step than theirs). F16, BF16
+//! Q4_1, Q8_0, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, IQ4_NL and IQ4_XS as they are
+//! (in the kernels' interleaved layouts, bit for bit the file's values),
+//! Q2_K and Q3_K requantized to Q8_0 (a finer step than theirs). F16, BF16
 //! and F32 tensors (and any whose rows are not whole blocks) are kept in
 //! f32. `Linear::forward` is the host-side product the tests compare with.
 
 use std::sync::Arc;
 
-use candle_core::quantized::{GgmlDType, QTensor};
+use candle_core::quantized::ggml_file::qtensor_from_ggml;
 use candle_core::{Device, Tensor};
 use kernels::{QMatrix, QuantType};
 
 use crate::error::{EngineError, Result};
+use crate::gguf::TensorType;
 
 /// A `rows x cols` weight matrix (`y = x · Wᵀ`).
 #[derive(Debug, Clone)]
@@ -31,64 +32,79 @@ enum Plan {
     Dense,
 }
 
-fn plan(dtype: GgmlDType, cols: usize) -> Plan {
-    use kernels::quant::QK;
-    if !cols.is_multiple_of(QK) {
+/// The kernels' format of a GGUF tensor type, where they read it as it is.
+fn native(ty: TensorType) -> Option<QuantType> {
+    Some(match ty {
+        TensorType::Q4_0 => QuantType::Q4_0,
+        TensorType::Q4_1 => QuantType::Q4_1,
+        TensorType::Q8_0 => QuantType::Q8_0,
+        TensorType::Q5_0 => QuantType::Q5_0,
+        TensorType::Q5_1 => QuantType::Q5_1,
+        TensorType::Q4K => QuantType::Q4K,
+        TensorType::Q5K => QuantType::Q5K,
+        TensorType::Q6K => QuantType::Q6K,
+        TensorType::Iq4Nl => QuantType::Iq4Nl,
+        TensorType::Iq4Xs => QuantType::Iq4Xs,
+        TensorType::F32
+        | TensorType::F16
+        | TensorType::BF16
+        | TensorType::Q2K
+        | TensorType::Q3K => return None,
+    })
+}
+
+fn plan(ty: TensorType, cols: usize) -> Plan {
+    if !cols.is_multiple_of(kernels::quant::QK) {
         return Plan::Dense;
     }
-    match dtype {
-        GgmlDType::Q4_0 => Plan::Native(QuantType::Q4_0),
-        GgmlDType::Q4_1 => Plan::Native(QuantType::Q4_1),
-        GgmlDType::Q8_0 => Plan::Native(QuantType::Q8_0),
-        GgmlDType::Q5_0 => Plan::Native(QuantType::Q5_0),
-        GgmlDType::Q5_1 => Plan::Native(QuantType::Q5_1),
-        GgmlDType::Q4K if cols.is_multiple_of(kernels::kquant::QK_K) => {
-            Plan::Native(QuantType::Q4K)
-        }
-        GgmlDType::Q5K if cols.is_multiple_of(kernels::kquant::QK_K) => {
-            Plan::Native(QuantType::Q5K)
-        }
-        GgmlDType::Q6K if cols.is_multiple_of(kernels::kquant::QK_K) => {
-            Plan::Native(QuantType::Q6K)
-        }
-        GgmlDType::Q4K
-        | GgmlDType::Q8_1
-        | GgmlDType::Q2K
-        | GgmlDType::Q3K
-        | GgmlDType::Q5K
-        | GgmlDType::Q6K
-        | GgmlDType::Q8K => Plan::Requantize,
-        GgmlDType::F32 | GgmlDType::F16 | GgmlDType::BF16 => Plan::Dense,
+    match native(ty) {
+        Some(q) if cols.is_multiple_of(q.block_weights()) => Plan::Native(q),
+        _ if matches!(ty, TensorType::F32 | TensorType::F16 | TensorType::BF16) => Plan::Dense,
+        _ => Plan::Requantize,
+    }
+}
+
+/// A GGUF tensor's values in f32 (`n` of them: the reader checked that
+/// the bytes are whole blocks of `ty`).
+pub fn dequantize(name: &str, ty: TensorType, dims: &[usize], bytes: &[u8]) -> Result<Vec<f32>> {
+    let load = |e: &dyn std::fmt::Display| EngineError::Load(format!("`{name}`: {e}"));
+    let n: usize = dims.iter().product();
+    match (ty.candle(), native(ty)) {
+        (Some(dt), _) => qtensor_from_ggml(dt, bytes, dims.to_vec(), &Device::Cpu)
+            .and_then(|q| q.dequantize(&Device::Cpu))
+            .and_then(|t| t.flatten_all())
+            .and_then(|t| t.to_vec1::<f32>())
+            .map_err(|e| load(&e)),
+        (None, Some(q)) => Ok(QMatrix::new(q, 1, n, bytes)
+            .map_err(|e| load(&e))?
+            .dequantize_row(0)),
+        (None, None) => Err(load(&format!("{} cannot be read", ty.name()))),
     }
 }
 
 impl Linear {
-    /// Wraps a 2-D GGUF tensor (`(rows, cols)` in candle's order).
-    pub fn from_qtensor(name: &str, qt: &QTensor) -> Result<Self> {
-        let (rows, cols) = qt
-            .shape()
-            .dims2()
-            .map_err(|e| EngineError::Load(format!("`{name}` is not a matrix: {e}")))?;
+    /// Wraps a 2-D GGUF tensor of type `ty` (`dims` = `[rows, cols]`)
+    /// from its bytes.
+    pub fn from_gguf(name: &str, ty: TensorType, dims: &[usize], bytes: &[u8]) -> Result<Self> {
+        let &[rows, cols] = dims else {
+            return Err(EngineError::Load(format!(
+                "`{name}` is not a matrix: shape {dims:?}"
+            )));
+        };
         let load = |e: &dyn std::fmt::Display| EngineError::Load(format!("`{name}`: {e}"));
-        let m = match plan(qt.dtype(), cols) {
-            Plan::Dense => None,
-            Plan::Native(ty) => {
-                let bytes = qt.data().map_err(|e| load(&e))?;
-                Some(QMatrix::new(ty, rows, cols, &bytes).map_err(|e| load(&e))?)
+        let m = match plan(ty, cols) {
+            Plan::Dense => {
+                let w = dequantize(name, ty, dims, bytes)?;
+                let w = Tensor::from_vec(w, (rows, cols), &Device::Cpu)?;
+                return Ok(Self::Dense { w, rows, cols });
             }
+            Plan::Native(q) => QMatrix::new(q, rows, cols, bytes),
             Plan::Requantize => {
-                let w = qt
-                    .dequantize(&Device::Cpu)?
-                    .flatten_all()?
-                    .to_vec1::<f32>()?;
-                Some(QMatrix::quantize(QuantType::Q8_0, rows, cols, &w).map_err(|e| load(&e))?)
+                let w = dequantize(name, ty, dims, bytes)?;
+                QMatrix::quantize(QuantType::Q8_0, rows, cols, &w)
             }
         };
-        if let Some(m) = m {
-            return Ok(Self::Quant(Arc::new(m)));
-        }
-        let w = qt.dequantize(&Device::Cpu)?;
-        Ok(Self::Dense { w, rows, cols })
+        Ok(Self::Quant(Arc::new(m.map_err(|e| load(&e))?)))
     }
 
     pub fn rows(&self) -> usize {
@@ -152,11 +168,8 @@ impl Linear {
 }
 
 /// A 1-D f32 tensor from GGUF (norm weights, biases).
-pub fn vector(name: &str, qt: &QTensor) -> Result<Vec<f32>> {
-    qt.dequantize(&Device::Cpu)?
-        .flatten_all()?
-        .to_vec1::<f32>()
-        .map_err(|e| EngineError::Load(format!("`{name}`: {e}")))
+pub fn vector(name: &str, ty: TensorType, dims: &[usize], bytes: &[u8]) -> Result<Vec<f32>> {
+    dequantize(name, ty, dims, bytes)
 }
 
 #[cfg(test)]
@@ -165,6 +178,22 @@ mod tests {
     use candle_core::{Device, Tensor};
 
     use super::*;
+
+    /// A candle-quantized tensor, loaded as the engine loads a file's.
+    fn load(qt: &QTensor, rows: usize, cols: usize) -> Linear {
+        let ty = [
+            TensorType::Q4K,
+            TensorType::Q5K,
+            TensorType::Q6K,
+            TensorType::Q5_0,
+            TensorType::Q5_1,
+        ]
+        .into_iter()
+        .find(|t| t.candle() == Some(qt.dtype()))
+        .expect("a type used here");
+        let bytes = qt.data().expect("bytes");
+        Linear::from_gguf("w", ty, &[rows, cols], &bytes).expect("load")
+    }
 
     #[test]
     fn k_quants_stay_quantized_and_match_their_dequantized_product() {
@@ -183,7 +212,7 @@ mod tests {
             GgmlDType::Q5_0,
         ] {
             let qt = QTensor::quantize(&w, dtype).expect("quantize");
-            let lin = Linear::from_qtensor("w", &qt).expect("load");
+            let lin = load(&qt, rows, cols);
             assert!(matches!(lin, Linear::Quant(_)), "{dtype:?} stays quantized");
             let got = lin.forward(&x, m).expect("forward");
             // The exact product with candle's dequantized weights.
@@ -226,7 +255,7 @@ mod tests {
             GgmlDType::Q5_1,
         ] {
             let qt = QTensor::quantize(&w, dtype).expect("quantize");
-            let lin = Linear::from_qtensor("w", &qt).expect("load");
+            let lin = load(&qt, rows, cols);
             let Linear::Quant(m) = &lin else {
                 panic!("{dtype:?} is read natively")
             };

@@ -31,29 +31,29 @@ fn a_q4_k_m_model_reads_back_with_llama_cpp_s_layout_and_the_engine_loads_it() {
     let out = std::env::temp_dir().join(format!("synor-genmodel-{}.gguf", std::process::id()));
     generate(&SMALL, Quant::Q4KM, &tok, &out, 7).expect("generate");
     let mut f = std::fs::File::open(&out).expect("open");
-    let ct = gguf_file::Content::read(&mut f).expect("read");
+    let ct = Gguf::read(&mut f).expect("read");
     let ty = types(&ct);
     // 1 embedding, 12 per layer (with the three biases), the norm, the output.
     assert_eq!(ty.len(), 1 + 12 * SMALL.layers + 2);
-    assert_eq!(ty["token_embd.weight"], GgmlDType::Q4K);
-    assert_eq!(ty["output.weight"], GgmlDType::Q6K);
-    assert_eq!(ty["blk.0.attn_q.bias"], GgmlDType::F32);
+    assert_eq!(ty["token_embd.weight"], TensorType::Q4K);
+    assert_eq!(ty["output.weight"], TensorType::Q6K);
+    assert_eq!(ty["blk.0.attn_q.bias"], TensorType::F32);
     // More bits on layers 0, 3, 6 and 7 of 8, as llama.cpp gives them.
     for i in 0..SMALL.layers {
         let want = if [0, 3, 6, 7].contains(&i) {
-            GgmlDType::Q6K
+            TensorType::Q6K
         } else {
-            GgmlDType::Q4K
+            TensorType::Q4K
         };
         assert_eq!(ty[&format!("blk.{i}.attn_v.weight")], want, "layer {i}");
         assert_eq!(ty[&format!("blk.{i}.ffn_down.weight")], want, "layer {i}");
         assert_eq!(
             ty[&format!("blk.{i}.ffn_up.weight")],
-            GgmlDType::Q4K,
+            TensorType::Q4K,
             "layer {i}"
         );
     }
-    let dims = ct.tensor_infos["blk.0.attn_k.weight"].shape.dims().to_vec();
+    let dims = ct.tensors["blk.0.attn_k.weight"].dims.clone();
     assert_eq!(dims, [128, 256], "kv_heads * head_dim rows");
     let Value::Array(tokens) = &ct.metadata["tokenizer.ggml.tokens"] else {
         panic!("the tokens are not a list");
