@@ -10,7 +10,8 @@
 //! SIMD path on one thread, alternating, on a weight held in L2;
 //! `-- kquant`: Qwen2.5-1.5B's Q4_K_M shapes streamed from memory, read
 //! natively (Q4_K, Q6_K) and as the earlier transcodings (Q4_1, Q8_0),
-//! alternating).
+//! alternating; `-- iq4`: the same shapes in Q4_0, IQ4_NL, Q4_K and
+//! IQ4_XS, alternating).
 
 use std::time::Instant;
 
@@ -39,6 +40,10 @@ fn main() {
     }
     if std::env::args().any(|a| a == "paths") {
         paths();
+        return;
+    }
+    if std::env::args().any(|a| a == "iq4") {
+        iq4();
         return;
     }
     if std::env::args().any(|a| a == "kquant") {
@@ -204,48 +209,95 @@ const QWEN_1_5B: [(&str, usize, usize, QuantType); 5] = [
 /// alternating: best of five rounds.
 fn kquant() {
     for (name, rows, cols, ty) in QWEN_1_5B {
-        let w: Vec<f32> = (0..rows * cols)
-            .map(|i| ((i * 7919) % 1013) as f32 / 506.0 - 1.0)
-            .collect();
-        let native = QMatrix::quantize(ty, rows, cols, &w).expect("quantize");
+        let native =
+            QMatrix::quantize(ty, rows, cols, &bench_weights(rows, cols)).expect("quantize");
         let old_ty = if ty == QuantType::Q4K {
             QuantType::Q4_1
         } else {
             QuantType::Q8_0
         };
         let old = native.requantize(old_ty).expect("requantize");
-        let sets: Vec<Vec<QMatrix>> = [old, native]
-            .into_iter()
-            .map(|w| vec![w.clone(); COLD_BYTES.div_ceil(w.data_len()).max(2)])
-            .collect();
-        for m in [1, 8, 64] {
-            let x: Vec<f32> = (0..m * cols)
-                .map(|i| ((i * 104_729) % 997) as f32 / 498.0 - 1.0)
-                .collect();
-            let mut out = vec![0.0; m * rows];
-            let mut best = [f64::MAX; 2];
-            for _ in 0..5 {
-                for (k, ws) in sets.iter().enumerate() {
-                    let reps = (1_000_000_000 / (rows * cols * m)).max(2 * ws.len());
-                    let t = Instant::now();
-                    for r in 0..reps {
-                        matmul_with(Isa::detect(), &ws[r % ws.len()], &x, m, &mut out)
-                            .expect("matmul");
-                    }
-                    best[k] = best[k].min(t.elapsed().as_secs_f64() / reps as f64);
-                }
-            }
-            let gbs = |k: usize| sets[k][0].data_len() as f64 / best[k] / 1e9;
+        for (m, best) in alternate(&[old, native]) {
+            let (o, n) = (best[0], best[1]);
             println!(
                 "{name:<20} m={m:<3} {old_ty:?} {:>8.3} ms {:>5.1} GB/s | {ty:?} {:>8.3} ms {:>5.1} GB/s | native {:.2}x",
-                best[0] * 1e3,
-                gbs(0),
-                best[1] * 1e3,
-                gbs(1),
-                best[0] / best[1]
+                o.0 * 1e3,
+                o.1,
+                n.0 * 1e3,
+                n.1,
+                o.0 / n.0
             );
         }
     }
+}
+
+/// The 4-bit formats on Qwen2.5-1.5B's shapes from memory, alternating:
+/// Q4_0 (the fastest 4.5-bit format), IQ4_NL (the same size, a table),
+/// Q4_K and IQ4_XS (4.25 bits).
+fn iq4() {
+    let types = [
+        QuantType::Q4_0,
+        QuantType::Iq4Nl,
+        QuantType::Q4K,
+        QuantType::Iq4Xs,
+    ];
+    for (name, rows, cols, _) in QWEN_1_5B {
+        let w = bench_weights(rows, cols);
+        let mats: Vec<QMatrix> = types
+            .iter()
+            .map(|&t| QMatrix::quantize(t, rows, cols, &w).expect("quantize"))
+            .collect();
+        for (m, best) in alternate(&mats) {
+            let cells: Vec<String> = types
+                .iter()
+                .zip(&best)
+                .map(|(t, (s, gbs))| format!("{t:?} {:>7.3} ms {gbs:>5.1} GB/s", s * 1e3))
+                .collect();
+            println!("{name:<20} m={m:<3} {}", cells.join(" | "));
+        }
+    }
+}
+
+fn bench_weights(rows: usize, cols: usize) -> Vec<f32> {
+    (0..rows * cols)
+        .map(|i| ((i * 7919) % 1013) as f32 / 506.0 - 1.0)
+        .collect()
+}
+
+/// Each of `mats` (one shape) streamed from memory (copies past the LLC,
+/// cycled) at m = 1, 8 and 64, the matrices alternating: the best of five
+/// rounds of each, as (seconds, GB/s of weights).
+fn alternate(mats: &[QMatrix]) -> Vec<(usize, Vec<(f64, f64)>)> {
+    let (rows, cols) = (mats[0].rows, mats[0].cols);
+    let sets: Vec<Vec<QMatrix>> = mats
+        .iter()
+        .map(|w| vec![w.clone(); COLD_BYTES.div_ceil(w.data_len()).max(2)])
+        .collect();
+    let mut rows_out = Vec::new();
+    for m in [1, 8, 64] {
+        let x: Vec<f32> = (0..m * cols)
+            .map(|i| ((i * 104_729) % 997) as f32 / 498.0 - 1.0)
+            .collect();
+        let mut out = vec![0.0; m * rows];
+        let mut best = vec![f64::MAX; sets.len()];
+        for _ in 0..5 {
+            for (k, ws) in sets.iter().enumerate() {
+                let reps = (1_000_000_000 / (rows * cols * m)).max(2 * ws.len());
+                let t = Instant::now();
+                for r in 0..reps {
+                    matmul_with(Isa::detect(), &ws[r % ws.len()], &x, m, &mut out).expect("matmul");
+                }
+                best[k] = best[k].min(t.elapsed().as_secs_f64() / reps as f64);
+            }
+        }
+        let got = best
+            .iter()
+            .zip(&sets)
+            .map(|(&b, ws)| (b, ws[0].data_len() as f64 / b / 1e9))
+            .collect();
+        rows_out.push((m, got));
+    }
+    rows_out
 }
 
 /// Best of five passes summing a 1 GiB buffer, split over 1 and 2 threads.

@@ -9,9 +9,9 @@
 //! batches of `amx::MIN_ROWS` rows and more (AVX-512 VNNI for the rest
 //! and smaller batches, with the same bits), then
 //! AVX-512 VNNI, then AVX2+FMA+F16C, then portable scalar code. The
-//! super-block formats (Q4_K, Q5_K, Q6_K, IQ4_XS) and Q5_0/Q5_1 run their
-//! AVX2 tiles (`x86_k`, `x86::group_avx2`) on every SIMD path; IQ4_NL has
-//! a VNNI tile, not an AMX one.
+//! super-block formats (Q4_K, Q5_K, Q6_K, IQ4_XS) have their own tiles
+//! (`x86_k512` on VNNI, `x86_k` on AVX2); AMX tiles exist for Q4_0, Q4_1
+//! and Q8_0 only, the other formats running their VNNI tiles there.
 //! `SYNOR_KERNELS=scalar|avx2|vnni` forces a lower path (for tests and
 //! comparisons).
 
@@ -30,6 +30,8 @@ pub mod scalar;
 pub mod x86;
 #[cfg(target_arch = "x86_64")]
 pub mod x86_k;
+#[cfg(target_arch = "x86_64")]
+pub mod x86_k512;
 
 use std::sync::OnceLock;
 
@@ -495,7 +497,9 @@ mod simd {
         // for each of the rows i + k < m (`run` keeps i + MR <= m), which
         // only this task's group writes (`with_out`).
         with_out::<MR>(job, g, i, |out| unsafe {
-            if x86::super_tag(T) {
+            if x86::super_tag(T) && job.isa >= Isa::Avx512Vnni {
+                super::x86_k512::group_k_vnni::<T, MR>(w.as_ptr(), x, nb, out)
+            } else if x86::super_tag(T) {
                 super::x86_k::group_k_avx2::<T, MR>(w.as_ptr(), x, nb, out)
             } else if x86::vnni_tag(T) && job.isa >= Isa::Avx512Vnni {
                 x86::group_vnni::<T, MR>(w.as_ptr(), x, nb, out)

@@ -18,16 +18,14 @@ use crate::quant::{Q8Block, QuantType};
 pub const Q4_0: u8 = 0;
 pub const Q4_1: u8 = 1;
 pub const Q8_0: u8 = 2;
-/// The formats from `Q4K` up run AVX2 tiles on every SIMD path: the
-/// K-quants their own (`x86_k`), Q5 `group_avx2`.
+/// The super-block formats run `x86_k`'s AVX2 tiles, or `x86_k512`'s on
+/// AVX-512 VNNI hosts.
 pub const Q4K: u8 = 3;
 pub const Q5K: u8 = 4;
 pub const Q6K: u8 = 5;
 pub const Q5_0: u8 = 6;
 pub const Q5_1: u8 = 7;
-/// IQ4_NL runs `group_vnni` on AVX-512 VNNI hosts, `group_avx2` below.
 pub const IQ4NL: u8 = 8;
-/// IQ4_XS runs its `x86_k` tile on every SIMD path.
 pub const IQ4XS: u8 = 9;
 
 /// Whether format `t` is held in super-blocks of 256 (`x86_k`'s tiles).
@@ -35,10 +33,10 @@ pub const fn super_tag(t: u8) -> bool {
     matches!(t, Q4K | Q5K | Q6K | IQ4XS)
 }
 
-/// Whether format `t` has a `group_vnni` tile (the others run their AVX2
-/// tiles on AVX-512 hosts too).
+/// Whether format `t` has a `group_vnni` tile (the super-block formats
+/// have `x86_k512`'s).
 pub const fn vnni_tag(t: u8) -> bool {
-    matches!(t, Q4_0 | Q4_1 | Q8_0 | IQ4NL)
+    matches!(t, Q4_0 | Q4_1 | Q8_0 | IQ4NL | Q5_0 | Q5_1)
 }
 
 /// Whether format `t` has AMX tiles (`crate::cpu::amx`).
@@ -163,9 +161,10 @@ pub unsafe fn group_vnni<const T: u8, const MR: usize>(
         let base = unsafe { g.add(b * gbb) };
         prefetch_ahead(base, gbb, MR);
         let dw = _mm512_cvtph_ps(unsafe { _mm256_loadu_si256(base.cast()) });
-        let mw = match T {
-            Q4_1 => _mm512_cvtph_ps(unsafe { _mm256_loadu_si256(base.add(2 * GROUP).cast()) }),
-            _ => _mm512_setzero_ps(),
+        let mw = if float_min(T) {
+            _mm512_cvtph_ps(unsafe { _mm256_loadu_si256(base.add(2 * GROUP).cast()) })
+        } else {
+            _mm512_setzero_ps()
         };
         let mut wv = [_mm512_setzero_si512(); 8];
         if T == Q8_0 {
@@ -181,6 +180,9 @@ pub unsafe fn group_vnni<const T: u8, const MR: usize>(
                     wv[l] = _mm512_shuffle_epi8(table, wv[l]);
                     wv[l + 4] = _mm512_shuffle_epi8(table, wv[l + 4]);
                 }
+            }
+            if T == Q5_0 || T == Q5_1 {
+                unsafe { add_high_bits512(&mut wv, base.add(high_offset(ty(T)))) };
             }
         }
         for (i, a) in acc.iter_mut().enumerate() {
@@ -199,7 +201,7 @@ pub unsafe fn group_vnni<const T: u8, const MR: usize>(
             let sums = _mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1));
             let (xd, xs) = unsafe { ((*xb).d, (*xb).s) };
             *a = _mm512_fmadd_ps(sums, _mm512_mul_ps(dw, _mm512_set1_ps(xd)), *a);
-            if T == Q4_1 {
+            if float_min(T) {
                 *a = _mm512_fmadd_ps(mw, _mm512_set1_ps(xs), *a);
             }
         }
@@ -262,6 +264,32 @@ unsafe fn half_weights<const T: u8>(base: *const u8, half: usize) -> [__m256i; 8
             let raw = _mm256_loadu_si256(base.add(q + 64 * c + 32 * half).cast());
             _mm256_xor_si256(raw, flip)
         })
+    }
+}
+
+/// Adds the fifth bits of the load at `high` (bit `c` of a row's byte `k`:
+/// weight `4c + k`) at bit 4 of each chunk's bytes (Q5_0, Q5_1, Q5_K).
+///
+/// # Safety
+/// AVX-512 F/BW must be enabled; 64 bytes at `high` must be readable.
+#[inline(always)]
+pub(crate) unsafe fn add_high_bits512(wv: &mut [__m512i; 8], high: *const u8) {
+    unsafe {
+        let hb = _mm512_loadu_si512(high.cast());
+        let parts = [
+            _mm512_slli_epi16::<4>(hb),
+            _mm512_slli_epi16::<3>(hb),
+            _mm512_slli_epi16::<2>(hb),
+            _mm512_slli_epi16::<1>(hb),
+            hb,
+            _mm512_srli_epi16::<1>(hb),
+            _mm512_srli_epi16::<2>(hb),
+            _mm512_srli_epi16::<3>(hb),
+        ];
+        let m = _mm512_set1_epi8(0x10);
+        for (w, part) in wv.iter_mut().zip(parts) {
+            *w = _mm512_or_si512(*w, _mm512_and_si512(part, m));
+        }
     }
 }
 
