@@ -1,10 +1,10 @@
 //! What the GPU backends (`wgpu`, `cuda`) share on the host side: the
 //! quantized weight layout their matmul kernels read (each 32-weight GGML
 //! block repacked into whole 32-bit words: the scale, and Q4_1's min, as
-//! f32, then the block's bytes) and the kernels' fixed sizes. The GPU
-//! kernels have no Q5 or K-quant formats yet: Q5_0, Q5_1, Q4_K, Q5_K and
-//! Q6_K are requantized to Q8_0 on upload (a finer step than theirs, but not
-//! their exact values).
+//! f32, then the block's bytes) and the kernels' fixed sizes. Q4_K, Q5_0,
+//! IQ4_NL and IQ4_XS are expanded into those blocks exactly (`repack`);
+//! Q5_1, Q5_K and Q6_K are requantized to Q8_0 on upload (a finer step
+//! than theirs, but not their exact values).
 
 use crate::quant::{KernelError, QMatrix, QuantType};
 
@@ -29,41 +29,205 @@ pub const KIND_F32: u32 = 3;
 /// column by block column (block `b` of row `r` is block `b * rows + r`):
 /// the matmul kernels give each output row its own thread, and
 /// neighbouring threads then read neighbouring blocks.
+///
+/// The kernels read three block kinds, each with an f32 scale (Q4_1 an
+/// f32 min too). Formats whose every 32 weights are one f32 scale times
+/// small integers are expanded into them exactly, each weight the value
+/// ggml's dequantization gives: Q4_K's sub-blocks as Q4_1 blocks (scale
+/// `d * sc`, min `-dmin * m`), Q5_0, IQ4_NL and IQ4_XS as Q8_0 blocks (the
+/// integers `q - 16` or the table's values, scale `d`, or IQ4_XS's
+/// `d * (ls - 32)`). Q5_1, Q5_K and Q6_K, which have no such form, are
+/// requantized to Q8_0 (a finer step than theirs, not their values).
 pub fn repack(q: &QMatrix) -> Result<(Vec<u32>, u32, u32), KernelError> {
-    let (kind, head, wpb) = match q.ty {
-        QuantType::Q4_0 => (KIND_Q4_0, 2, 5),
-        QuantType::Q4_1 => (KIND_Q4_1, 4, 6),
-        QuantType::Q8_0 => (KIND_Q8_0, 2, 9),
-        QuantType::Q5_0
-        | QuantType::Q5_1
-        | QuantType::Q4K
-        | QuantType::Q5K
-        | QuantType::Q6K
-        | QuantType::Iq4Nl
-        | QuantType::Iq4Xs => {
+    let (kind, wpb) = match q.ty {
+        QuantType::Q4_0 => (KIND_Q4_0, 5),
+        QuantType::Q4_1 | QuantType::Q4K => (KIND_Q4_1, 6),
+        QuantType::Q8_0 | QuantType::Q5_0 | QuantType::Iq4Nl | QuantType::Iq4Xs => (KIND_Q8_0, 9),
+        QuantType::Q5_1 | QuantType::Q5K | QuantType::Q6K => {
             return repack(&q.requantize(QuantType::Q8_0)?);
         }
     };
     let (nb, w) = (q.blocks_per_row(), wpb as usize);
-    let block = q.ty.block_bytes();
-    let f16 = |b: &[u8]| half::f16::from_le_bytes([b[0], b[1]]).to_f32().to_bits();
     let mut words = vec![0u32; q.rows * nb * w];
     for r in 0..q.rows {
-        for (b, bytes) in q.ggml_row(r).chunks_exact(block).enumerate() {
+        for (b, blk) in gpu_blocks(q.ty, &q.ggml_row(r)).into_iter().enumerate() {
             let out = &mut words[(b * q.rows + r) * w..][..w];
-            out[0] = f16(&bytes[0..2]);
+            out[0] = blk.d.to_bits();
             let at = if kind == KIND_Q4_1 {
-                out[1] = f16(&bytes[2..4]);
+                out[1] = blk.m.to_bits();
                 2
             } else {
                 1
             };
-            for (o, c) in out[at..].iter_mut().zip(bytes[head..].chunks_exact(4)) {
+            for (o, c) in out[at..].iter_mut().zip(blk.bytes.chunks_exact(4)) {
                 *o = u32::from_le_bytes([c[0], c[1], c[2], c[3]]);
             }
         }
     }
     Ok((words, kind, wpb))
+}
+
+/// One 32-weight block as the kernels read it: scale, min (Q4_1's kind)
+/// and the quant bytes in GGML's order for the kind (nibbles: byte `j`
+/// holds weights `j` and `j + 16`; Q8_0: one signed byte a weight).
+struct GpuBlock {
+    d: f32,
+    m: f32,
+    bytes: Vec<u8>,
+}
+
+/// The blocks of one row's GGML bytes in format `ty` (one the kernels read
+/// exactly: see `repack`).
+fn gpu_blocks(ty: QuantType, row: &[u8]) -> Vec<GpuBlock> {
+    use crate::iquant::{Iq4xsBlock, KVALUES};
+    use crate::kquant::Q4kBlock;
+    let f16 = |b: &[u8]| half::f16::from_le_bytes([b[0], b[1]]).to_f32();
+    let table = |i: u8| KVALUES[usize::from(i)] as u8;
+    let nibbles = |q: &[u8]| (0..16).map(|l| q[l] | (q[l + 16] << 4)).collect();
+    let chunks = row.chunks_exact(ty.block_bytes());
+    match ty {
+        QuantType::Q4K => chunks
+            .flat_map(|b| {
+                let k = Q4kBlock::from_ggml(b);
+                let (d, dmin) = (f16(&k.d.to_le_bytes()), f16(&k.dmin.to_le_bytes()));
+                (0..8)
+                    .map(|j| GpuBlock {
+                        d: d * f32::from(k.sc[j]),
+                        m: -(dmin * f32::from(k.m[j])),
+                        bytes: nibbles(&k.q[32 * j..][..32]),
+                    })
+                    .collect::<Vec<_>>()
+            })
+            .collect(),
+        QuantType::Iq4Xs => chunks
+            .flat_map(|b| {
+                let k = Iq4xsBlock::from_ggml(b);
+                let d = f16(&k.d.to_le_bytes());
+                (0..8)
+                    .map(|j| GpuBlock {
+                        d: d * f32::from(k.ls[j]),
+                        m: 0.0,
+                        bytes: k.q[32 * j..][..32].iter().map(|&i| table(i)).collect(),
+                    })
+                    .collect::<Vec<_>>()
+            })
+            .collect(),
+        QuantType::Iq4Nl => chunks
+            .map(|b| GpuBlock {
+                d: f16(b),
+                m: 0.0,
+                bytes: (0..32)
+                    .map(|j| {
+                        table(if j < 16 {
+                            b[2 + j] & 0x0F
+                        } else {
+                            b[2 + j - 16] >> 4
+                        })
+                    })
+                    .collect(),
+            })
+            .collect(),
+        QuantType::Q5_0 => chunks
+            .map(|b| {
+                let qh = u32::from_le_bytes([b[2], b[3], b[4], b[5]]);
+                let q = |j: usize| {
+                    let low = if j < 16 {
+                        b[6 + j] & 0x0F
+                    } else {
+                        b[6 + j - 16] >> 4
+                    };
+                    (low | ((((qh >> j) & 1) as u8) << 4)) as i8 - 16
+                };
+                GpuBlock {
+                    d: f16(b),
+                    m: 0.0,
+                    bytes: (0..32).map(|j| q(j) as u8).collect(),
+                }
+            })
+            .collect(),
+        QuantType::Q4_0
+        | QuantType::Q4_1
+        | QuantType::Q8_0
+        | QuantType::Q5_1
+        | QuantType::Q5K
+        | QuantType::Q6K => chunks
+            .map(|b| {
+                let min = ty == QuantType::Q4_1;
+                GpuBlock {
+                    d: f16(b),
+                    m: if min { f16(&b[2..4]) } else { 0.0 },
+                    bytes: b[if min { 4 } else { 2 }..].to_vec(),
+                }
+            })
+            .collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The weights the kernels see in `words` (kind `kind`), row by row.
+    fn unpack(words: &[u32], kind: u32, wpb: usize, rows: usize, cols: usize) -> Vec<f32> {
+        let nb = cols / 32;
+        let mut out = vec![0.0; rows * cols];
+        for r in 0..rows {
+            for b in 0..nb {
+                let w = &words[(b * rows + r) * wpb..][..wpb];
+                let d = f32::from_bits(w[0]);
+                let (m, at) = if kind == KIND_Q4_1 {
+                    (f32::from_bits(w[1]), 2)
+                } else {
+                    (0.0, 1)
+                };
+                let bytes: Vec<u8> = w[at..].iter().flat_map(|x| x.to_le_bytes()).collect();
+                for j in 0..32 {
+                    let v = if kind == KIND_Q8_0 {
+                        f32::from(bytes[j] as i8) * d
+                    } else {
+                        let n = if j < 16 {
+                            bytes[j] & 0x0F
+                        } else {
+                            bytes[j - 16] >> 4
+                        };
+                        d * f32::from(n) + m
+                    };
+                    out[r * cols + b * 32 + j] = v;
+                }
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn exact_formats_reach_the_kernels_with_ggml_s_values() {
+        let (rows, cols) = (5, 512);
+        let w: Vec<f32> = (0..rows * cols)
+            .map(|i| ((i * 7919) % 1013) as f32 / 506.0 - 1.0)
+            .collect();
+        for ty in [
+            QuantType::Q4K,
+            QuantType::Q5_0,
+            QuantType::Iq4Nl,
+            QuantType::Iq4Xs,
+            QuantType::Q4_1,
+            QuantType::Q8_0,
+        ] {
+            let q = QMatrix::quantize(ty, rows, cols, &w).expect("quantize");
+            let (words, kind, wpb) = repack(&q).expect("repack");
+            let got = unpack(&words, kind, wpb as usize, rows, cols);
+            let want: Vec<f32> = (0..rows).flat_map(|r| q.dequantize_row(r)).collect();
+            assert_ne!(kind, KIND_Q4_0);
+            for (i, (g, e)) in got.iter().zip(&want).enumerate() {
+                // Bit for bit (Q4_K: ggml's `d1 * q - m1` is `d * q + m`).
+                assert_eq!(
+                    g.to_bits(),
+                    e.to_bits(),
+                    "{ty:?} weight {i}: {g} against {e}"
+                );
+            }
+        }
+    }
 }
 
 /// Per query row of a paged attention call: its position and where its

@@ -62,6 +62,41 @@ pub(crate) fn quantized_and_dense_matmuls_and_embeddings_match_the_reference<B: 
     for (rows, cols) in [(70, 96), (33, 320)] {
         matmuls_and_embeddings_at(g, rows, cols);
     }
+    exact_formats_match_the_reference(g);
+}
+
+/// Q4_K, Q5_0, IQ4_NL and IQ4_XS reach the kernels with ggml's values
+/// (`gpu_pack::repack`): embedding rows are the dequantized rows bit for
+/// bit, and products are within the activations' rounding.
+fn exact_formats_match_the_reference<B: Backend>(g: &B) {
+    let (rows, cols) = (37, 512);
+    let w = reference::ramp(rows * cols, 21);
+    let x = reference::ramp(3 * cols, 22);
+    let xt = g.tensor(x.clone(), cols);
+    for ty in [
+        QuantType::Q4K,
+        QuantType::Q5_0,
+        QuantType::Iq4Nl,
+        QuantType::Iq4Xs,
+    ] {
+        let q = QMatrix::quantize(ty, rows, cols, &w).expect("quantize");
+        let deq: Vec<f32> = (0..rows).flat_map(|r| q.dequantize_row(r)).collect();
+        let gm = g.matrix(HostMatrix::Quant(q.clone())).expect("upload");
+        let got = g.to_host(&g.matmul(&xt, &gm).expect("matmul"));
+        close(
+            &got,
+            &reference::matmul(&x, &deq, 3, cols, rows),
+            0.02,
+            "exact format matmul",
+        );
+        let ids = [0u32, 36, 7];
+        let emb = g.to_host(&g.embed(&gm, &ids).expect("embed"));
+        let want: Vec<f32> = ids
+            .iter()
+            .flat_map(|&i| q.dequantize_row(i as usize))
+            .collect();
+        assert_eq!(emb, want, "{ty:?} embedding rows are ggml's values");
+    }
 }
 
 fn matmuls_and_embeddings_at<B: Backend>(g: &B, rows: usize, cols: usize) {
