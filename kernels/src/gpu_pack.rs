@@ -163,6 +163,50 @@ fn gpu_blocks(ty: QuantType, row: &[u8]) -> Vec<GpuBlock> {
     }
 }
 
+/// Per query row of a paged attention call: its position and where its
+/// block table starts in the joined tables, and the joined tables.
+pub fn paged_queries(queries: &[(usize, &[u32])]) -> (Vec<u32>, Vec<u32>) {
+    let mut info = Vec::with_capacity(2 * queries.len());
+    let mut tables = Vec::new();
+    for &(pos, table) in queries {
+        info.extend([pos as u32, tables.len() as u32]);
+        tables.extend_from_slice(table);
+    }
+    (info, tables)
+}
+
+/// Per row of a bidirectional attention call: its sequence's first row
+/// and length.
+pub fn sequence_rows(seqs: &[usize]) -> Vec<u32> {
+    let mut info = Vec::with_capacity(2 * seqs.iter().sum::<usize>());
+    let mut start = 0u32;
+    for &len in seqs {
+        for _ in 0..len {
+            info.extend([start, len as u32]);
+        }
+        start += len as u32;
+    }
+    info
+}
+
+/// Each row's rotary `cos` values, then each row's `sin` values (half a
+/// head wide), as the rope kernels read them.
+pub fn rope_rows(positions: &[usize], cos: &[f32], sin: &[f32], head_dim: usize) -> Vec<f32> {
+    let half = head_dim / 2;
+    let mut cs = Vec::with_capacity(2 * positions.len() * half);
+    for table in [cos, sin] {
+        for &pos in positions {
+            cs.extend_from_slice(&table[pos * half..(pos + 1) * half]);
+        }
+    }
+    cs
+}
+
+/// A KV write's destinations as the kernels read them: (block, slot) words.
+pub fn slot_words(slots: &[(u32, usize)]) -> Vec<u32> {
+    slots.iter().flat_map(|&(b, s)| [b, s as u32]).collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -228,48 +272,4 @@ mod tests {
             }
         }
     }
-}
-
-/// Per query row of a paged attention call: its position and where its
-/// block table starts in the joined tables, and the joined tables.
-pub fn paged_queries(queries: &[(usize, &[u32])]) -> (Vec<u32>, Vec<u32>) {
-    let mut info = Vec::with_capacity(2 * queries.len());
-    let mut tables = Vec::new();
-    for &(pos, table) in queries {
-        info.extend([pos as u32, tables.len() as u32]);
-        tables.extend_from_slice(table);
-    }
-    (info, tables)
-}
-
-/// Per row of a bidirectional attention call: its sequence's first row
-/// and length.
-pub fn sequence_rows(seqs: &[usize]) -> Vec<u32> {
-    let mut info = Vec::with_capacity(2 * seqs.iter().sum::<usize>());
-    let mut start = 0u32;
-    for &len in seqs {
-        for _ in 0..len {
-            info.extend([start, len as u32]);
-        }
-        start += len as u32;
-    }
-    info
-}
-
-/// Each row's rotary `cos` values, then each row's `sin` values (half a
-/// head wide), as the rope kernels read them.
-pub fn rope_rows(positions: &[usize], cos: &[f32], sin: &[f32], head_dim: usize) -> Vec<f32> {
-    let half = head_dim / 2;
-    let mut cs = Vec::with_capacity(2 * positions.len() * half);
-    for table in [cos, sin] {
-        for &pos in positions {
-            cs.extend_from_slice(&table[pos * half..(pos + 1) * half]);
-        }
-    }
-    cs
-}
-
-/// A KV write's destinations as the kernels read them: (block, slot) words.
-pub fn slot_words(slots: &[(u32, usize)]) -> Vec<u32> {
-    slots.iter().flat_map(|&(b, s)| [b, s as u32]).collect()
 }
