@@ -150,7 +150,6 @@ pub unsafe fn group_vnni<const T: u8, const MR: usize>(
 ) {
     let gbb = group_block_bytes(ty(T));
     let q = quants_offset(ty(T));
-    let m4 = _mm512_set1_epi8(0x0F);
     // IQ4_NL: each index to its table value + 128 (an unsigned byte, as
     // Q8_0's), in every 128-bit lane.
     let table = _mm512_broadcast_i32x4(iq4_table(0x80));
@@ -172,14 +171,9 @@ pub unsafe fn group_vnni<const T: u8, const MR: usize>(
                 *v = unsafe { _mm512_loadu_si512(base.add(q + 64 * c).cast()) };
             }
         } else {
-            for l in 0..4 {
-                let raw = unsafe { _mm512_loadu_si512(base.add(q + 64 * l).cast()) };
-                wv[l] = _mm512_and_si512(raw, m4);
-                wv[l + 4] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), m4);
-                if T == IQ4NL {
-                    wv[l] = _mm512_shuffle_epi8(table, wv[l]);
-                    wv[l + 4] = _mm512_shuffle_epi8(table, wv[l + 4]);
-                }
+            wv = unsafe { nibbles512(base.add(q)) };
+            if T == IQ4NL {
+                wv = wv.map(|w| _mm512_shuffle_epi8(table, w));
             }
             if T == Q5_0 || T == Q5_1 {
                 unsafe { add_high_bits512(&mut wv, base.add(high_offset(ty(T)))) };
@@ -264,6 +258,26 @@ unsafe fn half_weights<const T: u8>(base: *const u8, half: usize) -> [__m256i; 8
             let raw = _mm256_loadu_si256(base.add(q + 64 * c + 32 * half).cast());
             _mm256_xor_si256(raw, flip)
         })
+    }
+}
+
+/// The eight 4-weight chunks of a group block's 16 rows from the four
+/// nibble loads at `q` (chunk `l` the low nibbles of load `l`, `l + 4` the
+/// high ones).
+///
+/// # Safety
+/// AVX-512 F/BW must be enabled; 256 bytes at `q` must be readable.
+#[inline(always)]
+pub(crate) unsafe fn nibbles512(q: *const u8) -> [__m512i; 8] {
+    unsafe {
+        let m4 = _mm512_set1_epi8(0x0F);
+        let mut wv = [_mm512_setzero_si512(); 8];
+        for l in 0..4 {
+            let raw = _mm512_loadu_si512(q.add(64 * l).cast());
+            wv[l] = _mm512_and_si512(raw, m4);
+            wv[l + 4] = _mm512_and_si512(_mm512_srli_epi16::<4>(raw), m4);
+        }
+        wv
     }
 }
 

@@ -8,8 +8,11 @@
 //! unsigned weight bytes times four activation bytes, summed into each
 //! row's i32) give the sub-block's dot product, which one `vpmulld` scales
 //! by the row's sub-block scale:
-//! - Q4_K, Q5_K: nibbles (with the fifth bits), the mins times the
-//!   activation block's sum in a second `vpmulld`;
+//! - Q4_K: nibbles, the two chains of `vpdpbusd` small enough to be scaled
+//!   as 16-bit pairs in one `vpdpwssd` instead (a `vpmulld` is two uops on
+//!   the port the `vpdpbusd`s need); Q5_K: with the fifth bits. The mins
+//!   times the activation blocks' sums once per super-block, four
+//!   `vpdpwssd` of 16-bit pairs;
 //! - Q6_K: 6-bit quants in two chains of 16 weights, each started at
 //!   `-32 * sum(x)` of its half (the quants' offset) and scaled by that
 //!   half's scale;
@@ -21,32 +24,14 @@
 
 use std::arch::x86_64::*;
 
-use super::x86::{IQ4XS, Q5K, Q6K, act_chunk, add_high_bits512, iq4_table, prefetch_ahead, ty};
+use super::x86::{
+    IQ4XS, Q4K, Q5K, Q6K, act_chunk, add_high_bits512, iq4_table, nibbles512, prefetch_ahead, ty,
+};
 use crate::klayout::{
     Q6_HIGH, SUB_SCALES, has_min, sub_bytes, sub_offset, sub_quants, super_bytes,
 };
 use crate::layout::GROUP;
 use crate::quant::Q8Block;
-
-/// The eight 4-weight chunks of a sub-block's 16 rows from the four
-/// nibble loads at `q` (chunk `l` the low nibbles of load `l`, `l + 4`
-/// the high ones).
-///
-/// # Safety
-/// AVX-512 F/BW must be enabled; 256 bytes at `q` must be readable.
-#[inline(always)]
-unsafe fn nibbles512(q: *const u8) -> [__m512i; 8] {
-    unsafe {
-        let m4 = _mm512_set1_epi8(0x0F);
-        let mut wv = [_mm512_setzero_si512(); 8];
-        for l in 0..4 {
-            let raw = _mm512_loadu_si512(q.add(64 * l).cast());
-            wv[l] = _mm512_and_si512(raw, m4);
-            wv[l + 4] = _mm512_and_si512(_mm512_srli_epi16::<4>(raw), m4);
-        }
-        wv
-    }
-}
 
 /// Q6_K's high two bits from its two loads at `Q6_HIGH` (in load `p`, bits
 /// `2s..2s + 2` of a row's byte `k` belong to weight `4(4p + s) + k`), put
@@ -97,10 +82,33 @@ unsafe fn weights<const K: u8>(sub: *const u8) -> [__m512i; 8] {
     }
 }
 
-/// `acc + sum_c w[c] . x[c]` over chunks `cs`, in two chains.
+/// `sum_c w[c] . x[c]` over chunks `cs` in two chains (even and odd
+/// chunks), the first started at `init`.
 ///
 /// # Safety
 /// AVX-512 VNNI must be enabled; `xb` must point at a valid block.
+#[inline(always)]
+unsafe fn chains(
+    wv: &[__m512i; 8],
+    xb: *const Q8Block,
+    cs: std::ops::Range<usize>,
+    init: i32,
+) -> (__m512i, __m512i) {
+    unsafe {
+        let mut s0 = _mm512_set1_epi32(init);
+        let mut s1 = _mm512_setzero_si512();
+        for c in cs.step_by(2) {
+            s0 = _mm512_dpbusd_epi32(s0, wv[c], _mm512_set1_epi32(act_chunk(xb, c)));
+            s1 = _mm512_dpbusd_epi32(s1, wv[c + 1], _mm512_set1_epi32(act_chunk(xb, c + 1)));
+        }
+        (s0, s1)
+    }
+}
+
+/// `init + sum_c w[c] . x[c]` over chunks `cs`.
+///
+/// # Safety
+/// As `chains`.
 #[inline(always)]
 unsafe fn dot(
     wv: &[__m512i; 8],
@@ -109,12 +117,7 @@ unsafe fn dot(
     init: i32,
 ) -> __m512i {
     unsafe {
-        let mut s0 = _mm512_set1_epi32(init);
-        let mut s1 = _mm512_setzero_si512();
-        for c in cs.step_by(2) {
-            s0 = _mm512_dpbusd_epi32(s0, wv[c], _mm512_set1_epi32(act_chunk(xb, c)));
-            s1 = _mm512_dpbusd_epi32(s1, wv[c + 1], _mm512_set1_epi32(act_chunk(xb, c + 1)));
-        }
+        let (s0, s1) = chains(wv, xb, cs, init);
         _mm512_add_epi32(s0, s1)
     }
 }
@@ -132,6 +135,84 @@ unsafe fn lanes<const SIGNED: bool>(p: *const u8) -> __m512i {
         } else {
             _mm512_cvtepu8_epi32(b)
         }
+    }
+}
+
+/// Two i32 vectors whose lanes fit in 16 bits as one of 16-bit pairs
+/// (`lo` in the low half of each lane), for `vpdpwssd`.
+///
+/// # Safety
+/// AVX-512 F/BW must be enabled.
+#[inline(always)]
+unsafe fn pairs(lo: __m512i, hi: __m512i) -> __m512i {
+    unsafe { _mm512_mask_blend_epi16(0xAAAA_AAAA, lo, _mm512_bslli_epi128::<2>(hi)) }
+}
+
+/// The rows' mins of a super-block (Q4_K, Q5_K) as four vectors of
+/// 16-bit pairs: sub-blocks `2p` and `2p + 1` in vector `p`.
+///
+/// # Safety
+/// AVX-512 F/BW must be enabled; `sb` must point at a whole group
+/// super-block of format `K`.
+#[inline(always)]
+unsafe fn min_pairs<const K: u8>(sb: *const u8) -> [__m512i; 4] {
+    unsafe {
+        let at = |j: usize| lanes::<false>(sb.add(sub_offset(ty(K), j) + GROUP));
+        std::array::from_fn(|p| pairs(at(2 * p), at(2 * p + 1)))
+    }
+}
+
+/// `sum_j m_j * sum(x_j)` over a super-block's eight sub-blocks, for
+/// activation row `xs` (four `vpdpwssd`: each activation block's sum is at
+/// most 32 * 127, a 16-bit value).
+///
+/// # Safety
+/// AVX-512 VNNI must be enabled; `xs` must point at 8 valid blocks.
+#[inline(always)]
+unsafe fn min_sum(mins: &[__m512i; 4], xs: *const Q8Block) -> __m512i {
+    unsafe {
+        let bsum = |j: usize| {
+            let [h0, h1] = (*xs.add(j)).halves;
+            (i32::from(h0) + i32::from(h1)) as u16
+        };
+        let mut acc = _mm512_setzero_si512();
+        for (p, m) in mins.iter().enumerate() {
+            let b = u32::from(bsum(2 * p)) | (u32::from(bsum(2 * p + 1)) << 16);
+            acc = _mm512_dpwssd_epi32(acc, *m, _mm512_set1_epi32(b as i32));
+        }
+        acc
+    }
+}
+
+/// One sub-block's scaled integer sum for one activation row, added to
+/// `acc`: Q4_K's two chains (each at most 16 * 15 * 127, a 16-bit value)
+/// as 16-bit pairs times the scale pairs in one `vpdpwssd`; the other
+/// formats' dot product (with its offset) times the scale in `vpmulld`.
+///
+/// # Safety
+/// AVX-512 F/BW/VNNI must be enabled; `xb` must point at a valid block.
+#[inline(always)]
+unsafe fn scaled<const K: u8>(
+    wv: &[__m512i; 8],
+    xb: *const Q8Block,
+    (sc, other, sc_pairs): (__m512i, __m512i, __m512i),
+    acc: __m512i,
+) -> __m512i {
+    unsafe {
+        if K == Q4K {
+            let (s0, s1) = chains(wv, xb, 0..8, 0);
+            return _mm512_dpwssd_epi32(acc, pairs(s0, s1), sc_pairs);
+        }
+        let [h0, h1] = (*xb).halves.map(i32::from);
+        let v = if K == Q6K {
+            let lo = dot(wv, xb, 0..4, -32 * h0);
+            let hi = dot(wv, xb, 4..8, -32 * h1);
+            _mm512_add_epi32(_mm512_mullo_epi32(lo, sc), _mm512_mullo_epi32(hi, other))
+        } else {
+            let init = if K == IQ4XS { (*xb).off8 } else { 0 };
+            _mm512_mullo_epi32(dot(wv, xb, 0..8, init), sc)
+        };
+        _mm512_add_epi32(acc, v)
     }
 }
 
@@ -156,33 +237,21 @@ unsafe fn super_sums<const K: u8, const MR: usize>(
             let sub = sb.add(sub_offset(kt, j));
             prefetch_ahead(sub, sub_bytes(kt), MR);
             let wv = weights::<K>(sub);
-            let signed = K == Q6K || K == IQ4XS;
-            let sc = if signed {
+            let sc = if K == Q6K || K == IQ4XS {
                 lanes::<true>(sub)
             } else {
                 lanes::<false>(sub)
             };
-            let other = if K == Q6K {
-                lanes::<true>(sub.add(GROUP))
-            } else {
-                lanes::<false>(sub.add(GROUP))
-            };
+            let other = lanes::<true>(sub.add(GROUP));
+            let sc_pairs = _mm512_or_si512(sc, _mm512_slli_epi32::<16>(sc));
             for (i, acc) in sums.iter_mut().enumerate() {
-                let xb = x[i].add(j);
-                let [h0, h1] = (*xb).halves.map(i32::from);
-                let v = if K == Q6K {
-                    let lo = dot(&wv, xb, 0..4, -32 * h0);
-                    let hi = dot(&wv, xb, 4..8, -32 * h1);
-                    _mm512_add_epi32(_mm512_mullo_epi32(lo, sc), _mm512_mullo_epi32(hi, other))
-                } else {
-                    let init = if K == IQ4XS { (*xb).off8 } else { 0 };
-                    _mm512_mullo_epi32(dot(&wv, xb, 0..8, init), sc)
-                };
-                acc[0] = _mm512_add_epi32(acc[0], v);
-                if has_min(kt) {
-                    let m = _mm512_mullo_epi32(other, _mm512_set1_epi32(h0 + h1));
-                    acc[1] = _mm512_add_epi32(acc[1], m);
-                }
+                acc[0] = scaled::<K>(&wv, x[i].add(j), (sc, other, sc_pairs), acc[0]);
+            }
+        }
+        if has_min(kt) {
+            let mins = min_pairs::<K>(sb);
+            for (acc, xs) in sums.iter_mut().zip(x) {
+                acc[1] = min_sum(&mins, xs);
             }
         }
         sums
