@@ -1,10 +1,9 @@
 //! What the GPU backends (`wgpu`, `cuda`) share on the host side: the
 //! quantized weight layout their matmul kernels read (each 32-weight GGML
 //! block repacked into whole 32-bit words: the scale, and Q4_1's min, as
-//! f32, then the block's bytes) and the kernels' fixed sizes. Q4_K, Q5_0,
-//! IQ4_NL and IQ4_XS are expanded into those blocks exactly (`repack`);
-//! Q5_1, Q5_K and Q6_K are requantized to Q8_0 on upload (a finer step
-//! than theirs, but not their exact values).
+//! f32, then the block's bytes) and the kernels' fixed sizes. Every other
+//! format is expanded into such blocks exactly (`repack`), so the GPU
+//! computes with the file's values as the CPU does.
 
 use crate::quant::{KernelError, QMatrix, QuantType};
 
@@ -23,6 +22,10 @@ pub const KIND_Q4_0: u32 = 0;
 pub const KIND_Q4_1: u32 = 1;
 pub const KIND_Q8_0: u32 = 2;
 pub const KIND_F32: u32 = 3;
+/// Q8_0's bytes with an f32 min after the scale: `w = d * q + m`.
+pub const KIND_Q8_MIN: u32 = 4;
+/// Q8_0's bytes with two scales, one per 16 weights.
+pub const KIND_Q8_HALVES: u32 = 5;
 
 /// A quantized matrix as the kernels read it: the words, the format's
 /// `kind` and the words per 32-weight block. Blocks are stored block
@@ -30,22 +33,20 @@ pub const KIND_F32: u32 = 3;
 /// the matmul kernels give each output row its own thread, and
 /// neighbouring threads then read neighbouring blocks.
 ///
-/// The kernels read three block kinds, each with an f32 scale (Q4_1 an
-/// f32 min too). Formats whose every 32 weights are one f32 scale times
-/// small integers are expanded into them exactly, each weight the value
-/// ggml's dequantization gives: Q4_K's sub-blocks as Q4_1 blocks (scale
-/// `d * sc`, min `-dmin * m`), Q5_0, IQ4_NL and IQ4_XS as Q8_0 blocks (the
-/// integers `q - 16` or the table's values, scale `d`, or IQ4_XS's
-/// `d * (ls - 32)`). Q5_1, Q5_K and Q6_K, which have no such form, are
-/// requantized to Q8_0 (a finer step than theirs, not their values).
+/// Each format is expanded into the kernels' block kinds exactly, each
+/// weight the value ggml's dequantization gives: Q4_K's sub-blocks as
+/// Q4_1 blocks (scale `d * sc`, min `-dmin * m`); Q5_0, IQ4_NL and IQ4_XS
+/// as Q8_0 blocks (the integers `q - 16` or the table's values, scale `d`,
+/// or IQ4_XS's `d * (ls - 32)`); Q5_1 and Q5_K's sub-blocks as Q8_0 bytes
+/// with a min (`KIND_Q8_MIN`); Q6_K's as Q8_0 bytes (`q - 32`) with a
+/// scale per 16 weights (`KIND_Q8_HALVES`, scales `d * sc`).
 pub fn repack(q: &QMatrix) -> Result<(Vec<u32>, u32, u32), KernelError> {
     let (kind, wpb) = match q.ty {
         QuantType::Q4_0 => (KIND_Q4_0, 5),
         QuantType::Q4_1 | QuantType::Q4K => (KIND_Q4_1, 6),
         QuantType::Q8_0 | QuantType::Q5_0 | QuantType::Iq4Nl | QuantType::Iq4Xs => (KIND_Q8_0, 9),
-        QuantType::Q5_1 | QuantType::Q5K | QuantType::Q6K => {
-            return repack(&q.requantize(QuantType::Q8_0)?);
-        }
+        QuantType::Q5_1 | QuantType::Q5K => (KIND_Q8_MIN, 10),
+        QuantType::Q6K => (KIND_Q8_HALVES, 10),
     };
     let (nb, w) = (q.blocks_per_row(), wpb as usize);
     let mut words = vec![0u32; q.rows * nb * w];
@@ -53,11 +54,11 @@ pub fn repack(q: &QMatrix) -> Result<(Vec<u32>, u32, u32), KernelError> {
         for (b, blk) in gpu_blocks(q.ty, &q.ggml_row(r)).into_iter().enumerate() {
             let out = &mut words[(b * q.rows + r) * w..][..w];
             out[0] = blk.d.to_bits();
-            let at = if kind == KIND_Q4_1 {
+            let at = if matches!(kind, KIND_Q4_0 | KIND_Q8_0) {
+                1
+            } else {
                 out[1] = blk.m.to_bits();
                 2
-            } else {
-                1
             };
             for (o, c) in out[at..].iter_mut().zip(blk.bytes.chunks_exact(4)) {
                 *o = u32::from_le_bytes([c[0], c[1], c[2], c[3]]);
@@ -67,9 +68,10 @@ pub fn repack(q: &QMatrix) -> Result<(Vec<u32>, u32, u32), KernelError> {
     Ok((words, kind, wpb))
 }
 
-/// One 32-weight block as the kernels read it: scale, min (Q4_1's kind)
-/// and the quant bytes in GGML's order for the kind (nibbles: byte `j`
-/// holds weights `j` and `j + 16`; Q8_0: one signed byte a weight).
+/// One 32-weight block as the kernels read it: scale, second word (Q4_1's
+/// and `KIND_Q8_MIN`'s min, `KIND_Q8_HALVES`'s second scale) and the quant
+/// bytes in GGML's order for the kind (nibbles: byte `j` holds weights `j`
+/// and `j + 16`; the Q8 kinds: one signed byte a weight).
 struct GpuBlock {
     d: f32,
     m: f32,
@@ -80,7 +82,7 @@ struct GpuBlock {
 /// exactly: see `repack`).
 fn gpu_blocks(ty: QuantType, row: &[u8]) -> Vec<GpuBlock> {
     use crate::iquant::{Iq4xsBlock, KVALUES};
-    use crate::kquant::Q4kBlock;
+    use crate::kquant::{Q4kBlock, Q6kBlock};
     let f16 = |b: &[u8]| half::f16::from_le_bytes([b[0], b[1]]).to_f32();
     let table = |i: u8| KVALUES[usize::from(i)] as u8;
     let nibbles = |q: &[u8]| (0..16).map(|l| q[l] | (q[l + 16] << 4)).collect();
@@ -145,12 +147,54 @@ fn gpu_blocks(ty: QuantType, row: &[u8]) -> Vec<GpuBlock> {
                 }
             })
             .collect(),
-        QuantType::Q4_0
-        | QuantType::Q4_1
-        | QuantType::Q8_0
-        | QuantType::Q5_1
-        | QuantType::Q5K
-        | QuantType::Q6K => chunks
+        QuantType::Q5K => chunks
+            .flat_map(|b| {
+                let k = Q4kBlock::from_ggml_q5k(b);
+                let (d, dmin) = (f16(&k.d.to_le_bytes()), f16(&k.dmin.to_le_bytes()));
+                (0..8)
+                    .map(|j| GpuBlock {
+                        d: d * f32::from(k.sc[j]),
+                        m: -(dmin * f32::from(k.m[j])),
+                        bytes: k.q[32 * j..][..32].to_vec(),
+                    })
+                    .collect::<Vec<_>>()
+            })
+            .collect(),
+        QuantType::Q6K => chunks
+            .flat_map(|b| {
+                let k = Q6kBlock::from_ggml(b);
+                let d = f16(&k.d.to_le_bytes());
+                (0..8)
+                    .map(|j| GpuBlock {
+                        d: d * f32::from(k.sc[2 * j]),
+                        m: d * f32::from(k.sc[2 * j + 1]),
+                        bytes: k.q[32 * j..][..32]
+                            .iter()
+                            .map(|&q| q.wrapping_sub(32))
+                            .collect(),
+                    })
+                    .collect::<Vec<_>>()
+            })
+            .collect(),
+        QuantType::Q5_1 => chunks
+            .map(|b| {
+                let qh = u32::from_le_bytes([b[4], b[5], b[6], b[7]]);
+                let q = |j: usize| {
+                    let low = if j < 16 {
+                        b[8 + j] & 0x0F
+                    } else {
+                        b[8 + j - 16] >> 4
+                    };
+                    low | ((((qh >> j) & 1) as u8) << 4)
+                };
+                GpuBlock {
+                    d: f16(b),
+                    m: f16(&b[2..4]),
+                    bytes: (0..32).map(q).collect(),
+                }
+            })
+            .collect(),
+        QuantType::Q4_0 | QuantType::Q4_1 | QuantType::Q8_0 => chunks
             .map(|b| {
                 let min = ty == QuantType::Q4_1;
                 GpuBlock {
@@ -219,15 +263,20 @@ mod tests {
             for b in 0..nb {
                 let w = &words[(b * rows + r) * wpb..][..wpb];
                 let d = f32::from_bits(w[0]);
-                let (m, at) = if kind == KIND_Q4_1 {
-                    (f32::from_bits(w[1]), 2)
-                } else {
+                let (m, at) = if kind == KIND_Q8_0 {
                     (0.0, 1)
+                } else {
+                    (f32::from_bits(w[1]), 2)
                 };
                 let bytes: Vec<u8> = w[at..].iter().flat_map(|x| x.to_le_bytes()).collect();
                 for j in 0..32 {
+                    let q = || f32::from(bytes[j] as i8);
                     let v = if kind == KIND_Q8_0 {
-                        f32::from(bytes[j] as i8) * d
+                        q() * d
+                    } else if kind == KIND_Q8_MIN {
+                        q() * d + m
+                    } else if kind == KIND_Q8_HALVES {
+                        q() * if j < 16 { d } else { m }
                     } else {
                         let n = if j < 16 {
                             bytes[j] & 0x0F
@@ -244,14 +293,17 @@ mod tests {
     }
 
     #[test]
-    fn exact_formats_reach_the_kernels_with_ggml_s_values() {
+    fn every_format_reaches_the_kernels_with_ggml_s_values() {
         let (rows, cols) = (5, 512);
         let w: Vec<f32> = (0..rows * cols)
             .map(|i| ((i * 7919) % 1013) as f32 / 506.0 - 1.0)
             .collect();
         for ty in [
             QuantType::Q4K,
+            QuantType::Q5K,
+            QuantType::Q6K,
             QuantType::Q5_0,
+            QuantType::Q5_1,
             QuantType::Iq4Nl,
             QuantType::Iq4Xs,
             QuantType::Q4_1,

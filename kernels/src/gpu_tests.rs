@@ -65,17 +65,26 @@ pub(crate) fn quantized_and_dense_matmuls_and_embeddings_match_the_reference<B: 
     exact_formats_match_the_reference(g);
 }
 
-/// Q4_K, Q5_0, IQ4_NL and IQ4_XS reach the kernels with ggml's values
-/// (`gpu_pack::repack`): embedding rows are the dequantized rows bit for
-/// bit, and products are within the activations' rounding.
+/// The formats other than Q4_0, Q4_1 and Q8_0 reach the kernels with
+/// ggml's values (`gpu_pack::repack`): embedding rows are the dequantized
+/// rows bit for bit, and products are within the activations' rounding.
 fn exact_formats_match_the_reference<B: Backend>(g: &B) {
     let (rows, cols) = (37, 512);
-    let w = reference::ramp(rows * cols, 21);
+    // The second 16 of every 32 weights larger: Q6_K's halves get
+    // different scales.
+    let w: Vec<f32> = reference::ramp(rows * cols, 21)
+        .iter()
+        .enumerate()
+        .map(|(i, v)| if i % 32 >= 16 { 4.0 * v } else { *v })
+        .collect();
     let x = reference::ramp(3 * cols, 22);
     let xt = g.tensor(x.clone(), cols);
     for ty in [
         QuantType::Q4K,
+        QuantType::Q5K,
+        QuantType::Q6K,
         QuantType::Q5_0,
+        QuantType::Q5_1,
         QuantType::Iq4Nl,
         QuantType::Iq4Xs,
     ] {

@@ -127,17 +127,27 @@ __global__ void quantize(const float* x, u32* xq, u32 rows, u32 k) {
 // integer path computes them: (isum, d_w * d_x, offset, s), the block
 // adding isum * (d_w * d_x) + offset * s to the dot product. Q4_0's and
 // Q8_0's weights are signed integers times d (isum exact, offset 0, and
-// adding 0 * 0 leaves the sum as it is); Q4_1's are d * u + offset.
+// adding 0 * 0 leaves the sum as it is); Q4_1's (and kind 4's, Q8_0's
+// bytes with an f32 min) are d * u + offset. Kind 5 (Q8_0's bytes with a
+// scale per 16 weights) gives its halves' sums and scales in the two
+// places: isum_lo * dd_lo + isum_hi * dd_hi.
 __device__ float4 block_terms(const u32* w, u32 blk, u32 kind, u32 wpb, const u32* xb) {
     const u32* base = w + blk * wpb;
     float d = __uint_as_float(base[0]);
     float dd = __fmul_rn(d, __uint_as_float(xb[0]));
     int isum = 0;
-    if (kind == 2u) {
+    if (kind == 2u || kind >= 4u) {
+        int hi = 0;
+        const u32* qs = base + (kind >= 4u ? 2u : 1u);
         for (u32 j = 0; j < 8u; j++) {
-            u32 q = base[1u + j], a = xb[2u + j];
-            for (u32 t = 0; t < 4u; t++) isum += sbyte(q, t) * sbyte(a, t);
+            u32 q = qs[j], a = xb[2u + j];
+            int part = 0;
+            for (u32 t = 0; t < 4u; t++) part += sbyte(q, t) * sbyte(a, t);
+            if (kind == 5u && j >= 4u) hi += part; else isum += part;
         }
+        if (kind == 4u) return make_float4((float)isum, dd, __uint_as_float(base[1]), __uint_as_float(xb[1]));
+        if (kind == 5u)
+            return make_float4((float)isum, dd, (float)hi, __fmul_rn(__uint_as_float(base[1]), __uint_as_float(xb[0])));
         return make_float4((float)isum, dd, 0.0f, 0.0f);
     }
     bool has_min = kind == 1u;
@@ -229,8 +239,14 @@ __global__ void embed_quant(const u32* ids, const u32* w, float* y, u32 rows, u3
     const u32* base = w + (b * n + id) * wpb;
     float d = __uint_as_float(base[0]);
     float* out = y + t * k + b * 32u;
-    if (kind == 2u) {
-        for (u32 j = 0; j < 32u; j++) out[j] = (float)sbyte(base[1u + j / 4u], j % 4u) * d;
+    if (kind == 2u || kind >= 4u) {
+        // Kind 4: a min after the scale; kind 5: the second 16's scale.
+        float second = __uint_as_float(base[1]);
+        const u32* qs = base + (kind >= 4u ? 2u : 1u);
+        for (u32 j = 0; j < 32u; j++) {
+            float v = (float)sbyte(qs[j / 4u], j % 4u);
+            out[j] = kind == 4u ? __fadd_rn(__fmul_rn(v, d), second) : v * (kind == 5u && j >= 16u ? second : d);
+        }
         return;
     }
     bool has_min = kind == 1u;

@@ -1,11 +1,14 @@
-// y = x · Wᵀ with W quantized (Q4_0, Q4_1, Q8_0: dequantized here, block
-// by block) or f32, and the embedding lookup of quantized rows.
+// y = x · Wᵀ with W quantized (blocks of kinds Q4_0, Q4_1, Q8_0, Q8_0 with
+// a min, Q8_0 with a scale per 16: dequantized here, block by block) or
+// f32, and the embedding lookup of quantized rows.
 //
 // Quantized weights are repacked at upload into whole 32-bit words per
 // 32-weight block: the scale (and Q4_1's min) as f32, then the block's
 // bytes as in GGML (Q4: byte j holds weight j in its low nibble and weight
-// j + 16 in its high one; Q8_0: one signed byte per weight). Blocks are
-// stored block column by block column: block b of row r is b * rows + r.
+// j + 16 in its high one; Q8_0: one signed byte per weight). Kind 4 is
+// Q8_0's bytes with an f32 min after the scale (`d * q + m`: Q5_1, Q5_K);
+// kind 5 Q8_0's bytes with two scales, one per 16 weights (Q6_K). Blocks
+// are stored block column by block column: block b of row r is b * rows + r.
 //
 // Activations are quantized first (`quantize`), block by block, to 8
 // bits exactly as the CPU backend does (d = amax / 127, round half away
@@ -15,7 +18,8 @@
 // block as the CPU adds them.
 //
 // Params a = (m, n, k, kind), b = (words per block, 0, 0, 0); kind 0 =
-// Q4_0, 1 = Q4_1, 2 = Q8_0, 3 = f32. The f32 matmul: one workgroup
+// Q4_0, 1 = Q4_1, 2 = Q8_0, 3 = f32, 4 = Q8_0 with a min, 5 = Q8_0 with
+// two scales. The f32 matmul: one workgroup
 // computes one output column `n` for up to TM rows of x.
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -35,12 +39,21 @@ var<workgroup> partial: array<f32, 256>;
 fn dequant(blk: u32, kind: u32, wpb: u32, out: ptr<function, array<f32, 32>>) {
     let base = blk * wpb;
     let d = bitcast<f32>(w[base]);
-    if (kind == 2u) {
+    if (kind == 2u || kind >= 4u) {
+        // Kind 4: a min after the scale; kind 5: the second 16's scale.
+        let second = bitcast<f32>(w[base + 1u]);
+        let qs = base + select(1u, 2u, kind >= 4u);
         for (var j = 0u; j < 8u; j++) {
-            let q = w[base + 1u + j];
+            let q = w[qs + j];
             for (var t = 0u; t < 4u; t++) {
-                let v = bitcast<i32>(((q >> (8u * t)) & 0xffu) << 24u) >> 24u;
-                (*out)[4u * j + t] = f32(v) * d;
+                let v = f32(bitcast<i32>(((q >> (8u * t)) & 0xffu) << 24u) >> 24u);
+                var y = v * d;
+                if (kind == 4u) {
+                    y = mul_rn(v, d) + second;
+                } else if (kind == 5u && j >= 4u) {
+                    y = v * second;
+                }
+                (*out)[4u * j + t] = y;
             }
         }
         return;
@@ -63,21 +76,36 @@ fn dequant(blk: u32, kind: u32, wpb: u32, out: ptr<function, array<f32, 32>>) {
 // CPU's integer path computes them: (isum, d_w * d_x, offset, s), the
 // block adding `isum * (d_w * d_x) + offset * s` to the dot product.
 // Q4_0's and Q8_0's weights are signed integers times d (isum exact,
-// offset 0, and adding 0 * 0 leaves the sum as it is); Q4_1's are
-// `d * u + offset`.
+// offset 0, and adding 0 * 0 leaves the sum as it is); Q4_1's (and kind
+// 4's) are `d * u + offset`. Kind 5 gives its two halves' sums and
+// scales in the two places: `isum_lo * dd_lo + isum_hi * dd_hi`.
 fn block_terms(blk: u32, kind: u32, wpb: u32, xb: u32) -> vec4<f32> {
     let base = blk * wpb;
     let d = bitcast<f32>(w[base]);
     let dd = d * bitcast<f32>(xq[xb]);
     var isum = 0i;
-    if (kind == 2u) {
+    if (kind == 2u || kind >= 4u) {
+        var hi = 0i;
+        let qs = base + select(1u, 2u, kind >= 4u);
         for (var j = 0u; j < 8u; j++) {
-            let q = w[base + 1u + j];
+            let q = w[qs + j];
             let a = xq[xb + 2u + j];
+            var part = 0i;
             for (var t = 0u; t < 4u; t++) {
                 let wq = bitcast<i32>(((q >> (8u * t)) & 0xffu) << 24u) >> 24u;
-                isum += wq * (bitcast<i32>(((a >> (8u * t)) & 0xffu) << 24u) >> 24u);
+                part += wq * (bitcast<i32>(((a >> (8u * t)) & 0xffu) << 24u) >> 24u);
             }
+            if (kind == 5u && j >= 4u) {
+                hi += part;
+            } else {
+                isum += part;
+            }
+        }
+        if (kind == 4u) {
+            return vec4<f32>(f32(isum), dd, bitcast<f32>(w[base + 1u]), bitcast<f32>(xq[xb + 1u]));
+        }
+        if (kind == 5u) {
+            return vec4<f32>(f32(isum), dd, f32(hi), bitcast<f32>(w[base + 1u]) * bitcast<f32>(xq[xb]));
         }
         return vec4<f32>(f32(isum), dd, 0.0, 0.0);
     }
