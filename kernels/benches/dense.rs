@@ -1,7 +1,9 @@
 //! f32 matmul throughput (`cpu::dense`, the weight packed once as at load)
 //! on MiniLM's and a tiny model's shapes, against a plain parallel dot
 //! product (the CPU backend's first dense path). Run with
-//! `cargo bench -p kernels --bench dense`.
+//! `cargo bench -p kernels --bench dense`; `-- half`: a 1B model's
+//! projection (2048x8192) streamed from memory in f32, f16 and bf16,
+//! alternating (what an F16 or BF16 GGUF file's decode step reads).
 
 use std::time::Instant;
 
@@ -39,7 +41,58 @@ fn time(reps: usize, f: &dyn Fn() -> Vec<f32>) -> f64 {
     t.elapsed().as_secs_f64() / reps as f64
 }
 
+/// The 1B `down` projection in f32, f16 and bf16, copies past the LLC
+/// cycled, the three alternating: best of five (ms and GB/s of weights).
+fn half() {
+    let (n, k) = (2048, 8192);
+    let w: Vec<f32> = (0..n * k)
+        .map(|i| ((i * 7919) % 1013) as f32 / 506.0 - 1.0)
+        .collect();
+    let f16: Vec<u16> = w
+        .iter()
+        .map(|&v| half::f16::from_f32(v).to_bits())
+        .collect();
+    let bf16: Vec<u16> = w
+        .iter()
+        .map(|&v| half::bf16::from_f32(v).to_bits())
+        .collect();
+    let copies = 8;
+    let sets: Vec<(&str, Vec<Packed>)> = vec![
+        ("f32", vec![Packed::new(&w, n, k); copies]),
+        ("f16", vec![Packed::new_half(&f16, false, n, k); copies]),
+        ("bf16", vec![Packed::new_half(&bf16, true, n, k); copies]),
+    ];
+    for m in [1usize, 8] {
+        let x: Vec<f32> = (0..m * k)
+            .map(|i| ((i * 104_729) % 997) as f32 / 498.0 - 1.0)
+            .collect();
+        let mut best = vec![f64::MAX; sets.len()];
+        for _ in 0..5 {
+            for (b, (_, ws)) in best.iter_mut().zip(&sets) {
+                let t = Instant::now();
+                for p in ws {
+                    std::hint::black_box(matmul_packed(p, &x, m));
+                }
+                *b = b.min(t.elapsed().as_secs_f64() / copies as f64);
+            }
+        }
+        let cells: Vec<String> = sets
+            .iter()
+            .zip(&best)
+            .map(|((name, ws), s)| {
+                let gbs = ws[0].bytes() as f64 / s / 1e9;
+                format!("{name} {:7.3} ms {gbs:5.1} GB/s", s * 1e3)
+            })
+            .collect();
+        println!("1b down 2048x8192 m={m}: {}", cells.join(" | "));
+    }
+}
+
 fn main() {
+    if std::env::args().any(|a| a == "half") {
+        half();
+        return;
+    }
     let shapes = [
         ("minilm qkv 1152x384", 1152, 384),
         ("minilm up 1536x384", 1536, 384),

@@ -24,6 +24,39 @@ pub enum HostMatrix {
         rows: usize,
         cols: usize,
     },
+    /// f16 (or, `bf16`, bfloat16) bits, row-major `rows x cols`: kept at
+    /// 16 bits on the CPU, widened to f32 (exactly) by the GPU backends.
+    Half {
+        bits: Vec<u16>,
+        bf16: bool,
+        rows: usize,
+        cols: usize,
+    },
+}
+
+/// 16-bit float bits widened to f32 (exact).
+pub fn widen(bits: &[u16], bf16: bool) -> Vec<f32> {
+    if bf16 {
+        bits.iter()
+            .map(|&b| f32::from_bits(u32::from(b) << 16))
+            .collect()
+    } else {
+        bits.iter()
+            .map(|&b| half::f16::from_bits(b).to_f32())
+            .collect()
+    }
+}
+
+/// Checks that a half-precision matrix's bits are `rows x cols`.
+pub fn check_half(bits: &[u16], rows: usize, cols: usize) -> Result<(), KernelError> {
+    if bits.len() != rows * cols {
+        return Err(KernelError::Shape {
+            what: "half-precision matrix",
+            expected: rows * cols,
+            got: bits.len(),
+        });
+    }
+    Ok(())
 }
 
 /// Checks that a dense matrix's data is `rows x cols` (what every backend's

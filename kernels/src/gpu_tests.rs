@@ -106,6 +106,34 @@ fn exact_formats_match_the_reference<B: Backend>(g: &B) {
             .collect();
         assert_eq!(emb, want, "{ty:?} embedding rows are ggml's values");
     }
+    // F16 and BF16 matrices are widened exactly: the f32 matrix's results.
+    for bf16 in [false, true] {
+        let bits: Vec<u16> = w
+            .iter()
+            .map(|&v| {
+                if bf16 {
+                    half::bf16::from_f32(v).to_bits()
+                } else {
+                    half::f16::from_f32(v).to_bits()
+                }
+            })
+            .collect();
+        let data = crate::backend::widen(&bits, bf16);
+        let half = g
+            .matrix(HostMatrix::Half {
+                bits,
+                bf16,
+                rows,
+                cols,
+            })
+            .expect("half");
+        let dense = g
+            .matrix(HostMatrix::Dense { data, rows, cols })
+            .expect("dense");
+        let got = g.to_host(&g.matmul(&xt, &half).expect("matmul"));
+        let want = g.to_host(&g.matmul(&xt, &dense).expect("matmul"));
+        assert_eq!(got, want, "bf16={bf16}: the widened matrix's product");
+    }
 }
 
 fn matmuls_and_embeddings_at<B: Backend>(g: &B, rows: usize, cols: usize) {

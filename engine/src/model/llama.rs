@@ -128,7 +128,7 @@ impl<B: Backend> Proj<B> {
             .iter()
             .map(|p| match p {
                 Linear::Quant(m) => Some(m.as_ref()),
-                Linear::Dense { .. } => None,
+                Linear::Dense { .. } | Linear::Half { .. } => None,
             })
             .collect();
         if let Some(ms) = quant

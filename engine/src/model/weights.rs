@@ -2,9 +2,11 @@
 //! them (`Linear::into_host`). Quantized tensors stay quantized: Q4_0,
 //! Q4_1, Q8_0, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, IQ4_NL and IQ4_XS as they are
 //! (in the kernels' interleaved layouts, bit for bit the file's values),
-//! Q2_K and Q3_K requantized to Q8_0 (a finer step than theirs). F16, BF16
-//! and F32 tensors (and any whose rows are not whole blocks) are kept in
-//! f32. `Linear::forward` is the host-side product the tests compare with.
+//! Q2_K and Q3_K requantized to Q8_0 (a finer step than theirs). F16 and
+//! BF16 matrices are kept at 16 bits (`Linear::Half`; the CPU multiplies
+//! them widened exactly to f32); F32 tensors (and quantized ones whose rows
+//! are not whole blocks) are kept in f32. `Linear::forward` is the
+//! host-side product the tests compare with.
 
 use std::sync::Arc;
 
@@ -19,7 +21,18 @@ use crate::gguf::TensorType;
 #[derive(Debug, Clone)]
 pub enum Linear {
     Quant(Arc<QMatrix>),
-    Dense { w: Tensor, rows: usize, cols: usize },
+    Dense {
+        w: Tensor,
+        rows: usize,
+        cols: usize,
+    },
+    /// F16 or (`bf16`) BF16 bits, row-major.
+    Half {
+        bits: Vec<u16>,
+        bf16: bool,
+        rows: usize,
+        cols: usize,
+    },
 }
 
 /// How a GGUF tensor type is brought into the kernels' formats.
@@ -30,6 +43,8 @@ enum Plan {
     Requantize,
     /// Kept as f32.
     Dense,
+    /// Kept at 16 bits (F16, BF16).
+    Half,
 }
 
 /// The kernels' format of a GGUF tensor type, where they read it as it is.
@@ -54,12 +69,16 @@ fn native(ty: TensorType) -> Option<QuantType> {
 }
 
 fn plan(ty: TensorType, cols: usize) -> Plan {
+    if matches!(ty, TensorType::F16 | TensorType::BF16) {
+        return Plan::Half;
+    }
     if !cols.is_multiple_of(kernels::quant::QK) {
         return Plan::Dense;
     }
     match native(ty) {
         Some(q) if cols.is_multiple_of(q.block_weights()) => Plan::Native(q),
-        _ if matches!(ty, TensorType::F32 | TensorType::F16 | TensorType::BF16) => Plan::Dense,
+        _ if matches!(ty, TensorType::F16 | TensorType::BF16) => Plan::Half,
+        _ if ty == TensorType::F32 => Plan::Dense,
         _ => Plan::Requantize,
     }
 }
@@ -98,6 +117,19 @@ impl Linear {
                 let w = Tensor::from_vec(w, (rows, cols), &Device::Cpu)?;
                 return Ok(Self::Dense { w, rows, cols });
             }
+            Plan::Half => {
+                let bits = bytes
+                    .chunks_exact(2)
+                    .map(|b| u16::from_le_bytes([b[0], b[1]]))
+                    .collect();
+                let bf16 = ty == TensorType::BF16;
+                return Ok(Self::Half {
+                    bits,
+                    bf16,
+                    rows,
+                    cols,
+                });
+            }
             Plan::Native(q) => QMatrix::new(q, rows, cols, bytes),
             Plan::Requantize => {
                 let w = dequantize(name, ty, dims, bytes)?;
@@ -110,14 +142,14 @@ impl Linear {
     pub fn rows(&self) -> usize {
         match self {
             Self::Quant(m) => m.rows,
-            Self::Dense { rows, .. } => *rows,
+            Self::Dense { rows, .. } | Self::Half { rows, .. } => *rows,
         }
     }
 
     pub fn cols(&self) -> usize {
         match self {
             Self::Quant(m) => m.cols,
-            Self::Dense { cols, .. } => *cols,
+            Self::Dense { cols, .. } | Self::Half { cols, .. } => *cols,
         }
     }
 
@@ -134,6 +166,15 @@ impl Linear {
                 let xt = Tensor::from_slice(x, (m, *cols), &Device::Cpu)?;
                 Ok(xt.matmul(&w.t()?)?.flatten_all()?.to_vec1::<f32>()?)
             }
+            Self::Half {
+                bits,
+                bf16,
+                rows,
+                cols,
+            } => {
+                let p = kernels::cpu::dense::Packed::new_half(bits, *bf16, *rows, *cols);
+                Ok(kernels::cpu::dense::matmul_packed(&p, x, m))
+            }
         }
     }
 
@@ -146,6 +187,17 @@ impl Linear {
             }
             Self::Dense { w, rows, cols } => HostMatrix::Dense {
                 data: w.flatten_all()?.to_vec1::<f32>()?,
+                rows,
+                cols,
+            },
+            Self::Half {
+                bits,
+                bf16,
+                rows,
+                cols,
+            } => HostMatrix::Half {
+                bits,
+                bf16,
                 rows,
                 cols,
             },
@@ -163,6 +215,9 @@ impl Linear {
         match self {
             Self::Quant(m) => Ok(m.dequantize_row(r)),
             Self::Dense { w, .. } => Ok(w.get(r)?.to_vec1::<f32>()?),
+            Self::Half {
+                bits, bf16, cols, ..
+            } => Ok(kernels::backend::widen(&bits[r * cols..][..*cols], *bf16)),
         }
     }
 }
@@ -235,6 +290,32 @@ mod tests {
                 err <= 0.02 * scale,
                 "{dtype:?}: max error {err} (scale {scale})"
             );
+        }
+    }
+
+    #[test]
+    fn f16_and_bf16_matrices_stay_at_16_bits_with_their_exact_values() {
+        let (rows, cols, m) = (40, 96, 3);
+        let w = kernels::reference::ramp(rows * cols, 4);
+        let x = kernels::reference::ramp(m * cols, 5);
+        for (ty, bf16) in [(TensorType::F16, false), (TensorType::BF16, true)] {
+            let bits: Vec<u16> = w
+                .iter()
+                .map(|&v| {
+                    if bf16 {
+                        half::bf16::from_f32(v).to_bits()
+                    } else {
+                        half::f16::from_f32(v).to_bits()
+                    }
+                })
+                .collect();
+            let bytes: Vec<u8> = bits.iter().flat_map(|b| b.to_le_bytes()).collect();
+            let lin = Linear::from_gguf("w", ty, &[rows, cols], &bytes).expect("load");
+            assert!(matches!(lin, Linear::Half { .. }), "{ty:?} kept at 16 bits");
+            let wide = kernels::backend::widen(&bits, bf16);
+            assert_eq!(lin.row(7).expect("row"), wide[7 * cols..8 * cols]);
+            let want = kernels::cpu::dense::matmul_f32(&wide, rows, cols, &x, m);
+            assert_eq!(lin.forward(&x, m).expect("forward"), want, "{ty:?}");
         }
     }
 

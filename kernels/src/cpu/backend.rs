@@ -54,6 +54,16 @@ impl Backend for CpuBackend {
                 crate::backend::check_dense(&data, rows, cols)?;
                 CpuMatrix::Dense(Arc::new(super::dense::Packed::new(&data, rows, cols)))
             }
+            HostMatrix::Half {
+                bits,
+                bf16,
+                rows,
+                cols,
+            } => {
+                crate::backend::check_half(&bits, rows, cols)?;
+                let p = super::dense::Packed::new_half(&bits, bf16, rows, cols);
+                CpuMatrix::Dense(Arc::new(p))
+            }
         })
     }
 

@@ -1,6 +1,8 @@
-//! f32 matrix multiplication on the CPU, `y = x · Wᵀ` with `x` row-major
-//! `m x k` and `W` an `n x k` weight, for the weights a model keeps in f32
-//! (BERT's linear layers, a tiny llama's tensors).
+//! Dense matrix multiplication on the CPU, `y = x · Wᵀ` with `x` row-major
+//! `m x k` f32 and `W` an `n x k` weight held in f32, f16 or bf16 (the
+//! weights a model keeps unquantized: BERT's linear layers, a GGUF file's
+//! F32, F16 and BF16 tensors, each kept in its own width and widened to
+//! f32 in the micro-kernel, exactly, so the products are the f32 ones).
 //!
 //! The weight is packed once, at load, into panels of `NR` = 32 output
 //! columns laid out along `k` (`panel[kk][c] = W[p·32 + c][kk]`, the last
@@ -22,62 +24,193 @@ pub const NR: usize = 32;
 /// Input rows per micro-kernel call.
 const MR: usize = 6;
 
-/// A weight packed into `NR`-column panels.
+/// A weight element: f32, or an f16 or bf16 widened to f32 exactly.
+pub trait Elem: Copy + Default + Send + Sync + PartialEq + std::fmt::Debug + 'static {
+    fn f32(self) -> f32;
+    /// Sixteen consecutive elements at `p` as f32 lanes.
+    ///
+    /// # Safety
+    /// AVX-512F must be enabled; 16 elements at `p` must be readable.
+    #[cfg(target_arch = "x86_64")]
+    #[allow(unsafe_code)]
+    unsafe fn load16(p: *const Self) -> std::arch::x86_64::__m512;
+}
+
+impl Elem for f32 {
+    fn f32(self) -> f32 {
+        self
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    #[allow(unsafe_code)]
+    unsafe fn load16(p: *const Self) -> std::arch::x86_64::__m512 {
+        unsafe { std::arch::x86_64::_mm512_loadu_ps(p) }
+    }
+}
+
+/// An IEEE half, by its bits (GGUF's F16).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+#[repr(transparent)]
+pub struct F16(pub u16);
+
+/// A bfloat16, by its bits (GGUF's BF16): the top half of an f32.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+#[repr(transparent)]
+pub struct Bf16(pub u16);
+
+impl Elem for F16 {
+    fn f32(self) -> f32 {
+        half::f16::from_bits(self.0).to_f32()
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    #[allow(unsafe_code)]
+    unsafe fn load16(p: *const Self) -> std::arch::x86_64::__m512 {
+        use std::arch::x86_64::{_mm256_loadu_si256, _mm512_cvtph_ps};
+        unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(p.cast())) }
+    }
+}
+
+impl Elem for Bf16 {
+    fn f32(self) -> f32 {
+        f32::from_bits(u32::from(self.0) << 16)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    #[allow(unsafe_code)]
+    unsafe fn load16(p: *const Self) -> std::arch::x86_64::__m512 {
+        use std::arch::x86_64::{
+            _mm256_loadu_si256, _mm512_castsi512_ps, _mm512_cvtepu16_epi32, _mm512_slli_epi32,
+        };
+        unsafe {
+            let w = _mm512_cvtepu16_epi32(_mm256_loadu_si256(p.cast()));
+            _mm512_castsi512_ps(_mm512_slli_epi32::<16>(w))
+        }
+    }
+}
+
+/// Panels of one element width (see `Packed`).
+#[derive(Debug, Clone, PartialEq)]
+enum Panels {
+    F32(Vec<f32>),
+    F16(Vec<F16>),
+    Bf16(Vec<Bf16>),
+}
+
+/// A weight packed into `NR`-column panels, in its own width.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Packed {
     /// `panels x k x NR`.
-    data: Vec<f32>,
+    data: Panels,
     /// Outputs (the weight's rows).
     pub n: usize,
     /// Inputs (the weight's columns).
     pub k: usize,
 }
 
+/// `w` (row-major `n x k`) in panels.
+fn pack<E: Elem>(w: &[E], n: usize, k: usize) -> Vec<E> {
+    debug_assert_eq!(w.len(), n * k);
+    let panels = n.div_ceil(NR);
+    let mut data = vec![E::default(); panels * k * NR];
+    for (p, panel) in data.chunks_exact_mut((k * NR).max(1)).enumerate() {
+        for c in 0..NR.min(n - p * NR) {
+            let row = &w[(p * NR + c) * k..][..k];
+            for (kk, &v) in row.iter().enumerate() {
+                panel[kk * NR + c] = v;
+            }
+        }
+    }
+    data
+}
+
 impl Packed {
     /// Packs `w`, row-major `n x k`.
     pub fn new(w: &[f32], n: usize, k: usize) -> Self {
-        debug_assert_eq!(w.len(), n * k);
-        let panels = n.div_ceil(NR);
-        let mut data = vec![0.0f32; panels * k * NR];
-        for (p, panel) in data.chunks_exact_mut((k * NR).max(1)).enumerate() {
-            for c in 0..NR.min(n - p * NR) {
-                let row = &w[(p * NR + c) * k..][..k];
-                for (kk, &v) in row.iter().enumerate() {
-                    panel[kk * NR + c] = v;
-                }
-            }
+        Self {
+            data: Panels::F32(pack(w, n, k)),
+            n,
+            k,
         }
+    }
+
+    /// Packs f16 (or, `bf16`, bfloat16) bits, row-major `n x k`, kept at
+    /// 16 bits.
+    pub fn new_half(bits: &[u16], bf16: bool, n: usize, k: usize) -> Self {
+        let data = if bf16 {
+            Panels::Bf16(pack(
+                &bits.iter().map(|&b| Bf16(b)).collect::<Vec<_>>(),
+                n,
+                k,
+            ))
+        } else {
+            Panels::F16(pack(
+                &bits.iter().map(|&b| F16(b)).collect::<Vec<_>>(),
+                n,
+                k,
+            ))
+        };
         Self { data, n, k }
+    }
+
+    /// Bytes of the packed weight.
+    pub fn bytes(&self) -> usize {
+        match &self.data {
+            Panels::F32(d) => 4 * d.len(),
+            Panels::F16(d) => 2 * d.len(),
+            Panels::Bf16(d) => 2 * d.len(),
+        }
     }
 
     /// Row `r` of the weight (an embedding lookup).
     pub fn row(&self, r: usize) -> Vec<f32> {
-        let (p, c) = (r / NR, r % NR);
-        let panel = &self.data[p * self.k * NR..][..self.k * NR];
-        (0..self.k).map(|kk| panel[kk * NR + c]).collect()
+        match &self.data {
+            Panels::F32(d) => row_of(d, self.k, r),
+            Panels::F16(d) => row_of(d, self.k, r),
+            Panels::Bf16(d) => row_of(d, self.k, r),
+        }
     }
+}
 
-    fn panel(&self, p: usize) -> &[f32] {
-        &self.data[p * self.k * NR..][..self.k * NR]
-    }
+fn row_of<E: Elem>(data: &[E], k: usize, r: usize) -> Vec<f32> {
+    let (p, c) = (r / NR, r % NR);
+    let panel = &data[p * k * NR..][..k * NR];
+    (0..k).map(|kk| panel[kk * NR + c].f32()).collect()
 }
 
 /// `x · Wᵀ`: `m x n`, row-major, in parallel over panels.
 pub fn matmul_packed(w: &Packed, x: &[f32], m: usize) -> Vec<f32> {
-    gemm(w, x, m, true)
+    match &w.data {
+        Panels::F32(d) => gemm(d, (w.n, w.k), x, m, true),
+        Panels::F16(d) => gemm(d, (w.n, w.k), x, m, true),
+        Panels::Bf16(d) => gemm(d, (w.n, w.k), x, m, true),
+    }
 }
 
 /// `matmul_packed` on the calling thread alone (for callers that are
 /// themselves one of many parallel tasks).
 pub fn matmul_packed_serial(w: &Packed, x: &[f32], m: usize) -> Vec<f32> {
-    gemm(w, x, m, false)
+    match &w.data {
+        Panels::F32(d) => gemm(d, (w.n, w.k), x, m, false),
+        Panels::F16(d) => gemm(d, (w.n, w.k), x, m, false),
+        Panels::Bf16(d) => gemm(d, (w.n, w.k), x, m, false),
+    }
 }
 
 /// Input rows per task when tasks own rows.
 const ROWS_PER_TASK: usize = 4 * MR;
 
-fn gemm(w: &Packed, x: &[f32], m: usize, parallel: bool) -> Vec<f32> {
-    let (n, k) = (w.n, w.k);
+fn gemm<E: Elem>(
+    data: &[E],
+    (n, k): (usize, usize),
+    x: &[f32],
+    m: usize,
+    parallel: bool,
+) -> Vec<f32> {
+    let panel = |p: usize| &data[p * k * NR..][..k * NR];
     debug_assert_eq!(x.len(), m * k);
     if m == 0 || n == 0 {
         return Vec::new();
@@ -86,12 +219,12 @@ fn gemm(w: &Packed, x: &[f32], m: usize, parallel: bool) -> Vec<f32> {
     if k == 0 {
         return y;
     }
-    let kernel = pick();
+    let kernel = pick::<E>();
     // Rows `first..` of `y` (whole rows), every panel.
     let rows_task = |first: usize, y: &mut [f32]| {
         let rows = y.len() / n;
         for p in 0..n.div_ceil(NR) {
-            let (panel, width) = (w.panel(p), NR.min(n - p * NR));
+            let (panel, width) = (panel(p), NR.min(n - p * NR));
             for b in (0..rows).step_by(MR) {
                 let r = MR.min(rows - b);
                 let out = &mut y[b * n + p * NR..];
@@ -116,7 +249,7 @@ fn gemm(w: &Packed, x: &[f32], m: usize, parallel: bool) -> Vec<f32> {
             .for_each(|(p, out)| {
                 for b in (0..m).step_by(MR) {
                     let r = MR.min(m - b);
-                    kernel(w.panel(p), &x[b * k..], k, r, &mut out[b * NR..], NR, NR);
+                    kernel(panel(p), &x[b * k..], k, r, &mut out[b * NR..], NR, NR);
                 }
             });
         for (p, tile) in tiles.chunks_exact(m * NR).enumerate() {
@@ -136,23 +269,31 @@ pub fn matmul_f32(w: &[f32], n: usize, k: usize, x: &[f32], m: usize) -> Vec<f32
 
 /// A micro-kernel: `(panel, x rows from here, k, rows <= MR, out, out's
 /// row stride, columns to store <= NR)`.
-type Kernel = fn(&[f32], &[f32], usize, usize, &mut [f32], usize, usize);
+type Kernel<E> = fn(&[E], &[f32], usize, usize, &mut [f32], usize, usize);
 
-fn pick() -> Kernel {
+fn pick<E: Elem>() -> Kernel<E> {
     #[cfg(target_arch = "x86_64")]
     {
         if std::arch::is_x86_feature_detected!("avx512f") {
-            return avx512::kernel;
+            return avx512::kernel::<E>;
         }
         if std::arch::is_x86_feature_detected!("avx2") {
-            return portable_avx2;
+            return portable_avx2::<E>;
         }
     }
-    portable
+    portable::<E>
 }
 
 #[cfg(target_arch = "x86_64")]
-fn portable_avx2(p: &[f32], x: &[f32], k: usize, rows: usize, o: &mut [f32], ld: usize, w: usize) {
+fn portable_avx2<E: Elem>(
+    p: &[E],
+    x: &[f32],
+    k: usize,
+    rows: usize,
+    o: &mut [f32],
+    ld: usize,
+    w: usize,
+) {
     // SAFETY: `pick` returns this only where AVX2 is present.
     #[allow(unsafe_code)]
     unsafe {
@@ -164,8 +305,8 @@ fn portable_avx2(p: &[f32], x: &[f32], k: usize, rows: usize, o: &mut [f32], ld:
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
 #[allow(unsafe_code)]
-unsafe fn portable_avx2_body(
-    p: &[f32],
+unsafe fn portable_avx2_body<E: Elem>(
+    p: &[E],
     x: &[f32],
     k: usize,
     rows: usize,
@@ -177,14 +318,22 @@ unsafe fn portable_avx2_body(
 }
 
 #[inline(always)]
-fn portable(p: &[f32], x: &[f32], k: usize, rows: usize, o: &mut [f32], ld: usize, w: usize) {
+fn portable<E: Elem>(
+    p: &[E],
+    x: &[f32],
+    k: usize,
+    rows: usize,
+    o: &mut [f32],
+    ld: usize,
+    w: usize,
+) {
     let acc = match rows {
-        1 => portable_rows::<1>(p, x, k),
-        2 => portable_rows::<2>(p, x, k),
-        3 => portable_rows::<3>(p, x, k),
-        4 => portable_rows::<4>(p, x, k),
-        5 => portable_rows::<5>(p, x, k),
-        _ => portable_rows::<MR>(p, x, k),
+        1 => portable_rows::<E, 1>(p, x, k),
+        2 => portable_rows::<E, 2>(p, x, k),
+        3 => portable_rows::<E, 3>(p, x, k),
+        4 => portable_rows::<E, 4>(p, x, k),
+        5 => portable_rows::<E, 5>(p, x, k),
+        _ => portable_rows::<E, MR>(p, x, k),
     };
     for (r, a) in acc.chunks_exact(NR).enumerate().take(rows) {
         o[r * ld..][..w].copy_from_slice(&a[..w]);
@@ -193,12 +342,13 @@ fn portable(p: &[f32], x: &[f32], k: usize, rows: usize, o: &mut [f32], ld: usiz
 
 /// `R` rows of the product, `[row][NR]` (padded to `MR` rows).
 #[inline(always)]
-fn portable_rows<const R: usize>(panel: &[f32], x: &[f32], k: usize) -> [f32; MR * NR] {
+fn portable_rows<E: Elem, const R: usize>(panel: &[E], x: &[f32], k: usize) -> [f32; MR * NR] {
     let mut acc = [[0.0f32; NR]; R];
     for (kk, b) in panel.chunks_exact(NR).enumerate().take(k) {
+        let b: [f32; NR] = std::array::from_fn(|c| b[c].f32());
         for (r, a) in acc.iter_mut().enumerate() {
             let v = x[r * k + kk];
-            for (s, w) in a.iter_mut().zip(b) {
+            for (s, w) in a.iter_mut().zip(&b) {
                 *s += v * w;
             }
         }
@@ -216,33 +366,40 @@ fn portable_rows<const R: usize>(panel: &[f32], x: &[f32], k: usize) -> [f32; MR
 #[allow(unsafe_code)]
 mod avx512 {
     use std::arch::x86_64::{
-        __m512, _mm512_fmadd_ps, _mm512_loadu_ps, _mm512_set1_ps, _mm512_setzero_ps,
-        _mm512_storeu_ps,
+        __m512, _mm512_fmadd_ps, _mm512_set1_ps, _mm512_setzero_ps, _mm512_storeu_ps,
     };
 
-    use super::{MR, NR};
+    use super::{Elem, MR, NR};
 
     /// Safe entry: only reached after `pick` saw `avx512f`.
-    pub fn kernel(p: &[f32], x: &[f32], k: usize, rows: usize, o: &mut [f32], ld: usize, w: usize) {
+    pub fn kernel<E: Elem>(
+        p: &[E],
+        x: &[f32],
+        k: usize,
+        rows: usize,
+        o: &mut [f32],
+        ld: usize,
+        w: usize,
+    ) {
         assert!(rows <= MR && w <= NR && p.len() >= k * NR && x.len() >= rows * k);
         assert!(o.len() >= (rows - 1) * ld + w);
         // SAFETY: avx512f is present; the lengths were checked just above,
         // and every access below is inside them.
         unsafe {
             match rows {
-                1 => rows_avx512::<1>(p, x, k, o, ld, w),
-                2 => rows_avx512::<2>(p, x, k, o, ld, w),
-                3 => rows_avx512::<3>(p, x, k, o, ld, w),
-                4 => rows_avx512::<4>(p, x, k, o, ld, w),
-                5 => rows_avx512::<5>(p, x, k, o, ld, w),
-                _ => rows_avx512::<MR>(p, x, k, o, ld, w),
+                1 => rows_avx512::<E, 1>(p, x, k, o, ld, w),
+                2 => rows_avx512::<E, 2>(p, x, k, o, ld, w),
+                3 => rows_avx512::<E, 3>(p, x, k, o, ld, w),
+                4 => rows_avx512::<E, 4>(p, x, k, o, ld, w),
+                5 => rows_avx512::<E, 5>(p, x, k, o, ld, w),
+                _ => rows_avx512::<E, MR>(p, x, k, o, ld, w),
             }
         }
     }
 
     #[target_feature(enable = "avx512f")]
-    unsafe fn rows_avx512<const R: usize>(
-        panel: &[f32],
+    unsafe fn rows_avx512<E: Elem, const R: usize>(
+        panel: &[E],
         x: &[f32],
         k: usize,
         out: &mut [f32],
@@ -253,12 +410,7 @@ mod avx512 {
         let (b, a) = (panel.as_ptr(), x.as_ptr());
         for kk in 0..k {
             // SAFETY: kk * NR + 32 <= k * NR <= panel.len().
-            let (b0, b1) = unsafe {
-                (
-                    _mm512_loadu_ps(b.add(kk * NR)),
-                    _mm512_loadu_ps(b.add(kk * NR + 16)),
-                )
-            };
+            let (b0, b1) = unsafe { (E::load16(b.add(kk * NR)), E::load16(b.add(kk * NR + 16))) };
             for (r, acc) in acc.iter_mut().enumerate() {
                 // SAFETY: r * k + kk < rows * k <= x.len().
                 let v = _mm512_set1_ps(unsafe { *a.add(r * k + kk) });
@@ -321,7 +473,11 @@ mod tests {
                 let rows = MR.min(m - first);
                 for panel in 0..n.div_ceil(NR) {
                     let mut out = vec![0.0; rows * NR];
-                    portable(p.panel(panel), &x[first * k..], k, rows, &mut out, NR, NR);
+                    let Panels::F32(d) = &p.data else {
+                        panic!("f32 panels")
+                    };
+                    let pan = &d[panel * k * NR..][..k * NR];
+                    portable(pan, &x[first * k..], k, rows, &mut out, NR, NR);
                     for (r, o) in out.chunks_exact(NR).enumerate() {
                         for (c, v) in o.iter().enumerate().take(NR.min(n - panel * NR)) {
                             let want = want[(first + r) * n + panel * NR + c];
@@ -332,6 +488,58 @@ mod tests {
             }
         }
         assert!(matmul_f32(&[], 0, 4, &[], 0).is_empty());
+    }
+
+    #[test]
+    fn half_weights_give_the_products_of_their_f32_values_bit_for_bit() {
+        for (m, n, k) in [(1, 70, 384), (7, 33, 64), (50, 40, 20), (3, 5, 7)] {
+            let w = reference::ramp(n * k, 5);
+            let x = reference::ramp(m * k, 6);
+            for bf16 in [false, true] {
+                let bits: Vec<u16> = w
+                    .iter()
+                    .map(|&v| {
+                        if bf16 {
+                            half::bf16::from_f32(v).to_bits()
+                        } else {
+                            half::f16::from_f32(v).to_bits()
+                        }
+                    })
+                    .collect();
+                let wide: Vec<f32> = bits
+                    .iter()
+                    .map(|&b| if bf16 { Bf16(b).f32() } else { F16(b).f32() })
+                    .collect();
+                let half = Packed::new_half(&bits, bf16, n, k);
+                assert_eq!(half.bytes() * 2, Packed::new(&wide, n, k).bytes());
+                let want = matmul_f32(&wide, n, k, &x, m);
+                let bitsof = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                for got in [
+                    matmul_packed(&half, &x, m),
+                    matmul_packed_serial(&half, &x, m),
+                ] {
+                    assert_eq!(bitsof(&got), bitsof(&want), "{m}x{n}x{k} bf16={bf16}");
+                }
+                for r in [0, n - 1] {
+                    assert_eq!(half.row(r), wide[r * k..(r + 1) * k]);
+                }
+                // The portable kernel too, wherever the machine picks another.
+                let (Panels::F32(f), Panels::F16(_) | Panels::Bf16(_)) =
+                    (&Packed::new(&wide, n, k).data, &half.data)
+                else {
+                    panic!("panels")
+                };
+                let rows = MR.min(m);
+                let (mut a, mut b) = (vec![0.0; rows * NR], vec![0.0; rows * NR]);
+                portable(&f[..k * NR], &x, k, rows, &mut a, NR, NR);
+                match &half.data {
+                    Panels::F16(h) => portable(&h[..k * NR], &x, k, rows, &mut b, NR, NR),
+                    Panels::Bf16(h) => portable(&h[..k * NR], &x, k, rows, &mut b, NR, NR),
+                    Panels::F32(_) => panic!("half panels"),
+                }
+                assert_eq!(bitsof(&a), bitsof(&b), "portable {m}x{n}x{k} bf16={bf16}");
+            }
+        }
     }
 
     #[test]

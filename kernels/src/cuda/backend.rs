@@ -385,6 +385,16 @@ impl Backend for CudaBackend {
                 crate::backend::check_dense(&data, rows, cols)?;
                 (MatrixData::Dense(self.try_upload(&data)?), rows, cols)
             }
+            HostMatrix::Half {
+                bits,
+                bf16,
+                rows,
+                cols,
+            } => {
+                let data = crate::backend::widen(&bits, bf16);
+                crate::backend::check_dense(&data, rows, cols)?;
+                (MatrixData::Dense(self.try_upload(&data)?), rows, cols)
+            }
         };
         Ok(CudaMatrix { data, rows, cols })
     }

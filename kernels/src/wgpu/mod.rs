@@ -162,21 +162,23 @@ impl Backend for WgpuBackend {
     }
 
     fn matrix(&self, m: HostMatrix) -> Result<GpuMatrix, KernelError> {
+        let dense = |data: Vec<f32>, rows: usize, cols: usize| {
+            crate::backend::check_dense(&data, rows, cols)?;
+            let words = data.iter().map(|v| v.to_bits()).collect();
+            Ok::<_, KernelError>((words, rows, cols, KIND_F32, 0))
+        };
         let (words, rows, cols, kind, wpb) = match m {
             HostMatrix::Quant(q) => {
                 let (w, kind, wpb) = gpu_pack::repack(&q)?;
                 (w, q.rows, q.cols, kind, wpb)
             }
-            HostMatrix::Dense { data, rows, cols } => {
-                crate::backend::check_dense(&data, rows, cols)?;
-                (
-                    data.iter().map(|v| v.to_bits()).collect(),
-                    rows,
-                    cols,
-                    KIND_F32,
-                    0,
-                )
-            }
+            HostMatrix::Dense { data, rows, cols } => dense(data, rows, cols)?,
+            HostMatrix::Half {
+                bits,
+                bf16,
+                rows,
+                cols,
+            } => dense(crate::backend::widen(&bits, bf16), rows, cols)?,
         };
         self.check_binding("a weight matrix", words.len() * 4)?;
         Ok(GpuMatrix {
