@@ -47,6 +47,22 @@ pub fn widen(bits: &[u16], bf16: bool) -> Vec<f32> {
     }
 }
 
+/// f32 values rounded to f16 (or, `bf16`, bfloat16) bits: test weights for
+/// the 16-bit paths.
+pub fn narrow(values: &[f32], bf16: bool) -> Vec<u16> {
+    if bf16 {
+        values
+            .iter()
+            .map(|&v| half::bf16::from_f32(v).to_bits())
+            .collect()
+    } else {
+        values
+            .iter()
+            .map(|&v| half::f16::from_f32(v).to_bits())
+            .collect()
+    }
+}
+
 /// Checks that a half-precision matrix's bits are `rows x cols`.
 pub fn check_half(bits: &[u16], rows: usize, cols: usize) -> Result<(), KernelError> {
     if bits.len() != rows * cols {

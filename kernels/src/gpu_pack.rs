@@ -88,15 +88,25 @@ fn gpu_blocks(ty: QuantType, row: &[u8]) -> Vec<GpuBlock> {
     let nibbles = |q: &[u8]| (0..16).map(|l| q[l] | (q[l + 16] << 4)).collect();
     let chunks = row.chunks_exact(ty.block_bytes());
     match ty {
-        QuantType::Q4K => chunks
+        // Q4_K's nibbles go into Q4_1 blocks, Q5_K's 5-bit values into
+        // Q8 bytes with a min.
+        QuantType::Q4K | QuantType::Q5K => chunks
             .flat_map(|b| {
-                let k = Q4kBlock::from_ggml(b);
+                let q5 = ty == QuantType::Q5K;
+                let k = if q5 {
+                    Q4kBlock::from_ggml_q5k(b)
+                } else {
+                    Q4kBlock::from_ggml(b)
+                };
                 let (d, dmin) = (f16(&k.d.to_le_bytes()), f16(&k.dmin.to_le_bytes()));
                 (0..8)
-                    .map(|j| GpuBlock {
-                        d: d * f32::from(k.sc[j]),
-                        m: -(dmin * f32::from(k.m[j])),
-                        bytes: nibbles(&k.q[32 * j..][..32]),
+                    .map(|j| {
+                        let q = &k.q[32 * j..][..32];
+                        GpuBlock {
+                            d: d * f32::from(k.sc[j]),
+                            m: -(dmin * f32::from(k.m[j])),
+                            bytes: if q5 { q.to_vec() } else { nibbles(q) },
+                        }
                     })
                     .collect::<Vec<_>>()
             })
@@ -145,19 +155,6 @@ fn gpu_blocks(ty: QuantType, row: &[u8]) -> Vec<GpuBlock> {
                     m: 0.0,
                     bytes: (0..32).map(|j| q(j) as u8).collect(),
                 }
-            })
-            .collect(),
-        QuantType::Q5K => chunks
-            .flat_map(|b| {
-                let k = Q4kBlock::from_ggml_q5k(b);
-                let (d, dmin) = (f16(&k.d.to_le_bytes()), f16(&k.dmin.to_le_bytes()));
-                (0..8)
-                    .map(|j| GpuBlock {
-                        d: d * f32::from(k.sc[j]),
-                        m: -(dmin * f32::from(k.m[j])),
-                        bytes: k.q[32 * j..][..32].to_vec(),
-                    })
-                    .collect::<Vec<_>>()
             })
             .collect(),
         QuantType::Q6K => chunks

@@ -108,16 +108,7 @@ fn exact_formats_match_the_reference<B: Backend>(g: &B) {
     }
     // F16 and BF16 matrices are widened exactly: the f32 matrix's results.
     for bf16 in [false, true] {
-        let bits: Vec<u16> = w
-            .iter()
-            .map(|&v| {
-                if bf16 {
-                    half::bf16::from_f32(v).to_bits()
-                } else {
-                    half::f16::from_f32(v).to_bits()
-                }
-            })
-            .collect();
+        let bits = crate::backend::narrow(&w, bf16);
         let data = crate::backend::widen(&bits, bf16);
         let half = g
             .matrix(HostMatrix::Half {

@@ -299,16 +299,7 @@ mod tests {
         let w = kernels::reference::ramp(rows * cols, 4);
         let x = kernels::reference::ramp(m * cols, 5);
         for (ty, bf16) in [(TensorType::F16, false), (TensorType::BF16, true)] {
-            let bits: Vec<u16> = w
-                .iter()
-                .map(|&v| {
-                    if bf16 {
-                        half::bf16::from_f32(v).to_bits()
-                    } else {
-                        half::f16::from_f32(v).to_bits()
-                    }
-                })
-                .collect();
+            let bits = kernels::backend::narrow(&w, bf16);
             let bytes: Vec<u8> = bits.iter().flat_map(|b| b.to_le_bytes()).collect();
             let lin = Linear::from_gguf("w", ty, &[rows, cols], &bytes).expect("load");
             assert!(matches!(lin, Linear::Half { .. }), "{ty:?} kept at 16 bits");

@@ -183,20 +183,21 @@ fn row_of<E: Elem>(data: &[E], k: usize, r: usize) -> Vec<f32> {
 
 /// `x · Wᵀ`: `m x n`, row-major, in parallel over panels.
 pub fn matmul_packed(w: &Packed, x: &[f32], m: usize) -> Vec<f32> {
-    match &w.data {
-        Panels::F32(d) => gemm(d, (w.n, w.k), x, m, true),
-        Panels::F16(d) => gemm(d, (w.n, w.k), x, m, true),
-        Panels::Bf16(d) => gemm(d, (w.n, w.k), x, m, true),
-    }
+    gemm_any(w, x, m, true)
 }
 
 /// `matmul_packed` on the calling thread alone (for callers that are
 /// themselves one of many parallel tasks).
 pub fn matmul_packed_serial(w: &Packed, x: &[f32], m: usize) -> Vec<f32> {
+    gemm_any(w, x, m, false)
+}
+
+/// `gemm` over `w`'s panels, whatever their width.
+fn gemm_any(w: &Packed, x: &[f32], m: usize, parallel: bool) -> Vec<f32> {
     match &w.data {
-        Panels::F32(d) => gemm(d, (w.n, w.k), x, m, false),
-        Panels::F16(d) => gemm(d, (w.n, w.k), x, m, false),
-        Panels::Bf16(d) => gemm(d, (w.n, w.k), x, m, false),
+        Panels::F32(d) => gemm(d, (w.n, w.k), x, m, parallel),
+        Panels::F16(d) => gemm(d, (w.n, w.k), x, m, parallel),
+        Panels::Bf16(d) => gemm(d, (w.n, w.k), x, m, parallel),
     }
 }
 
@@ -496,16 +497,7 @@ mod tests {
             let w = reference::ramp(n * k, 5);
             let x = reference::ramp(m * k, 6);
             for bf16 in [false, true] {
-                let bits: Vec<u16> = w
-                    .iter()
-                    .map(|&v| {
-                        if bf16 {
-                            half::bf16::from_f32(v).to_bits()
-                        } else {
-                            half::f16::from_f32(v).to_bits()
-                        }
-                    })
-                    .collect();
+                let bits = crate::backend::narrow(&w, bf16);
                 let wide: Vec<f32> = bits
                     .iter()
                     .map(|&b| if bf16 { Bf16(b).f32() } else { F16(b).f32() })
