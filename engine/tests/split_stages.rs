@@ -21,8 +21,12 @@ fn engine(split: bool, num_blocks: usize) -> EngineHandle {
 }
 
 fn engine_with(split: bool, num_blocks: usize, step_tokens: usize) -> EngineHandle {
-    let path = common::model_path(common::TINY);
-    let load = || load_gguf(&path, &TemplateChoice::Auto).expect("load tiny");
+    engine_on(common::TINY, split, num_blocks, step_tokens)
+}
+
+fn engine_on(model: &str, split: bool, num_blocks: usize, step_tokens: usize) -> EngineHandle {
+    let path = common::model_path(model);
+    let load = || load_gguf(&path, &TemplateChoice::Auto).expect("load");
     let first = load();
     let mc = &first.model.config;
     let layout = mc.kv_layout(BLOCK, num_blocks);
@@ -111,6 +115,23 @@ async fn split_stages_answer_like_one_executor() {
         if num_blocks < 20 {
             assert!(s.preemptions > 0, "the small budget preempts: {s:?}");
         }
+        one.shutdown();
+        two.shutdown();
+    }
+}
+
+/// Each architecture family beyond llama's block (Qwen3's head norms,
+/// Qwen3-MoE's and Mixtral's experts) moves its KV between the stages and
+/// answers as on one executor.
+#[tokio::test]
+async fn every_architecture_splits_like_one_executor() {
+    for model in common::ARCH_MODELS {
+        let one = engine_on(model, false, 256, 64);
+        let two = engine_on(model, true, 256, 64);
+        let want = run(&one, requests(0.0)).await;
+        let got = run(&two, requests(0.0)).await;
+        assert_eq!(got, want, "{model}");
+        assert!(two.stats().prefix_hits > 0, "{model}");
         one.shutdown();
         two.shutdown();
     }

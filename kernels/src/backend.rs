@@ -171,6 +171,19 @@ pub trait Backend: Send + Sync {
     fn concat_cols(&self, parts: &[Self::Tensor]) -> Self::Tensor;
     /// The given rows, in order.
     fn rows(&self, x: &Self::Tensor, rows: &[usize]) -> Self::Tensor;
+    /// The same values re-cut into rows of `cols` (no copy): the heads of
+    /// `[tokens, heads * head_dim]` as rows of `[tokens * heads, head_dim]`
+    /// and back. `cols` divides the tensor's length.
+    fn reshape(&self, x: Self::Tensor, cols: usize) -> Self::Tensor;
+    /// `x[rows[i]] += scale[i] * y[i]` for every row `i` of `y`: experts'
+    /// outputs back into their tokens' rows. `rows` holds no repeats.
+    fn add_rows_scaled(
+        &self,
+        x: &mut Self::Tensor,
+        y: &Self::Tensor,
+        rows: &[usize],
+        scale: &[f32],
+    );
     /// `x += y`.
     fn add(&self, x: &mut Self::Tensor, y: &Self::Tensor);
     /// Adds `b` to every row.

@@ -243,6 +243,31 @@ pub(crate) fn row_ops_match_the_reference<B: Backend>(g: &B) {
     );
 }
 
+/// The mixture-of-experts and per-head operations: heads re-cut as rows
+/// and normed (Qwen3's q and k norms), experts' rows added back scaled,
+/// bit for bit as the CPU.
+pub(crate) fn head_norm_and_expert_scatter_match_the_cpu<B: Backend>(g: &B) {
+    let c = CpuBackend;
+    let (tokens, heads, d) = (3, 4, 64);
+    let data = reference::ramp(tokens * heads * d, 7);
+    let w = reference::ramp(d, 8);
+    let width = heads * d;
+    let normed = |x: Vec<f32>| {
+        let rows = g.reshape(g.tensor(x, width), d);
+        g.to_host(&g.reshape(g.rms_norm(&rows, &g.vector(w.clone()), 1e-6), width))
+    };
+    let cpu = c.rms_norm(&c.tensor(data.clone(), d), &w, 1e-6).data;
+    same_as_cpu(&normed(data.clone()), &cpu, true, "per-head rms_norm");
+    let base = reference::ramp(6 * 40, 9);
+    let y = reference::ramp(3 * 40, 10);
+    let (rows, scale) = ([5, 0, 2], [0.5, -1.25, 3.0]);
+    let mut gx = g.tensor(base.clone(), 40);
+    g.add_rows_scaled(&mut gx, &g.tensor(y.clone(), 40), &rows, &scale);
+    let mut cx = c.tensor(base, 40);
+    c.add_rows_scaled(&mut cx, &c.tensor(y, 40), &rows, &scale);
+    same_as_cpu(&g.to_host(&gx), &cx.data, true, "add_rows_scaled");
+}
+
 fn want_rows(data: &[f32], cols: usize) -> crate::cpu::backend::CpuTensor {
     CpuBackend.tensor(data.to_vec(), cols)
 }

@@ -15,103 +15,6 @@ use candle_core::quantized::QTensor;
 use candle_core::{Device, Tensor};
 use engine::gguf::{Gguf, TensorType, Value, WriteTensor};
 
-/// A model's shape (the `{arch}.*` keys and the tensors they imply).
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Shape {
-    pub name: &'static str,
-    pub arch: &'static str,
-    pub hidden: usize,
-    pub layers: usize,
-    pub heads: usize,
-    pub kv_heads: usize,
-    pub ffn: usize,
-    pub vocab: usize,
-    /// `attn_q/k/v` carry biases (Qwen2).
-    pub qkv_bias: bool,
-    /// No `output.weight`: the embedding is the output projection.
-    pub tied: bool,
-    pub rope_theta: f32,
-    /// Llama 3's rotary scaling (factor, low and high frequency factors,
-    /// original context), written as `rope_freqs.weight` the way
-    /// llama.cpp's converter does.
-    pub llama3_rope: Option<(f32, f32, f32, f32)>,
-}
-
-/// Llama 3.2's `rope_scaling`.
-const LLAMA32_ROPE: Option<(f32, f32, f32, f32)> = Some((32.0, 1.0, 4.0, 8192.0));
-
-/// The shapes of Llama-3.2-1B and -3B and Qwen2.5-0.5B.
-pub const SHAPES: [Shape; 3] = [
-    Shape {
-        name: "llama-1b",
-        arch: "llama",
-        hidden: 2048,
-        layers: 16,
-        heads: 32,
-        kv_heads: 8,
-        ffn: 8192,
-        vocab: 128_256,
-        qkv_bias: false,
-        tied: true,
-        rope_theta: 500_000.0,
-        llama3_rope: LLAMA32_ROPE,
-    },
-    Shape {
-        name: "llama-3b",
-        arch: "llama",
-        hidden: 3072,
-        layers: 28,
-        heads: 24,
-        kv_heads: 8,
-        ffn: 8192,
-        vocab: 128_256,
-        qkv_bias: false,
-        tied: true,
-        rope_theta: 500_000.0,
-        llama3_rope: LLAMA32_ROPE,
-    },
-    Shape {
-        name: "qwen2-0.5b",
-        arch: "qwen2",
-        hidden: 896,
-        layers: 24,
-        heads: 14,
-        kv_heads: 2,
-        ffn: 4864,
-        vocab: 151_936,
-        qkv_bias: true,
-        tied: true,
-        rope_theta: 1_000_000.0,
-        llama3_rope: None,
-    },
-];
-
-/// A small llama for the parity tests (one file per weight type, each
-/// compared with llama.cpp on the same file): every row a whole number of
-/// 256-blocks, so each type applies to every matrix as named.
-pub const PARITY: Shape = Shape {
-    name: "parity-llama",
-    arch: "llama",
-    hidden: 256,
-    layers: 2,
-    heads: 4,
-    kv_heads: 2,
-    ffn: 768,
-    vocab: 49_152,
-    qkv_bias: false,
-    tied: false,
-    rope_theta: 10_000.0,
-    llama3_rope: None,
-};
-
-/// `PARITY` with Llama 3.2's rotary scaling (`rope_freqs.weight`) and base.
-pub const PARITY_LLAMA3: Shape = Shape {
-    name: "parity-llama3",
-    rope_theta: 500_000.0,
-    llama3_rope: LLAMA32_ROPE,
-    ..PARITY
-};
-
 /// How the weights are quantized, as llama.cpp's `quantize` names it.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Quant {
@@ -192,7 +95,10 @@ impl Quant {
                 let more_bits = layer.is_none_or(|i| {
                     i < layers / 8 || i >= 7 * layers / 8 || (i - layers / 8) % 3 == 2
                 });
-                let wide = matches!(kind, "attn_v.weight" | "ffn_down.weight" | "output.weight");
+                let wide = matches!(
+                    kind,
+                    "attn_v.weight" | "ffn_down.weight" | "ffn_down_exps.weight" | "output.weight"
+                );
                 if wide && more_bits {
                     TensorType::Q6K
                 } else {
@@ -253,16 +159,20 @@ fn matrix(
     (rows, cols): (usize, usize),
     ty: TensorType,
 ) -> Result<WriteTensor> {
-    // As llama.cpp does where a row is not a whole number of 256-blocks
-    // (Qwen2's 896): Q5_0 for Q4_K, Q8_0 for Q6_K, IQ4_NL for IQ4_XS.
-    let ty = match (cols.is_multiple_of(256), ty) {
+    let ty = fallback(cols, ty);
+    let scale = (3.0 / cols as f32).sqrt();
+    quantize(name, noise.fill(rows * cols, scale), &[rows, cols], ty)
+}
+
+/// As llama.cpp does where a row is not a whole number of 256-blocks
+/// (Qwen2's 896): Q5_0 for Q4_K, Q8_0 for Q6_K, IQ4_NL for IQ4_XS.
+fn fallback(cols: usize, ty: TensorType) -> TensorType {
+    match (cols.is_multiple_of(256), ty) {
         (false, TensorType::Q4K) => TensorType::Q5_0,
         (false, TensorType::Q6K) => TensorType::Q8_0,
         (false, TensorType::Iq4Xs) => TensorType::Iq4Nl,
         (_, other) => other,
-    };
-    let scale = (3.0 / cols as f32).sqrt();
-    quantize(name, noise.fill(rows * cols, scale), &[rows, cols], ty)
+    }
 }
 
 fn vector(name: String, values: Vec<f32>) -> Result<WriteTensor> {
@@ -273,7 +183,7 @@ fn vector(name: String, values: Vec<f32>) -> Result<WriteTensor> {
 /// Every tensor of `shape`, named as llama.cpp names them.
 fn tensors(shape: &Shape, quant: Quant, seed: u64) -> Result<Vec<WriteTensor>> {
     let mut noise = Noise(seed | 1);
-    let (h, kv) = (shape.hidden, shape.kv_heads * (shape.hidden / shape.heads));
+    let h = shape.hidden;
     let mut out = Vec::new();
     let embd = quant.of("token_embd.weight", None, shape.layers);
     // llama.cpp keeps the embedding in Q4_K for Q4_K_M, Q4_0 for Q4_0.
@@ -289,41 +199,11 @@ fn tensors(shape: &Shape, quant: Quant, seed: u64) -> Result<Vec<WriteTensor>> {
         embd,
     )?);
     for i in 0..shape.layers {
-        let p = format!("blk.{i}");
-        let dt = |k: &str| quant.of(k, Some(i), shape.layers);
-        out.push(vector(format!("{p}.attn_norm.weight"), vec![1.0; h])?);
-        for (k, rows) in [("attn_q", h), ("attn_k", kv), ("attn_v", kv)] {
-            let name = format!("{k}.weight");
-            out.push(matrix(
-                format!("{p}.{name}"),
-                &mut noise,
-                (rows, h),
-                dt(&name),
-            )?);
-            if shape.qkv_bias {
-                out.push(vector(format!("{p}.{k}.bias"), noise.fill(rows, 0.02))?);
-            }
-        }
-        let wo = dt("attn_output.weight");
-        out.push(matrix(
-            format!("{p}.attn_output.weight"),
-            &mut noise,
-            (h, h),
-            wo,
-        )?);
-        out.push(vector(format!("{p}.ffn_norm.weight"), vec![1.0; h])?);
-        for (k, dims) in [
-            ("ffn_gate", (shape.ffn, h)),
-            ("ffn_up", (shape.ffn, h)),
-            ("ffn_down", (h, shape.ffn)),
-        ] {
-            let name = format!("{k}.weight");
-            out.push(matrix(format!("{p}.{name}"), &mut noise, dims, dt(&name))?);
-        }
+        layer(&mut out, shape, quant, &mut noise, i)?;
     }
     out.push(vector("output_norm.weight".into(), vec![1.0; h])?);
     if let Some(scaling) = shape.llama3_rope {
-        let factors = llama3_rope_factors(shape.rope_theta, h / shape.heads, scaling);
+        let factors = llama3_rope_factors(shape.rope_theta, shape.head_dim(), scaling);
         out.push(vector("rope_freqs.weight".into(), factors)?);
     }
     if !shape.tied {
@@ -336,6 +216,91 @@ fn tensors(shape: &Shape, quant: Quant, seed: u64) -> Result<Vec<WriteTensor>> {
         )?);
     }
     Ok(out)
+}
+
+/// Layer `i`'s tensors, in the order llama.cpp's converter writes them.
+fn layer(
+    out: &mut Vec<WriteTensor>,
+    shape: &Shape,
+    quant: Quant,
+    noise: &mut Noise,
+    i: usize,
+) -> Result<()> {
+    let h = shape.hidden;
+    let (q, kv) = (
+        shape.heads * shape.head_dim(),
+        shape.kv_heads * shape.head_dim(),
+    );
+    let p = format!("blk.{i}");
+    let dt = |k: &str| quant.of(k, Some(i), shape.layers);
+    out.push(vector(format!("{p}.attn_norm.weight"), vec![1.0; h])?);
+    for (k, rows) in [("attn_q", q), ("attn_k", kv), ("attn_v", kv)] {
+        let name = format!("{k}.weight");
+        out.push(matrix(format!("{p}.{name}"), noise, (rows, h), dt(&name))?);
+        if shape.qkv_bias {
+            out.push(vector(format!("{p}.{k}.bias"), noise.fill(rows, 0.02))?);
+        }
+    }
+    if shape.qk_norm {
+        // Weights around one, as trained ones are, so that a missed or
+        // misplaced norm shows.
+        for k in ["attn_q_norm", "attn_k_norm"] {
+            let w = noise
+                .fill(shape.head_dim(), 0.5)
+                .iter()
+                .map(|x| 1.0 + x)
+                .collect();
+            out.push(vector(format!("{p}.{k}.weight"), w)?);
+        }
+    }
+    let wo = dt("attn_output.weight");
+    out.push(matrix(
+        format!("{p}.attn_output.weight"),
+        noise,
+        (h, q),
+        wo,
+    )?);
+    out.push(vector(format!("{p}.ffn_norm.weight"), vec![1.0; h])?);
+    let Some(e) = shape.experts else {
+        for (k, dims) in [
+            ("ffn_gate", (shape.ffn, h)),
+            ("ffn_up", (shape.ffn, h)),
+            ("ffn_down", (h, shape.ffn)),
+        ] {
+            let name = format!("{k}.weight");
+            out.push(matrix(format!("{p}.{name}"), noise, dims, dt(&name))?);
+        }
+        return Ok(());
+    };
+    // The router stays in F32, as llama.cpp's quantize leaves it. Its
+    // logits spread about four nats (a trained router's are as decided),
+    // so that no token of the parity prompts sits on a near tie between
+    // its last chosen expert and the next, where the rounding of any two
+    // implementations may choose apart.
+    let router = noise.fill(e.count * h, 4.0 * (3.0 / h as f32).sqrt());
+    out.push(quantize(
+        format!("{p}.ffn_gate_inp.weight"),
+        router,
+        &[e.count, h],
+        TensorType::F32,
+    )?);
+    for (k, (rows, cols)) in [
+        ("ffn_gate_exps", (e.ffn, h)),
+        ("ffn_up_exps", (e.ffn, h)),
+        ("ffn_down_exps", (h, e.ffn)),
+    ] {
+        let name = format!("{k}.weight");
+        let ty = fallback(cols, dt(&name));
+        let scale = (3.0 / cols as f32).sqrt();
+        let values = noise.fill(e.count * rows * cols, scale);
+        out.push(quantize(
+            format!("{p}.{name}"),
+            values,
+            &[e.count, rows, cols],
+            ty,
+        )?);
+    }
+    Ok(())
 }
 
 /// The per-pair divisors of the rotary angles that give Llama 3's scaled
@@ -426,10 +391,7 @@ fn metadata(shape: &Shape, quant: Quant, tok: Vec<(String, Value)>) -> Vec<(Stri
         (format!("{a}.feed_forward_length"), u(shape.ffn)),
         (format!("{a}.attention.head_count"), u(shape.heads)),
         (format!("{a}.attention.head_count_kv"), u(shape.kv_heads)),
-        (
-            format!("{a}.rope.dimension_count"),
-            u(shape.hidden / shape.heads),
-        ),
+        (format!("{a}.rope.dimension_count"), u(shape.head_dim())),
         (format!("{a}.rope.freq_base"), Value::F32(shape.rope_theta)),
         (
             format!("{a}.attention.layer_norm_rms_epsilon"),
@@ -437,6 +399,22 @@ fn metadata(shape: &Shape, quant: Quant, tok: Vec<(String, Value)>) -> Vec<(Stri
         ),
         (format!("{a}.vocab_size"), u(shape.vocab)),
     ];
+    if let Some(d) = shape.head_dim {
+        m.push((format!("{a}.attention.key_length"), u(d)));
+        m.push((format!("{a}.attention.value_length"), u(d)));
+    }
+    if let Some(e) = shape.experts {
+        m.push((format!("{a}.expert_count"), u(e.count)));
+        m.push((format!("{a}.expert_used_count"), u(e.used)));
+        if a == "llama" {
+            // Mixtral's converter writes the expert width as the FFN's.
+            m.iter_mut()
+                .filter(|(k, _)| *k == format!("{a}.feed_forward_length"))
+                .for_each(|(_, v)| *v = u(e.ffn));
+        } else {
+            m.push((format!("{a}.expert_feed_forward_length"), u(e.ffn)));
+        }
+    }
     m.extend(tok);
     m
 }
@@ -466,23 +444,6 @@ pub fn generate(
     Ok(())
 }
 
-/// The shape named `name`.
-pub fn shape(name: &str) -> Result<Shape> {
-    SHAPES
-        .iter()
-        .chain([&PARITY, &PARITY_LLAMA3])
-        .find(|s| s.name == name)
-        .copied()
-        .with_context(|| {
-            let names: Vec<_> = SHAPES
-                .iter()
-                .chain([&PARITY, &PARITY_LLAMA3])
-                .map(|s| s.name)
-                .collect();
-            format!("unknown shape `{name}` ({})", names.join(", "))
-        })
-}
-
 /// Tensor types by name, for tests and reports.
 pub fn types(content: &Gguf) -> HashMap<String, TensorType> {
     content
@@ -491,6 +452,13 @@ pub fn types(content: &Gguf) -> HashMap<String, TensorType> {
         .map(|(k, t)| (k.clone(), t.ty))
         .collect()
 }
+
+mod shapes;
+
+pub use shapes::{
+    Experts, PARITY, PARITY_LLAMA3, PARITY_MIXTRAL, PARITY_QWEN3, PARITY_QWEN3MOE, PARITY_SHAPES,
+    SHAPES, Shape, shape,
+};
 
 #[cfg(test)]
 mod tests;

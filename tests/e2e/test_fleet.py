@@ -36,7 +36,7 @@ def free_port():
         return s.getsockname()[1]
 
 
-def start_worker(base, token, name="w1", *extra):
+def start_worker(base, token, name="w1", *extra, model=TINY):
     binary = os.environ.get("SYNOR_BIN", os.path.join(ROOT, "target", "debug", "synor"))
     env = dict(os.environ)
     env.setdefault("SYNOR_MODELS_DIR", os.path.join(ROOT, "models"))
@@ -44,7 +44,7 @@ def start_worker(base, token, name="w1", *extra):
     ws = base.replace("http://", "ws://")
     return subprocess.Popen(
         [binary, "worker", "--server", ws, "--token", token, "--name", name,
-         "--model", TINY, "--embedding-model", "none", "--threads", "1", "--region", "eu-north",
+         "--model", model, "--embedding-model", "none", "--threads", "1", "--region", "eu-north",
          *extra],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
 

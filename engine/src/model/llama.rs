@@ -1,5 +1,6 @@
 //! Batched llama-family decoder over GGUF weights (Llama, Mistral, SmolLM2,
-//! Qwen2 shapes), written once over the compute backend
+//! Qwen2, Qwen3, and their mixture-of-experts forms: Mixtral, Qwen3-MoE;
+//! `config::ARCHES`), written once over the compute backend
 //! (`kernels::backend::Backend`; the CPU one by default).
 //!
 //! One forward pass takes the chunks of many sequences, each at its own
@@ -9,172 +10,22 @@
 //! `KvStorage` at the slots the sequence's block table names, and attention
 //! reads them from there, block by block.
 //! RoPE follows llama.cpp: GGUF llama weights store Q/K rows for the
-//! interleaved layout (pairs `2i, 2i+1`); Qwen2 uses NeoX halves.
+//! interleaved layout (pairs `2i, 2i+1`); Qwen2 and Qwen3 use NeoX halves.
+//! Qwen3 norms every head of q and k before RoPE (`head_norm`).
 
 use std::io::{Read, Seek};
 
-use kernels::QMatrix;
-use kernels::backend::{AttnShape, Backend, HostMatrix, Rope};
+use kernels::backend::{AttnShape, Backend, Rope};
 use kernels::cpu::backend::CpuBackend;
 
-use super::rope::RopeSpec;
+pub use super::config::{LlamaConfig, MoeConfig};
+use super::moe::Moe;
+use super::proj::{Proj, exec, host_matrix, load};
 use super::weights::{Linear, vector};
 use super::{ModelBatch, SeqChunk};
 use crate::error::{EngineError, Result};
 use crate::gguf::Gguf;
 use crate::kv_cache::KvLayout;
-use crate::tokenizer::gguf::Meta;
-
-/// Architecture hyper-parameters read from GGUF metadata.
-#[derive(Debug, Clone, PartialEq)]
-pub struct LlamaConfig {
-    pub architecture: String,
-    pub n_layer: usize,
-    pub hidden: usize,
-    pub n_head: usize,
-    pub n_kv_head: usize,
-    pub head_dim: usize,
-    pub rms_eps: f32,
-    /// Rotary embedding as the file says (`rope`).
-    pub rope: RopeSpec,
-    pub context_length: usize,
-    pub vocab_size: usize,
-}
-
-impl LlamaConfig {
-    /// Reads the `{arch}.*` keys llama.cpp writes.
-    pub fn from_gguf(ct: &Gguf) -> Result<Self> {
-        let meta = Meta(&ct.metadata);
-        let arch = meta.string("general.architecture")?.to_string();
-        let rope_neox = match arch.as_str() {
-            "llama" | "mistral" => false,
-            "qwen2" => true,
-            other => {
-                return Err(EngineError::Load(format!(
-                    "architecture `{other}` is not supported (llama, mistral, qwen2)"
-                )));
-            }
-        };
-        let key = |k: &str| format!("{arch}.{k}");
-        let n_head = meta.u32(&key("attention.head_count"))? as usize;
-        let hidden = meta.u32(&key("embedding_length"))? as usize;
-        let vocab_size = ct
-            .tensors
-            .get("token_embd.weight")
-            .map(|t| t.dims[0])
-            .ok_or_else(|| EngineError::Load("GGUF has no token_embd.weight".into()))?;
-        let head_dim = hidden / n_head.max(1);
-        let config = Self {
-            n_layer: meta.u32(&key("block_count"))? as usize,
-            hidden,
-            n_head,
-            n_kv_head: meta
-                .u32(&key("attention.head_count_kv"))
-                .map_or(n_head, |v| v as usize),
-            head_dim,
-            rms_eps: meta
-                .f32(&key("attention.layer_norm_rms_epsilon"))
-                .unwrap_or(1e-5),
-            rope: RopeSpec::from_meta(&meta, &arch, rope_neox, head_dim)?,
-            context_length: meta
-                .u32(&key("context_length"))
-                .map_or(2048, |v| v as usize),
-            vocab_size,
-            architecture: arch,
-        };
-        config.check()?;
-        Ok(config)
-    }
-
-    fn check(&self) -> Result<()> {
-        let ok = self.n_head > 0
-            && self.n_kv_head > 0
-            && self.n_head.is_multiple_of(self.n_kv_head)
-            && self.head_dim.is_multiple_of(2)
-            && self.head_dim * self.n_head == self.hidden;
-        if ok {
-            Ok(())
-        } else {
-            Err(EngineError::Load(format!(
-                "inconsistent attention shape: {self:?}"
-            )))
-        }
-    }
-
-    /// The KV layout for `num_blocks` blocks of `block_size` positions.
-    pub fn kv_layout(&self, block_size: usize, num_blocks: usize) -> KvLayout {
-        KvLayout {
-            n_layer: self.n_layer,
-            n_kv_head: self.n_kv_head,
-            head_dim: self.head_dim,
-            block_size,
-            num_blocks,
-            dtype: Default::default(),
-        }
-    }
-}
-
-/// Several projections of the same input (Q/K/V, or gate/up): stacked
-/// into one matrix when their formats allow (one matmul, one pass over the
-/// input), else kept apart.
-enum Proj<B: Backend> {
-    Fused { w: B::Matrix, widths: Vec<usize> },
-    Separate(Vec<B::Matrix>),
-}
-
-impl<B: Backend> Proj<B> {
-    fn new(backend: &B, parts: Vec<Linear>) -> Result<Self> {
-        let quant: Option<Vec<&QMatrix>> = parts
-            .iter()
-            .map(|p| match p {
-                Linear::Quant(m) => Some(m.as_ref()),
-                Linear::Dense { .. } | Linear::Half { .. } => None,
-            })
-            .collect();
-        if let Some(ms) = quant
-            && let Ok(stacked) = QMatrix::concat(&ms)
-        {
-            let widths = ms.iter().map(|m| m.rows).collect();
-            let w = backend.matrix(HostMatrix::Quant(stacked)).map_err(load)?;
-            return Ok(Self::Fused { w, widths });
-        }
-        let ws = parts
-            .into_iter()
-            .map(|p| backend.matrix(p.into_host()?).map_err(load))
-            .collect::<Result<_>>()?;
-        Ok(Self::Separate(ws))
-    }
-
-    /// Every part's output, side by side in each row.
-    fn concat(&self, b: &B, x: &B::Tensor) -> Result<B::Tensor> {
-        match self {
-            Self::Fused { w, .. } => b.matmul(x, w).map_err(exec),
-            Self::Separate(ws) => {
-                let outs = ws
-                    .iter()
-                    .map(|w| b.matmul(x, w).map_err(exec))
-                    .collect::<Result<Vec<_>>>()?;
-                Ok(b.concat_cols(&outs))
-            }
-        }
-    }
-
-    /// Every part's output, apart.
-    fn each(&self, b: &B, x: &B::Tensor) -> Result<Vec<B::Tensor>> {
-        match self {
-            Self::Fused { w, widths } => Ok(b.split_cols(&b.matmul(x, w).map_err(exec)?, widths)),
-            Self::Separate(ws) => ws.iter().map(|w| b.matmul(x, w).map_err(exec)).collect(),
-        }
-    }
-}
-
-fn load(e: kernels::KernelError) -> EngineError {
-    EngineError::Load(e.to_string())
-}
-
-fn exec(e: kernels::KernelError) -> EngineError {
-    EngineError::Execution(e.to_string())
-}
 
 struct Layer<B: Backend> {
     attn_norm: B::Vector,
@@ -182,11 +33,44 @@ struct Layer<B: Backend> {
     qkv: Proj<B>,
     /// Q, K, V biases (Qwen2), if any.
     bias: Option<[B::Vector; 3]>,
+    /// Per-head RMSNorm weights of q and k (Qwen3), if any.
+    qk_norm: Option<[B::Vector; 2]>,
     wo: B::Matrix,
     ffn_norm: B::Vector,
-    /// Gate and up projections.
-    gate_up: Proj<B>,
-    w_down: B::Matrix,
+    ffn: Ffn<B>,
+}
+
+/// A layer's feed-forward.
+enum Ffn<B: Backend> {
+    /// SwiGLU: gate and up projections, then down.
+    Dense { gate_up: Proj<B>, down: B::Matrix },
+    /// Routed experts.
+    Moe(Moe<B>),
+}
+
+impl<B: Backend> Ffn<B> {
+    fn forward(&self, b: &B, h: &B::Tensor) -> Result<B::Tensor> {
+        match self {
+            Self::Dense { gate_up, down } => {
+                let gate = b.swiglu(&gate_up.concat(b, h)?);
+                b.matmul(&gate, down).map_err(exec)
+            }
+            Self::Moe(moe) => moe.forward(b, h),
+        }
+    }
+}
+
+impl Ffn<CpuBackend> {
+    /// The same feed-forward in `b`'s memory.
+    fn onto<B: Backend>(&self, b: &B) -> Result<Ffn<B>> {
+        Ok(match self {
+            Self::Dense { gate_up, down } => Ffn::Dense {
+                gate_up: gate_up.onto(b)?,
+                down: b.matrix(host_matrix(down)).map_err(load)?,
+            },
+            Self::Moe(moe) => Ffn::Moe(moe.onto(b)?),
+        })
+    }
 }
 
 /// The loaded model: weights in the backend's memory plus RoPE tables.
@@ -243,7 +127,7 @@ impl<'a, R: Read + Seek, B: Backend> Loader<'a, R, B> {
         self.ct.tensors.contains_key(name)
     }
 
-    fn layer(&mut self, i: usize) -> Result<Layer<B>> {
+    fn layer(&mut self, i: usize, c: &LlamaConfig) -> Result<Layer<B>> {
         let p = format!("blk.{i}");
         let bias = if self.has(&format!("{p}.attn_q.bias")) {
             Some([
@@ -253,6 +137,27 @@ impl<'a, R: Read + Seek, B: Backend> Loader<'a, R, B> {
             ])
         } else {
             None
+        };
+        let qk_norm = if c.qk_norm {
+            Some([
+                self.vector(&format!("{p}.attn_q_norm.weight"))?,
+                self.vector(&format!("{p}.attn_k_norm.weight"))?,
+            ])
+        } else {
+            None
+        };
+        let ffn = match c.moe {
+            Some(moe) => Ffn::Moe(Moe::load(self.backend, self.ct, self.reader, &p, moe)?),
+            None => Ffn::Dense {
+                gate_up: Proj::new(
+                    self.backend,
+                    vec![
+                        self.linear(&format!("{p}.ffn_gate.weight"))?,
+                        self.linear(&format!("{p}.ffn_up.weight"))?,
+                    ],
+                )?,
+                down: self.matrix(&format!("{p}.ffn_down.weight"))?,
+            },
         };
         Ok(Layer {
             attn_norm: self.vector(&format!("{p}.attn_norm.weight"))?,
@@ -265,16 +170,10 @@ impl<'a, R: Read + Seek, B: Backend> Loader<'a, R, B> {
                 ],
             )?,
             bias,
+            qk_norm,
             wo: self.matrix(&format!("{p}.attn_output.weight"))?,
             ffn_norm: self.vector(&format!("{p}.ffn_norm.weight"))?,
-            gate_up: Proj::new(
-                self.backend,
-                vec![
-                    self.linear(&format!("{p}.ffn_gate.weight"))?,
-                    self.linear(&format!("{p}.ffn_up.weight"))?,
-                ],
-            )?,
-            w_down: self.matrix(&format!("{p}.ffn_down.weight"))?,
+            ffn,
         })
     }
 }
@@ -287,43 +186,19 @@ impl Llama<CpuBackend> {
     }
 }
 
-/// A CPU weight matrix as the host form another backend takes.
-fn host_matrix(m: &kernels::cpu::backend::CpuMatrix) -> HostMatrix {
-    use kernels::cpu::backend::CpuMatrix;
-    match m {
-        CpuMatrix::Quant(q) => HostMatrix::Quant(q.as_ref().clone()),
-        CpuMatrix::Dense(p) => HostMatrix::Dense {
-            data: (0..p.n).flat_map(|r| p.row(r)).collect(),
-            rows: p.n,
-            cols: p.k,
-        },
-    }
-}
-
 impl Llama<CpuBackend> {
     /// The same model with its weights moved into `backend`'s memory
     /// (quantized ones stay quantized).
     pub fn onto<B: Backend>(self, backend: B) -> Result<Llama<B>> {
         let b = &backend;
         let matrix = |m: &kernels::cpu::backend::CpuMatrix| b.matrix(host_matrix(m)).map_err(load);
-        let proj = |p: &Proj<CpuBackend>| -> Result<Proj<B>> {
-            Ok(match p {
-                Proj::Fused { w, widths } => Proj::Fused {
-                    w: matrix(w)?,
-                    widths: widths.clone(),
-                },
-                Proj::Separate(ws) => {
-                    Proj::Separate(ws.iter().map(&matrix).collect::<Result<_>>()?)
-                }
-            })
-        };
         let layers = self
             .layers
             .iter()
             .map(|l| {
                 Ok(Layer {
                     attn_norm: b.vector(l.attn_norm.clone()),
-                    qkv: proj(&l.qkv)?,
+                    qkv: l.qkv.onto(b)?,
                     bias: l.bias.as_ref().map(|[q, k, v]| {
                         [
                             b.vector(q.clone()),
@@ -331,10 +206,13 @@ impl Llama<CpuBackend> {
                             b.vector(v.clone()),
                         ]
                     }),
+                    qk_norm: l
+                        .qk_norm
+                        .as_ref()
+                        .map(|[q, k]| [b.vector(q.clone()), b.vector(k.clone())]),
                     wo: matrix(&l.wo)?,
                     ffn_norm: b.vector(l.ffn_norm.clone()),
-                    gate_up: proj(&l.gate_up)?,
-                    w_down: matrix(&l.w_down)?,
+                    ffn: l.ffn.onto(b)?,
                 })
             })
             .collect::<Result<Vec<_>>>()?;
@@ -374,7 +252,7 @@ impl<B: Backend> Llama<B> {
         };
         let norm = ld.vector("output_norm.weight")?;
         let layers = (0..config.n_layer)
-            .map(|i| ld.layer(i))
+            .map(|i| ld.layer(i, &config))
             .collect::<Result<Vec<_>>>()?;
         let rope = rope_tables(&config);
         Ok(Self {
@@ -407,8 +285,7 @@ impl<B: Backend> Llama<B> {
             let attn = self.attention(li, layer, &h, &tokens, batch, kv)?;
             b.add(&mut x, &b.matmul(&attn, &layer.wo).map_err(exec)?);
             let h = b.rms_norm(&x, &layer.ffn_norm, c.rms_eps);
-            let gate = b.swiglu(&layer.gate_up.concat(b, &h)?);
-            b.add(&mut x, &b.matmul(&gate, &layer.w_down).map_err(exec)?);
+            b.add(&mut x, &layer.ffn.forward(b, &h)?);
         }
         let rows = logit_rows(&batch.chunks);
         let last = b.rms_norm(&b.rows(&x, &rows), &self.norm, c.rms_eps);
@@ -488,6 +365,10 @@ impl<B: Backend> Llama<B> {
             b.add_bias(&mut k, bk);
             b.add_bias(&mut v, bv);
         }
+        if let Some([qn, kn]) = &layer.qk_norm {
+            q = self.head_norm(q, qn, c.q_dim());
+            k = self.head_norm(k, kn, c.kv_dim());
+        }
         let bs = b.kv_layout(kv).block_size;
         let positions: Vec<usize> = tokens.iter().map(|t| t.pos).collect();
         b.rope(&mut q, &positions, &self.rope);
@@ -508,6 +389,16 @@ impl<B: Backend> Llama<B> {
             .map(|tok| (tok.pos, batch.chunks[tok.chunk].block_table.as_slice()))
             .collect();
         Ok(b.attention(&q, kv, li, &queries, shape))
+    }
+}
+
+impl<B: Backend> Llama<B> {
+    /// RMSNorm of every head of `x` (`[tokens, heads * head_dim]`) by the
+    /// `[head_dim]` weight `w`; `width` is the heads' total width.
+    fn head_norm(&self, x: B::Tensor, w: &B::Vector, width: usize) -> B::Tensor {
+        let (b, c) = (&self.backend, &self.config);
+        let heads = b.reshape(x, c.head_dim);
+        b.reshape(b.rms_norm(&heads, w, c.rms_eps), width)
     }
 }
 
@@ -536,11 +427,7 @@ fn logit_rows(chunks: &[SeqChunk]) -> Vec<usize> {
 /// whose tensors disagree is refused at load, naming the tensor and its
 /// type, instead of failing in a forward pass.
 fn check_shapes(ct: &Gguf, c: &LlamaConfig) -> Result<()> {
-    let (h, q, kv) = (c.hidden, c.n_head * c.head_dim, c.n_kv_head * c.head_dim);
-    let dims = |name: &str| ct.tensors.get(name).map(|t| t.dims.clone());
-    let ffn = dims("blk.0.ffn_gate.weight")
-        .and_then(|d| d.first().copied())
-        .ok_or_else(|| EngineError::Load("GGUF has no blk.0.ffn_gate.weight".into()))?;
+    let (h, q, kv) = (c.hidden, c.q_dim(), c.kv_dim());
     let mut want: Vec<(String, Vec<usize>)> = vec![
         ("token_embd.weight".into(), vec![c.vocab_size, h]),
         ("output_norm.weight".into(), vec![h]),
@@ -551,6 +438,7 @@ fn check_shapes(ct: &Gguf, c: &LlamaConfig) -> Result<()> {
     if ct.tensors.contains_key("rope_freqs.weight") {
         want.push(("rope_freqs.weight".into(), vec![c.head_dim / 2]));
     }
+    let ffn = ffn_shapes(ct, c)?;
     for i in 0..c.n_layer {
         let mut at = |k: &str, d: Vec<usize>| want.push((format!("blk.{i}.{k}"), d));
         at("attn_norm.weight", vec![h]);
@@ -559,9 +447,13 @@ fn check_shapes(ct: &Gguf, c: &LlamaConfig) -> Result<()> {
         at("attn_v.weight", vec![kv, h]);
         at("attn_output.weight", vec![h, q]);
         at("ffn_norm.weight", vec![h]);
-        at("ffn_gate.weight", vec![ffn, h]);
-        at("ffn_up.weight", vec![ffn, h]);
-        at("ffn_down.weight", vec![h, ffn]);
+        for (k, d) in &ffn {
+            at(k, d.clone());
+        }
+        if c.qk_norm {
+            at("attn_q_norm.weight", vec![c.head_dim]);
+            at("attn_k_norm.weight", vec![c.head_dim]);
+        }
         if ct.tensors.contains_key(&format!("blk.{i}.attn_q.bias")) {
             at("attn_q.bias", vec![q]);
             at("attn_k.bias", vec![kv]);
@@ -581,6 +473,36 @@ fn check_shapes(ct: &Gguf, c: &LlamaConfig) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// Every layer's feed-forward tensors and shapes, the width read from
+/// layer 0's gate: dense SwiGLU, or the router and stacked experts.
+fn ffn_shapes(ct: &Gguf, c: &LlamaConfig) -> Result<Vec<(&'static str, Vec<usize>)>> {
+    let h = c.hidden;
+    let gate = match c.moe {
+        Some(_) => "blk.0.ffn_gate_exps.weight",
+        None => "blk.0.ffn_gate.weight",
+    };
+    let dims = ct.info(gate)?.dims.clone();
+    Ok(match c.moe {
+        None => {
+            let ffn = dims[0];
+            vec![
+                ("ffn_gate.weight", vec![ffn, h]),
+                ("ffn_up.weight", vec![ffn, h]),
+                ("ffn_down.weight", vec![h, ffn]),
+            ]
+        }
+        Some(m) => {
+            let ffn = dims.get(1).copied().unwrap_or(0);
+            vec![
+                ("ffn_gate_inp.weight", vec![m.n_expert, h]),
+                ("ffn_gate_exps.weight", vec![m.n_expert, ffn, h]),
+                ("ffn_up_exps.weight", vec![m.n_expert, ffn, h]),
+                ("ffn_down_exps.weight", vec![m.n_expert, h, ffn]),
+            ]
+        }
+    })
 }
 
 /// `cos`/`sin` tables for every position and rotary pair.
@@ -604,8 +526,11 @@ mod tests {
     use rand::rngs::StdRng;
     use rand::{Rng, SeedableRng};
 
+    use kernels::backend::HostMatrix;
+
     use super::*;
     use crate::model::max_diff;
+    use crate::model::rope::RopeSpec;
 
     fn random(rng: &mut StdRng, n: usize) -> Vec<f32> {
         (0..n).map(|_| rng.random_range(-1.0..1.0)).collect()
@@ -623,6 +548,8 @@ mod tests {
             rope: RopeSpec::plain(10_000.0, rope_neox),
             context_length: 64,
             vocab_size: 4,
+            qk_norm: false,
+            moe: None,
         };
         let rope = rope_tables(&config);
         let b = CpuBackend;

@@ -3,7 +3,10 @@
 
 pub mod bert;
 pub mod bert_encoder;
+pub mod config;
 pub mod llama;
+pub mod moe;
+mod proj;
 pub mod rope;
 pub mod weights;
 

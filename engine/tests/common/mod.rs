@@ -24,5 +24,13 @@ pub fn model_path(rel: &str) -> PathBuf {
 pub const SMOLLM2: &str = "smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf";
 #[allow(dead_code)]
 pub const TINY: &str = "tiny/tiny.gguf";
+/// The small synthetic models of the architectures beyond llama's block
+/// (`make synthetic`): Qwen3, Qwen3-MoE, Mixtral.
+#[allow(dead_code)]
+pub const ARCH_MODELS: [&str; 3] = [
+    "synthetic/parity-qwen3.Q4_K.gguf",
+    "synthetic/parity-qwen3moe.Q4_K.gguf",
+    "synthetic/parity-mixtral.Q8_0.gguf",
+];
 #[allow(dead_code)]
 pub const MINILM: &str = "all-minilm-l6-v2";

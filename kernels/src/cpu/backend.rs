@@ -197,6 +197,20 @@ impl Backend for CpuBackend {
         CpuTensor { data, cols: x.cols }
     }
 
+    fn reshape(&self, x: CpuTensor, cols: usize) -> CpuTensor {
+        debug_assert!(x.data.len().is_multiple_of(cols.max(1)));
+        CpuTensor { data: x.data, cols }
+    }
+
+    fn add_rows_scaled(&self, x: &mut CpuTensor, y: &CpuTensor, rows: &[usize], scale: &[f32]) {
+        let n = x.cols;
+        for ((src, &r), &s) in y.data.chunks_exact(n.max(1)).zip(rows).zip(scale) {
+            for (d, &v) in x.data[r * n..(r + 1) * n].iter_mut().zip(src) {
+                *d += s * v;
+            }
+        }
+    }
+
     fn add(&self, x: &mut CpuTensor, y: &CpuTensor) {
         ops::add_in_place(&mut x.data, &y.data);
     }
@@ -299,6 +313,29 @@ mod tests {
     use super::*;
     use crate::quant::QuantType;
     use crate::reference;
+
+    #[test]
+    fn experts_add_back_into_their_rows_scaled_and_heads_reshape() {
+        let b = CpuBackend;
+        let mut x = b.tensor(reference::ramp(5 * 6, 1), 6);
+        let before = x.data.clone();
+        let y = b.tensor(reference::ramp(2 * 6, 2), 6);
+        b.add_rows_scaled(&mut x, &y, &[3, 0], &[0.25, -2.0]);
+        for (r, row) in x.data.chunks(6).enumerate() {
+            let (src, s) = match r {
+                3 => (Some(&y.data[..6]), 0.25),
+                0 => (Some(&y.data[6..]), -2.0),
+                _ => (None, 0.0),
+            };
+            for (c, &v) in row.iter().enumerate() {
+                let want = before[r * 6 + c] + src.map_or(0.0, |y| s * y[c]);
+                assert_eq!(v, want, "row {r} col {c}");
+            }
+        }
+        let heads = b.reshape(x.clone(), 3);
+        assert_eq!((heads.rows(), heads.cols), (10, 3));
+        assert_eq!(b.reshape(heads, 6), x);
+    }
 
     #[test]
     fn dense_and_quantized_matmuls_match_the_reference() {

@@ -603,6 +603,35 @@ impl Backend for CudaBackend {
         self.gather(&x.buf, x.cols, &idx, 0, x.cols)
     }
 
+    fn reshape(&self, x: CudaTensor, cols: usize) -> CudaTensor {
+        let n = x.rows * x.cols;
+        debug_assert!(n.is_multiple_of(cols.max(1)));
+        CudaTensor {
+            buf: x.buf,
+            rows: n / cols.max(1),
+            cols,
+        }
+    }
+
+    fn add_rows_scaled(&self, x: &mut CudaTensor, y: &CudaTensor, rows: &[usize], scale: &[f32]) {
+        // The row indices, then the scales' bits, in one word buffer.
+        let words: Vec<u32> = rows
+            .iter()
+            .map(|&r| r as u32)
+            .chain(scale.iter().map(|s| s.to_bits()))
+            .collect();
+        let ib = self.upload(&words);
+        let n = y.rows * y.cols;
+        let args = [
+            Arg::F(&y.buf),
+            Arg::W(&ib),
+            Arg::F(&x.buf),
+            u(y.rows),
+            u(y.cols),
+        ];
+        self.elementwise("scatter_add", n, &args);
+    }
+
     fn add(&self, x: &mut CudaTensor, y: &CudaTensor) {
         let n = x.rows * x.cols;
         self.elementwise("add", n, &[Arg::F(&x.buf), Arg::F(&y.buf), u(n)]);

@@ -376,6 +376,16 @@ __global__ void gather(const float* src, const u32* idx, float* dst, u32 rows, u
     if (i < rows * w) dst[i] = src[idx[i / w] * src_cols + off + i % w];
 }
 
+// dst[idx[r]][c] += scale[r] * src[r][c], the scales' bits after the row
+// indices in idx. The rows hold no repeats.
+__global__ void scatter_add(const float* src, const u32* idx, float* dst, u32 rows, u32 w) {
+    u32 i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < rows * w) {
+        u32 r = i / w;
+        dst[idx[r] * w + i % w] += __fmul_rn(__uint_as_float(idx[rows + r]), src[i]);
+    }
+}
+
 __global__ void scatter(const float* src, float* dst, u32 rows, u32 w, u32 dst_cols, u32 off) {
     u32 i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < rows * w) dst[(i / w) * dst_cols + off + i % w] = src[i];

@@ -32,7 +32,7 @@ pub const SOURCE: &str = include_str!("kernels.cu");
 /// `f` a `float*`, `w` a `u32*`, `u` a `u32`, `x` a `float`. Every launch
 /// is checked against this (a wrong argument list is refused, never run),
 /// and a test checks it against the source.
-pub const KERNELS: [(&str, &str); 17] = [
+pub const KERNELS: [(&str, &str); 18] = [
     ("quantize", "fwuu"),
     ("matmul_quant", "wwfuuuuu"),
     ("matmul_dense", "fffuuu"),
@@ -46,6 +46,7 @@ pub const KERNELS: [(&str, &str); 17] = [
     ("gelu", "fu"),
     ("rope", "ffuuuu"),
     ("gather", "fwfuuuu"),
+    ("scatter_add", "fwfuu"),
     ("scatter", "ffuuuu"),
     ("write_kv", "fwwuuuu"),
     ("paged_attention", "fwwwwfuuuuu"),

@@ -23,6 +23,12 @@ fn quantized_and_dense_matmuls_and_embeddings_match_the_reference() {
 }
 
 #[test]
+fn head_norm_and_expert_scatter_match_the_cpu() {
+    let Some(g) = gpu() else { return };
+    t::head_norm_and_expert_scatter_match_the_cpu(&g);
+}
+
+#[test]
 fn row_ops_match_the_reference() {
     let Some(g) = gpu() else { return };
     t::row_ops_match_the_reference(&g);

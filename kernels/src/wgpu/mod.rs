@@ -383,6 +383,31 @@ impl Backend for WgpuBackend {
         self.gather(x, &idx, 0, x.cols)
     }
 
+    fn reshape(&self, x: GpuTensor, cols: usize) -> GpuTensor {
+        let n = x.rows * x.cols;
+        debug_assert!(n.is_multiple_of(cols.max(1)));
+        GpuTensor {
+            buf: x.buf,
+            rows: n / cols.max(1),
+            cols,
+        }
+    }
+
+    fn add_rows_scaled(&self, x: &mut GpuTensor, y: &GpuTensor, rows: &[usize], scale: &[f32]) {
+        // The row indices, then the scales' bits, in one word buffer.
+        let words: Vec<u32> = rows
+            .iter()
+            .map(|&r| r as u32)
+            .chain(scale.iter().map(|s| s.to_bits()))
+            .collect();
+        let ib = self.gpu.words(&words);
+        let p = [y.rows as u32, y.cols as u32, 0, 0, 0, 0, 0, 0];
+        let b = [(1, &*y.buf), (2, &*ib), (3, &*x.buf)];
+        let n = y.rows * y.cols;
+        self.gpu
+            .dispatch(Shader::Copy, "scatter_add", p, &b, Self::groups(n), 1);
+    }
+
     fn add(&self, x: &mut GpuTensor, y: &GpuTensor) {
         self.rows_op("add", x, Some(&y.buf), x.rows * x.cols);
     }

@@ -17,6 +17,11 @@ fn quantized_and_dense_matmuls_and_embeddings_match_the_reference() {
 }
 
 #[test]
+fn head_norm_and_expert_scatter_match_the_cpu() {
+    t::head_norm_and_expert_scatter_match_the_cpu(&gpu());
+}
+
+#[test]
 fn row_ops_match_the_reference() {
     t::row_ops_match_the_reference(&gpu());
 }

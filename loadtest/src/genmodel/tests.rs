@@ -23,6 +23,9 @@ const SMALL: Shape = Shape {
     tied: false,
     rope_theta: 10_000.0,
     llama3_rope: None,
+    head_dim: None,
+    qk_norm: false,
+    experts: None,
 };
 
 #[test]
@@ -95,10 +98,62 @@ fn a_llama_3_model_carries_its_rope_factors_and_the_engine_reads_them() {
 }
 
 #[test]
+fn a_qwen3_moe_model_carries_its_experts_and_the_engine_routes_them() {
+    let tok = models_dir().join("smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf");
+    let out = std::env::temp_dir().join(format!("synor-genmodel-moe-{}.gguf", std::process::id()));
+    let shape = Shape {
+        name: "small-moe",
+        layers: 2,
+        ..PARITY_QWEN3MOE
+    };
+    generate(&shape, Quant::Q4KM, &tok, &out, 9).expect("generate");
+    let ct = Gguf::read(&mut std::io::BufReader::new(
+        std::fs::File::open(&out).expect("open"),
+    ))
+    .expect("read back");
+    let ty = types(&ct);
+    assert_eq!(
+        ct.tensors["blk.0.ffn_gate_exps.weight"].dims,
+        [16, 256, 256]
+    );
+    assert_eq!(
+        ct.tensors["blk.1.ffn_down_exps.weight"].dims,
+        [16, 256, 256]
+    );
+    assert_eq!(
+        ct.tensors["blk.0.attn_q.weight"].dims,
+        [512, 256],
+        "128-wide heads"
+    );
+    assert_eq!(ct.tensors["blk.0.attn_q_norm.weight"].dims, [128]);
+    assert_eq!(
+        ty["blk.0.ffn_gate_inp.weight"],
+        TensorType::F32,
+        "the router"
+    );
+    assert_eq!(ty["blk.0.ffn_up_exps.weight"], TensorType::Q4K);
+    assert_eq!(
+        ty["blk.1.ffn_down_exps.weight"],
+        TensorType::Q6K,
+        "more bits in the last layer"
+    );
+    let loaded = engine::loader::load_gguf(&out, &engine::TemplateChoice::ChatMl).expect("load");
+    let _ = std::fs::remove_file(out);
+    let c = &loaded.model.config;
+    assert_eq!((c.head_dim, c.q_dim(), c.hidden), (128, 512, 256));
+    assert!(c.qk_norm && c.rope.neox);
+    let moe = c.moe.expect("experts");
+    assert_eq!((moe.n_expert, moe.n_used), (16, 4));
+}
+
+#[test]
 fn shapes_are_consistent_and_quantizations_parse() {
     for s in SHAPES {
         assert_eq!(s.hidden % s.heads, 0, "{}", s.name);
         assert_eq!(s.heads % s.kv_heads, 0, "{}", s.name);
+        assert_eq!(shape(s.name).expect("named"), s);
+    }
+    for s in PARITY_SHAPES {
         assert_eq!(shape(s.name).expect("named"), s);
     }
     assert!(shape("llama-70b").is_err());

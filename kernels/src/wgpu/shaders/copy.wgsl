@@ -18,6 +18,19 @@ fn gather(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups
     }
 }
 
+// dst[idx[r]][c] += scale[r] * src[r][c], the scales' bits after the
+// row indices in `idx`: a = (rows, cols). The rows hold no repeats.
+@compute @workgroup_size(64)
+fn scatter_add(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>) {
+    let i = element(gid, groups);
+    let w = p.a.y;
+    if (i < p.a.x * w) {
+        let r = i / w;
+        let d = idx[r] * w + i % w;
+        dst[d] = dst[d] + mul_rn(bitcast<f32>(idx[p.a.x + r]), src[i]);
+    }
+}
+
 // dst[r][off + c] = src[r][c]: a = (rows, src cols, dst cols, off).
 @compute @workgroup_size(64)
 fn scatter(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>) {

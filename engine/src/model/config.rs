@@ -1,0 +1,226 @@
+//! A decoder's hyper-parameters as its GGUF file states them, and what
+//! each architecture we serve adds to the llama block (`Arch`): the RoPE
+//! layout, per-head norms of q and k, routed experts. An architecture not
+//! in `ARCHES` is refused at load, naming the ones we read.
+
+use super::rope::RopeSpec;
+use crate::error::{EngineError, Result};
+use crate::gguf::Gguf;
+use crate::kv_cache::KvLayout;
+use crate::tokenizer::gguf::Meta;
+
+/// What an architecture adds to the llama block.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Arch {
+    /// `general.architecture`.
+    pub name: &'static str,
+    /// NeoX RoPE pairs (`i, i + d/2`) rather than interleaved ones.
+    pub neox: bool,
+    /// RMSNorm of every head of q and k before RoPE (`attn_q_norm`,
+    /// `attn_k_norm`, one `[head_dim]` weight each).
+    pub qk_norm: bool,
+    /// Whether the feed-forward is routed experts: `Some(true)` always,
+    /// `Some(false)` never, `None` as `{arch}.expert_count` says (Mixtral
+    /// is a `llama` file with experts).
+    pub experts: Option<bool>,
+}
+
+/// The architectures we read, as llama.cpp builds each.
+pub const ARCHES: [Arch; 5] = [
+    Arch {
+        name: "llama",
+        neox: false,
+        qk_norm: false,
+        experts: None,
+    },
+    Arch {
+        name: "mistral",
+        neox: false,
+        qk_norm: false,
+        experts: Some(false),
+    },
+    Arch {
+        name: "qwen2",
+        neox: true,
+        qk_norm: false,
+        experts: Some(false),
+    },
+    Arch {
+        name: "qwen3",
+        neox: true,
+        qk_norm: true,
+        experts: Some(false),
+    },
+    Arch {
+        name: "qwen3moe",
+        neox: true,
+        qk_norm: true,
+        experts: Some(true),
+    },
+];
+
+impl Arch {
+    /// The architecture named `name`, or a refusal listing ours.
+    pub fn named(name: &str) -> Result<Self> {
+        ARCHES
+            .iter()
+            .find(|a| a.name == name)
+            .copied()
+            .ok_or_else(|| {
+                let ours: Vec<&str> = ARCHES.iter().map(|a| a.name).collect();
+                EngineError::Load(format!(
+                    "architecture `{name}` is not supported ({})",
+                    ours.join(", ")
+                ))
+            })
+    }
+}
+
+/// Routed experts: each token's feed-forward is the weighted sum of the
+/// `n_used` experts (of `n_expert`) its router scores highest, the
+/// weights the router's softmax over all experts, renormalized over the
+/// chosen ones.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct MoeConfig {
+    pub n_expert: usize,
+    pub n_used: usize,
+}
+
+/// Architecture hyper-parameters read from GGUF metadata.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LlamaConfig {
+    pub architecture: String,
+    pub n_layer: usize,
+    pub hidden: usize,
+    pub n_head: usize,
+    pub n_kv_head: usize,
+    /// `{arch}.attention.key_length` where the file gives it (Qwen3's 128
+    /// over a 1024 or 2560 hidden size), else `hidden / n_head`.
+    pub head_dim: usize,
+    pub rms_eps: f32,
+    /// Rotary embedding as the file says (`rope`).
+    pub rope: RopeSpec,
+    pub context_length: usize,
+    pub vocab_size: usize,
+    /// Per-head RMSNorm of q and k (Qwen3).
+    pub qk_norm: bool,
+    /// Routed experts in place of the dense feed-forward.
+    pub moe: Option<MoeConfig>,
+}
+
+impl LlamaConfig {
+    /// Reads the `{arch}.*` keys llama.cpp writes.
+    pub fn from_gguf(ct: &Gguf) -> Result<Self> {
+        let meta = Meta(&ct.metadata);
+        let arch = Arch::named(meta.string("general.architecture")?)?;
+        let key = |k: &str| format!("{}.{k}", arch.name);
+        let n_head = meta.u32(&key("attention.head_count"))? as usize;
+        let hidden = meta.u32(&key("embedding_length"))? as usize;
+        let vocab_size = ct
+            .tensors
+            .get("token_embd.weight")
+            .map(|t| t.dims[0])
+            .ok_or_else(|| EngineError::Load("GGUF has no token_embd.weight".into()))?;
+        let head_dim = head_dim(&meta, arch.name, hidden, n_head)?;
+        let config = Self {
+            n_layer: meta.u32(&key("block_count"))? as usize,
+            hidden,
+            n_head,
+            n_kv_head: meta
+                .u32(&key("attention.head_count_kv"))
+                .map_or(n_head, |v| v as usize),
+            head_dim,
+            rms_eps: meta
+                .f32(&key("attention.layer_norm_rms_epsilon"))
+                .unwrap_or(1e-5),
+            rope: RopeSpec::from_meta(&meta, arch.name, arch.neox, head_dim)?,
+            context_length: meta
+                .u32(&key("context_length"))
+                .map_or(2048, |v| v as usize),
+            vocab_size,
+            qk_norm: arch.qk_norm,
+            moe: moe(&meta, &arch)?,
+            architecture: arch.name.to_string(),
+        };
+        config.check()?;
+        Ok(config)
+    }
+
+    fn check(&self) -> Result<()> {
+        let ok = self.n_head > 0
+            && self.n_kv_head > 0
+            && self.n_head.is_multiple_of(self.n_kv_head)
+            && self.head_dim > 0
+            && self.head_dim.is_multiple_of(2)
+            && self.hidden > 0;
+        if ok {
+            Ok(())
+        } else {
+            Err(EngineError::Load(format!(
+                "inconsistent attention shape: {self:?}"
+            )))
+        }
+    }
+
+    /// Width of all query heads together (`hidden` for most models).
+    pub fn q_dim(&self) -> usize {
+        self.n_head * self.head_dim
+    }
+
+    /// Width of all key (or value) heads together.
+    pub fn kv_dim(&self) -> usize {
+        self.n_kv_head * self.head_dim
+    }
+
+    /// The KV layout for `num_blocks` blocks of `block_size` positions.
+    pub fn kv_layout(&self, block_size: usize, num_blocks: usize) -> KvLayout {
+        KvLayout {
+            n_layer: self.n_layer,
+            n_kv_head: self.n_kv_head,
+            head_dim: self.head_dim,
+            block_size,
+            num_blocks,
+            dtype: Default::default(),
+        }
+    }
+}
+
+/// The head width: `key_length`, which must equal `value_length` where
+/// both are given (the KV cache holds one width), else `hidden / n_head`.
+fn head_dim(meta: &Meta<'_>, arch: &str, hidden: usize, n_head: usize) -> Result<usize> {
+    let k = meta.u32(&format!("{arch}.attention.key_length")).ok();
+    let v = meta.u32(&format!("{arch}.attention.value_length")).ok();
+    match (k, v) {
+        (Some(k), Some(v)) if k != v => Err(EngineError::Load(format!(
+            "key heads of {k} and value heads of {v} differ; the KV cache holds one width"
+        ))),
+        (Some(k), _) => Ok(k as usize),
+        (None, _) => Ok(hidden / n_head.max(1)),
+    }
+}
+
+/// The experts the metadata declares, checked against the architecture.
+fn moe(meta: &Meta<'_>, arch: &Arch) -> Result<Option<MoeConfig>> {
+    let count = |k: &str| {
+        meta.u32(&format!("{}.{k}", arch.name))
+            .map_or(0, |v| v as usize)
+    };
+    let (n_expert, n_used) = (count("expert_count"), count("expert_used_count"));
+    let moe = match (arch.experts, n_expert) {
+        (Some(false), _) | (None, 0) => return Ok(None),
+        (Some(true), 0) => {
+            return Err(EngineError::Load(format!(
+                "`{}` needs {}.expert_count",
+                arch.name, arch.name
+            )));
+        }
+        (Some(true) | None, _) => MoeConfig { n_expert, n_used },
+    };
+    if moe.n_used == 0 || moe.n_used > moe.n_expert {
+        return Err(EngineError::Load(format!(
+            "{} of {} experts used per token",
+            moe.n_used, moe.n_expert
+        )));
+    }
+    Ok(Some(moe))
+}

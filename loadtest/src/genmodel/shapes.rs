@@ -1,0 +1,237 @@
+//! The shapes `synor-genmodel` writes: real models' (the benchmarks')
+//! and the parity tests' small ones, one per architecture.
+
+use anyhow::{Context, Result};
+
+/// A model's shape (the `{arch}.*` keys and the tensors they imply).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Shape {
+    pub name: &'static str,
+    pub arch: &'static str,
+    pub hidden: usize,
+    pub layers: usize,
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub ffn: usize,
+    pub vocab: usize,
+    /// `attn_q/k/v` carry biases (Qwen2).
+    pub qkv_bias: bool,
+    /// No `output.weight`: the embedding is the output projection.
+    pub tied: bool,
+    pub rope_theta: f32,
+    /// Llama 3's rotary scaling (factor, low and high frequency factors,
+    /// original context), written as `rope_freqs.weight` the way
+    /// llama.cpp's converter does.
+    pub llama3_rope: Option<(f32, f32, f32, f32)>,
+    /// `{arch}.attention.key_length` where heads are not `hidden / heads`
+    /// wide (Qwen3); `None`: `hidden / heads`, and the key is not written.
+    pub head_dim: Option<usize>,
+    /// Per-head RMSNorm weights of q and k (`attn_q_norm`, `attn_k_norm`).
+    pub qk_norm: bool,
+    /// Routed experts in place of the dense feed-forward.
+    pub experts: Option<Experts>,
+}
+
+/// A mixture of experts: `count` experts of `ffn` width, `used` a token.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Experts {
+    pub count: usize,
+    pub used: usize,
+    pub ffn: usize,
+}
+
+impl Shape {
+    /// The width of one attention head.
+    pub fn head_dim(&self) -> usize {
+        self.head_dim.unwrap_or(self.hidden / self.heads)
+    }
+}
+
+/// Llama 3.2's `rope_scaling`.
+const LLAMA32_ROPE: Option<(f32, f32, f32, f32)> = Some((32.0, 1.0, 4.0, 8192.0));
+
+/// The shapes of Llama-3.2-1B and -3B, Qwen2.5-0.5B, Qwen3-4B and
+/// Qwen3-30B-A3B.
+pub const SHAPES: [Shape; 5] = [
+    Shape {
+        name: "llama-1b",
+        arch: "llama",
+        hidden: 2048,
+        layers: 16,
+        heads: 32,
+        kv_heads: 8,
+        ffn: 8192,
+        vocab: 128_256,
+        qkv_bias: false,
+        tied: true,
+        rope_theta: 500_000.0,
+        llama3_rope: LLAMA32_ROPE,
+        head_dim: None,
+        qk_norm: false,
+        experts: None,
+    },
+    Shape {
+        name: "llama-3b",
+        arch: "llama",
+        hidden: 3072,
+        layers: 28,
+        heads: 24,
+        kv_heads: 8,
+        ffn: 8192,
+        vocab: 128_256,
+        qkv_bias: false,
+        tied: true,
+        rope_theta: 500_000.0,
+        llama3_rope: LLAMA32_ROPE,
+        head_dim: None,
+        qk_norm: false,
+        experts: None,
+    },
+    Shape {
+        name: "qwen2-0.5b",
+        arch: "qwen2",
+        hidden: 896,
+        layers: 24,
+        heads: 14,
+        kv_heads: 2,
+        ffn: 4864,
+        vocab: 151_936,
+        qkv_bias: true,
+        tied: true,
+        rope_theta: 1_000_000.0,
+        llama3_rope: None,
+        head_dim: None,
+        qk_norm: false,
+        experts: None,
+    },
+    Shape {
+        name: "qwen3-4b",
+        arch: "qwen3",
+        hidden: 2560,
+        layers: 36,
+        heads: 32,
+        kv_heads: 8,
+        ffn: 9728,
+        vocab: 151_936,
+        qkv_bias: false,
+        tied: true,
+        rope_theta: 1_000_000.0,
+        llama3_rope: None,
+        head_dim: Some(128),
+        qk_norm: true,
+        experts: None,
+    },
+    // Qwen3-30B-A3B: 128 experts of 768, 8 a token.
+    Shape {
+        name: "qwen3-30b-a3b",
+        arch: "qwen3moe",
+        hidden: 2048,
+        layers: 48,
+        heads: 32,
+        kv_heads: 4,
+        ffn: 6144,
+        vocab: 151_936,
+        qkv_bias: false,
+        tied: false,
+        rope_theta: 1_000_000.0,
+        llama3_rope: None,
+        head_dim: Some(128),
+        qk_norm: true,
+        experts: Some(Experts {
+            count: 128,
+            used: 8,
+            ffn: 768,
+        }),
+    },
+];
+
+/// A small llama for the parity tests (one file per weight type, each
+/// compared with llama.cpp on the same file): every row a whole number of
+/// 256-blocks, so each type applies to every matrix as named.
+pub const PARITY: Shape = Shape {
+    name: "parity-llama",
+    arch: "llama",
+    hidden: 256,
+    layers: 2,
+    heads: 4,
+    kv_heads: 2,
+    ffn: 768,
+    vocab: 49_152,
+    qkv_bias: false,
+    tied: false,
+    rope_theta: 10_000.0,
+    llama3_rope: None,
+    head_dim: None,
+    qk_norm: false,
+    experts: None,
+};
+
+/// `PARITY` with Llama 3.2's rotary scaling (`rope_freqs.weight`) and base.
+pub const PARITY_LLAMA3: Shape = Shape {
+    name: "parity-llama3",
+    rope_theta: 500_000.0,
+    llama3_rope: LLAMA32_ROPE,
+    ..PARITY
+};
+
+/// Qwen3's block at parity size: heads 128 wide over a 256 hidden size
+/// (so the q projection is wider than the hidden state, as in Qwen3-4B),
+/// and per-head norms of q and k.
+pub const PARITY_QWEN3: Shape = Shape {
+    name: "parity-qwen3",
+    arch: "qwen3",
+    rope_theta: 1_000_000.0,
+    head_dim: Some(128),
+    qk_norm: true,
+    ..PARITY
+};
+
+/// Qwen3-MoE's block at parity size: 16 experts, 4 a token.
+pub const PARITY_QWEN3MOE: Shape = Shape {
+    name: "parity-qwen3moe",
+    arch: "qwen3moe",
+    experts: Some(Experts {
+        count: 16,
+        used: 4,
+        ffn: 256,
+    }),
+    ..PARITY_QWEN3
+};
+
+/// Mixtral's block (a `llama` file with experts) at parity size: 8
+/// experts, 2 a token.
+pub const PARITY_MIXTRAL: Shape = Shape {
+    name: "parity-mixtral",
+    experts: Some(Experts {
+        count: 8,
+        used: 2,
+        ffn: 512,
+    }),
+    ..PARITY
+};
+
+/// The parity tests' shapes.
+pub const PARITY_SHAPES: [Shape; 5] = [
+    PARITY,
+    PARITY_LLAMA3,
+    PARITY_QWEN3,
+    PARITY_QWEN3MOE,
+    PARITY_MIXTRAL,
+];
+
+/// The shape named `name`.
+pub fn shape(name: &str) -> Result<Shape> {
+    SHAPES
+        .iter()
+        .chain(&PARITY_SHAPES)
+        .find(|s| s.name == name)
+        .copied()
+        .with_context(|| {
+            let names: Vec<_> = SHAPES
+                .iter()
+                .chain(&PARITY_SHAPES)
+                .map(|s| s.name)
+                .collect();
+            format!("unknown shape `{name}` ({})", names.join(", "))
+        })
+}
