@@ -11,7 +11,11 @@
 #
 # With no arguments: the default model. MODEL_FILE is relative to
 # $SYNOR_MODELS_DIR (default ./models). LLAMA_WORK (default
-# /tmp/synor-llama) keeps the build between runs.
+# /tmp/synor-llama) keeps the build between runs. SERVER_ARGS adds
+# llama-server arguments (`--swa-full` for the synthetic Gemma 3 files:
+# llama-server's default sliding-window cache, pruned to the window, gives
+# another answer than the exact attention for an 8-position window once a
+# new prompt replaces the cached one).
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -55,6 +59,10 @@ mkdir -p tests/golden
 for pair in "$@"; do
     name=${pair%%=*}
     file=${pair#*=}
+    extra=()
+    for arg in ${SERVER_ARGS:-}; do
+        extra+=("--server-arg=$arg")
+    done
     python3 scripts/llama_golden.py --server "$SERVER" --model "$MODELS/$file" \
-        --model-name "$file" --out "tests/golden/$name.json"
+        --model-name "$file" --out "tests/golden/$name.json" "${extra[@]}"
 done

@@ -128,7 +128,8 @@ fn the_default_model_on_wgpu_gives_the_cpus_logits_and_greedy_tokens() {
 
 /// Every architecture's small synthetic model (`make synthetic`): Qwen3's
 /// per-head norms and wider heads, Qwen3-MoE's and Mixtral's routed
-/// experts, run on wgpu as on the CPU, within the tolerance: their K-quant
+/// experts, Gemma 3's GeGLU, post-norms and sliding windows, run on wgpu
+/// as on the CPU, within the tolerance: their K-quant
 /// and F32 router matmuls are exact in value on the GPU but not summed in
 /// the CPU kernels' order, so not bit for bit.
 #[cfg(feature = "wgpu")]
@@ -153,10 +154,11 @@ fn every_architecture_on_wgpu_gives_the_cpus_logits() {
 /// matmuls the GPU computes to within rounding of the CPU's (the K-quants'
 /// differ more, and a token whose router sits near a tie may then take
 /// another expert on each: a difference of routing, not of kernels).
-const GPU_ARCH_MODELS: [&str; 3] = [
+const GPU_ARCH_MODELS: [&str; 4] = [
     "synthetic/parity-qwen3.F32.gguf",
     "synthetic/parity-qwen3moe.F32.gguf",
     "synthetic/parity-mixtral.Q8_0.gguf",
+    "synthetic/parity-gemma3.Q8_0.gguf",
 ];
 
 #[cfg(feature = "cuda")]

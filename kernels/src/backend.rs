@@ -108,6 +108,20 @@ pub struct AttnShape {
     pub n_kv_head: usize,
     pub head_dim: usize,
     pub block_size: usize,
+    /// A sliding window: a query at `pos` sees only positions
+    /// `pos + 1 - window ..= pos` (llama.cpp's standard SWA); 0 sees all.
+    pub window: usize,
+}
+
+impl AttnShape {
+    /// The first position a query at `pos` sees.
+    pub fn first_visible(&self, pos: usize) -> usize {
+        if self.window == 0 {
+            0
+        } else {
+            (pos + 1).saturating_sub(self.window)
+        }
+    }
 }
 
 /// Rotary embedding tables: `cos`/`sin` of position `p`, pair `i` at
@@ -200,6 +214,12 @@ pub trait Backend: Send + Sync {
     ) -> Self::Tensor;
     /// `silu(gate) * up` of rows laid out `[gate | up]`.
     fn swiglu(&self, gate_up: &Self::Tensor) -> Self::Tensor;
+    /// `gelu(gate) * up` of rows laid out `[gate | up]` (Gemma's GeGLU),
+    /// GELU's tanh form as llama.cpp's CPU backend takes it: from a table
+    /// of f16 values at f16 inputs (`cpu::ops::gelu_tanh_f16`).
+    fn geglu(&self, gate_up: &Self::Tensor) -> Self::Tensor;
+    /// `x *= s`, every element.
+    fn scale(&self, x: &mut Self::Tensor, s: f32);
     /// GELU (the exact, erf form BERT uses), in place.
     fn gelu(&self, x: &mut Self::Tensor);
     /// Softmax of every row, in place.

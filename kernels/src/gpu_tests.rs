@@ -234,6 +234,16 @@ pub(crate) fn row_ops_match_the_reference<B: Backend>(g: &B) {
     let sw = g.to_host(&g.swiglu(&x));
     let want_sw = c.swiglu(&c.tensor(data.clone(), cols)).data;
     same_as_cpu(&sw, &want_sw, true, "swiglu");
+    // GeGLU over gates spanning the table's range and past it.
+    let wide: Vec<f32> = data.iter().map(|v| v * 12.0).collect();
+    let gg = g.to_host(&g.geglu(&g.tensor(wide.clone(), cols)));
+    let want_gg = c.geglu(&c.tensor(wide, cols)).data;
+    same_as_cpu(&gg, &want_gg, true, "geglu");
+    let mut sc = g.tensor(data.clone(), cols);
+    g.scale(&mut sc, 25.298_221);
+    let mut want_sc = c.tensor(data.clone(), cols);
+    c.scale(&mut want_sc, 25.298_221);
+    same_as_cpu(&g.to_host(&sc), &want_sc.data, true, "scale");
     let parts = g.split_cols(&x, &[30, 170]);
     assert_eq!(g.to_host(&g.concat_cols(&parts)), data, "split then concat");
     assert_eq!(g.to_host(&parts[0])[..30], data[..30]);
@@ -307,6 +317,7 @@ pub(crate) fn paged_attention_over_f16_kv_matches_the_cpu<B: Backend>(g: &B) {
         n_kv_head: 2,
         head_dim: 32,
         block_size: 4,
+        window: 0,
     };
     let layout = KvLayout {
         n_layer: 2,
@@ -335,8 +346,15 @@ pub(crate) fn paged_attention_over_f16_kv_matches_the_cpu<B: Backend>(g: &B) {
     let qw = shape.n_head * shape.head_dim;
     let q = reference::ramp(queries.len() * qw, 33);
     let got = g.to_host(&g.attention(&g.tensor(q.clone(), qw), &gkv, 1, &queries, shape));
-    let want = c.attention(&c.tensor(q, qw), &ckv, 1, &queries, shape);
+    let want = c.attention(&c.tensor(q.clone(), qw), &ckv, 1, &queries, shape);
     same_as_cpu(&got, &want.data, avx2(), "paged attention");
+    // Sliding windows (Gemma 3, Mistral): inside a block and across blocks.
+    for window in [3, 6] {
+        let shape = AttnShape { window, ..shape };
+        let got = g.to_host(&g.attention(&g.tensor(q.clone(), qw), &gkv, 1, &queries, shape));
+        let want = c.attention(&c.tensor(q.clone(), qw), &ckv, 1, &queries, shape);
+        same_as_cpu(&got, &want.data, avx2(), &format!("window {window}"));
+    }
 }
 
 /// KV blocks read from the device are the CPU's bits (after the same
@@ -370,6 +388,7 @@ pub(crate) fn kv_blocks_move_between_backends_bit_for_bit<B: Backend>(g: &B) {
         n_kv_head: 2,
         head_dim: 32,
         block_size: 4,
+        window: 0,
     };
     let q = g.tensor(reference::ramp(4 * 32, 91), 4 * 32);
     let before = g.to_host(&g.attention(&q, &gkv, 1, &[(9, &[5, 2, 7])], shape));
@@ -388,6 +407,7 @@ fn one_layer(
         n_kv_head,
         head_dim,
         block_size,
+        window: 0,
     };
     let layout = KvLayout {
         n_layer: 1,

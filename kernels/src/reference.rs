@@ -64,6 +64,8 @@ pub struct AttnShape {
     pub n_q: usize,
     /// Key/value positions (cache plus chunk); the chunk starts at `n_kv - n_q`.
     pub n_kv: usize,
+    /// A sliding window of positions (0: none).
+    pub window: usize,
 }
 
 /// Causal grouped-query attention. `q` is `[n_head][n_q][head_dim]`, `k`
@@ -77,6 +79,7 @@ pub fn causal_attention(q: &[f32], k: &[f32], v: &[f32], s: AttnShape) -> Vec<f3
         head_dim: d,
         n_q,
         n_kv,
+        window,
     } = s;
     let start = n_kv - n_q;
     let group = n_head / n_kv_head;
@@ -87,15 +90,20 @@ pub fn causal_attention(q: &[f32], k: &[f32], v: &[f32], s: AttnShape) -> Vec<f3
         for i in 0..n_q {
             let qv = &q[(h * n_q + i) * d..][..d];
             let visible = start + i + 1;
-            let scores: Vec<f32> = (0..visible)
+            let first = if window == 0 {
+                0
+            } else {
+                visible.saturating_sub(window)
+            };
+            let scores: Vec<f32> = (first..visible)
                 .map(|j| {
                     let kv = &k[(kvh * n_kv + j) * d..][..d];
                     qv.iter().zip(kv).map(|(a, b)| a * b).sum::<f32>() * scale
                 })
                 .collect();
-            let probs = softmax(&scores, visible);
+            let probs = softmax(&scores, visible - first);
             let o = &mut out[(i * n_head + h) * d..][..d];
-            for (j, p) in probs.iter().enumerate() {
+            for (j, p) in (first..visible).zip(&probs) {
                 let vv = &v[(kvh * n_kv + j) * d..][..d];
                 for (acc, x) in o.iter_mut().zip(vv) {
                     *acc += p * x;
@@ -247,8 +255,21 @@ mod tests {
             head_dim: 2,
             n_q: 1,
             n_kv: 1,
+            window: 0,
         };
         let out = causal_attention(&[1.0, 2.0, 3.0, 4.0], &[0.5, 0.5], &[7.0, -7.0], s);
+        assert_eq!(out, [7.0, -7.0, 7.0, -7.0]);
+        // A window of one: the last of three positions sees only itself.
+        let s = AttnShape {
+            n_kv: 3,
+            window: 1,
+            ..s
+        };
+        let (k, v) = (
+            [0.5, 0.5, 9.0, 9.0, 0.1, 0.2],
+            [1.0, 1.0, 2.0, 2.0, 7.0, -7.0],
+        );
+        let out = causal_attention(&[1.0, 2.0, 3.0, 4.0], &k, &v, s);
         assert_eq!(out, [7.0, -7.0, 7.0, -7.0]);
     }
 }

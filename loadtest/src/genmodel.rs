@@ -260,6 +260,10 @@ fn layer(
         (h, q),
         wo,
     )?);
+    if shape.gemma {
+        let w = noise.fill(h, 0.5).iter().map(|x| 1.0 + x).collect();
+        out.push(vector(format!("{p}.post_attention_norm.weight"), w)?);
+    }
     out.push(vector(format!("{p}.ffn_norm.weight"), vec![1.0; h])?);
     let Some(e) = shape.experts else {
         for (k, dims) in [
@@ -269,6 +273,10 @@ fn layer(
         ] {
             let name = format!("{k}.weight");
             out.push(matrix(format!("{p}.{name}"), noise, dims, dt(&name))?);
+        }
+        if shape.gemma {
+            let w = noise.fill(h, 0.5).iter().map(|x| 1.0 + x).collect();
+            out.push(vector(format!("{p}.post_ffw_norm.weight"), w)?);
         }
         return Ok(());
     };
@@ -403,6 +411,9 @@ fn metadata(shape: &Shape, quant: Quant, tok: Vec<(String, Value)>) -> Vec<(Stri
         m.push((format!("{a}.attention.key_length"), u(d)));
         m.push((format!("{a}.attention.value_length"), u(d)));
     }
+    if shape.window > 0 {
+        m.push((format!("{a}.attention.sliding_window"), u(shape.window)));
+    }
     if let Some(e) = shape.experts {
         m.push((format!("{a}.expert_count"), u(e.count)));
         m.push((format!("{a}.expert_used_count"), u(e.used)));
@@ -456,8 +467,8 @@ pub fn types(content: &Gguf) -> HashMap<String, TensorType> {
 mod shapes;
 
 pub use shapes::{
-    Experts, PARITY, PARITY_LLAMA3, PARITY_MIXTRAL, PARITY_QWEN3, PARITY_QWEN3MOE, PARITY_SHAPES,
-    SHAPES, Shape, shape,
+    Experts, PARITY, PARITY_GEMMA3, PARITY_LLAMA3, PARITY_MIXTRAL, PARITY_QWEN3, PARITY_QWEN3MOE,
+    PARITY_SHAPES, SHAPES, Shape, shape,
 };
 
 #[cfg(test)]

@@ -12,8 +12,8 @@ use loadtest::genmodel::{Quant, SHAPES, generate, shape};
 struct Args {
     /// llama-1b, llama-3b, qwen2-0.5b, qwen3-4b or qwen3-30b-a3b (`all`:
     /// every dense one), or a parity shape (parity-llama, parity-llama3,
-    /// parity-qwen3, parity-qwen3moe, parity-mixtral: the small models of
-    /// the parity tests).
+    /// parity-qwen3, parity-qwen3moe, parity-mixtral, parity-gemma3: the
+    /// small models of the parity tests).
     #[arg(long, default_value = "llama-1b")]
     shape: String,
     /// q4_0 or q4_k_m, or every matrix in one type: f32, f16, bf16, q4_1,

@@ -1,7 +1,7 @@
 """Every architecture beyond llama's block (issue 43), served by real worker
 processes on loopback like the default model: Qwen3 (per-head norms of q
 and k, heads wider than hidden / heads), Qwen3-MoE and Mixtral (routed
-experts). Each worker loads the model's small synthetic file (`make
+experts), Gemma 3 (GeGLU, post-norms, sliding-window layers). Each worker loads the model's small synthetic file (`make
 synthetic`), registers, is calibrated and spot-checked, is placed, runs the
 split prefill/decode pipeline with the other worker (its KV moved as
 checked frames), and is paid what the server counted; the text is the
@@ -17,6 +17,7 @@ ARCH_MODELS = {
     "qwen3": "synthetic/parity-qwen3.Q4_K.gguf",
     "qwen3moe": "synthetic/parity-qwen3moe.Q4_K.gguf",
     "mixtral": "synthetic/parity-mixtral.Q8_0.gguf",
+    "gemma3": "synthetic/parity-gemma3.Q8_0.gguf",
 }
 
 

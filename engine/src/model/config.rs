@@ -1,7 +1,9 @@
 //! A decoder's hyper-parameters as its GGUF file states them, and what
 //! each architecture we serve adds to the llama block (`Arch`): the RoPE
-//! layout, per-head norms of q and k, routed experts. An architecture not
-//! in `ARCHES` is refused at load, naming the ones we read.
+//! layout, per-head norms of q and k, routed experts, Gemma's block
+//! (scaled embeddings, norms after attention and feed-forward, GeGLU,
+//! sliding-window layers with their own RoPE base). An architecture not in
+//! `ARCHES` is refused at load, naming the ones we read.
 
 use super::rope::RopeSpec;
 use crate::error::{EngineError, Result};
@@ -23,39 +25,67 @@ pub struct Arch {
     /// `Some(false)` never, `None` as `{arch}.expert_count` says (Mixtral
     /// is a `llama` file with experts).
     pub experts: Option<bool>,
+    /// Gemma's block: embeddings times `sqrt(hidden)`, RMSNorm of the
+    /// attention's and the feed-forward's outputs before each residual add
+    /// (`post_attention_norm`, `post_ffw_norm`), GeGLU, and the sliding layers'
+    /// RoPE at `{arch}.rope.freq_base_swa` (10000 unless given).
+    pub gemma: bool,
+    /// Sliding-window layers where `{arch}.attention.sliding_window` is
+    /// set, as llama.cpp's `set_swa_pattern(n)`: layer `i` slides when `i %
+    /// n < n - 1` (`{arch}.attention.sliding_window_pattern` overrides `n`);
+    /// `None`: the architecture has none.
+    pub swa_pattern: Option<u32>,
 }
 
 /// The architectures we read, as llama.cpp builds each.
-pub const ARCHES: [Arch; 5] = [
+pub const ARCHES: [Arch; 6] = [
     Arch {
         name: "llama",
         neox: false,
         qk_norm: false,
         experts: None,
+        gemma: false,
+        swa_pattern: None,
     },
     Arch {
         name: "mistral",
         neox: false,
         qk_norm: false,
         experts: Some(false),
+        gemma: false,
+        swa_pattern: None,
     },
     Arch {
         name: "qwen2",
         neox: true,
         qk_norm: false,
         experts: Some(false),
+        gemma: false,
+        swa_pattern: None,
     },
     Arch {
         name: "qwen3",
         neox: true,
         qk_norm: true,
         experts: Some(false),
+        gemma: false,
+        swa_pattern: None,
     },
     Arch {
         name: "qwen3moe",
         neox: true,
         qk_norm: true,
         experts: Some(true),
+        gemma: false,
+        swa_pattern: None,
+    },
+    Arch {
+        name: "gemma3",
+        neox: true,
+        qk_norm: true,
+        experts: Some(false),
+        gemma: true,
+        swa_pattern: Some(6),
     },
 ];
 
@@ -86,6 +116,14 @@ pub struct MoeConfig {
     pub n_used: usize,
 }
 
+/// Sliding-window attention: the window, and which layers use it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SlidingWindow {
+    pub window: usize,
+    /// One flag per layer: whether it slides.
+    pub layers: Vec<bool>,
+}
+
 /// Architecture hyper-parameters read from GGUF metadata.
 #[derive(Debug, Clone, PartialEq)]
 pub struct LlamaConfig {
@@ -106,6 +144,17 @@ pub struct LlamaConfig {
     pub qk_norm: bool,
     /// Routed experts in place of the dense feed-forward.
     pub moe: Option<MoeConfig>,
+    /// Gemma's block (`Arch::gemma`).
+    pub gemma: bool,
+    /// Sliding-window layers, if any.
+    pub swa: Option<SlidingWindow>,
+    /// The sliding layers' RoPE, where it differs (Gemma 3's local base).
+    pub rope_local: Option<RopeSpec>,
+    /// The factor queries are scaled by before attention's own
+    /// `1/sqrt(head_dim)` (Gemma 3 27B scales by `hidden / n_head`).
+    pub q_scale: f32,
+    /// `cap * tanh(logit / cap)` on the output logits (Gemma 2's 30).
+    pub final_softcap: Option<f32>,
 }
 
 impl LlamaConfig {
@@ -122,8 +171,9 @@ impl LlamaConfig {
             .map(|t| t.dims[0])
             .ok_or_else(|| EngineError::Load("GGUF has no token_embd.weight".into()))?;
         let head_dim = head_dim(&meta, arch.name, hidden, n_head)?;
+        let n_layer = meta.u32(&key("block_count"))? as usize;
         let config = Self {
-            n_layer: meta.u32(&key("block_count"))? as usize,
+            n_layer,
             hidden,
             n_head,
             n_kv_head: meta
@@ -140,10 +190,27 @@ impl LlamaConfig {
             vocab_size,
             qk_norm: arch.qk_norm,
             moe: moe(&meta, &arch)?,
+            gemma: arch.gemma,
+            swa: sliding_window(&meta, &arch, n_layer)?,
+            rope_local: None,
+            q_scale: 1.0,
+            final_softcap: meta
+                .f32(&key("final_logit_softcapping"))
+                .ok()
+                .filter(|c| *c > 0.0),
             architecture: arch.name.to_string(),
         };
+        let config = gemma_extras(config, &meta)?;
         config.check()?;
         Ok(config)
+    }
+
+    /// The attention window of layer `layer` (0: every earlier position).
+    pub fn window(&self, layer: usize) -> usize {
+        match &self.swa {
+            Some(s) if s.layers.get(layer).copied().unwrap_or(false) => s.window,
+            Some(_) | None => 0,
+        }
     }
 
     fn check(&self) -> Result<()> {
@@ -199,6 +266,57 @@ fn head_dim(meta: &Meta<'_>, arch: &str, hidden: usize, n_head: usize) -> Result
     }
 }
 
+/// The sliding-window layers the metadata declares, if the architecture
+/// has them.
+fn sliding_window(meta: &Meta<'_>, arch: &Arch, n_layer: usize) -> Result<Option<SlidingWindow>> {
+    let Some(default) = arch.swa_pattern else {
+        return Ok(None);
+    };
+    let key = |k: &str| format!("{}.attention.{k}", arch.name);
+    let window = match meta.u32(&key("sliding_window")) {
+        Ok(w) if w > 0 => w as usize,
+        Ok(_) | Err(_) => return Ok(None),
+    };
+    let layers = match meta.array(&key("sliding_window_pattern")) {
+        Ok(flags) => flags
+            .iter()
+            .map(|v| v.to_bool().map_err(|e| EngineError::Load(e.to_string())))
+            .collect::<Result<Vec<bool>>>()?,
+        Err(_) => {
+            let n = meta.u32(&key("sliding_window_pattern")).unwrap_or(default);
+            (0..n_layer as u32)
+                .map(|i| n == 0 || i % n < n - 1)
+                .collect()
+        }
+    };
+    if layers.len() != n_layer {
+        return Err(EngineError::Load(format!(
+            "{} sliding-window flags for {n_layer} layers",
+            layers.len()
+        )));
+    }
+    Ok(Some(SlidingWindow { window, layers }))
+}
+
+/// Gemma 3's own settings: the sliding layers' RoPE (base
+/// `rope.freq_base_swa`, default 10000, unscaled) and the 27B's query scale.
+fn gemma_extras(mut c: LlamaConfig, meta: &Meta<'_>) -> Result<LlamaConfig> {
+    if !c.gemma {
+        return Ok(c);
+    }
+    let base = meta
+        .f32(&format!("{}.rope.freq_base_swa", c.architecture))
+        .unwrap_or(10_000.0);
+    c.rope_local = Some(RopeSpec::plain(base, c.rope.neox));
+    // llama.cpp's rule (gemma_pytorch's config): the 27B, and only it,
+    // scales queries by 1/sqrt(hidden / n_head), not 1/sqrt(head_dim).
+    if c.n_layer == 62 {
+        let want = 1.0 / ((c.hidden / c.n_head) as f32).sqrt();
+        c.q_scale = want * (c.head_dim as f32).sqrt();
+    }
+    Ok(c)
+}
+
 /// The experts the metadata declares, checked against the architecture.
 fn moe(meta: &Meta<'_>, arch: &Arch) -> Result<Option<MoeConfig>> {
     let count = |k: &str| {
@@ -223,4 +341,22 @@ fn moe(meta: &Meta<'_>, arch: &Arch) -> Result<Option<MoeConfig>> {
         )));
     }
     Ok(Some(moe))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_architecture_we_do_not_read_is_refused_naming_ours() {
+        let err = Arch::named("phi3").expect_err("refused").to_string();
+        assert!(
+            err.contains("`phi3` is not supported")
+                && err.contains("llama, mistral, qwen2, qwen3, qwen3moe, gemma3"),
+            "{err}"
+        );
+        let g = Arch::named("gemma3").expect("read");
+        assert!(g.gemma && g.qk_norm && g.neox && g.swa_pattern == Some(6));
+        assert_eq!(Arch::named("qwen3moe").expect("read").experts, Some(true));
+    }
 }

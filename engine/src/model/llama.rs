@@ -38,12 +38,19 @@ struct Layer<B: Backend> {
     wo: B::Matrix,
     ffn_norm: B::Vector,
     ffn: Ffn<B>,
+    /// Gemma's norms of the attention's and the feed-forward's outputs.
+    post_norms: Option<[B::Vector; 2]>,
 }
 
 /// A layer's feed-forward.
 enum Ffn<B: Backend> {
-    /// SwiGLU: gate and up projections, then down.
-    Dense { gate_up: Proj<B>, down: B::Matrix },
+    /// A gated unit (SwiGLU, or Gemma's GeGLU): gate and up projections,
+    /// then down.
+    Dense {
+        gate_up: Proj<B>,
+        down: B::Matrix,
+        gelu: bool,
+    },
     /// Routed experts.
     Moe(Moe<B>),
 }
@@ -51,8 +58,13 @@ enum Ffn<B: Backend> {
 impl<B: Backend> Ffn<B> {
     fn forward(&self, b: &B, h: &B::Tensor) -> Result<B::Tensor> {
         match self {
-            Self::Dense { gate_up, down } => {
-                let gate = b.swiglu(&gate_up.concat(b, h)?);
+            Self::Dense {
+                gate_up,
+                down,
+                gelu,
+            } => {
+                let gu = gate_up.concat(b, h)?;
+                let gate = if *gelu { b.geglu(&gu) } else { b.swiglu(&gu) };
                 b.matmul(&gate, down).map_err(exec)
             }
             Self::Moe(moe) => moe.forward(b, h),
@@ -64,9 +76,14 @@ impl Ffn<CpuBackend> {
     /// The same feed-forward in `b`'s memory.
     fn onto<B: Backend>(&self, b: &B) -> Result<Ffn<B>> {
         Ok(match self {
-            Self::Dense { gate_up, down } => Ffn::Dense {
+            Self::Dense {
+                gate_up,
+                down,
+                gelu,
+            } => Ffn::Dense {
                 gate_up: gate_up.onto(b)?,
                 down: b.matrix(host_matrix(down)).map_err(load)?,
+                gelu: *gelu,
             },
             Self::Moe(moe) => Ffn::Moe(moe.onto(b)?),
         })
@@ -84,6 +101,8 @@ pub struct Llama<B: Backend = CpuBackend> {
     /// `None`: tied to the embedding.
     lm_head: Option<B::Matrix>,
     rope: Rope,
+    /// The sliding layers' tables, where they differ (Gemma 3).
+    rope_local: Option<Rope>,
 }
 
 impl<B: Backend> std::fmt::Debug for Llama<B> {
@@ -157,7 +176,16 @@ impl<'a, R: Read + Seek, B: Backend> Loader<'a, R, B> {
                     ],
                 )?,
                 down: self.matrix(&format!("{p}.ffn_down.weight"))?,
+                gelu: c.gemma,
             },
+        };
+        let post_norms = if c.gemma {
+            Some([
+                self.vector(&format!("{p}.post_attention_norm.weight"))?,
+                self.vector(&format!("{p}.post_ffw_norm.weight"))?,
+            ])
+        } else {
+            None
         };
         Ok(Layer {
             attn_norm: self.vector(&format!("{p}.attn_norm.weight"))?,
@@ -174,6 +202,7 @@ impl<'a, R: Read + Seek, B: Backend> Loader<'a, R, B> {
             wo: self.matrix(&format!("{p}.attn_output.weight"))?,
             ffn_norm: self.vector(&format!("{p}.ffn_norm.weight"))?,
             ffn,
+            post_norms,
         })
     }
 }
@@ -213,6 +242,10 @@ impl Llama<CpuBackend> {
                     wo: matrix(&l.wo)?,
                     ffn_norm: b.vector(l.ffn_norm.clone()),
                     ffn: l.ffn.onto(b)?,
+                    post_norms: l
+                        .post_norms
+                        .as_ref()
+                        .map(|[a, f]| [b.vector(a.clone()), b.vector(f.clone())]),
                 })
             })
             .collect::<Result<Vec<_>>>()?;
@@ -223,6 +256,7 @@ impl Llama<CpuBackend> {
             layers,
             config: self.config,
             rope: self.rope,
+            rope_local: self.rope_local,
             backend,
         })
     }
@@ -255,6 +289,10 @@ impl<B: Backend> Llama<B> {
             .map(|i| ld.layer(i, &config))
             .collect::<Result<Vec<_>>>()?;
         let rope = rope_tables(&config);
+        let rope_local = config
+            .rope_local
+            .as_ref()
+            .map(|r| r.tables(config.head_dim, config.context_length));
         Ok(Self {
             config,
             backend,
@@ -263,6 +301,7 @@ impl<B: Backend> Llama<B> {
             norm,
             lm_head,
             rope,
+            rope_local,
         })
     }
 
@@ -280,19 +319,33 @@ impl<B: Backend> Llama<B> {
         let tokens = self.check_batch(batch, &layout)?;
         let ids: Vec<u32> = tokens.iter().map(|t| t.id).collect();
         let mut x = b.embed(&self.embed, &ids).map_err(exec)?;
+        if c.gemma {
+            b.scale(&mut x, (c.hidden as f32).sqrt());
+        }
         for (li, layer) in self.layers.iter().enumerate() {
             let h = b.rms_norm(&x, &layer.attn_norm, c.rms_eps);
             let attn = self.attention(li, layer, &h, &tokens, batch, kv)?;
-            b.add(&mut x, &b.matmul(&attn, &layer.wo).map_err(exec)?);
+            let mut o = b.matmul(&attn, &layer.wo).map_err(exec)?;
+            if let Some([post, _]) = &layer.post_norms {
+                o = b.rms_norm(&o, post, c.rms_eps);
+            }
+            b.add(&mut x, &o);
             let h = b.rms_norm(&x, &layer.ffn_norm, c.rms_eps);
-            b.add(&mut x, &layer.ffn.forward(b, &h)?);
+            let mut f = layer.ffn.forward(b, &h)?;
+            if let Some([_, post]) = &layer.post_norms {
+                f = b.rms_norm(&f, post, c.rms_eps);
+            }
+            b.add(&mut x, &f);
         }
         let rows = logit_rows(&batch.chunks);
         let last = b.rms_norm(&b.rows(&x, &rows), &self.norm, c.rms_eps);
         let head = self.lm_head.as_ref().unwrap_or(&self.embed);
         // The logits of a 16-sequence step over a 128k vocabulary are 8 MB:
         // taken over, not copied.
-        let logits = b.take_host(b.matmul(&last, head).map_err(exec)?);
+        let mut logits = b.take_host(b.matmul(&last, head).map_err(exec)?);
+        if let Some(cap) = c.final_softcap {
+            logits.iter_mut().for_each(|l| *l = cap * (*l / cap).tanh());
+        }
         let vocab = b.matrix_shape(head).0;
         if logits.len() == vocab {
             return Ok(vec![logits]);
@@ -371,8 +424,16 @@ impl<B: Backend> Llama<B> {
         }
         let bs = b.kv_layout(kv).block_size;
         let positions: Vec<usize> = tokens.iter().map(|t| t.pos).collect();
-        b.rope(&mut q, &positions, &self.rope);
-        b.rope(&mut k, &positions, &self.rope);
+        let window = c.window(li);
+        let rope = match (&self.rope_local, window) {
+            (Some(local), 1..) => local,
+            (Some(_), 0) | (None, _) => &self.rope,
+        };
+        b.rope(&mut q, &positions, rope);
+        b.rope(&mut k, &positions, rope);
+        if c.q_scale != 1.0 {
+            b.scale(&mut q, c.q_scale);
+        }
         let slots: Vec<(u32, usize)> = tokens
             .iter()
             .map(|t| (batch.chunks[t.chunk].block_table[t.pos / bs], t.pos % bs))
@@ -383,6 +444,7 @@ impl<B: Backend> Llama<B> {
             n_kv_head: c.n_kv_head,
             head_dim: c.head_dim,
             block_size: bs,
+            window,
         };
         let queries: Vec<(usize, &[u32])> = tokens
             .iter()
@@ -453,6 +515,10 @@ fn check_shapes(ct: &Gguf, c: &LlamaConfig) -> Result<()> {
         if c.qk_norm {
             at("attn_q_norm.weight", vec![c.head_dim]);
             at("attn_k_norm.weight", vec![c.head_dim]);
+        }
+        if c.gemma {
+            at("post_attention_norm.weight", vec![h]);
+            at("post_ffw_norm.weight", vec![h]);
         }
         if ct.tensors.contains_key(&format!("blk.{i}.attn_q.bias")) {
             at("attn_q.bias", vec![q]);
@@ -550,6 +616,11 @@ mod tests {
             vocab_size: 4,
             qk_norm: false,
             moe: None,
+            gemma: false,
+            swa: None,
+            rope_local: None,
+            q_scale: 1.0,
+            final_softcap: None,
         };
         let rope = rope_tables(&config);
         let b = CpuBackend;
@@ -569,6 +640,7 @@ mod tests {
             config,
             backend: b,
             rope,
+            rope_local: None,
         }
     }
 

@@ -25,12 +25,13 @@ pub const SMOLLM2: &str = "smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf
 #[allow(dead_code)]
 pub const TINY: &str = "tiny/tiny.gguf";
 /// The small synthetic models of the architectures beyond llama's block
-/// (`make synthetic`): Qwen3, Qwen3-MoE, Mixtral.
+/// (`make synthetic`): Qwen3, Qwen3-MoE, Mixtral, Gemma 3.
 #[allow(dead_code)]
-pub const ARCH_MODELS: [&str; 3] = [
+pub const ARCH_MODELS: [&str; 4] = [
     "synthetic/parity-qwen3.Q4_K.gguf",
     "synthetic/parity-qwen3moe.Q4_K.gguf",
     "synthetic/parity-mixtral.Q8_0.gguf",
+    "synthetic/parity-gemma3.Q8_0.gguf",
 ];
 #[allow(dead_code)]
 pub const MINILM: &str = "all-minilm-l6-v2";

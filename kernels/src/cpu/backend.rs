@@ -243,6 +243,20 @@ impl Backend for CpuBackend {
         }
     }
 
+    fn geglu(&self, gate_up: &CpuTensor) -> CpuTensor {
+        let n = gate_up.cols / 2;
+        CpuTensor {
+            data: ops::geglu(&gate_up.data, n),
+            cols: n,
+        }
+    }
+
+    fn scale(&self, x: &mut CpuTensor, s: f32) {
+        for v in &mut x.data {
+            *v *= s;
+        }
+    }
+
     fn gelu(&self, x: &mut CpuTensor) {
         ops::gelu_in_place(&mut x.data);
     }

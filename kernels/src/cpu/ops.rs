@@ -78,6 +78,43 @@ fn silu_mul(o: &mut [f32], g: &[f32], u: &[f32]) {
     silu_mul_portable(o, g, u);
 }
 
+/// GeGLU over fused gate/up rows (`[gate | up]`, each `n` wide):
+/// `gelu_tanh_f16(gate) * up`, one `n`-wide row per input row.
+pub fn geglu(gate_up: &[f32], n: usize) -> Vec<f32> {
+    let mut out = vec![0.0; gate_up.len() / 2];
+    if n == 0 {
+        return out;
+    }
+    for_rows(&mut out, gate_up, n, |(o, gu): (&mut [f32], &[f32])| {
+        for (orow, row) in o.chunks_exact_mut(n).zip(gu.chunks_exact(2 * n)) {
+            let (g, u) = row.split_at(n);
+            for ((o, &g), &u) in orow.iter_mut().zip(g).zip(u) {
+                *o = gelu_tanh_f16(g) * u;
+            }
+        }
+    });
+    out
+}
+
+/// GELU's tanh form as ggml's CPU backend computes it (`GGML_GELU_FP16`):
+/// the input rounded to f16, `0.5 x (1 + tanh(sqrt(2/pi) x (1 + 0.044715
+/// x^2)))` rounded to f16 (its lookup table); past -10 zero, past 10 the
+/// input itself. `tanh` through `exp`, so every backend rounds alike.
+pub fn gelu_tanh_f16(g: f32) -> f32 {
+    use half::f16;
+    if g <= -10.0 {
+        return 0.0;
+    }
+    if g >= 10.0 {
+        return g;
+    }
+    let x = f16::from_f32(g).to_f32();
+    let inner = 0.797_884_6 * x * (1.0 + 0.044_715 * x * x);
+    let t = 1.0 - 2.0 / (exp(2.0 * inner.abs()) + 1.0);
+    let th = if inner < 0.0 { -t } else { t };
+    f16::from_f32(0.5 * x * (1.0 + th)).to_f32()
+}
+
 #[inline(always)]
 fn silu_mul_portable(o: &mut [f32], g: &[f32], u: &[f32]) {
     for ((o, &g), &u) in o.iter_mut().zip(g).zip(u) {
@@ -321,6 +358,37 @@ mod tests {
             let got = rms_norm(&x, &w, 1e-5);
             assert!(max_diff(&got, &reference::rms_norm(&x, &w, 1e-5)) < 1e-5);
         }
+    }
+
+    #[test]
+    fn gelu_is_ggml_s_f16_table_of_the_tanh_form() {
+        use half::f16;
+        // Every f16 input in (-10, 10): the table ggml builds (the tanh
+        // form with libm's tanhf, rounded to f16) within one f16 step, and
+        // equal at nearly all of them.
+        let (mut n, mut apart) = (0, 0);
+        for bits in 0..=u16::MAX {
+            let x = f16::from_bits(bits).to_f32();
+            if !x.is_finite() || x <= -10.0 || x >= 10.0 {
+                continue;
+            }
+            let y = 0.5 * x * (1.0 + (0.797_884_6 * x * (1.0 + 0.044_715 * x * x)).tanh());
+            let (want, got) = (f16::from_f32(y), f16::from_f32(gelu_tanh_f16(x)));
+            n += 1;
+            if want != got {
+                apart += 1;
+                let step = (want.to_f32() - got.to_f32()).abs();
+                assert!(
+                    step <= f32::from(want).abs() * 1e-3 + 1e-7,
+                    "{x}: {want} vs {got}"
+                );
+            }
+        }
+        assert!(apart * 1000 < n, "{apart} of {n} apart");
+        assert_eq!(gelu_tanh_f16(-11.0), 0.0);
+        assert_eq!(gelu_tanh_f16(12.5), 12.5);
+        let gu = [0.5, -30.0, 2.0, 3.0];
+        assert_eq!(geglu(&gu, 2), [gelu_tanh_f16(0.5) * 2.0, 0.0]);
     }
 
     #[test]

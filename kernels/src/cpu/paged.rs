@@ -59,7 +59,10 @@ struct LayerCtx<'a> {
 }
 
 /// Attention of one token's `group` query heads `qs`, which share KV head
-/// `kvh`, over positions `0..=pos` of the sequence with block table `table`.
+/// `kvh`, over the positions it sees (`0..=pos`, or the sliding window's
+/// last ones) of the sequence with block table `table`. Scores run from
+/// the first visible position's block; the positions before it there
+/// weigh exactly zero.
 fn attend_one(
     c: LayerCtx<'_>,
     qs: &[f32],
@@ -68,10 +71,13 @@ fn attend_one(
     o: &mut [f32],
 ) {
     let (hd, bs) = (c.shape.head_dim, c.shape.block_size);
-    let n = pos + 1;
+    let first = c.shape.first_visible(pos);
+    let base = first / bs * bs;
+    let n = pos + 1 - base;
+    let masked = first - base;
     let scale = 1.0 / (hd as f32).sqrt();
     let mut scores = vec![0.0f32; qs.len() / hd * n];
-    let used = &table[..n.div_ceil(bs).min(table.len())];
+    let used = &table[base / bs..(pos + 1).div_ceil(bs).min(table.len())];
     let blocks = used.iter().enumerate();
     // A decode step's keys and values were pushed out of cache by the
     // layer weights streamed since they were last read: fetching them
@@ -106,7 +112,9 @@ fn attend_one(
     }
     (0..KV_AHEAD).for_each(|bi| fetch(used.get(bi), false));
     for row in scores.chunks_exact_mut(n) {
-        softmax_in_place(row);
+        let (hidden, seen) = row.split_at_mut(masked);
+        hidden.fill(0.0);
+        softmax_in_place(seen);
     }
     o.fill(0.0);
     for (bi, &block) in blocks {
@@ -158,12 +166,15 @@ mod tests {
     fn paged_attention_matches_the_reference_through_scattered_blocks() {
         for dtype in [KvDtype::F16, KvDtype::Q8_0] {
             for hd in [8usize, 64] {
-                paged_case(dtype, hd);
+                // No window, one inside a block (4), one across blocks.
+                for window in [0, 3, 6] {
+                    paged_case(dtype, hd, window);
+                }
             }
         }
     }
 
-    fn paged_case(dtype: KvDtype, hd: usize) {
+    fn paged_case(dtype: KvDtype, hd: usize, window: usize) {
         let mut rng = StdRng::seed_from_u64(9);
         let (nh, nkv, bs) = (6, 2, 4);
         let layout = KvLayout {
@@ -199,6 +210,7 @@ mod tests {
                 n_kv_head: nkv,
                 head_dim: hd,
                 block_size: bs,
+                window,
             };
             let got = paged_attention(&q, &queries, &kv, 0, shape);
             // Reference layouts: q [head][token][d], k/v [kv_head][pos][d].
@@ -239,6 +251,7 @@ mod tests {
                 head_dim: hd,
                 n_q,
                 n_kv: l,
+                window,
             };
             let want = reference::causal_attention(&to_heads(&q, nh, n_q), &kr, &vr, ref_shape);
             let err = got
@@ -246,7 +259,7 @@ mod tests {
                 .zip(&want)
                 .map(|(a, b)| (a - b).abs())
                 .fold(0.0, f32::max);
-            assert!(err < 1e-5, "{dtype:?} hd={hd} l={l}: {err}");
+            assert!(err < 1e-5, "{dtype:?} hd={hd} l={l} window={window}: {err}");
         }
     }
 }

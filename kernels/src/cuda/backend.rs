@@ -685,6 +685,24 @@ impl Backend for CudaBackend {
         out
     }
 
+    fn geglu(&self, gate_up: &CudaTensor) -> CudaTensor {
+        let n = gate_up.cols / 2;
+        let out = self.new_tensor(gate_up.rows, n);
+        let args = [
+            Arg::F(&gate_up.buf),
+            Arg::F(&out.buf),
+            u(gate_up.rows),
+            u(n),
+        ];
+        self.elementwise("geglu", gate_up.rows * n, &args);
+        out
+    }
+
+    fn scale(&self, x: &mut CudaTensor, s: f32) {
+        let n = x.rows * x.cols;
+        self.elementwise("scale", n, &[Arg::F(&x.buf), u(n), Arg::X(s)]);
+    }
+
     fn gelu(&self, x: &mut CudaTensor) {
         let n = x.rows * x.cols;
         self.elementwise("gelu", n, &[Arg::F(&x.buf), u(n)]);
@@ -792,6 +810,7 @@ impl Backend for CudaBackend {
             u(shape.n_kv_head),
             u(shape.head_dim),
             u(shape.block_size),
+            u(shape.window),
         ];
         self.per_task("paged_attention", queries.len() * shape.n_head, &args);
         out

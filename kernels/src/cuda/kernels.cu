@@ -342,6 +342,30 @@ __global__ void swiglu(const float* gu, float* out, u32 rows, u32 n) {
     out[i] = g / (1.0f + exp_precise(-g)) * gu[r * 2u * n + n + c];
 }
 
+// GELU's tanh form as ggml's CPU backend takes it (cpu::ops::
+// gelu_tanh_f16): the input and the result rounded to f16.
+__device__ float gelu_tanh_f16(float g) {
+    if (g <= -10.0f) return 0.0f;
+    if (g >= 10.0f) return g;
+    float x = f16_to_f32(f32_to_f16(g));
+    float inner = 0.7978846f * x * (1.0f + 0.044715f * x * x);
+    float t = 1.0f - 2.0f / (exp_precise(2.0f * fabsf(inner)) + 1.0f);
+    float th = inner < 0.0f ? -t : t;
+    return f16_to_f32(f32_to_f16(0.5f * x * (1.0f + th)));
+}
+
+__global__ void geglu(const float* gu, float* out, u32 rows, u32 n) {
+    u32 i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= rows * n) return;
+    u32 r = i / n, c = i % n;
+    out[i] = gelu_tanh_f16(gu[r * 2u * n + c]) * gu[r * 2u * n + n + c];
+}
+
+__global__ void scale(float* x, u32 n, float s) {
+    u32 i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] *= s;
+}
+
 __device__ float erf_as(float v) {
     float t = 1.0f / (1.0f + 0.3275911f * fabsf(v));
     float poly = t * (0.2548296f + t * (-0.28449674f + t * (1.4214137f + t * (-1.4531521f + t * 1.0614054f))));
@@ -446,7 +470,7 @@ __device__ float paged_score(const float* qs, const u32* k, const u32* tables, u
 #define ATT_CACHE 4096u
 __global__ void paged_attention(const float* q, const u32* k, const u32* v, const u32* info,
                                 const u32* tables, float* out, u32 rows, u32 n_head, u32 kv_heads,
-                                u32 hd, u32 bs) {
+                                u32 hd, u32 bs, u32 window) {
     __shared__ float qs[256];
     __shared__ float wts[WG];
     __shared__ float red[WG];
@@ -455,26 +479,28 @@ __global__ void paged_attention(const float* q, const u32* k, const u32* v, cons
     if (task >= rows * n_head) return;  // whole block: no barrier divergence
     u32 t = task / n_head, h = task % n_head, kvh = h / (n_head / kv_heads);
     u32 n = info[2u * t] + 1u, toff = info[2u * t + 1u];
+    // A sliding window: positions lo..n (scores cached relative to lo).
+    u32 lo = window > 0u && n > window ? n - window : 0u;
     for (u32 d = threadIdx.x; d < hd; d += WG) qs[d] = q[(t * n_head + h) * hd + d];
     __syncthreads();
     float scale = 1.0f / sqrtf((float)hd);
-    bool cached = n <= ATT_CACHE;
+    bool cached = n - lo <= ATT_CACHE;
     float m = -3.4e38f;
-    for (u32 c = 0; c < n; c += WG) {
+    for (u32 c = lo; c < n; c += WG) {
         u32 j = c + threadIdx.x;
         float s = j < n ? paged_score(qs, k, tables, toff, j, kvh, kv_heads, hd, bs, scale) : -3.4e38f;
-        if (cached && j < n) sc[j] = s;
+        if (cached && j < n) sc[j - lo] = s;
         m = fmaxf(m, block_max(s, red));
     }
     float total = 0.0f;
     if (cached) {
         // Each thread its own positions (those it scored), then the sum of
         // all in position order.
-        for (u32 j = threadIdx.x; j < n; j += WG) sc[j] = exp_precise(sc[j] - m);
+        for (u32 j = threadIdx.x; j < n - lo; j += WG) sc[j] = exp_precise(sc[j] - m);
         __syncthreads();
-        for (u32 j = 0; j < n; j++) total += sc[j];
+        for (u32 j = 0; j < n - lo; j++) total += sc[j];
     } else {
-        for (u32 c = 0; c < n; c += WG) {
+        for (u32 c = lo; c < n; c += WG) {
             u32 j = c + threadIdx.x;
             if (j < n) wts[threadIdx.x] = exp_precise(paged_score(qs, k, tables, toff, j, kvh, kv_heads, hd, bs, scale) - m);
             __syncthreads();
@@ -483,10 +509,10 @@ __global__ void paged_attention(const float* q, const u32* k, const u32* v, cons
         }
     }
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    for (u32 c = 0; c < n; c += WG) {
+    for (u32 c = lo; c < n; c += WG) {
         u32 j = c + threadIdx.x;
         if (j < n) {
-            float e = cached ? sc[j] : exp_precise(paged_score(qs, k, tables, toff, j, kvh, kv_heads, hd, bs, scale) - m);
+            float e = cached ? sc[j - lo] : exp_precise(paged_score(qs, k, tables, toff, j, kvh, kv_heads, hd, bs, scale) - m);
             wts[threadIdx.x] = e / total;
         }
         __syncthreads();

@@ -32,7 +32,7 @@ pub const SOURCE: &str = include_str!("kernels.cu");
 /// `f` a `float*`, `w` a `u32*`, `u` a `u32`, `x` a `float`. Every launch
 /// is checked against this (a wrong argument list is refused, never run),
 /// and a test checks it against the source.
-pub const KERNELS: [(&str, &str); 18] = [
+pub const KERNELS: [(&str, &str); 20] = [
     ("quantize", "fwuu"),
     ("matmul_quant", "wwfuuuuu"),
     ("matmul_dense", "fffuuu"),
@@ -43,13 +43,15 @@ pub const KERNELS: [(&str, &str); 18] = [
     ("add", "ffu"),
     ("add_bias", "ffuu"),
     ("swiglu", "ffuu"),
+    ("geglu", "ffuu"),
+    ("scale", "fux"),
     ("gelu", "fu"),
     ("rope", "ffuuuu"),
     ("gather", "fwfuuuu"),
     ("scatter_add", "fwfuu"),
     ("scatter", "ffuuuu"),
     ("write_kv", "fwwuuuu"),
-    ("paged_attention", "fwwwwfuuuuu"),
+    ("paged_attention", "fwwwwfuuuuuu"),
     ("bidirectional_attention", "fffwfuuu"),
 ];
 

@@ -149,6 +149,32 @@ impl WgpuBackend {
         }
         Ok(())
     }
+
+    /// A gated unit (`swiglu`, `geglu`) over rows `[gate | up]`.
+    fn glu(&self, entry: &'static str, gate_up: &GpuTensor) -> GpuTensor {
+        let n = gate_up.cols / 2;
+        let out = self.new_tensor(gate_up.rows, n);
+        let p = [
+            gate_up.rows as u32,
+            gate_up.cols as u32,
+            n as u32,
+            0,
+            0,
+            0,
+            0,
+            0,
+        ];
+        let b = [(1, &*gate_up.buf), (4, &*out.buf)];
+        self.gpu.dispatch(
+            Shader::Rows,
+            entry,
+            p,
+            &b,
+            Self::groups(gate_up.rows * n),
+            1,
+        );
+        out
+    }
 }
 
 impl Backend for WgpuBackend {
@@ -435,30 +461,25 @@ impl Backend for WgpuBackend {
     }
 
     fn swiglu(&self, gate_up: &GpuTensor) -> GpuTensor {
-        let n = gate_up.cols / 2;
-        let out = self.new_tensor(gate_up.rows, n);
-        let p = [
-            gate_up.rows as u32,
-            gate_up.cols as u32,
-            n as u32,
-            0,
-            0,
-            0,
-            0,
-            0,
-        ];
-        let b = [(1, &*gate_up.buf), (4, &*out.buf)];
-        self.gpu.dispatch(
-            Shader::Rows,
-            "swiglu",
-            p,
-            &b,
-            Self::groups(gate_up.rows * n),
-            1,
-        );
-        out
+        self.glu("swiglu", gate_up)
     }
 
+    fn geglu(&self, gate_up: &GpuTensor) -> GpuTensor {
+        self.glu("geglu", gate_up)
+    }
+
+    fn scale(&self, x: &mut GpuTensor, s: f32) {
+        let p = [x.rows as u32, x.cols as u32, 0, 0, s.to_bits(), 0, 0, 0];
+        let n = x.rows * x.cols;
+        self.gpu.dispatch(
+            Shader::Rows,
+            "scale",
+            p,
+            &[(1, &*x.buf)],
+            Self::groups(n),
+            1,
+        );
+    }
     fn gelu(&self, x: &mut GpuTensor) {
         self.rows_op("gelu", x, None, x.rows * x.cols);
     }
@@ -580,7 +601,7 @@ impl Backend for WgpuBackend {
             shape.n_kv_head as u32,
             shape.head_dim as u32,
             shape.block_size as u32,
-            0,
+            shape.window as u32,
             0,
             0,
         ];

@@ -30,6 +30,11 @@ pub struct Shape {
     pub qk_norm: bool,
     /// Routed experts in place of the dense feed-forward.
     pub experts: Option<Experts>,
+    /// Gemma's block: norms after attention and feed-forward
+    /// (`post_attention_norm`, `post_ffw_norm`).
+    pub gemma: bool,
+    /// `{arch}.attention.sliding_window` (0: not written).
+    pub window: usize,
 }
 
 /// A mixture of experts: `count` experts of `ffn` width, `used` a token.
@@ -69,6 +74,8 @@ pub const SHAPES: [Shape; 5] = [
         head_dim: None,
         qk_norm: false,
         experts: None,
+        gemma: false,
+        window: 0,
     },
     Shape {
         name: "llama-3b",
@@ -86,6 +93,8 @@ pub const SHAPES: [Shape; 5] = [
         head_dim: None,
         qk_norm: false,
         experts: None,
+        gemma: false,
+        window: 0,
     },
     Shape {
         name: "qwen2-0.5b",
@@ -103,6 +112,8 @@ pub const SHAPES: [Shape; 5] = [
         head_dim: None,
         qk_norm: false,
         experts: None,
+        gemma: false,
+        window: 0,
     },
     Shape {
         name: "qwen3-4b",
@@ -120,6 +131,8 @@ pub const SHAPES: [Shape; 5] = [
         head_dim: Some(128),
         qk_norm: true,
         experts: None,
+        gemma: false,
+        window: 0,
     },
     // Qwen3-30B-A3B: 128 experts of 768, 8 a token.
     Shape {
@@ -142,6 +155,8 @@ pub const SHAPES: [Shape; 5] = [
             used: 8,
             ffn: 768,
         }),
+        gemma: false,
+        window: 0,
     },
 ];
 
@@ -164,6 +179,8 @@ pub const PARITY: Shape = Shape {
     head_dim: None,
     qk_norm: false,
     experts: None,
+    gemma: false,
+    window: 0,
 };
 
 /// `PARITY` with Llama 3.2's rotary scaling (`rope_freqs.weight`) and base.
@@ -210,13 +227,31 @@ pub const PARITY_MIXTRAL: Shape = Shape {
     ..PARITY
 };
 
+/// Gemma 3's block at parity size: six layers, so that the last is the
+/// global one of llama.cpp's default pattern (five sliding, one global),
+/// an 8-position window the parity prompts run far past, tied embeddings.
+pub const PARITY_GEMMA3: Shape = Shape {
+    name: "parity-gemma3",
+    arch: "gemma3",
+    layers: 6,
+    kv_heads: 1,
+    tied: true,
+    rope_theta: 1_000_000.0,
+    head_dim: Some(128),
+    qk_norm: true,
+    gemma: true,
+    window: 8,
+    ..PARITY
+};
+
 /// The parity tests' shapes.
-pub const PARITY_SHAPES: [Shape; 5] = [
+pub const PARITY_SHAPES: [Shape; 6] = [
     PARITY,
     PARITY_LLAMA3,
     PARITY_QWEN3,
     PARITY_QWEN3MOE,
     PARITY_MIXTRAL,
+    PARITY_GEMMA3,
 ];
 
 /// The shape named `name`.

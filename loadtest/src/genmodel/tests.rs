@@ -26,6 +26,8 @@ const SMALL: Shape = Shape {
     head_dim: None,
     qk_norm: false,
     experts: None,
+    gemma: false,
+    window: 0,
 };
 
 #[test]
@@ -144,6 +146,24 @@ fn a_qwen3_moe_model_carries_its_experts_and_the_engine_routes_them() {
     assert!(c.qk_norm && c.rope.neox);
     let moe = c.moe.expect("experts");
     assert_eq!((moe.n_expert, moe.n_used), (16, 4));
+}
+
+#[test]
+fn a_gemma3_model_slides_five_layers_of_six_with_their_own_rope() {
+    let tok = models_dir().join("smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf");
+    let out = std::env::temp_dir().join(format!("synor-genmodel-g3-{}.gguf", std::process::id()));
+    generate(&PARITY_GEMMA3, Quant::Q4_0, &tok, &out, 5).expect("generate");
+    let loaded = engine::loader::load_gguf(&out, &engine::TemplateChoice::ChatMl).expect("load");
+    let _ = std::fs::remove_file(out);
+    let c = &loaded.model.config;
+    let windows: Vec<usize> = (0..6).map(|i| c.window(i)).collect();
+    assert_eq!(windows, [8, 8, 8, 8, 8, 0], "llama.cpp's pattern of six");
+    assert!(c.gemma && c.qk_norm && c.rope.neox);
+    assert_eq!(c.rope.base, 1_000_000.0, "the global layers'");
+    let local = c.rope_local.as_ref().expect("the sliding layers' RoPE");
+    assert_eq!(local.base, 10_000.0);
+    assert_eq!(c.q_scale, 1.0);
+    assert!(c.final_softcap.is_none());
 }
 
 #[test]

@@ -12,8 +12,9 @@
 // the weights) rather than stored. K and V hold, per block,
 // `[kv_head][slot][head_dim]` f16 values, two to a word. `info` holds per
 // query row (position, table offset); `tables` the sequences' block
-// tables. a = (rows, n_head, n_kv_head, head_dim), b = (block_size, 0, 0,
-// 0).
+// tables. a = (rows, n_head, n_kv_head, head_dim), b = (block_size,
+// window, 0, 0): a query at pos sees pos + 1 - window ..= pos (window 0:
+// every earlier position).
 //
 // `bidirectional`: an encoder's attention over f32 q, k, v rows stacked
 // sequence after sequence, with an online softmax; `info` holds per row
@@ -30,8 +31,10 @@
 const WG: u32 = 64u;
 var<workgroup> qs: array<f32, 256>;
 var<workgroup> wts: array<f32, 64>;
-// Positions the workgroup attends over (loaded once, uniformly).
+// Positions the workgroup attends over (loaded once, uniformly), and the
+// first of them (a sliding window's start).
 var<workgroup> span: u32;
+var<workgroup> first: u32;
 
 // Folds one chunk's scores (`s`, valid for `j < n`) into the running max
 // `m` and sum `l`, leaves the chunk's weights in `wts`, and returns the
@@ -104,12 +107,15 @@ fn paged(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups:
     }
     if (lid == 0u) {
         span = select(0u, pos + 1u, live);
+        let w = p.b.y;
+        first = select(0u, pos + 1u - w, live && w > 0u && pos + 1u > w);
     }
     let n = workgroupUniformLoad(&span);
+    let lo = workgroupUniformLoad(&first);
     let scale = div_rn(1.0, sqrt_rn(f32(hd)));
     // The largest score.
     var m = -3.4e38;
-    for (var c = 0u; c < n; c += WG) {
+    for (var c = lo; c < n; c += WG) {
         var s = -3.4e38;
         if (c + lid < n) {
             s = paged_score(c + lid, toff, kvh, scale);
@@ -118,7 +124,7 @@ fn paged(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups:
     }
     // The exponentials' sum, in position order (every thread adds alike).
     var total = 0.0;
-    for (var c = 0u; c < n; c += WG) {
+    for (var c = lo; c < n; c += WG) {
         if (c + lid < n) {
             wts[lid] = exp_precise(paged_score(c + lid, toff, kvh, scale) - m);
         }
@@ -130,7 +136,7 @@ fn paged(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups:
     }
     // The weights, and the values added position by position.
     var acc = array<f32, 4>(0.0, 0.0, 0.0, 0.0);
-    for (var c = 0u; c < n; c += WG) {
+    for (var c = lo; c < n; c += WG) {
         if (c + lid < n) {
             wts[lid] = div_rn(exp_precise(paged_score(c + lid, toff, kvh, scale) - m), total);
         }

@@ -145,6 +145,43 @@ fn swiglu(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups
     }
 }
 
+// GELU's tanh form as ggml's CPU backend takes it, as `cpu::ops::
+// gelu_tanh_f16` computes it: the input and the result rounded to f16.
+fn gelu_tanh_f16(g: f32) -> f32 {
+    if (g <= -10.0) {
+        return 0.0;
+    }
+    if (g >= 10.0) {
+        return g;
+    }
+    let x = f16_to_f32(f32_to_f16(g));
+    let inner = mul_rn(mul_rn(0.7978846, x), 1.0 + mul_rn(mul_rn(0.044715, x), x));
+    let t = 1.0 - div_rn(2.0, exp_precise(2.0 * abs(inner)) + 1.0);
+    let th = select(t, -t, inner < 0.0);
+    return f16_to_f32(f32_to_f16(mul_rn(mul_rn(0.5, x), 1.0 + th)));
+}
+
+// out[r][c] = gelu(x[r][c]) * x[r][n + c], rows of x `[gate | up]`, n = a.z.
+@compute @workgroup_size(64)
+fn geglu(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>) {
+    let i = element(gid, groups);
+    let n = p.a.z;
+    if (i < p.a.x * n) {
+        let r = i / n;
+        let c = i % n;
+        out[i] = gelu_tanh_f16(x[r * 2u * n + c]) * x[r * 2u * n + n + c];
+    }
+}
+
+// x[i] *= b.x (f32 bits).
+@compute @workgroup_size(64)
+fn scale(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>) {
+    let i = element(gid, groups);
+    if (i < p.a.x * p.a.y) {
+        x[i] = x[i] * bitcast<f32>(p.b.x);
+    }
+}
+
 // erf by Abramowitz and Stegun 7.1.26, as the CPU backend computes it.
 fn erf(v: f32) -> f32 {
     let t = 1.0 / (1.0 + 0.3275911 * abs(v));
