@@ -61,6 +61,33 @@ const MOE_ROUTING_FLIPS: f64 = 0.01;
 const FLOOR: [f64; 3] = [0.01, 0.03, 0.1];
 const BLOCK: usize = 16;
 
+/// The prompts `scripts/llama_golden.py` gives llama.cpp, in its order.
+fn prompts() -> Vec<String> {
+    let mut log = String::from("A ship's log, one line a day.\n");
+    for d in 1..61 {
+        log += &format!(
+            "Day {d}: wind from the {}, {} knots; {} miles made good; {}.\n",
+            ["north", "east", "south", "west"][d % 4],
+            (d * 7) % 30 + 5,
+            (d * 13) % 90 + 10,
+            ["clear", "rain", "fog", "squalls", "overcast"][d % 5],
+        );
+    }
+    log += "Day 61:";
+    [
+        "The capital of France is",
+        "def fibonacci(n):\n",
+        "Once upon a time, in a small village by the sea,",
+        "List three primary colors:",
+        "The quick brown fox",
+        "Water boils at a temperature of",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .chain([log])
+    .collect()
+}
+
 #[derive(serde::Deserialize)]
 struct Golden {
     model: String,
@@ -244,6 +271,23 @@ fn every_golden_file_matches_llama_cpp() {
             .model
             .config
             .kv_layout(BLOCK, longest.div_ceil(BLOCK) + 1);
+        // Our tokenizer gives llama.cpp's ids for the same text.
+        for (case, text) in golden.cases.iter().zip(prompts()) {
+            let ours = loaded.tokenizer.encode_prompt(&text).expect("encode");
+            if ours != case.prompt {
+                let at = ours
+                    .iter()
+                    .zip(&case.prompt)
+                    .take_while(|(a, b)| a == b)
+                    .count();
+                failed.push(format!(
+                    "{}: {text:.30?} tokenizes to {} ids, llama.cpp's {}; first apart at {at}",
+                    file.display(),
+                    ours.len(),
+                    case.prompt.len()
+                ));
+            }
+        }
         let moe = loaded.model.config.moe.is_some();
         let mut ex = LocalExecutor::new(loaded.model, layout).expect("executor");
         let mut found = Found::default();

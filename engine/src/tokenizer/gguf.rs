@@ -5,28 +5,25 @@
 //! - `gpt2`: byte-level BPE from `tokens` + `merges`, with the pre-tokenizer
 //!   named by `tokenizer.ggml.pre` (SmolLM2's `smollm` splits digits one by
 //!   one, then applies the byte-level regex);
-//! - `llama`: SentencePiece vocabularies (`tokens` + `scores`), rebuilt as a
-//!   Unigram model with byte fallback, the `▁` space convention and a BOS.
+//! - `llama`: SentencePiece vocabularies (`tokens` + `scores`), merged by
+//!   score as llama.cpp's SPM tokenizer does (`spm`), with byte fallback,
+//!   the `▁` space convention and a BOS.
 //!
 //! Tokens typed CONTROL (3) or USER_DEFINED (4) become added tokens so chat
-//! markers like `<|im_start|>` are matched whole.
+//! markers like `<|im_start|>` are matched whole, on the raw text (as
+//! llama.cpp splits them out before anything else: Gemma's user-defined
+//! runs of spaces and newlines are tokens of their own).
 
 use std::collections::HashMap;
 
 use candle_core::quantized::gguf_file::Value;
-use tokenizers::decoders::byte_fallback::ByteFallback;
 use tokenizers::decoders::byte_level::ByteLevel as ByteLevelDecoder;
-use tokenizers::decoders::fuse::Fuse;
-use tokenizers::decoders::sequence::Sequence as DecoderSequence;
-use tokenizers::decoders::strip::Strip;
 use tokenizers::models::bpe::{BPE, Vocab};
-use tokenizers::models::unigram::Unigram;
-use tokenizers::normalizers::{Prepend, Replace, Sequence as NormalizerSequence};
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
 use tokenizers::pre_tokenizers::digits::Digits;
 use tokenizers::pre_tokenizers::sequence::Sequence as PreSequence;
 use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
-use tokenizers::{AddedToken, DecoderWrapper, NormalizerWrapper, PreTokenizerWrapper, Tokenizer};
+use tokenizers::{AddedToken, DecoderWrapper, PreTokenizerWrapper, Tokenizer};
 
 use crate::error::{EngineError, Result};
 
@@ -112,7 +109,7 @@ pub fn tokenizer_from_gguf(
     };
     let mut tokenizer = match kind {
         "gpt2" => byte_level_bpe(&meta, &tokens)?,
-        "llama" => sentencepiece_unigram(&meta, &tokens)?,
+        "llama" => super::spm::sentencepiece_bpe(&meta, &tokens, &types)?,
         other => {
             return Err(EngineError::Load(format!(
                 "tokenizer model `{other}` is not supported (expected gpt2 or llama)"
@@ -123,7 +120,7 @@ pub fn tokenizer_from_gguf(
         .iter()
         .zip(&types)
         .filter(|(_, t)| matches!(**t, TOKEN_TYPE_CONTROL | TOKEN_TYPE_USER_DEFINED))
-        .map(|(tok, t)| AddedToken::from(tok.clone(), *t == TOKEN_TYPE_CONTROL))
+        .map(|(tok, t)| AddedToken::from(tok.clone(), *t == TOKEN_TYPE_CONTROL).normalized(false))
         .collect();
     tokenizer
         .add_special_tokens(specials)
@@ -203,40 +200,4 @@ fn bpe_pre_tokenizer(pre: &str) -> Result<PreTokenizerWrapper> {
             byte_level(true)
         }
     })
-}
-
-fn sentencepiece_unigram(meta: &Meta<'_>, tokens: &[String]) -> Result<Tokenizer> {
-    let scores: Vec<f64> = match meta.array("tokenizer.ggml.scores") {
-        Ok(v) => v
-            .iter()
-            .map(|s| s.to_f32().map(f64::from).unwrap_or(0.0))
-            .collect(),
-        Err(_) => vec![0.0; tokens.len()],
-    };
-    let vocab: Vec<(String, f64)> = tokens.iter().cloned().zip(scores).collect();
-    let unk = meta
-        .u32("tokenizer.ggml.unknown_token_id")
-        .map(|u| u as usize)
-        .ok();
-    let unigram = Unigram::from(vocab, unk, true)
-        .map_err(|e| EngineError::Load(format!("SentencePiece vocabulary: {e}")))?;
-    let mut tokenizer = Tokenizer::new(unigram);
-    let replace = |from: &str, to: &str| {
-        Replace::new(from, to).map_err(|e| EngineError::Load(format!("normalizer: {e}")))
-    };
-    tokenizer
-        .with_normalizer(Some(NormalizerWrapper::Sequence(NormalizerSequence::new(
-            vec![
-                NormalizerWrapper::Prepend(Prepend::new("▁".to_string())),
-                NormalizerWrapper::Replace(replace(" ", "▁")?),
-            ],
-        ))))
-        .map_err(|e| EngineError::Load(format!("normalizer: {e}")))?;
-    tokenizer.with_decoder(Some(DecoderWrapper::Sequence(DecoderSequence::new(vec![
-        DecoderWrapper::Replace(replace("▁", " ")?),
-        DecoderWrapper::ByteFallback(ByteFallback::new()),
-        DecoderWrapper::Fuse(Fuse::new()),
-        DecoderWrapper::Strip(Strip::new(' ', 1, 0)),
-    ]))));
-    Ok(tokenizer)
 }

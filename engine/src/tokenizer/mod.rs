@@ -4,6 +4,7 @@
 
 pub mod detok;
 pub mod gguf;
+mod spm;
 pub mod stop;
 
 use std::collections::BTreeSet;
