@@ -47,7 +47,10 @@ pub(super) fn sentencepiece_bpe(
         .collect();
     let mut builder = BPE::builder()
         .vocab_and_merges(
-            vocab.iter().map(|(k, v)| (k.clone(), *v)).collect::<Vocab>(),
+            vocab
+                .iter()
+                .map(|(k, v)| (k.clone(), *v))
+                .collect::<Vocab>(),
             merges(tokens, types, &scores, &vocab),
         )
         .byte_fallback(true)
