@@ -44,6 +44,7 @@ $(MODEL_FILES) &:
 	scripts/fetch-models.sh
 
 lint:
+	@echo "== lint $$(date +%T)"
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 
@@ -51,6 +52,7 @@ lint:
 ## so its shaders' tests and the model's GPU parity test run here too, on
 ## whatever Vulkan adapter there is (lavapipe: `make vulkan`)
 unit: $(MODEL_FILES) $(NVRTC) vulkan synthetic
+	@echo "== unit $$(date +%T)"
 	XDG_RUNTIME_DIR=$$(mktemp -d) SYNOR_NVRTC=$(NVRTC) $(CARGO) test --workspace
 
 ## NVRTC, for the test that compiles every CUDA kernel (no toolkit needed)
@@ -59,9 +61,13 @@ $(NVRTC):
 
 ## synthetic: the parity tests' models (engine/tests/golden.rs), written
 ## by synor-genmodel into $(SYNOR_MODELS_DIR)/synthetic (about 15 s; always
-## rewritten, so a cached copy can never be stale)
+## rewritten, so a cached copy can never be stale). It builds what `unit`
+## and `e2e` build, with the same features: `cargo build -p loadtest`
+## alone would resolve the dependencies' features apart and compile them
+## all again.
 synthetic: $(MODEL_FILES)
-	$(CARGO) build -p loadtest --bin synor-genmodel
+	@echo "== synthetic $$(date +%T)"
+	$(CARGO) build --workspace --all-targets
 	@for q in $(PARITY_TYPES); do \
 		$(TARGET_DIR)/debug/synor-genmodel --shape parity-llama --quant $$q \
 			--tokenizer $(SYNOR_MODELS_DIR)/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf \
@@ -78,7 +84,7 @@ vulkan:
 	scripts/install-vulkan.sh
 
 build:
-	$(CARGO) build -p server -p loadtest --bins
+	$(CARGO) build --workspace --all-targets
 
 $(VENV)/.installed: tests/e2e/requirements.txt
 	$(PYTHON) -m venv $(VENV)
@@ -90,6 +96,7 @@ browser:
 	scripts/install-browser.sh
 
 e2e: $(MODEL_FILES) $(NVRTC) build $(VENV)/.installed browser
+	@echo "== e2e $$(date +%T)"
 	SYNOR_NVRTC=$(NVRTC) SYNOR_BIN=$(TARGET_DIR)/debug/synor LOADTEST_BIN=$(TARGET_DIR)/debug/synor-loadtest \
 		$(VENV)/bin/python -m pytest -q tests/e2e
 

@@ -249,9 +249,11 @@ def concurrent_streams(base, prompts, n, max_tokens):
 
 
 def workers_up(base, procs, n):
-    """Waits for `n` workers, registered and calibrated."""
+    """Waits for `n` workers, registered and calibrated. Calibrations run one
+    at a time, the house's first, and a debug build's wgpu executor on
+    lavapipe takes seconds a challenge: the wait grows with `n`."""
     wait_for(lambda: len([w for w in fleet(base) if w["state"] == "active"]) == n,
-             what=f"{n} calibrated workers")
+             timeout=30 + 30 * n, what=f"{n} calibrated workers")
     return procs
 
 
