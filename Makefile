@@ -24,7 +24,8 @@ MODEL_FILES := \
 PARITY_TYPES := f32 f16 bf16 q4_0 q4_1 q5_0 q5_1 q8_0 q2_k q3_k q4_k q5_k q6_k iq4_nl iq4_xs
 # And one small model per architecture and RoPE variant (shape:type).
 PARITY_ARCHS := parity-llama3:f32 parity-qwen3:f32 parity-qwen3:q4_k parity-qwen3moe:f32 \
-	parity-qwen3moe:q4_k parity-mixtral:q8_0 parity-gemma3:f32 parity-gemma3:q8_0
+	parity-qwen3moe:q4_k parity-mixtral:q8_0 parity-gemma3:f32 parity-gemma3:q8_0 \
+	parity-gemma2:f32 parity-gemma2:q8_0 parity-phi:f32 parity-phi:q4_k
 
 .PHONY: run test models check lint unit e2e build browser vulkan bench-chat clean-models synthetic
 

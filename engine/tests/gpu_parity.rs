@@ -154,11 +154,13 @@ fn every_architecture_on_wgpu_gives_the_cpus_logits() {
 /// matmuls the GPU computes to within rounding of the CPU's (the K-quants'
 /// differ more, and a token whose router sits near a tie may then take
 /// another expert on each: a difference of routing, not of kernels).
-const GPU_ARCH_MODELS: [&str; 4] = [
+const GPU_ARCH_MODELS: [&str; 6] = [
     "synthetic/parity-qwen3.F32.gguf",
     "synthetic/parity-qwen3moe.F32.gguf",
     "synthetic/parity-mixtral.Q8_0.gguf",
     "synthetic/parity-gemma3.Q8_0.gguf",
+    "synthetic/parity-gemma2.Q8_0.gguf",
+    "synthetic/parity-phi.F32.gguf",
 ];
 
 #[cfg(feature = "cuda")]

@@ -111,6 +111,9 @@ pub struct AttnShape {
     /// A sliding window: a query at `pos` sees only positions
     /// `pos + 1 - window ..= pos` (llama.cpp's standard SWA); 0 sees all.
     pub window: usize,
+    /// Attention logit soft-capping (Gemma 2): each scaled score `s`
+    /// becomes `softcap * tanh(s / softcap)` before the softmax; 0: none.
+    pub softcap: f32,
 }
 
 impl AttnShape {
@@ -121,6 +124,21 @@ impl AttnShape {
         } else {
             (pos + 1).saturating_sub(self.window)
         }
+    }
+
+    /// Score `s` soft-capped as `softcap` says.
+    pub fn cap(&self, s: f32) -> f32 {
+        soft_cap(s, self.softcap)
+    }
+}
+
+/// `cap * tanh(s / cap)`, as llama.cpp computes it (a scale, `tanhf`, a
+/// scale); `cap` 0: `s` unchanged.
+pub fn soft_cap(s: f32, cap: f32) -> f32 {
+    if cap > 0.0 {
+        (s * (1.0 / cap)).tanh() * cap
+    } else {
+        s
     }
 }
 

@@ -318,6 +318,7 @@ pub(crate) fn paged_attention_over_f16_kv_matches_the_cpu<B: Backend>(g: &B) {
         head_dim: 32,
         block_size: 4,
         window: 0,
+        softcap: 0.0,
     };
     let layout = KvLayout {
         n_layer: 2,
@@ -355,6 +356,16 @@ pub(crate) fn paged_attention_over_f16_kv_matches_the_cpu<B: Backend>(g: &B) {
         let want = c.attention(&c.tensor(q.clone(), qw), &ckv, 1, &queries, shape);
         same_as_cpu(&got, &want.data, avx2(), &format!("window {window}"));
     }
+    // Soft-capped scores (Gemma 2), at a cap they reach: the GPU's tanh is
+    // not the CPU's to the bit.
+    let shape = AttnShape {
+        softcap: 0.5,
+        window: 6,
+        ..shape
+    };
+    let got = g.to_host(&g.attention(&g.tensor(q.clone(), qw), &gkv, 1, &queries, shape));
+    let want = c.attention(&c.tensor(q.clone(), qw), &ckv, 1, &queries, shape);
+    same_as_cpu(&got, &want.data, false, "soft-capped");
 }
 
 /// KV blocks read from the device are the CPU's bits (after the same
@@ -389,6 +400,7 @@ pub(crate) fn kv_blocks_move_between_backends_bit_for_bit<B: Backend>(g: &B) {
         head_dim: 32,
         block_size: 4,
         window: 0,
+        softcap: 0.0,
     };
     let q = g.tensor(reference::ramp(4 * 32, 91), 4 * 32);
     let before = g.to_host(&g.attention(&q, &gkv, 1, &[(9, &[5, 2, 7])], shape));
@@ -408,6 +420,7 @@ fn one_layer(
         head_dim,
         block_size,
         window: 0,
+        softcap: 0.0,
     };
     let layout = KvLayout {
         n_layer: 1,

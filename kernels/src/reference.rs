@@ -66,6 +66,8 @@ pub struct AttnShape {
     pub n_kv: usize,
     /// A sliding window of positions (0: none).
     pub window: usize,
+    /// Attention logit soft-capping (0: none).
+    pub softcap: f32,
 }
 
 /// Causal grouped-query attention. `q` is `[n_head][n_q][head_dim]`, `k`
@@ -80,6 +82,7 @@ pub fn causal_attention(q: &[f32], k: &[f32], v: &[f32], s: AttnShape) -> Vec<f3
         n_q,
         n_kv,
         window,
+        softcap,
     } = s;
     let start = n_kv - n_q;
     let group = n_head / n_kv_head;
@@ -98,7 +101,8 @@ pub fn causal_attention(q: &[f32], k: &[f32], v: &[f32], s: AttnShape) -> Vec<f3
             let scores: Vec<f32> = (first..visible)
                 .map(|j| {
                     let kv = &k[(kvh * n_kv + j) * d..][..d];
-                    qv.iter().zip(kv).map(|(a, b)| a * b).sum::<f32>() * scale
+                    let s = qv.iter().zip(kv).map(|(a, b)| a * b).sum::<f32>() * scale;
+                    crate::backend::soft_cap(s, softcap)
                 })
                 .collect();
             let probs = softmax(&scores, visible - first);
@@ -256,6 +260,7 @@ mod tests {
             n_q: 1,
             n_kv: 1,
             window: 0,
+            softcap: 0.0,
         };
         let out = causal_attention(&[1.0, 2.0, 3.0, 4.0], &[0.5, 0.5], &[7.0, -7.0], s);
         assert_eq!(out, [7.0, -7.0, 7.0, -7.0]);

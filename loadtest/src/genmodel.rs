@@ -206,6 +206,11 @@ fn tensors(shape: &Shape, quant: Quant, seed: u64) -> Result<Vec<WriteTensor>> {
         let factors = llama3_rope_factors(shape.rope_theta, shape.head_dim(), scaling);
         out.push(vector("rope_freqs.weight".into(), factors)?);
     }
+    if shape.longrope.is_some() {
+        let [long, short] = longrope_factors(shape.head_dim());
+        out.push(vector("rope_factors_long.weight".into(), long)?);
+        out.push(vector("rope_factors_short.weight".into(), short)?);
+    }
     if !shape.tied {
         let dt = quant.of("output.weight", None, shape.layers);
         out.push(matrix(
@@ -234,7 +239,12 @@ fn layer(
     let p = format!("blk.{i}");
     let dt = |k: &str| quant.of(k, Some(i), shape.layers);
     out.push(vector(format!("{p}.attn_norm.weight"), vec![1.0; h])?);
-    for (k, rows) in [("attn_q", q), ("attn_k", kv), ("attn_v", kv)] {
+    let qkv: &[(&str, usize)] = if shape.stacked {
+        &[("attn_qkv", q + 2 * kv)]
+    } else {
+        &[("attn_q", q), ("attn_k", kv), ("attn_v", kv)]
+    };
+    for &(k, rows) in qkv {
         let name = format!("{k}.weight");
         out.push(matrix(format!("{p}.{name}"), noise, (rows, h), dt(&name))?);
         if shape.qkv_bias {
@@ -266,11 +276,16 @@ fn layer(
     }
     out.push(vector(format!("{p}.ffn_norm.weight"), vec![1.0; h])?);
     let Some(e) = shape.experts else {
-        for (k, dims) in [
-            ("ffn_gate", (shape.ffn, h)),
-            ("ffn_up", (shape.ffn, h)),
-            ("ffn_down", (h, shape.ffn)),
-        ] {
+        let ffn: &[(&str, (usize, usize))] = if shape.stacked {
+            &[("ffn_up", (2 * shape.ffn, h)), ("ffn_down", (h, shape.ffn))]
+        } else {
+            &[
+                ("ffn_gate", (shape.ffn, h)),
+                ("ffn_up", (shape.ffn, h)),
+                ("ffn_down", (h, shape.ffn)),
+            ]
+        };
+        for &(k, dims) in ffn {
             let name = format!("{k}.weight");
             out.push(matrix(format!("{p}.{name}"), noise, dims, dt(&name))?);
         }
@@ -309,6 +324,19 @@ fn layer(
         )?);
     }
     Ok(())
+}
+
+/// LongRoPE's two sets of per-pair divisors, long and short, shaped as
+/// Phi-3.5's are: one for the fast pairs, growing toward the slow ones
+/// (to about 40 for the long set, 1.5 for the short).
+pub fn longrope_factors(head_dim: usize) -> [Vec<f32>; 2] {
+    let half = head_dim / 2;
+    let at = |top: f32| {
+        (0..half)
+            .map(|i| 1.0 + (top - 1.0) * (i as f32 / (half - 1) as f32).powi(2))
+            .collect()
+    };
+    [at(40.0), at(1.5)]
 }
 
 /// The per-pair divisors of the rotary angles that give Llama 3's scaled
@@ -414,6 +442,20 @@ fn metadata(shape: &Shape, quant: Quant, tok: Vec<(String, Value)>) -> Vec<(Stri
     if shape.window > 0 {
         m.push((format!("{a}.attention.sliding_window"), u(shape.window)));
     }
+    if let Some(original) = shape.longrope {
+        // Phi-3's converter: sqrt(1 + ln(context / original) / ln(original)).
+        let scale = 8192.0 / original as f32;
+        let factor = (1.0 + scale.ln() / (original as f32).ln()).sqrt();
+        m.push((
+            format!("{a}.rope.scaling.original_context_length"),
+            u(original),
+        ));
+        m.push((format!("{a}.rope.scaling.attn_factor"), Value::F32(factor)));
+    }
+    if let Some((attn, last)) = shape.softcaps {
+        m.push((format!("{a}.attn_logit_softcapping"), Value::F32(attn)));
+        m.push((format!("{a}.final_logit_softcapping"), Value::F32(last)));
+    }
     if let Some(e) = shape.experts {
         m.push((format!("{a}.expert_count"), u(e.count)));
         m.push((format!("{a}.expert_used_count"), u(e.used)));
@@ -467,8 +509,8 @@ pub fn types(content: &Gguf) -> HashMap<String, TensorType> {
 mod shapes;
 
 pub use shapes::{
-    Experts, PARITY, PARITY_GEMMA3, PARITY_LLAMA3, PARITY_MIXTRAL, PARITY_QWEN3, PARITY_QWEN3MOE,
-    PARITY_SHAPES, SHAPES, Shape, shape,
+    Experts, PARITY, PARITY_GEMMA2, PARITY_GEMMA3, PARITY_LLAMA3, PARITY_MIXTRAL, PARITY_PHI,
+    PARITY_QWEN3, PARITY_QWEN3MOE, PARITY_SHAPES, SHAPES, Shape, shape,
 };
 
 #[cfg(test)]

@@ -2,8 +2,10 @@
 //! each architecture we serve adds to the llama block (`Arch`): the RoPE
 //! layout, per-head norms of q and k, routed experts, Gemma's block
 //! (scaled embeddings, norms after attention and feed-forward, GeGLU,
-//! sliding-window layers with their own RoPE base). An architecture not in
-//! `ARCHES` is refused at load, naming the ones we read.
+//! sliding-window layers with their own RoPE base, Gemma 2's soft-capped
+//! attention and logits). Phi-3's fused projections are the loader's to
+//! find (`attn_qkv`, a gate-up `ffn_up`). An architecture not in `ARCHES`
+//! is refused at load, naming the ones we read.
 
 use super::rope::RopeSpec;
 use crate::error::{EngineError, Result};
@@ -35,10 +37,15 @@ pub struct Arch {
     /// n < n - 1` (`{arch}.attention.sliding_window_pattern` overrides `n`);
     /// `None`: the architecture has none.
     pub swa_pattern: Option<u32>,
+    /// Soft-capping that is on whatever the file says, and its default
+    /// caps (attention, final logits): Gemma 2's `(50, 30)`, read from
+    /// `{arch}.attn_logit_softcapping` and `{arch}.final_logit_softcapping`
+    /// where given. Without it only a file's own final cap applies.
+    pub softcaps: Option<(f32, f32)>,
 }
 
 /// The architectures we read, as llama.cpp builds each.
-pub const ARCHES: [Arch; 6] = [
+pub const ARCHES: [Arch; 8] = [
     Arch {
         name: "llama",
         neox: false,
@@ -46,6 +53,7 @@ pub const ARCHES: [Arch; 6] = [
         experts: None,
         gemma: false,
         swa_pattern: None,
+        softcaps: None,
     },
     Arch {
         name: "mistral",
@@ -54,6 +62,7 @@ pub const ARCHES: [Arch; 6] = [
         experts: Some(false),
         gemma: false,
         swa_pattern: None,
+        softcaps: None,
     },
     Arch {
         name: "qwen2",
@@ -62,6 +71,7 @@ pub const ARCHES: [Arch; 6] = [
         experts: Some(false),
         gemma: false,
         swa_pattern: None,
+        softcaps: None,
     },
     Arch {
         name: "qwen3",
@@ -70,6 +80,7 @@ pub const ARCHES: [Arch; 6] = [
         experts: Some(false),
         gemma: false,
         swa_pattern: None,
+        softcaps: None,
     },
     Arch {
         name: "qwen3moe",
@@ -78,6 +89,7 @@ pub const ARCHES: [Arch; 6] = [
         experts: Some(true),
         gemma: false,
         swa_pattern: None,
+        softcaps: None,
     },
     Arch {
         name: "gemma3",
@@ -86,6 +98,27 @@ pub const ARCHES: [Arch; 6] = [
         experts: Some(false),
         gemma: true,
         swa_pattern: Some(6),
+        softcaps: None,
+    },
+    Arch {
+        name: "gemma2",
+        neox: true,
+        qk_norm: false,
+        experts: Some(false),
+        gemma: true,
+        swa_pattern: Some(2),
+        softcaps: Some((50.0, 30.0)),
+    },
+    // llama.cpp turns Phi-3's sliding window off (its converters wrote the
+    // window without the layers it applies to): so do we.
+    Arch {
+        name: "phi3",
+        neox: true,
+        qk_norm: false,
+        experts: Some(false),
+        gemma: false,
+        swa_pattern: None,
+        softcaps: None,
     },
 ];
 
@@ -139,6 +172,10 @@ pub struct LlamaConfig {
     /// Rotary embedding as the file says (`rope`).
     pub rope: RopeSpec,
     pub context_length: usize,
+    /// The context the RoPE was trained for before any extension
+    /// (`{arch}.rope.scaling.original_context_length`, else
+    /// `context_length`): LongRoPE's long factors apply past it.
+    pub rope_original_context: usize,
     pub vocab_size: usize,
     /// Per-head RMSNorm of q and k (Qwen3).
     pub qk_norm: bool,
@@ -155,6 +192,8 @@ pub struct LlamaConfig {
     pub q_scale: f32,
     /// `cap * tanh(logit / cap)` on the output logits (Gemma 2's 30).
     pub final_softcap: Option<f32>,
+    /// `cap * tanh(score / cap)` on attention scores (Gemma 2's 50).
+    pub attn_softcap: Option<f32>,
 }
 
 impl LlamaConfig {
@@ -172,6 +211,9 @@ impl LlamaConfig {
             .ok_or_else(|| EngineError::Load("GGUF has no token_embd.weight".into()))?;
         let head_dim = head_dim(&meta, arch.name, hidden, n_head)?;
         let n_layer = meta.u32(&key("block_count"))? as usize;
+        let context_length = meta
+            .u32(&key("context_length"))
+            .map_or(2048, |v| v as usize);
         let config = Self {
             n_layer,
             hidden,
@@ -184,9 +226,10 @@ impl LlamaConfig {
                 .f32(&key("attention.layer_norm_rms_epsilon"))
                 .unwrap_or(1e-5),
             rope: RopeSpec::from_meta(&meta, arch.name, arch.neox, head_dim)?,
-            context_length: meta
-                .u32(&key("context_length"))
-                .map_or(2048, |v| v as usize),
+            context_length,
+            rope_original_context: meta
+                .u32(&key("rope.scaling.original_context_length"))
+                .map_or(context_length, |v| v as usize),
             vocab_size,
             qk_norm: arch.qk_norm,
             moe: moe(&meta, &arch)?,
@@ -194,10 +237,16 @@ impl LlamaConfig {
             swa: sliding_window(&meta, &arch, n_layer)?,
             rope_local: None,
             q_scale: 1.0,
-            final_softcap: meta
-                .f32(&key("final_logit_softcapping"))
-                .ok()
-                .filter(|c| *c > 0.0),
+            final_softcap: softcap(
+                &meta,
+                &key("final_logit_softcapping"),
+                arch.softcaps.map(|c| c.1),
+            ),
+            attn_softcap: softcap(
+                &meta,
+                &key("attn_logit_softcapping"),
+                arch.softcaps.map(|c| c.0),
+            ),
             architecture: arch.name.to_string(),
         };
         let config = gemma_extras(config, &meta)?;
@@ -298,19 +347,31 @@ fn sliding_window(meta: &Meta<'_>, arch: &Arch, n_layer: usize) -> Result<Option
     Ok(Some(SlidingWindow { window, layers }))
 }
 
-/// Gemma 3's own settings: the sliding layers' RoPE (base
-/// `rope.freq_base_swa`, default 10000, unscaled) and the 27B's query scale.
+/// A soft-cap: the file's where it gives one (0 turns it off), else the
+/// architecture's default.
+fn softcap(meta: &Meta<'_>, key: &str, default: Option<f32>) -> Option<f32> {
+    meta.f32(key)
+        .ok()
+        .or(default)
+        .filter(|c| c.is_finite() && *c > 0.0)
+}
+
+/// Gemma's own settings: the sliding layers' RoPE (Gemma 3's base
+/// `rope.freq_base_swa`, default 10000, unscaled; Gemma 2's the global
+/// one unless the file says) and the 27B's query scale.
 fn gemma_extras(mut c: LlamaConfig, meta: &Meta<'_>) -> Result<LlamaConfig> {
     if !c.gemma {
         return Ok(c);
     }
+    let gemma3 = c.architecture == "gemma3";
     let base = meta
         .f32(&format!("{}.rope.freq_base_swa", c.architecture))
-        .unwrap_or(10_000.0);
-    c.rope_local = Some(RopeSpec::plain(base, c.rope.neox));
+        .ok()
+        .or(gemma3.then_some(10_000.0));
+    c.rope_local = base.map(|b| RopeSpec::plain(b, c.rope.neox));
     // llama.cpp's rule (gemma_pytorch's config): the 27B, and only it,
     // scales queries by 1/sqrt(hidden / n_head), not 1/sqrt(head_dim).
-    if c.n_layer == 62 {
+    if c.n_layer == if gemma3 { 62 } else { 46 } {
         let want = 1.0 / ((c.hidden / c.n_head) as f32).sqrt();
         c.q_scale = want * (c.head_dim as f32).sqrt();
     }
@@ -349,10 +410,10 @@ mod tests {
 
     #[test]
     fn an_architecture_we_do_not_read_is_refused_naming_ours() {
-        let err = Arch::named("phi3").expect_err("refused").to_string();
+        let err = Arch::named("phimoe").expect_err("refused").to_string();
         assert!(
-            err.contains("`phi3` is not supported")
-                && err.contains("llama, mistral, qwen2, qwen3, qwen3moe, gemma3"),
+            err.contains("`phimoe` is not supported")
+                && err.contains("llama, mistral, qwen2, qwen3, qwen3moe, gemma3, gemma2, phi3"),
             "{err}"
         );
         let g = Arch::named("gemma3").expect("read");

@@ -1,6 +1,6 @@
 //! Batched llama-family decoder over GGUF weights (Llama, Mistral, SmolLM2,
-//! Qwen2, Qwen3, and their mixture-of-experts forms: Mixtral, Qwen3-MoE;
-//! `config::ARCHES`), written once over the compute backend
+//! Qwen2, Qwen3, Gemma 2 and 3, Phi-3, and the mixture-of-experts forms:
+//! Mixtral, Qwen3-MoE; `config::ARCHES`), written once over the compute backend
 //! (`kernels::backend::Backend`; the CPU one by default).
 //!
 //! One forward pass takes the chunks of many sequences, each at its own
@@ -15,7 +15,7 @@
 
 use std::io::{Read, Seek};
 
-use kernels::backend::{AttnShape, Backend, Rope};
+use kernels::backend::{AttnShape, Backend, Rope, soft_cap};
 use kernels::cpu::backend::CpuBackend;
 
 pub use super::config::{LlamaConfig, MoeConfig};
@@ -146,6 +146,36 @@ impl<'a, R: Read + Seek, B: Backend> Loader<'a, R, B> {
         self.ct.tensors.contains_key(name)
     }
 
+    /// Layer `i`'s Q, K and V projections: Phi-3's one `attn_qkv`, or three.
+    fn qkv(&mut self, i: usize, c: &LlamaConfig) -> Result<Proj<B>> {
+        let p = format!("blk.{i}");
+        if self.has(&format!("{p}.attn_qkv.weight")) {
+            let w = self.linear(&format!("{p}.attn_qkv.weight"))?;
+            return Proj::stacked(self.backend, w, vec![c.q_dim(), c.kv_dim(), c.kv_dim()]);
+        }
+        let parts = ["attn_q", "attn_k", "attn_v"]
+            .map(|k| self.linear(&format!("{p}.{k}.weight")))
+            .into_iter()
+            .collect::<Result<Vec<_>>>()?;
+        Proj::new(self.backend, parts)
+    }
+
+    /// Layer `i`'s gate and up projections: Phi-3's one `ffn_up` (the
+    /// gate's rows first), or two.
+    fn gate_up(&mut self, i: usize) -> Result<Proj<B>> {
+        let p = format!("blk.{i}");
+        if fused_gate_up(self.ct, i) {
+            let w = self.linear(&format!("{p}.ffn_up.weight"))?;
+            let ffn = w.rows() / 2;
+            return Proj::stacked(self.backend, w, vec![ffn, ffn]);
+        }
+        let parts = vec![
+            self.linear(&format!("{p}.ffn_gate.weight"))?,
+            self.linear(&format!("{p}.ffn_up.weight"))?,
+        ];
+        Proj::new(self.backend, parts)
+    }
+
     fn layer(&mut self, i: usize, c: &LlamaConfig) -> Result<Layer<B>> {
         let p = format!("blk.{i}");
         let bias = if self.has(&format!("{p}.attn_q.bias")) {
@@ -168,13 +198,7 @@ impl<'a, R: Read + Seek, B: Backend> Loader<'a, R, B> {
         let ffn = match c.moe {
             Some(moe) => Ffn::Moe(Moe::load(self.backend, self.ct, self.reader, &p, moe)?),
             None => Ffn::Dense {
-                gate_up: Proj::new(
-                    self.backend,
-                    vec![
-                        self.linear(&format!("{p}.ffn_gate.weight"))?,
-                        self.linear(&format!("{p}.ffn_up.weight"))?,
-                    ],
-                )?,
+                gate_up: self.gate_up(i)?,
                 down: self.matrix(&format!("{p}.ffn_down.weight"))?,
                 gelu: c.gemma,
             },
@@ -189,14 +213,7 @@ impl<'a, R: Read + Seek, B: Backend> Loader<'a, R, B> {
         };
         Ok(Layer {
             attn_norm: self.vector(&format!("{p}.attn_norm.weight"))?,
-            qkv: Proj::new(
-                self.backend,
-                vec![
-                    self.linear(&format!("{p}.attn_q.weight"))?,
-                    self.linear(&format!("{p}.attn_k.weight"))?,
-                    self.linear(&format!("{p}.attn_v.weight"))?,
-                ],
-            )?,
+            qkv: self.qkv(i, c)?,
             bias,
             qk_norm,
             wo: self.matrix(&format!("{p}.attn_output.weight"))?,
@@ -272,10 +289,9 @@ impl<B: Backend> Llama<B> {
             reader,
             backend: &backend,
         };
-        // Llama 3.x: the rotary frequencies' factors.
-        if ld.has("rope_freqs.weight") {
-            let (t, bytes) = ld.raw("rope_freqs.weight")?;
-            let factors = vector("rope_freqs.weight", t.ty, &t.dims, &bytes)?;
+        if let Some(name) = rope_factors(ct, &config) {
+            let (t, bytes) = ld.raw(name)?;
+            let factors = vector(name, t.ty, &t.dims, &bytes)?;
             config.rope = config.rope.with_freq_factors(factors, config.head_dim)?;
         }
         let embed = ld.matrix("token_embd.weight")?;
@@ -344,7 +360,7 @@ impl<B: Backend> Llama<B> {
         // taken over, not copied.
         let mut logits = b.take_host(b.matmul(&last, head).map_err(exec)?);
         if let Some(cap) = c.final_softcap {
-            logits.iter_mut().for_each(|l| *l = cap * (*l / cap).tanh());
+            logits.iter_mut().for_each(|l| *l = soft_cap(*l, cap));
         }
         let vocab = b.matrix_shape(head).0;
         if logits.len() == vocab {
@@ -445,6 +461,7 @@ impl<B: Backend> Llama<B> {
             head_dim: c.head_dim,
             block_size: bs,
             window,
+            softcap: c.attn_softcap.unwrap_or(0.0),
         };
         let queries: Vec<(usize, &[u32])> = tokens
             .iter()
@@ -497,16 +514,23 @@ fn check_shapes(ct: &Gguf, c: &LlamaConfig) -> Result<()> {
     if ct.tensors.contains_key("output.weight") {
         want.push(("output.weight".into(), vec![c.vocab_size, h]));
     }
-    if ct.tensors.contains_key("rope_freqs.weight") {
-        want.push(("rope_freqs.weight".into(), vec![c.head_dim / 2]));
+    for name in ["rope_freqs", "rope_factors_long", "rope_factors_short"] {
+        let name = format!("{name}.weight");
+        if ct.tensors.contains_key(&name) {
+            want.push((name, vec![c.head_dim / 2]));
+        }
     }
     let ffn = ffn_shapes(ct, c)?;
     for i in 0..c.n_layer {
         let mut at = |k: &str, d: Vec<usize>| want.push((format!("blk.{i}.{k}"), d));
         at("attn_norm.weight", vec![h]);
-        at("attn_q.weight", vec![q, h]);
-        at("attn_k.weight", vec![kv, h]);
-        at("attn_v.weight", vec![kv, h]);
+        if ct.tensors.contains_key(&format!("blk.{i}.attn_qkv.weight")) {
+            at("attn_qkv.weight", vec![q + 2 * kv, h]);
+        } else {
+            at("attn_q.weight", vec![q, h]);
+            at("attn_k.weight", vec![kv, h]);
+            at("attn_v.weight", vec![kv, h]);
+        }
         at("attn_output.weight", vec![h, q]);
         at("ffn_norm.weight", vec![h]);
         for (k, d) in &ffn {
@@ -542,9 +566,17 @@ fn check_shapes(ct: &Gguf, c: &LlamaConfig) -> Result<()> {
 }
 
 /// Every layer's feed-forward tensors and shapes, the width read from
-/// layer 0's gate: dense SwiGLU, or the router and stacked experts.
+/// layer 0's gate: dense SwiGLU (Phi-3's gate and up stacked in one
+/// `ffn_up`), or the router and stacked experts.
 fn ffn_shapes(ct: &Gguf, c: &LlamaConfig) -> Result<Vec<(&'static str, Vec<usize>)>> {
     let h = c.hidden;
+    if c.moe.is_none() && fused_gate_up(ct, 0) {
+        let ffn = ct.info("blk.0.ffn_up.weight")?.dims[0] / 2;
+        return Ok(vec![
+            ("ffn_up.weight", vec![2 * ffn, h]),
+            ("ffn_down.weight", vec![h, ffn]),
+        ]);
+    }
     let gate = match c.moe {
         Some(_) => "blk.0.ffn_gate_exps.weight",
         None => "blk.0.ffn_gate.weight",
@@ -569,6 +601,34 @@ fn ffn_shapes(ct: &Gguf, c: &LlamaConfig) -> Result<Vec<(&'static str, Vec<usize
             ]
         }
     })
+}
+
+/// The tensor of the rotary angles' divisors the model turns by, if any:
+/// Llama 3.x's `rope_freqs`, or of Phi-3's LongRoPE pair the long factors
+/// where the model serves past its original context and the short ones
+/// otherwise (llama.cpp's `get_rope_factors`, whose serving context is
+/// `-c`; ours is the file's context length, capped later only by memory).
+fn rope_factors(ct: &Gguf, c: &LlamaConfig) -> Option<&'static str> {
+    let long = c.context_length > c.rope_original_context;
+    [
+        "rope_freqs.weight",
+        "rope_factors_long.weight",
+        "rope_factors_short.weight",
+    ]
+    .into_iter()
+    .filter(|name| ct.tensors.contains_key(*name))
+    .find(|name| match *name {
+        "rope_factors_long.weight" => long,
+        "rope_factors_short.weight" => !long,
+        _ => true,
+    })
+}
+
+/// Whether layer `i`'s gate and up projections are one `ffn_up` of twice
+/// the width, the gate first (Phi-3).
+fn fused_gate_up(ct: &Gguf, i: usize) -> bool {
+    !ct.tensors.contains_key(&format!("blk.{i}.ffn_gate.weight"))
+        && ct.tensors.contains_key(&format!("blk.{i}.ffn_up.weight"))
 }
 
 /// `cos`/`sin` tables for every position and rotary pair.
@@ -621,6 +681,8 @@ mod tests {
             rope_local: None,
             q_scale: 1.0,
             final_softcap: None,
+            attn_softcap: None,
+            rope_original_context: 64,
         };
         let rope = rope_tables(&config);
         let b = CpuBackend;

@@ -40,6 +40,19 @@ impl<B: Backend> Proj<B> {
         Ok(Self::Separate(ws))
     }
 
+    /// Projections a file already stacks in one matrix `w` (Phi-3's
+    /// `attn_qkv`, its gate-up `ffn_up`), `widths` the parts' rows in order.
+    pub(super) fn stacked(backend: &B, w: Linear, widths: Vec<usize>) -> Result<Self> {
+        if w.rows() != widths.iter().sum::<usize>() {
+            return Err(EngineError::Load(format!(
+                "a stacked projection of {} rows split as {widths:?}",
+                w.rows()
+            )));
+        }
+        let w = backend.matrix(w.into_host()?).map_err(load)?;
+        Ok(Self::Fused { w, widths })
+    }
+
     /// Every part's output, side by side in each row.
     pub(super) fn concat(&self, b: &B, x: &B::Tensor) -> Result<B::Tensor> {
         match self {

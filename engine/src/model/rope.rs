@@ -5,7 +5,10 @@
 //! - pair `i` of a `d`-wide head turns by `p * base^(-2i/d)` at position
 //!   `p` (`{arch}.rope.freq_base`);
 //! - Llama 3.x files carry frequency factors (`rope_freqs.weight`, one per
-//!   pair) that divide those angles;
+//!   pair) that divide those angles; Phi-3's LongRoPE carries two sets
+//!   (`rope_factors_long`/`_short.weight`): the long ones where the model
+//!   serves past its original context, as llama.cpp chooses, and a factor
+//!   on `cos`/`sin` (`{arch}.rope.scaling.attn_factor`);
 //! - linear scaling (`{arch}.rope.scaling.type = linear`, or the older
 //!   `{arch}.rope.scale_linear`) multiplies every angle by `1/factor`;
 //! - YaRN (`yarn`) keeps the fast pairs' angles, interpolates the slow
@@ -14,8 +17,7 @@
 //!   original context (`{arch}.rope.scaling.original_context_length`);
 //!   `cos` and `sin` are then scaled by `attn_factor * (1 + 0.1 ln factor)`.
 //!
-//! A scaling type this module does not know (LongRoPE's `longrope`, say)
-//! is refused at load: the model would otherwise run with the wrong
+//! A scaling type this module does not know is refused at load: the model would otherwise run with the wrong
 //! frequencies and answer worse, silently.
 
 use kernels::backend::Rope;
@@ -122,15 +124,22 @@ impl RopeSpec {
                 ));
             }
         };
-        spec.attn_factor = meta.f32(&key("scaling.yarn_attn_factor")).unwrap_or(1.0);
+        // llama.cpp multiplies `cos` and `sin` by YaRN's factor times the
+        // file's own (Phi-3's LongRoPE writes `sqrt(1 + ln s / ln n)`).
+        spec.attn_factor = meta.f32(&key("scaling.yarn_attn_factor")).unwrap_or(1.0)
+            * meta.f32(&key("scaling.attn_factor")).unwrap_or(1.0);
+        if !(spec.attn_factor.is_finite() && spec.attn_factor > 0.0) {
+            return refuse(format!("{arch}.rope attention factor {}", spec.attn_factor));
+        }
         Ok(spec)
     }
 
-    /// Sets Llama 3's frequency factors, one per rotary pair.
+    /// Sets the per-pair divisors of the angles (Llama 3's, or one of
+    /// Phi-3's LongRoPE sets), one per rotary pair.
     pub fn with_freq_factors(mut self, factors: Vec<f32>, head_dim: usize) -> Result<Self> {
         if factors.len() != head_dim / 2 || factors.iter().any(|f| !(f.is_finite() && *f > 0.0)) {
             return Err(EngineError::Load(format!(
-                "rope_freqs.weight: {} factors for {} rotary pairs, each finite and positive",
+                "rope frequency factors: {} for {} rotary pairs, each finite and positive",
                 factors.len(),
                 head_dim / 2
             )));
@@ -186,7 +195,7 @@ impl RopeSpec {
             beta_slow,
         } = self.scaling
         else {
-            return (None, 1.0);
+            return (None, self.attn_factor);
         };
         let n = head_dim as f32;
         // The pair whose wavelength spans `turns` turns of the context.

@@ -116,11 +116,16 @@ pub fn tokenizer_from_gguf(
             )));
         }
     };
+    let rstrip = phi3_rstrip(&meta);
     let specials: Vec<AddedToken> = tokens
         .iter()
         .zip(&types)
         .filter(|(_, t)| matches!(**t, TOKEN_TYPE_CONTROL | TOKEN_TYPE_USER_DEFINED))
-        .map(|(tok, t)| AddedToken::from(tok.clone(), *t == TOKEN_TYPE_CONTROL).normalized(false))
+        .map(|(tok, t)| {
+            AddedToken::from(tok.clone(), *t == TOKEN_TYPE_CONTROL)
+                .normalized(false)
+                .rstrip(rstrip(tok))
+        })
         .collect();
     tokenizer
         .add_special_tokens(specials)
@@ -134,6 +139,19 @@ pub fn tokenizer_from_gguf(
             .unwrap_or(kind == "llama"),
     };
     Ok((tokenizer, special))
+}
+
+/// Which special tokens swallow the whitespace after them: llama.cpp's
+/// rule (after Phi-3's own tokenizer) for a model named Phi-3 is all but
+/// `<unk>`, `<s>` and `<|endoftext|>`, so that `<|user|>\nHi` is
+/// `<|user|>`, `Hi`; for any other model none.
+fn phi3_rstrip(meta: &Meta<'_>) -> impl Fn(&str) -> bool {
+    let name = meta
+        .string("general.name")
+        .unwrap_or_default()
+        .to_lowercase();
+    let phi3 = name.contains("phi-3") || name.contains("phi3");
+    move |tok: &str| phi3 && !matches!(tok, "<unk>" | "<s>" | "<|endoftext|>")
 }
 
 fn byte_level_bpe(meta: &Meta<'_>, tokens: &[String]) -> Result<Tokenizer> {
@@ -200,4 +218,59 @@ fn bpe_pre_tokenizer(pre: &str) -> Result<PreTokenizerWrapper> {
             byte_level(true)
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A SentencePiece vocabulary of a few pieces, named `name`.
+    fn vocab(name: &str) -> HashMap<String, Value> {
+        let pieces: [(&str, i32); 10] = [
+            ("<unk>", 2),
+            ("<s>", 3),
+            ("</s>", 3),
+            ("<|user|>", 4),
+            ("\u{2581}", 1),
+            ("h", 1),
+            ("i", 1),
+            ("hi", 1),
+            ("\u{2581}hi", 1),
+            ("<0x0A>", 6),
+        ];
+        let strings = |v: Vec<String>| Value::Array(v.into_iter().map(Value::String).collect());
+        HashMap::from([
+            ("general.name".into(), Value::String(name.into())),
+            ("tokenizer.ggml.model".into(), Value::String("llama".into())),
+            (
+                "tokenizer.ggml.tokens".into(),
+                strings(pieces.iter().map(|p| p.0.to_string()).collect()),
+            ),
+            (
+                "tokenizer.ggml.token_type".into(),
+                Value::Array(pieces.iter().map(|p| Value::I32(p.1)).collect()),
+            ),
+            (
+                "tokenizer.ggml.scores".into(),
+                Value::Array((0..10).map(|i| Value::F32(-(i as f32))).collect()),
+            ),
+            ("tokenizer.ggml.add_bos_token".into(), Value::Bool(false)),
+        ])
+    }
+
+    fn ids(name: &str, text: &str) -> Vec<u32> {
+        let (t, _) = tokenizer_from_gguf(&vocab(name)).expect("tokenizer");
+        t.encode(text, false).expect("encode").get_ids().to_vec()
+    }
+
+    #[test]
+    fn a_phi3_models_special_tokens_swallow_the_whitespace_after_them() {
+        // <|user|> then "hi" with its space prefix: the newline is gone.
+        assert_eq!(ids("Phi-3-mini-4k-instruct", "<|user|>\nhi"), [3, 8]);
+        assert_eq!(ids("phi3", "<|user|>  hi"), [3, 8]);
+        // Any other model keeps it (a byte token), as does a Phi-3 named
+        // otherwise: llama.cpp matches the name as written.
+        assert_eq!(ids("SmolLM2", "<|user|>\nhi"), [3, 4, 9, 7]);
+        assert_eq!(ids("Phi 3.5 Mini Instruct", "<|user|>\nhi"), [3, 4, 9, 7]);
+    }
 }

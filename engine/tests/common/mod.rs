@@ -27,11 +27,13 @@ pub const TINY: &str = "tiny/tiny.gguf";
 /// The small synthetic models of the architectures beyond llama's block
 /// (`make synthetic`): Qwen3, Qwen3-MoE, Mixtral, Gemma 3.
 #[allow(dead_code)]
-pub const ARCH_MODELS: [&str; 4] = [
+pub const ARCH_MODELS: [&str; 6] = [
     "synthetic/parity-qwen3.Q4_K.gguf",
     "synthetic/parity-qwen3moe.Q4_K.gguf",
     "synthetic/parity-mixtral.Q8_0.gguf",
     "synthetic/parity-gemma3.Q8_0.gguf",
+    "synthetic/parity-gemma2.Q8_0.gguf",
+    "synthetic/parity-phi.Q4_K.gguf",
 ];
 #[allow(dead_code)]
 pub const MINILM: &str = "all-minilm-l6-v2";

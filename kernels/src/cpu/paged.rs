@@ -114,6 +114,9 @@ fn attend_one(
     for row in scores.chunks_exact_mut(n) {
         let (hidden, seen) = row.split_at_mut(masked);
         hidden.fill(0.0);
+        if c.shape.softcap > 0.0 {
+            seen.iter_mut().for_each(|s| *s = c.shape.cap(*s));
+        }
         softmax_in_place(seen);
     }
     o.fill(0.0);
@@ -166,15 +169,16 @@ mod tests {
     fn paged_attention_matches_the_reference_through_scattered_blocks() {
         for dtype in [KvDtype::F16, KvDtype::Q8_0] {
             for hd in [8usize, 64] {
-                // No window, one inside a block (4), one across blocks.
-                for window in [0, 3, 6] {
-                    paged_case(dtype, hd, window);
+                // No window, one inside a block (4), one across blocks;
+                // scores soft-capped (Gemma 2) at a cap they reach.
+                for (window, softcap) in [(0, 0.0), (3, 0.0), (6, 0.0), (0, 0.5), (6, 0.5)] {
+                    paged_case(dtype, hd, window, softcap);
                 }
             }
         }
     }
 
-    fn paged_case(dtype: KvDtype, hd: usize, window: usize) {
+    fn paged_case(dtype: KvDtype, hd: usize, window: usize, softcap: f32) {
         let mut rng = StdRng::seed_from_u64(9);
         let (nh, nkv, bs) = (6, 2, 4);
         let layout = KvLayout {
@@ -211,6 +215,7 @@ mod tests {
                 head_dim: hd,
                 block_size: bs,
                 window,
+                softcap,
             };
             let got = paged_attention(&q, &queries, &kv, 0, shape);
             // Reference layouts: q [head][token][d], k/v [kv_head][pos][d].
@@ -252,6 +257,7 @@ mod tests {
                 n_q,
                 n_kv: l,
                 window,
+                softcap,
             };
             let want = reference::causal_attention(&to_heads(&q, nh, n_q), &kr, &vr, ref_shape);
             let err = got
@@ -259,7 +265,10 @@ mod tests {
                 .zip(&want)
                 .map(|(a, b)| (a - b).abs())
                 .fold(0.0, f32::max);
-            assert!(err < 1e-5, "{dtype:?} hd={hd} l={l} window={window}: {err}");
+            assert!(
+                err < 1e-5,
+                "{dtype:?} hd={hd} l={l} window={window} softcap={softcap}: {err}"
+            );
         }
     }
 }

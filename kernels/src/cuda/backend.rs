@@ -811,6 +811,7 @@ impl Backend for CudaBackend {
             u(shape.head_dim),
             u(shape.block_size),
             u(shape.window),
+            Arg::X(shape.softcap),
         ];
         self.per_task("paged_attention", queries.len() * shape.n_head, &args);
         out

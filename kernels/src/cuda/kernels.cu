@@ -460,17 +460,23 @@ __device__ float paged_score(const float* qs, const u32* k, const u32* tables, u
     return scale * (((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7])));
 }
 
+// A score soft-capped (Gemma 2): softcap * tanh(s / softcap); 0: none.
+__device__ float soft_cap(float s, float softcap) {
+    return softcap > 0.0f ? tanhf(s * (1.0f / softcap)) * softcap : s;
+}
+
 // Causal attention over the paged KV in the CPU backend's arithmetic and
 // order (cpu::attention, cpu::paged): the scores, a softmax of max, exp, a
 // sum in position order and a division, then the values added position
 // by position with fused multiply-adds. Up to ATT_CACHE positions the
 // scores, then their exponentials, are kept in shared memory; past it they
 // are computed again for the sum and the weights (the same floats).
-// info: (position, table offset) per query row.
+// info: (position, table offset) per query row; softcap > 0 caps every
+// score (Gemma 2).
 #define ATT_CACHE 4096u
 __global__ void paged_attention(const float* q, const u32* k, const u32* v, const u32* info,
                                 const u32* tables, float* out, u32 rows, u32 n_head, u32 kv_heads,
-                                u32 hd, u32 bs, u32 window) {
+                                u32 hd, u32 bs, u32 window, float softcap) {
     __shared__ float qs[256];
     __shared__ float wts[WG];
     __shared__ float red[WG];
@@ -488,7 +494,7 @@ __global__ void paged_attention(const float* q, const u32* k, const u32* v, cons
     float m = -3.4e38f;
     for (u32 c = lo; c < n; c += WG) {
         u32 j = c + threadIdx.x;
-        float s = j < n ? paged_score(qs, k, tables, toff, j, kvh, kv_heads, hd, bs, scale) : -3.4e38f;
+        float s = j < n ? soft_cap(paged_score(qs, k, tables, toff, j, kvh, kv_heads, hd, bs, scale), softcap) : -3.4e38f;
         if (cached && j < n) sc[j - lo] = s;
         m = fmaxf(m, block_max(s, red));
     }
@@ -502,7 +508,7 @@ __global__ void paged_attention(const float* q, const u32* k, const u32* v, cons
     } else {
         for (u32 c = lo; c < n; c += WG) {
             u32 j = c + threadIdx.x;
-            if (j < n) wts[threadIdx.x] = exp_precise(paged_score(qs, k, tables, toff, j, kvh, kv_heads, hd, bs, scale) - m);
+            if (j < n) wts[threadIdx.x] = exp_precise(soft_cap(paged_score(qs, k, tables, toff, j, kvh, kv_heads, hd, bs, scale), softcap) - m);
             __syncthreads();
             for (u32 i = 0; i < min((u32)WG, n - c); i++) total += wts[i];
             __syncthreads();
@@ -512,7 +518,7 @@ __global__ void paged_attention(const float* q, const u32* k, const u32* v, cons
     for (u32 c = lo; c < n; c += WG) {
         u32 j = c + threadIdx.x;
         if (j < n) {
-            float e = cached ? sc[j - lo] : exp_precise(paged_score(qs, k, tables, toff, j, kvh, kv_heads, hd, bs, scale) - m);
+            float e = cached ? sc[j - lo] : exp_precise(soft_cap(paged_score(qs, k, tables, toff, j, kvh, kv_heads, hd, bs, scale), softcap) - m);
             wts[threadIdx.x] = e / total;
         }
         __syncthreads();

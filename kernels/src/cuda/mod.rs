@@ -51,7 +51,7 @@ pub const KERNELS: [(&str, &str); 20] = [
     ("scatter_add", "fwfuu"),
     ("scatter", "ffuuuu"),
     ("write_kv", "fwwuuuu"),
-    ("paged_attention", "fwwwwfuuuuuu"),
+    ("paged_attention", "fwwwwfuuuuuux"),
     ("bidirectional_attention", "fffwfuuu"),
 ];
 

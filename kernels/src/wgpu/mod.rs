@@ -602,7 +602,7 @@ impl Backend for WgpuBackend {
             shape.head_dim as u32,
             shape.block_size as u32,
             shape.window as u32,
-            0,
+            shape.softcap.to_bits(),
             0,
         ];
         let b = [

@@ -35,7 +35,38 @@ pub struct Shape {
     pub gemma: bool,
     /// `{arch}.attention.sliding_window` (0: not written).
     pub window: usize,
+    /// Phi-3's stacked projections: one `attn_qkv`, one gate-up `ffn_up`.
+    pub stacked: bool,
+    /// Phi-3's LongRoPE: the original context (the long and short factor
+    /// sets and the `cos`/`sin` factor are written with it).
+    pub longrope: Option<usize>,
+    /// Gemma 2's soft-caps (attention, final logits), written as keys.
+    pub softcaps: Option<(f32, f32)>,
 }
+
+/// What a shape has unless it says otherwise: a plain llama block.
+const PLAIN: Shape = Shape {
+    name: "",
+    arch: "llama",
+    hidden: 0,
+    layers: 0,
+    heads: 0,
+    kv_heads: 0,
+    ffn: 0,
+    vocab: 0,
+    qkv_bias: false,
+    tied: false,
+    rope_theta: 10_000.0,
+    llama3_rope: None,
+    head_dim: None,
+    qk_norm: false,
+    experts: None,
+    gemma: false,
+    window: 0,
+    stacked: false,
+    longrope: None,
+    softcaps: None,
+};
 
 /// A mixture of experts: `count` experts of `ffn` width, `used` a token.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -55,9 +86,9 @@ impl Shape {
 /// Llama 3.2's `rope_scaling`.
 const LLAMA32_ROPE: Option<(f32, f32, f32, f32)> = Some((32.0, 1.0, 4.0, 8192.0));
 
-/// The shapes of Llama-3.2-1B and -3B, Qwen2.5-0.5B, Qwen3-4B and
-/// Qwen3-30B-A3B.
-pub const SHAPES: [Shape; 5] = [
+/// The shapes of Llama-3.2-1B and -3B, Qwen2.5-0.5B, Qwen3-4B,
+/// Qwen3-30B-A3B and Gemma-3-4B.
+pub const SHAPES: [Shape; 6] = [
     Shape {
         name: "llama-1b",
         arch: "llama",
@@ -67,15 +98,10 @@ pub const SHAPES: [Shape; 5] = [
         kv_heads: 8,
         ffn: 8192,
         vocab: 128_256,
-        qkv_bias: false,
         tied: true,
         rope_theta: 500_000.0,
         llama3_rope: LLAMA32_ROPE,
-        head_dim: None,
-        qk_norm: false,
-        experts: None,
-        gemma: false,
-        window: 0,
+        ..PLAIN
     },
     Shape {
         name: "llama-3b",
@@ -86,15 +112,10 @@ pub const SHAPES: [Shape; 5] = [
         kv_heads: 8,
         ffn: 8192,
         vocab: 128_256,
-        qkv_bias: false,
         tied: true,
         rope_theta: 500_000.0,
         llama3_rope: LLAMA32_ROPE,
-        head_dim: None,
-        qk_norm: false,
-        experts: None,
-        gemma: false,
-        window: 0,
+        ..PLAIN
     },
     Shape {
         name: "qwen2-0.5b",
@@ -108,12 +129,7 @@ pub const SHAPES: [Shape; 5] = [
         qkv_bias: true,
         tied: true,
         rope_theta: 1_000_000.0,
-        llama3_rope: None,
-        head_dim: None,
-        qk_norm: false,
-        experts: None,
-        gemma: false,
-        window: 0,
+        ..PLAIN
     },
     Shape {
         name: "qwen3-4b",
@@ -124,15 +140,11 @@ pub const SHAPES: [Shape; 5] = [
         kv_heads: 8,
         ffn: 9728,
         vocab: 151_936,
-        qkv_bias: false,
         tied: true,
         rope_theta: 1_000_000.0,
-        llama3_rope: None,
         head_dim: Some(128),
         qk_norm: true,
-        experts: None,
-        gemma: false,
-        window: 0,
+        ..PLAIN
     },
     // Qwen3-30B-A3B: 128 experts of 768, 8 a token.
     Shape {
@@ -144,10 +156,7 @@ pub const SHAPES: [Shape; 5] = [
         kv_heads: 4,
         ffn: 6144,
         vocab: 151_936,
-        qkv_bias: false,
-        tied: false,
         rope_theta: 1_000_000.0,
-        llama3_rope: None,
         head_dim: Some(128),
         qk_norm: true,
         experts: Some(Experts {
@@ -155,8 +164,25 @@ pub const SHAPES: [Shape; 5] = [
             used: 8,
             ffn: 768,
         }),
-        gemma: false,
-        window: 0,
+        ..PLAIN
+    },
+    // Gemma 3 4B: 34 layers, five of six sliding over 1024 positions.
+    Shape {
+        name: "gemma3-4b",
+        arch: "gemma3",
+        hidden: 2560,
+        layers: 34,
+        heads: 8,
+        kv_heads: 4,
+        ffn: 10_240,
+        vocab: 262_144,
+        tied: true,
+        rope_theta: 1_000_000.0,
+        head_dim: Some(256),
+        qk_norm: true,
+        gemma: true,
+        window: 1024,
+        ..PLAIN
     },
 ];
 
@@ -172,15 +198,7 @@ pub const PARITY: Shape = Shape {
     kv_heads: 2,
     ffn: 768,
     vocab: 49_152,
-    qkv_bias: false,
-    tied: false,
-    rope_theta: 10_000.0,
-    llama3_rope: None,
-    head_dim: None,
-    qk_norm: false,
-    experts: None,
-    gemma: false,
-    window: 0,
+    ..PLAIN
 };
 
 /// `PARITY` with Llama 3.2's rotary scaling (`rope_freqs.weight`) and base.
@@ -244,14 +262,42 @@ pub const PARITY_GEMMA3: Shape = Shape {
     ..PARITY
 };
 
+/// Gemma 2's block at parity size: every other layer sliding (layers 0,
+/// 2), no norms of q and k, and soft-caps low enough that the parity
+/// prompts' scores and logits reach them (Gemma 2's own are 50 and 30).
+pub const PARITY_GEMMA2: Shape = Shape {
+    name: "parity-gemma2",
+    arch: "gemma2",
+    layers: 4,
+    head_dim: Some(128),
+    qk_norm: false,
+    softcaps: Some((1.0, 8.0)),
+    ..PARITY_GEMMA3
+};
+
+/// Phi-3's block at parity size: Q, K and V in one `attn_qkv`, gate and up
+/// in one `ffn_up`, LongRoPE's long factors (the file's 8192 context is
+/// past its original 1024) and their `cos`/`sin` factor. Not named
+/// "phi3": llama.cpp gives the special tokens of a model so named Phi-3's
+/// whitespace rules, which need Phi-3's vocabulary.
+pub const PARITY_PHI: Shape = Shape {
+    name: "parity-phi",
+    arch: "phi3",
+    stacked: true,
+    longrope: Some(1024),
+    ..PARITY
+};
+
 /// The parity tests' shapes.
-pub const PARITY_SHAPES: [Shape; 6] = [
+pub const PARITY_SHAPES: [Shape; 8] = [
     PARITY,
     PARITY_LLAMA3,
     PARITY_QWEN3,
     PARITY_QWEN3MOE,
     PARITY_MIXTRAL,
     PARITY_GEMMA3,
+    PARITY_GEMMA2,
+    PARITY_PHI,
 ];
 
 /// The shape named `name`.

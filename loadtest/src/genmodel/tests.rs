@@ -20,14 +20,7 @@ const SMALL: Shape = Shape {
     ffn: 512,
     vocab: 49_160,
     qkv_bias: true,
-    tied: false,
-    rope_theta: 10_000.0,
-    llama3_rope: None,
-    head_dim: None,
-    qk_norm: false,
-    experts: None,
-    gemma: false,
-    window: 0,
+    ..PARITY
 };
 
 #[test]
@@ -179,4 +172,59 @@ fn shapes_are_consistent_and_quantizations_parse() {
     assert!(shape("llama-70b").is_err());
     assert_eq!("Q4_K_M".parse::<Quant>(), Ok(Quant::Q4KM));
     assert!("q3".parse::<Quant>().is_err());
+}
+
+#[test]
+fn a_gemma2_model_slides_every_other_layer_and_caps_its_scores_and_logits() {
+    let tok = models_dir().join("smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf");
+    let out = std::env::temp_dir().join(format!("synor-genmodel-g2-{}.gguf", std::process::id()));
+    generate(&PARITY_GEMMA2, Quant::Q4_0, &tok, &out, 5).expect("generate");
+    let loaded = engine::loader::load_gguf(&out, &engine::TemplateChoice::ChatMl).expect("load");
+    let _ = std::fs::remove_file(out);
+    let c = &loaded.model.config;
+    let windows: Vec<usize> = (0..4).map(|i| c.window(i)).collect();
+    assert_eq!(windows, [8, 0, 8, 0], "llama.cpp's pattern of two");
+    assert!(c.gemma && !c.qk_norm);
+    assert!(
+        c.rope_local.is_none(),
+        "Gemma 2's sliding layers turn as the rest"
+    );
+    assert_eq!((c.attn_softcap, c.final_softcap), (Some(1.0), Some(8.0)));
+}
+
+#[test]
+fn a_phi3_model_stacks_its_projections_and_turns_by_the_longrope_set_its_context_needs() {
+    let tok = models_dir().join("smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf");
+    let [long, short] = longrope_factors(64);
+    // 8192 positions past an original 1024: the long set; within an
+    // original 8192: the short one.
+    for (original, want) in [(1024, &long), (8192, &short)] {
+        let out = std::env::temp_dir().join(format!(
+            "synor-genmodel-phi-{original}-{}.gguf",
+            std::process::id()
+        ));
+        let shape = Shape {
+            longrope: Some(original),
+            ..PARITY_PHI
+        };
+        generate(&shape, Quant::Q4_0, &tok, &out, 5).expect("generate");
+        let ct = Gguf::read(&mut std::io::BufReader::new(
+            std::fs::File::open(&out).expect("open"),
+        ))
+        .expect("read back");
+        assert_eq!(ct.tensors["blk.0.attn_qkv.weight"].dims, [512, 256]);
+        assert_eq!(ct.tensors["blk.1.ffn_up.weight"].dims, [1536, 256]);
+        assert!(!ct.tensors.contains_key("blk.0.ffn_gate.weight"));
+        let loaded =
+            engine::loader::load_gguf(&out, &engine::TemplateChoice::ChatMl).expect("load");
+        let _ = std::fs::remove_file(out);
+        let rope = &loaded.model.config.rope;
+        assert_eq!(
+            rope.freq_factors.as_ref(),
+            Some(want),
+            "original {original}"
+        );
+        let factor = (1.0 + (8192.0 / original as f32).ln() / (original as f32).ln()).sqrt();
+        assert_eq!(rope.attn_factor, factor);
+    }
 }

@@ -13,8 +13,9 @@
 // `[kv_head][slot][head_dim]` f16 values, two to a word. `info` holds per
 // query row (position, table offset); `tables` the sequences' block
 // tables. a = (rows, n_head, n_kv_head, head_dim), b = (block_size,
-// window, 0, 0): a query at pos sees pos + 1 - window ..= pos (window 0:
-// every earlier position).
+// window, softcap bits, 0): a query at pos sees pos + 1 - window ..= pos
+// (window 0: every earlier position); softcap > 0 caps every score s as
+// softcap * tanh(s / softcap) (Gemma 2).
 //
 // `bidirectional`: an encoder's attention over f32 q, k, v rows stacked
 // sequence after sequence, with an online softmax; `info` holds per row
@@ -81,7 +82,9 @@ fn paged_score(j: u32, toff: u32, kvh: u32, scale: f32) -> f32 {
         }
     }
     // Rounded on its own: the caller subtracts the maximum from it.
-    return mul_rn(scale, ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7])));
+    let s = mul_rn(scale, ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7])));
+    let cap = bitcast<f32>(p.b.z);
+    return select(s, tanh(s * (1.0 / cap)) * cap, cap > 0.0);
 }
 
 @compute @workgroup_size(64)
