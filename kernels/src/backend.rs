@@ -143,13 +143,16 @@ pub fn soft_cap(s: f32, cap: f32) -> f32 {
 }
 
 /// Rotary embedding tables: `cos`/`sin` of position `p`, pair `i` at
-/// `p * head_dim / 2 + i`; pairs are `(2i, 2i+1)` (GGUF llama) or
-/// `(i, i + head_dim/2)` (NeoX, Qwen2).
+/// `p * rot_dim / 2 + i`; pairs are `(2i, 2i+1)` (GGUF llama) or
+/// `(i, i + rot_dim/2)` (NeoX, Qwen2) among a head's first `rot_dim`
+/// dimensions, the rest left as they are (a partial rotary embedding,
+/// Phi-4-mini's 96 of 128; `rot_dim == head_dim` turns the whole head).
 #[derive(Debug, Clone)]
 pub struct Rope {
     pub cos: Vec<f32>,
     pub sin: Vec<f32>,
     pub head_dim: usize,
+    pub rot_dim: usize,
     pub neox: bool,
 }
 

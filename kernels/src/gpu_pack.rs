@@ -230,10 +230,10 @@ pub fn sequence_rows(seqs: &[usize]) -> Vec<u32> {
     info
 }
 
-/// Each row's rotary `cos` values, then each row's `sin` values (half a
-/// head wide), as the rope kernels read them.
-pub fn rope_rows(positions: &[usize], cos: &[f32], sin: &[f32], head_dim: usize) -> Vec<f32> {
-    let half = head_dim / 2;
+/// Each row's rotary `cos` values, then each row's `sin` values (one per
+/// pair of the `rot_dim` rotated dimensions), as the rope kernels read them.
+pub fn rope_rows(positions: &[usize], cos: &[f32], sin: &[f32], rot_dim: usize) -> Vec<f32> {
+    let half = rot_dim / 2;
     let mut cs = Vec::with_capacity(2 * positions.len() * half);
     for table in [cos, sin] {
         for &pos in positions {

@@ -294,19 +294,32 @@ pub(crate) fn rope_matches_the_cpu_both_pairings<B: Backend>(g: &B) {
         .map(|i| (i as f32 * 0.37).sin())
         .collect();
     let positions = [0, 7, 39, 7];
-    for neox in [false, true] {
+    // The whole head, and its first 12 dimensions (a partial rotary
+    // embedding: the tables' rows are then 6 wide).
+    for (neox, rot_dim) in [(false, hd), (true, hd), (false, 12), (true, 12)] {
+        let rows_of = |t: &[f32]| -> Vec<f32> {
+            t.chunks(half)
+                .flat_map(|r| r[..rot_dim / 2].to_vec())
+                .collect()
+        };
         let rope = Rope {
-            cos: cos.clone(),
-            sin: sin.clone(),
+            cos: rows_of(&cos),
+            sin: rows_of(&sin),
             head_dim: hd,
+            rot_dim,
             neox,
         };
         let data = reference::ramp(rows * heads * hd, 21);
         let mut gx = g.tensor(data.clone(), heads * hd);
         g.rope(&mut gx, &positions, &rope);
-        let mut cx = c.tensor(data, heads * hd);
+        let mut cx = c.tensor(data.clone(), heads * hd);
         c.rope(&mut cx, &positions, &rope);
         same_as_cpu(&g.to_host(&gx), &cx.data, true, "rope");
+        // Past the rotated width every dimension is as it was.
+        for (got, was) in cx.data.chunks(hd).zip(data.chunks(hd)) {
+            assert_eq!(got[rot_dim..], was[rot_dim..], "rot_dim {rot_dim}");
+            assert_ne!(got[..rot_dim], was[..rot_dim]);
+        }
     }
 }
 

@@ -203,11 +203,11 @@ fn tensors(shape: &Shape, quant: Quant, seed: u64) -> Result<Vec<WriteTensor>> {
     }
     out.push(vector("output_norm.weight".into(), vec![1.0; h])?);
     if let Some(scaling) = shape.llama3_rope {
-        let factors = llama3_rope_factors(shape.rope_theta, shape.head_dim(), scaling);
+        let factors = llama3_rope_factors(shape.rope_theta, shape.rot_dim(), scaling);
         out.push(vector("rope_freqs.weight".into(), factors)?);
     }
     if shape.longrope.is_some() {
-        let [long, short] = longrope_factors(shape.head_dim());
+        let [long, short] = longrope_factors(shape.rot_dim());
         out.push(vector("rope_factors_long.weight".into(), long)?);
         out.push(vector("rope_factors_short.weight".into(), short)?);
     }
@@ -427,7 +427,7 @@ fn metadata(shape: &Shape, quant: Quant, tok: Vec<(String, Value)>) -> Vec<(Stri
         (format!("{a}.feed_forward_length"), u(shape.ffn)),
         (format!("{a}.attention.head_count"), u(shape.heads)),
         (format!("{a}.attention.head_count_kv"), u(shape.kv_heads)),
-        (format!("{a}.rope.dimension_count"), u(shape.head_dim())),
+        (format!("{a}.rope.dimension_count"), u(shape.rot_dim())),
         (format!("{a}.rope.freq_base"), Value::F32(shape.rope_theta)),
         (
             format!("{a}.attention.layer_norm_rms_epsilon"),

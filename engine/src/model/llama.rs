@@ -517,7 +517,7 @@ fn check_shapes(ct: &Gguf, c: &LlamaConfig) -> Result<()> {
     for name in ["rope_freqs", "rope_factors_long", "rope_factors_short"] {
         let name = format!("{name}.weight");
         if ct.tensors.contains_key(&name) {
-            want.push((name, vec![c.head_dim / 2]));
+            want.push((name, vec![c.rope.rot_dim(c.head_dim) / 2]));
         }
     }
     let ffn = ffn_shapes(ct, c)?;

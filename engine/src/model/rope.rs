@@ -55,6 +55,9 @@ pub struct RopeSpec {
     pub attn_factor: f32,
     /// Llama 3's per-pair divisors of the angles (`rope_freqs.weight`).
     pub freq_factors: Option<Vec<f32>>,
+    /// The rotated dimensions of each head where fewer than all
+    /// (`{arch}.rope.dimension_count`: Phi-4-mini's 96 of 128).
+    pub rot_dim: Option<usize>,
 }
 
 impl RopeSpec {
@@ -67,12 +70,18 @@ impl RopeSpec {
             freq_scale: 1.0,
             attn_factor: 1.0,
             freq_factors: None,
+            rot_dim: None,
         }
     }
 
+    /// The rotated width of a `head_dim`-wide head.
+    pub fn rot_dim(&self, head_dim: usize) -> usize {
+        self.rot_dim.unwrap_or(head_dim)
+    }
+
     /// Reads the `{arch}.rope.*` keys (the frequency factors, a tensor,
-    /// are the loader's to set). `head_dim` is the rotated width: a file
-    /// that rotates fewer dimensions is refused.
+    /// are the loader's to set). A file may rotate fewer dimensions than
+    /// `head_dim` (an even number of them), never more.
     pub(crate) fn from_meta(
         meta: &Meta<'_>,
         arch: &str,
@@ -81,14 +90,18 @@ impl RopeSpec {
     ) -> Result<Self> {
         let key = |k: &str| format!("{arch}.rope.{k}");
         let refuse = |what: String| Err(EngineError::Load(what));
-        if let Ok(n) = meta.u32(&key("dimension_count"))
-            && n as usize != head_dim
-        {
-            return refuse(format!(
-                "{arch}.rope.dimension_count is {n}: partial rotary embedding (of {head_dim} dimensions) is not supported"
-            ));
-        }
+        let rot_dim = match meta.u32(&key("dimension_count")) {
+            Ok(n) if n as usize == head_dim => None,
+            Ok(n) if n > 0 && n % 2 == 0 && (n as usize) < head_dim => Some(n as usize),
+            Ok(n) => {
+                return refuse(format!(
+                    "{arch}.rope.dimension_count is {n}: a head of {head_dim} dimensions turns an even number of them, at most all"
+                ));
+            }
+            Err(_) => None,
+        };
         let mut spec = Self::plain(meta.f32(&key("freq_base")).unwrap_or(10_000.0), neox);
+        spec.rot_dim = rot_dim;
         let factor = meta
             .f32(&key("scaling.factor"))
             .or_else(|_| meta.f32(&key("scale_linear")))
@@ -105,7 +118,9 @@ impl RopeSpec {
                 spec.freq_scale = 1.0;
                 Scaling::None
             }
-            "linear" => Scaling::Linear,
+            // LongRoPE's factors are tensors (the loader's); its angles
+            // are otherwise scaled as linear ones, as llama.cpp's are.
+            "linear" | "longrope" => Scaling::Linear,
             "yarn" => Scaling::Yarn {
                 original_context: meta.u32(&key("scaling.original_context_length")).map_err(
                     |_| {
@@ -120,7 +135,7 @@ impl RopeSpec {
             },
             other => {
                 return refuse(format!(
-                    "rope scaling `{other}` is not supported (none, linear, yarn)"
+                    "rope scaling `{other}` is not supported (none, linear, longrope, yarn)"
                 ));
             }
         };
@@ -137,26 +152,28 @@ impl RopeSpec {
     /// Sets the per-pair divisors of the angles (Llama 3's, or one of
     /// Phi-3's LongRoPE sets), one per rotary pair.
     pub fn with_freq_factors(mut self, factors: Vec<f32>, head_dim: usize) -> Result<Self> {
-        if factors.len() != head_dim / 2 || factors.iter().any(|f| !(f.is_finite() && *f > 0.0)) {
+        let pairs = self.rot_dim(head_dim) / 2;
+        if factors.len() != pairs || factors.iter().any(|f| !(f.is_finite() && *f > 0.0)) {
             return Err(EngineError::Load(format!(
-                "rope frequency factors: {} for {} rotary pairs, each finite and positive",
+                "rope frequency factors: {} for {pairs} rotary pairs, each finite and positive",
                 factors.len(),
-                head_dim / 2
             )));
         }
         self.freq_factors = Some(factors);
         Ok(self)
     }
 
-    /// `cos`/`sin` of every pair of a `head_dim`-wide head at positions
-    /// `0..positions`.
+    /// `cos`/`sin` of every rotated pair of a `head_dim`-wide head at
+    /// positions `0..positions` (the frequencies are of the rotated
+    /// width, as ggml's `n_dims`).
     pub fn tables(&self, head_dim: usize, positions: usize) -> Rope {
-        let half = head_dim / 2;
-        let (dims, mscale) = self.yarn(head_dim);
+        let rot = self.rot_dim(head_dim);
+        let half = rot / 2;
+        let (dims, mscale) = self.yarn(rot);
         let inv: Vec<f32> = (0..half)
             .map(|i| {
                 let ff = self.freq_factors.as_ref().map_or(1.0, |f| f[i]);
-                1.0 / self.base.powf((2 * i) as f32 / head_dim as f32) / ff
+                1.0 / self.base.powf((2 * i) as f32 / rot as f32) / ff
             })
             .collect();
         let mut cos = Vec::with_capacity(positions * half);
@@ -181,12 +198,13 @@ impl RopeSpec {
             cos,
             sin,
             head_dim,
+            rot_dim: rot,
             neox: self.neox,
         }
     }
 
     /// YaRN's ramp bounds and extrapolation factor (`None` without YaRN),
-    /// and the factor on `cos`/`sin`.
+    /// and the factor on `cos`/`sin`; `head_dim` is the rotated width.
     fn yarn(&self, head_dim: usize) -> (Option<(f32, f32, f32)>, f32) {
         let Scaling::Yarn {
             original_context,
@@ -380,14 +398,23 @@ mod tests {
         ));
         let why = |r: Result<RopeSpec>| r.expect_err("refused").to_string();
         assert!(
-            why(read(&[("scaling.type", Value::String("longrope".into()))]))
-                .contains("`longrope` is not supported")
+            why(read(&[("scaling.type", Value::String("dynamic".into()))]))
+                .contains("`dynamic` is not supported")
         );
         assert!(
             why(read(&[("scaling.type", Value::String("yarn".into()))]))
                 .contains("original_context_length")
         );
-        assert!(why(read(&[("dimension_count", Value::U32(32))])).contains("partial rotary"));
+        // Fewer rotated dimensions than the head's are read; an odd
+        // number, or more than the head has, refused.
+        let partial = read(&[("dimension_count", Value::U32(32))]).expect("partial rotary");
+        assert_eq!(partial.rot_dim(D), 32);
+        let t = partial.tables(D, 8);
+        assert_eq!((t.rot_dim, t.head_dim, t.cos.len()), (32, D, 8 * 16));
+        assert!(why(read(&[("dimension_count", Value::U32(33))])).contains("even number"));
+        assert!(
+            why(read(&[("dimension_count", Value::U32(2 * D as u32))])).contains("at most all")
+        );
         assert!(why(read(&[("scaling.factor", Value::F32(-1.0))])).contains("factor"));
     }
 

@@ -280,7 +280,7 @@ pub fn softmax_in_place(row: &mut [f32]) {
 /// Rotates every head of one token's q or k row at `pos`, in place.
 pub fn rope_row(x: &mut [f32], pos: usize, rope: &crate::backend::Rope) {
     let hd = rope.head_dim;
-    let half = hd / 2;
+    let half = rope.rot_dim / 2;
     let (cos, sin) = (
         &rope.cos[pos * half..(pos + 1) * half],
         &rope.sin[pos * half..(pos + 1) * half],

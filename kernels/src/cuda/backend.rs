@@ -714,7 +714,7 @@ impl Backend for CudaBackend {
     }
 
     fn rope(&self, x: &mut CudaTensor, positions: &[usize], rope: &Rope) {
-        let cs = gpu_pack::rope_rows(positions, &rope.cos, &rope.sin, rope.head_dim);
+        let cs = gpu_pack::rope_rows(positions, &rope.cos, &rope.sin, rope.rot_dim);
         let csb = self.tables.rope.get(cs, |v| self.upload(v));
         let args = [
             Arg::F(&x.buf),
@@ -722,9 +722,11 @@ impl Backend for CudaBackend {
             u(positions.len()),
             u(x.cols),
             u(rope.head_dim),
+            u(rope.rot_dim),
             Arg::U(u32::from(rope.neox)),
         ];
-        self.elementwise("rope", positions.len() * x.cols / 2, &args);
+        let pairs = positions.len() * x.cols / rope.head_dim * rope.rot_dim / 2;
+        self.elementwise("rope", pairs, &args);
     }
 
     fn write_kv(

@@ -379,9 +379,10 @@ __global__ void gelu(float* x, u32 n) {
 }
 
 // cs: the rows' cos values (rows x half), then their sin values.
-__global__ void rope(float* x, const float* cs, u32 rows, u32 cols, u32 hd, u32 neox) {
+// The first rot dimensions of every hd-wide head turned; the rest kept.
+__global__ void rope(float* x, const float* cs, u32 rows, u32 cols, u32 hd, u32 rot, u32 neox) {
     u32 i = blockIdx.x * blockDim.x + threadIdx.x;
-    u32 half = hd / 2u, per_row = cols / 2u;
+    u32 half = rot / 2u, per_row = cols / hd * half;
     if (i >= rows * per_row) return;
     u32 r = i / per_row, head = (i % per_row) / half, j = i % half;
     u32 base = r * cols + head * hd;

@@ -46,7 +46,7 @@ pub const KERNELS: [(&str, &str); 20] = [
     ("geglu", "ffuu"),
     ("scale", "fux"),
     ("gelu", "fu"),
-    ("rope", "ffuuuu"),
+    ("rope", "ffuuuuu"),
     ("gather", "fwfuuuu"),
     ("scatter_add", "fwfuu"),
     ("scatter", "ffuuuu"),

@@ -497,7 +497,7 @@ impl Backend for WgpuBackend {
     }
 
     fn rope(&self, x: &mut GpuTensor, positions: &[usize], rope: &Rope) {
-        let cs = gpu_pack::rope_rows(positions, &rope.cos, &rope.sin, rope.head_dim);
+        let cs = gpu_pack::rope_rows(positions, &rope.cos, &rope.sin, rope.rot_dim);
         let csb = self.gpu.upload(&f32_bytes(&cs), storage());
         let p = [
             positions.len() as u32,
@@ -506,11 +506,11 @@ impl Backend for WgpuBackend {
             u32::from(rope.neox),
             0,
             rope.head_dim as u32,
-            0,
+            rope.rot_dim as u32,
             0,
         ];
         let b = [(1, &*x.buf), (2, &*csb)];
-        let n = positions.len() * x.cols / 2;
+        let n = positions.len() * x.cols / rope.head_dim * rope.rot_dim / 2;
         self.gpu
             .dispatch(Shader::Rows, "rope", p, &b, Self::groups(n), 1);
     }

@@ -42,6 +42,9 @@ pub struct Shape {
     pub longrope: Option<usize>,
     /// Gemma 2's soft-caps (attention, final logits), written as keys.
     pub softcaps: Option<(f32, f32)>,
+    /// The rotated dimensions of a head where fewer than all
+    /// (`rope.dimension_count`; Phi-4-mini turns 96 of 128).
+    pub rotary: Option<usize>,
 }
 
 /// What a shape has unless it says otherwise: a plain llama block.
@@ -66,6 +69,7 @@ const PLAIN: Shape = Shape {
     stacked: false,
     longrope: None,
     softcaps: None,
+    rotary: None,
 };
 
 /// A mixture of experts: `count` experts of `ffn` width, `used` a token.
@@ -80,6 +84,11 @@ impl Shape {
     /// The width of one attention head.
     pub fn head_dim(&self) -> usize {
         self.head_dim.unwrap_or(self.hidden / self.heads)
+    }
+
+    /// The rotated width of one attention head.
+    pub fn rot_dim(&self) -> usize {
+        self.rotary.unwrap_or(self.head_dim())
     }
 }
 
@@ -277,7 +286,8 @@ pub const PARITY_GEMMA2: Shape = Shape {
 
 /// Phi-3's block at parity size: Q, K and V in one `attn_qkv`, gate and up
 /// in one `ffn_up`, LongRoPE's long factors (the file's 8192 context is
-/// past its original 1024) and their `cos`/`sin` factor. Not named
+/// past its original 1024) and their `cos`/`sin` factor, and Phi-4-mini's
+/// partial rotary embedding (three quarters of each head). Not named
 /// "phi3": llama.cpp gives the special tokens of a model so named Phi-3's
 /// whitespace rules, which need Phi-3's vocabulary.
 pub const PARITY_PHI: Shape = Shape {
@@ -285,6 +295,7 @@ pub const PARITY_PHI: Shape = Shape {
     arch: "phi3",
     stacked: true,
     longrope: Some(1024),
+    rotary: Some(48),
     ..PARITY
 };
 

@@ -195,7 +195,7 @@ fn a_gemma2_model_slides_every_other_layer_and_caps_its_scores_and_logits() {
 #[test]
 fn a_phi3_model_stacks_its_projections_and_turns_by_the_longrope_set_its_context_needs() {
     let tok = models_dir().join("smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf");
-    let [long, short] = longrope_factors(64);
+    let [long, short] = longrope_factors(48);
     // 8192 positions past an original 1024: the long set; within an
     // original 8192: the short one.
     for (original, want) in [(1024, &long), (8192, &short)] {
@@ -219,6 +219,7 @@ fn a_phi3_model_stacks_its_projections_and_turns_by_the_longrope_set_its_context
             engine::loader::load_gguf(&out, &engine::TemplateChoice::ChatMl).expect("load");
         let _ = std::fs::remove_file(out);
         let rope = &loaded.model.config.rope;
+        assert_eq!(rope.rot_dim, Some(48), "three quarters of each head turn");
         assert_eq!(
             rope.freq_factors.as_ref(),
             Some(want),

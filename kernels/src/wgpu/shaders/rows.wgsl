@@ -199,16 +199,17 @@ fn gelu(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     }
 }
 
-// Rotates every head of row r in place; w holds the rows' cos values
-// (rows x half), then their sin values. a.w = 1: NeoX pairs (i, i + half),
-// else (2i, 2i + 1). One invocation per (row, head, pair).
+// Rotates the first b.z dimensions of every head (b.y wide) of row r in
+// place; w holds the rows' cos values (rows x half), then their sin values.
+// a.w = 1: NeoX pairs (i, i + half), else (2i, 2i + 1). One invocation per
+// (row, head, pair).
 @compute @workgroup_size(64)
 fn rope(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>) {
     let i = element(gid, groups);
     let cols = p.a.y;
     let hd = p.b.y;
-    let half = hd / 2u;
-    let per_row = cols / 2u;
+    let half = p.b.z / 2u;
+    let per_row = cols / hd * half;
     if (i >= p.a.x * per_row) {
         return;
     }
