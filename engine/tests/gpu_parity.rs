@@ -128,15 +128,22 @@ fn the_default_model_on_wgpu_gives_the_cpus_logits_and_greedy_tokens() {
 
 /// Every architecture's small synthetic model (`make synthetic`): Qwen3's
 /// per-head norms and wider heads, Qwen3-MoE's and Mixtral's routed
-/// experts, Gemma 3's GeGLU, post-norms and sliding windows, run on wgpu
-/// as on the CPU, within the tolerance: their K-quant
-/// and F32 router matmuls are exact in value on the GPU but not summed in
-/// the CPU kernels' order, so not bit for bit.
+/// experts, Gemma's GeGLU, post-norms, sliding windows and soft-capped
+/// scores, Phi-3's stacked projections and partial rotary embedding, run
+/// on wgpu as on the CPU, within the tolerance: their K-quant and F32
+/// router matmuls are exact in value on the GPU but not summed in the CPU
+/// kernels' order, so not bit for bit.
 #[cfg(feature = "wgpu")]
 #[test]
 fn every_architecture_on_wgpu_gives_the_cpus_logits() {
     let backend = kernels::wgpu::WgpuBackend::new()
         .expect("a wgpu adapter (apt-get install mesa-vulkan-drivers)");
+    every_architecture_on(backend);
+}
+
+/// `GPU_ARCH_MODELS` on `backend`, each within the tolerance of the CPU.
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+fn every_architecture_on<B: Backend + Clone>(backend: B) {
     for file in GPU_ARCH_MODELS {
         let path = common::model_path(file);
         eprintln!("{file}:");
@@ -184,17 +191,7 @@ fn every_architecture_on_cuda_gives_the_cpus_logits() {
         return;
     }
     let backend = kernels::cuda::CudaBackend::new(0).unwrap_or_else(|e| panic!("{e}"));
-    for file in GPU_ARCH_MODELS {
-        let path = common::model_path(file);
-        eprintln!("{file}:");
-        parity_on(
-            &model_on(backend.clone(), &path),
-            &path,
-            &PROMPTS[..1],
-            false,
-            false,
-        );
-    }
+    every_architecture_on(backend);
 }
 
 /// Whether the CPU backend runs the SIMD paths the GPU kernels mirror bit

@@ -149,6 +149,20 @@ fn driver(what: &str, e: impl std::fmt::Display) -> KernelError {
 }
 
 impl CudaBackend {
+    /// A gated unit (`swiglu`, `geglu`) over `[gate | up]` rows: half as wide.
+    fn glu(&self, kernel: &'static str, gate_up: &CudaTensor) -> CudaTensor {
+        let n = gate_up.cols / 2;
+        let out = self.new_tensor(gate_up.rows, n);
+        let args = [
+            Arg::F(&gate_up.buf),
+            Arg::F(&out.buf),
+            u(gate_up.rows),
+            u(n),
+        ];
+        self.elementwise(kernel, gate_up.rows * n, &args);
+        out
+    }
+
     /// Opens device `index`: one clear error without a driver, a device of
     /// that index, or NVRTC.
     pub fn new(index: u32) -> Result<Self, KernelError> {
@@ -673,29 +687,11 @@ impl Backend for CudaBackend {
     }
 
     fn swiglu(&self, gate_up: &CudaTensor) -> CudaTensor {
-        let n = gate_up.cols / 2;
-        let out = self.new_tensor(gate_up.rows, n);
-        let args = [
-            Arg::F(&gate_up.buf),
-            Arg::F(&out.buf),
-            u(gate_up.rows),
-            u(n),
-        ];
-        self.elementwise("swiglu", gate_up.rows * n, &args);
-        out
+        self.glu("swiglu", gate_up)
     }
 
     fn geglu(&self, gate_up: &CudaTensor) -> CudaTensor {
-        let n = gate_up.cols / 2;
-        let out = self.new_tensor(gate_up.rows, n);
-        let args = [
-            Arg::F(&gate_up.buf),
-            Arg::F(&out.buf),
-            u(gate_up.rows),
-            u(n),
-        ];
-        self.elementwise("geglu", gate_up.rows * n, &args);
-        out
+        self.glu("geglu", gate_up)
     }
 
     fn scale(&self, x: &mut CudaTensor, s: f32) {
