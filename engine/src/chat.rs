@@ -187,4 +187,36 @@ mod tests {
             Err(EngineError::Load(_))
         ));
     }
+
+    /// The stored templates of the families issue 43 added, as their
+    /// instruction-tuned files carry them (Gemma 3's folds the system
+    /// message into the first user turn and names the assistant `model`;
+    /// Phi-3.5's and Phi-4-mini's), render as Hugging Face renders them.
+    #[test]
+    fn gemma3_and_phi3_stored_templates_render_as_their_models_expect() {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/templates");
+        let read = |f: &str| std::fs::read_to_string(format!("{dir}/{f}")).expect("template");
+        let chat = [
+            ChatMessage::new("system", "Be brief."),
+            ChatMessage::new("user", " Hi "),
+            ChatMessage::new("assistant", "Hello."),
+            ChatMessage::new("user", "Bye"),
+        ];
+        let gemma = ChatTemplate::new(&read("gemma3.jinja"), "<bos>", "<eos>").expect("compiles");
+        assert_eq!(
+            gemma.render(&chat).expect("renders"),
+            "<bos><start_of_turn>user\nBe brief.\n\nHi<end_of_turn>\n\
+             <start_of_turn>model\nHello.<end_of_turn>\n\
+             <start_of_turn>user\nBye<end_of_turn>\n<start_of_turn>model\n"
+        );
+        let err = gemma
+            .render(&[ChatMessage::new("assistant", "x")])
+            .expect_err("roles must alternate");
+        assert!(err.to_string().contains("alternate"), "{err}");
+        let phi = ChatTemplate::new(&read("phi3.jinja"), "<s>", "<|endoftext|>").expect("compiles");
+        assert_eq!(
+            phi.render(&chat[..2]).expect("renders"),
+            "<|system|>\nBe brief.<|end|>\n<|user|>\n Hi <|end|>\n<|assistant|>\n"
+        );
+    }
 }
