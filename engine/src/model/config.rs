@@ -35,7 +35,10 @@ pub struct Arch {
     /// Sliding-window layers where `{arch}.attention.sliding_window` is
     /// set, as llama.cpp's `set_swa_pattern(n)`: layer `i` slides when `i %
     /// n < n - 1` (`{arch}.attention.sliding_window_pattern` overrides `n`);
-    /// `None`: the architecture has none.
+    /// `None`: the architecture has none. Llama's and Mistral's files may
+    /// state a window (Mistral 7B v0.1's 4096) that llama.cpp does not
+    /// apply, and neither do we: the golden logits are llama.cpp's, and
+    /// Mistral's later models dropped the window.
     pub swa_pattern: Option<u32>,
     /// Soft-capping that is on whatever the file says, and its default
     /// caps (attention, final logits): Gemma 2's `(50, 30)`, read from
