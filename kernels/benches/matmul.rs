@@ -11,7 +11,9 @@
 //! `-- kquant`: Qwen2.5-1.5B's Q4_K_M shapes streamed from memory, read
 //! natively (Q4_K, Q6_K) and as the earlier transcodings (Q4_1, Q8_0),
 //! alternating; `-- iq4`: the same shapes in Q4_0, IQ4_NL, Q4_K and
-//! IQ4_XS, alternating).
+//! IQ4_XS, alternating; `-- 4b`: Qwen3-4B's and Gemma-3-4B's shapes in
+//! Q4_K and Q6_K from memory, alternating, to set a decode step's matrices
+//! beside each other).
 
 use std::time::Instant;
 
@@ -48,6 +50,10 @@ fn main() {
     }
     if std::env::args().any(|a| a == "kquant") {
         kquant();
+        return;
+    }
+    if std::env::args().any(|a| a == "4b") {
+        four_b();
         return;
     }
     let only_1b = std::env::args().any(|a| a == "1b");
@@ -226,6 +232,38 @@ fn kquant() {
                 n.0 * 1e3,
                 n.1,
                 o.0 / n.0
+            );
+        }
+    }
+}
+
+/// Qwen3-4B's and Gemma-3-4B's matrices (a layer's, and the tied output).
+const FOUR_B: [(&str, usize, usize); 9] = [
+    ("qwen3 q 4096x2560", 4096, 2560),
+    ("qwen3 o 2560x4096", 2560, 4096),
+    ("qwen3 gate+up 19456x2560", 19_456, 2560),
+    ("qwen3 down 2560x9728", 2560, 9728),
+    ("qwen3 out 151936x2560", 151_936, 2560),
+    ("gemma3 o 2560x2048", 2560, 2048),
+    ("gemma3 gate+up 20480x2560", 20_480, 2560),
+    ("gemma3 down 2560x10240", 2560, 10_240),
+    ("gemma3 out 262144x2560", 262_144, 2560),
+];
+
+/// `FOUR_B` in Q4_K and Q6_K from memory, alternating: GB/s per shape.
+fn four_b() {
+    for (name, rows, cols) in FOUR_B {
+        let w = bench_weights(rows, cols);
+        let mats: Vec<QMatrix> = [QuantType::Q4K, QuantType::Q6K]
+            .iter()
+            .map(|&t| QMatrix::quantize(t, rows, cols, &w).expect("quantize"))
+            .collect();
+        for (m, best) in alternate(&mats) {
+            let [(a, ga), (b, gb)] = [best[0], best[1]];
+            println!(
+                "{name:<26} m={m:<3} Q4_K {:>8.3} ms {ga:>5.1} GB/s | Q6_K {:>8.3} ms {gb:>5.1} GB/s",
+                a * 1e3,
+                b * 1e3
             );
         }
     }
