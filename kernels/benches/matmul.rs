@@ -56,6 +56,10 @@ fn main() {
         four_b();
         return;
     }
+    if std::env::args().any(|a| a == "geglu") {
+        geglu();
+        return;
+    }
     let only_1b = std::env::args().any(|a| a == "1b");
     let cold = std::env::args().any(|a| a == "cold");
     if !only_1b {
@@ -249,6 +253,39 @@ const FOUR_B: [(&str, usize, usize); 9] = [
     ("gemma3 down 2560x10240", 2560, 10_240),
     ("gemma3 out 262144x2560", 262_144, 2560),
 ];
+
+/// GeGLU at Gemma-3-4B's FFN width (10,240), one token and sixteen: the
+/// GELU from its f16 table against its definition per element (the
+/// earlier path), alternating, best of five.
+fn geglu() {
+    use kernels::cpu::ops::{geglu_with, gelu_f16_lookup, gelu_tanh_f16};
+    let n = 10_240;
+    for m in [1usize, 16] {
+        let gu: Vec<f32> = (0..m * 2 * n)
+            .map(|i| ((i * 7919) % 2003) as f32 / 200.0 - 5.0)
+            .collect();
+        let mut best = [f64::MAX; 2];
+        for _ in 0..5 {
+            for (k, gelu) in [gelu_tanh_f16 as fn(f32) -> f32, gelu_f16_lookup]
+                .into_iter()
+                .enumerate()
+            {
+                let reps = 200;
+                let t = Instant::now();
+                for _ in 0..reps {
+                    std::hint::black_box(geglu_with(std::hint::black_box(&gu), n, gelu));
+                }
+                best[k] = best[k].min(t.elapsed().as_secs_f64() / reps as f64);
+            }
+        }
+        println!(
+            "geglu {n} m={m:<3} definition {:>8.1} us | table {:>8.1} us | {:.2}x",
+            best[0] * 1e6,
+            best[1] * 1e6,
+            best[0] / best[1]
+        );
+    }
+}
 
 /// `FOUR_B` in Q4_K and Q6_K from memory, alternating: GB/s per shape.
 fn four_b() {

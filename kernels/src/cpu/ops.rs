@@ -79,8 +79,14 @@ fn silu_mul(o: &mut [f32], g: &[f32], u: &[f32]) {
 }
 
 /// GeGLU over fused gate/up rows (`[gate | up]`, each `n` wide):
-/// `gelu_tanh_f16(gate) * up`, one `n`-wide row per input row.
+/// `gelu_tanh_f16(gate) * up`, one `n`-wide row per input row, the GELU
+/// looked up by the gate's f16 bits (`gelu_f16_lookup`).
 pub fn geglu(gate_up: &[f32], n: usize) -> Vec<f32> {
+    geglu_with(gate_up, n, gelu_f16_lookup)
+}
+
+/// GeGLU with `gelu` for the gate's GELU (the lookup, or its definition).
+pub fn geglu_with(gate_up: &[f32], n: usize, gelu: fn(f32) -> f32) -> Vec<f32> {
     let mut out = vec![0.0; gate_up.len() / 2];
     if n == 0 {
         return out;
@@ -89,11 +95,29 @@ pub fn geglu(gate_up: &[f32], n: usize) -> Vec<f32> {
         for (orow, row) in o.chunks_exact_mut(n).zip(gu.chunks_exact(2 * n)) {
             let (g, u) = row.split_at(n);
             for ((o, &g), &u) in orow.iter_mut().zip(g).zip(u) {
-                *o = gelu_tanh_f16(g) * u;
+                *o = gelu(g) * u;
             }
         }
     });
     out
+}
+
+/// `gelu_tanh_f16(g)`, the same bits, from a table of its value at every
+/// f16 input (as ggml's CPU backend keeps one) instead of an `exp` each.
+pub fn gelu_f16_lookup(g: f32) -> f32 {
+    static TABLE: std::sync::OnceLock<Vec<f32>> = std::sync::OnceLock::new();
+    if g <= -10.0 {
+        return 0.0;
+    }
+    if g >= 10.0 {
+        return g;
+    }
+    let table = TABLE.get_or_init(|| {
+        (0..=u16::MAX)
+            .map(|b| gelu_of_f16(half::f16::from_bits(b).to_f32()))
+            .collect()
+    });
+    table[usize::from(half::f16::from_f32(g).to_bits())]
 }
 
 /// GELU's tanh form as ggml's CPU backend computes it (`GGML_GELU_FP16`):
@@ -108,11 +132,15 @@ pub fn gelu_tanh_f16(g: f32) -> f32 {
     if g >= 10.0 {
         return g;
     }
-    let x = f16::from_f32(g).to_f32();
+    gelu_of_f16(f16::from_f32(g).to_f32())
+}
+
+/// The tanh form at an f16 value `x`, rounded to f16.
+fn gelu_of_f16(x: f32) -> f32 {
     let inner = 0.797_884_6 * x * (1.0 + 0.044_715 * x * x);
     let t = 1.0 - 2.0 / (exp(2.0 * inner.abs()) + 1.0);
     let th = if inner < 0.0 { -t } else { t };
-    f16::from_f32(0.5 * x * (1.0 + th)).to_f32()
+    half::f16::from_f32(0.5 * x * (1.0 + th)).to_f32()
 }
 
 #[inline(always)]
@@ -389,6 +417,25 @@ mod tests {
         assert_eq!(gelu_tanh_f16(12.5), 12.5);
         let gu = [0.5, -30.0, 2.0, 3.0];
         assert_eq!(geglu(&gu, 2), [gelu_tanh_f16(0.5) * 2.0, 0.0]);
+    }
+
+    #[test]
+    fn the_gelu_table_gives_the_definitions_bits_everywhere() {
+        // Every f16 value, the values between them, the edges and beyond.
+        let mut xs: Vec<f32> = (0..=u16::MAX)
+            .map(|b| half::f16::from_bits(b).to_f32())
+            .collect();
+        xs.extend((0..200_000).map(|i| (i as f32 - 100_000.0) * 1.37e-4));
+        xs.extend([-10.0, 10.0, -9.999, 9.999, -1e30, 1e30, f32::MIN_POSITIVE]);
+        for x in xs {
+            let (want, got) = (gelu_tanh_f16(x), gelu_f16_lookup(x));
+            assert!(
+                want.to_bits() == got.to_bits() || (want.is_nan() && got.is_nan()),
+                "{x}: {want} vs {got}"
+            );
+        }
+        let gu = ramp(2 * 3 * 700);
+        assert_eq!(geglu(&gu, 700), geglu_with(&gu, 700, gelu_tanh_f16));
     }
 
     #[test]
