@@ -40,6 +40,10 @@ pub struct Arch {
     /// apply, and neither do we: the golden logits are llama.cpp's, and
     /// Mistral's later models dropped the window.
     pub swa_pattern: Option<u32>,
+    /// The window where the file states none (Gemma 2's 4096, as
+    /// llama.cpp assumes); 0: without `{arch}.attention.sliding_window`
+    /// no layer slides.
+    pub default_window: u32,
     /// Soft-capping that is on whatever the file says, and its default
     /// caps (attention, final logits): Gemma 2's `(50, 30)`, read from
     /// `{arch}.attn_logit_softcapping` and `{arch}.final_logit_softcapping`
@@ -56,6 +60,7 @@ pub const ARCHES: [Arch; 8] = [
         experts: None,
         gemma: false,
         swa_pattern: None,
+        default_window: 0,
         softcaps: None,
     },
     Arch {
@@ -65,6 +70,7 @@ pub const ARCHES: [Arch; 8] = [
         experts: Some(false),
         gemma: false,
         swa_pattern: None,
+        default_window: 0,
         softcaps: None,
     },
     Arch {
@@ -74,6 +80,7 @@ pub const ARCHES: [Arch; 8] = [
         experts: Some(false),
         gemma: false,
         swa_pattern: None,
+        default_window: 0,
         softcaps: None,
     },
     Arch {
@@ -83,6 +90,7 @@ pub const ARCHES: [Arch; 8] = [
         experts: Some(false),
         gemma: false,
         swa_pattern: None,
+        default_window: 0,
         softcaps: None,
     },
     Arch {
@@ -92,6 +100,7 @@ pub const ARCHES: [Arch; 8] = [
         experts: Some(true),
         gemma: false,
         swa_pattern: None,
+        default_window: 0,
         softcaps: None,
     },
     Arch {
@@ -101,6 +110,7 @@ pub const ARCHES: [Arch; 8] = [
         experts: Some(false),
         gemma: true,
         swa_pattern: Some(6),
+        default_window: 0,
         softcaps: None,
     },
     Arch {
@@ -110,6 +120,7 @@ pub const ARCHES: [Arch; 8] = [
         experts: Some(false),
         gemma: true,
         swa_pattern: Some(2),
+        default_window: 4096,
         softcaps: Some((50.0, 30.0)),
     },
     // llama.cpp turns Phi-3's sliding window off (its converters wrote the
@@ -121,6 +132,7 @@ pub const ARCHES: [Arch; 8] = [
         experts: Some(false),
         gemma: false,
         swa_pattern: None,
+        default_window: 0,
         softcaps: None,
     },
 ];
@@ -327,7 +339,9 @@ fn sliding_window(meta: &Meta<'_>, arch: &Arch, n_layer: usize) -> Result<Option
     let key = |k: &str| format!("{}.attention.{k}", arch.name);
     let window = match meta.u32(&key("sliding_window")) {
         Ok(w) if w > 0 => w as usize,
-        Ok(_) | Err(_) => return Ok(None),
+        Ok(_) => return Ok(None),
+        Err(_) if arch.default_window > 0 => arch.default_window as usize,
+        Err(_) => return Ok(None),
     };
     let layers = match meta.array(&key("sliding_window_pattern")) {
         Ok(flags) => flags
@@ -419,6 +433,18 @@ mod tests {
                 && err.contains("llama, mistral, qwen2, qwen3, qwen3moe, gemma3, gemma2, phi3"),
             "{err}"
         );
+        // Gemma 2 slides every other layer over 4096 positions where the
+        // file states no window; Gemma 3 then has none.
+        let empty = std::collections::HashMap::new();
+        let swa = |name| sliding_window(&Meta(&empty), &Arch::named(name).expect("read"), 4);
+        assert_eq!(
+            swa("gemma2").expect("read"),
+            Some(SlidingWindow {
+                window: 4096,
+                layers: vec![true, false, true, false]
+            })
+        );
+        assert_eq!(swa("gemma3").expect("read"), None);
         let g = Arch::named("gemma3").expect("read");
         assert!(g.gemma && g.qk_norm && g.neox && g.swa_pattern == Some(6));
         assert_eq!(Arch::named("qwen3moe").expect("read").experts, Some(true));
