@@ -1,12 +1,13 @@
 """Every architecture beyond llama's block (issue 43), served by real worker
 processes on loopback like the default model: Qwen3 (per-head norms of q
 and k, heads wider than hidden / heads), Qwen3-MoE and Mixtral (routed
-experts), Gemma 3 (GeGLU, post-norms, sliding-window layers), Phi-3
-(stacked projections, LongRoPE). Each worker loads the model's small
-synthetic file (`make synthetic`), registers, is calibrated and spot-checked, is placed, runs the
-split prefill/decode pipeline with the other worker (its KV moved as
-checked frames), and is paid what the server counted; the text is the
-server's own engine's, token for token."""
+experts), Gemma 3 and 2 (GeGLU, post-norms, sliding-window layers, Gemma
+2's soft-capped scores and logits), Phi-3 (stacked projections, LongRoPE,
+a partial rotary embedding). Each worker loads the model's small
+synthetic file (`make synthetic`), registers, is calibrated and
+spot-checked, is placed, runs the split prefill/decode pipeline with the
+other worker (its KV moved as checked frames), and is paid what the
+server counted; the text is the server's own engine's, token for token."""
 
 import pytest
 
@@ -19,6 +20,7 @@ ARCH_MODELS = {
     "qwen3moe": "synthetic/parity-qwen3moe.Q4_K.gguf",
     "mixtral": "synthetic/parity-mixtral.Q8_0.gguf",
     "gemma3": "synthetic/parity-gemma3.Q8_0.gguf",
+    "gemma2": "synthetic/parity-gemma2.Q8_0.gguf",
     "phi3": "synthetic/parity-phi.Q4_K.gguf",
 }
 
