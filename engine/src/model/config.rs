@@ -51,89 +51,67 @@ pub struct Arch {
     pub softcaps: Option<(f32, f32)>,
 }
 
+/// What an architecture has unless it says otherwise: a dense block with
+/// NeoX RoPE, no per-head norms, no sliding window, no soft-caps.
+const DENSE: Arch = Arch {
+    name: "",
+    neox: true,
+    qk_norm: false,
+    experts: Some(false),
+    gemma: false,
+    swa_pattern: None,
+    default_window: 0,
+    softcaps: None,
+};
+
 /// The architectures we read, as llama.cpp builds each.
 pub const ARCHES: [Arch; 8] = [
     Arch {
         name: "llama",
         neox: false,
-        qk_norm: false,
         experts: None,
-        gemma: false,
-        swa_pattern: None,
-        default_window: 0,
-        softcaps: None,
+        ..DENSE
     },
     Arch {
         name: "mistral",
         neox: false,
-        qk_norm: false,
-        experts: Some(false),
-        gemma: false,
-        swa_pattern: None,
-        default_window: 0,
-        softcaps: None,
+        ..DENSE
     },
     Arch {
         name: "qwen2",
-        neox: true,
-        qk_norm: false,
-        experts: Some(false),
-        gemma: false,
-        swa_pattern: None,
-        default_window: 0,
-        softcaps: None,
+        ..DENSE
     },
     Arch {
         name: "qwen3",
-        neox: true,
         qk_norm: true,
-        experts: Some(false),
-        gemma: false,
-        swa_pattern: None,
-        default_window: 0,
-        softcaps: None,
+        ..DENSE
     },
     Arch {
         name: "qwen3moe",
-        neox: true,
         qk_norm: true,
         experts: Some(true),
-        gemma: false,
-        swa_pattern: None,
-        default_window: 0,
-        softcaps: None,
+        ..DENSE
     },
     Arch {
         name: "gemma3",
-        neox: true,
         qk_norm: true,
-        experts: Some(false),
         gemma: true,
         swa_pattern: Some(6),
-        default_window: 0,
-        softcaps: None,
+        ..DENSE
     },
     Arch {
         name: "gemma2",
-        neox: true,
-        qk_norm: false,
-        experts: Some(false),
         gemma: true,
         swa_pattern: Some(2),
         default_window: 4096,
         softcaps: Some((50.0, 30.0)),
+        ..DENSE
     },
     // llama.cpp turns Phi-3's sliding window off (its converters wrote the
     // window without the layers it applies to): so do we.
     Arch {
         name: "phi3",
-        neox: true,
-        qk_norm: false,
-        experts: Some(false),
-        gemma: false,
-        swa_pattern: None,
-        default_window: 0,
-        softcaps: None,
+        ..DENSE
     },
 ];
 
