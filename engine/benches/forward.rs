@@ -35,6 +35,7 @@ fn chunk(seq: u64, start: usize, n: usize) -> SeqChunk {
         start_pos: start,
         want_logits: true,
         block_table: (first..first + BLOCKS_PER_SEQ as u32).collect(),
+        swa_table: Vec::new(),
         draft: Vec::new(),
     }
 }

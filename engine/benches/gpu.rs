@@ -59,6 +59,7 @@ mod bench {
             start_pos: start,
             want_logits: true,
             block_table: (first as u32..(first + len) as u32).collect(),
+            swa_table: Vec::new(),
             draft: Vec::new(),
         }
     }

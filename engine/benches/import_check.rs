@@ -10,7 +10,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use engine::RequestId;
-use engine::executor::{Executor, LocalExecutor};
+use engine::executor::{Executor, LocalExecutor, Tables};
 use engine::import_check::{POSITIONS, pick, verify};
 use engine::loader::load_gguf;
 use engine::model::{ModelBatch, SeqChunk};
@@ -35,11 +35,11 @@ fn main() {
             let t = Instant::now();
             run_prefill(&mut ex, &a, &tokens);
             prefill = prefill.min(t.elapsed());
-            let rows = ex.read_rows(&a, 0, len - 1).expect("rows");
-            ex.write_rows(&b, &rows, 0).expect("write");
+            let rows = ex.read_rows(Tables::plain(&a), 0, len - 1).expect("rows");
+            ex.write_rows(Tables::plain(&b), &rows, 0).expect("write");
             let picks = pick(0, len - 1, POSITIONS);
             let t = Instant::now();
-            verify(&mut ex, &b, &tokens, &rows, &picks).expect("honest rows pass");
+            verify(&mut ex, Tables::plain(&b), &tokens, &rows, &picks).expect("honest rows pass");
             check = check.min(t.elapsed());
         }
         println!(
@@ -61,6 +61,7 @@ fn run_prefill(ex: &mut LocalExecutor, table: &[u32], tokens: &[u32]) {
                 start_pos: start,
                 want_logits: end == tokens.len(),
                 block_table: table.to_vec(),
+                swa_table: Vec::new(),
                 draft: Vec::new(),
             }],
         };

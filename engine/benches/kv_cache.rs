@@ -77,6 +77,7 @@ fn chunk(seq: usize, start: usize, tokens: Vec<u32>) -> SeqChunk {
         start_pos: start,
         want_logits: true,
         block_table: (first..first + BLOCKS_PER_SEQ as u32).collect(),
+        swa_table: Vec::new(),
         draft: Vec::new(),
     }
 }

@@ -57,6 +57,7 @@ fn main() {
                 start_pos: 0,
                 want_logits: true,
                 block_table: table.clone(),
+                swa_table: Vec::new(),
                 draft: tokens[1..].to_vec(),
                 tokens,
             }],

@@ -11,7 +11,7 @@ use tokio::sync::mpsc::UnboundedSender;
 
 use crate::constraint::Constraint;
 use crate::error::EngineError;
-use crate::executor::{Executor, Step};
+use crate::executor::{Executor, Step, Tables};
 use crate::import_check;
 use crate::kv_cache::transfer::KvRows;
 use crate::model::ModelBatch;
@@ -248,6 +248,7 @@ impl EngineCore {
                 }
                 if let Some((next, tx)) = handoff.export {
                     let until = seq.prompt_len;
+                    seq.export_from = Some(next);
                     self.exports.insert(id, Export { next, until, tx });
                 }
                 if let Some((c, eos)) = constraint {
@@ -368,7 +369,7 @@ impl EngineCore {
         }
         let id = RequestId(u64::MAX - 1);
         let computed = tokens.len() - 1;
-        let table = self
+        let (table, swa) = self
             .scheduler
             .scratch(id, computed)
             .ok_or_else(|| EngineError::Execution("no free KV blocks to score now".into()))?;
@@ -378,6 +379,7 @@ impl EngineCore {
             start_pos: 0,
             want_logits: true,
             block_table: table,
+            swa_table: swa,
             draft: tokens[prompt_len..computed].to_vec(),
         };
         let batch = ModelBatch {
@@ -420,12 +422,16 @@ impl EngineCore {
             let Some(chunk) = batch.chunks.iter().find(|c| c.seq == fill.seq) else {
                 continue;
             };
-            let table = chunk.block_table.clone();
-            if let Err(e) = self.executor.write_rows(&table, &fill.rows, fill.from) {
+            let (full, swa) = (chunk.block_table.clone(), chunk.swa_table.clone());
+            let tables = Tables {
+                full: &full,
+                swa: &swa,
+            };
+            if let Err(e) = self.executor.write_rows(tables, &fill.rows, fill.from) {
                 failed.push((fill.seq, e));
                 continue;
             }
-            let verdict = self.check_import(&table, &fill);
+            let verdict = self.check_import(tables, &fill);
             if verdict.is_err() {
                 forged.push((fill.seq, fill.from));
             }
@@ -454,7 +460,7 @@ impl EngineCore {
 
     /// Recomputes a few positions of `fill` at random over the imported
     /// rows (`import_check`); the reason it was refused, if it was.
-    fn check_import(&mut self, table: &[u32], fill: &Fill) -> Result<(), String> {
+    fn check_import(&mut self, tables: Tables<'_>, fill: &Fill) -> Result<(), String> {
         let tokens = self
             .scheduler
             .tokens_of(fill.seq)
@@ -462,7 +468,7 @@ impl EngineCore {
             .to_vec();
         let picks = import_check::pick(fill.from, fill.rows.end(), import_check::POSITIONS);
         let checked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            import_check::verify(&mut *self.executor, table, &tokens, &fill.rows, &picks)
+            import_check::verify(&mut *self.executor, tables, &tokens, &fill.rows, &picks)
         }));
         match checked {
             Ok(Ok(worst)) => {
@@ -493,7 +499,7 @@ impl EngineCore {
             }
             let sent = self
                 .executor
-                .read_rows(&c.block_table, x.next, end - x.next)
+                .read_rows(Tables::of(c), x.next, end - x.next)
                 .map_err(|e| e.to_string())
                 .and_then(|rows| x.tx.send(rows).map_err(|_| "nobody listens".into()));
             x.next = end;
@@ -633,13 +639,15 @@ impl EngineCore {
         self.stats
             .set_queue(self.scheduler.num_running(), self.scheduler.num_waiting());
         self.stats.set_cache(
-            kv.pool().usage(),
+            kv.usage(),
             kv.prefix_queries,
             kv.prefix_hits,
             self.scheduler.preemptions,
         );
         self.stats
             .set_spec(self.scheduler.spec_proposed, self.scheduler.spec_accepted);
+        let decoder = self.decoder.as_ref().map_or(0, |d| d.kv_bytes());
+        self.stats.set_kv_bytes(self.executor.kv_bytes() + decoder);
     }
 }
 

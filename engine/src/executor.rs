@@ -7,6 +7,8 @@
 //! sequence's KV blocks can be exported from one executor and imported
 //! into another (`kv_cache::transfer`).
 
+use kernels::cpu::backend::CpuBackend;
+
 use crate::error::{EngineError, Result};
 use crate::kv_cache::transfer::{self, KvRows, KvTransferError};
 use crate::kv_cache::{KvLayout, KvStorage};
@@ -24,6 +26,29 @@ pub struct Step<'a> {
     pub sampling: Vec<Option<RowSampling<'a>>>,
 }
 
+/// A sequence's block tables: `full` for every layer, or with `swa`
+/// non-empty, for the full-attention layers only (`SeqChunk::swa_table`).
+#[derive(Debug, Clone, Copy)]
+pub struct Tables<'a> {
+    pub full: &'a [u32],
+    pub swa: &'a [u32],
+}
+
+impl<'a> Tables<'a> {
+    /// One table for every layer.
+    pub fn plain(full: &'a [u32]) -> Self {
+        Self { full, swa: &[] }
+    }
+
+    /// The tables of a chunk.
+    pub fn of(chunk: &'a crate::model::SeqChunk) -> Self {
+        Self {
+            full: &chunk.block_table,
+            swa: &chunk.swa_table,
+        }
+    }
+}
+
 /// Runs model steps for the engine core.
 pub trait Executor: Send {
     /// A short name for usage records and logs (`cpu`, `wgpu:0`, a
@@ -32,6 +57,13 @@ pub trait Executor: Send {
     /// The geometry of this executor's KV memory (the engine sizes its
     /// block tables from it).
     fn kv_layout(&self) -> KvLayout;
+    /// Bytes of KV memory held: all of the layout's unless the executor
+    /// allocates blocks as they are first written.
+    fn kv_bytes(&self) -> usize {
+        let l = self.kv_layout();
+        let per_token = KvLayout::bytes_per_token(l.n_layer, l.n_kv_head, l.head_dim, l.dtype);
+        l.num_blocks * l.block_size * per_token
+    }
     /// The longest sequence this executor computes correctly, where that
     /// is less than its KV holds (a software GPU adapter's attention
     /// shader); the engine serves no longer context.
@@ -63,19 +95,21 @@ pub trait Executor: Send {
         )))
     }
     /// The KV of positions `first..first + count` of the sequence over
-    /// `table` (an executor that cannot read its KV says `NotKv`).
+    /// `tables` (an executor that cannot read its KV says `NotKv`); rows
+    /// a sliding layer released read as zeros.
     fn read_rows(
         &self,
-        _table: &[u32],
+        _tables: Tables<'_>,
         _first: usize,
         _count: usize,
     ) -> std::result::Result<KvRows, KvTransferError> {
         Err(KvTransferError::NotKv)
     }
-    /// Writes `rows` from position `from` on into the blocks of `table`.
+    /// Writes `rows` from position `from` on into the blocks of `tables`
+    /// (skipping rows a sliding layer released).
     fn write_rows(
         &mut self,
-        _table: &[u32],
+        _tables: Tables<'_>,
         _rows: &KvRows,
         _from: usize,
     ) -> std::result::Result<(), KvTransferError> {
@@ -189,6 +223,10 @@ impl Executor for LocalExecutor {
         self.kv.layout
     }
 
+    fn kv_bytes(&self) -> usize {
+        self.kv.allocated_bytes()
+    }
+
     fn execute(&mut self, step: &Step<'_>) -> Result<Vec<Vec<Sampled>>> {
         let logits = self.logits(step.batch)?;
         Ok(self.pool.install(|| sample_step_parallel(step, &logits)))
@@ -214,20 +252,22 @@ impl Executor for LocalExecutor {
 
     fn read_rows(
         &self,
-        table: &[u32],
+        t: Tables<'_>,
         first: usize,
         count: usize,
     ) -> std::result::Result<KvRows, KvTransferError> {
-        transfer::read_rows(&self.kv, table, first, count)
+        let tables = self.model.config.layer_tables(t.full, t.swa);
+        transfer::read_rows_on(&CpuBackend, &self.kv, &tables, first, count)
     }
 
     fn write_rows(
         &mut self,
-        table: &[u32],
+        t: Tables<'_>,
         rows: &KvRows,
         from: usize,
     ) -> std::result::Result<(), KvTransferError> {
-        transfer::write_rows(&mut self.kv, table, rows, from)
+        let tables = self.model.config.layer_tables(t.full, t.swa);
+        transfer::write_rows_on(&CpuBackend, &mut self.kv, &tables, rows, from)
     }
 }
 
@@ -245,6 +285,7 @@ mod tests {
             start_pos: 4,
             want_logits: true,
             block_table: vec![0],
+            swa_table: Vec::new(),
             draft,
         }
     }

@@ -7,7 +7,7 @@
 use kernels::backend::{Backend, KvLayout};
 
 use crate::error::{EngineError, Result};
-use crate::executor::{Executor, Step, sample_step};
+use crate::executor::{Executor, Step, Tables, sample_step};
 use crate::kv_cache::transfer::{self, KvRows, KvTransferError};
 use crate::model::ModelBatch;
 use crate::model::llama::Llama;
@@ -180,19 +180,21 @@ impl<B: Backend + 'static> Executor for GpuExecutor<B> {
 
     fn read_rows(
         &self,
-        table: &[u32],
+        t: Tables<'_>,
         first: usize,
         count: usize,
     ) -> std::result::Result<KvRows, KvTransferError> {
-        transfer::read_rows_on(self.model.backend(), &self.kv, table, first, count)
+        let tables = self.model.config.layer_tables(t.full, t.swa);
+        transfer::read_rows_on(self.model.backend(), &self.kv, &tables, first, count)
     }
 
     fn write_rows(
         &mut self,
-        table: &[u32],
+        t: Tables<'_>,
         rows: &KvRows,
         from: usize,
     ) -> std::result::Result<(), KvTransferError> {
-        transfer::write_rows_on(self.model.backend(), &mut self.kv, table, rows, from)
+        let tables = self.model.config.layer_tables(t.full, t.swa);
+        transfer::write_rows_on(self.model.backend(), &mut self.kv, &tables, rows, from)
     }
 }

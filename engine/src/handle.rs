@@ -14,6 +14,7 @@ use crate::constraint::{Constraint, ConstraintFactory};
 use crate::core::{Command, CoreEvent, EngineCore, Handoff, TokenScore};
 use crate::error::{EngineError, Result};
 use crate::executor::{Executor, LocalExecutor};
+use crate::kv_cache::plan::plan;
 use crate::kv_cache::{KvDtype, KvLayout, KvManager};
 use crate::latency::LatencyStats;
 use crate::loader::{LoadedModel, load_gguf};
@@ -35,6 +36,10 @@ pub struct EngineConfig {
     pub kv_cache_dtype: KvDtype,
     /// Positions per KV block.
     pub block_size: usize,
+    /// Sliding-window layers keep every position's KV as full-attention
+    /// layers do (llama.cpp's `--swa-full`), instead of blocks of their
+    /// own released behind the window.
+    pub swa_full: bool,
     /// Run only the model's first this many layers (testing: a provider
     /// that cheats by skipping layers; spot checks must catch it).
     pub keep_layers: Option<usize>,
@@ -113,6 +118,7 @@ impl Default for EngineConfig {
             kv_cache_memory: 1 << 30,
             kv_cache_dtype: KvDtype::F16,
             block_size: 16,
+            swa_full: false,
             keep_layers: None,
             device: Device::Cpu,
         }
@@ -128,6 +134,9 @@ pub struct ModelInfo {
     pub vocab_size: usize,
     /// KV blocks and positions per block.
     pub kv_blocks: usize,
+    /// Blocks of the sliding-window layers' own (0: they share
+    /// `kv_blocks`), after `kv_blocks` in the executors' KV.
+    pub sliding_kv_blocks: usize,
     pub block_size: usize,
     /// The KV geometry: layers, KV heads and head width (what a KV block
     /// moved to another executor must match).
@@ -186,6 +195,9 @@ pub struct EngineBuilder {
     facts: ModelFacts,
     scheduler: SchedulerConfig,
     executors: Vec<Box<dyn Executor>>,
+    /// The sliding-window layers' own blocks: (window, blocks), the last
+    /// blocks of the executors' KV.
+    sliding: Option<(usize, usize)>,
 }
 
 impl EngineBuilder {
@@ -196,11 +208,20 @@ impl EngineBuilder {
             facts,
             scheduler: SchedulerConfig::default(),
             executors: Vec::new(),
+            sliding: None,
         }
     }
 
     pub fn scheduler(mut self, config: SchedulerConfig) -> Self {
         self.scheduler = config;
+        self
+    }
+
+    /// Gives the sliding-window layers `blocks` blocks of their own (the
+    /// last of the executors' KV), released behind a window of `window`
+    /// positions (`kv_cache::plan`); `None`: one table for every layer.
+    pub fn sliding_kv(mut self, sliding: Option<(usize, usize)>) -> Self {
+        self.sliding = sliding;
         self
     }
 
@@ -233,7 +254,14 @@ impl EngineBuilder {
             ));
         }
         let layout = executor.kv_layout();
-        let (block_size, num_blocks) = (layout.block_size, layout.num_blocks);
+        let block_size = layout.block_size;
+        let swa_blocks = self.sliding.map_or(0, |(_, n)| n);
+        let Some(num_blocks) = layout.num_blocks.checked_sub(swa_blocks).filter(|&n| n > 0) else {
+            return Err(EngineError::Load(format!(
+                "{swa_blocks} sliding-window blocks leave none of {} for the other layers",
+                layout.num_blocks
+            )));
+        };
         let mut sched = self.scheduler;
         let capacity = num_blocks * block_size;
         let context = self.facts.context_length;
@@ -258,6 +286,7 @@ impl EngineBuilder {
             context_length: sched.max_model_len,
             vocab_size: self.facts.vocab_size,
             kv_blocks: num_blocks,
+            sliding_kv_blocks: swa_blocks,
             block_size,
             layers: layout.n_layer,
             kv_heads: layout.n_kv_head,
@@ -268,7 +297,11 @@ impl EngineBuilder {
         let (tx, rx) = mpsc::channel();
         let stats = Arc::new(StatsCell::default());
         let eos: Vec<u32> = self.tokenizer.eog_ids().iter().copied().collect();
-        let mut scheduler = Scheduler::new(sched, KvManager::new(num_blocks, block_size));
+        let mut kv = KvManager::new(num_blocks, block_size);
+        if let Some((window, blocks)) = self.sliding {
+            kv = kv.with_sliding(window, blocks);
+        }
+        let mut scheduler = Scheduler::new(sched, kv);
         if decoder.is_some() {
             scheduler = scheduler.with_split_stages();
         }
@@ -322,15 +355,30 @@ impl EngineHandle {
         let mc = &model.config;
         let block_size = config.block_size.max(1);
         let dtype = config.kv_cache_dtype;
-        let per_block =
-            block_size * KvLayout::bytes_per_token(mc.n_layer, mc.n_kv_head, mc.head_dim, dtype);
-        let num_blocks = config.kv_cache_memory / per_block.max(1);
-        if num_blocks == 0 {
+        let layer_block = block_size * KvLayout::bytes_per_token(1, mc.n_kv_head, mc.head_dim, dtype);
+        // Sliding-window layers keep blocks of their own on the CPU; the
+        // GPU executors hold one table for every layer.
+        let sliding = (mc.sliding_kv())
+            .filter(|_| config.device == Device::Cpu && !config.swa_full);
+        let sched = SchedulerConfig {
+            max_model_len: config.scheduler.max_model_len.min(mc.context_length),
+            ..config.scheduler.clone()
+        };
+        let Some(plan) = plan(
+            config.kv_cache_memory,
+            layer_block,
+            mc.n_layer,
+            sliding,
+            &sched,
+            block_size,
+        ) else {
             return Err(EngineError::Load(format!(
-                "--kv-cache-memory {} bytes is less than one KV block ({per_block} bytes)",
-                config.kv_cache_memory
+                "--kv-cache-memory {} bytes is less than one KV block ({} bytes)",
+                config.kv_cache_memory,
+                layer_block * mc.n_layer
             )));
-        }
+        };
+        let num_blocks = plan.total_blocks();
         let facts = ModelFacts {
             architecture: mc.architecture.clone(),
             context_length: mc.context_length,
@@ -342,6 +390,7 @@ impl EngineHandle {
         };
         EngineBuilder::new(tokenizer, template, facts)
             .scheduler(config.scheduler)
+            .sliding_kv(plan.sliding)
             .executor(executor_on(config.device, model, layout)?)
             .start()
     }

@@ -16,7 +16,7 @@
 
 use rand::seq::index::sample;
 
-use crate::executor::Executor;
+use crate::executor::{Executor, Tables};
 use crate::kv_cache::storage::KvLayout;
 use crate::kv_cache::transfer::KvRows;
 use crate::model::{ModelBatch, SeqChunk};
@@ -55,13 +55,13 @@ pub fn pick(from: usize, end: usize, n: usize) -> Vec<usize> {
     picks
 }
 
-/// Recomputes `positions` of the sequence over `table` (whose blocks hold
+/// Recomputes `positions` of the sequence over `tables` (whose blocks hold
 /// the imported `rows`; `tokens` are its tokens from position 0) and
 /// compares each with the imported row; the largest relative error seen.
 /// The recomputed rows replace the imported ones at those positions.
 pub fn verify(
     exec: &mut dyn Executor,
-    table: &[u32],
+    tables: Tables<'_>,
     tokens: &[u32],
     rows: &KvRows,
     positions: &[usize],
@@ -79,7 +79,8 @@ pub fn verify(
             start_pos: p,
             // One logits row (ignored): a forward pass wants at least one.
             want_logits: p == last,
-            block_table: table.to_vec(),
+            block_table: tables.full.to_vec(),
+            swa_table: tables.swa.to_vec(),
             draft: Vec::new(),
         })
         .collect();
@@ -89,7 +90,7 @@ pub fn verify(
     let layout = exec.kv_layout();
     let mut worst = 0f32;
     for &p in positions {
-        let got = exec.read_rows(table, p, 1).map_err(|e| recompute(&e))?;
+        let got = exec.read_rows(tables, p, 1).map_err(|e| recompute(&e))?;
         worst = worst.max(compare(&layout, rows, &got, p)?);
     }
     Ok(worst)

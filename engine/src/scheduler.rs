@@ -26,7 +26,7 @@ use std::collections::{HashMap, VecDeque};
 use std::time::Duration;
 
 use crate::constraint::Constraint;
-use crate::kv_cache::KvManager;
+use crate::kv_cache::{HOLE, KvManager};
 use crate::kv_cache::transfer::KvRows;
 use crate::model::{ModelBatch, SeqChunk};
 use crate::request::{FinishReason, GenerateRequest, RequestId, SamplingParams, TokenLogprob};
@@ -100,6 +100,9 @@ pub struct Sequence {
     /// KV computed elsewhere for some of its prompt (a prefill worker's):
     /// taken at admission when it starts where the prefix cache ends.
     pub imported: Option<KvRows>,
+    /// Its prompt's KV rows are exported from this position on (to a
+    /// decode worker): its sliding-window blocks from there are kept.
+    pub export_from: Option<usize>,
     /// It runs on imported KV: its blocks are never offered to the prefix
     /// cache, so what another worker computed serves only this request
     /// (a failed check on cached blocks is always this engine's own).
@@ -131,6 +134,7 @@ impl Sequence {
             wait_for: None,
             on_decoder: false,
             imported: None,
+            export_from: None,
             foreign: false,
         }
     }
@@ -262,11 +266,12 @@ impl Scheduler {
     }
 
     /// Blocks for `positions` positions of a scratch sequence `id` (one
-    /// the engine runs outside the batch: a spot check's scoring), or
+    /// the engine runs outside the batch: a spot check's scoring; its full
+    /// and sliding tables), or
     /// `None` when the pool has no room; free them with `free_scratch`.
-    pub fn scratch(&mut self, id: RequestId, positions: usize) -> Option<Vec<u32>> {
+    pub fn scratch(&mut self, id: RequestId, positions: usize) -> Option<(Vec<u32>, Vec<u32>)> {
         if self.kv.allocate(id, positions) {
-            Some(self.kv.table(id).to_vec())
+            Some((self.kv.table(id).to_vec(), self.kv.swa_table(id).to_vec()))
         } else {
             self.kv.free(id);
             None
@@ -295,7 +300,8 @@ impl Scheduler {
 
     /// Running sequences whose prefill is done but whose KV is still on the
     /// prefill executor, with the blocks that hold their computed
-    /// positions; each is marked as moved (the caller moves the blocks).
+    /// positions (both groups' where sliding layers keep their own); each
+    /// is marked as moved (the caller moves the blocks).
     pub fn take_prefilled(&mut self) -> Vec<(RequestId, Vec<u32>)> {
         let bs = self.kv.block_size();
         let mut out = Vec::new();
@@ -304,9 +310,10 @@ impl Scheduler {
                 continue;
             }
             s.on_decoder = true;
-            let blocks = self.kv.table(s.id);
-            let n = s.num_computed.div_ceil(bs).min(blocks.len());
-            out.push((s.id, blocks[..n].to_vec()));
+            let (full, swa) = (self.kv.table(s.id), self.kv.swa_table(s.id));
+            let n = s.num_computed.div_ceil(bs).min(full.len());
+            let live = swa.iter().take(n).filter(|&&b| b != HOLE);
+            out.push((s.id, full[..n].iter().chain(live).copied().collect()));
         }
         out
     }
@@ -374,6 +381,7 @@ impl Scheduler {
             }
             let draft = self.draft_for(seq, budget - 1);
             let (id, end) = (seq.id, seq.num_computed + 1 + draft.len());
+            self.kv.slide(id, seq.num_computed);
             if self.kv.allocate(id, end) {
                 budget -= 1 + draft.len();
                 self.spec_proposed += draft.len() as u64;
@@ -459,6 +467,7 @@ impl Scheduler {
             let (id, tenant) = (seq.id, seq.params.tenant);
             let n = (seq.len() - seq.num_computed).min(*room);
             prompts.retain(|p| *p != id);
+            self.kv.slide(id, seq.num_computed);
             if self.kv.allocate(id, seq.num_computed + n) {
                 *room -= n;
                 *self.served.entry(tenant).or_default() += n as u64;
@@ -551,13 +560,18 @@ impl Scheduler {
     /// Sibling choices start from their first choice's cached blocks.
     fn admit_one(&mut self, idx: usize, budget: &mut usize, batch: &mut ModelBatch) -> bool {
         let seq = &mut self.waiting[idx];
-        let hit = self.kv.start(seq.id, &seq.tokens);
+        let keep = seq.export_from.unwrap_or(usize::MAX);
+        let hit = self.kv.start_keeping(seq.id, &seq.tokens, keep);
         let imported = seq.imported.take();
         // Imported KV counts as computed when it covers the prompt from
-        // where the cache ends (never the last token: it is sampled).
-        let usable = imported
-            .as_ref()
-            .is_some_and(|r| r.first <= hit && r.end() > hit && r.end() < seq.len());
+        // where the cache ends (never the last token: it is sampled), and
+        // the sliding layers could hold all of it until it is checked.
+        let usable = imported.as_ref().is_some_and(|r| {
+            r.first <= hit
+                && r.end() > hit
+                && r.end() < seq.len()
+                && self.kv.could_hold(seq.id, seq.len())
+        });
         seq.num_computed = match &imported {
             Some(r) if usable => r.end(),
             _ => hit,
@@ -628,6 +642,7 @@ impl Scheduler {
             start_pos: start,
             want_logits: start + n == seq.len(),
             block_table: self.kv.table(seq.id).to_vec(),
+            swa_table: self.kv.swa_table(seq.id).to_vec(),
             draft,
         }
     }
@@ -854,6 +869,16 @@ mod tests {
                 "chunk not backed by blocks"
             );
             assert_eq!(c.block_table.as_slice(), s.kv.table(c.seq));
+            assert_eq!(c.swa_table.as_slice(), s.kv.swa_table(c.seq));
+            if let Some(w) = s.kv.window() {
+                // The window of the chunk's first position is held; the
+                // blocks wholly behind it were released.
+                let first = (c.start_pos + 1).saturating_sub(w) / bs;
+                let end = (c.start_pos + c.tokens.len()).div_ceil(bs);
+                assert_eq!(c.swa_table.len(), c.block_table.len());
+                assert!(c.swa_table[first..end].iter().all(|&b| b != HOLE));
+                assert!(c.swa_table[..first].iter().all(|&b| b == HOLE));
+            }
         }
     }
 
@@ -876,7 +901,18 @@ mod tests {
             // Small pools force preemption; every request still fits alone.
             let block_size = rng.random_range(1..9);
             let num_blocks = 120usize.div_ceil(block_size) + rng.random_range(0..40);
-            let mut s = Scheduler::new(config, KvManager::new(num_blocks, block_size));
+            let mut kv = KvManager::new(num_blocks, block_size);
+            // Half the runs keep the sliding layers' blocks apart: as few
+            // as one sequence's window and step need.
+            let sliding = seed % 2 == 1;
+            if sliding {
+                let window = rng.random_range(1..40usize);
+                let one = window.div_ceil(block_size)
+                    + config.max_num_batched_tokens.div_ceil(block_size)
+                    + 2;
+                kv = kv.with_sliding(window, one + rng.random_range(0..20));
+            }
+            let mut s = Scheduler::new(config, kv);
             let mut live: HashSet<RequestId> = HashSet::new();
             let mut next_id = 0u64;
             for _ in 0..400 {
@@ -919,6 +955,9 @@ mod tests {
                 num_blocks,
                 "seed {seed}: blocks leaked"
             );
+            if let Some(p) = s.kv.sliding_pool() {
+                assert_eq!(p.num_free(), p.num_blocks(), "seed {seed}: sliding leaked");
+            }
             assert_eq!(s.kv.num_tables(), 0);
         }
     }
@@ -1038,6 +1077,7 @@ mod tests {
             start_pos: 0,
             want_logits: true,
             block_table: Vec::new(),
+            swa_table: Vec::new(),
             draft: Vec::new(),
         }
     }
@@ -1135,6 +1175,66 @@ mod tests {
             "the new prompt gets the rest of the budget"
         );
         assert!(!second.chunks[1].want_logits);
+    }
+
+    /// Runs requests to completion, every sampled token 7; the blocks `id`
+    /// held in each group (full, sliding) for its last step, and the most
+    /// sliding blocks it held at once.
+    fn run_holding(s: &mut Scheduler, id: RequestId) -> ((usize, usize), usize) {
+        let (mut last, mut most) = ((0, 0), 0);
+        while s.has_work() {
+            let batch = s.schedule();
+            check_step(s, &batch);
+            last = s.kv.held(id);
+            most = most.max(last.1);
+            let rows = batch.chunks.iter().map(SeqChunk::num_logits).sum();
+            let mut hot = vec![0.0f32; VOCAB];
+            hot[7] = 100.0;
+            update_from_logits(s, &batch, &vec![hot; rows]);
+        }
+        (last, most)
+    }
+
+    #[test]
+    fn a_32k_gemma3_4b_sequence_holds_a_sixth_of_its_kv_with_sliding_blocks() {
+        // Gemma 3 4B: 34 layers, 29 sliding over 1024 positions; 4 KV
+        // heads of 256 at f16: 64 KiB per layer per block of 16.
+        let layer_block = 16 * 2 * 4 * 256 * 2;
+        let config = SchedulerConfig {
+            max_num_seqs: 16,
+            max_num_batched_tokens: 2048,
+            max_model_len: 32768,
+            ..SchedulerConfig::default()
+        };
+        let memory = 8usize << 30;
+        let plan = crate::kv_cache::plan::plan(memory, layer_block, 34, Some((1024, 29)), &config, 16)
+            .expect("plan");
+        let (window, swa) = plan.sliding.expect("a sliding group");
+        let kv = KvManager::new(plan.full_blocks, 16).with_sliding(window, swa);
+        let mut s = Scheduler::new(config, kv);
+        s.add(seq(1, 32000, 768)).expect("queued");
+        let ((full, sliding), most) = run_holding(&mut s, RequestId(1));
+        assert_eq!(full, 32768 / 16, "every position in the global layers");
+        // Decoding: the window's 64 blocks and the partial ones at its ends.
+        assert!(sliding <= 64 + 2, "{sliding} sliding blocks");
+        // Prefill: besides, a chunk's 2048 positions (128 blocks).
+        assert!(most <= 64 + 2 + 128, "{most} sliding blocks");
+        let bytes = (full * 5 + sliding * 29) * layer_block;
+        let all = full * 34 * layer_block;
+        assert!(all >= 5 * bytes, "{all} vs {bytes}");
+        let gib = |b: usize| b as f64 / f64::from(1 << 30);
+        eprintln!(
+            "Gemma-3-4B KV of one 32768-position sequence: {:.2} GiB with full tables, {:.2} GiB \
+             with sliding blocks ({:.1}x; {:.2} GiB at most while prefilling); the 8 GiB budget \
+             holds {} positions of global layers, {} with full tables",
+            gib(all),
+            gib(bytes),
+            all as f64 / bytes as f64,
+            gib((full * 5 + most * 29) * layer_block),
+            plan.full_blocks * 16,
+            memory / (34 * layer_block) * 16,
+        );
+        assert_eq!(s.kv.pool().num_free(), plan.full_blocks);
     }
 
     #[test]

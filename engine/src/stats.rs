@@ -23,6 +23,9 @@ pub struct EngineStats {
     pub score_micros: u64,
     /// Fraction of KV blocks in use, in parts per million.
     pub kv_usage_ppm: u64,
+    /// Bytes of KV memory the executor holds (a CPU executor's blocks are
+    /// allocated when first written; a GPU's all at start).
+    pub kv_bytes: u64,
     /// Prompt tokens looked up in the prefix cache, and found there.
     pub prefix_queries: u64,
     pub prefix_hits: u64,
@@ -51,6 +54,7 @@ pub struct StatsCell {
     busy_micros: AtomicU64,
     score_micros: AtomicU64,
     kv_usage_ppm: AtomicU64,
+    kv_bytes: AtomicU64,
     prefix_queries: AtomicU64,
     prefix_hits: AtomicU64,
     preemptions: AtomicU64,
@@ -67,6 +71,10 @@ impl StatsCell {
         self.prefix_queries.store(queries, Ordering::Relaxed);
         self.prefix_hits.store(hits, Ordering::Relaxed);
         self.preemptions.store(preemptions, Ordering::Relaxed);
+    }
+
+    pub fn set_kv_bytes(&self, bytes: usize) {
+        self.kv_bytes.store(bytes as u64, Ordering::Relaxed);
     }
 
     pub fn set_queue(&self, running: usize, waiting: usize) {
@@ -106,6 +114,7 @@ impl StatsCell {
             busy_micros: self.busy_micros.load(Ordering::Relaxed),
             score_micros: self.score_micros.load(Ordering::Relaxed),
             kv_usage_ppm: self.kv_usage_ppm.load(Ordering::Relaxed),
+            kv_bytes: self.kv_bytes.load(Ordering::Relaxed),
             prefix_queries: self.prefix_queries.load(Ordering::Relaxed),
             prefix_hits: self.prefix_hits.load(Ordering::Relaxed),
             preemptions: self.preemptions.load(Ordering::Relaxed),

@@ -19,6 +19,7 @@ fn chunk(seq: u64, tokens: Vec<u32>, start: usize) -> SeqChunk {
         start_pos: start,
         want_logits: true,
         block_table: (first..first + 8).collect(),
+        swa_table: Vec::new(),
         draft: Vec::new(),
     }
 }

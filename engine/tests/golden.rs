@@ -183,6 +183,7 @@ fn rows(ex: &mut LocalExecutor, case: &Case) -> Vec<Vec<f32>> {
         chunks: vec![SeqChunk {
             seq: RequestId(1),
             block_table: (0..tokens.len().div_ceil(BLOCK) as u32).collect(),
+            swa_table: Vec::new(),
             tokens,
             start_pos: 0,
             want_logits: true,

@@ -93,6 +93,7 @@ impl<'m, B: Backend> Seq<'m, B> {
             start_pos: self.pos,
             want_logits: true,
             block_table: (0..8).collect(),
+            swa_table: Vec::new(),
             draft: tokens[1..].to_vec(),
         };
         self.pos += tokens.len();

@@ -7,7 +7,7 @@
 mod common;
 
 use engine::RequestId;
-use engine::executor::{Executor, LocalExecutor};
+use engine::executor::{Executor, LocalExecutor, Tables};
 use engine::import_check::{ImportCheckError, TOLERANCE, verify};
 use engine::kv_cache::transfer::KvRows;
 use engine::loader::load_gguf;
@@ -41,6 +41,7 @@ fn prefill(ex: &mut LocalExecutor, table: &[u32], tokens: &[u32], chunk: usize) 
                 start_pos: start,
                 want_logits: true,
                 block_table: table.to_vec(),
+                swa_table: Vec::new(),
                 draft: Vec::new(),
             }],
         };
@@ -52,7 +53,7 @@ fn prefill(ex: &mut LocalExecutor, table: &[u32], tokens: &[u32], chunk: usize) 
 fn honest(ex: &mut LocalExecutor, tokens: &[u32], chunk: usize) -> KvRows {
     let table: Vec<u32> = (0..5).collect();
     prefill(ex, &table, tokens, chunk);
-    ex.read_rows(&table, 0, LEN).expect("read")
+    ex.read_rows(Tables::plain(&table), 0, LEN).expect("read")
 }
 
 /// Writes `rows` into fresh blocks and checks `positions` of them.
@@ -63,8 +64,8 @@ fn check(
     positions: &[usize],
 ) -> Result<f32, ImportCheckError> {
     let table: Vec<u32> = (10..15).collect();
-    ex.write_rows(&table, rows, 0).expect("write");
-    verify(ex, &table, tokens, rows, positions)
+    ex.write_rows(Tables::plain(&table), rows, 0).expect("write");
+    verify(ex, Tables::plain(&table), tokens, rows, positions)
 }
 
 #[test]

@@ -38,6 +38,7 @@ fn step(
             start_pos: start,
             want_logits: true,
             block_table: table.to_vec(),
+            swa_table: Vec::new(),
             draft: Vec::new(),
         }],
     };

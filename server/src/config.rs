@@ -695,6 +695,12 @@ pub struct SchedulerArgs {
     #[arg(long, env = "SYNOR_BLOCK_SIZE", default_value_t = 16, value_parser = clap::value_parser!(u16).range(1..=1024))]
     pub block_size: u16,
 
+    /// Keep every position's KV in sliding-window layers too (Gemma 2
+    /// and 3), as llama.cpp's `--swa-full`; by default they keep only the
+    /// window's blocks, in a pool of their own (`--device cpu`).
+    #[arg(long, env = "SYNOR_SWA_FULL")]
+    pub swa_full: bool,
+
     /// Testing only: run the model's first N layers (a provider cheating
     /// by skipping layers, for spot checks to catch).
     #[arg(long, hide = true)]
@@ -765,6 +771,7 @@ impl SchedulerArgs {
             kv_cache_memory: self.kv_cache_memory,
             kv_cache_dtype: self.kv_cache_dtype,
             block_size: usize::from(self.block_size),
+            swa_full: self.swa_full,
             keep_layers: self.debug_keep_layers,
             device: self.device,
         }

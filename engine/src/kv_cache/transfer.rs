@@ -4,7 +4,9 @@
 //! byte string per layer (what a prefill worker streams to a decode
 //! worker as it goes, `KvRows`). The `_on` forms work on any backend's KV
 //! (`Backend::kv_blocks`): a GPU executor's blocks move in the same bytes
-//! as the CPU's.
+//! as the CPU's; their rows take one block table per layer (sliding-window
+//! layers keep their own, `KvManager::with_sliding`), and rows a layer
+//! released behind its window read as zeros and are not written.
 //!
 //! Layout (little-endian): the magic `SYKV`, a `u16` version, the geometry
 //! (`u32` layers, KV heads, head dim, block size, block count), then for
@@ -18,6 +20,7 @@ use kernels::backend::Backend;
 use kernels::cpu::backend::CpuBackend;
 use sha2::{Digest, Sha256};
 
+use super::manager::HOLE;
 use super::storage::{KvLayout, KvStorage};
 
 const MAGIC: &[u8; 4] = b"SYKV";
@@ -113,37 +116,48 @@ impl KvRows {
     }
 }
 
-/// The block and slot of position `p` in `table`.
-fn slot_of(l: &KvLayout, table: &[u32], p: usize) -> Result<(u32, usize), KvTransferError> {
+/// The block and slot of position `p` in `table`; `None` for a block
+/// released behind a sliding window (`HOLE`).
+fn slot_of(
+    l: &KvLayout,
+    table: &[u32],
+    p: usize,
+) -> Result<Option<(u32, usize)>, KvTransferError> {
     let block = *table
         .get(p / l.block_size)
         .ok_or(KvTransferError::BlockId(u32::MAX))?;
+    if block == HOLE {
+        return Ok(None);
+    }
     if block as usize >= l.num_blocks {
         return Err(KvTransferError::BlockId(block));
     }
-    Ok((block, p % l.block_size))
+    Ok(Some((block, p % l.block_size)))
 }
 
 /// The KV of positions `first..first + count` of the sequence whose
-/// block table is `table`.
+/// block table is `table` (every layer's).
 pub fn read_rows(
     kv: &KvStorage,
     table: &[u32],
     first: usize,
     count: usize,
 ) -> Result<KvRows, KvTransferError> {
-    read_rows_on(&CpuBackend, kv, table, first, count)
+    let tables = vec![table; kv.layout.n_layer];
+    read_rows_on(&CpuBackend, kv, &tables, first, count)
 }
 
 /// Writes `rows` from position `from` (at or after `rows.first`) to its
-/// end into the blocks of `table`; checks everything before writing.
+/// end into the blocks of `table` (every layer's); checks everything
+/// before writing.
 pub fn write_rows(
     kv: &mut KvStorage,
     table: &[u32],
     rows: &KvRows,
     from: usize,
 ) -> Result<(), KvTransferError> {
-    write_rows_on(&CpuBackend, kv, table, rows, from)
+    let tables = vec![table; kv.layout.n_layer];
+    write_rows_on(&CpuBackend, kv, &tables, rows, from)
 }
 
 /// The bytes of `blocks` (in this order), with their digest.
@@ -156,20 +170,40 @@ pub fn import(kv: &mut KvStorage, blocks: &[u32], bytes: &[u8]) -> Result<(), Kv
     import_on(&CpuBackend, kv, blocks, bytes)
 }
 
-/// The distinct blocks of `slots` in order of first use, and each slot's
-/// block's index among them.
-fn touched(slots: &[(u32, usize)]) -> (Vec<u32>, Vec<usize>) {
+/// Where each layer keeps positions `positions`: per layer, per position,
+/// the index of its block among the distinct blocks touched (returned
+/// second, in order of first use) and its slot; `None` where the layer
+/// released it (`HOLE`).
+type Places = Vec<Vec<Option<(usize, usize)>>>;
+
+fn places(
+    l: &KvLayout,
+    tables: &[&[u32]],
+    positions: std::ops::Range<usize>,
+) -> Result<(Places, Vec<u32>), KvTransferError> {
+    if tables.len() != l.n_layer {
+        return Err(KvTransferError::Count {
+            got: tables.len(),
+            want: l.n_layer,
+        });
+    }
     let mut blocks: Vec<u32> = Vec::new();
-    let at = slots
-        .iter()
-        .map(|&(b, _)| {
-            blocks.iter().position(|&x| x == b).unwrap_or_else(|| {
-                blocks.push(b);
-                blocks.len() - 1
-            })
-        })
-        .collect();
-    (blocks, at)
+    let mut index = std::collections::HashMap::new();
+    let mut out = Vec::with_capacity(tables.len());
+    for table in tables {
+        let mut layer = Vec::with_capacity(positions.len());
+        for p in positions.clone() {
+            layer.push(slot_of(l, table, p)?.map(|(b, slot)| {
+                let i = *index.entry(b).or_insert_with(|| {
+                    blocks.push(b);
+                    blocks.len() - 1
+                });
+                (i, slot)
+            }));
+        }
+        out.push(layer);
+    }
+    Ok((out, blocks))
 }
 
 /// Where position (block index `bi`, `slot`), layer `layer`, head `h`
@@ -179,29 +213,35 @@ fn bit_at(l: &KvLayout, bi: usize, layer: usize, h: usize, slot: usize) -> usize
     (bi * l.n_layer + layer) * 2 * l.block_len() + (h * l.block_size + slot) * l.head_dim
 }
 
-/// `read_rows` on any backend's KV.
+/// `read_rows` on any backend's KV, each layer over its own table
+/// (`tables[layer]`): a position a layer released (`HOLE`) reads as zeros.
 pub fn read_rows_on<B: Backend>(
     backend: &B,
     kv: &B::Kv,
-    table: &[u32],
+    tables: &[&[u32]],
     first: usize,
     count: usize,
 ) -> Result<KvRows, KvTransferError> {
     let l = backend.kv_layout(kv);
-    let slots: Vec<(u32, usize)> = (first..first + count)
-        .map(|p| slot_of(&l, table, p))
-        .collect::<Result<_, _>>()?;
-    let (blocks, at) = touched(&slots);
+    let (places, blocks) = places(&l, tables, first..first + count)?;
     let bits = backend.kv_blocks(kv, &blocks);
     let (hd, n) = (l.head_dim, l.block_len());
-    let layers = (0..l.n_layer)
-        .map(|layer| {
+    let layers = places
+        .iter()
+        .enumerate()
+        .map(|(layer, at)| {
             let mut out = Vec::with_capacity(count * KvRows::bytes_per_position(&l));
             for values in [0, n] {
-                for (&(_, slot), &bi) in slots.iter().zip(&at) {
+                for place in at {
                     for h in 0..l.n_kv_head {
-                        let from = bit_at(&l, bi, layer, h, slot) + values;
-                        out.extend(bits[from..from + hd].iter().flat_map(|x| x.to_le_bytes()));
+                        match *place {
+                            Some((bi, slot)) => {
+                                let from = bit_at(&l, bi, layer, h, slot) + values;
+                                let row = &bits[from..from + hd];
+                                out.extend(row.iter().flat_map(|x| x.to_le_bytes()));
+                            }
+                            None => out.resize(out.len() + 2 * hd, 0),
+                        }
                     }
                 }
             }
@@ -215,12 +255,13 @@ pub fn read_rows_on<B: Backend>(
     })
 }
 
-/// `write_rows` on any backend's KV: the touched blocks are read, the
-/// rows written into them, and the blocks written back.
+/// `write_rows` on any backend's KV, each layer over its own table
+/// (`tables[layer]`, positions it released skipped): the touched blocks
+/// are read, the rows written into them, and the blocks written back.
 pub fn write_rows_on<B: Backend>(
     backend: &B,
     kv: &mut B::Kv,
-    table: &[u32],
+    tables: &[&[u32]],
     rows: &KvRows,
     from: usize,
 ) -> Result<(), KvTransferError> {
@@ -232,16 +273,14 @@ pub fn write_rows_on<B: Backend>(
             want: rows.first,
         });
     }
-    let slots: Vec<(u32, usize)> = (from..rows.end())
-        .map(|p| slot_of(&l, table, p))
-        .collect::<Result<_, _>>()?;
-    let (blocks, at) = touched(&slots);
+    let (places, blocks) = places(&l, tables, from..rows.end())?;
     let mut bits = backend.kv_blocks(kv, &blocks);
     let (hd, n, width) = (l.head_dim, l.block_len(), l.n_kv_head * l.head_dim);
-    for (layer, bytes) in rows.layers.iter().enumerate() {
+    for (layer, (bytes, at)) in rows.layers.iter().zip(&places).enumerate() {
         let half = rows.count * 2 * width;
         for (values, part) in [(0, &bytes[..half]), (n, &bytes[half..])] {
-            for (j, (&(_, slot), &bi)) in slots.iter().zip(&at).enumerate() {
+            for (j, place) in at.iter().enumerate() {
+                let Some((bi, slot)) = *place else { continue };
                 let i = from - rows.first + j;
                 for h in 0..l.n_kv_head {
                     let src = &part[(i * width + h * hd) * 2..(i * width + (h + 1) * hd) * 2];

@@ -255,6 +255,29 @@ impl LlamaConfig {
         }
     }
 
+    /// The window and the number of sliding layers, where some layers
+    /// slide and some see everything: their KV can then live in blocks of
+    /// their own, released behind the window (`KvManager::with_sliding`).
+    pub fn sliding_kv(&self) -> Option<(usize, usize)> {
+        let s = self.swa.as_ref().filter(|s| s.window > 0)?;
+        let n = s.layers.iter().take(self.n_layer).filter(|&&l| l).count();
+        (n > 0 && n < self.n_layer).then_some((s.window, n))
+    }
+
+    /// Each layer's block table of a sequence whose full-attention layers
+    /// read `full` and sliding ones `swa` (empty: every layer reads `full`).
+    pub fn layer_tables<'a>(&self, full: &'a [u32], swa: &'a [u32]) -> Vec<&'a [u32]> {
+        (0..self.n_layer)
+            .map(|l| {
+                if self.window(l) > 0 && !swa.is_empty() {
+                    swa
+                } else {
+                    full
+                }
+            })
+            .collect()
+    }
+
     fn check(&self) -> Result<()> {
         let ok = self.n_head > 0
             && self.n_kv_head > 0

@@ -396,6 +396,7 @@ impl<B: Backend> Llama<B> {
                     "block {b} is outside the KV cache"
                 )));
             }
+            self.check_swa_table(chunk, kv)?;
             for (i, &id) in chunk.tokens.iter().enumerate() {
                 if id as usize >= self.config.vocab_size {
                     return Err(EngineError::Execution(format!(
@@ -410,6 +411,31 @@ impl<B: Backend> Llama<B> {
             }
         }
         Ok(out)
+    }
+
+    /// A chunk's sliding-window table covers the window of its first
+    /// position through its last one with blocks of the cache (released
+    /// blocks, `HOLE`, only behind it).
+    fn check_swa_table(&self, chunk: &SeqChunk, kv: &KvLayout) -> Result<()> {
+        let window = self.config.swa.as_ref().map_or(0, |s| s.window);
+        if chunk.swa_table.is_empty() || window == 0 {
+            return Ok(());
+        }
+        let bs = kv.block_size;
+        let end = chunk.start_pos + chunk.tokens.len();
+        let first = (chunk.start_pos + 1).saturating_sub(window) / bs;
+        let needed = chunk.swa_table.get(first..end.div_ceil(bs));
+        match needed.and_then(|t| t.iter().find(|&&b| b as usize >= kv.num_blocks)) {
+            None if needed.is_some() => Ok(()),
+            None => Err(EngineError::Execution(format!(
+                "{}: sliding-window block table too short for {end} positions",
+                chunk.seq
+            ))),
+            Some(&b) => Err(EngineError::Execution(format!(
+                "{}: sliding-window block {b} inside the window is outside the KV cache",
+                chunk.seq
+            ))),
+        }
     }
 
     /// Self-attention of one layer for every token of the batch.
@@ -452,7 +478,7 @@ impl<B: Backend> Llama<B> {
         }
         let slots: Vec<(u32, usize)> = tokens
             .iter()
-            .map(|t| (batch.chunks[t.chunk].block_table[t.pos / bs], t.pos % bs))
+            .map(|t| (batch.chunks[t.chunk].table_for(window)[t.pos / bs], t.pos % bs))
             .collect();
         b.write_kv(kv, li, &k, &v, &slots);
         let shape = AttnShape {
@@ -465,7 +491,7 @@ impl<B: Backend> Llama<B> {
         };
         let queries: Vec<(usize, &[u32])> = tokens
             .iter()
-            .map(|tok| (tok.pos, batch.chunks[tok.chunk].block_table.as_slice()))
+            .map(|tok| (tok.pos, batch.chunks[tok.chunk].table_for(window)))
             .collect();
         Ok(b.attention(&q, kv, li, &queries, shape))
     }
@@ -739,6 +765,7 @@ mod tests {
             start_pos: start,
             want_logits: true,
             block_table: table,
+            swa_table: Vec::new(),
             draft: Vec::new(),
         };
         let mut err = |b: SeqChunk| m.forward(&ModelBatch { chunks: vec![b] }, &mut kv).is_err();

@@ -25,12 +25,26 @@ pub struct SeqChunk {
     pub want_logits: bool,
     /// The sequence's KV blocks, covering at least `start_pos + tokens.len()`.
     pub block_table: Vec<BlockId>,
+    /// The sliding-window layers' blocks where they have their own
+    /// (`KvManager::with_sliding`; `HOLE` behind the window), else empty:
+    /// every layer reads `block_table`.
+    pub swa_table: Vec<BlockId>,
     /// Speculative tokens at the end of `tokens` (prompt-lookup drafts): the
     /// chunk then wants logits for its last `draft.len() + 1` positions.
     pub draft: Vec<u32>,
 }
 
 impl SeqChunk {
+    /// The block table a layer with attention window `window` (0: none)
+    /// reads.
+    pub fn table_for(&self, window: usize) -> &[BlockId] {
+        if window > 0 && !self.swa_table.is_empty() {
+            &self.swa_table
+        } else {
+            &self.block_table
+        }
+    }
+
     /// Logits rows this chunk produces.
     pub fn num_logits(&self) -> usize {
         if self.want_logits {

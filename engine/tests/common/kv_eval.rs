@@ -93,6 +93,7 @@ pub fn compare(
                 start_pos: start,
                 want_logits: true,
                 block_table: table.clone(),
+                swa_table: Vec::new(),
                 // Drafting every token after the first asks for the logits
                 // of every position.
                 draft: tokens[1..].to_vec(),

@@ -229,6 +229,8 @@ pub struct LayerKv {
 pub struct KvStorage {
     pub layout: KvLayout,
     layers: Vec<LayerKv>,
+    /// Blocks (of one layer's keys or values) holding memory.
+    written: usize,
     /// Zeros returned for blocks never written (never read in practice).
     zeros: Block,
 }
@@ -245,6 +247,7 @@ impl KvStorage {
         Self {
             layout,
             layers,
+            written: 0,
             zeros: Block::zeroed(&layout),
         }
     }
@@ -273,10 +276,11 @@ impl KvStorage {
     pub fn write(&mut self, layer: usize, block: u32, slot: usize, k: &[f32], v: &[f32]) {
         let l = self.layout;
         let lk = &mut self.layers[layer];
-        let kb = lk.k[block as usize].get_or_insert_with(|| Block::zeroed(&l));
-        write_heads(kb, &l, slot, k);
-        let vb = lk.v[block as usize].get_or_insert_with(|| Block::zeroed(&l));
-        write_heads(vb, &l, slot, v);
+        for (blocks, x) in [(&mut lk.k, k), (&mut lk.v, v)] {
+            let b = &mut blocks[block as usize];
+            self.written += usize::from(b.is_none());
+            write_heads(b.get_or_insert_with(|| Block::zeroed(&l)), &l, slot, x);
+        }
     }
 
     /// One block of one layer as f16 bits: (keys, values); zeros for a
@@ -294,8 +298,11 @@ impl KvStorage {
         debug_assert_eq!(k.len(), self.layout.block_len());
         let l = self.layout;
         let lk = &mut self.layers[layer];
-        lk.k[block as usize] = Some(Block::from_bits(&l, k));
-        lk.v[block as usize] = Some(Block::from_bits(&l, v));
+        for (blocks, bits) in [(&mut lk.k, k), (&mut lk.v, v)] {
+            let b = &mut blocks[block as usize];
+            self.written += usize::from(b.is_none());
+            *b = Some(Block::from_bits(&l, bits));
+        }
     }
 
     /// One position's keys and values of one layer as f16 bits, appended
@@ -327,6 +334,13 @@ impl KvStorage {
         bits_to_f32(k, &mut kf);
         bits_to_f32(v, &mut vf);
         self.write(layer, block, slot, &kf, &vf);
+    }
+
+    /// Bytes the blocks written so far hold, over every layer (keys and
+    /// values, scales included).
+    pub fn allocated_bytes(&self) -> usize {
+        let l = &self.layout;
+        self.written * l.n_kv_head * l.block_size * l.dtype.row_bytes(l.head_dim)
     }
 
     /// Blocks holding memory in the first layer (for memory accounting).

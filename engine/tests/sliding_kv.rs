@@ -1,0 +1,135 @@
+//! Sliding-window layers in blocks of their own (`KvManager::with_sliding`):
+//! the engine generates exactly what it generates when every layer keeps
+//! every position (`swa_full`), through chunked prefill, decoding far past
+//! the window, concurrent sequences and prefix-cache hits, while a sliding
+//! layer holds only the window's blocks.
+
+mod common;
+
+use engine::{
+    EngineConfig, EngineHandle, GenerateRequest, SamplingParams, SchedulerConfig, TemplateChoice,
+    TokenEvent,
+};
+use tokio_stream::StreamExt;
+
+/// Gemma 3's block at parity size: five layers sliding over 8 positions,
+/// then one global.
+const GEMMA3: &str = "synthetic/parity-gemma3.Q8_0.gguf";
+
+fn start(swa_full: bool, block_size: usize) -> EngineHandle {
+    let config = EngineConfig {
+        scheduler: SchedulerConfig {
+            max_num_seqs: 4,
+            // Prompts arrive in several chunks.
+            max_num_batched_tokens: 24,
+            ..SchedulerConfig::default()
+        },
+        block_size,
+        swa_full,
+        ..Default::default()
+    };
+    EngineHandle::start_gguf(&common::model_path(GEMMA3), &TemplateChoice::Auto, config)
+        .expect("load parity-gemma3")
+}
+
+fn req(prompt: Vec<u32>, max_tokens: usize) -> GenerateRequest {
+    GenerateRequest {
+        prompt_tokens: prompt,
+        params: SamplingParams {
+            temperature: 0.0,
+            max_tokens,
+            ignore_eos: true,
+            logprobs: Some(0),
+            ..Default::default()
+        },
+    }
+}
+
+/// Greedy tokens and their log-probabilities.
+async fn run(h: &EngineHandle, prompt: Vec<u32>, max_tokens: usize) -> (Vec<u32>, Vec<f32>) {
+    let mut s = h.submit(req(prompt, max_tokens)).expect("submit");
+    let (mut ids, mut lps) = (Vec::new(), Vec::new());
+    while let Some(ev) = s.next().await {
+        match ev {
+            TokenEvent::Delta {
+                token_ids,
+                logprobs,
+                ..
+            } => {
+                ids.extend(token_ids);
+                lps.extend(logprobs.iter().map(|l| l.logprob));
+            }
+            TokenEvent::Finished { .. } => return (ids, lps),
+            TokenEvent::Failed(e) => panic!("generation failed: {e}"),
+        }
+    }
+    panic!("stream ended without a final event");
+}
+
+fn prompt(seed: u32, len: usize) -> Vec<u32> {
+    (0..len as u32).map(|i| (i * 37 + seed * 101) % 250 + 3).collect()
+}
+
+#[tokio::test]
+async fn sliding_blocks_generate_what_full_tables_generate() {
+    for block_size in [4, 16] {
+        let (full, swa) = (start(true, block_size), start(false, block_size));
+        assert_eq!(full.info().sliding_kv_blocks, 0);
+        assert!(swa.info().sliding_kv_blocks > 0, "no sliding group");
+        // Alone, far past the window (prompt 50, 40 decoded).
+        let a = prompt(1, 50);
+        let want = run(&full, a.clone(), 40).await;
+        assert_eq!(run(&swa, a.clone(), 40).await, want, "bs {block_size}");
+        // The same prompt again starts from the prefix cache.
+        let queries = swa.stats().prefix_hits;
+        assert_eq!(run(&swa, a.clone(), 40).await, want, "bs {block_size}: cached");
+        assert!(swa.stats().prefix_hits > queries, "no prefix hit");
+        // Four at once, sharing a prefix, of different lengths.
+        let prompts: Vec<Vec<u32>> = (0..4)
+            .map(|i| {
+                let mut p = a[..20 + 7 * i].to_vec();
+                p.extend(prompt(10 + i as u32, 9 + 5 * i));
+                p
+            })
+            .collect();
+        let wants = futures_join(&full, &prompts).await;
+        assert_eq!(futures_join(&swa, &prompts).await, wants, "bs {block_size}");
+        full.shutdown();
+        swa.shutdown();
+    }
+}
+
+async fn futures_join(h: &EngineHandle, prompts: &[Vec<u32>]) -> Vec<(Vec<u32>, Vec<f32>)> {
+    let tasks: Vec<_> = prompts
+        .iter()
+        .map(|p| {
+            let (h, p) = (h.clone(), p.clone());
+            tokio::spawn(async move { run(&h, p, 30).await })
+        })
+        .collect();
+    let mut out = Vec::new();
+    for t in tasks {
+        out.push(t.await.expect("task"));
+    }
+    out
+}
+
+#[tokio::test]
+async fn a_long_sequence_holds_the_window_not_the_context_in_sliding_layers() {
+    // One sequence of 1000 positions in blocks of 4: the global layer
+    // holds 250 blocks either way; the five sliding layers hold 250 each
+    // with full tables, and at most their pool (every running sequence's
+    // window and a step: 4 * (2 + 2) + 6 = 22 blocks) without.
+    let (full, swa) = (start(true, 4), start(false, 4));
+    assert_eq!(swa.info().sliding_kv_blocks, 22);
+    let p = prompt(3, 900);
+    let want = run(&full, p.clone(), 100).await;
+    assert_eq!(run(&swa, p, 100).await, want);
+    let (f, s) = (full.stats().kv_bytes, swa.stats().kv_bytes);
+    let block = f / (250 * 6);
+    assert_eq!(f, 250 * 6 * block, "full tables: every layer's 250 blocks");
+    assert!(s <= (250 + 22 * 5) * block, "{s} bytes for 250 + 22 * 5 blocks of {block}");
+    eprintln!("KV bytes of one 1000-position sequence: {f} full, {s} sliding ({:.2}x)", f as f64 / s as f64);
+    full.shutdown();
+    swa.shutdown();
+}
