@@ -133,3 +133,73 @@ async fn a_long_sequence_holds_the_window_not_the_context_in_sliding_layers() {
     full.shutdown();
     swa.shutdown();
 }
+
+async fn run_handoff(
+    e: &EngineHandle,
+    prompt: &[u32],
+    max_tokens: usize,
+    resume: Vec<u32>,
+    h: engine::core::Handoff,
+) -> Vec<u32> {
+    let mut r = req(prompt.to_vec(), max_tokens);
+    r.params.logprobs = None;
+    let mut s = e.submit_handoff(r, resume, h).expect("submit");
+    let mut out = Vec::new();
+    while let Some(ev) = s.next().await {
+        match ev {
+            engine::core::CoreEvent::Token { id, .. } => out.push(id),
+            engine::core::CoreEvent::Finished { .. } => return out,
+            engine::core::CoreEvent::Failed(e) => panic!("failed: {e}"),
+            engine::core::CoreEvent::Accepted => {}
+        }
+    }
+    panic!("no end")
+}
+
+/// Prefill on one engine, decode on another, both keeping sliding blocks
+/// of their own: the prefill engine starts from its prefix cache (whose
+/// sliding blocks behind the window were released) yet streams every
+/// layer's rows from where the decode engine's cache ends; the decode
+/// engine's check of the rows passes and it answers as one engine would.
+#[tokio::test]
+async fn rows_stream_whole_between_engines_that_release_sliding_blocks() {
+    let (p, d) = (start(false, 4), start(false, 4));
+    let prompt = prompt(5, 90);
+    let whole = run_handoff(&p, &prompt, 12, Vec::new(), Default::default()).await;
+    run_handoff(&d, &prompt[..40], 1, Vec::new(), Default::default()).await;
+    let from = d.cached_prefix(prompt.clone()).await.expect("probe");
+    assert_eq!(from, 40, "the decode engine's own blocks of the prompt");
+    // `p` holds the whole prompt in its prefix cache: it samples the first
+    // token from there and streams the cached rows.
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let export = engine::core::Handoff {
+        export: Some((from, tx)),
+        ..Default::default()
+    };
+    let first = run_handoff(&p, &prompt, 1, Vec::new(), export).await;
+    assert_eq!(first, whole[..1]);
+    let mut parts = Vec::new();
+    while let Some(rows) = rx.recv().await {
+        parts.push(rows);
+    }
+    let rows = engine::kv_cache::transfer::KvRows::concat(&parts).expect("contiguous");
+    assert_eq!((rows.first, rows.end()), (40, 90));
+    // No layer's row is missing (a released one would read as zeros).
+    let width = rows.layers[0].len() / rows.count / 2;
+    for (l, bytes) in rows.layers.iter().enumerate() {
+        for (i, row) in bytes.chunks(width).enumerate() {
+            assert!(row.iter().any(|&b| b != 0), "layer {l}, row {i} is zeros");
+        }
+    }
+    let (tx, verdict) = tokio::sync::oneshot::channel();
+    let import = engine::core::Handoff {
+        import: Some(rows),
+        verdict: Some(tx),
+        ..Default::default()
+    };
+    let rest = run_handoff(&d, &prompt, 12, first, import).await;
+    assert_eq!(rest, whole[1..]);
+    assert_eq!(verdict.await.expect("told"), Ok(()));
+    p.shutdown();
+    d.shutdown();
+}
