@@ -471,6 +471,26 @@ mod tests {
     }
 
     #[test]
+    fn memory_is_counted_as_blocks_are_first_written() {
+        for dtype in [KvDtype::F16, KvDtype::Q8_0] {
+            let l = layout(dtype, 64);
+            let mut kv = KvStorage::new(l);
+            assert_eq!(kv.allocated_bytes(), 0);
+            let row = vec![1.0f32; l.n_kv_head * 64];
+            kv.write(0, 1, 0, &row, &row);
+            kv.write(0, 1, 3, &row, &row);
+            let block = l.n_kv_head * l.block_size * dtype.row_bytes(64);
+            assert_eq!(kv.allocated_bytes(), 2 * block, "one block's K and V");
+            kv.write(1, 4, 2, &row, &row);
+            let (k, v) = kv.block_bits(0, 1);
+            let (k, v): (Box<[u16]>, Box<[u16]>) = (k.to_vec().into(), v.to_vec().into());
+            kv.set_block_bits(1, 0, k.clone(), v.clone());
+            kv.set_block_bits(1, 4, k, v);
+            assert_eq!(kv.allocated_bytes(), 6 * block);
+        }
+    }
+
+    #[test]
     fn dtypes_parse_and_size_their_rows() {
         assert_eq!(KvDtype::parse("auto"), Some(KvDtype::F16));
         assert_eq!(KvDtype::parse("Q8_0"), Some(KvDtype::Q8_0));

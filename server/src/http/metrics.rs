@@ -593,6 +593,15 @@ pub fn render(
     scalar(
         &mut out,
         fam(
+            "synor:kv_cache_bytes",
+            "gauge",
+            "Bytes of KV cache memory held (CPU blocks are allocated when first written).",
+        ),
+        &|s, _| s.kv_bytes as f64,
+    );
+    scalar(
+        &mut out,
+        fam(
             "synor:prefix_cache_queries_total",
             "counter",
             "Prompt tokens looked up in the prefix cache.",

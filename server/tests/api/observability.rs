@@ -52,6 +52,9 @@ async fn metrics_count_requests_tokens_and_latencies_per_model() {
     assert!(delta("synor:request_queue_time_seconds_count", &[&model]) >= 1.0);
     assert!(sample(&after, "synor:num_requests_running", &[&model]).is_some());
     assert!(sample(&after, "synor:kv_cache_usage_perc", &[&model]).is_some());
+    // The request wrote KV blocks: the CPU executor holds their memory.
+    let kv_bytes = sample(&after, "synor:kv_cache_bytes", &[&model]).expect("kv bytes");
+    assert!(kv_bytes > 0.0, "{kv_bytes}");
     let http = [
         "route=\"/v1/chat/completions\"",
         "method=\"POST\"",
