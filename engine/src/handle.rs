@@ -355,11 +355,12 @@ impl EngineHandle {
         let mc = &model.config;
         let block_size = config.block_size.max(1);
         let dtype = config.kv_cache_dtype;
-        let layer_block = block_size * KvLayout::bytes_per_token(1, mc.n_kv_head, mc.head_dim, dtype);
+        let layer_block =
+            block_size * KvLayout::bytes_per_token(1, mc.n_kv_head, mc.head_dim, dtype);
         // Sliding-window layers keep blocks of their own on the CPU; the
         // GPU executors hold one table for every layer.
-        let sliding = (mc.sliding_kv())
-            .filter(|_| config.device == Device::Cpu && !config.swa_full);
+        let sliding =
+            (mc.sliding_kv()).filter(|_| config.device == Device::Cpu && !config.swa_full);
         let sched = SchedulerConfig {
             max_model_len: config.scheduler.max_model_len.min(mc.context_length),
             ..config.scheduler.clone()

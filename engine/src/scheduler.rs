@@ -26,8 +26,8 @@ use std::collections::{HashMap, VecDeque};
 use std::time::Duration;
 
 use crate::constraint::Constraint;
-use crate::kv_cache::{HOLE, KvManager};
 use crate::kv_cache::transfer::KvRows;
+use crate::kv_cache::{HOLE, KvManager};
 use crate::model::{ModelBatch, SeqChunk};
 use crate::request::{FinishReason, GenerateRequest, RequestId, SamplingParams, TokenLogprob};
 use crate::sampling::{PenaltyState, RowSampling, Sampled, SamplingSpec, TokenMask};
@@ -1207,8 +1207,9 @@ mod tests {
             ..SchedulerConfig::default()
         };
         let memory = 8usize << 30;
-        let plan = crate::kv_cache::plan::plan(memory, layer_block, 34, Some((1024, 29)), &config, 16)
-            .expect("plan");
+        let plan =
+            crate::kv_cache::plan::plan(memory, layer_block, 34, Some((1024, 29)), &config, 16)
+                .expect("plan");
         let (window, swa) = plan.sliding.expect("a sliding group");
         let kv = KvManager::new(plan.full_blocks, 16).with_sliding(window, swa);
         let mut s = Scheduler::new(config, kv);

@@ -64,7 +64,8 @@ fn check(
     positions: &[usize],
 ) -> Result<f32, ImportCheckError> {
     let table: Vec<u32> = (10..15).collect();
-    ex.write_rows(Tables::plain(&table), rows, 0).expect("write");
+    ex.write_rows(Tables::plain(&table), rows, 0)
+        .expect("write");
     verify(ex, Tables::plain(&table), tokens, rows, positions)
 }
 

@@ -67,7 +67,9 @@ async fn run(h: &EngineHandle, prompt: Vec<u32>, max_tokens: usize) -> (Vec<u32>
 }
 
 fn prompt(seed: u32, len: usize) -> Vec<u32> {
-    (0..len as u32).map(|i| (i * 37 + seed * 101) % 250 + 3).collect()
+    (0..len as u32)
+        .map(|i| (i * 37 + seed * 101) % 250 + 3)
+        .collect()
 }
 
 #[tokio::test]
@@ -82,7 +84,11 @@ async fn sliding_blocks_generate_what_full_tables_generate() {
         assert_eq!(run(&swa, a.clone(), 40).await, want, "bs {block_size}");
         // The same prompt again starts from the prefix cache.
         let queries = swa.stats().prefix_hits;
-        assert_eq!(run(&swa, a.clone(), 40).await, want, "bs {block_size}: cached");
+        assert_eq!(
+            run(&swa, a.clone(), 40).await,
+            want,
+            "bs {block_size}: cached"
+        );
         assert!(swa.stats().prefix_hits > queries, "no prefix hit");
         // Four at once, sharing a prefix, of different lengths.
         let prompts: Vec<Vec<u32>> = (0..4)
@@ -128,8 +134,14 @@ async fn a_long_sequence_holds_the_window_not_the_context_in_sliding_layers() {
     let (f, s) = (full.stats().kv_bytes, swa.stats().kv_bytes);
     let block = f / (250 * 6);
     assert_eq!(f, 250 * 6 * block, "full tables: every layer's 250 blocks");
-    assert!(s <= (250 + 22 * 5) * block, "{s} bytes for 250 + 22 * 5 blocks of {block}");
-    eprintln!("KV bytes of one 1000-position sequence: {f} full, {s} sliding ({:.2}x)", f as f64 / s as f64);
+    assert!(
+        s <= (250 + 22 * 5) * block,
+        "{s} bytes for 250 + 22 * 5 blocks of {block}"
+    );
+    eprintln!(
+        "KV bytes of one 1000-position sequence: {f} full, {s} sliding ({:.2}x)",
+        f as f64 / s as f64
+    );
     full.shutdown();
     swa.shutdown();
 }

@@ -246,8 +246,10 @@ impl KvManager {
         if need > self.pool.num_free() || need > swa_free {
             return false;
         }
-        let (Some(new), table) = (self.pool.allocate(need), self.tables.entry(seq).or_default())
-        else {
+        let (Some(new), table) = (
+            self.pool.allocate(need),
+            self.tables.entry(seq).or_default(),
+        ) else {
             return false;
         };
         table.blocks.extend(new);

@@ -88,7 +88,15 @@ mod tests {
         // Gemma 3 4B at f16: 34 layers (29 sliding over 1024), 64 KiB per
         // layer per block of 16, 8 GiB.
         let lb = 16 * 2 * 4 * 256 * 2;
-        let p = plan(8 << 30, lb, 34, Some((1024, 29)), &sched(16, 256, 32768), 16).unwrap();
+        let p = plan(
+            8 << 30,
+            lb,
+            34,
+            Some((1024, 29)),
+            &sched(16, 256, 32768),
+            16,
+        )
+        .expect("a plan");
         let plain = (8usize << 30) / (34 * lb);
         assert_eq!(p.sliding, Some((1024, 16 * 66 + 16)));
         assert!(p.full_blocks >= 5 * plain, "{} vs {plain}", p.full_blocks);
@@ -101,7 +109,7 @@ mod tests {
         for mem in [1usize << 20, 64 << 20, 1 << 30, 16 << 30] {
             for seqs in [1, 16, 256] {
                 let s = sched(seqs, 512, 8192);
-                let p = plan(mem, 4096, 26, Some((512, 21)), &s, 16).unwrap();
+                let p = plan(mem, 4096, 26, Some((512, 21)), &s, 16).expect("a plan");
                 let plain = mem / (26 * 4096);
                 assert!(p.full_blocks >= plain);
                 if let Some((_, swa)) = p.sliding {
@@ -115,10 +123,14 @@ mod tests {
     #[test]
     fn no_split_without_both_kinds_of_layer_or_past_the_context() {
         let s = sched(4, 256, 2048);
-        let one = |sliding| plan(1 << 30, 4096, 8, sliding, &s, 16).unwrap();
+        let one = |sliding| plan(1 << 30, 4096, 8, sliding, &s, 16).expect("a plan");
         assert_eq!(one(None).sliding, None);
         assert_eq!(one(Some((512, 8))).sliding, None, "every layer slides");
-        assert_eq!(one(Some((4096, 4))).sliding, None, "the window spans the context");
+        assert_eq!(
+            one(Some((4096, 4))).sliding,
+            None,
+            "the window spans the context"
+        );
         assert!(one(Some((512, 4))).sliding.is_some());
         assert_eq!(plan(100, 4096, 8, None, &s, 16), None);
     }

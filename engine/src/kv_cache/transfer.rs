@@ -118,11 +118,7 @@ impl KvRows {
 
 /// The block and slot of position `p` in `table`; `None` for a block
 /// released behind a sliding window (`HOLE`).
-fn slot_of(
-    l: &KvLayout,
-    table: &[u32],
-    p: usize,
-) -> Result<Option<(u32, usize)>, KvTransferError> {
+fn slot_of(l: &KvLayout, table: &[u32], p: usize) -> Result<Option<(u32, usize)>, KvTransferError> {
     let block = *table
         .get(p / l.block_size)
         .ok_or(KvTransferError::BlockId(u32::MAX))?;

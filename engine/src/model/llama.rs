@@ -478,7 +478,12 @@ impl<B: Backend> Llama<B> {
         }
         let slots: Vec<(u32, usize)> = tokens
             .iter()
-            .map(|t| (batch.chunks[t.chunk].table_for(window)[t.pos / bs], t.pos % bs))
+            .map(|t| {
+                (
+                    batch.chunks[t.chunk].table_for(window)[t.pos / bs],
+                    t.pos % bs,
+                )
+            })
             .collect();
         b.write_kv(kv, li, &k, &v, &slots);
         let shape = AttnShape {
