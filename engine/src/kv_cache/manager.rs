@@ -246,17 +246,14 @@ impl KvManager {
         if need > self.pool.num_free() || need > swa_free {
             return false;
         }
-        let (Some(new), table) = (
-            self.pool.allocate(need),
-            self.tables.entry(seq).or_default(),
-        ) else {
-            return false;
-        };
-        table.blocks.extend(new);
-        if let Some(s) = &mut self.sliding
-            && let Some(new) = s.pool.allocate(need)
-        {
-            table.swa.extend(new.into_iter().map(|b| b + s.offset));
+        // Both pools have the room (checked above): neither allocation fails.
+        let full = self.pool.allocate(need).unwrap_or_default();
+        let swa = (self.sliding.as_mut())
+            .map(|s| (s.offset, s.pool.allocate(need).unwrap_or_default()));
+        let table = self.tables.entry(seq).or_default();
+        table.blocks.extend(full);
+        if let Some((offset, swa)) = swa {
+            table.swa.extend(swa.into_iter().map(|b| b + offset));
         }
         true
     }
