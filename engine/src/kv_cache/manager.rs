@@ -248,8 +248,8 @@ impl KvManager {
         }
         // Both pools have the room (checked above): neither allocation fails.
         let full = self.pool.allocate(need).unwrap_or_default();
-        let swa = (self.sliding.as_mut())
-            .map(|s| (s.offset, s.pool.allocate(need).unwrap_or_default()));
+        let swa =
+            (self.sliding.as_mut()).map(|s| (s.offset, s.pool.allocate(need).unwrap_or_default()));
         let table = self.tables.entry(seq).or_default();
         table.blocks.extend(full);
         if let Some((offset, swa)) = swa {
