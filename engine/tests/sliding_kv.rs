@@ -198,6 +198,7 @@ async fn rows_stream_whole_between_engines_that_release_sliding_blocks() {
     assert_eq!((rows.first, rows.end()), (40, 90));
     // No layer's row is missing (a released one would read as zeros).
     let width = rows.layers[0].len() / rows.count / 2;
+    let rows_layers = rows.layers.len();
     for (l, bytes) in rows.layers.iter().enumerate() {
         for (i, row) in bytes.chunks(width).enumerate() {
             assert!(row.iter().any(|&b| b != 0), "layer {l}, row {i} is zeros");
@@ -209,9 +210,49 @@ async fn rows_stream_whole_between_engines_that_release_sliding_blocks() {
         verdict: Some(tx),
         ..Default::default()
     };
-    let rest = run_handoff(&d, &prompt, 12, first, import).await;
+    let rest = run_handoff(&d, &prompt, 12, first.clone(), import).await;
     assert_eq!(rest, whole[1..]);
     assert_eq!(verdict.await.expect("told"), Ok(()));
+    // A hostile prefill worker's rows (zeroed): on an engine holding the
+    // first 40 positions, the check refuses them and the prompt is
+    // recomputed; rows of the whole prompt, more than the sliding pool
+    // could hold until checked, are not taken at all. Both answers right.
+    let forge = |first: usize| {
+        let count = 90 - first;
+        let zeroed = engine::kv_cache::transfer::KvRows {
+            first,
+            count,
+            layers: vec![vec![0; count * width * 2]; rows_layers],
+        };
+        let (tx, verdict) = tokio::sync::oneshot::channel();
+        let h = engine::core::Handoff {
+            import: Some(zeroed),
+            verdict: Some(tx),
+            ..Default::default()
+        };
+        (h, verdict)
+    };
+    let warm = start(false, 4);
+    run_handoff(&warm, &prompt[..40], 1, Vec::new(), Default::default()).await;
+    let (h, verdict) = forge(40);
+    assert_eq!(
+        run_handoff(&warm, &prompt, 12, first.clone(), h).await,
+        whole[1..]
+    );
+    let why = verdict
+        .await
+        .expect("told")
+        .expect_err("forged rows refused");
+    assert!(why.contains("differs from its recomputation"), "{why}");
+    let fresh = start(false, 4);
+    let (h, verdict) = forge(0);
+    assert_eq!(run_handoff(&fresh, &prompt, 12, first, h).await, whole[1..]);
+    assert!(
+        verdict.await.expect("told").is_err(),
+        "rows past the pool taken"
+    );
+    warm.shutdown();
+    fresh.shutdown();
     p.shutdown();
     d.shutdown();
 }

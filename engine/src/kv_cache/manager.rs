@@ -160,8 +160,8 @@ impl KvManager {
 
     /// The longest cached prefix of `tokens` usable as a start (never the
     /// last token; with a sliding group, only as far as the sliding blocks
-    /// of the window before its end are cached too); with a sliding group,
-    /// `keep`: the sliding blocks from that position on are wanted too.
+    /// of the window before its end are cached too, and those from
+    /// position `keep` on).
     fn hit(&self, tokens: &[u32], keep: usize) -> Hit {
         let bs = self.block_size;
         let full_blocks = tokens.len().saturating_sub(1) / bs;
