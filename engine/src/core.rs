@@ -440,9 +440,14 @@ impl EngineCore {
             }
         }
         // Admitted with an import the scheduler could not use.
+        for (id, why) in self.scheduler.take_refusals() {
+            if let Some(v) = self.verdicts.remove(&id) {
+                let _ = v.send(Err(why.into()));
+            }
+        }
         for c in &batch.chunks {
             if let Some(v) = self.verdicts.remove(&c.seq) {
-                let _ = v.send(Err("the KV does not start where this cache ends".into()));
+                let _ = v.send(Err("the KV was not used".into()));
             }
         }
         for (id, from) in forged {

@@ -194,6 +194,8 @@ pub struct Scheduler {
     split: bool,
     /// Imported KV to write before this step runs (`take_fills`).
     fills: Vec<Fill>,
+    /// Why each import admitted this step was not used (`take_refusals`).
+    refusals: Vec<(RequestId, &'static str)>,
     /// Sequences admitted on imported KV, and those whose import was
     /// refused (recomputed instead).
     pub imports_used: u64,
@@ -232,6 +234,7 @@ impl Scheduler {
             spec_accepted: 0,
             split: false,
             fills: Vec::new(),
+            refusals: Vec::new(),
             imports_used: 0,
             imports_refused: 0,
             imports_forged: 0,
@@ -243,6 +246,12 @@ impl Scheduler {
     /// writes each into the sequence's blocks before running the step.
     pub fn take_fills(&mut self) -> Vec<Fill> {
         std::mem::take(&mut self.fills)
+    }
+
+    /// The sequences admitted this step whose imported KV was refused
+    /// (they recompute it), each with the reason.
+    pub fn take_refusals(&mut self) -> Vec<(RequestId, &'static str)> {
+        std::mem::take(&mut self.refusals)
     }
 
     /// The tokens of running sequence `id`.
@@ -566,12 +575,20 @@ impl Scheduler {
         // Imported KV counts as computed when it covers the prompt from
         // where the cache ends (never the last token: it is sampled), and
         // the sliding layers could hold all of it until it is checked.
-        let usable = imported.as_ref().is_some_and(|r| {
-            r.first <= hit
-                && r.end() > hit
-                && r.end() < seq.len()
-                && self.kv.could_hold(seq.id, seq.len())
+        let refusal = imported.as_ref().and_then(|r| {
+            if r.first > hit {
+                Some("the KV does not start where this cache ends")
+            } else if r.end() <= hit {
+                Some("this cache already holds every row of the KV")
+            } else if r.end() >= seq.len() {
+                Some("the KV covers the prompt's last token, which is computed to sample")
+            } else if !self.kv.could_hold(seq.id, seq.len()) {
+                Some("the sliding-window layers cannot hold this much KV at once")
+            } else {
+                None
+            }
         });
+        let usable = imported.is_some() && refusal.is_none();
         seq.num_computed = match &imported {
             Some(r) if usable => r.end(),
             _ => hit,
@@ -595,7 +612,11 @@ impl Scheduler {
                     from: hit,
                 });
             }
-            Some(_) => self.imports_refused += 1,
+            Some(_) => {
+                self.imports_refused += 1;
+                let why = refusal.unwrap_or("the KV was not usable");
+                self.refusals.push((seq.id, why));
+            }
             None => {}
         }
         let seq = &mut self.waiting[idx];

@@ -247,10 +247,11 @@ async fn rows_stream_whole_between_engines_that_release_sliding_blocks() {
     let fresh = start(false, 4);
     let (h, verdict) = forge(0);
     assert_eq!(run_handoff(&fresh, &prompt, 12, first, h).await, whole[1..]);
-    assert!(
-        verdict.await.expect("told").is_err(),
-        "rows past the pool taken"
-    );
+    let why = verdict
+        .await
+        .expect("told")
+        .expect_err("rows past the pool taken");
+    assert!(why.contains("sliding-window layers cannot hold"), "{why}");
     warm.shutdown();
     fresh.shutdown();
     p.shutdown();

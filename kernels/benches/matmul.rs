@@ -13,12 +13,14 @@
 //! alternating; `-- iq4`: the same shapes in Q4_0, IQ4_NL, Q4_K and
 //! IQ4_XS, alternating; `-- 4b`: Qwen3-4B's and Gemma-3-4B's shapes in
 //! Q4_K and Q6_K from memory, alternating, to set a decode step's matrices
-//! beside each other).
+//! beside each other; `-- moe`: a Qwen3-30B-A3B layer's chosen experts
+//! (Q4_K, from memory) as one `matmul` per projection against one
+//! `matmul_many` for all, alternating).
 
 use std::time::Instant;
 
 use kernels::cpu::membw::BandwidthProbe;
-use kernels::cpu::{Isa, matmul_with};
+use kernels::cpu::{Isa, Product, matmul_many, matmul_with};
 use kernels::{QMatrix, QuantType};
 
 const SMOL: [(&str, usize, usize); 4] = [
@@ -58,6 +60,12 @@ fn main() {
     }
     if std::env::args().any(|a| a == "geglu") {
         geglu();
+        return;
+    }
+    if std::env::args().any(|a| a == "moe") {
+        // On a pool's thread, as the engine's executor runs a step.
+        let pool = rayon::ThreadPoolBuilder::new().build().expect("pool");
+        pool.install(moe);
         return;
     }
     let only_1b = std::env::args().any(|a| a == "1b");
@@ -284,6 +292,150 @@ fn geglu() {
             best[1] * 1e6,
             best[0] / best[1]
         );
+    }
+}
+
+/// Experts in the bench's layer (`moe`), and their widths.
+const EXPERTS: usize = 128;
+const EXPERT_FF: usize = 768;
+const EXPERT_HIDDEN: usize = 2048;
+
+/// An expert's gate-up and down projections.
+type Expert = [QMatrix; 2];
+
+/// A case of `moe`: what it stands for, the experts it uses, and the rows
+/// of expert `i`.
+type MoeCase = (&'static str, usize, fn(usize) -> usize);
+
+/// A Qwen3-30B-A3B layer's experts (gate-up 1536x2048 and down 2048x768,
+/// Q4_K), 128 of them (340 MB: from memory), as a step uses them: one
+/// token's 8, eight tokens' 51 (64 picks), a 128-token prefill's 128 with 8
+/// rows each. Alternating, the best of seven rounds: each expert's two
+/// projections as their own `matmul` calls (the old MoE layer) against
+/// each projection of all the experts in one `matmul_many`; then
+/// `matmul_many` on experts packed one by one (each its own allocation, on
+/// 4 KiB pages) against experts split from one stack per projection (one
+/// buffer, on 2 MiB pages: `cpu::pages`), as the engine now loads them.
+fn moe() {
+    let (ff, hidden) = (EXPERT_FF, EXPERT_HIDDEN);
+    let apart: Vec<Expert> = (0..EXPERTS)
+        .map(|e| {
+            [
+                expert_matrix(2 * ff, hidden, &expert_values(2 * ff, hidden, e)),
+                expert_matrix(hidden, ff, &expert_values(hidden, ff, e)),
+            ]
+        })
+        .collect();
+    let stack = |rows, cols| {
+        let w: Vec<f32> = (0..EXPERTS)
+            .flat_map(|e| expert_values(rows, cols, e))
+            .collect();
+        expert_matrix(EXPERTS * rows, cols, &w)
+            .split_groups(rows)
+            .expect("split")
+    };
+    let stacked: Vec<Expert> = stack(2 * ff, hidden)
+        .into_iter()
+        .zip(stack(hidden, ff))
+        .map(|(g, d)| [g, d])
+        .collect();
+    // 64 picks over 51 experts is 13 of 2 rows.
+    let cases: [MoeCase; 3] = [
+        ("1 token, 8 experts", 8, |_| 1),
+        ("8 tokens, 51 experts", 51, |i| 1 + usize::from(i < 13)),
+        ("128 tokens, 128 experts", 128, |_| 8),
+    ];
+    let bytes_each = stacked[0][0].data_len() + stacked[0][1].data_len();
+    for (what, n, rows) in cases {
+        let best = moe_case(n, rows, [&stacked, &apart]);
+        let cell = |s: f64| {
+            let gbs = (n * bytes_each) as f64 / s / 1e9;
+            format!("{:>7.3} ms {gbs:>5.1} GB/s", s * 1e3)
+        };
+        println!(
+            "moe {what:<24} one by one {} | matmul_many {} | experts apart {} | in one stack {}",
+            cell(best[0]),
+            cell(best[2]),
+            cell(best[1]),
+            cell(best[2]),
+        );
+    }
+}
+
+fn expert_values(rows: usize, cols: usize, e: usize) -> Vec<f32> {
+    bench_weights(rows, cols)
+        .iter()
+        .map(|v| v * (1.0 + e as f32 / 1e3))
+        .collect()
+}
+
+fn expert_matrix(rows: usize, cols: usize, w: &[f32]) -> QMatrix {
+    QMatrix::quantize(QuantType::Q4K, rows, cols, w).expect("quantize")
+}
+
+/// Seconds of one pass over `n` experts of `rows(i)` rows each, the best
+/// of seven rounds: the stacked experts one matmul at a time, the experts
+/// apart in `matmul_many`, the stacked ones in `matmul_many`.
+fn moe_case(n: usize, rows: fn(usize) -> usize, [stacked, apart]: [&[Expert]; 2]) -> [f64; 3] {
+    let input = |n: usize| -> Vec<f32> {
+        (0..n)
+            .map(|i| ((i * 104_729) % 997) as f32 / 498.0 - 1.0)
+            .collect()
+    };
+    let (ff, hidden) = (EXPERT_FF, EXPERT_HIDDEN);
+    let xs: Vec<[Vec<f32>; 2]> = (0..n)
+        .map(|i| [input(rows(i) * hidden), input(rows(i) * ff)])
+        .collect();
+    let mut outs: Vec<[Vec<f32>; 2]> = (0..n)
+        .map(|i| [vec![0.0; rows(i) * 2 * ff], vec![0.0; rows(i) * hidden]])
+        .collect();
+    let mut best = [f64::MAX; 3];
+    let mut start = 0;
+    for _ in 0..7 {
+        for (k, b) in best.iter_mut().enumerate() {
+            let experts = if k == 1 { apart } else { stacked };
+            let reps = 20;
+            let t = Instant::now();
+            for _ in 0..reps {
+                // Different experts each time: weights from memory.
+                start = (start + n) % EXPERTS;
+                let chosen: Vec<&Expert> =
+                    (0..n).map(|i| &experts[(start + i) % EXPERTS]).collect();
+                moe_pass(&chosen, rows, &xs, &mut outs, k > 0);
+            }
+            *b = b.min(t.elapsed().as_secs_f64() / reps as f64);
+        }
+    }
+    best
+}
+
+/// Both projections of the `chosen` experts: in one `matmul_many` each
+/// (`many`), or one `matmul` per expert and projection.
+fn moe_pass(
+    chosen: &[&Expert],
+    rows: fn(usize) -> usize,
+    xs: &[[Vec<f32>; 2]],
+    outs: &mut [[Vec<f32>; 2]],
+    many: bool,
+) {
+    for p in 0..2 {
+        if !many {
+            for (i, (x, out)) in xs.iter().zip(outs.iter_mut()).enumerate() {
+                matmul_with(Isa::detect(), &chosen[i][p], &x[p], rows(i), &mut out[p])
+                    .expect("matmul");
+            }
+            continue;
+        }
+        let mut ps: Vec<Product<'_>> = (xs.iter().zip(outs.iter_mut()))
+            .enumerate()
+            .map(|(i, (x, out))| Product {
+                w: &chosen[i][p],
+                x: &x[p],
+                m: rows(i),
+                out: &mut out[p],
+            })
+            .collect();
+        matmul_many(&mut ps).expect("matmul_many");
     }
 }
 

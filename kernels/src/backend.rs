@@ -200,6 +200,15 @@ pub trait Backend: Send + Sync {
     fn embed(&self, table: &Self::Matrix, ids: &[u32]) -> Result<Self::Tensor, KernelError>;
     /// `x · Wᵀ`.
     fn matmul(&self, x: &Self::Tensor, w: &Self::Matrix) -> Result<Self::Tensor, KernelError>;
+    /// `matmul` of each pair, in order (the experts of a mixture-of-experts
+    /// layer). The CPU runs them in one parallel loop; the default runs them
+    /// one after another.
+    fn matmul_many(
+        &self,
+        pairs: &[(&Self::Tensor, &Self::Matrix)],
+    ) -> Result<Vec<Self::Tensor>, KernelError> {
+        pairs.iter().map(|(x, w)| self.matmul(x, w)).collect()
+    }
     /// Splits every row into consecutive parts of these widths.
     fn split_cols(&self, x: &Self::Tensor, widths: &[usize]) -> Vec<Self::Tensor>;
     /// Joins the rows of several tensors side by side.

@@ -96,7 +96,36 @@ pub struct QMatrix {
     pub ty: QuantType,
     pub rows: usize,
     pub cols: usize,
-    data: Vec<u8>,
+    data: Packed,
+}
+
+/// A matrix's packed bytes: its own buffer, or its span of a buffer it
+/// shares with the matrices split from the same stack (`split_groups`:
+/// the experts of a layer, contiguous in memory as in the file).
+#[derive(Debug, Clone)]
+struct Packed {
+    buf: std::sync::Arc<Vec<u8>>,
+    start: usize,
+    len: usize,
+}
+
+impl Packed {
+    fn new(buf: Vec<u8>) -> Self {
+        crate::cpu::pages::prefer_huge(&buf);
+        let len = buf.len();
+        Self {
+            buf: std::sync::Arc::new(buf),
+            start: 0,
+            len,
+        }
+    }
+}
+
+impl std::ops::Deref for Packed {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        &self.buf[self.start..self.start + self.len]
+    }
 }
 
 impl QMatrix {
@@ -116,7 +145,7 @@ impl QMatrix {
             ty,
             rows,
             cols,
-            data: layout::pack(ty, rows, cols, ggml),
+            data: Packed::new(layout::pack(ty, rows, cols, ggml)),
         })
     }
 
@@ -144,6 +173,36 @@ impl QMatrix {
     /// The GGML bytes of row `r`.
     pub fn ggml_row(&self, r: usize) -> Vec<u8> {
         layout::read_row(self.ty, self.group(r / layout::GROUP), r % layout::GROUP)
+    }
+
+    /// Splits a stack of matrices of `rows_each` rows (a multiple of
+    /// `layout::GROUP`) into them, in order, without a copy: they share
+    /// this matrix's buffer, one span each (a layer's experts, loaded as
+    /// one stack, so they lie together on huge pages: `cpu::pages`).
+    pub fn split_groups(self, rows_each: usize) -> Result<Vec<QMatrix>, KernelError> {
+        if rows_each == 0
+            || !rows_each.is_multiple_of(layout::GROUP)
+            || !self.rows.is_multiple_of(rows_each)
+        {
+            return Err(KernelError::Shape {
+                what: "rows of each stacked matrix (a multiple of 16 dividing the stack)",
+                expected: self.rows,
+                got: rows_each,
+            });
+        }
+        let bytes = rows_each / layout::GROUP * layout::group_bytes(self.ty, self.cols);
+        Ok((0..self.rows / rows_each)
+            .map(|i| QMatrix {
+                ty: self.ty,
+                rows: rows_each,
+                cols: self.cols,
+                data: Packed {
+                    buf: self.data.buf.clone(),
+                    start: self.data.start + i * bytes,
+                    len: bytes,
+                },
+            })
+            .collect())
     }
 
     /// Stacks matrices with the same format and width into one (their rows

@@ -4,11 +4,11 @@
 mod common;
 
 use common::{random, reference};
-use kernels::cpu::{Isa, matmul_with};
+use kernels::cpu::{Isa, Product, matmul_many_with, matmul_with};
 use kernels::quant::{QK, quantize_activations};
 use kernels::{QMatrix, QuantType};
-use rand::SeedableRng;
 use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
 
 /// The 32-weight formats (the super-block ones: `tests/kquant.rs`).
 const FORMATS: [QuantType; 6] = [
@@ -180,6 +180,124 @@ fn every_path_gives_the_same_bits() {
                 );
             }
         }
+    }
+}
+
+#[test]
+fn matmul_many_gives_each_products_own_bits() {
+    // Seeded random sets of products (the experts of a step: mixed
+    // formats, widths and row counts, some with no rows) against each
+    // product's own `matmul`, bit for bit, on every path.
+    let mut rng = StdRng::seed_from_u64(47);
+    let formats = [
+        QuantType::Q4_0,
+        QuantType::Q8_0,
+        QuantType::Q4K,
+        QuantType::Q6K,
+        QuantType::Iq4Nl,
+    ];
+    let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+    for round in 0..12 {
+        let n = rng.random_range(1..9);
+        let parts: Vec<(QMatrix, Vec<f32>, usize)> = (0..n)
+            .map(|_| {
+                let ty = formats[rng.random_range(0..formats.len())];
+                let cols = 256 * rng.random_range(1..4);
+                let rows = rng.random_range(1..70);
+                let m = [0, 1, 2, 5, 8, 17][rng.random_range(0..6)];
+                let w = QMatrix::quantize(ty, rows, cols, &random(&mut rng, rows * cols))
+                    .expect("quantize");
+                (w, random(&mut rng, m * cols), m)
+            })
+            .collect();
+        for isa in Isa::all_supported() {
+            let mut outs: Vec<Vec<f32>> = parts
+                .iter()
+                .map(|(w, _, m)| vec![f32::NAN; m * w.rows])
+                .collect();
+            let mut products: Vec<Product<'_>> = parts
+                .iter()
+                .zip(outs.iter_mut())
+                .map(|((w, x, m), out)| Product { w, x, m: *m, out })
+                .collect();
+            matmul_many_with(isa, &mut products).expect("matmul_many");
+            for ((w, x, m), got) in parts.iter().zip(&outs) {
+                let mut want = vec![f32::NAN; m * w.rows];
+                matmul_with(isa, w, x, *m, &mut want).expect("matmul");
+                assert_eq!(
+                    bits(got),
+                    bits(&want),
+                    "round {round} {isa:?} {:?} m={m}",
+                    w.ty
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn matmul_many_refuses_a_product_of_the_wrong_shape() {
+    let mut rng = StdRng::seed_from_u64(48);
+    let w = QMatrix::quantize(QuantType::Q4_0, 16, 64, &random(&mut rng, 16 * 64)).expect("q");
+    let x = random(&mut rng, 2 * 64);
+    let (mut good, mut bad) = (vec![0.0; 2 * 16], vec![0.0; 16]);
+    let mut products = [
+        Product {
+            w: &w,
+            x: &x,
+            m: 2,
+            out: &mut good,
+        },
+        Product {
+            w: &w,
+            x: &x,
+            m: 2,
+            out: &mut bad,
+        },
+    ];
+    assert!(matmul_many_with(Isa::detect(), &mut products).is_err());
+}
+
+#[test]
+fn matrices_split_from_a_stack_are_the_matrices_packed_alone() {
+    // Experts packed as one stack and split (sharing its buffer) give the
+    // bits of each expert packed on its own, in every format's layout.
+    let mut rng = StdRng::seed_from_u64(49);
+    let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+    for ty in [
+        QuantType::Q4_0,
+        QuantType::Q8_0,
+        QuantType::Q4K,
+        QuantType::Q6K,
+    ] {
+        let (n, rows, cols, m) = (5, 48, 256, 3);
+        let stack = QMatrix::quantize(ty, n * rows, cols, &random(&mut rng, n * rows * cols))
+            .expect("quantize");
+        let alone: Vec<QMatrix> = (0..n)
+            .map(|e| {
+                let ggml: Vec<u8> = (e * rows..(e + 1) * rows)
+                    .flat_map(|r| stack.ggml_row(r))
+                    .collect();
+                QMatrix::new(ty, rows, cols, &ggml).expect("new")
+            })
+            .collect();
+        let parts = stack.clone().split_groups(rows).expect("split");
+        assert_eq!(parts.len(), n);
+        let x = random(&mut rng, m * cols);
+        for (part, own) in parts.iter().zip(&alone) {
+            assert_eq!(
+                (part.rows, part.cols, part.data_len()),
+                (own.rows, own.cols, own.data_len())
+            );
+            let (mut a, mut b) = (vec![0.0; m * rows], vec![0.0; m * rows]);
+            matmul_with(Isa::detect(), part, &x, m, &mut a).expect("matmul");
+            matmul_with(Isa::detect(), own, &x, m, &mut b).expect("matmul");
+            assert_eq!(bits(&a), bits(&b), "{ty:?}");
+        }
+        // Not whole groups, or not dividing the stack: refused.
+        assert!(stack.clone().split_groups(8).is_err());
+        assert!(stack.clone().split_groups(64).is_err());
+        assert!(stack.split_groups(0).is_err());
     }
 }
 

@@ -10,6 +10,7 @@
 //! is what makes a 30B-A3B model cost about a 3B one per token.
 
 use std::io::{Read, Seek};
+use std::sync::Arc;
 
 use kernels::backend::Backend;
 use kernels::cpu::backend::CpuBackend;
@@ -18,7 +19,7 @@ use super::config::MoeConfig;
 use super::proj::{Proj, exec, host_matrix, load};
 use super::weights::Linear;
 use crate::error::{EngineError, Result};
-use crate::gguf::Gguf;
+use crate::gguf::{Gguf, TensorType};
 
 /// One expert's SwiGLU feed-forward.
 struct Expert<B: Backend> {
@@ -84,19 +85,37 @@ impl<B: Backend> Moe<B> {
         p: &str,
         moe: MoeConfig,
     ) -> Result<Self> {
-        let mut slices = |k: &str| expert_slices(ct, reader, &format!("{p}.{k}"), moe.n_expert);
-        let (gates, ups, downs) = (
-            slices("ffn_gate_exps.weight")?,
-            slices("ffn_up_exps.weight")?,
-            slices("ffn_down_exps.weight")?,
-        );
-        let experts = gates
+        let gate_up = match stacked_gate_up(ct, reader, p, moe.n_expert)? {
+            Some((parts, ff)) => parts
+                .into_iter()
+                .map(|w| Proj::stacked(backend, w, vec![ff, ff]))
+                .collect::<Result<Vec<_>>>()?,
+            None => {
+                let mut slices =
+                    |k: &str| expert_slices(ct, reader, &format!("{p}.{k}"), moe.n_expert);
+                let (gates, ups) = (
+                    slices("ffn_gate_exps.weight")?,
+                    slices("ffn_up_exps.weight")?,
+                );
+                gates
+                    .into_iter()
+                    .zip(ups)
+                    .map(|(g, u)| Proj::new(backend, vec![g, u]))
+                    .collect::<Result<Vec<_>>>()?
+            }
+        };
+        let downs = expert_slices(
+            ct,
+            reader,
+            &format!("{p}.ffn_down_exps.weight"),
+            moe.n_expert,
+        )?;
+        let experts = gate_up
             .into_iter()
-            .zip(ups)
             .zip(downs)
-            .map(|((g, u), d)| {
+            .map(|(gate_up, d)| {
                 Ok(Expert {
-                    gate_up: Proj::new(backend, vec![g, u])?,
+                    gate_up,
                     down: backend.matrix(d.into_host()?).map_err(load)?,
                 })
             })
@@ -111,21 +130,39 @@ impl<B: Backend> Moe<B> {
         })
     }
 
-    /// The layer's feed-forward of every row of `h` (`[tokens, hidden]`).
+    /// The layer's feed-forward of every row of `h` (`[tokens, hidden]`):
+    /// the chosen experts' gate-up projections in one `matmul_many`, their
+    /// down projections in another.
     pub(super) fn forward(&self, b: &B, h: &B::Tensor) -> Result<B::Tensor> {
         let logits = b.to_host(&b.matmul(h, &self.router).map_err(exec)?);
         let routes = route(&logits, self.experts.len(), self.n_used);
         let hidden = b.matrix_shape(&self.router).1;
         let tokens = logits.len() / self.experts.len().max(1);
+        let active: Vec<(&Expert<B>, &Route)> = self
+            .experts
+            .iter()
+            .zip(&routes)
+            .filter(|(_, r)| !r.rows.is_empty())
+            .collect();
+        let xs: Vec<B::Tensor> = active.iter().map(|(_, r)| b.rows(h, &r.rows)).collect();
+        let gate_up: Vec<(&Proj<B>, &B::Tensor)> = active
+            .iter()
+            .zip(&xs)
+            .map(|((e, _), x)| (&e.gate_up, x))
+            .collect();
+        let gs: Vec<B::Tensor> = Proj::concat_many(b, &gate_up)?
+            .iter()
+            .map(|g| b.swiglu(g))
+            .collect();
+        let down: Vec<(&B::Tensor, &B::Matrix)> = gs
+            .iter()
+            .zip(&active)
+            .map(|(g, (e, _))| (g, &e.down))
+            .collect();
+        let ys = b.matmul_many(&down).map_err(exec)?;
         let mut out = b.tensor(vec![0.0; tokens * hidden], hidden);
-        for (expert, r) in self.experts.iter().zip(&routes) {
-            if r.rows.is_empty() {
-                continue;
-            }
-            let x = b.rows(h, &r.rows);
-            let g = b.swiglu(&expert.gate_up.concat(b, &x)?);
-            let y = b.matmul(&g, &expert.down).map_err(exec)?;
-            b.add_rows_scaled(&mut out, &y, &r.rows, &r.weights);
+        for (y, (_, r)) in ys.iter().zip(&active) {
+            b.add_rows_scaled(&mut out, y, &r.rows, &r.weights);
         }
         Ok(out)
     }
@@ -152,7 +189,9 @@ impl Moe<CpuBackend> {
     }
 }
 
-/// Tensor `name` (`[n_expert, rows, cols]`) as one matrix per expert.
+/// Tensor `name` (`[n_expert, rows, cols]`) as one matrix per expert:
+/// split from one stack where the format allows (`split_stack`), else
+/// each expert's slice read on its own.
 fn expert_slices<R: Read + Seek>(
     ct: &Gguf,
     reader: &mut R,
@@ -160,10 +199,86 @@ fn expert_slices<R: Read + Seek>(
     n_expert: usize,
 ) -> Result<Vec<Linear>> {
     let t = ct.info(name)?;
-    let [e, rows, cols] = t.dims[..] else {
+    let [rows, cols] = expert_dims(name, &t.dims, n_expert)?;
+    let bytes = ct.tensor_bytes(reader, name)?;
+    if let Some(parts) = split_stack(name, t.ty, n_expert, [rows, cols], &bytes)? {
+        return Ok(parts);
+    }
+    let per = bytes.len() / n_expert.max(1);
+    bytes
+        .chunks_exact(per.max(1))
+        .map(|chunk| Linear::from_gguf(name, t.ty, &[rows, cols], chunk))
+        .collect()
+}
+
+/// The experts' gate and up projections as one stack of `[gate_e; up_e]`
+/// per expert, split into them (`split_stack`), and the feed-forward
+/// width; `None` where the two tensors differ in format or shape, or the
+/// stack cannot be split.
+fn stacked_gate_up<R: Read + Seek>(
+    ct: &Gguf,
+    reader: &mut R,
+    p: &str,
+    n_expert: usize,
+) -> Result<Option<(Vec<Linear>, usize)>> {
+    let (gn, un) = (
+        format!("{p}.ffn_gate_exps.weight"),
+        format!("{p}.ffn_up_exps.weight"),
+    );
+    let (g, u) = (ct.info(&gn)?, ct.info(&un)?);
+    let [ff, cols] = expert_dims(&gn, &g.dims, n_expert)?;
+    if g.ty != u.ty || g.dims != u.dims || !Linear::is_quantized(g.ty, cols) {
+        return Ok(None);
+    }
+    let (gates, ups) = (ct.tensor_bytes(reader, &gn)?, ct.tensor_bytes(reader, &un)?);
+    let per = gates.len() / n_expert.max(1);
+    let mut both = Vec::with_capacity(gates.len() + ups.len());
+    for (gate, up) in gates
+        .chunks_exact(per.max(1))
+        .zip(ups.chunks_exact(per.max(1)))
+    {
+        both.extend_from_slice(gate);
+        both.extend_from_slice(up);
+    }
+    drop((gates, ups));
+    Ok(split_stack(&gn, g.ty, n_expert, [2 * ff, cols], &both)?.map(|parts| (parts, ff)))
+}
+
+/// `bytes`, `n` matrices of `rows x cols` one after another, packed as one
+/// stack and split into its matrices, which share its buffer: a layer's
+/// experts lie together in memory, on huge pages (`kernels::cpu::pages`;
+/// one expert, 1-2 MiB, is too small to get one of its own), as in
+/// llama.cpp's one tensor for all of them. `None` where the format is not
+/// a quantized one or `rows` is not whole groups of 16.
+fn split_stack(
+    name: &str,
+    ty: TensorType,
+    n: usize,
+    [rows, cols]: [usize; 2],
+    bytes: &[u8],
+) -> Result<Option<Vec<Linear>>> {
+    if !rows.is_multiple_of(kernels::layout::GROUP) || !Linear::is_quantized(ty, cols) {
+        return Ok(None);
+    }
+    let Linear::Quant(stack) = Linear::from_gguf(name, ty, &[n * rows, cols], bytes)? else {
+        return Ok(None);
+    };
+    let parts = Arc::unwrap_or_clone(stack)
+        .split_groups(rows)
+        .map_err(load)?;
+    Ok(Some(
+        parts
+            .into_iter()
+            .map(|m| Linear::Quant(Arc::new(m)))
+            .collect(),
+    ))
+}
+
+/// An expert tensor's `[rows, cols]`, checked: `[n_expert, rows, cols]`.
+fn expert_dims(name: &str, dims: &[usize], n_expert: usize) -> Result<[usize; 2]> {
+    let [e, rows, cols] = dims[..] else {
         return Err(EngineError::Load(format!(
-            "tensor `{name}` has shape {:?}; experts are [n_expert, rows, cols]",
-            t.dims
+            "tensor `{name}` has shape {dims:?}; experts are [n_expert, rows, cols]"
         )));
     };
     if e != n_expert {
@@ -171,12 +286,7 @@ fn expert_slices<R: Read + Seek>(
             "tensor `{name}` holds {e} experts; the metadata says {n_expert}"
         )));
     }
-    let bytes = ct.tensor_bytes(reader, name)?;
-    let per = bytes.len() / n_expert.max(1);
-    bytes
-        .chunks_exact(per.max(1))
-        .map(|chunk| Linear::from_gguf(name, t.ty, &[rows, cols], chunk))
-        .collect()
+    Ok([rows, cols])
 }
 
 #[cfg(test)]

@@ -67,6 +67,38 @@ impl<B: Backend> Proj<B> {
         }
     }
 
+    /// `concat` of each projection with its input, the products of all of
+    /// them in one `matmul_many` (the experts of a mixture-of-experts
+    /// layer).
+    pub(super) fn concat_many(b: &B, items: &[(&Self, &B::Tensor)]) -> Result<Vec<B::Tensor>> {
+        let pairs: Vec<(&B::Tensor, &B::Matrix)> = items
+            .iter()
+            .flat_map(|&(proj, x)| proj.matrices().iter().map(move |w| (x, w)))
+            .collect();
+        let mut outs = b.matmul_many(&pairs).map_err(exec)?.into_iter();
+        items
+            .iter()
+            .map(|(proj, _)| match proj {
+                Self::Fused { .. } => outs.next().ok_or_else(short_of_outputs),
+                Self::Separate(ws) => {
+                    let parts: Vec<B::Tensor> = outs.by_ref().take(ws.len()).collect();
+                    if parts.len() < ws.len() {
+                        return Err(short_of_outputs());
+                    }
+                    Ok(b.concat_cols(&parts))
+                }
+            })
+            .collect()
+    }
+
+    /// The stacked matrix, or the parts' matrices in order.
+    fn matrices(&self) -> &[B::Matrix] {
+        match self {
+            Self::Fused { w, .. } => std::slice::from_ref(w),
+            Self::Separate(ws) => ws,
+        }
+    }
+
     /// Every part's output, apart.
     pub(super) fn each(&self, b: &B, x: &B::Tensor) -> Result<Vec<B::Tensor>> {
         match self {
@@ -74,6 +106,11 @@ impl<B: Backend> Proj<B> {
             Self::Separate(ws) => ws.iter().map(|w| b.matmul(x, w).map_err(exec)).collect(),
         }
     }
+}
+
+/// A backend's `matmul_many` gave fewer results than it was asked for.
+fn short_of_outputs() -> EngineError {
+    EngineError::Execution("matmul_many returned fewer products than asked".into())
 }
 
 pub(super) fn load(e: kernels::KernelError) -> EngineError {

@@ -139,6 +139,12 @@ impl Linear {
         Ok(Self::Quant(Arc::new(m.map_err(|e| load(&e))?)))
     }
 
+    /// Whether `from_gguf` makes a `Quant` matrix of a tensor of type `ty`
+    /// with rows of `cols` (its own format, or requantized to Q8_0).
+    pub fn is_quantized(ty: TensorType, cols: usize) -> bool {
+        matches!(plan(ty, cols), Plan::Native(_) | Plan::Requantize)
+    }
+
     pub fn rows(&self) -> usize {
         match self {
             Self::Quant(m) => m.rows,

@@ -159,6 +159,48 @@ impl Backend for CpuBackend {
         Ok(CpuTensor { data, cols: rows })
     }
 
+    fn matmul_many(
+        &self,
+        pairs: &[(&CpuTensor, &CpuMatrix)],
+    ) -> Result<Vec<CpuTensor>, KernelError> {
+        let mut outs = Vec::with_capacity(pairs.len());
+        for &(x, w) in pairs {
+            let (rows, cols) = self.matrix_shape(w);
+            if x.cols != cols {
+                return Err(KernelError::Shape {
+                    what: "matmul input width",
+                    expected: cols,
+                    got: x.cols,
+                });
+            }
+            outs.push(match w {
+                CpuMatrix::Quant(_) => CpuTensor {
+                    data: vec![0.0; x.rows() * rows],
+                    cols: rows,
+                },
+                CpuMatrix::Dense(p) => CpuTensor {
+                    data: super::dense::matmul_packed(p, &x.data, x.rows()),
+                    cols: rows,
+                },
+            });
+        }
+        let mut products: Vec<super::Product<'_>> = pairs
+            .iter()
+            .zip(outs.iter_mut())
+            .filter_map(|(&(x, w), out)| match w {
+                CpuMatrix::Quant(q) => Some(super::Product {
+                    w: q,
+                    x: &x.data,
+                    m: x.rows(),
+                    out: &mut out.data,
+                }),
+                CpuMatrix::Dense(_) => None,
+            })
+            .collect();
+        super::matmul_many(&mut products)?;
+        Ok(outs)
+    }
+
     fn split_cols(&self, x: &CpuTensor, widths: &[usize]) -> Vec<CpuTensor> {
         let mut outs: Vec<CpuTensor> = widths
             .iter()

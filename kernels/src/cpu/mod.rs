@@ -25,6 +25,7 @@ pub mod kv;
 pub mod membw;
 pub mod ops;
 pub mod paged;
+pub mod pages;
 pub mod scalar;
 #[cfg(target_arch = "x86_64")]
 pub mod x86;
@@ -129,50 +130,110 @@ pub fn matmul_with(
     m: usize,
     out: &mut [f32],
 ) -> Result<(), KernelError> {
-    if x.len() != m * w.cols {
-        return Err(KernelError::Shape {
-            what: "activations",
-            expected: m * w.cols,
-            got: x.len(),
-        });
-    }
-    if out.len() != m * w.rows {
-        return Err(KernelError::Shape {
-            what: "output",
-            expected: m * w.rows,
-            got: out.len(),
-        });
+    matmul_many_with(isa, &mut [Product { w, x, m, out }])
+}
+
+/// One product of `matmul_many`: `out = x · wᵀ` for `m` rows of `x`.
+pub struct Product<'a> {
+    pub w: &'a QMatrix,
+    pub x: &'a [f32],
+    pub m: usize,
+    pub out: &'a mut [f32],
+}
+
+/// Several `matmul`s in one parallel loop: the weight groups of all the
+/// products are the loop's tasks, so the threads meet once, not once per
+/// product. A mixture-of-experts layer runs every chosen expert's
+/// projection this way (llama.cpp's `mul_mat_id`): tens of small matrices
+/// a step, each too small to keep two threads busy on its own. Each
+/// product's result is bit for bit `matmul`'s.
+pub fn matmul_many(products: &mut [Product<'_>]) -> Result<(), KernelError> {
+    matmul_many_with(Isa::detect(), products)
+}
+
+/// `matmul_many` on a chosen instruction set (falls back to scalar if
+/// unsupported).
+pub fn matmul_many_with(isa: Isa, products: &mut [Product<'_>]) -> Result<(), KernelError> {
+    for p in products.iter() {
+        check_product(p)?;
     }
     let isa = if Isa::all_supported().contains(&isa) {
         isa
     } else {
         Isa::Scalar
     };
-    let nb = w.blocks_per_row();
-    let stride = act_stride(nb);
-    let acts = quantize_rows(isa, x, (nb, stride, w.ty.act_span()));
-    let job = Job {
-        isa,
-        w,
-        acts: &acts,
-        nb,
-        stride,
-        m,
-        out: OutPtr(out.as_mut_ptr()),
-    };
-    let groups = w.groups();
-    let per_task = if job.spread() {
-        spread_groups_per_task(groups)
-    } else {
-        groups_per_task(groups, m * w.cols * GROUP)
-    };
-    (0..groups.div_ceil(per_task))
+    let acts: Vec<Vec<Q8Block>> = products
+        .iter()
+        .map(|p| {
+            let nb = p.w.blocks_per_row();
+            quantize_rows(isa, p.x, (nb, act_stride(nb), p.w.ty.act_span()))
+        })
+        .collect();
+    let jobs: Vec<Job<'_>> = products
+        .iter_mut()
+        .zip(&acts)
+        .map(|(p, acts)| {
+            let nb = p.w.blocks_per_row();
+            Job {
+                isa,
+                w: p.w,
+                acts,
+                nb,
+                stride: act_stride(nb),
+                m: p.m,
+                out: OutPtr(p.out.as_mut_ptr()),
+            }
+        })
+        .collect();
+    tasks(&jobs)
         .into_par_iter()
-        .for_each(|t| {
-            let g0 = t * per_task;
-            job.groups(g0, (g0 + per_task).min(groups));
-        });
+        .for_each(|(j, g0, g1)| jobs[j].groups(g0, g1));
     Ok(())
+}
+
+/// Checks one product's activations and output against its weights.
+fn check_product(p: &Product<'_>) -> Result<(), KernelError> {
+    if p.x.len() != p.m * p.w.cols {
+        return Err(KernelError::Shape {
+            what: "activations",
+            expected: p.m * p.w.cols,
+            got: p.x.len(),
+        });
+    }
+    if p.out.len() != p.m * p.w.rows {
+        return Err(KernelError::Shape {
+            what: "output",
+            expected: p.m * p.w.rows,
+            got: p.out.len(),
+        });
+    }
+    Ok(())
+}
+
+/// The parallel loop's tasks, `(job, first group, end group)`: each job's
+/// groups in runs of about `MACS_PER_TASK` of work, but at least four
+/// tasks per thread over all the jobs when there are enough groups (work
+/// stealing evens them out). A job with no rows has none.
+fn tasks(jobs: &[Job<'_>]) -> Vec<(usize, usize, usize)> {
+    let live = || jobs.iter().enumerate().filter(|(_, j)| j.m > 0);
+    let all_groups: usize = live().map(|(_, j)| j.w.groups()).sum();
+    let balanced = all_groups.div_ceil(4 * rayon::current_num_threads()).max(1);
+    let mut tasks = Vec::new();
+    for (i, job) in live() {
+        let groups = job.w.groups();
+        let per_task = if job.spread() {
+            SPREAD_GROUPS.min(balanced)
+        } else {
+            let macs_per_group = (job.m * job.w.cols * GROUP).max(1);
+            (MACS_PER_TASK / macs_per_group).clamp(1, balanced)
+        };
+        tasks.extend(
+            (0..groups)
+                .step_by(per_task)
+                .map(|g0| (i, g0, (g0 + per_task).min(groups))),
+        );
+    }
+    tasks
 }
 
 /// One Q8 block, with SIMD where the chosen path has it (`floor`: see
@@ -226,13 +287,6 @@ fn quantize_rows(isa: Isa, x: &[f32], (nb, stride, span): (usize, usize, usize))
     acts
 }
 
-/// Groups per task: about `MACS_PER_TASK` of work, but at least four tasks
-/// per thread when there are enough groups (work stealing evens them out).
-fn groups_per_task(groups: usize, macs_per_group: usize) -> usize {
-    let balanced = groups.div_ceil(4 * rayon::current_num_threads()).max(1);
-    (MACS_PER_TASK / macs_per_group.max(1)).clamp(1, balanced)
-}
-
 /// Activation rows from which the AVX2 path takes several groups at a time
 /// (`x86::groups_avx2`). It pays where a span of weights serves two tiles
 /// or more, read from L2 the second time: on a Zen 4 held to AVX2, 1B
@@ -256,13 +310,6 @@ const SPREAD_GROUPS: usize = 16;
 /// on Zen 3), as each tile reads them again.
 const SPREAD_WEIGHT_BYTES: usize = 160 * 1024;
 
-/// Groups per task on the multi-group AVX2 path: `SPREAD_GROUPS`, but at
-/// least four tasks per thread when there are enough groups.
-fn spread_groups_per_task(groups: usize) -> usize {
-    let balanced = groups.div_ceil(4 * rayon::current_num_threads()).max(1);
-    SPREAD_GROUPS.min(balanced)
-}
-
 /// The output buffer, shared by the tasks of one matmul. Each task writes
 /// only the columns (weight rows) of its own groups, so no element is
 /// written twice.
@@ -270,7 +317,7 @@ fn spread_groups_per_task(groups: usize) -> usize {
 struct OutPtr(*mut f32);
 
 // SAFETY: tasks write disjoint elements (see `Job::store`), and the buffer
-// outlives the parallel loop (it is borrowed mutably by `matmul_with`).
+// outlives the parallel loop (it is borrowed mutably by `matmul_many_with`).
 #[allow(unsafe_code)]
 unsafe impl Send for OutPtr {}
 #[allow(unsafe_code)]
