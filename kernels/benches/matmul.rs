@@ -128,7 +128,8 @@ fn run(
     } else {
         1
     };
-    let ws = vec![w; copies];
+    // Copies of their own: a `QMatrix` clone shares its buffer.
+    let ws: Vec<QMatrix> = (0..copies).map(|_| w.copy()).collect();
     let label = if cold {
         format!("{label} cold")
     } else {
@@ -498,7 +499,10 @@ fn alternate(mats: &[QMatrix]) -> Vec<(usize, Vec<(f64, f64)>)> {
     let (rows, cols) = (mats[0].rows, mats[0].cols);
     let sets: Vec<Vec<QMatrix>> = mats
         .iter()
-        .map(|w| vec![w.clone(); COLD_BYTES.div_ceil(w.data_len()).max(2)])
+        .map(|w| {
+            let copies = COLD_BYTES.div_ceil(w.data_len()).max(2);
+            (0..copies).map(|_| w.copy()).collect()
+        })
         .collect();
     let mut rows_out = Vec::new();
     for m in [1, 8, 64] {

@@ -175,6 +175,15 @@ impl QMatrix {
         layout::read_row(self.ty, self.group(r / layout::GROUP), r % layout::GROUP)
     }
 
+    /// The same matrix in memory of its own (a `clone` shares the buffer):
+    /// for benchmarks that cycle through copies to read from memory.
+    pub fn copy(&self) -> QMatrix {
+        QMatrix {
+            data: Packed::new(self.data.to_vec()),
+            ..self.clone()
+        }
+    }
+
     /// Splits a stack of matrices of `rows_each` rows (a multiple of
     /// `layout::GROUP`) into them, in order, without a copy: they share
     /// this matrix's buffer, one span each (a layer's experts, loaded as
