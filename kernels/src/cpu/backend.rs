@@ -139,24 +139,8 @@ impl Backend for CpuBackend {
     }
 
     fn matmul(&self, x: &CpuTensor, w: &CpuMatrix) -> Result<CpuTensor, KernelError> {
-        let (rows, cols) = self.matrix_shape(w);
-        if x.cols != cols {
-            return Err(KernelError::Shape {
-                what: "matmul input width",
-                expected: cols,
-                got: x.cols,
-            });
-        }
-        let m = x.rows();
-        let data = match w {
-            CpuMatrix::Quant(q) => {
-                let mut out = vec![0.0; m * rows];
-                super::matmul(q, &x.data, m, &mut out)?;
-                out
-            }
-            CpuMatrix::Dense(p) => super::dense::matmul_packed(p, &x.data, m),
-        };
-        Ok(CpuTensor { data, cols: rows })
+        let mut outs = self.matmul_many(&[(x, w)])?;
+        Ok(outs.pop().expect("one product for one pair"))
     }
 
     fn matmul_many(
