@@ -696,6 +696,7 @@ mod tests {
                 block_size: 4,
                 num_blocks: 16,
                 dtype: Default::default(),
+                sliding: None,
             }
         }
 

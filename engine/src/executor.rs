@@ -57,12 +57,13 @@ pub trait Executor: Send {
     /// The geometry of this executor's KV memory (the engine sizes its
     /// block tables from it).
     fn kv_layout(&self) -> KvLayout;
-    /// Bytes of KV memory held: all of the layout's unless the executor
-    /// allocates blocks as they are first written.
+    /// Bytes of KV memory held: every layer's pool of blocks
+    /// (`KvLayout::layer_blocks`) unless the executor allocates blocks as
+    /// they are first written.
     fn kv_bytes(&self) -> usize {
         let l = self.kv_layout();
-        let per_token = KvLayout::bytes_per_token(l.n_layer, l.n_kv_head, l.head_dim, l.dtype);
-        l.num_blocks * l.block_size * per_token
+        let per_token = KvLayout::bytes_per_token(1, l.n_kv_head, l.head_dim, l.dtype);
+        l.layer_blocks() * l.block_size * per_token
     }
     /// The longest sequence this executor computes correctly, where that
     /// is less than its KV holds (a software GPU adapter's attention

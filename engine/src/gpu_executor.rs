@@ -58,7 +58,7 @@ pub fn on_wgpu(model: Llama, mut layout: KvLayout) -> Result<Box<dyn Executor>> 
     let backend = kernels::wgpu::WgpuBackend::new().map_err(load_error)?;
     let per_block = (layout.block_len() * 2) as u64;
     let fit = (backend.adapter().max_binding / per_block.max(1)) as usize;
-    cap_blocks(&mut layout, fit, "one GPU binding per layer")?;
+    layout = cap_blocks(layout, fit, usize::MAX, "one GPU binding per layer")?;
     let name = format!("wgpu:{}", backend.adapter().name);
     let cap = backend.adapter().max_attention_positions(layout.head_dim);
     if let Some(cap) = cap {
@@ -88,11 +88,12 @@ pub fn on_cuda(index: u32, model: Llama, mut layout: KvLayout) -> Result<Box<dyn
     let name = format!("cuda:{index}:{}", backend.device().name);
     let model = model.onto(backend)?;
     let (free, _) = model.backend().memory().map_err(load_error)?;
-    let per_block = (layout.block_len() * 2 * 2 * layout.n_layer) as u64;
+    // One block of one layer's keys and values.
+    let per_block = (layout.block_len() * 2 * 2) as u64;
     let fit = (free.saturating_sub(CUDA_HEADROOM) / per_block.max(1)) as usize;
-    cap_blocks(&mut layout, fit, "the device's free memory")?;
+    layout = cap_blocks(layout, usize::MAX, fit, "the device's free memory")?;
     let offsets = (u32::MAX as usize) / layout.block_len().max(1);
-    cap_blocks(&mut layout, offsets, "32-bit offsets per layer")?;
+    layout = cap_blocks(layout, offsets, usize::MAX, "32-bit offsets per layer")?;
     announce(&name, &layout);
     Ok(Box::new(GpuExecutor::new(model, layout, name)))
 }
@@ -103,29 +104,31 @@ fn announce(device: &str, layout: &KvLayout) {
     tracing::info!(
         device,
         kv_blocks = layout.num_blocks,
+        sliding_blocks = layout
+            .sliding
+            .map_or(0, |s| layout.num_blocks - s.first as usize),
         block_size = layout.block_size,
         "the model is on the GPU"
     );
 }
 
-/// Caps the KV cache at `fit` blocks (with a warning), or fails when not
-/// one block fits.
-fn cap_blocks(layout: &mut KvLayout, fit: usize, limit: &str) -> Result<()> {
-    if layout.num_blocks > fit {
+/// Caps the KV cache at `per_layer` blocks in one layer and `total` over
+/// all layers (`KvLayout::capped`), with a warning, or fails when not one
+/// block fits.
+fn cap_blocks(layout: KvLayout, per_layer: usize, total: usize, limit: &str) -> Result<KvLayout> {
+    let capped = layout
+        .capped(per_layer, total)
+        .ok_or_else(|| EngineError::Load(format!("not one KV block fits the GPU ({limit})")))?;
+    if capped != layout {
         tracing::warn!(
             blocks = layout.num_blocks,
-            fit,
+            fit = capped.num_blocks,
+            sliding_pool = capped.sliding.is_some(),
             limit,
             "the KV cache is larger than the GPU holds: capped"
         );
-        layout.num_blocks = fit;
     }
-    if layout.num_blocks == 0 {
-        return Err(EngineError::Load(format!(
-            "not one KV block fits the GPU ({limit})"
-        )));
-    }
-    Ok(())
+    Ok(capped)
 }
 
 impl<B: Backend> GpuExecutor<B> {

@@ -15,7 +15,7 @@ use crate::core::{Command, CoreEvent, EngineCore, Handoff, TokenScore};
 use crate::error::{EngineError, Result};
 use crate::executor::{Executor, LocalExecutor};
 use crate::kv_cache::plan::plan;
-use crate::kv_cache::{KvDtype, KvLayout, KvManager};
+use crate::kv_cache::{KvDtype, KvLayout, KvManager, SlidingBlocks};
 use crate::latency::LatencyStats;
 use crate::loader::{LoadedModel, load_gguf};
 use crate::model::llama::Llama;
@@ -195,9 +195,9 @@ pub struct EngineBuilder {
     facts: ModelFacts,
     scheduler: SchedulerConfig,
     executors: Vec<Box<dyn Executor>>,
-    /// The sliding-window layers' own blocks: (window, blocks), the last
-    /// blocks of the executors' KV.
-    sliding: Option<(usize, usize)>,
+    /// The sliding-window layers' window, where the executors' KV gives
+    /// them blocks of their own (`KvLayout::sliding`).
+    window: Option<usize>,
 }
 
 impl EngineBuilder {
@@ -208,7 +208,7 @@ impl EngineBuilder {
             facts,
             scheduler: SchedulerConfig::default(),
             executors: Vec::new(),
-            sliding: None,
+            window: None,
         }
     }
 
@@ -217,11 +217,12 @@ impl EngineBuilder {
         self
     }
 
-    /// Gives the sliding-window layers `blocks` blocks of their own (the
-    /// last of the executors' KV), released behind a window of `window`
-    /// positions (`kv_cache::plan`); `None`: one table for every layer.
-    pub fn sliding_kv(mut self, sliding: Option<(usize, usize)>) -> Self {
-        self.sliding = sliding;
+    /// The sliding-window layers' window: where the executors' KV layout
+    /// gives those layers a pool of their own (`KvLayout::sliding`, sized
+    /// by `kv_cache::plan`), their blocks are released behind it. Without
+    /// such a pool every layer reads one table.
+    pub fn sliding_window(mut self, window: Option<usize>) -> Self {
+        self.window = window;
         self
     }
 
@@ -255,13 +256,9 @@ impl EngineBuilder {
         }
         let layout = executor.kv_layout();
         let block_size = layout.block_size;
-        let swa_blocks = self.sliding.map_or(0, |(_, n)| n);
-        let Some(num_blocks) = layout.num_blocks.checked_sub(swa_blocks).filter(|&n| n > 0) else {
-            return Err(EngineError::Load(format!(
-                "{swa_blocks} sliding-window blocks leave none of {} for the other layers",
-                layout.num_blocks
-            )));
-        };
+        let sliding = sliding_pool(self.window, &layout)?;
+        let swa_blocks = sliding.map_or(0, |(_, n)| n);
+        let num_blocks = layout.num_blocks - swa_blocks;
         let mut sched = self.scheduler;
         let capacity = num_blocks * block_size;
         let context = self.facts.context_length;
@@ -298,7 +295,7 @@ impl EngineBuilder {
         let stats = Arc::new(StatsCell::default());
         let eos: Vec<u32> = self.tokenizer.eog_ids().iter().copied().collect();
         let mut kv = KvManager::new(num_blocks, block_size);
-        if let Some((window, blocks)) = self.sliding {
+        if let Some((window, blocks)) = sliding {
             kv = kv.with_sliding(window, blocks);
         }
         let mut scheduler = Scheduler::new(sched, kv);
@@ -330,6 +327,28 @@ impl EngineBuilder {
     }
 }
 
+/// The sliding-window layers' (window, blocks) where `layout` gives them a
+/// pool of their own (its last blocks) and a window is set; `None` where
+/// every layer reads one table.
+fn sliding_pool(window: Option<usize>, layout: &KvLayout) -> Result<Option<(usize, usize)>> {
+    let Some(pool) = layout.sliding else {
+        return Ok(None);
+    };
+    let Some(window) = window.filter(|&w| w > 0) else {
+        return Err(EngineError::Load(
+            "the KV layout gives sliding-window layers blocks of their own, but no window".into(),
+        ));
+    };
+    let first = pool.first as usize;
+    if first == 0 || first >= layout.num_blocks {
+        return Err(EngineError::Load(format!(
+            "a sliding pool from block {first} of {} leaves one of the two groups empty",
+            layout.num_blocks
+        )));
+    }
+    Ok(Some((window, layout.num_blocks - first)))
+}
+
 impl EngineHandle {
     /// Loads a GGUF model and starts its engine thread.
     pub fn start_gguf(
@@ -357,10 +376,10 @@ impl EngineHandle {
         let dtype = config.kv_cache_dtype;
         let layer_block =
             block_size * KvLayout::bytes_per_token(1, mc.n_kv_head, mc.head_dim, dtype);
-        // Sliding-window layers keep blocks of their own on the CPU; the
-        // GPU executors hold one table for every layer.
-        let sliding =
-            (mc.sliding_kv()).filter(|_| config.device == Device::Cpu && !config.swa_full);
+        // Sliding-window layers keep blocks of their own (the mask holds
+        // up to `SlidingBlocks::MAX_LAYERS` layers).
+        let mask = SlidingBlocks::mask(mc.n_layer, |l| mc.window(l) > 0);
+        let sliding = (mc.sliding_kv()).filter(|_| !config.swa_full && mask.is_some());
         let sched = SchedulerConfig {
             max_model_len: config.scheduler.max_model_len.min(mc.context_length),
             ..config.scheduler.clone()
@@ -387,11 +406,15 @@ impl EngineHandle {
         };
         let layout = KvLayout {
             dtype,
+            sliding: plan.sliding.zip(mask).map(|(_, layers)| SlidingBlocks {
+                layers,
+                first: plan.full_blocks as u32,
+            }),
             ..mc.kv_layout(block_size, num_blocks)
         };
         EngineBuilder::new(tokenizer, template, facts)
             .scheduler(config.scheduler)
-            .sliding_kv(plan.sliding)
+            .sliding_window(plan.sliding.map(|(window, _)| window))
             .executor(executor_on(config.device, model, layout)?)
             .start()
     }

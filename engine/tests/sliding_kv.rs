@@ -17,7 +17,11 @@ use tokio_stream::StreamExt;
 const GEMMA3: &str = "synthetic/parity-gemma3.Q8_0.gguf";
 
 fn start(swa_full: bool, block_size: usize) -> EngineHandle {
-    let config = EngineConfig {
+    start_with(config(swa_full, block_size))
+}
+
+fn config(swa_full: bool, block_size: usize) -> EngineConfig {
+    EngineConfig {
         scheduler: SchedulerConfig {
             max_num_seqs: 4,
             // Prompts arrive in several chunks.
@@ -27,7 +31,10 @@ fn start(swa_full: bool, block_size: usize) -> EngineHandle {
         block_size,
         swa_full,
         ..Default::default()
-    };
+    }
+}
+
+fn start_with(config: EngineConfig) -> EngineHandle {
     EngineHandle::start_gguf(&common::model_path(GEMMA3), &TemplateChoice::Auto, config)
         .expect("load parity-gemma3")
 }
@@ -256,4 +263,99 @@ async fn rows_stream_whole_between_engines_that_release_sliding_blocks() {
     fresh.shutdown();
     p.shutdown();
     d.shutdown();
+}
+
+/// On the wgpu backend (lavapipe in CI) the sliding layers keep a pool of
+/// their own too: the GPU sizes each layer's buffers by its pool, so the
+/// same memory buys the global layer more blocks, and the engine generates
+/// exactly what it generates there with full tables, alone far past the
+/// window and four at once.
+#[cfg(feature = "wgpu")]
+#[tokio::test]
+async fn on_wgpu_sliding_layers_keep_their_own_pool_and_generate_what_full_tables_generate() {
+    let memory = 2 << 20;
+    let on = |swa_full| {
+        start_with(EngineConfig {
+            device: engine::Device::Wgpu,
+            kv_cache_memory: memory,
+            ..config(swa_full, 4)
+        })
+    };
+    let (full, swa) = (on(true), on(false));
+    assert_eq!(full.info().sliding_kv_blocks, 0);
+    assert_eq!(swa.info().sliding_kv_blocks, 22);
+    assert!(
+        swa.info().kv_blocks > 2 * full.info().kv_blocks,
+        "the global layer's pool: {} blocks, {} with full tables",
+        swa.info().kv_blocks,
+        full.info().kv_blocks
+    );
+    let a = prompt(1, 50);
+    assert_eq!(
+        run(&swa, a.clone(), 40).await,
+        run(&full, a.clone(), 40).await
+    );
+    for h in [&full, &swa] {
+        let bytes = h.stats().kv_bytes as usize;
+        assert!(
+            bytes <= memory && bytes > memory * 9 / 10,
+            "{bytes} of {memory}"
+        );
+    }
+    let prompts: Vec<Vec<u32>> = (0..4)
+        .map(|i| {
+            let mut p = a[..20 + 7 * i].to_vec();
+            p.extend(prompt(10 + i as u32, 9 + 5 * i));
+            p
+        })
+        .collect();
+    let wants = futures_join(&full, &prompts).await;
+    assert_eq!(futures_join(&swa, &prompts).await, wants);
+    full.shutdown();
+    swa.shutdown();
+}
+
+/// A step whose tables cross the pools is refused before it touches the
+/// KV: a GPU layer's buffers hold only its own pool's blocks, so a full
+/// layer's id in the sliding pool (or a sliding layer's in the other, or
+/// no sliding table at all) would read or write outside them.
+#[test]
+fn tables_that_cross_the_pools_are_refused() {
+    use engine::kv_cache::{KvLayout, SlidingBlocks};
+    use engine::model::{ModelBatch, SeqChunk};
+    let loaded = engine::loader::load_gguf(&common::model_path(GEMMA3), &TemplateChoice::Auto)
+        .expect("load");
+    let mc = &loaded.model.config;
+    let layout = KvLayout {
+        sliding: Some(SlidingBlocks {
+            layers: SlidingBlocks::mask(mc.n_layer, |l| mc.window(l) > 0).expect("mask"),
+            first: 8,
+        }),
+        ..mc.kv_layout(4, 12)
+    };
+    let mut kv = kernels::cpu::kv::KvStorage::new(layout);
+    let mut step = |block_table: Vec<u32>, swa_table: Vec<u32>| {
+        let chunk = SeqChunk {
+            seq: engine::RequestId(1),
+            tokens: vec![5, 6, 7, 8, 9],
+            start_pos: 0,
+            want_logits: true,
+            block_table,
+            swa_table,
+            draft: Vec::new(),
+        };
+        let batch = ModelBatch {
+            chunks: vec![chunk],
+        };
+        loaded.model.forward(&batch, &mut kv).map(|_| ())
+    };
+    step(vec![0, 1], vec![8, 9]).expect("each table in its pool");
+    for (full, swa, why) in [
+        (vec![0, 9], vec![8, 10], "block 9 is outside"),
+        (vec![0, 1], vec![8, 2], "sliding-window block 2"),
+        (vec![0, 1], vec![], "no sliding-window block table"),
+    ] {
+        let err = step(full, swa).expect_err(why).to_string();
+        assert!(err.contains(why), "{err}");
+    }
 }

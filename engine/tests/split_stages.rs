@@ -7,6 +7,7 @@
 mod common;
 
 use engine::executor::LocalExecutor;
+use engine::kv_cache::{KvLayout, SlidingBlocks};
 use engine::loader::load_gguf;
 use engine::{
     EngineBuilder, EngineHandle, GenerateRequest, ModelFacts, RequestStream, SamplingParams,
@@ -41,8 +42,15 @@ fn engine_sliding(
     let load = || load_gguf(&path, &TemplateChoice::Auto).expect("load");
     let first = load();
     let mc = &first.model.config;
-    let sliding = mc.sliding_kv().filter(|_| swa > 0).map(|(w, _)| (w, swa));
-    let layout = mc.kv_layout(BLOCK, num_blocks + sliding.map_or(0, |s| s.1));
+    let window = mc.sliding_kv().filter(|_| swa > 0).map(|(w, _)| w);
+    let layers = SlidingBlocks::mask(mc.n_layer, |l| mc.window(l) > 0).expect("mask");
+    let layout = KvLayout {
+        sliding: window.map(|_| SlidingBlocks {
+            layers,
+            first: num_blocks as u32,
+        }),
+        ..mc.kv_layout(BLOCK, num_blocks + window.map_or(0, |_| swa))
+    };
     let facts = ModelFacts {
         architecture: mc.architecture.clone(),
         context_length: mc.context_length,
@@ -54,7 +62,7 @@ fn engine_sliding(
     };
     let mut b = EngineBuilder::new(first.tokenizer, first.template, facts)
         .scheduler(config)
-        .sliding_kv(sliding)
+        .sliding_window(window)
         .executor(Box::new(
             LocalExecutor::new(first.model, layout).expect("exec"),
         ));

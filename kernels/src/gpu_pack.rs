@@ -5,6 +5,7 @@
 //! format is expanded into such blocks exactly (`repack`), so the GPU
 //! computes with the file's values as the CPU does.
 
+use crate::cpu::kv::KvLayout;
 use crate::quant::{KernelError, QMatrix, QuantType};
 
 /// Threads of one workgroup / thread block in the reduction kernels.
@@ -205,13 +206,16 @@ fn gpu_blocks(ty: QuantType, row: &[u8]) -> Vec<GpuBlock> {
 }
 
 /// Per query row of a paged attention call: its position and where its
-/// block table starts in the joined tables, and the joined tables.
-pub fn paged_queries(queries: &[(usize, &[u32])]) -> (Vec<u32>, Vec<u32>) {
+/// block table starts in the joined tables, and the joined tables, each
+/// block id less `base` (the layer's first id, `KvLayout::layer_ids`: the
+/// kernels index the layer's own buffer). Ids behind a sliding window are
+/// never read, whatever they become.
+pub fn paged_queries(queries: &[(usize, &[u32])], base: u32) -> (Vec<u32>, Vec<u32>) {
     let mut info = Vec::with_capacity(2 * queries.len());
     let mut tables = Vec::new();
     for &(pos, table) in queries {
         info.extend([pos as u32, tables.len() as u32]);
-        tables.extend_from_slice(table);
+        tables.extend(table.iter().map(|b| b.wrapping_sub(base)));
     }
     (info, tables)
 }
@@ -243,9 +247,25 @@ pub fn rope_rows(positions: &[usize], cos: &[f32], sin: &[f32], rot_dim: usize) 
     cs
 }
 
-/// A KV write's destinations as the kernels read them: (block, slot) words.
-pub fn slot_words(slots: &[(u32, usize)]) -> Vec<u32> {
-    slots.iter().flat_map(|&(b, s)| [b, s as u32]).collect()
+/// Where each (block, layer) of `blocks` sits, in the order
+/// `Backend::kv_blocks` lays them out (block by block, layer by layer):
+/// the layer and the block's index in that layer's buffer, `None` for an
+/// id of the other pool (`KvLayout::layer_block`), read as zeros and
+/// never written.
+pub fn kv_places(l: &KvLayout, blocks: &[u32]) -> Vec<(usize, Option<usize>)> {
+    blocks
+        .iter()
+        .flat_map(|&b| (0..l.n_layer).map(move |layer| (layer, l.layer_block(layer, b))))
+        .collect()
+}
+
+/// A KV write's destinations as the kernels read them: (block less
+/// `base`, slot) words (see `paged_queries`).
+pub fn slot_words(slots: &[(u32, usize)], base: u32) -> Vec<u32> {
+    slots
+        .iter()
+        .flat_map(|&(b, s)| [b.wrapping_sub(base), s as u32])
+        .collect()
 }
 
 #[cfg(test)]

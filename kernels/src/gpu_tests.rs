@@ -6,6 +6,7 @@
 
 use crate::backend::{AttnShape, Backend, HostMatrix, KvLayout, Rope};
 use crate::cpu::backend::CpuBackend;
+use crate::cpu::kv::SlidingBlocks;
 use crate::quant::{QMatrix, QuantType};
 use crate::reference;
 
@@ -340,6 +341,7 @@ pub(crate) fn paged_attention_over_f16_kv_matches_the_cpu<B: Backend>(g: &B) {
         block_size: 4,
         num_blocks: 16,
         dtype: Default::default(),
+        sliding: None,
     };
     let (mut gkv, mut ckv) = (g.kv(layout), c.kv(layout));
     // Two sequences: 10 positions in blocks [3, 9, 1], 5 in [0, 12].
@@ -392,6 +394,7 @@ pub(crate) fn kv_blocks_move_between_backends_bit_for_bit<B: Backend>(g: &B) {
         block_size: 4,
         num_blocks: 8,
         dtype: Default::default(),
+        sliding: None,
     };
     let (mut gkv, mut ckv) = (g.kv(layout), c.kv(layout));
     let slots: Vec<(u32, usize)> = (0..10).map(|p| ([5u32, 2, 7][p / 4], p % 4)).collect();
@@ -421,6 +424,61 @@ pub(crate) fn kv_blocks_move_between_backends_bit_for_bit<B: Backend>(g: &B) {
     assert_eq!(before, after);
 }
 
+/// Sliding-window layers keep a pool of their own (`KvLayout::sliding`):
+/// each layer's buffers hold only its pool's blocks (`held` gives the
+/// bytes of a layer's keys), and blocks are written, attended over and
+/// moved by id as on the CPU (an id of the other pool reads as zeros).
+pub(crate) fn sliding_layers_keep_a_pool_of_their_own<B: Backend>(
+    g: &B,
+    held: impl Fn(&B::Kv, usize) -> usize,
+) {
+    let c = CpuBackend;
+    // Layer 0 slides over blocks 5..8; layer 1 holds blocks 0..5.
+    let layout = KvLayout {
+        n_layer: 2,
+        n_kv_head: 2,
+        head_dim: 32,
+        block_size: 4,
+        num_blocks: 8,
+        dtype: Default::default(),
+        sliding: Some(SlidingBlocks {
+            layers: 0b01,
+            first: 5,
+        }),
+    };
+    let (mut gkv, mut ckv) = (g.kv(layout), c.kv(layout));
+    let block_bytes = layout.block_len() * 2;
+    assert_eq!(held(&gkv, 0), 3 * block_bytes, "the sliding layer's pool");
+    assert_eq!(held(&gkv, 1), 5 * block_bytes, "the full layers' pool");
+    // One sequence of 10 positions; its first sliding block was released.
+    let (full, swa): (&[u32], &[u32]) = (&[3, 0, 4], &[u32::MAX, 7, 5]);
+    let slots = |t: &[u32], from| (from..10).map(|p| (t[p / 4], p % 4)).collect::<Vec<_>>();
+    write_both((g, &mut gkv), &mut ckv, 0, &slots(swa, 4), 11);
+    write_both((g, &mut gkv), &mut ckv, 1, &slots(full, 0), 13);
+    let qw = 4 * 32;
+    let q = reference::ramp(2 * qw, 17);
+    for (layer, table, window) in [(0, swa, 5), (1, full, 0)] {
+        let shape = AttnShape {
+            n_head: 4,
+            n_kv_head: 2,
+            head_dim: 32,
+            block_size: 4,
+            window,
+            softcap: 0.0,
+        };
+        let queries: Vec<(usize, &[u32])> = vec![(9, table), (8, table)];
+        let got = g.to_host(&g.attention(&g.tensor(q.clone(), qw), &gkv, layer, &queries, shape));
+        let want = c.attention(&c.tensor(q.clone(), qw), &ckv, layer, &queries, shape);
+        same_as_cpu(&got, &want.data, avx2(), &format!("layer {layer}"));
+    }
+    let blocks = [7u32, 3, 5, 0];
+    let bits = g.kv_blocks(&gkv, &blocks);
+    assert_eq!(bits, c.kv_blocks(&ckv, &blocks), "the CPU's bits");
+    let mut fresh = g.kv(layout);
+    g.set_kv_blocks(&mut fresh, &blocks, &bits);
+    assert_eq!(g.kv_blocks(&fresh, &blocks), bits);
+}
+
 /// One layer's attention shape and paged KV layout of `num_blocks` blocks.
 fn one_layer(
     (n_head, n_kv_head, head_dim): (usize, usize, usize),
@@ -442,6 +500,7 @@ fn one_layer(
         block_size,
         num_blocks,
         dtype: Default::default(),
+        sliding: None,
     };
     (shape, layout)
 }
@@ -546,6 +605,7 @@ pub(crate) fn f16_conversion_rounds_like_the_half_crate<B: Backend>(
         block_size: 1,
         num_blocks: 1,
         dtype: Default::default(),
+        sliding: None,
     };
     vals.resize(layout.head_dim, 0.5);
     let mut kv = g.kv(layout);

@@ -697,7 +697,7 @@ pub struct SchedulerArgs {
 
     /// Keep every position's KV in sliding-window layers too (Gemma 2
     /// and 3), as llama.cpp's `--swa-full`; by default they keep only the
-    /// window's blocks, in a pool of their own (`--device cpu`).
+    /// window's blocks, in a pool of their own (on every device).
     #[arg(long, env = "SYNOR_SWA_FULL")]
     pub swa_full: bool,
 

@@ -12,4 +12,4 @@ pub mod transfer;
 
 pub use block_pool::{BlockId, BlockPool};
 pub use manager::{HOLE, KvManager};
-pub use storage::{KvDtype, KvLayout, KvStorage};
+pub use storage::{KvDtype, KvLayout, KvStorage, SlidingBlocks};

@@ -355,6 +355,7 @@ pub fn import_on<B: Backend>(
         block_size: u32_at(bytes, 18),
         num_blocks: l.num_blocks,
         dtype: l.dtype,
+        sliding: l.sliding,
     };
     if got != l {
         return Err(KvTransferError::Geometry {
@@ -407,6 +408,7 @@ mod tests {
             block_size: 3,
             num_blocks,
             dtype: Default::default(),
+            sliding: None,
         }
     }
 

@@ -313,6 +313,7 @@ impl LlamaConfig {
             block_size,
             num_blocks,
             dtype: Default::default(),
+            sliding: None,
         }
     }
 }

@@ -387,11 +387,8 @@ impl<B: Backend> Llama<B> {
                     chunk.seq
                 )));
             }
-            if let Some(&b) = chunk
-                .block_table
-                .iter()
-                .find(|&&b| b as usize >= kv.num_blocks)
-            {
+            let full = kv.sliding.map_or(kv.num_blocks, |s| s.first as usize);
+            if let Some(&b) = chunk.block_table.iter().find(|&&b| b as usize >= full) {
                 return Err(EngineError::Execution(format!(
                     "block {b} is outside the KV cache"
                 )));
@@ -418,6 +415,12 @@ impl<B: Backend> Llama<B> {
     /// blocks, `HOLE`, only behind it).
     fn check_swa_table(&self, chunk: &SeqChunk, kv: &KvLayout) -> Result<()> {
         let window = self.config.swa.as_ref().map_or(0, |s| s.window);
+        if kv.sliding.is_some() && chunk.swa_table.is_empty() {
+            return Err(EngineError::Execution(format!(
+                "{}: no sliding-window block table for a cache whose sliding layers keep their own blocks",
+                chunk.seq
+            )));
+        }
         if chunk.swa_table.is_empty() || window == 0 {
             return Ok(());
         }
@@ -425,7 +428,8 @@ impl<B: Backend> Llama<B> {
         let end = chunk.start_pos + chunk.tokens.len();
         let first = (chunk.start_pos + 1).saturating_sub(window) / bs;
         let needed = chunk.swa_table.get(first..end.div_ceil(bs));
-        match needed.and_then(|t| t.iter().find(|&&b| b as usize >= kv.num_blocks)) {
+        let pool = kv.sliding.map_or(0, |s| s.first as usize)..kv.num_blocks;
+        match needed.and_then(|t| t.iter().find(|&&b| !pool.contains(&(b as usize)))) {
             None if needed.is_some() => Ok(()),
             None => Err(EngineError::Execution(format!(
                 "{}: sliding-window block table too short for {end} positions",

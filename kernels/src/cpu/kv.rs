@@ -77,6 +77,42 @@ pub struct KvLayout {
     pub block_size: usize,
     pub num_blocks: usize,
     pub dtype: KvDtype,
+    /// Where the sliding-window layers keep blocks of their own: `None`
+    /// when every layer reads one table.
+    pub sliding: Option<SlidingBlocks>,
+}
+
+/// The block ids of a cache whose sliding-window layers keep a pool of
+/// their own (vLLM's hybrid allocator): ids `0..first` are the other
+/// layers' blocks, `first..num_blocks` the sliding layers'. Each layer
+/// stores only its own pool's blocks, so a backend that allocates every
+/// block up front (the GPUs) sizes each layer by its pool.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SlidingBlocks {
+    /// Bit `i`: layer `i` slides.
+    pub layers: u128,
+    /// The sliding pool's first block id.
+    pub first: u32,
+}
+
+impl SlidingBlocks {
+    /// The most layers the mask covers; a deeper model keeps one table.
+    pub const MAX_LAYERS: usize = 128;
+
+    /// The mask of the layers for which `slides` is true, `None` past
+    /// `MAX_LAYERS` layers.
+    pub fn mask(n_layer: usize, mut slides: impl FnMut(usize) -> bool) -> Option<u128> {
+        (n_layer <= Self::MAX_LAYERS).then(|| {
+            (0..n_layer)
+                .filter(|&l| slides(l))
+                .fold(0, |m, l| m | 1 << l)
+        })
+    }
+
+    /// Whether layer `layer` slides.
+    pub fn slides(&self, layer: usize) -> bool {
+        layer < Self::MAX_LAYERS && self.layers >> layer & 1 == 1
+    }
 }
 
 impl KvLayout {
@@ -93,6 +129,65 @@ impl KvLayout {
     /// Values in one block of one layer's K (or V).
     pub fn block_len(&self) -> usize {
         self.n_kv_head * self.block_size * self.head_dim
+    }
+
+    /// The block ids layer `layer` stores: its pool's.
+    pub fn layer_ids(&self, layer: usize) -> std::ops::Range<u32> {
+        let num = self.num_blocks as u32;
+        match self.sliding {
+            Some(s) if s.slides(layer) => s.first..num,
+            Some(s) => 0..s.first.min(num),
+            None => 0..num,
+        }
+    }
+
+    /// Where block `block` sits among layer `layer`'s blocks; `None` for
+    /// an id of the other pool.
+    pub fn layer_block(&self, layer: usize, block: u32) -> Option<usize> {
+        let ids = self.layer_ids(layer);
+        ids.contains(&block).then(|| (block - ids.start) as usize)
+    }
+
+    /// Blocks of one layer's keys (or values) the whole cache stores: what
+    /// a backend that allocates them up front holds.
+    pub fn layer_blocks(&self) -> usize {
+        (0..self.n_layer).map(|l| self.layer_ids(l).len()).sum()
+    }
+
+    /// The layout capped to fit a backend that holds at most `per_layer`
+    /// blocks in one layer and `total` blocks over all layers
+    /// (`layer_blocks`), or `None` when not one block fits. The sliding
+    /// pool is kept whole (what it holds was sized for the running
+    /// sequences' windows) and the other layers' pool shrinks; where the
+    /// sliding pool does not fit beside one block of the other, every
+    /// layer reads one table again.
+    pub fn capped(mut self, per_layer: usize, total: usize) -> Option<KvLayout> {
+        if let Some(s) = self.sliding {
+            let swa = self.num_blocks.saturating_sub(s.first as usize);
+            let n_swa = (0..self.n_layer).filter(|&l| s.slides(l)).count();
+            let n_full = self.n_layer - n_swa;
+            let left = total.saturating_sub(n_swa * swa) / n_full.max(1);
+            let full = match n_full {
+                // No layer holds the other pool's blocks.
+                0 => s.first as usize,
+                _ => (s.first as usize).min(per_layer).min(left),
+            };
+            let held = n_swa == 0 || (swa <= per_layer && n_swa * swa <= total);
+            if held && full > 0 {
+                self.sliding = Some(SlidingBlocks {
+                    first: full as u32,
+                    ..s
+                });
+                self.num_blocks = full + swa;
+                return Some(self);
+            }
+            self.sliding = None;
+        }
+        self.num_blocks = self
+            .num_blocks
+            .min(per_layer)
+            .min(total / self.n_layer.max(1));
+        (self.num_blocks > 0).then_some(self)
     }
 }
 
@@ -373,6 +468,7 @@ mod tests {
             block_size: 4,
             num_blocks: 5,
             dtype,
+            sliding: None,
         }
     }
 
@@ -502,5 +598,101 @@ mod tests {
             KvLayout::bytes_per_token(2, 3, 64, KvDtype::Q8_0),
             2 * 2 * 3 * 72
         );
+    }
+
+    /// Six layers, layers 0, 1, 3 and 4 sliding; blocks 0..10 the other
+    /// layers', 10..14 the sliding ones'.
+    fn sliding_layout() -> KvLayout {
+        KvLayout {
+            n_layer: 6,
+            num_blocks: 14,
+            sliding: Some(SlidingBlocks {
+                layers: SlidingBlocks::mask(6, |l| l % 3 < 2).expect("fits"),
+                first: 10,
+            }),
+            ..layout(KvDtype::F16, 8)
+        }
+    }
+
+    #[test]
+    fn each_layer_stores_its_own_pools_blocks() {
+        let l = sliding_layout();
+        assert_eq!(l.layer_ids(0), 10..14);
+        assert_eq!(l.layer_ids(2), 0..10);
+        assert_eq!(l.layer_block(4, 12), Some(2));
+        assert_eq!(
+            l.layer_block(4, 3),
+            None,
+            "a full-pool id on a sliding layer"
+        );
+        assert_eq!(l.layer_block(5, 3), Some(3));
+        assert_eq!(l.layer_block(5, 10), None, "a sliding id on a full layer");
+        assert_eq!(l.layer_blocks(), 4 * 4 + 2 * 10);
+        let plain = KvLayout { sliding: None, ..l };
+        assert_eq!(plain.layer_ids(0), 0..14);
+        assert_eq!(plain.layer_blocks(), 6 * 14);
+        assert_eq!(SlidingBlocks::mask(129, |_| true), None);
+        assert!(SlidingBlocks::mask(128, |_| true).is_some_and(|m| m == u128::MAX));
+    }
+
+    #[test]
+    fn capping_shrinks_the_full_pool_and_keeps_the_sliding_one_whole() {
+        let l = sliding_layout();
+        assert_eq!(l.capped(100, 1000), Some(l), "it fits");
+        let c = l.capped(7, 1000).expect("fits");
+        assert_eq!((c.num_blocks, c.sliding.map(|s| s.first)), (11, Some(7)));
+        // 16 blocks go to the sliding layers; 12 left for two full layers.
+        let c = l.capped(100, 28).expect("fits");
+        assert_eq!((c.num_blocks, c.sliding.map(|s| s.first)), (10, Some(6)));
+        // The sliding pool alone is wider than a layer: one table.
+        let c = l.capped(3, 1000).expect("fits");
+        assert_eq!((c.num_blocks, c.sliding), (3, None));
+        // Nothing left for the full layers beside it: one table.
+        let c = l.capped(100, 17).expect("fits");
+        assert_eq!((c.num_blocks, c.sliding), (2, None));
+        assert_eq!(l.capped(0, 1000), None);
+    }
+
+    #[test]
+    fn capped_layouts_fit_what_they_were_capped_to() {
+        let mut rng = StdRng::seed_from_u64(43);
+        for _ in 0..2000 {
+            let n_layer = rng.random_range(1..10);
+            let num_blocks = rng.random_range(1..50);
+            let mut l = KvLayout {
+                n_layer,
+                num_blocks,
+                ..layout(KvDtype::F16, 8)
+            };
+            if rng.random_bool(0.7) {
+                let layers = SlidingBlocks::mask(n_layer, |_| rng.random_bool(0.6)).expect("fits");
+                let first = rng.random_range(0..=num_blocks) as u32;
+                l.sliding = Some(SlidingBlocks { layers, first });
+            }
+            let (per_layer, total) = (rng.random_range(0..60), rng.random_range(0..400));
+            let Some(c) = l.capped(per_layer, total) else {
+                continue;
+            };
+            assert!(
+                c.num_blocks > 0 && c.num_blocks <= l.num_blocks,
+                "{l:?} -> {c:?}"
+            );
+            assert!(c.layer_blocks() <= total, "{l:?} -> {c:?}");
+            if l.layer_blocks() <= total && (0..n_layer).all(|i| l.layer_ids(i).len() <= per_layer)
+            {
+                assert!(
+                    c == l || l.sliding.is_some_and(|s| s.first == 0),
+                    "{l:?} -> {c:?}"
+                );
+            }
+            assert!((0..n_layer).all(|i| c.layer_ids(i).len() <= per_layer));
+            if let (Some(s), Some(was)) = (c.sliding, l.sliding) {
+                assert_eq!(
+                    c.num_blocks - s.first as usize,
+                    l.num_blocks - was.first as usize
+                );
+                assert!(s.first > 0);
+            }
+        }
     }
 }

@@ -188,6 +188,7 @@ mod tests {
             block_size: bs,
             num_blocks: 16,
             dtype,
+            sliding: None,
         };
         for l in [1usize, 5, 13] {
             let mut kv = KvStorage::new(layout);

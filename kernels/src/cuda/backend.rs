@@ -424,10 +424,10 @@ impl Backend for CudaBackend {
     }
 
     fn kv(&self, layout: KvLayout) -> CudaKv {
-        let words = layout.num_blocks * layout.block_len() / 2;
-        let layer = |_| {
+        let words = layout.block_len() / 2;
+        let layer = |l| {
             self.stream
-                .alloc_zeros::<u32>(words.max(1))
+                .alloc_zeros::<u32>((words * layout.layer_ids(l).len()).max(1))
                 .unwrap_or_else(|e| panic!("CUDA allocation of the KV cache: {e}"))
         };
         CudaKv {
@@ -444,16 +444,17 @@ impl Backend for CudaBackend {
     fn kv_blocks(&self, kv: &CudaKv, blocks: &[u32]) -> Vec<u16> {
         let words = kv.layout.block_len() / 2;
         let mut out = Vec::with_capacity(blocks.len() * kv.layout.n_layer * 4 * words);
-        for &b in blocks {
-            let at = b as usize * words;
-            for l in 0..kv.layout.n_layer {
-                for buf in [&kv.k[l], &kv.v[l]] {
-                    let part = self
-                        .stream
-                        .clone_dtoh(&buf.slice(at..at + words))
-                        .unwrap_or_else(|e| panic!("CUDA: reading KV blocks back: {e}"));
-                    out.extend(part.iter().flat_map(|w| [*w as u16, (w >> 16) as u16]));
-                }
+        for (l, at) in gpu_pack::kv_places(&kv.layout, blocks) {
+            for buf in [&kv.k[l], &kv.v[l]] {
+                let Some(at) = at.map(|i| i * words) else {
+                    out.resize(out.len() + 2 * words, 0);
+                    continue;
+                };
+                let part = self
+                    .stream
+                    .clone_dtoh(&buf.slice(at..at + words))
+                    .unwrap_or_else(|e| panic!("CUDA: reading KV blocks back: {e}"));
+                out.extend(part.iter().flat_map(|w| [*w as u16, (w >> 16) as u16]));
             }
         }
         out
@@ -462,19 +463,19 @@ impl Backend for CudaBackend {
     fn set_kv_blocks(&self, kv: &mut CudaKv, blocks: &[u32], bits: &[u16]) {
         let words = kv.layout.block_len() / 2;
         let mut parts = bits.chunks_exact(2 * words);
-        for &b in blocks {
-            let at = b as usize * words;
-            for l in 0..kv.layout.n_layer {
-                for buf in [&mut kv.k[l], &mut kv.v[l]] {
-                    let Some(part) = parts.next() else { return };
-                    let w: Vec<u32> = part
-                        .chunks_exact(2)
-                        .map(|p| u32::from(p[0]) | (u32::from(p[1]) << 16))
-                        .collect();
-                    self.stream
-                        .memcpy_htod(&w, &mut buf.slice_mut(at..at + words))
-                        .unwrap_or_else(|e| panic!("CUDA: writing KV blocks: {e}"));
-                }
+        for (l, at) in gpu_pack::kv_places(&kv.layout, blocks) {
+            for buf in [&mut kv.k[l], &mut kv.v[l]] {
+                let Some(part) = parts.next() else { return };
+                let Some(at) = at.map(|i| i * words) else {
+                    continue;
+                };
+                let w: Vec<u32> = part
+                    .chunks_exact(2)
+                    .map(|p| u32::from(p[0]) | (u32::from(p[1]) << 16))
+                    .collect();
+                self.stream
+                    .memcpy_htod(&w, &mut buf.slice_mut(at..at + words))
+                    .unwrap_or_else(|e| panic!("CUDA: writing KV blocks: {e}"));
             }
         }
     }
@@ -734,7 +735,8 @@ impl Backend for CudaBackend {
         slots: &[(u32, usize)],
     ) {
         let l = kv.layout;
-        let ib = (self.tables.slots).get(gpu_pack::slot_words(slots), |v| self.upload(v));
+        let base = l.layer_ids(layer).start;
+        let ib = (self.tables.slots).get(gpu_pack::slot_words(slots, base), |v| self.upload(v));
         let n = slots.len() * l.n_kv_head * l.head_dim / 2;
         for (src, dst) in [(k, &kv.k[layer]), (v, &kv.v[layer])] {
             let args = [
@@ -792,7 +794,8 @@ impl Backend for CudaBackend {
             "CUDA attention: head width {} over {MAX_HEAD_DIM}",
             shape.head_dim
         );
-        let (info, tables) = gpu_pack::paged_queries(queries);
+        let base = kv.layout.layer_ids(layer).start;
+        let (info, tables) = gpu_pack::paged_queries(queries, base);
         let ib = self.tables.queries.get(info, |v| self.upload(v));
         let tb = self.tables.blocks.get(tables, |v| self.upload(v));
         let out = self.new_tensor(q.rows, q.cols);

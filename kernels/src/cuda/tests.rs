@@ -160,6 +160,12 @@ fn without_a_driver_cuda_fails_with_one_clear_error() {
 }
 
 #[test]
+fn sliding_layers_keep_a_pool_of_their_own() {
+    let Some(g) = gpu() else { return };
+    t::sliding_layers_keep_a_pool_of_their_own(&g, |kv, l| g.raw_keys(kv, l).len() * 2);
+}
+
+#[test]
 fn kv_blocks_move_between_backends_bit_for_bit() {
     let Some(g) = gpu() else { return };
     t::kv_blocks_move_between_backends_bit_for_bit(&g);

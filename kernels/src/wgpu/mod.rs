@@ -227,8 +227,11 @@ impl Backend for WgpuBackend {
     }
 
     fn kv(&self, layout: KvLayout) -> GpuKv {
-        let bytes = (layout.num_blocks * layout.block_len() * 2) as u64;
-        let layer = |_| self.gpu.alloc(bytes);
+        let block = (layout.block_len() * 2) as u64;
+        let layer = |l| {
+            self.gpu
+                .alloc(block * layout.layer_ids(l).len().max(1) as u64)
+        };
         GpuKv {
             layout,
             k: (0..layout.n_layer).map(layer).collect(),
@@ -241,36 +244,45 @@ impl Backend for WgpuBackend {
     }
 
     fn kv_blocks(&self, kv: &GpuKv, blocks: &[u32]) -> Vec<u16> {
-        let bytes = (kv.layout.block_len() * 2) as u64;
-        let ranges: Vec<(&wgpu::Buffer, u64, u64)> = blocks
+        let l = kv.layout;
+        let bytes = (l.block_len() * 2) as u64;
+        let places = gpu_pack::kv_places(&l, blocks);
+        let ranges: Vec<(&wgpu::Buffer, u64, u64)> = places
             .iter()
-            .flat_map(|&b| (0..kv.layout.n_layer).map(move |l| (l, b)))
-            .flat_map(|(l, b)| {
-                let at = u64::from(b) * bytes;
-                [(&*kv.k[l], at, bytes), (&*kv.v[l], at, bytes)]
+            .filter_map(|&(layer, at)| {
+                let at = at? as u64 * bytes;
+                Some([(&*kv.k[layer], at, bytes), (&*kv.v[layer], at, bytes)])
             })
+            .flatten()
             .collect();
         // A device lost mid-read is not recoverable here (as `to_host`).
         let raw = self
             .gpu
             .read_ranges(&ranges)
             .unwrap_or_else(|e| panic!("{e}"));
-        raw.chunks_exact(2)
-            .map(|c| u16::from_le_bytes([c[0], c[1]]))
-            .collect()
+        let mut held = raw.chunks_exact(2 * bytes as usize);
+        let mut out = Vec::with_capacity(places.len() * 2 * l.block_len());
+        for (_, at) in places {
+            match at.and_then(|_| held.next()) {
+                Some(kv) => {
+                    out.extend(kv.chunks_exact(2).map(|c| u16::from_le_bytes([c[0], c[1]])))
+                }
+                None => out.resize(out.len() + 2 * l.block_len(), 0),
+            }
+        }
+        out
     }
 
     fn set_kv_blocks(&self, kv: &mut GpuKv, blocks: &[u32], bits: &[u16]) {
         let n = kv.layout.block_len();
         let mut parts = bits.chunks_exact(n);
-        for &b in blocks {
-            for l in 0..kv.layout.n_layer {
-                for buf in [&kv.k[l], &kv.v[l]] {
-                    if let Some(part) = parts.next() {
-                        let bytes: Vec<u8> = part.iter().flat_map(|x| x.to_le_bytes()).collect();
-                        self.gpu.write(buf, u64::from(b) * (n * 2) as u64, &bytes);
-                    }
-                }
+        for (layer, at) in gpu_pack::kv_places(&kv.layout, blocks) {
+            for buf in [&kv.k[layer], &kv.v[layer]] {
+                let (Some(part), Some(at)) = (parts.next(), at) else {
+                    continue;
+                };
+                let bytes: Vec<u8> = part.iter().flat_map(|x| x.to_le_bytes()).collect();
+                self.gpu.write(buf, (at * n * 2) as u64, &bytes);
             }
         }
     }
@@ -524,7 +536,7 @@ impl Backend for WgpuBackend {
         slots: &[(u32, usize)],
     ) {
         let l = kv.layout;
-        let idx = gpu_pack::slot_words(slots);
+        let idx = gpu_pack::slot_words(slots, l.layer_ids(layer).start);
         let ib = self.gpu.words(&idx);
         let p = [
             slots.len() as u32,
@@ -592,7 +604,8 @@ impl Backend for WgpuBackend {
         queries: &[(usize, &[u32])],
         shape: AttnShape,
     ) -> GpuTensor {
-        let (info, tables) = gpu_pack::paged_queries(queries);
+        let base = kv.layout.layer_ids(layer).start;
+        let (info, tables) = gpu_pack::paged_queries(queries, base);
         let (ib, tb) = (self.gpu.words(&info), self.gpu.words(&tables));
         let out = self.new_tensor(q.rows, q.cols);
         let p = [

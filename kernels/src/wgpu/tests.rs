@@ -120,6 +120,11 @@ fn the_shaders_multiply_add_rounds_once_like_the_cpus_fma() {
 }
 
 #[test]
+fn sliding_layers_keep_a_pool_of_their_own() {
+    t::sliding_layers_keep_a_pool_of_their_own(&gpu(), |kv, l| kv.k[l].size() as usize);
+}
+
+#[test]
 fn kv_blocks_move_between_backends_bit_for_bit() {
     t::kv_blocks_move_between_backends_bit_for_bit(&gpu());
 }
