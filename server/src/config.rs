@@ -50,9 +50,9 @@ pub struct DatabaseArg {
 
 impl DatabaseArg {
     /// Connects (and migrates).
-    pub async fn connect(&self) -> anyhow::Result<crate::store::Db> {
+    pub async fn connect(&self) -> anyhow::Result<money::store::Db> {
         use anyhow::Context;
-        crate::store::Db::connect(&self.database_url)
+        money::store::Db::connect(&self.database_url)
             .await
             .with_context(|| format!("opening the database {}", self.database_url))
     }
@@ -523,7 +523,7 @@ pub struct PriceArg {
 /// Parses `output=0.40,input=0.10,cached=0.05` (money units per million
 /// tokens).
 fn parse_price(s: &str) -> Result<PriceArg, String> {
-    use crate::ledger::money::parse_units;
+    use money::ledger::amount::parse_units;
     let (mut input, mut cached, mut output) = (None, None, None);
     for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
         let (k, v) = part

@@ -5,11 +5,11 @@
 use crate::config::{
     AccountsAction, AccountsArgs, KeysAction, KeysArgs, ProvidersAction, ProvidersArgs,
 };
-use crate::ledger::Ledger;
-use crate::ledger::accounts::AccountKind;
-use crate::ledger::money::parse_units;
-use crate::ledger::money::{self, format_units};
-use crate::store::keys::{Limits, NewKey};
+use money::ledger::Ledger;
+use money::ledger::accounts::AccountKind;
+use money::ledger::amount::parse_units;
+use money::ledger::amount::{self, format_units};
+use money::store::keys::{Limits, NewKey};
 
 pub async fn run(args: KeysArgs) -> anyhow::Result<()> {
     let db = args.db.connect().await?;
@@ -28,7 +28,7 @@ pub async fn run(args: KeysArgs) -> anyhow::Result<()> {
             let budget = budget
                 .map(|b| {
                     parse_units(&b)
-                        .and_then(|b| money::check_bound("budget", b, money::MAX_BALANCE))
+                        .and_then(|b| amount::check_bound("budget", b, amount::MAX_BALANCE))
                         .map_err(anyhow::Error::msg)
                 })
                 .transpose()?;

@@ -6,10 +6,10 @@
 //! - `services`: what a request does, HTTP-free: the served models, per-key
 //!   limits, metering, the response-cache policy and the one generation
 //!   path that chat, completions and embeddings share.
-//! - domain modules that know nothing of HTTP or services: `ledger` (money),
-//!   `market` (prices and orders), `cache` (the response cache's tiers),
-//!   `store` (keys and the database), `fleet` (provider workers: the wire
-//!   protocol so far; registry and placement next), used by the services.
+//! - domain modules that know nothing of HTTP or services: `cache` (the
+//!   response cache's tiers) and `fleet` (provider workers: the wire
+//!   protocol, registry, sessions), used by the services. The money (the
+//!   store, ledger and market) is its own crate, `money`.
 //!
 //! Beside them: `config` (the command line), `startup` (wiring and serving),
 //! `listen` (the HTTP/1 listener), `keys_cli`, `telemetry`, and `worker`
@@ -20,12 +20,9 @@ pub mod config;
 pub mod fleet;
 pub mod http;
 pub mod keys_cli;
-pub mod ledger;
 pub mod listen;
-pub mod market;
 pub mod services;
 pub mod startup;
-pub mod store;
 pub mod telemetry;
 pub mod worker;
 

@@ -10,11 +10,11 @@ use tokio::net::TcpListener;
 use crate::config::{ModelArgs, SchedulerArgs, ServeArgs};
 use crate::http::auth::Auth;
 use crate::http::state::AppState;
-use crate::ledger::{Ledger, LedgerConfig};
-use crate::market::Market;
 use crate::services::metering::Billing;
 use crate::services::models::{Kind, ModelLoader, ModelRegistry};
-use crate::store::Db;
+use money::ledger::{Ledger, LedgerConfig};
+use money::market::Market;
+use money::store::Db;
 
 /// How often the ledger audits itself (its result in `/metrics`).
 const AUDIT_EVERY: std::time::Duration = std::time::Duration::from_secs(300);

@@ -32,7 +32,7 @@ pub struct CachedAnswer {
     /// the ledger counted micro-units wrote `prices`, which is ignored (a
     /// hit on one is priced from today's idle prices).
     #[serde(default, rename = "prices_ticks")]
-    pub prices: Option<crate::ledger::Prices>,
+    pub prices: Option<money::ledger::Prices>,
 }
 
 impl CachedAnswer {
@@ -135,7 +135,7 @@ mod tests {
 
     #[test]
     fn prices_stored_in_micro_units_are_not_read_as_ticks() {
-        let prices = crate::ledger::Prices {
+        let prices = money::ledger::Prices {
             input: 56_940_000,
             cached_input: 5_694_000,
             output: 170_830_000,

@@ -239,7 +239,7 @@ impl std::fmt::Debug for Registry {
 }
 
 fn now() -> i64 {
-    crate::store::now()
+    money::store::now()
 }
 
 /// Sends a server message to a worker connected to another replica;

@@ -435,7 +435,7 @@ fn registration(m: FromWorker, peer: &Peer) -> Result<Registration, ProtocolErro
 /// bounds (a positive output price, no phase dearer than `MAX_PRICE`),
 /// with a bounded capacity and an end in the future.
 fn check_asks(asks: &[Ask], models: &[ServedModel]) -> Result<(), String> {
-    use crate::ledger::money::MAX_PRICE;
+    use money::ledger::amount::MAX_PRICE;
     for (i, a) in asks.iter().enumerate() {
         let name = &a.model;
         if !models.iter().any(|m| &m.name == name) {
@@ -455,7 +455,7 @@ fn check_asks(asks: &[Ask], models: &[ServedModel]) -> Result<(), String> {
                 "ask for `{name}`: capacity is at most 1e9 tokens/s"
             ));
         }
-        if a.until != 0 && a.until <= crate::store::now() {
+        if a.until != 0 && a.until <= money::store::now() {
             return Err(format!("ask for `{name}` already lapsed"));
         }
     }

@@ -198,9 +198,9 @@ fn not_found_code(what: &str) -> &'static str {
     }
 }
 
-impl From<crate::ledger::LedgerError> for ApiError {
-    fn from(e: crate::ledger::LedgerError) -> Self {
-        use crate::ledger::LedgerError as L;
+impl From<money::ledger::LedgerError> for ApiError {
+    fn from(e: money::ledger::LedgerError) -> Self {
+        use money::ledger::LedgerError as L;
         match e {
             L::InsufficientQuota { .. } | L::BudgetExceeded { .. } => {
                 Self::InsufficientQuota(e.to_string())
@@ -233,9 +233,9 @@ impl From<crate::services::ServiceError> for ApiError {
     }
 }
 
-impl From<crate::market::MarketError> for ApiError {
-    fn from(e: crate::market::MarketError) -> Self {
-        use crate::market::MarketError as M;
+impl From<money::market::MarketError> for ApiError {
+    fn from(e: money::market::MarketError) -> Self {
+        use money::market::MarketError as M;
         match e {
             M::UnknownRegion(r) => {
                 Self::invalid("region", format!("no electricity price for region `{r}`"))

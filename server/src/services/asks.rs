@@ -14,10 +14,10 @@ use std::time::Duration;
 
 use crate::fleet::protocol::{ToWorker, VERSION};
 use crate::fleet::registry::{Registry, WorkerInfo};
-use crate::market::book::Side;
-use crate::market::{Market, MarketError, NewOrder};
 use crate::services::placement::gross;
-use crate::store::now;
+use money::market::book::Side;
+use money::market::{Market, MarketError, NewOrder};
+use money::store::now;
 
 /// How long a posted ask stands without being renewed.
 const TTL_S: i64 = 30;

@@ -28,12 +28,12 @@ use crate::cache::ResponseCache;
 use crate::cache::answer::{CachedAnswer, CachedChoice, KeyParts, exact_key, hex};
 use crate::cache::semantic::IndexKey;
 use crate::cache::verify::Facts;
-use crate::ledger::money::BPS;
-use crate::ledger::{Prices, Quote};
 use crate::services::ServiceError;
 use crate::services::metering::{Billing, Payer};
 use crate::services::models::{ModelKind, ModelRegistry};
-use crate::store::keys::KeyRecord;
+use money::ledger::amount::BPS;
+use money::ledger::{Prices, Quote};
+use money::store::keys::KeyRecord;
 
 /// What the caller asked of the cache.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -328,24 +328,24 @@ impl ResponseCaching {
             return Ok(());
         };
         let a = &hit.answer;
-        let base = b.quote(&a.model, crate::market::pricing::Load::default())?;
+        let base = b.quote(&a.model, money::market::pricing::Load::default())?;
         // Answers stored before prices were recorded: today's idle price.
         let generated = a.prices.unwrap_or(base.prices);
         let quote = Quote {
             provider_id: a.provider_id.clone(),
             prices: hit_prices(generated, self.price_bps),
             // Nothing ran: the answer is replayed.
-            stages: crate::ledger::money::Stages::default(),
+            stages: money::ledger::amount::Stages::default(),
             ..base
         };
         let payer = Payer::of(key);
-        let tokens = crate::ledger::Tokens {
+        let tokens = money::ledger::Tokens {
             prompt: a.prompt_tokens,
             cached: 0,
             completion: a.completion_tokens,
         };
         let request_id = format!("req_{}", uuid::Uuid::new_v4().simple());
-        let hold = crate::ledger::holds::HoldRequest {
+        let hold = money::ledger::holds::HoldRequest {
             request_id: &request_id,
             account_id: &payer.account_id,
             key_id: payer.key_id.as_deref(),
@@ -381,8 +381,8 @@ impl ResponseCaching {
                 .collect(),
             prompt_tokens: usage.0,
             completion_tokens: usage.1,
-            provider_id: crate::ledger::HOUSE_PROVIDER.to_string(),
-            created_at: crate::store::now(),
+            provider_id: money::ledger::HOUSE_PROVIDER.to_string(),
+            created_at: money::store::now(),
             prices,
         };
         let embedder = self.embedder();

@@ -84,7 +84,7 @@ pub async fn run(fleet: Arc<Registry>, models: Arc<ModelRegistry>, dispatch: Arc
             continue;
         }
         // Workers connected here (another replica measures its own).
-        let now = crate::store::now();
+        let now = money::store::now();
         let due: Vec<WorkerInfo> = fleet
             .local()
             .into_iter()
@@ -263,7 +263,7 @@ async fn challenge(
         prefill_ms_long: prefill_long * 1e3,
         decode_step_ms_1: one,
         decode_step_ms_4: four.max(one),
-        measured_at: crate::store::now(),
+        measured_at: money::store::now(),
     };
     Ok((profile, answers))
 }

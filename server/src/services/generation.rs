@@ -18,14 +18,14 @@ use engine::{
 };
 use futures_util::stream::{self, BoxStream, Stream, StreamExt};
 
-use crate::ledger::money::Stages;
 use crate::services::ServiceError;
 use crate::services::caching::{CacheRequest, Hit, Plan, ResponseCaching};
 use crate::services::dispatch::Target;
 use crate::services::limits::Limiter;
 use crate::services::metering::{Billing, Payer, Tab};
 use crate::services::models::ModelRegistry;
-use crate::store::keys::KeyRecord;
+use money::ledger::amount::Stages;
+use money::store::keys::KeyRecord;
 
 /// Everything a generation passes through. Cheap to clone (handles).
 #[derive(Debug, Clone)]
@@ -110,7 +110,7 @@ impl Generation {
         // it then runs on the seller's executors, prepaid.
         let serves = |seller: &str| match &self.dispatch {
             Some(d) => d.can_serve(&job.model, seller),
-            None => seller == crate::ledger::HOUSE_PROVIDER,
+            None => seller == money::ledger::HOUSE_PROVIDER,
         };
         let cover = match &self.billing {
             Some(b) => {
@@ -168,7 +168,7 @@ impl Generation {
         self.charge_tokens(key, worst)?;
         let tab = match &self.billing {
             Some(b) => {
-                let mut quote = b.quote(model, crate::market::pricing::Load::default())?;
+                let mut quote = b.quote(model, money::market::pricing::Load::default())?;
                 quote.stages = Stages::one(encoder.executor());
                 Some(b.open(&Payer::of(key), &quote, &[(worst, 0)]).await?)
             }
@@ -238,7 +238,7 @@ struct Recorder {
     caching: ResponseCaching,
     plan: Plan,
     /// The prices the answer is generated at (`None`: unmetered).
-    prices: Option<crate::ledger::Prices>,
+    prices: Option<money::ledger::Prices>,
     texts: Vec<String>,
     reasons: Vec<Option<FinishReason>>,
     usage: (u64, u64),

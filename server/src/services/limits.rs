@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::services::ServiceError;
-use crate::store::keys::KeyRecord;
+use money::store::keys::KeyRecord;
 
 const WINDOW: Duration = Duration::from_secs(60);
 
@@ -126,7 +126,7 @@ impl Limiter {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::keys::Limits;
+    use money::store::keys::Limits;
 
     fn key(limits: Limits) -> KeyRecord {
         KeyRecord {

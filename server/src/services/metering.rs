@@ -13,15 +13,15 @@ use std::time::{Duration, Instant};
 
 use engine::{EngineHandle, TokenEvent, Usage};
 
-use crate::ledger::holds::HoldRequest;
-use crate::ledger::money::Stages;
-use crate::ledger::{Closed, HOUSE_PROVIDER, LOCAL_USER, Ledger, Outcome, Quote, Tokens};
-use crate::market::book::Side;
-use crate::market::pricing::Load;
-use crate::market::{Market, NewOrder};
 use crate::services::ServiceError;
 use crate::services::models::{ModelKind, ModelRegistry};
-use crate::store::keys::KeyRecord;
+use money::ledger::amount::Stages;
+use money::ledger::holds::HoldRequest;
+use money::ledger::{Closed, HOUSE_PROVIDER, LOCAL_USER, Ledger, Outcome, Quote, Tokens};
+use money::market::book::Side;
+use money::market::pricing::Load;
+use money::market::{Market, NewOrder};
+use money::store::keys::KeyRecord;
 
 /// The ledger and the market, as the API uses them.
 #[derive(Debug)]
@@ -82,7 +82,7 @@ pub struct Tab {
     checkpointed: Instant,
     /// The prices it runs at (a cached copy of its answer is priced from
     /// them).
-    prices: crate::ledger::Prices,
+    prices: money::ledger::Prices,
     /// Which providers' executors delivered the tokens (the relays add to
     /// it); empty when the house engine ran everything.
     credits: Credits,
@@ -96,7 +96,7 @@ pub struct Credits(std::sync::Arc<std::sync::Mutex<Attempts>>);
 
 #[derive(Debug, Default)]
 struct Attempts {
-    work: Vec<crate::ledger::settle::Work>,
+    work: Vec<money::ledger::settle::Work>,
     prefill: Option<String>,
     decode: Vec<String>,
     /// Whose request it is, for a clawback's refund.
@@ -124,7 +124,7 @@ impl Credits {
 
     /// A worker's encoder on `executor` embedded the request: its
     /// provider is paid for `work`.
-    pub fn encoded(&self, executor: &str, work: crate::ledger::settle::Work) {
+    pub fn encoded(&self, executor: &str, work: money::ledger::settle::Work) {
         let mut a = self.0.lock().unwrap_or_else(|e| e.into_inner());
         a.prefill = Some(executor.to_string());
         a.decode = vec![executor.to_string()];
@@ -142,7 +142,7 @@ impl Credits {
 
     /// An attempt on `executor` ended having done `work` (accepted only
     /// if it delivered a token).
-    pub fn attempt(&self, executor: &str, work: crate::ledger::settle::Work) {
+    pub fn attempt(&self, executor: &str, work: money::ledger::settle::Work) {
         let mut a = self.0.lock().unwrap_or_else(|e| e.into_inner());
         a.prefill.get_or_insert_with(|| executor.to_string());
         if work.tokens.completion > 0 {
@@ -155,7 +155,7 @@ impl Credits {
 
     /// What settlement needs (nothing when no relay ran: the hold's own
     /// provider and executors stand).
-    fn take(&self) -> crate::ledger::settle::Attribution {
+    fn take(&self) -> money::ledger::settle::Attribution {
         let a = {
             let mut g = self.0.lock().unwrap_or_else(|e| e.into_inner());
             let payer = g.payer.clone();
@@ -171,7 +171,7 @@ impl Credits {
             },
             prefill,
         });
-        crate::ledger::settle::Attribution {
+        money::ledger::settle::Attribution {
             work: a.work,
             stages,
         }
@@ -275,7 +275,7 @@ impl Billing {
         engine: &EngineHandle,
         requests: &[engine::GenerateRequest],
         planned: Option<(&str, &crate::services::placement::Terms)>,
-        cover: Option<&crate::market::contracts::Cover>,
+        cover: Option<&money::market::contracts::Cover>,
     ) -> Result<Tab, ServiceError> {
         let mut quote = self.quote(model, self.load_of(engine))?;
         let info = engine.info();
@@ -291,7 +291,7 @@ impl Billing {
         }
         if let Some(c) = cover {
             quote.provider_id = c.seller.clone();
-            quote.prices = crate::ledger::Prices {
+            quote.prices = money::ledger::Prices {
                 input: c.price,
                 cached_input: c.price,
                 output: c.price,
@@ -310,7 +310,7 @@ impl Billing {
         model: &str,
         requests: &[engine::GenerateRequest],
         can_serve: impl Fn(&str) -> bool,
-    ) -> Option<crate::market::contracts::Cover> {
+    ) -> Option<money::market::contracts::Cover> {
         let worst: u64 = choices_of(requests).iter().map(|(p, m)| p + m).sum();
         self.market
             .cover(&payer.account_id, model, worst, can_serve)
@@ -346,7 +346,7 @@ impl Tab {
     }
 
     /// The prices the request runs at.
-    pub fn prices(&self) -> crate::ledger::Prices {
+    pub fn prices(&self) -> money::ledger::Prices {
         self.prices
     }
 
@@ -482,7 +482,7 @@ async fn measure_house(b: &Billing, engine: &EngineHandle) -> Result<(), Service
     let busy = now.busy_micros.saturating_sub(start.busy_micros);
     let prompt = batched.saturating_sub(generated);
     if let Some((pre, dec)) =
-        crate::market::pricing::measured_rates(&house.profile, prompt, generated, busy)
+        money::market::pricing::measured_rates(&house.profile, prompt, generated, busy)
     {
         let p = &mut house.profile;
         p.prefill_tokens_per_hour = (p.prefill_tokens_per_hour + pre) / 2;
@@ -531,7 +531,7 @@ async fn house_round(b: &Billing, models: &ModelRegistry) -> Result<(), ServiceE
                 quantity: capacity,
                 priority: 0,
                 interruptible: false,
-                expires_at: crate::store::now() + ASK_TTL_S,
+                expires_at: money::store::now() + ASK_TTL_S,
             })
             .await?;
     }

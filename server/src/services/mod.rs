@@ -36,8 +36,8 @@ pub mod standing;
 
 use engine::EngineError;
 
-use crate::ledger::LedgerError;
-use crate::market::MarketError;
+use money::ledger::LedgerError;
+use money::market::MarketError;
 
 /// Why a service refused or failed a request.
 #[derive(Debug, thiserror::Error)]

@@ -220,7 +220,7 @@ impl ModelLoader {
         };
         Ok(ServedModel {
             name: name.to_string(),
-            created: crate::store::now().max(0) as u64,
+            created: money::store::now().max(0) as u64,
             version: model_version(&path),
             kind,
         })

@@ -12,7 +12,7 @@
 //! are the default; `--placement-weights latency=1` places by time alone.
 
 use crate::fleet::registry::Profile;
-use crate::ledger::money::{BPS, Prices, Tokens};
+use money::ledger::amount::{BPS, Prices, Tokens};
 
 /// The largest batch cap.
 pub(crate) const MAX_CAP: u32 = 1024;
@@ -117,7 +117,7 @@ impl Terms {
     /// cache) and at most `max_tokens` costs here at worst (ticks, at
     /// least one).
     fn choice_cost(&self, prompt: usize, cached: usize, max_tokens: usize) -> f64 {
-        let q = crate::ledger::Quote {
+        let q = money::ledger::Quote {
             provider_id: String::new(),
             model: String::new(),
             prices: self.prices,

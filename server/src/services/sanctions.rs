@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::fleet::registry::Registry;
-use crate::store::Db;
+use money::store::Db;
 
 /// How often a replica looks for sanctions imposed elsewhere on the
 /// tokens of its connected workers.
@@ -44,7 +44,7 @@ pub async fn clear(
     db: &Db,
     fleet: &Registry,
     token: &str,
-) -> Result<bool, crate::store::StoreError> {
+) -> Result<bool, money::store::StoreError> {
     let here = fleet.clear_quarantine(token);
     Ok(db.clear_worker_quarantine(token).await? || here)
 }

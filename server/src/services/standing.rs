@@ -12,8 +12,8 @@ use sqlx::Row;
 
 use crate::fleet::registry::Registry;
 use crate::fleet::standing::{Delta, Record};
-use crate::market::Market;
-use crate::store::{Db, now};
+use money::market::Market;
+use money::store::{Db, now};
 
 /// How often counts are persisted and totals read back.
 pub const EVERY: Duration = Duration::from_secs(5);
@@ -120,7 +120,7 @@ pub async fn run(db: Db, fleet: Arc<Registry>, market: Option<Arc<Market>>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::testing;
+    use money::store::testing;
 
     #[tokio::test]
     async fn two_replicas_add_up_and_a_restart_keeps_the_record() {

@@ -6,9 +6,9 @@ use axum::Router;
 use axum::body::Body;
 use axum::http::{Request, Response, StatusCode};
 use http_body_util::BodyExt;
+use money::store::Db;
 use serde_json::{Value, json};
 use server::http::auth::Auth;
-use server::store::Db;
 use tower::ServiceExt;
 
 use crate::helpers::{MINILM, TINY, app_with_auth};

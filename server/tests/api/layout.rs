@@ -1,15 +1,16 @@
 //! The server's layering, checked from its sources: domain modules
-//! (`ledger`, `market`, `cache`, `store`) never reach the services or the
-//! HTTP layer, services never reach the HTTP layer, and no two modules
-//! import each other in a circle (top-level modules, and the children of
-//! `http` and `services`, each counted as one unit). Production code only:
-//! test modules (`tests.rs`, and what follows `#[cfg(test)]`) may reach
-//! across, as the ledger's random walk does through the market.
+//! (`cache`, `fleet`) never reach the services or the HTTP layer, services
+//! never reach the HTTP layer, and no two modules import each other in a
+//! circle (top-level modules, and the children of `http` and `services`,
+//! each counted as one unit). Production code only: test modules
+//! (`tests.rs`, and what follows `#[cfg(test)]`) may reach across. The
+//! money (store, ledger, market) is a crate of its own below the server:
+//! that it reaches neither is a dependency fact (`money/tests/boundaries.rs`).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
-const DOMAIN: [&str; 5] = ["ledger", "market", "cache", "store", "fleet"];
+const DOMAIN: [&str; 2] = ["cache", "fleet"];
 /// Modules that wire the binary together; nothing below them uses them.
 const WIRING: [&str; 4] = ["startup", "config", "listen", "keys_cli"];
 

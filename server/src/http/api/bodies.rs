@@ -8,9 +8,9 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 use utoipa::ToSchema;
 
-use crate::ledger::accounts::{Account, UsageRecord};
-use crate::market::book::{Fill, Order};
-use crate::store::keys::KeyRecord;
+use money::ledger::accounts::{Account, UsageRecord};
+use money::market::book::{Fill, Order};
+use money::store::keys::KeyRecord;
 
 /// OpenAI's list envelope: `{"object": "list", "data": [...]}`.
 #[derive(Debug, Serialize, ToSchema)]

@@ -19,8 +19,8 @@ use futures_util::StreamExt;
 
 use crate::http::error::ApiError;
 use crate::services::limits::Limiter;
-use crate::store::Db;
-use crate::store::keys::KeyRecord;
+use money::store::Db;
+use money::store::keys::KeyRecord;
 
 /// The server's access policy.
 #[derive(Debug, Clone, Default)]

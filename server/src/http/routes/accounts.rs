@@ -14,10 +14,10 @@ use crate::http::api::bodies::{KeyUse, List, Moved, UsageAnswer};
 use crate::http::api::json::ApiJson;
 use crate::http::error::ApiError;
 use crate::http::state::AppState;
-use crate::ledger::accounts::{Account, AccountKind, UsageRecord};
-use crate::ledger::audit::{Audit, Transaction};
 use crate::services::metering::Payer;
-use crate::store::keys::KeyRecord;
+use money::ledger::accounts::{Account, AccountKind, UsageRecord};
+use money::ledger::audit::{Audit, Transaction};
+use money::store::keys::KeyRecord;
 
 /// Routes that API keys reach (mounted behind the key check).
 pub fn router() -> Router<AppState> {
@@ -196,7 +196,7 @@ pub(crate) async fn top_up(
 
 /// A journal transaction id with the account it moved.
 async fn transaction_answer(
-    ledger: &crate::ledger::Ledger,
+    ledger: &money::ledger::Ledger,
     tx: String,
     id: &str,
 ) -> Result<Response, ApiError> {

@@ -13,10 +13,10 @@ use crate::http::api::bodies::{CreatedKey, List, ModelChange, Revoked};
 use crate::http::api::json::ApiJson;
 use crate::http::error::ApiError;
 use crate::http::state::AppState;
-use crate::ledger::money;
 use crate::services::models::Kind;
-use crate::store::Db;
-use crate::store::keys::{KeyRecord, Limits, NewKey};
+use money::ledger::amount;
+use money::store::Db;
+use money::store::keys::{KeyRecord, Limits, NewKey};
 
 pub fn router() -> Router<AppState> {
     Router::new()
@@ -142,7 +142,7 @@ fn keys_db(state: &AppState) -> Result<&Db, ApiError> {
         .ok_or_else(|| ApiError::invalid("key", "this server runs in open mode, without API keys"))
 }
 
-fn storage(e: crate::store::StoreError) -> ApiError {
+fn storage(e: money::store::StoreError) -> ApiError {
     ApiError::Storage(e.to_string())
 }
 
@@ -176,7 +176,7 @@ pub(crate) async fn create(
         }
     }
     if let Some(b) = req.budget {
-        money::check_bound("budget", b, money::MAX_BALANCE)
+        amount::check_bound("budget", b, amount::MAX_BALANCE)
             .map_err(|m| ApiError::invalid("budget", m))?;
     }
     let new = NewKey {
@@ -186,7 +186,7 @@ pub(crate) async fn create(
         budget: req.budget,
     };
     let (rec, secret) = db.create_key(&new).await.map_err(|e| {
-        if let crate::store::StoreError::UnknownAccount(a) = &e {
+        if let money::store::StoreError::UnknownAccount(a) = &e {
             ApiError::invalid("account_id", format!("no user account `{a}`"))
         } else {
             storage(e)

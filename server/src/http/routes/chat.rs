@@ -21,7 +21,7 @@ use crate::http::error::ApiError;
 use crate::http::state::AppState;
 use crate::services::caching::{CacheRequest, Conversation, Hit};
 use crate::services::generation::{Generated, Job};
-use crate::store::keys::KeyRecord;
+use money::store::keys::KeyRecord;
 
 pub fn router() -> Router<AppState> {
     Router::new().route("/v1/chat/completions", post(chat_completions))

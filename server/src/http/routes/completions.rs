@@ -17,7 +17,7 @@ use crate::http::error::ApiError;
 use crate::http::state::AppState;
 use crate::services::caching::{CacheRequest, Hit};
 use crate::services::generation::{Generated, Job};
-use crate::store::keys::KeyRecord;
+use money::store::keys::KeyRecord;
 
 pub fn router() -> Router<AppState> {
     Router::new().route("/v1/completions", post(completions))

@@ -14,7 +14,7 @@ use crate::http::api::types::{
 };
 use crate::http::error::ApiError;
 use crate::http::state::AppState;
-use crate::store::keys::KeyRecord;
+use money::store::keys::KeyRecord;
 
 /// OpenAI's limit on inputs per request.
 const MAX_INPUTS: usize = 2048;

@@ -49,7 +49,7 @@ pub struct Earnings {
     pub pending: i64,
     /// Its entries by journal kind (`usage`: paid for tokens its workers
     /// delivered; `trade`: market fills; `penalty`: taken back).
-    pub totals: Vec<crate::ledger::accounts::KindTotal>,
+    pub totals: Vec<money::ledger::accounts::KindTotal>,
     /// Its reputation as the fleet measured it (bps; 10,000 = 1x): it
     /// wins placement, and under 1x it cuts pay.
     pub reputation_bps: i64,
@@ -92,7 +92,7 @@ pub(crate) async fn earnings(
 async fn worker_token(
     state: &AppState,
     headers: &HeaderMap,
-) -> Result<crate::store::workers::WorkerToken, ApiError> {
+) -> Result<money::store::workers::WorkerToken, ApiError> {
     let secret = bearer(headers).ok_or(ApiError::Unauthorized(
         "no worker token: send Authorization: Bearer <token>",
     ))?;

@@ -16,13 +16,13 @@ use crate::http::api::bodies::{Cancelled, List, Placed, RegionSet, Regions};
 use crate::http::api::json::ApiJson;
 use crate::http::error::ApiError;
 use crate::http::state::AppState;
-use crate::ledger::{HOUSE_PROVIDER, Prices};
-use crate::market::book::Side;
-use crate::market::pricing::{CostProfile, Load, demand_bps};
-use crate::market::{NewOrder, PricePoint, Provider, Spot, Trade};
 use crate::services::metering::{Billing, Payer};
 use crate::services::models::ModelKind;
-use crate::store::keys::KeyRecord;
+use money::ledger::{HOUSE_PROVIDER, Prices};
+use money::market::book::Side;
+use money::market::pricing::{CostProfile, Load, demand_bps};
+use money::market::{NewOrder, PricePoint, Provider, Spot, Trade};
+use money::store::keys::KeyRecord;
 
 /// Routes that API keys reach (mounted behind the key check).
 pub fn router() -> Router<AppState> {
@@ -196,7 +196,7 @@ fn new_order(
         quantity: o.quantity,
         priority: o.priority,
         interruptible: o.interruptible,
-        expires_at: crate::store::now() + ttl,
+        expires_at: money::store::now() + ttl,
     })
 }
 
@@ -252,12 +252,12 @@ pub(crate) async fn post_bid(
 /// room (`room`: tokens it can cover now; it refills at `quantity` a
 /// second, up to ten seconds' worth).
 #[utoipa::path(get, path = "/v1/market/contracts", tag = "market",
-    responses((status = 200, description = "Live contracts", body = List<crate::market::contracts::Contract>)),
+    responses((status = 200, description = "Live contracts", body = List<money::market::contracts::Contract>)),
     security(("api_key" = [])))]
 pub(crate) async fn contracts(
     State(state): State<AppState>,
     key: Option<Extension<KeyRecord>>,
-) -> Result<Json<List<crate::market::contracts::Contract>>, ApiError> {
+) -> Result<Json<List<money::market::contracts::Contract>>, ApiError> {
     let payer = Payer::of(key.as_deref());
     let data = billing(&state)?
         .market

@@ -11,8 +11,8 @@ use super::market::{self, InstrumentQuery, ModelPrice, billing};
 use crate::http::api::bodies::{Cancelled, List};
 use crate::http::error::ApiError;
 use crate::http::state::AppState;
-use crate::market::book::Order;
-use crate::market::{PricePoint, Spot, Trade};
+use money::market::book::Order;
+use money::market::{PricePoint, Spot, Trade};
 
 pub fn admin_router() -> Router<AppState> {
     Router::new()

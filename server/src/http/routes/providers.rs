@@ -19,9 +19,9 @@ use crate::http::api::bodies::{List, Revoked};
 use crate::http::api::json::ApiJson;
 use crate::http::error::ApiError;
 use crate::http::state::AppState;
-use crate::ledger::accounts::AccountKind;
-use crate::store::StoreError;
-use crate::store::workers::WorkerToken;
+use money::ledger::accounts::AccountKind;
+use money::store::StoreError;
+use money::store::workers::WorkerToken;
 
 pub fn admin_router() -> Router<AppState> {
     Router::new()

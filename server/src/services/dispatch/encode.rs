@@ -160,15 +160,15 @@ impl Dispatch {
     pub fn encoder_work(
         &self,
         provider: &str,
-        prices: crate::ledger::Prices,
+        prices: money::ledger::Prices,
         tokens: usize,
-    ) -> crate::ledger::settle::Work {
+    ) -> money::ledger::settle::Work {
         let r = self.fleet.standing.get(provider);
-        crate::ledger::settle::Work {
+        money::ledger::settle::Work {
             provider: provider.to_string(),
             prices,
-            payout_bps: crate::market::pricing::payout_bps(r.reputation_bps()),
-            tokens: crate::ledger::money::Tokens {
+            payout_bps: money::market::pricing::payout_bps(r.reputation_bps()),
+            tokens: money::ledger::amount::Tokens {
                 prompt: tokens as u64,
                 cached: 0,
                 completion: 0,

@@ -31,11 +31,11 @@ use engine::{EngineError, EngineHandle, GenerateRequest, RequestId, RequestStrea
 use tokio::sync::{mpsc, watch};
 
 use crate::fleet::registry::{Profile, Registry, WorkerInfo};
-use crate::ledger::HOUSE_PROVIDER;
-use crate::ledger::money::{BPS, Prices};
 use crate::services::ServiceError;
 use crate::services::metering::{Billing, Credits};
 use crate::services::spotcheck::{Sample, SpotCheck, SpotConfig, Verdict};
+use money::ledger::HOUSE_PROVIDER;
+use money::ledger::amount::{BPS, Prices};
 use relay::Relay;
 
 pub mod encode;
@@ -182,7 +182,7 @@ struct Caught {
     job: u64,
     attempt: u32,
     /// The work it was paid for (the server's counts).
-    tokens: crate::ledger::money::Tokens,
+    tokens: money::ledger::amount::Tokens,
     credits: Option<Credits>,
 }
 
@@ -335,7 +335,7 @@ impl Dispatch {
             return;
         };
         let tokens = c.tokens;
-        let quote = crate::ledger::Quote {
+        let quote = money::ledger::Quote {
             provider_id: provider.clone(),
             model: String::new(),
             prices: c.terms.prices,
@@ -344,13 +344,13 @@ impl Dispatch {
             stages: Default::default(),
         };
         let cost = quote.cost(tokens).max(0);
-        let work = crate::ledger::settle::Work {
+        let work = money::ledger::settle::Work {
             provider: provider.clone(),
             prices: c.terms.prices,
             payout_bps: c.terms.payout_bps,
             tokens,
         };
-        let pay: i64 = crate::ledger::settle::payees(p.fee_bps, cost, &[work])
+        let pay: i64 = money::ledger::settle::payees(p.fee_bps, cost, &[work])
             .iter()
             .map(|x| x.1)
             .sum();
@@ -665,7 +665,7 @@ impl Dispatch {
     fn worker_terms(&self, w: &WorkerInfo, model: &str, house: &Terms) -> Terms {
         let market = self.billing.as_ref().map(|b| &b.market);
         let fee = market.map_or(0, |m| m.fee_bps);
-        let now = crate::store::now();
+        let now = money::store::now();
         let listable = |a: &&crate::fleet::protocol::Ask| {
             market.is_none_or(|m| m.in_band(model, gross(a.output, fee)))
         };
@@ -683,7 +683,7 @@ impl Dispatch {
         Terms {
             provider_id: w.provider_id.clone(),
             prices,
-            payout_bps: crate::market::pricing::payout_bps(r.reputation_bps()),
+            payout_bps: money::market::pricing::payout_bps(r.reputation_bps()),
             reputation_bps: r.reputation_bps(),
         }
     }

@@ -17,11 +17,11 @@ use super::{CANCEL_WAIT, Caught, Dispatch, HOUSE, MAX_ATTEMPTS, Target, Want};
 use crate::fleet::jobs::JobEvent;
 use crate::fleet::protocol::{JobParams, ToWorker, VERSION};
 use crate::fleet::registry::Registry;
-use crate::ledger::money::Tokens;
-use crate::ledger::settle::Work;
 use crate::services::metering::Credits;
 use crate::services::placement::Terms;
 use crate::services::spotcheck::Sample;
+use money::ledger::amount::Tokens;
+use money::ledger::settle::Work;
 
 /// How an attempt ended.
 pub(super) enum Attempt {

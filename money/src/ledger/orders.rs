@@ -7,8 +7,8 @@
 
 use sqlx::Row;
 
+use super::amount::{self, Amount, Prices, Quote, Stages};
 use super::holds::HoldRequest;
-use super::money::{self, Amount, Prices, Quote, Stages};
 use super::{HOUSE_PROVIDER, Ledger, LedgerError, TREASURY};
 use crate::store::now;
 
@@ -48,7 +48,8 @@ impl Ledger {
         key: Option<&str>,
         amount: Amount,
     ) -> Result<(), LedgerError> {
-        money::check_amount("bid's worst-case cost", amount).map_err(LedgerError::InvalidAmount)?;
+        amount::check_amount("bid's worst-case cost", amount)
+            .map_err(LedgerError::InvalidAmount)?;
         let id = hold_id(order_id);
         let quote = Quote {
             provider_id: HOUSE_PROVIDER.into(),
@@ -126,7 +127,7 @@ impl Ledger {
                 t.bid_id
             )));
         }
-        let split = money::split_fee(cost, t.fee_bps);
+        let split = amount::split_fee(cost, t.fee_bps);
         let mut moves = vec![
             (t.bidder, -cost, -portion),
             (t.seller, split.provider, 0),
@@ -183,7 +184,7 @@ impl Ledger {
 async fn insert_trade_journal(
     tx: &mut sqlx::Transaction<'_, sqlx::Any>,
     t: &TradeMoney<'_>,
-    split: money::Split,
+    split: amount::Split,
 ) -> Result<(), sqlx::Error> {
     let tx_id = format!("trade:{}", t.trade_id);
     sqlx::query(

@@ -10,7 +10,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::ledger::money::{Amount, BPS, MAX_AMOUNT, MAX_PRICE, Prices, TICKS_PER_UNIT};
+use crate::ledger::amount::{Amount, BPS, MAX_AMOUNT, MAX_PRICE, Prices, TICKS_PER_UNIT};
 
 /// Upper bounds of a cost profile's inputs: a 10 MW site, a PUE of 5,
 /// and hourly costs within one operation's money bound.
@@ -357,7 +357,7 @@ mod tests {
             prices: idle,
             fee_bps: FEE_MIN_BPS,
             payout_bps: BPS,
-            stages: crate::ledger::money::Stages::default(),
+            stages: crate::ledger::amount::Stages::default(),
         };
         for (prompt, cached, completion) in [(10, 0, 8), (0, 0, 18), (18, 0, 0), (9, 9, 9)] {
             let t = crate::ledger::Tokens {

@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 use sqlx::{AssertSqlSafe, Row};
 
-use super::money::Amount;
+use super::amount::Amount;
 use super::{Ledger, LedgerError};
 
 /// One journal transaction with its entries.

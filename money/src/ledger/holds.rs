@@ -5,7 +5,7 @@
 
 use sqlx::Row;
 
-use super::money::{self, Amount, MAX_BALANCE, Quote};
+use super::amount::{self, Amount, MAX_BALANCE, Quote};
 use super::{Ledger, LedgerError};
 use crate::store::now;
 
@@ -170,7 +170,7 @@ fn check_hold(amount: Amount) -> Result<(), LedgerError> {
     if amount == 0 {
         return Ok(());
     }
-    money::check_amount("request's worst-case cost", amount)
+    amount::check_amount("request's worst-case cost", amount)
         .map(|_| ())
         .map_err(LedgerError::InvalidAmount)
 }

@@ -13,9 +13,9 @@
 //! - `audit`: the invariants, checked against the journal.
 
 pub mod accounts;
+pub mod amount;
 pub mod audit;
 pub mod holds;
-pub mod money;
 pub mod orders;
 pub mod recovery;
 pub mod settle;
@@ -26,7 +26,7 @@ use std::time::Duration;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::store::Db;
-pub use money::{Amount, Prices, Quote, Tokens};
+pub use amount::{Amount, Prices, Quote, Tokens};
 
 /// The system accounts every database has (created by the migration).
 pub const DEPOSITS: &str = "deposits";
@@ -39,12 +39,12 @@ pub const LOCAL_USER: &str = "user:local";
 pub enum LedgerError {
     #[error(
         "insufficient funds: this request may cost up to {} but the account has {} available",
-        money::format_units(*need), money::format_units(*available)
+        amount::format_units(*need), amount::format_units(*available)
     )]
     InsufficientQuota { need: Amount, available: Amount },
     #[error(
         "key budget exhausted: this request may cost up to {} but the key has {} left",
-        money::format_units(*need), money::format_units(*remaining)
+        amount::format_units(*need), amount::format_units(*remaining)
     )]
     BudgetExceeded { need: Amount, remaining: Amount },
     #[error("no account `{0}`")]

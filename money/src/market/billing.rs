@@ -6,21 +6,21 @@
 
 use super::MarketError;
 use super::book::{Fill, Order, Side};
-use crate::ledger::money::{self, Amount};
+use crate::ledger::amount::{self, Amount};
 use crate::ledger::orders::TradeMoney;
 use crate::ledger::{Ledger, LedgerError};
 
 /// The most a bid can cost: its whole quantity at its price until it
 /// expires (at least one second).
 pub fn bid_worst_case(o: &Order, now: i64) -> Result<Amount, MarketError> {
-    money::capacity_cost(o.price, o.quantity, (o.expires_at - now).max(1))
-        .filter(|c| *c <= money::MAX_AMOUNT)
+    amount::capacity_cost(o.price, o.quantity, (o.expires_at - now).max(1))
+        .filter(|c| *c <= amount::MAX_AMOUNT)
         .ok_or_else(|| {
             MarketError::Invalid(
                 "quantity",
                 format!(
                     "this bid could cost more than {} (quantity x price x time); post a smaller one",
-                    money::format_units(money::MAX_AMOUNT)
+                    amount::format_units(amount::MAX_AMOUNT)
                 ),
             )
         })
@@ -29,8 +29,8 @@ pub fn bid_worst_case(o: &Order, now: i64) -> Result<Amount, MarketError> {
 /// What a fill costs: its quantity at its price until the traded
 /// capacity ends (at least one second).
 pub fn fill_cost(f: &Fill, now: i64) -> Amount {
-    money::capacity_cost(f.price, f.quantity, (f.terms.until - now).max(1))
-        .unwrap_or(money::MAX_AMOUNT)
+    amount::capacity_cost(f.price, f.quantity, (f.terms.until - now).max(1))
+        .unwrap_or(amount::MAX_AMOUNT)
 }
 
 /// Bills each fill, then releases the holds of bids that ended: the

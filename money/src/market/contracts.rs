@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use serde::Serialize;
 
-use crate::ledger::money::Amount;
+use crate::ledger::amount::Amount;
 
 /// Seconds of capacity a contract can bank.
 pub const BURST_S: u64 = 10;

@@ -11,8 +11,8 @@ use sqlx::any::AnyRow;
 use sqlx::{AssertSqlSafe, Row};
 use tokio::sync::{mpsc, oneshot};
 
+use super::amount::{Prices, Quote, Stages, Tokens};
 use super::holds;
-use super::money::{Prices, Quote, Stages, Tokens};
 use super::{Amount, Closed, LedgerError, Outcome, TREASURY};
 use crate::store::{Backend, Db, now};
 
@@ -56,7 +56,7 @@ pub struct Attribution {
     pub work: Vec<Work>,
     /// The executors that ran its prefill and decode, for its usage
     /// record (`None`: those named on the hold).
-    pub stages: Option<super::money::Stages>,
+    pub stages: Option<super::amount::Stages>,
 }
 
 /// One attempt's accepted work: its provider's claim is `tokens` at
@@ -77,7 +77,7 @@ pub struct Work {
 
 /// The highest payout share: 1x, so no one is paid more than its work's
 /// price net of the fee.
-const MAX_PAYOUT_BPS: i64 = super::money::BPS;
+const MAX_PAYOUT_BPS: i64 = super::amount::BPS;
 
 /// A hold to place and settle at once.
 #[derive(Debug, Clone)]
@@ -456,7 +456,7 @@ async fn provider_accounts(
 /// payout share (clamped to 0-1x), rounded down; scaled down, where the
 /// claims add up to more, so that the total never passes what the user
 /// paid (`cost`) less the fee inside it.
-pub(crate) fn payees(fee_bps: i64, cost: Amount, work: &[Work]) -> Vec<(String, Amount)> {
+pub fn payees(fee_bps: i64, cost: Amount, work: &[Work]) -> Vec<(String, Amount)> {
     let mut merged: std::collections::BTreeMap<&str, i128> = std::collections::BTreeMap::new();
     for w in work {
         let q = Quote {
@@ -472,7 +472,7 @@ pub(crate) fn payees(fee_bps: i64, cost: Amount, work: &[Work]) -> Vec<(String, 
     }
     let total: i128 = merged.values().sum();
     let pool = i128::from(
-        super::money::split_fee(cost.max(0), fee_bps)
+        super::amount::split_fee(cost.max(0), fee_bps)
             .provider
             .max(0),
     );
@@ -733,7 +733,7 @@ mod tests {
             let fee_bps = 500 + ((rng >> 4) % 501) as i64;
             let p = payees(fee_bps, cost, &w);
             let total: i64 = p.iter().map(|(_, a)| a).sum();
-            let fee = super::super::money::split_fee(cost, fee_bps).treasury;
+            let fee = super::super::amount::split_fee(cost, fee_bps).treasury;
             assert!(p.iter().all(|(_, a)| *a > 0));
             assert!(total <= cost - fee, "{total} for {cost} less {fee}");
         }

@@ -3,16 +3,14 @@
 //! (the batching writer commits them in as few transactions as it can).
 //! Every settlement is checked (billed once) and the audit must be clean.
 //!
-//! `cargo bench -p server --bench ledger [-- N C]` (default 20000 256).
+//! `cargo bench -p money --bench ledger [-- N C]` (default 20000 256).
 
 use std::time::Instant;
 
-use server::ledger::accounts::AccountKind;
-use server::ledger::holds::HoldRequest;
-use server::ledger::{
-    Closed, HOUSE_PROVIDER, Ledger, LedgerConfig, Outcome, Prices, Quote, Tokens,
-};
-use server::store::{Db, testing};
+use money::ledger::accounts::AccountKind;
+use money::ledger::holds::HoldRequest;
+use money::ledger::{Closed, HOUSE_PROVIDER, Ledger, LedgerConfig, Outcome, Prices, Quote, Tokens};
+use money::store::{Db, testing};
 
 fn quote() -> Quote {
     Quote {
@@ -25,7 +23,7 @@ fn quote() -> Quote {
         },
         fee_bps: 700,
         payout_bps: 10_000,
-        stages: server::ledger::money::Stages::one("cpu"),
+        stages: money::ledger::amount::Stages::one("cpu"),
     }
 }
 

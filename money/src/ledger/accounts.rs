@@ -6,7 +6,7 @@ use serde::Serialize;
 use sqlx::Row;
 use sqlx::any::AnyRow;
 
-use super::money::{self, Amount, MAX_AMOUNT, MAX_BALANCE};
+use super::amount::{self, Amount, MAX_AMOUNT, MAX_BALANCE};
 use super::{DEPOSITS, Ledger, LedgerError, TREASURY};
 use crate::store::now;
 
@@ -121,7 +121,7 @@ impl Ledger {
         name: &str,
         credit_limit: Amount,
     ) -> Result<Account, LedgerError> {
-        money::check_bound("credit_limit", credit_limit, MAX_AMOUNT)
+        amount::check_bound("credit_limit", credit_limit, MAX_AMOUNT)
             .map_err(LedgerError::InvalidLimit)?;
         let id = format!("{}:{}", kind.as_str(), uuid::Uuid::new_v4().simple());
         let t = now();
@@ -167,7 +167,7 @@ impl Ledger {
         amount: Amount,
         memo: &str,
     ) -> Result<String, LedgerError> {
-        money::check_amount("top-up", amount).map_err(LedgerError::InvalidAmount)?;
+        amount::check_amount("top-up", amount).map_err(LedgerError::InvalidAmount)?;
         let a = self.account(account_id).await?;
         if a.kind != AccountKind::User.as_str() && a.kind != AccountKind::Provider.as_str() {
             return Err(LedgerError::WrongAccount(format!(
@@ -238,7 +238,7 @@ impl Ledger {
         memo: &str,
     ) -> Result<Option<(String, Amount)>, LedgerError> {
         for a in [pay, refund].into_iter().filter(|&a| a != 0) {
-            money::check_amount("clawback", a).map_err(LedgerError::InvalidAmount)?;
+            amount::check_amount("clawback", a).map_err(LedgerError::InvalidAmount)?;
         }
         let p = self.account(provider_id).await?;
         if p.kind != AccountKind::Provider.as_str() {
@@ -298,7 +298,7 @@ impl Ledger {
         amount: Amount,
         memo: &str,
     ) -> Result<String, LedgerError> {
-        money::check_amount(kind, amount).map_err(LedgerError::InvalidAmount)?;
+        amount::check_amount(kind, amount).map_err(LedgerError::InvalidAmount)?;
         let mut tx = self.db.pool.begin().await?;
         // Rows in id order, so concurrent transfers never deadlock.
         let mut moves = [(from, -amount), (to, amount)];
@@ -345,7 +345,7 @@ impl Ledger {
         if out_of_bounds {
             LedgerError::InvalidAmount(format!(
                 "this would take the balance of `{id}` past the ledger's bound of {}",
-                money::format_units(MAX_BALANCE)
+                amount::format_units(MAX_BALANCE)
             ))
         } else {
             LedgerError::InsufficientQuota {
@@ -357,7 +357,8 @@ impl Ledger {
 
     /// Sets how far below zero an account may go (at most `MAX_AMOUNT`).
     pub async fn set_credit_limit(&self, id: &str, limit: Amount) -> Result<(), LedgerError> {
-        money::check_bound("credit_limit", limit, MAX_AMOUNT).map_err(LedgerError::InvalidLimit)?;
+        amount::check_bound("credit_limit", limit, MAX_AMOUNT)
+            .map_err(LedgerError::InvalidLimit)?;
         let done = sqlx::query(
             "UPDATE accounts SET credit_limit = $1 WHERE id = $2 AND balance - held >= -$3",
         )
@@ -370,7 +371,7 @@ impl Ledger {
             let a = self.account(id).await?;
             return Err(LedgerError::InvalidLimit(format!(
                 "`{id}` already uses {} of credit (balance minus holds); the limit cannot go below that",
-                money::format_units(a.held.saturating_sub(a.balance))
+                amount::format_units(a.held.saturating_sub(a.balance))
             )));
         }
         Ok(())

@@ -5,9 +5,9 @@
 //! the capacity each fill bought (`contracts`).
 //! It knows nothing of HTTP or the engine: callers pass in the load.
 
+mod billing;
 pub mod book;
 pub mod contracts;
-mod money;
 pub mod pricing;
 mod shared;
 mod store;
@@ -19,7 +19,7 @@ use serde::Serialize;
 use tokio::sync::Mutex;
 
 use crate::ledger::Ledger;
-use crate::ledger::money::{Amount, BPS, MAX_PRICE, Prices, Quote, Stages};
+use crate::ledger::amount::{Amount, BPS, MAX_PRICE, Prices, Quote, Stages};
 use crate::store::{Db, now};
 use book::{Book, Fill, Level, Order, Side};
 use pricing::{CostProfile, Load};
@@ -178,7 +178,7 @@ impl Market {
         let books = self.books.get_mut();
         let resting: HashSet<String> = books.values().flat_map(Book::order_ids).collect();
         for id in held.difference(&resting) {
-            money::release(&ledger, id).await;
+            billing::release(&ledger, id).await;
         }
         let t = now();
         for book in books.values_mut() {
@@ -187,7 +187,7 @@ impl Market {
                 .filter(|o| !held.contains(&o.id))
                 .collect();
             for o in unheld {
-                let placed = match money::bid_worst_case(&o, t) {
+                let placed = match billing::bid_worst_case(&o, t) {
                     Ok(a) => ledger
                         .hold_order(&o.id, &o.account_id, None, a)
                         .await
@@ -443,7 +443,7 @@ impl Market {
                 &order.id,
                 &order.account_id,
                 new.key_id.as_deref(),
-                money::bid_worst_case(&order, t)?,
+                billing::bid_worst_case(&order, t)?,
             )
             .await?;
         }
@@ -457,7 +457,7 @@ impl Market {
         let stored =
             store::record_submit(&self.db, &new.instrument, &placed, &fills, &expired).await;
         if let Some(l) = &self.ledger {
-            money::settle(l, self.fee_bps, &placed, rests, &fills, &expired, t).await;
+            billing::settle(l, self.fee_bps, &placed, rests, &fills, &expired, t).await;
         }
         {
             let mut bought = self.contracts.lock().unwrap_or_else(|e| e.into_inner());
@@ -557,7 +557,7 @@ impl Market {
     /// Releases the hold of a bid that left the book unfilled.
     async fn ended(&self, o: &Order) {
         if let (Some(l), Side::Bid) = (&self.ledger, o.side) {
-            money::release(l, &o.id).await;
+            billing::release(l, &o.id).await;
         }
     }
 

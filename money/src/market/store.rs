@@ -9,7 +9,7 @@ use sqlx::any::AnyRow;
 use super::book::{Book, Fill, Order, Side};
 use super::pricing::CostProfile;
 use super::{MarketError, PricePoint, Provider, Trade};
-use crate::ledger::money::{Amount, Prices};
+use crate::ledger::amount::{Amount, Prices};
 use crate::store::{Db, now};
 
 pub async fn regions(db: &Db) -> Result<BTreeMap<String, Amount>, MarketError> {

@@ -1,13 +1,13 @@
 //! Order-matching throughput of one in-memory book: a seeded stream of
 //! bids and asks around one price (so about half of them trade, many
-//! partially), with cancellations. `cargo bench -p server --bench market
+//! partially), with cancellations. `cargo bench -p money --bench market
 //! [-- N]` (default 1,000,000 orders).
 
 use std::time::Instant;
 
+use money::market::book::{Book, Order, Side};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use server::market::book::{Book, Order, Side};
 
 fn main() {
     let n: usize = std::env::args()

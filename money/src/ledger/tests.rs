@@ -11,8 +11,8 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 use super::accounts::AccountKind;
+use super::amount::{self, BPS, Prices};
 use super::holds::HoldRequest;
-use super::money::{self, BPS, Prices};
 use super::*;
 use crate::store::keys::NewKey;
 use crate::store::testing;
@@ -51,7 +51,7 @@ fn quote(payout_bps: i64) -> Quote {
         },
         fee_bps: 700,
         payout_bps,
-        stages: money::Stages::default(),
+        stages: amount::Stages::default(),
     }
 }
 
@@ -222,9 +222,9 @@ const EXTREMES: [Amount; 9] = [
     i64::MIN,
     -1,
     0,
-    money::MAX_AMOUNT,
-    money::MAX_AMOUNT + 1,
-    money::MAX_BALANCE,
+    amount::MAX_AMOUNT,
+    amount::MAX_AMOUNT + 1,
+    amount::MAX_BALANCE,
     i64::MAX / 2 + 1,
     9_223_372_036_854_000_000,
 ];
@@ -237,10 +237,10 @@ async fn extreme_step(l: &Ledger, rng: &mut StdRng, expect: &mut Expect, user: &
     let e = expect.get_mut(user).expect("user");
     match rng.random_range(0..4) {
         0 => {
-            let fits = money::check_amount("x", amount).is_ok()
+            let fits = amount::check_amount("x", amount).is_ok()
                 && e.0
                     .checked_add(amount)
-                    .is_some_and(|b| b <= money::MAX_BALANCE);
+                    .is_some_and(|b| b <= amount::MAX_BALANCE);
             let r = l.top_up(user, amount, "extreme").await;
             assert_eq!(r.is_ok(), fits, "top-up of {amount}: {r:?}");
             if fits {
@@ -256,7 +256,7 @@ async fn extreme_step(l: &Ledger, rng: &mut StdRng, expect: &mut Expect, user: &
             assert!(r.is_err(), "a top-up of the treasury: {r:?}");
         }
         2 => {
-            let fits = (0..=money::MAX_AMOUNT).contains(&amount) && e.0 - e.1 >= -amount;
+            let fits = (0..=amount::MAX_AMOUNT).contains(&amount) && e.0 - e.1 >= -amount;
             let r = l.set_credit_limit(user, amount).await;
             assert_eq!(r.is_ok(), fits, "credit limit {amount}: {r:?}");
             if fits {
@@ -267,7 +267,7 @@ async fn extreme_step(l: &Ledger, rng: &mut StdRng, expect: &mut Expect, user: &
             let q = quote(BPS);
             let id = format!("extreme-{}-{}", l.instance(), rng.random::<u64>());
             let r = l.hold(user_hold(&id, user, &q, amount)).await;
-            if (0..=money::MAX_AMOUNT).contains(&amount) {
+            if (0..=amount::MAX_AMOUNT).contains(&amount) {
                 let covers = e.0 - e.1 + e.2 >= amount;
                 match r {
                     Ok(()) if covers => {
@@ -288,7 +288,7 @@ async fn extreme_step(l: &Ledger, rng: &mut StdRng, expect: &mut Expect, user: &
         "{user} after {amount}"
     );
     assert_eq!(after.credit_limit, e.2);
-    if amount <= 0 || amount > money::MAX_BALANCE {
+    if amount <= 0 || amount > amount::MAX_BALANCE {
         assert_eq!(after, before, "nothing changes");
     }
     l.accounts().await.expect("every account still reads");
@@ -437,7 +437,7 @@ async fn settle_one(l: &Ledger, rng: &mut StdRng, expect: &mut Expect, o: &Open,
     assert_eq!(rec.provider_amount + rec.fee, want);
     // Whatever the work, its multipliers and its prices: the providers
     // are paid at most what the user paid less the protocol fee.
-    let fee = money::split_fee(want, o.quote.fee_bps).treasury;
+    let fee = amount::split_fee(want, o.quote.fee_bps).treasury;
     assert!(
         rec.provider_amount >= 0 && rec.fee >= fee,
         "{rec:?} for {want}"
