@@ -23,10 +23,10 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 
 use super::jobs::JobEvent;
-use super::protocol::ToWorker;
 use super::registry::{Forward, Registry, WorkerInfo};
 use engine::core::CoreEvent;
 use engine::{FinishReason, TokenLogprob, Usage};
+use protocol::ToWorker;
 
 /// Messages waiting for the connection.
 const QUEUE: usize = 4096;
@@ -398,8 +398,8 @@ async fn pump(
 mod tests {
     use super::*;
 
-    use crate::fleet::protocol::JobParams;
     use crate::fleet::registry::Registration;
+    use protocol::JobParams;
 
     fn worker(r: &Registry) -> (String, mpsc::Receiver<crate::fleet::registry::ToSession>) {
         let (tx, rx) = mpsc::channel(8);
@@ -409,7 +409,7 @@ mod tests {
 
     fn assign(job: u64) -> ToWorker {
         ToWorker::Assign {
-            v: super::super::protocol::VERSION,
+            v: protocol::VERSION,
             job,
             attempt: 1,
             model: "m".into(),

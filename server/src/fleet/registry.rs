@@ -10,8 +10,8 @@ use std::sync::{Arc, RwLock};
 use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 
-use super::protocol::{Ask, Device, Load, ServedModel, ToWorker};
 use super::standing::Standing;
+use protocol::{Ask, Device, Load, ServedModel, ToWorker};
 
 /// What the server measured of a worker on its own challenge (never what
 /// the worker claims): prefill throughput and the decode step time at one
@@ -514,7 +514,7 @@ impl Registry {
         self.changed.notify_one();
         if tell {
             let _ = e.to_session.try_send(ToSession::Msg(ToWorker::Drain {
-                v: super::protocol::VERSION,
+                v: protocol::VERSION,
             }));
         }
         true

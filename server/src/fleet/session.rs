@@ -20,9 +20,9 @@ use engine::core::CoreEvent;
 use engine::{FinishReason, TokenLogprob, Usage};
 
 use super::jobs::{Delivery, JobEvent};
-use super::protocol::{self, Ask, FromWorker, ProtocolError, ServedModel, ToWorker, VERSION};
 use super::registry::{Registration, Registry, ToSession};
 use super::transfers::{Side, TransferEvent};
+use protocol::{Ask, FromWorker, ProtocolError, ServedModel, ToWorker, VERSION};
 
 /// How long a new connection has to register.
 pub const REGISTER_WITHIN: Duration = Duration::from_secs(10);
@@ -475,7 +475,7 @@ fn sane(m: &ServedModel) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::fleet::protocol::{Device, Load};
+    use protocol::{Device, Load};
 
     fn register_json(name: &str, layers: u32) -> String {
         serde_json::to_string(&FromWorker::Register {
@@ -610,7 +610,7 @@ mod tests {
         let mut s = welcomed(Duration::from_millis(50)).await;
         let status = serde_json::to_string(&FromWorker::Status {
             v: 1,
-            load: crate::fleet::protocol::Load::default(),
+            load: protocol::Load::default(),
         })
         .expect("json");
         let beats = {

@@ -14,7 +14,7 @@ use std::time::Instant;
 use tokio::sync::mpsc;
 
 use super::jobs::Delivery;
-use super::protocol::JobToken;
+use protocol::JobToken;
 
 /// What a transfer's relay hears.
 #[derive(Debug, Clone, PartialEq)]

@@ -12,12 +12,12 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::fleet::protocol::{ToWorker, VERSION};
 use crate::fleet::registry::{Registry, WorkerInfo};
 use crate::services::placement::gross;
 use money::market::book::Side;
 use money::market::{Market, MarketError, NewOrder};
 use money::store::now;
+use protocol::{ToWorker, VERSION};
 
 /// How long a posted ask stands without being renewed.
 const TTL_S: i64 = 30;

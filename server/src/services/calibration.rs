@@ -33,11 +33,11 @@ use rand::{Rng, SeedableRng};
 use tokio::sync::mpsc;
 
 use crate::fleet::jobs::JobEvent;
-use crate::fleet::protocol::{JobParams, ToWorker, VERSION};
 use crate::fleet::registry::{Profile, Registry, WorkerInfo};
 use crate::services::dispatch::Dispatch;
 use crate::services::models::ModelRegistry;
 use crate::services::spotcheck::{Sample, Verdict};
+use protocol::{JobParams, ToWorker, VERSION};
 
 /// Prompt tokens of the prefill challenges.
 const PREFILL: usize = crate::fleet::registry::PREFILL_SHORT;

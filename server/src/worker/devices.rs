@@ -8,7 +8,7 @@
 
 use std::path::Path;
 
-use crate::fleet::protocol::Device;
+use protocol::Device;
 
 /// Every device found, the CPU first.
 pub fn detect(running: engine::Device) -> Vec<Device> {

@@ -15,8 +15,8 @@ use tokio::sync::mpsc;
 use engine::core::Handoff;
 
 use super::Out;
-use crate::fleet::protocol::{FromWorker, JobParams, JobToken, ServedModel, VERSION};
 use crate::services::models::ModelRegistry;
+use protocol::{FromWorker, JobParams, JobToken, ServedModel, VERSION};
 
 /// One assignment, as received.
 #[derive(Debug, Clone)]

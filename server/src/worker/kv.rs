@@ -21,9 +21,7 @@ use engine::kv_cache::transfer::KvRows;
 use engine::{EngineHandle, GenerateRequest};
 
 use super::Out;
-use crate::fleet::protocol::{
-    self, FromWorker, JobParams, JobToken, MAX_PAYLOAD, ServedModel, VERSION,
-};
+use protocol::{self, FromWorker, JobParams, JobToken, MAX_PAYLOAD, ServedModel, VERSION};
 
 /// How a prefill worker misbehaves (tests only).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

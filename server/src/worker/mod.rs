@@ -45,8 +45,8 @@ use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::protocol::CloseFrame;
 
 use crate::config::WorkerArgs;
-use crate::fleet::protocol::{self, Ask, FromWorker, Load, ServedModel, ToWorker, VERSION};
 use crate::services::models::{ModelKind, ModelRegistry};
+use protocol::{Ask, FromWorker, Load, ServedModel, ToWorker, VERSION};
 
 /// How long the server has to answer a registration.
 const WELCOME_WITHIN: Duration = Duration::from_secs(10);

@@ -18,13 +18,13 @@ use futures_util::{SinkExt, StreamExt};
 use tokio::sync::mpsc;
 
 use super::market::billing;
-use crate::fleet::protocol::{HEADER, MAX_PAYLOAD};
 use crate::fleet::registry::WorkerInfo;
 use crate::fleet::session::{self, Inbound, Outbound, Peer};
 use crate::http::api::bodies::{Drained, List};
 use crate::http::auth::bearer;
 use crate::http::error::ApiError;
 use crate::http::state::AppState;
+use protocol::{HEADER, MAX_PAYLOAD};
 
 /// How often workers report their load.
 pub const HEARTBEAT: Duration = Duration::from_secs(1);
@@ -298,8 +298,8 @@ pub(crate) async fn drain(
             .fleet
             .send(
                 &id,
-                crate::fleet::protocol::ToWorker::Drain {
-                    v: crate::fleet::protocol::VERSION,
+                protocol::ToWorker::Drain {
+                    v: protocol::VERSION,
                 },
             )
             .await;

@@ -18,7 +18,7 @@ use tokio::sync::mpsc;
 
 use super::{Dispatch, HOUSE, Target, lock, worker_target};
 use crate::fleet::jobs::JobEvent;
-use crate::fleet::protocol::{MAX_CONTROL, ToWorker, VERSION};
+use protocol::{MAX_CONTROL, ToWorker, VERSION};
 
 /// How long a worker has to answer an embedding job.
 const EMBED_TIMEOUT: Duration = Duration::from_secs(30);

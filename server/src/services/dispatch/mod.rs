@@ -666,9 +666,8 @@ impl Dispatch {
         let market = self.billing.as_ref().map(|b| &b.market);
         let fee = market.map_or(0, |m| m.fee_bps);
         let now = money::store::now();
-        let listable = |a: &&crate::fleet::protocol::Ask| {
-            market.is_none_or(|m| m.in_band(model, gross(a.output, fee)))
-        };
+        let listable =
+            |a: &&protocol::Ask| market.is_none_or(|m| m.in_band(model, gross(a.output, fee)));
         let prices = w
             .asks
             .iter()
@@ -879,7 +878,7 @@ mod tests {
     /// A worker asking `output` (net, ticks per million tokens) for `m`.
     fn priced(fleet: &Registry, name: &str, output: Option<i64>) -> String {
         let asks = output
-            .map(|o| crate::fleet::protocol::Ask {
+            .map(|o| protocol::Ask {
                 model: "m".into(),
                 input: o,
                 cached_input: o,

@@ -15,13 +15,13 @@ use super::split::{Estimate, Prefilled, SplitPlan};
 use super::stages::Timing;
 use super::{CANCEL_WAIT, Caught, Dispatch, HOUSE, MAX_ATTEMPTS, Target, Want};
 use crate::fleet::jobs::JobEvent;
-use crate::fleet::protocol::{JobParams, ToWorker, VERSION};
 use crate::fleet::registry::Registry;
 use crate::services::metering::Credits;
 use crate::services::placement::Terms;
 use crate::services::spotcheck::Sample;
 use money::ledger::amount::Tokens;
 use money::ledger::settle::Work;
+use protocol::{JobParams, ToWorker, VERSION};
 
 /// How an attempt ended.
 pub(super) enum Attempt {
@@ -294,7 +294,7 @@ impl Relay {
         &self,
         attempt: u32,
         params: JobParams,
-        kv: Option<crate::fleet::protocol::KvIncoming>,
+        kv: Option<protocol::KvIncoming>,
     ) -> ToWorker {
         ToWorker::Assign {
             v: VERSION,

@@ -35,9 +35,9 @@ use super::relay::{Attempt, Relay, cancel, job_params};
 use super::stages::Timing;
 use super::{Dispatch, Target, Want, lock, worker_target};
 use crate::fleet::jobs::JobEvent;
-use crate::fleet::protocol::{KvIncoming, ToWorker, VERSION};
 use crate::fleet::transfers::TransferEvent;
 use crate::services::placement::{Measure, Terms};
+use protocol::{KvIncoming, ToWorker, VERSION};
 
 /// Whether choices may prefill on another worker (`--fleet-split`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
