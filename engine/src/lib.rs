@@ -27,6 +27,7 @@ pub mod latency;
 pub mod loader;
 pub mod model;
 pub mod output;
+pub mod registry;
 pub mod request;
 pub mod sampling;
 pub mod scheduler;

@@ -5,6 +5,7 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 
@@ -510,6 +511,39 @@ pub struct WorkerArgs {
     /// Log format: `text` or `json`.
     #[arg(long, env = "SYNOR_LOG_FORMAT", default_value = "text", value_parser = ["text", "json"])]
     pub log_format: String,
+}
+
+impl WorkerArgs {
+    /// The worker's configuration from its command line.
+    pub fn worker_config(&self) -> worker::WorkerConfig {
+        let fault = self.debug_kv_fault.as_deref();
+        worker::WorkerConfig {
+            server: self.server.clone(),
+            token: self.token.clone(),
+            name: self.name.clone(),
+            region: self.region.clone(),
+            device: self.scheduler.device,
+            offer: self.price.map(|p| worker::Offer {
+                input: p.input,
+                cached_input: p.cached_input,
+                output: p.output,
+                capacity: self.capacity,
+                until: self.until,
+                preemptible: self.preemptible,
+            }),
+            faults: worker::Faults {
+                token_delay: Duration::from_millis(self.debug_token_delay_ms),
+                stall_after: self.debug_stall_after,
+                kv: worker::kv::Faults {
+                    corrupt: fault == Some("corrupt"),
+                    drop_end: fault == Some("drop-end"),
+                    frame_delay: Duration::from_millis(self.debug_kv_frame_delay_ms),
+                },
+                replay: self.debug_cheat.as_deref() == Some("replay"),
+                cheat_after: self.debug_cheat_after,
+            },
+        }
+    }
 }
 
 /// A worker's `--price`: ticks per million tokens of each phase.

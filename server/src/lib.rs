@@ -12,8 +12,8 @@
 //!   store, ledger and market) is its own crate, `money`.
 //!
 //! Beside them: `config` (the command line), `startup` (wiring and serving),
-//! `listen` (the HTTP/1 listener), `keys_cli`, `telemetry`, and `worker`
-//! (`synor worker`, the provider side of the fleet).
+//! `listen` (the HTTP/1 listener), `keys_cli` and `telemetry`. The provider
+//! side of the fleet (`synor worker`) is the `worker` crate.
 
 pub mod cache;
 pub mod config;
@@ -24,6 +24,5 @@ pub mod listen;
 pub mod services;
 pub mod startup;
 pub mod telemetry;
-pub mod worker;
 
 pub use http::app;

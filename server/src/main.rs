@@ -1,5 +1,8 @@
 //! The `synor` binary: parse the command line, set up logging, run.
 
+use std::sync::Arc;
+
+use anyhow::Context;
 use clap::Parser;
 use server::config::{Cli, Command};
 
@@ -46,7 +49,13 @@ fn main() -> anyhow::Result<()> {
             let rt = tokio::runtime::Builder::new_multi_thread()
                 .enable_all()
                 .build()?;
-            rt.block_on(server::worker::run(*args))
+            rt.block_on(async {
+                let models = server::startup::load_models(&args.models, &args.scheduler)
+                    .await
+                    .context("loading the worker's models")?;
+                let stop = server::startup::shutdown_signal();
+                worker::run(args.worker_config(), Arc::new(models), stop).await
+            })
         }
     }
 }

@@ -11,7 +11,7 @@ use crate::config::{ModelArgs, SchedulerArgs, ServeArgs};
 use crate::http::auth::Auth;
 use crate::http::state::AppState;
 use crate::services::metering::Billing;
-use crate::services::models::{Kind, ModelLoader, ModelRegistry};
+use engine::registry::{Kind, ModelLoader, ModelRegistry};
 use money::ledger::{Ledger, LedgerConfig};
 use money::market::Market;
 use money::store::Db;
@@ -244,11 +244,11 @@ fn seconds(s: f64, min: f64, max: f64) -> std::time::Duration {
 async fn idle(registry: &ModelRegistry) {
     loop {
         let busy = registry.list().iter().any(|m| match &m.kind {
-            crate::services::models::ModelKind::Text(e) => {
+            engine::registry::ModelKind::Text(e) => {
                 let s = e.stats();
                 s.num_running + s.num_waiting > 0
             }
-            crate::services::models::ModelKind::Embedding(_) => false,
+            engine::registry::ModelKind::Embedding(_) => false,
         });
         if !busy {
             return;

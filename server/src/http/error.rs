@@ -198,6 +198,12 @@ fn not_found_code(what: &str) -> &'static str {
     }
 }
 
+impl From<engine::registry::RegistryError> for ApiError {
+    fn from(e: engine::registry::RegistryError) -> Self {
+        crate::services::ServiceError::from(e).into()
+    }
+}
+
 impl From<money::ledger::LedgerError> for ApiError {
     fn from(e: money::ledger::LedgerError) -> Self {
         use money::ledger::LedgerError as L;

@@ -20,7 +20,7 @@ use crate::services::dispatch::Dispatch;
 use crate::services::dispatch::split::SplitStats;
 use crate::services::dispatch::stages::StageTotals;
 use crate::services::dispatch::utilization::ExecutorUse;
-use crate::services::models::{ModelKind, ModelRegistry};
+use engine::registry::{ModelKind, ModelRegistry};
 
 /// HTTP request counts, by (route, method, status).
 #[derive(Debug, Default)]

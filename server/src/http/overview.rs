@@ -15,7 +15,7 @@ use crate::cache::ResponseCache;
 use crate::fleet::registry::Registry;
 use crate::http::metrics::HttpMetrics;
 use crate::services::dispatch::Dispatch;
-use crate::services::models::{ModelKind, ModelRegistry};
+use engine::registry::{ModelKind, ModelRegistry};
 
 /// What the sampler reads.
 #[derive(Debug, Clone)]

@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use crate::services::models::{ModelLoader, ModelRegistry};
+use engine::registry::{ModelLoader, ModelRegistry};
 
 /// Shared handler state.
 #[derive(Debug, Clone)]

@@ -30,7 +30,7 @@ use crate::cache::semantic::IndexKey;
 use crate::cache::verify::Facts;
 use crate::services::ServiceError;
 use crate::services::metering::{Billing, Payer};
-use crate::services::models::{ModelKind, ModelRegistry};
+use engine::registry::{ModelKind, ModelRegistry};
 use money::ledger::amount::BPS;
 use money::ledger::{Prices, Quote};
 use money::store::keys::KeyRecord;

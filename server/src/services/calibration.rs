@@ -35,8 +35,8 @@ use tokio::sync::mpsc;
 use crate::fleet::jobs::JobEvent;
 use crate::fleet::registry::{Profile, Registry, WorkerInfo};
 use crate::services::dispatch::Dispatch;
-use crate::services::models::ModelRegistry;
 use crate::services::spotcheck::{Sample, Verdict};
+use engine::registry::ModelRegistry;
 use protocol::{JobParams, ToWorker, VERSION};
 
 /// Prompt tokens of the prefill challenges.
@@ -141,8 +141,8 @@ impl Turns {
 
 async fn calibrate_house(models: &ModelRegistry, dispatch: &Dispatch) {
     let house = models.list().iter().find_map(|m| match &m.kind {
-        crate::services::models::ModelKind::Text(h) => Some(h.clone()),
-        crate::services::models::ModelKind::Embedding(_) => None,
+        engine::registry::ModelKind::Text(h) => Some(h.clone()),
+        engine::registry::ModelKind::Embedding(_) => None,
     });
     let Some(house) = house else { return };
     match challenge(On::House(&house), house.tokenizer()).await {

@@ -23,7 +23,7 @@ use crate::services::caching::{CacheRequest, Hit, Plan, ResponseCaching};
 use crate::services::dispatch::Target;
 use crate::services::limits::Limiter;
 use crate::services::metering::{Billing, Payer, Tab};
-use crate::services::models::ModelRegistry;
+use engine::registry::ModelRegistry;
 use money::ledger::amount::Stages;
 use money::store::keys::KeyRecord;
 

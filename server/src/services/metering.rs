@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use engine::{EngineHandle, TokenEvent, Usage};
 
 use crate::services::ServiceError;
-use crate::services::models::{ModelKind, ModelRegistry};
+use engine::registry::{ModelKind, ModelRegistry};
 use money::ledger::amount::Stages;
 use money::ledger::holds::HoldRequest;
 use money::ledger::{Closed, HOUSE_PROVIDER, LOCAL_USER, Ledger, Outcome, Quote, Tokens};

@@ -2,7 +2,7 @@
 //! dependencies explicitly (never the handlers' state) and answers with a
 //! `ServiceError`, which the HTTP layer maps to a status once.
 //!
-//! - `models`: the served models (registry, loader, versions).
+//! (The served models' registry is the engine's, `engine::registry`.)
 //! - `limits`: per-key requests, tokens per minute and concurrency.
 //! - `metering`: quote, hold, count and settle a request's tokens; the
 //!   house provider's market round.
@@ -28,7 +28,6 @@ pub mod dispatch;
 pub mod generation;
 pub mod limits;
 pub mod metering;
-pub mod models;
 pub mod placement;
 pub mod sanctions;
 pub mod spotcheck;
@@ -38,6 +37,17 @@ use engine::EngineError;
 
 use money::ledger::LedgerError;
 use money::market::MarketError;
+
+impl From<engine::registry::RegistryError> for ServiceError {
+    fn from(e: engine::registry::RegistryError) -> Self {
+        use engine::registry::RegistryError as R;
+        match e {
+            R::NotFound(m) => Self::ModelNotFound(m),
+            R::WrongKind { model, endpoint } => Self::WrongModelKind { model, endpoint },
+            R::NameTaken(m) => Self::NameTaken(m),
+        }
+    }
+}
 
 /// Why a service refused or failed a request.
 #[derive(Debug, thiserror::Error)]

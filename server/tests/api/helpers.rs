@@ -10,11 +10,11 @@ use std::time::{Duration, Instant};
 use axum::Router;
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
+use engine::registry::{ModelKind, ModelRegistry, RegisteredModel};
 use engine::{EmbeddingHandle, EngineConfig, EngineHandle, TemplateChoice};
 use http_body_util::BodyExt;
 use serde_json::Value;
 use server::http::state::AppState;
-use server::services::models::{ModelKind, ModelRegistry, ServedModel};
 use tower::ServiceExt;
 
 pub const TINY: &str = "tiny";
@@ -46,13 +46,13 @@ static STATE: LazyLock<AppState> = LazyLock::new(|| {
     .expect("load tiny");
     let minilm = EmbeddingHandle::start(&model_path("all-minilm-l6-v2")).expect("load minilm");
     let models = vec![
-        ServedModel {
+        RegisteredModel {
             name: TINY.into(),
             created: 1,
             version: 1,
             kind: ModelKind::Text(tiny),
         },
-        ServedModel {
+        RegisteredModel {
             name: MINILM.into(),
             created: 1,
             version: 2,
@@ -74,7 +74,7 @@ pub fn app_with_auth(auth: server::http::auth::Auth) -> Router {
 
 /// The shared test models, loading admin-added models from `dir`.
 pub fn app_with_models_dir(auth: server::http::auth::Auth, dir: PathBuf) -> Router {
-    let loader = server::services::models::ModelLoader {
+    let loader = engine::registry::ModelLoader {
         models_dir: dir,
         ..Default::default()
     };

@@ -13,7 +13,6 @@ use crate::http::api::bodies::{CreatedKey, List, ModelChange, Revoked};
 use crate::http::api::json::ApiJson;
 use crate::http::error::ApiError;
 use crate::http::state::AppState;
-use crate::services::models::Kind;
 use money::ledger::amount;
 use money::store::Db;
 use money::store::keys::{KeyRecord, Limits, NewKey};
@@ -43,6 +42,23 @@ fn text_kind() -> Kind {
     Kind::Text
 }
 
+/// What a model is, for loading.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub(crate) enum Kind {
+    Text,
+    Embedding,
+}
+
+impl From<Kind> for engine::registry::Kind {
+    fn from(k: Kind) -> Self {
+        match k {
+            Kind::Text => Self::Text,
+            Kind::Embedding => Self::Embedding,
+        }
+    }
+}
+
 /// Loads a model and starts serving it.
 #[utoipa::path(post, path = "/admin/models", tag = "admin", request_body = LoadModel,
     responses((status = 201, description = "Loaded", body = ModelChange), (status = 400, description = "Bad name or path", body = crate::http::error::ErrorResponse), (status = 401, description = "Missing or wrong admin token", body = crate::http::error::ErrorResponse)),
@@ -68,7 +84,7 @@ pub(crate) async fn load_model(
         .resolve_inside(&req.path)
         .map_err(|m| ApiError::invalid("path", m))?;
     let (name, kind) = (req.name.clone(), req.kind);
-    let model = tokio::task::spawn_blocking(move || loader.load(&name, &path, kind))
+    let model = tokio::task::spawn_blocking(move || loader.load(&name, &path, kind.into()))
         .await
         .map_err(|e| ApiError::Storage(format!("model loading panicked: {e}")))?
         .map_err(|e| {

@@ -11,7 +11,7 @@ use axum::{Json, Router};
 
 use crate::http::api::bodies::{EngineHealth, Health, ModelHealth, Readiness};
 use crate::http::state::AppState;
-use crate::services::models::{ModelKind, ServedModel};
+use engine::registry::{ModelKind, RegisteredModel};
 
 pub fn router() -> Router<AppState> {
     Router::new()
@@ -39,7 +39,7 @@ pub(crate) async fn health(State(state): State<AppState>) -> (StatusCode, Json<H
     (StatusCode::OK, Json(body))
 }
 
-fn model_health(m: &ServedModel) -> ModelHealth {
+fn model_health(m: &RegisteredModel) -> ModelHealth {
     let ModelKind::Text(h) = &m.kind else {
         return ModelHealth {
             id: m.name.clone(),

@@ -17,7 +17,7 @@ use crate::http::api::json::ApiJson;
 use crate::http::error::ApiError;
 use crate::http::state::AppState;
 use crate::services::metering::{Billing, Payer};
-use crate::services::models::ModelKind;
+use engine::registry::ModelKind;
 use money::ledger::{HOUSE_PROVIDER, Prices};
 use money::market::book::Side;
 use money::market::pricing::{CostProfile, Load, demand_bps};

@@ -7,7 +7,7 @@ use axum::{Json, Router};
 use crate::http::api::types::{ModelCard, ModelList};
 use crate::http::error::ApiError;
 use crate::http::state::AppState;
-use crate::services::models::ServedModel;
+use engine::registry::RegisteredModel;
 
 pub fn router() -> Router<AppState> {
     Router::new()
@@ -15,7 +15,7 @@ pub fn router() -> Router<AppState> {
         .route("/v1/models/{id}", get(retrieve))
 }
 
-fn card(m: &ServedModel) -> ModelCard {
+fn card(m: &RegisteredModel) -> ModelCard {
     ModelCard {
         id: m.name.clone(),
         object: "model",

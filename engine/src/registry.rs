@@ -1,13 +1,32 @@
 //! The served models: the registry (by name, added and removed while
 //! serving), how models are loaded from the models directory, and the
-//! content version that cache keys include.
+//! content version that cache keys include. The server and the worker
+//! both serve from one.
 
 use std::path::{Path, PathBuf};
 use std::sync::RwLock;
 
-use engine::{EmbeddingHandle, EngineError, EngineHandle, TemplateChoice};
+use crate::chat::TemplateChoice;
+use crate::embed::EmbeddingHandle;
+use crate::error::EngineError;
+use crate::handle::EngineHandle;
 
-use crate::services::ServiceError;
+/// Why the registry refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RegistryError {
+    /// The requested model is not served.
+    #[error("the model `{0}` does not exist")]
+    NotFound(String),
+    /// The model exists but cannot serve this endpoint.
+    #[error("the model `{model}` does not support {endpoint}")]
+    WrongKind {
+        model: String,
+        endpoint: &'static str,
+    },
+    /// A model of this name is already served.
+    #[error("a model named `{0}` is already served")]
+    NameTaken(String),
+}
 
 /// What a served model can do.
 #[derive(Debug, Clone)]
@@ -18,7 +37,7 @@ pub enum ModelKind {
 
 /// One model as clients see it.
 #[derive(Debug, Clone)]
-pub struct ServedModel {
+pub struct RegisteredModel {
     pub name: String,
     pub created: u64,
     /// Identifies the weights (a hash of the files' sizes and first
@@ -67,41 +86,41 @@ pub fn model_version(path: &Path) -> u64 {
 /// (its engine stops, and such requests end with an error).
 #[derive(Debug, Default)]
 pub struct ModelRegistry {
-    models: RwLock<Vec<ServedModel>>,
+    models: RwLock<Vec<RegisteredModel>>,
 }
 
 impl ModelRegistry {
-    pub fn new(models: Vec<ServedModel>) -> Self {
+    pub fn new(models: Vec<RegisteredModel>) -> Self {
         Self {
             models: RwLock::new(models),
         }
     }
 
-    fn read(&self) -> std::sync::RwLockReadGuard<'_, Vec<ServedModel>> {
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, Vec<RegisteredModel>> {
         self.models.read().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn write(&self) -> std::sync::RwLockWriteGuard<'_, Vec<ServedModel>> {
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, Vec<RegisteredModel>> {
         self.models.write().unwrap_or_else(|e| e.into_inner())
     }
 
-    pub fn list(&self) -> Vec<ServedModel> {
+    pub fn list(&self) -> Vec<RegisteredModel> {
         self.read().clone()
     }
 
-    pub fn get(&self, name: &str) -> Result<ServedModel, ServiceError> {
+    pub fn get(&self, name: &str) -> Result<RegisteredModel, RegistryError> {
         self.read()
             .iter()
             .find(|m| m.name == name)
             .cloned()
-            .ok_or_else(|| ServiceError::ModelNotFound(name.to_string()))
+            .ok_or_else(|| RegistryError::NotFound(name.to_string()))
     }
 
     /// A generative model, or why not.
-    pub fn text(&self, name: &str) -> Result<EngineHandle, ServiceError> {
+    pub fn text(&self, name: &str) -> Result<EngineHandle, RegistryError> {
         match self.get(name)?.kind {
             ModelKind::Text(h) => Ok(h),
-            ModelKind::Embedding(_) => Err(ServiceError::WrongModelKind {
+            ModelKind::Embedding(_) => Err(RegistryError::WrongKind {
                 model: name.into(),
                 endpoint: "text generation",
             }),
@@ -109,10 +128,10 @@ impl ModelRegistry {
     }
 
     /// An embedding model, or why not.
-    pub fn embedding(&self, name: &str) -> Result<EmbeddingHandle, ServiceError> {
+    pub fn embedding(&self, name: &str) -> Result<EmbeddingHandle, RegistryError> {
         match self.get(name)?.kind {
             ModelKind::Embedding(h) => Ok(h),
-            ModelKind::Text(_) => Err(ServiceError::WrongModelKind {
+            ModelKind::Text(_) => Err(RegistryError::WrongKind {
                 model: name.into(),
                 endpoint: "embeddings",
             }),
@@ -120,23 +139,23 @@ impl ModelRegistry {
     }
 
     /// Serves one more model; refused if the name is taken.
-    pub fn add(&self, model: ServedModel) -> Result<(), ServiceError> {
+    pub fn add(&self, model: RegisteredModel) -> Result<(), RegistryError> {
         let mut models = self.write();
         if models.iter().any(|m| m.name == model.name) {
-            return Err(ServiceError::NameTaken(model.name));
+            return Err(RegistryError::NameTaken(model.name));
         }
         models.push(model);
         Ok(())
     }
 
     /// Stops serving `name` and stops its engine.
-    pub fn remove(&self, name: &str) -> Result<(), ServiceError> {
+    pub fn remove(&self, name: &str) -> Result<(), RegistryError> {
         let removed = {
             let mut models = self.write();
             let i = models
                 .iter()
                 .position(|m| m.name == name)
-                .ok_or_else(|| ServiceError::ModelNotFound(name.to_string()))?;
+                .ok_or_else(|| RegistryError::NotFound(name.to_string()))?;
             models.remove(i)
         };
         if let ModelKind::Text(h) = removed.kind {
@@ -156,8 +175,7 @@ impl ModelRegistry {
 }
 
 /// What a model is, for loading.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, utoipa::ToSchema)]
-#[serde(rename_all = "lowercase")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
     Text,
     Embedding,
@@ -168,7 +186,7 @@ pub enum Kind {
 #[derive(Debug, Clone, Default)]
 pub struct ModelLoader {
     pub models_dir: PathBuf,
-    pub engine: engine::EngineConfig,
+    pub engine: crate::handle::EngineConfig,
     pub template: TemplateChoice,
 }
 
@@ -208,7 +226,12 @@ impl ModelLoader {
     }
 
     /// Loads a model (blocking: run it off the async runtime).
-    pub fn load(&self, name: &str, path: &Path, kind: Kind) -> Result<ServedModel, EngineError> {
+    pub fn load(
+        &self,
+        name: &str,
+        path: &Path,
+        kind: Kind,
+    ) -> Result<RegisteredModel, EngineError> {
         let path = self.resolve(path);
         let kind = match kind {
             Kind::Text => ModelKind::Text(EngineHandle::start_gguf(
@@ -218,9 +241,11 @@ impl ModelLoader {
             )?),
             Kind::Embedding => ModelKind::Embedding(EmbeddingHandle::start(&path)?),
         };
-        Ok(ServedModel {
+        Ok(RegisteredModel {
             name: name.to_string(),
-            created: money::store::now().max(0) as u64,
+            created: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs()),
             version: model_version(&path),
             kind,
         })

@@ -196,7 +196,8 @@ mod tests {
             Some(2 << 20)
         );
         assert_eq!(mem_total("nothing"), None);
-        let dir = std::env::temp_dir().join(format!("synor-dev-{}", uuid::Uuid::new_v4().simple()));
+        let unique = format!("synor-dev-{}-{}", std::process::id(), rand::random::<u64>());
+        let dir = std::env::temp_dir().join(unique);
         let gpu = dir.join("nvidia/0000:01:00.0");
         std::fs::create_dir_all(&gpu).expect("dir");
         std::fs::write(gpu.join("information"), "Model: \t NVIDIA H100\nIRQ: 1\n").expect("info");

@@ -1,39 +1,22 @@
-//! `synor worker`: a provider's worker. It loads its models into the same
-//! engine the server runs, connects to the server's gateway with its
+//! `synor worker`: a provider's worker. It serves its models from the
+//! same engine the server runs, connects to the server's gateway with its
 //! worker token, registers (devices, models and their KV geometry,
 //! threads, region), then reports its load every heartbeat. When the
 //! server goes away it reconnects with capped exponential backoff and
-//! jitter, registering afresh; a refused token is fatal. On SIGTERM or
-//! SIGINT, or when an admin drains it, it says `drain`, lets running work
-//! finish and leaves.
+//! jitter, registering afresh; a refused token is fatal. When told to stop
+//! (the caller's signal), or when an admin drains it, it says `drain`,
+//! lets running work finish and leaves.
 //!
 //! Work placed on it arrives as assignments (`jobs`): one choice of a
-//! request, maybe continuing after tokens a lost worker delivered.
+//! request, maybe continuing after tokens a lost worker delivered. The
+//! command line is the `synor` binary's: this crate takes a plain
+//! `WorkerConfig` and the loaded models.
 
 pub mod devices;
 pub mod jobs;
 pub mod kv;
 
-/// A frame for the server: a control message or a KV frame (one queue,
-/// so a transfer's end never overtakes its frames).
-#[derive(Debug)]
-pub enum Out {
-    Text(String),
-    Frame(Vec<u8>),
-}
-
-/// Testing knobs of a worker (hidden flags).
-#[derive(Debug, Clone, Copy, Default)]
-struct Debug {
-    token_delay: Duration,
-    stall_after: Option<u64>,
-    kv: kv::Faults,
-    /// Replay one job's tokens for every later job, after `cheat_after`
-    /// honest ones.
-    replay: bool,
-    cheat_after: u64,
-}
-
+use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -44,9 +27,79 @@ use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::protocol::CloseFrame;
 
-use crate::config::WorkerArgs;
-use crate::services::models::{ModelKind, ModelRegistry};
+use engine::registry::{ModelKind, ModelRegistry};
 use protocol::{Ask, FromWorker, Load, ServedModel, ToWorker, VERSION};
+
+/// A frame for the server: a control message or a KV frame (one queue,
+/// so a transfer's end never overtakes its frames).
+#[derive(Debug)]
+pub enum Out {
+    Text(String),
+    Frame(Vec<u8>),
+}
+
+/// What a worker is asked to be.
+#[derive(Clone)]
+pub struct WorkerConfig {
+    /// The server's gateway: `ws://HOST:PORT` (the path is added when
+    /// missing).
+    pub server: String,
+    /// The provider's worker token.
+    pub token: String,
+    /// A name for this worker (default: the host name).
+    pub name: Option<String>,
+    /// The market region it runs in.
+    pub region: String,
+    /// The device its models run on (reported with what was detected).
+    pub device: engine::Device,
+    /// What its provider asks, per served model; `None`: the house's price.
+    pub offer: Option<Offer>,
+    /// Testing knobs (hidden flags of the command line).
+    pub faults: Faults,
+}
+
+impl std::fmt::Debug for WorkerConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WorkerConfig")
+            .field("server", &self.server)
+            .field("token", &"<redacted>")
+            .field("name", &self.name)
+            .field("region", &self.region)
+            .field("device", &self.device)
+            .field("offer", &self.offer)
+            .field("faults", &self.faults)
+            .finish()
+    }
+}
+
+/// A provider's ask for each model the worker serves: ticks per million
+/// tokens of each phase, the protocol fee not included.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Offer {
+    pub input: i64,
+    pub cached_input: i64,
+    pub output: i64,
+    /// Generated tokens per second offered (0: what calibration measures).
+    pub capacity: u64,
+    /// Unix seconds after which the ask lapses (0: while connected).
+    pub until: i64,
+    pub preemptible: bool,
+}
+
+/// Testing knobs of a worker: a slower device, a hung one, a faulty KV
+/// link, a cheating provider.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Faults {
+    /// Hold each generated token this long.
+    pub token_delay: Duration,
+    /// Run this many assignments, then never answer the next ones.
+    pub stall_after: Option<u64>,
+    pub kv: kv::Faults,
+    /// Replay one job's tokens for every later job, after `cheat_after`
+    /// honest ones.
+    pub replay: bool,
+    pub cheat_after: u64,
+}
 
 /// How long the server has to answer a registration.
 const WELCOME_WITHIN: Duration = Duration::from_secs(10);
@@ -66,36 +119,31 @@ enum Ended {
     Lost(String),
 }
 
-/// Runs the worker until it is stopped.
-pub async fn run(args: WorkerArgs) -> anyhow::Result<()> {
-    let url = gateway_url(&args.server)?;
-    let models = Arc::new(
-        crate::startup::load_models(&args.models, &args.scheduler)
-            .await
-            .context("loading the worker's models")?,
-    );
-    let register = registration(&args, &models);
-    let (stop_tx, mut stop) = watch::channel(false);
-    let signalled = crate::startup::shutdown_signal();
+/// Runs the worker over `models` until `stop` resolves (then it drains)
+/// or an admin removes it; stops the models' engines when it leaves.
+pub async fn run(
+    config: WorkerConfig,
+    models: Arc<ModelRegistry>,
+    stop: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    let url = gateway_url(&config.server)?;
+    let register = registration(&config, &models);
+    let (stop_tx, mut stopped) = watch::channel(false);
     tokio::spawn(async move {
-        signalled.await;
+        stop.await;
         let _ = stop_tx.send(true);
     });
     let mut delay = BACKOFF_FIRST;
     loop {
         let started = Instant::now();
-        let debug = Debug {
-            token_delay: Duration::from_millis(args.debug_token_delay_ms),
-            stall_after: args.debug_stall_after,
-            kv: kv::Faults {
-                corrupt: args.debug_kv_fault.as_deref() == Some("corrupt"),
-                drop_end: args.debug_kv_fault.as_deref() == Some("drop-end"),
-                frame_delay: Duration::from_millis(args.debug_kv_frame_delay_ms),
-            },
-            replay: args.debug_cheat.as_deref() == Some("replay"),
-            cheat_after: args.debug_cheat_after,
+        let link = Link {
+            url: &url,
+            token: &config.token,
+            register: &register,
+            models: &models,
+            faults: config.faults,
         };
-        match connect_once(&url, &args.token, &register, &models, &mut stop, debug).await? {
+        match connect_once(link, &mut stopped).await? {
             Ended::Leave => break,
             Ended::Lost(why) => {
                 if started.elapsed() >= STABLE {
@@ -105,7 +153,7 @@ pub async fn run(args: WorkerArgs) -> anyhow::Result<()> {
                 tracing::warn!(reason = %why, retry_in_ms = wait.as_millis() as u64, "gateway connection lost");
                 tokio::select! {
                     () = tokio::time::sleep(wait) => {}
-                    _ = stop.changed() => break,
+                    _ = stopped.changed() => break,
                 }
                 delay = (delay * 2).min(BACKOFF_CAP);
             }
@@ -115,6 +163,15 @@ pub async fn run(args: WorkerArgs) -> anyhow::Result<()> {
     models.shutdown();
     tracing::info!("worker stopped");
     Ok(())
+}
+
+/// What one connection needs.
+struct Link<'a> {
+    url: &'a str,
+    token: &'a str,
+    register: &'a FromWorker,
+    models: &'a ModelRegistry,
+    faults: Faults,
 }
 
 /// `ws://host:port` with the gateway's path added when missing.
@@ -138,7 +195,7 @@ fn jitter(d: Duration) -> Duration {
 }
 
 /// What this worker registers: its devices and its text models' geometry.
-fn registration(args: &WorkerArgs, models: &ModelRegistry) -> FromWorker {
+fn registration(config: &WorkerConfig, models: &ModelRegistry) -> FromWorker {
     let served = models
         .list()
         .into_iter()
@@ -164,8 +221,8 @@ fn registration(args: &WorkerArgs, models: &ModelRegistry) -> FromWorker {
         .filter(|m| matches!(m.kind, ModelKind::Embedding(_)))
         .map(|m| m.name.clone())
         .collect();
-    let asks = args
-        .price
+    let asks = config
+        .offer
         .map(|p| {
             served
                 .iter()
@@ -174,21 +231,21 @@ fn registration(args: &WorkerArgs, models: &ModelRegistry) -> FromWorker {
                     input: p.input,
                     cached_input: p.cached_input,
                     output: p.output,
-                    capacity: args.capacity,
-                    until: args.until,
-                    preemptible: args.preemptible,
+                    capacity: p.capacity,
+                    until: p.until,
+                    preemptible: p.preemptible,
                 })
                 .collect()
         })
         .unwrap_or_default();
     FromWorker::Register {
         v: VERSION,
-        name: args.name.clone().unwrap_or_else(hostname),
+        name: config.name.clone().unwrap_or_else(hostname),
         build: format!("synor {}", env!("CARGO_PKG_VERSION")),
-        devices: devices::detect(args.scheduler.device),
+        devices: devices::detect(config.device),
         models: served,
         threads: rayon::current_num_threads() as u32,
-        region: args.region.clone(),
+        region: config.region.clone(),
         asks,
         encoders,
     }
@@ -234,14 +291,14 @@ impl Meter {
 }
 
 /// One connection: handshake, register, heartbeats until it ends.
-async fn connect_once(
-    url: &str,
-    token: &str,
-    register: &FromWorker,
-    models: &ModelRegistry,
-    stop: &mut watch::Receiver<bool>,
-    debug: Debug,
-) -> anyhow::Result<Ended> {
+async fn connect_once(link: Link<'_>, stop: &mut watch::Receiver<bool>) -> anyhow::Result<Ended> {
+    let Link {
+        url,
+        token,
+        register,
+        models,
+        faults: debug,
+    } = link;
     let mut request = url.into_client_request().context("the --server address")?;
     let auth = format!("Bearer {token}")
         .parse()

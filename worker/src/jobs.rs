@@ -15,7 +15,7 @@ use tokio::sync::mpsc;
 use engine::core::Handoff;
 
 use super::Out;
-use crate::services::models::ModelRegistry;
+use engine::registry::ModelRegistry;
 use protocol::{FromWorker, JobParams, JobToken, ServedModel, VERSION};
 
 /// One assignment, as received.
