@@ -31,7 +31,7 @@ PARITY_ARCHS := parity-llama3:f32 parity-qwen3:f32 parity-qwen3:q4_k parity-qwen
 
 ## run: fetch the default models if missing, then serve them on 127.0.0.1:8080
 run: $(MODEL_FILES)
-	$(CARGO) run --release -p server --bin synor -- serve --open
+	$(CARGO) run --release -p synor --bin synor -- serve --open
 
 ## test: formatting, lints, every cargo test (the wgpu backend's on lavapipe
 ## too), the OpenAI-SDK end-to-end tests and the console in headless Chromium

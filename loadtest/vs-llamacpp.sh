@@ -56,7 +56,7 @@ log() { echo "vs-llamacpp: $*" >&2; }
   die "ISA is native, avx2 or vnni, not $ISA"
 
 build_synor() {
-  cargo build --release -q -p server --bin synor -p loadtest --bin synor-loadtest --bin synor-genmodel
+  cargo build --release -q -p synor --bin synor -p loadtest --bin synor-loadtest --bin synor-genmodel
   SYNOR="${SYNOR_BIN:-$TARGET_DIR/release/synor}"
   LOADTEST="$TARGET_DIR/release/synor-loadtest"
   GENMODEL="$TARGET_DIR/release/synor-genmodel"

@@ -44,7 +44,7 @@ build() {
     tee /dev/stderr | grep 'Executable' | exe_of)
   b=$(cargo bench -p engine --features wgpu,cuda --bench gpu --no-run 2>&1 |
     tee /dev/stderr | grep 'Executable' | exe_of)
-  cargo build --release -p loadtest --bin synor-genmodel -p server --bin synor
+  cargo build --release -p loadtest --bin synor-genmodel -p synor --bin synor
   local target="${CARGO_TARGET_DIR:-target}/release"
   cp "$target/synor" "$dir/synor"
   cp "$k" "$dir/kernels-tests"

@@ -126,7 +126,7 @@ mod tests {
         let committed = std::fs::read_to_string(path).unwrap_or_default();
         assert!(
             committed == super::json(),
-            "openapi/openapi.json is stale: run `cargo run -p server --bin synor -- openapi`"
+            "openapi/openapi.json is stale: run `cargo run -p synor --bin synor -- openapi`"
         );
     }
 

@@ -1,8 +1,8 @@
 //! The server's one integration test binary: in-process router tests
-//! (`router`, `observability`) and tests against the real `synor` binary on
-//! port 0 (`binary`).
+//! (`router`, `observability`, `hardening`, `keys`) and the layering
+//! check (`layout`). The real `synor` binary is tested in its own crate
+//! (`synor/tests/binary`).
 
-mod binary;
 mod hardening;
 mod helpers;
 mod keys;

@@ -1,20 +1,29 @@
-//! The `synor` binary: parse the command line, set up logging, run.
+//! The `synor` binary: the command line (`config`), logging
+//! (`telemetry`), signals and shutdown, and the wiring of the crates below
+//! it: `synor serve` composes the server (`startup`), `synor worker` the
+//! provider's worker, `synor keys|accounts|providers` the store and ledger
+//! (`keys_cli`).
+
+mod config;
+mod keys_cli;
+mod startup;
+mod telemetry;
 
 use std::sync::Arc;
 
+use crate::config::{Cli, Command};
 use anyhow::Context;
 use clap::Parser;
-use server::config::{Cli, Command};
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
         Command::Serve(args) => {
-            server::telemetry::init(&args.log_format);
+            crate::telemetry::init(&args.log_format);
             let rt = tokio::runtime::Builder::new_multi_thread()
                 .enable_all()
                 .build()?;
-            rt.block_on(server::startup::serve(*args))
+            rt.block_on(crate::startup::serve(*args))
         }
         Command::Openapi { out } => {
             std::fs::write(&out, server::http::openapi::json())?;
@@ -25,22 +34,22 @@ fn main() -> anyhow::Result<()> {
             let rt = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()?;
-            rt.block_on(server::keys_cli::run(args))
+            rt.block_on(crate::keys_cli::run(args))
         }
         Command::Accounts(args) => {
             let rt = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()?;
-            rt.block_on(server::keys_cli::accounts(args))
+            rt.block_on(crate::keys_cli::accounts(args))
         }
         Command::Providers(args) => {
             let rt = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()?;
-            rt.block_on(server::keys_cli::providers(args))
+            rt.block_on(crate::keys_cli::providers(args))
         }
         Command::Worker(args) => {
-            server::telemetry::init(&args.log_format);
+            crate::telemetry::init(&args.log_format);
             if let Some(n) = args.threads {
                 rayon::ThreadPoolBuilder::new()
                     .num_threads(n.max(1))
@@ -50,10 +59,10 @@ fn main() -> anyhow::Result<()> {
                 .enable_all()
                 .build()?;
             rt.block_on(async {
-                let models = server::startup::load_models(&args.models, &args.scheduler)
+                let models = crate::startup::load_models(&args.models, &args.scheduler)
                     .await
                     .context("loading the worker's models")?;
-                let stop = server::startup::shutdown_signal();
+                let stop = crate::startup::shutdown_signal();
                 worker::run(args.worker_config(), Arc::new(models), stop).await
             })
         }

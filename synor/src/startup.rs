@@ -8,13 +8,13 @@ use anyhow::Context;
 use tokio::net::TcpListener;
 
 use crate::config::{ModelArgs, SchedulerArgs, ServeArgs};
-use crate::http::auth::Auth;
-use crate::http::state::AppState;
-use crate::services::metering::Billing;
 use engine::registry::{Kind, ModelLoader, ModelRegistry};
 use money::ledger::{Ledger, LedgerConfig};
 use money::market::Market;
 use money::store::Db;
+use server::http::auth::Auth;
+use server::http::state::AppState;
+use server::services::metering::Billing;
 
 /// How often the ledger audits itself (its result in `/metrics`).
 const AUDIT_EVERY: std::time::Duration = std::time::Duration::from_secs(300);
@@ -111,12 +111,12 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     } else {
         Auth::with_keys(db.clone(), args.admin_token.clone())
     };
-    auth.admin_throttle = Arc::new(crate::http::auth::admin::AdminThrottle::with_burst(
+    auth.admin_throttle = Arc::new(server::http::auth::admin::AdminThrottle::with_burst(
         args.admin_auth_burst,
     ));
     let billing = Arc::new(billing(&args, db).await?);
     let registry = Arc::new(load_models(&args.models, &args.scheduler).await?);
-    tokio::spawn(crate::services::metering::run_house(
+    tokio::spawn(server::services::metering::run_house(
         billing.clone(),
         registry.clone(),
         std::time::Duration::from_secs(10),
@@ -125,7 +125,7 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         .with_loader(loader(&args.models, &args.scheduler))
         .with_billing(billing.clone());
     state.dispatch = Arc::new(
-        crate::services::dispatch::Dispatch::new(state.fleet.clone())
+        server::services::dispatch::Dispatch::new(state.fleet.clone())
             .with_house_factor(args.placement_house_factor)
             .round_robin(args.placement == "round-robin")
             .with_progress_timeout(seconds(args.fleet_progress_timeout, 0.1, 3600.0))
@@ -135,7 +135,7 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
                 args.fleet_max_queue,
                 seconds(args.fleet_queue_timeout, 0.0, 3600.0),
             )
-            .with_spot_checks(crate::services::spotcheck::SpotConfig {
+            .with_spot_checks(server::services::spotcheck::SpotConfig {
                 new_rate: args.spot_check_new_rate.clamp(0.0, 1.0),
                 rate: args.spot_check_rate.clamp(0.0, 1.0),
                 proven_after: args.spot_check_proven_after,
@@ -149,43 +149,43 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             )
             .with_billing(billing.clone()),
     );
-    state.fleet.set_caps(crate::fleet::registry::Caps {
+    state.fleet.set_caps(server::fleet::registry::Caps {
         per_token: args.fleet_max_workers_per_token as usize,
         per_provider: args.fleet_max_workers_per_provider as usize,
     });
     if let Some(url) = &args.fleet_bus {
-        crate::fleet::bus::start(url, &args.fleet_bus_namespace, state.fleet.clone())
+        server::fleet::bus::start(url, &args.fleet_bus_namespace, state.fleet.clone())
             .map_err(anyhow::Error::msg)?;
     }
-    tokio::spawn(crate::services::asks::run(
+    tokio::spawn(server::services::asks::run(
         state.fleet.clone(),
         billing.market.clone(),
     ));
-    tokio::spawn(crate::services::standing::run(
+    tokio::spawn(server::services::standing::run(
         billing.ledger.db.clone(),
         state.fleet.clone(),
         Some(billing.market.clone()),
     ));
     tokio::spawn(billing.ledger.clone().audit_every(AUDIT_EVERY));
-    tokio::spawn(crate::services::sanctions::run(
+    tokio::spawn(server::services::sanctions::run(
         billing.ledger.db.clone(),
         state.fleet.clone(),
     ));
     let dispatch = state.dispatch.clone();
     tokio::spawn(async move {
-        let mut tick = tokio::time::interval(crate::services::dispatch::utilization::SAMPLE);
+        let mut tick = tokio::time::interval(server::services::dispatch::utilization::SAMPLE);
         loop {
             tick.tick().await;
             dispatch.utilization.sample();
         }
     });
-    tokio::spawn(crate::services::calibration::run(
+    tokio::spawn(server::services::calibration::run(
         state.fleet.clone(),
         registry.clone(),
         state.dispatch.clone(),
     ));
     if let Some(c) = args.cache.to_config() {
-        let cache = crate::cache::ResponseCache::new(&c).context("opening the response cache")?;
+        let cache = server::cache::ResponseCache::new(&c).context("opening the response cache")?;
         state = state.with_cache(Arc::new(cache), args.cache.cache_price_bps.clamp(0, 10_000));
     }
     state.overview.clone().start(state.overview_sources());
@@ -199,8 +199,8 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     tracing::info!(%addr, "synor listening");
     println!("synor listening on http://{addr}");
     let draining = state.draining.clone();
-    let app = crate::app(state, args.max_body_bytes);
-    let limits = crate::listen::Limits {
+    let app = server::app(state, args.max_body_bytes);
+    let limits = server::listen::Limits {
         header_timeout: seconds(args.header_timeout, 0.1, 3600.0),
         max_per_client: args.max_connections_per_client.max(1),
     };
@@ -219,7 +219,7 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     };
     // Connections still open after the drain get a moment to finish
     // their last answer.
-    crate::listen::serve(
+    server::listen::serve(
         listener,
         app,
         limits,

@@ -176,15 +176,15 @@ pub struct CacheArgs {
 
 impl CacheArgs {
     /// The cache's configuration (`None` when it is off).
-    pub fn to_config(&self) -> Option<crate::cache::CacheConfig> {
+    pub fn to_config(&self) -> Option<server::cache::CacheConfig> {
         let ttl = std::time::Duration::from_secs(self.cache_ttl.max(1));
-        (!self.no_cache).then(|| crate::cache::CacheConfig {
+        (!self.no_cache).then(|| server::cache::CacheConfig {
             l1_bytes: self.cache_l1_bytes as u64,
             l2_dir: Some(self.cache_dir.clone()),
             l2_bytes: self.cache_l2_bytes as u64,
             redis_url: self.redis_url.clone(),
             ttl,
-            policy: crate::cache::semantic::Policy {
+            policy: server::cache::semantic::Policy {
                 threshold: self.semantic_threshold.clamp(0.0, 1.0),
                 verify: self.semantic_verify,
                 align: self
@@ -192,7 +192,7 @@ impl CacheArgs {
                     .filter(|a| (0.0..=1.0).contains(a) && *a > 0.0),
             },
             // 384 floats (1.5 KiB) per entry: at most about 80 MB.
-            semantic: crate::cache::semantic::Limits {
+            semantic: server::cache::semantic::Limits {
                 per_index: 5_000,
                 total: 50_000,
                 ttl,
@@ -254,7 +254,7 @@ pub struct ServeArgs {
         env = "SYNOR_PLACEMENT_WEIGHTS",
         default_value = "cost=0.3,latency=0.2,capability=0.2,reputation=0.15,load=0.15"
     )]
-    pub placement_weights: crate::services::placement::Weights,
+    pub placement_weights: server::services::placement::Weights,
 
     /// Past saturation (every executor of a model at its batch cap), at
     /// most this many choices wait for room; more are refused with 503
@@ -287,7 +287,7 @@ pub struct ServeArgs {
     /// KV moved between them: `auto` when the cost model expects it to
     /// pay, `always` whenever a second worker can, `never`.
     #[arg(long, env = "SYNOR_FLEET_SPLIT", default_value = "auto")]
-    pub fleet_split: crate::services::dispatch::split::SplitMode,
+    pub fleet_split: server::services::dispatch::split::SplitMode,
 
     /// Seconds a provider's earnings stay pending before they are final:
     /// a failed spot check can claw them back meanwhile, and penalties
@@ -638,6 +638,7 @@ impl ModelArgs {
     }
 
     /// Path of the generative model file.
+    #[cfg(test)]
     pub fn model_path(&self) -> PathBuf {
         self.resolve(&self.model)
     }

@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 use futures_util::StreamExt;
 use serde_json::{Value, json};
 
-use crate::helpers::{Synor, TINY};
+use crate::process::{Synor, TINY};
 
 /// The first model's statistics from `/health`.
 async fn engine_stats(client: &reqwest::Client, synor: &Synor) -> Value {
