@@ -7,7 +7,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, Parser, Subcommand, ValueEnum};
 
 /// Synor Compute: OpenAI-compatible inference serving.
 #[derive(Debug, Parser)]
@@ -230,8 +230,8 @@ pub struct ServeArgs {
     pub database_url: String,
 
     /// Log format: `text` or `json`.
-    #[arg(long, env = "SYNOR_LOG_FORMAT", default_value = "text", value_parser = ["text", "json"])]
-    pub log_format: String,
+    #[arg(long, env = "SYNOR_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
 
     /// How much the house engine's expected wait weighs against the
     /// workers' when placing a choice (1 = as it is measured; larger sends
@@ -242,8 +242,8 @@ pub struct ServeArgs {
     /// How choices are placed: `measured` (the executor expected to finish
     /// first, from its calibration) or `round-robin` (in turn over the
     /// workers serving the model, for comparisons).
-    #[arg(long, env = "SYNOR_PLACEMENT", default_value = "measured", value_parser = ["measured", "round-robin"])]
-    pub placement: String,
+    #[arg(long, env = "SYNOR_PLACEMENT", value_enum, default_value_t = Placement::Measured)]
+    pub placement: Placement,
 
     /// How placement weighs each executor's price, expected time,
     /// unloaded speed, provider reputation and load: `cost=0.3,latency=0.2,
@@ -381,7 +381,7 @@ pub struct ServeArgs {
 
     /// Token for the admin API (`/admin/...`); unset disables it.
     #[arg(long, env = "SYNOR_ADMIN_TOKEN", hide_env_values = true)]
-    pub admin_token: Option<String>,
+    pub admin_token: Option<Secret>,
 
     /// Failed admin authentications one address may make in a row before
     /// it must wait (one more a second).
@@ -437,7 +437,7 @@ pub struct WorkerArgs {
 
     /// The provider's worker token (`synor providers create`).
     #[arg(long, env = "SYNOR_WORKER_TOKEN", hide_env_values = true)]
-    pub token: String,
+    pub token: Secret,
 
     /// A name for this worker (default: the host name).
     #[arg(long, env = "SYNOR_WORKER_NAME")]
@@ -486,13 +486,13 @@ pub struct WorkerArgs {
     /// Testing only: misbehave as a prefill worker: `corrupt` flips a
     /// byte of a KV frame after its checksum, `drop-end` never sends the
     /// end of a transfer.
-    #[arg(long, hide = true, value_parser = ["corrupt", "drop-end"])]
-    pub debug_kv_fault: Option<String>,
+    #[arg(long, hide = true, value_enum)]
+    pub debug_kv_fault: Option<KvFault>,
 
     /// Testing only: cheat as a dishonest provider would: `replay` sends
     /// the tokens (and log-probabilities) of one job for every later one.
-    #[arg(long, hide = true, value_parser = ["replay"])]
-    pub debug_cheat: Option<String>,
+    #[arg(long, hide = true, value_enum)]
+    pub debug_cheat: Option<Cheat>,
 
     /// Testing only: run this many assignments honestly before cheating.
     #[arg(long, hide = true, default_value_t = 0)]
@@ -509,17 +509,17 @@ pub struct WorkerArgs {
     pub scheduler: SchedulerArgs,
 
     /// Log format: `text` or `json`.
-    #[arg(long, env = "SYNOR_LOG_FORMAT", default_value = "text", value_parser = ["text", "json"])]
-    pub log_format: String,
+    #[arg(long, env = "SYNOR_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
 }
 
 impl WorkerArgs {
     /// The worker's configuration from its command line.
     pub fn worker_config(&self) -> worker::WorkerConfig {
-        let fault = self.debug_kv_fault.as_deref();
+        let fault = self.debug_kv_fault;
         worker::WorkerConfig {
             server: self.server.clone(),
-            token: self.token.clone(),
+            token: self.token.expose().to_string(),
             name: self.name.clone(),
             region: self.region.clone(),
             device: self.scheduler.device,
@@ -535,15 +535,72 @@ impl WorkerArgs {
                 token_delay: Duration::from_millis(self.debug_token_delay_ms),
                 stall_after: self.debug_stall_after,
                 kv: worker::kv::Faults {
-                    corrupt: fault == Some("corrupt"),
-                    drop_end: fault == Some("drop-end"),
+                    corrupt: fault == Some(KvFault::Corrupt),
+                    drop_end: fault == Some(KvFault::DropEnd),
                     frame_delay: Duration::from_millis(self.debug_kv_frame_delay_ms),
                 },
-                replay: self.debug_cheat.as_deref() == Some("replay"),
+                replay: self.debug_cheat == Some(Cheat::Replay),
                 cheat_after: self.debug_cheat_after,
             },
         }
     }
+}
+
+/// A secret from the command line (a token): its `Debug` never shows it,
+/// so logging the options cannot leak it.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(String);
+
+impl Secret {
+    /// The secret itself, for the one place that uses it.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Secret(<redacted>)")
+    }
+}
+
+impl std::str::FromStr for Secret {
+    type Err = std::convert::Infallible;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Ok(Self(s.to_string()))
+    }
+}
+
+/// How logs are written (`--log-format`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+/// How choices are placed (`--placement`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Placement {
+    /// The executor expected to finish first, from its calibration.
+    Measured,
+    /// In turn over the workers serving the model (for comparisons).
+    RoundRobin,
+}
+
+/// How a testing worker damages its KV transfers (`--debug-kv-fault`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum KvFault {
+    /// Flip a byte of a KV frame after its checksum.
+    Corrupt,
+    /// Never send the end of a transfer.
+    DropEnd,
+}
+
+/// How a testing worker cheats (`--debug-cheat`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Cheat {
+    /// Send one job's tokens for every later one.
+    Replay,
 }
 
 /// A worker's `--price`: ticks per million tokens of each phase.
@@ -939,5 +996,45 @@ mod tests {
         );
         assert!(Cli::try_parse_from(["synor", "serve", "--extra-model", "noequals"]).is_err());
         assert!(Cli::try_parse_from(["synor", "serve", "--extra-model", "=x"]).is_err());
+    }
+
+    #[test]
+    fn tokens_never_show_in_the_options_debug() {
+        let s = serve(&["--admin-token", "adm-s3cret"]);
+        assert_eq!(
+            s.admin_token.as_ref().map(Secret::expose),
+            Some("adm-s3cret")
+        );
+        assert!(!format!("{s:?}").contains("adm-s3cret"), "{s:?}");
+        let argv = [
+            "synor",
+            "worker",
+            "--server",
+            "ws://h:1",
+            "--token",
+            "wkr-s3cret",
+        ];
+        let Command::Worker(w) = Cli::try_parse_from(argv).expect("parses").command else {
+            panic!("parsed `worker` as another command");
+        };
+        assert!(!format!("{w:?}").contains("wkr-s3cret"), "{w:?}");
+        let config = w.worker_config();
+        assert_eq!(config.token, "wkr-s3cret");
+        assert!(!format!("{config:?}").contains("wkr-s3cret"), "{config:?}");
+    }
+
+    #[test]
+    fn choices_are_typed_and_a_bad_one_names_its_flag() {
+        assert_eq!(serve(&["--log-format", "json"]).log_format, LogFormat::Json);
+        assert_eq!(
+            serve(&["--placement", "round-robin"]).placement,
+            Placement::RoundRobin
+        );
+        for (flag, bad) in [("--log-format", "yaml"), ("--placement", "random")] {
+            let err = Cli::try_parse_from(["synor", "serve", flag, bad])
+                .expect_err("a bad choice")
+                .to_string();
+            assert!(err.contains(flag) && err.contains(bad), "{err}");
+        }
     }
 }

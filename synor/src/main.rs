@@ -19,7 +19,7 @@ fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
         Command::Serve(args) => {
-            crate::telemetry::init(&args.log_format);
+            crate::telemetry::init(args.log_format);
             let rt = tokio::runtime::Builder::new_multi_thread()
                 .enable_all()
                 .build()?;
@@ -49,7 +49,7 @@ fn main() -> anyhow::Result<()> {
             rt.block_on(crate::keys_cli::providers(args))
         }
         Command::Worker(args) => {
-            crate::telemetry::init(&args.log_format);
+            crate::telemetry::init(args.log_format);
             if let Some(n) = args.threads {
                 rayon::ThreadPoolBuilder::new()
                     .num_threads(n.max(1))

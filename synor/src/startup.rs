@@ -105,11 +105,14 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         .with_context(|| format!("opening the database {}", args.database_url))?;
     let mut auth = if args.open {
         Auth {
-            admin_token: args.admin_token.clone(),
+            admin_token: args.admin_token.as_ref().map(|t| t.expose().to_string()),
             ..Auth::open()
         }
     } else {
-        Auth::with_keys(db.clone(), args.admin_token.clone())
+        Auth::with_keys(
+            db.clone(),
+            args.admin_token.as_ref().map(|t| t.expose().to_string()),
+        )
     };
     auth.admin_throttle = Arc::new(server::http::auth::admin::AdminThrottle::with_burst(
         args.admin_auth_burst,
@@ -127,7 +130,7 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     state.dispatch = Arc::new(
         server::services::dispatch::Dispatch::new(state.fleet.clone())
             .with_house_factor(args.placement_house_factor)
-            .round_robin(args.placement == "round-robin")
+            .round_robin(args.placement == crate::config::Placement::RoundRobin)
             .with_progress_timeout(seconds(args.fleet_progress_timeout, 0.1, 3600.0))
             .with_step_target(args.fleet_step_target_ms)
             .with_weights(args.placement_weights)
