@@ -164,7 +164,7 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         state.fleet.clone(),
         billing.market.clone(),
     ));
-    tokio::spawn(server::services::standing::run(
+    tokio::spawn(server::services::standing_sync::run(
         billing.ledger.db.clone(),
         state.fleet.clone(),
         Some(billing.market.clone()),

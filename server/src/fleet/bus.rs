@@ -22,7 +22,7 @@ use futures_util::StreamExt;
 use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 
-use super::jobs::JobEvent;
+use super::assignments::JobEvent;
 use super::registry::{Forward, Registry, WorkerInfo};
 use engine::core::CoreEvent;
 use engine::{FinishReason, TokenLogprob, Usage};
@@ -486,7 +486,7 @@ mod tests {
         });
         assert_eq!(
             a.jobs.deliver(&w, job, 1, token),
-            super::super::jobs::Delivery::Delivered
+            super::super::assignments::Delivery::Delivered
         );
         let ev = tokio::time::timeout(Duration::from_secs(5), events.recv())
             .await

@@ -7,15 +7,15 @@
 //! - `session`: one worker's connection, from registration to its end;
 //! - `registry`: the connected workers, their devices, models, asks and
 //!   load;
-//! - `jobs`: the attempts running on workers, routed to their relays;
+//! - `assignments`: the attempts running on workers, routed to their relays;
 //! - `transfers`: KV relayed from a prefill worker to a decode worker;
 //! - `standing`: each provider's reputation and uptime, measured;
 //! - `bus`: replicas sharing their workers over Redis pub/sub.
 //!
 //! Calibration, placement and the market's use of asks are services.
 
+pub mod assignments;
 pub mod bus;
-pub mod jobs;
 pub mod registry;
 pub mod session;
 pub mod standing;

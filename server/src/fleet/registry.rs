@@ -193,7 +193,7 @@ pub struct Registry {
     /// announces at once).
     pub changed: tokio::sync::Notify,
     /// Jobs running on workers (sessions route their messages here).
-    pub jobs: super::jobs::Jobs,
+    pub jobs: super::assignments::Jobs,
     /// KV transfers between this replica's workers.
     pub transfers: super::transfers::Transfers,
     /// Worker tokens whose workers failed a spot check: refused until an

@@ -19,7 +19,7 @@ use tokio::time::Instant;
 use engine::core::CoreEvent;
 use engine::{FinishReason, TokenLogprob, Usage};
 
-use super::jobs::{Delivery, JobEvent};
+use super::assignments::{Delivery, JobEvent};
 use super::registry::{Registration, Registry, ToSession};
 use super::transfers::{Side, TransferEvent};
 use protocol::{Ask, FromWorker, ProtocolError, ServedModel, ToWorker, VERSION};

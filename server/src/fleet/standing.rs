@@ -3,7 +3,7 @@
 //! lost: disconnected, silent past the progress deadline, failed), and
 //! its uptime from its connection history (the share of the time since
 //! it was first seen that at least one of its workers was connected).
-//! Pure bookkeeping: the registry feeds it events; `services::standing`
+//! Pure bookkeeping: the registry feeds it events; `services::standing_sync`
 //! persists what is pending (as increments, so replicas add up) and
 //! reads back the fleet's totals; payout and placement read the
 //! multipliers.

@@ -13,7 +13,7 @@ use std::time::Instant;
 
 use tokio::sync::mpsc;
 
-use super::jobs::Delivery;
+use super::assignments::Delivery;
 use protocol::JobToken;
 
 /// What a transfer's relay hears.

@@ -10,8 +10,8 @@ pub mod error;
 pub mod metrics;
 pub mod observe;
 pub mod openapi;
-pub mod overview;
 pub mod routes;
+pub mod sampler;
 pub mod state;
 
 use axum::Router;

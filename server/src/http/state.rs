@@ -31,7 +31,7 @@ pub struct AppState {
     /// Placement of choices on the house engine or on workers.
     pub dispatch: Arc<crate::services::dispatch::Dispatch>,
     /// The console's overview: samples of the last hour.
-    pub overview: Arc<crate::http::overview::Overview>,
+    pub overview: Arc<crate::http::sampler::Overview>,
 }
 
 impl AppState {
@@ -78,8 +78,8 @@ impl AppState {
     }
 
     /// What the overview's sampler reads.
-    pub fn overview_sources(&self) -> crate::http::overview::Sources {
-        crate::http::overview::Sources {
+    pub fn overview_sources(&self) -> crate::http::sampler::Sources {
+        crate::http::sampler::Sources {
             models: self.models.clone(),
             http: self.http.clone(),
             fleet: self.fleet.clone(),

@@ -32,7 +32,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tokio::sync::mpsc;
 
-use crate::fleet::jobs::JobEvent;
+use crate::fleet::assignments::JobEvent;
 use crate::fleet::registry::{Profile, Registry, WorkerInfo};
 use crate::services::dispatch::Dispatch;
 use crate::services::spotcheck::{Sample, Verdict};

@@ -184,7 +184,13 @@ impl Generation {
                 ..Usage::default()
             };
             // A worker computed it: its provider is paid for the tokens.
-            if let (Target::Worker(_, provider, label), Some(d)) = (&on, &self.dispatch) {
+            if let (
+                Target::Worker {
+                    provider, label, ..
+                },
+                Some(d),
+            ) = (&on, &self.dispatch)
+            {
                 let work = d.encoder_work(provider, tab.prices(), out.prompt_tokens);
                 tab.credits().encoded(label, work);
             }

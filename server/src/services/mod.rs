@@ -14,7 +14,7 @@
 //! - `spotcheck`: re-scoring a sample of workers' output on the house
 //!   engine; what a failed check costs the provider.
 //! - `asks`: workers' asks posted on the order book.
-//! - `standing`: persisting providers' measured reputation and uptime.
+//! - `standing_sync`: persisting providers' measured reputation and uptime.
 //! - `sanctions`: quarantines stored with the token, live sessions of a
 //!   sanctioned token closed on every replica, an admin's clearing.
 //! - `generation`: the one path of a generation (chat, completions) and of
@@ -31,7 +31,7 @@ pub mod metering;
 pub mod placement;
 pub mod sanctions;
 pub mod spotcheck;
-pub mod standing;
+pub mod standing_sync;
 
 use engine::EngineError;
 

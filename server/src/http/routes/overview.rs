@@ -16,7 +16,7 @@ use tokio::sync::broadcast;
 use tokio::sync::broadcast::error::RecvError;
 
 use crate::http::auth::console::SessionCheck;
-use crate::http::overview::OverviewAnswer;
+use crate::http::sampler::OverviewAnswer;
 use crate::http::state::AppState;
 
 pub fn admin_router() -> Router<AppState> {
@@ -83,7 +83,7 @@ const SESSION_CHECK: Duration = Duration::from_secs(2);
 /// One subscriber's stream.
 struct Feed {
     first: Option<OverviewAnswer>,
-    rx: broadcast::Receiver<crate::http::overview::Sample>,
+    rx: broadcast::Receiver<crate::http::sampler::Sample>,
     state: AppState,
     headers: HeaderMap,
     /// Opened with a console session: it ends with the session.

@@ -17,7 +17,7 @@ use engine::{EmbedInput, EmbeddingHandle, Embeddings, EngineError};
 use tokio::sync::mpsc;
 
 use super::{Dispatch, HOUSE, Target, lock, worker_target};
-use crate::fleet::jobs::JobEvent;
+use crate::fleet::assignments::JobEvent;
 use protocol::{MAX_CONTROL, ToWorker, VERSION};
 
 /// How long a worker has to answer an embedding job.
@@ -73,7 +73,12 @@ impl Dispatch {
         } else {
             Target::House
         };
-        if let Target::Worker(id, provider, _) = &target {
+        if let Target::Worker {
+            worker: id,
+            provider,
+            ..
+        } = &target
+        {
             match self.embed_on(id, model, house, &input, query).await {
                 Ok(out) => return self.checked(out, &target, house, input, query).await,
                 Err(why) => {
@@ -99,7 +104,12 @@ impl Dispatch {
         input: EmbedInput,
         query: bool,
     ) -> Result<(Embeddings, Target), EngineError> {
-        let Target::Worker(id, provider, _) = target else {
+        let Target::Worker {
+            worker: id,
+            provider,
+            ..
+        } = target
+        else {
             return Ok((out, target.clone()));
         };
         let jobs = self.fleet.standing.get(provider).jobs_ok;

@@ -167,7 +167,11 @@ impl<'a> Want<'a> {
 /// Whose attempt a spot check judges, as its record names it.
 fn who(c: &Caught) -> crate::services::spotcheck::Who<'_> {
     let (worker, provider) = match &c.target {
-        Target::Worker(id, provider, _) => (id.as_str(), provider.as_str()),
+        Target::Worker {
+            worker: id,
+            provider,
+            ..
+        } => (id.as_str(), provider.as_str()),
         Target::House => (HOUSE, HOUSE),
     };
     crate::services::spotcheck::Who { worker, provider }
@@ -190,16 +194,20 @@ struct Caught {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Target {
     House,
-    /// A worker, the provider account it earns for, and how usage
-    /// records name it (`name@provider`).
-    Worker(String, String, String),
+    /// A worker: its id, the provider account it earns for, and how
+    /// usage records name it (`name@provider`).
+    Worker {
+        worker: String,
+        provider: String,
+        label: String,
+    },
 }
 
 impl Target {
     fn key(&self) -> &str {
         match self {
             Self::House => HOUSE,
-            Self::Worker(id, ..) => id,
+            Self::Worker { worker: id, .. } => id,
         }
     }
 
@@ -207,7 +215,7 @@ impl Target {
     pub fn label(&self, house: &EngineHandle) -> String {
         match self {
             Self::House => house.info().executor.clone(),
-            Self::Worker(_, _, label) => label.clone(),
+            Self::Worker { label, .. } => label.clone(),
         }
     }
 }
@@ -325,7 +333,12 @@ impl Dispatch {
     /// takes the hit, the worker is quarantined, the pay is clawed back
     /// and the user refunded.
     async fn caught(&self, c: Caught, why: &str) {
-        let Target::Worker(id, provider, label) = &c.target else {
+        let Target::Worker {
+            worker: id,
+            provider,
+            label,
+        } = &c.target
+        else {
             return;
         };
         tracing::warn!(worker = %label, job = c.job, attempt = c.attempt, "clawing back the pay of a failed spot check");
@@ -795,11 +808,11 @@ impl Dispatch {
 }
 
 fn worker_target(w: &crate::fleet::registry::WorkerInfo) -> Target {
-    Target::Worker(
-        w.id.clone(),
-        w.provider_id.clone(),
-        format!("{}@{}", w.name, w.provider_id),
-    )
+    Target::Worker {
+        worker: w.id.clone(),
+        provider: w.provider_id.clone(),
+        label: format!("{}@{}", w.name, w.provider_id),
+    }
 }
 
 #[cfg(test)]

@@ -14,7 +14,7 @@ use tokio::sync::{mpsc, watch};
 use super::split::{Estimate, Prefilled, SplitPlan};
 use super::stages::Timing;
 use super::{CANCEL_WAIT, Caught, Dispatch, HOUSE, MAX_ATTEMPTS, Target, Want};
-use crate::fleet::jobs::JobEvent;
+use crate::fleet::assignments::JobEvent;
 use crate::fleet::registry::Registry;
 use crate::services::metering::Credits;
 use crate::services::placement::Terms;
@@ -144,8 +144,10 @@ impl Relay {
             self.prefilling = prefills.then(|| key.clone());
             let outcome = match (&target, &split) {
                 (Target::House, _) => self.on_house().await,
-                (Target::Worker(id, ..), Some(plan)) => self.on_split(id, plan, attempt).await,
-                (Target::Worker(id, ..), None) => self.on_worker(id, attempt).await,
+                (Target::Worker { worker: id, .. }, Some(plan)) => {
+                    self.on_split(id, plan, attempt).await
+                }
+                (Target::Worker { worker: id, .. }, None) => self.on_worker(id, attempt).await,
             };
             if let Some((ttft, tpot)) = self.timing.ttft_tpot(self.delivered.len() - before) {
                 self.dispatch
@@ -212,7 +214,7 @@ impl Relay {
     /// proven provider among its workers (a split's two included).
     fn pick_check(&self, target: &Target, split: Option<&SplitPlan>) -> bool {
         let jobs = |t: &Target| match t {
-            Target::Worker(_, provider, _) => {
+            Target::Worker { provider, .. } => {
                 Some(self.dispatch.fleet.standing.get(provider).jobs_ok)
             }
             Target::House => None,
@@ -340,7 +342,12 @@ impl Relay {
     /// prefill that failed, or whose KV was refused, counts as lost.
     fn account_prefill(&self, plan: &SplitPlan) {
         let Some(s) = &self.prefilled else { return };
-        let Target::Worker(id, provider, label) = &plan.prefill else {
+        let Target::Worker {
+            worker: id,
+            provider,
+            label,
+        } = &plan.prefill
+        else {
             return;
         };
         let used = s.imported == Some(true);
@@ -404,7 +411,12 @@ impl Relay {
             };
             c.attempt(&executor, work);
         }
-        if let Target::Worker(id, provider, _) = target {
+        if let Target::Worker {
+            worker: id,
+            provider,
+            ..
+        } = target
+        {
             let lost = lost || self.violation.is_some();
             self.dispatch.fleet.record(id, provider, tokens, lost);
         }

@@ -34,7 +34,7 @@ use tokio::sync::mpsc;
 use super::relay::{Attempt, Relay, cancel, job_params};
 use super::stages::Timing;
 use super::{Dispatch, Target, Want, lock, worker_target};
-use crate::fleet::jobs::JobEvent;
+use crate::fleet::assignments::JobEvent;
 use crate::fleet::transfers::TransferEvent;
 use crate::services::placement::{Measure, Terms};
 use protocol::{KvIncoming, ToWorker, VERSION};
@@ -181,7 +181,7 @@ impl Dispatch {
         decode: &Target,
     ) -> (Estimate, Option<SplitPlan>) {
         let none = (Estimate::default(), None);
-        let Target::Worker(d, ..) = decode else {
+        let Target::Worker { worker: d, .. } = decode else {
             return none;
         };
         let workers = self.fleet.serving(want.model);
@@ -352,7 +352,7 @@ impl Relay {
     /// worker `d`; the prefill's outcome is left in `self.prefilled`.
     pub(super) async fn on_split(&mut self, d: &str, plan: &SplitPlan, attempt: u32) -> Attempt {
         let fleet = self.dispatch.fleet.clone();
-        let Target::Worker(p, ..) = &plan.prefill else {
+        let Target::Worker { worker: p, .. } = &plan.prefill else {
             return self.on_worker(d, attempt).await;
         };
         let transfer = fleet.jobs.next_id();
