@@ -27,15 +27,16 @@ PARITY_ARCHS := parity-llama3:f32 parity-qwen3:f32 parity-qwen3:q4_k parity-qwen
 	parity-qwen3moe:q4_k parity-mixtral:q8_0 parity-gemma3:f32 parity-gemma3:q8_0 \
 	parity-gemma2:f32 parity-gemma2:q8_0 parity-phi:f32 parity-phi:q4_k
 
-.PHONY: run test models check lint unit e2e build browser vulkan bench-chat clean-models synthetic
+.PHONY: run test models check lint unit e2e fuzz build browser vulkan bench-chat clean-models synthetic
 
 ## run: fetch the default models if missing, then serve them on 127.0.0.1:8080
 run: $(MODEL_FILES)
 	$(CARGO) run --release -p synor --bin synor -- serve --open
 
 ## test: formatting, lints, every cargo test (the wgpu backend's on lavapipe
-## too), the OpenAI-SDK end-to-end tests and the console in headless Chromium
-test: $(MODEL_FILES) lint unit e2e
+## too), the OpenAI-SDK end-to-end tests, the console in headless Chromium,
+## and a bounded run of the network decoders' fuzz targets
+test: $(MODEL_FILES) lint unit e2e fuzz
 
 ## models: fetch and verify the default models (sha256) into $(SYNOR_MODELS_DIR)
 models:
@@ -79,6 +80,12 @@ synthetic: $(MODEL_FILES)
 			--tokenizer $(SYNOR_MODELS_DIR)/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf \
 			--out-dir $(SYNOR_MODELS_DIR)/synthetic >/dev/null || exit 1; \
 	done
+
+## fuzz: the fleet's network decoders under cargo fuzz, FUZZ_SECONDS (15)
+## each (scripts/fuzz.sh installs nightly and cargo-fuzz where missing)
+fuzz:
+	@echo "== fuzz $$(date +%T)"
+	scripts/fuzz.sh
 
 ## vulkan: Mesa's software Vulkan driver (lavapipe), for the wgpu tests
 vulkan:
