@@ -146,7 +146,7 @@ pub struct CacheArgs {
     pub cache_l2_bytes: usize,
 
     /// Seconds a cached answer lives.
-    #[arg(long, env = "SYNOR_CACHE_TTL", default_value_t = 86_400)]
+    #[arg(long, env = "SYNOR_CACHE_TTL", default_value_t = 86_400, value_parser = clap::value_parser!(u64).range(1..))]
     pub cache_ttl: u64,
 
     /// Redis for the shared tier (L3), e.g. `redis://127.0.0.1:6379/`.
@@ -155,7 +155,7 @@ pub struct CacheArgs {
 
     /// Similarity a semantic candidate needs (cosine, 0-1); the verifier
     /// then decides (see `--semantic-verify`).
-    #[arg(long, env = "SYNOR_SEMANTIC_THRESHOLD", default_value_t = 0.70)]
+    #[arg(long, env = "SYNOR_SEMANTIC_THRESHOLD", default_value_t = 0.70, value_parser = fraction_f32)]
     pub semantic_threshold: f32,
 
     /// Whether a semantic candidate must also pass the verifier (same
@@ -170,14 +170,14 @@ pub struct CacheArgs {
     pub semantic_align: Option<f32>,
 
     /// Price of a cache hit as a fraction of the generated price (bps).
-    #[arg(long, env = "SYNOR_CACHE_PRICE_BPS", default_value_t = 1_000)]
+    #[arg(long, env = "SYNOR_CACHE_PRICE_BPS", default_value_t = 1_000, value_parser = clap::value_parser!(i64).range(0..=10_000))]
     pub cache_price_bps: i64,
 }
 
 impl CacheArgs {
     /// The cache's configuration (`None` when it is off).
     pub fn to_config(&self) -> Option<server::cache::CacheConfig> {
-        let ttl = std::time::Duration::from_secs(self.cache_ttl.max(1));
+        let ttl = std::time::Duration::from_secs(self.cache_ttl);
         (!self.no_cache).then(|| server::cache::CacheConfig {
             l1_bytes: self.cache_l1_bytes as u64,
             l2_dir: Some(self.cache_dir.clone()),
@@ -185,7 +185,7 @@ impl CacheArgs {
             redis_url: self.redis_url.clone(),
             ttl,
             policy: server::cache::semantic::Policy {
-                threshold: self.semantic_threshold.clamp(0.0, 1.0),
+                threshold: self.semantic_threshold,
                 verify: self.semantic_verify,
                 align: self
                     .semantic_align
@@ -263,7 +263,7 @@ pub struct ServeArgs {
     pub fleet_max_queue: usize,
 
     /// Seconds a choice waits for room before it fails with 503.
-    #[arg(long, env = "SYNOR_FLEET_QUEUE_TIMEOUT", default_value_t = 30.0)]
+    #[arg(long, env = "SYNOR_FLEET_QUEUE_TIMEOUT", default_value_t = 30.0, value_parser = seconds_within::<0, 3_600>)]
     pub fleet_queue_timeout: f64,
 
     /// The most workers one worker token may have connected to this
@@ -297,11 +297,11 @@ pub struct ServeArgs {
 
     /// Share of a proven provider's worker attempts re-scored on the
     /// house engine (spot checks).
-    #[arg(long, env = "SYNOR_SPOT_CHECK_RATE", default_value_t = 0.02)]
+    #[arg(long, env = "SYNOR_SPOT_CHECK_RATE", default_value_t = 0.02, value_parser = fraction)]
     pub spot_check_rate: f64,
 
     /// Share of a new provider's worker attempts spot-checked.
-    #[arg(long, env = "SYNOR_SPOT_CHECK_NEW_RATE", default_value_t = 0.25)]
+    #[arg(long, env = "SYNOR_SPOT_CHECK_NEW_RATE", default_value_t = 0.25, value_parser = fraction)]
     pub spot_check_new_rate: f64,
 
     /// Attempts a provider delivers before it counts as proven.
@@ -310,7 +310,7 @@ pub struct ServeArgs {
 
     /// A greedy token passes a spot check when it is among the
     /// reference's this many most likely.
-    #[arg(long, env = "SYNOR_SPOT_CHECK_TOP_K", default_value_t = 4)]
+    #[arg(long, env = "SYNOR_SPOT_CHECK_TOP_K", default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..))]
     pub spot_check_top_k: u32,
 
     /// Largest difference (nats) between a token's log-probability as a
@@ -320,7 +320,7 @@ pub struct ServeArgs {
 
     /// Seconds a KV transfer may take before the decode worker
     /// recomputes the prompt instead.
-    #[arg(long, env = "SYNOR_FLEET_KV_TIMEOUT", default_value_t = 10.0)]
+    #[arg(long, env = "SYNOR_FLEET_KV_TIMEOUT", default_value_t = 10.0, value_parser = seconds_within::<50, 3_600>)]
     pub fleet_kv_timeout: f64,
 
     /// Share workers with the other `synor serve` replicas of this
@@ -337,7 +337,7 @@ pub struct ServeArgs {
 
     /// Seconds a worker may run a job without sending anything before the
     /// job is taken from it and replayed elsewhere.
-    #[arg(long, env = "SYNOR_FLEET_PROGRESS_TIMEOUT", default_value_t = 30.0)]
+    #[arg(long, env = "SYNOR_FLEET_PROGRESS_TIMEOUT", default_value_t = 30.0, value_parser = seconds_within::<100, 3_600>)]
     pub fleet_progress_timeout: f64,
 
     /// The decode step (ms) a choice should see: each executor takes at
@@ -356,18 +356,18 @@ pub struct ServeArgs {
     /// Meanwhile `/health` answers 503 `draining` (so load balancers move
     /// away) and new API requests get 503; the server exits as soon as
     /// nothing runs.
-    #[arg(long, env = "SYNOR_SHUTDOWN_GRACE", default_value_t = 30.0)]
+    #[arg(long, env = "SYNOR_SHUTDOWN_GRACE", default_value_t = 30.0, value_parser = seconds_within::<0, 86_400>)]
     pub shutdown_grace: f64,
 
     /// Seconds a client has to send a request's headers (from connecting,
     /// or from its previous response on a kept-alive connection) before
     /// the connection is closed.
-    #[arg(long, env = "SYNOR_HEADER_TIMEOUT", default_value_t = 10.0)]
+    #[arg(long, env = "SYNOR_HEADER_TIMEOUT", default_value_t = 10.0, value_parser = seconds_within::<100, 3_600>)]
     pub header_timeout: f64,
 
     /// Open connections one client address may hold; more are answered
     /// 503 and closed.
-    #[arg(long, env = "SYNOR_MAX_CONNECTIONS_PER_CLIENT", default_value_t = 512)]
+    #[arg(long, env = "SYNOR_MAX_CONNECTIONS_PER_CLIENT", default_value_t = 512, value_parser = at_least_one)]
     pub max_connections_per_client: usize,
 
     /// The protocol fee on every token, in basis points (500-1000 = 5-10%).
@@ -376,7 +376,7 @@ pub struct ServeArgs {
 
     /// Seconds without a heartbeat after which another server instance
     /// counts as dead and its open holds are released.
-    #[arg(long, env = "SYNOR_INSTANCE_STALE_AFTER", default_value_t = 15)]
+    #[arg(long, env = "SYNOR_INSTANCE_STALE_AFTER", default_value_t = 15, value_parser = clap::value_parser!(u64).range(1..))]
     pub instance_stale_after: u64,
 
     /// Token for the admin API (`/admin/...`); unset disables it.
@@ -739,13 +739,13 @@ fn derived_name(p: &std::path::Path) -> String {
 #[derive(Debug, Clone, Args)]
 pub struct SchedulerArgs {
     /// Most sequences decoded together in one step.
-    #[arg(long, env = "SYNOR_MAX_NUM_SEQS", default_value_t = 16)]
+    #[arg(long, env = "SYNOR_MAX_NUM_SEQS", default_value_t = 16, value_parser = at_least_one)]
     pub max_num_seqs: usize,
 
     /// Token budget of one engine step (prefill chunks plus decode tokens).
     /// 256 keeps a step that carries a prefill chunk under ~200 ms on two
     /// cores, so running streams do not stall (see BENCHMARKS.md).
-    #[arg(long, env = "SYNOR_MAX_NUM_BATCHED_TOKENS", default_value_t = 256)]
+    #[arg(long, env = "SYNOR_MAX_NUM_BATCHED_TOKENS", default_value_t = 256, value_parser = at_least_one)]
     pub max_num_batched_tokens: usize,
 
     /// Requests allowed to wait for a slot; beyond that, 503 at once.
@@ -805,6 +805,41 @@ pub struct SchedulerArgs {
     pub device: engine::Device,
 }
 
+/// A count of at least one.
+fn at_least_one(s: &str) -> Result<usize, String> {
+    match s.trim().parse::<usize>() {
+        Ok(n) if n >= 1 => Ok(n),
+        Ok(_) => Err("at least 1".into()),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// A fraction from 0 to 1.
+fn fraction(s: &str) -> Result<f64, String> {
+    let x: f64 = s.trim().parse().map_err(|e| format!("{e}"))?;
+    if (0.0..=1.0).contains(&x) {
+        Ok(x)
+    } else {
+        Err("a fraction from 0 to 1".into())
+    }
+}
+
+/// `fraction`, as f32.
+fn fraction_f32(s: &str) -> Result<f32, String> {
+    fraction(s).map(|x| x as f32)
+}
+
+/// Seconds from `MIN_MS` milliseconds to `MAX_S` seconds.
+fn seconds_within<const MIN_MS: u64, const MAX_S: u64>(s: &str) -> Result<f64, String> {
+    let x: f64 = s.trim().parse().map_err(|e| format!("{e}"))?;
+    let (min, max) = (MIN_MS as f64 / 1000.0, MAX_S as f64);
+    if (min..=max).contains(&x) {
+        Ok(x)
+    } else {
+        Err(format!("seconds from {min} to {max}"))
+    }
+}
+
 /// Parses a KV cache dtype (`auto`, `f16`, `q8_0`).
 fn parse_kv_dtype(s: &str) -> Result<engine::KvDtype, String> {
     engine::KvDtype::parse(s)
@@ -851,8 +886,8 @@ impl SchedulerArgs {
     pub fn to_engine(&self) -> engine::EngineConfig {
         engine::EngineConfig {
             scheduler: engine::SchedulerConfig {
-                max_num_seqs: self.max_num_seqs.max(1),
-                max_num_batched_tokens: self.max_num_batched_tokens.max(1),
+                max_num_seqs: self.max_num_seqs,
+                max_num_batched_tokens: self.max_num_batched_tokens,
                 max_waiting: self.max_waiting,
                 max_model_len: self.max_model_len.unwrap_or(usize::MAX),
                 num_speculative_tokens: self.num_speculative_tokens,
@@ -1036,5 +1071,47 @@ mod tests {
                 .to_string();
             assert!(err.contains(flag) && err.contains(bad), "{err}");
         }
+    }
+
+    #[test]
+    fn out_of_range_values_are_errors_naming_the_flag_never_clamped() {
+        let bad = [
+            ("--cache-ttl", "0"),
+            ("--semantic-threshold", "1.5"),
+            ("--max-num-seqs", "0"),
+            ("--max-num-batched-tokens", "0"),
+            ("--instance-stale-after", "0"),
+            ("--spot-check-rate", "-0.1"),
+            ("--spot-check-new-rate", "2"),
+            ("--spot-check-top-k", "0"),
+            ("--cache-price-bps", "10001"),
+            ("--max-connections-per-client", "0"),
+            ("--fleet-progress-timeout", "0.05"),
+            ("--fleet-queue-timeout", "NaN"),
+            ("--fleet-kv-timeout", "3601"),
+            ("--header-timeout", "0"),
+            ("--shutdown-grace", "-1"),
+        ];
+        for (flag, value) in bad {
+            let arg = format!("{flag}={value}");
+            let err = Cli::try_parse_from(["synor", "serve", &arg])
+                .expect_err(flag)
+                .to_string();
+            assert!(err.contains(flag) && err.contains(value), "{arg}: {err}");
+        }
+        let s = serve(&[
+            "--spot-check-rate",
+            "1",
+            "--shutdown-grace",
+            "0",
+            "--fleet-kv-timeout",
+            "0.05",
+            "--max-num-seqs",
+            "1",
+        ]);
+        assert_eq!(s.spot_check_rate, 1.0);
+        assert_eq!(s.shutdown_grace, 0.0);
+        assert_eq!(s.fleet_kv_timeout, 0.05);
+        assert_eq!(s.scheduler.max_num_seqs, 1);
     }
 }

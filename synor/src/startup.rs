@@ -71,7 +71,7 @@ pub async fn load_models(
 /// and the market.
 async fn billing(args: &ServeArgs, db: Db) -> anyhow::Result<Billing> {
     let config = LedgerConfig {
-        stale_after: std::time::Duration::from_secs(args.instance_stale_after.max(1)),
+        stale_after: std::time::Duration::from_secs(args.instance_stale_after),
         heartbeat: std::time::Duration::from_secs((args.instance_stale_after / 6).clamp(1, 2)),
         earnings_window: std::time::Duration::from_secs(args.earnings_window),
     };
@@ -131,25 +131,19 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         server::services::dispatch::Dispatch::new(state.fleet.clone())
             .with_house_factor(args.placement_house_factor)
             .round_robin(args.placement == crate::config::Placement::RoundRobin)
-            .with_progress_timeout(seconds(args.fleet_progress_timeout, 0.1, 3600.0))
+            .with_progress_timeout(secs(args.fleet_progress_timeout))
             .with_step_target(args.fleet_step_target_ms)
             .with_weights(args.placement_weights)
-            .with_queue(
-                args.fleet_max_queue,
-                seconds(args.fleet_queue_timeout, 0.0, 3600.0),
-            )
+            .with_queue(args.fleet_max_queue, secs(args.fleet_queue_timeout))
             .with_spot_checks(server::services::spotcheck::SpotConfig {
-                new_rate: args.spot_check_new_rate.clamp(0.0, 1.0),
-                rate: args.spot_check_rate.clamp(0.0, 1.0),
+                new_rate: args.spot_check_new_rate,
+                rate: args.spot_check_rate,
                 proven_after: args.spot_check_proven_after,
-                top_k: args.spot_check_top_k.max(1),
+                top_k: args.spot_check_top_k,
                 tolerance: args.spot_check_tolerance.max(0.0),
             })
             .with_steal_after(std::time::Duration::from_millis(args.fleet_steal_after_ms))
-            .with_split(
-                args.fleet_split,
-                seconds(args.fleet_kv_timeout, 0.05, 3600.0),
-            )
+            .with_split(args.fleet_split, secs(args.fleet_kv_timeout))
             .with_billing(billing.clone()),
     );
     state.fleet.set_caps(server::fleet::registry::Caps {
@@ -189,7 +183,7 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     ));
     if let Some(c) = args.cache.to_config() {
         let cache = server::cache::ResponseCache::new(&c).context("opening the response cache")?;
-        state = state.with_cache(Arc::new(cache), args.cache.cache_price_bps.clamp(0, 10_000));
+        state = state.with_cache(Arc::new(cache), args.cache.cache_price_bps);
     }
     state.overview.clone().start(state.overview_sources());
     let listener = TcpListener::bind(args.bind)
@@ -204,13 +198,13 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let draining = state.draining.clone();
     let app = server::app(state, args.max_body_bytes);
     let limits = server::listen::Limits {
-        header_timeout: seconds(args.header_timeout, 0.1, 3600.0),
-        max_per_client: args.max_connections_per_client.max(1),
+        header_timeout: secs(args.header_timeout),
+        max_per_client: args.max_connections_per_client,
     };
     // At the signal the server drains: it keeps answering (health 503,
     // new requests 503) while running requests finish, for at most
     // `--shutdown-grace`; then it stops listening and ends what is left.
-    let grace = seconds(args.shutdown_grace, 0.0, 86_400.0);
+    let grace = secs(args.shutdown_grace);
     let stop = {
         let registry = registry.clone();
         async move {
@@ -237,9 +231,8 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `s` seconds within `[min, max]` (NaN counts as `min`).
-fn seconds(s: f64, min: f64, max: f64) -> std::time::Duration {
-    let s = if s.is_nan() { min } else { s.clamp(min, max) };
+/// `s` seconds (the parser checked their range).
+fn secs(s: f64) -> std::time::Duration {
     std::time::Duration::from_secs_f64(s)
 }
 
