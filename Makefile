@@ -10,6 +10,9 @@ TARGET_DIR := $(or $(CARGO_TARGET_DIR),$(CURDIR)/target)
 VENV := $(CURDIR)/.py/venv
 
 NVRTC := $(SYNOR_MODELS_DIR)/nvrtc/libnvrtc.so.12
+# Test builds take the testing flags (`--debug-*`: slow, hung, faulty and
+# cheating workers); `make run`'s release build leaves them out.
+FEATURES := --features synor/faults
 
 MODEL_FILES := \
 	$(SYNOR_MODELS_DIR)/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf \
@@ -49,13 +52,14 @@ lint:
 	@echo "== lint $$(date +%T)"
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
+	$(CARGO) clippy --workspace --all-targets $(FEATURES) -- -D warnings
 
 ## unit: every cargo test; the server's default build has the wgpu backend,
 ## so its shaders' tests and the model's GPU parity test run here too, on
 ## whatever Vulkan adapter there is (lavapipe: `make vulkan`)
 unit: $(MODEL_FILES) $(NVRTC) vulkan synthetic
 	@echo "== unit $$(date +%T)"
-	XDG_RUNTIME_DIR=$$(mktemp -d) SYNOR_NVRTC=$(NVRTC) $(CARGO) test --workspace
+	XDG_RUNTIME_DIR=$$(mktemp -d) SYNOR_NVRTC=$(NVRTC) $(CARGO) test --workspace $(FEATURES)
 
 ## NVRTC, for the test that compiles every CUDA kernel (no toolkit needed)
 $(NVRTC):
@@ -69,7 +73,7 @@ $(NVRTC):
 ## all again.
 synthetic: $(MODEL_FILES)
 	@echo "== synthetic $$(date +%T)"
-	$(CARGO) build --workspace --all-targets
+	$(CARGO) build --workspace --all-targets $(FEATURES)
 	@for q in $(PARITY_TYPES); do \
 		$(TARGET_DIR)/debug/synor-genmodel --shape parity-llama --quant $$q \
 			--tokenizer $(SYNOR_MODELS_DIR)/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf \
@@ -92,7 +96,7 @@ vulkan:
 	scripts/install-vulkan.sh
 
 build:
-	$(CARGO) build --workspace --all-targets
+	$(CARGO) build --workspace --all-targets $(FEATURES)
 
 $(VENV)/.installed: tests/e2e/requirements.txt
 	$(PYTHON) -m venv $(VENV)

@@ -35,7 +35,7 @@
 # the default spot-check rates, then reports each worker's busy and
 # transferring shares of the last minute, and what the spot checks cost
 # the house engine against the work the workers did.
-# Needs release binaries: cargo build --release -p synor -p loadtest
+# Needs release binaries: cargo build --release -p synor --features synor/faults -p loadtest
 set -euo pipefail
 cd "$(dirname "$0")/.."
 TARGET="${CARGO_TARGET_DIR:-target}/release"

@@ -5,7 +5,6 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
@@ -473,6 +472,74 @@ pub struct WorkerArgs {
     #[arg(long, env = "SYNOR_PREEMPTIBLE")]
     pub preemptible: bool,
 
+    /// Testing and benchmarks only (the `faults` feature).
+    #[cfg(feature = "faults")]
+    #[command(flatten)]
+    pub faults: FaultArgs,
+
+    #[command(flatten)]
+    pub models: ModelArgs,
+
+    #[command(flatten)]
+    pub scheduler: SchedulerArgs,
+
+    /// Log format: `text` or `json`.
+    #[arg(long, env = "SYNOR_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+}
+
+impl WorkerArgs {
+    /// The worker's configuration from its command line.
+    pub fn worker_config(&self) -> worker::WorkerConfig {
+        worker::WorkerConfig {
+            server: self.server.clone(),
+            token: self.token.expose().to_string(),
+            name: self.name.clone(),
+            region: self.region.clone(),
+            device: self.scheduler.device,
+            offer: self.price.map(|p| worker::Offer {
+                input: p.input,
+                cached_input: p.cached_input,
+                output: p.output,
+                capacity: self.capacity,
+                until: self.until,
+                preemptible: self.preemptible,
+            }),
+            faults: self.faults(),
+        }
+    }
+
+    /// What the testing flags ask of the worker.
+    #[cfg(feature = "faults")]
+    fn faults(&self) -> worker::Faults {
+        let f = &self.faults;
+        worker::Faults {
+            token_delay: std::time::Duration::from_millis(f.debug_token_delay_ms),
+            stall_after: f.debug_stall_after,
+            kv: worker::kv::Faults {
+                corrupt: f.debug_kv_fault == Some(KvFault::Corrupt),
+                drop_end: f.debug_kv_fault == Some(KvFault::DropEnd),
+                frame_delay: std::time::Duration::from_millis(f.debug_kv_frame_delay_ms),
+            },
+            replay: f.debug_cheat == Some(Cheat::Replay),
+            cheat_after: f.debug_cheat_after,
+        }
+    }
+
+    /// An honest worker: a build without the testing flags.
+    #[cfg(not(feature = "faults"))]
+    fn faults(&self) -> worker::Faults {
+        worker::Faults::default()
+    }
+}
+
+/// A worker's testing flags: a slower device, a hung one, a faulty KV link,
+/// a cheating provider. Only in builds with the `faults` feature (the
+/// Makefile's test builds and the fleet benchmark); release builds of the
+/// product leave them out.
+#[cfg(feature = "faults")]
+#[derive(Debug, Clone, Args)]
+pub struct FaultArgs {
     /// Testing and benchmarks only: hold each generated token this many
     /// milliseconds before sending it, as a slower device would.
     #[arg(long, hide = true, default_value_t = 0)]
@@ -501,49 +568,6 @@ pub struct WorkerArgs {
     /// Testing only: wait this long before each KV frame (a slow link).
     #[arg(long, hide = true, default_value_t = 0)]
     pub debug_kv_frame_delay_ms: u64,
-
-    #[command(flatten)]
-    pub models: ModelArgs,
-
-    #[command(flatten)]
-    pub scheduler: SchedulerArgs,
-
-    /// Log format: `text` or `json`.
-    #[arg(long, env = "SYNOR_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
-    pub log_format: LogFormat,
-}
-
-impl WorkerArgs {
-    /// The worker's configuration from its command line.
-    pub fn worker_config(&self) -> worker::WorkerConfig {
-        let fault = self.debug_kv_fault;
-        worker::WorkerConfig {
-            server: self.server.clone(),
-            token: self.token.expose().to_string(),
-            name: self.name.clone(),
-            region: self.region.clone(),
-            device: self.scheduler.device,
-            offer: self.price.map(|p| worker::Offer {
-                input: p.input,
-                cached_input: p.cached_input,
-                output: p.output,
-                capacity: self.capacity,
-                until: self.until,
-                preemptible: self.preemptible,
-            }),
-            faults: worker::Faults {
-                token_delay: Duration::from_millis(self.debug_token_delay_ms),
-                stall_after: self.debug_stall_after,
-                kv: worker::kv::Faults {
-                    corrupt: fault == Some(KvFault::Corrupt),
-                    drop_end: fault == Some(KvFault::DropEnd),
-                    frame_delay: Duration::from_millis(self.debug_kv_frame_delay_ms),
-                },
-                replay: self.debug_cheat == Some(Cheat::Replay),
-                cheat_after: self.debug_cheat_after,
-            },
-        }
-    }
 }
 
 /// A secret from the command line (a token): its `Debug` never shows it,
@@ -793,8 +817,10 @@ pub struct SchedulerArgs {
     #[arg(long, env = "SYNOR_SWA_FULL")]
     pub swa_full: bool,
 
-    /// Testing only: run the model's first N layers (a provider cheating
-    /// by skipping layers, for spot checks to catch).
+    /// Testing only (the `faults` feature): run the model's first N
+    /// layers (a provider cheating by skipping layers, for spot checks to
+    /// catch).
+    #[cfg(feature = "faults")]
     #[arg(long, hide = true)]
     pub debug_keep_layers: Option<usize>,
 
@@ -899,7 +925,10 @@ impl SchedulerArgs {
             kv_cache_dtype: self.kv_cache_dtype,
             block_size: usize::from(self.block_size),
             swa_full: self.swa_full,
+            #[cfg(feature = "faults")]
             keep_layers: self.debug_keep_layers,
+            #[cfg(not(feature = "faults"))]
+            keep_layers: None,
             device: self.device,
         }
     }
@@ -1113,5 +1142,26 @@ mod tests {
         assert_eq!(s.shutdown_grace, 0.0);
         assert_eq!(s.fleet_kv_timeout, 0.05);
         assert_eq!(s.scheduler.max_num_seqs, 1);
+    }
+
+    #[test]
+    fn the_testing_flags_exist_only_with_the_faults_feature() {
+        let argv = [
+            "synor",
+            "worker",
+            "--server",
+            "ws://h:1",
+            "--token",
+            "t",
+            "--debug-cheat",
+            "replay",
+        ];
+        let parsed = Cli::try_parse_from(argv);
+        assert_eq!(parsed.is_ok(), cfg!(feature = "faults"), "{parsed:?}");
+        let keep = Cli::try_parse_from(["synor", "serve", "--debug-keep-layers", "3"]);
+        assert_eq!(keep.is_ok(), cfg!(feature = "faults"));
+        if let Ok(Command::Worker(w)) = parsed.map(|c| c.command) {
+            assert!(w.worker_config().faults.replay);
+        }
     }
 }
