@@ -10,7 +10,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 
 /// Synor Compute: OpenAI-compatible inference serving.
 #[derive(Debug, Parser)]
-#[command(name = "synor", version, about)]
+#[command(name = "synor", version, about, args_override_self = true)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
@@ -231,6 +231,11 @@ pub struct ServeArgs {
     /// Log format: `text` or `json`.
     #[arg(long, env = "SYNOR_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
+
+    /// Read options from a TOML file (its `[serve]` and `[worker]`
+    /// tables, keyed by these flags' names); flags given here win.
+    #[arg(long, env = "SYNOR_CONFIG")]
+    pub config: Option<PathBuf>,
 
     /// How much the house engine's expected wait weighs against the
     /// workers' when placing a choice (1 = as it is measured; larger sends
@@ -486,6 +491,11 @@ pub struct WorkerArgs {
     /// Log format: `text` or `json`.
     #[arg(long, env = "SYNOR_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
+
+    /// Read options from a TOML file (its `[serve]` and `[worker]`
+    /// tables, keyed by these flags' names); flags given here win.
+    #[arg(long, env = "SYNOR_CONFIG")]
+    pub config: Option<PathBuf>,
 }
 
 impl WorkerArgs {

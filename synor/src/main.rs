@@ -5,6 +5,7 @@
 //! (`keys_cli`).
 
 mod config;
+mod config_file;
 mod keys_cli;
 mod startup;
 mod telemetry;
@@ -16,7 +17,9 @@ use anyhow::Context;
 use clap::Parser;
 
 fn main() -> anyhow::Result<()> {
-    let cli = Cli::parse();
+    let argv =
+        config_file::expand(std::env::args_os().collect()).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let cli = Cli::parse_from(argv);
     match cli.command {
         Command::Serve(args) => {
             crate::telemetry::init(args.log_format);
