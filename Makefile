@@ -85,7 +85,7 @@ synthetic: $(MODEL_FILES)
 			--out-dir $(SYNOR_MODELS_DIR)/synthetic >/dev/null || exit 1; \
 	done
 
-## fuzz: the fleet's network decoders under cargo fuzz, FUZZ_SECONDS (15)
+## fuzz: the fleet's network decoders under cargo fuzz, FUZZ_SECONDS (10)
 ## each (scripts/fuzz.sh installs nightly and cargo-fuzz where missing)
 fuzz:
 	@echo "== fuzz $$(date +%T)"

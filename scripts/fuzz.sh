@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # Coverage-guided fuzzing (cargo fuzz, libFuzzer) of the decoders that read
 # the fleet's bytes from the network (fuzz/fuzz_targets), each for
-# FUZZ_SECONDS (default 15): `make fuzz`, part of `make test`. A crash fails
+# FUZZ_SECONDS (default 10): `make fuzz`, part of `make test`. A crash fails
 # the run and leaves its input under fuzz/artifacts/<target>/; the corpus
 # grows under fuzz/corpus/ from run to run. Installs what it needs: the
 # nightly toolchain through rustup (minimal profile) and cargo-fuzz
 # through cargo.
 set -euo pipefail
 cd "$(dirname "$0")/../fuzz"
-secs=${FUZZ_SECONDS:-15}
+secs=${FUZZ_SECONDS:-10}
 cargo +nightly --version >/dev/null 2>&1 || rustup toolchain install nightly --profile minimal
 command -v cargo-fuzz >/dev/null || cargo install cargo-fuzz --locked
 # Apart from the project's own build: another toolchain, other flags.

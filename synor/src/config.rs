@@ -45,14 +45,14 @@ pub struct DatabaseArg {
         env = "SYNOR_DATABASE_URL",
         default_value = "sqlite://data/synor.db"
     )]
-    pub database_url: String,
+    pub database_url: ServiceUrl,
 }
 
 impl DatabaseArg {
     /// Connects (and migrates).
     pub async fn connect(&self) -> anyhow::Result<money::store::Db> {
         use anyhow::Context;
-        money::store::Db::connect(&self.database_url)
+        money::store::Db::connect(self.database_url.expose())
             .await
             .with_context(|| format!("opening the database {}", self.database_url))
     }
@@ -150,7 +150,7 @@ pub struct CacheArgs {
 
     /// Redis for the shared tier (L3), e.g. `redis://127.0.0.1:6379/`.
     #[arg(long, env = "SYNOR_REDIS_URL")]
-    pub redis_url: Option<String>,
+    pub redis_url: Option<ServiceUrl>,
 
     /// Similarity a semantic candidate needs (cosine, 0-1); the verifier
     /// then decides (see `--semantic-verify`).
@@ -181,7 +181,7 @@ impl CacheArgs {
             l1_bytes: self.cache_l1_bytes as u64,
             l2_dir: Some(self.cache_dir.clone()),
             l2_bytes: self.cache_l2_bytes as u64,
-            redis_url: self.redis_url.clone(),
+            redis_url: self.redis_url.as_ref().map(|u| u.expose().to_string()),
             ttl,
             policy: server::cache::semantic::Policy {
                 threshold: self.semantic_threshold,
@@ -226,7 +226,7 @@ pub struct ServeArgs {
         env = "SYNOR_DATABASE_URL",
         default_value = "sqlite://data/synor.db"
     )]
-    pub database_url: String,
+    pub database_url: ServiceUrl,
 
     /// Log format: `text` or `json`.
     #[arg(long, env = "SYNOR_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
@@ -332,7 +332,7 @@ pub struct ServeArgs {
     /// replica serves requests arriving at every one. Without it, each
     /// replica places work on its own workers only.
     #[arg(long, env = "SYNOR_FLEET_BUS")]
-    pub fleet_bus: Option<String>,
+    pub fleet_bus: Option<ServiceUrl>,
 
     /// The fleet bus's channel prefix: replicas of one deployment share
     /// it; another deployment on the same Redis uses its own.
@@ -599,6 +599,48 @@ impl std::fmt::Debug for Secret {
 }
 
 impl std::str::FromStr for Secret {
+    type Err = std::convert::Infallible;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Ok(Self(s.to_string()))
+    }
+}
+
+/// A service's address (a database, Redis) that may carry a password:
+/// `Debug` and `Display` show it with the password masked, so options and
+/// error messages can be logged.
+#[derive(Clone, PartialEq, Eq)]
+pub struct ServiceUrl(String);
+
+impl ServiceUrl {
+    /// The address itself, for the one place that connects.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+
+    /// The address with any password replaced by `***`.
+    fn masked(&self) -> String {
+        let masked = self.0.split_once("://").and_then(|(scheme, rest)| {
+            let (userinfo, host) = rest.rsplit_once('@')?;
+            let (user, _) = userinfo.split_once(':')?;
+            Some(format!("{scheme}://{user}:***@{host}"))
+        });
+        masked.unwrap_or_else(|| self.0.clone())
+    }
+}
+
+impl std::fmt::Display for ServiceUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.masked())
+    }
+}
+
+impl std::fmt::Debug for ServiceUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "ServiceUrl({})", self.masked())
+    }
+}
+
+impl std::str::FromStr for ServiceUrl {
     type Err = std::convert::Infallible;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         Ok(Self(s.to_string()))
@@ -1173,5 +1215,27 @@ mod tests {
         if let Ok(Command::Worker(w)) = parsed.map(|c| c.command) {
             assert!(w.worker_config().faults.replay);
         }
+    }
+
+    #[test]
+    fn passwords_in_service_addresses_never_show() {
+        let s = serve(&[
+            "--database-url",
+            "postgres://synor:pg-s3cret@db:5432/synor",
+            "--redis-url",
+            "redis://:rd-s3cret@cache:6379",
+        ]);
+        assert_eq!(
+            s.database_url.expose(),
+            "postgres://synor:pg-s3cret@db:5432/synor"
+        );
+        let shown = format!("{s:?} {} {:?}", s.database_url, s.cache.redis_url);
+        assert!(!shown.contains("s3cret"), "{shown}");
+        assert!(
+            shown.contains("postgres://synor:***@db:5432/synor"),
+            "{shown}"
+        );
+        let plain = serve(&["--database-url", "sqlite://data/x.db"]).database_url;
+        assert_eq!(plain.to_string(), "sqlite://data/x.db");
     }
 }

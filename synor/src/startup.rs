@@ -100,7 +100,7 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             args.bind
         );
     }
-    let db = Db::connect(&args.database_url)
+    let db = Db::connect(args.database_url.expose())
         .await
         .with_context(|| format!("opening the database {}", args.database_url))?;
     let mut auth = if args.open {
@@ -151,7 +151,7 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         per_provider: args.fleet_max_workers_per_provider as usize,
     });
     if let Some(url) = &args.fleet_bus {
-        server::fleet::bus::start(url, &args.fleet_bus_namespace, state.fleet.clone())
+        server::fleet::bus::start(url.expose(), &args.fleet_bus_namespace, state.fleet.clone())
             .map_err(anyhow::Error::msg)?;
     }
     tokio::spawn(server::services::asks::run(

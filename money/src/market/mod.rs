@@ -22,7 +22,7 @@ use crate::ledger::Ledger;
 use crate::ledger::amount::{Amount, BPS, MAX_PRICE, Prices, Quote, Stages};
 use crate::store::{Db, now};
 use book::{Book, Fill, Level, Order, Side};
-use pricing::{CostProfile, Load};
+use pricing::{CostProfile, Occupancy};
 
 /// What the market refuses or fails with.
 #[derive(Debug, thiserror::Error)]
@@ -210,7 +210,7 @@ impl Market {
         &self,
         provider: &str,
         model: &str,
-        load: Load,
+        load: Occupancy,
         preemptible: bool,
     ) -> Result<Quote, MarketError> {
         let p = read(&self.providers)

@@ -110,7 +110,7 @@ impl CostProfile {
 
 /// How busy the provider is right now.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Load {
+pub struct Occupancy {
     pub running: u64,
     pub waiting: u64,
     /// Sequences it runs at once (utilization = running / capacity).
@@ -119,7 +119,7 @@ pub struct Load {
 
 /// The demand multiplier: 0.5 when idle, rising with utilization to 1.5
 /// when full, and with the queue up to 2.0 (basis points).
-pub fn demand_bps(load: Load) -> i64 {
+pub fn demand_bps(load: Occupancy) -> i64 {
     let cap = i128::from(load.capacity.max(1));
     let m = i128::from(DEMAND_MIN_BPS)
         + i128::from(BPS) * i128::from(load.running) / cap
@@ -138,7 +138,7 @@ fn scale_up(x: i128, num: i128, den: i128) -> i128 {
 pub fn prices(
     profile: &CostProfile,
     micros_per_kwh: i64,
-    load: Load,
+    load: Occupancy,
     fee_bps: i64,
     preemptible: bool,
 ) -> Prices {
@@ -281,7 +281,7 @@ mod tests {
             ..profile()
         };
         assert!(dear.validate().is_ok());
-        let full = Load {
+        let full = Occupancy {
             running: 16,
             waiting: u64::MAX / 4,
             capacity: 16,
@@ -295,7 +295,7 @@ mod tests {
 
     #[test]
     fn demand_moves_between_half_and_double() {
-        let l = |running, waiting| Load {
+        let l = |running, waiting| Occupancy {
             running,
             waiting,
             capacity: 16,
@@ -305,13 +305,13 @@ mod tests {
         assert_eq!(demand_bps(l(16, 0)), 15_000);
         assert_eq!(demand_bps(l(16, 16)), 20_000);
         assert_eq!(demand_bps(l(16, 1000)), 20_000);
-        assert_eq!(demand_bps(Load::default()), 5_000);
+        assert_eq!(demand_bps(Occupancy::default()), 5_000);
     }
 
     #[test]
     fn prices_follow_cost_demand_fee_and_preemption() {
         let p = profile();
-        let busy = Load {
+        let busy = Occupancy {
             running: 8,
             waiting: 0,
             capacity: 16,
@@ -327,7 +327,7 @@ mod tests {
         assert_eq!(fee.output, (325_370_371 * 105 + 99) / 100);
         assert!(
             at(
-                Load {
+                Occupancy {
                     running: 0,
                     waiting: 0,
                     capacity: 16
@@ -350,7 +350,13 @@ mod tests {
     /// under 0.1% and its fee is never rounded away.
     #[test]
     fn a_short_request_is_billed_within_a_thousandth_of_its_exact_cost() {
-        let idle = prices(&profile(), 130_000, Load::default(), FEE_MIN_BPS, false);
+        let idle = prices(
+            &profile(),
+            130_000,
+            Occupancy::default(),
+            FEE_MIN_BPS,
+            false,
+        );
         let quote = crate::ledger::Quote {
             provider_id: "provider:house".into(),
             model: "m".into(),

@@ -22,7 +22,7 @@ async fn dbs() -> Vec<Db> {
     out
 }
 
-const IDLE: Load = Load {
+const IDLE: Occupancy = Occupancy {
     running: 0,
     waiting: 0,
     capacity: 16,
@@ -42,7 +42,7 @@ async fn quotes_follow_the_region_table_and_provider_profiles() {
         let busy = m.quote(
             HOUSE_PROVIDER,
             "m",
-            Load {
+            Occupancy {
                 running: 16,
                 waiting: 16,
                 capacity: 16,

@@ -328,7 +328,7 @@ impl ResponseCaching {
             return Ok(());
         };
         let a = &hit.answer;
-        let base = b.quote(&a.model, money::market::pricing::Load::default())?;
+        let base = b.quote(&a.model, money::market::pricing::Occupancy::default())?;
         // Answers stored before prices were recorded: today's idle price.
         let generated = a.prices.unwrap_or(base.prices);
         let quote = Quote {

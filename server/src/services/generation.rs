@@ -168,7 +168,7 @@ impl Generation {
         self.charge_tokens(key, worst)?;
         let tab = match &self.billing {
             Some(b) => {
-                let mut quote = b.quote(model, money::market::pricing::Load::default())?;
+                let mut quote = b.quote(model, money::market::pricing::Occupancy::default())?;
                 quote.stages = Stages::one(encoder.executor());
                 Some(b.open(&Payer::of(key), &quote, &[(worst, 0)]).await?)
             }

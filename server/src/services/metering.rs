@@ -19,7 +19,7 @@ use money::ledger::amount::Stages;
 use money::ledger::holds::HoldRequest;
 use money::ledger::{Closed, HOUSE_PROVIDER, LOCAL_USER, Ledger, Outcome, Quote, Tokens};
 use money::market::book::Side;
-use money::market::pricing::Load;
+use money::market::pricing::Occupancy;
 use money::market::{Market, NewOrder};
 use money::store::keys::KeyRecord;
 
@@ -186,9 +186,9 @@ pub const CHECKPOINT_EVERY: Duration = Duration::from_millis(250);
 
 impl Billing {
     /// The engine's load as the pricing engine sees it.
-    pub fn load_of(&self, engine: &EngineHandle) -> Load {
+    pub fn load_of(&self, engine: &EngineHandle) -> Occupancy {
         let s = engine.stats();
-        Load {
+        Occupancy {
             running: s.num_running,
             waiting: s.num_waiting,
             capacity: self.capacity,
@@ -196,7 +196,7 @@ impl Billing {
     }
 
     /// The current quote for `model` (priced under `load`).
-    pub fn quote(&self, model: &str, load: Load) -> Result<Quote, ServiceError> {
+    pub fn quote(&self, model: &str, load: Occupancy) -> Result<Quote, ServiceError> {
         Ok(self.market.quote(HOUSE_PROVIDER, model, load, false)?)
     }
 

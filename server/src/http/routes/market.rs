@@ -20,7 +20,7 @@ use crate::services::metering::{Billing, Payer};
 use engine::registry::ModelKind;
 use money::ledger::{HOUSE_PROVIDER, Prices};
 use money::market::book::Side;
-use money::market::pricing::{CostProfile, Load, demand_bps};
+use money::market::pricing::{CostProfile, Occupancy, demand_bps};
 use money::market::{NewOrder, PricePoint, Provider, Spot, Trade};
 use money::store::keys::KeyRecord;
 
@@ -81,7 +81,7 @@ pub(crate) async fn prices(
     for m in state.models.list() {
         let load = match &m.kind {
             ModelKind::Text(e) => b.load_of(e),
-            ModelKind::Embedding(_) => Load::default(),
+            ModelKind::Embedding(_) => Occupancy::default(),
         };
         let q = b.quote(&m.name, load)?;
         let pre = b.market.quote(HOUSE_PROVIDER, &m.name, load, true)?;
