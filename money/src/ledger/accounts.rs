@@ -222,68 +222,6 @@ impl Ledger {
         Ok(row.try_get("pending")?)
     }
 
-    /// Claws back what a provider was paid for work that failed a spot
-    /// check and refunds its user, once per `key` (a repeat does nothing
-    /// and answers `None`): `pay` from the provider to the treasury, at
-    /// most what the provider has available (the treasury bears the
-    /// rest), and `refund` from the treasury to `payer`. One journal
-    /// transaction of kind `clawback`; answers it and the amount clawed.
-    pub async fn clawback(
-        &self,
-        key: &str,
-        provider_id: &str,
-        payer: &str,
-        pay: Amount,
-        refund: Amount,
-        memo: &str,
-    ) -> Result<Option<(String, Amount)>, LedgerError> {
-        for a in [pay, refund].into_iter().filter(|&a| a != 0) {
-            amount::check_amount("clawback", a).map_err(LedgerError::InvalidAmount)?;
-        }
-        let p = self.account(provider_id).await?;
-        if p.kind != AccountKind::Provider.as_str() {
-            return Err(LedgerError::WrongAccount(format!(
-                "clawbacks apply to provider accounts, not `{provider_id}`"
-            )));
-        }
-        let pay = pay.min(p.available().max(0));
-        self.account(payer).await?;
-        let mut tx = self.db.pool.begin().await?;
-        let tx_id = format!("clawback:{key}");
-        let fresh = sqlx::query(
-            "INSERT INTO journal (id, kind, memo, created_at) VALUES ($1, 'clawback', $2, $3) \
-             ON CONFLICT (id) DO NOTHING",
-        )
-        .bind(&tx_id)
-        .bind(memo)
-        .bind(now())
-        .execute(&mut *tx)
-        .await?;
-        if fresh.rows_affected() == 0 {
-            return Ok(None);
-        }
-        let mut moves = [
-            (provider_id, -pay),
-            (TREASURY, pay - refund),
-            (payer, refund),
-        ];
-        moves.sort();
-        for (id, delta) in moves.into_iter().filter(|m| m.1 != 0) {
-            if !apply_move(&mut tx, id, delta).await? {
-                drop(tx);
-                return Err(self.transfer_refusal(id, delta).await);
-            }
-            sqlx::query("INSERT INTO entries (tx_id, account_id, amount) VALUES ($1, $2, $3)")
-                .bind(&tx_id)
-                .bind(id)
-                .bind(delta)
-                .execute(&mut *tx)
-                .await?;
-        }
-        tx.commit().await?;
-        Ok(Some((tx_id, pay)))
-    }
-
     /// Moves `amount` (`0 < amount <= MAX_AMOUNT`) from one account to
     /// another as one journal transaction of kind `kind`. The debit must
     /// fit the payer's funds (balance + credit limit - holds) unless it is
@@ -333,7 +271,7 @@ impl Ledger {
     }
 
     /// Why a transfer's update of `id` by `delta` matched no row.
-    async fn transfer_refusal(&self, id: &str, delta: Amount) -> LedgerError {
+    pub(super) async fn transfer_refusal(&self, id: &str, delta: Amount) -> LedgerError {
         let a = match self.account(id).await {
             Ok(a) => a,
             Err(e) => return e,
@@ -462,7 +400,7 @@ pub struct KindTotal {
 /// within the ledger's bounds and, for a debit, within the account's
 /// funds (balance + credit limit - holds) unless it is unlimited; false
 /// when refused (nothing changed).
-async fn apply_move(
+pub(super) async fn apply_move(
     tx: &mut sqlx::Transaction<'_, sqlx::Any>,
     id: &str,
     delta: Amount,

@@ -15,6 +15,7 @@
 pub mod accounts;
 pub mod amount;
 pub mod audit;
+pub mod clawback;
 pub mod holds;
 pub mod orders;
 pub mod recovery;
@@ -23,7 +24,7 @@ pub mod settle;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, watch};
 
 use crate::store::Db;
 pub use amount::{Amount, Prices, Quote, Tokens};
@@ -133,6 +134,8 @@ pub struct Ledger {
     earnings_window: Duration,
     /// Violations the last audit found (-1: none ran yet), for `/metrics`.
     last_audit: Arc<std::sync::atomic::AtomicI64>,
+    /// Bumped by the writer after each batch it committed.
+    settled: Arc<watch::Sender<u64>>,
 }
 
 /// The default `earnings_window`: an hour.
@@ -165,7 +168,8 @@ impl Ledger {
             tracing::warn!(?r, "closed holds left open by a stopped server");
         }
         let (jobs, rx) = mpsc::unbounded_channel();
-        tokio::spawn(settle::writer(db.clone(), rx));
+        let settled = Arc::new(watch::Sender::new(0));
+        tokio::spawn(settle::writer(db.clone(), rx, settled.clone()));
         tokio::spawn(recovery::heartbeat(db.clone(), instance.clone(), config));
         Ok(Self {
             db,
@@ -173,6 +177,7 @@ impl Ledger {
             jobs,
             earnings_window: config.earnings_window,
             last_audit: Arc::new((-1).into()),
+            settled,
         })
     }
 
@@ -207,6 +212,7 @@ impl Ledger {
             jobs,
             earnings_window: EARNINGS_WINDOW,
             last_audit: Arc::new((-1).into()),
+            settled: Arc::new(watch::Sender::new(0)),
         }
     }
 

@@ -9,7 +9,7 @@ use std::collections::{HashMap, HashSet};
 
 use sqlx::any::AnyRow;
 use sqlx::{AssertSqlSafe, Row};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, watch};
 
 use super::amount::{Prices, Quote, Stages, Tokens};
 use super::holds;
@@ -106,8 +106,13 @@ impl Job {
     }
 }
 
-/// Runs until every sender is gone.
-pub async fn writer(db: Db, mut rx: mpsc::UnboundedReceiver<Job>) {
+/// Runs until every sender is gone; bumps `settled` after each batch it
+/// committed (what a clawback waiting for its request's settlement awaits).
+pub async fn writer(
+    db: Db,
+    mut rx: mpsc::UnboundedReceiver<Job>,
+    settled: std::sync::Arc<watch::Sender<u64>>,
+) {
     while let Some(first) = rx.recv().await {
         let mut batch = Vec::new();
         let mut checkpoints = HashMap::new();
@@ -130,6 +135,7 @@ pub async fn writer(db: Db, mut rx: mpsc::UnboundedReceiver<Job>) {
         }
         if !batch.is_empty() {
             run(&db, batch).await;
+            settled.send_modify(|n| *n = n.wrapping_add(1));
         }
         if let Err(e) = checkpoint(&db, &checkpoints).await {
             tracing::warn!(error = %e, n = checkpoints.len(), "usage checkpoint failed");

@@ -912,6 +912,82 @@ async fn a_clawback_takes_the_pay_back_and_refunds_the_user_once() {
 }
 
 #[tokio::test]
+async fn a_clawback_awaits_its_requests_settlement_and_takes_back_exactly_the_attempts_pay() {
+    use super::clawback::Clawback;
+    use super::settle::Work;
+    for l in ledgers().await {
+        let user = l
+            .create_account(AccountKind::User, "claw", 0)
+            .await
+            .expect("user");
+        let provider = l
+            .create_account(AccountKind::Provider, "cheat", 0)
+            .await
+            .expect("provider");
+        l.top_up(&user.id, 1_000_000, "funds")
+            .await
+            .expect("top up");
+        let q = Quote {
+            provider_id: provider.id.clone(),
+            ..quote(BPS)
+        };
+        let id = format!("await-{}", l.instance());
+        l.hold(user_hold(&id, &user.id, &q, q.worst_case(1_000, 1_000)))
+            .await
+            .expect("hold");
+        let tokens = Tokens {
+            prompt: 1_000,
+            cached: 0,
+            completion: 1_000,
+        };
+        let c = Clawback {
+            key: format!("{id}:1:1"),
+            request_id: id.clone(),
+            payer: user.id.clone(),
+            refundable: true,
+            fee_bps: q.fee_bps,
+            work: Work {
+                provider: provider.id.clone(),
+                prices: q.prices,
+                payout_bps: BPS,
+                tokens,
+            },
+            memo: "caught".into(),
+        };
+        let claw = {
+            let (l, c) = (l.clone(), c.clone());
+            tokio::spawn(async move { l.claw_back(&c, Duration::from_secs(30)).await })
+        };
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(!claw.is_finished(), "it waits for the pay to land");
+        let settled_at = std::time::Instant::now();
+        l.settle(&id, tokens, Outcome::Finished)
+            .await
+            .expect("settle");
+        let paid = l.account(&provider.id).await.expect("provider").balance;
+        let (_, clawed) = claw.await.expect("task").expect("clawback").expect("done");
+        assert!(
+            settled_at.elapsed() < Duration::from_secs(5),
+            "woken by the settlement"
+        );
+        let (cost, pay) = c.amounts();
+        assert!(pay > 0 && pay < cost, "{pay} of {cost}");
+        assert_eq!((paid, clawed), (pay, pay), "what was paid comes back");
+        let balance = |id: String| {
+            let l = l.clone();
+            async move { l.account(&id).await.expect("account").balance }
+        };
+        assert_eq!(balance(provider.id.clone()).await, 0);
+        assert_eq!(balance(user.id.clone()).await, 1_000_000, "refunded");
+        // A request that never settles: the wait ends at its bound.
+        let t = std::time::Instant::now();
+        assert!(!l.settled("never-settled", Duration::from_millis(200)).await);
+        assert!(t.elapsed() >= Duration::from_millis(200));
+        assert_clean(&l).await;
+    }
+}
+
+#[tokio::test]
 async fn charges_bill_known_costs_once_and_never_overdraw() {
     for l in ledgers().await {
         let user = l
