@@ -20,7 +20,7 @@ use crate::latency::LatencyStats;
 use crate::loader::{LoadedModel, load_gguf};
 use crate::model::llama::Llama;
 use crate::output::{OutputProcessor, RawStream, RequestStream};
-use crate::request::{GenerateRequest, RequestId};
+use crate::request::{GenerateRequest, RequestId, ValidRequest};
 use crate::scheduler::{Scheduler, SchedulerConfig};
 use crate::stats::{EngineStats, StatsCell};
 use crate::tokenizer::TextTokenizer;
@@ -419,17 +419,16 @@ impl EngineHandle {
             .start()
     }
 
-    /// Validates a single-choice `req` and queues it.
-    pub fn submit(&self, req: GenerateRequest) -> Result<RequestStream> {
+    /// Queues a single-choice `req`.
+    pub fn submit(&self, req: ValidRequest) -> Result<RequestStream> {
         if req.params.n != 1 {
             return Err(EngineError::Validation {
                 field: "n",
                 message: "use submit_n for n > 1".into(),
             });
         }
-        self.validate(&req)?;
         let constraint = self.constraint_for(&req)?;
-        self.enqueue(req, None, constraint)
+        self.enqueue(req.into_inner(), None, constraint)
     }
 
     /// Queues one choice (`n` = 1) without the request side's text work:
@@ -439,7 +438,7 @@ impl EngineHandle {
     /// for it elsewhere: generation continues after them, positions and
     /// penalties included, so a seeded draw is the one the first executor
     /// would have made. Structured output cannot be resumed.
-    pub fn submit_raw(&self, req: GenerateRequest, resume: Vec<u32>) -> Result<RawStream> {
+    pub fn submit_raw(&self, req: ValidRequest, resume: Vec<u32>) -> Result<RawStream> {
         self.submit_handoff(req, resume, Handoff::default())
     }
 
@@ -448,7 +447,7 @@ impl EngineHandle {
     /// its prompt's rows for a decode worker (`handoff.export`).
     pub fn submit_handoff(
         &self,
-        req: GenerateRequest,
+        req: ValidRequest,
         resume: Vec<u32>,
         handoff: Handoff,
     ) -> Result<RawStream> {
@@ -458,7 +457,6 @@ impl EngineHandle {
                 "a raw submission is one choice",
             ));
         }
-        self.validate(&req)?;
         if !resume.is_empty() && req.params.grammar.is_some() {
             return Err(EngineError::validation(
                 "response_format",
@@ -483,7 +481,7 @@ impl EngineHandle {
             ));
         }
         let constraint = self.constraint_for(&req)?;
-        let (id, rx) = self.send_add(req, None, constraint, resume, handoff)?;
+        let (id, rx) = self.send_add(req.into_inner(), None, constraint, resume, handoff)?;
         Ok(RawStream::new(id, rx, self.shared.commands.clone()))
     }
 
@@ -555,11 +553,11 @@ impl EngineHandle {
         factory.matcher(grammar, "response_format").map(Some)
     }
 
-    /// Validates `req` and queues its `n` choices; choice `i` samples with
-    /// seed `seed + i` (when seeded), and choices 2..n wait for the first
-    /// one's prompt so they share its KV blocks instead of recomputing them.
-    pub fn submit_n(&self, req: GenerateRequest) -> Result<Vec<RequestStream>> {
-        self.validate(&req)?;
+    /// Queues `req`'s `n` choices; choice `i` samples with seed `seed + i`
+    /// (when seeded), and choices 2..n wait for the first one's prompt so
+    /// they share its KV blocks instead of recomputing them.
+    pub fn submit_n(&self, req: ValidRequest) -> Result<Vec<RequestStream>> {
+        let req = req.into_inner();
         let constraint = self.constraint_for(&req)?;
         let n = req.params.n;
         let mut streams = Vec::with_capacity(n);
@@ -624,8 +622,14 @@ impl EngineHandle {
 
     /// Checks a request against this model (parameters, vocabulary,
     /// context length) without submitting it, so callers can refuse it
-    /// before they quote, hold or rate-limit anything.
-    pub fn validate(&self, req: &GenerateRequest) -> Result<()> {
+    /// before they quote, hold or rate-limit anything; the checked request
+    /// is what the submit calls take.
+    pub fn validate(&self, req: GenerateRequest) -> Result<ValidRequest> {
+        self.check(&req)?;
+        Ok(ValidRequest::checked(req))
+    }
+
+    fn check(&self, req: &GenerateRequest) -> Result<()> {
         req.params.validate()?;
         if req.prompt_tokens.is_empty() {
             return Err(EngineError::Validation {

@@ -45,6 +45,7 @@ pub use latency::{HistogramSnapshot, LatencyStats};
 pub use output::{RawStream, RequestStream};
 pub use request::{
     FinishReason, GenerateRequest, RequestId, SamplingParams, TokenEvent, TokenLogprob, Usage,
+    ValidRequest,
 };
 pub use scheduler::SchedulerConfig;
 pub use stats::EngineStats;

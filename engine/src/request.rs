@@ -216,11 +216,58 @@ impl SamplingParams {
     }
 }
 
-/// A validated request for the engine: a tokenized prompt and its parameters.
+/// A request for the engine: a tokenized prompt and its parameters.
 #[derive(Debug, Clone)]
 pub struct GenerateRequest {
     pub prompt_tokens: Vec<u32>,
     pub params: SamplingParams,
+}
+
+/// A request an engine checked (`EngineHandle::validate`: its parameters,
+/// vocabulary and context length, against the engine of its model). The
+/// submit calls take only these, so a request is checked once, where it
+/// enters (the HTTP layer before anything is quoted or held; a worker
+/// when an assignment arrives), and not again on its way. It reads as the
+/// request it wraps; the changes it allows cannot make it invalid.
+#[derive(Debug, Clone)]
+pub struct ValidRequest(GenerateRequest);
+
+impl std::ops::Deref for ValidRequest {
+    type Target = GenerateRequest;
+
+    fn deref(&self) -> &GenerateRequest {
+        &self.0
+    }
+}
+
+impl ValidRequest {
+    /// Only an engine's check makes one.
+    pub(crate) fn checked(req: GenerateRequest) -> Self {
+        Self(req)
+    }
+
+    pub fn into_inner(self) -> GenerateRequest {
+        self.0
+    }
+
+    /// Whose request it is (fair scheduling between tenants).
+    pub fn set_tenant(&mut self, tenant: u64) {
+        self.0.params.tenant = tenant;
+    }
+
+    /// Choice `i` of the request as one of its own: `n` 1, the seed
+    /// resolved (`seed + i` when seeded, `drawn` otherwise), and its stop
+    /// strings taken out, for a caller that matches them on its own text.
+    pub fn choice(&self, i: usize, drawn: u64) -> (Self, Vec<String>) {
+        let mut c = self.0.clone();
+        c.params.n = 1;
+        c.params.seed = Some(match self.0.params.seed {
+            Some(s) => s.wrapping_add(i as u64),
+            None => drawn,
+        });
+        let stop = std::mem::take(&mut c.params.stop);
+        (Self(c), stop)
+    }
 }
 
 /// Why a sequence stopped. Finished states only; the API maps them to

@@ -119,7 +119,7 @@ fn hostile(h: &EngineHandle) -> Vec<(&'static str, GenerateRequest)> {
 }
 
 async fn run(h: &EngineHandle, req: GenerateRequest) {
-    let mut s = h.submit(req).expect("submit");
+    let mut s = h.validate(req).and_then(|r| h.submit(r)).expect("submit");
     while let Some(ev) = s.next().await {
         match ev {
             TokenEvent::Finished { .. } => return,
@@ -135,7 +135,7 @@ async fn timed_beside(h: &EngineHandle, companions: Vec<GenerateRequest>) -> Dur
     for c in companions {
         let h = h.clone();
         tasks.push(tokio::spawn(async move {
-            let streams = h.submit_n(c).expect("submit");
+            let streams = h.validate(c).and_then(|r| h.submit_n(r)).expect("submit");
             for mut s in streams {
                 while let Some(ev) = s.next().await {
                     if matches!(ev, TokenEvent::Finished { .. } | TokenEvent::Failed(_)) {

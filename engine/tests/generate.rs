@@ -22,7 +22,10 @@ async fn run(handle: &EngineHandle, prompt: Vec<u32>, params: SamplingParams) ->
         prompt_tokens: prompt,
         params,
     };
-    let mut stream = handle.submit(req).expect("submit");
+    let mut stream = handle
+        .validate(req)
+        .and_then(|r| handle.submit(r))
+        .expect("submit");
     let (mut text, mut ids) = (String::new(), Vec::new());
     while let Some(ev) = stream.next().await {
         match ev {
@@ -342,7 +345,7 @@ async fn constrained_outputs_parse_and_match_their_schema() {
         params: bad,
     };
     assert!(matches!(
-        handle.submit(req),
+        handle.validate(req).and_then(|r| handle.submit(r)),
         Err(engine::EngineError::Validation {
             field: "response_format",
             ..

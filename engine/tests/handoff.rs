@@ -33,7 +33,10 @@ fn engine() -> EngineHandle {
 }
 
 async fn run(e: &EngineHandle, req: &GenerateRequest, resume: Vec<u32>, h: Handoff) -> Vec<u32> {
-    let mut s = e.submit_handoff(req.clone(), resume, h).expect("submit");
+    let mut s = e
+        .validate(req.clone())
+        .and_then(|r| e.submit_handoff(r, resume, h))
+        .expect("submit");
     let mut out = Vec::new();
     while let Some(ev) = s.next().await {
         match ev {

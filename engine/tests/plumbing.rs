@@ -69,7 +69,8 @@ async fn wait_idle(h: &EngineHandle) {
 async fn max_tokens_ends_the_sequence_with_length() {
     let h = tiny(SchedulerConfig::default());
     let (ids, end) = drain(
-        h.submit(req(vec![1, 100, 200], 7, Some(1)))
+        h.validate(req(vec![1, 100, 200], 7, Some(1)))
+            .and_then(|r| h.submit(r))
             .expect("submit"),
     )
     .await;
@@ -82,7 +83,8 @@ async fn max_tokens_ends_the_sequence_with_length() {
 async fn the_same_seed_gives_the_same_tokens_alone_or_in_a_batch() {
     let h = tiny(SchedulerConfig::default());
     let alone = drain(
-        h.submit(req(vec![1, 5, 6, 7], 20, Some(42)))
+        h.validate(req(vec![1, 5, 6, 7], 20, Some(42)))
+            .and_then(|r| h.submit(r))
             .expect("submit"),
     )
     .await;
@@ -110,7 +112,7 @@ async fn futures_join(
 ) -> Vec<(Vec<u32>, Result<(FinishReason, usize), EngineError>)> {
     let streams: Vec<_> = reqs
         .into_iter()
-        .map(|r| h.submit(r).expect("submit"))
+        .map(|r| h.validate(r).and_then(|r| h.submit(r)).expect("submit"))
         .collect();
     let mut out = Vec::new();
     let handles: Vec<_> = streams
@@ -126,7 +128,10 @@ async fn futures_join(
 #[tokio::test]
 async fn dropping_a_stream_aborts_its_sequence() {
     let h = tiny(SchedulerConfig::default());
-    let mut s = h.submit(req(vec![1, 2, 3], 1500, None)).expect("submit");
+    let mut s = h
+        .validate(req(vec![1, 2, 3], 1500, None))
+        .and_then(|r| h.submit(r))
+        .expect("submit");
     for _ in 0..3 {
         assert!(matches!(s.next().await, Some(TokenEvent::Delta { .. })));
     }
@@ -174,18 +179,19 @@ async fn invalid_requests_are_refused_before_queueing() {
     let ctx = h.info().context_length;
     let too_long = req(vec![1; ctx - 5], 10, None);
     assert!(matches!(
-        h.submit(too_long),
+        h.validate(too_long).and_then(|r| h.submit(r)),
         Err(EngineError::ContextLength { .. })
     ));
     assert!(matches!(
-        h.submit(req(vec![], 5, None)),
+        h.validate(req(vec![], 5, None)).and_then(|r| h.submit(r)),
         Err(EngineError::Validation {
             field: "prompt",
             ..
         })
     ));
     assert!(matches!(
-        h.submit(req(vec![1, 999_999], 5, None)),
+        h.validate(req(vec![1, 999_999], 5, None))
+            .and_then(|r| h.submit(r)),
         Err(EngineError::Validation {
             field: "prompt",
             ..
@@ -194,7 +200,7 @@ async fn invalid_requests_are_refused_before_queueing() {
     let mut bad = req(vec![1, 2], 5, None);
     bad.params.top_p = 1.5;
     assert!(matches!(
-        h.submit(bad),
+        h.validate(bad).and_then(|r| h.submit(r)),
         Err(EngineError::Validation { field: "top_p", .. })
     ));
     assert_eq!(h.stats().steps, 0);
@@ -208,10 +214,21 @@ async fn a_prompt_longer_than_the_step_budget_is_prefilled_in_chunks() {
         ..Default::default()
     });
     let prompt: Vec<u32> = (0..100).map(|i| 1 + i % 500).collect();
-    let chunked = drain(h.submit(req(prompt.clone(), 5, Some(3))).expect("submit")).await;
+    let chunked = drain(
+        h.validate(req(prompt.clone(), 5, Some(3)))
+            .and_then(|r| h.submit(r))
+            .expect("submit"),
+    )
+    .await;
     h.shutdown();
     let whole = tiny(SchedulerConfig::default());
-    let single = drain(whole.submit(req(prompt, 5, Some(3))).expect("submit")).await;
+    let single = drain(
+        whole
+            .validate(req(prompt, 5, Some(3)))
+            .and_then(|r| whole.submit(r))
+            .expect("submit"),
+    )
+    .await;
     assert_eq!(chunked.0, single.0, "chunked prefill changed the output");
     whole.shutdown();
 }
@@ -219,7 +236,10 @@ async fn a_prompt_longer_than_the_step_budget_is_prefilled_in_chunks() {
 #[tokio::test]
 async fn shutdown_fails_queued_requests_instead_of_hanging() {
     let h = tiny(SchedulerConfig::default());
-    let s = h.submit(req(vec![1, 2], 1800, None)).expect("submit");
+    let s = h
+        .validate(req(vec![1, 2], 1800, None))
+        .and_then(|r| h.submit(r))
+        .expect("submit");
     let task = tokio::spawn(drain(s));
     tokio::time::sleep(Duration::from_millis(20)).await;
     h.shutdown();
@@ -254,7 +274,13 @@ async fn a_tiny_kv_cache_preempts_and_every_request_still_completes_correctly() 
     // Recomputed sequences continue exactly as uninterrupted ones.
     let roomy = tiny(SchedulerConfig::default());
     for (r, got) in reqs.into_iter().zip(together) {
-        let alone = drain(roomy.submit(r).expect("submit")).await;
+        let alone = drain(
+            roomy
+                .validate(r)
+                .and_then(|r| roomy.submit(r))
+                .expect("submit"),
+        )
+        .await;
         assert_eq!(got, alone);
     }
     roomy.shutdown();
@@ -264,7 +290,8 @@ async fn a_tiny_kv_cache_preempts_and_every_request_still_completes_correctly() 
 async fn aborting_frees_blocks_at_once() {
     let h = tiny(SchedulerConfig::default());
     let mut s = h
-        .submit(req((1..200).collect(), 500, None))
+        .validate(req((1..200).collect(), 500, None))
+        .and_then(|r| h.submit(r))
         .expect("submit");
     s.next().await;
     // Stats are published at the end of the step that sent the token.
@@ -285,7 +312,7 @@ async fn n_choices_share_the_prompt_blocks_and_sample_independently() {
     let prompt: Vec<u32> = (1..101).collect();
     let mut r = req(prompt, 8, Some(5));
     r.params.n = 4;
-    let streams = h.submit_n(r).expect("submit");
+    let streams = h.validate(r).and_then(|r| h.submit_n(r)).expect("submit");
     assert_eq!(streams.len(), 4);
     let mut outs = Vec::new();
     for s in streams {
@@ -301,13 +328,13 @@ async fn n_choices_share_the_prompt_blocks_and_sample_independently() {
     let mut bad = req(vec![1], 2, None);
     bad.params.n = 2;
     assert!(matches!(
-        h.submit(bad),
+        h.validate(bad).and_then(|r| h.submit(r)),
         Err(EngineError::Validation { field: "n", .. })
     ));
     let mut bias = req(vec![1], 2, None);
     bias.params.logit_bias = vec![(999_999, 1.0)];
     assert!(matches!(
-        h.submit(bias),
+        h.validate(bias).and_then(|r| h.submit(r)),
         Err(EngineError::Validation {
             field: "logit_bias",
             ..
@@ -355,7 +382,7 @@ async fn a_regex_grammar_shapes_the_output_of_a_sentencepiece_model() {
     for seed in 0..4 {
         let mut r = req(vec![1, 100, 200], 40, Some(seed));
         r.params.grammar = Some(engine::Grammar::Regex("[0-9]{3}-[a-z]{2}".into()));
-        let (ids, end) = drain(h.submit(r).expect("submit")).await;
+        let (ids, end) = drain(h.validate(r).and_then(|r| h.submit(r)).expect("submit")).await;
         let (reason, _) = end.expect("finished");
         assert_eq!(reason, FinishReason::Stop, "seed {seed}");
         let text = h.tokenizer().decode(&ids[..ids.len() - 1]).expect("decode");
@@ -433,7 +460,7 @@ async fn a_software_adapter_caps_the_context_to_what_it_computes_correctly() {
             assert_eq!(info.context_length, cap);
             let over = req(vec![1; cap - 5], 10, None);
             assert!(matches!(
-                h.submit(over),
+                h.validate(over).and_then(|r| h.submit(r)),
                 Err(EngineError::ContextLength { max_context, .. }) if max_context == cap
             ));
         }

@@ -24,7 +24,10 @@ async fn run(
     req: &GenerateRequest,
     resume: Vec<u32>,
 ) -> (Vec<u32>, FinishReason) {
-    let mut s = e.submit_raw(req.clone(), resume).expect("submit");
+    let mut s = e
+        .validate(req.clone())
+        .and_then(|r| e.submit_raw(r, resume))
+        .expect("submit");
     let mut out = Vec::new();
     while let Some(ev) = s.next().await {
         match ev {
@@ -89,11 +92,15 @@ async fn impossible_replays_are_refused() {
         },
     };
     assert!(
-        e.submit_raw(req.clone(), vec![5; 4]).is_err(),
+        e.validate(req.clone())
+            .and_then(|r| e.submit_raw(r, vec![5; 4]))
+            .is_err(),
         "nothing left"
     );
     assert!(
-        e.submit_raw(req.clone(), vec![u32::MAX]).is_err(),
+        e.validate(req.clone())
+            .and_then(|r| e.submit_raw(r, vec![u32::MAX]))
+            .is_err(),
         "outside the vocabulary"
     );
     let two = GenerateRequest {
@@ -103,5 +110,10 @@ async fn impossible_replays_are_refused() {
         },
         ..req
     };
-    assert!(e.submit_raw(two, Vec::new()).is_err(), "one choice");
+    assert!(
+        e.validate(two)
+            .and_then(|r| e.submit_raw(r, Vec::new()))
+            .is_err(),
+        "one choice"
+    );
 }

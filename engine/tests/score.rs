@@ -24,7 +24,10 @@ async fn generate(e: &EngineHandle, prompt: &[u32], params: SamplingParams) -> V
         prompt_tokens: prompt.to_vec(),
         params,
     };
-    let mut s = e.submit_raw(req, Vec::new()).expect("submit");
+    let mut s = e
+        .validate(req)
+        .and_then(|r| e.submit_raw(r, Vec::new()))
+        .expect("submit");
     let mut out = Vec::new();
     while let Some(ev) = s.next().await {
         match ev {

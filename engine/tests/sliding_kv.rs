@@ -54,7 +54,10 @@ fn req(prompt: Vec<u32>, max_tokens: usize) -> GenerateRequest {
 
 /// Greedy tokens and their log-probabilities.
 async fn run(h: &EngineHandle, prompt: Vec<u32>, max_tokens: usize) -> (Vec<u32>, Vec<f32>) {
-    let mut s = h.submit(req(prompt, max_tokens)).expect("submit");
+    let mut s = h
+        .validate(req(prompt, max_tokens))
+        .and_then(|r| h.submit(r))
+        .expect("submit");
     let (mut ids, mut lps) = (Vec::new(), Vec::new());
     while let Some(ev) = s.next().await {
         match ev {
@@ -162,7 +165,10 @@ async fn run_handoff(
 ) -> Vec<u32> {
     let mut r = req(prompt.to_vec(), max_tokens);
     r.params.logprobs = None;
-    let mut s = e.submit_handoff(r, resume, h).expect("submit");
+    let mut s = e
+        .validate(r)
+        .and_then(|r| e.submit_handoff(r, resume, h))
+        .expect("submit");
     let mut out = Vec::new();
     while let Some(ev) = s.next().await {
         match ev {

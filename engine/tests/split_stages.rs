@@ -112,7 +112,7 @@ fn requests(temperature: f32) -> Vec<GenerateRequest> {
 async fn run(h: &EngineHandle, reqs: Vec<GenerateRequest>) -> Vec<Vec<u32>> {
     let mut handles = Vec::new();
     for r in reqs {
-        for s in h.submit_n(r).expect("submit") {
+        for s in h.validate(r).and_then(|r| h.submit_n(r)).expect("submit") {
             handles.push(tokio::spawn(drain(s)));
         }
     }

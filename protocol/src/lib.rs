@@ -7,6 +7,9 @@
 
 use serde::{Deserialize, Serialize};
 
+#[cfg(feature = "engine")]
+pub mod sampling;
+
 /// The protocol version this build speaks.
 pub const VERSION: u8 = 1;
 /// The WebSocket close code of a worker an admin removed: it leaves and

@@ -240,12 +240,13 @@ pub struct ServeArgs {
     /// How much the house engine's expected wait weighs against the
     /// workers' when placing a choice (1 = as it is measured; larger sends
     /// work to workers first, keeping the house as the fallback).
-    #[arg(long, env = "SYNOR_PLACEMENT_HOUSE_FACTOR", default_value_t = 1.0)]
+    #[arg(long, env = "SYNOR_PLACEMENT_HOUSE_FACTOR", default_value_t = 1.0, value_parser = positive)]
     pub placement_house_factor: f64,
 
-    /// How choices are placed: `measured` (the executor expected to finish
-    /// first, from its calibration) or `round-robin` (in turn over the
-    /// workers serving the model, for comparisons).
+    /// How choices are placed: `measured` (the cost model: price,
+    /// expected time from calibration, reputation and load), or, for
+    /// comparisons, `round-robin`, `least-loaded` or `cheapest-first`
+    /// over the workers serving the model.
     #[arg(long, env = "SYNOR_PLACEMENT", value_enum, default_value_t = Placement::Measured)]
     pub placement: Placement,
 
@@ -291,7 +292,7 @@ pub struct ServeArgs {
     /// KV moved between them: `auto` when the cost model expects it to
     /// pay, `always` whenever a second worker can, `never`.
     #[arg(long, env = "SYNOR_FLEET_SPLIT", default_value = "auto")]
-    pub fleet_split: server::services::dispatch::split::SplitMode,
+    pub fleet_split: server::services::placement::SplitMode,
 
     /// Seconds a provider's earnings stay pending before they are final:
     /// a failed spot check can claw them back meanwhile, and penalties
@@ -348,7 +349,7 @@ pub struct ServeArgs {
     /// most as many choices at once as keep its step under it (from its
     /// calibration, shrunk x0.7 when a step misses it, grown when well
     /// under); a full executor counts four times slower in placement.
-    #[arg(long, env = "SYNOR_FLEET_STEP_TARGET_MS", default_value_t = 100.0)]
+    #[arg(long, env = "SYNOR_FLEET_STEP_TARGET_MS", default_value_t = 100.0, value_parser = positive)]
     pub fleet_step_target_ms: f64,
 
     /// Open single-user mode: no API key needed (loopback addresses only;
@@ -661,6 +662,21 @@ pub enum Placement {
     Measured,
     /// In turn over the workers serving the model (for comparisons).
     RoundRobin,
+    /// The worker running the least for its batch cap (for comparisons).
+    LeastLoaded,
+    /// The cheapest worker with room (for comparisons).
+    CheapestFirst,
+}
+
+impl From<Placement> for server::services::placement::PolicyKind {
+    fn from(p: Placement) -> Self {
+        match p {
+            Placement::Measured => Self::Measured,
+            Placement::RoundRobin => Self::RoundRobin,
+            Placement::LeastLoaded => Self::LeastLoaded,
+            Placement::CheapestFirst => Self::CheapestFirst,
+        }
+    }
 }
 
 /// How a testing worker damages its KV transfers (`--debug-kv-fault`).
@@ -899,6 +915,16 @@ fn fraction(s: &str) -> Result<f64, String> {
         Ok(x)
     } else {
         Err("a fraction from 0 to 1".into())
+    }
+}
+
+/// A finite number above 0.
+fn positive(s: &str) -> Result<f64, String> {
+    let x: f64 = s.trim().parse().map_err(|e| format!("{e}"))?;
+    if x.is_finite() && x > 0.0 {
+        Ok(x)
+    } else {
+        Err("a number above 0".into())
     }
 }
 

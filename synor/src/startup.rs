@@ -127,25 +127,11 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let mut state = AppState::with_auth(registry.clone(), auth)
         .with_loader(loader(&args.models, &args.scheduler))
         .with_billing(billing.clone());
-    state.dispatch = Arc::new(
-        server::services::dispatch::Dispatch::new(state.fleet.clone())
-            .with_house_factor(args.placement_house_factor)
-            .round_robin(args.placement == crate::config::Placement::RoundRobin)
-            .with_progress_timeout(secs(args.fleet_progress_timeout))
-            .with_step_target(args.fleet_step_target_ms)
-            .with_weights(args.placement_weights)
-            .with_queue(args.fleet_max_queue, secs(args.fleet_queue_timeout))
-            .with_spot_checks(server::services::spotcheck::SpotConfig {
-                new_rate: args.spot_check_new_rate,
-                rate: args.spot_check_rate,
-                proven_after: args.spot_check_proven_after,
-                top_k: args.spot_check_top_k,
-                tolerance: args.spot_check_tolerance.max(0.0),
-            })
-            .with_steal_after(std::time::Duration::from_millis(args.fleet_steal_after_ms))
-            .with_split(args.fleet_split, secs(args.fleet_kv_timeout))
-            .with_billing(billing.clone()),
-    );
+    state.dispatch = Arc::new(server::services::dispatch::Dispatch::new(
+        state.fleet.clone(),
+        dispatch_config(&args),
+        Some(billing.clone()),
+    ));
     state.fleet.set_caps(server::fleet::registry::Caps {
         per_token: args.fleet_max_workers_per_token as usize,
         per_provider: args.fleet_max_workers_per_provider as usize,
@@ -173,7 +159,7 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         let mut tick = tokio::time::interval(server::services::dispatch::utilization::SAMPLE);
         loop {
             tick.tick().await;
-            dispatch.utilization.sample();
+            dispatch.stats.utilization.sample();
         }
     });
     tokio::spawn(server::services::calibration::run(
@@ -232,6 +218,29 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
 }
 
 /// `s` seconds (the parser checked their range).
+/// How dispatch places and waits, from the command line.
+fn dispatch_config(args: &ServeArgs) -> server::services::dispatch::DispatchConfig {
+    server::services::dispatch::DispatchConfig {
+        policy: args.placement.into(),
+        weights: args.placement_weights,
+        house_factor: args.placement_house_factor,
+        progress: secs(args.fleet_progress_timeout),
+        step_target_ms: args.fleet_step_target_ms,
+        max_queue: args.fleet_max_queue,
+        queue_timeout: secs(args.fleet_queue_timeout),
+        steal_after: std::time::Duration::from_millis(args.fleet_steal_after_ms),
+        split: args.fleet_split,
+        kv_timeout: secs(args.fleet_kv_timeout),
+        spot: server::services::spotcheck::SpotConfig {
+            new_rate: args.spot_check_new_rate,
+            rate: args.spot_check_rate,
+            proven_after: args.spot_check_proven_after,
+            top_k: args.spot_check_top_k,
+            tolerance: args.spot_check_tolerance.max(0.0),
+        },
+    }
+}
+
 fn secs(s: f64) -> std::time::Duration {
     std::time::Duration::from_secs_f64(s)
 }

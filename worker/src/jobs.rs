@@ -9,10 +9,11 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use engine::core::CoreEvent;
-use engine::{EngineHandle, FinishReason, GenerateRequest, RequestId, SamplingParams};
+use engine::{EngineHandle, FinishReason, GenerateRequest, RequestId};
 use tokio::sync::mpsc;
 
 use engine::core::Handoff;
+use engine::kv_cache::transfer::KvRows;
 
 use super::Out;
 use engine::registry::ModelRegistry;
@@ -193,9 +194,13 @@ impl Running {
         let (job, attempt) = (a.job, a.attempt);
         let req = GenerateRequest {
             prompt_tokens: a.prompt,
-            params: sampling(&a.params),
+            params: a.params.sampling(),
         };
-        let mut raw = match engine.submit_handoff(req, resume, handoff) {
+        // What the server sent is checked once, here, where it arrives.
+        let raw = engine
+            .validate(req)
+            .and_then(|r| engine.submit_handoff(r, resume, handoff));
+        let mut raw = match raw {
             Ok(r) => r,
             Err(e) => {
                 send_later(out, failed(job, attempt, e.to_string()));
@@ -245,98 +250,71 @@ impl Running {
                 return;
             }
         };
-        let (tx, mut rx) = mpsc::unbounded_channel();
+        let (tx, rx) = mpsc::unbounded_channel();
         lock(&self.incoming).insert(transfer, tx);
         lock(&self.waiting).insert(a.job, transfer);
-        let (me, out) = (self.clone(), out.clone());
-        tokio::spawn(async move {
-            let (job, attempt) = (a.job, a.attempt);
-            let from = engine.cached_prefix(a.prompt.clone()).await.unwrap_or(0);
-            let want = FromWorker::KvWant {
-                v: VERSION,
-                job,
-                attempt,
-                transfer,
-                from: from as u32,
+        let split = Split {
+            engine,
+            a,
+            transfer,
+            rx,
+            out: out.clone(),
+            delay,
+        };
+        tokio::spawn(self.clone().split_job(split));
+    }
+
+    /// The decode side of a split: says which positions it lacks,
+    /// receives the KV, tells the server whether it imports it (the
+    /// engine's verdict), then runs the assignment after the first token.
+    async fn split_job(self: Arc<Self>, s: Split) {
+        let Split {
+            engine,
+            a,
+            transfer,
+            mut rx,
+            out,
+            delay,
+        } = s;
+        let (job, attempt) = (a.job, a.attempt);
+        let from = engine.cached_prefix(a.prompt.clone()).await.unwrap_or(0);
+        let want = FromWorker::KvWant {
+            v: VERSION,
+            job,
+            attempt,
+            transfer,
+            from: from as u32,
+        };
+        let _ = out.send(encode(&want)).await;
+        // Frames past the prompt are refused as past the "context": what a
+        // transfer can make this worker hold is bounded.
+        let mut geometry = served(&a.model, &engine);
+        geometry.context_length = u32::try_from(a.prompt.len()).unwrap_or(u32::MAX);
+        let kv = super::kv::Incoming::new(transfer, geometry, from);
+        let decided = receive(kv, &mut rx, a.prompt.len()).await;
+        lock(&self.incoming).remove(&transfer);
+        lock(&self.waiting).remove(&job);
+        let Some((rows, first)) = decided else {
+            let end = CoreEvent::Finished {
+                reason: FinishReason::Abort,
+                usage: engine::Usage::default(),
             };
-            let _ = out.send(encode(&want)).await;
-            // Frames past the prompt are refused as past the "context":
-            // what a transfer can make this worker hold is bounded.
-            let mut geometry = served(&a.model, &engine);
-            geometry.context_length = u32::try_from(a.prompt.len()).unwrap_or(u32::MAX);
-            let mut kv = super::kv::Incoming::new(transfer, geometry, from);
-            let deadline = tokio::time::Instant::now() + KV_PATIENCE;
-            let decided = loop {
-                match tokio::time::timeout_at(deadline, rx.recv()).await {
-                    Ok(Some(Arrival::Frame(f))) => kv.push(&f),
-                    Ok(Some(Arrival::End {
-                        tokens,
-                        digest,
-                        first,
-                    })) => {
-                        break Some((kv.finish(tokens, &digest, a.prompt.len()), Some(first)));
-                    }
-                    Ok(Some(Arrival::Abort(why))) => break Some((Err(why), None)),
-                    Ok(Some(Arrival::Cancel)) => break None,
-                    Ok(None) | Err(_) => {
-                        break Some((Err("no end of the transfer".into()), None));
-                    }
-                }
-            };
-            lock(&me.incoming).remove(&transfer);
-            lock(&me.waiting).remove(&job);
-            let Some((rows, first)) = decided else {
-                let done = message(
-                    job,
-                    attempt,
-                    CoreEvent::Finished {
-                        reason: FinishReason::Abort,
-                        usage: engine::Usage::default(),
-                    },
-                );
-                let _ = out.send(encode(&done)).await;
-                return;
-            };
-            let mut resume = a.resume.clone();
-            resume.extend(first.map(|t| t.id));
-            let result = move |verdict: Result<(), String>| FromWorker::KvResult {
-                v: VERSION,
-                job,
-                attempt,
-                transfer,
-                imported: verdict.is_ok(),
-                reason: verdict.err().unwrap_or_default(),
-            };
-            // Rows that passed the transfer's checks go to the engine,
-            // which recomputes a few positions before it uses them; the
-            // server hears the engine's verdict.
-            let (verdict, told) = tokio::sync::oneshot::channel();
-            match &rows {
-                Ok(_) => {
-                    let out = out.clone();
-                    tokio::spawn(async move {
-                        if let Ok(v) = told.await {
-                            let _ = out.send(encode(&result(v))).await;
-                        }
-                    });
-                }
-                Err(why) => {
-                    tracing::warn!(transfer, reason = %why, "KV transfer refused: recomputing the prompt");
-                    let _ = out.send(encode(&result(Err(why.clone())))).await;
-                }
-            }
-            let handoff = Handoff {
-                verdict: rows.is_ok().then_some(verdict),
-                import: rows.ok(),
-                ..Default::default()
-            };
-            let run = Run {
-                resume,
-                handoff,
-                record: false,
-            };
-            me.submit(engine, a, run, &out, delay);
-        });
+            let _ = out.send(encode(&message(job, attempt, end))).await;
+            return;
+        };
+        let mut resume = a.resume.clone();
+        resume.extend(first.map(|t| t.id));
+        let handoff = Handoff {
+            verdict: verdict_to_server(&out, (job, attempt, transfer), &rows).await,
+            import: rows.ok(),
+            ..Default::default()
+        };
+        let run = Run {
+            resume,
+            handoff,
+            record: false,
+        };
+        self.submit(engine, a, run, &out, delay);
     }
 
     /// Starts the prefill side of a split (see `kv::prefill`).
@@ -474,6 +452,78 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// A split assignment waiting for its KV.
+struct Split {
+    engine: EngineHandle,
+    a: Assignment,
+    transfer: u64,
+    rx: mpsc::UnboundedReceiver<Arrival>,
+    out: mpsc::Sender<Out>,
+    delay: std::time::Duration,
+}
+
+/// The rows a transfer delivered (or why not) and its first token;
+/// `None` when the job was cancelled meanwhile.
+type Received = Option<(Result<KvRows, String>, Option<JobToken>)>;
+
+/// Receives a transfer's frames until its end, abort or `KV_PATIENCE`.
+async fn receive(
+    mut kv: super::kv::Incoming,
+    rx: &mut mpsc::UnboundedReceiver<Arrival>,
+    prompt: usize,
+) -> Received {
+    let deadline = tokio::time::Instant::now() + KV_PATIENCE;
+    loop {
+        match tokio::time::timeout_at(deadline, rx.recv()).await {
+            Ok(Some(Arrival::Frame(f))) => kv.push(&f),
+            Ok(Some(Arrival::End {
+                tokens,
+                digest,
+                first,
+            })) => return Some((kv.finish(tokens, &digest, prompt), Some(first))),
+            Ok(Some(Arrival::Abort(why))) => return Some((Err(why), None)),
+            Ok(Some(Arrival::Cancel)) => return None,
+            Ok(None) | Err(_) => return Some((Err("no end of the transfer".into()), None)),
+        }
+    }
+}
+
+/// Tells the server whether the transfer's rows are used: refused rows
+/// at once; rows that passed the transfer's checks when the engine has
+/// judged them (it recomputes a few positions before it uses them),
+/// through the sender this returns.
+async fn verdict_to_server<T>(
+    out: &mpsc::Sender<Out>,
+    (job, attempt, transfer): (u64, u32, u64),
+    rows: &Result<T, String>,
+) -> Option<tokio::sync::oneshot::Sender<Result<(), String>>> {
+    let result = move |verdict: Result<(), String>| FromWorker::KvResult {
+        v: VERSION,
+        job,
+        attempt,
+        transfer,
+        imported: verdict.is_ok(),
+        reason: verdict.err().unwrap_or_default(),
+    };
+    match rows {
+        Ok(_) => {
+            let (verdict, told) = tokio::sync::oneshot::channel();
+            let out = out.clone();
+            tokio::spawn(async move {
+                if let Ok(v) = told.await {
+                    let _ = out.send(encode(&result(v))).await;
+                }
+            });
+            Some(verdict)
+        }
+        Err(why) => {
+            tracing::warn!(transfer, reason = %why, "KV transfer refused: recomputing the prompt");
+            let _ = out.send(encode(&result(Err(why.clone())))).await;
+            None
+        }
+    }
+}
+
 fn failed(job: u64, attempt: u32, message: String) -> Out {
     encode(&FromWorker::Failed {
         v: VERSION,
@@ -546,28 +596,4 @@ pub fn send_later(out: &mpsc::Sender<Out>, msg: Out) {
     tokio::spawn(async move {
         let _ = out.send(msg).await;
     });
-}
-
-/// The engine's parameters for a job (one choice, no stop strings).
-pub fn sampling(p: &JobParams) -> SamplingParams {
-    SamplingParams {
-        temperature: p.temperature,
-        top_p: p.top_p,
-        top_k: p.top_k as usize,
-        seed: Some(p.seed),
-        max_tokens: p.max_tokens as usize,
-        stop: Vec::new(),
-        stop_token_ids: p.stop_token_ids.clone(),
-        ignore_eos: p.ignore_eos,
-        min_p: p.min_p,
-        repetition_penalty: p.repetition_penalty,
-        frequency_penalty: p.frequency_penalty,
-        presence_penalty: p.presence_penalty,
-        logit_bias: p.logit_bias.clone(),
-        logprobs: p.logprobs.map(|n| n as usize),
-        n: 1,
-        priority: 0,
-        tenant: p.tenant,
-        grammar: None,
-    }
 }

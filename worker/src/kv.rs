@@ -74,7 +74,7 @@ pub async fn prefill(
             message,
         })
     };
-    let mut sampling = super::jobs::sampling(&params);
+    let mut sampling = params.sampling();
     sampling.max_tokens = 1;
     let req = GenerateRequest {
         prompt_tokens: prompt,
@@ -85,11 +85,42 @@ pub async fn prefill(
         export: Some((from, tx)),
         ..Default::default()
     };
-    let mut raw = match engine.submit_handoff(req, Vec::new(), handoff) {
+    let raw = engine
+        .validate(req)
+        .and_then(|r| engine.submit_handoff(r, Vec::new(), handoff));
+    let mut raw = match raw {
         Ok(r) => r,
         Err(e) => return failed(e.to_string()),
     };
     started(raw.id());
+    let (sent, digest) = stream_rows(&mut rows, transfer, out, faults).await?;
+    let (first, counts) = match first_token(&mut raw).await {
+        Ok(f) => f,
+        Err(why) => return failed(why),
+    };
+    if faults.drop_end {
+        return None;
+    }
+    Some(FromWorker::KvEnd {
+        v: VERSION,
+        transfer,
+        tokens: sent as u32,
+        digest,
+        first,
+        prompt_tokens: counts.0,
+        cached_tokens: counts.1,
+    })
+}
+
+/// Sends the prompt's rows as frames while the engine computes them;
+/// answers how many positions went and the frames' digest (`None`: the
+/// connection is gone).
+async fn stream_rows(
+    rows: &mut mpsc::UnboundedReceiver<KvRows>,
+    transfer: u64,
+    out: &mpsc::Sender<Out>,
+    faults: Faults,
+) -> Option<(usize, String)> {
     let mut hasher = Sha256::new();
     let (mut sent, mut frames) = (0usize, 0usize);
     while let Some(r) = rows.recv().await {
@@ -110,6 +141,11 @@ pub async fn prefill(
         }
         sent += r.count;
     }
+    Some((sent, hex(&hasher.finalize())))
+}
+
+/// The prefill's one sampled token and its prompt and cached counts.
+async fn first_token(raw: &mut engine::RawStream) -> Result<(JobToken, (u32, u32)), String> {
     let mut first = None;
     let mut counts = (0, 0);
     while let Some(ev) = raw.next().await {
@@ -126,24 +162,11 @@ pub async fn prefill(
                 counts = (usage.prompt_tokens as u32, usage.cached_tokens as u32);
                 break;
             }
-            CoreEvent::Failed(e) => return failed(e.to_string()),
+            CoreEvent::Failed(e) => return Err(e.to_string()),
         }
     }
-    let Some(first) = first else {
-        return failed("the prefill produced no token".into());
-    };
-    if faults.drop_end {
-        return None;
-    }
-    Some(FromWorker::KvEnd {
-        v: VERSION,
-        transfer,
-        tokens: sent as u32,
-        digest: hex(&hasher.finalize()),
-        first,
-        prompt_tokens: counts.0,
-        cached_tokens: counts.1,
-    })
+    let first = first.ok_or_else(|| "the prefill produced no token".to_string())?;
+    Ok((first, counts))
 }
 
 /// `rows` as frames: per layer, runs of positions whose keys and values

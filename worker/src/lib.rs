@@ -15,20 +15,17 @@
 pub mod devices;
 pub mod jobs;
 pub mod kv;
+mod session;
 
 use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, bail};
-use futures_util::{SinkExt, StreamExt};
-use tokio::sync::{mpsc, watch};
-use tokio_tungstenite::tungstenite::Message;
-use tokio_tungstenite::tungstenite::client::IntoClientRequest;
-use tokio_tungstenite::tungstenite::protocol::CloseFrame;
+use anyhow::bail;
+use tokio::sync::watch;
 
 use engine::registry::{ModelKind, ModelRegistry};
-use protocol::{Ask, FromWorker, Load, ServedModel, ToWorker, VERSION};
+use protocol::{Ask, FromWorker, ServedModel, VERSION};
 
 /// A frame for the server: a control message or a KV frame (one queue,
 /// so a transfer's end never overtakes its frames).
@@ -101,18 +98,14 @@ pub struct Faults {
     pub cheat_after: u64,
 }
 
-/// How long the server has to answer a registration.
-const WELCOME_WITHIN: Duration = Duration::from_secs(10);
 /// Reconnect delays: doubling from the first to the cap, with jitter.
 const BACKOFF_FIRST: Duration = Duration::from_millis(250);
 const BACKOFF_CAP: Duration = Duration::from_secs(30);
-/// Messages queued for the server (job events wait when it is full).
-const OUT_QUEUE: usize = 1024;
 /// A connection that lasted this long resets the backoff.
 const STABLE: Duration = Duration::from_secs(10);
 
 /// How one connection ended.
-enum Ended {
+pub(crate) enum Ended {
     /// We were told to stop (signal or admin drain): leave.
     Leave,
     /// The connection was lost or closed: try again.
@@ -143,7 +136,7 @@ pub async fn run(
             models: &models,
             faults: config.faults,
         };
-        match connect_once(link, &mut stopped).await? {
+        match session::connect_once(link, &mut stopped).await? {
             Ended::Leave => break,
             Ended::Lost(why) => {
                 if started.elapsed() >= STABLE {
@@ -166,7 +159,7 @@ pub async fn run(
 }
 
 /// What one connection needs.
-struct Link<'a> {
+pub(crate) struct Link<'a> {
     url: &'a str,
     token: &'a str,
     register: &'a FromWorker,
@@ -257,208 +250,6 @@ fn hostname() -> String {
         .ok()
         .filter(|h| !h.is_empty())
         .unwrap_or_else(|| "worker".into())
-}
-
-/// The engines' combined load, with the mean step time since `last`.
-struct Meter {
-    last: (u64, u64),
-}
-
-impl Meter {
-    fn load(&mut self, models: &ModelRegistry) -> Load {
-        let mut load = Load::default();
-        let (mut busy, mut steps) = (0u64, 0u64);
-        for m in models.list() {
-            if let ModelKind::Text(h) = &m.kind {
-                let s = h.stats();
-                load.queued += s.num_waiting as u32;
-                load.running += s.num_running as u32;
-                let free = 1.0 - s.kv_usage_ppm as f64 / 1e6;
-                load.free_kv_blocks += (h.info().kv_blocks as f64 * free) as u32;
-                busy += s.busy_micros;
-                steps += s.steps;
-            }
-        }
-        let (db, ds) = (busy - self.last.0.min(busy), steps - self.last.1.min(steps));
-        load.step_ms = if ds == 0 {
-            0.0
-        } else {
-            db as f32 / ds as f32 / 1e3
-        };
-        self.last = (busy, steps);
-        load
-    }
-}
-
-/// One connection: handshake, register, heartbeats until it ends.
-async fn connect_once(link: Link<'_>, stop: &mut watch::Receiver<bool>) -> anyhow::Result<Ended> {
-    let Link {
-        url,
-        token,
-        register,
-        models,
-        faults: debug,
-    } = link;
-    let mut request = url.into_client_request().context("the --server address")?;
-    let auth = format!("Bearer {token}")
-        .parse()
-        .context("the worker token is not a valid header value")?;
-    request.headers_mut().insert("authorization", auth);
-    let (socket, _) = match tokio_tungstenite::connect_async(request).await {
-        Ok(s) => s,
-        Err(tokio_tungstenite::tungstenite::Error::Http(r)) if r.status() == 401 => {
-            let body = r
-                .body()
-                .as_deref()
-                .map(String::from_utf8_lossy)
-                .unwrap_or_default();
-            bail!("the server refused the worker token: {body}");
-        }
-        Err(e) => return Ok(Ended::Lost(format!("connecting to {url}: {e}"))),
-    };
-    let (mut sink, mut stream) = socket.split();
-    let text = serde_json::to_string(register).context("encoding register")?;
-    if let Err(e) = sink.send(Message::Text(text.into())).await {
-        return Ok(Ended::Lost(e.to_string()));
-    }
-    // The first message that is not a ping or a pong must be the welcome.
-    let first = async {
-        loop {
-            match stream.next().await {
-                Some(Ok(Message::Ping(_) | Message::Pong(_))) => continue,
-                other => return other,
-            }
-        }
-    };
-    let heartbeat = match tokio::time::timeout(WELCOME_WITHIN, first).await {
-        Ok(Some(Ok(Message::Text(t)))) => match serde_json::from_str::<ToWorker>(&t) {
-            Ok(ToWorker::Welcome {
-                worker_id,
-                heartbeat_ms,
-                ..
-            }) => {
-                tracing::info!(worker = %worker_id, url, "registered with the server");
-                Duration::from_millis(heartbeat_ms.clamp(100, 60_000))
-            }
-            other => return Ok(Ended::Lost(format!("expected welcome, got {other:?}"))),
-        },
-        Ok(Some(Ok(Message::Close(Some(CloseFrame { reason, .. }))))) => {
-            bail!("the server refused the registration: {reason}");
-        }
-        other => return Ok(Ended::Lost(format!("no welcome: {other:?}"))),
-    };
-    let mut meter = Meter { last: (0, 0) };
-    let mut tick = tokio::time::interval(heartbeat);
-    let status = |load| serde_json::to_string(&FromWorker::Status { v: VERSION, load });
-    let running = Arc::new(if debug.replay {
-        jobs::Running::replaying(debug.cheat_after)
-    } else {
-        jobs::Running::default()
-    });
-    let (out, mut outgoing) = mpsc::channel::<Out>(OUT_QUEUE);
-    let mut draining = false;
-    let ended = loop {
-        if draining && running.is_empty() {
-            let _ = sink.send(Message::Close(None)).await;
-            break Ended::Leave;
-        }
-        tokio::select! {
-            _ = tick.tick() => {
-                let msg = status(meter.load(models)).context("encoding status")?;
-                if let Err(e) = sink.send(Message::Text(msg.into())).await {
-                    break Ended::Lost(e.to_string());
-                }
-            }
-            Some(msg) = outgoing.recv() => {
-                let msg = match msg {
-                    Out::Text(t) => Message::Text(t.into()),
-                    Out::Frame(b) => Message::Binary(b.into()),
-                };
-                if let Err(e) = sink.send(msg).await {
-                    break Ended::Lost(e.to_string());
-                }
-            }
-            frame = stream.next() => match frame {
-                Some(Ok(Message::Text(t))) => match protocol::decode_from_server(&t) {
-                    Ok(ToWorker::Assign { job, attempt, model, prompt, resume, params, kv, .. }) => {
-                        let a = jobs::Assignment { job, attempt, model, prompt, resume, params };
-                        if draining {
-                            let refused = FromWorker::Failed { v: VERSION, job, attempt, message: "this worker is draining".into() };
-                            jobs::send_later(&out, Out::Text(serde_json::to_string(&refused).unwrap_or_default()));
-                        } else if let Some(kv) = kv {
-                            running.start_split(models, a, kv.transfer, &out, debug.token_delay);
-                        } else {
-                            running.start(models, a, &out, debug.token_delay, debug.stall_after);
-                        }
-                    }
-                    Ok(ToWorker::Prefill { transfer, model, prompt, params, from, .. }) => {
-                        let job = kv::Prefill { transfer, model, prompt, params, from: from as usize };
-                        running.start_prefill(models, job, &out, debug.kv);
-                    }
-                    Ok(ToWorker::KvEnd { transfer, tokens, digest, first, .. }) => {
-                        running.arrive(transfer, jobs::Arrival::End { tokens, digest, first });
-                    }
-                    Ok(ToWorker::KvAbort { transfer, reason, .. }) => {
-                        running.arrive(transfer, jobs::Arrival::Abort(reason));
-                    }
-                    Ok(ToWorker::Cancel { job, .. }) => running.cancel(job),
-                    Ok(ToWorker::Embed { job, model, texts, tokens, query, .. }) => {
-                        jobs::embed(models, job, &model, texts, tokens, query, &out);
-                    }
-                    Ok(ToWorker::Drain { .. }) => {
-                        tracing::info!("the server asked this worker to drain");
-                        draining = start_drain(&mut sink, draining).await;
-                    }
-                    Ok(ToWorker::Error { code, message, .. }) => {
-                        tracing::warn!(%code, %message, "the server reported an error");
-                    }
-                    Ok(ToWorker::Welcome { .. }) | Err(_) => {
-                        break Ended::Lost(format!("unexpected message: {}", &t[..t.len().min(100)]));
-                    }
-                },
-                Some(Ok(Message::Binary(b))) => {
-                    // A frame of a transfer no job waits for (cancelled,
-                    // or given up) is dropped.
-                    if let Ok(transfer) = protocol::frame_transfer(&b) {
-                        running.arrive(transfer, jobs::Arrival::Frame(b.to_vec()));
-                    }
-                }
-                Some(Ok(Message::Close(Some(f)))) if u16::from(f.code) == protocol::CLOSE_SANCTIONED => {
-                    bail!("the server closed this worker: {}", f.reason);
-                }
-                Some(Ok(Message::Close(Some(f)))) if u16::from(f.code) == protocol::CLOSE_REMOVED => {
-                    tracing::warn!(reason = %f.reason, "removed from the fleet by an admin: leaving");
-                    break Ended::Leave;
-                }
-                Some(Ok(Message::Close(frame))) => {
-                    break Ended::Lost(frame.map_or_else(|| "closed".to_string(), |f| format!("closed: {} {}", u16::from(f.code), f.reason)));
-                }
-                Some(Ok(_)) => {}
-                Some(Err(e)) => break Ended::Lost(e.to_string()),
-                None => break Ended::Lost("connection ended".into()),
-            },
-            _ = stop.changed(), if !draining => {
-                tracing::info!("signal: draining");
-                draining = start_drain(&mut sink, draining).await;
-            }
-        }
-    };
-    // Whatever is still running was lost with the connection: the server
-    // replays it elsewhere.
-    running.abort_all();
-    Ok(ended)
-}
-
-/// Tells the server this worker drains (once); returns the new state.
-async fn start_drain<S>(sink: &mut S, draining: bool) -> bool
-where
-    S: SinkExt<Message> + Unpin,
-{
-    if !draining {
-        let drain = serde_json::to_string(&FromWorker::Drain { v: VERSION }).unwrap_or_default();
-        let _ = sink.send(Message::Text(drain.into())).await;
-    }
-    true
 }
 
 /// Waits (at most 30 s) for the engines' running work to finish.

@@ -301,20 +301,7 @@ fn route(registry: &Registry, worker: &str, msg: FromWorker) -> Option<u64> {
             attempt,
             tokens,
             ..
-        } => {
-            let events = tokens
-                .into_iter()
-                .map(|t| {
-                    let logprob = t.logprob.map(|logprob| TokenLogprob {
-                        token: t.id,
-                        logprob,
-                        top: t.top,
-                    });
-                    JobEvent::Core(CoreEvent::Token { id: t.id, logprob })
-                })
-                .collect();
-            (job, attempt, events)
-        }
+        } => (job, attempt, tokens.into_iter().map(token_event).collect()),
         FromWorker::Done {
             job,
             attempt,
@@ -324,24 +311,12 @@ fn route(registry: &Registry, worker: &str, msg: FromWorker) -> Option<u64> {
             completion_tokens,
             ..
         } => {
-            let reason = match reason.as_str() {
-                "stop" => Some(FinishReason::Stop),
-                "length" => Some(FinishReason::Length),
-                "abort" => Some(FinishReason::Abort),
-                _ => None,
+            let usage = Usage {
+                prompt_tokens: prompt_tokens as usize,
+                completion_tokens: completion_tokens as usize,
+                cached_tokens: cached_tokens as usize,
             };
-            let ev = match reason {
-                Some(reason) => JobEvent::Core(CoreEvent::Finished {
-                    reason,
-                    usage: Usage {
-                        prompt_tokens: prompt_tokens as usize,
-                        completion_tokens: completion_tokens as usize,
-                        cached_tokens: cached_tokens as usize,
-                    },
-                }),
-                None => JobEvent::Lost("the worker ended a job with an unknown reason".into()),
-            };
-            (job, attempt, vec![ev])
+            (job, attempt, vec![done_event(&reason, usage)])
         }
         FromWorker::Failed {
             job,
@@ -375,6 +350,27 @@ fn route(registry: &Registry, worker: &str, msg: FromWorker) -> Option<u64> {
         }
     }
     None
+}
+
+/// A token a worker sent, as its relay reads it.
+fn token_event(t: protocol::JobToken) -> JobEvent {
+    let logprob = t.logprob.map(|logprob| TokenLogprob {
+        token: t.id,
+        logprob,
+        top: t.top,
+    });
+    JobEvent::Core(CoreEvent::Token { id: t.id, logprob })
+}
+
+/// A job's end as a worker reported it (an unknown reason loses it).
+fn done_event(reason: &str, usage: Usage) -> JobEvent {
+    let reason = match reason {
+        "stop" => FinishReason::Stop,
+        "length" => FinishReason::Length,
+        "abort" => FinishReason::Abort,
+        _ => return JobEvent::Lost("the worker ended a job with an unknown reason".into()),
+    };
+    JobEvent::Core(CoreEvent::Finished { reason, usage })
 }
 
 fn code(e: &ProtocolError) -> u16 {

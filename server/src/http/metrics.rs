@@ -17,7 +17,7 @@ use engine::HistogramSnapshot;
 use crate::cache::ResponseCache;
 use crate::fleet::registry::{Registry, WorkerInfo};
 use crate::services::dispatch::Dispatch;
-use crate::services::dispatch::split::SplitStats;
+use crate::services::dispatch::SplitStats;
 use crate::services::dispatch::stages::StageTotals;
 use crate::services::dispatch::utilization::ExecutorUse;
 use engine::registry::{ModelKind, ModelRegistry};
@@ -537,14 +537,15 @@ pub fn render(
     }
     fleet_metrics(&mut out, fleet);
     queue_metrics(&mut out, dispatch.queued());
-    stage_metrics(&mut out, &dispatch.stages.totals());
-    utilization_metrics(&mut out, &dispatch.utilization.report());
-    let steals = dispatch.steals.load(std::sync::atomic::Ordering::Relaxed);
-    let embedded = dispatch
+    let stats = &dispatch.stats;
+    stage_metrics(&mut out, &stats.stages.totals());
+    utilization_metrics(&mut out, &stats.utilization.report());
+    let steals = stats.steals.load(std::sync::atomic::Ordering::Relaxed);
+    let embedded = stats
         .embedded_on_workers
         .load(std::sync::atomic::Ordering::Relaxed);
-    split_metrics(&mut out, &dispatch.split, fleet, (steals, embedded));
-    spot_metrics(&mut out, &dispatch.spot);
+    split_metrics(&mut out, &stats.split, fleet, (steals, embedded));
+    spot_metrics(&mut out, dispatch.spot.checker());
     let text: Vec<(String, engine::EngineStats, engine::LatencyStats)> = models
         .list()
         .iter()

@@ -259,6 +259,7 @@ fn read(state: &Sources) -> Reading {
     }
     r.executors = state
         .dispatch
+        .stats
         .utilization
         .report()
         .into_iter()

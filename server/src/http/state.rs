@@ -52,7 +52,11 @@ impl AppState {
             cache_price_bps: 1_000,
             draining: Arc::default(),
             fleet: fleet.clone(),
-            dispatch: Arc::new(crate::services::dispatch::Dispatch::new(fleet)),
+            dispatch: Arc::new(crate::services::dispatch::Dispatch::new(
+                fleet,
+                Default::default(),
+                None,
+            )),
             overview: Arc::default(),
         }
     }

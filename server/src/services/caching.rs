@@ -21,7 +21,7 @@
 use std::fmt::Write as _;
 use std::sync::Arc;
 
-use engine::{EmbeddingHandle, FinishReason, GenerateRequest, SamplingParams};
+use engine::{EmbeddingHandle, FinishReason, SamplingParams, ValidRequest};
 use sha2::{Digest, Sha256};
 
 use crate::cache::ResponseCache;
@@ -227,7 +227,7 @@ impl ResponseCaching {
         &self,
         key: Option<&KeyRecord>,
         model_name: &str,
-        requests: &[GenerateRequest],
+        requests: &[ValidRequest],
         req: &CacheRequest,
     ) -> Option<Plan> {
         if req.mode == CacheMode::Bypass || !req.replayable {

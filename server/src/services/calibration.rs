@@ -225,7 +225,7 @@ async fn canaries(
     who: crate::services::spotcheck::Who<'_>,
 ) -> Option<String> {
     for a in answers {
-        if let Some(Verdict::Fail(why)) = dispatch.spot.check(house, a, who).await {
+        if let Some(Verdict::Fail(why)) = dispatch.spot.checker().check(house, a, who).await {
             return Some(why);
         }
     }
@@ -445,23 +445,8 @@ impl Draw {
     }
 
     fn job(&self) -> JobParams {
-        JobParams {
-            temperature: self.temperature,
-            top_p: self.top_p,
-            top_k: 0,
-            min_p: 0.0,
-            seed: self.seed,
-            max_tokens: self.max_tokens as u32,
-            stop_token_ids: Vec::new(),
-            ignore_eos: false,
-            repetition_penalty: 1.0,
-            frequency_penalty: 0.0,
-            presence_penalty: 0.0,
-            logit_bias: Vec::new(),
-            logprobs: Some(0),
-            // Like a key's request: a tenant of its own.
-            tenant: rand::random::<u64>() | 1,
-        }
+        // Like a key's request: a tenant of its own.
+        JobParams::of(&self.sampling(), rand::random::<u64>() | 1)
     }
 }
 
@@ -532,44 +517,30 @@ impl Timed {
 /// cancelled, as a client that saw its stop string would); returns when
 /// it was sent and when each token arrived, on this server's clock.
 async fn timed(on: On<'_>, prompt: Vec<u32>, draw: Draw, want: usize) -> Result<Timed, String> {
-    let start = Instant::now();
+    let mut t = Timed {
+        start: Instant::now(),
+        times: Vec::with_capacity(draw.max_tokens),
+        tokens: Vec::with_capacity(draw.max_tokens),
+        greedy: draw.temperature == 0.0,
+    };
     let deadline = tokio::time::Instant::now() + JOB_TIMEOUT;
-    let mut times = Vec::with_capacity(draw.max_tokens);
-    let mut tokens = Vec::with_capacity(draw.max_tokens);
-    let greedy = draw.temperature == 0.0;
     match on {
         On::House(h) => {
             let req = GenerateRequest {
                 prompt_tokens: prompt,
                 params: draw.sampling(),
             };
-            let mut raw = h.submit_raw(req, Vec::new()).map_err(|e| e.to_string())?;
+            let raw = h.validate(req).and_then(|r| h.submit_raw(r, Vec::new()));
+            let mut raw = raw.map_err(|e| e.to_string())?;
             loop {
-                match tokio::time::timeout_at(deadline, raw.next()).await {
-                    Ok(Some(CoreEvent::Token { id, logprob })) => {
-                        times.push(Instant::now());
-                        tokens.push((id, logprob.map(|l| l.logprob)));
-                        if tokens.len() >= want {
-                            raw.abort();
-                            return Ok(Timed {
-                                start,
-                                times,
-                                tokens,
-                                greedy,
-                            });
-                        }
+                let ev = tokio::time::timeout_at(deadline, raw.next()).await;
+                let ev = ev.ok().flatten().ok_or("the house engine did not finish")?;
+                let finished = matches!(ev, CoreEvent::Finished { .. });
+                if t.took(ev, want)? {
+                    if !finished {
+                        raw.abort();
                     }
-                    Ok(Some(CoreEvent::Finished { .. })) => {
-                        return Ok(Timed {
-                            start,
-                            times,
-                            tokens,
-                            greedy,
-                        });
-                    }
-                    Ok(Some(CoreEvent::Accepted)) => {}
-                    Ok(Some(CoreEvent::Failed(e))) => return Err(e.to_string()),
-                    Ok(None) | Err(_) => return Err("the house engine did not finish".into()),
+                    return Ok(t);
                 }
             }
         }
@@ -587,40 +558,75 @@ async fn timed(on: On<'_>, prompt: Vec<u32>, draw: Draw, want: usize) -> Result<
                 kv: None,
                 params: draw.job(),
             };
-            let result = async {
-                if !fleet.send(worker, assign).await {
-                    return Err("the worker is gone".to_string());
-                }
-                loop {
-                    match tokio::time::timeout_at(deadline, rx.recv()).await {
-                        Ok(Some(JobEvent::Core(CoreEvent::Token { id, logprob }))) => {
-                            times.push(Instant::now());
-                            tokens.push((id, logprob.map(|l| l.logprob)));
-                            if tokens.len() >= want {
-                                let cancel = ToWorker::Cancel { v: VERSION, job };
-                                fleet.send(worker, cancel).await;
-                                return Ok(());
-                            }
-                        }
-                        Ok(Some(JobEvent::Core(CoreEvent::Finished { .. }))) => return Ok(()),
-                        Ok(Some(JobEvent::Core(CoreEvent::Accepted))) => {}
-                        Ok(Some(JobEvent::Core(CoreEvent::Failed(e)))) => return Err(e.to_string()),
-                        Ok(Some(JobEvent::Lost(why))) => return Err(why),
-                        Ok(Some(JobEvent::Embedded(_))) => {
-                            return Err("vectors for a generation".into());
-                        }
-                        Ok(None) | Err(_) => return Err("the worker did not finish".into()),
-                    }
-                }
-            }
-            .await;
+            let run = WorkerJob {
+                fleet,
+                worker,
+                job,
+                deadline,
+            };
+            let result = run.run(assign, &mut rx, want, &mut t).await;
             fleet.jobs.end(job);
-            result.map(|()| Timed {
-                start,
-                times,
-                tokens,
-                greedy,
-            })
+            result.map(|()| t)
+        }
+    }
+}
+
+/// A calibration job on a worker.
+struct WorkerJob<'a> {
+    fleet: &'a Registry,
+    worker: &'a str,
+    job: u64,
+    deadline: tokio::time::Instant,
+}
+
+impl WorkerJob<'_> {
+    /// Runs `assign` into `t` until `want` tokens or its end (a job cut
+    /// short is cancelled).
+    async fn run(
+        &self,
+        assign: ToWorker,
+        rx: &mut mpsc::UnboundedReceiver<JobEvent>,
+        want: usize,
+        t: &mut Timed,
+    ) -> Result<(), String> {
+        if !self.fleet.send(self.worker, assign).await {
+            return Err("the worker is gone".to_string());
+        }
+        loop {
+            let ev = match tokio::time::timeout_at(self.deadline, rx.recv()).await {
+                Ok(Some(JobEvent::Core(ev))) => ev,
+                Ok(Some(JobEvent::Lost(why))) => return Err(why),
+                Ok(Some(JobEvent::Embedded(_))) => return Err("vectors for a generation".into()),
+                Ok(None) | Err(_) => return Err("the worker did not finish".into()),
+            };
+            let finished = matches!(ev, CoreEvent::Finished { .. });
+            if t.took(ev, want)? {
+                if !finished {
+                    let cancel = ToWorker::Cancel {
+                        v: VERSION,
+                        job: self.job,
+                    };
+                    self.fleet.send(self.worker, cancel).await;
+                }
+                return Ok(());
+            }
+        }
+    }
+}
+
+impl Timed {
+    /// Takes one event of the job; whether the job is done (finished,
+    /// or `want` tokens in).
+    fn took(&mut self, ev: CoreEvent, want: usize) -> Result<bool, String> {
+        match ev {
+            CoreEvent::Token { id, logprob } => {
+                self.times.push(Instant::now());
+                self.tokens.push((id, logprob.map(|l| l.logprob)));
+                Ok(self.tokens.len() >= want)
+            }
+            CoreEvent::Finished { .. } => Ok(true),
+            CoreEvent::Accepted => Ok(false),
+            CoreEvent::Failed(e) => Err(e.to_string()),
         }
     }
 }

@@ -14,7 +14,7 @@ use std::time::Instant;
 
 use engine::{
     EmbedInput, EmbeddingHandle, Embeddings, EngineError, EngineHandle, FinishReason,
-    GenerateRequest, RequestStream, TokenEvent, TokenLogprob, Usage,
+    RequestStream, TokenEvent, TokenLogprob, Usage, ValidRequest,
 };
 use futures_util::stream::{self, BoxStream, Stream, StreamExt};
 
@@ -45,8 +45,8 @@ pub struct Generation {
 pub struct Job {
     pub model: String,
     pub engine: EngineHandle,
-    /// One engine request per prompt (each with its `n`).
-    pub requests: Vec<GenerateRequest>,
+    /// One engine request per prompt (each with its `n`), validated.
+    pub requests: Vec<ValidRequest>,
     pub cache: CacheRequest,
 }
 
@@ -88,13 +88,9 @@ impl Generation {
         // Each key is its own tenant: the engines share prefill between them.
         let tenant = tenant_of(key);
         for r in &mut job.requests {
-            r.params.tenant = tenant;
+            r.set_tenant(tenant);
         }
-        let worst: u64 = job
-            .requests
-            .iter()
-            .map(|r| ((r.prompt_tokens.len() + r.params.max_tokens) * r.params.n.max(1)) as u64)
-            .sum();
+        let worst = crate::services::metering::worst_tokens(&job.requests);
         self.charge_tokens(key, worst)?;
         let mut plan = self
             .caching
@@ -119,8 +115,9 @@ impl Generation {
             }
             None => None,
         };
-        // With workers serving the model, the first choice is placed now:
-        // the request is priced at the terms of the executor it runs on.
+        // With workers serving the model, the first choice is placed now,
+        // once: the request is priced at the terms of the executor it
+        // runs on, and the decision goes down to its relay.
         let only = cover.as_ref().map(|c| c.seller.as_str());
         let planned = match (&self.dispatch, job.requests.first()) {
             (Some(d), Some(first)) => d.plan(&job.model, &job.engine, first, only),
@@ -130,7 +127,7 @@ impl Generation {
             Some(b) => {
                 let label = planned
                     .as_ref()
-                    .map(|(t, terms)| (t.label(&job.engine), terms));
+                    .map(|d| (d.target.label(&job.engine), &d.terms));
                 let on = label.as_ref().map(|(l, t)| (l.as_str(), *t));
                 let payer = Payer::of(key);
                 let (model, engine) = (&job.model, &job.engine);
@@ -225,7 +222,7 @@ fn worst_tokens(input: &EmbedInput) -> u64 {
 /// the others are dropped (aborted).
 async fn submit_all(
     engine: &EngineHandle,
-    requests: Vec<GenerateRequest>,
+    requests: Vec<ValidRequest>,
 ) -> Result<Vec<RequestStream>, ServiceError> {
     let mut all = Vec::new();
     for r in requests {

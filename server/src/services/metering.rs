@@ -273,7 +273,7 @@ impl Billing {
         payer: &Payer,
         model: &str,
         engine: &EngineHandle,
-        requests: &[engine::GenerateRequest],
+        requests: &[engine::ValidRequest],
         planned: Option<(&str, &crate::services::placement::Terms)>,
         cover: Option<&money::market::contracts::Cover>,
     ) -> Result<Tab, ServiceError> {
@@ -308,18 +308,25 @@ impl Billing {
         &self,
         payer: &Payer,
         model: &str,
-        requests: &[engine::GenerateRequest],
+        requests: &[engine::ValidRequest],
         can_serve: impl Fn(&str) -> bool,
     ) -> Option<money::market::contracts::Cover> {
-        let worst: u64 = choices_of(requests).iter().map(|(p, m)| p + m).sum();
+        let worst = worst_tokens(requests);
         self.market
             .cover(&payer.account_id, model, worst, can_serve)
             .await
     }
 }
 
-/// Each choice's prompt tokens and most completion tokens.
-fn choices_of(requests: &[engine::GenerateRequest]) -> Vec<(u64, u64)> {
+/// The most tokens the requests' choices can come to: what a key's
+/// tokens-per-minute limit is charged, and what bought capacity must cover.
+pub fn worst_tokens(requests: &[engine::ValidRequest]) -> u64 {
+    choices_of(requests).iter().map(|(p, m)| p + m).sum()
+}
+
+/// Each choice's prompt tokens and most completion tokens (the one count
+/// the hold, the limit and the cover are made of).
+fn choices_of(requests: &[engine::ValidRequest]) -> Vec<(u64, u64)> {
     requests
         .iter()
         .flat_map(|r| {

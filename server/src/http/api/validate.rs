@@ -2,7 +2,7 @@
 //! names the field it refuses; parameters we cannot honour yet are refused
 //! with a 400 rather than silently ignored.
 
-use engine::{ChatMessage, EngineHandle, GenerateRequest, Grammar, SamplingParams};
+use engine::{ChatMessage, EngineHandle, GenerateRequest, Grammar, SamplingParams, ValidRequest};
 
 use super::tools;
 use super::types::{
@@ -18,8 +18,9 @@ const MAX_PROMPTS: usize = 64;
 /// A generation request ready for the engine, plus how to answer it.
 #[derive(Debug)]
 pub struct ValidGeneration {
-    /// One engine request per choice.
-    pub requests: Vec<GenerateRequest>,
+    /// One engine request per prompt (each with its `n`), checked by the
+    /// model's engine: the one validation on the request's way.
+    pub requests: Vec<ValidRequest>,
     pub stream: bool,
     pub include_usage: bool,
     /// Prompt text to prepend to each choice (`echo`), one per choice.
@@ -105,7 +106,6 @@ fn sampling(
         tenant: 0,
         grammar: None,
     };
-    params.validate()?;
     Ok(params)
 }
 
@@ -183,8 +183,9 @@ pub fn chat(
         grammar = Some(p.grammar.clone());
     }
     // The sampling parameters are cheap to check: refuse bad ones before
-    // rendering the template and tokenizing (the expensive part).
-    sampling(&common, 1, logprobs)?;
+    // rendering the template and tokenizing (the expensive part); the
+    // engine's check below is the request's one validation.
+    sampling(&common, 1, logprobs)?.validate()?;
     let messages = chat_messages(
         &req.messages,
         tool_plan.as_ref().map(|p| p.preamble.as_str()),
@@ -207,8 +208,8 @@ pub fn chat(
         params,
     };
     // Everything the engine would refuse is refused here, before any
-    // quote, hold or rate-limit charge.
-    engine.validate(&request)?;
+    // quote, hold or rate-limit charge, and nowhere again.
+    let request = engine.validate(request)?;
     Ok(ValidGeneration {
         requests: vec![request],
         stream: common.stream,
@@ -350,16 +351,15 @@ pub fn completion(
         };
         echo.extend(std::iter::repeat_n(text, params.n));
     }
-    let requests: Vec<GenerateRequest> = prompts
+    let requests = prompts
         .into_iter()
-        .map(|prompt_tokens| GenerateRequest {
-            prompt_tokens,
-            params: params.clone(),
+        .map(|prompt_tokens| {
+            engine.validate(GenerateRequest {
+                prompt_tokens,
+                params: params.clone(),
+            })
         })
-        .collect();
-    for r in &requests {
-        engine.validate(r)?;
-    }
+        .collect::<Result<Vec<_>, _>>()?;
     Ok(ValidGeneration {
         requests,
         stream: common.stream,

@@ -248,7 +248,7 @@ pub(crate) async fn list(State(state): State<AppState>) -> Json<List<WorkerInfo>
 pub(crate) async fn utilization(
     State(state): State<AppState>,
 ) -> Json<List<crate::services::dispatch::utilization::ExecutorUse>> {
-    Json(List::of(state.dispatch.utilization.report()))
+    Json(List::of(state.dispatch.stats.utilization.report()))
 }
 
 #[derive(Debug, serde::Deserialize, utoipa::IntoParams)]
@@ -267,7 +267,7 @@ pub(crate) struct RemoveQuery {
 pub(crate) async fn spot_checks(
     State(state): State<AppState>,
 ) -> Json<List<crate::services::spotcheck::WorkerChecks>> {
-    Json(List::of(state.dispatch.spot.records()))
+    Json(List::of(state.dispatch.spot.checker().records()))
 }
 
 /// Drains a worker: it takes no new work and leaves once idle. A worker

@@ -16,7 +16,8 @@ use std::time::{Duration, Instant};
 use engine::{EmbedInput, EmbeddingHandle, Embeddings, EngineError};
 use tokio::sync::mpsc;
 
-use super::{Dispatch, HOUSE, Target, lock, worker_target};
+use super::decide::worker_target;
+use super::{Dispatch, HOUSE, Target, lock};
 use crate::fleet::assignments::JobEvent;
 use protocol::{MAX_CONTROL, ToWorker, VERSION};
 
@@ -113,7 +114,7 @@ impl Dispatch {
             return Ok((out, target.clone()));
         };
         let jobs = self.fleet.standing.get(provider).jobs_ok;
-        if self.spot.pick(jobs) {
+        if self.spot.checker().pick(jobs) {
             let reference = self.embed_here(house, input, query).await?;
             let who = crate::services::spotcheck::Who {
                 worker: id,
@@ -121,9 +122,10 @@ impl Dispatch {
             };
             let verdict = self
                 .spot
+                .checker()
                 .check_vectors(&out.vectors, &reference.vectors, who);
             if let crate::services::spotcheck::Verdict::Fail(why) = verdict {
-                self.quarantine(id, provider, &why).await;
+                self.spot.quarantine(id, provider, &why).await;
                 let prompt_tokens = out.prompt_tokens;
                 return Ok((
                     Embeddings {
@@ -201,7 +203,7 @@ impl Dispatch {
             }
         };
         let expect = |m: &EncodeMeasure| f64::from(m.outstanding + 1) * per(m) * n as f64;
-        let mut best = (expect(&house) * self.house_factor, Target::House);
+        let mut best = (expect(&house) * self.config.house_factor, Target::House);
         for w in &workers {
             let e = expect(&self.encoders.get(&w.id)) + w.rtt_ms;
             if e < best.0 {
@@ -266,7 +268,7 @@ impl Dispatch {
                 observe(m, started.elapsed(), n);
             }
         });
-        self.embedded_on_workers.fetch_add(
+        self.stats.embedded_on_workers.fetch_add(
             u64::from(result.is_ok()),
             std::sync::atomic::Ordering::Relaxed,
         );

@@ -1,4 +1,4 @@
-//! How placement weighs executors. Each executor has its `Measure` (what
+//! How placement weighs one executor. Each executor has its `Measure` (what
 //! this server observed of it: calibrated profile, the correction learned
 //! from production token gaps, its batch cap and what it runs now) and
 //! its `Terms` (whose it is, its prices, its payout multiplier). A
@@ -15,30 +15,30 @@ use crate::fleet::registry::Profile;
 use money::ledger::amount::{BPS, Prices, Tokens};
 
 /// The largest batch cap.
-pub(crate) const MAX_CAP: u32 = 1024;
+pub const MAX_CAP: u32 = 1024;
 /// How much slower a full executor counts in placement.
-pub(crate) const FULL_PENALTY: f64 = 4.0;
+pub const FULL_PENALTY: f64 = 4.0;
 
 /// One executor's measures, as this server observed them.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct Measure {
+pub struct Measure {
     /// Choices it runs for this server now.
-    pub(crate) outstanding: u32,
+    pub outstanding: u32,
     /// Of those, the ones still waiting for their first token (queued or
     /// in prefill).
-    pub(crate) prefilling: u32,
+    pub prefilling: u32,
     /// Moving average of milliseconds per delivered token.
-    pub(crate) ms_per_token: f64,
+    pub ms_per_token: f64,
     /// Its calibrated profile, once measured.
-    pub(crate) profile: Option<Profile>,
+    pub profile: Option<Profile>,
     /// Observed token gaps over the profile's prediction (moving average;
     /// doubled when it loses a job).
-    pub(crate) correction: f64,
+    pub correction: f64,
     /// The most choices it takes at once so a decode step stays under the
     /// step target: from the profile, shrunk x0.7 when an observed gap
     /// misses the target, grown by one when at the cap and well under it
     /// (0: no cap yet).
-    pub(crate) cap: u32,
+    pub cap: u32,
 }
 
 impl Default for Measure {
@@ -57,7 +57,7 @@ impl Default for Measure {
 impl Measure {
     /// Expected milliseconds to run a choice of `prompt` tokens and at
     /// most `max_tokens` here, alongside what it already runs.
-    pub(crate) fn expected_ms(&self, prompt: usize, max_tokens: usize) -> f64 {
+    pub fn expected_ms(&self, prompt: usize, max_tokens: usize) -> f64 {
         let batch = self.outstanding + 1;
         let raw = match &self.profile {
             Some(p) => p.prefill_ms(prompt) + max_tokens as f64 * p.step_ms(batch),
@@ -67,18 +67,18 @@ impl Measure {
     }
 
     /// A prefill placed on it alone (a split's) ended.
-    pub(crate) fn prefill_done(&mut self) {
+    pub fn prefill_done(&mut self) {
         self.outstanding = self.outstanding.saturating_sub(1);
         self.prefilling = self.prefilling.saturating_sub(1);
     }
 
     /// Whether it runs as many choices as its cap allows.
-    pub(crate) fn full(&self) -> bool {
+    pub fn full(&self) -> bool {
         self.cap > 0 && self.outstanding >= self.cap
     }
 
     /// Adjusts the cap to one observed gap against the step target.
-    pub(crate) fn adapt(&mut self, gap_ms: f64, target_ms: f64) {
+    pub fn adapt(&mut self, gap_ms: f64, target_ms: f64) {
         if self.cap == 0 {
             return;
         }
@@ -90,7 +90,7 @@ impl Measure {
     }
 
     /// Learns from one observed token gap.
-    pub(crate) fn observe(&mut self, gap_ms: f64) {
+    pub fn observe(&mut self, gap_ms: f64) {
         self.ms_per_token = 0.9 * self.ms_per_token + 0.1 * gap_ms;
         if let Some(p) = &self.profile {
             let ratio = gap_ms / p.step_ms(self.outstanding.max(1)).max(0.01);
@@ -116,7 +116,7 @@ impl Terms {
     /// What a choice of `prompt` tokens (`cached` of them in its prefix
     /// cache) and at most `max_tokens` costs here at worst (ticks, at
     /// least one).
-    fn choice_cost(&self, prompt: usize, cached: usize, max_tokens: usize) -> f64 {
+    pub fn choice_cost(&self, prompt: usize, cached: usize, max_tokens: usize) -> f64 {
         let q = money::ledger::Quote {
             provider_id: String::new(),
             model: String::new(),
@@ -208,22 +208,24 @@ impl std::str::FromStr for Weights {
     }
 }
 
-/// One executor as placement sees it for one choice.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Candidate<'a> {
-    pub measure: &'a Measure,
-    pub terms: &'a Terms,
+/// One executor as placement sees it for one choice: plain numbers.
+#[derive(Debug, Clone)]
+pub struct Candidate {
+    pub measure: Measure,
+    pub terms: Terms,
     /// Weighs its expected time (the house's `--placement-house-factor`).
     pub factor: f64,
     /// Prompt tokens it likely holds in its prefix cache (`Affinity`):
     /// not computed again, and billed at the cached price.
     pub cached: usize,
+    /// The house engine (this process), not a worker.
+    pub house: bool,
 }
 
-impl Candidate<'_> {
+impl Candidate {
     /// The weighted sum of the logarithms of its costs (smaller is better).
     pub fn score(&self, w: &Weights, prompt: usize, max_tokens: usize) -> f64 {
-        let m = self.measure;
+        let m = &self.measure;
         let penalty = if m.full() { FULL_PENALTY } else { 1.0 };
         let computed = prompt - self.cached.min(prompt);
         let latency = m.expected_ms(computed, max_tokens) * self.factor * penalty;
@@ -232,9 +234,9 @@ impl Candidate<'_> {
             ..*m
         };
         let capability = idle.expected_ms(prompt, max_tokens) * self.factor;
-        let load = 1.0 + f64::from(m.outstanding) / f64::from(m.cap.max(1));
+        let load = self.load();
         let reputation = BPS as f64 / self.terms.reputation_bps.max(1) as f64;
-        let cost = self.terms.choice_cost(prompt, self.cached, max_tokens);
+        let cost = self.cost(prompt, max_tokens);
         let ln = |x: f64| x.max(1e-9).ln();
         w.cost * ln(cost)
             + w.latency * ln(latency)
@@ -242,68 +244,17 @@ impl Candidate<'_> {
             + w.reputation * ln(reputation)
             + w.load * ln(load)
     }
-}
 
-/// Tokens per block of prompt-prefix hashes (affinity granularity).
-pub const AFFINITY_BLOCK: usize = 16;
-/// Prefix blocks remembered per executor.
-const AFFINITY_BLOCKS: usize = 16_384;
-
-/// The chained hashes of the whole `AFFINITY_BLOCK`-token blocks of
-/// `prompt`: block `i`'s hash covers every token before its end, so equal
-/// hashes mean equal prefixes.
-pub fn prefix_hashes(prompt: &[u32]) -> Vec<u64> {
-    use std::hash::{Hash, Hasher};
-    let mut out = Vec::with_capacity(prompt.len() / AFFINITY_BLOCK);
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    for block in prompt.chunks_exact(AFFINITY_BLOCK) {
-        block.hash(&mut h);
-        out.push(h.finish());
-    }
-    out
-}
-
-/// Which prompt prefixes each executor ran lately (what its prefix cache
-/// likely holds): bounded, oldest forgotten first.
-#[derive(Debug, Default)]
-pub struct Affinity {
-    executors: std::collections::HashMap<String, Seen>,
-}
-
-#[derive(Debug, Default)]
-struct Seen {
-    set: std::collections::HashSet<u64>,
-    order: std::collections::VecDeque<u64>,
-}
-
-impl Affinity {
-    /// `key` ran a prompt with these prefix hashes.
-    pub fn record(&mut self, key: &str, hashes: &[u64]) {
-        let seen = self.executors.entry(key.to_string()).or_default();
-        for &h in hashes {
-            if seen.set.insert(h) {
-                seen.order.push_back(h);
-            }
-        }
-        while seen.order.len() > AFFINITY_BLOCKS {
-            if let Some(old) = seen.order.pop_front() {
-                seen.set.remove(&old);
-            }
-        }
+    /// 1 + what it runs over its cap (1 idle, 2 at its cap).
+    pub fn load(&self) -> f64 {
+        let m = &self.measure;
+        1.0 + f64::from(m.outstanding) / f64::from(m.cap.max(1))
     }
 
-    /// Prompt tokens `key` likely has cached: the longest run of leading
-    /// blocks it ran before.
-    pub fn cached_tokens(&self, key: &str, hashes: &[u64]) -> usize {
-        let Some(seen) = self.executors.get(key) else {
-            return 0;
-        };
-        hashes.iter().take_while(|h| seen.set.contains(h)).count() * AFFINITY_BLOCK
-    }
-
-    /// Forgets an executor (it left).
-    pub fn forget(&mut self, key: &str) {
-        self.executors.remove(key);
+    /// What the choice costs here at worst (its cached prefix at the
+    /// cached price).
+    pub fn cost(&self, prompt: usize, max_tokens: usize) -> f64 {
+        self.terms.choice_cost(prompt, self.cached, max_tokens)
     }
 }
 
@@ -340,10 +291,11 @@ mod tests {
 
     fn score(m: &Measure, t: &Terms, w: &Weights) -> f64 {
         Candidate {
-            measure: m,
-            terms: t,
+            measure: *m,
+            terms: t.clone(),
             factor: 1.0,
             cached: 0,
+            house: false,
         }
         .score(w, 20, 100)
     }
@@ -400,37 +352,16 @@ mod tests {
     }
 
     #[test]
-    fn affinity_credits_the_longest_remembered_prefix_and_forgets_the_oldest() {
-        let prompt: Vec<u32> = (0..100).collect();
-        let h = prefix_hashes(&prompt);
-        assert_eq!(h.len(), 6, "whole blocks only");
-        let mut a = Affinity::default();
-        assert_eq!(a.cached_tokens("x", &h), 0);
-        a.record("x", &h[..3]);
-        assert_eq!(a.cached_tokens("x", &h), 48);
-        // Another prompt sharing the first block only.
-        let mut other = prompt.clone();
-        other[20] = 999;
-        assert_eq!(a.cached_tokens("x", &prefix_hashes(&other)), 16);
-        // Bounded: old blocks go first.
-        for i in 0..AFFINITY_BLOCKS as u32 {
-            a.record("x", &prefix_hashes(&[i + 1_000; AFFINITY_BLOCK]));
-        }
-        assert_eq!(a.cached_tokens("x", &h), 0);
-        a.forget("x");
-        assert!(a.executors.is_empty());
-    }
-
-    #[test]
     fn a_cached_prefix_makes_an_executor_faster_and_cheaper() {
         let w = Weights::default();
         let (m, t) = (measured(10.0), terms(100_000, BPS));
         let score = |cached| {
             Candidate {
-                measure: &m,
-                terms: &t,
+                measure: m,
+                terms: t.clone(),
                 factor: 1.0,
                 cached,
+                house: false,
             }
             .score(&w, 2_000, 10)
         };
