@@ -203,10 +203,6 @@ impl CacheArgs {
 /// Options of `synor serve`.
 #[derive(Debug, Clone, Args)]
 pub struct ServeArgs {
-    /// Address to listen on (port 0 picks a free port).
-    #[arg(long, env = "SYNOR_BIND", default_value = "127.0.0.1:8080")]
-    pub bind: SocketAddr,
-
     #[command(flatten)]
     pub models: ModelArgs,
 
@@ -215,18 +211,6 @@ pub struct ServeArgs {
 
     #[command(flatten)]
     pub cache: CacheArgs,
-
-    /// Largest accepted request body, in bytes (larger bodies get 413).
-    #[arg(long, env = "SYNOR_MAX_BODY_BYTES", default_value_t = 4 * 1024 * 1024)]
-    pub max_body_bytes: usize,
-
-    /// Database of the ledger and market (SQLite file or Postgres URL).
-    #[arg(
-        long,
-        env = "SYNOR_DATABASE_URL",
-        default_value = "sqlite://data/synor.db"
-    )]
-    pub database_url: ServiceUrl,
 
     /// Log format: `text` or `json`.
     #[arg(long, env = "SYNOR_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
@@ -237,12 +221,101 @@ pub struct ServeArgs {
     #[arg(long, env = "SYNOR_CONFIG")]
     pub config: Option<PathBuf>,
 
-    /// How much the house engine's expected wait weighs against the
-    /// workers' when placing a choice (1 = as it is measured; larger sends
-    /// work to workers first, keeping the house as the fallback).
-    #[arg(long, env = "SYNOR_PLACEMENT_HOUSE_FACTOR", default_value_t = 1.0, value_parser = positive)]
-    pub placement_house_factor: f64,
+    #[command(flatten)]
+    pub listen: ListenArgs,
 
+    #[command(flatten)]
+    pub access: AccessArgs,
+
+    #[command(flatten)]
+    pub ledger: LedgerArgs,
+
+    #[command(flatten)]
+    pub fleet: FleetArgs,
+
+    #[command(flatten)]
+    pub spot: SpotCheckArgs,
+}
+
+/// How the HTTP listener takes connections and lets them go.
+#[derive(Debug, Clone, Args)]
+pub struct ListenArgs {
+    /// Address to listen on (port 0 picks a free port).
+    #[arg(long, env = "SYNOR_BIND", default_value = "127.0.0.1:8080")]
+    pub bind: SocketAddr,
+
+    /// Largest accepted request body, in bytes (larger bodies get 413).
+    #[arg(long, env = "SYNOR_MAX_BODY_BYTES", default_value_t = 4 * 1024 * 1024)]
+    pub max_body_bytes: usize,
+
+    /// Seconds a client has to send a request's headers (from connecting,
+    /// or from its previous response on a kept-alive connection) before
+    /// the connection is closed.
+    #[arg(long, env = "SYNOR_HEADER_TIMEOUT", default_value_t = 10.0, value_parser = seconds_within::<100, 3_600>)]
+    pub header_timeout: f64,
+
+    /// Open connections one client address may hold; more are answered
+    /// 503 and closed.
+    #[arg(long, env = "SYNOR_MAX_CONNECTIONS_PER_CLIENT", default_value_t = 512, value_parser = at_least_one)]
+    pub max_connections_per_client: usize,
+
+    /// Seconds that running streams get to finish after SIGTERM/SIGINT.
+    /// Meanwhile `/health` answers 503 `draining` (so load balancers move
+    /// away) and new API requests get 503; the server exits as soon as
+    /// nothing runs.
+    #[arg(long, env = "SYNOR_SHUTDOWN_GRACE", default_value_t = 30.0, value_parser = seconds_within::<0, 86_400>)]
+    pub shutdown_grace: f64,
+}
+
+/// Who may call the API and the admin API.
+#[derive(Debug, Clone, Args)]
+pub struct AccessArgs {
+    /// Open single-user mode: no API key needed (loopback addresses only;
+    /// `make run` uses it).
+    #[arg(long, env = "SYNOR_OPEN")]
+    pub open: bool,
+
+    /// Token for the admin API (`/admin/...`); unset disables it.
+    #[arg(long, env = "SYNOR_ADMIN_TOKEN", hide_env_values = true)]
+    pub admin_token: Option<Secret>,
+
+    /// Failed admin authentications one address may make in a row before
+    /// it must wait (one more a second).
+    #[arg(long, env = "SYNOR_ADMIN_AUTH_BURST", default_value_t = 10)]
+    pub admin_auth_burst: u32,
+}
+
+/// Where the money is kept and how it settles.
+#[derive(Debug, Clone, Args)]
+pub struct LedgerArgs {
+    /// Database of the ledger and market (SQLite file or Postgres URL).
+    #[arg(
+        long,
+        env = "SYNOR_DATABASE_URL",
+        default_value = "sqlite://data/synor.db"
+    )]
+    pub database_url: ServiceUrl,
+
+    /// The protocol fee on every token, in basis points (500-1000 = 5-10%).
+    #[arg(long, env = "SYNOR_PROTOCOL_FEE_BPS", default_value_t = 700,
+          value_parser = clap::value_parser!(i64).range(0..=10_000))]
+    pub protocol_fee_bps: i64,
+
+    /// Seconds a provider's earnings stay pending before they are final:
+    /// a failed spot check can claw them back meanwhile, and penalties
+    /// take final funds only.
+    #[arg(long, env = "SYNOR_EARNINGS_WINDOW", default_value_t = 3600)]
+    pub earnings_window: u64,
+
+    /// Seconds without a heartbeat after which another server instance
+    /// counts as dead and its open holds are released.
+    #[arg(long, env = "SYNOR_INSTANCE_STALE_AFTER", default_value_t = 15, value_parser = clap::value_parser!(u64).range(1..))]
+    pub instance_stale_after: u64,
+}
+
+/// How work is placed on the fleet's workers and watched there.
+#[derive(Debug, Clone, Args)]
+pub struct FleetArgs {
     /// How choices are placed: `measured` (the cost model: price,
     /// expected time from calibration, reputation and load), or, for
     /// comparisons, `round-robin`, `least-loaded` or `cheapest-first`
@@ -261,6 +334,12 @@ pub struct ServeArgs {
     )]
     pub placement_weights: server::services::placement::Weights,
 
+    /// How much the house engine's expected wait weighs against the
+    /// workers' when placing a choice (1 = as it is measured; larger sends
+    /// work to workers first, keeping the house as the fallback).
+    #[arg(long, env = "SYNOR_PLACEMENT_HOUSE_FACTOR", default_value_t = 1.0, value_parser = positive)]
+    pub placement_house_factor: f64,
+
     /// Past saturation (every executor of a model at its batch cap), at
     /// most this many choices wait for room; more are refused with 503
     /// and Retry-After.
@@ -270,6 +349,34 @@ pub struct ServeArgs {
     /// Seconds a choice waits for room before it fails with 503.
     #[arg(long, env = "SYNOR_FLEET_QUEUE_TIMEOUT", default_value_t = 30.0, value_parser = seconds_within::<0, 3_600>)]
     pub fleet_queue_timeout: f64,
+
+    /// The decode step (ms) a choice should see: each executor takes at
+    /// most as many choices at once as keep its step under it (from its
+    /// calibration, shrunk x0.7 when a step misses it, grown when well
+    /// under); a full executor counts four times slower in placement.
+    #[arg(long, env = "SYNOR_FLEET_STEP_TARGET_MS", default_value_t = 100.0, value_parser = positive)]
+    pub fleet_step_target_ms: f64,
+
+    /// Seconds a worker may run a job without sending anything before the
+    /// job is taken from it and replayed elsewhere.
+    #[arg(long, env = "SYNOR_FLEET_PROGRESS_TIMEOUT", default_value_t = 30.0, value_parser = seconds_within::<100, 3_600>)]
+    pub fleet_progress_timeout: f64,
+
+    /// A choice a worker has not started after this many milliseconds
+    /// (queued behind others) is taken by an idle worker.
+    #[arg(long, env = "SYNOR_FLEET_STEAL_AFTER_MS", default_value_t = 1000)]
+    pub fleet_steal_after_ms: u64,
+
+    /// Prefill a choice's prompt on another worker than its decode, the
+    /// KV moved between them: `auto` when the cost model expects it to
+    /// pay, `always` whenever a second worker can, `never`.
+    #[arg(long, env = "SYNOR_FLEET_SPLIT", default_value = "auto")]
+    pub fleet_split: server::services::placement::SplitMode,
+
+    /// Seconds a KV transfer may take before the decode worker
+    /// recomputes the prompt instead.
+    #[arg(long, env = "SYNOR_FLEET_KV_TIMEOUT", default_value_t = 10.0, value_parser = seconds_within::<50, 3_600>)]
+    pub fleet_kv_timeout: f64,
 
     /// The most workers one worker token may have connected to this
     /// server at once (more are refused at registration).
@@ -283,23 +390,42 @@ pub struct ServeArgs {
           value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub fleet_max_workers_per_provider: u32,
 
-    /// A choice a worker has not started after this many milliseconds
-    /// (queued behind others) is taken by an idle worker.
-    #[arg(long, env = "SYNOR_FLEET_STEAL_AFTER_MS", default_value_t = 1000)]
-    pub fleet_steal_after_ms: u64,
+    /// Share workers with the other `synor serve` replicas of this
+    /// deployment over this Redis (pub/sub): a worker connected to any
+    /// replica serves requests arriving at every one. Without it, each
+    /// replica places work on its own workers only.
+    #[arg(long, env = "SYNOR_FLEET_BUS")]
+    pub fleet_bus: Option<ServiceUrl>,
 
-    /// Prefill a choice's prompt on another worker than its decode, the
-    /// KV moved between them: `auto` when the cost model expects it to
-    /// pay, `always` whenever a second worker can, `never`.
-    #[arg(long, env = "SYNOR_FLEET_SPLIT", default_value = "auto")]
-    pub fleet_split: server::services::placement::SplitMode,
+    /// The fleet bus's channel prefix: replicas of one deployment share
+    /// it; another deployment on the same Redis uses its own.
+    #[arg(long, env = "SYNOR_FLEET_BUS_NAMESPACE", default_value = "synor")]
+    pub fleet_bus_namespace: String,
+}
 
-    /// Seconds a provider's earnings stay pending before they are final:
-    /// a failed spot check can claw them back meanwhile, and penalties
-    /// take final funds only.
-    #[arg(long, env = "SYNOR_EARNINGS_WINDOW", default_value_t = 3600)]
-    pub earnings_window: u64,
+impl FleetArgs {
+    /// How dispatch places and waits, spot checks as `spot` says.
+    pub fn dispatch(&self, spot: &SpotCheckArgs) -> server::services::dispatch::DispatchConfig {
+        let secs = std::time::Duration::from_secs_f64;
+        server::services::dispatch::DispatchConfig {
+            policy: self.placement.into(),
+            weights: self.placement_weights,
+            house_factor: self.placement_house_factor,
+            progress: secs(self.fleet_progress_timeout),
+            step_target_ms: self.fleet_step_target_ms,
+            max_queue: self.fleet_max_queue,
+            queue_timeout: secs(self.fleet_queue_timeout),
+            steal_after: std::time::Duration::from_millis(self.fleet_steal_after_ms),
+            split: self.fleet_split,
+            kv_timeout: secs(self.fleet_kv_timeout),
+            spot: spot.config(),
+        }
+    }
+}
 
+/// How often workers' output is re-scored on the house engine, and how strictly.
+#[derive(Debug, Clone, Args)]
+pub struct SpotCheckArgs {
     /// Share of a proven provider's worker attempts re-scored on the
     /// house engine (spot checks).
     #[arg(long, env = "SYNOR_SPOT_CHECK_RATE", default_value_t = 0.02, value_parser = fraction)]
@@ -320,78 +446,20 @@ pub struct ServeArgs {
 
     /// Largest difference (nats) between a token's log-probability as a
     /// worker reported it and as the house engine scores it.
-    #[arg(long, env = "SYNOR_SPOT_CHECK_TOLERANCE", default_value_t = 0.25)]
+    #[arg(long, env = "SYNOR_SPOT_CHECK_TOLERANCE", default_value_t = 0.25, value_parser = non_negative_f32)]
     pub spot_check_tolerance: f32,
+}
 
-    /// Seconds a KV transfer may take before the decode worker
-    /// recomputes the prompt instead.
-    #[arg(long, env = "SYNOR_FLEET_KV_TIMEOUT", default_value_t = 10.0, value_parser = seconds_within::<50, 3_600>)]
-    pub fleet_kv_timeout: f64,
-
-    /// Share workers with the other `synor serve` replicas of this
-    /// deployment over this Redis (pub/sub): a worker connected to any
-    /// replica serves requests arriving at every one. Without it, each
-    /// replica places work on its own workers only.
-    #[arg(long, env = "SYNOR_FLEET_BUS")]
-    pub fleet_bus: Option<ServiceUrl>,
-
-    /// The fleet bus's channel prefix: replicas of one deployment share
-    /// it; another deployment on the same Redis uses its own.
-    #[arg(long, env = "SYNOR_FLEET_BUS_NAMESPACE", default_value = "synor")]
-    pub fleet_bus_namespace: String,
-
-    /// Seconds a worker may run a job without sending anything before the
-    /// job is taken from it and replayed elsewhere.
-    #[arg(long, env = "SYNOR_FLEET_PROGRESS_TIMEOUT", default_value_t = 30.0, value_parser = seconds_within::<100, 3_600>)]
-    pub fleet_progress_timeout: f64,
-
-    /// The decode step (ms) a choice should see: each executor takes at
-    /// most as many choices at once as keep its step under it (from its
-    /// calibration, shrunk x0.7 when a step misses it, grown when well
-    /// under); a full executor counts four times slower in placement.
-    #[arg(long, env = "SYNOR_FLEET_STEP_TARGET_MS", default_value_t = 100.0, value_parser = positive)]
-    pub fleet_step_target_ms: f64,
-
-    /// Open single-user mode: no API key needed (loopback addresses only;
-    /// `make run` uses it).
-    #[arg(long, env = "SYNOR_OPEN")]
-    pub open: bool,
-
-    /// Seconds that running streams get to finish after SIGTERM/SIGINT.
-    /// Meanwhile `/health` answers 503 `draining` (so load balancers move
-    /// away) and new API requests get 503; the server exits as soon as
-    /// nothing runs.
-    #[arg(long, env = "SYNOR_SHUTDOWN_GRACE", default_value_t = 30.0, value_parser = seconds_within::<0, 86_400>)]
-    pub shutdown_grace: f64,
-
-    /// Seconds a client has to send a request's headers (from connecting,
-    /// or from its previous response on a kept-alive connection) before
-    /// the connection is closed.
-    #[arg(long, env = "SYNOR_HEADER_TIMEOUT", default_value_t = 10.0, value_parser = seconds_within::<100, 3_600>)]
-    pub header_timeout: f64,
-
-    /// Open connections one client address may hold; more are answered
-    /// 503 and closed.
-    #[arg(long, env = "SYNOR_MAX_CONNECTIONS_PER_CLIENT", default_value_t = 512, value_parser = at_least_one)]
-    pub max_connections_per_client: usize,
-
-    /// The protocol fee on every token, in basis points (500-1000 = 5-10%).
-    #[arg(long, env = "SYNOR_PROTOCOL_FEE_BPS", default_value_t = 700)]
-    pub protocol_fee_bps: i64,
-
-    /// Seconds without a heartbeat after which another server instance
-    /// counts as dead and its open holds are released.
-    #[arg(long, env = "SYNOR_INSTANCE_STALE_AFTER", default_value_t = 15, value_parser = clap::value_parser!(u64).range(1..))]
-    pub instance_stale_after: u64,
-
-    /// Token for the admin API (`/admin/...`); unset disables it.
-    #[arg(long, env = "SYNOR_ADMIN_TOKEN", hide_env_values = true)]
-    pub admin_token: Option<Secret>,
-
-    /// Failed admin authentications one address may make in a row before
-    /// it must wait (one more a second).
-    #[arg(long, env = "SYNOR_ADMIN_AUTH_BURST", default_value_t = 10)]
-    pub admin_auth_burst: u32,
+impl SpotCheckArgs {
+    pub fn config(&self) -> server::services::spotcheck::SpotConfig {
+        server::services::spotcheck::SpotConfig {
+            new_rate: self.spot_check_new_rate,
+            rate: self.spot_check_rate,
+            proven_after: self.spot_check_proven_after,
+            top_k: self.spot_check_top_k,
+            tolerance: self.spot_check_tolerance,
+        }
+    }
 }
 
 /// `NAME=PATH` of `--extra-model`.
@@ -928,6 +996,16 @@ fn positive(s: &str) -> Result<f64, String> {
     }
 }
 
+/// A finite number, 0 or more, as f32.
+fn non_negative_f32(s: &str) -> Result<f32, String> {
+    let x: f32 = s.trim().parse().map_err(|e| format!("{e}"))?;
+    if x.is_finite() && x >= 0.0 {
+        Ok(x)
+    } else {
+        Err("a number from 0 up".into())
+    }
+}
+
 /// `fraction`, as f32.
 fn fraction_f32(s: &str) -> Result<f32, String> {
     fraction(s).map(|x| x as f32)
@@ -1144,7 +1222,7 @@ mod tests {
     fn tokens_never_show_in_the_options_debug() {
         let s = serve(&["--admin-token", "adm-s3cret"]);
         assert_eq!(
-            s.admin_token.as_ref().map(Secret::expose),
+            s.access.admin_token.as_ref().map(Secret::expose),
             Some("adm-s3cret")
         );
         assert!(!format!("{s:?}").contains("adm-s3cret"), "{s:?}");
@@ -1169,7 +1247,7 @@ mod tests {
     fn choices_are_typed_and_a_bad_one_names_its_flag() {
         assert_eq!(serve(&["--log-format", "json"]).log_format, LogFormat::Json);
         assert_eq!(
-            serve(&["--placement", "round-robin"]).placement,
+            serve(&["--placement", "round-robin"]).fleet.placement,
             Placement::RoundRobin
         );
         for (flag, bad) in [("--log-format", "yaml"), ("--placement", "random")] {
@@ -1216,9 +1294,9 @@ mod tests {
             "--max-num-seqs",
             "1",
         ]);
-        assert_eq!(s.spot_check_rate, 1.0);
-        assert_eq!(s.shutdown_grace, 0.0);
-        assert_eq!(s.fleet_kv_timeout, 0.05);
+        assert_eq!(s.spot.spot_check_rate, 1.0);
+        assert_eq!(s.listen.shutdown_grace, 0.0);
+        assert_eq!(s.fleet.fleet_kv_timeout, 0.05);
         assert_eq!(s.scheduler.max_num_seqs, 1);
     }
 
@@ -1252,16 +1330,18 @@ mod tests {
             "redis://:rd-s3cret@cache:6379",
         ]);
         assert_eq!(
-            s.database_url.expose(),
+            s.ledger.database_url.expose(),
             "postgres://synor:pg-s3cret@db:5432/synor"
         );
-        let shown = format!("{s:?} {} {:?}", s.database_url, s.cache.redis_url);
+        let shown = format!("{s:?} {} {:?}", s.ledger.database_url, s.cache.redis_url);
         assert!(!shown.contains("s3cret"), "{shown}");
         assert!(
             shown.contains("postgres://synor:***@db:5432/synor"),
             "{shown}"
         );
-        let plain = serve(&["--database-url", "sqlite://data/x.db"]).database_url;
+        let plain = serve(&["--database-url", "sqlite://data/x.db"])
+            .ledger
+            .database_url;
         assert_eq!(plain.to_string(), "sqlite://data/x.db");
     }
 }

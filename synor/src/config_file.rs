@@ -164,10 +164,10 @@ region = "eu"
         let path = file(DEPLOYMENT);
         let p = path.to_str().expect("utf-8");
         let s = serve(argv(&["synor", "serve", "--config", p])).expect("parses");
-        assert_eq!(s.bind.to_string(), "127.0.0.1:9191");
+        assert_eq!(s.listen.bind.to_string(), "127.0.0.1:9191");
         assert_eq!(s.scheduler.max_num_seqs, 32);
         assert!(s.cache.no_cache);
-        assert_eq!(s.spot_check_rate, 0.5);
+        assert_eq!(s.spot.spot_check_rate, 0.5);
         assert_eq!(s.models.extra_models.len(), 2);
         let s = serve(argv(&[
             "synor",
@@ -178,7 +178,7 @@ region = "eu"
         ]))
         .expect("parses");
         assert_eq!(s.scheduler.max_num_seqs, 4, "the command line wins");
-        assert_eq!(s.bind.to_string(), "127.0.0.1:9191");
+        assert_eq!(s.listen.bind.to_string(), "127.0.0.1:9191");
     }
 
     #[test]

@@ -71,14 +71,16 @@ pub async fn load_models(
 /// and the market.
 async fn billing(args: &ServeArgs, db: Db) -> anyhow::Result<Billing> {
     let config = LedgerConfig {
-        stale_after: std::time::Duration::from_secs(args.instance_stale_after),
-        heartbeat: std::time::Duration::from_secs((args.instance_stale_after / 6).clamp(1, 2)),
-        earnings_window: std::time::Duration::from_secs(args.earnings_window),
+        stale_after: std::time::Duration::from_secs(args.ledger.instance_stale_after),
+        heartbeat: std::time::Duration::from_secs(
+            (args.ledger.instance_stale_after / 6).clamp(1, 2),
+        ),
+        earnings_window: std::time::Duration::from_secs(args.ledger.earnings_window),
     };
     let ledger = Ledger::start(db.clone(), config)
         .await
         .context("starting the ledger")?;
-    let market = Market::load(db, args.protocol_fee_bps)
+    let market = Market::load(db, args.ledger.protocol_fee_bps)
         .await
         .context("loading the market")?
         .with_ledger(ledger.clone())
@@ -94,28 +96,35 @@ async fn billing(args: &ServeArgs, db: Db) -> anyhow::Result<Billing> {
 
 /// Runs `synor serve` until a shutdown signal.
 pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
-    if args.open && !args.bind.ip().is_loopback() {
+    if args.access.open && !args.listen.bind.ip().is_loopback() {
         anyhow::bail!(
             "--open (no API keys) is only allowed on a loopback address, not {}",
-            args.bind
+            args.listen.bind
         );
     }
-    let db = Db::connect(args.database_url.expose())
+    let db = Db::connect(args.ledger.database_url.expose())
         .await
-        .with_context(|| format!("opening the database {}", args.database_url))?;
-    let mut auth = if args.open {
+        .with_context(|| format!("opening the database {}", args.ledger.database_url))?;
+    let mut auth = if args.access.open {
         Auth {
-            admin_token: args.admin_token.as_ref().map(|t| t.expose().to_string()),
+            admin_token: args
+                .access
+                .admin_token
+                .as_ref()
+                .map(|t| t.expose().to_string()),
             ..Auth::open()
         }
     } else {
         Auth::with_keys(
             db.clone(),
-            args.admin_token.as_ref().map(|t| t.expose().to_string()),
+            args.access
+                .admin_token
+                .as_ref()
+                .map(|t| t.expose().to_string()),
         )
     };
     auth.admin_throttle = Arc::new(server::http::auth::admin::AdminThrottle::with_burst(
-        args.admin_auth_burst,
+        args.access.admin_auth_burst,
     ));
     let billing = Arc::new(billing(&args, db).await?);
     let registry = Arc::new(load_models(&args.models, &args.scheduler).await?);
@@ -129,16 +138,20 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         .with_billing(billing.clone());
     state.dispatch = Arc::new(server::services::dispatch::Dispatch::new(
         state.fleet.clone(),
-        dispatch_config(&args),
+        args.fleet.dispatch(&args.spot),
         Some(billing.clone()),
     ));
     state.fleet.set_caps(server::fleet::registry::Caps {
-        per_token: args.fleet_max_workers_per_token as usize,
-        per_provider: args.fleet_max_workers_per_provider as usize,
+        per_token: args.fleet.fleet_max_workers_per_token as usize,
+        per_provider: args.fleet.fleet_max_workers_per_provider as usize,
     });
-    if let Some(url) = &args.fleet_bus {
-        server::fleet::bus::start(url.expose(), &args.fleet_bus_namespace, state.fleet.clone())
-            .map_err(anyhow::Error::msg)?;
+    if let Some(url) = &args.fleet.fleet_bus {
+        server::fleet::bus::start(
+            url.expose(),
+            &args.fleet.fleet_bus_namespace,
+            state.fleet.clone(),
+        )
+        .map_err(anyhow::Error::msg)?;
     }
     tokio::spawn(server::services::asks::run(
         state.fleet.clone(),
@@ -172,9 +185,9 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         state = state.with_cache(Arc::new(cache), args.cache.cache_price_bps);
     }
     state.overview.clone().start(state.overview_sources());
-    let listener = TcpListener::bind(args.bind)
+    let listener = TcpListener::bind(args.listen.bind)
         .await
-        .with_context(|| format!("binding {}", args.bind))?;
+        .with_context(|| format!("binding {}", args.listen.bind))?;
     let addr = listener.local_addr()?;
     // Signals are handled from here on: a SIGTERM right after the line
     // below drains, it does not kill.
@@ -182,15 +195,15 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     tracing::info!(%addr, "synor listening");
     println!("synor listening on http://{addr}");
     let draining = state.draining.clone();
-    let app = server::app(state, args.max_body_bytes);
+    let app = server::app(state, args.listen.max_body_bytes);
     let limits = server::listen::Limits {
-        header_timeout: secs(args.header_timeout),
-        max_per_client: args.max_connections_per_client,
+        header_timeout: secs(args.listen.header_timeout),
+        max_per_client: args.listen.max_connections_per_client,
     };
     // At the signal the server drains: it keeps answering (health 503,
     // new requests 503) while running requests finish, for at most
     // `--shutdown-grace`; then it stops listening and ends what is left.
-    let grace = secs(args.shutdown_grace);
+    let grace = secs(args.listen.shutdown_grace);
     let stop = {
         let registry = registry.clone();
         async move {
@@ -218,29 +231,6 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
 }
 
 /// `s` seconds (the parser checked their range).
-/// How dispatch places and waits, from the command line.
-fn dispatch_config(args: &ServeArgs) -> server::services::dispatch::DispatchConfig {
-    server::services::dispatch::DispatchConfig {
-        policy: args.placement.into(),
-        weights: args.placement_weights,
-        house_factor: args.placement_house_factor,
-        progress: secs(args.fleet_progress_timeout),
-        step_target_ms: args.fleet_step_target_ms,
-        max_queue: args.fleet_max_queue,
-        queue_timeout: secs(args.fleet_queue_timeout),
-        steal_after: std::time::Duration::from_millis(args.fleet_steal_after_ms),
-        split: args.fleet_split,
-        kv_timeout: secs(args.fleet_kv_timeout),
-        spot: server::services::spotcheck::SpotConfig {
-            new_rate: args.spot_check_new_rate,
-            rate: args.spot_check_rate,
-            proven_after: args.spot_check_proven_after,
-            top_k: args.spot_check_top_k,
-            tolerance: args.spot_check_tolerance.max(0.0),
-        },
-    }
-}
-
 fn secs(s: f64) -> std::time::Duration {
     std::time::Duration::from_secs_f64(s)
 }
