@@ -60,6 +60,11 @@ static STATE: LazyLock<AppState> = LazyLock::new(|| {
     AppState::new(Arc::new(ModelRegistry::new(models)))
 });
 
+/// A registry of its own over the shared test models (tiny, MiniLM).
+pub fn shared_models() -> Arc<ModelRegistry> {
+    Arc::new(ModelRegistry::new(STATE.models.list()))
+}
+
 /// The full router over the shared test models.
 pub fn app() -> Router {
     server::app(STATE.clone(), BODY_LIMIT)
