@@ -74,6 +74,24 @@ async fn hold_plain(
     l.hold(h).await
 }
 
+/// A user account topped up with `funds` and a provider account.
+async fn user_and_provider(
+    l: &Ledger,
+    tag: &str,
+    funds: Amount,
+) -> (accounts::Account, accounts::Account) {
+    let user = l
+        .create_account(AccountKind::User, tag, 0)
+        .await
+        .expect("user");
+    let provider = l
+        .create_account(AccountKind::Provider, tag, 0)
+        .await
+        .expect("provider");
+    l.top_up(&user.id, funds, tag).await.expect("top up");
+    (user, provider)
+}
+
 async fn assert_clean(l: &Ledger) {
     let audit = l.audit().await.expect("audit");
     assert!(audit.violations.is_empty(), "{:?}", audit.violations);
@@ -798,15 +816,7 @@ async fn earnings_stay_pending_for_the_window_clawable_but_not_penalizable() {
         ..QUIET
     };
     for l in ledgers_with(config).await {
-        let user = l
-            .create_account(AccountKind::User, "w", 0)
-            .await
-            .expect("user");
-        let provider = l
-            .create_account(AccountKind::Provider, "w", 0)
-            .await
-            .expect("provider");
-        l.top_up(&user.id, 1_000_000, "w").await.expect("top up");
+        let (user, provider) = user_and_provider(&l, "w", 1_000_000).await;
         l.top_up(&provider.id, 50, "old money")
             .await
             .expect("final funds");
@@ -916,17 +926,7 @@ async fn a_clawback_awaits_its_requests_settlement_and_takes_back_exactly_the_at
     use super::clawback::Clawback;
     use super::settle::Work;
     for l in ledgers().await {
-        let user = l
-            .create_account(AccountKind::User, "claw", 0)
-            .await
-            .expect("user");
-        let provider = l
-            .create_account(AccountKind::Provider, "cheat", 0)
-            .await
-            .expect("provider");
-        l.top_up(&user.id, 1_000_000, "funds")
-            .await
-            .expect("top up");
+        let (user, provider) = user_and_provider(&l, "claw", 1_000_000).await;
         let q = Quote {
             provider_id: provider.id.clone(),
             ..quote(BPS)
