@@ -165,9 +165,9 @@ impl Policy for CheapestFirst {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::fleet::registry::Profile;
-    use crate::services::placement::score::{Measure, Terms};
-    use money::ledger::amount::{BPS, Prices};
+    use crate::services::placement::score::Measure;
+    use crate::services::placement::score::fixtures::{measured, terms};
+    use money::ledger::amount::BPS;
 
     /// A calibrated candidate: `step_ms` a decode step, `output` a
     /// million tokens (every price), running `outstanding` of `cap`.
@@ -176,25 +176,9 @@ mod tests {
             measure: Measure {
                 outstanding,
                 cap,
-                profile: Some(Profile {
-                    prefill_tokens_per_s: 1000.0,
-                    prefill_ms_long: 0.0,
-                    decode_step_ms_1: step_ms,
-                    decode_step_ms_4: step_ms * 1.2,
-                    measured_at: 0,
-                }),
-                ..Measure::default()
+                ..measured(step_ms)
             },
-            terms: Terms {
-                provider_id: "p".into(),
-                prices: Prices {
-                    input: output,
-                    cached_input: output,
-                    output,
-                },
-                payout_bps: BPS,
-                reputation_bps: BPS,
-            },
+            terms: terms(output, BPS),
             factor: 1.0,
             cached: 0,
             house: false,

@@ -258,11 +258,13 @@ impl Candidate {
     }
 }
 
+/// Executors for the placement tests: calibrated measures and terms.
 #[cfg(test)]
-mod tests {
+pub(super) mod fixtures {
     use super::*;
 
-    fn terms(output: i64, reputation_bps: i64) -> Terms {
+    /// Terms asking `output` a million tokens for every price.
+    pub fn terms(output: i64, reputation_bps: i64) -> Terms {
         Terms {
             provider_id: "p".into(),
             prices: Prices {
@@ -275,7 +277,8 @@ mod tests {
         }
     }
 
-    fn measured(step_ms: f64) -> Measure {
+    /// Calibrated at a `step_ms` decode step, capped at 8.
+    pub fn measured(step_ms: f64) -> Measure {
         Measure {
             profile: Some(Profile {
                 prefill_tokens_per_s: 1000.0,
@@ -288,6 +291,12 @@ mod tests {
             ..Measure::default()
         }
     }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::fixtures::{measured, terms};
+    use super::*;
 
     fn score(m: &Measure, t: &Terms, w: &Weights) -> f64 {
         Candidate {
