@@ -12,10 +12,10 @@
 //! command line is the `synor` binary's: this crate takes a plain
 //! `WorkerConfig` and the loaded models.
 
+mod connection;
 pub mod devices;
 pub mod jobs;
 pub mod kv;
-mod session;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -136,7 +136,7 @@ pub async fn run(
             models: &models,
             faults: config.faults,
         };
-        match session::connect_once(link, &mut stopped).await? {
+        match connection::connect_once(link, &mut stopped).await? {
             Ended::Leave => break,
             Ended::Lost(why) => {
                 if started.elapsed() >= STABLE {

@@ -10,7 +10,7 @@ use engine::{EngineHandle, GenerateRequest};
 
 use super::{Dispatch, HOUSE, lock};
 use crate::fleet::registry::WorkerInfo;
-use crate::services::placement::split::{self, Side, SplitInputs};
+use crate::services::placement::disagg::{self, SplitInputs, SplitWorker};
 use crate::services::placement::{Candidate, Estimate, Snapshot, Terms, gross, prefix_hashes};
 use money::ledger::HOUSE_PROVIDER;
 use money::ledger::amount::{BPS, Prices};
@@ -197,7 +197,7 @@ impl Dispatch {
             return none;
         };
         let hashes = prefix_hashes(want.prompt);
-        let side = |w: &WorkerInfo, terms: Terms| Side {
+        let side = |w: &WorkerInfo, terms: Terms| SplitWorker {
             measure: lock(&self.measures).get(&w.id).copied().unwrap_or_default(),
             terms,
             cached: lock(&self.affinity).cached_tokens(&w.id, &hashes),
@@ -227,7 +227,7 @@ impl Dispatch {
                 max_tokens,
             )
         };
-        let (colocated, pick) = split::plan(&inputs);
+        let (colocated, pick) = disagg::plan(&inputs);
         let plan = pick.map(|(n, estimate)| SplitPlan {
             prefill: worker_target(others[n]),
             terms: inputs.prefills[n].terms.clone(),

@@ -5,15 +5,15 @@
 //!
 //! - this file: the attempt loop, forwarding and the server's own count
 //!   of where the answer ends;
-//! - `worker`: an attempt on the house engine or on one worker (timeouts,
+//! - `colocated`: an attempt on the house engine or on one worker (timeouts,
 //!   cancels, work stealing);
 //! - `split`: an attempt whose prompt prefills on another worker;
 //! - `books`: what an ended attempt counts for (its provider's pay, its
 //!   worker's record, its spot check).
 
 mod books;
+mod colocated;
 mod split;
-mod worker;
 
 use std::collections::{BTreeSet, VecDeque};
 use std::sync::Arc;

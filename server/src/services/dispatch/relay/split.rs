@@ -6,7 +6,7 @@
 //! `--fleet-kv-timeout` ends the transfer (`kv_abort`): D then recomputes
 //! the prompt, so the client sees the same tokens either way. P is paid
 //! for the prompt only when D used its KV (`books`). The cost model that
-//! chose the split is `services::placement::split`.
+//! chose the split is `services::placement::disagg`.
 
 use std::collections::VecDeque;
 use std::sync::Arc;

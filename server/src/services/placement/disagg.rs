@@ -54,7 +54,7 @@ const MARGIN: f64 = 0.05;
 
 /// One worker as the split's cost model sees it.
 #[derive(Debug, Clone)]
-pub struct Side {
+pub struct SplitWorker {
     pub measure: Measure,
     pub terms: Terms,
     /// Prompt tokens it likely holds in its prefix cache.
@@ -77,14 +77,14 @@ pub struct SplitInputs {
     pub kv_bytes_per_token: u64,
     /// The decode worker, and whether it is on this replica (a transfer
     /// goes through this server's gateway).
-    pub decode: Side,
+    pub decode: SplitWorker,
     pub decode_local: bool,
     /// The other workers of this replica that could prefill.
-    pub prefills: Vec<Side>,
+    pub prefills: Vec<SplitWorker>,
 }
 
 impl SplitInputs {
-    pub fn new(decode: Side, decode_local: bool, prompt: usize, max_tokens: usize) -> Self {
+    pub fn new(decode: SplitWorker, decode_local: bool, prompt: usize, max_tokens: usize) -> Self {
         Self {
             mode: SplitMode::default(),
             weights: Weights::default(),
@@ -172,7 +172,7 @@ pub fn plan(i: &SplitInputs) -> (Estimate, Option<(usize, Estimate)>) {
 /// and its estimate; `None` when `p` cannot (uncalibrated, or full).
 fn split_score(
     i: &SplitInputs,
-    p: &Side,
+    p: &SplitWorker,
     (uncached_d, tpot): (usize, f64),
     (time_c, cost_c): (f64, f64),
 ) -> Option<(f64, Estimate)> {
@@ -211,8 +211,8 @@ mod tests {
     use money::ledger::amount::{BPS, Prices};
 
     /// A calibrated worker prefilling `tokens_per_s`, decoding at 5 ms.
-    fn side(tokens_per_s: f64) -> Side {
-        Side {
+    fn side(tokens_per_s: f64) -> SplitWorker {
+        SplitWorker {
             measure: Measure {
                 profile: Some(Profile {
                     prefill_tokens_per_s: tokens_per_s,
