@@ -964,7 +964,6 @@ async fn a_clawback_awaits_its_requests_settlement_and_takes_back_exactly_the_at
         l.settle(&id, tokens, Outcome::Finished)
             .await
             .expect("settle");
-        let paid = l.account(&provider.id).await.expect("provider").balance;
         let (_, clawed) = claw.await.expect("task").expect("clawback").expect("done");
         assert!(
             settled_at.elapsed() < Duration::from_secs(5),
@@ -972,7 +971,9 @@ async fn a_clawback_awaits_its_requests_settlement_and_takes_back_exactly_the_at
         );
         let (cost, pay) = c.amounts();
         assert!(pay > 0 && pay < cost, "{pay} of {cost}");
-        assert_eq!((paid, clawed), (pay, pay), "what was paid comes back");
+        // All of it clawed and nothing left: the settlement paid exactly
+        // `pay` (the clawback may land before this reads the balance).
+        assert_eq!(clawed, pay, "what was paid comes back");
         let balance = |id: String| {
             let l = l.clone();
             async move { l.account(&id).await.expect("account").balance }
