@@ -11,7 +11,8 @@
 //!   protocol, registry, sessions), used by the services. The money (the
 //!   store, ledger and market) is its own crate, `money`.
 //!
-//! Beside them: `listen`, the HTTP/1 listener. The command line, logging,
+//! Beside them: `listen`, the HTTP/1 listener, and `telemetry`, the
+//! Prometheus metrics every layer records into. The command line, logging,
 //! signals and the wiring are the `synor` binary crate's; the provider side
 //! of the fleet (`synor worker`) is the `worker` crate.
 
@@ -20,5 +21,6 @@ pub mod fleet;
 pub mod http;
 pub mod listen;
 pub mod services;
+pub mod telemetry;
 
 pub use http::app;

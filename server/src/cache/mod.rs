@@ -5,6 +5,7 @@
 //! model. Every tier counts hits, misses, evictions, bytes and lookup time.
 
 pub mod answer;
+pub mod counts;
 pub mod disk;
 pub mod lexicon;
 pub mod redis_tier;
@@ -12,15 +13,15 @@ pub mod semantic;
 pub mod verify;
 
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use answer::CachedAnswer;
+pub use counts::{SIMILARITY_BUCKETS, SemanticStats, TierCounts, TierStats};
 use disk::DiskTier;
 use redis_tier::RedisTier;
-use semantic::{IndexKey, Lookup, Match, Policy, SemanticIndex};
-use verify::{Facts, Reject};
+use semantic::{IndexKey, Match, Policy, SemanticIndex};
+use verify::Facts;
 
 /// Which tier answered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -38,67 +39,6 @@ impl Tier {
             Self::L1 => "l1",
             Self::L2 => "l2",
             Self::L3 => "l3",
-        }
-    }
-}
-
-/// One tier's counters.
-#[derive(Debug, Default)]
-pub struct TierStats {
-    pub hits: AtomicU64,
-    pub misses: AtomicU64,
-    pub evictions: AtomicU64,
-    pub lookup_micros: AtomicU64,
-    pub lookups: AtomicU64,
-}
-
-impl TierStats {
-    fn lookup(&self, hit: bool, started: Instant) {
-        let c = if hit { &self.hits } else { &self.misses };
-        c.fetch_add(1, Ordering::Relaxed);
-        self.lookups.fetch_add(1, Ordering::Relaxed);
-        self.lookup_micros
-            .fetch_add(started.elapsed().as_micros() as u64, Ordering::Relaxed);
-    }
-}
-
-/// The semantic cache's own counters, beside its `TierStats`: why
-/// candidates over the threshold were turned down, and how similar each
-/// lookup's nearest entry was (hit or not), so an operator can see the
-/// trade-off a threshold makes on live traffic.
-#[derive(Debug, Default)]
-pub struct SemanticStats {
-    /// Per `Reject::ALL` reason: lookups whose first candidate over the
-    /// threshold it rejected (and that missed).
-    pub rejections: [AtomicU64; Reject::ALL.len()],
-    /// Lookups whose nearest entry's similarity was at most
-    /// `SIMILARITY_BUCKETS[i]` (cumulative counts are made when rendered).
-    pub similarity: [AtomicU64; SIMILARITY_BUCKETS.len()],
-    pub similarity_sum: Mutex<f64>,
-}
-
-/// Upper bounds of the similarity histogram's buckets (the last is +Inf).
-pub const SIMILARITY_BUCKETS: [f32; 11] =
-    [0.5, 0.6, 0.7, 0.75, 0.8, 0.85, 0.9, 0.93, 0.95, 0.97, 1.0];
-
-impl SemanticStats {
-    fn record(&self, l: &Lookup) {
-        if l.hit.is_none()
-            && let Some(r) = l.rejected
-            && let Some(i) = Reject::ALL.iter().position(|x| *x == r)
-        {
-            self.rejections[i].fetch_add(1, Ordering::Relaxed);
-        }
-        if let Some(b) = l.best {
-            let i = SIMILARITY_BUCKETS
-                .iter()
-                .position(|u| b <= *u)
-                .unwrap_or(SIMILARITY_BUCKETS.len() - 1);
-            self.similarity[i].fetch_add(1, Ordering::Relaxed);
-            *self
-                .similarity_sum
-                .lock()
-                .unwrap_or_else(|e| e.into_inner()) += f64::from(b);
         }
     }
 }
@@ -135,7 +75,7 @@ pub struct ResponseCache {
     l3: Option<RedisTier>,
     semantic: Mutex<SemanticIndex>,
     /// Per tier (L1, L2, L3), then the semantic index.
-    pub stats: [TierStats; 4],
+    pub counts: TierCounts,
     pub semantic_counts: SemanticStats,
     /// The default semantic policy, and each model's own (admin-set).
     policies: Mutex<(Policy, std::collections::BTreeMap<String, Policy>)>,
@@ -164,7 +104,7 @@ impl ResponseCache {
             l2,
             l3,
             semantic: Mutex::new(SemanticIndex::new(c.semantic)),
-            stats: Default::default(),
+            counts: TierCounts::default(),
             semantic_counts: SemanticStats::default(),
             policies: Mutex::new((c.policy, Default::default())),
             shared: Mutex::default(),
@@ -172,11 +112,16 @@ impl ResponseCache {
     }
 
     fn stats_of(&self, t: Tier) -> &TierStats {
-        &self.stats[t as usize]
+        &self.counts.tiers[t as usize]
+    }
+
+    /// Each tier's counters: L1, L2, L3, then the semantic index.
+    pub fn stats(&self) -> &[TierStats; 4] {
+        &self.counts.tiers
     }
 
     pub fn semantic_stats(&self) -> &TierStats {
-        &self.stats[3]
+        &self.counts.tiers[3]
     }
 
     /// Looks `key` up in L1, L2, L3 in turn; a hit is copied into the
@@ -216,11 +161,7 @@ impl ResponseCache {
     fn put_l2(&self, key: &str, a: &CachedAnswer) {
         if let Some(l2) = &self.l2 {
             match l2.put(key, a) {
-                Ok(n) => {
-                    self.stats_of(Tier::L2)
-                        .evictions
-                        .fetch_add(n, Ordering::Relaxed);
-                }
+                Ok(n) => self.stats_of(Tier::L2).evictions.inc_by(n),
                 Err(e) => tracing::warn!(error = %e, "disk cache write failed"),
             }
         }
@@ -327,9 +268,7 @@ impl ResponseCache {
         let before = idx.evictions;
         idx.insert(ik, vector, text, key, Instant::now());
         let evicted = idx.evictions - before;
-        self.semantic_stats()
-            .evictions
-            .fetch_add(evicted, Ordering::Relaxed);
+        self.semantic_stats().evictions.inc_by(evicted);
     }
 
     /// Forgets a semantic entry whose answer is gone from every tier.

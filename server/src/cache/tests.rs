@@ -5,6 +5,7 @@
 use std::time::Duration;
 
 use super::answer::{CachedAnswer, CachedChoice};
+use super::verify::Reject;
 use super::*;
 
 pub(crate) fn answer(scope: &str, model: &str, text: &str) -> CachedAnswer {
@@ -99,7 +100,7 @@ async fn hits_come_from_the_nearest_tier_and_promote_upwards() {
         replica.get("s", "m", &key).await.map(|h| h.1),
         Some(Tier::L1)
     );
-    assert_eq!(replica.stats[2].hits.load(Ordering::Relaxed), 1);
+    assert_eq!(replica.stats()[2].hits.get(), 1);
     // Flush by scope reaches every tier.
     let gone = replica.flush(Some("s"), None).await;
     assert!(gone[0] >= 1 && gone[1] >= 1 && gone[2] >= 1, "{gone:?}");
@@ -196,16 +197,8 @@ fn semantic_policies_are_per_model_and_lookups_count_rejections_and_similarity()
         .iter()
         .position(|r| *r == Reject::Direction)
         .expect("reason");
-    assert_eq!(
-        c.semantic_counts.rejections[direction].load(Ordering::Relaxed),
-        1
-    );
-    let seen: u64 = c
-        .semantic_counts
-        .similarity
-        .iter()
-        .map(|n| n.load(Ordering::Relaxed))
-        .sum();
+    assert_eq!(c.semantic_counts.rejections[direction].get(), 1);
+    let seen: u64 = c.semantic_counts.similarity.get_sample_count();
     assert_eq!(seen, 2, "every lookup's nearest similarity is counted");
     let _ = std::fs::remove_dir_all(dir);
 }

@@ -10,12 +10,14 @@
 //! - `assignments`: the attempts running on workers, routed to their relays;
 //! - `transfers`: KV relayed from a prefill worker to a decode worker;
 //! - `standing`: each provider's reputation and uptime, measured;
-//! - `bus`: replicas sharing their workers over Redis pub/sub.
+//! - `bus`: replicas sharing their workers over Redis pub/sub;
+//! - `counts`: what the fleet shows on `/metrics`.
 //!
 //! Calibration, placement and the market's use of asks are services.
 
 pub mod assignments;
 pub mod bus;
+pub mod counts;
 pub mod registry;
 pub mod session;
 pub mod standing;

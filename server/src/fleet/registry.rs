@@ -200,13 +200,8 @@ pub struct Registry {
     /// admin clears them.
     quarantined: std::sync::Mutex<std::collections::HashSet<String>>,
     next: AtomicU64,
-    /// Connections the fleet has seen end (for `/metrics`).
-    pub disconnects: AtomicU64,
-    /// Attempts lost on a worker and replayed elsewhere (for `/metrics`).
-    pub replays: AtomicU64,
-    /// Worker messages that broke the server's count of a job (a token
-    /// past the end, an end before it; for `/metrics`).
-    pub violations: AtomicU64,
+    /// Disconnects, replays and protocol violations, for `/metrics`.
+    pub counts: super::counts::FleetCounts,
     /// Each provider's reputation and uptime, from what its workers do.
     pub standing: Standing,
     /// The most workers a token, and a provider, may have connected here.
@@ -549,7 +544,7 @@ impl Registry {
         };
         if let Some(e) = removed {
             self.changed.notify_one();
-            self.disconnects.fetch_add(1, Ordering::Relaxed);
+            self.counts.disconnects.inc();
             self.standing.disconnected(&e.info.provider_id, now());
         }
         self.jobs.lost(id, "the worker disconnected");

@@ -8,12 +8,12 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use tokio::sync::mpsc;
 
 use super::assignments::Delivery;
+use crate::telemetry::{IntCounter, int_counter};
 use protocol::JobToken;
 
 /// What a transfer's relay hears.
@@ -64,15 +64,31 @@ pub struct Moved {
 }
 
 /// Transfers open now, and the totals for `/metrics`.
-#[derive(Default)]
 pub struct Transfers {
     routes: Mutex<HashMap<u64, Route>>,
     /// Recently closed transfers with their two workers (late frames
     /// are stale, not hostile).
     closed: Mutex<VecDeque<(u64, String, String)>>,
     /// KV payload bytes and frames relayed.
-    pub bytes: AtomicU64,
-    pub frames: AtomicU64,
+    pub bytes: IntCounter,
+    pub frames: IntCounter,
+}
+
+impl Default for Transfers {
+    fn default() -> Self {
+        Self {
+            routes: Mutex::default(),
+            closed: Mutex::default(),
+            bytes: int_counter(
+                "synor:kv_transfer_bytes_total",
+                "KV payload bytes relayed between workers.",
+            ),
+            frames: int_counter(
+                "synor:kv_transfer_frames_total",
+                "KV frames relayed between workers.",
+            ),
+        }
+    }
 }
 
 impl std::fmt::Debug for Transfers {
@@ -138,8 +154,8 @@ impl Transfers {
                 r.first_frame.get_or_insert(now);
                 r.last_frame = Some(now);
                 r.bytes += payload as u64;
-                self.bytes.fetch_add(payload as u64, Ordering::Relaxed);
-                self.frames.fetch_add(1, Ordering::Relaxed);
+                self.bytes.inc_by(payload as u64);
+                self.frames.inc();
                 (Delivery::Delivered, Some(r.dest.clone()))
             }
             Some(_) => (Delivery::NotYours, None),
@@ -226,7 +242,7 @@ mod tests {
             Delivery::Stale
         );
         assert_eq!(t.frame("q", 7, 1).0, Delivery::NotYours);
-        assert_eq!(t.bytes.load(Ordering::Relaxed), 150);
+        assert_eq!(t.bytes.get(), 150);
         assert_eq!(t.open_count(), 0);
     }
 }

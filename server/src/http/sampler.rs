@@ -251,10 +251,9 @@ fn read(state: &Sources) -> Reading {
         }
     }
     if let Some(cache) = &state.cache {
-        use std::sync::atomic::Ordering::Relaxed;
-        for t in &cache.stats {
-            r.cache.0 += t.hits.load(Relaxed) + t.misses.load(Relaxed);
-            r.cache.1 += t.hits.load(Relaxed);
+        for t in cache.stats() {
+            r.cache.0 += t.hits.get() + t.misses.get();
+            r.cache.1 += t.hits.get();
         }
     }
     r.executors = state

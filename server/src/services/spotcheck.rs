@@ -16,12 +16,16 @@
 
 use std::ops::Range;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Instant;
 
 use engine::EngineHandle;
 use engine::core::TokenScore;
 use rand::Rng;
+
+use crate::telemetry::{
+    Collector, Counter, Gauge, IntCounter, IntCounterVec, MetricFamily, collect, counter, gauge,
+    int_counter, int_counter_vec,
+};
 
 /// A failed check weighs this many lost attempts in the reputation.
 pub const CHEAT_WEIGHT: u64 = 200;
@@ -145,30 +149,70 @@ pub struct WorkerChecks {
 /// forgotten first).
 const MAX_RECORDS: usize = 10_000;
 
-/// The checker: its settings and counters.
-#[derive(Debug, Default)]
+/// The checker: its settings, its records and its `/metrics` counters.
+#[derive(Debug)]
 pub struct SpotCheck {
     pub config: SpotConfig,
-    pub passed: AtomicU64,
-    pub failed: AtomicU64,
-    /// Checks that could not run (the reference was busy or gone).
-    pub skipped: AtomicU64,
-    /// Trusted compute spent on checks, and on everything the house ran.
-    pub check_micros: AtomicU64,
+    /// Checks by result: `pass`, `fail`, `skipped` (the reference was
+    /// busy or gone).
+    results: IntCounterVec,
+    /// Trusted compute spent on checks.
+    seconds: Counter,
     /// Tokens re-scored.
-    pub tokens: AtomicU64,
-    /// The largest difference of a passing check (nats, as f32 bits).
-    worst_pass: Mutex<f32>,
+    tokens: IntCounter,
+    /// The largest difference of a passing check (nats).
+    worst_pass: Gauge,
     /// Each worker's record, by worker id.
     records: Mutex<std::collections::BTreeMap<String, WorkerChecks>>,
 }
 
+impl Default for SpotCheck {
+    fn default() -> Self {
+        Self::new(SpotConfig::default())
+    }
+}
+
 impl SpotCheck {
     pub fn new(config: SpotConfig) -> Self {
+        let results = int_counter_vec(
+            "synor:spot_checks_total",
+            "Worker attempts re-scored on the house engine, by result (skipped: the reference could not run).",
+            &["result"],
+        );
+        for r in ["pass", "fail", "skipped"] {
+            results.with_label_values(&[r]);
+        }
         Self {
             config,
-            ..Default::default()
+            results,
+            seconds: counter(
+                "synor:spot_check_seconds_total",
+                "House engine time spent scoring spot checks.",
+            ),
+            tokens: int_counter(
+                "synor:spot_check_tokens_total",
+                "Tokens re-scored by spot checks.",
+            ),
+            worst_pass: gauge(
+                "synor:spot_check_max_pass_deviation",
+                "The largest log-probability difference (nats) of a passing spot check.",
+            ),
+            records: Mutex::default(),
         }
+    }
+
+    /// The checks' families, for `/metrics`.
+    pub fn families(&self) -> Vec<MetricFamily> {
+        collect(&[
+            &self.results as &dyn Collector,
+            &self.seconds,
+            &self.tokens,
+            &self.worst_pass,
+        ])
+    }
+
+    fn counted(&self, result: &str) {
+        self.results.with_label_values(&[result]).inc();
     }
 
     /// Whether to check an attempt of a provider with `delivered`
@@ -210,17 +254,16 @@ impl SpotCheck {
         let mut all = sample.context.clone();
         all.extend(sample.tokens.iter().map(|t| t.0));
         let scored = house.score(all, sample.context.len()).await;
-        self.check_micros
-            .fetch_add(started.elapsed().as_micros() as u64, Relaxed);
+        self.seconds.inc_by(started.elapsed().as_secs_f64());
         let scores = match scored {
             Ok(s) => s,
             Err(e) => {
                 tracing::warn!(error = %e, "a spot check could not run");
-                self.skipped.fetch_add(1, Relaxed);
+                self.counted("skipped");
                 return None;
             }
         };
-        self.tokens.fetch_add(scores.len() as u64, Relaxed);
+        self.tokens.inc_by(scores.len() as u64);
         let verdicts = parts
             .iter()
             .map(|(who, r)| {
@@ -251,12 +294,15 @@ impl SpotCheck {
         self.record(who, v);
         match v {
             Verdict::Pass(d) => {
-                self.passed.fetch_add(1, Relaxed);
-                let mut w = self.worst_pass.lock().unwrap_or_else(|e| e.into_inner());
-                *w = w.max(*d);
+                self.counted("pass");
+                // Under the records' lock: two passes at once keep the larger.
+                let _one_at_a_time = self.records.lock().unwrap_or_else(|e| e.into_inner());
+                if f64::from(*d) > self.worst_pass.get() {
+                    self.worst_pass.set(f64::from(*d));
+                }
             }
             Verdict::Fail(_) => {
-                self.failed.fetch_add(1, Relaxed);
+                self.counted("fail");
             }
         }
     }
@@ -272,10 +318,10 @@ impl SpotCheck {
             .map(|(a, b)| cosine(a, b))
             .fold(f32::INFINITY, f32::min);
         let v = if got.len() == want.len() && worst >= MIN_COSINE {
-            self.passed.fetch_add(1, Relaxed);
+            self.counted("pass");
             Verdict::Pass(1.0 - worst.min(1.0))
         } else {
-            self.failed.fetch_add(1, Relaxed);
+            self.counted("fail");
             Verdict::Fail(format!(
                 "embedding: cosine {worst:.4} with the reference (at least {MIN_COSINE})"
             ))
@@ -319,11 +365,6 @@ impl SpotCheck {
     pub fn records(&self) -> Vec<WorkerChecks> {
         let records = self.records.lock().unwrap_or_else(|e| e.into_inner());
         records.values().cloned().collect()
-    }
-
-    /// The largest log-probability difference a passing check had.
-    pub fn worst_pass(&self) -> f32 {
-        *self.worst_pass.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 

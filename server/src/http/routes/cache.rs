@@ -3,7 +3,6 @@
 //! cache as shared across tenants.
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering::Relaxed;
 
 use axum::extract::{Path, State};
 use axum::routing::{get, post, put};
@@ -42,19 +41,16 @@ pub(crate) async fn stats(State(state): State<AppState>) -> Result<Json<CacheSta
     let c = cache(&state)?;
     c.settle_l1().await;
     let (b1, n1, b2, n2) = c.sizes();
-    let tier = |name: &str, s: &crate::cache::TierStats| {
-        let lookups = s.lookups.load(Relaxed);
-        TierCounts {
-            tier: name.to_string(),
-            hits: s.hits.load(Relaxed),
-            misses: s.misses.load(Relaxed),
-            evictions: s.evictions.load(Relaxed),
-            mean_lookup_us: s.lookup_micros.load(Relaxed) / lookups.max(1),
-        }
+    let tier = |name: &str, s: &crate::cache::TierStats| TierCounts {
+        tier: name.to_string(),
+        hits: s.hits.get(),
+        misses: s.misses.get(),
+        evictions: s.evictions.get(),
+        mean_lookup_us: s.mean_lookup_us(),
     };
     let mut tiers: Vec<_> = Tier::ALL
         .iter()
-        .map(|t| tier(t.as_str(), &c.stats[*t as usize]))
+        .map(|t| tier(t.as_str(), &c.stats()[*t as usize]))
         .collect();
     tiers.push(tier("semantic", c.semantic_stats()));
     Ok(Json(CacheStats {
@@ -72,7 +68,7 @@ pub(crate) async fn stats(State(state): State<AppState>) -> Result<Json<CacheSta
             let rejections = crate::cache::verify::Reject::ALL
                 .iter()
                 .zip(&c.semantic_counts.rejections)
-                .map(|(r, n)| (r.as_str().to_string(), n.load(Relaxed)))
+                .map(|(r, n)| (r.as_str().to_string(), n.get()))
                 .collect();
             SemanticSize {
                 entries: c.semantic_len(),

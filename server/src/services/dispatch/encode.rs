@@ -268,10 +268,9 @@ impl Dispatch {
                 observe(m, started.elapsed(), n);
             }
         });
-        self.stats.embedded_on_workers.fetch_add(
-            u64::from(result.is_ok()),
-            std::sync::atomic::Ordering::Relaxed,
-        );
+        self.stats
+            .embedded_on_workers
+            .inc_by(u64::from(result.is_ok()));
         result
     }
 }

@@ -2,12 +2,14 @@
 //! clock: prefill (from an attempt's start to its first token, with the
 //! prompt tokens it computed) and decode (from the first token to the
 //! last, with the tokens after the first). Their rates are each
-//! executor's prefill and decode throughput in production, for
-//! `/metrics`.
+//! executor's prefill and decode throughput in production, recorded
+//! into `/metrics` counters as each attempt ends.
 
-use std::collections::BTreeMap;
-use std::sync::Mutex;
 use std::time::Instant;
+
+use crate::telemetry::{
+    Collector, CounterVec, IntCounterVec, MetricFamily, collect, counter_vec, int_counter_vec,
+};
 
 /// When an attempt started and delivered its first and last tokens.
 #[derive(Debug, Clone, Copy)]
@@ -53,28 +55,108 @@ pub struct StageTotals {
     pub decode_tokens: u64,
 }
 
-/// Every executor's totals, by the name usage records give it.
-#[derive(Debug, Default)]
-pub struct Stages(Mutex<BTreeMap<String, StageTotals>>);
+/// Every executor's totals, by the name usage records give it (label
+/// `executor`), counted as each attempt ends.
+#[derive(Debug, Clone)]
+pub struct Stages {
+    attempts: IntCounterVec,
+    prefill_seconds: CounterVec,
+    prefill_tokens: IntCounterVec,
+    decode_seconds: CounterVec,
+    decode_tokens: IntCounterVec,
+}
+
+const EXECUTOR: &[&str] = &["executor"];
+
+impl Default for Stages {
+    fn default() -> Self {
+        Self {
+            attempts: int_counter_vec(
+                "synor:stage_attempts_total",
+                "Attempts run on the executor for this server.",
+                EXECUTOR,
+            ),
+            prefill_seconds: counter_vec(
+                "synor:stage_prefill_seconds_total",
+                "Time from an attempt's start to its first token.",
+                EXECUTOR,
+            ),
+            prefill_tokens: int_counter_vec(
+                "synor:stage_prefill_tokens_total",
+                "Prompt tokens the executor computed (replays included, cache hits not).",
+                EXECUTOR,
+            ),
+            decode_seconds: counter_vec(
+                "synor:stage_decode_seconds_total",
+                "Time from an attempt's first token to its last.",
+                EXECUTOR,
+            ),
+            decode_tokens: int_counter_vec(
+                "synor:stage_decode_tokens_total",
+                "Tokens decoded after each attempt's first.",
+                EXECUTOR,
+            ),
+        }
+    }
+}
 
 impl Stages {
     /// An attempt on `executor` computed `prompt` tokens and delivered
     /// `tokens` with `timing` (an attempt with no token adds no time).
     pub fn record(&self, executor: &str, prompt: usize, tokens: usize, timing: &Timing) {
-        let mut m = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        let t = m.entry(executor.to_string()).or_default();
-        t.attempts += 1;
+        let e = [executor];
+        let (prefill_s, prefill_n) = (
+            self.prefill_seconds.with_label_values(&e),
+            self.prefill_tokens.with_label_values(&e),
+        );
+        let (decode_s, decode_n) = (
+            self.decode_seconds.with_label_values(&e),
+            self.decode_tokens.with_label_values(&e),
+        );
+        self.attempts.with_label_values(&e).inc();
         if let (Some(first), Some(last)) = (timing.first, timing.last) {
-            t.prefill_seconds += first.duration_since(timing.started).as_secs_f64();
-            t.prefill_tokens += prompt as u64;
-            t.decode_seconds += last.duration_since(first).as_secs_f64();
-            t.decode_tokens += tokens.saturating_sub(1) as u64;
+            prefill_s.inc_by(first.duration_since(timing.started).as_secs_f64());
+            prefill_n.inc_by(prompt as u64);
+            decode_s.inc_by(last.duration_since(first).as_secs_f64());
+            decode_n.inc_by(tokens.saturating_sub(1) as u64);
         }
     }
 
+    /// Every executor's totals so far, by name.
     pub fn totals(&self) -> Vec<(String, StageTotals)> {
-        let m = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        m.iter().map(|(k, v)| (k.clone(), *v)).collect()
+        let mut names: Vec<String> = self
+            .attempts
+            .collect()
+            .iter()
+            .flat_map(|f| f.get_metric())
+            .flat_map(|m| m.get_label().iter().map(|l| l.value().to_string()))
+            .collect();
+        names.sort();
+        names
+            .into_iter()
+            .map(|name| {
+                let e = [name.as_str()];
+                let t = StageTotals {
+                    attempts: self.attempts.with_label_values(&e).get(),
+                    prefill_seconds: self.prefill_seconds.with_label_values(&e).get(),
+                    prefill_tokens: self.prefill_tokens.with_label_values(&e).get(),
+                    decode_seconds: self.decode_seconds.with_label_values(&e).get(),
+                    decode_tokens: self.decode_tokens.with_label_values(&e).get(),
+                };
+                (name, t)
+            })
+            .collect()
+    }
+
+    /// The five families, for `/metrics`.
+    pub fn families(&self) -> Vec<MetricFamily> {
+        collect(&[
+            &self.attempts as &dyn Collector,
+            &self.prefill_seconds,
+            &self.prefill_tokens,
+            &self.decode_seconds,
+            &self.decode_tokens,
+        ])
     }
 }
 

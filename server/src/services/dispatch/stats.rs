@@ -5,16 +5,19 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
 
 use super::lock;
 use super::stages::Stages;
-use super::utilization::Utilization;
+use super::utilization::{ExecutorUse, Utilization};
 use crate::services::placement::Estimate;
+use crate::telemetry::{
+    Collector, IntCounter, IntCounterVec, MetricFamily, Snapshot, collect, int_counter,
+    int_counter_vec,
+};
 
 /// Everything dispatch counts.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct DispatchStats {
     /// Each executor's prefill and decode totals, as relays saw them.
     pub stages: Stages,
@@ -23,9 +26,74 @@ pub struct DispatchStats {
     /// Plans, transfers and the cost model's accuracy.
     pub split: SplitStats,
     /// Choices an idle worker took over from a busy one.
-    pub steals: AtomicU64,
+    pub steals: IntCounter,
     /// Embedding jobs workers answered.
-    pub embedded_on_workers: AtomicU64,
+    pub embedded_on_workers: IntCounter,
+}
+
+impl Default for DispatchStats {
+    fn default() -> Self {
+        Self {
+            stages: Stages::default(),
+            utilization: Utilization::default(),
+            split: SplitStats::default(),
+            steals: int_counter(
+                "synor:fleet_steals_total",
+                "Choices a worker had not started, taken by an idle worker.",
+            ),
+            embedded_on_workers: int_counter(
+                "synor:embed_jobs_on_workers_total",
+                "Embedding jobs (requests and semantic-cache queries) workers answered.",
+            ),
+        }
+    }
+}
+
+impl DispatchStats {
+    /// What dispatch counted, and each executor's utilization now.
+    pub fn families(&self) -> Vec<MetricFamily> {
+        let mut out = collect(&[&self.steals as &dyn Collector, &self.embedded_on_workers]);
+        out.extend(self.stages.families());
+        out.extend(self.split.families());
+        out.extend(utilization_families(&self.utilization.report()));
+        out
+    }
+}
+
+impl super::Dispatch {
+    /// Every dispatch family: its counts, the admission queue and the
+    /// spot checks.
+    pub fn families(&self) -> Vec<MetricFamily> {
+        let mut out = self.stats.families();
+        let mut queued = Snapshot::gauge(
+            "synor:fleet_queued",
+            "Choices waiting while every executor of their model is at its batch cap.",
+        );
+        queued.sample(&[], self.queued() as f64);
+        out.push(queued.done());
+        out.extend(self.spot.checker().families());
+        out
+    }
+}
+
+/// Per executor: the share of the last minute and five minutes it was
+/// busy, and of the last minute it was moving KV.
+fn utilization_families(uses: &[ExecutorUse]) -> Vec<MetricFamily> {
+    let mut busy = Snapshot::gauge(
+        "synor:executor_busy_ratio",
+        "Share of the window with a choice of this server running on the executor.",
+    );
+    let mut moving = Snapshot::gauge(
+        "synor:executor_transfer_ratio",
+        "Share of the last minute the executor was sending or receiving KV.",
+    );
+    for u in uses {
+        let e = u.executor.as_str();
+        busy.sample(&[("executor", e), ("window", "1m")], u.busy_1m);
+        busy.sample(&[("executor", e), ("window", "5m")], u.busy_5m);
+        moving.sample(&[("executor", e), ("window", "1m")], u.transferring);
+    }
+    vec![busy.done(), moving.done()]
 }
 
 /// Link bandwidth assumed before a transfer measured it (bytes/s).
@@ -37,13 +105,12 @@ const KEEP: usize = 256;
 type Sample = (Estimate, f64, f64);
 
 /// Counters of plans and transfers, for `/metrics` and the benchmark.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct SplitStats {
-    pub colocated: AtomicU64,
-    pub split: AtomicU64,
-    pub imported: AtomicU64,
-    pub recomputed: AtomicU64,
-    pub aborted: AtomicU64,
+    /// Choices by plan (`colocated`, `split`).
+    plans: IntCounterVec,
+    /// KV transfers by outcome (`imported`, `recomputed`, `aborted`).
+    transfers: IntCounterVec,
     /// Per plan (`false` colocated, `true` split): recent (estimated,
     /// measured) TTFT and TPOT in ms.
     samples: Mutex<HashMap<bool, VecDeque<Sample>>>,
@@ -61,11 +128,101 @@ pub struct PlanAccuracy {
     pub measured_tpot_ms: f64,
 }
 
+impl Default for SplitStats {
+    fn default() -> Self {
+        let plans = int_counter_vec(
+            "synor:fleet_plans_total",
+            "Choices placed by plan: colocated (one worker) or split (prefill on another).",
+            &["plan"],
+        );
+        let transfers = int_counter_vec(
+            "synor:kv_transfers_total",
+            "KV transfers by outcome: imported by the decode worker, recomputed there (refused), or aborted (the prefill failed, was lost or timed out).",
+            &["outcome"],
+        );
+        for plan in PLANS {
+            plans.with_label_values(&[plan]);
+        }
+        for outcome in TransferEnd::ALL {
+            transfers.with_label_values(&[outcome.as_str()]);
+        }
+        Self {
+            plans,
+            transfers,
+            samples: Mutex::default(),
+            links: Mutex::default(),
+        }
+    }
+}
+
+/// The plans, as `/metrics` labels them.
+const PLANS: [&str; 2] = ["colocated", "split"];
+
+/// How a KV transfer ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TransferEnd {
+    /// The decode worker imported the KV.
+    Imported,
+    /// The decode worker refused it and recomputed the prompt.
+    Recomputed,
+    /// The prefill failed, was lost or timed out.
+    Aborted,
+}
+
+impl TransferEnd {
+    pub const ALL: [TransferEnd; 3] = [Self::Imported, Self::Recomputed, Self::Aborted];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Imported => "imported",
+            Self::Recomputed => "recomputed",
+            Self::Aborted => "aborted",
+        }
+    }
+}
+
 impl SplitStats {
     /// A first attempt was planned (`split`: to prefill elsewhere).
     pub fn planned(&self, split: bool) {
-        let n = if split { &self.split } else { &self.colocated };
-        n.fetch_add(1, Relaxed);
+        self.plans
+            .with_label_values(&[PLANS[usize::from(split)]])
+            .inc();
+    }
+
+    /// A KV transfer ended.
+    pub fn transferred(&self, how: TransferEnd) {
+        self.transfers.with_label_values(&[how.as_str()]).inc();
+    }
+
+    /// Choices planned so far (`split`: to prefill elsewhere).
+    pub fn plans(&self, split: bool) -> u64 {
+        self.plans
+            .with_label_values(&[PLANS[usize::from(split)]])
+            .get()
+    }
+
+    /// The plans and transfers counted, and the cost model's recent
+    /// accuracy per plan (gauge `synor:plan_latency_ms`).
+    pub fn families(&self) -> Vec<MetricFamily> {
+        let mut out = collect(&[&self.plans as &dyn Collector, &self.transfers]);
+        let mut f = Snapshot::gauge(
+            "synor:plan_latency_ms",
+            "Mean estimated and measured TTFT and TPOT of each plan's recent choices (the cost model's accuracy).",
+        );
+        for (plan, split) in [("colocated", false), ("split", true)] {
+            let a = self.accuracy(split);
+            for (metric, kind, v) in [
+                ("ttft", "estimated", a.estimated_ttft_ms),
+                ("ttft", "measured", a.measured_ttft_ms),
+                ("tpot", "estimated", a.estimated_tpot_ms),
+                ("tpot", "measured", a.measured_tpot_ms),
+            ] {
+                let labels = [("plan", plan), ("metric", metric), ("kind", kind)];
+                f.sample(&labels, (v * 1e3).round() / 1e3);
+            }
+        }
+        out.push(f.done());
+        out
     }
 
     /// Records a finished choice's estimate against what it measured.

@@ -17,7 +17,6 @@ mod split;
 
 use std::collections::{BTreeSet, VecDeque};
 use std::sync::Arc;
-use std::sync::atomic::Ordering::Relaxed;
 use std::time::Instant;
 
 use engine::core::CoreEvent;
@@ -294,7 +293,7 @@ impl Relay {
         let key = d.target.key().to_string();
         if matches!(outcome, Attempt::Stolen) {
             tracing::info!(job = self.choice.job, from = %key, attempt, "an idle worker takes a choice still queued");
-            self.dispatch.stats.steals.fetch_add(1, Relaxed);
+            self.dispatch.stats.steals.inc();
             tried.push(key);
             return true;
         }
@@ -307,7 +306,7 @@ impl Relay {
             return false;
         };
         tracing::warn!(job = self.choice.job, executor = %key, attempt, delivered = self.client.delivered.len(), reason = %why, "attempt lost; replaying");
-        self.dispatch.fleet.replays.fetch_add(1, Relaxed);
+        self.dispatch.fleet.counts.replays.inc();
         self.dispatch.lost_on(&key);
         tried.push(key);
         if attempt == MAX_ATTEMPTS {
@@ -463,7 +462,7 @@ impl Relay {
             "a worker broke the protocol"
         );
         self.now.violation = Some(what);
-        self.dispatch.fleet.violations.fetch_add(1, Relaxed);
+        self.dispatch.fleet.counts.violations.inc();
     }
 }
 

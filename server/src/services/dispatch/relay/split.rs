@@ -10,7 +10,6 @@
 
 use std::collections::VecDeque;
 use std::sync::Arc;
-use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
 
 use engine::core::CoreEvent;
@@ -22,6 +21,7 @@ use super::{Attempt, Relay, cancel, job_params};
 use crate::fleet::assignments::JobEvent;
 use crate::fleet::transfers::TransferEvent;
 use crate::services::dispatch::stages::Timing;
+use crate::services::dispatch::stats::TransferEnd;
 use crate::services::dispatch::{Dispatch, SplitPlan, Target};
 use crate::services::placement::Measure;
 use protocol::{JobToken, KvIncoming, ToWorker, VERSION};
@@ -205,9 +205,11 @@ impl Relay {
                 None
             }
             Some(TransferEvent::Result { imported, reason }) => {
-                let c = &self.dispatch.stats.split;
-                let n = if imported { &c.imported } else { &c.recomputed };
-                n.fetch_add(1, Relaxed);
+                self.dispatch.stats.split.transferred(if imported {
+                    TransferEnd::Imported
+                } else {
+                    TransferEnd::Recomputed
+                });
                 if !imported {
                     tracing::warn!(job = self.choice.job, transfer = t.id, reason = %reason, "the decode worker recomputed the prompt");
                 }
@@ -364,7 +366,7 @@ impl Relay {
     /// recomputes, P is stopped and counted lost.
     async fn end_prefill(&mut self, t: &Transfer, why: &str, asked: bool) {
         tracing::warn!(job = self.choice.job, transfer = t.id, prefill = %t.p, reason = %why, "KV transfer ended; the decode worker recomputes");
-        self.dispatch.stats.split.aborted.fetch_add(1, Relaxed);
+        self.dispatch.stats.split.transferred(TransferEnd::Aborted);
         // Only a prefill that was started can have failed on P's side.
         if asked {
             self.dispatch.measure(&t.p, Measure::prefill_done);
