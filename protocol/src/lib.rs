@@ -7,6 +7,7 @@
 
 use serde::{Deserialize, Serialize};
 
+pub mod bus;
 #[cfg(feature = "engine")]
 pub mod sampling;
 
@@ -413,7 +414,7 @@ pub fn encode(msg: &ToWorker) -> String {
 }
 
 /// A close reason fits in a WebSocket close frame (123 bytes).
-fn short(s: &str) -> String {
+pub(crate) fn short(s: &str) -> String {
     let mut end = s.len().min(100);
     while !s.is_char_boundary(end) {
         end -= 1;

@@ -1,11 +1,13 @@
 //! Properties of the wire format, over generated messages and bytes
 //! (proptest, seeded by its own persistence rules): every control message
-//! survives encoding and decoding unchanged in both directions; every KV
+//! survives encoding and decoding unchanged in both directions, and so
+//! does every message between replicas on the fleet bus; every KV
 //! frame does too; no byte string, however damaged, makes a decoder
 //! panic; and a frame with any one byte changed is refused or reads as a
 //! different frame, never as the original.
 
 use proptest::prelude::*;
+use protocol::bus::{BusEvent, BusMessage, Profile, WorkerInfo, decode_bus, encode_bus};
 use protocol::{
     Ask, Device, FromWorker, JobParams, JobToken, KvIncoming, Load, ServedModel, ToWorker, VERSION,
     decode, decode_frame, decode_from_server, encode, encode_frame, frame_transfer,
@@ -344,6 +346,126 @@ fn frame() -> impl Strategy<Value = (u64, u32, u32, Vec<u8>)> {
     )
 }
 
+/// A float JSON carries exactly, as f64.
+fn wide() -> impl Strategy<Value = f64> {
+    float().prop_map(f64::from)
+}
+
+/// A worker as its replica announces it, from a registration's fields.
+fn worker_info() -> impl Strategy<Value = WorkerInfo> {
+    let profile =
+        (wide(), wide(), wide(), wide(), any::<i64>()).prop_map(|(p, l, d1, d4, at)| Profile {
+            prefill_tokens_per_s: p,
+            prefill_ms_long: l,
+            decode_step_ms_1: d1,
+            decode_step_ms_4: d4,
+            measured_at: at,
+        });
+    let load = (any::<[u32; 3]>(), float()).prop_map(|(n, step_ms)| Load {
+        queued: n[0],
+        running: n[1],
+        free_kv_blocks: n[2],
+        step_ms,
+    });
+    (
+        register(),
+        (text(), text(), text(), text(), text()),
+        (
+            any::<[i64; 4]>(),
+            proptest::option::of(profile),
+            load,
+            wide(),
+        ),
+        any::<[u64; 3]>(),
+    )
+        .prop_map(
+            |(reg, (id, replica, provider_id, token_id, state), (n, profile, load, rtt_ms), c)| {
+                let FromWorker::Register {
+                    name,
+                    build,
+                    devices,
+                    models,
+                    threads,
+                    region,
+                    asks,
+                    encoders,
+                    ..
+                } = reg
+                else {
+                    unreachable!("register() makes registrations")
+                };
+                WorkerInfo {
+                    id,
+                    replica,
+                    provider_id,
+                    token_id,
+                    name,
+                    build,
+                    remote: "10.0.0.1:4000".into(),
+                    devices,
+                    models,
+                    encoders,
+                    threads,
+                    region,
+                    asks,
+                    reputation_bps: n[0],
+                    uptime_bps: n[1],
+                    state,
+                    profile,
+                    load,
+                    rtt_ms,
+                    jobs_running: c[0],
+                    tokens_delivered: c[1],
+                    jobs_lost: c[2],
+                    connected_at: n[2],
+                    last_seen: n[3],
+                }
+            },
+        )
+}
+
+fn bus_event() -> impl Strategy<Value = BusEvent> {
+    prop_oneof![
+        Just(BusEvent::Accepted),
+        token().prop_map(|t| BusEvent::Token {
+            id: t.id,
+            logprob: t.logprob,
+            top: t.top,
+        }),
+        (text(), any::<[u32; 3]>()).prop_map(|(reason, n)| BusEvent::Finished {
+            reason,
+            prompt: n[0] as usize,
+            cached: n[1] as usize,
+            completion: n[2] as usize,
+        }),
+        text().prop_map(|why| BusEvent::Lost { why }),
+    ]
+}
+
+fn bus_message() -> impl Strategy<Value = BusMessage> {
+    prop_oneof![
+        (text(), proptest::collection::vec(worker_info(), 0..3))
+            .prop_map(|(replica, workers)| BusMessage::Announce { replica, workers }),
+        (text(), text(), to_worker()).prop_map(|(origin, worker, msg)| BusMessage::ToWorker {
+            origin,
+            worker,
+            msg: Box::new(msg),
+        }),
+        (
+            any::<u64>(),
+            any::<u32>(),
+            text(),
+            proptest::collection::vec(bus_event(), 0..4)
+        )
+            .prop_map(|(job, attempt, worker, events)| BusMessage::Events {
+                job,
+                attempt,
+                worker,
+                events,
+            }),
+    ]
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
 
@@ -356,6 +478,11 @@ proptest! {
     #[test]
     fn every_servers_message_round_trips(msg in to_worker()) {
         prop_assert_eq!(decode_from_server(&encode(&msg)).expect("decodes"), msg);
+    }
+
+    #[test]
+    fn every_bus_message_round_trips(msg in bus_message()) {
+        prop_assert_eq!(decode_bus(encode_bus(&msg).as_bytes()).expect("decodes"), msg);
     }
 
     #[test]
@@ -391,6 +518,7 @@ proptest! {
         let text = String::from_utf8_lossy(&bytes);
         let _ = decode(&text);
         let _ = decode_from_server(&text);
+        let _ = decode_bus(&bytes);
     }
 
     #[test]

@@ -19,127 +19,77 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 
 use super::assignments::JobEvent;
-use super::registry::{Forward, Registry, WorkerInfo};
+use super::registry::{Forward, Registry};
 use engine::core::CoreEvent;
 use engine::{FinishReason, TokenLogprob, Usage};
 use protocol::ToWorker;
+use protocol::bus::{BusEvent as Wire, BusMessage as Msg, decode_bus, encode_bus};
 
 /// Messages waiting for the connection.
 const QUEUE: usize = 4096;
 /// How often this replica announces its workers.
 const ANNOUNCE: Duration = Duration::from_secs(1);
 
-/// One message between replicas.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(tag = "type", rename_all = "snake_case")]
-enum Msg {
-    /// A replica's own workers, every `ANNOUNCE`.
-    Announce {
-        replica: String,
-        workers: Vec<WorkerInfo>,
-    },
-    /// For a worker of the receiving replica, from `origin`'s relay.
-    ToWorker {
-        origin: String,
-        worker: String,
-        msg: Box<ToWorker>,
-    },
-    /// Events of an attempt, back to the replica that placed it.
-    Events {
-        job: u64,
-        attempt: u32,
-        worker: String,
-        events: Vec<Wire>,
-    },
+/// A job event as the bus carries it.
+fn wire_of(ev: JobEvent) -> Wire {
+    match ev {
+        JobEvent::Core(CoreEvent::Accepted) => Wire::Accepted,
+        JobEvent::Core(CoreEvent::Token { id, logprob }) => Wire::Token {
+            id,
+            logprob: logprob.as_ref().map(|l| l.logprob),
+            top: logprob.map(|l| l.top).unwrap_or_default(),
+        },
+        JobEvent::Core(CoreEvent::Finished { reason, usage }) => Wire::Finished {
+            reason: reason.as_openai().to_string(),
+            prompt: usage.prompt_tokens,
+            cached: usage.cached_tokens,
+            completion: usage.completion_tokens,
+        },
+        JobEvent::Core(CoreEvent::Failed(e)) => Wire::Lost { why: e.to_string() },
+        JobEvent::Lost(why) => Wire::Lost { why },
+        // Embedding jobs go to this replica's own workers only.
+        JobEvent::Embedded(_) => Wire::Lost {
+            why: "embeddings do not cross replicas".into(),
+        },
+    }
 }
 
-/// A job event on the bus.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "snake_case")]
-enum Wire {
-    Accepted,
-    Token {
-        id: u32,
-        logprob: Option<f32>,
-        #[serde(default)]
-        top: Vec<(u32, f32)>,
-    },
-    Finished {
-        reason: String,
-        prompt: usize,
-        cached: usize,
-        completion: usize,
-    },
-    Lost {
-        why: String,
-    },
-}
-
-impl Wire {
-    fn of(ev: JobEvent) -> Self {
-        match ev {
-            JobEvent::Core(CoreEvent::Accepted) => Self::Accepted,
-            JobEvent::Core(CoreEvent::Token { id, logprob }) => Self::Token {
-                id,
-                logprob: logprob.as_ref().map(|l| l.logprob),
-                top: logprob.map(|l| l.top).unwrap_or_default(),
-            },
-            JobEvent::Core(CoreEvent::Finished { reason, usage }) => Self::Finished {
-                reason: reason.as_openai().to_string(),
-                prompt: usage.prompt_tokens,
-                cached: usage.cached_tokens,
-                completion: usage.completion_tokens,
-            },
-            JobEvent::Core(CoreEvent::Failed(e)) => Self::Lost { why: e.to_string() },
-            JobEvent::Lost(why) => Self::Lost { why },
-            // Embedding jobs go to this replica's own workers only.
-            JobEvent::Embedded(_) => Self::Lost {
-                why: "embeddings do not cross replicas".into(),
-            },
-        }
-    }
-
-    fn terminal(&self) -> bool {
-        matches!(self, Self::Finished { .. } | Self::Lost { .. })
-    }
-
-    fn into_event(self) -> JobEvent {
-        match self {
-            Self::Accepted => JobEvent::Core(CoreEvent::Accepted),
-            Self::Token { id, logprob, top } => JobEvent::Core(CoreEvent::Token {
-                id,
-                logprob: logprob.map(|logprob| TokenLogprob {
-                    token: id,
-                    logprob,
-                    top,
-                }),
+/// A job event off the bus.
+fn event_of(w: Wire) -> JobEvent {
+    match w {
+        Wire::Accepted => JobEvent::Core(CoreEvent::Accepted),
+        Wire::Token { id, logprob, top } => JobEvent::Core(CoreEvent::Token {
+            id,
+            logprob: logprob.map(|logprob| TokenLogprob {
+                token: id,
+                logprob,
+                top,
             }),
-            Self::Finished {
+        }),
+        Wire::Finished {
+            reason,
+            prompt,
+            cached,
+            completion,
+        } => {
+            let reason = match reason.as_str() {
+                "stop" => FinishReason::Stop,
+                "length" => FinishReason::Length,
+                _ => FinishReason::Abort,
+            };
+            JobEvent::Core(CoreEvent::Finished {
                 reason,
-                prompt,
-                cached,
-                completion,
-            } => {
-                let reason = match reason.as_str() {
-                    "stop" => FinishReason::Stop,
-                    "length" => FinishReason::Length,
-                    _ => FinishReason::Abort,
-                };
-                JobEvent::Core(CoreEvent::Finished {
-                    reason,
-                    usage: Usage {
-                        prompt_tokens: prompt,
-                        completion_tokens: completion,
-                        cached_tokens: cached,
-                    },
-                })
-            }
-            Self::Lost { why } => JobEvent::Lost(why),
+                usage: Usage {
+                    prompt_tokens: prompt,
+                    completion_tokens: completion,
+                    cached_tokens: cached,
+                },
+            })
         }
+        Wire::Lost { why } => JobEvent::Lost(why),
     }
 }
 
@@ -169,10 +119,7 @@ impl Bus {
 
     /// Queues `msg` for `channel`; false when the queue is full.
     fn publish(&self, channel: String, msg: &Msg) -> bool {
-        match serde_json::to_string(msg) {
-            Ok(text) => self.out.try_send((channel, text)).is_ok(),
-            Err(_) => false,
-        }
+        self.out.try_send((channel, encode_bus(msg))).is_ok()
     }
 }
 
@@ -261,7 +208,7 @@ async fn connected(
             _ = async { tokio::select! { _ = tick.tick() => {}, _ = registry.changed.notified() => {} } } => {
                 registry.expire_remote();
                 let m = Msg::Announce { replica: bus.replica.clone(), workers: registry.local() };
-                let text = serde_json::to_string(&m).unwrap_or_default();
+                let text = encode_bus(&m);
                 redis::cmd("PUBLISH").arg(bus.announce_channel()).arg(&text)
                     .query_async::<i64>(&mut publisher).await?;
             }
@@ -271,7 +218,7 @@ async fn connected(
 
 /// Handles one message from another replica.
 fn received(bus: &Arc<Bus>, registry: &Arc<Registry>, payload: &[u8]) {
-    let msg: Msg = match serde_json::from_slice(payload) {
+    let msg = match decode_bus(payload) {
         Ok(m) => m,
         Err(e) => {
             tracing::warn!(error = %e, "unreadable fleet bus message dropped");
@@ -298,9 +245,7 @@ fn received(bus: &Arc<Bus>, registry: &Arc<Registry>, payload: &[u8]) {
             events,
         } => {
             for ev in events {
-                registry
-                    .jobs
-                    .deliver(&worker, job, attempt, ev.into_event());
+                registry.jobs.deliver(&worker, job, attempt, event_of(ev));
             }
         }
     }
@@ -366,9 +311,9 @@ async fn pump(
 ) {
     let mut delivered = 0;
     while let Some(first) = rx.recv().await {
-        let mut events = vec![Wire::of(first)];
+        let mut events = vec![wire_of(first)];
         while let Ok(more) = rx.try_recv() {
-            events.push(Wire::of(more));
+            events.push(wire_of(more));
         }
         delivered += events
             .iter()
@@ -538,11 +483,11 @@ mod tests {
         ];
         for ev in events {
             let before = format!("{ev:?}");
-            let wire = Wire::of(ev);
+            let wire = wire_of(ev);
             let text = serde_json::to_string(&wire).expect("json");
             let back: Wire = serde_json::from_str(&text).expect("parse");
             assert_eq!(back, wire);
-            assert_eq!(format!("{:?}", back.into_event()), before);
+            assert_eq!(format!("{:?}", event_of(back)), before);
         }
     }
 }

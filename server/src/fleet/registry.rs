@@ -7,107 +7,12 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
-use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 
 use super::standing::Standing;
 use protocol::{Ask, Device, Load, ServedModel, ToWorker};
 
-/// What the server measured of a worker on its own challenge (never what
-/// the worker claims): prefill throughput and the decode step time at one
-/// and at four sequences.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
-pub struct Profile {
-    /// Prefill throughput on a `PREFILL_SHORT`-token prompt.
-    pub prefill_tokens_per_s: f64,
-    /// Milliseconds to prefill a `PREFILL_LONG`-token prompt (0: not
-    /// measured; longer prompts then scale linearly from the short one).
-    #[serde(default)]
-    pub prefill_ms_long: f64,
-    pub decode_step_ms_1: f64,
-    pub decode_step_ms_4: f64,
-    /// Unix seconds.
-    pub measured_at: i64,
-}
-
-/// The prompt lengths calibration times prefill at.
-pub const PREFILL_SHORT: usize = 128;
-pub const PREFILL_LONG: usize = 512;
-
-impl Profile {
-    /// Expected milliseconds to prefill `n` tokens: linear in the short
-    /// prompt's throughput up to `PREFILL_SHORT`, then along the line
-    /// through the two measured lengths (attention makes a long prompt's
-    /// tokens dearer).
-    pub fn prefill_ms(&self, n: usize) -> f64 {
-        let per = 1e3 / self.prefill_tokens_per_s.max(1.0);
-        let short = PREFILL_SHORT as f64 * per;
-        if n <= PREFILL_SHORT || self.prefill_ms_long <= short {
-            return n as f64 * per;
-        }
-        let slope = (self.prefill_ms_long - short) / (PREFILL_LONG - PREFILL_SHORT) as f64;
-        short + (n - PREFILL_SHORT) as f64 * slope
-    }
-
-    /// The expected decode step with `batch` sequences (linear between the
-    /// measured points, extended past them).
-    pub fn step_ms(&self, batch: u32) -> f64 {
-        let slope = ((self.decode_step_ms_4 - self.decode_step_ms_1) / 3.0).max(0.0);
-        self.decode_step_ms_1 + slope * f64::from(batch.max(1) - 1)
-    }
-}
-
-/// A worker as admins see it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
-pub struct WorkerInfo {
-    pub id: String,
-    /// The server replica its connection is on (work placed by another
-    /// replica travels over the fleet bus).
-    #[serde(default)]
-    pub replica: String,
-    /// The provider account it earns for.
-    pub provider_id: String,
-    /// The token it connected with.
-    pub token_id: String,
-    pub name: String,
-    pub build: String,
-    /// The peer address of its connection.
-    pub remote: String,
-    /// What it detected (self-reported: shown, never trusted).
-    pub devices: Vec<Device>,
-    pub models: Vec<ServedModel>,
-    /// The embedding models it serves.
-    #[serde(default)]
-    pub encoders: Vec<String>,
-    pub threads: u32,
-    pub region: String,
-    /// Its prices per model (none: it takes the house's).
-    pub asks: Vec<Ask>,
-    /// Its provider's measured standing (basis points): reputation
-    /// 0.5-2.0x and uptime.
-    pub reputation_bps: i64,
-    pub uptime_bps: i64,
-    /// `calibrating` (measured before it gets work), `active`,
-    /// `draining` (no new work), or `quarantined` (caught by a spot check
-    /// or a canary: no work, its token refused on reconnect).
-    pub state: String,
-    /// What the server measured of it (`None` until calibrated).
-    pub profile: Option<Profile>,
-    /// Its last `status` (self-reported).
-    pub load: Load,
-    /// The round trip of its connection, measured by the gateway's pings
-    /// (ms, smoothed; 0 until measured).
-    #[serde(default)]
-    pub rtt_ms: f64,
-    /// Choices of this server running on it now.
-    pub jobs_running: u64,
-    /// Tokens it delivered for this server, and attempts it lost.
-    pub tokens_delivered: u64,
-    pub jobs_lost: u64,
-    /// Unix seconds.
-    pub connected_at: i64,
-    pub last_seen: i64,
-}
+pub use protocol::bus::{PREFILL_LONG, PREFILL_SHORT, Profile, WorkerInfo};
 
 /// What the server sends a worker's session: a control message, or a KV
 /// frame relayed from another worker (one queue: order is kept).
