@@ -8,6 +8,7 @@
 use serde::{Deserialize, Serialize};
 
 pub mod bus;
+pub mod kv_stream;
 #[cfg(feature = "engine")]
 pub mod sampling;
 

@@ -2,12 +2,13 @@
 //! (proptest, seeded by its own persistence rules): every control message
 //! survives encoding and decoding unchanged in both directions, and so
 //! does every message between replicas on the fleet bus; every KV
-//! frame does too; no byte string, however damaged, makes a decoder
+//! frame does too, and a split's KV stream gathers only as sent; no byte string, however damaged, makes a decoder
 //! panic; and a frame with any one byte changed is refused or reads as a
 //! different frame, never as the original.
 
 use proptest::prelude::*;
 use protocol::bus::{BusEvent, BusMessage, Profile, WorkerInfo, decode_bus, encode_bus};
+use protocol::kv_stream::{KvAssembly, KvDigest, frames_of};
 use protocol::{
     Ask, Device, FromWorker, JobParams, JobToken, KvIncoming, Load, ServedModel, ToWorker, VERSION,
     decode, decode_frame, decode_from_server, encode, encode_frame, frame_transfer,
@@ -483,6 +484,43 @@ proptest! {
     #[test]
     fn every_bus_message_round_trips(msg in bus_message()) {
         prop_assert_eq!(decode_bus(encode_bus(&msg).as_bytes()).expect("decodes"), msg);
+    }
+
+    /// Any byte of a split's frames changed, or a frame cut short, and
+    /// the decode side refuses the whole transfer, never panicking.
+    #[test]
+    fn a_mangled_kv_stream_never_verifies(
+        changes in proptest::collection::vec(
+            (any::<prop::sample::Index>(), any::<prop::sample::Index>(), any::<u8>()), 1..4),
+        cut in proptest::option::of((any::<prop::sample::Index>(), any::<prop::sample::Index>())),
+    ) {
+        let per = 2 * 2 * 4 * 2;
+        let layers: Vec<Vec<u8>> = (0..32)
+            .map(|l| (0..40 * per).map(|i| (i * 7 + l * 3) as u8).collect())
+            .collect();
+        let frames = frames_of(9, 0, 40, &layers);
+        let mut digest = KvDigest::default();
+        frames.iter().for_each(|f| digest.frame(f));
+        let digest = digest.hex();
+        let mut fs = frames.clone();
+        for (f, at, byte) in changes {
+            let f = f.index(fs.len());
+            let at = at.index(fs[f].len());
+            fs[f][at] = byte;
+        }
+        if let Some((f, at)) = cut {
+            let f = f.index(fs.len());
+            let keep = at.index(fs[f].len() + 1);
+            fs[f].truncate(keep);
+        }
+        let mut kv = KvAssembly::new(9, model(), 0);
+        fs.iter().for_each(|f| kv.push(f));
+        let verified = kv.finish(40, &digest, 40);
+        if fs == frames {
+            prop_assert!(verified.is_ok());
+        } else {
+            prop_assert!(verified.is_err(), "a mangled stream verified");
+        }
     }
 
     #[test]

@@ -103,6 +103,15 @@ impl Snapshot {
         Self::new(name, help, MetricType::COUNTER)
     }
 
+    /// A counter (`total`) or a gauge, as a table of families says.
+    pub fn scalar(name: &str, help: &str, total: bool) -> Self {
+        if total {
+            Self::counter(name, help)
+        } else {
+            Self::gauge(name, help)
+        }
+    }
+
     pub fn histogram(name: &str, help: &str) -> Self {
         Self::new(name, help, MetricType::HISTOGRAM)
     }
@@ -123,17 +132,14 @@ impl Snapshot {
     /// One series of a gauge or counter family.
     pub fn sample(&mut self, labels: &[(&str, &str)], value: f64) -> &mut Self {
         let mut m = Self::metric(labels);
-        match self.0.get_field_type() {
-            MetricType::COUNTER => {
-                let mut c = proto::Counter::default();
-                c.set_value(value);
-                m.set_counter(c);
-            }
-            _ => {
-                let mut g = proto::Gauge::default();
-                g.set_value(value);
-                m.set_gauge(g);
-            }
+        if self.0.get_field_type() == MetricType::COUNTER {
+            let mut c = proto::Counter::default();
+            c.set_value(value);
+            m.set_counter(c);
+        } else {
+            let mut g = proto::Gauge::default();
+            g.set_value(value);
+            m.set_gauge(g);
         }
         self.0.mut_metric().push(m);
         self

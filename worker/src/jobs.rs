@@ -17,6 +17,7 @@ use engine::kv_cache::transfer::KvRows;
 
 use super::Out;
 use engine::registry::ModelRegistry;
+use protocol::kv_stream::KvAssembly;
 use protocol::{FromWorker, JobParams, JobToken, ServedModel, VERSION};
 
 /// One assignment, as received.
@@ -290,7 +291,7 @@ impl Running {
         // transfer can make this worker hold is bounded.
         let mut geometry = served(&a.model, &engine);
         geometry.context_length = u32::try_from(a.prompt.len()).unwrap_or(u32::MAX);
-        let kv = super::kv::Incoming::new(transfer, geometry, from);
+        let kv = KvAssembly::new(transfer, geometry, from);
         let decided = receive(kv, &mut rx, a.prompt.len()).await;
         lock(&self.incoming).remove(&transfer);
         lock(&self.waiting).remove(&job);
@@ -468,7 +469,7 @@ type Received = Option<(Result<KvRows, String>, Option<JobToken>)>;
 
 /// Receives a transfer's frames until its end, abort or `KV_PATIENCE`.
 async fn receive(
-    mut kv: super::kv::Incoming,
+    mut kv: KvAssembly,
     rx: &mut mpsc::UnboundedReceiver<Arrival>,
     prompt: usize,
 ) -> Received {
@@ -480,7 +481,14 @@ async fn receive(
                 tokens,
                 digest,
                 first,
-            })) => return Some((kv.finish(tokens, &digest, prompt), Some(first))),
+            })) => {
+                let rows = kv.finish(tokens, &digest, prompt).map(|s| KvRows {
+                    first: s.first,
+                    count: s.count,
+                    layers: s.layers,
+                });
+                return Some((rows, Some(first)));
+            }
             Ok(Some(Arrival::Abort(why))) => return Some((Err(why), None)),
             Ok(Some(Arrival::Cancel)) => return None,
             Ok(None) | Err(_) => return Some((Err("no end of the transfer".into()), None)),

@@ -97,11 +97,7 @@ fn worker_families(workers: &[WorkerInfo]) -> Vec<MetricFamily> {
     WORKER_FAMILIES
         .iter()
         .map(|&(name, total, help, get)| {
-            let mut f = if total {
-                Snapshot::counter(name, help)
-            } else {
-                Snapshot::gauge(name, help)
-            };
+            let mut f = Snapshot::scalar(name, help, total);
             for w in workers {
                 let labels = [
                     ("worker", w.id.as_str()),

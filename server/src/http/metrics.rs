@@ -183,11 +183,7 @@ fn engine_families(models: &ModelRegistry) -> Vec<MetricFamily> {
     let mut out: Vec<MetricFamily> = ENGINE_SCALARS
         .iter()
         .map(|&(name, total, help, get)| {
-            let mut f = if total {
-                Snapshot::counter(name, help)
-            } else {
-                Snapshot::gauge(name, help)
-            };
+            let mut f = Snapshot::scalar(name, help, total);
             for (model, s, l) in &text {
                 f.sample(&[("model_name", model)], get(s, l));
             }
