@@ -76,6 +76,20 @@ pub fn expose(parts: impl IntoIterator<Item = Vec<MetricFamily>>) -> String {
         .unwrap_or_else(|e| format!("# the exposition failed: {e}\n"))
 }
 
+/// `families` with each series' labels in `order` (the crate sorts them
+/// by name; an exposition keeps the order it always had).
+pub fn in_order(mut families: Vec<MetricFamily>, order: &[&str]) -> Vec<MetricFamily> {
+    let rank = |name: &str| order.iter().position(|o| *o == name).unwrap_or(order.len());
+    for f in &mut families {
+        for m in f.mut_metric() {
+            let mut labels = m.take_label();
+            labels.sort_by_key(|l| rank(l.name()));
+            m.set_label(labels);
+        }
+    }
+    families
+}
+
 /// What collectors give: every family of each.
 pub fn collect(parts: &[&dyn Collector]) -> Vec<MetricFamily> {
     parts.iter().flat_map(|c| c.collect()).collect()
@@ -211,6 +225,12 @@ mod tests {
         g2.sample(&[("w", "x")], 2.0);
         let empty = Snapshot::gauge("c", "Cs.");
         let text = expose([c.collect(), vec![g.done(), g2.done(), empty.done()]]);
+        let two = int_counter_vec("c_total", "Cs.", &["z", "a"]);
+        two.with_label_values(&["1", "2"]).inc();
+        assert_eq!(
+            expose([in_order(two.collect(), &["z", "a"])]),
+            "# HELP c_total Cs.\n# TYPE c_total counter\nc_total{z=\"1\",a=\"2\"} 1\n"
+        );
         assert_eq!(
             text,
             "# HELP a As.\n# TYPE a gauge\na 1.5\na{w=\"x\"} 2\n\

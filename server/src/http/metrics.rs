@@ -10,9 +10,14 @@
 use crate::cache::ResponseCache;
 use crate::fleet::registry::Registry;
 use crate::services::dispatch::Dispatch;
-use crate::telemetry::{Collector, IntCounterVec, MetricFamily, Snapshot, expose, int_counter_vec};
+use crate::telemetry::{
+    Collector, IntCounterVec, MetricFamily, Snapshot, expose, in_order, int_counter_vec,
+};
 use engine::registry::{ModelKind, ModelRegistry};
 use engine::{EngineStats, HistogramSnapshot, LatencyStats};
+
+/// The HTTP counter's labels, in the order the exposition shows them.
+const LABELS: [&str; 3] = ["route", "method", "status"];
 
 /// HTTP request counts, by route, method and status.
 #[derive(Debug)]
@@ -26,7 +31,7 @@ impl Default for HttpMetrics {
             requests: int_counter_vec(
                 "synor:http_requests_total",
                 "HTTP requests, by route, method and status.",
-                &["route", "method", "status"],
+                &LABELS,
             ),
         }
     }
@@ -60,7 +65,7 @@ impl HttpMetrics {
     }
 
     fn families(&self) -> Vec<MetricFamily> {
-        self.requests.collect()
+        in_order(self.requests.collect(), &LABELS)
     }
 }
 

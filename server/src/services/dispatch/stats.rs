@@ -194,13 +194,6 @@ impl SplitStats {
         self.transfers.with_label_values(&[how.as_str()]).inc();
     }
 
-    /// Choices planned so far (`split`: to prefill elsewhere).
-    pub fn plans(&self, split: bool) -> u64 {
-        self.plans
-            .with_label_values(&[PLANS[usize::from(split)]])
-            .get()
-    }
-
     /// The plans and transfers counted, and the cost model's recent
     /// accuracy per plan (gauge `synor:plan_latency_ms`).
     pub fn families(&self) -> Vec<MetricFamily> {
