@@ -5,7 +5,7 @@
 //!   the server owns and increments at the event (a request answered, a
 //!   worker lost, a cache lookup); the same values are read back by the
 //!   console and the admin API, so nothing is counted twice;
-//! - **read when scraped** (`Snapshot`): gauges and totals that live state
+//! - **read when scraped** (`Scraped`): gauges and totals that live state
 //!   already holds (the connected workers, each engine's queues, KV and
 //!   latency histograms, a cache's sizes), built fresh for each scrape, so
 //!   a worker that left or a model that was unloaded leaves no series.
@@ -97,9 +97,9 @@ pub fn collect(parts: &[&dyn Collector]) -> Vec<MetricFamily> {
 
 /// One family read from live state at scrape time.
 #[derive(Debug)]
-pub struct Snapshot(MetricFamily);
+pub struct Scraped(MetricFamily);
 
-impl Snapshot {
+impl Scraped {
     fn new(name: &str, help: &str, kind: MetricType) -> Self {
         let mut f = MetricFamily::default();
         f.set_name(name.to_string());
@@ -201,7 +201,7 @@ mod tests {
 
     #[test]
     fn histograms_are_cumulative_with_inf_sum_and_count() {
-        let mut h = Snapshot::histogram("x", "An x.");
+        let mut h = Scraped::histogram("x", "An x.");
         h.distribution(&[("model_name", "m")], &[0.1, 1.0], &[2, 1, 3], 7.5);
         let text = expose([vec![h.done()]]);
         assert_eq!(
@@ -219,11 +219,11 @@ mod tests {
     fn label_values_are_escaped_and_families_sorted_and_merged() {
         let c = int_counter_vec("b_total", "Bs.", &["k"]);
         c.with_label_values(&["a\"b\\c"]).inc();
-        let mut g = Snapshot::gauge("a", "As.");
+        let mut g = Scraped::gauge("a", "As.");
         g.sample(&[], 1.5);
-        let mut g2 = Snapshot::gauge("a", "As.");
+        let mut g2 = Scraped::gauge("a", "As.");
         g2.sample(&[("w", "x")], 2.0);
-        let empty = Snapshot::gauge("c", "Cs.");
+        let empty = Scraped::gauge("c", "Cs.");
         let text = expose([c.collect(), vec![g.done(), g2.done(), empty.done()]]);
         let two = int_counter_vec("c_total", "Cs.", &["z", "a"]);
         two.with_label_values(&["1", "2"]).inc();

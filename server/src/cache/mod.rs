@@ -5,9 +5,9 @@
 //! model. Every tier counts hits, misses, evictions, bytes and lookup time.
 
 pub mod answer;
-pub mod counts;
 pub mod disk;
 pub mod lexicon;
+pub mod lookup_stats;
 pub mod redis_tier;
 pub mod semantic;
 pub mod verify;
@@ -17,8 +17,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use answer::CachedAnswer;
-pub use counts::{SIMILARITY_BUCKETS, SemanticStats, TierCounts, TierStats};
 use disk::DiskTier;
+pub use lookup_stats::{LookupCounters, SIMILARITY_BUCKETS, SemanticStats, TierStats};
 use redis_tier::RedisTier;
 use semantic::{IndexKey, Match, Policy, SemanticIndex};
 use verify::Facts;
@@ -75,7 +75,7 @@ pub struct ResponseCache {
     l3: Option<RedisTier>,
     semantic: Mutex<SemanticIndex>,
     /// Per tier (L1, L2, L3), then the semantic index.
-    pub counts: TierCounts,
+    pub counts: LookupCounters,
     pub semantic_counts: SemanticStats,
     /// The default semantic policy, and each model's own (admin-set).
     policies: Mutex<(Policy, std::collections::BTreeMap<String, Policy>)>,
@@ -104,7 +104,7 @@ impl ResponseCache {
             l2,
             l3,
             semantic: Mutex::new(SemanticIndex::new(c.semantic)),
-            counts: TierCounts::default(),
+            counts: LookupCounters::default(),
             semantic_counts: SemanticStats::default(),
             policies: Mutex::new((c.policy, Default::default())),
             shared: Mutex::default(),

@@ -4,7 +4,7 @@
 //! (read when scraped, so a worker that left leaves no series).
 
 use super::registry::{Registry, WorkerInfo};
-use crate::telemetry::{Collector, IntCounter, MetricFamily, Snapshot, collect, int_counter};
+use crate::telemetry::{Collector, IntCounter, MetricFamily, Scraped, collect, int_counter};
 
 /// The fleet's event counters.
 #[derive(Debug, Clone)]
@@ -97,7 +97,7 @@ fn worker_families(workers: &[WorkerInfo]) -> Vec<MetricFamily> {
     WORKER_FAMILIES
         .iter()
         .map(|&(name, total, help, get)| {
-            let mut f = Snapshot::scalar(name, help, total);
+            let mut f = Scraped::scalar(name, help, total);
             for w in workers {
                 let labels = [
                     ("worker", w.id.as_str()),

@@ -11,7 +11,7 @@ use crate::cache::ResponseCache;
 use crate::fleet::registry::Registry;
 use crate::services::dispatch::Dispatch;
 use crate::telemetry::{
-    Collector, IntCounterVec, MetricFamily, Snapshot, expose, in_order, int_counter_vec,
+    Collector, IntCounterVec, MetricFamily, Scraped, expose, in_order, int_counter_vec,
 };
 use engine::registry::{ModelKind, ModelRegistry};
 use engine::{EngineStats, HistogramSnapshot, LatencyStats};
@@ -188,14 +188,14 @@ fn engine_families(models: &ModelRegistry) -> Vec<MetricFamily> {
     let mut out: Vec<MetricFamily> = ENGINE_SCALARS
         .iter()
         .map(|&(name, total, help, get)| {
-            let mut f = Snapshot::scalar(name, help, total);
+            let mut f = Scraped::scalar(name, help, total);
             for (model, s, l) in &text {
                 f.sample(&[("model_name", model)], get(s, l));
             }
             f.done()
         })
         .collect();
-    let mut finished = Snapshot::counter(
+    let mut finished = Scraped::counter(
         "synor:request_success_total",
         "Finished requests, by finish reason.",
     );
@@ -207,7 +207,7 @@ fn engine_families(models: &ModelRegistry) -> Vec<MetricFamily> {
     }
     out.push(finished.done());
     for (name, help, pick) in ENGINE_HISTOGRAMS {
-        let mut f = Snapshot::histogram(name, help);
+        let mut f = Scraped::histogram(name, help);
         for (model, _, l) in &text {
             let h = pick(l);
             f.distribution(&[("model_name", model)], h.bounds, &h.counts, h.sum_seconds);
@@ -219,7 +219,7 @@ fn engine_families(models: &ModelRegistry) -> Vec<MetricFamily> {
 
 /// The ledger's last audit, if one ran.
 fn audit_family(violations: Option<i64>) -> Vec<MetricFamily> {
-    let mut f = Snapshot::gauge(
+    let mut f = Scraped::gauge(
         "synor:ledger_audit_violations",
         "Violations the ledger's last audit found (double entry and the economic invariants; it runs every five minutes and on GET /admin/ledger/audit).",
     );

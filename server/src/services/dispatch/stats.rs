@@ -12,7 +12,7 @@ use super::stages::Stages;
 use super::utilization::{ExecutorUse, Utilization};
 use crate::services::placement::Estimate;
 use crate::telemetry::{
-    Collector, IntCounter, IntCounterVec, MetricFamily, Snapshot, collect, int_counter,
+    Collector, IntCounter, IntCounterVec, MetricFamily, Scraped, collect, int_counter,
     int_counter_vec,
 };
 
@@ -65,7 +65,7 @@ impl super::Dispatch {
     /// spot checks.
     pub fn families(&self) -> Vec<MetricFamily> {
         let mut out = self.stats.families();
-        let mut queued = Snapshot::gauge(
+        let mut queued = Scraped::gauge(
             "synor:fleet_queued",
             "Choices waiting while every executor of their model is at its batch cap.",
         );
@@ -79,11 +79,11 @@ impl super::Dispatch {
 /// Per executor: the share of the last minute and five minutes it was
 /// busy, and of the last minute it was moving KV.
 fn utilization_families(uses: &[ExecutorUse]) -> Vec<MetricFamily> {
-    let mut busy = Snapshot::gauge(
+    let mut busy = Scraped::gauge(
         "synor:executor_busy_ratio",
         "Share of the window with a choice of this server running on the executor.",
     );
-    let mut moving = Snapshot::gauge(
+    let mut moving = Scraped::gauge(
         "synor:executor_transfer_ratio",
         "Share of the last minute the executor was sending or receiving KV.",
     );
@@ -198,7 +198,7 @@ impl SplitStats {
     /// accuracy per plan (gauge `synor:plan_latency_ms`).
     pub fn families(&self) -> Vec<MetricFamily> {
         let mut out = collect(&[&self.plans as &dyn Collector, &self.transfers]);
-        let mut f = Snapshot::gauge(
+        let mut f = Scraped::gauge(
             "synor:plan_latency_ms",
             "Mean estimated and measured TTFT and TPOT of each plan's recent choices (the cost model's accuracy).",
         );

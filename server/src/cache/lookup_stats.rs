@@ -10,7 +10,7 @@ use super::semantic::Lookup;
 use super::verify::Reject;
 use super::{ResponseCache, Tier};
 use crate::telemetry::{
-    Collector, Counter, CounterVec, Histogram, IntCounter, IntCounterVec, MetricFamily, Snapshot,
+    Collector, Counter, CounterVec, Histogram, IntCounter, IntCounterVec, MetricFamily, Scraped,
     collect, counter_vec, histogram, int_counter_vec,
 };
 
@@ -40,7 +40,7 @@ impl TierStats {
 
 /// The tiers' families, and each tier's series of them.
 #[derive(Debug)]
-pub struct TierCounts {
+pub struct LookupCounters {
     hits: IntCounterVec,
     misses: IntCounterVec,
     evictions: IntCounterVec,
@@ -50,10 +50,10 @@ pub struct TierCounts {
     pub tiers: [TierStats; 4],
 }
 
-/// The tiers as `/metrics` labels them, in `TierCounts::tiers`' order.
+/// The tiers as `/metrics` labels them, in `LookupCounters::tiers`' order.
 const TIERS: [&str; 4] = ["l1", "l2", "l3", "semantic"];
 
-impl Default for TierCounts {
+impl Default for LookupCounters {
     fn default() -> Self {
         let tier = &["tier"];
         let hits = int_counter_vec(
@@ -180,7 +180,7 @@ impl ResponseCache {
                 vec![(tier(Tier::L1), n1), (tier(Tier::L2), n2), ("semantic", n3)],
             ),
         ] {
-            let mut f = Snapshot::gauge(name, help);
+            let mut f = Scraped::gauge(name, help);
             for (t, v) in rows {
                 f.sample(&[("tier", t)], v as f64);
             }
