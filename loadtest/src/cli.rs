@@ -264,6 +264,29 @@ pub fn parse_slo(items: &[String]) -> anyhow::Result<Slo> {
     Ok(slo)
 }
 
+/// The command line as a result file records it, with the values of
+/// the flags that carry secrets (`--api-key`) replaced by `***`: a result
+/// file is shared, a key must not travel with it.
+pub fn recorded_command(args: impl IntoIterator<Item = String>) -> String {
+    const SECRET: &str = "--api-key";
+    let mut out: Vec<String> = Vec::new();
+    let mut hide_next = false;
+    for a in args {
+        if hide_next {
+            out.push("***".into());
+            hide_next = false;
+        } else if a == SECRET {
+            out.push(a);
+            hide_next = true;
+        } else if a.starts_with(&format!("{SECRET}=")) {
+            out.push(format!("{SECRET}=***"));
+        } else {
+            out.push(a);
+        }
+    }
+    out.join(" ")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -317,5 +340,22 @@ mod tests {
         assert!(parse_slo(&["itl:5".into()]).is_err());
         assert!(parse_slo(&["ttft".into()]).is_err());
         assert!(parse_slo(&["ttft:-1".into()]).is_err());
+    }
+
+    #[test]
+    fn a_recorded_command_never_holds_the_api_key() {
+        let args = |s: &str| s.split(' ').map(String::from).collect::<Vec<_>>();
+        assert_eq!(
+            recorded_command(args("synor-loadtest --api-key sk-secret --num-prompts 4")),
+            "synor-loadtest --api-key *** --num-prompts 4"
+        );
+        assert_eq!(
+            recorded_command(args("synor-loadtest --api-key=sk-secret")),
+            "synor-loadtest --api-key=***"
+        );
+        assert_eq!(
+            recorded_command(args("synor-loadtest --model m")),
+            "synor-loadtest --model m"
+        );
     }
 }

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use clap::Parser;
-use loadtest::cli::{Cli, Command, RunArgs};
+use loadtest::cli::{self, Cli, Command, RunArgs};
 use loadtest::report::{self, BenchResult, RunInfo};
 use loadtest::{bench, compare, metrics, plot, probe};
 
@@ -38,7 +38,7 @@ async fn run(args: RunArgs) -> anyhow::Result<bool> {
             max_concurrency: args.max_concurrency,
             seed: args.seed,
             cache: Some(args.cache),
-            command: std::env::args().collect::<Vec<_>>().join(" "),
+            command: cli::recorded_command(std::env::args()),
         },
         aggregates,
         cancellation_check,
