@@ -16,6 +16,7 @@ FEATURES := --features synor/faults
 
 MODEL_FILES := \
 	$(SYNOR_MODELS_DIR)/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf \
+	$(SYNOR_MODELS_DIR)/smollm2-135m-instruct/generation_config.json \
 	$(SYNOR_MODELS_DIR)/all-minilm-l6-v2/model.safetensors \
 	$(SYNOR_MODELS_DIR)/all-minilm-l6-v2/config.json \
 	$(SYNOR_MODELS_DIR)/all-minilm-l6-v2/tokenizer.json \

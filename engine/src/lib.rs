@@ -17,6 +17,7 @@ pub mod core;
 pub mod embed;
 pub mod error;
 pub mod executor;
+pub mod generation;
 pub mod gguf;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 pub mod gpu_executor;
@@ -39,6 +40,7 @@ pub use chat::{ChatMessage, TemplateChoice};
 pub use constraint::Grammar;
 pub use embed::{EmbedInput, EmbeddingHandle, Embeddings};
 pub use error::EngineError;
+pub use generation::GenerationDefaults;
 pub use handle::{Device, EngineBuilder, EngineConfig, EngineHandle, ModelFacts, ModelInfo};
 pub use kv_cache::KvDtype;
 pub use latency::{HistogramSnapshot, LatencyStats};

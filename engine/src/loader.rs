@@ -5,6 +5,7 @@ use std::path::Path;
 
 use crate::chat::{ChatTemplate, TemplateChoice};
 use crate::error::{EngineError, Result};
+use crate::generation::GenerationDefaults;
 use crate::model::llama::Llama;
 use crate::tokenizer::TextTokenizer;
 use crate::tokenizer::gguf::tokenizer_from_gguf;
@@ -15,6 +16,9 @@ pub struct LoadedModel {
     pub model: Llama,
     pub tokenizer: TextTokenizer,
     pub template: ChatTemplate,
+    /// The model's sampling defaults (its GGUF keys, then a
+    /// `generation_config.json` beside the file).
+    pub generation: GenerationDefaults,
 }
 
 /// Loads `path` (a llama-family GGUF).
@@ -33,6 +37,13 @@ pub fn load_gguf(path: &Path, template: &TemplateChoice) -> Result<LoadedModel> 
         .and_then(|v| v.to_string().ok());
     let source = template.resolve(stored.map(String::as_str))?;
     let template = ChatTemplate::new(&source, tokenizer.bos_text(), tokenizer.eos_text())?;
+    let beside = path
+        .parent()
+        .map_or(Ok(GenerationDefaults::default()), |d| {
+            GenerationDefaults::from_dir(d)
+        });
+    let generation =
+        GenerationDefaults::from_gguf(&ct.metadata).then(beside.map_err(EngineError::Load)?);
     tracing::info!(
         path = %path.display(),
         arch = %model.config.architecture,
@@ -44,5 +55,6 @@ pub fn load_gguf(path: &Path, template: &TemplateChoice) -> Result<LoadedModel> 
         model,
         tokenizer,
         template,
+        generation,
     })
 }

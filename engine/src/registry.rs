@@ -9,7 +9,9 @@ use std::sync::RwLock;
 use crate::chat::TemplateChoice;
 use crate::embed::EmbeddingHandle;
 use crate::error::EngineError;
+use crate::generation::GenerationDefaults;
 use crate::handle::EngineHandle;
+use crate::loader::load_gguf;
 
 /// Why the registry refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -225,20 +227,23 @@ impl ModelLoader {
         Ok(full)
     }
 
-    /// Loads a model (blocking: run it off the async runtime).
+    /// Loads a model (blocking: run it off the async runtime); a text
+    /// model's sampling defaults are its own with `generation`'s fields
+    /// over them.
     pub fn load(
         &self,
         name: &str,
         path: &Path,
         kind: Kind,
+        generation: GenerationDefaults,
     ) -> Result<RegisteredModel, EngineError> {
         let path = self.resolve(path);
         let kind = match kind {
-            Kind::Text => ModelKind::Text(EngineHandle::start_gguf(
-                &path,
-                &self.template,
-                self.engine.clone(),
-            )?),
+            Kind::Text => {
+                let mut loaded = load_gguf(&path, &self.template)?;
+                loaded.generation = loaded.generation.then(generation);
+                ModelKind::Text(EngineHandle::start(loaded, self.engine.clone())?)
+            }
             Kind::Embedding => ModelKind::Embedding(EmbeddingHandle::start(&path)?),
         };
         Ok(RegisteredModel {

@@ -55,6 +55,7 @@ fn engine_sliding(
         architecture: mc.architecture.clone(),
         context_length: mc.context_length,
         vocab_size: mc.vocab_size,
+        generation: Default::default(),
     };
     let config = SchedulerConfig {
         max_num_batched_tokens: step_tokens,

@@ -7,6 +7,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use engine::GenerationDefaults;
 
 /// Synor Compute: OpenAI-compatible inference serving.
 #[derive(Debug, Parser)]
@@ -822,6 +823,20 @@ pub struct ModelArgs {
     /// Name clients use for the generative model (default: its folder name).
     #[arg(long, env = "SYNOR_SERVED_MODEL_NAME")]
     pub served_model_name: Option<String>,
+
+    /// The generative model's sampling defaults, over its own (its GGUF's
+    /// `general.sampling.*` keys, then a `generation_config.json` beside
+    /// the file), as JSON: `{"temperature": 0.2, "top_p": 0.9,
+    /// "max_tokens": 512}` (also `top_k`, `min_p`, `repetition_penalty`).
+    /// A request without `max_tokens` gets at most 1024 unless set here.
+    #[arg(
+        long = "override-generation-config",
+        env = "SYNOR_OVERRIDE_GENERATION_CONFIG",
+        value_name = "JSON",
+        default_value = "{}",
+        value_parser = GenerationDefaults::parse_override
+    )]
+    pub generation: GenerationDefaults,
 
     /// Chat template: `auto`, `gguf` (the stored one, verbatim), `chatml`,
     /// or a path to a Jinja file.

@@ -8,6 +8,7 @@ use anyhow::Context;
 use tokio::net::TcpListener;
 
 use crate::config::{ModelArgs, SchedulerArgs, ServeArgs};
+use engine::GenerationDefaults;
 use engine::registry::{Kind, ModelLoader, ModelRegistry};
 use money::ledger::{Ledger, LedgerConfig};
 use money::market::Market;
@@ -38,27 +39,31 @@ pub async fn load_models(
         let loader = loader(&models, &scheduler);
         let m = &models;
         // Paths as given: the loader resolves them against the models dir.
-        let mut wanted = vec![(m.model_name(), m.model.clone(), Kind::Text)];
+        let none = GenerationDefaults::default();
+        let mut wanted = vec![(m.model_name(), m.model.clone(), Kind::Text, m.generation)];
         if m.embedding_path().is_some() {
             wanted.push((
                 m.embedding_name(),
                 m.embedding_model.clone(),
                 Kind::Embedding,
+                none,
             ));
         }
         wanted.extend(
             m.extra_models
                 .iter()
-                .map(|(n, p)| (n.clone(), p.clone(), Kind::Text)),
+                .map(|(n, p)| (n.clone(), p.clone(), Kind::Text, none)),
         );
         let registry = ModelRegistry::default();
-        for (name, path, kind) in wanted {
-            let model = loader.load(&name, &path, kind).with_context(|| {
-                format!(
-                    "loading {} (run `make models` to fetch the defaults)",
-                    loader.resolve(&path).display()
-                )
-            })?;
+        for (name, path, kind, generation) in wanted {
+            let model = loader
+                .load(&name, &path, kind, generation)
+                .with_context(|| {
+                    format!(
+                        "loading {} (run `make models` to fetch the defaults)",
+                        loader.resolve(&path).display()
+                    )
+                })?;
             registry.add(model).map_err(|e| anyhow::anyhow!("{e}"))?;
         }
         Ok(registry)

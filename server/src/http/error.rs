@@ -232,6 +232,7 @@ impl From<crate::services::ServiceError> for ApiError {
             S::WrongModelKind { model, endpoint } => Self::WrongModelKind { model, endpoint },
             S::NameTaken(_) => Self::invalid("name", e.to_string()),
             S::RateLimited { what, retry_after } => Self::RateLimited { what, retry_after },
+            S::OverLimit { param, .. } => Self::invalid(param, e.to_string()),
             S::Engine(e) => Self::Engine(e),
             S::Ledger(e) => e.into(),
             S::Market(e) => e.into(),

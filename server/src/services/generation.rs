@@ -162,7 +162,11 @@ impl Generation {
         input: EmbedInput,
     ) -> Result<Embeddings, ServiceError> {
         let worst = worst_tokens(&input);
-        self.charge_tokens(key, worst)?;
+        let mut charged = self.charge_tokens(key, worst);
+        if let Err(ServiceError::OverLimit { param, .. }) = &mut charged {
+            *param = "input";
+        }
+        charged?;
         let tab = match &self.billing {
             Some(b) => {
                 let mut quote = b.quote(model, money::market::pricing::Occupancy::default())?;

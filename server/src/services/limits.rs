@@ -103,12 +103,22 @@ impl Limiter {
     }
 
     /// Charges `tokens` to `key`; refuses (charging nothing) when that
-    /// would pass its tokens-per-minute limit.
+    /// would pass its tokens-per-minute limit: for now (`RateLimited`,
+    /// retry later), or for ever when `tokens` alone is more than the
+    /// limit (`OverLimit`, a client error: retrying cannot help).
     pub fn charge(&self, key: &KeyRecord, tokens: u64, now: Instant) -> Result<(), ServiceError> {
         let mut keys = self.keys.lock().unwrap_or_else(|e| e.into_inner());
         let u = keys.entry(key.id.clone()).or_default();
         u.prune(now);
         if let Some(tpm) = key.limits.tpm {
+            // A request that could never fit waits for nothing: say so.
+            if tokens > tpm.max(0) as u64 {
+                return Err(ServiceError::OverLimit {
+                    param: "max_tokens",
+                    need: tokens,
+                    limit: tpm.max(0) as u64,
+                });
+            }
             let used: u64 = u.tokens.iter().map(|(_, n)| n).sum();
             if used + tokens > tpm.max(0) as u64 {
                 let retry = u.tokens.front().map_or(60, |&(t, _)| retry_after(t, now));
@@ -190,5 +200,22 @@ mod tests {
             .expect("fits exactly");
         l.charge(&k, 100, now + Duration::from_secs(63))
             .expect("both charges left the window");
+    }
+
+    #[test]
+    fn a_request_larger_than_the_limit_is_refused_as_infeasible_not_rate_limited() {
+        let l = Arc::new(Limiter::default());
+        let k = key(Limits {
+            tpm: Some(100),
+            ..Default::default()
+        });
+        match l.charge(&k, 101, Instant::now()) {
+            Err(ServiceError::OverLimit { need, limit, .. }) => {
+                assert_eq!((need, limit), (101, 100))
+            }
+            other => panic!("expected OverLimit, got {other:?}"),
+        }
+        l.charge(&k, 100, Instant::now())
+            .expect("the whole limit fits");
     }
 }

@@ -70,6 +70,18 @@ pub enum ServiceError {
         what: &'static str,
         retry_after: u64,
     },
+    /// The request's worst case (prompt plus `max_tokens` for every
+    /// choice) is more than the key's tokens per minute: it can never run.
+    /// `param` names the field to make smaller.
+    #[error(
+        "this request may use up to {need} tokens, more than this key's limit of {limit} \
+         tokens per minute, so it can never run: make `{param}` smaller"
+    )]
+    OverLimit {
+        param: &'static str,
+        need: u64,
+        limit: u64,
+    },
     #[error(transparent)]
     Engine(#[from] EngineError),
     #[error(transparent)]

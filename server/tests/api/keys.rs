@@ -178,11 +178,29 @@ async fn limits_trip_with_retry_after_and_recover() {
     assert_eq!(third.status(), StatusCode::OK);
 
     // Tokens per minute are charged at admission: prompt plus max_tokens.
-    let tpm = create(&app, json!({"name": "tpm", "tpm_limit": 60})).await;
-    let big = chat_as(&app, &tpm, chat(100, false)).await;
-    assert_eq!(big.status(), StatusCode::TOO_MANY_REQUESTS);
+    // A request that alone is over the limit can never run: a 400 that
+    // says so (a 429 would make the OpenAI SDK wait and retry for ever).
+    let tpm = create(&app, json!({"name": "tpm", "tpm_limit": 200})).await;
+    let big = chat_as(&app, &tpm, chat(300, false)).await;
+    assert_eq!(big.status(), StatusCode::BAD_REQUEST);
+    let err = json_of(big).await["error"].clone();
+    assert_eq!(err["param"], "max_tokens", "{err}");
+    assert!(
+        err["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("200 tokens per minute")),
+        "{err}"
+    );
     let small = chat_as(&app, &tpm, chat(4, false)).await;
     assert_eq!(small.status(), StatusCode::OK);
+    let prompt = json_of(small).await["usage"]["prompt_tokens"]
+        .as_u64()
+        .expect("usage");
+    // What is left of the minute is less than this one, which would fit
+    // an empty minute: a 429, retry later.
+    let rest = 200 - (prompt + 4);
+    let later = chat_as(&app, &tpm, chat((rest + 1 - prompt) as u32, false)).await;
+    assert_eq!(later.status(), StatusCode::TOO_MANY_REQUESTS);
 }
 
 #[tokio::test]
@@ -193,10 +211,11 @@ async fn embeddings_count_against_tokens_per_minute_like_generations() {
         let body = json!({"model": MINILM, "input": text});
         call(&app, "POST", "/v1/embeddings", Some(&tpm), Some(body))
     };
-    // Worst case: one token per character plus the two special tokens.
+    // Worst case: one token per character plus the two special tokens;
+    // more than the whole limit can never run.
     let big = embed("word ".repeat(20)).await;
-    assert_eq!(big.status(), StatusCode::TOO_MANY_REQUESTS);
-    assert_eq!(json_of(big).await["error"]["code"], "rate_limit_exceeded");
+    assert_eq!(big.status(), StatusCode::BAD_REQUEST);
+    assert_eq!(json_of(big).await["error"]["param"], "input");
     for _ in 0..2 {
         let small = embed("hello world".into()).await;
         assert_eq!(small.status(), StatusCode::OK);
@@ -264,4 +283,71 @@ async fn admins_load_and_unload_models_without_a_restart() {
     )
     .await;
     assert_eq!(again.status(), StatusCode::NOT_FOUND);
+}
+
+#[tokio::test]
+async fn a_model_loaded_with_sampling_defaults_uses_them_where_a_request_is_silent() {
+    let app = keyed_app().await;
+    let key = create(&app, json!({"name": "defaults"})).await;
+    let bad = json!({"name": "tiny-bad", "path": "tiny/tiny.gguf",
+        "generation_config": {"temperature": 7}});
+    let bad = call(&app, "POST", "/admin/models", Some(ADMIN), Some(bad)).await;
+    assert_eq!(json_of(bad).await["error"]["param"], "generation_config");
+    let spec = json!({"name": "tiny-greedy", "path": "tiny/tiny.gguf",
+        "generation_config": {"temperature": 0, "max_tokens": 3}});
+    let loaded = call(&app, "POST", "/admin/models", Some(ADMIN), Some(spec)).await;
+    assert_eq!(loaded.status(), StatusCode::CREATED);
+    let ask = |extra: Value| {
+        let mut body = json!({"model": "tiny-greedy", "ignore_eos": true,
+            "messages": [{"role": "user", "content": "tell me a story"}]});
+        for (k, v) in extra.as_object().into_iter().flatten() {
+            body[k] = v.clone();
+        }
+        let (app, key) = (app.clone(), key.clone());
+        async move { json_of(chat_as(&app, &key, body).await).await }
+    };
+    // No max_tokens: the model's 3, not the rest of the context.
+    let silent = ask(json!({})).await;
+    assert_eq!(silent["usage"]["completion_tokens"], 3, "{silent}");
+    assert_eq!(silent["choices"][0]["finish_reason"], "length");
+    // No temperature: the model's greedy default, whatever the seed.
+    let greedy = ask(json!({"temperature": 0, "max_tokens": 3})).await;
+    for seed in [1, 2] {
+        let seeded = ask(json!({"seed": seed})).await;
+        assert_eq!(
+            seeded["choices"][0]["message"]["content"],
+            greedy["choices"][0]["message"]["content"]
+        );
+    }
+    // A request's own value wins.
+    let long = ask(json!({"max_tokens": 5})).await;
+    assert_eq!(long["usage"]["completion_tokens"], 5, "{long}");
+}
+
+#[tokio::test]
+async fn the_front_door_points_to_the_api_docs_and_console() {
+    let app = keyed_app().await;
+    let r = call(&app, "GET", "/", None, None).await;
+    assert_eq!(r.status(), StatusCode::OK);
+    let body = json_of(r).await;
+    for path in ["/v1", "/docs", "/console", "/health", "/metrics"] {
+        assert!(body["links"].get(path).is_some(), "{path}: {body}");
+    }
+    let page = app
+        .clone()
+        .oneshot(
+            Request::get("/")
+                .header("accept", "text/html,application/xhtml+xml")
+                .body(Body::empty())
+                .expect("request"),
+        )
+        .await
+        .expect("reply");
+    assert_eq!(page.status(), StatusCode::OK);
+    let html = page.into_body().collect().await.expect("body").to_bytes();
+    let html = String::from_utf8_lossy(&html);
+    assert!(
+        html.contains("href=\"/console\"") && html.contains("href=\"/docs\""),
+        "{html}"
+    );
 }

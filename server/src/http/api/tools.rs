@@ -183,11 +183,12 @@ fn preamble(fns: &[&Function], may_answer: bool) -> String {
     s
 }
 
-/// Parses the constrained output (plain text when it is not the format,
-/// e.g. cut by `max_tokens`).
+/// Parses the constrained output. An answer cut by `max_tokens`
+/// (`{"response": "Paris is a ci`) is the answer so far, never the
+/// envelope; other text that is not the format is returned as it is.
 pub fn parse_output(text: &str) -> ToolOutput {
     let Ok(v) = serde_json::from_str::<Value>(text) else {
-        return ToolOutput::Content(text.to_string());
+        return ToolOutput::Content(cut_response(text).unwrap_or_else(|| text.to_string()));
     };
     if let Some(call) = v.get("tool_call")
         && let Some(name) = call.get("name").and_then(Value::as_str)
@@ -202,6 +203,27 @@ pub fn parse_output(text: &str) -> ToolOutput {
         Some(r) => ToolOutput::Content(r.to_string()),
         None => ToolOutput::Content(text.to_string()),
     }
+}
+
+/// The answer inside a `{"response": "...` envelope that ends before its
+/// string does: the string's text so far (escapes decoded, a cut escape
+/// dropped). `None` when `text` is not such an envelope.
+fn cut_response(text: &str) -> Option<String> {
+    let rest = text.trim_start().strip_prefix('{')?.trim_start();
+    let rest = rest.strip_prefix("\"response\"")?.trim_start();
+    let body = rest.strip_prefix(':')?.trim_start().strip_prefix('"')?;
+    // Close the string at each candidate end, longest first: the first
+    // prefix that parses as a JSON string is the answer so far. A cut
+    // escape is at most 6 characters (`\u00e9`), so a few tries do.
+    let mut end = body.len();
+    for _ in 0..8 {
+        let candidate = &body[..end];
+        if let Ok(s) = serde_json::from_str::<String>(&format!("\"{candidate}\"")) {
+            return Some(s);
+        }
+        end = body[..end].char_indices().next_back().map(|(i, _)| i)?;
+    }
+    None
 }
 
 /// The prompt text of a message that belongs to a tool exchange: an
@@ -301,5 +323,19 @@ mod tests {
             parse_output("{\"tool_ca"),
             ToolOutput::Content("{\"tool_ca".into())
         );
+    }
+
+    #[test]
+    fn an_answer_cut_by_max_tokens_is_its_text_so_far_never_the_envelope() {
+        for (cut, want) in [
+            (r#"{"response": "Paris is a city"#, "Paris is a city"),
+            (r#"{ "response" : "Paris\nis"#, "Paris\nis"),
+            (r#"{"response": "a \"quote\" and \"#, "a \"quote\" and "),
+            (r#"{"response": "caf\u00"#, "caf"),
+            (r#"{"response": ""#, ""),
+            (r#"{"response": "done"}"#, "done"),
+        ] {
+            assert_eq!(parse_output(cut), ToolOutput::Content(want.into()), "{cut}");
+        }
     }
 }

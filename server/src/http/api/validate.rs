@@ -2,7 +2,11 @@
 //! names the field it refuses; parameters we cannot honour yet are refused
 //! with a 400 rather than silently ignored.
 
-use engine::{ChatMessage, EngineHandle, GenerateRequest, Grammar, SamplingParams, ValidRequest};
+use engine::generation::DEFAULT_MAX_TOKENS;
+use engine::{
+    ChatMessage, EngineHandle, GenerateRequest, GenerationDefaults, Grammar, SamplingParams,
+    ValidRequest,
+};
 
 use super::tools;
 use super::types::{
@@ -69,14 +73,16 @@ fn logit_bias(c: &CommonParams) -> Result<Vec<(u32, f32)>, ApiError> {
         .collect()
 }
 
-/// Sampling parameters from the shared fields; `max_tokens` and `logprobs`
-/// already resolved.
+/// Sampling parameters from the shared fields, the model's defaults
+/// (`model`) for the fields left out; `max_tokens` and `logprobs` already
+/// resolved.
 fn sampling(
     c: &CommonParams,
+    model: &GenerationDefaults,
     max_tokens: usize,
     logprobs: Option<usize>,
 ) -> Result<SamplingParams, ApiError> {
-    let top_k = match c.top_k {
+    let top_k = match c.top_k.or(model.top_k.map(i64::from)) {
         None | Some(-1) | Some(0) => 0,
         Some(k) if k > 0 => k as usize,
         Some(_) => return Err(refuse("top_k", "top_k must be -1 (disabled) or positive")),
@@ -86,16 +92,19 @@ fn sampling(
         Some(n) => n as usize,
     };
     let params = SamplingParams {
-        temperature: c.temperature.unwrap_or(1.0),
-        top_p: c.top_p.unwrap_or(1.0),
+        temperature: c.temperature.or(model.temperature).unwrap_or(1.0),
+        top_p: c.top_p.or(model.top_p).unwrap_or(1.0),
         top_k,
         seed: c.seed.map(|s| s as u64),
         max_tokens,
         stop: c.stop.clone().map(|s| s.into_vec()).unwrap_or_default(),
         stop_token_ids: c.stop_token_ids.clone(),
         ignore_eos: c.ignore_eos,
-        min_p: c.min_p.unwrap_or(0.0),
-        repetition_penalty: c.repetition_penalty.unwrap_or(1.0),
+        min_p: c.min_p.or(model.min_p).unwrap_or(0.0),
+        repetition_penalty: c
+            .repetition_penalty
+            .or(model.repetition_penalty)
+            .unwrap_or(1.0),
         frequency_penalty: c.frequency_penalty.unwrap_or(0.0),
         presence_penalty: c.presence_penalty.unwrap_or(0.0),
         logit_bias: logit_bias(c)?,
@@ -185,7 +194,8 @@ pub fn chat(
     // The sampling parameters are cheap to check: refuse bad ones before
     // rendering the template and tokenizing (the expensive part); the
     // engine's check below is the request's one validation.
-    sampling(&common, 1, logprobs)?.validate()?;
+    let model = engine.info().generation;
+    sampling(&common, &model, 1, logprobs)?.validate()?;
     let messages = chat_messages(
         &req.messages,
         tool_plan.as_ref().map(|p| p.preamble.as_str()),
@@ -196,12 +206,20 @@ pub fn chat(
         Some(n) => ("max_completion_tokens", Some(n)),
         None => ("max_tokens", req.max_tokens),
     };
+    // Without `max_tokens`: the model's default length, capped so that
+    // a request cannot ramble for minutes, and by the context left.
     let room = engine
         .info()
         .context_length
         .saturating_sub(prompt_tokens.len())
         .max(1);
-    let mut params = sampling(&common, max_tokens(field, given, room)?, logprobs)?;
+    let default = model.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS).min(room);
+    let mut params = sampling(
+        &common,
+        &model,
+        max_tokens(field, given, default)?,
+        logprobs,
+    )?;
     params.grammar = grammar;
     let request = GenerateRequest {
         prompt_tokens,
@@ -340,7 +358,7 @@ pub fn completion(
         ));
     }
     let max = max_tokens("max_tokens", req.max_tokens, COMPLETIONS_DEFAULT_MAX_TOKENS)?;
-    let params = sampling(&common, max, logprobs)?;
+    let params = sampling(&common, &engine.info().generation, max, logprobs)?;
     // One entry per choice: prompt i's n choices come together.
     let mut echo = Vec::with_capacity(prompts.len() * params.n);
     for p in &prompts {

@@ -9,6 +9,8 @@ use axum::routing::{delete, get, post};
 use axum::{Json, Router};
 use serde::Deserialize;
 
+use engine::GenerationDefaults;
+
 use crate::http::api::bodies::{CreatedKey, List, ModelChange, Revoked};
 use crate::http::api::json::ApiJson;
 use crate::http::error::ApiError;
@@ -36,6 +38,11 @@ pub(crate) struct LoadModel {
     path: std::path::PathBuf,
     #[serde(default = "text_kind")]
     kind: Kind,
+    /// A text model's sampling defaults over its own (`temperature`,
+    /// `top_p`, `top_k`, `min_p`, `repetition_penalty`, `max_tokens`).
+    #[serde(default)]
+    #[schema(value_type = Option<Object>)]
+    generation_config: Option<serde_json::Value>,
 }
 
 fn text_kind() -> Kind {
@@ -83,26 +90,32 @@ pub(crate) async fn load_model(
     let path = loader
         .resolve_inside(&req.path)
         .map_err(|m| ApiError::invalid("path", m))?;
+    let generation = match &req.generation_config {
+        None => GenerationDefaults::default(),
+        Some(v) => GenerationDefaults::parse_override(&v.to_string())
+            .map_err(|m| ApiError::invalid("generation_config", m))?,
+    };
     let (name, kind) = (req.name.clone(), req.kind);
-    let model = tokio::task::spawn_blocking(move || loader.load(&name, &path, kind.into()))
-        .await
-        .map_err(|e| ApiError::Storage(format!("model loading panicked: {e}")))?
-        .map_err(|e| {
-            // The details (resolved path, file bytes, backtraces) are for
-            // the log only.
-            tracing::warn!(path = %req.path.display(), error = %e, "admin model load failed");
-            ApiError::invalid(
-                "path",
-                format!(
-                    "`{}` could not be loaded as {} model (the server log has the details)",
-                    req.path.display(),
-                    match kind {
-                        Kind::Text => "a text (GGUF)",
-                        Kind::Embedding => "an embedding (safetensors folder)",
-                    }
-                ),
-            )
-        })?;
+    let model =
+        tokio::task::spawn_blocking(move || loader.load(&name, &path, kind.into(), generation))
+            .await
+            .map_err(|e| ApiError::Storage(format!("model loading panicked: {e}")))?
+            .map_err(|e| {
+                // The details (resolved path, file bytes, backtraces) are for
+                // the log only.
+                tracing::warn!(path = %req.path.display(), error = %e, "admin model load failed");
+                ApiError::invalid(
+                    "path",
+                    format!(
+                        "`{}` could not be loaded as {} model (the server log has the details)",
+                        req.path.display(),
+                        match kind {
+                            Kind::Text => "a text (GGUF)",
+                            Kind::Embedding => "an embedding (safetensors folder)",
+                        }
+                    ),
+                )
+            })?;
     state.models.add(model)?;
     let body = ModelChange {
         id: req.name,

@@ -10,6 +10,7 @@ pub mod console;
 pub mod embeddings;
 pub mod fleet;
 pub mod health;
+pub mod home;
 pub mod market;
 pub mod market_admin;
 pub mod models;
@@ -53,6 +54,7 @@ pub fn router(state: &AppState) -> Router<AppState> {
     Router::new()
         .merge(v1)
         .merge(admin)
+        .merge(home::router())
         .merge(health::router())
         .merge(fleet::router())
         .merge(console::router())
