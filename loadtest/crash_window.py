@@ -74,7 +74,7 @@ def round_(args, rng):
     db = "sqlite://" + tempfile.mkdtemp(prefix="crash-") + "/synor.db"
     proc, base = start(args.bin, args.model, db, args.models_dir)
     acct = call(base, "POST", "/admin/accounts", {"name": "crash"})
-    call(base, "POST", f"/admin/accounts/{acct['id']}/topup", {"amount": 10**15})
+    call(base, "POST", f"/admin/accounts/{acct['id']}/topup", {"amount": "100000"})
     key = call(base, "POST", "/admin/keys", {"name": "crash", "account_id": acct["id"]})["key"]
     model = call(base, "GET", "/v1/models", token=key)["data"][0]["id"]
     counts = [0] * args.streams

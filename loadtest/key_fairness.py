@@ -40,7 +40,7 @@ def call(base, method, path, body=None, token=ADMIN, timeout=600):
 
 def key(base, name):
     acct = call(base, "POST", "/admin/accounts", {"name": name})
-    call(base, "POST", f"/admin/accounts/{acct['id']}/topup", {"amount": 10**15})
+    call(base, "POST", f"/admin/accounts/{acct['id']}/topup", {"amount": "100000"})
     return call(base, "POST", "/admin/keys", {"name": name, "account_id": acct["id"]})["key"]
 
 

@@ -77,7 +77,7 @@ function keepCsrf(token) {
   else sessionStorage.removeItem(CSRF_KEY);
 }
 
-// Integers past 2^53 (large balances in ticks) come back as BigInt.
+// Integers past 2^53 come back as BigInt (amounts are decimal strings).
 function parse(text) {
   return JSON.parse(text, (key, v, ctx) =>
     typeof v === 'number' && !Number.isSafeInteger(v) && /^-?\d+$/.test(ctx?.source ?? '')

@@ -92,10 +92,29 @@ export function num(n, digits) {
   return Number(n).toLocaleString('en-US', { minimumFractionDigits: digits, maximumFractionDigits: digits });
 }
 
-/** Money in ticks (10^10 ticks = 1 unit), with the units as a tooltip. */
-export function money(ticks) {
-  if (ticks === null || ticks === undefined) return '–';
-  return h('span', { class: 'money', title: `${(Number(ticks) / 1e10).toFixed(4)} units` }, nf.format(ticks));
+/** An amount as the API gives it (a decimal string of currency units)
+ * for reading: thousands separators; a unit or more to at most 4
+ * decimals, less than a unit to its significant digits. The exact
+ * amount is the tooltip. */
+export function money(units) {
+  if (units === null || units === undefined) return '–';
+  return h('span', { class: 'money', title: `${units} units` }, moneyText(units));
+}
+
+/** Ticks (10^-10 of a unit; the fleet protocol's prices) as a units string. */
+export function ticksToUnits(ticks) {
+  const t = BigInt(ticks);
+  const s = (t < 0n ? -t : t).toString().padStart(11, '0');
+  return `${t < 0n ? '-' : ''}${s.slice(0, -10)}.${s.slice(-10)}`;
+}
+
+/** The text of `money`. */
+export function moneyText(units) {
+  const m = /^(-?)(\d+)(?:\.(\d+))?$/.exec(String(units));
+  if (!m) return String(units);
+  const [, sign, whole, frac = ''] = m;
+  const shown = whole === '0' ? frac.replace(/0+$/, '') : frac.slice(0, 4).replace(/0+$/, '');
+  return `${sign}${whole.replace(/\B(?=(\d{3})+(?!\d))/g, ',')}.${shown.padEnd(2, '0')}`;
 }
 
 /** A fraction 0..1 as a percentage. */
@@ -185,7 +204,9 @@ export function action(label, fn, { confirm, cls = 'secondary', testid } = {}) {
 
 function field(f) {
   const attrs = {
-    name: f.name, type: f.type ?? 'text', required: f.required, placeholder: f.placeholder,
+    name: f.name, type: f.type === 'amount' ? 'text' : f.type ?? 'text', required: f.required,
+    placeholder: f.placeholder ?? (f.type === 'amount' ? '0.00' : undefined),
+    inputmode: f.type === 'amount' ? 'decimal' : undefined,
     min: f.min, max: f.max, step: f.step, list: f.list, autocomplete: 'off',
     'aria-label': f.label ? null : f.placeholder ?? f.name,
   };
@@ -228,6 +249,14 @@ export function int(text, label) {
   if (!/^-?\d+$/.test(text)) throw new Error(`${label}: a whole number is needed`);
   const n = Number(text);
   return Number.isSafeInteger(n) ? n : BigInt(text);
+}
+
+/** An amount of money typed in a field, as the API takes it: a decimal
+ * string of units, up to 10 decimals ('' is undefined). */
+export function amount(text, label) {
+  if (text === '' || text === undefined) return undefined;
+  if (!/^-?\d+(\.\d{1,10})?$/.test(text)) throw new Error(`${label}: an amount in units is needed, like 12.50`);
+  return text;
 }
 
 /** A decimal number of a field ('' is undefined). */

@@ -8,7 +8,7 @@ use crate::config::{
 use money::ledger::Ledger;
 use money::ledger::accounts::AccountKind;
 use money::ledger::amount::parse_units;
-use money::ledger::amount::{self, format_units};
+use money::ledger::amount::{self, show_units};
 use money::store::keys::{Limits, NewKey};
 
 pub async fn run(args: KeysArgs) -> anyhow::Result<()> {
@@ -89,9 +89,9 @@ pub async fn accounts(args: AccountsArgs) -> anyhow::Result<()> {
                     "{:<42} {:<9} balance={} held={} credit_limit={}  {}",
                     a.id,
                     a.kind,
-                    format_units(a.balance),
-                    format_units(a.held),
-                    format_units(a.credit_limit),
+                    show_units(a.balance),
+                    show_units(a.held),
+                    show_units(a.credit_limit),
                     a.name
                 );
             }
@@ -107,7 +107,7 @@ pub async fn accounts(args: AccountsArgs) -> anyhow::Result<()> {
             let amount = parse_units(&amount).map_err(anyhow::Error::msg)?;
             let tx = ledger.top_up(&id, amount, &memo).await?;
             let a = ledger.account(&id).await?;
-            println!("{tx}: {id} balance {}", format_units(a.balance));
+            println!("{tx}: {id} balance {}", show_units(a.balance));
         }
     }
     Ok(())

@@ -136,6 +136,23 @@ def fresh_postgres_url():
 
 ADMIN_TOKEN = "e2e-admin"
 
+# Amounts on the API are decimal strings of currency units; the tests
+# compute in ticks (10^-10 of a unit, the ledger's own integer), exactly.
+TICKS_PER_UNIT = 10**10
+
+
+def ticks(amount):
+    """An API amount (a decimal string of units) as integer ticks."""
+    from decimal import Decimal
+    assert isinstance(amount, str), f"amounts are units strings, got {amount!r}"
+    return int(Decimal(amount) * TICKS_PER_UNIT)
+
+
+def units(n):
+    """`n` ticks as the decimal string of units the API takes."""
+    from decimal import Decimal
+    return format(Decimal(n) / TICKS_PER_UNIT, "f")
+
 
 def http_call(base, method, path, body=None, token=ADMIN_TOKEN, scheme="Bearer"):
     """One JSON request: (status, decoded body, response headers)."""

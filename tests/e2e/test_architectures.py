@@ -11,7 +11,7 @@ server counted; the text is the server's own engine's, token for token."""
 
 import pytest
 
-from conftest import ADMIN_TOKEN, _start
+from conftest import ADMIN_TOKEN, _start, ticks
 from test_fleet import call, fleet, provider_token, sdk, start_worker, stop, wait_for, workers_up
 from test_split import PROMPTS, metrics, transfers
 
@@ -61,10 +61,10 @@ def test_each_architecture_is_calibrated_placed_split_checked_and_billed_on_work
         # Billed and paid exactly once: the provider holds what its usage
         # records say it earned, and the ledger balances.
         def settled():
-            usage = call(base, "GET", "/v1/usage?limit=500")[1]
-            paid = sum(r["provider_amount"] for r in usage["data"]
+            usage = call(base, "GET", "/admin/usage?limit=500")[1]
+            paid = sum(ticks(r["provider_amount"]) for r in usage["data"]
                        if r["provider_id"] == created["account_id"])
-            balance = call(base, "GET", f"/admin/accounts/{created['account_id']}")[1]["balance"]
+            balance = ticks(call(base, "GET", f"/admin/accounts/{created['account_id']}")[1]["balance"])
             return paid > 0 and balance == paid
         wait_for(settled, timeout=10, what="the provider to be paid its usage")
         status, audit = call(base, "GET", "/admin/ledger/audit")

@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 import openai
 import pytest
 
-from conftest import ADMIN_TOKEN, _start, fresh_postgres_url, http_call
+from conftest import ADMIN_TOKEN, _start, fresh_postgres_url, http_call, ticks, units
 
 SMOL = "smollm2-135m-instruct"
 
@@ -32,7 +32,7 @@ def funded_key(base, amount, name="e2e"):
     status, acct = call(base, "POST", "/admin/accounts", {"name": name})
     assert status == 201, acct
     if amount:
-        assert call(base, "POST", f"/admin/accounts/{acct['id']}/topup", {"amount": amount})[0] == 200
+        assert call(base, "POST", f"/admin/accounts/{acct['id']}/topup", {"amount": units(amount)})[0] == 200
     status, key = call(base, "POST", "/admin/keys", {"name": name, "account_id": acct["id"]})
     assert status == 201, key
     return acct["id"], key["key"]
@@ -56,15 +56,19 @@ def test_requests_are_billed_to_the_key_account(billed_server):
     with pytest.raises(openai.APIStatusError) as e:
         client.chat.completions.create(model=SMOL, messages=msg, max_tokens=4)
     assert e.value.status_code == 402 and e.value.body["code"] == "insufficient_quota"
-    assert call(base, "POST", f"/admin/accounts/{account}/topup", {"amount": 5_000_000})[0] == 200
+    assert call(base, "POST", f"/admin/accounts/{account}/topup", {"amount": units(5_000_000)})[0] == 200
     r = client.chat.completions.create(model=SMOL, messages=msg, max_tokens=4)
     status, usage = call(base, "GET", "/v1/usage", token=key)
     assert status == 200 and len(usage["data"]) == 1, usage
     rec = usage["data"][0]
     assert (rec["prompt_tokens"], rec["completion_tokens"]) == (r.usage.prompt_tokens, r.usage.completion_tokens)
-    assert rec["outcome"] == "finished" and rec["cost"] > 0
-    assert rec["provider_amount"] + rec["fee"] == rec["cost"]
-    assert usage["account"]["balance"] == 5_000_000 - rec["cost"] and usage["account"]["held"] == 0
+    assert rec["outcome"] == "finished" and ticks(rec["cost"]) > 0
+    # The tenant sees its cost, never the platform's split of it.
+    assert "provider_amount" not in rec and "fee" not in rec, rec
+    [full] = call(base, "GET", f"/admin/usage?key={usage['key']['id']}")[1]["data"]
+    assert ticks(full["provider_amount"]) + ticks(full["fee"]) == ticks(rec["cost"]) == ticks(full["cost"])
+    assert ticks(usage["account"]["balance"]) == 5_000_000 - ticks(rec["cost"])
+    assert ticks(usage["account"]["held"]) == 0
     assert_audit_clean(base)
 
 
@@ -131,10 +135,10 @@ def test_a_cut_stream_pays_for_what_it_streamed(billed_server):
     assert 5 <= rec["completion_tokens"] <= 5 + 24, rec
     status, prices = call(base, "GET", "/v1/market/prices", token=key)
     p = next(m for m in prices["data"] if m["model"] == SMOL)["prices"]
-    worst = (rec["prompt_tokens"] * p["input"] + 400 * p["output"]) // 1_000_000
-    assert rec["cost"] < worst, (rec, worst)
+    worst = (rec["prompt_tokens"] * ticks(p["input"]) + 400 * ticks(p["output"])) // 1_000_000
+    assert ticks(rec["cost"]) < worst, (rec, worst)
     # Read again: the account came before the record in the polled answer.
-    assert call(base, "GET", "/v1/usage", token=key)[1]["account"]["held"] == 0
+    assert call(base, "GET", "/v1/usage", token=key)[1]["account"]["held"] == "0.00"
     assert_audit_clean(base)
 
 
@@ -177,10 +181,12 @@ def test_concurrent_requests_on_two_servers_sharing_postgres_are_billed_once():
         assert sum(r["completion_tokens"] for r in records) == sum(c for _, c in results)
         assert sum(r["prompt_tokens"] for r in records) == sum(p for p, _ in results)
         accounts = {x["id"]: x for x in call(servers[0], "GET", "/admin/accounts")[1]["data"]}
-        spent = sum(r["cost"] for r in records)
-        assert accounts[account]["balance"] == 50_000_000 - spent and accounts[account]["held"] == 0
+        spent = sum(ticks(r["cost"]) for r in records)
+        assert ticks(accounts[account]["balance"]) == 50_000_000 - spent
+        assert ticks(accounts[account]["held"]) == 0
         held = ("provider:house", "treasury", account)
-        assert sum(accounts[i]["balance"] for i in held) == 50_000_000 == -accounts["deposits"]["balance"]
+        assert sum(ticks(accounts[i]["balance"]) for i in held) == 50_000_000
+        assert ticks(accounts["deposits"]["balance"]) == -50_000_000
         for base in servers:
             assert_audit_clean(base)
     finally:
@@ -240,8 +246,8 @@ def test_a_server_killed_mid_stream_leaves_nothing_open_or_billed_twice(tmp_path
         # some tokens, never more than it was sent (chunks hold one token).
         assert len(records) == 4 and all(r["outcome"] == "cut" for r in records), records
         assert all(0 < r["completion_tokens"] <= max(received) for r in records), (records, received)
-        assert acct["held"] == 0
-        assert acct["balance"] == 20_000_000 - sum(r["cost"] for r in records)
+        assert ticks(acct["held"]) == 0
+        assert ticks(acct["balance"]) == 20_000_000 - sum(ticks(r["cost"]) for r in records)
         # Service resumes, and a new request is billed once.
         sdk(base, key).chat.completions.create(
             model=SMOL, messages=[{"role": "user", "content": "hi"}], max_tokens=3)
@@ -267,7 +273,7 @@ def test_a_filled_bid_covers_its_bidders_requests_at_the_trade_price(billed_serv
     assert status == 201 and placed["fills"], placed
     [c] = call(base, "GET", "/v1/market/contracts", token=key)[1]["data"]
     assert (c["seller"], c["price"], c["quantity"]) == ("provider:house", ask, 5), c
-    after_fill = call(base, "GET", "/v1/usage", token=key)[1]["account"]["balance"]
+    after_fill = ticks(call(base, "GET", "/v1/usage", token=key)[1]["account"]["balance"])
     assert after_fill < 10**10
     # Its requests run on that capacity, prepaid: recorded at the trade
     # price, nothing more to pay, while the contract has room (ten seconds'
@@ -283,10 +289,10 @@ def test_a_filled_bid_covers_its_bidders_requests_at_the_trade_price(billed_serv
         if len(records) >= 5:
             break
         time.sleep(0.1)
-    costs = [r["cost"] for r in records]
-    covered = [r for r in records if r["cost"] == 0]
+    costs = [ticks(r["cost"]) for r in records]
+    covered = [r for r in records if ticks(r["cost"]) == 0]
     assert covered and all(r["provider_id"] == "provider:house" for r in covered), records
     assert 0 < len(covered) < 5, costs  # the first ones covered, then the spot price
-    spent = after_fill - call(base, "GET", "/v1/usage", token=key)[1]["account"]["balance"]
+    spent = after_fill - ticks(call(base, "GET", "/v1/usage", token=key)[1]["account"]["balance"])
     assert spent == sum(costs), (spent, costs)
     assert_audit_clean(base)

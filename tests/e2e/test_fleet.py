@@ -13,9 +13,16 @@ import tempfile
 import time
 import urllib.request
 
-from conftest import ADMIN_TOKEN, ROOT, _start, http_call
+from conftest import ADMIN_TOKEN, ROOT, _start, http_call, ticks, units
 
 TINY = "tiny/tiny.gguf"
+
+# A usage record's amounts (units strings on the API) as ticks.
+AMOUNTS = ("cost", "provider_amount", "fee")
+
+
+def in_ticks(record):
+    return {k: ticks(v) if k in AMOUNTS else v for k, v in record.items()}
 
 
 def call(base, method, path, body=None, token=ADMIN_TOKEN):
@@ -282,13 +289,13 @@ def test_greedy_text_is_the_same_on_every_executor_and_streams_spread_over_worke
         # The workers' provider is paid for their tokens (settlement is
         # batched: wait for it), and the books balance.
         def paid():
-            return call(base, "GET", f"/admin/accounts/{created['account_id']}")[1]["balance"] > 0
+            return ticks(call(base, "GET", f"/admin/accounts/{created['account_id']}")[1]["balance"]) > 0
         wait_for(paid, timeout=10, what="the provider to be paid")
         # The provider sees it with its worker token.
         status, earned = http_call(base, "GET", "/v1/providers/earnings", token=created["token"])[:2]
         assert status == 200 and earned["provider_id"] == created["account_id"], earned
         usage = next(t for t in earned["totals"] if t["kind"] == "usage")
-        assert earned["balance"] == usage["total"] > 0, earned
+        assert earned["balance"] == usage["total"] and ticks(usage["total"]) > 0, earned
         assert sorted(w["name"] for w in earned["workers"]) == ["w1", "w2"], earned
         assert http_call(base, "GET", "/v1/providers/earnings", token="swt-synor-nope")[0] == 401
         status, audit = call(base, "GET", "/admin/ledger/audit")
@@ -371,7 +378,7 @@ def test_a_worker_killed_mid_stream_costs_the_client_nothing():
         assert "synor:fleet_disconnects_total 4" in metrics, metrics
         status, audit = call(base, "GET", "/admin/ledger/audit")
         assert status == 200 and audit["violations"] == [], audit
-        status, usage = call(base, "GET", "/v1/usage")
+        status, usage = call(base, "GET", "/admin/usage")
         assert status == 200, usage
         billed = [r for r in usage["data"] if r["completion_tokens"] == length]
         assert len(billed) == 5, usage  # the baseline and four streams, once each
@@ -421,11 +428,6 @@ def test_a_worker_that_stops_answering_loses_its_jobs_and_its_share():
         srv["gen"].close()
 
 
-def units(ticks):
-    """Ticks (1e-10 of a unit) as a decimal string of units."""
-    return f"{ticks // 10**10}.{ticks % 10**10:010d}"
-
-
 def gross(net, fee_bps):
     return net + (net * fee_bps + 9_999) // 10_000
 
@@ -445,7 +447,7 @@ def test_the_cheaper_worker_gets_the_work_and_each_provider_earns_its_own_price(
         fee = house["fee_bps"]
         # Both within the market's band of the house's posted price; one at
         # half the other. A third asks 100x: the market refuses to list it.
-        out = house["prices"]["output"]
+        out = ticks(house["prices"]["output"])
         cheap_net, dear_net = out // 2, out
         cheap, dear, greedy = (provider_token(base, n) for n in ("cheap", "dear", "greedy"))
         procs = [start_worker(base, cheap["token"], "c", "--price", f"output={units(cheap_net)}"),
@@ -463,9 +465,9 @@ def test_the_cheaper_worker_gets_the_work_and_each_provider_earns_its_own_price(
         assert by_name["d"]["tokens_delivered"] <= 20, by_name
         # Each request is billed at the price of the executor it ran on:
         # the cheap worker's ask with the fee added.
-        status, usage = call(base, "GET", "/v1/usage")
+        status, usage = call(base, "GET", "/admin/usage?limit=500")
         assert status == 200, usage
-        mine = [r for r in usage["data"] if r["provider_id"] == cheap["account_id"]]
+        mine = [in_ticks(r) for r in usage["data"] if r["provider_id"] == cheap["account_id"]]
         assert len(mine) >= 4, usage["data"]
         g = gross(cheap_net, fee)
         for r in mine:
@@ -477,17 +479,17 @@ def test_the_cheaper_worker_gets_the_work_and_each_provider_earns_its_own_price(
             assert r["provider_amount"] == net, (r, net)
         # Each provider is paid exactly its usage records' amounts.
         def balance(p):
-            return call(base, "GET", f"/admin/accounts/{p['account_id']}")[1]["balance"]
+            return ticks(call(base, "GET", f"/admin/accounts/{p['account_id']}")[1]["balance"])
         wait_for(lambda: balance(cheap) > 0, timeout=10, what="the cheap provider to be paid")
-        status, everything = call(base, "GET", "/v1/usage?limit=500")
-        paid = sum(r["provider_amount"] for r in everything["data"]
+        status, everything = call(base, "GET", "/admin/usage?limit=500")
+        paid = sum(ticks(r["provider_amount"]) for r in everything["data"]
                    if r["provider_id"] == cheap["account_id"])
         assert balance(cheap) == paid, (balance(cheap), paid)
         # The book lists the listable asks at their gross prices; the
         # greedy one was refused and dropped: that worker takes the house's.
         def book():
             spot = call(base, "GET", "/v1/market/book?instrument=tiny")[1]
-            return {lvl["price"] for lvl in spot["asks"]}
+            return {ticks(lvl["price"]) for lvl in spot["asks"]}
         wait_for(lambda: {gross(cheap_net, fee), gross(dear_net, fee)} <= book(), timeout=20,
                  what="the workers' asks in the book")
         wait_for(lambda: [w["asks"] for w in fleet(base) if w["name"] == "g"] == [[]], timeout=20,
@@ -525,7 +527,7 @@ def test_two_replicas_on_one_postgres_share_a_worker_over_the_bus(private_redis)
         # Requests to B run on the worker connected to A, with the same text.
         for p in PROMPTS:
             assert complete(rb["base"], p, 24).choices[0].text == want[p], p
-        status, usage = call(rb["base"], "GET", "/v1/usage?limit=100")
+        status, usage = call(rb["base"], "GET", "/admin/usage?limit=100")
         on_worker = [r for r in usage["data"] if r["decode_by"] == f"shared@{created['account_id']}"]
         assert len(on_worker) >= 3, usage["data"]
         wait_for(lambda: fleet(ra["base"])[0]["tokens_delivered"] >= 3 * 24, timeout=10,
@@ -547,8 +549,8 @@ def test_two_replicas_on_one_postgres_share_a_worker_over_the_bus(private_redis)
         # One order book: an ask posted on A is on B's book, and B's bid
         # fills it.
         status, prices = call(rb["base"], "GET", "/v1/market/prices")
-        out = next(m for m in prices["data"] if m["model"] == "tiny")["prices"]["output"]
-        odd = out - 7  # a price no house ask has
+        out = ticks(next(m for m in prices["data"] if m["model"] == "tiny")["prices"]["output"])
+        odd = units(out - 7)  # a price no house ask has
         status, placed = call(ra["base"], "POST", "/admin/market/orders",
                               {"instrument": "tiny", "price": odd, "quantity": 3,
                                "account_id": created["account_id"]})

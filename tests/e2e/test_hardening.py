@@ -17,7 +17,7 @@ import urllib.request
 
 import pytest
 
-from conftest import ADMIN_TOKEN, _start, http_call
+from conftest import ADMIN_TOKEN, _start, http_call, ticks, units
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 SYNOR = os.environ.get("SYNOR_BIN", os.path.join(ROOT, "target", "debug", "synor"))
@@ -42,7 +42,7 @@ def account_with_key(base, amount):
     status, acct, _ = call(base, "POST", "/admin/accounts", {"name": "hostile"})
     assert status == 201, acct
     if amount:
-        assert call(base, "POST", f"/admin/accounts/{acct['id']}/topup", {"amount": amount})[0] == 200
+        assert call(base, "POST", f"/admin/accounts/{acct['id']}/topup", {"amount": units(amount)})[0] == 200
     status, key, _ = call(base, "POST", "/admin/keys", {"name": "hostile", "account_id": acct["id"]})
     assert status == 201, key
     return acct["id"], key["key"]
@@ -58,15 +58,22 @@ def assert_ledger_readable_and_clean(base, account, key):
 def test_a_huge_top_up_is_refused_and_changes_nothing(hard):
     base = hard["base"]
     account, key = account_with_key(base, 1_000_000)
-    for amount in [9_223_372_036_854_000_000, I64_MAX, 10**15 + 1, 0, -5]:
+    huge = [units(9_223_372_036_854_000_000), units(I64_MAX), units(10**15 + 1), "0", "-5", "1e3", "abc"]
+    for amount in huge:
         for _ in range(2):
             status, body, _ = call(base, "POST", f"/admin/accounts/{account}/topup", {"amount": amount})
             assert status == 400 and body["error"]["param"] == "amount", (amount, body)
-    assert call(base, "GET", f"/admin/accounts/{account}")[1]["balance"] == 1_000_000
+    # A client that still sends ticks as a bare number is told the unit,
+    # never credited 10^10 times what it meant.
+    for bare in [5_000_000, 2.5]:
+        status, body, _ = call(base, "POST", f"/admin/accounts/{account}/topup", {"amount": bare})
+        assert status == 400 and body["error"]["param"] == "amount", body
+        assert "decimal strings of currency units" in body["error"]["message"], body
+    assert ticks(call(base, "GET", f"/admin/accounts/{account}")[1]["balance"]) == 1_000_000
     for system in ["deposits", "treasury"]:
-        status, body, _ = call(base, "POST", f"/admin/accounts/{system}/topup", {"amount": 5})
+        status, body, _ = call(base, "POST", f"/admin/accounts/{system}/topup", {"amount": "5"})
         assert status == 400, body
-    status, body, _ = call(base, "PATCH", f"/admin/accounts/{account}", {"credit_limit": I64_MAX})
+    status, body, _ = call(base, "PATCH", f"/admin/accounts/{account}", {"credit_limit": units(I64_MAX)})
     assert status == 400 and body["error"]["param"] == "credit_limit", body
     assert_ledger_readable_and_clean(base, account, key)
     # The CLI refuses the same and leaves the ledger readable.
@@ -83,24 +90,24 @@ def test_a_huge_top_up_is_refused_and_changes_nothing(hard):
 def test_bids_need_funds_sane_prices_and_a_real_instrument(hard):
     base = hard["base"]
     account, key = account_with_key(base, 100_000_000)
-    bid = {"instrument": "tiny", "price": I64_MAX, "quantity": 1}
+    bid = {"instrument": "tiny", "price": units(I64_MAX), "quantity": 1}
     status, body, _ = call(base, "POST", "/v1/market/orders", bid, token=key)
     assert status == 400 and body["error"]["param"] == "price", body
-    bid = {"instrument": "no-such-model", "price": 100, "quantity": 1}
+    bid = {"instrument": "no-such-model", "price": units(100), "quantity": 1}
     status, body, _ = call(base, "POST", "/v1/market/orders", bid, token=key)
     assert status == 400 and body["error"]["param"] == "instrument", body
     # A big bid at a sane price: its worst case is more than 100 units.
     _, prices, _ = call(base, "GET", "/v1/market/prices", token=key)
     tiny = next(p for p in prices["data"] if p["model"] == "tiny")
-    price = tiny["prices"]["output"]
-    bid = {"instrument": "tiny", "price": price, "quantity": 1_000_000_000, "expires_in": 86_400}
+    price = ticks(tiny["prices"]["output"])
+    bid = {"instrument": "tiny", "price": units(price), "quantity": 1_000_000_000, "expires_in": 86_400}
     status, body, _ = call(base, "POST", "/v1/market/orders", bid, token=key)
     assert status in (400, 402), body
     status, book, _ = call(base, "GET", "/v1/market/book?instrument=tiny", token=key)
-    assert status == 200 and (book.get("best_bid") or 0) <= price * 10, book
+    assert status == 200 and ticks(book.get("best_bid") or "0") <= price * 10, book
     _, after, _ = call(base, "GET", "/v1/market/prices", token=key)
     tiny = next(p for p in after["data"] if p["model"] == "tiny")
-    assert (tiny.get("spot", {}).get("last_trade") or 0) <= price * 10, tiny
+    assert ticks(tiny.get("spot", {}).get("last_trade") or "0") <= price * 10, tiny
     assert_ledger_readable_and_clean(base, account, key)
 
 

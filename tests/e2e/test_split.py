@@ -11,7 +11,7 @@ import threading
 import time
 import urllib.request
 
-from conftest import http_call
+from conftest import http_call, ticks
 from test_fleet import (call, complete, concurrent_streams, fleet, open_server, provider_token, sdk, start_worker, stop,
                         wait_for, workers_up)
 
@@ -233,7 +233,7 @@ def test_embeddings_run_on_a_worker_that_holds_the_encoder():
                                        re.M).group(1))
         assert jobs() == 1
         # Its provider is paid for the tokens it embedded.
-        wait_for(lambda: call(base, "GET", f"/admin/accounts/{created['account_id']}")[1]["balance"] > 0,
+        wait_for(lambda: ticks(call(base, "GET", f"/admin/accounts/{created['account_id']}")[1]["balance"]) > 0,
                  timeout=10, what="the provider to be paid")
         status, audit = call(base, "GET", "/admin/ledger/audit")
         assert status == 200 and audit["violations"] == [], audit

@@ -12,10 +12,10 @@ import urllib.request
 
 import pytest
 
-from conftest import fresh_postgres_url
+from conftest import fresh_postgres_url, ticks
 from hostile import (Empty, ExtraTokens, ForgeFirst, ForgeKv, Garbage, Hostile, InflateEmbed, InflatePrefill,
                      Trickle)
-from test_fleet import (call, complete, finish, fleet, open_server, provider_token, sdk, start_worker, units,
+from test_fleet import (call, complete, finish, fleet, in_ticks, open_server, provider_token, sdk, start_worker, units,
                         stop, wait_for, workers_up)
 from test_split import PROMPTS, transfers
 
@@ -32,13 +32,14 @@ def fee_bps(base):
 
 
 def usage(base):
-    status, body = call(base, "GET", "/v1/usage?limit=500")
+    """Every usage record with the platform's split (amounts in ticks)."""
+    status, body = call(base, "GET", "/admin/usage?limit=500")
     assert status == 200, body
-    return {r["request_id"]: r for r in body["data"]}
+    return {r["request_id"]: in_ticks(r) for r in body["data"]}
 
 
 def balance(base, account):
-    return call(base, "GET", f"/admin/accounts/{account}")[1]["balance"]
+    return ticks(call(base, "GET", f"/admin/accounts/{account}")[1]["balance"])
 
 
 def violations(base):
@@ -186,8 +187,8 @@ def test_a_prefill_worker_that_forges_kv_or_its_first_token_harms_no_one_but_its
     try:
         later = ["Another story. " + p for p in PROMPTS]
         want = {p: complete(base, p, 8).choices[0].text for p in PROMPTS + later}
-        out = next(m for m in call(base, "GET", "/v1/market/prices")[1]["data"]
-                   if m["model"] == "tiny")["prices"]["output"]
+        out = ticks(next(m for m in call(base, "GET", "/v1/market/prices")[1]["data"]
+                         if m["model"] == "tiny")["prices"]["output"])
         # The honest worker asks less, so it is placed as the decode side
         # and the forger, the only other, prefills.
         honest, forger = provider_token(base, "honest"), provider_token(base, "forger")

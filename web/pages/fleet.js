@@ -5,8 +5,8 @@
 import { call, health, rows } from '../api.js';
 import { busyStrip } from '../charts.js';
 import {
-  action, badge, bps, bytes, card, dur, fill, flash, form, h, num, pct, placeholder, poll, redraw, secretBox,
-  table, time,
+  action, badge, bps, bytes, card, dur, fill, flash, form, h, moneyText, num, pct, placeholder, poll, redraw,
+  secretBox, table, ticksToUnits, time,
 } from '../ui.js';
 
 const REFRESH_MS = 5000;
@@ -26,7 +26,7 @@ function device(d) {
 
 function asks(w) {
   if (!w.asks.length) return [w.models.map((m) => m.name).join(', ') || '–', small('house prices')];
-  return w.asks.map((a) => small(`${a.model}: in ${num(a.input)} / out ${num(a.output)}`
+  return w.asks.map((a) => small(`${a.model}: in ${moneyText(ticksToUnits(a.input))} / out ${moneyText(ticksToUnits(a.output))}`
     + ` / cached ${num(a.cached_input ?? 0)}${a.preemptible ? ' (preemptible)' : ''}`));
 }
 

@@ -3,7 +3,8 @@
 
 import { call, rows } from '../api.js';
 import {
-  action, badge, card, datalist, fill, flash, form, h, int, money, num, placeholder, secretBox, table, time,
+  action, amount, badge, card, datalist, fill, flash, form, h, int, money, num, placeholder, secretBox, table,
+  time,
 } from '../ui.js';
 
 const limit = (label, v) => `${label} ${v === null || v === undefined ? '∞' : num(v)}`;
@@ -14,7 +15,7 @@ function keysTable(list, names, refresh) {
     { label: 'Prefix', cell: (k) => h('code', {}, k.prefix) },
     { label: 'Account', cell: (k) => [names.get(k.account_id) ?? '', ' ', h('code', {}, k.account_id)] },
     { label: 'Created', cls: 'nw', cell: (k) => time(k.created_at) },
-    { label: 'Spent / budget (ticks)', num: true, cell: (k) => [money(k.spent), ' / ',
+    { label: 'Spent / budget', num: true, cell: (k) => [money(k.spent), ' / ',
       k.budget === null || k.budget === undefined ? '∞' : money(k.budget)] },
     { label: 'Limits', cell: (k) => [limit('rpm', k.limits.rpm), limit('tpm', k.limits.tpm),
       limit('concurrent', k.limits.max_concurrent)].join(' · ') },
@@ -34,7 +35,7 @@ function createForm(created, refresh) {
     fields: [
       { name: 'name', label: 'Name', required: true },
       { name: 'account_id', label: 'User account (default: a new one)', list: 'key-accounts', placeholder: 'user:...' },
-      { name: 'budget', label: 'Budget (ticks)', type: 'number', min: 0, placeholder: 'none' },
+      { name: 'budget', label: 'Budget', type: 'amount', placeholder: 'none' },
       { name: 'rpm_limit', label: 'Requests/min', type: 'number', min: 1, placeholder: '∞' },
       { name: 'tpm_limit', label: 'Tokens/min', type: 'number', min: 1, placeholder: '∞' },
       { name: 'max_concurrent', label: 'Concurrent', type: 'number', min: 1, placeholder: '∞' },
@@ -43,7 +44,7 @@ function createForm(created, refresh) {
       const body = {
         name: x.name,
         account_id: x.account_id || undefined,
-        budget: int(x.budget, 'Budget'),
+        budget: amount(x.budget, 'Budget'),
         rpm_limit: int(x.rpm_limit, 'Requests/min'),
         tpm_limit: int(x.tpm_limit, 'Tokens/min'),
         max_concurrent: int(x.max_concurrent, 'Concurrent'),

@@ -6,14 +6,16 @@
 import { call, rows } from '../api.js';
 import { depthChart, lineChart } from '../charts.js';
 import {
-  action, badge, bps, card, datalist, dur, fill, flash, flashError, form, h, int, money, num, placeholder, poll,
+  action, amount, badge, bps, card, datalist, dur, fill, flash, flashError, form, h, int, money, moneyText, num,
+  placeholder, poll,
   redraw, table, time,
 } from '../ui.js';
 
 const REFRESH_MS = 5000;
 let stop = () => {};
 
-const fmtPrice = (v) => num(Math.round(v));
+// Prices as chart values (units, floats: for drawing only) and labels.
+const fmtPrice = (v) => moneyText(v.toFixed(10));
 const pricesOf = (p) => [money(p.input), ' / ', money(p.output), ' / ', money(p.cached_input)];
 
 function pricesTable(list, choose) {
@@ -37,7 +39,7 @@ const levelColumns = [
 
 function bookView(spot) {
   const spread = spot.best_bid !== null && spot.best_bid !== undefined && spot.best_ask !== null && spot.best_ask !== undefined
-    ? num(Number(spot.best_ask) - Number(spot.best_bid)) : '–';
+    ? fmtPrice(Number(spot.best_ask) - Number(spot.best_bid)) : '–';
   return [
     h('p', { class: 'sub' }, 'Best bid ', money(spot.best_bid), ' · best ask ', money(spot.best_ask),
       ` · spread ${spread} · last trade `, money(spot.last_trade)),
@@ -51,7 +53,7 @@ function bookView(spot) {
 function historyView(points) {
   const pts = [...points].reverse();
   const line = (label, key) => ({ label, points: pts.map((p) => [p.at, Number(p[key])]) });
-  return lineChart('Posted prices (ticks per M tokens)',
+  return lineChart('Posted prices (per M tokens)',
     [line('output', 'output'), line('input', 'input'), line('cached', 'cached_input')], { fmt: fmtPrice });
 }
 
@@ -93,14 +95,14 @@ function askForm(v) {
     fields: [
       { name: 'instrument', label: 'Model', required: true, list: 'market-models' },
       { name: 'account_id', label: 'Provider account', required: true, list: 'market-providers', placeholder: 'provider:...' },
-      { name: 'price', label: 'Price (ticks per M tokens)', type: 'number', min: 1, required: true },
+      { name: 'price', label: 'Price per M tokens', type: 'amount', required: true },
       { name: 'quantity', label: 'Tok/s', type: 'number', min: 1, required: true },
       { name: 'expires_in', label: 'Expires in (s, default 3600)', type: 'number', min: 1 },
       { name: 'interruptible', label: 'Preemptible', type: 'checkbox' },
     ],
     onSubmit: async (x) => {
       const placed = await call('postAsk', { body: {
-        instrument: x.instrument, account_id: x.account_id, price: int(x.price, 'Price'),
+        instrument: x.instrument, account_id: x.account_id, price: amount(x.price, 'Price'),
         quantity: int(x.quantity, 'Tok/s'), expires_in: int(x.expires_in, 'Expires in'),
         interruptible: x.interruptible,
       } });
@@ -114,12 +116,12 @@ function regionsTable(regions, refresh) {
   const list = Object.entries(regions).sort(([a], [b]) => a.localeCompare(b));
   return table([
     { label: 'Region', cell: ([r]) => r },
-    { label: 'Electricity (micro-units per kWh)', cell: ([r, p]) => form({
+    { label: 'Electricity (per kWh)', cell: ([r, p]) => form({
       name: 'region-price', cls: 'inline tight', submit: 'Set',
-      fields: [{ name: 'micros_per_kwh', label: '', type: 'number', min: 0, required: true, value: String(p) }],
+      fields: [{ name: 'price_per_kwh', label: '', type: 'amount', required: true, value: p }],
       onSubmit: async (x) => {
-        await call('setRegion', { params: { region: r }, body: { micros_per_kwh: int(x.micros_per_kwh, 'Price') } });
-        flash(`Region ${r} set to ${x.micros_per_kwh} micro-units per kWh.`);
+        await call('setRegion', { params: { region: r }, body: { price_per_kwh: amount(x.price_per_kwh, 'Price') } });
+        flash(`Region ${r} set to ${x.price_per_kwh} per kWh.`);
         await refresh();
       },
     }) },
@@ -131,10 +133,10 @@ function newRegionForm(refresh) {
     name: 'add-region', submit: 'Add region',
     fields: [
       { name: 'region', label: 'Region', required: true },
-      { name: 'micros_per_kwh', label: 'Micro-units per kWh', type: 'number', min: 0, required: true },
+      { name: 'price_per_kwh', label: 'Price per kWh', type: 'amount', required: true },
     ],
     onSubmit: async (x, f) => {
-      await call('setRegion', { params: { region: x.region }, body: { micros_per_kwh: int(x.micros_per_kwh, 'Price') } });
+      await call('setRegion', { params: { region: x.region }, body: { price_per_kwh: amount(x.price_per_kwh, 'Price') } });
       f.reset();
       flash(`Region ${x.region} added.`);
       await refresh();
@@ -145,11 +147,14 @@ function newRegionForm(refresh) {
 // CostProfile fields: name, form label, table heading.
 const PROFILE_FIELDS = [
   ['region', 'Region', 'Region'], ['watts', 'Watts', 'W'], ['pue_milli', 'PUE ×1000', 'PUE‰'],
-  ['depreciation_per_hour', 'Depreciation/h (ticks)', 'Depr./h'], ['network_per_hour', 'Network/h (ticks)', 'Net/h'],
+  ['depreciation_per_hour', 'Depreciation/h', 'Depr./h'], ['network_per_hour', 'Network/h', 'Net/h'],
   ['prefill_tokens_per_hour', 'Prefill tok/h', 'Prefill tok/h'], ['decode_tokens_per_hour', 'Decode tok/h', 'Decode tok/h'],
   ['cached_bps', 'Cached price (bps of input)', 'Cached bps'],
   ['preemptible_discount_bps', 'Preemptible discount (bps)', 'Preempt. bps'],
 ];
+
+// Fields that are not whole numbers.
+const FIELD_TYPE = { region: 'text', depreciation_per_hour: 'amount', network_per_hour: 'amount' };
 
 function providerForm(p, refresh) {
   return form({
@@ -157,13 +162,15 @@ function providerForm(p, refresh) {
     fields: [
       { name: 'id', label: 'Provider account', required: true, value: p?.account_id ?? '', placeholder: 'provider:...' },
       ...PROFILE_FIELDS.map(([k, label]) => ({
-        name: k, label, required: true, type: k === 'region' ? 'text' : 'number', list: k === 'region' ? 'market-regions' : null,
+        name: k, label, required: true, type: FIELD_TYPE[k] ?? 'number', list: k === 'region' ? 'market-regions' : null,
         value: p ? String(p.profile[k]) : '',
       })),
     ],
     onSubmit: async (x) => {
       const profile = { region: x.region };
-      for (const [k, label] of PROFILE_FIELDS.slice(1)) profile[k] = int(x[k], label);
+      for (const [k, label] of PROFILE_FIELDS.slice(1)) {
+        profile[k] = FIELD_TYPE[k] === 'amount' ? amount(x[k], label) : int(x[k], label);
+      }
       await call('setProvider', { params: { id: x.id }, body: { profile } });
       flash(`Cost profile of ${x.id} saved.`);
       await refresh();
@@ -176,7 +183,7 @@ function providersTable(list, edit) {
     { label: 'Provider', cell: (p) => h('code', {}, p.account_id) },
     ...PROFILE_FIELDS.map(([k, , head]) => (k === 'region'
       ? { label: head, cell: (p) => p.profile.region }
-      : { label: head, num: true, cell: (p) => num(p.profile[k]) })),
+      : { label: head, num: true, cell: (p) => (FIELD_TYPE[k] === 'amount' ? money(p.profile[k]) : num(p.profile[k])) })),
     { label: 'Reputation', num: true, cell: (p) => `${num(p.reputation_bps / 10000, 2)}×` },
     { label: 'Uptime', num: true, cell: (p) => bps(p.uptime_bps) },
     { label: '', cell: (p) => h('button', { type: 'button', class: 'secondary', onclick: () => edit(p) }, 'Edit') },

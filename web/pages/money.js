@@ -3,7 +3,8 @@
 
 import { call, rows } from '../api.js';
 import {
-  action, badge, card, datalist, fill, flash, form, h, int, money, num, placeholder, table, time, values,
+  action, amount, badge, card, datalist, fill, flash, form, h, int, money, moneyText, num, placeholder, table, time,
+  values,
 } from '../ui.js';
 
 const KINDS = [['', 'any kind'], ['topup', 'topup'], ['usage', 'usage'], ['trade', 'trade'],
@@ -24,13 +25,13 @@ function topUpForm(a, done) {
   return form({
     name: 'topup', cls: 'inline tight', submit: 'Top up',
     fields: [
-      { name: 'amount', label: '', type: 'number', min: 1, required: true, placeholder: 'ticks' },
+      { name: 'amount', label: '', type: 'amount', required: true },
       { name: 'memo', label: '', placeholder: 'memo' },
     ],
     onSubmit: async (x, f) => {
-      const moved = await call('topUp', { params: { id: a.id }, body: { amount: int(x.amount, 'Amount'), memo: x.memo } });
+      const moved = await call('topUp', { params: { id: a.id }, body: { amount: amount(x.amount, 'Amount'), memo: x.memo } });
       f.reset();
-      flash(`Topped up ${a.name}: balance now ${num(moved.account.balance)} ticks.`);
+      flash(`Topped up ${a.name}: balance now ${moneyText(moved.account.balance)}.`);
       await done();
     },
   });
@@ -45,7 +46,7 @@ function accountsTable(list, v) {
     { label: 'Held', num: true, cell: (a) => money(a.held) },
     { label: 'Credit limit', num: true, cell: (a) => (a.unlimited ? 'unlimited' : money(a.credit_limit)) },
     { label: 'Created', cls: 'nw', cell: (a) => time(a.created_at) },
-    { label: 'Top up (ticks)', cell: (a) => (a.kind === 'user' || a.kind === 'provider' ? topUpForm(a, v.refresh) : '') },
+    { label: 'Top up', cell: (a) => (a.kind === 'user' || a.kind === 'provider' ? topUpForm(a, v.refresh) : '') },
     { label: '', cell: (a) => h('button', { type: 'button', class: 'secondary', onclick: () => manage(v, a) }, 'Manage') },
   ], list, { rowAttrs: (a) => ({ 'data-account-id': a.id }), empty: 'No accounts.' });
 }
@@ -61,9 +62,9 @@ function manage(v, a) {
   v.managing = a.id;
   const creditForm = form({
     name: 'credit-limit', submit: 'Set credit limit',
-    fields: [{ name: 'credit_limit', label: 'Credit limit (ticks)', type: 'number', min: 0, required: true, value: String(a.credit_limit) }],
+    fields: [{ name: 'credit_limit', label: 'Credit limit', type: 'amount', required: true, value: a.credit_limit }],
     onSubmit: async (x) => {
-      await call('updateAccount', { params: { id: a.id }, body: { credit_limit: int(x.credit_limit, 'Credit limit') } });
+      await call('updateAccount', { params: { id: a.id }, body: { credit_limit: amount(x.credit_limit, 'Credit limit') } });
       flash(`Credit limit of ${a.name} set.`);
       await v.refresh();
     },
@@ -71,11 +72,11 @@ function manage(v, a) {
   const penaltyForm = a.kind === 'provider' && form({
     name: 'penalty', submit: 'Apply penalty',
     fields: [
-      { name: 'amount', label: 'Penalty (ticks)', type: 'number', min: 1, required: true },
+      { name: 'amount', label: 'Penalty', type: 'amount', required: true },
       { name: 'memo', label: 'Reason' },
     ],
     onSubmit: async (x, f) => {
-      await call('penalty', { params: { id: a.id }, body: { amount: int(x.amount, 'Penalty'), memo: x.memo } });
+      await call('penalty', { params: { id: a.id }, body: { amount: amount(x.amount, 'Penalty'), memo: x.memo } });
       f.reset();
       flash(`Penalty taken from ${a.name}.`);
       await v.refresh();
@@ -92,11 +93,11 @@ function createForm(v) {
     fields: [
       { name: 'name', label: 'Name', required: true },
       { name: 'kind', label: 'Kind', options: [['user', 'user'], ['provider', 'provider']] },
-      { name: 'credit_limit', label: 'Credit limit (ticks, optional)', type: 'number', min: 0 },
+      { name: 'credit_limit', label: 'Credit limit (optional)', type: 'amount' },
     ],
     onSubmit: async (x, f) => {
       const a = await call('createAccount', { body: {
-        name: x.name, kind: x.kind, credit_limit: int(x.credit_limit, 'Credit limit') } });
+        name: x.name, kind: x.kind, credit_limit: amount(x.credit_limit, 'Credit limit') } });
       f.reset();
       flash(`Account ${a.name} created: ${a.id}.`);
       await v.refresh();
@@ -106,7 +107,7 @@ function createForm(v) {
 
 function entries(t, names) {
   return Object.entries(t.entries).map(([id, amount]) => h('div', { class: 'sub' },
-    `${names.get(id) ?? id}: `, h('span', { class: amount < 0 ? 'neg' : 'pos' }, money(amount))));
+    `${names.get(id) ?? id}: `, h('span', { class: String(amount).startsWith('-') ? 'neg' : 'pos' }, money(amount))));
 }
 
 const journalTable = (list, names) => table([
@@ -114,7 +115,7 @@ const journalTable = (list, names) => table([
   { label: 'Kind', cell: (t) => t.kind },
   { label: 'Memo', cell: (t) => t.memo },
   { label: 'Request', cell: (t) => (t.ref ? h('code', {}, t.ref) : '–') },
-  { label: 'Entries (ticks)', cell: (t) => entries(t, names) },
+  { label: 'Entries', cell: (t) => entries(t, names) },
 ], list, { rowAttrs: (t) => ({ 'data-transaction-id': t.id }), empty: 'No transactions.' });
 
 const usageTable = (list) => table([

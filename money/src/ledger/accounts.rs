@@ -31,14 +31,20 @@ impl AccountKind {
     }
 }
 
-/// An account as stored (amounts in ticks).
+/// An account as stored (amounts in ticks; units strings on the API).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 pub struct Account {
     pub id: String,
     pub kind: String,
     pub name: String,
+    #[serde(with = "crate::ledger::units")]
+    #[schema(value_type = String, example = "12.50")]
     pub balance: Amount,
+    #[serde(with = "crate::ledger::units")]
+    #[schema(value_type = String, example = "12.50")]
     pub held: Amount,
+    #[serde(with = "crate::ledger::units")]
+    #[schema(value_type = String, example = "12.50")]
     pub credit_limit: Amount,
     /// Never refused (open mode's local user, system accounts).
     pub unlimited: bool,
@@ -66,9 +72,15 @@ pub struct UsageRecord {
     pub prompt_tokens: i64,
     pub cached_tokens: i64,
     pub completion_tokens: i64,
-    /// What the user paid (ticks).
+    /// What the user paid.
+    #[serde(with = "crate::ledger::units")]
+    #[schema(value_type = String, example = "12.50")]
     pub cost: Amount,
+    #[serde(with = "crate::ledger::units")]
+    #[schema(value_type = String, example = "12.50")]
     pub provider_amount: Amount,
+    #[serde(with = "crate::ledger::units")]
+    #[schema(value_type = String, example = "12.50")]
     pub fee: Amount,
     /// `finished`, `cut` or `failed`.
     pub outcome: String,
@@ -283,7 +295,7 @@ impl Ledger {
         if out_of_bounds {
             LedgerError::InvalidAmount(format!(
                 "this would take the balance of `{id}` past the ledger's bound of {}",
-                amount::format_units(MAX_BALANCE)
+                amount::show_units(MAX_BALANCE)
             ))
         } else {
             LedgerError::InsufficientQuota {
@@ -309,7 +321,7 @@ impl Ledger {
             let a = self.account(id).await?;
             return Err(LedgerError::InvalidLimit(format!(
                 "`{id}` already uses {} of credit (balance minus holds); the limit cannot go below that",
-                amount::format_units(a.held.saturating_sub(a.balance))
+                amount::show_units(a.held.saturating_sub(a.balance))
             )));
         }
         Ok(())
@@ -392,6 +404,8 @@ impl Ledger {
 pub struct KindTotal {
     pub kind: String,
     /// Ticks (credits positive).
+    #[serde(with = "crate::ledger::units")]
+    #[schema(value_type = String, example = "12.50")]
     pub total: Amount,
     pub transactions: i64,
 }

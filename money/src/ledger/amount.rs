@@ -47,8 +47,8 @@ pub fn check_amount(what: &str, amount: Amount) -> Result<Amount, String> {
     } else if amount > MAX_AMOUNT {
         Err(format!(
             "a {what} is at most {} (got {})",
-            format_units(MAX_AMOUNT),
-            format_units(amount)
+            show_units(MAX_AMOUNT),
+            show_units(amount)
         ))
     } else {
         Ok(amount)
@@ -60,8 +60,8 @@ pub fn check_bound(what: &str, value: Amount, max: Amount) -> Result<Amount, Str
     if !(0..=max).contains(&value) {
         return Err(format!(
             "{what} must be between 0 and {} (got {})",
-            format_units(max),
-            format_units(value)
+            show_units(max),
+            show_units(value)
         ));
     }
     Ok(value)
@@ -81,6 +81,20 @@ pub fn format_units(m: Amount) -> String {
     format!("{sign}{}.{:0w$}", a / per, a % per, w = TICK_DECIMALS)
 }
 
+/// `a` ticks as units, without trailing zeros past the cents (`"25.00"`,
+/// `"0.50"`, `"0.0000001234"`, `"-3.10"`).
+pub fn show_units(a: Amount) -> String {
+    let full = format_units(a);
+    let trimmed = full.trim_end_matches('0');
+    let dot = trimmed.find('.').unwrap_or(trimmed.len());
+    let decimals = trimmed.len() - dot - 1;
+    if decimals >= 2 {
+        trimmed.to_string()
+    } else {
+        full[..dot + 3].to_string()
+    }
+}
+
 /// Parses a decimal amount of units (`12`, `0.5`, `1.0000000001`) exactly
 /// into ticks; more than ten decimals or past `i64` is an error (a value
 /// that parses may still be past an operation's bound).
@@ -96,7 +110,7 @@ pub fn parse_units(s: &str) -> Result<Amount, String> {
     let too_large = || {
         format!(
             "`{s}` is too large: amounts are at most {}",
-            format_units(MAX_BALANCE)
+            show_units(MAX_BALANCE)
         )
     };
     let w: i64 = whole.parse().map_err(|_| too_large())?;
@@ -110,15 +124,22 @@ pub fn parse_units(s: &str) -> Result<Amount, String> {
     Ok(if neg { -v } else { v })
 }
 
-/// Prices of one model at one provider, in ticks per million tokens,
+/// Prices of one model at one provider, per million tokens (ticks inside,
+/// units strings on the API),
 /// fee included.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Prices {
     /// Prompt tokens computed (prefill).
+    #[serde(with = "crate::ledger::units")]
+    #[schema(value_type = String, example = "12.50")]
     pub input: Amount,
     /// Prompt tokens served from the prefix cache.
+    #[serde(with = "crate::ledger::units")]
+    #[schema(value_type = String, example = "12.50")]
     pub cached_input: Amount,
     /// Generated tokens (decode).
+    #[serde(with = "crate::ledger::units")]
+    #[schema(value_type = String, example = "12.50")]
     pub output: Amount,
 }
 

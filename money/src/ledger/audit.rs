@@ -23,7 +23,9 @@ pub struct Transaction {
     pub reference: Option<String>,
     pub memo: String,
     pub created_at: i64,
-    /// Account id -> amount (ticks); they sum to zero.
+    /// Account id -> amount (units strings; ticks in the ledger); they sum to zero.
+    #[serde(serialize_with = "crate::ledger::units::map::serialize")]
+    #[schema(value_type = BTreeMap<String, String>)]
     pub entries: BTreeMap<String, Amount>,
 }
 

@@ -20,6 +20,7 @@ pub mod holds;
 pub mod orders;
 pub mod recovery;
 pub mod settle;
+pub mod units;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -40,12 +41,12 @@ pub const LOCAL_USER: &str = "user:local";
 pub enum LedgerError {
     #[error(
         "insufficient funds: this request may cost up to {} but the account has {} available",
-        amount::format_units(*need), amount::format_units(*available)
+        amount::show_units(*need), amount::show_units(*available)
     )]
     InsufficientQuota { need: Amount, available: Amount },
     #[error(
         "key budget exhausted: this request may cost up to {} but the key has {} left",
-        amount::format_units(*need), amount::format_units(*remaining)
+        amount::show_units(*need), amount::show_units(*remaining)
     )]
     BudgetExceeded { need: Amount, remaining: Amount },
     #[error("no account `{0}`")]

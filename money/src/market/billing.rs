@@ -20,7 +20,7 @@ pub fn bid_worst_case(o: &Order, now: i64) -> Result<Amount, MarketError> {
                 "quantity",
                 format!(
                     "this bid could cost more than {} (quantity x price x time); post a smaller one",
-                    amount::format_units(amount::MAX_AMOUNT)
+                    amount::show_units(amount::MAX_AMOUNT)
                 ),
             )
         })

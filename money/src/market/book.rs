@@ -36,6 +36,8 @@ pub struct Order {
     pub account_id: String,
     /// Limit price per million tokens (the most a bid pays, the least an
     /// ask takes).
+    #[serde(with = "crate::ledger::units")]
+    #[schema(value_type = String, example = "12.50")]
     pub price: Amount,
     /// Capacity in tokens per second.
     pub quantity: u64,
@@ -53,6 +55,8 @@ pub struct Order {
 pub struct Fill {
     pub bid_id: String,
     pub ask_id: String,
+    #[serde(with = "crate::ledger::units")]
+    #[schema(value_type = String, example = "12.50")]
     pub price: Amount,
     pub quantity: u64,
     /// What the money side needs (not part of the answer): the two
@@ -85,6 +89,8 @@ type AskKey = (Amount, u64);
 /// Aggregated quantity at one price.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 pub struct Level {
+    #[serde(with = "crate::ledger::units")]
+    #[schema(value_type = String, example = "12.50")]
     pub price: Amount,
     pub quantity: u64,
     pub orders: usize,

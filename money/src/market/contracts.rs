@@ -23,6 +23,8 @@ pub struct Contract {
     pub bidder: String,
     pub seller: String,
     /// Per million tokens.
+    #[serde(with = "crate::ledger::units")]
+    #[schema(value_type = String, example = "12.50")]
     pub price: Amount,
     /// Tokens per second.
     pub quantity: u64,

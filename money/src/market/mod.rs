@@ -73,6 +73,8 @@ pub struct NewOrder {
 pub struct Trade {
     pub id: String,
     pub instrument: String,
+    #[serde(with = "crate::ledger::units")]
+    #[schema(value_type = String, example = "12.50")]
     pub price: Amount,
     pub quantity: i64,
     pub bid_id: String,
@@ -84,16 +86,28 @@ pub struct Trade {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 pub struct PricePoint {
     pub at: i64,
+    #[serde(with = "crate::ledger::units")]
+    #[schema(value_type = String, example = "12.50")]
     pub input: Amount,
+    #[serde(with = "crate::ledger::units")]
+    #[schema(value_type = String, example = "12.50")]
     pub cached_input: Amount,
+    #[serde(with = "crate::ledger::units")]
+    #[schema(value_type = String, example = "12.50")]
     pub output: Amount,
 }
 
 /// The spot view of an instrument.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 pub struct Spot {
+    #[serde(with = "crate::ledger::units::opt")]
+    #[schema(value_type = Option<String>, example = "0.0004")]
     pub best_bid: Option<Amount>,
+    #[serde(with = "crate::ledger::units::opt")]
+    #[schema(value_type = Option<String>, example = "0.0004")]
     pub best_ask: Option<Amount>,
+    #[serde(with = "crate::ledger::units::opt")]
+    #[schema(value_type = Option<String>, example = "0.0004")]
     pub last_trade: Option<Amount>,
     pub bids: Vec<Level>,
     pub asks: Vec<Level>,

@@ -35,9 +35,13 @@ pub struct CostProfile {
     pub watts: i64,
     /// Power usage effectiveness x 1000 (1200 = 1.2).
     pub pue_milli: i64,
-    /// Hardware depreciation per hour (ticks).
+    /// Hardware depreciation per hour.
+    #[serde(with = "crate::ledger::units")]
+    #[schema(value_type = String, example = "12.50")]
     pub depreciation_per_hour: Amount,
-    /// Network cost per hour (ticks).
+    /// Network cost per hour.
+    #[serde(with = "crate::ledger::units")]
+    #[schema(value_type = String, example = "12.50")]
     pub network_per_hour: Amount,
     /// Measured prompt tokens per hour (prefill).
     pub prefill_tokens_per_hour: i64,

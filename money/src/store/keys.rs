@@ -62,8 +62,12 @@ pub struct KeyRecord {
     pub name: String,
     /// The user account it spends from.
     pub account_id: String,
-    /// Spending budget (ticks), if any, and what it has spent.
+    /// Spending budget, if any, and what it has spent.
+    #[serde(with = "crate::ledger::units::opt")]
+    #[schema(value_type = Option<String>, example = "0.0004")]
     pub budget: Option<i64>,
+    #[serde(with = "crate::ledger::units")]
+    #[schema(value_type = String, example = "12.50")]
     pub spent: i64,
     /// The secret's first characters, to tell keys apart.
     pub prefix: String,

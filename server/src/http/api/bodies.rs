@@ -1,7 +1,7 @@
 //! Typed response bodies of the admin, billing, market and cache routes,
 //! so the OpenAPI document describes every field (and its drift test sees
-//! them). Amounts are ticks (10^-10 of a currency unit), as everywhere in
-//! the API.
+//! them). Amounts are decimal strings of currency units (`"12.50"`), as
+//! everywhere in the API (`money::ledger::units`).
 
 use std::collections::BTreeMap;
 
@@ -34,7 +34,11 @@ impl<T> List<T> {
 #[derive(Debug, Serialize, ToSchema)]
 pub struct KeyUse {
     pub id: String,
+    #[serde(with = "money::ledger::units::opt")]
+    #[schema(value_type = Option<String>, example = "5.00")]
     pub budget: Option<i64>,
+    #[serde(with = "money::ledger::units")]
+    #[schema(value_type = String, example = "0.0004")]
     pub spent: i64,
 }
 
@@ -43,13 +47,53 @@ pub struct KeyUse {
 pub struct UsageAnswer {
     pub account: Account,
     /// Balance plus credit limit minus held funds.
+    #[serde(with = "money::ledger::units")]
+    #[schema(value_type = String, example = "24.99")]
     pub available: i64,
     /// The key's budget, when the request came with a key.
     pub key: Option<KeyUse>,
     #[schema(value_type = String, example = "list")]
     pub object: &'static str,
     /// Usage records, newest first.
-    pub data: Vec<UsageRecord>,
+    pub data: Vec<TenantUsage>,
+}
+
+/// One request as its tenant sees it: tokens and cost, never how the
+/// platform splits the cost (`GET /admin/usage` has that).
+#[derive(Debug, Serialize, ToSchema)]
+pub struct TenantUsage {
+    pub request_id: String,
+    pub key_id: Option<String>,
+    pub model: String,
+    /// Who served it (`provider:house`, or a provider's account).
+    pub provider_id: String,
+    pub prompt_tokens: i64,
+    pub cached_tokens: i64,
+    pub completion_tokens: i64,
+    /// What the request cost, in units.
+    #[serde(with = "money::ledger::units")]
+    #[schema(value_type = String, example = "0.0000123")]
+    pub cost: i64,
+    /// `finished`, `cut` or `failed`.
+    pub outcome: String,
+    pub created_at: i64,
+}
+
+impl From<UsageRecord> for TenantUsage {
+    fn from(r: UsageRecord) -> Self {
+        Self {
+            request_id: r.request_id,
+            key_id: r.key_id,
+            model: r.model,
+            provider_id: r.provider_id,
+            prompt_tokens: r.prompt_tokens,
+            cached_tokens: r.cached_tokens,
+            completion_tokens: r.completion_tokens,
+            cost: r.cost,
+            outcome: r.outcome,
+            created_at: r.created_at,
+        }
+    }
 }
 
 /// A journal transaction's id with the account it moved.
@@ -109,17 +153,17 @@ pub struct Cancelled {
     pub cancelled: bool,
 }
 
-/// Electricity prices by region (micro-units per kWh).
+/// Electricity prices by region (units per kWh).
 #[derive(Debug, Serialize, ToSchema)]
 pub struct Regions {
-    pub regions: BTreeMap<String, i64>,
+    pub regions: BTreeMap<String, String>,
 }
 
-/// One region's electricity price, as set.
+/// One region's electricity price, as set (units per kWh).
 #[derive(Debug, Serialize, ToSchema)]
 pub struct RegionSet {
     pub region: String,
-    pub micros_per_kwh: i64,
+    pub price_per_kwh: String,
 }
 
 /// One cache tier's counters.

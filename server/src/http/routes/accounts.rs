@@ -10,7 +10,7 @@ use axum::{Extension, Json, Router};
 use serde::Deserialize;
 
 use super::market::billing;
-use crate::http::api::bodies::{KeyUse, List, Moved, UsageAnswer};
+use crate::http::api::bodies::{KeyUse, List, Moved, TenantUsage, UsageAnswer};
 use crate::http::api::json::ApiJson;
 use crate::http::error::ApiError;
 use crate::http::state::AppState;
@@ -59,7 +59,7 @@ pub(crate) struct FilterQuery {
     key: Option<String>,
 }
 
-/// The caller's account (balance, held funds, credit limit; ticks)
+/// The caller's account (balance, held funds, credit limit, in units)
 /// and its latest usage records, with the key's budget if it has one.
 #[utoipa::path(get, path = "/v1/usage", tag = "billing", params(LimitQuery),
     responses((status = 200, description = "Balance and usage", body = UsageAnswer)),
@@ -83,7 +83,7 @@ pub(crate) async fn usage(
         account,
         key,
         object: "list",
-        data: records,
+        data: records.into_iter().map(TenantUsage::from).collect(),
     }))
 }
 
@@ -115,8 +115,9 @@ pub(crate) struct CreateAccount {
     #[serde(default)]
     kind: Option<AccountKind>,
     name: String,
-    /// How far below zero the balance may go (ticks; default 0).
-    #[serde(default)]
+    /// How far below zero the balance may go, in units (default `"0"`).
+    #[serde(default, with = "money::ledger::units")]
+    #[schema(value_type = String, example = "0")]
     credit_limit: i64,
 }
 
@@ -151,7 +152,9 @@ pub(crate) async fn create(
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct UpdateAccount {
-    /// How far below zero the balance may go (ticks).
+    /// How far below zero the balance may go, in units.
+    #[serde(with = "money::ledger::units")]
+    #[schema(value_type = String, example = "10.00")]
     credit_limit: i64,
 }
 
@@ -173,7 +176,9 @@ pub(crate) async fn update(
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct TopUp {
-    /// Ticks to credit (> 0).
+    /// Units to move (> 0), as a decimal string: `"25.00"`.
+    #[serde(with = "money::ledger::units")]
+    #[schema(value_type = String, example = "25.00")]
     amount: i64,
     #[serde(default)]
     memo: String,

@@ -157,8 +157,9 @@ pub(crate) struct CreateKey {
     /// The user account the key spends from (default: a new account).
     #[serde(default)]
     account_id: Option<String>,
-    /// Most the key may spend, in ticks (default: no budget).
-    #[serde(default)]
+    /// Most the key may spend, in units (default: no budget).
+    #[serde(default, with = "money::ledger::units::opt")]
+    #[schema(value_type = Option<String>, example = "5.00")]
     budget: Option<i64>,
 }
 

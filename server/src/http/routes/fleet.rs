@@ -41,11 +41,15 @@ pub fn router() -> Router<AppState> {
 #[derive(Debug, serde::Serialize, utoipa::ToSchema)]
 pub struct Earnings {
     pub provider_id: String,
-    /// Ticks.
+    /// In units.
+    #[serde(with = "money::ledger::units")]
+    #[schema(value_type = String, example = "1.25")]
     pub balance: i64,
     /// Of the balance, what it earned within the earnings window
     /// (`--earnings-window`): not final yet (a failed spot check can
     /// claw it back).
+    #[serde(with = "money::ledger::units")]
+    #[schema(value_type = String, example = "0.10")]
     pub pending: i64,
     /// Its entries by journal kind (`usage`: paid for tokens its workers
     /// delivered; `trade`: market fills; `penalty`: taken back).

@@ -20,6 +20,7 @@ use crate::services::metering::{Billing, Payer};
 use engine::registry::ModelKind;
 use money::ledger::{HOUSE_PROVIDER, Prices};
 use money::market::book::Side;
+use money::ledger::units::micros;
 use money::market::pricing::{CostProfile, Occupancy, demand_bps};
 use money::market::{NewOrder, PricePoint, Provider, Spot, Trade};
 use money::store::keys::KeyRecord;
@@ -156,7 +157,9 @@ pub(crate) async fn history(
 pub(crate) struct PostOrder {
     /// A served text model's name.
     instrument: String,
-    /// Limit price, ticks per million tokens.
+    /// Limit price per million tokens, in units: `"0.40"`.
+    #[serde(with = "money::ledger::units")]
+    #[schema(value_type = String, example = "0.40")]
     price: i64,
     /// Tokens per second.
     quantity: u64,
@@ -314,15 +317,22 @@ pub(crate) async fn post_ask(
     responses((status = 200, description = "Region -> price", body = Regions), (status = 401, description = "Missing or wrong admin token", body = crate::http::error::ErrorResponse)),
     security(("admin_token" = [])))]
 pub(crate) async fn regions(State(state): State<AppState>) -> Result<Json<Regions>, ApiError> {
+    let regions = billing(&state)?.market.regions();
     Ok(Json(Regions {
-        regions: billing(&state)?.market.regions(),
+        regions: regions
+            .into_iter()
+            .map(|(r, m)| (r, micros::show(m)))
+            .collect(),
     }))
 }
 
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct RegionPrice {
-    micros_per_kwh: i64,
+    /// Electricity price per kWh, in units (at most 6 decimals): `"0.12"`.
+    #[serde(with = "money::ledger::units::micros")]
+    #[schema(value_type = String, example = "0.12")]
+    price_per_kwh: i64,
 }
 
 /// Admin: sets (or adds) a region's electricity price.
@@ -337,11 +347,11 @@ pub(crate) async fn set_region(
 ) -> Result<Json<RegionSet>, ApiError> {
     billing(&state)?
         .market
-        .set_region_price(&region, p.micros_per_kwh)
+        .set_region_price(&region, p.price_per_kwh)
         .await?;
     Ok(Json(RegionSet {
         region,
-        micros_per_kwh: p.micros_per_kwh,
+        price_per_kwh: micros::show(p.price_per_kwh),
     }))
 }
 
