@@ -37,12 +37,16 @@ pub enum Command {
     },
 }
 
-/// The database the CLI commands work on.
+/// The database the CLI commands work on: the server's, which must
+/// exist (a command run from another directory would otherwise make a new
+/// empty one beside it, and a key made there is one the server never sees).
 #[derive(Debug, Clone, Args)]
 pub struct DatabaseArg {
-    /// Database of keys and the ledger (SQLite file or Postgres URL).
+    /// Database of keys and the ledger (SQLite file or Postgres URL): the
+    /// one `synor serve` uses (accepted before or after the subcommand).
     #[arg(
         long,
+        global = true,
         env = "SYNOR_DATABASE_URL",
         default_value = "sqlite://data/synor.db"
     )]
@@ -50,13 +54,29 @@ pub struct DatabaseArg {
 }
 
 impl DatabaseArg {
-    /// Connects (and migrates).
+    /// Connects (and migrates) to a database that exists.
     pub async fn connect(&self) -> anyhow::Result<money::store::Db> {
         use anyhow::Context;
-        money::store::Db::connect(self.database_url.expose())
+        let url = self.database_url.expose();
+        if let Some(path) = missing_sqlite_file(url) {
+            anyhow::bail!(
+                "no database at {path} (from --database-url {url}, relative to {}): run this \
+                 where `synor serve` runs (the server creates its database on start), or pass \
+                 the server's own --database-url",
+                std::env::current_dir().map_or("?".into(), |d| d.display().to_string())
+            );
+        }
+        money::store::Db::connect(url)
             .await
             .with_context(|| format!("opening the database {}", self.database_url))
     }
+}
+
+/// The file of a `sqlite://` URL when it does not exist.
+fn missing_sqlite_file(url: &str) -> Option<String> {
+    let rest = url.strip_prefix("sqlite://")?;
+    let path = rest.split('?').next().unwrap_or(rest);
+    (path != ":memory:" && !std::path::Path::new(path).exists()).then(|| path.to_string())
 }
 
 /// Options of `synor keys`.
@@ -499,6 +519,35 @@ pub enum ProvidersAction {
     /// Revoke a worker token: its workers are refused from their next
     /// connection.
     Revoke { id: String },
+    /// A provider's own earnings (over HTTP, with its worker token):
+    /// balance, payable and pending funds, today's earnings, jobs, spot
+    /// checks and connected workers, in units.
+    Earnings(ProviderLink),
+    /// Pays out part of a provider's payable funds (recorded in the
+    /// ledger as a `payout` transaction).
+    Payout {
+        #[command(flatten)]
+        link: ProviderLink,
+        /// Units to pay out: `1.50`.
+        #[arg(long)]
+        amount: String,
+        /// Where it goes, for the record.
+        #[arg(long, default_value = "")]
+        memo: String,
+    },
+}
+
+/// How a provider reaches the server as itself: the address its workers
+/// use and one of its worker tokens.
+#[derive(Debug, Clone, Args)]
+pub struct ProviderLink {
+    /// The server: `ws://HOST:PORT` (as `synor worker --server`) or
+    /// `http://HOST:PORT`.
+    #[arg(long, env = "SYNOR_SERVER")]
+    pub server: String,
+    /// One of the provider's worker tokens.
+    #[arg(long, env = "SYNOR_WORKER_TOKEN", hide_env_values = true)]
+    pub token: Secret,
 }
 
 /// Options of `synor worker`.
@@ -547,6 +596,11 @@ pub struct WorkerArgs {
     #[arg(long, env = "SYNOR_PREEMPTIBLE")]
     pub preemptible: bool,
 
+    /// Seconds between status lines (jobs, tokens/s, spot checks,
+    /// earnings today); 0 turns them off.
+    #[arg(long, env = "SYNOR_STATUS_EVERY", default_value_t = 30)]
+    pub status_every: u64,
+
     /// Testing and benchmarks only (the `faults` feature).
     #[cfg(feature = "faults")]
     #[command(flatten)]
@@ -585,6 +639,7 @@ impl WorkerArgs {
                 until: self.until,
                 preemptible: self.preemptible,
             }),
+            status_every: std::time::Duration::from_secs(self.status_every),
             faults: self.faults(),
         }
     }
@@ -1190,6 +1245,34 @@ mod tests {
         assert!(parse_size("lots").is_err());
         assert!(parse_size("-1G").is_err());
         assert_eq!(default_of("kv_cache_memory"), "1GiB");
+    }
+
+    #[test]
+    fn the_database_url_is_taken_after_the_subcommand_and_a_missing_file_is_named() {
+        let argv = [
+            "synor",
+            "keys",
+            "create",
+            "--name",
+            "k",
+            "--database-url",
+            "sqlite://x/y.db",
+        ];
+        let Command::Keys(k) = Cli::try_parse_from(argv).expect("parses").command else {
+            panic!("parsed `keys` as another command");
+        };
+        assert_eq!(k.db.database_url.expose(), "sqlite://x/y.db");
+        assert_eq!(
+            missing_sqlite_file("sqlite://no/such/dir/synor.db").as_deref(),
+            Some("no/such/dir/synor.db")
+        );
+        assert_eq!(missing_sqlite_file("sqlite://:memory:"), None);
+        assert_eq!(missing_sqlite_file("postgres://localhost/x"), None);
+        let here = std::env::current_exe().expect("exe");
+        assert_eq!(
+            missing_sqlite_file(&format!("sqlite://{}", here.display())),
+            None
+        );
     }
 
     #[test]

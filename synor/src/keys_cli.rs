@@ -114,6 +114,15 @@ pub async fn accounts(args: AccountsArgs) -> anyhow::Result<()> {
 }
 
 pub async fn providers(args: ProvidersArgs) -> anyhow::Result<()> {
+    match args.action {
+        ProvidersAction::Earnings(link) => return crate::provider_cli::earnings(&link).await,
+        ProvidersAction::Payout { link, amount, memo } => {
+            return crate::provider_cli::payout(&link, &amount, &memo).await;
+        }
+        ProvidersAction::Create { .. }
+        | ProvidersAction::Tokens
+        | ProvidersAction::Revoke { .. } => {}
+    }
     let db = args.db.connect().await?;
     match args.action {
         ProvidersAction::Create { name, account } => {
@@ -157,6 +166,7 @@ pub async fn providers(args: ProvidersArgs) -> anyhow::Result<()> {
             }
             println!("revoked {id}");
         }
+        ProvidersAction::Earnings(_) | ProvidersAction::Payout { .. } => {}
     }
     Ok(())
 }

@@ -7,6 +7,7 @@
 mod config;
 mod config_file;
 mod keys_cli;
+mod provider_cli;
 mod startup;
 mod telemetry;
 

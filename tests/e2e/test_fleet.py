@@ -6,6 +6,7 @@ refused at the handshake; the worker reconnects when the server comes
 back; SIGTERM or an admin drain makes it leave cleanly."""
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -265,6 +266,62 @@ def workers_up(base, procs, n):
 
 
 PROMPTS = ["The river", "Once upon a time", "1, 2, 3,"]
+
+
+def synor_cli(*args):
+    binary = os.environ.get("SYNOR_BIN", os.path.join(ROOT, "target", "debug", "synor"))
+    return subprocess.run([binary, *args], capture_output=True, text=True, timeout=60)
+
+
+def test_a_provider_sees_its_work_and_earnings_and_is_paid_out():
+    # Earnings final after a second, so a payout can take them.
+    srv = open_server("--earnings-window", "1")
+    base, ws = srv["base"], srv["base"].replace("http://", "ws://")
+    procs = []
+    try:
+        created = provider_token(base, "seer")
+        token = created["token"]
+        procs.append(start_worker(base, token, "seer-1", "--status-every", "1"))
+        # A worker of a model this server does not serve is told so.
+        procs.append(start_worker(base, token, "lost", "--served-model-name", "elsewhere"))
+        workers_up(base, procs[:1], 1)
+        for p in PROMPTS:
+            complete(base, p, 12)
+        def payable():
+            status, e = http_call(base, "GET", "/v1/providers/earnings", token=token)[:2]
+            assert status == 200, e
+            return ticks(e["payable"]) > 0 and e
+        earned = wait_for(payable, timeout=20, what="final earnings")
+        assert earned["jobs_ok"] >= 3 and ticks(earned["earned_today"]) > 0, earned
+        # The CLI shows the same, in units.
+        p = synor_cli("providers", "earnings", "--server", ws, "--token", token)
+        assert p.returncode == 0, p.stderr
+        assert "payable" in p.stdout and "earned today" in p.stdout, p.stdout
+        assert "seer-1 (active)" in p.stdout and "spot checks" in p.stdout, p.stdout
+        # More than payable is refused; the payable part is paid out once,
+        # on record in the ledger.
+        too_much = units(ticks(earned["balance"]) * 2 + 1)
+        p = synor_cli("providers", "payout", "--server", ws, "--token", token, "--amount", too_much)
+        assert p.returncode != 0 and "refused" in p.stderr, p.stdout + p.stderr
+        p = synor_cli("providers", "payout", "--server", ws, "--token", token,
+                      "--amount", earned["payable"], "--memo", "to my bank")
+        assert p.returncode == 0 and f"paid out {earned['payable']}" in p.stdout, p.stdout + p.stderr
+        status, paid = http_call(base, "GET", "/v1/providers/payouts", token=token)[:2]
+        assert status == 200 and len(paid["data"]) == 1, paid
+        [tx] = paid["data"]
+        assert tx["entries"][created["account_id"]] == "-" + earned["payable"], tx
+        status, audit = call(base, "GET", "/admin/ledger/audit")
+        assert status == 200 and audit["violations"] == [], audit
+        # The terminals: the status line, and the model the server lacks.
+        _, out = stop(procs[0])
+        assert re.search(r"status: \d+ jobs done \(\d+ lost\) .* tok/s .* spot checks .* earned today \d", out), out
+        _, lost = stop(procs[1])
+        assert "this server does not serve elsewhere (it serves: tiny)" in lost, lost
+    finally:
+        for p in procs:
+            if p.returncode is None:
+                stop(p)
+        srv["gen"].close()
 
 
 def test_greedy_text_is_the_same_on_every_executor_and_streams_spread_over_workers():

@@ -249,11 +249,14 @@ impl<'a> Session<'a> {
                 ..
             }) => jobs::embed(models, job, &model, texts, tokens, query, out),
             Ok(ToWorker::Drain { .. }) => {
-                tracing::info!("the server asked this worker to drain");
+                tracing::warn!(
+                    "an admin of the server drained this worker: it finishes its running work, \
+                     then exits (start it again to rejoin)"
+                );
                 return Step::Drain;
             }
             Ok(ToWorker::Error { code, message, .. }) => {
-                tracing::warn!(%code, %message, "the server reported an error");
+                tracing::warn!(%code, "the server says: {message}");
             }
             Ok(ToWorker::Welcome { .. }) | Err(_) => {
                 let head = &t[..t.len().min(100)];

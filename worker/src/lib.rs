@@ -16,6 +16,7 @@ mod connection;
 pub mod devices;
 pub mod jobs;
 pub mod kv;
+pub mod status;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -51,6 +52,9 @@ pub struct WorkerConfig {
     pub device: engine::Device,
     /// What its provider asks, per served model; `None`: the house's price.
     pub offer: Option<Offer>,
+    /// How often it logs a status line (jobs, speed, checks, earnings);
+    /// zero: never.
+    pub status_every: Duration,
     /// Testing knobs (hidden flags of the command line).
     pub faults: Faults,
 }
@@ -64,6 +68,7 @@ impl std::fmt::Debug for WorkerConfig {
             .field("region", &self.region)
             .field("device", &self.device)
             .field("offer", &self.offer)
+            .field("status_every", &self.status_every)
             .field("faults", &self.faults)
             .finish()
     }
@@ -126,6 +131,17 @@ pub async fn run(
         stop.await;
         let _ = stop_tx.send(true);
     });
+    if !config.status_every.is_zero() {
+        let base = status::http_base(&config.server)?;
+        let (token, every) = (config.token.clone(), config.status_every);
+        tokio::spawn(status::report(
+            base,
+            token,
+            models.clone(),
+            every,
+            stopped.clone(),
+        ));
+    }
     let mut delay = BACKOFF_FIRST;
     loop {
         let started = Instant::now();
@@ -143,7 +159,11 @@ pub async fn run(
                     delay = BACKOFF_FIRST;
                 }
                 let wait = jitter(delay);
-                tracing::warn!(reason = %why, retry_in_ms = wait.as_millis() as u64, "gateway connection lost");
+                tracing::warn!(
+                    reason = %why,
+                    "lost the server (restarting, or the network dropped); reconnecting in {:.1} s",
+                    wait.as_secs_f64()
+                );
                 tokio::select! {
                     () = tokio::time::sleep(wait) => {}
                     _ = stopped.changed() => break,

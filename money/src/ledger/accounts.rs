@@ -7,7 +7,7 @@ use sqlx::Row;
 use sqlx::any::AnyRow;
 
 use super::amount::{self, Amount, MAX_AMOUNT, MAX_BALANCE};
-use super::{DEPOSITS, Ledger, LedgerError, TREASURY};
+use super::{DEPOSITS, Ledger, LedgerError, PAYOUTS, TREASURY};
 use crate::store::now;
 
 /// What an account is for.
@@ -198,30 +198,65 @@ impl Ledger {
         amount: Amount,
         memo: &str,
     ) -> Result<String, LedgerError> {
-        let p = self.account(provider_id).await?;
-        if p.kind != AccountKind::Provider.as_str() {
-            return Err(LedgerError::WrongAccount(format!(
-                "penalties apply to provider accounts, not `{provider_id}`"
-            )));
-        }
-        // Earnings still pending may yet be clawed back: a penalty takes
-        // final funds only.
-        let pending = self.pending_earnings(provider_id).await?;
-        let final_funds = p.available().saturating_sub(pending);
+        self.take_final_funds("penalty", provider_id, TREASURY, amount, memo)
+            .await
+    }
+
+    /// Pays `amount` of a provider's final funds out of the ledger (to
+    /// `payouts`); returns the journal transaction id. Pending earnings
+    /// stay: a failed spot check may still claw them back.
+    pub async fn payout(
+        &self,
+        provider_id: &str,
+        amount: Amount,
+        memo: &str,
+    ) -> Result<String, LedgerError> {
+        self.take_final_funds("payout", provider_id, PAYOUTS, amount, memo)
+            .await
+    }
+
+    /// Moves `amount` of a provider's final funds (its available funds
+    /// less its pending earnings) to `to`.
+    async fn take_final_funds(
+        &self,
+        kind: &str,
+        provider_id: &str,
+        to: &str,
+        amount: Amount,
+        memo: &str,
+    ) -> Result<String, LedgerError> {
+        let final_funds = self.final_funds(provider_id).await?;
         if amount > final_funds {
             return Err(LedgerError::InsufficientQuota {
                 need: amount,
                 available: final_funds.max(0),
             });
         }
-        self.transfer("penalty", provider_id, TREASURY, amount, memo)
-            .await
+        self.transfer(kind, provider_id, to, amount, memo).await
+    }
+
+    /// A provider's final funds: what it holds less what is still pending.
+    pub async fn final_funds(&self, provider_id: &str) -> Result<Amount, LedgerError> {
+        let p = self.account(provider_id).await?;
+        if p.kind != AccountKind::Provider.as_str() {
+            return Err(LedgerError::WrongAccount(format!(
+                "penalties and payouts apply to provider accounts, not `{provider_id}`"
+            )));
+        }
+        let pending = self.pending_earnings(provider_id).await?;
+        Ok(p.available().saturating_sub(pending))
     }
 
     /// What `account` earned for work (usage entries) within the earnings
     /// window: pending, not final yet.
     pub async fn pending_earnings(&self, account: &str) -> Result<Amount, LedgerError> {
         let since = now() - self.earnings_window.as_secs() as i64;
+        self.earned_since(account, since).await
+    }
+
+    /// What `account` earned for work (usage entries) after `since` (Unix
+    /// seconds).
+    pub async fn earned_since(&self, account: &str, since: i64) -> Result<Amount, LedgerError> {
         let row = sqlx::query(
             "SELECT CAST(COALESCE(SUM(e.amount), 0) AS BIGINT) AS pending FROM entries e \
              JOIN journal j ON j.id = e.tx_id \

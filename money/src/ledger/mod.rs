@@ -33,6 +33,8 @@ pub use amount::{Amount, Prices, Quote, Tokens};
 /// The system accounts every database has (created by the migration).
 pub const DEPOSITS: &str = "deposits";
 pub const TREASURY: &str = "treasury";
+/// The counterpart of payouts: money owed to providers outside the ledger.
+pub const PAYOUTS: &str = "payouts";
 pub const HOUSE_PROVIDER: &str = "provider:house";
 pub const LOCAL_USER: &str = "user:local";
 

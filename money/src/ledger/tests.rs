@@ -859,6 +859,65 @@ async fn earnings_stay_pending_for_the_window_clawable_but_not_penalizable() {
 }
 
 #[tokio::test]
+async fn a_payout_moves_final_funds_out_once_and_leaves_pending_pay() {
+    let config = LedgerConfig {
+        earnings_window: Duration::from_secs(3600),
+        ..QUIET
+    };
+    for l in ledgers_with(config).await {
+        let (user, provider) = user_and_provider(&l, "pay", 1_000_000).await;
+        l.top_up(&provider.id, 70, "old money")
+            .await
+            .expect("final funds");
+        let q = Quote {
+            provider_id: provider.id.clone(),
+            ..quote(BPS)
+        };
+        let id = format!("pay-{}", l.instance());
+        l.hold(user_hold(&id, &user.id, &q, q.worst_case(1_000, 1_000)))
+            .await
+            .expect("hold");
+        let t = Tokens {
+            prompt: 1_000,
+            cached: 0,
+            completion: 1_000,
+        };
+        l.settle(&id, t, Outcome::Finished).await.expect("settle");
+        let pending = l.pending_earnings(&provider.id).await.expect("pending");
+        assert!(pending > 0);
+        assert_eq!(l.final_funds(&provider.id).await.expect("final"), 70);
+        assert!(matches!(
+            l.payout(&provider.id, 71, "too much").await,
+            Err(LedgerError::InsufficientQuota { available: 70, .. })
+        ));
+        assert!(matches!(
+            l.payout(&user.id, 1, "a user").await,
+            Err(LedgerError::WrongAccount(_))
+        ));
+        assert!(l.payout(&provider.id, 0, "nothing").await.is_err());
+        l.payout(&provider.id, 30, "to my bank")
+            .await
+            .expect("payout");
+        l.payout(&provider.id, 40, "the rest")
+            .await
+            .expect("payout");
+        assert!(l.payout(&provider.id, 1, "again").await.is_err());
+        let p = l.account(&provider.id).await.expect("p");
+        assert_eq!(p.balance, pending, "only the pending pay is left");
+        assert_eq!(
+            l.account(super::PAYOUTS).await.expect("payouts").balance,
+            70
+        );
+        let paid = l
+            .journal(Some(&provider.id), Some("payout"), 10)
+            .await
+            .expect("journal");
+        assert_eq!(paid.len(), 2);
+        assert_clean(&l).await;
+    }
+}
+
+#[tokio::test]
 async fn a_clawback_takes_the_pay_back_and_refunds_the_user_once() {
     for l in ledgers().await {
         let user = l

@@ -165,8 +165,9 @@ mod tests {
 
     #[test]
     fn units_strings_round_trip_and_bare_numbers_are_refused_with_the_unit() {
-        let b: Body = serde_json::from_str(r#"{"amount": "12.5", "budget": "0.0004", "kwh": "0.12"}"#)
-            .expect("parses");
+        let b: Body =
+            serde_json::from_str(r#"{"amount": "12.5", "budget": "0.0004", "kwh": "0.12"}"#)
+                .expect("parses");
         assert_eq!(b.amount, 125 * TICKS_PER_UNIT / 10);
         assert_eq!(b.budget, Some(4 * TICKS_PER_UNIT / 10_000));
         assert_eq!(b.kwh, 120_000);
@@ -177,7 +178,9 @@ mod tests {
             r#"{"amount": 2.5}"#,
             r#"{"amount": "1", "budget": 7}"#,
         ] {
-            let e = serde_json::from_str::<Body>(bare).expect_err(bare).to_string();
+            let e = serde_json::from_str::<Body>(bare)
+                .expect_err(bare)
+                .to_string();
             assert!(e.contains("decimal strings of currency units"), "{e}");
         }
         let e = serde_json::from_str::<Body>(r#"{"amount": "1", "kwh": "0.0000001"}"#)

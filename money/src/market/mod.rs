@@ -19,7 +19,7 @@ use serde::Serialize;
 use tokio::sync::Mutex;
 
 use crate::ledger::Ledger;
-use crate::ledger::amount::{Amount, BPS, MAX_PRICE, Prices, Quote, Stages};
+use crate::ledger::amount::{Amount, BPS, MAX_PRICE, Prices, Quote, Stages, show_units};
 use crate::store::{Db, now};
 use book::{Book, Fill, Level, Order, Side};
 use pricing::{CostProfile, Occupancy};
@@ -262,10 +262,10 @@ impl Market {
         }
         if !(1..=pricing::MAX_MICROS_PER_KWH).contains(&micros_per_kwh) {
             return Err(MarketError::Invalid(
-                "micros_per_kwh",
+                "price_per_kwh",
                 format!(
-                    "an electricity price is positive and at most {} micro-units per kWh",
-                    pricing::MAX_MICROS_PER_KWH
+                    "an electricity price is positive and at most {} per kWh",
+                    crate::ledger::units::micros::show(pricing::MAX_MICROS_PER_KWH)
                 ),
             ));
         }
@@ -505,7 +505,10 @@ impl Market {
         if price > MAX_PRICE {
             return Err(MarketError::Invalid(
                 "price",
-                format!("a price is at most {MAX_PRICE} ticks per million tokens"),
+                format!(
+                    "a price is at most {} per million tokens",
+                    show_units(MAX_PRICE)
+                ),
             ));
         }
         if let Some(r) = read(&self.reference).get(instrument).copied() {
@@ -514,7 +517,12 @@ impl Market {
                 return Err(MarketError::Invalid(
                     "price",
                     format!(
-                        "`{instrument}` trades between {low} and {high} ticks per million tokens now (within {BAND}x of its posted price {r})"
+                        "`{instrument}` trades between {} and {} per million tokens now (within \
+                         {BAND}x of its posted price {}); {} is outside",
+                        show_units(low),
+                        show_units(high),
+                        show_units(r),
+                        show_units(price)
                     ),
                 ));
             }

@@ -66,7 +66,7 @@ async fn quotes_follow_the_region_table_and_provider_profiles() {
         );
         assert!(matches!(
             m.set_region_price("x", 0).await,
-            Err(MarketError::Invalid("micros_per_kwh", _))
+            Err(MarketError::Invalid("price_per_kwh", _))
         ));
         let mut p = m.providers()[0].clone();
         p.profile.region = "mars".into();

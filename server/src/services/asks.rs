@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use crate::fleet::registry::{Registry, WorkerInfo};
 use crate::services::placement::gross;
+use money::ledger::amount::show_units;
 use money::market::book::Side;
 use money::market::{Market, MarketError, NewOrder};
 use money::store::now;
@@ -51,12 +52,13 @@ pub async fn round(fleet: &Registry, market: &Market, posted: &mut Posted) {
             if let Some(old) = posted.0.remove(&key) {
                 let _ = market.cancel(&old, Some(&w.provider_id)).await;
             }
+            let order_price = gross(a.output, market.fee_bps);
             let order = NewOrder {
                 side: Side::Ask,
                 instrument: a.model.clone(),
                 account_id: w.provider_id.clone(),
                 key_id: None,
-                price: gross(a.output, market.fee_bps),
+                price: order_price,
                 quantity: capacity(w, a.capacity),
                 priority: 0,
                 interruptible: a.preemptible,
@@ -70,7 +72,14 @@ pub async fn round(fleet: &Registry, market: &Market, posted: &mut Posted) {
                 Ok((o, _)) => {
                     live.insert(key, o.id);
                 }
-                Err(MarketError::Invalid(_, why)) => refuse(fleet, w, &a.model, &why).await,
+                Err(MarketError::Invalid(_, why)) => {
+                    let why = format!(
+                        "your output price {} per million tokens is {} with the protocol fee; {why}",
+                        show_units(a.output),
+                        show_units(order_price)
+                    );
+                    refuse(fleet, w, &a.model, &why).await
+                }
                 Err(e) => tracing::warn!(worker = %w.id, error = %e, "worker ask not posted"),
             }
         }

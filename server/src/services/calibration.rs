@@ -67,7 +67,7 @@ enum On<'a> {
 /// until the process ends; the house engine is measured once, when the
 /// first worker arrives (a server without workers does no extra work).
 pub async fn run(fleet: Arc<Registry>, models: Arc<ModelRegistry>, dispatch: Arc<Dispatch>) {
-    let failures: Arc<Mutex<HashMap<String, u32>>> = Arc::default();
+    let failures: Arc<Mutex<Notes>> = Arc::default();
     // One calibration at a time: challenges that overlap on shared cores
     // measure each other, not the executor.
     let running = Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -159,14 +159,18 @@ async fn calibrate_worker(
     models: &ModelRegistry,
     dispatch: &Dispatch,
     w: &WorkerInfo,
-    failures: &Mutex<HashMap<String, u32>>,
+    failures: &Mutex<Notes>,
 ) {
     let Some((model, house)) = w
         .models
         .iter()
         .find_map(|m| models.text(&m.name).ok().map(|h| (m.name.clone(), h)))
     else {
-        tracing::warn!(worker = %w.id, "serves no model this server knows: left uncalibrated");
+        // (A worker of embedding models only has no text model to run.)
+        let first = lock(failures).unserved.insert(w.id.clone());
+        if first && !w.models.is_empty() {
+            tell_unserved(fleet, models, w).await;
+        }
         return;
     };
     let run = challenge(On::Worker(fleet, &w.id, &model), house.tokenizer());
@@ -185,10 +189,7 @@ async fn calibrate_worker(
                     .await;
                 return;
             }
-            failures
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .remove(&w.id);
+            lock(failures).failed.remove(&w.id);
             tracing::info!(worker = %w.id, ?p, "worker calibrated");
             fleet.set_profile(&w.id, p);
             dispatch.set_profile(&w.id, p);
@@ -200,8 +201,8 @@ async fn calibrate_worker(
             fleet.standing.attempt(&w.provider_id, true);
             tracing::warn!(worker = %w.id, error = %e, "calibration failed; retrying");
             let n = {
-                let mut f = failures.lock().unwrap_or_else(|e| e.into_inner());
-                let n = f.entry(w.id.clone()).or_insert(0);
+                let mut f = lock(failures);
+                let n = f.failed.entry(w.id.clone()).or_insert(0);
                 *n += 1;
                 *n
             };
@@ -211,6 +212,44 @@ async fn calibrate_worker(
             }
         }
     }
+}
+
+/// What calibration remembers of workers between rounds.
+#[derive(Debug, Default)]
+struct Notes {
+    /// Failed calibrations in a row, by worker.
+    failed: HashMap<String, u32>,
+    /// Workers told that this server serves none of their models.
+    unserved: std::collections::HashSet<String>,
+}
+
+fn lock(notes: &Mutex<Notes>) -> std::sync::MutexGuard<'_, Notes> {
+    notes.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Tells a worker (once) that this server serves none of its models, so
+/// it gets no work: its provider reads why in the worker's terminal.
+async fn tell_unserved(fleet: &Registry, models: &ModelRegistry, w: &WorkerInfo) {
+    let theirs: Vec<&str> = w.models.iter().map(|m| m.name.as_str()).collect();
+    let served: Vec<String> = models
+        .list()
+        .into_iter()
+        .filter(|m| matches!(m.kind, engine::registry::ModelKind::Text(_)))
+        .map(|m| m.name)
+        .collect();
+    let message = format!(
+        "this server does not serve {} (it serves: {}); this worker gets no work until it \
+         serves one of those (`synor worker --model ...`, named as the server names it)",
+        theirs.join(", "),
+        served.join(", ")
+    );
+    tracing::warn!(worker = %w.id, %message, "worker serves no model of this server");
+    let msg = protocol::ToWorker::Error {
+        v: protocol::VERSION,
+        code: "model_not_served".into(),
+        message,
+    };
+    let _ = fleet.send(&w.id, msg).await;
 }
 
 /// Failed calibrations in a row after which a worker is quarantined.

@@ -77,6 +77,10 @@ pub struct TenantUsage {
     /// `finished`, `cut` or `failed`.
     pub outcome: String,
     pub created_at: i64,
+    /// The executors (or provider workers) that ran its prefill and its
+    /// decode; empty for cache hits.
+    pub prefill_by: String,
+    pub decode_by: String,
 }
 
 impl From<UsageRecord> for TenantUsage {
@@ -92,6 +96,8 @@ impl From<UsageRecord> for TenantUsage {
             cost: r.cost,
             outcome: r.outcome,
             created_at: r.created_at,
+            prefill_by: r.prefill_by,
+            decode_by: r.decode_by,
         }
     }
 }

@@ -1,7 +1,6 @@
 //! The fleet over HTTP: the gateway where provider workers connect
 //! (`GET /v1/providers/connect`, a WebSocket authenticated by a worker
-//! token), a provider's earnings (`GET /v1/providers/earnings`, the same
-//! token) and the admin view (`GET /admin/fleet`, `DELETE
+//! token; a provider's money is `routes::earnings`) and the admin view (`GET /admin/fleet`, `DELETE
 //! /admin/fleet/{id}` to drain one). The socket is adapted here to the
 //! socket-free session in `fleet::session`, through bounded channels.
 
@@ -32,68 +31,11 @@ pub const HEARTBEAT: Duration = Duration::from_secs(1);
 const QUEUE: usize = 16;
 
 pub fn router() -> Router<AppState> {
-    Router::new()
-        .route("/v1/providers/connect", get(connect))
-        .route("/v1/providers/earnings", get(earnings))
-}
-
-/// A provider's money and workers, as its worker token sees them.
-#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
-pub struct Earnings {
-    pub provider_id: String,
-    /// In units.
-    #[serde(with = "money::ledger::units")]
-    #[schema(value_type = String, example = "1.25")]
-    pub balance: i64,
-    /// Of the balance, what it earned within the earnings window
-    /// (`--earnings-window`): not final yet (a failed spot check can
-    /// claw it back).
-    #[serde(with = "money::ledger::units")]
-    #[schema(value_type = String, example = "0.10")]
-    pub pending: i64,
-    /// Its entries by journal kind (`usage`: paid for tokens its workers
-    /// delivered; `trade`: market fills; `penalty`: taken back).
-    pub totals: Vec<money::ledger::accounts::KindTotal>,
-    /// Its reputation as the fleet measured it (bps; 10,000 = 1x): it
-    /// wins placement, and under 1x it cuts pay.
-    pub reputation_bps: i64,
-    /// Its workers connected to this server.
-    pub workers: Vec<WorkerInfo>,
-}
-
-/// What a provider earned: its balance, its entries by kind and its
-/// connected workers (authenticated by one of its worker tokens).
-#[utoipa::path(get, path = "/v1/providers/earnings", tag = "providers",
-    responses((status = 200, description = "The provider's earnings", body = Earnings), (status = 401, description = "Missing, wrong or revoked worker token", body = crate::http::error::ErrorResponse)),
-    security(("worker_token" = [])))]
-pub(crate) async fn earnings(
-    State(state): State<AppState>,
-    headers: HeaderMap,
-) -> Result<Json<Earnings>, ApiError> {
-    let token = worker_token(&state, &headers).await?;
-    let ledger = &billing(&state)?.ledger;
-    let account = ledger.account(&token.account_id).await?;
-    let totals = ledger.totals(&account.id).await?;
-    let pending = ledger.pending_earnings(&account.id).await?;
-    let workers = state
-        .fleet
-        .list()
-        .into_iter()
-        .filter(|w| w.provider_id == account.id)
-        .collect();
-    let reputation_bps = state.fleet.standing.get(&account.id).reputation_bps();
-    Ok(Json(Earnings {
-        reputation_bps,
-        provider_id: account.id,
-        balance: account.balance,
-        pending,
-        totals,
-        workers,
-    }))
+    Router::new().route("/v1/providers/connect", get(connect))
 }
 
 /// The active worker token in `Authorization: Bearer` (401 otherwise).
-async fn worker_token(
+pub(crate) async fn worker_token(
     state: &AppState,
     headers: &HeaderMap,
 ) -> Result<money::store::workers::WorkerToken, ApiError> {

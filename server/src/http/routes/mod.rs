@@ -7,6 +7,7 @@ pub mod cache;
 pub mod chat;
 pub mod completions;
 pub mod console;
+pub mod earnings;
 pub mod embeddings;
 pub mod fleet;
 pub mod health;
@@ -57,6 +58,7 @@ pub fn router(state: &AppState) -> Router<AppState> {
         .merge(home::router())
         .merge(health::router())
         .merge(fleet::router())
+        .merge(earnings::router())
         .merge(console::router())
         .merge(web::router())
         .fallback(not_found)
