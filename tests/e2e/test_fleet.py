@@ -177,7 +177,7 @@ def test_a_worker_reconnects_when_its_server_comes_back_and_leaves_when_drained(
         status, body = call(base, "DELETE", f"/admin/fleet/{w['id']}")
         assert status == 200 and body["state"] == "draining", body
         code, out = finish(worker, timeout=30)
-        assert code == 0 and "asked this worker to drain" in out, out
+        assert code == 0 and "drained this worker" in out, out
         wait_for(lambda: fleet(base) == [], timeout=10, what="the drained worker to leave")
         status, body = call(base, "DELETE", "/admin/fleet/worker-none-0")
         assert status == 404, body
@@ -287,6 +287,19 @@ def test_a_provider_sees_its_work_and_earnings_and_is_paid_out():
         workers_up(base, procs[:1], 1)
         for p in PROMPTS:
             complete(base, p, 12)
+        # The vLLM-named series count the worker's requests, labelled by
+        # it; the console's overview counts its tokens.
+        text = urllib.request.urlopen(base + "/metrics", timeout=10).read().decode()
+        on = f'executor="seer-1@{created["account_id"]}"'
+        def series(name, *labels):
+            return sum(float(ln.rsplit(" ", 1)[1]) for ln in text.splitlines()
+                       if ln.startswith(name + "{") and on in ln and all(x in ln for x in labels))
+        assert series("synor:request_success_total", 'finished_reason="length"') == 3, text
+        assert series("synor:generation_tokens_total") == 36, text
+        assert series("synor:time_to_first_token_seconds_count") == 3, text
+        assert series("synor:inter_token_latency_seconds_count") == 33, text
+        wait_for(lambda: call(base, "GET", "/admin/overview")[1]["current"]["output_tokens_total"] >= 36,
+                 timeout=10, what="the overview to count the worker's tokens")
         def payable():
             status, e = http_call(base, "GET", "/v1/providers/earnings", token=token)[:2]
             assert status == 200, e

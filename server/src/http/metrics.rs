@@ -10,6 +10,7 @@
 use crate::cache::ResponseCache;
 use crate::fleet::registry::Registry;
 use crate::services::dispatch::Dispatch;
+use crate::services::served::{Served, ServedStats};
 use crate::telemetry::{
     Collector, IntCounterVec, MetricFamily, Scraped, expose, in_order, int_counter_vec,
 };
@@ -72,14 +73,10 @@ impl HttpMetrics {
 /// Reads one figure of an engine.
 type EngineFigure = fn(&EngineStats, &LatencyStats) -> f64;
 
-/// Each text model's scalar series: (name, a counter?, help, figure).
-const ENGINE_SCALARS: [(&str, bool, &str, EngineFigure); 12] = [
-    (
-        "synor:num_requests_running",
-        false,
-        "Requests in the running batch.",
-        |s, _| s.num_running as f64,
-    ),
+/// Each text model's engine series, what only its engine knows: (name, a
+/// counter?, help, figure). Requests as clients see them, on every
+/// executor, are `served_families`.
+const ENGINE_SCALARS: [(&str, bool, &str, EngineFigure); 9] = [
     (
         "synor:num_requests_waiting",
         false,
@@ -117,18 +114,6 @@ const ENGINE_SCALARS: [(&str, bool, &str, EngineFigure); 12] = [
         |s, _| s.preemptions as f64,
     ),
     (
-        "synor:prompt_tokens_total",
-        true,
-        "Prompt tokens of finished requests.",
-        |_, l| l.prompt_tokens as f64,
-    ),
-    (
-        "synor:generation_tokens_total",
-        true,
-        "Generated tokens of finished requests.",
-        |_, l| l.generation_tokens as f64,
-    ),
-    (
         "synor:engine_busy_seconds_total",
         true,
         "Time the engine spent in forward passes (scoring included).",
@@ -151,27 +136,22 @@ const ENGINE_SCALARS: [(&str, bool, &str, EngineFigure); 12] = [
 /// Picks one of an engine's latency histograms.
 type Pick = fn(&LatencyStats) -> &HistogramSnapshot;
 
-/// Each text model's latency histograms.
-const ENGINE_HISTOGRAMS: [(&str, &str, Pick); 4] = [
+/// The request histograms of every executor, by model and executor.
+const SERVED_HISTOGRAMS: [(&str, &str, Pick); 3] = [
     (
         "synor:time_to_first_token_seconds",
-        "Time from submission to the first token.",
+        "Time from submission to the first token reaching the server, by executor.",
         |l| &l.ttft,
     ),
     (
         "synor:inter_token_latency_seconds",
-        "Time between token-emitting steps of a request.",
+        "Time between tokens reaching the server, by executor (tokens that come together share the gap).",
         |l| &l.itl,
     ),
     (
         "synor:e2e_request_latency_seconds",
-        "Time from submission to the end of a request.",
+        "Time from submission to the end of a request, by executor.",
         |l| &l.e2e,
-    ),
-    (
-        "synor:request_queue_time_seconds",
-        "Time from submission to the first scheduled step.",
-        |l| &l.queue,
     ),
 ];
 
@@ -195,22 +175,77 @@ fn engine_families(models: &ModelRegistry) -> Vec<MetricFamily> {
             f.done()
         })
         .collect();
-    let mut finished = Scraped::counter(
-        "synor:request_success_total",
-        "Finished requests, by finish reason.",
+    let mut queue = Scraped::histogram(
+        "synor:request_queue_time_seconds",
+        "Time from submission to the first scheduled step on a house engine.",
     );
     for (model, _, l) in &text {
-        for (reason, n) in &l.finished {
-            let labels = [("model_name", model.as_str()), ("finished_reason", reason)];
+        let h = &l.queue;
+        queue.distribution(&[("model_name", model)], h.bounds, &h.counts, h.sum_seconds);
+    }
+    out.push(queue.done());
+    out
+}
+
+/// Requests as clients see them, by model and executor (the house's or a
+/// worker's): running, tokens, finished by reason, and their latencies.
+fn served_families(served: &Served) -> Vec<MetricFamily> {
+    let all = served.snapshot();
+    let scalar = |name, help, total, get: fn(&ServedStats) -> f64| {
+        let mut f = Scraped::scalar(name, help, total);
+        for s in &all {
+            let labels = [
+                ("model_name", s.model.as_str()),
+                ("executor", s.executor.as_str()),
+            ];
+            f.sample(&labels, get(s));
+        }
+        f.done()
+    };
+    let mut out = vec![
+        scalar(
+            "synor:num_requests_running",
+            "Requests running, on every executor.",
+            false,
+            |s| s.running as f64,
+        ),
+        scalar(
+            "synor:prompt_tokens_total",
+            "Prompt tokens of requests that got their first token.",
+            true,
+            |s| s.latency.prompt_tokens as f64,
+        ),
+        scalar(
+            "synor:generation_tokens_total",
+            "Generated tokens, as they reached the server.",
+            true,
+            |s| s.latency.generation_tokens as f64,
+        ),
+    ];
+    let mut finished = Scraped::counter(
+        "synor:request_success_total",
+        "Finished requests, by finish reason (abort: the client left).",
+    );
+    for s in &all {
+        for (reason, n) in &s.latency.finished {
+            let labels = [
+                ("model_name", s.model.as_str()),
+                ("executor", s.executor.as_str()),
+                ("finished_reason", reason),
+            ];
             finished.sample(&labels, *n as f64);
         }
     }
     out.push(finished.done());
-    for (name, help, pick) in ENGINE_HISTOGRAMS {
+    for (name, help, pick) in SERVED_HISTOGRAMS {
         let mut f = Scraped::histogram(name, help);
-        for (model, _, l) in &text {
-            let h = pick(l);
-            f.distribution(&[("model_name", model)], h.bounds, &h.counts, h.sum_seconds);
+        for s in &all {
+            let h = pick(&s.latency);
+            let labels = [
+                ("model_name", s.model.as_str()),
+                ("executor", s.executor.as_str()),
+            ];
+            f.distribution(&labels, h.bounds, &h.counts, h.sum_seconds);
         }
         out.push(f.done());
     }
@@ -236,6 +271,7 @@ pub fn render(
     http: &HttpMetrics,
     fleet: &Registry,
     dispatch: &Dispatch,
+    served: &Served,
     audit: Option<i64>,
 ) -> String {
     expose([
@@ -244,6 +280,7 @@ pub fn render(
         fleet.families(),
         dispatch.families(),
         engine_families(models),
+        served_families(served),
         http.families(),
     ])
 }

@@ -25,6 +25,7 @@ pub struct Sources {
     pub fleet: Arc<Registry>,
     pub cache: Option<Arc<ResponseCache>>,
     pub dispatch: Arc<Dispatch>,
+    pub served: Arc<crate::services::served::Served>,
 }
 
 /// How often the sampler reads the counters.
@@ -62,13 +63,13 @@ pub struct Sample {
     /// Whether this sample is also a point of the history (one every ten
     /// seconds).
     pub point: bool,
-    /// Requests running and waiting on the house engines.
+    /// Requests running (on any executor: the house's or a worker) and
+    /// waiting on the house engines.
     pub running: u64,
     pub waiting: u64,
     /// Generation requests answered (2xx) since the server started.
     pub requests_total: u64,
-    /// Tokens generated since the server started (house engines, and the
-    /// connected workers' delivered tokens).
+    /// Tokens generated since the server started, on every executor.
     pub output_tokens_total: u64,
     pub output_tokens_per_s: f64,
     pub prompt_tokens_per_s: f64,
@@ -226,22 +227,24 @@ fn read(state: &Sources) -> Reading {
         let ModelKind::Text(h) = &m.kind else {
             continue;
         };
-        let (s, l) = (h.stats(), h.latency());
-        r.running += s.num_running;
+        let s = h.stats();
         r.waiting += s.num_waiting;
         r.kv_usage = r.kv_usage.max(s.kv_usage());
-        r.generated += l.generation_tokens;
-        r.prompt += l.prompt_tokens;
         r.prefix.0 += s.prefix_queries;
         r.prefix.1 += s.prefix_hits;
         r.house_busy_us += s.busy_micros;
+    }
+    // Requests as clients see them, on every executor.
+    for s in state.served.snapshot() {
+        let l = &s.latency;
+        r.running += s.running;
+        r.generated += l.generation_tokens;
+        r.prompt += l.prompt_tokens;
         add(&mut r.ttft, &l.ttft.counts);
         add(&mut r.itl, &l.itl.counts);
         r.bounds = (l.ttft.bounds, l.itl.bounds);
     }
-    let workers = state.fleet.list();
-    r.workers = workers.len() as u64;
-    r.generated += workers.iter().map(|w| w.tokens_delivered).sum::<u64>();
+    r.workers = state.fleet.list().len() as u64;
     for ((route, _, status), n) in state.http.snapshot() {
         match status {
             500.. => r.errors.0 += n,

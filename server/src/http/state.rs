@@ -32,6 +32,8 @@ pub struct AppState {
     pub dispatch: Arc<crate::services::dispatch::Dispatch>,
     /// The console's overview: samples of the last hour.
     pub overview: Arc<crate::http::sampler::Overview>,
+    /// The request series of every generation, by model and executor.
+    pub served: Arc<crate::services::served::Served>,
 }
 
 impl AppState {
@@ -58,6 +60,7 @@ impl AppState {
                 None,
             )),
             overview: Arc::default(),
+            served: Arc::default(),
         }
     }
 
@@ -78,6 +81,7 @@ impl AppState {
                     dispatch: Some(self.dispatch.clone()),
                 }),
             dispatch: Some(self.dispatch.clone()),
+            served: self.served.clone(),
         }
     }
 
@@ -89,6 +93,7 @@ impl AppState {
             fleet: self.fleet.clone(),
             cache: self.cache.clone(),
             dispatch: self.dispatch.clone(),
+            served: self.served.clone(),
         }
     }
 

@@ -23,6 +23,7 @@ use crate::services::caching::{CacheRequest, Hit, Plan, ResponseCaching};
 use crate::services::dispatch::Target;
 use crate::services::limits::Limiter;
 use crate::services::metering::{Billing, Payer, Tab};
+use crate::services::served::{Executor, Served, Watch, executor};
 use engine::registry::ModelRegistry;
 use money::ledger::amount::Stages;
 use money::store::keys::KeyRecord;
@@ -38,6 +39,8 @@ pub struct Generation {
     pub caching: Option<ResponseCaching>,
     /// Placement over the fleet (`None`: the house engine only).
     pub dispatch: Option<Arc<crate::services::dispatch::Dispatch>>,
+    /// The request series of every generation, by model and executor.
+    pub served: Arc<Served>,
 }
 
 /// One validated generation request.
@@ -138,6 +141,14 @@ impl Generation {
             }
             None => None,
         };
+        let submitted = Instant::now();
+        // Each stream's prompt, in the streams' order (a request's `n`
+        // choices together).
+        let prompts: Vec<usize> = job
+            .requests
+            .iter()
+            .flat_map(|r| std::iter::repeat_n(r.prompt_tokens.len(), r.params.n))
+            .collect();
         let streams = match &self.dispatch {
             Some(d) => {
                 let credits = tab.as_ref().map(Tab::credits);
@@ -147,7 +158,14 @@ impl Generation {
             None => submit_all(&job.engine, job.requests).await?,
         };
         let store = self.caching.clone().zip(plan);
-        Ok(Generated::Fresh(Box::new(Run::new(streams, tab, store))))
+        let watches = streams
+            .iter()
+            .map(|(_, on)| self.served.watch(&job.model, on.clone(), submitted))
+            .collect();
+        let streams = streams.into_iter().map(|(s, _)| s).collect();
+        Ok(Generated::Fresh(Box::new(Run::new(
+            streams, watches, prompts, tab, store,
+        ))))
     }
 
     /// Embeds `input` (already validated against the model) for the caller
@@ -227,7 +245,7 @@ fn worst_tokens(input: &EmbedInput) -> u64 {
 async fn submit_all(
     engine: &EngineHandle,
     requests: Vec<ValidRequest>,
-) -> Result<Vec<RequestStream>, ServiceError> {
+) -> Result<Vec<(RequestStream, Executor)>, ServiceError> {
     let mut all = Vec::new();
     for r in requests {
         all.extend(engine.submit_n(r)?);
@@ -235,7 +253,8 @@ async fn submit_all(
     for s in &mut all {
         s.admitted().await?;
     }
-    Ok(all)
+    let on = executor(&engine.info().executor);
+    Ok(all.into_iter().map(|s| (s, on.clone())).collect())
 }
 
 /// The cache store of a running generation: its plan and what the
@@ -258,6 +277,9 @@ struct Recorder {
 /// are aborted and the meter settles what ran in the background.
 pub struct Run {
     events: BoxStream<'static, (usize, TokenEvent)>,
+    /// Each choice's request series, and its prompt's tokens.
+    watches: Vec<Watch>,
+    prompts: Vec<usize>,
     choices: usize,
     tab: Option<Tab>,
     recorder: Option<Recorder>,
@@ -276,6 +298,8 @@ impl std::fmt::Debug for Run {
 impl Run {
     fn new(
         streams: Vec<RequestStream>,
+        watches: Vec<Watch>,
+        prompts: Vec<usize>,
         tab: Option<Tab>,
         store: Option<(ResponseCaching, Plan)>,
     ) -> Self {
@@ -290,6 +314,8 @@ impl Run {
         let prices = tab.as_ref().map(Tab::prices);
         Self {
             events,
+            watches,
+            prompts,
             choices: n,
             tab,
             cached: store.is_some(),
@@ -317,6 +343,13 @@ impl Run {
 
     /// Meters and records one event.
     fn observe(&mut self, i: usize, ev: &TokenEvent) {
+        if let Some(w) = self.watches.get_mut(i) {
+            w.observe(
+                ev,
+                Instant::now(),
+                self.prompts.get(i).copied().unwrap_or(0),
+            );
+        }
         if let Some(tab) = &mut self.tab {
             tab.on_event(i, ev);
         }

@@ -30,6 +30,7 @@ pub mod limits;
 pub mod metering;
 pub mod placement;
 pub mod sanctions;
+pub mod served;
 pub mod spotcheck;
 pub mod standing_sync;
 

@@ -134,12 +134,17 @@ async fn everything() -> String {
     .expect("cache");
     let http = HttpMetrics::default();
     http.record("/v1/models", "GET", 200);
+    // A request the worker served, so the request series show.
+    let served = std::sync::Arc::new(server::services::served::Served::default());
+    let on = server::services::served::executor("w@provider:p");
+    drop(served.watch("tiny", on, std::time::Instant::now()));
     let text = render(
         &shared_models(),
         Some(&cache),
         &http,
         &fleet,
         &dispatch,
+        &served,
         Some(0),
     );
     drop(rx);

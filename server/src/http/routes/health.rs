@@ -119,6 +119,7 @@ pub(crate) async fn metrics(State(state): State<AppState>) -> impl axum::respons
             &state.http,
             &state.fleet,
             &state.dispatch,
+            &state.served,
             state.billing.as_ref().and_then(|b| b.ledger.last_audit()),
         ),
     )

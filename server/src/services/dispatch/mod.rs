@@ -44,6 +44,7 @@ use crate::services::metering::{Billing, Credits};
 use crate::services::placement::{
     Affinity, MAX_CAP, Measure, Policy, PolicyKind, SplitMode, Weights, prefix_hashes,
 };
+use crate::services::served::{Executor, executor};
 use crate::services::spotcheck::SpotConfig;
 use money::ledger::HOUSE_PROVIDER;
 
@@ -187,7 +188,7 @@ impl Dispatch {
         requests: Vec<ValidRequest>,
         credits: Option<Credits>,
         mut planned: Option<Decision>,
-    ) -> Result<Vec<RequestStream>, ServiceError> {
+    ) -> Result<Vec<(RequestStream, Executor)>, ServiceError> {
         let remote = !self.fleet.serving(model).is_empty();
         let waits = planned.as_ref().is_some_and(|d| self.must_wait(d));
         if remote && self.admission.queue_full() && waits {
@@ -197,10 +198,11 @@ impl Dispatch {
             .into());
         }
         let mut all = Vec::new();
+        let here = executor(&house.info().executor);
         for r in requests {
             if !remote || r.params.grammar.is_some() {
                 // Structured output stays here: its matcher cannot resume.
-                all.extend(house.submit_n(r)?);
+                all.extend(house.submit_n(r)?.into_iter().map(|s| (s, here.clone())));
                 continue;
             }
             for i in 0..r.params.n {
@@ -208,13 +210,14 @@ impl Dispatch {
                 all.push(self.relay(model, house, &r, i, credits.clone(), first));
             }
         }
-        for s in &mut all {
+        for (s, _) in &mut all {
             s.admitted().await?;
         }
         Ok(all)
     }
 
-    /// Starts the relay of choice `i` of `r` and returns its stream.
+    /// Starts the relay of choice `i` of `r` and returns its stream, with
+    /// where its attempt runs.
     fn relay(
         self: &Arc<Self>,
         model: &str,
@@ -223,7 +226,8 @@ impl Dispatch {
         i: usize,
         credits: Option<Credits>,
         first: Option<Decision>,
-    ) -> RequestStream {
+    ) -> (RequestStream, Executor) {
+        let on = executor(&house.info().executor);
         let (request, stop) = r.choice(i, rand::random());
         let job = self.fleet.jobs.next_id();
         let (tx, rx) = mpsc::unbounded_channel();
@@ -236,11 +240,12 @@ impl Dispatch {
             job,
             request,
             ends,
+            on: on.clone(),
         };
         let client = relay::Client::new(tx, abort);
         let relay = relay::Relay::new(self.clone(), house.clone(), choice, client, credits, first);
         tokio::spawn(relay.run());
-        RequestStream::relay(
+        let stream = RequestStream::relay(
             RequestId(u64::MAX - job),
             tokenizer,
             &r.prompt_tokens,
@@ -249,7 +254,8 @@ impl Dispatch {
             Box::new(move || {
                 let _ = abort_tx.send(true);
             }),
-        )
+        );
+        (stream, on)
     }
 
     /// Where the first choice of a request for `model` runs and on what

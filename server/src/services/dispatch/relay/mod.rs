@@ -28,6 +28,7 @@ use super::stages::Timing;
 use super::{Decision, Dispatch, MAX_ATTEMPTS, Target};
 use crate::services::metering::Credits;
 use crate::services::placement::Terms;
+use crate::services::served::Executor;
 use protocol::{JobParams, ToWorker, VERSION};
 
 use split::Prefilled;
@@ -52,6 +53,8 @@ pub(super) struct Choice {
     pub(super) request: ValidRequest,
     /// Tokens that end generation (EOS and end-of-generation ids).
     pub(super) ends: BTreeSet<u32>,
+    /// Where its current attempt runs (for the request series).
+    pub(super) on: Executor,
 }
 
 /// The client's side: what it was sent, and whether it left.
@@ -233,6 +236,7 @@ impl Relay {
     /// Runs one attempt as `d` says and books its executor's load.
     async fn attempt(&mut self, d: &Decision, attempt: u32) -> Attempt {
         self.now = Current::start();
+        *self.choice.on.lock().unwrap_or_else(|p| p.into_inner()) = d.target.label(&self.house);
         if attempt == 1 {
             self.placed(d);
         }
