@@ -46,6 +46,7 @@ export const ENDPOINTS = Object.freeze({
   setShared: ['PUT', '/admin/cache/shared/{model}'],
   loadModel: ['POST', '/admin/models'],
   unloadModel: ['DELETE', '/admin/models/{name}'],
+  modelFiles: ['GET', '/admin/models/files'],
 });
 
 const CSRF_KEY = 'synor.csrf';

@@ -30,6 +30,8 @@ pub struct Plan {
     pub cancel_after: Option<usize>,
     pub progress: bool,
     pub timeout: Duration,
+    /// Stop sending once this much time has passed since the start.
+    pub duration: Option<Duration>,
 }
 
 /// The outcome of a run.
@@ -75,7 +77,11 @@ pub async fn run(plan: &Plan) -> anyhow::Result<RunOutput> {
     let peak = Arc::new(AtomicUsize::new(0));
     let start = Instant::now();
     let mut tasks = Vec::with_capacity(plan.specs.len());
+    let deadline = plan.duration.map(|d| start + d);
     for (spec, offset) in plan.specs.iter().cloned().zip(offsets) {
+        if deadline.is_some_and(|d| start + offset >= d) {
+            break;
+        }
         let (client, target) = (client.clone(), plan.target.clone());
         let (limit, in_flight, peak, bar) =
             (limit.clone(), in_flight.clone(), peak.clone(), bar.clone());
@@ -83,24 +89,29 @@ pub async fn run(plan: &Plan) -> anyhow::Result<RunOutput> {
         tasks.push(tokio::spawn(async move {
             tokio::time::sleep_until((start + offset).into()).await;
             let _permit = limit.acquire_owned().await;
+            // Past the deadline while it waited for a slot: not sent.
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                return None;
+            }
             let now = in_flight.fetch_add(1, Ordering::SeqCst) + 1;
             peak.fetch_max(now, Ordering::SeqCst);
             let sent_at = start.elapsed();
             let outcome = client::send(&client, &target, &spec, cancel_after).await;
             in_flight.fetch_sub(1, Ordering::SeqCst);
             bar.inc(1);
-            Record { sent_at, outcome }
+            Some(Record { sent_at, outcome })
         }));
     }
     let mut records = Vec::with_capacity(tasks.len());
     for t in tasks {
-        records.push(match t.await {
-            Ok(r) => r,
-            Err(e) => Record {
+        match t.await {
+            Ok(Some(r)) => records.push(r),
+            Ok(None) => {}
+            Err(e) => records.push(Record {
                 sent_at: Duration::ZERO,
                 outcome: Outcome::Failed(format!("request task failed: {e}")),
-            },
-        });
+            }),
+        }
     }
     let duration = start.elapsed();
     bar.finish_and_clear();

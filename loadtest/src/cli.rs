@@ -55,7 +55,8 @@ pub struct RunArgs {
     /// Bearer token, if the server needs one.
     #[arg(long, env = "OPENAI_API_KEY", hide_env_values = true)]
     pub api_key: Option<String>,
-    #[arg(long, value_enum, default_value = "random")]
+    /// The prompts (`--dataset-name`, vLLM's name, works too).
+    #[arg(long, alias = "dataset-name", value_enum, default_value = "random")]
     pub dataset: DatasetKind,
     /// JSONL file for `chat` or `paraphrase` (default: the built-in set).
     #[arg(long)]
@@ -110,14 +111,41 @@ pub struct RunArgs {
     /// Seconds to wait for the server to drain after a storm.
     #[arg(long, default_value_t = 5.0)]
     pub drain_grace: f64,
-    #[arg(long, value_delimiter = ',', default_value = "50,90,99")]
+    /// Percentiles to report (`--metric-percentiles`, vLLM's name, works
+    /// too).
+    #[arg(
+        long,
+        alias = "metric-percentiles",
+        value_delimiter = ',',
+        default_value = "50,90,99"
+    )]
     pub percentiles: Vec<f64>,
+    /// Which metrics the vLLM result file summarizes (of ttft, tpot, itl,
+    /// e2el).
+    #[arg(long, value_delimiter = ',', default_value = "ttft,tpot,itl,e2el")]
+    pub percentile_metrics: Vec<String>,
     /// SLOs for goodput, e.g. `--goodput ttft:500 tpot:50 e2el:10000` (ms).
     #[arg(long, num_args = 1..)]
     pub goodput: Vec<String>,
-    /// Write the JSON result here.
+    /// Write our JSON result here.
     #[arg(long)]
     pub result_file: Option<PathBuf>,
+    /// Write vLLM's flat result JSON (`benchmark_serving`'s fields) into
+    /// `--result-dir`, with ours beside it (`<name>.synor.json`).
+    #[arg(long)]
+    pub save_result: bool,
+    /// Folder of `--save-result` (default: the current one).
+    #[arg(long)]
+    pub result_dir: Option<PathBuf>,
+    /// File name of `--save-result` (default:
+    /// `synor-<rate>qps-<model>-<date>.json`).
+    #[arg(long)]
+    pub result_filename: Option<String>,
+    /// Stop sending after this many seconds (requests not sent by then
+    /// are left out; running ones finish). Give `--num-prompts` enough
+    /// for the rate.
+    #[arg(long)]
+    pub duration: Option<f64>,
     /// Put every request's timings into the result file.
     #[arg(long)]
     pub save_detailed: bool,
@@ -195,6 +223,16 @@ impl RunArgs {
         if !(self.timeout > 0.0 && self.timeout.is_finite()) {
             bail!("--timeout must be a positive number of seconds");
         }
+        if self.duration.is_some_and(|d| !(d > 0.0 && d.is_finite())) {
+            bail!("--duration must be a positive number of seconds");
+        }
+        if let Some(m) = self
+            .percentile_metrics
+            .iter()
+            .find(|m| !crate::vllm::METRICS.contains(&m.as_str()))
+        {
+            bail!("--percentile-metrics: `{m}` is not one of ttft, tpot, itl, e2el");
+        }
         let url = reqwest::Url::parse(&self.base_url)
             .with_context(|| format!("--base-url `{}` is not a URL", self.base_url))?;
         if !matches!(url.scheme(), "http" | "https") {
@@ -233,6 +271,7 @@ impl RunArgs {
             cancel_after: self.cancel_after,
             progress: !self.no_progress,
             timeout: Duration::from_secs_f64(self.timeout),
+            duration: self.duration.map(Duration::from_secs_f64),
         })
     }
 

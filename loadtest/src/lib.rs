@@ -14,6 +14,7 @@
 //! - `plot`: SVG plots of the distributions and of throughput over time;
 //! - `overhead`: latency of cheap requests (the HTTP path itself);
 //! - `compare`: side-by-side table of two result files;
+//! - `vllm`: vLLM's flat result file (`--save-result`);
 //! - `probe`: the server's own view of running work (cancellation check).
 
 pub mod bench;
@@ -28,3 +29,4 @@ pub mod plot;
 pub mod probe;
 pub mod report;
 pub mod traffic;
+pub mod vllm;

@@ -6,7 +6,7 @@ use std::time::Duration;
 use clap::Parser;
 use loadtest::cli::{self, Cli, Command, RunArgs};
 use loadtest::report::{self, BenchResult, RunInfo};
-use loadtest::{bench, compare, metrics, plot, probe};
+use loadtest::{bench, compare, metrics, plot, probe, vllm};
 
 async fn run(args: RunArgs) -> anyhow::Result<bool> {
     let plan = args.plan()?;
@@ -55,6 +55,9 @@ async fn run(args: RunArgs) -> anyhow::Result<bool> {
         result.write(path)?;
         println!("result written to {}", path.display());
     }
+    if args.save_result {
+        save_vllm(&args, &result, &out.records)?;
+    }
     if let Some(dir) = &args.plot_dir {
         for p in plot::write_all(dir, &out.records)? {
             println!("plot written to {}", p.display());
@@ -67,6 +70,39 @@ async fn run(args: RunArgs) -> anyhow::Result<bool> {
         .as_ref()
         .is_some_and(|c| !c.passed);
     Ok(!nothing_worked && !storm_failed)
+}
+
+/// Writes vLLM's flat result file, and ours beside it.
+fn save_vllm(
+    args: &RunArgs,
+    result: &BenchResult,
+    records: &[metrics::Record],
+) -> anyhow::Result<()> {
+    use anyhow::Context;
+    let dir = args.result_dir.clone().unwrap_or_else(|| ".".into());
+    std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    let name = args
+        .result_filename
+        .clone()
+        .unwrap_or_else(|| vllm::file_name(&result.run));
+    let path = dir.join(&name);
+    let flat = vllm::flat(
+        &result.run,
+        &result.aggregates,
+        records,
+        &args.percentiles,
+        &args.percentile_metrics,
+    );
+    std::fs::write(&path, serde_json::to_string_pretty(&flat)?)
+        .with_context(|| format!("cannot write {}", path.display()))?;
+    let ours = path.with_extension("synor.json");
+    result.write(&ours)?;
+    println!(
+        "vLLM result written to {} (ours: {})",
+        path.display(),
+        ours.display()
+    );
+    Ok(())
 }
 
 async fn overhead(a: loadtest::overhead::OverheadArgs) -> anyhow::Result<bool> {

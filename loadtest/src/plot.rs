@@ -1,6 +1,8 @@
 //! SVG plots of a run (plotters, SVG backend: text is left to the viewer,
 //! so no font library is needed): the TTFT and ITL distributions as
-//! histograms, and output tokens per second over the run.
+//! histograms over a logarithmic time axis (latencies span decades: a
+//! batched step and a stall in one picture) with the p50, p90 and p99
+//! marked, and output tokens per second over the run.
 
 use std::path::{Path, PathBuf};
 
@@ -8,7 +10,7 @@ use anyhow::{Context, anyhow};
 use plotters::prelude::*;
 
 use crate::client::Outcome;
-use crate::metrics::{Record, tokens_per_second};
+use crate::metrics::{Record, percentile, tokens_per_second};
 
 /// Writes the plots into `dir` (created if missing); returns their paths.
 pub fn write_all(dir: &Path, records: &[Record]) -> anyhow::Result<Vec<PathBuf>> {
@@ -36,40 +38,78 @@ fn err<E: std::fmt::Display>(e: E) -> anyhow::Error {
     anyhow!("plotting failed: {e}")
 }
 
-/// A 40-bin histogram of `values` (an empty plot when there are none).
-fn histogram(path: &Path, title: &str, x_label: &str, values: &[f64]) -> anyhow::Result<()> {
-    const BINS: usize = 40;
-    let max = values.iter().copied().fold(0.0, f64::max).max(1e-3);
-    let width = max / BINS as f64;
-    let mut counts = [0u32; BINS];
+/// Bins of a log-scale histogram.
+const BINS: usize = 40;
+/// The percentiles marked on a histogram.
+const MARKED: [f64; 3] = [50.0, 90.0, 99.0];
+
+/// Log-spaced bin edges over `values`' range (at least a decade, from
+/// 0.01 ms), and the count in each bin.
+fn log_bins(values: &[f64]) -> (Vec<f64>, Vec<u32>) {
+    let lo = values
+        .iter()
+        .copied()
+        .filter(|v| *v > 0.0)
+        .fold(f64::INFINITY, f64::min)
+        .max(0.01);
+    let lo = if lo.is_finite() { lo } else { 0.01 };
+    let hi = values.iter().copied().fold(0.0, f64::max).max(lo * 10.0);
+    let step = (hi / lo).ln() / BINS as f64;
+    let edges: Vec<f64> = (0..=BINS).map(|i| lo * (step * i as f64).exp()).collect();
+    let mut counts = vec![0u32; BINS];
     for &v in values {
-        counts[((v / width) as usize).min(BINS - 1)] += 1;
+        let i = ((v.max(lo) / lo).ln() / step) as usize;
+        counts[i.min(BINS - 1)] += 1;
     }
+    (edges, counts)
+}
+
+/// A histogram of `values` over a log time axis, with the p50, p90 and
+/// p99 drawn as lines (an empty plot when there are no values).
+fn histogram(path: &Path, title: &str, x_label: &str, values: &[f64]) -> anyhow::Result<()> {
+    let (edges, counts) = log_bins(values);
     let top = counts.iter().copied().max().unwrap_or(0).max(1);
+    let (lo, hi) = (edges[0], edges[BINS]);
+    let marks: Vec<(f64, f64)> = if values.is_empty() {
+        Vec::new()
+    } else {
+        MARKED.iter().map(|&p| (p, percentile(values, p))).collect()
+    };
+    let caption = marks
+        .iter()
+        .map(|(p, v)| format!("p{p} {v:.1}"))
+        .collect::<Vec<_>>()
+        .join(", ");
     let root = SVGBackend::new(path, (800, 480)).into_drawing_area();
     root.fill(&WHITE).map_err(err)?;
     let mut chart = ChartBuilder::on(&root)
         .caption(
-            format!("{title} ({} samples)", values.len()),
-            ("sans-serif", 22),
+            format!("{title} ({} samples; {caption} ms)", values.len()),
+            ("sans-serif", 20),
         )
         .margin(12)
         .x_label_area_size(40)
         .y_label_area_size(50)
-        .build_cartesian_2d(0.0..max * 1.02, 0u32..top + top / 10 + 1)
+        .build_cartesian_2d((lo..hi).log_scale(), 0u32..top + top / 10 + 1)
         .map_err(err)?;
     chart
         .configure_mesh()
-        .x_desc(x_label)
+        .x_desc(format!("{x_label}, log scale"))
         .y_desc("requests / gaps")
         .draw()
         .map_err(err)?;
     chart
         .draw_series(counts.iter().enumerate().map(|(i, &c)| {
-            let x0 = i as f64 * width;
-            Rectangle::new([(x0, 0), (x0 + width, c)], BLUE.mix(0.6).filled())
+            Rectangle::new([(edges[i], 0), (edges[i + 1], c)], BLUE.mix(0.6).filled())
         }))
         .map_err(err)?;
+    for (p, v) in marks {
+        let x = v.clamp(lo, hi);
+        chart
+            .draw_series(LineSeries::new([(x, 0), (x, top)], RED.stroke_width(2)))
+            .map_err(err)?
+            .label(format!("p{p}: {v:.1} ms"));
+    }
     root.present().map_err(err)
 }
 
@@ -98,4 +138,36 @@ fn over_time(path: &Path, tps: &[f64]) -> anyhow::Result<()> {
         ))
         .map_err(err)?;
     root.present().map_err(err)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn log_bins_span_decades_and_count_every_value() {
+        let values = [0.5, 1.0, 2.0, 10.0, 100.0, 5_000.0, 0.0];
+        let (edges, counts) = log_bins(&values);
+        assert_eq!(edges.len(), BINS + 1);
+        assert!(edges.windows(2).all(|w| w[1] > w[0]), "{edges:?}");
+        assert!((edges[0] - 0.5).abs() < 1e-9 && (edges[BINS] - 5_000.0).abs() < 1e-6);
+        assert_eq!(counts.iter().sum::<u32>() as usize, values.len());
+        let (edges, counts) = log_bins(&[]);
+        assert!(edges[BINS] >= edges[0] * 10.0 && counts.iter().all(|&c| c == 0));
+    }
+
+    #[test]
+    fn a_histogram_marks_its_percentiles() {
+        let dir = std::env::temp_dir().join(format!("synor-plot-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let path = dir.join("itl.svg");
+        let values: Vec<f64> = (1..=200).map(|i| i as f64 * 0.7).collect();
+        histogram(&path, "Inter-token latency", "ITL (ms)", &values).expect("plot");
+        let svg = std::fs::read_to_string(&path).expect("svg");
+        assert!(
+            svg.contains("p99") && svg.contains("log scale"),
+            "the marks and the axis"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }

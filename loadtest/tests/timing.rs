@@ -318,6 +318,7 @@ async fn a_run_answered_from_the_l2_cache_is_counted_as_hits_and_flagged() {
         cancel_after: None,
         progress: false,
         timeout: Duration::from_secs(10),
+        duration: None,
     };
     let out = bench::run(&plan).await.expect("the run");
     let a = metrics::aggregate(&out.records, out.duration, 3, &[50.0], Slo::default());

@@ -72,6 +72,59 @@ pub async fn load_models(
     .context("model loading panicked")?
 }
 
+/// Serves again the models an admin loaded before a restart (saved by
+/// `POST /admin/models`). One that no longer loads (its file gone, or its
+/// name taken by the command line's) is skipped with a warning: the server
+/// still starts.
+async fn restore_models(db: &Db, loader: ModelLoader, registry: &Arc<ModelRegistry>) {
+    let saved = match db.saved_models().await {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::warn!(error = %e, "the models loaded before the restart could not be read");
+            return;
+        }
+    };
+    for m in saved {
+        if registry.get(&m.name).is_ok() {
+            tracing::warn!(model = %m.name, "a loaded model's name is taken by the command line's: not restored");
+            continue;
+        }
+        let kind = if m.kind == "embedding" {
+            Kind::Embedding
+        } else {
+            Kind::Text
+        };
+        let generation = if m.generation_config.is_empty() {
+            Ok(GenerationDefaults::default())
+        } else {
+            GenerationDefaults::parse_override(&m.generation_config)
+        };
+        let (loader, name, path) = (loader.clone(), m.name.clone(), m.path.clone());
+        let loaded = tokio::task::spawn_blocking(move || {
+            let generation = generation.map_err(|e| anyhow::anyhow!(e))?;
+            let path = loader
+                .resolve_inside(std::path::Path::new(&path))
+                .map_err(|e| anyhow::anyhow!(e))?;
+            loader
+                .load(&name, &path, kind, generation)
+                .map_err(anyhow::Error::from)
+        })
+        .await;
+        match loaded {
+            Ok(Ok(model)) => match registry.add(model) {
+                Ok(()) => {
+                    tracing::info!(model = %m.name, path = %m.path, "restored a model loaded before the restart")
+                }
+                Err(e) => tracing::warn!(model = %m.name, error = %e, "not restored"),
+            },
+            Ok(Err(e)) => {
+                tracing::warn!(model = %m.name, path = %m.path, error = %e, "a model loaded before the restart no longer loads: not restored")
+            }
+            Err(e) => tracing::warn!(model = %m.name, error = %e, "restoring a model panicked"),
+        }
+    }
+}
+
 /// The ledger (this instance registered, dead instances' holds released)
 /// and the market.
 async fn billing(args: &ServeArgs, db: Db) -> anyhow::Result<Billing> {
@@ -131,8 +184,9 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     auth.admin_throttle = Arc::new(server::http::auth::admin::AdminThrottle::with_burst(
         args.access.admin_auth_burst,
     ));
-    let billing = Arc::new(billing(&args, db).await?);
+    let billing = Arc::new(billing(&args, db.clone()).await?);
     let registry = Arc::new(load_models(&args.models, &args.scheduler).await?);
+    restore_models(&db, loader(&args.models, &args.scheduler), &registry).await;
     tokio::spawn(server::services::metering::run_house(
         billing.clone(),
         registry.clone(),

@@ -75,3 +75,46 @@ def test_admin_routes_need_the_admin_token(keyed_server):
     with pytest.raises(urllib.error.HTTPError) as e:
         create(made["key"])
     assert e.value.code == 401
+
+
+def test_models_an_admin_loads_are_listed_kept_across_a_restart_and_forgotten_when_unloaded(tmp_path):
+    from conftest import ADMIN_TOKEN, _start, http_call
+    args = ("--model", "tiny/tiny.gguf", "--served-model-name", "tiny", "--embedding-model", "none",
+            "--admin-token", ADMIN_TOKEN, "--database-url", f"sqlite://{tmp_path}/synor.db")
+
+    def served(base):
+        status, body, _ = http_call(base, "GET", "/v1/models", token="none")
+        assert status == 200, body
+        return sorted(m["id"] for m in body["data"])
+
+    first = _start(*args)
+    base = next(first)["base"]
+    status, files, _ = http_call(base, "GET", "/admin/models/files")
+    assert status == 200, files
+    by_path = {f["path"]: f for f in files["data"]}
+    assert by_path["tiny/tiny.gguf"]["kind"] == "text" and by_path["tiny/tiny.gguf"]["loaded_as"] == ["tiny"]
+    smol = "smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf"
+    assert by_path[smol]["suggested_name"] == "smollm2-135m-instruct" and by_path[smol]["bytes"] > 10**7
+    assert by_path["all-minilm-l6-v2"]["kind"] == "embedding"
+    spec = {"name": "tiny-greedy", "path": "tiny/tiny.gguf", "generation_config": {"temperature": 0}}
+    status, body, _ = http_call(base, "POST", "/admin/models", spec)
+    assert status == 201, body
+    assert served(base) == ["tiny", "tiny-greedy"]
+    first.close()
+    # Restarted on the same database: still served, with its defaults.
+    second = _start(*args)
+    base = next(second)["base"]
+    assert served(base) == ["tiny", "tiny-greedy"]
+    client = openai.OpenAI(base_url=base + "/v1", api_key="none", max_retries=0, timeout=60)
+    texts = {client.chat.completions.create(
+        model="tiny-greedy", messages=[{"role": "user", "content": "hi"}], max_tokens=6, seed=s,
+    ).choices[0].message.content for s in (1, 2, 3)}
+    assert len(texts) == 1, texts
+    status, body, _ = http_call(base, "DELETE", "/admin/models/tiny-greedy")
+    assert status == 200, body
+    second.close()
+    third = _start(*args)
+    try:
+        assert served(next(third)["base"]) == ["tiny"]
+    finally:
+        third.close()

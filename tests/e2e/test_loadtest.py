@@ -52,6 +52,31 @@ def test_a_run_writes_a_valid_result_and_plots(server, tmp_path):
     assert c.returncode == 0 and "1.00x" in c.stdout
 
 
+def test_vllms_flags_and_result_file_and_a_duration(server, tmp_path):
+    # vLLM's flag names, its flat result file beside ours, a rate capped by
+    # a duration: 20 requests at 4/s cannot all be sent in 1.5 s.
+    p = loadtest(
+        "--base-url", server["base"], "--dataset-name", "random",
+        "--num-prompts", "20", "--request-rate", "4", "--duration", "1.5",
+        "--random-input-len", "16", "--random-output-len", "4", "--ignore-eos",
+        "--metric-percentiles", "50,99.9", "--save-result", "--result-dir", str(tmp_path / "out"),
+        "--result-filename", "run.json", "--api-key", "sk-never-written",
+    )
+    assert p.returncode == 0, p.stdout + p.stderr
+    flat = json.loads((tmp_path / "out" / "run.json").read_text())
+    ours = json.loads((tmp_path / "out" / "run.synor.json").read_text())
+    assert flat["backend"] == "synor" and flat["request_rate"] == 4.0
+    assert 1 <= flat["completed"] < 20, flat["completed"]
+    assert flat["completed"] == ours["aggregates"]["completed"] == len(flat["ttfts"])
+    assert flat["total_output_tokens"] == 4 * flat["completed"]
+    for m in ("ttft", "tpot", "itl", "e2el"):
+        for k in (f"mean_{m}_ms", f"median_{m}_ms", f"std_{m}_ms", f"p50_{m}_ms", f"p99.9_{m}_ms"):
+            assert isinstance(flat[k], float), k
+    assert all(len(itl) == 3 for itl in flat["itls"]), flat["itls"]
+    for f in (tmp_path / "out").iterdir():
+        assert "sk-never-written" not in f.read_text(), f
+
+
 def test_a_cancellation_storm_leaves_nothing_running(server):
     p = loadtest(
         "--base-url", server["base"], "--num-prompts", "8", "--max-concurrency", "8",

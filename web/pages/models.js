@@ -1,8 +1,9 @@
 // The models page: the served models with their engines' state (from
-// /health), loading a model from the models directory, unloading one.
+// /health), the model files in the models directory (load one with a
+// click: a loaded model is kept across restarts), unloading one.
 
-import { call, health } from '../api.js';
-import { action, badge, card, fill, flash, form, h, num, pct, placeholder, table } from '../ui.js';
+import { call, health, rows } from '../api.js';
+import { action, badge, bytes, card, fill, flash, form, h, num, pct, placeholder, table } from '../ui.js';
 
 const text = (m) => m.kind === 'text';
 const ifText = (f) => (m) => (text(m) ? f(m) : '–');
@@ -28,6 +29,22 @@ function modelsTable(models, refresh) {
   ], models, { rowAttrs: (m) => ({ 'data-model': m.id }), empty: 'No model is loaded.' });
 }
 
+function filesTable(files, refresh) {
+  return table([
+    { label: 'File', cell: (f) => h('code', {}, f.path) },
+    { label: 'Kind', cell: (f) => f.kind },
+    { label: 'Size', num: true, cell: (f) => bytes(f.bytes) },
+    { label: 'Served as', cell: (f) => (f.loaded_as.length ? f.loaded_as.join(', ') : '–') },
+    { label: '', cell: (f) => action('Load', async () => {
+      const name = prompt(`Serve ${f.path} as:`, f.suggested_name);
+      if (!name) return;
+      const loaded = await call('loadModel', { body: { name, path: f.path, kind: f.kind } });
+      flash(`Model ${loaded.id} loaded; it is served again after a restart.`);
+      await refresh();
+    }, { testid: 'load-file' }) },
+  ], files, { rowAttrs: (f) => ({ 'data-file': f.path }), empty: 'No model files in the models directory.' });
+}
+
 function loadForm(refresh) {
   return form({
     name: 'load-model', submit: 'Load',
@@ -47,15 +64,18 @@ function loadForm(refresh) {
 
 export async function render(main) {
   const list = placeholder();
+  const files = placeholder();
   const status = h('span');
   const refresh = async () => {
-    const hl = await health();
+    const [hl, found] = await Promise.all([health(), call('modelFiles')]);
     fill(status, badge(hl.status));
     fill(list, modelsTable(hl.models, refresh));
+    fill(files, filesTable(rows(found), refresh));
   };
   fill(main,
     h('div', { class: 'title' }, h('h1', {}, 'Models'), status),
     card('Served models', list),
-    card('Load a model', loadForm(refresh)));
+    card('Model files', files),
+    card('Load a model by path', loadForm(refresh)));
   await refresh();
 }

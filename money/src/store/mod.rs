@@ -7,6 +7,7 @@
 pub mod keys;
 #[cfg(test)]
 mod migration_tests;
+pub mod models;
 pub mod workers;
 
 use std::path::Path;

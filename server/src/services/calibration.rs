@@ -85,11 +85,18 @@ pub async fn run(fleet: Arc<Registry>, models: Arc<ModelRegistry>, dispatch: Arc
         }
         // Workers connected here (another replica measures its own).
         let now = money::store::now();
-        let due: Vec<WorkerInfo> = fleet
+        // A worker serving no model this server knows is never due (it
+        // would take every turn of its provider's); it is told why once.
+        let (due, unserved): (Vec<WorkerInfo>, Vec<WorkerInfo>) = fleet
             .local()
             .into_iter()
             .filter(|w| is_due(w, now, &dispatch))
-            .collect();
+            .partition(|w| w.models.iter().any(|m| models.text(&m.name).is_ok()));
+        for w in unserved {
+            if lock(&failures).unserved.insert(w.id.clone()) && !w.models.is_empty() {
+                tell_unserved(&fleet, &models, &w).await;
+            }
+        }
         let Some(w) = turns.next(due) else { continue };
         running.store(true, std::sync::atomic::Ordering::Release);
         let (fleet, models, dispatch, failures, running) = (
@@ -166,11 +173,7 @@ async fn calibrate_worker(
         .iter()
         .find_map(|m| models.text(&m.name).ok().map(|h| (m.name.clone(), h)))
     else {
-        // (A worker of embedding models only has no text model to run.)
-        let first = lock(failures).unserved.insert(w.id.clone());
-        if first && !w.models.is_empty() {
-            tell_unserved(fleet, models, w).await;
-        }
+        // Unloaded since the scan: the next one tells the worker.
         return;
     };
     let run = challenge(On::Worker(fleet, &w.id, &model), house.tokenizer());

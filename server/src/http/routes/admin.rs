@@ -1,17 +1,15 @@
 //! Admin API (needs `Authorization: Bearer <admin token>`): create, list and
-//! revoke API keys (a created key's secret is returned once); load and
-//! unload models without a restart.
+//! revoke API keys (a created key's secret is returned once). Models are
+//! `models_admin`.
 
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{delete, get, post};
+use axum::routing::{delete, get};
 use axum::{Json, Router};
 use serde::Deserialize;
 
-use engine::GenerationDefaults;
-
-use crate::http::api::bodies::{CreatedKey, List, ModelChange, Revoked};
+use crate::http::api::bodies::{CreatedKey, List, Revoked};
 use crate::http::api::json::ApiJson;
 use crate::http::error::ApiError;
 use crate::http::state::AppState;
@@ -23,125 +21,6 @@ pub fn router() -> Router<AppState> {
     Router::new()
         .route("/admin/keys", get(list).post(create))
         .route("/admin/keys/{id}", delete(revoke))
-        .route("/admin/models", post(load_model))
-        .route("/admin/models/{name}", delete(unload_model))
-}
-
-#[derive(Debug, Deserialize, utoipa::ToSchema)]
-#[serde(deny_unknown_fields)]
-pub(crate) struct LoadModel {
-    name: String,
-    /// A GGUF file (text) or a model folder (embedding), relative to the
-    /// models directory (absolute paths, `..` and symlinks leading out of
-    /// it are refused).
-    #[schema(value_type = String)]
-    path: std::path::PathBuf,
-    #[serde(default = "text_kind")]
-    kind: Kind,
-    /// A text model's sampling defaults over its own (`temperature`,
-    /// `top_p`, `top_k`, `min_p`, `repetition_penalty`, `max_tokens`).
-    #[serde(default)]
-    #[schema(value_type = Option<Object>)]
-    generation_config: Option<serde_json::Value>,
-}
-
-fn text_kind() -> Kind {
-    Kind::Text
-}
-
-/// What a model is, for loading.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, utoipa::ToSchema)]
-#[serde(rename_all = "lowercase")]
-pub(crate) enum Kind {
-    Text,
-    Embedding,
-}
-
-impl From<Kind> for engine::registry::Kind {
-    fn from(k: Kind) -> Self {
-        match k {
-            Kind::Text => Self::Text,
-            Kind::Embedding => Self::Embedding,
-        }
-    }
-}
-
-/// Loads a model and starts serving it.
-#[utoipa::path(post, path = "/admin/models", tag = "admin", request_body = LoadModel,
-    responses((status = 201, description = "Loaded", body = ModelChange), (status = 400, description = "Bad name or path", body = crate::http::error::ErrorResponse), (status = 401, description = "Missing or wrong admin token", body = crate::http::error::ErrorResponse)),
-    security(("admin_token" = [])))]
-pub(crate) async fn load_model(
-    State(state): State<AppState>,
-    ApiJson(req): ApiJson<LoadModel>,
-) -> Result<Response, ApiError> {
-    if req.name.trim().is_empty() || req.name.len() > 128 {
-        return Err(ApiError::invalid(
-            "name",
-            "a model name is 1-128 characters",
-        ));
-    }
-    if state.models.get(&req.name).is_ok() {
-        return Err(ApiError::invalid(
-            "name",
-            format!("a model named `{}` is already served", req.name),
-        ));
-    }
-    let loader = state.loader.clone();
-    let path = loader
-        .resolve_inside(&req.path)
-        .map_err(|m| ApiError::invalid("path", m))?;
-    let generation = match &req.generation_config {
-        None => GenerationDefaults::default(),
-        Some(v) => GenerationDefaults::parse_override(&v.to_string())
-            .map_err(|m| ApiError::invalid("generation_config", m))?,
-    };
-    let (name, kind) = (req.name.clone(), req.kind);
-    let model =
-        tokio::task::spawn_blocking(move || loader.load(&name, &path, kind.into(), generation))
-            .await
-            .map_err(|e| ApiError::Storage(format!("model loading panicked: {e}")))?
-            .map_err(|e| {
-                // The details (resolved path, file bytes, backtraces) are for
-                // the log only.
-                tracing::warn!(path = %req.path.display(), error = %e, "admin model load failed");
-                ApiError::invalid(
-                    "path",
-                    format!(
-                        "`{}` could not be loaded as {} model (the server log has the details)",
-                        req.path.display(),
-                        match kind {
-                            Kind::Text => "a text (GGUF)",
-                            Kind::Embedding => "an embedding (safetensors folder)",
-                        }
-                    ),
-                )
-            })?;
-    state.models.add(model)?;
-    let body = ModelChange {
-        id: req.name,
-        object: "model",
-        loaded: Some(true),
-        deleted: None,
-    };
-    Ok((StatusCode::CREATED, Json(body)).into_response())
-}
-
-/// Stops serving a model.
-#[utoipa::path(delete, path = "/admin/models/{name}", tag = "admin",
-    params(("name" = String, Path, description = "The model's name")),
-    responses((status = 200, description = "Unloaded", body = ModelChange), (status = 404, description = "No such model", body = crate::http::error::ErrorResponse), (status = 401, description = "Missing or wrong admin token", body = crate::http::error::ErrorResponse)),
-    security(("admin_token" = [])))]
-pub(crate) async fn unload_model(
-    State(state): State<AppState>,
-    Path(name): Path<String>,
-) -> Result<Json<ModelChange>, ApiError> {
-    state.models.remove(&name)?;
-    Ok(Json(ModelChange {
-        id: name,
-        object: "model",
-        loaded: None,
-        deleted: Some(true),
-    }))
 }
 
 #[derive(Debug, Deserialize, utoipa::ToSchema)]

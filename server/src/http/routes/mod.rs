@@ -15,6 +15,7 @@ pub mod home;
 pub mod market;
 pub mod market_admin;
 pub mod models;
+pub mod models_admin;
 pub mod overview;
 pub mod providers;
 pub mod web;
@@ -41,6 +42,7 @@ pub fn router(state: &AppState) -> Router<AppState> {
     // One layer guards every admin route (throttled token check).
     let admin = Router::new()
         .merge(admin::router())
+        .merge(models_admin::admin_router())
         .merge(market::admin_router())
         .merge(market_admin::admin_router())
         .merge(overview::admin_router())
