@@ -553,8 +553,8 @@ pub struct ProviderLink {
 /// Options of `synor worker`.
 #[derive(Debug, Clone, Args)]
 pub struct WorkerArgs {
-    /// The server's gateway: `ws://HOST:PORT` (the path
-    /// `/v1/providers/connect` is added when missing).
+    /// The server: `http://HOST:PORT` or its gateway `ws://HOST:PORT` (the
+    /// path `/v1/providers/connect` is added when missing).
     #[arg(long, env = "SYNOR_SERVER")]
     pub server: String,
 

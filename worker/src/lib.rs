@@ -187,11 +187,19 @@ pub(crate) struct Link<'a> {
     faults: Faults,
 }
 
-/// `ws://host:port` with the gateway's path added when missing.
+/// `ws://host:port` with the gateway's path added when missing (the
+/// server's own `http://` address works too).
 fn gateway_url(server: &str) -> anyhow::Result<String> {
     let s = server.trim_end_matches('/');
+    let s = if let Some(rest) = s.strip_prefix("http://") {
+        format!("ws://{rest}")
+    } else if let Some(rest) = s.strip_prefix("https://") {
+        format!("wss://{rest}")
+    } else {
+        s.to_string()
+    };
     if !(s.starts_with("ws://") || s.starts_with("wss://")) {
-        bail!("--server is a ws:// or wss:// address (got `{server}`)");
+        bail!("--server is the server's address: ws://, wss:// or http:// (got `{server}`)");
     }
     let after_scheme = &s[s.find("://").map_or(0, |i| i + 3)..];
     Ok(if after_scheme.contains('/') {
@@ -304,7 +312,11 @@ mod tests {
             gateway_url("ws://h:1/custom/").expect("url"),
             "ws://h:1/custom"
         );
-        assert!(gateway_url("http://h:1").is_err());
+        assert_eq!(
+            gateway_url("http://h:1").expect("the server's http address"),
+            "ws://h:1/v1/providers/connect"
+        );
+        assert!(gateway_url("ftp://h:1").is_err());
         let d = Duration::from_secs(2);
         for _ in 0..100 {
             let j = jitter(d);
