@@ -36,6 +36,7 @@ export const ENDPOINTS = Object.freeze({
   penalty: ['POST', '/admin/accounts/{id}/penalty'],
   journal: ['GET', '/admin/journal'],
   usage: ['GET', '/admin/usage'],
+  spend: ['GET', '/admin/usage/spend'],
   audit: ['GET', '/admin/ledger/audit'],
   listKeys: ['GET', '/admin/keys'],
   createKey: ['POST', '/admin/keys'],

@@ -117,6 +117,18 @@ export function moneyText(units) {
   return `${sign}${whole.replace(/\B(?=(\d{3})+(?!\d))/g, ',')}.${shown.padEnd(2, '0')}`;
 }
 
+/** An id shown short (its head, the whole in a tooltip), so tables fit. */
+export function shortId(id) {
+  if (!id) return '–';
+  return h('code', { title: id }, id.length > 16 ? `${id.slice(0, 14)}…` : id);
+}
+
+/** A name where there is one, with its id in a tooltip (the id alone where not). */
+export function named(names, id) {
+  const name = names?.get(id);
+  return name ? h('span', { title: id, class: 'named' }, name) : shortId(id);
+}
+
 /** A fraction 0..1 as a percentage. */
 export const pct = (x, digits = 1) => (x === null || x === undefined ? '–' : `${(x * 100).toFixed(digits)}%`);
 

@@ -243,7 +243,11 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         let cache = server::cache::ResponseCache::new(&c).context("opening the response cache")?;
         state = state.with_cache(Arc::new(cache), args.cache.cache_price_bps);
     }
-    state.overview.clone().start(state.overview_sources());
+    let sources = state.overview_sources();
+    if let Some(db) = &sources.store {
+        state.overview.restore(db).await;
+    }
+    state.overview.clone().start(sources);
     let listener = TcpListener::bind(args.listen.bind)
         .await
         .with_context(|| format!("binding {}", args.listen.bind))?;

@@ -118,3 +118,24 @@ def test_models_an_admin_loads_are_listed_kept_across_a_restart_and_forgotten_wh
         assert served(next(third)["base"]) == ["tiny"]
     finally:
         third.close()
+
+
+def test_the_overview_keeps_its_history_across_a_restart(tmp_path):
+    import time
+    from conftest import ADMIN_TOKEN, _start, http_call
+    args = ("--model", "tiny/tiny.gguf", "--embedding-model", "none", "--admin-token", ADMIN_TOKEN,
+            "--database-url", f"sqlite://{tmp_path}/synor.db")
+    first = _start(*args)
+    base = next(first)["base"]
+    deadline = time.monotonic() + 20
+    while not http_call(base, "GET", "/admin/overview")[1]["history"]:
+        assert time.monotonic() < deadline, "no history point in 20 s"
+        time.sleep(0.5)
+    kept = http_call(base, "GET", "/admin/overview")[1]["history"]
+    first.close()
+    second = _start(*args)
+    try:
+        history = http_call(next(second)["base"], "GET", "/admin/overview")[1]["history"]
+        assert [p["t"] for p in history[:len(kept)]] == [p["t"] for p in kept], (kept, history)
+    finally:
+        second.close()

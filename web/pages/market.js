@@ -54,7 +54,7 @@ function historyView(points) {
   const pts = [...points].reverse();
   const line = (label, key) => ({ label, points: pts.map((p) => [p.at, Number(p[key])]) });
   return lineChart('Posted prices (per M tokens)',
-    [line('output', 'output'), line('input', 'input'), line('cached', 'cached_input')], { fmt: fmtPrice });
+    [line('output', 'output'), line('input', 'input'), line('cached', 'cached_input')], { fmt: fmtPrice, unit: 's' });
 }
 
 const tradesTable = (list) => table([

@@ -2,9 +2,10 @@
 // limit, provider penalties), the journal and usage records (filtered).
 
 import { call, rows } from '../api.js';
+import { lineChart } from '../charts.js';
 import {
-  action, amount, badge, card, datalist, fill, flash, form, h, int, money, moneyText, num, placeholder, table, time,
-  values,
+  action, amount, badge, card, datalist, fill, flash, form, h, int, money, moneyText, named, num, placeholder, shortId,
+  table, time, values,
 } from '../ui.js';
 
 const KINDS = [['', 'any kind'], ['topup', 'topup'], ['usage', 'usage'], ['trade', 'trade'],
@@ -40,7 +41,7 @@ function topUpForm(a, done) {
 function accountsTable(list, v) {
   return table([
     { label: 'Name', cell: (a) => h('strong', {}, a.name) },
-    { label: 'Account', cell: (a) => h('code', {}, a.id) },
+    { label: 'Account', cell: (a) => shortId(a.id) },
     { label: 'Kind', cell: (a) => badge(a.kind) },
     { label: 'Balance', num: true, cell: (a) => h('span', { 'data-testid': 'balance' }, money(a.balance)) },
     { label: 'Held', num: true, cell: (a) => money(a.held) },
@@ -118,19 +119,28 @@ const journalTable = (list, names) => table([
   { label: 'Entries', cell: (t) => entries(t, names) },
 ], list, { rowAttrs: (t) => ({ 'data-transaction-id': t.id }), empty: 'No transactions.' });
 
-const usageTable = (list) => table([
+/** The request log: recent requests with their outcome, model, executor,
+ * tokens and cost (names where there are names). */
+export const usageTable = (list, names) => table([
   { label: 'Time', cls: 'nw', cell: (u) => time(u.created_at) },
-  { label: 'Request', cell: (u) => h('code', {}, u.request_id) },
-  { label: 'Model', cell: (u) => u.model },
-  { label: 'Key', cell: (u) => (u.key_id ? h('code', {}, u.key_id) : '–') },
-  { label: 'Prompt (cached)', num: true, cell: (u) => `${num(u.prompt_tokens)} (${num(u.cached_tokens)})` },
-  { label: 'Output', num: true, cell: (u) => num(u.completion_tokens) },
-  { label: 'Cost', num: true, cell: (u) => money(u.cost) },
-  { label: 'Provider', cell: (u) => [h('code', {}, u.provider_id), ' ', money(u.provider_amount)] },
-  { label: 'Fee', num: true, cell: (u) => money(u.fee) },
+  { label: 'Request', cell: (u) => shortId(u.request_id) },
   { label: 'Outcome', cell: (u) => badge(u.outcome) },
-  { label: 'Prefill / decode by', cell: (u) => (u.prefill_by || u.decode_by ? `${u.prefill_by || '–'} / ${u.decode_by || '–'}` : 'cache') },
+  { label: 'Model', cell: (u) => u.model },
+  { label: 'Key', cell: (u) => (u.key_id ? named(names, u.key_id) : '–') },
+  { label: 'Tokens in (cached) / out', num: true,
+    cell: (u) => `${num(u.prompt_tokens)} (${num(u.cached_tokens)}) / ${num(u.completion_tokens)}` },
+  { label: 'Cost', num: true, cell: (u) => h('span', { 'data-testid': 'cost' }, money(u.cost)) },
+  { label: 'Provider (paid)', cell: (u) => [named(names, u.provider_id), ' ', money(u.provider_amount)] },
+  { label: 'Fee', num: true, cell: (u) => money(u.fee) },
+  { label: 'Executor', cell: (u) => (u.prefill_by || u.decode_by
+    ? (u.prefill_by === u.decode_by ? u.decode_by : `${u.prefill_by || '–'} → ${u.decode_by || '–'}`) : 'cache') },
 ], list, { rowAttrs: (u) => ({ 'data-request-id': u.request_id }), empty: 'No usage records.' });
+
+/** Spend per hour over the last day, as a chart. */
+function spendChart(buckets, title) {
+  const points = buckets.map((b) => [b.at, Number(b.cost)]);
+  return lineChart(title, [{ label: 'spent', points }], { fmt: (v) => moneyText(v.toFixed(10)), unit: 's' });
+}
 
 async function loadJournal(v, x) {
   const query = { account: x.account, kind: x.kind, limit: int(x.limit, 'Rows') };
@@ -139,7 +149,11 @@ async function loadJournal(v, x) {
 
 async function loadUsage(v, x) {
   const query = { account: x.account, key: x.key, limit: int(x.limit, 'Rows') };
-  fill(v.usage, usageTable(rows(await call('usage', { query }))));
+  const spendQuery = { account: x.account, key: x.key, hours: 24 };
+  const [usage, spend] = await Promise.all([call('usage', { query }), call('spend', { query: spendQuery })]);
+  const who = [x.account && (v.names.get(x.account) ?? x.account), x.key].filter(Boolean).join(', ');
+  fill(v.usage, spendChart(rows(spend), `Spend per hour, last 24 h${who ? ` (${who})` : ' (all accounts)'}`),
+    usageTable(rows(usage), v.names));
 }
 
 function build(main) {
@@ -164,16 +178,16 @@ function build(main) {
     v.audit, v.lists,
     card('Accounts', v.accounts, v.manage, h('h3', {}, 'New account'), createForm(v)),
     card('Journal', v.journalFilter, v.journal),
-    card('Usage records', v.usageFilter, v.usage));
+    card('Requests and spend', v.usageFilter, v.usage));
   return v;
 }
 
 // Everything a change can move: the audit, the accounts (and the open
 // Manage panel), the journal and the usage records.
 async function refresh(v) {
-  const [audit, accounts] = await Promise.all([call('audit'), call('listAccounts')]);
+  const [audit, accounts, keys] = await Promise.all([call('audit'), call('listAccounts'), call('listKeys')]);
   const list = rows(accounts);
-  v.names = new Map(list.map((a) => [a.id, a.name]));
+  v.names = new Map([...list.map((a) => [a.id, a.name]), ...rows(keys).map((k) => [k.id, k.name])]);
   fill(v.audit, auditView(audit, () => refresh(v)));
   fill(v.accounts, accountsTable(list, v));
   fill(v.lists, datalist('money-accounts', list.map((a) => a.id)));

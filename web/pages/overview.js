@@ -1,12 +1,14 @@
 // The overview page: live tiles (the current sample, every second over
 // Server-Sent Events) and charts of the last hour (a point per 10 s).
 
-import { call, eventData, openStream, sessionEnded } from '../api.js';
+import { call, eventData, openStream, rows, sessionEnded } from '../api.js';
 import { lineChart } from '../charts.js';
-import { card, fill, h, num, pct } from '../ui.js';
+import { card, fill, h, num, pct, placeholder, poll } from '../ui.js';
+import { usageTable } from './money.js';
 
 const HOUR_MS = 3600 * 1000;
 const RETRY_MS = 5000;
+const RECENT_MS = 5000;
 
 const pair = (p, a, b) => (p ? `${num(p[a], 0)} / ${num(p[b], 0)} ms` : '–');
 
@@ -57,11 +59,16 @@ function buildView(main) {
   });
   const live = h('span', { class: 'live', 'data-testid': 'live' }, 'connecting');
   const chartBox = h('div', { class: 'grid charts' });
+  const recent = placeholder({ 'data-testid': 'recent-requests' });
   fill(main,
     h('div', { class: 'title' }, h('h1', {}, 'Overview'), live),
     h('div', { class: 'grid tiles' }, tiles),
-    card('The last hour', chartBox));
-  return { values, live, chartBox, history: [], streamed: false, stream: null, timer: null, closed: false };
+    card('The last hour', chartBox),
+    card('Recent requests (every executor)', recent));
+  return {
+    values, live, chartBox, recent, history: [], streamed: false, stream: null, timer: null, closed: false,
+    stopRecent: () => {},
+  };
 }
 
 function showSample(view, s) {
@@ -146,9 +153,19 @@ async function retry(view) {
   if (!view.closed) connect(view);
 }
 
+// The request log's last rows, names where the accounts and keys have them.
+async function showRecent(view) {
+  const [usage, accounts, keys] = await Promise.all([
+    call('usage', { query: { limit: 10 } }), call('listAccounts'), call('listKeys')]);
+  const names = new Map([...rows(accounts).map((a) => [a.id, a.name]), ...rows(keys).map((k) => [k.id, k.name])]);
+  fill(view.recent, usageTable(rows(usage), names));
+}
+
 export async function render(main) {
   const view = buildView(main);
   active = view;
+  view.stopRecent = poll(() => showRecent(view), RECENT_MS);
+  showRecent(view).catch(() => {});
   connect(view);
   const first = await call('overview');
   if (!view.streamed) takeOverview(view, first);
@@ -157,6 +174,7 @@ export async function render(main) {
 export function dispose() {
   if (!active) return;
   active.closed = true;
+  active.stopRecent();
   active.stream?.close();
   clearTimeout(active.timer);
   active = null;

@@ -397,6 +397,46 @@ impl Ledger {
         Ok(rows.iter().map(usage).collect::<Result<_, _>>()?)
     }
 
+    /// What requests cost per `bucket` seconds since `since` (of an
+    /// account and a key, when given): (bucket start, cost, requests),
+    /// oldest first; buckets without requests are left out.
+    pub async fn spend(
+        &self,
+        account_id: Option<&str>,
+        key_id: Option<&str>,
+        since: i64,
+        bucket: i64,
+    ) -> Result<Vec<SpendBucket>, LedgerError> {
+        let bucket = bucket.max(1);
+        let rows = sqlx::query(
+            "SELECT (created_at / $1) * $2 AS at, CAST(SUM(cost) AS BIGINT) AS cost, \
+             COUNT(*) AS requests FROM usage_records \
+             WHERE created_at >= $3 \
+               AND (CAST($4 AS TEXT) IS NULL OR account_id = $5) \
+               AND (CAST($6 AS TEXT) IS NULL OR key_id = $7) \
+             GROUP BY at ORDER BY at",
+        )
+        .bind(bucket)
+        .bind(bucket)
+        .bind(since)
+        .bind(account_id)
+        .bind(account_id)
+        .bind(key_id)
+        .bind(key_id)
+        .fetch_all(&self.db.pool)
+        .await?;
+        rows.iter()
+            .map(|r| {
+                Ok(SpendBucket {
+                    at: r.try_get("at")?,
+                    cost: r.try_get("cost")?,
+                    requests: r.try_get("requests")?,
+                })
+            })
+            .collect::<Result<_, sqlx::Error>>()
+            .map_err(LedgerError::from)
+    }
+
     /// The usage record of one request, if it was settled.
     pub async fn usage_of(&self, request_id: &str) -> Result<Option<UsageRecord>, LedgerError> {
         let row = sqlx::query(
@@ -432,6 +472,17 @@ impl Ledger {
             .collect::<Result<_, sqlx::Error>>()
             .map_err(LedgerError::from)
     }
+}
+
+/// What requests cost in one time bucket.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+pub struct SpendBucket {
+    /// The bucket's start (Unix seconds).
+    pub at: i64,
+    #[serde(with = "crate::ledger::units")]
+    #[schema(value_type = String, example = "0.0012")]
+    pub cost: Amount,
+    pub requests: i64,
 }
 
 /// An account's entries of one journal kind, summed.

@@ -859,6 +859,48 @@ async fn earnings_stay_pending_for_the_window_clawable_but_not_penalizable() {
 }
 
 #[tokio::test]
+async fn spend_sums_each_bucket_of_one_account_or_all() {
+    for l in ledgers().await {
+        let (user, provider) = user_and_provider(&l, "spend", 1_000_000).await;
+        let q = Quote {
+            provider_id: provider.id.clone(),
+            ..quote(BPS)
+        };
+        let mut total = 0;
+        for i in 0..3 {
+            let id = format!("spend-{i}-{}", l.instance());
+            l.hold(user_hold(&id, &user.id, &q, q.worst_case(100, 100)))
+                .await
+                .expect("hold");
+            let t = Tokens {
+                prompt: 100,
+                cached: 0,
+                completion: 10 * (i + 1),
+            };
+            l.settle(&id, t, Outcome::Finished).await.expect("settle");
+            total += q.cost(t);
+        }
+        let mine = l
+            .spend(Some(&user.id), None, 0, 86_400)
+            .await
+            .expect("spend");
+        assert_eq!(mine.len(), 1, "one day's bucket: {mine:?}");
+        assert_eq!((mine[0].cost, mine[0].requests), (total, 3));
+        assert_eq!(mine[0].at % 86_400, 0);
+        let nobody = l
+            .spend(Some("user:nobody"), None, 0, 3600)
+            .await
+            .expect("spend");
+        assert!(nobody.is_empty());
+        let later = l
+            .spend(None, None, crate::store::now() + 10, 3600)
+            .await
+            .expect("spend");
+        assert!(later.is_empty(), "nothing after now");
+    }
+}
+
+#[tokio::test]
 async fn a_payout_moves_final_funds_out_once_and_leaves_pending_pay() {
     let config = LedgerConfig {
         earnings_window: Duration::from_secs(3600),

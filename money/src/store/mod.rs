@@ -8,6 +8,7 @@ pub mod keys;
 #[cfg(test)]
 mod migration_tests;
 pub mod models;
+pub mod points;
 pub mod workers;
 
 use std::path::Path;

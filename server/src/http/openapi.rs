@@ -44,6 +44,7 @@ impl Modify for Security {
         routes::models_admin::files,
         routes::models_admin::unload_model,
         routes::accounts::usage,
+        routes::accounts::spend,
         routes::accounts::list,
         routes::accounts::one,
         routes::accounts::create,

@@ -1,14 +1,15 @@
 //! The console's overview: a sampler that reads the server's counters once
 //! a second (engines, HTTP answers, response cache, fleet, utilization),
 //! turns them into rates and percentiles over the last ten seconds, and
-//! keeps one such sample every ten seconds for an hour. Subscribers (the
+//! keeps one such sample every ten seconds for an hour, in the database
+//! too when there is one, so a restart keeps the hour. Subscribers (the
 //! console's event stream) get every sample as it is taken.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use tokio::sync::broadcast;
 
 use crate::cache::ResponseCache;
@@ -26,6 +27,8 @@ pub struct Sources {
     pub cache: Option<Arc<ResponseCache>>,
     pub dispatch: Arc<Dispatch>,
     pub served: Arc<crate::services::served::Served>,
+    /// Where the history points are kept (none: in memory only).
+    pub store: Option<money::store::Db>,
 }
 
 /// How often the sampler reads the counters.
@@ -39,7 +42,7 @@ const HISTORY: usize = 360;
 const GENERATION_ROUTES: [&str; 3] = ["/v1/chat/completions", "/v1/completions", "/v1/embeddings"];
 
 /// Three latency percentiles, in milliseconds.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Percentiles {
     pub p50: f64,
     pub p90: f64,
@@ -47,7 +50,7 @@ pub struct Percentiles {
 }
 
 /// One executor's busy share (of the last minute).
-#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ExecutorBusy {
     /// `house`, or a worker id.
     pub executor: String,
@@ -56,7 +59,7 @@ pub struct ExecutorBusy {
 
 /// The platform at one moment: gauges now, and rates and percentiles over
 /// the last ten seconds. Latency percentiles are the house engine's.
-#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Sample {
     /// Unix milliseconds.
     pub t: u64,
@@ -95,7 +98,7 @@ pub struct Sample {
 }
 
 /// `GET /admin/overview`: the current sample and the last hour.
-#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct OverviewAnswer {
     /// Seconds between history points.
     pub interval_s: u64,
@@ -160,9 +163,33 @@ impl Overview {
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 tick.tick().await;
-                self.take(read(&sources));
+                let s = self.take(read(&sources));
+                if let (true, Some(db)) = (s.point, &sources.store) {
+                    keep(db, &s).await;
+                }
             }
         });
+    }
+
+    /// Takes back the last hour's points a previous run of the server
+    /// kept (before `start`, so the first answer has them).
+    pub async fn restore(&self, db: &money::store::Db) {
+        let since = now_ms().saturating_sub(HISTORY as u64 * WINDOW_S * 1000);
+        let points = match db.points_since(since as i64).await {
+            Ok(p) => p,
+            Err(e) => {
+                tracing::warn!(error = %e, "the overview's history could not be read");
+                return;
+            }
+        };
+        let mut kept = self.kept.lock().unwrap_or_else(|e| e.into_inner());
+        kept.history = points
+            .iter()
+            .filter_map(|p| serde_json::from_str::<Sample>(p).ok())
+            .collect();
+        while kept.history.len() > HISTORY {
+            kept.history.pop_front();
+        }
     }
 
     /// Every sample from now on.
@@ -184,8 +211,8 @@ impl Overview {
     }
 
     /// Keeps a reading, makes it a sample (a history point every
-    /// `WINDOW_S` seconds) and sends it to subscribers.
-    fn take(&self, r: Reading) {
+    /// `WINDOW_S` seconds), sends it to subscribers and returns it.
+    fn take(&self, r: Reading) -> Sample {
         let s = {
             let mut kept = self.kept.lock().unwrap_or_else(|e| e.into_inner());
             kept.readings.push_back(r);
@@ -207,7 +234,19 @@ impl Overview {
             }
             s
         };
-        let _ = self.tx.send(s);
+        let _ = self.tx.send(s.clone());
+        s
+    }
+}
+
+/// Keeps a history point in the database (a failure costs only the
+/// point, after a restart).
+async fn keep(db: &money::store::Db, s: &Sample) {
+    let Ok(json) = serde_json::to_string(s) else {
+        return;
+    };
+    if let Err(e) = db.save_point(s.t as i64, &json).await {
+        tracing::warn!(error = %e, "an overview point was not kept");
     }
 }
 

@@ -94,6 +94,7 @@ impl AppState {
             cache: self.cache.clone(),
             dispatch: self.dispatch.clone(),
             served: self.served.clone(),
+            store: self.billing.as_ref().map(|b| b.ledger.db.clone()),
         }
     }
 

@@ -15,7 +15,7 @@ use crate::http::api::json::ApiJson;
 use crate::http::error::ApiError;
 use crate::http::state::AppState;
 use crate::services::metering::Payer;
-use money::ledger::accounts::{Account, AccountKind, UsageRecord};
+use money::ledger::accounts::{Account, AccountKind, SpendBucket, UsageRecord};
 use money::ledger::audit::{Audit, Transaction};
 use money::store::keys::KeyRecord;
 
@@ -32,6 +32,7 @@ pub fn admin_router() -> Router<AppState> {
         .route("/admin/accounts/{id}/penalty", post(penalty))
         .route("/admin/journal", get(journal))
         .route("/admin/usage", get(admin_usage))
+        .route("/admin/usage/spend", get(spend))
         .route("/admin/ledger/audit", get(audit))
 }
 
@@ -256,6 +257,37 @@ pub(crate) async fn admin_usage(
     let data = billing(&state)?
         .ledger
         .usage_where(q.account.as_deref(), q.key.as_deref(), rows(q.limit))
+        .await?;
+    Ok(Json(List::of(data)))
+}
+
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+pub(crate) struct SpendQuery {
+    /// Only this account's requests.
+    account: Option<String>,
+    /// Only this key's requests.
+    key: Option<String>,
+    /// Hours back from now (default 24, at most 720).
+    hours: Option<i64>,
+    /// Seconds per bucket (default 3600; at least 60).
+    bucket: Option<i64>,
+}
+
+/// Admin: what requests cost over time, per bucket (of every account, or
+/// of one account and/or one key): the console's spend chart.
+#[utoipa::path(get, path = "/admin/usage/spend", tag = "admin", params(SpendQuery),
+    responses((status = 200, description = "Cost per bucket, oldest first", body = List<SpendBucket>), (status = 401, description = "Missing or wrong admin token", body = crate::http::error::ErrorResponse)),
+    security(("admin_token" = [])))]
+pub(crate) async fn spend(
+    State(state): State<AppState>,
+    Query(q): Query<SpendQuery>,
+) -> Result<Json<List<SpendBucket>>, ApiError> {
+    let hours = q.hours.unwrap_or(24).clamp(1, 720);
+    let bucket = q.bucket.unwrap_or(3600).clamp(60, 86_400);
+    let since = money::store::now() - hours * 3600;
+    let data = billing(&state)?
+        .ledger
+        .spend(q.account.as_deref(), q.key.as_deref(), since, bucket)
         .await?;
     Ok(Json(List::of(data)))
 }
