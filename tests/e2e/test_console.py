@@ -325,3 +325,176 @@ def test_a_quarantined_token_shows_why_and_an_admin_clears_it(page, console_serv
     status, tokens, _ = http_call(base, "GET", "/admin/providers/tokens")
     [t] = [t for t in tokens["data"] if t["id"] == created["id"]]
     assert t["quarantined_at"] is None and t["quarantine_reason"] is None, t
+
+
+def api(console_server, path):
+    status, body, _ = http_call(console_server["base"], "GET", path)
+    assert status == 200, (path, body)
+    return body
+
+
+def wait_api(console_server, path, cond, what):
+    """Polls an admin route until `cond(body)` holds (the API is the truth
+    the page's numbers are checked against)."""
+    import time
+    deadline = time.monotonic() + WAIT_MS / 1000
+    while True:
+        body = api(console_server, path)
+        if cond(body):
+            return body
+        assert time.monotonic() < deadline, f"timed out waiting for {what}: {body}"
+        time.sleep(0.2)
+
+
+def cell(page, row_selector, testid=None):
+    row = page.locator(row_selector)
+    row.wait_for(timeout=WAIT_MS)
+    return row.locator(f'[data-testid="{testid}"]') if testid else row
+
+
+def test_every_console_action_does_what_it_says_and_shows_the_apis_numbers(page, console_server):
+    """Money (top-up, credit limit, penalty), keys (a budget), the market
+    (a region, a cost profile, an ask posted and cancelled), models (loaded
+    from the file list and unloaded) and the fleet (a worker drained,
+    another removed): each done in the page, checked in the API, and the
+    page's own figures equal to the API's, at 1440 px without any table
+    hiding its columns."""
+    from test_fleet import provider_token, start_worker, stop, wait_for, workers_up
+    base = console_server["base"]
+    page.set_viewport_size({"width": 1440, "height": 900})
+    sign_in(page, ADMIN_TOKEN)
+    page.locator("nav").wait_for(state="visible", timeout=WAIT_MS)
+    accept = lambda d: d.accept()  # noqa: E731
+
+    # Money: a user account, topped up and given a credit limit.
+    go(page, "money")
+    page.fill("form[name=create-account] input[name=name]", "acts-user")
+    page.click("form[name=create-account] [type=submit]")
+    user_row = 'tr[data-account-id]:has-text("acts-user")'
+    user_id = cell(page, user_row).get_attribute("data-account-id")
+    page.locator(user_row).locator("form[name=topup] input[name=amount]").fill("1.25")
+    page.locator(user_row).locator("form[name=topup] [type=submit]").click()
+    wait_api(console_server, f"/admin/accounts/{user_id}", lambda a: a["balance"] == "1.25", "the top-up")
+    page.wait_for_function(f"""() => document.querySelector(
+        'tr[data-account-id="{user_id}"] [data-testid="balance"]')?.textContent === '1.25'""", timeout=WAIT_MS)
+    page.locator(user_row).locator("button", has_text="Manage").click()
+    page.fill("form[name=credit-limit] input[name=credit_limit]", "0.50")
+    page.click("form[name=credit-limit] [type=submit]")
+    wait_api(console_server, f"/admin/accounts/{user_id}", lambda a: a["credit_limit"] == "0.50",
+             "the credit limit")
+
+    # A provider account: topped up, then a penalty taken from it.
+    page.fill("form[name=create-account] input[name=name]", "acts-provider")
+    page.select_option("form[name=create-account] select[name=kind]", "provider")
+    page.click("form[name=create-account] [type=submit]")
+    prov_row = 'tr[data-account-id]:has-text("acts-provider")'
+    prov_id = cell(page, prov_row).get_attribute("data-account-id")
+    assert prov_id.startswith("provider:"), prov_id
+    page.locator(prov_row).locator("form[name=topup] input[name=amount]").fill("0.10")
+    page.locator(prov_row).locator("form[name=topup] [type=submit]").click()
+    wait_api(console_server, f"/admin/accounts/{prov_id}", lambda a: a["balance"] == "0.10", "its top-up")
+    page.locator(prov_row).locator("button", has_text="Manage").click()
+    page.fill("form[name=penalty] input[name=amount]", "0.03")
+    page.fill("form[name=penalty] input[name=memo]", "late")
+    page.click("form[name=penalty] [type=submit]")
+    wait_api(console_server, f"/admin/accounts/{prov_id}", lambda a: a["balance"] == "0.07", "the penalty")
+    page.wait_for_function(f"""() => document.querySelector(
+        'tr[data-account-id="{prov_id}"] [data-testid="balance"]')?.textContent === '0.07'""", timeout=WAIT_MS)
+    shot(page, "acts-money")
+
+    # Keys: one with a budget, shown as the API has it.
+    go(page, "keys")
+    page.fill("form[name=create-key] input[name=name]", "acts-key")
+    page.fill("form[name=create-key] input[name=account_id]", user_id)
+    page.fill("form[name=create-key] input[name=budget]", "0.20")
+    page.click("form[name=create-key] [type=submit]")
+    key_row = cell(page, 'tr[data-key-id]:has-text("acts-key")')
+    key = next(k for k in api(console_server, "/admin/keys")["data"] if k["name"] == "acts-key")
+    assert key["budget"] == "0.20" and key["spent"] == "0.00", key
+    assert "0.00 / 0.20" in key_row.inner_text(), key_row.inner_text()
+
+    # The market: a region, a cost profile in it, an ask posted and cancelled.
+    go(page, "market")
+    page.fill("form[name=add-region] input[name=region]", "acts-region")
+    page.fill("form[name=add-region] input[name=price_per_kwh]", "0.15")
+    page.click("form[name=add-region] [type=submit]")
+    wait_api(console_server, "/admin/market/regions",
+             lambda r: r["regions"].get("acts-region") == "0.15", "the region")
+    profile = {"id": prov_id, "region": "acts-region", "watts": "300", "pue_milli": "1200",
+               "depreciation_per_hour": "0.05", "network_per_hour": "0.01",
+               "prefill_tokens_per_hour": "1000000", "decode_tokens_per_hour": "200000",
+               "cached_bps": "1000", "preemptible_discount_bps": "2000"}
+    for name, value in profile.items():
+        page.fill(f"form[name=provider-profile] input[name={name}]", value)
+    page.click("form[name=provider-profile] [type=submit]")
+    saved = wait_api(console_server, "/admin/market/providers",
+                     lambda b: any(p["account_id"] == prov_id for p in b["data"]), "the profile")
+    mine = next(p for p in saved["data"] if p["account_id"] == prov_id)["profile"]
+    assert (mine["depreciation_per_hour"], mine["network_per_hour"], mine["watts"]) == ("0.05", "0.01", 300)
+    posted = next(m for m in api(console_server, "/admin/market/prices")["data"] if m["model"] == "tiny")
+    price = posted["prices"]["output"]
+    page.fill("form[name=post-ask] input[name=instrument]", "tiny")
+    page.fill("form[name=post-ask] input[name=account_id]", prov_id)
+    page.fill("form[name=post-ask] input[name=price]", price)
+    page.fill("form[name=post-ask] input[name=quantity]", "7")
+    page.click("form[name=post-ask] [type=submit]")
+    asks = wait_api(console_server, "/admin/market/orders?instrument=tiny",
+                    lambda b: any(o["account_id"] == prov_id for o in b["data"]), "the ask")
+    order = next(o for o in asks["data"] if o["account_id"] == prov_id)
+    assert (order["price"], order["quantity"], order["side"]) == (price, 7, "ask"), order
+    row = cell(page, f'tr[data-order-id="{order["id"]}"]')
+    page.once("dialog", accept)
+    row.locator('[data-testid="cancel"]').click()
+    wait_api(console_server, "/admin/market/orders?instrument=tiny",
+             lambda b: all(o["id"] != order["id"] for o in b["data"]), "the cancel")
+    shot(page, "acts-market")
+
+    # Models: one loaded from the list of files, then unloaded.
+    go(page, "models")
+    page.once("dialog", lambda d: d.accept("acts-model"))
+    cell(page, 'tr[data-file="tiny/tiny.gguf"]', "load-file").click()
+    wait_api(console_server, "/admin/models/files",
+             lambda b: "acts-model" in next(f for f in b["data"] if f["path"] == "tiny/tiny.gguf")["loaded_as"],
+             "the load")
+    page.once("dialog", accept)
+    cell(page, 'tr[data-model="acts-model"]', "unload").click()
+    page.locator('tr[data-model="acts-model"]').wait_for(state="detached", timeout=WAIT_MS)
+    shot(page, "acts-models")
+
+    # The fleet: a worker drained, another removed.
+    token = provider_token(base, "acts-fleet")["token"]
+    workers = [start_worker(base, token, "acts-a"), start_worker(base, token, "acts-b")]
+    try:
+        workers_up(base, workers, 2)
+        go(page, "fleet")
+        by_name = {w["name"]: w for w in api(console_server, "/admin/fleet")["data"]}
+        page.once("dialog", accept)
+        cell(page, f'tr[data-worker-id="{by_name["acts-a"]["id"]}"]', "drain").click()
+        wait_for(lambda: workers[0].poll() is not None, timeout=30, what="the drained worker to leave")
+        page.once("dialog", accept)
+        cell(page, f'tr[data-worker-id="{by_name["acts-b"]["id"]}"]', "remove").click()
+        wait_for(lambda: workers[1].poll() is not None, timeout=30, what="the removed worker to leave")
+        wait_for(lambda: api(console_server, "/admin/fleet")["data"] == [], timeout=20,
+                 what="the fleet to be empty")
+    finally:
+        for w in workers:
+            if w.poll() is None:
+                stop(w)
+
+    # At 1440 px no table hides columns behind a scroll, on any page.
+    for name in PAGES:
+        go(page, name)
+        page.wait_for_timeout(600)
+        hidden = page.evaluate("""() => [...document.querySelectorAll('.scroll')]
+            .filter((s) => s.scrollWidth > s.clientWidth + 1)
+            .map((s) => s.querySelector('th')?.closest('tr')?.textContent.slice(0, 80))""")
+        assert not hidden, f"{name}: tables wider than the page: {hidden}"
+    # The charts have a time axis and say their values on hover.
+    go(page, "overview")
+    chart = page.locator("svg.plot").first
+    chart.wait_for(timeout=WAIT_MS)
+    box = chart.bounding_box()
+    page.mouse.move(box["x"] + box["width"] * 0.9, box["y"] + box["height"] / 2)
+    page.wait_for_function("""() => [...document.querySelectorAll('[data-testid="chart-hover"]')]
+        .some((t) => /\\d\\d:\\d\\d:\\d\\d/.test(t.textContent))""", timeout=WAIT_MS)
+    shot(page, "acts-overview")

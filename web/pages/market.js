@@ -7,7 +7,7 @@ import { call, rows } from '../api.js';
 import { depthChart, lineChart } from '../charts.js';
 import {
   action, amount, badge, bps, card, datalist, dur, fill, flash, flashError, form, h, int, money, moneyText, num,
-  placeholder, poll,
+  placeholder, poll, shortId,
   redraw, table, time,
 } from '../ui.js';
 
@@ -61,21 +61,18 @@ const tradesTable = (list) => table([
   { label: 'Time', cls: 'nw', cell: (t) => time(t.created_at) },
   { label: 'Price', num: true, cell: (t) => money(t.price) },
   { label: 'Tok/s', num: true, cell: (t) => num(t.quantity) },
-  { label: 'Bid', cell: (t) => h('code', {}, t.bid_id) },
-  { label: 'Ask', cell: (t) => h('code', {}, t.ask_id) },
+  { label: 'Bid', cell: (t) => shortId(t.bid_id) },
+  { label: 'Ask', cell: (t) => shortId(t.ask_id) },
 ], list, { empty: 'No trades yet.' });
 
 function ordersTable(list, refresh) {
   return table([
-    { label: 'Order', cell: (o) => h('code', {}, o.id) },
-    { label: 'Side', cell: (o) => badge(o.side) },
-    { label: 'Account', cell: (o) => h('code', {}, o.account_id) },
+    { label: 'Order', cell: (o) => [badge(o.side), ' ', shortId(o.id), o.interruptible ? ' preemptible' : ''] },
+    { label: 'Account', cell: (o) => shortId(o.account_id) },
     { label: 'Price', num: true, cell: (o) => money(o.price) },
-    { label: 'Tok/s', num: true, cell: (o) => num(o.quantity) },
-    { label: 'Remaining', num: true, cell: (o) => num(o.remaining) },
-    { label: 'Priority', num: true, cell: (o) => num(o.priority) },
-    { label: 'Preemptible', cell: (o) => (o.interruptible ? 'yes' : 'no') },
-    { label: 'Expires', cls: 'nw', cell: (o) => h('span', { title: time(o.expires_at) }, `in ${dur(o.expires_at - Date.now() / 1000)}`) },
+    { label: 'Tok/s left', num: true, cell: (o) => `${num(o.remaining)} of ${num(o.quantity)}` },
+    { label: 'Expires', cls: 'nw', cell: (o) => h('span', { title: `${time(o.expires_at)}, priority ${o.priority}` },
+      `in ${dur(o.expires_at - Date.now() / 1000)}`) },
     { label: '', cell: (o) => action('Cancel', async () => {
       await call('cancelOrder', { params: { id: o.id } });
       flash(`Order ${o.id} cancelled.`);
