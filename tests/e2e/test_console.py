@@ -30,7 +30,8 @@ WAIT_MS = 20_000
 def console_server(tmp_path_factory):
     db = "sqlite://" + str(tmp_path_factory.mktemp("console") / "synor.db")
     for info in _synor("--model", "tiny/tiny.gguf", "--embedding-model", "none",
-                       "--database-url", db, "--admin-token", ADMIN_TOKEN, open_mode=False):
+                       "--database-url", db, "--admin-token", ADMIN_TOKEN,
+                       "--placement-house-factor", "1000", open_mode=False):
         info["database_url"] = db
         yield info
 
@@ -56,9 +57,11 @@ def page(browser, console_server, request):
     p.requests, p.errors, p.unguarded = [], [], []
     p.on("request", lambda r: p.requests.append(r.url))
     # Every change the page makes carries the session's CSRF token
-    # (signing in is what fetches it).
+    # (signing in is what fetches it); the provider page's bearer token is
+    # never sent by the browser on its own, so it needs none.
     p.on("request", lambda r: r.method not in ("GET", "HEAD") and "x-csrf-token" not in r.headers
          and not (r.method == "POST" and r.url.endswith("/console/session"))
+         and not r.headers.get("authorization", "").startswith("Bearer swt-")
          and p.unguarded.append(f"{r.method} {r.url}"))
     p.on("pageerror", lambda e: p.errors.append(str(e)))
     p.on("console", lambda m: m.type == "error" and "Failed to load resource" not in m.text
@@ -498,3 +501,49 @@ def test_every_console_action_does_what_it_says_and_shows_the_apis_numbers(page,
     page.wait_for_function("""() => [...document.querySelectorAll('[data-testid="chart-hover"]')]
         .some((t) => /\\d\\d:\\d\\d:\\d\\d/.test(t.textContent))""", timeout=WAIT_MS)
     shot(page, "acts-overview")
+
+
+def test_a_provider_page_shows_its_earnings_and_pays_out(page, console_server):
+    from openai import OpenAI
+    from test_fleet import start_worker, stop, workers_up
+    base = console_server["base"]
+    status, created, _ = http_call(base, "POST", "/admin/providers", {"name": "page-provider"})
+    assert status == 201, created
+    token, provider = created["token"], created["account_id"]
+    assert http_call(base, "POST", f"/admin/accounts/{provider}/topup", {"amount": "0.50"})[0] == 200
+    status, user, _ = http_call(base, "POST", "/admin/accounts", {"name": "page-user"})
+    assert http_call(base, "POST", f"/admin/accounts/{user['id']}/topup", {"amount": "1.00"})[0] == 200
+    status, key, _ = http_call(base, "POST", "/admin/keys", {"name": "page-key", "account_id": user["id"]})
+    worker = start_worker(base, token, "page-w")
+    try:
+        workers_up(base, [worker], 1)
+        sdk = OpenAI(base_url=base + "/v1", api_key=key["key"], max_retries=0, timeout=60)
+        for i in range(3):
+            sdk.completions.create(model="tiny", prompt=f"Story {i}", max_tokens=8, temperature=0,
+                                   extra_headers={"x-synor-cache": "bypass"})
+        history = wait_api(console_server, "/admin/journal?kind=usage&account=" + provider,
+                           lambda b: len(b["data"]) >= 1, "the worker's pay")
+        assert history["data"], history
+        page.goto(base + "/console/provider")
+        page.fill("#signin input[name=token]", token)
+        page.click("#signin [type=submit]")
+        payable = page.locator('[data-testid="provider-payable"]')
+        payable.wait_for(state="visible", timeout=WAIT_MS)
+        earned = http_call(base, "GET", "/v1/providers/earnings", token=token)[1]
+        assert payable.inner_text() == "0.50" == earned["payable"], (payable.inner_text(), earned)
+        assert page.locator('[data-testid="provider-name"]').inner_text().startswith("page-provider")
+        page.locator('tr[data-worker-id]', has_text="page-w").wait_for(timeout=WAIT_MS)
+        page.locator("figure.chart svg.plot").first.wait_for(timeout=WAIT_MS)
+        page.fill("form[name=payout] input[name=amount]", "0.20")
+        page.fill("form[name=payout] input[name=memo]", "to my bank")
+        page.click("form[name=payout] [type=submit]")
+        page.locator("tr[data-transaction-id]").first.wait_for(timeout=WAIT_MS)
+        paid = http_call(base, "GET", "/v1/providers/payouts", token=token)[1]["data"]
+        assert len(paid) == 1 and paid[0]["entries"][provider] == "-0.20" and paid[0]["memo"] == "to my bank"
+        assert "0.20" in page.locator("tr[data-transaction-id]").first.inner_text()
+        stored = page.evaluate("JSON.stringify([{...sessionStorage}, {...localStorage}, location.href])")
+        assert token not in stored, "the worker token was kept by the page"
+        shot(page, "provider-page")
+        assert http_call(base, "GET", "/admin/ledger/audit")[1]["violations"] == []
+    finally:
+        stop(worker)

@@ -139,7 +139,8 @@ export const usageTable = (list, names) => table([
 /** Spend per hour over the last day, as a chart. */
 function spendChart(buckets, title) {
   const points = buckets.map((b) => [b.at, Number(b.cost)]);
-  return lineChart(title, [{ label: 'spent', points }], { fmt: (v) => moneyText(v.toFixed(10)), unit: 's' });
+  return lineChart(title, [{ label: 'spent', points }],
+    { fmt: (v) => moneyText(v.toFixed(10)), unit: 's', width: 900, height: 150 });
 }
 
 async function loadJournal(v, x) {

@@ -437,6 +437,41 @@ impl Ledger {
             .map_err(LedgerError::from)
     }
 
+    /// What `account` earned for work per `bucket` seconds since `since`:
+    /// (bucket start, earned, paid jobs), oldest first; buckets without
+    /// earnings are left out.
+    pub async fn earned_by_time(
+        &self,
+        account: &str,
+        since: i64,
+        bucket: i64,
+    ) -> Result<Vec<EarnedBucket>, LedgerError> {
+        let bucket = bucket.max(1);
+        let rows = sqlx::query(
+            "SELECT (j.created_at / $1) * $2 AS at, CAST(SUM(e.amount) AS BIGINT) AS earned, \
+             COUNT(*) AS jobs FROM entries e JOIN journal j ON j.id = e.tx_id \
+             WHERE e.account_id = $3 AND j.kind = 'usage' AND e.amount > 0 \
+               AND j.created_at >= $4 \
+             GROUP BY at ORDER BY at",
+        )
+        .bind(bucket)
+        .bind(bucket)
+        .bind(account)
+        .bind(since)
+        .fetch_all(&self.db.pool)
+        .await?;
+        rows.iter()
+            .map(|r| {
+                Ok(EarnedBucket {
+                    at: r.try_get("at")?,
+                    earned: r.try_get("earned")?,
+                    jobs: r.try_get("jobs")?,
+                })
+            })
+            .collect::<Result<_, sqlx::Error>>()
+            .map_err(LedgerError::from)
+    }
+
     /// The usage record of one request, if it was settled.
     pub async fn usage_of(&self, request_id: &str) -> Result<Option<UsageRecord>, LedgerError> {
         let row = sqlx::query(
@@ -483,6 +518,18 @@ pub struct SpendBucket {
     #[schema(value_type = String, example = "0.0012")]
     pub cost: Amount,
     pub requests: i64,
+}
+
+/// What a provider earned in one time bucket.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+pub struct EarnedBucket {
+    /// The bucket's start (Unix seconds).
+    pub at: i64,
+    #[serde(with = "crate::ledger::units")]
+    #[schema(value_type = String, example = "0.0012")]
+    pub earned: Amount,
+    /// Paid work (settled requests' credits) in the bucket.
+    pub jobs: i64,
 }
 
 /// An account's entries of one journal kind, summed.

@@ -897,6 +897,14 @@ async fn spend_sums_each_bucket_of_one_account_or_all() {
             .await
             .expect("spend");
         assert!(later.is_empty(), "nothing after now");
+        let earned = l
+            .earned_by_time(&provider.id, 0, 86_400)
+            .await
+            .expect("earned");
+        assert_eq!(earned.len(), 1, "{earned:?}");
+        assert_eq!(earned[0].jobs, 3);
+        let paid = l.account(&provider.id).await.expect("provider").balance;
+        assert_eq!(earned[0].earned, paid, "every credit counted once");
     }
 }
 

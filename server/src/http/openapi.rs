@@ -76,6 +76,7 @@ impl Modify for Security {
         routes::fleet::connect,
         routes::earnings::earnings,
         routes::earnings::payout,
+        routes::earnings::history,
         routes::earnings::payouts,
         routes::fleet::list,
         routes::console::sign_in,

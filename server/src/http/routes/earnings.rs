@@ -1,7 +1,7 @@
 //! A provider's own money, over one of its worker tokens: what it earned
 //! (`GET /v1/providers/earnings`: balance, pending and payable funds,
-//! today's earnings, jobs and spot checks, connected workers) and its
-//! payouts (`POST /v1/providers/payouts` moves payable funds out of the
+//! today's earnings, jobs and spot checks, connected workers; and over
+//! time, `GET /v1/providers/earnings/history`) and its payouts (`POST /v1/providers/payouts` moves payable funds out of the
 //! ledger as a journal transaction; `GET` lists them). Amounts are units.
 
 use axum::extract::{Query, State};
@@ -18,13 +18,14 @@ use crate::http::api::bodies::{List, Moved};
 use crate::http::api::json::ApiJson;
 use crate::http::error::ApiError;
 use crate::http::state::AppState;
-use money::ledger::accounts::KindTotal;
+use money::ledger::accounts::{EarnedBucket, KindTotal};
 use money::ledger::audit::Transaction;
 use money::store::now;
 
 pub fn router() -> Router<AppState> {
     Router::new()
         .route("/v1/providers/earnings", get(earnings))
+        .route("/v1/providers/earnings/history", get(history))
         .route("/v1/providers/payouts", get(payouts).post(payout))
 }
 
@@ -119,6 +120,34 @@ pub(crate) async fn earnings(
         checks,
         workers,
     }))
+}
+
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+pub(crate) struct HistoryQuery {
+    /// Hours back from now (default 24, at most 720).
+    hours: Option<i64>,
+    /// Seconds per bucket (default 3600; 60 to 86,400).
+    bucket: Option<i64>,
+}
+
+/// What the provider earned over time, per bucket (its console page's
+/// chart).
+#[utoipa::path(get, path = "/v1/providers/earnings/history", tag = "providers", params(HistoryQuery),
+    responses((status = 200, description = "Earnings per bucket, oldest first", body = List<EarnedBucket>), (status = 401, description = "Missing, wrong or revoked worker token", body = crate::http::error::ErrorResponse)),
+    security(("worker_token" = [])))]
+pub(crate) async fn history(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Query(q): Query<HistoryQuery>,
+) -> Result<Json<List<EarnedBucket>>, ApiError> {
+    let token = worker_token(&state, &headers).await?;
+    let hours = q.hours.unwrap_or(24).clamp(1, 720);
+    let bucket = q.bucket.unwrap_or(3600).clamp(60, 86_400);
+    let data = billing(&state)?
+        .ledger
+        .earned_by_time(&token.account_id, now() - hours * 3600, bucket)
+        .await?;
+    Ok(Json(List::of(data)))
 }
 
 /// A payout a provider asks for.

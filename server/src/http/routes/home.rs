@@ -16,13 +16,17 @@ pub fn router() -> Router<AppState> {
 }
 
 /// Where to go from here: (path, what it is).
-const LINKS: [(&str, &str); 6] = [
+const LINKS: [(&str, &str); 7] = [
     (
         "/v1",
         "the OpenAI-compatible API (base URL for the OpenAI SDK)",
     ),
     ("/docs", "the API reference (OpenAPI, browsable)"),
     ("/console", "the admin console (needs the admin token)"),
+    (
+        "/console/provider",
+        "a provider's earnings and payouts (needs a worker token)",
+    ),
     ("/v1/models", "the models served (needs an API key)"),
     ("/health", "liveness and each model's engine"),
     ("/metrics", "Prometheus metrics"),

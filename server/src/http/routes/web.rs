@@ -1,5 +1,6 @@
 //! The admin console's static files (`web/`), embedded in the binary and
-//! served at `/console` (the page) and `/console/<file>`: no build step, no
+//! served at `/console` (the page), `/console/provider` (a provider's page,
+//! signed in with a worker token) and `/console/<file>`: no build step, no
 //! request leaves the server (a strict Content-Security-Policy says so to
 //! the browser), and an ETag lets a reload revalidate instead of refetch.
 
@@ -31,6 +32,8 @@ macro_rules! assets {
 
 assets!(
     "index.html",
+    "provider.html",
+    "provider.js",
     "console.css",
     "app.js",
     "api.js",
@@ -57,11 +60,17 @@ pub fn router() -> Router<AppState> {
     Router::new()
         .route("/console", get(page))
         .route("/console/", get(page))
+        .route("/console/provider", get(provider_page))
         .route("/console/{*path}", get(asset))
 }
 
 async fn page(headers: HeaderMap) -> Response {
     serve("index.html", &headers)
+}
+
+/// The provider's page: signed in with a worker token.
+async fn provider_page(headers: HeaderMap) -> Response {
+    serve("provider.html", &headers)
 }
 
 async fn asset(Path(path): Path<String>, headers: HeaderMap) -> Response {
