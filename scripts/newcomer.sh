@@ -21,6 +21,11 @@ trap cleanup EXIT
 
 git clone -q "$repo" "$work/synor"
 cd "$work/synor"
+# What the app developer's quickstart asks for: the OpenAI SDK
+# (`pip install openai`), here in a virtual environment of its own.
+python3 -m venv .newcomer-venv
+.newcomer-venv/bin/pip install --quiet --disable-pip-version-check openai
+export PATH="$PWD/.newcomer-venv/bin:$PATH"
 echo "newcomer: make run in $work/synor"
 make run > make-run.log 2>&1 &
 until curl -sf http://127.0.0.1:8080/ready > /dev/null; do

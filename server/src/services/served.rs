@@ -71,7 +71,8 @@ impl Served {
     /// Starts watching one choice of `model` submitted at `since`, running
     /// where `executor` says.
     pub fn watch(self: &Arc<Self>, model: &str, executor: Executor, since: Instant) -> Watch {
-        let cell = self.cell(model, &read(&executor));
+        let label = read(&executor);
+        let cell = self.cell(model, &label);
         cell.running.fetch_add(1, Ordering::Relaxed);
         Watch {
             served: self.clone(),
@@ -79,7 +80,8 @@ impl Served {
             executor,
             started: since,
             last: None,
-            running: cell,
+            running: cell.clone(),
+            now: (label, cell),
             ended: false,
         }
     }
@@ -117,6 +119,9 @@ pub struct Watch {
     last: Option<Instant>,
     /// The cell it counts as running in (its executor when it started).
     running: Arc<Cell>,
+    /// The executor it ran on at its last event, and that one's cell
+    /// (looked up again only when a replay moves it).
+    now: (String, Arc<Cell>),
     ended: bool,
 }
 
@@ -164,9 +169,19 @@ impl Watch {
         cell.latency.record_finish(reason, 0, 0);
     }
 
-    /// The cell of the executor the choice runs on now.
-    fn current(&self) -> Arc<Cell> {
-        self.served.cell(&self.model, &read(&self.executor))
+    /// The cell of the executor the choice runs on now: the last one's
+    /// unless its executor changed (one uncontended lock and a string
+    /// comparison per event otherwise).
+    fn current(&mut self) -> Arc<Cell> {
+        let moved = {
+            let on = self.executor.lock().unwrap_or_else(|p| p.into_inner());
+            (*on != self.now.0).then(|| on.clone())
+        };
+        if let Some(label) = moved {
+            let cell = self.served.cell(&self.model, &label);
+            self.now = (label, cell);
+        }
+        self.now.1.clone()
     }
 }
 
