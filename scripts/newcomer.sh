@@ -16,7 +16,13 @@ repo="$(cd "${1:-$(dirname "$0")/..}" && pwd)"
 work="$(mktemp -d /tmp/synor-newcomer.XXXXXX)"
 start=$(date +%s.%N)
 since() { python3 -c "import sys; print(f'{float(sys.argv[1]) - float(sys.argv[2]):.0f}')" "$1" "$start"; }
-cleanup() { pkill -f "$work/synor/target/release/synor" 2>/dev/null || true; }
+# Every synor process started under the work folder (cargo starts the
+# server by a relative path, so it is found by its working directory).
+cleanup() {
+  for p in $(pgrep -f 'synor (serve|worker)' || true); do
+    case "$(readlink "/proc/$p/cwd" 2>/dev/null)" in "$work"*) kill "$p" 2>/dev/null || true ;; esac
+  done
+}
 trap cleanup EXIT
 
 git clone -q "$repo" "$work/synor"

@@ -66,7 +66,7 @@ def script(all_sections, titles):
             else:
                 lines.append(code)
             slug = title.split()[0].lower()
-            lines.append(f'echo "@@ block {slug} {n} $(date +%s.%N)"')
+            lines.append(f'printf "\\n@@ block {slug} {n} %s\\n" "$(date +%s.%N)"')
     return "\n".join(lines) + "\n"
 
 
