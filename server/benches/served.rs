@@ -100,8 +100,20 @@ fn main() {
         xs.sort_by(f64::total_cmp);
         xs[2]
     };
-    println!("  not recorded:              {:8.1}", median(&|| one_stream(false, false)));
-    println!("  recorded, one executor:    {:8.1}", median(&|| one_stream(true, false)));
-    println!("  recorded, one replay:      {:8.1}", median(&|| one_stream(true, true)));
-    println!("  recorded, 16 streams:      {:8.1}", median(&|| many_streams(16)));
+    println!(
+        "  not recorded:              {:8.1}",
+        median(&|| one_stream(false, false))
+    );
+    println!(
+        "  recorded, one executor:    {:8.1}",
+        median(&|| one_stream(true, false))
+    );
+    println!(
+        "  recorded, one replay:      {:8.1}",
+        median(&|| one_stream(true, true))
+    );
+    println!(
+        "  recorded, 16 streams:      {:8.1}",
+        median(&|| many_streams(16))
+    );
 }
