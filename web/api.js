@@ -13,6 +13,8 @@ export const ENDPOINTS = Object.freeze({
   listWorkers: ['GET', '/admin/fleet'],
   utilization: ['GET', '/admin/fleet/utilization'],
   drainWorker: ['DELETE', '/admin/fleet/{id}'],
+  pauseWorker: ['POST', '/admin/fleet/{id}/pause'],
+  resumeWorker: ['POST', '/admin/fleet/{id}/resume'],
   spotChecks: ['GET', '/admin/spotchecks'],
   listWorkerTokens: ['GET', '/admin/providers/tokens'],
   createProvider: ['POST', '/admin/providers'],

@@ -101,13 +101,6 @@ export function money(units) {
   return h('span', { class: 'money', title: `${units} units` }, moneyText(units));
 }
 
-/** Ticks (10^-10 of a unit; the fleet protocol's prices) as a units string. */
-export function ticksToUnits(ticks) {
-  const t = BigInt(ticks);
-  const s = (t < 0n ? -t : t).toString().padStart(11, '0');
-  return `${t < 0n ? '-' : ''}${s.slice(0, -10)}.${s.slice(-10)}`;
-}
-
 /** The text of `money`. */
 export function moneyText(units) {
   const m = /^(-?)(\d+)(?:\.(\d+))?$/.exec(String(units));

@@ -83,7 +83,11 @@ pub struct WorkerInfo {
     pub encoders: Vec<String>,
     pub threads: u32,
     pub region: String,
-    /// Its prices per model (none: it takes the house's).
+    /// Its prices per model in ticks, as the bus carries them (none: it
+    /// takes the house's). The admin API shows them in units instead
+    /// (the server's `WorkerView`), so the schema leaves them out here.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schema(ignore)]
     pub asks: Vec<Ask>,
     /// Its provider's measured standing (basis points): reputation
     /// 0.5-2.0x and uptime.

@@ -273,8 +273,11 @@ pub enum ToWorker {
         code: String,
         message: String,
     },
-    /// Stop taking work and leave once idle (an admin drained it).
+    /// Stop taking work and leave once idle (an admin removed it).
     Drain { v: u8 },
+    /// An admin paused it (`paused`: no new work; running work finishes;
+    /// it stays connected) or resumed it.
+    Pause { v: u8, paused: bool },
     /// Run attempt `attempt` of `job`: `prompt`, then, after `resume`
     /// (tokens an earlier attempt already delivered, taken as generated),
     /// up to `params.max_tokens` generated tokens in all.
@@ -396,6 +399,7 @@ pub fn decode_from_server(text: &str) -> Result<ToWorker, ProtocolError> {
         ToWorker::Welcome { v, .. }
         | ToWorker::Error { v, .. }
         | ToWorker::Drain { v }
+        | ToWorker::Pause { v, .. }
         | ToWorker::Assign { v, .. }
         | ToWorker::Cancel { v, .. }
         | ToWorker::Embed { v, .. }

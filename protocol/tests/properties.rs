@@ -262,6 +262,7 @@ fn to_worker() -> impl Strategy<Value = ToWorker> {
         }),
         (text(), text()).prop_map(move |(code, message)| ToWorker::Error { v, code, message }),
         Just(ToWorker::Drain { v }),
+        any::<bool>().prop_map(move |paused| ToWorker::Pause { v, paused }),
         (
             (any::<u64>(), any::<u32>(), text()),
             (ids.clone(), ids.clone(), params()),

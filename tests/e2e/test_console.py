@@ -358,7 +358,7 @@ def cell(page, row_selector, testid=None):
 def test_every_console_action_does_what_it_says_and_shows_the_apis_numbers(page, console_server):
     """Money (top-up, credit limit, penalty), keys (a budget), the market
     (a region, a cost profile, an ask posted and cancelled), models (loaded
-    from the file list and unloaded) and the fleet (a worker drained,
+    from the file list and unloaded) and the fleet (a worker paused and resumed,
     another removed): each done in the page, checked in the API, and the
     page's own figures equal to the API's, at 1440 px without any table
     hiding its columns."""
@@ -464,21 +464,30 @@ def test_every_console_action_does_what_it_says_and_shows_the_apis_numbers(page,
     page.locator('tr[data-model="acts-model"]').wait_for(state="detached", timeout=WAIT_MS)
     shot(page, "acts-models")
 
-    # The fleet: a worker drained, another removed.
+    # The fleet: a worker paused and resumed (it stays), another removed.
     token = provider_token(base, "acts-fleet")["token"]
     workers = [start_worker(base, token, "acts-a"), start_worker(base, token, "acts-b")]
     try:
         workers_up(base, workers, 2)
         go(page, "fleet")
         by_name = {w["name"]: w for w in api(console_server, "/admin/fleet")["data"]}
+        a_row = f'tr[data-worker-id="{by_name["acts-a"]["id"]}"]'
+
+        def state_of(name):
+            return next(w["state"] for w in api(console_server, "/admin/fleet")["data"]
+                        if w["name"] == name)
         page.once("dialog", accept)
-        cell(page, f'tr[data-worker-id="{by_name["acts-a"]["id"]}"]', "drain").click()
-        wait_for(lambda: workers[0].poll() is not None, timeout=30, what="the drained worker to leave")
+        cell(page, a_row, "pause").click()
+        wait_for(lambda: state_of("acts-a") == "paused", timeout=20, what="the pause")
+        cell(page, a_row, "resume").click()
+        wait_for(lambda: state_of("acts-a") in ("active", "calibrating"), timeout=20,
+                 what="the resume")
+        assert workers[0].poll() is None, "a paused worker stays"
         page.once("dialog", accept)
         cell(page, f'tr[data-worker-id="{by_name["acts-b"]["id"]}"]', "remove").click()
         wait_for(lambda: workers[1].poll() is not None, timeout=30, what="the removed worker to leave")
-        wait_for(lambda: api(console_server, "/admin/fleet")["data"] == [], timeout=20,
-                 what="the fleet to be empty")
+        wait_for(lambda: [w["name"] for w in api(console_server, "/admin/fleet")["data"]]
+                 == ["acts-a"], timeout=20, what="only the resumed worker to stay")
     finally:
         for w in workers:
             if w.poll() is None:

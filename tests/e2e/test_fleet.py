@@ -177,7 +177,7 @@ def test_a_worker_reconnects_when_its_server_comes_back_and_leaves_when_drained(
         status, body = call(base, "DELETE", f"/admin/fleet/{w['id']}")
         assert status == 200 and body["state"] == "draining", body
         code, out = finish(worker, timeout=30)
-        assert code == 0 and "drained this worker" in out, out
+        assert code == 0 and "removed this worker" in out, out
         wait_for(lambda: fleet(base) == [], timeout=10, what="the drained worker to leave")
         status, body = call(base, "DELETE", "/admin/fleet/worker-none-0")
         assert status == 404, body
@@ -206,6 +206,42 @@ def test_an_admin_removes_a_worker_at_once_and_its_canaries_are_on_record():
         wait_for(lambda: fleet(base) == [], timeout=10, what="the removed worker to go")
         status, body = call(base, "DELETE", f"/admin/fleet/{w['id']}?now=true")
         assert status == 404, body
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+        srv["gen"].close()
+
+
+def test_a_paused_worker_stays_connected_without_work_until_resumed():
+    srv = open_server()
+    base = srv["base"]
+    worker = start_worker(base, provider_token(base)["token"])
+    try:
+        workers_up(base, [worker], 1)
+        [w] = fleet(base)
+        status, body = call(base, "POST", f"/admin/fleet/{w['id']}/pause")
+        assert status == 200 and body["state"] == "paused", body
+        status, body = call(base, "POST", f"/admin/fleet/{w['id']}/pause")
+        assert status == 409 and body["error"]["code"] == "conflict", body
+        before = fleet(base)[0]["tokens_delivered"]
+        for p in PROMPTS:
+            complete(base, p, 8)
+        time.sleep(2)
+        [w] = fleet(base)
+        assert w["state"] == "paused" and w["tokens_delivered"] == before, w
+        assert worker.poll() is None, "a paused worker stays connected"
+        status, body = call(base, "POST", f"/admin/fleet/{w['id']}/resume")
+        assert status == 200 and body["state"] == "active", body
+        for p in PROMPTS:
+            complete(base, p, 8)
+        [w] = fleet(base)
+        assert w["tokens_delivered"] >= before + 3 * 8, w
+        status, body = call(base, "POST", f"/admin/fleet/{w['id']}/resume")
+        assert status == 409, body
+        assert call(base, "POST", "/admin/fleet/worker-none-0/pause")[0] == 404
+        code, out = stop(worker)
+        assert code == 0, out
+        assert "paused this worker" in out and "resumed this worker" in out, out
     finally:
         if worker.poll() is None:
             worker.kill()
@@ -525,7 +561,7 @@ def test_the_cheaper_worker_gets_the_work_and_each_provider_earns_its_own_price(
                  start_worker(base, greedy["token"], "g", "--price", f"output={units(out * 100)}")]
         workers_up(base, procs, 3)
         by_name = {w["name"]: w for w in fleet(base)}
-        assert by_name["c"]["asks"][0]["output"] == cheap_net, by_name["c"]
+        assert ticks(by_name["c"]["asks"][0]["output"]) == cheap_net, by_name["c"]
         # Sequential requests: the cheap worker, equally fast, gets them.
         for _ in range(5):
             complete(base, "The river", 20)
@@ -632,10 +668,17 @@ def test_two_replicas_on_one_postgres_share_a_worker_over_the_bus(private_redis)
         assert status == 201 and sum(f["quantity"] for f in bid["fills"]) == 3, bid
         book = call(ra["base"], "GET", "/v1/market/book?instrument=tiny")[1]
         assert odd not in [lvl["price"] for lvl in book["asks"]], book
-        # An admin of B drains a worker connected to A: it leaves cleanly.
+        # An admin of B pauses and resumes a worker connected to A (A keeps
+        # its state and announces it), then sends it away: it leaves cleanly.
         worker = start_worker(ra["base"], created["token"], "second")
         [w2] = wait_for(lambda: [w for w in fleet(rb["base"]) if w["name"] == "second"
                                  and w["state"] == "active"], what="B to see the second worker")
+        for verb, want in (("pause", "paused"), ("resume", "active")):
+            status, body = call(rb["base"], "POST", f"/admin/fleet/{w2['id']}/{verb}")
+            assert status == 200 and body["state"] == want, body
+            for r in (ra, rb):
+                wait_for(lambda: [w["state"] for w in fleet(r["base"]) if w["name"] == "second"]
+                         == [want], timeout=10, what=f"{want} on every replica")
         status, drained = call(rb["base"], "DELETE", f"/admin/fleet/{w2['id']}")
         assert status == 200, drained
         code, out = finish(worker, timeout=30)

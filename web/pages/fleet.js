@@ -1,4 +1,4 @@
-// The fleet page: connected workers (drain, remove), executor use and
+// The fleet page: connected workers (pause, resume, remove), executor use and
 // the last hour's busy timeline, spot-check records, and worker tokens
 // (create with the secret shown once, clear a quarantine, revoke).
 
@@ -6,7 +6,7 @@ import { call, health, rows } from '../api.js';
 import { busyStrip } from '../charts.js';
 import {
   action, badge, bps, bytes, card, dur, fill, flash, form, h, moneyText, num, pct, placeholder, poll, redraw,
-  secretBox, table, ticksToUnits, time,
+  secretBox, table, time,
 } from '../ui.js';
 
 const REFRESH_MS = 5000;
@@ -26,8 +26,8 @@ function device(d) {
 
 function asks(w) {
   if (!w.asks.length) return [w.models.map((m) => m.name).join(', ') || '–', small('house prices')];
-  return w.asks.map((a) => small(`${a.model}: in ${moneyText(ticksToUnits(a.input))} / out ${moneyText(ticksToUnits(a.output))}`
-    + ` / cached ${num(a.cached_input ?? 0)}${a.preemptible ? ' (preemptible)' : ''}`));
+  return w.asks.map((a) => small(`${a.model}: in ${moneyText(a.input)} / out ${moneyText(a.output)}`
+    + ` / cached ${moneyText(a.cached_input)}${a.preemptible ? ' (preemptible)' : ''}`));
 }
 
 function profile(p) {
@@ -37,18 +37,25 @@ function profile(p) {
 }
 
 function workerActions(w, refresh) {
-  const drain = action('Drain', async () => {
-    await call('drainWorker', { params: { id: w.id } });
-    flash(`Worker ${w.name} is draining.`);
-    await refresh();
-  }, { confirm: `Drain worker ${w.name}? It takes no new work and leaves once idle.`, testid: 'drain' });
-  drain.disabled = w.state === 'draining';
+  const paused = w.state === 'paused';
+  const toggle = paused
+    ? action('Resume', async () => {
+      const r = await call('resumeWorker', { params: { id: w.id } });
+      flash(`Worker ${w.name} takes work again (${r.state}).`);
+      await refresh();
+    }, { testid: 'resume' })
+    : action('Pause', async () => {
+      await call('pauseWorker', { params: { id: w.id } });
+      flash(`Worker ${w.name} is paused: no new work; it stays connected until resumed.`);
+      await refresh();
+    }, { confirm: `Pause worker ${w.name}? It finishes its running work, then waits, connected, until resumed.`, testid: 'pause' });
+  toggle.disabled = !paused && w.state !== 'active' && w.state !== 'calibrating';
   const remove = action('Remove', async () => {
     await call('drainWorker', { params: { id: w.id }, query: { now: true } });
     flash(`Worker ${w.name} was removed; its running work is replayed elsewhere.`);
     await refresh();
-  }, { confirm: `Remove worker ${w.name} now? It is disconnected at once.`, cls: 'danger', testid: 'remove' });
-  return h('div', { class: 'actions' }, drain, remove);
+  }, { confirm: `Remove worker ${w.name} now? It is disconnected at once and its process exits.`, cls: 'danger', testid: 'remove' });
+  return h('div', { class: 'actions' }, toggle, remove);
 }
 
 const WORKER_COLUMNS = (refresh) => [

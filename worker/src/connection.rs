@@ -250,10 +250,19 @@ impl<'a> Session<'a> {
             }) => jobs::embed(models, job, &model, texts, tokens, query, out),
             Ok(ToWorker::Drain { .. }) => {
                 tracing::warn!(
-                    "an admin of the server drained this worker: it finishes its running work, \
+                    "an admin of the server removed this worker: it finishes its running work, \
                      then exits (start it again to rejoin)"
                 );
                 return Step::Drain;
+            }
+            Ok(ToWorker::Pause { paused: true, .. }) => {
+                tracing::warn!(
+                    "an admin of the server paused this worker: it gets no new work until resumed \
+                     (it stays connected; running work finishes)"
+                );
+            }
+            Ok(ToWorker::Pause { paused: false, .. }) => {
+                tracing::info!("an admin of the server resumed this worker: it takes work again");
             }
             Ok(ToWorker::Error { code, message, .. }) => {
                 tracing::warn!(%code, "the server says: {message}");
@@ -311,6 +320,7 @@ impl<'a> Session<'a> {
             ToWorker::Welcome { .. }
             | ToWorker::Error { .. }
             | ToWorker::Drain { .. }
+            | ToWorker::Pause { .. }
             | ToWorker::Assign { .. }
             | ToWorker::Cancel { .. }
             | ToWorker::Embed { .. } => {}

@@ -232,7 +232,11 @@ impl Ledger {
                 available: final_funds.max(0),
             });
         }
-        self.transfer(kind, provider_id, to, amount, memo).await
+        // Checked again inside the transfer, with the row locked: two
+        // payouts (or a payout and a penalty) at once both pass the check
+        // above, and the second must not reach the pending pay.
+        self.transfer_guarded(kind, provider_id, to, amount, memo, true)
+            .await
     }
 
     /// A provider's final funds: what it holds less what is still pending.
@@ -257,16 +261,7 @@ impl Ledger {
     /// What `account` earned for work (usage entries) after `since` (Unix
     /// seconds).
     pub async fn earned_since(&self, account: &str, since: i64) -> Result<Amount, LedgerError> {
-        let row = sqlx::query(
-            "SELECT CAST(COALESCE(SUM(e.amount), 0) AS BIGINT) AS pending FROM entries e \
-             JOIN journal j ON j.id = e.tx_id \
-             WHERE e.account_id = $1 AND j.kind = 'usage' AND e.amount > 0 AND j.created_at > $2",
-        )
-        .bind(account)
-        .bind(since)
-        .fetch_one(&self.db.pool)
-        .await?;
-        Ok(row.try_get("pending")?)
+        Ok(earned_since_on(&self.db.pool, account, since).await?)
     }
 
     /// Moves `amount` (`0 < amount <= MAX_AMOUNT`) from one account to
@@ -283,6 +278,23 @@ impl Ledger {
         amount: Amount,
         memo: &str,
     ) -> Result<String, LedgerError> {
+        self.transfer_guarded(kind, from, to, amount, memo, false)
+            .await
+    }
+
+    /// `transfer`; with `keep_pending`, the payer's pending earnings must
+    /// still be covered after the debit (its final funds stay >= 0),
+    /// checked inside the transaction once its row is locked, when every
+    /// settlement that credited it before has committed.
+    async fn transfer_guarded(
+        &self,
+        kind: &str,
+        from: &str,
+        to: &str,
+        amount: Amount,
+        memo: &str,
+        keep_pending: bool,
+    ) -> Result<String, LedgerError> {
         amount::check_amount(kind, amount).map_err(LedgerError::InvalidAmount)?;
         let mut tx = self.db.pool.begin().await?;
         // Rows in id order, so concurrent transfers never deadlock.
@@ -292,6 +304,16 @@ impl Ledger {
             if !apply_move(&mut tx, id, delta).await? {
                 drop(tx);
                 return Err(self.transfer_refusal(id, delta).await);
+            }
+        }
+        if keep_pending {
+            let left = self.final_funds_in(&mut tx, from).await?;
+            if left < 0 {
+                drop(tx);
+                return Err(LedgerError::InsufficientQuota {
+                    need: amount,
+                    available: left.saturating_add(amount).max(0),
+                });
             }
         }
         let tx_id = format!("{kind}:{}", uuid::Uuid::new_v4().simple());
@@ -315,6 +337,23 @@ impl Ledger {
         .await?;
         tx.commit().await?;
         Ok(tx_id)
+    }
+
+    /// `id`'s final funds as `tx` sees them: available less pending.
+    async fn final_funds_in(
+        &self,
+        tx: &mut sqlx::Transaction<'_, sqlx::Any>,
+        id: &str,
+    ) -> Result<Amount, LedgerError> {
+        let sql = format!("SELECT {ACCOUNT_COLUMNS} FROM accounts WHERE id = $1");
+        let row = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(id)
+            .fetch_one(&mut **tx)
+            .await?;
+        let available = account(&row)?.available();
+        let since = now() - self.earnings_window.as_secs() as i64;
+        let pending = earned_since_on(&mut **tx, id, since).await?;
+        Ok(available.saturating_sub(pending))
     }
 
     /// Why a transfer's update of `id` by `delta` matched no row.
@@ -547,6 +586,24 @@ pub struct KindTotal {
 /// within the ledger's bounds and, for a debit, within the account's
 /// funds (balance + credit limit - holds) unless it is unlimited; false
 /// when refused (nothing changed).
+/// What `account` earned for work (positive usage entries) after `since`,
+/// on `ex` (the pool, or a transaction that locked the account's row).
+async fn earned_since_on<'e, E>(ex: E, account: &str, since: i64) -> Result<Amount, sqlx::Error>
+where
+    E: sqlx::Executor<'e, Database = sqlx::Any>,
+{
+    let row = sqlx::query(
+        "SELECT CAST(COALESCE(SUM(e.amount), 0) AS BIGINT) AS pending FROM entries e \
+         JOIN journal j ON j.id = e.tx_id \
+         WHERE e.account_id = $1 AND j.kind = 'usage' AND e.amount > 0 AND j.created_at > $2",
+    )
+    .bind(account)
+    .bind(since)
+    .fetch_one(ex)
+    .await?;
+    row.try_get("pending")
+}
+
 pub(super) async fn apply_move(
     tx: &mut sqlx::Transaction<'_, sqlx::Any>,
     id: &str,

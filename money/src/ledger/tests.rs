@@ -2,7 +2,8 @@
 //! settlements, releases, repeated settlements, market orders and
 //! cancellations, checked against a model, the audit and the order books
 //! after every step; concurrent holds that must never
-//! overdraw; key budgets; recovery of a dead instance's holds; penalties.
+//! overdraw; key budgets; recovery of a dead instance's holds; penalties
+//! and payouts, racing too.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -963,6 +964,72 @@ async fn a_payout_moves_final_funds_out_once_and_leaves_pending_pay() {
             .await
             .expect("journal");
         assert_eq!(paid.len(), 2);
+        assert_clean(&l).await;
+    }
+}
+
+/// Payouts and penalties racing for one provider's final funds: each
+/// passes the first check alone, and only the check inside the transfer
+/// keeps the pending pay out of reach.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn racing_payouts_and_penalties_never_reach_pending_pay() {
+    let config = LedgerConfig {
+        earnings_window: Duration::from_secs(3600),
+        ..QUIET
+    };
+    for l in ledgers_with(config).await {
+        let (user, provider) = user_and_provider(&l, "race", 1_000_000).await;
+        l.top_up(&provider.id, 100, "old money")
+            .await
+            .expect("final funds");
+        let q = Quote {
+            provider_id: provider.id.clone(),
+            ..quote(BPS)
+        };
+        let id = format!("race-{}", l.instance());
+        l.hold(user_hold(&id, &user.id, &q, q.worst_case(1_000, 1_000)))
+            .await
+            .expect("hold");
+        let t = Tokens {
+            prompt: 1_000,
+            cached: 0,
+            completion: 1_000,
+        };
+        l.settle(&id, t, Outcome::Finished).await.expect("settle");
+        let pending = l.pending_earnings(&provider.id).await.expect("pending");
+        assert!(pending > 0);
+        for round in 0..4 {
+            let before = l.final_funds(&provider.id).await.expect("final");
+            let take = before * 2 / 3;
+            let tasks: Vec<_> = (0..8)
+                .map(|i| {
+                    let (l, p) = (l.clone(), provider.id.clone());
+                    tokio::spawn(async move {
+                        if i % 2 == 0 {
+                            l.payout(&p, take, "race").await
+                        } else {
+                            l.penalize(&p, take, "race").await
+                        }
+                    })
+                })
+                .collect();
+            let mut won = 0;
+            for t in tasks {
+                match t.await.expect("task") {
+                    Ok(_) => won += 1,
+                    Err(LedgerError::InsufficientQuota { .. }) => {}
+                    Err(e) => panic!("round {round}: {e}"),
+                }
+            }
+            assert_eq!(
+                won, 1,
+                "round {round}: {take} of {before} taken {won} times"
+            );
+            let after = l.final_funds(&provider.id).await.expect("final");
+            assert_eq!(after, before - take, "round {round}");
+            assert_eq!(l.pending_earnings(&provider.id).await.expect("p"), pending);
+            l.top_up(&provider.id, 100, "more").await.expect("top up");
+        }
         assert_clean(&l).await;
     }
 }

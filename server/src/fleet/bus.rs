@@ -252,7 +252,8 @@ fn received(bus: &Arc<Bus>, registry: &Arc<Registry>, payload: &[u8]) {
 }
 
 /// Runs another replica's message for one of this replica's workers: an
-/// assignment opens a slot whose events travel back to `origin`.
+/// assignment opens a slot whose events travel back to `origin`; a pause
+/// or resume changes its state here.
 async fn for_worker(
     bus: &Arc<Bus>,
     registry: &Arc<Registry>,
@@ -262,6 +263,12 @@ async fn for_worker(
 ) {
     let assigned = match &msg {
         ToWorker::Assign { job, attempt, .. } => Some((*job, *attempt)),
+        // An admin of another replica paused or resumed it: the state is
+        // kept here, where the worker is, and announced from here.
+        ToWorker::Pause { paused, .. } => {
+            registry.pause(&worker, *paused);
+            return;
+        }
         ToWorker::Welcome { .. }
         | ToWorker::Error { .. }
         | ToWorker::Drain { .. }

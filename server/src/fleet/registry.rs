@@ -1,7 +1,8 @@
 //! The workers connected to this server: what each registered (devices,
 //! models, region), its last reported load and when it was last heard, and
 //! a bounded channel to its session for the server's own messages (drain).
-//! Sessions add and remove themselves; admins list and drain.
+//! Sessions add and remove themselves; admins list, pause, resume and
+//! drain.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -13,6 +14,29 @@ use super::standing::Standing;
 use protocol::{Ask, Device, Load, ServedModel, ToWorker};
 
 pub use protocol::bus::{PREFILL_LONG, PREFILL_SHORT, Profile, WorkerInfo};
+
+/// What became of an admin's pause or resume.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Paused {
+    /// The worker's new state.
+    Now(String),
+    /// No such worker on this replica.
+    Unknown,
+    /// Its state (draining, quarantined, already paused or not paused)
+    /// does not allow it.
+    Refused(String),
+}
+
+/// The state a worker moves to when an admin pauses (`paused`) or resumes
+/// it; `None` where its state does not allow it.
+pub fn pause_step(w: &WorkerInfo, paused: bool) -> Option<&'static str> {
+    match (w.state.as_str(), paused) {
+        ("active" | "calibrating", true) => Some("paused"),
+        ("paused", false) if w.profile.is_some() => Some("active"),
+        ("paused", false) => Some("calibrating"),
+        _ => None,
+    }
+}
 
 /// What the server sends a worker's session: a control message, or a KV
 /// frame relayed from another worker (one queue: order is kept).
@@ -405,6 +429,29 @@ impl Registry {
         }
     }
 
+    /// An admin pauses (`paused`) or resumes a worker of this replica.
+    /// Paused, it gets no new work, its running work finishes and it
+    /// stays connected; resumed, it is active again (calibrating if it was
+    /// never measured). Its session is told. Only an active or
+    /// calibrating worker pauses and only a paused one resumes: a
+    /// draining or quarantined one keeps its state.
+    pub fn pause(&self, id: &str, paused: bool) -> Paused {
+        let mut w = self.workers.write().unwrap_or_else(|e| e.into_inner());
+        let Some(e) = w.get_mut(id) else {
+            return Paused::Unknown;
+        };
+        let Some(next) = pause_step(&e.info, paused) else {
+            return Paused::Refused(e.info.state.clone());
+        };
+        e.info.state = next.into();
+        self.changed.notify_one();
+        let _ = e.to_session.try_send(ToSession::Msg(ToWorker::Pause {
+            v: protocol::VERSION,
+            paused,
+        }));
+        Paused::Now(next.into())
+    }
+
     /// Marks a worker draining (it said so, or an admin asked); with
     /// `tell`, its session is told to drain. False for an unknown id.
     pub fn drain(&self, id: &str, tell: bool) -> bool {
@@ -660,5 +707,44 @@ mod tests {
                 .iter()
                 .all(|w| (w.token_id == "a") == (w.state == "quarantined"))
         );
+    }
+
+    #[tokio::test]
+    async fn a_paused_worker_gets_no_work_keeps_its_session_and_resumes_as_it_was() {
+        let r = Registry::default();
+        let (tx, mut rx) = mpsc::channel(8);
+        let id = r.register(Registration::for_test("p", vec![]), tx);
+        let model = r.list()[0].models[0].name.clone();
+        let state = |r: &Registry| r.list()[0].state.clone();
+        // Never measured: it resumes calibrating.
+        assert_eq!(r.pause(&id, true), Paused::Now("paused".into()));
+        assert_eq!(r.pause(&id, true), Paused::Refused("paused".into()));
+        assert_eq!(r.pause(&id, false), Paused::Now("calibrating".into()));
+        assert_eq!(r.pause(&id, false), Paused::Refused("calibrating".into()));
+        // Measured while paused: it stays paused, then resumes active.
+        r.pause(&id, true);
+        let measured = Profile {
+            prefill_tokens_per_s: 100.0,
+            prefill_ms_long: 0.0,
+            decode_step_ms_1: 5.0,
+            decode_step_ms_4: 6.0,
+            measured_at: 1,
+        };
+        r.set_profile(&id, measured);
+        assert_eq!(state(&r), "paused");
+        assert!(r.serving(&model).is_empty(), "a paused worker is placed nowhere");
+        assert_eq!(r.pause(&id, false), Paused::Now("active".into()));
+        assert_eq!(r.serving(&model).len(), 1);
+        // A draining worker is leaving: neither paused nor resumed.
+        r.drain(&id, false);
+        assert_eq!(r.pause(&id, true), Paused::Refused("draining".into()));
+        assert_eq!(r.pause("nobody", true), Paused::Unknown);
+        // Its session heard each change, in order, and nothing else.
+        let mut told = vec![];
+        while let Ok(ToSession::Msg(ToWorker::Pause { paused, .. })) = rx.try_recv() {
+            told.push(paused);
+        }
+        assert_eq!(told, [true, false, true, false]);
+        assert!(rx.try_recv().is_err());
     }
 }

@@ -66,6 +66,9 @@ pub enum ApiError {
     /// No such account, order or provider (404).
     #[error("{what} `{id}` not found")]
     NotFound { what: &'static str, id: String },
+    /// The thing exists but its state forbids the change (409).
+    #[error("{0}")]
+    Conflict(String),
     /// The database failed (details are logged, not sent).
     #[error("storage: {0}")]
     Storage(String),
@@ -161,6 +164,7 @@ impl ApiError {
             Self::NotFound { what, .. } => {
                 (S::NOT_FOUND, INVALID, None, Some(not_found_code(what)))
             }
+            Self::Conflict(_) => (S::CONFLICT, INVALID, None, Some("conflict")),
             Self::Storage(_) => (S::INTERNAL_SERVER_ERROR, "server_error", None, None),
             Self::Engine(e) => engine_parts(e),
         }

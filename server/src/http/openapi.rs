@@ -83,6 +83,8 @@ impl Modify for Security {
         routes::console::sign_out,
         routes::console::current,
         routes::fleet::drain,
+        routes::fleet::pause,
+        routes::fleet::resume,
         routes::fleet::utilization,
         routes::fleet::spot_checks,
         routes::accounts::admin_usage,

@@ -109,11 +109,12 @@ pub struct Moved {
     pub account: Account,
 }
 
-/// A worker asked to drain.
+/// A worker's state after an admin's action.
 #[derive(Debug, Serialize, ToSchema)]
-pub struct Drained {
+pub struct WorkerChange {
     pub id: String,
-    /// `draining`, or `removed`.
+    /// `draining` (it leaves once idle), `removed`, `paused`, or, resumed,
+    /// `active` (`calibrating` if it was never measured).
     pub state: String,
 }
 

@@ -8,6 +8,7 @@ pub mod stream;
 pub mod tools;
 pub mod types;
 pub mod validate;
+pub mod workers;
 
 /// Seconds since the Unix epoch (the `created` field).
 pub fn unix_now() -> u64 {

@@ -13,9 +13,9 @@ use serde::{Deserialize, Serialize};
 
 use super::fleet::worker_token;
 use super::market::billing;
-use crate::fleet::registry::WorkerInfo;
 use crate::http::api::bodies::{List, Moved};
 use crate::http::api::json::ApiJson;
+use crate::http::api::workers::WorkerView;
 use crate::http::error::ApiError;
 use crate::http::state::AppState;
 use money::ledger::accounts::{EarnedBucket, KindTotal};
@@ -73,7 +73,7 @@ pub struct Earnings {
     /// Spot checks of its workers' answers (canaries included).
     pub checks: ChecksSeen,
     /// Its workers connected to this server.
-    pub workers: Vec<WorkerInfo>,
+    pub workers: Vec<WorkerView>,
 }
 
 /// What a provider earned: its balance, its entries by kind, its work and
@@ -104,6 +104,7 @@ pub(crate) async fn earnings(
         .list()
         .into_iter()
         .filter(|w| w.provider_id == account.id)
+        .map(WorkerView::from)
         .collect();
     let standing = state.fleet.standing.get(&account.id);
     Ok(Json(Earnings {

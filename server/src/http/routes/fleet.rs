@@ -1,7 +1,8 @@
 //! The fleet over HTTP: the gateway where provider workers connect
 //! (`GET /v1/providers/connect`, a WebSocket authenticated by a worker
-//! token; a provider's money is `routes::earnings`) and the admin view (`GET /admin/fleet`, `DELETE
-//! /admin/fleet/{id}` to drain one). The socket is adapted here to the
+//! token; a provider's money is `routes::earnings`) and the admin view:
+//! `GET /admin/fleet` (asks in units), `POST /admin/fleet/{id}/pause` and
+//! `/resume`, `DELETE /admin/fleet/{id}` to send one away. The socket is adapted here to the
 //! socket-free session in `fleet::session`, through bounded channels.
 
 use std::net::SocketAddr;
@@ -11,15 +12,16 @@ use axum::extract::ws::{CloseFrame, Message, WebSocket, WebSocketUpgrade};
 use axum::extract::{ConnectInfo, Path, Query, State};
 use axum::http::HeaderMap;
 use axum::response::Response;
-use axum::routing::{delete, get};
+use axum::routing::{delete, get, post};
 use axum::{Extension, Json, Router};
 use futures_util::{SinkExt, StreamExt};
 use tokio::sync::mpsc;
 
 use super::market::billing;
-use crate::fleet::registry::WorkerInfo;
+use crate::fleet::registry::{Paused, pause_step};
 use crate::fleet::session::{self, Inbound, Outbound, Peer};
-use crate::http::api::bodies::{Drained, List};
+use crate::http::api::bodies::{List, WorkerChange};
+use crate::http::api::workers::WorkerView;
 use crate::http::auth::bearer;
 use crate::http::error::ApiError;
 use crate::http::state::AppState;
@@ -56,6 +58,8 @@ pub fn admin_router() -> Router<AppState> {
         .route("/admin/fleet", get(list))
         .route("/admin/fleet/utilization", get(utilization))
         .route("/admin/fleet/{id}", delete(drain))
+        .route("/admin/fleet/{id}/pause", post(pause))
+        .route("/admin/fleet/{id}/resume", post(resume))
         .route("/admin/spotchecks", get(spot_checks))
 }
 
@@ -178,10 +182,17 @@ fn pong_rtt(payload: &[u8], epoch: std::time::Instant) -> Option<Duration> {
 
 /// The workers connected to this server.
 #[utoipa::path(get, path = "/admin/fleet", tag = "admin",
-    responses((status = 200, description = "Every connected worker", body = List<WorkerInfo>), (status = 401, description = "Missing or wrong admin token", body = crate::http::error::ErrorResponse)),
+    responses((status = 200, description = "Every connected worker", body = List<WorkerView>), (status = 401, description = "Missing or wrong admin token", body = crate::http::error::ErrorResponse)),
     security(("admin_token" = [])))]
-pub(crate) async fn list(State(state): State<AppState>) -> Json<List<WorkerInfo>> {
-    Json(List::of(state.fleet.list()))
+pub(crate) async fn list(State(state): State<AppState>) -> Json<List<WorkerView>> {
+    Json(List::of(
+        state
+            .fleet
+            .list()
+            .into_iter()
+            .map(WorkerView::from)
+            .collect(),
+    ))
 }
 
 /// How busy each executor (`house`, or a worker id) has been for this
@@ -216,23 +227,25 @@ pub(crate) async fn spot_checks(
     Json(List::of(state.dispatch.spot.checker().records()))
 }
 
-/// Drains a worker: it takes no new work and leaves once idle. A worker
-/// connected to another replica is told through the fleet bus. With
-/// `now=true`, removes it at once (a worker of this replica).
+/// Removes a worker: it takes no new work, finishes what it runs and
+/// leaves (its process exits). A worker connected to another replica is
+/// told through the fleet bus. With `now=true`, removes it at once (a
+/// worker of this replica). To stop giving it work without sending it
+/// away, pause it.
 #[utoipa::path(delete, path = "/admin/fleet/{id}", tag = "admin",
     params(("id" = String, Path, description = "The worker's id"), RemoveQuery),
-    responses((status = 200, description = "Draining", body = Drained), (status = 404, description = "No such worker", body = crate::http::error::ErrorResponse), (status = 401, description = "Missing or wrong admin token", body = crate::http::error::ErrorResponse)),
+    responses((status = 200, description = "Draining, or removed", body = WorkerChange), (status = 404, description = "No such worker", body = crate::http::error::ErrorResponse), (status = 401, description = "Missing or wrong admin token", body = crate::http::error::ErrorResponse)),
     security(("admin_token" = [])))]
 pub(crate) async fn drain(
     State(state): State<AppState>,
     Path(id): Path<String>,
     Query(q): Query<RemoveQuery>,
-) -> Result<Json<Drained>, ApiError> {
+) -> Result<Json<WorkerChange>, ApiError> {
     if q.now == Some(true) {
         if !state.fleet.close(&id, "removed by an admin").await {
             return Err(ApiError::NotFound { what: "worker", id });
         }
-        return Ok(Json(Drained {
+        return Ok(Json(WorkerChange {
             id,
             state: "removed".into(),
         }));
@@ -252,8 +265,70 @@ pub(crate) async fn drain(
     if !here && !elsewhere {
         return Err(ApiError::NotFound { what: "worker", id });
     }
-    Ok(Json(Drained {
+    Ok(Json(WorkerChange {
         id,
         state: "draining".into(),
+    }))
+}
+
+/// Pauses a worker: it gets no new work, finishes what it runs and stays
+/// connected (its terminal says so) until resumed. Only an active or
+/// calibrating worker pauses (409 otherwise).
+#[utoipa::path(post, path = "/admin/fleet/{id}/pause", tag = "admin",
+    params(("id" = String, Path, description = "The worker's id")),
+    responses((status = 200, description = "Paused", body = WorkerChange), (status = 404, description = "No such worker", body = crate::http::error::ErrorResponse), (status = 409, description = "Its state does not allow it", body = crate::http::error::ErrorResponse), (status = 401, description = "Missing or wrong admin token", body = crate::http::error::ErrorResponse)),
+    security(("admin_token" = [])))]
+pub(crate) async fn pause(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Json<WorkerChange>, ApiError> {
+    set_paused(&state, id, true).await
+}
+
+/// Resumes a paused worker: it takes work again (after calibration if it
+/// was never measured). 409 for a worker that is not paused.
+#[utoipa::path(post, path = "/admin/fleet/{id}/resume", tag = "admin",
+    params(("id" = String, Path, description = "The worker's id")),
+    responses((status = 200, description = "Resumed", body = WorkerChange), (status = 404, description = "No such worker", body = crate::http::error::ErrorResponse), (status = 409, description = "It is not paused", body = crate::http::error::ErrorResponse), (status = 401, description = "Missing or wrong admin token", body = crate::http::error::ErrorResponse)),
+    security(("admin_token" = [])))]
+pub(crate) async fn resume(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Json<WorkerChange>, ApiError> {
+    set_paused(&state, id, false).await
+}
+
+/// Pauses or resumes a worker of this replica, or of another through the
+/// fleet bus (its state there is checked against the last announcement).
+async fn set_paused(
+    state: &AppState,
+    id: String,
+    paused: bool,
+) -> Result<Json<WorkerChange>, ApiError> {
+    let refused = |now: String| {
+        let verb = if paused { "pause" } else { "resume" };
+        ApiError::Conflict(format!("worker `{id}` is {now}: an admin cannot {verb} it"))
+    };
+    match state.fleet.pause(&id, paused) {
+        Paused::Now(now) => return Ok(Json(WorkerChange { id, state: now })),
+        Paused::Refused(now) => return Err(refused(now)),
+        Paused::Unknown => {}
+    }
+    let Some(w) = state.fleet.list().into_iter().find(|w| w.id == id) else {
+        return Err(ApiError::NotFound { what: "worker", id });
+    };
+    let Some(next) = pause_step(&w, paused) else {
+        return Err(refused(w.state));
+    };
+    let msg = protocol::ToWorker::Pause {
+        v: protocol::VERSION,
+        paused,
+    };
+    if !state.fleet.send(&id, msg).await {
+        return Err(ApiError::NotFound { what: "worker", id });
+    }
+    Ok(Json(WorkerChange {
+        id,
+        state: next.into(),
     }))
 }
