@@ -187,7 +187,7 @@ impl Ledger {
                 a.kind
             )));
         }
-        self.transfer("topup", DEPOSITS, account_id, amount, memo)
+        self.transfer("topup", DEPOSITS, account_id, amount, memo, false)
             .await
     }
 
@@ -235,7 +235,7 @@ impl Ledger {
         // Checked again inside the transfer, with the row locked: two
         // payouts (or a payout and a penalty) at once both pass the check
         // above, and the second must not reach the pending pay.
-        self.transfer_guarded(kind, provider_id, to, amount, memo, true)
+        self.transfer(kind, provider_id, to, amount, memo, true)
             .await
     }
 
@@ -269,24 +269,11 @@ impl Ledger {
     /// fit the payer's funds (balance + credit limit - holds) unless it is
     /// unlimited, and no balance may leave `[-MAX_BALANCE, MAX_BALANCE]`:
     /// both are conditions of the update itself, so a refusal writes
-    /// nothing.
-    async fn transfer(
-        &self,
-        kind: &str,
-        from: &str,
-        to: &str,
-        amount: Amount,
-        memo: &str,
-    ) -> Result<String, LedgerError> {
-        self.transfer_guarded(kind, from, to, amount, memo, false)
-            .await
-    }
-
-    /// `transfer`; with `keep_pending`, the payer's pending earnings must
+    /// nothing. With `keep_pending`, the payer's pending earnings must
     /// still be covered after the debit (its final funds stay >= 0),
     /// checked inside the transaction once its row is locked, when every
     /// settlement that credited it before has committed.
-    async fn transfer_guarded(
+    async fn transfer(
         &self,
         kind: &str,
         from: &str,

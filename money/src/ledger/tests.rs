@@ -11,7 +11,7 @@ use std::time::Duration;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use super::accounts::AccountKind;
+use super::accounts::{Account, AccountKind};
 use super::amount::{self, BPS, Prices};
 use super::holds::HoldRequest;
 use super::*;
@@ -810,31 +810,46 @@ async fn providers_pay_penalties_to_the_treasury_within_their_funds() {
     }
 }
 
+/// Earnings pending for an hour.
+const WINDOWED: LedgerConfig = LedgerConfig {
+    earnings_window: Duration::from_secs(3600),
+    ..QUIET
+};
+
+/// A user, and a provider holding `final_funds` of old money and the
+/// pending pay of one request (`tokens` prompt and completion tokens,
+/// settled); the request's id.
+async fn with_pending_pay(
+    l: &Ledger,
+    tag: &str,
+    final_funds: Amount,
+    tokens: u64,
+) -> (Account, Account, String) {
+    let (user, provider) = user_and_provider(l, tag, 1_000_000).await;
+    l.top_up(&provider.id, final_funds, "old money")
+        .await
+        .expect("final funds");
+    let q = Quote {
+        provider_id: provider.id.clone(),
+        ..quote(BPS)
+    };
+    let id = format!("{tag}-{}", l.instance());
+    l.hold(user_hold(&id, &user.id, &q, q.worst_case(tokens, tokens)))
+        .await
+        .expect("hold");
+    let t = Tokens {
+        prompt: tokens,
+        cached: 0,
+        completion: tokens,
+    };
+    l.settle(&id, t, Outcome::Finished).await.expect("settle");
+    (user, provider, id)
+}
+
 #[tokio::test]
 async fn earnings_stay_pending_for_the_window_clawable_but_not_penalizable() {
-    let config = LedgerConfig {
-        earnings_window: Duration::from_secs(3600),
-        ..QUIET
-    };
-    for l in ledgers_with(config).await {
-        let (user, provider) = user_and_provider(&l, "w", 1_000_000).await;
-        l.top_up(&provider.id, 50, "old money")
-            .await
-            .expect("final funds");
-        let q = Quote {
-            provider_id: provider.id.clone(),
-            ..quote(BPS)
-        };
-        let id = format!("win-{}", l.instance());
-        l.hold(user_hold(&id, &user.id, &q, q.worst_case(10_000, 10_000)))
-            .await
-            .expect("hold");
-        let t = Tokens {
-            prompt: 10_000,
-            cached: 0,
-            completion: 10_000,
-        };
-        l.settle(&id, t, Outcome::Finished).await.expect("settle");
+    for l in ledgers_with(WINDOWED).await {
+        let (user, provider, id) = with_pending_pay(&l, "w", 50, 10_000).await;
         let balance = l.account(&provider.id).await.expect("p").balance;
         let pending = l.pending_earnings(&provider.id).await.expect("pending");
         assert_eq!(pending, balance - 50, "the settlement's pay is pending");
@@ -911,29 +926,8 @@ async fn spend_sums_each_bucket_of_one_account_or_all() {
 
 #[tokio::test]
 async fn a_payout_moves_final_funds_out_once_and_leaves_pending_pay() {
-    let config = LedgerConfig {
-        earnings_window: Duration::from_secs(3600),
-        ..QUIET
-    };
-    for l in ledgers_with(config).await {
-        let (user, provider) = user_and_provider(&l, "pay", 1_000_000).await;
-        l.top_up(&provider.id, 70, "old money")
-            .await
-            .expect("final funds");
-        let q = Quote {
-            provider_id: provider.id.clone(),
-            ..quote(BPS)
-        };
-        let id = format!("pay-{}", l.instance());
-        l.hold(user_hold(&id, &user.id, &q, q.worst_case(1_000, 1_000)))
-            .await
-            .expect("hold");
-        let t = Tokens {
-            prompt: 1_000,
-            cached: 0,
-            completion: 1_000,
-        };
-        l.settle(&id, t, Outcome::Finished).await.expect("settle");
+    for l in ledgers_with(WINDOWED).await {
+        let (user, provider, _) = with_pending_pay(&l, "pay", 70, 1_000).await;
         let pending = l.pending_earnings(&provider.id).await.expect("pending");
         assert!(pending > 0);
         assert_eq!(l.final_funds(&provider.id).await.expect("final"), 70);
@@ -973,29 +967,8 @@ async fn a_payout_moves_final_funds_out_once_and_leaves_pending_pay() {
 /// keeps the pending pay out of reach.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn racing_payouts_and_penalties_never_reach_pending_pay() {
-    let config = LedgerConfig {
-        earnings_window: Duration::from_secs(3600),
-        ..QUIET
-    };
-    for l in ledgers_with(config).await {
-        let (user, provider) = user_and_provider(&l, "race", 1_000_000).await;
-        l.top_up(&provider.id, 100, "old money")
-            .await
-            .expect("final funds");
-        let q = Quote {
-            provider_id: provider.id.clone(),
-            ..quote(BPS)
-        };
-        let id = format!("race-{}", l.instance());
-        l.hold(user_hold(&id, &user.id, &q, q.worst_case(1_000, 1_000)))
-            .await
-            .expect("hold");
-        let t = Tokens {
-            prompt: 1_000,
-            cached: 0,
-            completion: 1_000,
-        };
-        l.settle(&id, t, Outcome::Finished).await.expect("settle");
+    for l in ledgers_with(WINDOWED).await {
+        let (_, provider, _) = with_pending_pay(&l, "race", 100, 1_000).await;
         let pending = l.pending_earnings(&provider.id).await.expect("pending");
         assert!(pending > 0);
         for round in 0..4 {

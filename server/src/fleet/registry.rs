@@ -732,7 +732,10 @@ mod tests {
         };
         r.set_profile(&id, measured);
         assert_eq!(state(&r), "paused");
-        assert!(r.serving(&model).is_empty(), "a paused worker is placed nowhere");
+        assert!(
+            r.serving(&model).is_empty(),
+            "a paused worker is placed nowhere"
+        );
         assert_eq!(r.pause(&id, false), Paused::Now("active".into()));
         assert_eq!(r.serving(&model).len(), 1);
         // A draining worker is leaving: neither paused nor resumed.
