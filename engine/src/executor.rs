@@ -131,16 +131,10 @@ pub struct LocalExecutor {
 
 impl LocalExecutor {
     pub fn new(model: Llama, layout: KvLayout) -> Result<Self> {
-        let threads = std::thread::available_parallelism().map_or(1, usize::from);
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(threads)
-            .thread_name(|i| format!("synor-compute-{i}"))
-            .build()
-            .map_err(|e| EngineError::Load(format!("compute threads: {e}")))?;
         Ok(Self {
             model,
             kv: KvStorage::new(layout),
-            pool,
+            pool: compute_pool()?,
         })
     }
 
@@ -150,6 +144,16 @@ impl LocalExecutor {
         let Self { model, kv, pool } = self;
         pool.install(|| model.forward(batch, kv))
     }
+}
+
+/// A thread pool over every core for a step's parallel regions.
+pub(crate) fn compute_pool() -> Result<rayon::ThreadPool> {
+    let threads = std::thread::available_parallelism().map_or(1, usize::from);
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .thread_name(|i| format!("synor-compute-{i}"))
+        .build()
+        .map_err(|e| EngineError::Load(format!("compute threads: {e}")))
 }
 
 /// Samples each chunk's rows of a forward pass's `logits`.

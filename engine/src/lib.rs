@@ -28,6 +28,7 @@ pub mod latency;
 pub mod loader;
 pub mod model;
 pub mod output;
+pub mod pipeline;
 pub mod registry;
 pub mod request;
 pub mod sampling;

@@ -14,6 +14,7 @@
 //! Qwen3 norms every head of q and k before RoPE (`head_norm`).
 
 use std::io::{Read, Seek};
+use std::ops::Range;
 
 use kernels::backend::{AttnShape, Backend, Rope, soft_cap};
 use kernels::cpu::backend::CpuBackend;
@@ -90,19 +91,49 @@ impl Ffn<CpuBackend> {
     }
 }
 
-/// The loaded model: weights in the backend's memory plus RoPE tables.
-/// Immutable; KV lives outside.
+/// The loaded model, or a contiguous part of its layers (a stage of a
+/// pipeline, `Llama::load_part`): weights in the backend's memory plus
+/// RoPE tables. Immutable; KV lives outside.
 pub struct Llama<B: Backend = CpuBackend> {
     pub config: LlamaConfig,
     backend: B,
-    embed: B::Matrix,
+    /// The first layer held: `first..first + layers.len()` of
+    /// `config.n_layer` (0..n_layer for a whole model).
+    first: usize,
+    /// The token embeddings: on the first part, and on the last where the
+    /// head is tied to them.
+    embed: Option<B::Matrix>,
     layers: Vec<Layer<B>>,
-    norm: B::Vector,
-    /// `None`: tied to the embedding.
-    lm_head: Option<B::Matrix>,
+    /// The final norm and the output head: on the last part.
+    head: Option<Head<B>>,
     rope: Rope,
     /// The sliding layers' tables, where they differ (Gemma 3).
     rope_local: Option<Rope>,
+}
+
+/// The last part's final norm and output head.
+struct Head<B: Backend> {
+    norm: B::Vector,
+    /// `None`: tied to the embedding.
+    lm: Option<B::Matrix>,
+}
+
+/// What a part of the model takes: the batch's tokens (the first part) or
+/// the hidden states the part before it produced, `[tokens, hidden]` row
+/// by row in batch order.
+#[derive(Debug, Clone, Copy)]
+pub enum PartInput<'a> {
+    Tokens,
+    Hidden(&'a [f32]),
+}
+
+/// What a part of the model gives: the hidden states of every token of the
+/// batch for the next part, or (the last part) the logits rows the batch
+/// asks for.
+#[derive(Debug, Clone, PartialEq)]
+pub enum PartOutput {
+    Hidden(Vec<f32>),
+    Logits(Vec<Vec<f32>>),
 }
 
 impl<B: Backend> std::fmt::Debug for Llama<B> {
@@ -266,10 +297,17 @@ impl Llama<CpuBackend> {
                 })
             })
             .collect::<Result<Vec<_>>>()?;
+        let head = match &self.head {
+            Some(h) => Some(Head {
+                norm: b.vector(h.norm.clone()),
+                lm: h.lm.as_ref().map(&matrix).transpose()?,
+            }),
+            None => None,
+        };
         Ok(Llama {
-            embed: matrix(&self.embed)?,
-            lm_head: self.lm_head.as_ref().map(&matrix).transpose()?,
-            norm: b.vector(self.norm.clone()),
+            first: self.first,
+            embed: self.embed.as_ref().map(&matrix).transpose()?,
+            head,
             layers,
             config: self.config,
             rope: self.rope,
@@ -282,8 +320,23 @@ impl Llama<CpuBackend> {
 impl<B: Backend> Llama<B> {
     /// Loads a GGUF file's weights into `backend`'s memory.
     pub fn load_on<R: Read + Seek>(backend: B, ct: &Gguf, reader: &mut R) -> Result<Self> {
+        let n = LlamaConfig::from_gguf(ct)?.n_layer;
+        Self::load_part(backend, ct, reader, 0..n)
+    }
+
+    /// Loads layers `layers` of a GGUF file into `backend`'s memory, with
+    /// the token embeddings on the first part and the final norm and head
+    /// on the last; no other tensor is read from the file.
+    pub fn load_part<R: Read + Seek>(
+        backend: B,
+        ct: &Gguf,
+        reader: &mut R,
+        layers: Range<usize>,
+    ) -> Result<Self> {
         let mut config = LlamaConfig::from_gguf(ct)?;
-        check_shapes(ct, &config)?;
+        check_part(&config, &layers)?;
+        check_shapes(ct, &config, &layers)?;
+        let last = layers.end == config.n_layer;
         let mut ld = Loader {
             ct,
             reader,
@@ -294,14 +347,25 @@ impl<B: Backend> Llama<B> {
             let factors = vector(name, t.ty, &t.dims, &bytes)?;
             config.rope = config.rope.with_freq_factors(factors, config.head_dim)?;
         }
-        let embed = ld.matrix("token_embd.weight")?;
-        let lm_head = if ld.has("output.weight") {
-            Some(ld.matrix("output.weight")?)
+        let tied = !ld.has("output.weight");
+        let embed = if layers.start == 0 || (last && tied) {
+            Some(ld.matrix("token_embd.weight")?)
         } else {
             None
         };
-        let norm = ld.vector("output_norm.weight")?;
-        let layers = (0..config.n_layer)
+        let head = if last {
+            let lm = if tied {
+                None
+            } else {
+                Some(ld.matrix("output.weight")?)
+            };
+            let norm = ld.vector("output_norm.weight")?;
+            Some(Head { norm, lm })
+        } else {
+            None
+        };
+        let first = layers.start;
+        let layers = layers
             .map(|i| ld.layer(i, &config))
             .collect::<Result<Vec<_>>>()?;
         let rope = rope_tables(&config);
@@ -312,13 +376,26 @@ impl<B: Backend> Llama<B> {
         Ok(Self {
             config,
             backend,
+            first,
             embed,
             layers,
-            norm,
-            lm_head,
+            head,
             rope,
             rope_local,
         })
+    }
+
+    /// The layers this model (or part) holds.
+    pub fn layer_range(&self) -> Range<usize> {
+        self.first..self.first + self.layers.len()
+    }
+
+    /// The KV geometry of the layers held (a part keeps only its own).
+    pub fn part_kv_layout(&self, block_size: usize, num_blocks: usize) -> KvLayout {
+        KvLayout {
+            n_layer: self.layers.len(),
+            ..self.config.kv_layout(block_size, num_blocks)
+        }
     }
 
     /// The backend the weights live on.
@@ -330,14 +407,31 @@ impl<B: Backend> Llama<B> {
     /// `kv` at the slots of its block table. Returns one logits row per
     /// chunk, for its last `num_logits()` positions, in batch order.
     pub fn forward(&self, batch: &ModelBatch, kv: &mut B::Kv) -> Result<Vec<Vec<f32>>> {
+        match self.forward_part(batch, PartInput::Tokens, kv)? {
+            PartOutput::Logits(rows) => Ok(rows),
+            PartOutput::Hidden(_) => Err(EngineError::Execution(format!(
+                "layers {:?} of {} are a part of the model: it gives hidden states, not logits",
+                self.layer_range(),
+                self.config.n_layer
+            ))),
+        }
+    }
+
+    /// Runs this part's layers over `batch` from `input` (the tokens on
+    /// the first part, the previous part's hidden states on the others),
+    /// writing their keys and values into `kv` (its layers only). The last
+    /// part gives logits as `forward` does; the others every token's
+    /// hidden state.
+    pub fn forward_part(
+        &self,
+        batch: &ModelBatch,
+        input: PartInput<'_>,
+        kv: &mut B::Kv,
+    ) -> Result<PartOutput> {
         let (c, b) = (&self.config, &self.backend);
         let layout = b.kv_layout(kv);
         let tokens = self.check_batch(batch, &layout)?;
-        let ids: Vec<u32> = tokens.iter().map(|t| t.id).collect();
-        let mut x = b.embed(&self.embed, &ids).map_err(exec)?;
-        if c.gemma {
-            b.scale(&mut x, (c.hidden as f32).sqrt());
-        }
+        let mut x = self.part_input(&tokens, input)?;
         for (li, layer) in self.layers.iter().enumerate() {
             let h = b.rms_norm(&x, &layer.attn_norm, c.rms_eps);
             let attn = self.attention(li, layer, &h, &tokens, batch, kv)?;
@@ -353,16 +447,66 @@ impl<B: Backend> Llama<B> {
             }
             b.add(&mut x, &f);
         }
+        match &self.head {
+            Some(head) => self.logits_of(head, &x, batch).map(PartOutput::Logits),
+            None => Ok(PartOutput::Hidden(b.take_host(x))),
+        }
+    }
+
+    /// The residual stream a part starts from: the embedded tokens, or
+    /// the hidden states it was given (exactly one per token).
+    fn part_input(&self, tokens: &[TokenRef], input: PartInput<'_>) -> Result<B::Tensor> {
+        let (c, b) = (&self.config, &self.backend);
+        match (input, self.first, &self.embed) {
+            (PartInput::Tokens, 0, Some(embed)) => {
+                let ids: Vec<u32> = tokens.iter().map(|t| t.id).collect();
+                let mut x = b.embed(embed, &ids).map_err(exec)?;
+                if c.gemma {
+                    b.scale(&mut x, (c.hidden as f32).sqrt());
+                }
+                Ok(x)
+            }
+            (PartInput::Hidden(h), 1.., _) if h.len() == tokens.len() * c.hidden => {
+                Ok(b.tensor(h.to_vec(), c.hidden))
+            }
+            (PartInput::Hidden(h), 1.., _) => Err(EngineError::Execution(format!(
+                "{} hidden values for {} tokens of width {}",
+                h.len(),
+                tokens.len(),
+                c.hidden
+            ))),
+            _ => Err(EngineError::Execution(format!(
+                "layers {:?} start from {}",
+                self.layer_range(),
+                if self.first == 0 {
+                    "tokens, not hidden states"
+                } else {
+                    "the previous part's hidden states, not tokens"
+                }
+            ))),
+        }
+    }
+
+    /// The logits rows the batch asks for, from the last layer's output.
+    fn logits_of(
+        &self,
+        head: &Head<B>,
+        x: &B::Tensor,
+        batch: &ModelBatch,
+    ) -> Result<Vec<Vec<f32>>> {
+        let (c, b) = (&self.config, &self.backend);
         let rows = logit_rows(&batch.chunks);
-        let last = b.rms_norm(&b.rows(&x, &rows), &self.norm, c.rms_eps);
-        let head = self.lm_head.as_ref().unwrap_or(&self.embed);
+        let last = b.rms_norm(&b.rows(x, &rows), &head.norm, c.rms_eps);
+        let Some(matrix) = head.lm.as_ref().or(self.embed.as_ref()) else {
+            return Err(EngineError::Execution("no output head".into()));
+        };
         // The logits of a 16-sequence step over a 128k vocabulary are 8 MB:
         // taken over, not copied.
-        let mut logits = b.take_host(b.matmul(&last, head).map_err(exec)?);
+        let mut logits = b.take_host(b.matmul(&last, matrix).map_err(exec)?);
         if let Some(cap) = c.final_softcap {
             logits.iter_mut().for_each(|l| *l = soft_cap(*l, cap));
         }
-        let vocab = b.matrix_shape(head).0;
+        let vocab = b.matrix_shape(matrix).0;
         if logits.len() == vocab {
             return Ok(vec![logits]);
         }
@@ -470,7 +614,7 @@ impl<B: Backend> Llama<B> {
         }
         let bs = b.kv_layout(kv).block_size;
         let positions: Vec<usize> = tokens.iter().map(|t| t.pos).collect();
-        let window = c.window(li);
+        let window = c.window(self.first + li);
         let rope = match (&self.rope_local, window) {
             (Some(local), 1..) => local,
             (Some(_), 0) | (None, _) => &self.rope,
@@ -540,13 +684,18 @@ fn logit_rows(chunks: &[SeqChunk]) -> Vec<usize> {
 /// metadata implies (`[rows, cols]`, vectors `[len]`), so that a file
 /// whose tensors disagree is refused at load, naming the tensor and its
 /// type, instead of failing in a forward pass.
-fn check_shapes(ct: &Gguf, c: &LlamaConfig) -> Result<()> {
+fn check_shapes(ct: &Gguf, c: &LlamaConfig, layers: &Range<usize>) -> Result<()> {
     let (h, q, kv) = (c.hidden, c.q_dim(), c.kv_dim());
-    let mut want: Vec<(String, Vec<usize>)> = vec![
-        ("token_embd.weight".into(), vec![c.vocab_size, h]),
-        ("output_norm.weight".into(), vec![h]),
-    ];
-    if ct.tensors.contains_key("output.weight") {
+    let mut want: Vec<(String, Vec<usize>)> = vec![];
+    let (first, last) = (layers.start == 0, layers.end == c.n_layer);
+    let tied = !ct.tensors.contains_key("output.weight");
+    if first || (last && tied) {
+        want.push(("token_embd.weight".into(), vec![c.vocab_size, h]));
+    }
+    if last {
+        want.push(("output_norm.weight".into(), vec![h]));
+    }
+    if last && !tied {
         want.push(("output.weight".into(), vec![c.vocab_size, h]));
     }
     for name in ["rope_freqs", "rope_factors_long", "rope_factors_short"] {
@@ -555,8 +704,8 @@ fn check_shapes(ct: &Gguf, c: &LlamaConfig) -> Result<()> {
             want.push((name, vec![c.rope.rot_dim(c.head_dim) / 2]));
         }
     }
-    let ffn = ffn_shapes(ct, c)?;
-    for i in 0..c.n_layer {
+    let ffn = ffn_shapes(ct, c, layers.start)?;
+    for i in layers.clone() {
         let mut at = |k: &str, d: Vec<usize>| want.push((format!("blk.{i}.{k}"), d));
         at("attn_norm.weight", vec![h]);
         if ct.tensors.contains_key(&format!("blk.{i}.attn_qkv.weight")) {
@@ -601,22 +750,22 @@ fn check_shapes(ct: &Gguf, c: &LlamaConfig) -> Result<()> {
 }
 
 /// Every layer's feed-forward tensors and shapes, the width read from
-/// layer 0's gate: dense SwiGLU (Phi-3's gate and up stacked in one
+/// layer `at`'s gate (the first one loaded): dense SwiGLU (Phi-3's gate and up stacked in one
 /// `ffn_up`), or the router and stacked experts.
-fn ffn_shapes(ct: &Gguf, c: &LlamaConfig) -> Result<Vec<(&'static str, Vec<usize>)>> {
+fn ffn_shapes(ct: &Gguf, c: &LlamaConfig, at: usize) -> Result<Vec<(&'static str, Vec<usize>)>> {
     let h = c.hidden;
-    if c.moe.is_none() && fused_gate_up(ct, 0) {
-        let ffn = ct.info("blk.0.ffn_up.weight")?.dims[0] / 2;
+    if c.moe.is_none() && fused_gate_up(ct, at) {
+        let ffn = ct.info(&format!("blk.{at}.ffn_up.weight"))?.dims[0] / 2;
         return Ok(vec![
             ("ffn_up.weight", vec![2 * ffn, h]),
             ("ffn_down.weight", vec![h, ffn]),
         ]);
     }
     let gate = match c.moe {
-        Some(_) => "blk.0.ffn_gate_exps.weight",
-        None => "blk.0.ffn_gate.weight",
+        Some(_) => format!("blk.{at}.ffn_gate_exps.weight"),
+        None => format!("blk.{at}.ffn_gate.weight"),
     };
-    let dims = ct.info(gate)?.dims.clone();
+    let dims = ct.info(&gate)?.dims.clone();
     Ok(match c.moe {
         None => {
             let ffn = dims[0];
@@ -659,6 +808,17 @@ fn rope_factors(ct: &Gguf, c: &LlamaConfig) -> Option<&'static str> {
     })
 }
 
+/// A part is a non-empty range of the model's layers.
+fn check_part(c: &LlamaConfig, layers: &Range<usize>) -> Result<()> {
+    if layers.is_empty() || layers.end > c.n_layer {
+        return Err(EngineError::Load(format!(
+            "layers {layers:?} are not a part of a {}-layer model",
+            c.n_layer
+        )));
+    }
+    Ok(())
+}
+
 /// Whether layer `i`'s gate and up projections are one `ffn_up` of twice
 /// the width, the gate first (Phi-3).
 fn fused_gate_up(ct: &Gguf, i: usize) -> bool {
@@ -677,7 +837,7 @@ impl<B: Backend> Llama<B> {
     pub fn keep_layers(&mut self, n: usize) {
         let n = n.clamp(1, self.layers.len().max(1));
         self.layers.truncate(n);
-        self.config.n_layer = self.layers.len();
+        self.config.n_layer = self.first + self.layers.len();
     }
 }
 
@@ -730,10 +890,13 @@ mod tests {
             .expect("dense")
         };
         Llama {
-            embed: dense(4, 32),
-            lm_head: Some(dense(4, 32)),
+            first: 0,
+            embed: Some(dense(4, 32)),
+            head: Some(Head {
+                norm: vec![1.0; 32],
+                lm: Some(dense(4, 32)),
+            }),
             layers: Vec::new(),
-            norm: vec![1.0; 32],
             config,
             backend: b,
             rope,

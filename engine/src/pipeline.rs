@@ -1,0 +1,266 @@
+//! Layer-sharded pipelines: one model run as a chain of stages, each
+//! holding a contiguous range of its layers (`Llama::load_part`) and the KV
+//! of those layers only. `PipelineExecutor` is an `Executor` over such a
+//! chain: each step goes through the stages in order, the first embedding
+//! the batch's tokens, every other one taking the hidden states of the one
+//! before it (f32, so a chain computes exactly what one engine does), and
+//! the last one sampling. The engine core above it schedules and keeps
+//! the block tables as for any executor; every stage lays out its KV by
+//! the same block ids. Stages are in-process (`LocalStage`) or elsewhere
+//! (the server's fleet stages implement `Stage` over the worker protocol).
+
+use std::ops::Range;
+
+use crate::error::{EngineError, Result};
+use crate::executor::{Executor, Step, compute_pool, sample_step_parallel};
+use crate::kv_cache::transfer::KvTransferError;
+use crate::kv_cache::{KvDtype, KvLayout, KvStorage};
+use crate::model::llama::{Llama, PartInput, PartOutput};
+use crate::request::RequestId;
+use crate::sampling::Sampled;
+
+/// What a stage gives back for a step: the hidden state of every token of
+/// the batch (`[tokens, hidden]`, batch order) for the next stage, or, from
+/// the last stage, the tokens sampled for each chunk.
+#[derive(Debug, Clone, PartialEq)]
+pub enum StageOutput {
+    Hidden(Vec<f32>),
+    Sampled(Vec<Vec<Sampled>>),
+}
+
+/// One stage of a pipeline.
+pub trait Stage: Send {
+    /// A short name for logs and usage records (a worker's id).
+    fn name(&self) -> String;
+    /// The layers it computes.
+    fn layers(&self) -> Range<usize>;
+    /// KV blocks it holds for each of its layers.
+    fn num_blocks(&self) -> usize;
+    /// Runs its layers over the step's batch from `input` (the tokens on
+    /// the first stage); the last stage samples with the step's sampling.
+    fn run(&mut self, step: &Step<'_>, input: PartInput<'_>) -> Result<StageOutput>;
+    /// Forgets a finished sequence.
+    fn release(&mut self, seq: RequestId);
+}
+
+/// A stage in this process: a part of the model, its KV and the compute
+/// threads it runs on.
+pub struct LocalStage {
+    model: Llama,
+    kv: KvStorage,
+    pool: rayon::ThreadPool,
+}
+
+impl std::fmt::Debug for LocalStage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LocalStage")
+            .field("layers", &self.model.layer_range())
+            .finish_non_exhaustive()
+    }
+}
+
+impl LocalStage {
+    /// A stage over `model` (a part or the whole) with `num_blocks` KV
+    /// blocks of `block_size` tokens for each of its layers.
+    pub fn new(model: Llama, block_size: usize, num_blocks: usize, dtype: KvDtype) -> Result<Self> {
+        let layout = KvLayout {
+            dtype,
+            ..model.part_kv_layout(block_size, num_blocks)
+        };
+        Ok(Self {
+            kv: KvStorage::new(layout),
+            model,
+            pool: compute_pool()?,
+        })
+    }
+
+    /// The forward pass of its layers alone (tests compare these).
+    pub fn forward(
+        &mut self,
+        batch: &crate::model::ModelBatch,
+        input: PartInput<'_>,
+    ) -> Result<PartOutput> {
+        let Self { model, kv, pool } = self;
+        pool.install(|| model.forward_part(batch, input, kv))
+    }
+}
+
+impl Stage for LocalStage {
+    fn name(&self) -> String {
+        let r = self.model.layer_range();
+        format!("cpu[{}..{}]", r.start, r.end)
+    }
+
+    fn layers(&self) -> Range<usize> {
+        self.model.layer_range()
+    }
+
+    fn num_blocks(&self) -> usize {
+        self.kv.layout.num_blocks
+    }
+
+    fn run(&mut self, step: &Step<'_>, input: PartInput<'_>) -> Result<StageOutput> {
+        match self.forward(step.batch, input)? {
+            PartOutput::Hidden(h) => Ok(StageOutput::Hidden(h)),
+            PartOutput::Logits(rows) => Ok(StageOutput::Sampled(
+                self.pool.install(|| sample_step_parallel(step, &rows)),
+            )),
+        }
+    }
+
+    fn release(&mut self, _seq: RequestId) {}
+}
+
+/// An executor over a chain of stages that covers a model's layers.
+pub struct PipelineExecutor {
+    stages: Vec<Box<dyn Stage>>,
+    layout: KvLayout,
+}
+
+impl std::fmt::Debug for PipelineExecutor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PipelineExecutor")
+            .field("stages", &self.name())
+            .finish_non_exhaustive()
+    }
+}
+
+impl PipelineExecutor {
+    /// The chain `stages`, in order; their layers must follow each other
+    /// from 0 to the model's last (`model`'s KV geometry: `layout`, whose
+    /// block count is capped by the stage holding the fewest).
+    pub fn new(stages: Vec<Box<dyn Stage>>, layout: KvLayout) -> Result<Self> {
+        check_chain(&stages, layout.n_layer)?;
+        let fewest = stages.iter().map(|s| s.num_blocks()).min().unwrap_or(0);
+        let layout = KvLayout {
+            num_blocks: layout.num_blocks.min(fewest),
+            sliding: None,
+            ..layout
+        };
+        Ok(Self { stages, layout })
+    }
+
+    /// The stages, in order.
+    pub fn stages(&self) -> &[Box<dyn Stage>] {
+        &self.stages
+    }
+}
+
+/// The stages' layers follow each other from 0 to `n_layer`.
+fn check_chain(stages: &[Box<dyn Stage>], n_layer: usize) -> Result<()> {
+    let mut next = 0;
+    for s in stages {
+        let r = s.layers();
+        if r.start != next || r.is_empty() {
+            return Err(EngineError::Load(format!(
+                "stage {} holds layers {r:?}; the chain needs layer {next} next",
+                s.name()
+            )));
+        }
+        next = r.end;
+    }
+    if next != n_layer || stages.is_empty() {
+        return Err(EngineError::Load(format!(
+            "the stages cover layers 0..{next} of {n_layer}"
+        )));
+    }
+    Ok(())
+}
+
+impl Executor for PipelineExecutor {
+    fn name(&self) -> String {
+        let names: Vec<String> = self.stages.iter().map(|s| s.name()).collect();
+        names.join(">")
+    }
+
+    fn kv_layout(&self) -> KvLayout {
+        self.layout
+    }
+
+    fn kv_bytes(&self) -> usize {
+        0
+    }
+
+    fn execute(&mut self, step: &Step<'_>) -> Result<Vec<Vec<Sampled>>> {
+        let mut hidden: Option<Vec<f32>> = None;
+        let last = self.stages.len() - 1;
+        for (i, stage) in self.stages.iter_mut().enumerate() {
+            let input = match &hidden {
+                Some(h) => PartInput::Hidden(h),
+                None => PartInput::Tokens,
+            };
+            match (stage.run(step, input)?, i == last) {
+                (StageOutput::Hidden(h), false) => hidden = Some(h),
+                (StageOutput::Sampled(s), true) => return Ok(s),
+                (_, is_last) => {
+                    return Err(EngineError::Execution(format!(
+                        "stage {} ({}) gave {}",
+                        i,
+                        stage.name(),
+                        if is_last {
+                            "hidden states where the last stage samples"
+                        } else {
+                            "samples where hidden states go on"
+                        }
+                    )));
+                }
+            }
+        }
+        Err(EngineError::Execution("a pipeline without stages".into()))
+    }
+
+    fn release(&mut self, seq: RequestId) {
+        for s in &mut self.stages {
+            s.release(seq);
+        }
+    }
+
+    fn export_kv(&self, _blocks: &[u32]) -> std::result::Result<Vec<u8>, KvTransferError> {
+        Err(KvTransferError::NotKv)
+    }
+
+    fn import_kv(
+        &mut self,
+        _blocks: &[u32],
+        _bytes: &[u8],
+    ) -> std::result::Result<(), KvTransferError> {
+        Err(KvTransferError::NotKv)
+    }
+}
+
+/// `n_layer` layers split into `parts` contiguous ranges as even as can be
+/// (the earlier ones one layer longer).
+pub fn even_split(n_layer: usize, parts: usize) -> Vec<Range<usize>> {
+    let parts = parts.clamp(1, n_layer.max(1));
+    let (each, extra) = (n_layer / parts, n_layer % parts);
+    let mut start = 0;
+    (0..parts)
+        .map(|i| {
+            let len = each + usize::from(i < extra);
+            let r = start..start + len;
+            start += len;
+            r
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_even_split_covers_every_layer_once() {
+        assert_eq!(even_split(30, 3), vec![0..10, 10..20, 20..30]);
+        assert_eq!(even_split(8, 3), vec![0..3, 3..6, 6..8]);
+        assert_eq!(even_split(2, 5), vec![0..1, 1..2]);
+        for n in 1..40 {
+            for k in 1..8 {
+                let parts = even_split(n, k);
+                assert_eq!(parts.first().map(|r| r.start), Some(0));
+                assert_eq!(parts.last().map(|r| r.end), Some(n));
+                assert!(parts.windows(2).all(|w| w[0].end == w[1].start));
+                assert!(parts.iter().all(|r| !r.is_empty()));
+            }
+        }
+    }
+}
