@@ -10,12 +10,16 @@
 //! (the server's fleet stages implement `Stage` over the worker protocol).
 
 use std::ops::Range;
+use std::path::Path;
+
+use kernels::cpu::backend::CpuBackend;
 
 use crate::error::{EngineError, Result};
 use crate::executor::{Executor, Step, compute_pool, sample_step_parallel};
 use crate::kv_cache::transfer::KvTransferError;
 use crate::kv_cache::{KvDtype, KvLayout, KvStorage};
-use crate::model::llama::{Llama, PartInput, PartOutput};
+use crate::gguf::Gguf;
+use crate::model::llama::{Llama, LlamaConfig, PartInput, PartOutput};
 use crate::request::RequestId;
 use crate::sampling::Sampled;
 
@@ -226,6 +230,65 @@ impl Executor for PipelineExecutor {
     ) -> std::result::Result<(), KvTransferError> {
         Err(KvTransferError::NotKv)
     }
+}
+
+/// What a model file's parts weigh, read from its tensor table alone (no
+/// weights are read): what a worker offers to hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PartSizes {
+    pub n_layer: usize,
+    pub hidden: usize,
+    /// Bytes of the heaviest layer's weights.
+    pub layer_bytes: u64,
+    /// Bytes of the token embeddings, the final norm and the output head.
+    pub ends_bytes: u64,
+    /// Bytes of one token's f16 K and V in one layer.
+    pub kv_bytes_per_token: u64,
+}
+
+/// The sizes of `path`'s parts.
+pub fn part_sizes(path: &Path) -> Result<PartSizes> {
+    let (ct, _) = open_gguf(path)?;
+    let c = LlamaConfig::from_gguf(&ct)?;
+    let bytes = |prefix: &str| -> u64 {
+        ct.tensors
+            .iter()
+            .filter(|(name, _)| name.starts_with(prefix))
+            .map(|(_, t)| t.bytes() as u64)
+            .sum()
+    };
+    let layer_bytes = (0..c.n_layer)
+        .map(|i| bytes(&format!("blk.{i}.")))
+        .max()
+        .unwrap_or(0);
+    let ends_bytes = ["token_embd.", "output.", "output_norm."]
+        .iter()
+        .map(|p| bytes(p))
+        .sum();
+    Ok(PartSizes {
+        n_layer: c.n_layer,
+        hidden: c.hidden,
+        layer_bytes,
+        ends_bytes,
+        kv_bytes_per_token: KvLayout::bytes_per_token(1, c.n_kv_head, c.head_dim, KvDtype::F16)
+            as u64,
+    })
+}
+
+/// Loads layers `layers` of the GGUF file at `path` (only their tensors,
+/// with the ends the first and the last part hold).
+pub fn load_part_file(path: &Path, layers: Range<usize>) -> Result<Llama> {
+    let (ct, mut reader) = open_gguf(path)?;
+    Llama::load_part(CpuBackend, &ct, &mut reader, layers)
+}
+
+fn open_gguf(path: &Path) -> Result<(Gguf, std::io::BufReader<std::fs::File>)> {
+    let file = std::fs::File::open(path)
+        .map_err(|e| EngineError::Load(format!("{}: {e}", path.display())))?;
+    let mut reader = std::io::BufReader::new(file);
+    let ct = Gguf::read(&mut reader)
+        .map_err(|e| EngineError::Load(format!("{}: {e}", path.display())))?;
+    Ok((ct, reader))
 }
 
 /// `n_layer` layers split into `parts` contiguous ranges as even as can be

@@ -94,6 +94,25 @@ impl PenaltyState {
     pub fn push(&mut self, token: u32) {
         *self.output_counts.entry(token).or_default() += 1;
     }
+
+    /// Its parts, sorted (to send it elsewhere): each output token with
+    /// its count, and the prompt's tokens.
+    pub fn to_parts(&self) -> (Vec<(u32, u32)>, Vec<u32>) {
+        let mut counts: Vec<(u32, u32)> =
+            self.output_counts.iter().map(|(&t, &n)| (t, n)).collect();
+        counts.sort_unstable();
+        let mut prompt: Vec<u32> = self.prompt_tokens.iter().copied().collect();
+        prompt.sort_unstable();
+        (counts, prompt)
+    }
+
+    /// The state `to_parts` described.
+    pub fn from_parts(counts: &[(u32, u32)], prompt: &[u32]) -> Self {
+        Self {
+            output_counts: counts.iter().copied().collect(),
+            prompt_tokens: prompt.iter().copied().collect(),
+        }
+    }
 }
 
 /// The tokens structured output allows at one position, as a bitset over
@@ -113,6 +132,16 @@ impl TokenMask {
             }
         }
         Self { bits }
+    }
+
+    /// The bitset's words (token `t` is bit `t % 64` of word `t / 64`).
+    pub fn words(&self) -> &[u64] {
+        &self.bits
+    }
+
+    /// The mask of `words` (as `words` gives them).
+    pub fn from_words(words: Vec<u64>) -> Self {
+        Self { bits: words }
     }
 
     pub fn allows(&self, token: u32) -> bool {

@@ -81,6 +81,12 @@ pub struct WorkerInfo {
     /// The embedding models it serves.
     #[serde(default)]
     pub encoders: Vec<String>,
+    /// The models it can hold a part of (a pipeline stage), and the parts
+    /// it holds now.
+    #[serde(default)]
+    pub parts: Vec<crate::stage::PartOffer>,
+    #[serde(default)]
+    pub holds: Vec<crate::stage::HeldPart>,
     pub threads: u32,
     pub region: String,
     /// Its prices per model in ticks, as the bus carries them (none: it

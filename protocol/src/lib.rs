@@ -10,7 +10,10 @@ use serde::{Deserialize, Serialize};
 pub mod bus;
 pub mod kv_stream;
 #[cfg(feature = "engine")]
+pub mod pipeline;
+#[cfg(feature = "engine")]
 pub mod sampling;
+pub mod stage;
 
 /// The protocol version this build speaks.
 pub const VERSION: u8 = 1;
@@ -26,7 +29,7 @@ pub const MAX_CONTROL: usize = 64 * 1024;
 pub const MAX_PAYLOAD: usize = 1 << 20;
 /// Bytes of a binary frame's header.
 pub const HEADER: usize = 40;
-const MAGIC: [u8; 4] = *b"SYKF";
+pub(crate) const MAGIC: [u8; 4] = *b"SYKF";
 
 /// A device a worker detected.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
@@ -174,6 +177,10 @@ pub enum FromWorker {
         /// The embedding models it serves.
         #[serde(default)]
         encoders: Vec<String>,
+        /// The models it can hold a part of (a layer-sharded pipeline's
+        /// stage), loaded when the server asks (`load_part`).
+        #[serde(default)]
+        parts: Vec<stage::PartOffer>,
     },
     /// Every second.
     Status { v: u8, load: Load },
@@ -252,6 +259,32 @@ pub enum FromWorker {
         #[serde(default)]
         reason: String,
     },
+    /// It holds layers `first..end` of `model` with `blocks` KV blocks a
+    /// layer (after `load_part`).
+    PartLoaded {
+        v: u8,
+        model: String,
+        first: u32,
+        end: u32,
+        blocks: u32,
+    },
+    /// It could not load the part it was asked for.
+    PartFailed {
+        v: u8,
+        model: String,
+        message: String,
+    },
+    /// A stage step is done: its output hidden states were sent before
+    /// this as frames of `step`; the last stage sends the tokens sampled
+    /// for each chunk instead.
+    StageDone {
+        v: u8,
+        step: u64,
+        #[serde(default)]
+        tokens: Vec<Vec<JobToken>>,
+    },
+    /// A stage step failed.
+    StageFailed { v: u8, step: u64, message: String },
 }
 
 /// Messages the server sends.
@@ -338,6 +371,32 @@ pub enum ToWorker {
         transfer: u64,
         reason: String,
     },
+    /// Hold layers `first..end` of `model` as a pipeline stage, with
+    /// `blocks` KV blocks of `block_size` tokens a layer (answered by
+    /// `part_loaded` or `part_failed`); a part it held before is dropped.
+    LoadPart {
+        v: u8,
+        model: String,
+        first: u32,
+        end: u32,
+        blocks: u32,
+        block_size: u32,
+    },
+    /// Drop the part of `model` it holds.
+    DropPart { v: u8, model: String },
+    /// Run its layers of `model` over `chunks`, from the hidden states
+    /// sent before this as frames of `step` (`rows` rows; none on the
+    /// first stage, which embeds the tokens). The last stage samples each
+    /// chunk with its `sampling`.
+    StageStep {
+        v: u8,
+        step: u64,
+        model: String,
+        chunks: Vec<stage::StageChunk>,
+        rows: u32,
+        #[serde(default)]
+        sampling: Vec<Option<stage::StageSampling>>,
+    },
 }
 
 /// With an assignment: its prompt's KV comes from another worker as
@@ -380,7 +439,11 @@ pub fn decode(text: &str) -> Result<FromWorker, ProtocolError> {
         | FromWorker::KvWant { v, .. }
         | FromWorker::KvEnd { v, .. }
         | FromWorker::KvFailed { v, .. }
-        | FromWorker::KvResult { v, .. } => *v,
+        | FromWorker::KvResult { v, .. }
+        | FromWorker::PartLoaded { v, .. }
+        | FromWorker::PartFailed { v, .. }
+        | FromWorker::StageDone { v, .. }
+        | FromWorker::StageFailed { v, .. } => *v,
     };
     if v != VERSION {
         return Err(ProtocolError::Version(v));
@@ -405,7 +468,10 @@ pub fn decode_from_server(text: &str) -> Result<ToWorker, ProtocolError> {
         | ToWorker::Embed { v, .. }
         | ToWorker::Prefill { v, .. }
         | ToWorker::KvEnd { v, .. }
-        | ToWorker::KvAbort { v, .. } => *v,
+        | ToWorker::KvAbort { v, .. }
+        | ToWorker::LoadPart { v, .. }
+        | ToWorker::DropPart { v, .. }
+        | ToWorker::StageStep { v, .. } => *v,
     };
     if v != VERSION {
         return Err(ProtocolError::Version(v));
@@ -432,6 +498,20 @@ pub(crate) fn short(s: &str) -> String {
 pub enum FrameKind {
     /// A chunk of KV cache: `token_count` tokens of one layer.
     Kv = 1,
+    /// Rows of a pipeline stage's hidden states (`stage`).
+    Hidden = 2,
+}
+
+/// What a binary frame says it carries (`None`: not a frame of ours).
+pub fn frame_kind(bytes: &[u8]) -> Option<FrameKind> {
+    if bytes.len() < HEADER || bytes[..4] != MAGIC {
+        return None;
+    }
+    match bytes[5] {
+        1 => Some(FrameKind::Kv),
+        2 => Some(FrameKind::Hidden),
+        _ => None,
+    }
 }
 
 /// A binary frame's header (little-endian on the wire):

@@ -9,6 +9,7 @@
 use proptest::prelude::*;
 use protocol::bus::{BusEvent, BusMessage, Profile, WorkerInfo, decode_bus, encode_bus};
 use protocol::kv_stream::{KvAssembly, KvDigest, frames_of};
+use protocol::stage::{PartOffer, StageChunk, StageSampling};
 use protocol::{
     Ask, Device, FromWorker, JobParams, JobToken, KvIncoming, Load, ServedModel, ToWorker, VERSION,
     decode, decode_frame, decode_from_server, encode, encode_frame, frame_transfer,
@@ -117,10 +118,11 @@ fn register() -> impl Strategy<Value = FromWorker> {
             text(),
             proptest::collection::vec(ask, 0..3),
             proptest::collection::vec(text(), 0..3),
+            proptest::collection::vec(part_offer(), 0..2),
         ),
     )
         .prop_map(
-            |((name, build, devices), (models, threads, region, asks, encoders))| {
+            |((name, build, devices), (models, threads, region, asks, encoders, parts))| {
                 FromWorker::Register {
                     v: VERSION,
                     name,
@@ -131,6 +133,82 @@ fn register() -> impl Strategy<Value = FromWorker> {
                     region,
                     asks,
                     encoders,
+                    parts,
+                }
+            },
+        )
+}
+
+fn part_offer() -> impl Strategy<Value = PartOffer> {
+    (text(), any::<[u32; 2]>(), any::<[u64; 4]>()).prop_map(|(model, n, b)| PartOffer {
+        model,
+        layers: n[0],
+        hidden: n[1],
+        layer_bytes: b[0],
+        ends_bytes: b[1],
+        kv_block_bytes: b[2],
+        memory_bytes: b[3],
+    })
+}
+
+fn stage_chunk() -> impl Strategy<Value = StageChunk> {
+    let ids = proptest::collection::vec(any::<u32>(), 0..5);
+    (
+        any::<u64>(),
+        ids.clone(),
+        any::<[u32; 2]>(),
+        ids.clone(),
+        ids,
+    )
+        .prop_map(|(seq, tokens, n, draft, blocks)| StageChunk {
+            seq,
+            tokens,
+            start: n[0],
+            logits: n[1],
+            draft,
+            blocks,
+        })
+}
+
+fn stage_sampling() -> impl Strategy<Value = StageSampling> {
+    (
+        (float(), float(), any::<u32>(), float()),
+        (float(), float(), float()),
+        proptest::collection::vec((any::<u32>(), float()), 0..3),
+        (
+            proptest::option::of(any::<u32>()),
+            any::<u64>(),
+            any::<u64>(),
+        ),
+        proptest::option::of((
+            proptest::collection::vec(any::<(u32, u32)>(), 0..3),
+            proptest::collection::vec(any::<u32>(), 0..3),
+        )),
+        proptest::option::of(proptest::collection::vec(any::<u64>(), 0..3)),
+    )
+        .prop_map(
+            |(
+                (temperature, top_p, top_k, min_p),
+                pen,
+                logit_bias,
+                (logprobs, seed, position),
+                penalties,
+                allowed,
+            )| {
+                StageSampling {
+                    temperature,
+                    top_p,
+                    top_k,
+                    min_p,
+                    repetition_penalty: pen.0,
+                    frequency_penalty: pen.1,
+                    presence_penalty: pen.2,
+                    logit_bias,
+                    logprobs,
+                    seed,
+                    position,
+                    penalties,
+                    allowed,
                 }
             },
         )
@@ -228,6 +306,28 @@ fn from_worker() -> impl Strategy<Value = FromWorker> {
             transfer,
             message
         }),
+        (text(), any::<[u32; 3]>()).prop_map(move |(model, n)| FromWorker::PartLoaded {
+            v,
+            model,
+            first: n[0],
+            end: n[1],
+            blocks: n[2],
+        }),
+        (text(), text()).prop_map(move |(model, message)| FromWorker::PartFailed {
+            v,
+            model,
+            message
+        }),
+        (
+            any::<u64>(),
+            proptest::collection::vec(proptest::collection::vec(token(), 0..3), 0..3)
+        )
+            .prop_map(move |(step, tokens)| FromWorker::StageDone { v, step, tokens }),
+        (any::<u64>(), text()).prop_map(move |(step, message)| FromWorker::StageFailed {
+            v,
+            step,
+            message
+        }),
         (
             any::<u64>(),
             any::<u32>(),
@@ -322,6 +422,32 @@ fn to_worker() -> impl Strategy<Value = ToWorker> {
             transfer,
             reason
         }),
+        (text(), any::<[u32; 4]>()).prop_map(move |(model, n)| ToWorker::LoadPart {
+            v,
+            model,
+            first: n[0],
+            end: n[1],
+            blocks: n[2],
+            block_size: n[3],
+        }),
+        text().prop_map(move |model| ToWorker::DropPart { v, model }),
+        (
+            any::<u64>(),
+            text(),
+            proptest::collection::vec(stage_chunk(), 0..3),
+            any::<u32>(),
+            proptest::collection::vec(proptest::option::of(stage_sampling()), 0..3)
+        )
+            .prop_map(
+                move |(step, model, chunks, rows, sampling)| ToWorker::StageStep {
+                    v,
+                    step,
+                    model,
+                    chunks,
+                    rows,
+                    sampling,
+                }
+            ),
     ]
 }
 
@@ -391,6 +517,7 @@ fn worker_info() -> impl Strategy<Value = WorkerInfo> {
                     region,
                     asks,
                     encoders,
+                    parts,
                     ..
                 } = reg
                 else {
@@ -407,6 +534,8 @@ fn worker_info() -> impl Strategy<Value = WorkerInfo> {
                     devices,
                     models,
                     encoders,
+                    parts,
+                    holds: vec![],
                     threads,
                     region,
                     asks,

@@ -601,6 +601,19 @@ pub struct WorkerArgs {
     #[arg(long, env = "SYNOR_STATUS_EVERY", default_value_t = 30)]
     pub status_every: u64,
 
+    /// A model this worker may hold a layer range of, as a stage of the
+    /// server's pipeline for a model no one worker holds: `NAME=PATH`
+    /// (repeatable; NAME as the server serves it). Only the range the
+    /// server asks for is read from the file. With `--model none` the
+    /// worker serves no whole model.
+    #[arg(long = "part-model", value_name = "NAME=PATH", value_parser = parse_extra_model)]
+    pub part_models: Vec<(String, PathBuf)>,
+
+    /// Memory a part may use, weights and KV (`512MiB`, `8GiB`; default:
+    /// half of this machine's memory).
+    #[arg(long, env = "SYNOR_MAX_MEMORY", value_parser = parse_size)]
+    pub max_memory: Option<usize>,
+
     /// Testing and benchmarks only (the `faults` feature).
     #[cfg(feature = "faults")]
     #[command(flatten)]
@@ -640,8 +653,23 @@ impl WorkerArgs {
                 preemptible: self.preemptible,
             }),
             status_every: std::time::Duration::from_secs(self.status_every),
+            parts: Vec::new(),
             faults: self.faults(),
         }
+    }
+
+    /// The model files of `--part-model`, sized from their tensor tables.
+    pub fn part_files(&self) -> anyhow::Result<Vec<worker::stage::PartFile>> {
+        let memory = self.max_memory.map_or_else(half_the_memory, |m| m as u64);
+        self.part_models
+            .iter()
+            .map(|(name, path)| {
+                let path = self.models.resolve(path);
+                worker::stage::PartFile::open(name, path.clone(), memory).map_err(|e| {
+                    anyhow::anyhow!("--part-model {name}={}: {e}", path.display())
+                })
+            })
+            .collect()
     }
 
     /// What the testing flags ask of the worker.
@@ -915,7 +943,23 @@ pub struct ModelArgs {
     pub extra_models: Vec<(String, PathBuf)>,
 }
 
+/// Half of this machine's memory (`/proc/meminfo`), or 4 GiB unread.
+fn half_the_memory() -> u64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| {
+            let line = m.lines().find(|l| l.starts_with("MemTotal:"))?;
+            line.split_whitespace().nth(1)?.parse::<u64>().ok()
+        })
+        .map_or(4 << 30, |kib| kib * 1024 / 2)
+}
+
 impl ModelArgs {
+    /// Whether a whole generative model is served (`--model none`: not).
+    pub fn has_model(&self) -> bool {
+        self.model.as_os_str() != "none"
+    }
+
     fn resolve(&self, p: &std::path::Path) -> PathBuf {
         if p.is_absolute() {
             p.to_path_buf()

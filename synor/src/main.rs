@@ -67,7 +67,9 @@ fn main() -> anyhow::Result<()> {
                     .await
                     .context("loading the worker's models")?;
                 let stop = crate::startup::shutdown_signal();
-                worker::run(args.worker_config(), Arc::new(models), stop).await
+                let mut config = args.worker_config();
+                config.parts = args.part_files()?;
+                worker::run(config, Arc::new(models), stop).await
             })
         }
     }

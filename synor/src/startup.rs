@@ -40,7 +40,10 @@ pub async fn load_models(
         let m = &models;
         // Paths as given: the loader resolves them against the models dir.
         let none = GenerationDefaults::default();
-        let mut wanted = vec![(m.model_name(), m.model.clone(), Kind::Text, m.generation)];
+        let mut wanted = Vec::new();
+        if m.has_model() {
+            wanted.push((m.model_name(), m.model.clone(), Kind::Text, m.generation));
+        }
         if m.embedding_path().is_some() {
             wanted.push((
                 m.embedding_name(),

@@ -39,7 +39,7 @@ pub(crate) async fn connect_once(
         Err(ended) => return Ok(ended),
     };
     let (mut sink, mut stream) = socket.split();
-    let mut session = Session::new(link.models, link.faults);
+    let mut session = Session::new(link.models, link.stages.clone(), link.faults);
     let mut meter = Meter { last: (0, 0) };
     let mut tick = tokio::time::interval(heartbeat);
     let (out, mut outgoing) = mpsc::channel::<Out>(OUT_QUEUE);
@@ -154,13 +154,14 @@ enum Step {
 /// One connection's work: what runs, and whether it drains.
 struct Session<'a> {
     models: &'a ModelRegistry,
+    stages: Arc<crate::stage::Stages>,
     faults: Faults,
     running: Arc<jobs::Running>,
     draining: bool,
 }
 
 impl<'a> Session<'a> {
-    fn new(models: &'a ModelRegistry, faults: Faults) -> Self {
+    fn new(models: &'a ModelRegistry, stages: Arc<crate::stage::Stages>, faults: Faults) -> Self {
         let running = Arc::new(if faults.replay {
             jobs::Running::replaying(faults.cheat_after)
         } else {
@@ -168,6 +169,7 @@ impl<'a> Session<'a> {
         });
         Self {
             models,
+            stages,
             faults,
             running,
             draining: false,
@@ -184,6 +186,10 @@ impl<'a> Session<'a> {
         match frame {
             Some(Ok(Message::Text(t))) => Ok(self.on_text(&t, out)),
             Some(Ok(Message::Binary(b))) => {
+                if protocol::frame_kind(&b) == Some(protocol::FrameKind::Hidden) {
+                    self.stages.frame(&b);
+                    return Ok(Step::Go);
+                }
                 // A frame of a transfer no job waits for (cancelled, or
                 // given up) is dropped.
                 if let Ok(transfer) = protocol::frame_transfer(&b) {
@@ -267,12 +273,58 @@ impl<'a> Session<'a> {
             Ok(ToWorker::Error { code, message, .. }) => {
                 tracing::warn!(%code, "the server says: {message}");
             }
+            Ok(m @ (ToWorker::LoadPart { .. } | ToWorker::DropPart { .. } | ToWorker::StageStep { .. })) => {
+                self.on_stage(m, out);
+            }
             Ok(ToWorker::Welcome { .. }) | Err(_) => {
                 let head = &t[..t.len().min(100)];
                 return Step::End(Ended::Lost(format!("unexpected message: {head}")));
             }
         }
         Step::Go
+    }
+
+    /// A pipeline stage's message: a part to load or drop, a step to run.
+    fn on_stage(&self, msg: ToWorker, out: &mpsc::Sender<Out>) {
+        use crate::stage::{LoadPart, StageStepMsg};
+        match msg {
+            ToWorker::LoadPart {
+                model,
+                first,
+                end,
+                blocks,
+                block_size,
+                ..
+            } => {
+                let part = LoadPart {
+                    model,
+                    first,
+                    end,
+                    blocks,
+                    block_size,
+                };
+                self.stages.load(part, out.clone());
+            }
+            ToWorker::DropPart { model, .. } => self.stages.drop_part(&model),
+            ToWorker::StageStep {
+                step,
+                model,
+                chunks,
+                rows,
+                sampling,
+                ..
+            } => {
+                let s = StageStepMsg {
+                    step,
+                    model,
+                    chunks,
+                    rows,
+                    sampling,
+                };
+                self.stages.step(s, out.clone());
+            }
+            _ => {}
+        }
     }
 
     /// A message of a KV transfer: a prefill to run, or the end or
@@ -321,6 +373,9 @@ impl<'a> Session<'a> {
             | ToWorker::Error { .. }
             | ToWorker::Drain { .. }
             | ToWorker::Pause { .. }
+            | ToWorker::LoadPart { .. }
+            | ToWorker::DropPart { .. }
+            | ToWorker::StageStep { .. }
             | ToWorker::Assign { .. }
             | ToWorker::Cancel { .. }
             | ToWorker::Embed { .. } => {}

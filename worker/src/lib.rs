@@ -16,6 +16,7 @@ mod connection;
 pub mod devices;
 pub mod jobs;
 pub mod kv;
+pub mod stage;
 pub mod status;
 
 use std::future::Future;
@@ -55,6 +56,8 @@ pub struct WorkerConfig {
     /// How often it logs a status line (jobs, speed, checks, earnings);
     /// zero: never.
     pub status_every: Duration,
+    /// The model files it may hold a layer range of (pipeline stages).
+    pub parts: Vec<stage::PartFile>,
     /// Testing knobs (hidden flags of the command line).
     pub faults: Faults,
 }
@@ -69,6 +72,7 @@ impl std::fmt::Debug for WorkerConfig {
             .field("device", &self.device)
             .field("offer", &self.offer)
             .field("status_every", &self.status_every)
+            .field("parts", &self.parts)
             .field("faults", &self.faults)
             .finish()
     }
@@ -125,7 +129,8 @@ pub async fn run(
     stop: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     let url = gateway_url(&config.server)?;
-    let register = registration(&config, &models);
+    let stages = Arc::new(stage::Stages::new(config.parts.clone()));
+    let register = registration(&config, &models, &stages);
     let (stop_tx, mut stopped) = watch::channel(false);
     tokio::spawn(async move {
         stop.await;
@@ -150,6 +155,7 @@ pub async fn run(
             token: &config.token,
             register: &register,
             models: &models,
+            stages: &stages,
             faults: config.faults,
         };
         match connection::connect_once(link, &mut stopped).await? {
@@ -184,6 +190,7 @@ pub(crate) struct Link<'a> {
     token: &'a str,
     register: &'a FromWorker,
     models: &'a ModelRegistry,
+    stages: &'a Arc<stage::Stages>,
     faults: Faults,
 }
 
@@ -216,7 +223,7 @@ fn jitter(d: Duration) -> Duration {
 }
 
 /// What this worker registers: its devices and its text models' geometry.
-fn registration(config: &WorkerConfig, models: &ModelRegistry) -> FromWorker {
+fn registration(config: &WorkerConfig, models: &ModelRegistry, stages: &stage::Stages) -> FromWorker {
     let served = models
         .list()
         .into_iter()
@@ -269,6 +276,7 @@ fn registration(config: &WorkerConfig, models: &ModelRegistry) -> FromWorker {
         region: config.region.clone(),
         asks,
         encoders,
+        parts: stages.offers(),
     }
 }
 

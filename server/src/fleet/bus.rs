@@ -276,7 +276,10 @@ async fn for_worker(
         | ToWorker::Prefill { .. }
         | ToWorker::Embed { .. }
         | ToWorker::KvEnd { .. }
-        | ToWorker::KvAbort { .. } => None,
+        | ToWorker::KvAbort { .. }
+        | ToWorker::LoadPart { .. }
+        | ToWorker::DropPart { .. }
+        | ToWorker::StageStep { .. } => None,
     };
     if let Some((job, attempt)) = assigned {
         let (tx, rx) = mpsc::unbounded_channel();

@@ -9,6 +9,7 @@
 //!   load;
 //! - `assignments`: the attempts running on workers, routed to their relays;
 //! - `transfers`: KV relayed from a prefill worker to a decode worker;
+//! - `stage_calls`: pipeline stage steps in flight on workers;
 //! - `standing`: each provider's reputation and uptime, measured;
 //! - `bus`: replicas sharing their workers over Redis pub/sub;
 //! - `counts`: what the fleet shows on `/metrics`.
@@ -20,5 +21,6 @@ pub mod bus;
 pub mod counts;
 pub mod registry;
 pub mod session;
+pub mod stage_calls;
 pub mod standing;
 pub mod transfers;

@@ -11,6 +11,7 @@ use std::sync::{Arc, RwLock};
 use tokio::sync::mpsc;
 
 use super::standing::Standing;
+use protocol::stage::{HeldPart, PartOffer};
 use protocol::{Ask, Device, Load, ServedModel, ToWorker};
 
 pub use protocol::bus::{PREFILL_LONG, PREFILL_SHORT, Profile, WorkerInfo};
@@ -66,6 +67,8 @@ pub struct Registration {
     pub threads: u32,
     pub region: String,
     pub asks: Vec<Ask>,
+    /// The models it can hold a part of.
+    pub parts: Vec<PartOffer>,
 }
 
 #[cfg(test)]
@@ -91,6 +94,7 @@ impl Registration {
             threads: 1,
             region: "r".into(),
             asks,
+            parts: vec![],
         }
     }
 }
@@ -125,6 +129,8 @@ pub struct Registry {
     pub jobs: super::assignments::Jobs,
     /// KV transfers between this replica's workers.
     pub transfers: super::transfers::Transfers,
+    /// Pipeline stage steps in flight on this replica's workers.
+    pub stage_calls: super::stage_calls::StageCalls,
     /// Worker tokens whose workers failed a spot check: refused until an
     /// admin clears them.
     quarantined: std::sync::Mutex<std::collections::HashSet<String>>,
@@ -234,6 +240,8 @@ impl Registry {
             threads: r.threads,
             region: r.region,
             asks: r.asks,
+            parts: r.parts,
+            holds: vec![],
             reputation_bps: 0,
             uptime_bps: 0,
             state: "calibrating".into(),
@@ -501,6 +509,17 @@ impl Registry {
         }
         self.jobs.lost(id, "the worker disconnected");
         self.transfers.lost(id);
+        self.stage_calls.lost(id);
+    }
+
+    /// Records the part of `model` a worker holds now (`None`: none).
+    pub fn set_held(&self, id: &str, model: &str, part: Option<HeldPart>) {
+        let mut w = self.workers.write().unwrap_or_else(|e| e.into_inner());
+        if let Some(e) = w.get_mut(id) {
+            e.info.holds.retain(|h| h.model != model);
+            e.info.holds.extend(part);
+            self.changed.notify_one();
+        }
     }
 
     /// Relays a KV frame to one of this replica's workers (waiting while

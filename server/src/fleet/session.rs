@@ -222,6 +222,12 @@ async fn serve(
 /// (waiting while the receiver's queue is full: back-pressure reaches
 /// the sender); why the session must close otherwise.
 async fn relay_frame(registry: &Registry, worker: &str, frame: Vec<u8>) -> Option<String> {
+    if protocol::frame_kind(&frame) == Some(protocol::FrameKind::Hidden) {
+        return match registry.stage_calls.frame(worker, &frame) {
+            Delivery::NotYours => Some("hidden states for a step it was not given".into()),
+            Delivery::Delivered | Delivery::Stale => None,
+        };
+    }
     let transfer = match protocol::frame_transfer(&frame) {
         Ok(t) => t,
         Err(e) => return Some(e.to_string()),
@@ -284,7 +290,11 @@ fn route_transfer(registry: &Registry, worker: &str, msg: FromWorker) -> Option<
         | FromWorker::Tokens { .. }
         | FromWorker::Done { .. }
         | FromWorker::Embedded { .. }
-        | FromWorker::Failed { .. } => return None,
+        | FromWorker::Failed { .. }
+        | FromWorker::PartLoaded { .. }
+        | FromWorker::PartFailed { .. }
+        | FromWorker::StageDone { .. }
+        | FromWorker::StageFailed { .. } => return None,
     };
     (registry.transfers.event(worker, side, transfer, ev) == Delivery::NotYours).then_some(transfer)
 }
@@ -343,6 +353,10 @@ fn route(registry: &Registry, worker: &str, msg: FromWorker) -> Option<u64> {
         | FromWorker::KvResult { .. }
         | FromWorker::KvEnd { .. }
         | FromWorker::KvFailed { .. } => return route_transfer(registry, worker, msg),
+        FromWorker::PartLoaded { .. }
+        | FromWorker::PartFailed { .. }
+        | FromWorker::StageDone { .. }
+        | FromWorker::StageFailed { .. } => return route_stage(registry, worker, msg),
     };
     for ev in events {
         if registry.jobs.deliver(worker, job, attempt, ev) == Delivery::NotYours {
@@ -350,6 +364,43 @@ fn route(registry: &Registry, worker: &str, msg: FromWorker) -> Option<u64> {
         }
     }
     None
+}
+
+/// Hands a pipeline stage's message on: a part loaded (or not) goes to the
+/// registry, a step's answer to its call; the step if it was never this
+/// worker's.
+fn route_stage(registry: &Registry, worker: &str, msg: FromWorker) -> Option<u64> {
+    let delivery = match msg {
+        FromWorker::PartLoaded {
+            model,
+            first,
+            end,
+            blocks,
+            ..
+        } => {
+            let part = protocol::stage::HeldPart {
+                model: model.clone(),
+                first,
+                end,
+                blocks,
+            };
+            registry.set_held(worker, &model, Some(part));
+            return None;
+        }
+        FromWorker::PartFailed { model, message, .. } => {
+            tracing::warn!(%worker, %model, %message, "a worker could not load its part");
+            registry.set_held(worker, &model, None);
+            return None;
+        }
+        FromWorker::StageDone { step, tokens, .. } => {
+            (step, registry.stage_calls.done(worker, step, tokens))
+        }
+        FromWorker::StageFailed { step, message, .. } => {
+            (step, registry.stage_calls.failed(worker, step, &message))
+        }
+        _ => return None,
+    };
+    (delivery.1 == Delivery::NotYours).then_some(delivery.0)
 }
 
 /// A token a worker sent, as its relay reads it.
@@ -391,6 +442,7 @@ fn registration(m: FromWorker, peer: &Peer) -> Result<Registration, ProtocolErro
         region,
         asks,
         encoders,
+        parts,
         ..
     } = m
     else {
@@ -412,6 +464,7 @@ fn registration(m: FromWorker, peer: &Peer) -> Result<Registration, ProtocolErro
         return bad(format!("model `{}` has an impossible geometry", m.name));
     }
     check_asks(&asks, &models).map_err(ProtocolError::Malformed)?;
+    check_parts(&parts).map_err(ProtocolError::Malformed)?;
     Ok(Registration {
         provider_id: peer.provider_id.clone(),
         token_id: peer.token_id.clone(),
@@ -424,7 +477,27 @@ fn registration(m: FromWorker, peer: &Peer) -> Result<Registration, ProtocolErro
         threads,
         region,
         asks,
+        parts,
     })
+}
+
+/// At most 16 part offers, one per model, each of a sane geometry.
+fn check_parts(parts: &[protocol::stage::PartOffer]) -> Result<(), String> {
+    if parts.len() > 16 {
+        return Err("at most 16 part offers".into());
+    }
+    for (i, p) in parts.iter().enumerate() {
+        if p.model.is_empty() || p.model.len() > 128 {
+            return Err("a part offer's model name is empty or over 128 bytes".into());
+        }
+        if parts[..i].iter().any(|q| q.model == p.model) {
+            return Err(format!("two part offers for `{}`", p.model));
+        }
+        if !(1..=1024).contains(&p.layers) || !(1..=1 << 16).contains(&p.hidden) {
+            return Err(format!("part offer for `{}`: impossible geometry", p.model));
+        }
+    }
+    Ok(())
 }
 
 /// At most one ask per served model, each priced within the market's
@@ -495,6 +568,7 @@ mod tests {
                 context_length: 2048,
             }],
             encoders: vec!["e".into()],
+            parts: vec![],
             threads: 1,
             region: "us-east".into(),
             asks: vec![],

@@ -107,6 +107,7 @@ async fn everything() -> String {
         threads: 1,
         region: "eu".into(),
         asks: vec![],
+        parts: vec![],
     };
     fleet.register(worker, tx);
     let dispatch = Dispatch::new(fleet.clone(), Default::default(), None);

@@ -84,6 +84,8 @@ mod tests {
             devices: vec![],
             models: vec![],
             encoders: vec![],
+            parts: vec![],
+            holds: vec![],
             threads: 2,
             region: "eu".into(),
             asks,
