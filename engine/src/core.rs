@@ -312,6 +312,11 @@ impl EngineCore {
         self.record_scheduled(&batch);
         let sampled = match self.execute(&batch) {
             Ok(s) => s,
+            Err(EngineError::Recompute(why)) => {
+                tracing::warn!(%why, "the executor lost its KV: recomputing every sequence");
+                self.scheduler.recompute_all();
+                return true;
+            }
             Err(e) => {
                 tracing::error!(error = %e, "engine step failed");
                 for seq in self.scheduler.fail(&batch) {

@@ -6,7 +6,7 @@ use std::path::Path;
 use crate::chat::{ChatTemplate, TemplateChoice};
 use crate::error::{EngineError, Result};
 use crate::generation::GenerationDefaults;
-use crate::model::llama::Llama;
+use crate::model::llama::{Llama, LlamaConfig};
 use crate::tokenizer::TextTokenizer;
 use crate::tokenizer::gguf::tokenizer_from_gguf;
 
@@ -23,12 +23,52 @@ pub struct LoadedModel {
 
 /// Loads `path` (a llama-family GGUF).
 pub fn load_gguf(path: &Path, template: &TemplateChoice) -> Result<LoadedModel> {
+    let (front, ct, mut reader) = read_front(path, template)?;
+    let model = Llama::load(&ct, &mut reader)?;
+    tracing::info!(
+        path = %path.display(),
+        arch = %model.config.architecture,
+        layers = model.config.n_layer,
+        vocab = model.config.vocab_size,
+        "loaded GGUF model"
+    );
+    Ok(LoadedModel {
+        model,
+        tokenizer: front.tokenizer,
+        template: front.template,
+        generation: front.generation,
+    })
+}
+
+/// Everything a text engine needs from a model file but the weights: what
+/// a server that runs the model as a pipeline of workers reads.
+#[derive(Debug)]
+pub struct ModelFront {
+    pub config: LlamaConfig,
+    pub tokenizer: TextTokenizer,
+    pub template: ChatTemplate,
+    pub generation: GenerationDefaults,
+}
+
+/// Reads `path`'s metadata alone (no weights).
+pub fn load_front(path: &Path, template: &TemplateChoice) -> Result<ModelFront> {
+    Ok(read_front(path, template)?.0)
+}
+
+fn read_front(
+    path: &Path,
+    template: &TemplateChoice,
+) -> Result<(
+    ModelFront,
+    crate::gguf::Gguf,
+    std::io::BufReader<std::fs::File>,
+)> {
     let file = std::fs::File::open(path)
         .map_err(|e| EngineError::Load(format!("{}: {e}", path.display())))?;
     let mut reader = std::io::BufReader::new(file);
     let ct = crate::gguf::Gguf::read(&mut reader)
         .map_err(|e| EngineError::Load(format!("{}: {e}", path.display())))?;
-    let model = Llama::load(&ct, &mut reader)?;
+    let config = LlamaConfig::from_gguf(&ct)?;
     let (tok, special) = tokenizer_from_gguf(&ct.metadata)?;
     let tokenizer = TextTokenizer::new(tok, special);
     let stored = ct
@@ -44,17 +84,11 @@ pub fn load_gguf(path: &Path, template: &TemplateChoice) -> Result<LoadedModel> 
         });
     let generation =
         GenerationDefaults::from_gguf(&ct.metadata).then(beside.map_err(EngineError::Load)?);
-    tracing::info!(
-        path = %path.display(),
-        arch = %model.config.architecture,
-        layers = model.config.n_layer,
-        vocab = model.config.vocab_size,
-        "loaded GGUF model"
-    );
-    Ok(LoadedModel {
-        model,
+    let front = ModelFront {
+        config,
         tokenizer,
         template,
         generation,
-    })
+    };
+    Ok((front, ct, reader))
 }

@@ -16,9 +16,9 @@ use kernels::cpu::backend::CpuBackend;
 
 use crate::error::{EngineError, Result};
 use crate::executor::{Executor, Step, compute_pool, sample_step_parallel};
+use crate::gguf::Gguf;
 use crate::kv_cache::transfer::KvTransferError;
 use crate::kv_cache::{KvDtype, KvLayout, KvStorage};
-use crate::gguf::Gguf;
 use crate::model::llama::{Llama, LlamaConfig, PartInput, PartOutput};
 use crate::request::RequestId;
 use crate::sampling::Sampled;
@@ -186,31 +186,7 @@ impl Executor for PipelineExecutor {
     }
 
     fn execute(&mut self, step: &Step<'_>) -> Result<Vec<Vec<Sampled>>> {
-        let mut hidden: Option<Vec<f32>> = None;
-        let last = self.stages.len() - 1;
-        for (i, stage) in self.stages.iter_mut().enumerate() {
-            let input = match &hidden {
-                Some(h) => PartInput::Hidden(h),
-                None => PartInput::Tokens,
-            };
-            match (stage.run(step, input)?, i == last) {
-                (StageOutput::Hidden(h), false) => hidden = Some(h),
-                (StageOutput::Sampled(s), true) => return Ok(s),
-                (_, is_last) => {
-                    return Err(EngineError::Execution(format!(
-                        "stage {} ({}) gave {}",
-                        i,
-                        stage.name(),
-                        if is_last {
-                            "hidden states where the last stage samples"
-                        } else {
-                            "samples where hidden states go on"
-                        }
-                    )));
-                }
-            }
-        }
-        Err(EngineError::Execution("a pipeline without stages".into()))
+        run_chain(&mut self.stages, step)
     }
 
     fn release(&mut self, seq: RequestId) {
@@ -289,6 +265,34 @@ fn open_gguf(path: &Path) -> Result<(Gguf, std::io::BufReader<std::fs::File>)> {
     let ct = Gguf::read(&mut reader)
         .map_err(|e| EngineError::Load(format!("{}: {e}", path.display())))?;
     Ok((ct, reader))
+}
+
+/// Runs one step through `stages` in order: the first from the tokens,
+/// each next from the hidden states of the one before, the last sampling.
+pub fn run_chain(stages: &mut [Box<dyn Stage>], step: &Step<'_>) -> Result<Vec<Vec<Sampled>>> {
+    let mut hidden: Option<Vec<f32>> = None;
+    let last = stages.len().saturating_sub(1);
+    for (i, stage) in stages.iter_mut().enumerate() {
+        let input = hidden
+            .as_deref()
+            .map_or(PartInput::Tokens, PartInput::Hidden);
+        match (stage.run(step, input)?, i == last) {
+            (StageOutput::Hidden(h), false) => hidden = Some(h),
+            (StageOutput::Sampled(s), true) => return Ok(s),
+            (_, is_last) => {
+                let what = if is_last {
+                    "hidden states where the last stage samples"
+                } else {
+                    "samples where hidden states go on"
+                };
+                return Err(EngineError::Execution(format!(
+                    "stage {i} ({}) gave {what}",
+                    stage.name()
+                )));
+            }
+        }
+    }
+    Err(EngineError::Execution("a pipeline without stages".into()))
 }
 
 /// `n_layer` layers split into `parts` contiguous ranges as even as can be

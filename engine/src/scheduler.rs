@@ -639,6 +639,16 @@ impl Scheduler {
         self.waiting.iter().any(pending) || self.running.iter().any(pending)
     }
 
+    /// The executor lost every sequence's KV: each running sequence is
+    /// requeued to be computed again from its tokens (what it generated
+    /// stays generated), and no cached prefix is trusted any more.
+    pub fn recompute_all(&mut self) {
+        for i in (0..self.running.len()).rev() {
+            self.preempt(i);
+        }
+        self.kv.reset_cache();
+    }
+
     /// Frees a running sequence's blocks and requeues it for recompute.
     fn preempt(&mut self, index: usize) {
         let mut seq = self.running.remove(index);

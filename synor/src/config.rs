@@ -337,6 +337,22 @@ pub struct LedgerArgs {
 /// How work is placed on the fleet's workers and watched there.
 #[derive(Debug, Clone, Args)]
 pub struct FleetArgs {
+    /// A model to serve as a pipeline of workers that each hold a layer
+    /// range (`synor worker --part-model NAME=PATH`), for models no one
+    /// worker holds: `NAME=PATH` (repeatable). The server reads only its
+    /// metadata and tokenizer.
+    #[arg(long = "pipeline-model", value_name = "NAME=PATH", value_parser = parse_extra_model)]
+    pub pipeline_models: Vec<(String, PathBuf)>,
+
+    /// KV blocks (16 tokens each) every pipeline stage holds for each of
+    /// its layers: the tokens a pipeline model's running sequences share.
+    #[arg(long, env = "SYNOR_PIPELINE_KV_BLOCKS", default_value_t = 512)]
+    pub pipeline_kv_blocks: u32,
+
+    /// Seconds a pipeline stage has for one step before it is replaced.
+    #[arg(long, env = "SYNOR_PIPELINE_STEP_TIMEOUT", default_value_t = 60.0)]
+    pub pipeline_step_timeout: f64,
+
     /// How choices are placed: `measured` (the cost model: price,
     /// expected time from calibration, reputation and load), or, for
     /// comparisons, `round-robin`, `least-loaded` or `cheapest-first`
@@ -665,9 +681,8 @@ impl WorkerArgs {
             .iter()
             .map(|(name, path)| {
                 let path = self.models.resolve(path);
-                worker::stage::PartFile::open(name, path.clone(), memory).map_err(|e| {
-                    anyhow::anyhow!("--part-model {name}={}: {e}", path.display())
-                })
+                worker::stage::PartFile::open(name, path.clone(), memory)
+                    .map_err(|e| anyhow::anyhow!("--part-model {name}={}: {e}", path.display()))
             })
             .collect()
     }
@@ -960,7 +975,7 @@ impl ModelArgs {
         self.model.as_os_str() != "none"
     }
 
-    fn resolve(&self, p: &std::path::Path) -> PathBuf {
+    pub fn resolve(&self, p: &std::path::Path) -> PathBuf {
         if p.is_absolute() {
             p.to_path_buf()
         } else {

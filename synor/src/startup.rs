@@ -29,6 +29,35 @@ pub fn loader(models: &ModelArgs, scheduler: &SchedulerArgs) -> ModelLoader {
     }
 }
 
+/// Serves the `--pipeline-model`s over the fleet and starts their planner.
+fn start_pipelines(
+    args: &ServeArgs,
+    state: &AppState,
+    registry: &ModelRegistry,
+) -> anyhow::Result<()> {
+    use server::services::pipelines::{self, PipelineSpec};
+    let f = &args.fleet;
+    let mut started = Vec::new();
+    for (name, path) in &f.pipeline_models {
+        let spec = PipelineSpec {
+            name: name.clone(),
+            path: args.models.resolve(path),
+            blocks: f.pipeline_kv_blocks.max(1),
+            block_size: 16,
+            step_timeout: std::time::Duration::from_secs_f64(f.pipeline_step_timeout.max(0.1)),
+        };
+        let template = args.models.chat_template.parse().unwrap_or_default();
+        let sched = args.scheduler.to_engine().scheduler;
+        let m = pipelines::start(spec, &template, sched, state.fleet.clone(), registry)
+            .with_context(|| format!("--pipeline-model {name}={}", path.display()))?;
+        started.push(m);
+    }
+    if !started.is_empty() {
+        tokio::spawn(pipelines::run(state.fleet.clone(), started));
+    }
+    Ok(())
+}
+
 /// Loads every configured model (the server's, or a worker's).
 pub async fn load_models(
     models: &ModelArgs,
@@ -237,6 +266,7 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             dispatch.stats.utilization.sample();
         }
     });
+    start_pipelines(&args, &state, &registry)?;
     tokio::spawn(server::services::calibration::run(
         state.fleet.clone(),
         registry.clone(),

@@ -273,7 +273,11 @@ impl<'a> Session<'a> {
             Ok(ToWorker::Error { code, message, .. }) => {
                 tracing::warn!(%code, "the server says: {message}");
             }
-            Ok(m @ (ToWorker::LoadPart { .. } | ToWorker::DropPart { .. } | ToWorker::StageStep { .. })) => {
+            Ok(
+                m @ (ToWorker::LoadPart { .. }
+                | ToWorker::DropPart { .. }
+                | ToWorker::StageStep { .. }),
+            ) => {
                 self.on_stage(m, out);
             }
             Ok(ToWorker::Welcome { .. }) | Err(_) => {

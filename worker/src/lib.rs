@@ -223,7 +223,11 @@ fn jitter(d: Duration) -> Duration {
 }
 
 /// What this worker registers: its devices and its text models' geometry.
-fn registration(config: &WorkerConfig, models: &ModelRegistry, stages: &stage::Stages) -> FromWorker {
+fn registration(
+    config: &WorkerConfig,
+    models: &ModelRegistry,
+    stages: &stage::Stages,
+) -> FromWorker {
     let served = models
         .list()
         .into_iter()

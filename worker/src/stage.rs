@@ -160,7 +160,8 @@ impl Stages {
         {
             let held = self.held.lock().unwrap_or_else(|e| e.into_inner());
             if let Some(h) = held.get(&p.model)
-                && (h.first, h.end, h.blocks, h.block_size) == (p.first, p.end, p.blocks, p.block_size)
+                && (h.first, h.end, h.blocks, h.block_size)
+                    == (p.first, p.end, p.blocks, p.block_size)
             {
                 return Ok(());
             }
@@ -181,7 +182,12 @@ impl Stages {
             );
         }
         let model = load_part_file(&file.path, p.first as usize..p.end as usize)?;
-        let stage = LocalStage::new(model, p.block_size as usize, p.blocks as usize, KvDtype::F16)?;
+        let stage = LocalStage::new(
+            model,
+            p.block_size as usize,
+            p.blocks as usize,
+            KvDtype::F16,
+        )?;
         tracing::info!(model = %p.model, first = p.first, end = p.end, "holding a pipeline stage");
         let held = Held {
             first: p.first,
@@ -235,14 +241,38 @@ impl Stages {
                             return;
                         }
                     }
-                    send(&out, &FromWorker::StageDone { v: VERSION, step, tokens: vec![] });
+                    send(
+                        &out,
+                        &FromWorker::StageDone {
+                            v: VERSION,
+                            step,
+                            tokens: vec![],
+                        },
+                    );
                 }
                 Ok(StageOutput::Sampled(tokens)) => {
-                    let tokens = tokens.into_iter().map(|c| c.into_iter().map(job_token).collect()).collect();
-                    send(&out, &FromWorker::StageDone { v: VERSION, step, tokens });
+                    let tokens = tokens
+                        .into_iter()
+                        .map(|c| c.into_iter().map(job_token).collect())
+                        .collect();
+                    send(
+                        &out,
+                        &FromWorker::StageDone {
+                            v: VERSION,
+                            step,
+                            tokens,
+                        },
+                    );
                 }
                 Err(message) => {
-                    send(&out, &FromWorker::StageFailed { v: VERSION, step, message });
+                    send(
+                        &out,
+                        &FromWorker::StageFailed {
+                            v: VERSION,
+                            step,
+                            message,
+                        },
+                    );
                 }
             }
         });
@@ -295,7 +325,10 @@ fn run_step(
         .iter()
         .map(|x| x.as_ref().map(StageSampling::owned))
         .collect();
-    let mut sampling: Vec<_> = owned.iter().map(|o| o.as_ref().map(OwnedSampling::row)).collect();
+    let mut sampling: Vec<_> = owned
+        .iter()
+        .map(|o| o.as_ref().map(OwnedSampling::row))
+        .collect();
     sampling.resize(batch.chunks.len(), None);
     let step = Step {
         batch: &batch,
@@ -310,7 +343,9 @@ fn run_step(
         }
         Some(a.finish()?)
     };
-    let input = input.as_deref().map_or(PartInput::Tokens, PartInput::Hidden);
+    let input = input
+        .as_deref()
+        .map_or(PartInput::Tokens, PartInput::Hidden);
     let mut stage = stage.lock().unwrap_or_else(|e| e.into_inner());
     stage.run(&step, input).map_err(|e| e.to_string())
 }

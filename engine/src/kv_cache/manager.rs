@@ -309,6 +309,15 @@ impl KvManager {
     }
 
     /// Releases `seq`'s blocks (tail first, so the tail is evicted first).
+    /// Forgets every cached prefix (their KV is gone from the executor);
+    /// blocks in use are untouched.
+    pub fn reset_cache(&mut self) {
+        self.pool.reset_cache();
+        if let Some(s) = self.sliding.as_mut() {
+            s.pool.reset_cache();
+        }
+    }
+
     pub fn free(&mut self, seq: RequestId) {
         if let Some(t) = self.tables.remove(&seq) {
             self.pool.free(t.blocks.into_iter().rev());

@@ -288,9 +288,10 @@ fn engine_parts(e: &EngineError) -> Parts {
             None,
             Some("unavailable"),
         ),
-        EngineError::Load(_) | EngineError::Tokenizer(_) | EngineError::Execution(_) => {
-            (S::INTERNAL_SERVER_ERROR, "server_error", None, None)
-        }
+        EngineError::Load(_)
+        | EngineError::Tokenizer(_)
+        | EngineError::Execution(_)
+        | EngineError::Recompute(_) => (S::INTERNAL_SERVER_ERROR, "server_error", None, None),
     }
 }
 

@@ -14,6 +14,8 @@
 //! - `spotcheck`: re-scoring a sample of workers' output on the house
 //!   engine; what a failed check costs the provider.
 //! - `asks`: workers' asks posted on the order book.
+//! - `pipelines`: models served as chains of workers that each hold a
+//!   layer range, planned here.
 //! - `standing_sync`: persisting providers' measured reputation and uptime.
 //! - `sanctions`: quarantines stored with the token, live sessions of a
 //!   sanctioned token closed on every replica, an admin's clearing.
@@ -28,6 +30,7 @@ pub mod dispatch;
 pub mod generation;
 pub mod limits;
 pub mod metering;
+pub mod pipelines;
 pub mod placement;
 pub mod sanctions;
 pub mod served;

@@ -1,0 +1,257 @@
+//! Models served as pipelines of workers, for models no one worker can
+//! hold (`--pipeline-model`). The server reads only the model's metadata
+//! and tokenizer and runs the engine (scheduler, KV block tables,
+//! sampling's parameters, billing) as for any model; its executor sends
+//! each step through a chain of workers, each holding a contiguous layer
+//! range (`remote`). The planner here forms the chain from the workers
+//! that offer parts of the model: which layers each holds (`plan`), asks
+//! them to load their parts, publishes the chain once every part is held,
+//! keeps it while it stands, and forms another when a stage leaves or
+//! fails.
+
+pub mod plan;
+pub mod remote;
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use engine::chat::TemplateChoice;
+use engine::error::EngineError;
+use engine::kv_cache::KvDtype;
+use engine::loader::load_front;
+use engine::pipeline::{PartSizes, part_sizes};
+use engine::registry::{ModelKind, ModelRegistry, RegisteredModel, model_version};
+use engine::{EngineBuilder, ModelFacts, SchedulerConfig};
+use protocol::bus::WorkerInfo;
+use protocol::stage::PartOffer;
+use protocol::{ToWorker, VERSION};
+
+use crate::fleet::registry::Registry;
+use plan::{Candidate, plan};
+use remote::{ChainCell, FleetPipeline, PipelineShape, StageRef};
+
+/// How often the planner looks at the fleet.
+pub const PLAN_EVERY: Duration = Duration::from_millis(250);
+/// How long a worker asked to load a part has before it is asked again.
+const ASK_AGAIN: Duration = Duration::from_secs(30);
+
+/// A model to serve as a pipeline.
+#[derive(Debug, Clone)]
+pub struct PipelineSpec {
+    pub name: String,
+    pub path: PathBuf,
+    /// KV blocks of `block_size` tokens every stage holds for each layer.
+    pub blocks: u32,
+    pub block_size: u32,
+    pub step_timeout: Duration,
+}
+
+/// A pipeline model being served: its spec, what its parts weigh, and
+/// the chain it runs on.
+#[derive(Debug)]
+pub struct PipelineModel {
+    pub spec: PipelineSpec,
+    pub sizes: PartSizes,
+    pub cell: Arc<ChainCell>,
+    /// Parts asked for and when, so a slow load is not asked again and
+    /// again.
+    asked: Mutex<HashMap<(String, u32, u32), Instant>>,
+    /// Whether the planner said it cannot form a chain (said once).
+    stuck: Mutex<bool>,
+}
+
+/// Starts `spec`'s engine over `fleet`'s workers and serves it in
+/// `models`; the planner (`run`) forms its chains.
+pub fn start(
+    spec: PipelineSpec,
+    template: &TemplateChoice,
+    scheduler: SchedulerConfig,
+    fleet: Arc<Registry>,
+    models: &ModelRegistry,
+) -> Result<Arc<PipelineModel>, EngineError> {
+    let front = load_front(&spec.path, template)?;
+    let sizes = part_sizes(&spec.path)?;
+    let c = &front.config;
+    let layout = engine::kv_cache::KvLayout {
+        dtype: KvDtype::F16,
+        ..c.kv_layout(spec.block_size as usize, spec.blocks as usize)
+    };
+    let shape = PipelineShape {
+        model: spec.name.clone(),
+        hidden: c.hidden,
+        vocab: c.vocab_size,
+        layout,
+        step_timeout: spec.step_timeout,
+        chain_wait: Duration::from_secs(60),
+    };
+    let cell = Arc::new(ChainCell::default());
+    let rt = tokio::runtime::Handle::current();
+    let executor = FleetPipeline::new(shape, fleet, cell.clone(), rt);
+    let facts = ModelFacts {
+        architecture: c.architecture.clone(),
+        context_length: c.context_length,
+        vocab_size: c.vocab_size,
+        generation: front.generation,
+    };
+    let handle = EngineBuilder::new(front.tokenizer, front.template, facts)
+        .scheduler(scheduler)
+        .executor(Box::new(executor))
+        .start()?;
+    let created = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    models
+        .add(RegisteredModel {
+            name: spec.name.clone(),
+            created,
+            version: model_version(&spec.path),
+            kind: ModelKind::Text(handle),
+        })
+        .map_err(|e| EngineError::Load(e.to_string()))?;
+    tracing::info!(model = %spec.name, layers = sizes.n_layer, "serving a model as a pipeline of workers");
+    Ok(Arc::new(PipelineModel {
+        spec,
+        sizes,
+        cell,
+        asked: Mutex::default(),
+        stuck: Mutex::new(false),
+    }))
+}
+
+/// Plans every pipeline model's chain, for ever.
+pub async fn run(fleet: Arc<Registry>, models: Vec<Arc<PipelineModel>>) {
+    let mut tick = tokio::time::interval(PLAN_EVERY);
+    loop {
+        tick.tick().await;
+        for m in &models {
+            replan(&fleet, m).await;
+        }
+    }
+}
+
+/// This replica's workers that may hold a part of `m` now, with their
+/// offers.
+fn candidates(fleet: &Registry, m: &PipelineModel) -> Vec<(WorkerInfo, PartOffer)> {
+    let n = m.sizes.n_layer as u32;
+    fleet
+        .list()
+        .into_iter()
+        .filter(|w| fleet.is_local(&w.id) && matches!(w.state.as_str(), "active" | "calibrating"))
+        .filter(|w| !m.cell.is_failed(&w.id))
+        .filter_map(|w| {
+            let o = w
+                .parts
+                .iter()
+                .find(|o| {
+                    o.model == m.spec.name && o.layers == n && o.hidden as usize == m.sizes.hidden
+                })?
+                .clone();
+            Some((w, o))
+        })
+        .collect()
+}
+
+/// Whether `w` holds `s`'s layers of `m` with its KV.
+fn holds(w: &WorkerInfo, m: &PipelineModel, s: &StageRef) -> bool {
+    w.holds.iter().any(|h| {
+        h.model == m.spec.name
+            && (h.first, h.end) == (s.layers.start, s.layers.end)
+            && h.blocks == m.spec.blocks
+    })
+}
+
+/// One look at the fleet for `m`: keep a standing chain, or plan one, ask
+/// for its parts and publish it once they are all held.
+async fn replan(fleet: &Registry, m: &PipelineModel) {
+    let cands = candidates(fleet, m);
+    let held = |s: &StageRef| {
+        cands
+            .iter()
+            .any(|(w, _)| w.id == s.worker && holds(w, m, s))
+    };
+    if let Some(c) = m.cell.get() {
+        if c.stages.iter().all(held) {
+            return;
+        }
+        tracing::warn!(model = %m.spec.name, "a pipeline stage left: forming another chain");
+        m.cell.set(None);
+    }
+    let blocks = u64::from(m.spec.blocks);
+    let speeds = m.cell.speeds();
+    // A worker not measured yet is taken to be as fast as the others.
+    let typical = if speeds.is_empty() {
+        1.0
+    } else {
+        speeds.values().sum::<f64>() / speeds.len() as f64
+    };
+    let offered: Vec<Candidate> = cands
+        .iter()
+        .map(|(w, o)| Candidate {
+            id: w.id.clone(),
+            mid: o.fits(blocks, false),
+            end: o.fits(blocks, true),
+            speed: speeds.get(&w.id).copied().unwrap_or(typical),
+        })
+        .collect();
+    let Some(placed) = plan(m.sizes.n_layer as u32, &offered) else {
+        let mut stuck = m.stuck.lock().unwrap_or_else(|e| e.into_inner());
+        if !*stuck && !cands.is_empty() {
+            tracing::warn!(model = %m.spec.name, workers = cands.len(), "the workers offering parts cannot hold every layer together");
+        }
+        *stuck = true;
+        return;
+    };
+    *m.stuck.lock().unwrap_or_else(|e| e.into_inner()) = false;
+    let stages: Vec<StageRef> = placed
+        .into_iter()
+        .map(|p| StageRef {
+            worker: p.worker,
+            layers: p.layers,
+        })
+        .collect();
+    let mut ready = true;
+    for s in &stages {
+        if !held(s) {
+            ready = false;
+            ask(fleet, m, s).await;
+        }
+    }
+    if ready {
+        tracing::info!(model = %m.spec.name, stages = ?stages, "pipeline formed");
+        m.cell.set(Some(stages.clone()));
+        for (w, _) in &cands {
+            let in_chain = stages.iter().any(|s| s.worker == w.id);
+            if !in_chain && w.holds.iter().any(|h| h.model == m.spec.name) {
+                let msg = ToWorker::DropPart {
+                    v: VERSION,
+                    model: m.spec.name.clone(),
+                };
+                fleet.send_local(&w.id, msg).await;
+            }
+        }
+    }
+}
+
+/// Asks `s.worker` to load its part, unless it was asked lately.
+async fn ask(fleet: &Registry, m: &PipelineModel, s: &StageRef) {
+    let key = (s.worker.clone(), s.layers.start, s.layers.end);
+    {
+        let mut asked = m.asked.lock().unwrap_or_else(|e| e.into_inner());
+        asked.retain(|_, at| at.elapsed() < ASK_AGAIN);
+        if asked.contains_key(&key) {
+            return;
+        }
+        asked.insert(key, Instant::now());
+    }
+    let msg = ToWorker::LoadPart {
+        v: VERSION,
+        model: m.spec.name.clone(),
+        first: s.layers.start,
+        end: s.layers.end,
+        blocks: m.spec.blocks,
+        block_size: m.spec.block_size,
+    };
+    fleet.send_local(&s.worker, msg).await;
+}

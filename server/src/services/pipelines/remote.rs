@@ -1,0 +1,400 @@
+//! The executor of a model served as a pipeline of workers: each engine
+//! step goes through the chain the planner published, stage by stage over
+//! the worker protocol (`FleetStage`: the input rows as frames, then
+//! `stage_step`, answered with the output rows or, from the last stage,
+//! the sampled tokens, checked before use). It waits (bounded) for a chain
+//! when there is none; when the chain changes, or a stage fails, every
+//! sequence's KV is gone from the stages, so it asks the engine to
+//! recompute them all (`EngineError::Recompute`) on the next chain, and
+//! the failed worker is kept out of the next plan.
+
+use std::ops::Range;
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
+
+use engine::error::{EngineError, Result};
+use engine::executor::{Executor, Step};
+use engine::kv_cache::KvLayout;
+use engine::kv_cache::transfer::KvTransferError;
+use engine::model::llama::PartInput;
+use engine::pipeline::{Stage, StageOutput, run_chain};
+use engine::request::{RequestId, TokenLogprob};
+use engine::sampling::Sampled;
+use protocol::stage::{StageChunk, StageSampling, hidden_frames};
+use protocol::{JobToken, ToWorker, VERSION};
+
+use crate::fleet::registry::Registry;
+use crate::fleet::stage_calls::StageReply;
+
+/// One stage of a published chain.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StageRef {
+    pub worker: String,
+    pub layers: Range<u32>,
+}
+
+/// The chain a pipeline model runs on now, with a number that changes
+/// whenever the chain does.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Chain {
+    pub epoch: u64,
+    pub stages: Vec<StageRef>,
+}
+
+/// What the planner and the executor of one pipeline model share.
+#[derive(Debug, Default)]
+pub struct ChainCell {
+    chain: RwLock<Option<Chain>>,
+    /// Workers whose step failed, and when: out of plans for a while.
+    failed: Mutex<Vec<(String, Instant)>>,
+    /// Each stage worker's measured speed: layer-tokens a millisecond
+    /// (smoothed), its step's round trip included.
+    speeds: Mutex<std::collections::HashMap<String, f64>>,
+}
+
+/// How long a worker whose step failed stays out of plans.
+pub const FAILED_FOR: Duration = Duration::from_secs(60);
+
+impl ChainCell {
+    pub fn get(&self) -> Option<Chain> {
+        self.chain.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Publishes `stages` (a new epoch when they differ), or none.
+    pub fn set(&self, stages: Option<Vec<StageRef>>) {
+        let mut c = self.chain.write().unwrap_or_else(|e| e.into_inner());
+        let same = match (&*c, &stages) {
+            (Some(old), Some(new)) => &old.stages == new,
+            (None, None) => true,
+            _ => false,
+        };
+        if same {
+            return;
+        }
+        let epoch = c.as_ref().map_or(0, |x| x.epoch) + 1;
+        *c = stages.map(|stages| Chain { epoch, stages });
+    }
+
+    /// Keeps `worker` out of plans for `FAILED_FOR`, and the chain with it
+    /// is withdrawn.
+    pub fn fail(&self, worker: &str) {
+        self.failed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push((worker.to_string(), Instant::now()));
+        let holds = self
+            .get()
+            .is_some_and(|c| c.stages.iter().any(|s| s.worker == worker));
+        if holds {
+            self.set(None);
+        }
+    }
+
+    /// Takes one step's time into `worker`'s speed.
+    pub fn record(&self, worker: &str, layers: usize, tokens: usize, took: Duration) {
+        let ms = took.as_secs_f64() * 1e3;
+        let speed = (layers * tokens.max(1)) as f64 / ms.max(1e-3);
+        let mut s = self.speeds.lock().unwrap_or_else(|e| e.into_inner());
+        let v = s.entry(worker.to_string()).or_insert(speed);
+        *v += (speed - *v) / 8.0;
+    }
+
+    /// The workers' measured speeds.
+    pub fn speeds(&self) -> std::collections::HashMap<String, f64> {
+        self.speeds
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Whether `worker` failed a step lately.
+    pub fn is_failed(&self, worker: &str) -> bool {
+        let mut f = self.failed.lock().unwrap_or_else(|e| e.into_inner());
+        f.retain(|(_, at)| at.elapsed() < FAILED_FOR);
+        f.iter().any(|(w, _)| w == worker)
+    }
+}
+
+/// What a pipeline's executor needs to know of its model.
+#[derive(Debug, Clone)]
+pub struct PipelineShape {
+    pub model: String,
+    pub hidden: usize,
+    pub vocab: usize,
+    pub layout: KvLayout,
+    /// How long one stage step may take.
+    pub step_timeout: Duration,
+    /// How long a step waits for a chain when there is none.
+    pub chain_wait: Duration,
+}
+
+/// The engine's executor for a model served by a pipeline of workers.
+pub struct FleetPipeline {
+    shape: PipelineShape,
+    fleet: Arc<Registry>,
+    cell: Arc<ChainCell>,
+    rt: tokio::runtime::Handle,
+    /// The chain the last step ran on.
+    epoch: Option<u64>,
+}
+
+impl FleetPipeline {
+    pub fn new(
+        shape: PipelineShape,
+        fleet: Arc<Registry>,
+        cell: Arc<ChainCell>,
+        rt: tokio::runtime::Handle,
+    ) -> Self {
+        Self {
+            shape,
+            fleet,
+            cell,
+            rt,
+            epoch: None,
+        }
+    }
+
+    /// The chain now, waiting for one up to `chain_wait`.
+    fn chain(&self) -> Result<Chain> {
+        let deadline = Instant::now() + self.shape.chain_wait;
+        loop {
+            if let Some(c) = self.cell.get() {
+                return Ok(c);
+            }
+            if Instant::now() >= deadline {
+                return Err(EngineError::Execution(format!(
+                    "no pipeline of workers holds every layer of `{}` now",
+                    self.shape.model
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Executor for FleetPipeline {
+    fn name(&self) -> String {
+        format!("pipeline:{}", self.shape.model)
+    }
+
+    fn kv_layout(&self) -> KvLayout {
+        self.shape.layout
+    }
+
+    fn kv_bytes(&self) -> usize {
+        0
+    }
+
+    fn execute(&mut self, step: &Step<'_>) -> Result<Vec<Vec<Sampled>>> {
+        let chain = self.chain()?;
+        let before = self.epoch.replace(chain.epoch);
+        if before.is_some_and(|e| e != chain.epoch) {
+            return Err(EngineError::Recompute(format!(
+                "the pipeline of `{}` changed",
+                self.shape.model
+            )));
+        }
+        let last = chain.stages.len().saturating_sub(1);
+        let culprit: Arc<Mutex<Option<String>>> = Arc::default();
+        let mut stages: Vec<Box<dyn Stage>> = chain
+            .stages
+            .iter()
+            .enumerate()
+            .map(|(i, s)| {
+                Box::new(FleetStage {
+                    at: s.clone(),
+                    last: i == last,
+                    shape: self.shape.clone(),
+                    fleet: self.fleet.clone(),
+                    rt: self.rt.clone(),
+                    culprit: culprit.clone(),
+                    cell: self.cell.clone(),
+                }) as Box<dyn Stage>
+            })
+            .collect();
+        match run_chain(&mut stages, step) {
+            Ok(s) => Ok(s),
+            Err(e) => {
+                let failed = culprit.lock().unwrap_or_else(|e| e.into_inner()).take();
+                if let Some(w) = failed {
+                    tracing::warn!(worker = %w, error = %e, "a pipeline stage failed: replanning");
+                    self.cell.fail(&w);
+                }
+                Err(EngineError::Recompute(e.to_string()))
+            }
+        }
+    }
+
+    fn release(&mut self, _seq: RequestId) {}
+
+    fn export_kv(&self, _blocks: &[u32]) -> std::result::Result<Vec<u8>, KvTransferError> {
+        Err(KvTransferError::NotKv)
+    }
+
+    fn import_kv(
+        &mut self,
+        _blocks: &[u32],
+        _bytes: &[u8],
+    ) -> std::result::Result<(), KvTransferError> {
+        Err(KvTransferError::NotKv)
+    }
+}
+
+/// One worker's stage for one step.
+struct FleetStage {
+    at: StageRef,
+    last: bool,
+    shape: PipelineShape,
+    fleet: Arc<Registry>,
+    rt: tokio::runtime::Handle,
+    /// Where a failed stage names its worker for the executor.
+    culprit: Arc<Mutex<Option<String>>>,
+    cell: Arc<ChainCell>,
+}
+
+impl FleetStage {
+    fn call(
+        &self,
+        step: &Step<'_>,
+        input: PartInput<'_>,
+    ) -> std::result::Result<StageReply, String> {
+        let rows_out = if self.last {
+            0
+        } else {
+            step.batch.num_tokens()
+        };
+        let worker = &self.at.worker;
+        let calls = &self.fleet.stage_calls;
+        let (id, answer) = calls.open(worker, self.shape.hidden, rows_out);
+        let (frames, rows) = match input {
+            PartInput::Hidden(h) => (
+                hidden_frames(id, self.shape.hidden, h),
+                (h.len() / self.shape.hidden.max(1)) as u32,
+            ),
+            PartInput::Tokens => (Vec::new(), 0),
+        };
+        let sampling = if self.last {
+            step.sampling
+                .iter()
+                .map(|s| s.as_ref().map(StageSampling::of))
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let msg = ToWorker::StageStep {
+            v: VERSION,
+            step: id,
+            model: self.shape.model.clone(),
+            chunks: step.batch.chunks.iter().map(StageChunk::of).collect(),
+            rows,
+            sampling,
+        };
+        let fleet = self.fleet.clone();
+        let sent = self.rt.block_on(async {
+            for f in frames {
+                if !fleet.send_frame(worker, f).await {
+                    return false;
+                }
+            }
+            fleet.send_local(worker, msg).await
+        });
+        let got = if sent {
+            answer
+                .recv_timeout(self.shape.step_timeout)
+                .map_err(|_| {
+                    format!(
+                        "stage {worker} did not answer within {:?}",
+                        self.shape.step_timeout
+                    )
+                })
+                .and_then(|r| r)
+        } else {
+            Err(format!("stage {worker} is gone"))
+        };
+        calls.close(id);
+        got
+    }
+
+    /// The sampled tokens, checked: one list per chunk, none for a chunk
+    /// without logits, at most its drafts + 1 otherwise, in the vocabulary.
+    fn tokens(
+        &self,
+        step: &Step<'_>,
+        tokens: Vec<Vec<JobToken>>,
+    ) -> std::result::Result<Vec<Vec<Sampled>>, String> {
+        if tokens.len() != step.batch.chunks.len() {
+            return Err(format!(
+                "{} token lists for {} chunks",
+                tokens.len(),
+                step.batch.chunks.len()
+            ));
+        }
+        step.batch
+            .chunks
+            .iter()
+            .zip(tokens)
+            .map(|(c, ts)| {
+                let most = c.num_logits();
+                if (most == 0) != ts.is_empty() || ts.len() > most {
+                    return Err(format!(
+                        "{} tokens for a chunk of {most} logits rows",
+                        ts.len()
+                    ));
+                }
+                ts.into_iter()
+                    .map(|t| {
+                        if t.id as usize >= self.shape.vocab {
+                            return Err(format!("token {} is outside the vocabulary", t.id));
+                        }
+                        let lp = t.logprob.map(|logprob| TokenLogprob {
+                            token: t.id,
+                            logprob,
+                            top: t.top,
+                        });
+                        Ok((t.id, lp))
+                    })
+                    .collect()
+            })
+            .collect()
+    }
+}
+
+impl Stage for FleetStage {
+    fn name(&self) -> String {
+        self.at.worker.clone()
+    }
+
+    fn layers(&self) -> Range<usize> {
+        self.at.layers.start as usize..self.at.layers.end as usize
+    }
+
+    fn num_blocks(&self) -> usize {
+        self.shape.layout.num_blocks
+    }
+
+    fn run(&mut self, step: &Step<'_>, input: PartInput<'_>) -> Result<StageOutput> {
+        let started = Instant::now();
+        let out = self
+            .call(step, input)
+            .and_then(|reply| match (reply, self.last) {
+                (StageReply::Hidden(h), false) => Ok(StageOutput::Hidden(h)),
+                (StageReply::Tokens(t), true) => self.tokens(step, t).map(StageOutput::Sampled),
+                _ => Err(format!("stage {} answered out of turn", self.at.worker)),
+            });
+        if out.is_ok() {
+            let layers = self.at.layers.len();
+            self.cell.record(
+                &self.at.worker,
+                layers,
+                step.batch.num_tokens(),
+                started.elapsed(),
+            );
+        }
+        out.map_err(|why| {
+            *self.culprit.lock().unwrap_or_else(|e| e.into_inner()) = Some(self.at.worker.clone());
+            EngineError::Execution(why)
+        })
+    }
+
+    fn release(&mut self, _seq: RequestId) {}
+}
