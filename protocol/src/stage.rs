@@ -75,6 +75,10 @@ pub struct StageChunk {
     pub blocks: Vec<u32>,
 }
 
+/// A sequence's penalty state: each output token with its count, and the
+/// prompt's tokens (both sorted).
+pub type PenaltyParts = (Vec<(u32, u32)>, Vec<u32>);
+
 /// How the last stage samples one chunk: the sequence's sampling as the
 /// server resolved it, its output position, and where they apply its
 /// penalties' state and the tokens structured output allows.
@@ -96,7 +100,7 @@ pub struct StageSampling {
     pub position: u64,
     /// Output tokens with their counts, and the prompt's tokens.
     #[serde(default)]
-    pub penalties: Option<(Vec<(u32, u32)>, Vec<u32>)>,
+    pub penalties: Option<PenaltyParts>,
     /// The allowed tokens' bitset words.
     #[serde(default)]
     pub allowed: Option<Vec<u64>>,

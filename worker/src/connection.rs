@@ -327,7 +327,16 @@ impl<'a> Session<'a> {
                 };
                 self.stages.step(s, out.clone());
             }
-            _ => {}
+            ToWorker::Welcome { .. }
+            | ToWorker::Error { .. }
+            | ToWorker::Drain { .. }
+            | ToWorker::Pause { .. }
+            | ToWorker::Assign { .. }
+            | ToWorker::Cancel { .. }
+            | ToWorker::Embed { .. }
+            | ToWorker::Prefill { .. }
+            | ToWorker::KvEnd { .. }
+            | ToWorker::KvAbort { .. } => {}
         }
     }
 

@@ -398,7 +398,18 @@ fn route_stage(registry: &Registry, worker: &str, msg: FromWorker) -> Option<u64
         FromWorker::StageFailed { step, message, .. } => {
             (step, registry.stage_calls.failed(worker, step, &message))
         }
-        _ => return None,
+        FromWorker::Register { .. }
+        | FromWorker::Status { .. }
+        | FromWorker::Drain { .. }
+        | FromWorker::Accepted { .. }
+        | FromWorker::Tokens { .. }
+        | FromWorker::Done { .. }
+        | FromWorker::Failed { .. }
+        | FromWorker::Embedded { .. }
+        | FromWorker::KvWant { .. }
+        | FromWorker::KvEnd { .. }
+        | FromWorker::KvFailed { .. }
+        | FromWorker::KvResult { .. } => return None,
     };
     (delivery.1 == Delivery::NotYours).then_some(delivery.0)
 }

@@ -49,9 +49,7 @@ fn chain_of(n: u32, chosen: &[&Candidate]) -> Option<Vec<Placed>> {
         .enumerate()
         .map(|(i, c)| if i == 0 || i == last { c.end } else { c.mid })
         .collect();
-    if caps.iter().any(|&c| c == 0)
-        || caps.iter().map(|&c| u64::from(c)).sum::<u64>() < u64::from(n)
-    {
+    if caps.contains(&0) || caps.iter().map(|&c| u64::from(c)).sum::<u64>() < u64::from(n) {
         return None;
     }
     let speeds: Vec<f64> = order.iter().map(|c| c.speed.max(1e-9)).collect();
