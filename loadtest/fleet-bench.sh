@@ -29,6 +29,14 @@
 #        loadtest/fleet-bench.sh placement [RATE...]          (default: 2 4 8)
 #        loadtest/fleet-bench.sh split [CONCURRENCY...]       (default: 1 4)
 #        loadtest/fleet-bench.sh pipeline [CONCURRENCY]       (default: 16)
+#        loadtest/fleet-bench.sh stages [CONCURRENCY...]      (default: 1 8)
+#
+# `stages` (issue 46) serves the default model whole (the house engine,
+# every core) and as a pipeline of workers (--pipeline-model; each worker
+# --threads 2, every core) of 1, 2 and 3 stages on loopback, their
+# --max-memory set so the planner needs that many (SmolLM2 Q4_1: 30 MB of
+# ends, 8.5 MB a layer with its KV), at each concurrency, 64 output
+# tokens, the same prompts for each.
 #
 # `pipeline` saturates two one-thread workers (cores 0 and 1) with a
 # mixed load (prompts of 32 to 992 words, 16 to 240 output tokens) at
@@ -43,11 +51,12 @@ SYNOR="$TARGET/synor"
 LOADTEST="$TARGET/synor-loadtest"
 export SYNOR_MODELS_DIR="${SYNOR_MODELS_DIR:-models}"
 MODE=serving
-case "${1:-}" in serving | placement | split | pipeline) MODE=$1; shift ;; esac
+case "${1:-}" in serving | placement | split | pipeline | stages) MODE=$1; shift ;; esac
 case "$MODE" in
     placement) ARGS=("${@:-2 4 8}") ;;
     split) ARGS=("${@:-1 4}") ;;
     pipeline) ARGS=("${@:-16}") ;;
+    stages) ARGS=("${@:-1 8}") ;;
     *) ARGS=("${@:-1 16}") ;;
 esac
 read -r -a CONCURRENCY <<<"${ARGS[*]}"
@@ -115,6 +124,27 @@ run() {
         "$(grep -E 'Output token throughput|Median TTFT|Median ITL|P99 ITL' "$WORK/$name-$c.txt" | tr -s ' ' | paste -sd ';')"
 }
 
+# run_model NAME MODEL CONCURRENCY: like `run`, for one served model.
+run_model() {
+    local name=$1 model=$2 c=$3
+    "$LOADTEST" --base-url "$BASE" --model "$model" --seed "$c" --num-prompts $((4 * c)) \
+        --max-concurrency "$c" --random-input-len 128 --random-output-len 64 --ignore-eos \
+        --no-progress --result-file "$WORK/$name-$c.json" >"$WORK/$name-$c.txt" 2>&1 \
+        || { cat "$WORK/$name-$c.txt"; exit 1; }
+    printf '%-6s c=%-3s %s\n' "$name" "$c" \
+        "$(grep -E 'Output token throughput|Median TTFT|Median ITL' "$WORK/$name-$c.txt" | tr -s ' ' | paste -sd ';')"
+}
+
+# stages_up K: waits for K workers holding parts of `pipe`.
+stages_up() {
+    for _ in $(seq 1 600); do
+        n=$(admin "$BASE/admin/fleet" | python3 -c 'import json,sys; print(sum(any(h["model"] == "pipe" for h in w["holds"]) for w in json.load(sys.stdin)["data"]))')
+        [ "$n" = "$1" ] && sleep 1 && return
+        sleep 0.1
+    done
+    echo "the stages did not load"; cat "$WORK"/*.log; exit 1
+}
+
 WORKERS=()
 echo "machine: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(nproc) cores; $(date -u +%F)"
 
@@ -137,6 +167,25 @@ if [ "$MODE" = placement ]; then
         stop_workers
         stop_server
         rm -f "$WORK/synor.db"*
+    done
+    exit 0
+fi
+
+if [ "$MODE" = stages ]; then
+    SMOL=smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf
+    start_server 1 measured --model "$SMOL" --pipeline-model "pipe=$SMOL"
+    TOKEN=$(admin -X POST "$BASE/admin/providers" -d '{"name":"bench"}' | python3 -c 'import json,sys; print(json.load(sys.stdin)["token"])')
+    for c in "${CONCURRENCY[@]}"; do run_model whole smollm2-135m-instruct "$c"; done
+    for k in 1 2 3; do
+        case $k in 1) mem=512MiB ;; 2) mem=166MiB ;; *) mem=124MiB ;; esac
+        for i in $(seq 1 "$k"); do
+            start_worker "s$k-$i" 2 "" --model none --part-model "pipe=$SMOL" --max-memory "$mem"
+        done
+        stages_up "$k"
+        for c in "${CONCURRENCY[@]}"; do run_model "k=$k" pipe "$c"; done
+        for w in "${WORKERS[@]}"; do kill "$w" 2>/dev/null || true; wait "$w" 2>/dev/null || true; done
+        WORKERS=()
+        stages_up 0
     done
     exit 0
 fi

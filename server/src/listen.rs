@@ -106,6 +106,10 @@ pub async fn serve(
             },
             () = &mut stop => break,
         };
+        // Small writes go out at once: a worker's stage step is frames
+        // and then a short message, which Nagle's algorithm would hold
+        // for the peer's delayed ACK (40 ms a hop).
+        let _ = stream.set_nodelay(true);
         let Some(slot) = clients.take(peer.ip(), limits.max_per_client) else {
             tracing::debug!(%peer, "too many connections from this client");
             tokio::spawn(refuse(stream));

@@ -50,6 +50,7 @@ fn start_pipelines(
         let sched = args.scheduler.to_engine().scheduler;
         let m = pipelines::start(spec, &template, sched, state.fleet.clone(), registry)
             .with_context(|| format!("--pipeline-model {name}={}", path.display()))?;
+        state.dispatch.add_pipeline(name, m.cell.clone());
         started.push(m);
     }
     if !started.is_empty() {

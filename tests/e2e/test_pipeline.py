@@ -7,13 +7,11 @@ pipeline's greedy text equals the whole model's, and a stage killed
 mid-stream is replaced by a spare worker with the text unchanged."""
 
 import json
-import threading
-import time
 import urllib.request
 
 import pytest
 
-from conftest import ADMIN_TOKEN, _start
+from conftest import ADMIN_TOKEN, _start, ticks
 from test_fleet import call, fleet, provider_token, start_worker, stop, wait_for
 
 SMOL = "smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -48,6 +46,25 @@ def complete(base, model, prompt, max_tokens):
         return json.loads(r.read())["choices"][0]["text"]
 
 
+def streamed(base, model, prompt, max_tokens, after, then):
+    """The text chunks of a streamed completion; `then()` runs once
+    `after` chunks have come."""
+    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
+            "ignore_eos": True, "stream": True}
+    req = urllib.request.Request(base + "/v1/completions", json.dumps(body).encode(),
+                                 {"content-type": "application/json",
+                                  "x-synor-cache": "bypass"})
+    out = []
+    with urllib.request.urlopen(req, timeout=300) as r:
+        for line in r:
+            if not line.startswith(b"data: {"):
+                continue
+            out.append(json.loads(line[6:])["choices"][0]["text"])
+            if len(out) == after:
+                then()
+    return out
+
+
 def chain(base):
     """The workers holding parts, by first layer: (name, first, end)."""
     held = [(w["name"], h["first"], h["end"]) for w in fleet(base) for h in w["holds"]
@@ -55,10 +72,10 @@ def chain(base):
     return sorted(held, key=lambda x: x[1])
 
 
-def test_three_workers_of_ten_layers_write_what_the_whole_model_writes(server):
+def test_three_workers_of_ten_layers_write_what_the_whole_model_writes_and_are_paid(server):
     base = server["base"]
-    token = provider_token(base)["token"]
-    workers = [part_worker(base, token, f"s{i}") for i in range(3)]
+    providers = [provider_token(base, f"stage{i}") for i in range(3)]
+    workers = [part_worker(base, p["token"], f"s{i}") for i, p in enumerate(providers)]
     try:
         wait_for(lambda: len(chain(base)) == 3, timeout=60, what="three stages")
         assert [(f, e) for _, f, e in chain(base)] == [(0, 10), (10, 20), (20, 30)], chain(base)
@@ -68,6 +85,22 @@ def test_three_workers_of_ten_layers_write_what_the_whole_model_writes(server):
         # The workers hold parts, never the whole model.
         for w in fleet(base):
             assert w["models"] == [] and w["parts"][0]["layers"] == 30, w
+        # Each stage's provider is paid its third of what the requests
+        # paid providers, and nothing more; the books balance.
+        def balance(p):
+            return ticks(call(base, "GET", f"/admin/accounts/{p['account_id']}")[1]["balance"])
+        wait_for(lambda: all(balance(p) > 0 for p in providers), timeout=10,
+                 what="every stage's provider to be paid")
+        status, usage = call(base, "GET", "/admin/usage?limit=100")
+        assert status == 200, usage
+        mine = [r for r in usage["data"] if r["model"] == PIPE]
+        assert len(mine) == 3 and all(r["decode_by"].count(",") == 2 for r in mine), mine
+        paid = sum(ticks(r["provider_amount"]) for r in mine)
+        balances = [balance(p) for p in providers]
+        assert sum(balances) == paid, (balances, paid)
+        assert max(balances) - min(balances) <= paid // 10, balances
+        status, audit = call(base, "GET", "/admin/ledger/audit")
+        assert status == 200 and audit["violations"] == [], audit
     finally:
         for w in workers:
             stop(w)
@@ -82,17 +115,14 @@ def test_a_stage_killed_mid_stream_is_replaced_and_the_text_is_the_same(server):
         spare = part_worker(base, token, "spare")
         workers.append(spare)
         wait_for(lambda: any(w["name"] == "spare" for w in fleet(base)), what="the spare")
-        want = complete(base, WHOLE, "Once upon a time", 120)
+        want = complete(base, WHOLE, "Once upon a time", 200)
         middle = next(n for n, f, _ in chain(base) if f > 0 and f < 20)
-        victim = next(w for w, i in zip(workers, range(3)) if f"k{i}" == middle)
-        got = {}
-        t = threading.Thread(target=lambda: got.update(text=complete(base, PIPE, "Once upon a time", 120)))
-        t.start()
-        time.sleep(1.0)
-        assert t.is_alive(), "the stream ended before a stage was killed"
-        victim.kill()
-        t.join(timeout=300)
-        assert got.get("text") == want
+        assert middle.startswith("k"), chain(base)
+        victim = workers[int(middle[1:])]
+        # Streamed: the middle stage is killed once 20 chunks have come.
+        got = "".join(streamed(base, PIPE, "Once upon a time", 200, after=20, then=victim.kill))
+        assert victim.poll() is not None, "the stage was killed mid-stream"
+        assert got == want
         assert "spare" in [n for n, _, _ in chain(base)], chain(base)
         status, audit = call(base, "GET", "/admin/ledger/audit")
         assert status == 200 and audit["violations"] == [], audit

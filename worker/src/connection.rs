@@ -95,7 +95,8 @@ async fn open(link: &Link<'_>) -> anyhow::Result<Result<(Socket, Duration), Ende
         .parse()
         .context("the worker token is not a valid header value")?;
     request.headers_mut().insert("authorization", auth);
-    let mut socket = match tokio_tungstenite::connect_async(request).await {
+    // No Nagle: a stage's answer is frames and then a short message.
+    let mut socket = match tokio_tungstenite::connect_async_with_config(request, None, true).await {
         Ok((s, _)) => s,
         Err(tokio_tungstenite::tungstenite::Error::Http(r)) if r.status() == 401 => {
             let body = r

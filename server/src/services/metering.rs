@@ -97,6 +97,9 @@ pub struct Credits(std::sync::Arc<std::sync::Mutex<Attempts>>);
 #[derive(Debug, Default)]
 struct Attempts {
     work: Vec<money::ledger::settle::Work>,
+    /// Layer-tokens each pipeline stage computed for the request, by
+    /// (executor, provider, payout share).
+    stages: std::collections::BTreeMap<(String, String, i64), u64>,
     prefill: Option<String>,
     decode: Vec<String>,
     /// Whose request it is, for a clawback's refund.
@@ -131,6 +134,24 @@ impl Credits {
         a.work.push(work);
     }
 
+    /// A pipeline's stages ran one of the request's sequences: each
+    /// `(executor, provider, payout share, layer-tokens computed)`. At
+    /// settlement every stage's provider is paid its share of all the
+    /// layer-tokens of the request's counted tokens, at the request's
+    /// prices.
+    pub fn stages(&self, ran: Vec<(String, String, i64, u64)>) {
+        let mut a = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        for (executor, provider, payout_bps, n) in ran {
+            a.prefill.get_or_insert_with(|| executor.clone());
+            if !a.decode.contains(&executor) {
+                a.decode.push(executor.clone());
+            }
+            *a.stages
+                .entry((executor, provider, payout_bps))
+                .or_default() += n;
+        }
+    }
+
     /// Who pays the request (`None` for an unmetered one).
     pub fn payer(&self) -> Option<PaidBy> {
         self.0
@@ -153,9 +174,10 @@ impl Credits {
         }
     }
 
-    /// What settlement needs (nothing when no relay ran: the hold's own
-    /// provider and executors stand).
-    fn take(&self) -> money::ledger::settle::Attribution {
+    /// What settlement needs for `t` counted tokens at `prices` (nothing
+    /// when no relay or pipeline ran: the hold's own provider and
+    /// executors stand).
+    fn take(&self, t: Tokens, prices: money::ledger::Prices) -> money::ledger::settle::Attribution {
         let a = {
             let mut g = self.0.lock().unwrap_or_else(|e| e.into_inner());
             let payer = g.payer.clone();
@@ -163,6 +185,8 @@ impl Credits {
             g.payer = payer;
             a
         };
+        let mut work = a.work;
+        work.extend(stage_work(&a.stages, t, prices));
         let stages = a.prefill.map(|prefill| Stages {
             decode: if a.decode.is_empty() {
                 prefill.clone()
@@ -171,11 +195,38 @@ impl Credits {
             },
             prefill,
         });
-        money::ledger::settle::Attribution {
-            work: a.work,
-            stages,
-        }
+        money::ledger::settle::Attribution { work, stages }
     }
+}
+
+/// Each pipeline stage's provider's work: its share of the layer-tokens
+/// computed, of the counted tokens `t` (rounded down: the rest is no
+/// one's), at `prices`.
+fn stage_work(
+    stages: &std::collections::BTreeMap<(String, String, i64), u64>,
+    t: Tokens,
+    prices: money::ledger::Prices,
+) -> Vec<money::ledger::settle::Work> {
+    let total: u128 = stages.values().map(|&n| u128::from(n)).sum();
+    if total == 0 {
+        return Vec::new();
+    }
+    let part = |x: u64, n: u64| (u128::from(x) * u128::from(n) / total) as u64;
+    stages
+        .iter()
+        .map(
+            |((_, provider, payout_bps), &n)| money::ledger::settle::Work {
+                provider: provider.clone(),
+                prices,
+                payout_bps: *payout_bps,
+                tokens: Tokens {
+                    prompt: part(t.prompt, n),
+                    cached: part(t.cached, n),
+                    completion: part(t.completion, n),
+                },
+            },
+        )
+        .collect()
 }
 
 /// How often a running request records its usage on its hold, besides
@@ -418,7 +469,7 @@ impl Tab {
     pub async fn settle(mut self) -> Result<Closed, ServiceError> {
         self.closed = true;
         let (t, outcome) = self.usage();
-        let who = self.credits.take();
+        let who = self.credits.take(t, self.prices);
         Ok(self
             .ledger
             .settle_shared(&self.request_id, t, outcome, who)
@@ -438,7 +489,7 @@ impl Drop for Tab {
         }
         if self.started {
             let (t, outcome) = self.usage();
-            let who = self.credits.take();
+            let who = self.credits.take(t, self.prices);
             self.ledger.settle_later(&self.request_id, t, outcome, who);
         } else {
             self.ledger.release_later(&self.request_id);

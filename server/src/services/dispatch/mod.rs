@@ -139,6 +139,10 @@ pub struct Dispatch {
     encoders: encode::Encoders,
     /// What `/metrics` and the fleet's admin routes read.
     pub stats: DispatchStats,
+    /// The models served as pipelines of workers, by name: their stages
+    /// are credited with the work of the requests they run.
+    pipelines:
+        std::sync::RwLock<HashMap<String, Arc<crate::services::pipelines::remote::ChainCell>>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -174,7 +178,28 @@ impl Dispatch {
             spot,
             encoders: encode::Encoders::default(),
             stats: DispatchStats::default(),
+            pipelines: Default::default(),
         }
+    }
+
+    /// `model` is served as a pipeline whose chain is `cell`.
+    pub fn add_pipeline(
+        &self,
+        model: &str,
+        cell: Arc<crate::services::pipelines::remote::ChainCell>,
+    ) {
+        self.pipelines
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(model.to_string(), cell);
+    }
+
+    fn pipeline(&self, model: &str) -> Option<Arc<crate::services::pipelines::remote::ChainCell>> {
+        self.pipelines
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(model)
+            .cloned()
     }
 
     /// Submits every request's choices, flattened in order, and waits until
@@ -202,7 +227,11 @@ impl Dispatch {
         for r in requests {
             if !remote || r.params.grammar.is_some() {
                 // Structured output stays here: its matcher cannot resume.
-                all.extend(house.submit_n(r)?.into_iter().map(|s| (s, here.clone())));
+                let streams = house.submit_n(r)?;
+                if let (Some(cell), Some(c)) = (self.pipeline(model), &credits) {
+                    streams.iter().for_each(|s| cell.bill(s.id(), c.clone()));
+                }
+                all.extend(streams.into_iter().map(|s| (s, here.clone())));
                 continue;
             }
             for i in 0..r.params.n {

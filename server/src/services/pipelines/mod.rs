@@ -178,6 +178,13 @@ async fn replan(fleet: &Registry, m: &PipelineModel) {
         tracing::warn!(model = %m.spec.name, "a pipeline stage left: forming another chain");
         m.cell.set(None);
     }
+    // Parts already held that make a chain are used as they are: a plan
+    // would reload layers for nothing.
+    if let Some(stages) = held_chain(&cands, m) {
+        tracing::info!(model = %m.spec.name, stages = ?stages, "pipeline formed from the parts held");
+        m.cell.set(Some(stages));
+        return;
+    }
     let blocks = u64::from(m.spec.blocks);
     let speeds = m.cell.speeds();
     // A worker not measured yet is taken to be as fast as the others.
@@ -207,6 +214,11 @@ async fn replan(fleet: &Registry, m: &PipelineModel) {
     let stages: Vec<StageRef> = placed
         .into_iter()
         .map(|p| StageRef {
+            provider: cands
+                .iter()
+                .find(|(w, _)| w.id == p.worker)
+                .map(|(w, _)| w.provider_id.clone())
+                .unwrap_or_default(),
             worker: p.worker,
             layers: p.layers,
         })
@@ -232,6 +244,37 @@ async fn replan(fleet: &Registry, m: &PipelineModel) {
             }
         }
     }
+}
+
+/// A chain of the parts `cands` hold now, from layer 0 to the last, with
+/// the fewest stages (each step takes the held part that reaches
+/// furthest), if they make one.
+fn held_chain(cands: &[(WorkerInfo, PartOffer)], m: &PipelineModel) -> Option<Vec<StageRef>> {
+    let n = m.sizes.n_layer as u32;
+    let held: Vec<StageRef> = cands
+        .iter()
+        .flat_map(|(w, _)| {
+            w.holds
+                .iter()
+                .filter(|h| h.model == m.spec.name && h.blocks == m.spec.blocks && h.first < h.end)
+                .map(|h| StageRef {
+                    worker: w.id.clone(),
+                    provider: w.provider_id.clone(),
+                    layers: h.first..h.end,
+                })
+        })
+        .collect();
+    let mut chain: Vec<StageRef> = Vec::new();
+    let mut at = 0;
+    while at < n {
+        let next = held
+            .iter()
+            .filter(|s| s.layers.start == at && !chain.iter().any(|c| c.worker == s.worker))
+            .max_by(|a, b| (a.layers.end, &b.worker).cmp(&(b.layers.end, &a.worker)))?;
+        at = next.layers.end;
+        chain.push(next.clone());
+    }
+    (at == n).then_some(chain)
 }
 
 /// Asks `s.worker` to load its part, unless it was asked lately.

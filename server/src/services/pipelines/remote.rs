@@ -25,11 +25,14 @@ use protocol::{JobToken, ToWorker, VERSION};
 
 use crate::fleet::registry::Registry;
 use crate::fleet::stage_calls::StageReply;
+use crate::services::metering::Credits;
 
 /// One stage of a published chain.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StageRef {
     pub worker: String,
+    /// The provider it earns for.
+    pub provider: String,
     pub layers: Range<u32>,
 }
 
@@ -50,6 +53,20 @@ pub struct ChainCell {
     /// Each stage worker's measured speed: layer-tokens a millisecond
     /// (smoothed), its step's round trip included.
     speeds: Mutex<std::collections::HashMap<String, f64>>,
+    /// Where each running sequence's stage work is credited (its
+    /// request's), and the work of sequences that ended before their
+    /// request said where (a race the next `bill` settles).
+    bills: Mutex<Bills>,
+}
+
+/// One sequence's stage work: (executor, provider, payout share,
+/// layer-tokens).
+pub type Ran = Vec<(String, String, i64, u64)>;
+
+#[derive(Debug, Default)]
+struct Bills {
+    open: std::collections::HashMap<RequestId, Credits>,
+    early: std::collections::HashMap<RequestId, Ran>,
 }
 
 /// How long a worker whose step failed stays out of plans.
@@ -87,6 +104,32 @@ impl ChainCell {
             .is_some_and(|c| c.stages.iter().any(|s| s.worker == worker));
         if holds {
             self.set(None);
+        }
+    }
+
+    /// Sequence `seq` is a request's: its stages' work goes to `credits`.
+    pub fn bill(&self, seq: RequestId, credits: Credits) {
+        let mut b = self.bills.lock().unwrap_or_else(|e| e.into_inner());
+        match b.early.remove(&seq) {
+            Some(ran) => credits.stages(ran),
+            None => {
+                b.open.insert(seq, credits);
+            }
+        }
+    }
+
+    /// Sequence `seq` ended having run `ran` on the stages.
+    fn credit(&self, seq: RequestId, ran: Ran) {
+        let mut b = self.bills.lock().unwrap_or_else(|e| e.into_inner());
+        match b.open.remove(&seq) {
+            Some(credits) => credits.stages(ran),
+            None => {
+                // Unmetered requests are never billed: keep only a few.
+                if b.early.len() >= 1024 {
+                    b.early.clear();
+                }
+                b.early.insert(seq, ran);
+            }
         }
     }
 
@@ -136,6 +179,9 @@ pub struct FleetPipeline {
     rt: tokio::runtime::Handle,
     /// The chain the last step ran on.
     epoch: Option<u64>,
+    /// Layer-tokens each stage computed for each running sequence, by
+    /// (worker, provider), in steps whose output was used.
+    work: std::collections::HashMap<RequestId, std::collections::BTreeMap<(String, String), u64>>,
 }
 
 impl FleetPipeline {
@@ -151,6 +197,20 @@ impl FleetPipeline {
             cell,
             rt,
             epoch: None,
+            work: Default::default(),
+        }
+    }
+
+    /// Counts a step's work: every token of each chunk through each
+    /// stage's layers.
+    fn count(&mut self, chain: &Chain, step: &Step<'_>) {
+        for c in &step.batch.chunks {
+            let per = self.work.entry(c.seq).or_default();
+            for s in &chain.stages {
+                let n = (c.tokens.len() * s.layers.len()) as u64;
+                *per.entry((s.worker.clone(), s.provider.clone()))
+                    .or_default() += n;
+            }
         }
     }
 
@@ -213,7 +273,10 @@ impl Executor for FleetPipeline {
             })
             .collect();
         match run_chain(&mut stages, step) {
-            Ok(s) => Ok(s),
+            Ok(s) => {
+                self.count(&chain, step);
+                Ok(s)
+            }
             Err(e) => {
                 let failed = culprit.lock().unwrap_or_else(|e| e.into_inner()).take();
                 if let Some(w) = failed {
@@ -225,7 +288,18 @@ impl Executor for FleetPipeline {
         }
     }
 
-    fn release(&mut self, _seq: RequestId) {}
+    fn release(&mut self, seq: RequestId) {
+        let work = self.work.remove(&seq).unwrap_or_default();
+        let ran = work
+            .into_iter()
+            .map(|((worker, provider), n)| {
+                let reputation = self.fleet.standing.get(&provider).reputation_bps();
+                let payout = money::market::pricing::payout_bps(reputation);
+                (worker, provider, payout, n)
+            })
+            .collect();
+        self.cell.credit(seq, ran);
+    }
 
     fn export_kv(&self, _blocks: &[u32]) -> std::result::Result<Vec<u8>, KvTransferError> {
         Err(KvTransferError::NotKv)
@@ -314,49 +388,6 @@ impl FleetStage {
         calls.close(id);
         got
     }
-
-    /// The sampled tokens, checked: one list per chunk, none for a chunk
-    /// without logits, at most its drafts + 1 otherwise, in the vocabulary.
-    fn tokens(
-        &self,
-        step: &Step<'_>,
-        tokens: Vec<Vec<JobToken>>,
-    ) -> std::result::Result<Vec<Vec<Sampled>>, String> {
-        if tokens.len() != step.batch.chunks.len() {
-            return Err(format!(
-                "{} token lists for {} chunks",
-                tokens.len(),
-                step.batch.chunks.len()
-            ));
-        }
-        step.batch
-            .chunks
-            .iter()
-            .zip(tokens)
-            .map(|(c, ts)| {
-                let most = c.num_logits();
-                if (most == 0) != ts.is_empty() || ts.len() > most {
-                    return Err(format!(
-                        "{} tokens for a chunk of {most} logits rows",
-                        ts.len()
-                    ));
-                }
-                ts.into_iter()
-                    .map(|t| {
-                        if t.id as usize >= self.shape.vocab {
-                            return Err(format!("token {} is outside the vocabulary", t.id));
-                        }
-                        let lp = t.logprob.map(|logprob| TokenLogprob {
-                            token: t.id,
-                            logprob,
-                            top: t.top,
-                        });
-                        Ok((t.id, lp))
-                    })
-                    .collect()
-            })
-            .collect()
-    }
 }
 
 impl Stage for FleetStage {
@@ -378,7 +409,9 @@ impl Stage for FleetStage {
             .call(step, input)
             .and_then(|reply| match (reply, self.last) {
                 (StageReply::Hidden(h), false) => Ok(StageOutput::Hidden(h)),
-                (StageReply::Tokens(t), true) => self.tokens(step, t).map(StageOutput::Sampled),
+                (StageReply::Tokens(t), true) => {
+                    checked_tokens(step, t, self.shape.vocab).map(StageOutput::Sampled)
+                }
                 _ => Err(format!("stage {} answered out of turn", self.at.worker)),
             });
         if out.is_ok() {
@@ -397,4 +430,118 @@ impl Stage for FleetStage {
     }
 
     fn release(&mut self, _seq: RequestId) {}
+}
+
+/// A last stage's sampled tokens, checked: one list per chunk, none for a
+/// chunk without logits, at most its drafts + 1 otherwise, every id in the
+/// vocabulary.
+fn checked_tokens(
+    step: &Step<'_>,
+    tokens: Vec<Vec<JobToken>>,
+    vocab: usize,
+) -> std::result::Result<Vec<Vec<Sampled>>, String> {
+    if tokens.len() != step.batch.chunks.len() {
+        return Err(format!(
+            "{} token lists for {} chunks",
+            tokens.len(),
+            step.batch.chunks.len()
+        ));
+    }
+    step.batch
+        .chunks
+        .iter()
+        .zip(tokens)
+        .map(|(c, ts)| {
+            let most = c.num_logits();
+            if (most == 0) != ts.is_empty() || ts.len() > most {
+                return Err(format!(
+                    "{} tokens for a chunk of {most} logits rows",
+                    ts.len()
+                ));
+            }
+            ts.into_iter()
+                .map(|t| {
+                    if t.id as usize >= vocab {
+                        return Err(format!("token {} is outside the vocabulary", t.id));
+                    }
+                    let lp = t.logprob.map(|logprob| TokenLogprob {
+                        token: t.id,
+                        logprob,
+                        top: t.top,
+                    });
+                    Ok((t.id, lp))
+                })
+                .collect()
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use engine::model::{ModelBatch, SeqChunk};
+
+    use super::*;
+
+    fn token(id: u32) -> JobToken {
+        JobToken {
+            id,
+            logprob: None,
+            top: vec![],
+        }
+    }
+
+    #[test]
+    fn a_last_stages_tokens_are_counted_and_bounded_before_use() {
+        let chunk = |want: bool, draft: Vec<u32>| SeqChunk {
+            seq: RequestId(1),
+            tokens: vec![5; 1 + draft.len()],
+            start_pos: 0,
+            want_logits: want,
+            block_table: vec![0],
+            swa_table: vec![],
+            draft,
+        };
+        let batch = ModelBatch {
+            chunks: vec![
+                chunk(true, vec![]),
+                chunk(false, vec![]),
+                chunk(true, vec![7, 8]),
+            ],
+        };
+        let step = Step {
+            batch: &batch,
+            sampling: vec![None, None, None],
+        };
+        let ok = vec![vec![token(3)], vec![], vec![token(7), token(2)]];
+        assert!(checked_tokens(&step, ok, 10).is_ok());
+        for bad in [
+            vec![vec![token(3)], vec![]],
+            vec![vec![], vec![], vec![token(1)]],
+            vec![vec![token(3)], vec![token(1)], vec![token(1)]],
+            vec![vec![token(3)], vec![], vec![token(1); 4]],
+            vec![vec![token(10)], vec![], vec![token(1)]],
+        ] {
+            assert!(checked_tokens(&step, bad.clone(), 10).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn a_chain_gets_a_new_epoch_only_when_it_changes_and_a_failed_worker_withdraws_it() {
+        let cell = ChainCell::default();
+        let stage = |w: &str, r: Range<u32>| StageRef {
+            worker: w.into(),
+            provider: format!("provider:{w}"),
+            layers: r,
+        };
+        cell.set(Some(vec![stage("a", 0..10), stage("b", 10..30)]));
+        let first = cell.get().expect("chain").epoch;
+        cell.set(Some(vec![stage("a", 0..10), stage("b", 10..30)]));
+        assert_eq!(cell.get().expect("chain").epoch, first);
+        cell.fail("c");
+        assert!(cell.get().is_some(), "a worker outside the chain");
+        cell.fail("b");
+        assert!(cell.get().is_none() && cell.is_failed("b") && !cell.is_failed("a"));
+        cell.set(Some(vec![stage("a", 0..30)]));
+        assert!(cell.get().expect("chain").epoch > first);
+    }
 }
