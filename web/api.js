@@ -12,6 +12,7 @@ export const ENDPOINTS = Object.freeze({
   overviewStream: ['GET', '/admin/overview/stream'],
   listWorkers: ['GET', '/admin/fleet'],
   utilization: ['GET', '/admin/fleet/utilization'],
+  pipelines: ['GET', '/admin/pipelines'],
   drainWorker: ['DELETE', '/admin/fleet/{id}'],
   pauseWorker: ['POST', '/admin/fleet/{id}/pause'],
   resumeWorker: ['POST', '/admin/fleet/{id}/resume'],

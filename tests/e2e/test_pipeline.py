@@ -101,9 +101,23 @@ def test_three_workers_of_ten_layers_write_what_the_whole_model_writes_and_are_p
         assert max(balances) - min(balances) <= paid // 10, balances
         status, audit = call(base, "GET", "/admin/ledger/audit")
         assert status == 200 and audit["violations"] == [], audit
-    finally:
+        # Every stage gone, then a new chain: a prompt whose KV blocks the
+        # engine cached on the old one is computed again on the new one,
+        # the text the same.
+        prompt = ("Once upon a time, in a small village by the sea, there lived an old "
+                  "fisherman who every morning rowed out past the rocks to cast his nets")
+        want = complete(base, WHOLE, prompt, 32)
+        assert complete(base, PIPE, prompt, 32) == want
         for w in workers:
             stop(w)
+        wait_for(lambda: chain(base) == [], what="the old stages to leave")
+        workers = [part_worker(base, p["token"], f"t{i}") for i, p in enumerate(providers)]
+        wait_for(lambda: len(chain(base)) == 3, timeout=60, what="three new stages")
+        assert complete(base, PIPE, prompt, 32) == want
+    finally:
+        for w in workers:
+            if w.poll() is None:
+                stop(w)
 
 
 def test_a_stage_killed_mid_stream_is_replaced_and_the_text_is_the_same(server):

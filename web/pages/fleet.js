@@ -1,4 +1,5 @@
-// The fleet page: connected workers (pause, resume, remove), executor use and
+// The fleet page: connected workers (pause, resume, remove), models
+// served as pipelines of workers, executor use and
 // the last hour's busy timeline, spot-check records, and worker tokens
 // (create with the secret shown once, clear a quarantine, revoke).
 
@@ -120,6 +121,19 @@ function timeline(history) {
   ], names);
 }
 
+// Models served as pipelines of workers: each one's chain, stage by
+// stage, with what the server measured of its steps.
+function pipelinesTable(list) {
+  return table([
+    { label: 'Model', cell: (p) => [h('strong', {}, p.model), small(`${num(p.layers)} layers, chain #${num(p.epoch)}`)] },
+    { label: 'Stages', cell: (p) => (p.stages.length
+      ? p.stages.map((s) => small(`${s.first}–${s.end - 1}: `, h('code', {}, s.worker),
+        ` step ${num(s.measured.step_ms, 1)} ms, ${num(s.measured.speed, 1)} layer-tokens/ms, ${num(s.measured.tokens)} tokens`))
+      : h('span', { class: 'bad-text' }, 'no chain: the workers offering parts cannot hold every layer')) },
+    { label: 'Offered by', cell: (p) => small(`${num(p.offered_by.length)} workers`) },
+  ], list, { rowAttrs: (p) => ({ 'data-pipeline': p.model }), empty: 'No model is served as a pipeline (--pipeline-model).' });
+}
+
 function spotTable(list) {
   return table([
     { label: 'Worker', cell: (c) => h('code', {}, c.worker_id) },
@@ -183,11 +197,13 @@ function build(main) {
   const v = {
     workers: placeholder(), house: placeholder({ 'data-testid': 'house' }), use: placeholder(),
     timeline: placeholder(), spot: placeholder(), tokens: placeholder(), created: h('div'),
+    pipelines: placeholder(),
   };
   fill(main,
     h('div', { class: 'title' }, h('h1', {}, 'Fleet')),
     card('Workers', v.workers),
     card('House engine', v.house),
+    card('Pipelines', v.pipelines),
     card('Executors', v.use),
     card('Busy timeline', v.timeline),
     card('Spot checks', v.spot),
@@ -197,8 +213,10 @@ function build(main) {
 
 // One overview answer gives both the house's busy share and the timeline.
 async function refreshFleet(v) {
-  const [workers, use, spot, hl, overview] = await Promise.all([
-    call('listWorkers'), call('utilization'), call('spotChecks'), health(), call('overview')]);
+  const [workers, use, spot, hl, overview, pipes] = await Promise.all([
+    call('listWorkers'), call('utilization'), call('spotChecks'), health(), call('overview'),
+    call('pipelines')]);
+  redraw(v.pipelines, rows(pipes), pipelinesTable);
   redraw(v.workers, rows(workers), (d) => workersTable(d, () => refreshFleet(v)));
   const busy = overview.current.executors.find((e) => e.executor === 'house')?.busy;
   redraw(v.house, { models: hl.models ?? [], busy }, (d) => houseTable(d.models, d.busy));

@@ -87,6 +87,7 @@ impl Modify for Security {
         routes::fleet::resume,
         routes::fleet::utilization,
         routes::fleet::spot_checks,
+        routes::pipelines::list,
         routes::accounts::admin_usage,
         routes::market_admin::prices,
         routes::market_admin::book,

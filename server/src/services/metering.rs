@@ -595,3 +595,57 @@ async fn house_round(b: &Billing, models: &ModelRegistry) -> Result<(), ServiceE
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use rand::rngs::StdRng;
+    use rand::{Rng, SeedableRng};
+
+    use super::*;
+
+    fn prices() -> money::ledger::Prices {
+        money::ledger::Prices {
+            input: 100,
+            cached_input: 10,
+            output: 400,
+        }
+    }
+
+    #[test]
+    fn each_stage_is_paid_its_share_of_the_counted_tokens_and_never_more() {
+        let mut stages = BTreeMap::new();
+        for (w, n) in [("a", 300u64), ("b", 300), ("c", 600)] {
+            stages.insert((w.to_string(), format!("provider:{w}"), 10_000), n);
+        }
+        let t = Tokens {
+            prompt: 40,
+            cached: 8,
+            completion: 20,
+        };
+        let work = stage_work(&stages, t, prices());
+        let got: Vec<(u64, u64, u64)> = work
+            .iter()
+            .map(|w| (w.tokens.prompt, w.tokens.cached, w.tokens.completion))
+            .collect();
+        assert_eq!(got, vec![(10, 2, 5), (10, 2, 5), (20, 4, 10)]);
+        assert!(stage_work(&BTreeMap::new(), t, prices()).is_empty());
+        let mut rng = StdRng::seed_from_u64(46);
+        for _ in 0..1000 {
+            let mut stages = BTreeMap::new();
+            for i in 0..rng.random_range(1..6) {
+                let n = rng.random_range(0..10_000u64);
+                stages.insert((format!("w{i}"), format!("p{i}"), 10_000), n);
+            }
+            let t = Tokens {
+                prompt: rng.random_range(0..5000),
+                cached: 0,
+                completion: rng.random_range(0..5000),
+            };
+            let w = stage_work(&stages, t, prices());
+            assert!(w.iter().map(|w| w.tokens.prompt).sum::<u64>() <= t.prompt);
+            assert!(w.iter().map(|w| w.tokens.completion).sum::<u64>() <= t.completion);
+        }
+    }
+}

@@ -17,6 +17,7 @@ pub mod market_admin;
 pub mod models;
 pub mod models_admin;
 pub mod overview;
+pub mod pipelines;
 pub mod providers;
 pub mod web;
 
@@ -50,6 +51,7 @@ pub fn router(state: &AppState) -> Router<AppState> {
         .merge(cache::admin_router())
         .merge(providers::admin_router())
         .merge(fleet::admin_router())
+        .merge(pipelines::admin_router())
         .route_layer(axum::middleware::from_fn_with_state(
             state.auth.clone(),
             crate::http::auth::admin::require_admin,

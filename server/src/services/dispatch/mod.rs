@@ -194,6 +194,14 @@ impl Dispatch {
             .insert(model.to_string(), cell);
     }
 
+    /// The models served as pipelines, by name.
+    pub fn pipelines(&self) -> Vec<(String, Arc<crate::services::pipelines::remote::ChainCell>)> {
+        let p = self.pipelines.read().unwrap_or_else(|e| e.into_inner());
+        let mut out: Vec<_> = p.iter().map(|(m, c)| (m.clone(), c.clone())).collect();
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        out
+    }
+
     fn pipeline(&self, model: &str) -> Option<Arc<crate::services::pipelines::remote::ChainCell>> {
         self.pipelines
             .read()

@@ -48,15 +48,30 @@ pub struct Chain {
 #[derive(Debug, Default)]
 pub struct ChainCell {
     chain: RwLock<Option<Chain>>,
+    /// The last epoch given: never reused, so a chain published after a
+    /// gap without one is still new to the executor.
+    epochs: std::sync::atomic::AtomicU64,
     /// Workers whose step failed, and when: out of plans for a while.
     failed: Mutex<Vec<(String, Instant)>>,
-    /// Each stage worker's measured speed: layer-tokens a millisecond
-    /// (smoothed), its step's round trip included.
-    speeds: Mutex<std::collections::HashMap<String, f64>>,
+    /// Each stage worker's measures (its step's round trip included).
+    measures: Mutex<std::collections::HashMap<String, StageMeasure>>,
     /// Where each running sequence's stage work is credited (its
     /// request's), and the work of sequences that ended before their
     /// request said where (a race the next `bill` settles).
     bills: Mutex<Bills>,
+}
+
+/// What the server measured of one stage worker's steps.
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize, utoipa::ToSchema)]
+pub struct StageMeasure {
+    /// Layer-tokens a millisecond (smoothed).
+    pub speed: f64,
+    /// A step's time, smoothed, and the last one (ms).
+    pub step_ms: f64,
+    pub last_ms: f64,
+    /// Steps it ran, and tokens through its layers.
+    pub steps: u64,
+    pub tokens: u64,
 }
 
 /// One sequence's stage work: (executor, provider, payout share,
@@ -88,7 +103,10 @@ impl ChainCell {
         if same {
             return;
         }
-        let epoch = c.as_ref().map_or(0, |x| x.epoch) + 1;
+        let epoch = self
+            .epochs
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            + 1;
         *c = stages.map(|stages| Chain { epoch, stages });
     }
 
@@ -133,21 +151,32 @@ impl ChainCell {
         }
     }
 
-    /// Takes one step's time into `worker`'s speed.
+    /// Takes one step's time into `worker`'s measures.
     pub fn record(&self, worker: &str, layers: usize, tokens: usize, took: Duration) {
         let ms = took.as_secs_f64() * 1e3;
         let speed = (layers * tokens.max(1)) as f64 / ms.max(1e-3);
-        let mut s = self.speeds.lock().unwrap_or_else(|e| e.into_inner());
-        let v = s.entry(worker.to_string()).or_insert(speed);
-        *v += (speed - *v) / 8.0;
+        let mut all = self.measures.lock().unwrap_or_else(|e| e.into_inner());
+        let m = all.entry(worker.to_string()).or_default();
+        if m.steps == 0 {
+            (m.speed, m.step_ms) = (speed, ms);
+        }
+        m.speed += (speed - m.speed) / 8.0;
+        m.step_ms += (ms - m.step_ms) / 8.0;
+        m.last_ms = ms;
+        m.steps += 1;
+        m.tokens += tokens as u64;
     }
 
-    /// The workers' measured speeds.
+    /// The workers' measured speeds (layer-tokens a millisecond).
     pub fn speeds(&self) -> std::collections::HashMap<String, f64> {
-        self.speeds
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
+        let all = self.measures.lock().unwrap_or_else(|e| e.into_inner());
+        all.iter().map(|(w, m)| (w.clone(), m.speed)).collect()
+    }
+
+    /// What was measured of `worker`'s steps.
+    pub fn measure(&self, worker: &str) -> StageMeasure {
+        let all = self.measures.lock().unwrap_or_else(|e| e.into_inner());
+        all.get(worker).copied().unwrap_or_default()
     }
 
     /// Whether `worker` failed a step lately.
@@ -541,7 +570,12 @@ mod tests {
         assert!(cell.get().is_some(), "a worker outside the chain");
         cell.fail("b");
         assert!(cell.get().is_none() && cell.is_failed("b") && !cell.is_failed("a"));
+        // After a gap without a chain, even the same stages are a new
+        // chain: the workers' KV may be gone.
+        cell.set(Some(vec![stage("a", 0..10), stage("b", 10..30)]));
+        let again = cell.get().expect("chain").epoch;
+        assert!(again > first, "{again} after {first}");
         cell.set(Some(vec![stage("a", 0..30)]));
-        assert!(cell.get().expect("chain").epoch > first);
+        assert!(cell.get().expect("chain").epoch > again);
     }
 }
