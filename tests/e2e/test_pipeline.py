@@ -85,6 +85,14 @@ def test_three_workers_of_ten_layers_write_what_the_whole_model_writes_and_are_p
         # The workers hold parts, never the whole model.
         for w in fleet(base):
             assert w["models"] == [] and w["parts"][0]["layers"] == 30, w
+            assert w["state"] == "active", w
+        # The admin sees the chain, stage by stage, with its measures.
+        status, pipes = call(base, "GET", "/admin/pipelines")
+        assert status == 200, pipes
+        [p] = pipes["data"]
+        assert p["model"] == PIPE and p["layers"] == 30 and len(p["offered_by"]) == 3, p
+        assert [(s["first"], s["end"]) for s in p["stages"]] == [(0, 10), (10, 20), (20, 30)], p
+        assert all(s["measured"]["steps"] > 0 and s["measured"]["step_ms"] > 0 for s in p["stages"]), p
         # Each stage's provider is paid its third of what the requests
         # paid providers, and nothing more; the books balance.
         def balance(p):

@@ -226,6 +226,13 @@ impl Registry {
             &uuid::Uuid::new_v4().simple().to_string()[..8]
         );
         let t = now();
+        // A worker that only holds pipeline parts has nothing to calibrate:
+        // its steps are measured as they run.
+        let state = if r.models.is_empty() && !r.parts.is_empty() {
+            "active"
+        } else {
+            "calibrating"
+        };
         let info = WorkerInfo {
             id: id.clone(),
             replica: self.replica().to_string(),
@@ -244,7 +251,7 @@ impl Registry {
             holds: vec![],
             reputation_bps: 0,
             uptime_bps: 0,
-            state: "calibrating".into(),
+            state: state.into(),
             profile: None,
             load: Load::default(),
             rtt_ms: 0.0,
