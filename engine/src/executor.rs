@@ -78,15 +78,20 @@ pub trait Executor: Send {
     /// Forgets a finished sequence (remote executors drop its state; the
     /// local one keeps nothing per sequence beyond the shared blocks).
     fn release(&mut self, seq: RequestId);
-    /// The KV of `blocks`, as checksummed bytes.
-    fn export_kv(&self, blocks: &[u32]) -> std::result::Result<Vec<u8>, KvTransferError>;
+    /// The KV of `blocks`, as checksummed bytes (an executor that keeps
+    /// no KV of its own says `NotKv`).
+    fn export_kv(&self, _blocks: &[u32]) -> std::result::Result<Vec<u8>, KvTransferError> {
+        Err(KvTransferError::NotKv)
+    }
     /// Writes exported KV into `blocks` (the same count), after checking
     /// the bytes; refused bytes change nothing.
     fn import_kv(
         &mut self,
-        blocks: &[u32],
-        bytes: &[u8],
-    ) -> std::result::Result<(), KvTransferError>;
+        _blocks: &[u32],
+        _bytes: &[u8],
+    ) -> std::result::Result<(), KvTransferError> {
+        Err(KvTransferError::NotKv)
+    }
     /// The forward pass alone: one logits row per row the batch asks for
     /// (scoring a continuation); an executor that cannot says so.
     fn logits(&mut self, _batch: &ModelBatch) -> Result<Vec<Vec<f32>>> {

@@ -17,7 +17,6 @@ use kernels::cpu::backend::CpuBackend;
 use crate::error::{EngineError, Result};
 use crate::executor::{Executor, Step, compute_pool, sample_step_parallel};
 use crate::gguf::Gguf;
-use crate::kv_cache::transfer::KvTransferError;
 use crate::kv_cache::{KvDtype, KvLayout, KvStorage};
 use crate::model::llama::{Llama, LlamaConfig, PartInput, PartOutput};
 use crate::request::RequestId;
@@ -193,18 +192,6 @@ impl Executor for PipelineExecutor {
         for s in &mut self.stages {
             s.release(seq);
         }
-    }
-
-    fn export_kv(&self, _blocks: &[u32]) -> std::result::Result<Vec<u8>, KvTransferError> {
-        Err(KvTransferError::NotKv)
-    }
-
-    fn import_kv(
-        &mut self,
-        _blocks: &[u32],
-        _bytes: &[u8],
-    ) -> std::result::Result<(), KvTransferError> {
-        Err(KvTransferError::NotKv)
     }
 }
 

@@ -142,15 +142,19 @@ fn a_part_loads_only_its_own_layers() {
     assert_eq!(middle.part_kv_layout(BLOCK, 4).n_layer, 10);
 }
 
-fn pipeline_engine(model: &str, parts: usize) -> EngineHandle {
-    let loaded = load_gguf(&common::model_path(model), &TemplateChoice::Auto).expect("load");
-    let mc = &loaded.model.config;
-    let facts = ModelFacts {
+fn facts_of(mc: &engine::model::llama::LlamaConfig) -> ModelFacts {
+    ModelFacts {
         architecture: mc.architecture.clone(),
         context_length: mc.context_length,
         vocab_size: mc.vocab_size,
         generation: Default::default(),
-    };
+    }
+}
+
+fn pipeline_engine(model: &str, parts: usize) -> EngineHandle {
+    let loaded = load_gguf(&common::model_path(model), &TemplateChoice::Auto).expect("load");
+    let mc = &loaded.model.config;
+    let facts = facts_of(mc);
     let layout = mc.kv_layout(BLOCK, BLOCKS);
     let chain: Vec<Box<dyn Stage>> = stages(model, parts)
         .into_iter()
@@ -166,12 +170,7 @@ fn pipeline_engine(model: &str, parts: usize) -> EngineHandle {
 fn whole_engine(model: &str) -> EngineHandle {
     let loaded = load_gguf(&common::model_path(model), &TemplateChoice::Auto).expect("load");
     let mc = &loaded.model.config;
-    let facts = ModelFacts {
-        architecture: mc.architecture.clone(),
-        context_length: mc.context_length,
-        vocab_size: mc.vocab_size,
-        generation: Default::default(),
-    };
+    let facts = facts_of(mc);
     let layout = mc.kv_layout(BLOCK, BLOCKS);
     EngineBuilder::new(loaded.tokenizer, loaded.template, facts)
         .executor(Box::new(

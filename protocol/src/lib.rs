@@ -575,6 +575,25 @@ pub fn frame_transfer(bytes: &[u8]) -> Result<u64, ProtocolError> {
     Ok(u64::from_le_bytes(t))
 }
 
+/// A binary frame's header and payload, once its length, magic and
+/// version are ours.
+pub(crate) fn split_frame(bytes: &[u8]) -> Result<(&[u8], &[u8]), ProtocolError> {
+    if bytes.len() < HEADER {
+        return Err(ProtocolError::Frame(format!(
+            "{} bytes is shorter than the header",
+            bytes.len()
+        )));
+    }
+    let (h, payload) = bytes.split_at(HEADER);
+    if h[..4] != MAGIC {
+        return Err(ProtocolError::Frame("bad magic".into()));
+    }
+    if h[4] != VERSION {
+        return Err(ProtocolError::Version(h[4]));
+    }
+    Ok((h, payload))
+}
+
 /// Decodes a binary frame against the geometry of the model it is for:
 /// every size is checked before the payload is used, and the payload must
 /// be exactly `tokens` tokens of one layer's f16 KV.
@@ -583,17 +602,8 @@ pub fn decode_frame<'a>(
     model: &ServedModel,
 ) -> Result<(FrameHeader, &'a [u8]), ProtocolError> {
     let bad = |m: String| Err(ProtocolError::Frame(m));
-    if bytes.len() < HEADER {
-        return bad(format!("{} bytes is shorter than the header", bytes.len()));
-    }
-    let (h, payload) = bytes.split_at(HEADER);
+    let (h, payload) = split_frame(bytes)?;
     let u32_at = |i: usize| u32::from_le_bytes([h[i], h[i + 1], h[i + 2], h[i + 3]]);
-    if h[..4] != MAGIC {
-        return bad("bad magic".into());
-    }
-    if h[4] != VERSION {
-        return Err(ProtocolError::Version(h[4]));
-    }
     if h[5] != FrameKind::Kv as u8 || h[20] != DTYPE_F16 {
         return bad(format!("unknown kind {} or dtype {}", h[5], h[20]));
     }

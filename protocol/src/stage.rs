@@ -163,17 +163,8 @@ pub struct HiddenRows {
 /// sizes, the reserved bytes and the checksum are checked first.
 pub fn decode_hidden(bytes: &[u8], hidden: usize) -> Result<HiddenRows, ProtocolError> {
     let bad = |m: String| Err(ProtocolError::Frame(m));
-    if bytes.len() < HEADER {
-        return bad(format!("{} bytes is shorter than the header", bytes.len()));
-    }
-    let (h, payload) = bytes.split_at(HEADER);
+    let (h, payload) = crate::split_frame(bytes)?;
     let u32_at = |i: usize| u32::from_le_bytes([h[i], h[i + 1], h[i + 2], h[i + 3]]);
-    if h[..4] != MAGIC {
-        return bad("bad magic".into());
-    }
-    if h[4] != VERSION {
-        return Err(ProtocolError::Version(h[4]));
-    }
     if h[5] != crate::FrameKind::Hidden as u8 || h[20] != DTYPE_F32 {
         return bad(format!("not hidden states: kind {} dtype {}", h[5], h[20]));
     }

@@ -15,7 +15,6 @@ use std::time::{Duration, Instant};
 use engine::error::{EngineError, Result};
 use engine::executor::{Executor, Step};
 use engine::kv_cache::KvLayout;
-use engine::kv_cache::transfer::KvTransferError;
 use engine::model::llama::PartInput;
 use engine::pipeline::{Stage, StageOutput, run_chain};
 use engine::request::{RequestId, TokenLogprob};
@@ -328,18 +327,6 @@ impl Executor for FleetPipeline {
             })
             .collect();
         self.cell.credit(seq, ran);
-    }
-
-    fn export_kv(&self, _blocks: &[u32]) -> std::result::Result<Vec<u8>, KvTransferError> {
-        Err(KvTransferError::NotKv)
-    }
-
-    fn import_kv(
-        &mut self,
-        _blocks: &[u32],
-        _bytes: &[u8],
-    ) -> std::result::Result<(), KvTransferError> {
-        Err(KvTransferError::NotKv)
     }
 }
 
