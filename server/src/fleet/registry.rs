@@ -520,13 +520,20 @@ impl Registry {
     }
 
     /// Records the part of `model` a worker holds now (`None`: none).
-    pub fn set_held(&self, id: &str, model: &str, part: Option<HeldPart>) {
+    /// False when it never offered parts of `model` (a worker's word about
+    /// anything else is not kept: it could grow without bound).
+    pub fn set_held(&self, id: &str, model: &str, part: Option<HeldPart>) -> bool {
         let mut w = self.workers.write().unwrap_or_else(|e| e.into_inner());
-        if let Some(e) = w.get_mut(id) {
-            e.info.holds.retain(|h| h.model != model);
-            e.info.holds.extend(part);
-            self.changed.notify_one();
+        let Some(e) = w.get_mut(id) else {
+            return true;
+        };
+        if !e.info.parts.iter().any(|p| p.model == model) {
+            return false;
         }
+        e.info.holds.retain(|h| h.model != model);
+        e.info.holds.extend(part);
+        self.changed.notify_one();
+        true
     }
 
     /// Relays a KV frame to one of this replica's workers (waiting while

@@ -196,8 +196,8 @@ async fn serve(
                         return Some((1008, "already registered".into()));
                     }
                     Ok(msg) => {
-                        if let Some(job) = route(registry, id, msg) {
-                            return Some((1008, format!("job {job} was not given to this worker")));
+                        if let Some(why) = route(registry, id, msg) {
+                            return Some((1008, why));
                         }
                     }
                     Err(e) => return Some((code(&e), e.to_string())),
@@ -299,9 +299,9 @@ fn route_transfer(registry: &Registry, worker: &str, msg: FromWorker) -> Option<
     (registry.transfers.event(worker, side, transfer, ev) == Delivery::NotYours).then_some(transfer)
 }
 
-/// Hands a job message to its relay; returns the job if it was never this
-/// worker's.
-fn route(registry: &Registry, worker: &str, msg: FromWorker) -> Option<u64> {
+/// Hands a job message to its relay; why the session must close if it
+/// was never this worker's.
+fn route(registry: &Registry, worker: &str, msg: FromWorker) -> Option<String> {
     let (job, attempt, events) = match msg {
         FromWorker::Accepted { job, attempt, .. } => {
             (job, attempt, vec![JobEvent::Core(CoreEvent::Accepted)])
@@ -352,7 +352,10 @@ fn route(registry: &Registry, worker: &str, msg: FromWorker) -> Option<u64> {
         FromWorker::KvWant { .. }
         | FromWorker::KvResult { .. }
         | FromWorker::KvEnd { .. }
-        | FromWorker::KvFailed { .. } => return route_transfer(registry, worker, msg),
+        | FromWorker::KvFailed { .. } => {
+            return route_transfer(registry, worker, msg)
+                .map(|t| format!("transfer {t} was not given to this worker"));
+        }
         FromWorker::PartLoaded { .. }
         | FromWorker::PartFailed { .. }
         | FromWorker::StageDone { .. }
@@ -360,16 +363,16 @@ fn route(registry: &Registry, worker: &str, msg: FromWorker) -> Option<u64> {
     };
     for ev in events {
         if registry.jobs.deliver(worker, job, attempt, ev) == Delivery::NotYours {
-            return Some(job);
+            return Some(format!("job {job} was not given to this worker"));
         }
     }
     None
 }
 
 /// Hands a pipeline stage's message on: a part loaded (or not) goes to the
-/// registry, a step's answer to its call; the step if it was never this
-/// worker's.
-fn route_stage(registry: &Registry, worker: &str, msg: FromWorker) -> Option<u64> {
+/// registry, a step's answer to its call; why the session must close if
+/// the step, or the model, was never this worker's.
+fn route_stage(registry: &Registry, worker: &str, msg: FromWorker) -> Option<String> {
     let delivery = match msg {
         FromWorker::PartLoaded {
             model,
@@ -384,13 +387,13 @@ fn route_stage(registry: &Registry, worker: &str, msg: FromWorker) -> Option<u64
                 end,
                 blocks,
             };
-            registry.set_held(worker, &model, Some(part));
-            return None;
+            let kept = registry.set_held(worker, &model, Some(part));
+            return (!kept).then(|| format!("a part of `{model}`, which it never offered"));
         }
         FromWorker::PartFailed { model, message, .. } => {
             tracing::warn!(%worker, %model, %message, "a worker could not load its part");
-            registry.set_held(worker, &model, None);
-            return None;
+            let kept = registry.set_held(worker, &model, None);
+            return (!kept).then(|| format!("a part of `{model}`, which it never offered"));
         }
         FromWorker::StageDone { step, tokens, .. } => {
             (step, registry.stage_calls.done(worker, step, tokens))
@@ -411,7 +414,8 @@ fn route_stage(registry: &Registry, worker: &str, msg: FromWorker) -> Option<u64
         | FromWorker::KvFailed { .. }
         | FromWorker::KvResult { .. } => return None,
     };
-    (delivery.1 == Delivery::NotYours).then_some(delivery.0)
+    let (step, delivery) = delivery;
+    (delivery == Delivery::NotYours).then(|| format!("step {step} was not given to this worker"))
 }
 
 /// A token a worker sent, as its relay reads it.
@@ -806,6 +810,35 @@ mod tests {
                 ],
                 1008,
                 "was not given to this worker",
+            ),
+            // A pipeline stage's answers for steps it never got, and a
+            // part of a model it never offered, end the session.
+            (
+                vec![
+                    Inbound::Text(register_json("w", 30)),
+                    Inbound::Text(r#"{"type":"stage_done","v":1,"step":77}"#.into()),
+                ],
+                1008,
+                "step 77 was not given",
+            ),
+            (
+                vec![
+                    Inbound::Text(register_json("w", 30)),
+                    Inbound::Text(
+                        r#"{"type":"part_loaded","v":1,"model":"x","first":0,"end":3,"blocks":4}"#
+                            .into(),
+                    ),
+                ],
+                1008,
+                "never offered",
+            ),
+            (
+                vec![
+                    Inbound::Text(register_json("w", 30)),
+                    Inbound::Binary(protocol::stage::hidden_frames(3, 4, &[0.5; 8]).remove(0)),
+                ],
+                1003,
+                "hidden states for a step it was not given",
             ),
         ];
         for (frames, want_code, want) in cases {

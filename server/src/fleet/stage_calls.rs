@@ -77,7 +77,8 @@ impl StageCalls {
         };
         let mut calls = self.lock();
         let Some(call) = calls.get_mut(&step) else {
-            return Delivery::Stale;
+            drop(calls);
+            return self.unknown(step);
         };
         if call.worker != worker {
             return Delivery::NotYours;
@@ -193,6 +194,9 @@ mod tests {
         // Answers after the call ended are stale; unknown steps are not.
         assert_eq!(calls.done("w1", step, vec![]), Delivery::Stale);
         assert_eq!(calls.done("w1", step + 5, vec![]), Delivery::NotYours);
+        assert_eq!(calls.frame("w1", &frames[0]), Delivery::Stale);
+        let never = hidden_frames(step + 5, 4, &[0.0; 4]).remove(0);
+        assert_eq!(calls.frame("w1", &never), Delivery::NotYours);
     }
 
     #[test]
