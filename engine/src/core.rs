@@ -315,6 +315,7 @@ impl EngineCore {
             Err(EngineError::Recompute(why)) => {
                 tracing::warn!(%why, "the executor lost its KV: recomputing every sequence");
                 self.scheduler.recompute_all();
+                self.publish_stats();
                 return true;
             }
             Err(e) => {
@@ -322,6 +323,9 @@ impl EngineCore {
                 for seq in self.scheduler.fail(&batch) {
                     self.finish(seq, Err(e.clone()));
                 }
+                // The failed sequences are gone: a drain waiting for the
+                // engine to be idle must see it.
+                self.publish_stats();
                 return true;
             }
         };
@@ -775,6 +779,11 @@ mod tests {
             4,
             Arc::new(StatsCell::default()),
         );
+        let stats = Arc::new(StatsCell::default());
+        let core = EngineCore {
+            stats: stats.clone(),
+            ..core
+        };
         let thread = std::thread::spawn(move || core.run());
         let mut bad = add(&tx, 1);
         assert_eq!(bad.blocking_recv(), Some(CoreEvent::Accepted));
@@ -784,6 +793,16 @@ mod tests {
             }
             other => panic!("expected an execution failure, got {other:?}"),
         }
+        // The statistics say so at once (a drain waits on them).
+        let busy = || {
+            let s = stats.snapshot();
+            s.num_running + s.num_waiting
+        };
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while busy() > 0 && std::time::Instant::now() < deadline {
+            std::thread::yield_now();
+        }
+        assert_eq!(busy(), 0, "the failed request still counts");
         let mut good = add(&tx, 2);
         assert_eq!(good.blocking_recv(), Some(CoreEvent::Accepted));
         let first = good.blocking_recv();

@@ -39,6 +39,10 @@ pub enum EngineError {
     /// The forward pass or a kernel failed.
     #[error("model execution failed: {0}")]
     Execution(String),
+    /// The executor cannot run the model now (a pipeline with no chain of
+    /// workers): retry later.
+    #[error("{0}")]
+    Unavailable(String),
     /// The executor lost the KV of every sequence (a pipeline's stage was
     /// replaced): the engine recomputes them all, never fails them.
     #[error("the executor's KV was lost: {0}")]
@@ -58,6 +62,7 @@ impl EngineError {
             Self::Template(_) => "template",
             Self::Execution(_) => "execution",
             Self::Recompute(_) => "recompute",
+            Self::Unavailable(_) => "unavailable",
         }
     }
 

@@ -349,7 +349,9 @@ pub struct FleetArgs {
     #[arg(long, env = "SYNOR_PIPELINE_KV_BLOCKS", default_value_t = 512)]
     pub pipeline_kv_blocks: u32,
 
-    /// Seconds a pipeline stage has for one step before it is replaced.
+    /// Seconds a pipeline stage has for one step before it is replaced,
+    /// and a step waits for a chain of workers when there is none (then
+    /// its requests fail with 503 and `Retry-After`).
     #[arg(long, env = "SYNOR_PIPELINE_STEP_TIMEOUT", default_value_t = 60.0)]
     pub pipeline_step_timeout: f64,
 

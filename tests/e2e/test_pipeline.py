@@ -7,6 +7,7 @@ pipeline's greedy text equals the whole model's, and a stage killed
 mid-stream is replaced by a spare worker with the text unchanged."""
 
 import json
+import urllib.error
 import urllib.request
 
 import pytest
@@ -152,3 +153,22 @@ def test_a_stage_killed_mid_stream_is_replaced_and_the_text_is_the_same(server):
         for w in workers:
             if w.poll() is None:
                 stop(w)
+
+
+def test_a_pipeline_model_with_no_chain_answers_503_and_retry_after():
+    gen = _start("--model", SMOL, "--embedding-model", "none", "--admin-token", ADMIN_TOKEN,
+                 "--pipeline-model", f"{PIPE}={SMOL}", "--pipeline-step-timeout", "2")
+    base = next(gen)["base"]
+    try:
+        body = {"model": PIPE, "prompt": "Hello", "max_tokens": 4}
+        req = urllib.request.Request(base + "/v1/completions", json.dumps(body).encode(),
+                                     {"content-type": "application/json"})
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(req, timeout=60)
+        assert e.value.code == 503 and e.value.headers["retry-after"], e.value.headers
+        error = json.loads(e.value.read())["error"]
+        assert error["code"] == "model_unavailable" and PIPE in error["message"], error
+        # The whole model on the same server answers meanwhile.
+        assert complete(base, WHOLE, "Hello", 4)
+    finally:
+        gen.close()

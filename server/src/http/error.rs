@@ -174,8 +174,10 @@ impl ApiError {
     pub fn to_object(&self) -> ErrorObject<'static> {
         let (status, kind, param, code) = self.parts();
         let message = if status.is_server_error()
-            && !matches!(self, Self::Engine(EngineError::Overloaded { .. }))
-        {
+            && !matches!(
+                self,
+                Self::Engine(EngineError::Overloaded { .. } | EngineError::Unavailable(_))
+            ) {
             "the server had an error while processing your request".to_string()
         } else {
             self.to_string()
@@ -281,6 +283,12 @@ fn engine_parts(e: &EngineError) -> Parts {
             "server_error",
             None,
             Some("overloaded"),
+        ),
+        EngineError::Unavailable(_) => (
+            S::SERVICE_UNAVAILABLE,
+            "server_error",
+            None,
+            Some("model_unavailable"),
         ),
         EngineError::Shutdown => (
             S::SERVICE_UNAVAILABLE,

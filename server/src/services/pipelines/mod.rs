@@ -84,7 +84,7 @@ pub fn start(
         vocab: c.vocab_size,
         layout,
         step_timeout: spec.step_timeout,
-        chain_wait: Duration::from_secs(60),
+        chain_wait: spec.step_timeout,
     };
     let cell = Arc::new(ChainCell::default());
     let rt = tokio::runtime::Handle::current();

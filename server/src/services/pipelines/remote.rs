@@ -250,8 +250,8 @@ impl FleetPipeline {
                 return Ok(c);
             }
             if Instant::now() >= deadline {
-                return Err(EngineError::Execution(format!(
-                    "no pipeline of workers holds every layer of `{}` now",
+                return Err(EngineError::Unavailable(format!(
+                    "no pipeline of workers holds every layer of `{}` now; retry later",
                     self.shape.model
                 )));
             }
