@@ -321,6 +321,7 @@ def test_a_provider_sees_its_work_and_earnings_and_is_paid_out():
         # A worker of a model this server does not serve is told so.
         procs.append(start_worker(base, token, "lost", "--served-model-name", "elsewhere"))
         workers_up(base, procs[:1], 1)
+        up = time.monotonic()
         for p in PROMPTS:
             complete(base, p, 12)
         # The vLLM-named series count the worker's requests, labelled by
@@ -361,7 +362,9 @@ def test_a_provider_sees_its_work_and_earnings_and_is_paid_out():
         assert tx["entries"][created["account_id"]] == "-" + earned["payable"], tx
         status, audit = call(base, "GET", "/admin/ledger/audit")
         assert status == 200 and audit["violations"] == [], audit
-        # The terminals: the status line, and the model the server lacks.
+        # The terminals: the status line (every second: it has had two,
+        # however fast the rest went), and the model the server lacks.
+        time.sleep(max(0.0, up + 2.5 - time.monotonic()))
         _, out = stop(procs[0])
         assert re.search(r"status: \d+ jobs done \(\d+ lost\) .* tok/s .* spot checks .* earned today \d", out), out
         _, lost = stop(procs[1])
