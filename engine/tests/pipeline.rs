@@ -16,10 +16,9 @@ use engine::model::llama::{Llama, PartInput, PartOutput};
 use engine::model::{ModelBatch, SeqChunk};
 use engine::pipeline::{LocalStage, PipelineExecutor, Stage, even_split};
 use engine::{
-    EngineBuilder, EngineHandle, GenerateRequest, ModelFacts, RequestId, RequestStream,
-    SamplingParams, TemplateChoice, TokenEvent,
+    EngineBuilder, EngineHandle, GenerateRequest, ModelFacts, RequestId, SamplingParams,
+    TemplateChoice,
 };
-use futures_util::StreamExt;
 use kernels::cpu::backend::CpuBackend;
 
 const BLOCK: usize = 16;
@@ -180,18 +179,6 @@ fn whole_engine(model: &str) -> EngineHandle {
         .expect("engine")
 }
 
-async fn drain(mut s: RequestStream) -> Vec<u32> {
-    let mut ids = Vec::new();
-    while let Some(ev) = s.next().await {
-        match ev {
-            TokenEvent::Delta { token_ids, .. } => ids.extend(token_ids),
-            TokenEvent::Finished { .. } => return ids,
-            TokenEvent::Failed(e) => panic!("generation failed: {e}"),
-        }
-    }
-    panic!("stream ended without a final event")
-}
-
 /// Four prompts at once, greedy and seeded.
 async fn generate(h: &EngineHandle) -> Vec<Vec<u32>> {
     let mut streams = Vec::new();
@@ -207,7 +194,7 @@ async fn generate(h: &EngineHandle) -> Vec<Vec<u32>> {
             },
         };
         let s = h.validate(req).and_then(|r| h.submit(r)).expect("submit");
-        streams.push(tokio::spawn(drain(s)));
+        streams.push(tokio::spawn(common::drain(s)));
     }
     let mut out = Vec::new();
     for s in streams {

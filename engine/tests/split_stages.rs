@@ -10,10 +10,9 @@ use engine::executor::LocalExecutor;
 use engine::kv_cache::{KvLayout, SlidingBlocks};
 use engine::loader::load_gguf;
 use engine::{
-    EngineBuilder, EngineHandle, GenerateRequest, ModelFacts, RequestStream, SamplingParams,
-    SchedulerConfig, TemplateChoice, TokenEvent,
+    EngineBuilder, EngineHandle, GenerateRequest, ModelFacts, SamplingParams, SchedulerConfig,
+    TemplateChoice,
 };
-use futures_util::StreamExt;
 
 const BLOCK: usize = 16;
 
@@ -76,18 +75,6 @@ fn engine_sliding(
     b.start().expect("engine")
 }
 
-async fn drain(mut s: RequestStream) -> Vec<u32> {
-    let mut ids = Vec::new();
-    while let Some(ev) = s.next().await {
-        match ev {
-            TokenEvent::Delta { token_ids, .. } => ids.extend(token_ids),
-            TokenEvent::Finished { .. } => return ids,
-            TokenEvent::Failed(e) => panic!("generation failed: {e}"),
-        }
-    }
-    panic!("stream ended without a final event")
-}
-
 /// Four prompts sharing a 40-token prefix, two choices each.
 fn requests(temperature: f32) -> Vec<GenerateRequest> {
     let shared: Vec<u32> = (0..40).map(|i| 100 + i * 7).collect();
@@ -114,7 +101,7 @@ async fn run(h: &EngineHandle, reqs: Vec<GenerateRequest>) -> Vec<Vec<u32>> {
     let mut handles = Vec::new();
     for r in reqs {
         for s in h.validate(r).and_then(|r| h.submit_n(r)).expect("submit") {
-            handles.push(tokio::spawn(drain(s)));
+            handles.push(tokio::spawn(common::drain(s)));
         }
     }
     let mut out = Vec::new();

@@ -37,3 +37,18 @@ pub const ARCH_MODELS: [&str; 6] = [
 ];
 #[allow(dead_code)]
 pub const MINILM: &str = "all-minilm-l6-v2";
+
+/// A stream's token ids, to its end (a failure fails the test).
+#[allow(dead_code)]
+pub async fn drain(mut s: engine::RequestStream) -> Vec<u32> {
+    use futures_util::StreamExt;
+    let mut ids = Vec::new();
+    while let Some(ev) = s.next().await {
+        match ev {
+            engine::TokenEvent::Delta { token_ids, .. } => ids.extend(token_ids),
+            engine::TokenEvent::Finished { .. } => return ids,
+            engine::TokenEvent::Failed(e) => panic!("generation failed: {e}"),
+        }
+    }
+    panic!("stream ended without a final event")
+}
