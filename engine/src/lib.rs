@@ -33,6 +33,7 @@ pub mod registry;
 pub mod request;
 pub mod sampling;
 pub mod scheduler;
+pub mod stage_check;
 pub mod stats;
 pub mod step_budget;
 pub mod tokenizer;

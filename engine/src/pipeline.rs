@@ -77,6 +77,11 @@ impl LocalStage {
         })
     }
 
+    /// Tokens per KV block.
+    pub fn block_size(&self) -> usize {
+        self.kv.layout.block_size
+    }
+
     /// The forward pass of its layers alone (tests compare these).
     pub fn forward(
         &mut self,

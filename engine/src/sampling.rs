@@ -175,6 +175,38 @@ pub struct RowSampling<'a> {
     pub allowed: Option<&'a TokenMask>,
 }
 
+/// A chunk's sampling with everything it refers to owned: what a stage
+/// on another machine, or a spot check long after the step, samples with.
+#[derive(Debug, Clone)]
+pub struct OwnedSampling {
+    pub spec: SamplingSpec,
+    pub position: u64,
+    pub penalties: Option<PenaltyState>,
+    pub allowed: Option<TokenMask>,
+}
+
+impl OwnedSampling {
+    pub fn row(&self) -> RowSampling<'_> {
+        RowSampling {
+            spec: &self.spec,
+            position: self.position,
+            penalties: self.penalties.as_ref(),
+            allowed: self.allowed.as_ref(),
+        }
+    }
+}
+
+impl RowSampling<'_> {
+    pub fn to_owned(&self) -> OwnedSampling {
+        OwnedSampling {
+            spec: self.spec.clone(),
+            position: self.position,
+            penalties: self.penalties.cloned(),
+            allowed: self.allowed.cloned(),
+        }
+    }
+}
+
 /// One sampled token with its log-probabilities (when asked for).
 pub type Sampled = (u32, Option<TokenLogprob>);
 

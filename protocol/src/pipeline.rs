@@ -5,7 +5,7 @@
 
 use engine::model::SeqChunk;
 use engine::request::RequestId;
-use engine::sampling::{PenaltyState, RowSampling, SamplingSpec, TokenMask};
+use engine::sampling::{OwnedSampling, PenaltyState, RowSampling, SamplingSpec, TokenMask};
 
 use crate::stage::{StageChunk, StageSampling};
 
@@ -45,28 +45,6 @@ impl StageChunk {
             swa_table: Vec::new(),
             draft: self.draft.clone(),
         })
-    }
-}
-
-/// A chunk's sampling as the last stage rebuilds it: the spec, its
-/// penalties' state and its allowed tokens, owned.
-#[derive(Debug, Clone)]
-pub struct OwnedSampling {
-    pub spec: SamplingSpec,
-    pub position: u64,
-    pub penalties: Option<PenaltyState>,
-    pub allowed: Option<TokenMask>,
-}
-
-impl OwnedSampling {
-    /// The borrowed form an executor samples with.
-    pub fn row(&self) -> RowSampling<'_> {
-        RowSampling {
-            spec: &self.spec,
-            position: self.position,
-            penalties: self.penalties.as_ref(),
-            allowed: self.allowed.as_ref(),
-        }
     }
 }
 

@@ -703,6 +703,7 @@ impl WorkerArgs {
             },
             replay: f.debug_cheat == Some(Cheat::Replay),
             cheat_after: f.debug_cheat_after,
+            skip_layers: f.debug_cheat == Some(Cheat::SkipLayers),
         }
     }
 
@@ -737,7 +738,9 @@ pub struct FaultArgs {
     pub debug_kv_fault: Option<KvFault>,
 
     /// Testing only: cheat as a dishonest provider would: `replay` sends
-    /// the tokens (and log-probabilities) of one job for every later one.
+    /// the tokens (and log-probabilities) of one job for every later one;
+    /// `skip-layers` passes a stage's hidden states on without running
+    /// its layers.
     #[arg(long, hide = true, value_enum)]
     pub debug_cheat: Option<Cheat>,
 
@@ -862,6 +865,9 @@ pub enum KvFault {
 pub enum Cheat {
     /// Send one job's tokens for every later one.
     Replay,
+    /// As a pipeline stage, pass the hidden states on without running
+    /// its layers.
+    SkipLayers,
 }
 
 /// A worker's `--price`: ticks per million tokens of each phase.

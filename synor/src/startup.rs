@@ -48,8 +48,15 @@ fn start_pipelines(
         };
         let template = args.models.chat_template.parse().unwrap_or_default();
         let sched = args.scheduler.to_engine().scheduler;
-        let m = pipelines::start(spec, &template, sched, state.fleet.clone(), registry)
-            .with_context(|| format!("--pipeline-model {name}={}", path.display()))?;
+        let m = pipelines::start(
+            spec,
+            &template,
+            sched,
+            state.fleet.clone(),
+            Some(state.dispatch.spot.clone()),
+            registry,
+        )
+        .with_context(|| format!("--pipeline-model {name}={}", path.display()))?;
         state.dispatch.add_pipeline(name, m.cell.clone());
         started.push(m);
     }

@@ -155,6 +155,60 @@ def test_a_stage_killed_mid_stream_is_replaced_and_the_text_is_the_same(server):
                 stop(w)
 
 
+def test_a_stage_that_skips_its_layers_is_caught_and_clawed_back_and_the_others_keep_their_pay():
+    """A middle stage that passes its hidden states on without running its
+    layers (`--debug-cheat skip-layers`; its memory holds no ends, so the
+    plan puts it in the middle) is caught by the first stage check: it is
+    quarantined, what it was paid is clawed back and the user refunded;
+    the two honest stages pass their checks and keep their pay."""
+    from test_spotcheck import checks, journal_of, quarantined
+    gen = _start("--model", SMOL, "--embedding-model", "none", "--admin-token", ADMIN_TOKEN,
+                 "--pipeline-model", f"{PIPE}={SMOL}", "--spot-check-new-rate", "1")
+    base = next(gen)["base"]
+    honest = [provider_token(base, f"honest{i}") for i in range(2)]
+    liar = provider_token(base, "liar")
+    workers = [part_worker(base, p["token"], f"h{i}") for i, p in enumerate(honest)]
+    workers.append(start_worker(base, liar["token"], "liar", "--part-model", f"{PIPE}={SMOL}",
+                                "--max-memory", "100MiB", "--debug-cheat", "skip-layers",
+                                model="none"))
+    try:
+        wait_for(lambda: len(chain(base)) == 3, timeout=60, what="three stages")
+        assert chain(base)[1][0] == "liar", chain(base)
+        before = checks(base)
+        # Its answer is wrong, but the server cannot know until the check.
+        complete(base, PIPE, "The capital of France is", 16)
+        wait_for(lambda: quarantined(base, liar), timeout=60, what="the liar to be caught")
+        # The honest stages' checks of the same request pass.
+        after = wait_for(lambda: (lambda c: c if c["pass"] >= before.get("pass", 0) + 2 else None)(
+            checks(base)), timeout=30, what="the honest stages' checks")
+        assert after["fail"] == before.get("fail", 0) + 1, (before, after)
+        status, records = call(base, "GET", "/admin/spotchecks")
+        assert status == 200, records
+        by_name = {w["name"]: w["id"] for w in fleet(base)}
+        mine = {r["worker_id"]: r for r in records["data"]}
+        for name in ("h0", "h1"):
+            r = mine[by_name[name]]
+            assert r["failed"] == 0 and r["passed"] >= 1, r
+        claws = wait_for(lambda: journal_of(base, liar["account_id"], "clawback"), timeout=30,
+                         what="the liar's clawback")
+        assert len(claws) == 1, claws
+        moved = claws[0]["entries"]
+        assert ticks(moved[liar["account_id"]]) < 0 < ticks(moved["user:local"]), moved
+        assert sum(ticks(v) for v in moved.values()) == 0, moved
+
+        def balance(p):
+            return ticks(call(base, "GET", f"/admin/accounts/{p['account_id']}")[1]["balance"])
+        assert balance(liar) == 0
+        assert all(balance(p) > 0 for p in honest), [balance(p) for p in honest]
+        status, audit = call(base, "GET", "/admin/ledger/audit")
+        assert status == 200 and audit["violations"] == [], audit
+    finally:
+        for w in workers:
+            if w.poll() is None:
+                stop(w)
+        gen.close()
+
+
 def test_a_pipeline_model_with_no_chain_answers_503_and_retry_after():
     gen = _start("--model", SMOL, "--embedding-model", "none", "--admin-token", ADMIN_TOKEN,
                  "--pipeline-model", f"{PIPE}={SMOL}", "--pipeline-step-timeout", "2")

@@ -105,6 +105,9 @@ pub struct Faults {
     /// honest ones.
     pub replay: bool,
     pub cheat_after: u64,
+    /// As a pipeline stage, answer the hidden states given without
+    /// running its layers.
+    pub skip_layers: bool,
 }
 
 /// Reconnect delays: doubling from the first to the cap, with jitter.
@@ -129,7 +132,10 @@ pub async fn run(
     stop: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     let url = gateway_url(&config.server)?;
-    let stages = Arc::new(stage::Stages::new(config.parts.clone()));
+    let stages = Arc::new(stage::Stages::new(
+        config.parts.clone(),
+        config.faults.skip_layers,
+    ));
     let register = registration(&config, &models, &stages);
     let (stop_tx, mut stopped) = watch::channel(false);
     tokio::spawn(async move {

@@ -104,6 +104,9 @@ struct Attempts {
     decode: Vec<String>,
     /// Whose request it is, for a clawback's refund.
     payer: Option<PaidBy>,
+    /// What each pipeline stage (by executor) was paid at settlement,
+    /// for a clawback.
+    paid_stages: Vec<(String, money::ledger::settle::Work)>,
 }
 
 /// Who pays a request, and how (a spot check that fails refunds it).
@@ -152,6 +155,17 @@ impl Credits {
         }
     }
 
+    /// What pipeline stage `executor` was paid when the request settled
+    /// (nothing before).
+    pub fn stage_pay(&self, executor: &str) -> Vec<money::ledger::settle::Work> {
+        let a = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        a.paid_stages
+            .iter()
+            .filter(|(e, _)| e == executor)
+            .map(|(_, w)| w.clone())
+            .collect()
+    }
+
     /// Who pays the request (`None` for an unmetered one).
     pub fn payer(&self) -> Option<PaidBy> {
         self.0
@@ -178,15 +192,15 @@ impl Credits {
     /// when no relay or pipeline ran: the hold's own provider and
     /// executors stand).
     fn take(&self, t: Tokens, prices: money::ledger::Prices) -> money::ledger::settle::Attribution {
-        let a = {
-            let mut g = self.0.lock().unwrap_or_else(|e| e.into_inner());
-            let payer = g.payer.clone();
-            let a = std::mem::take(&mut *g);
-            g.payer = payer;
-            a
-        };
+        let mut g = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let payer = g.payer.clone();
+        let a = std::mem::take(&mut *g);
+        g.payer = payer;
         let mut work = a.work;
-        work.extend(stage_work(&a.stages, t, prices));
+        let staged = stage_work(&a.stages, t, prices);
+        work.extend(staged.iter().map(|(_, w)| w.clone()));
+        g.paid_stages = staged;
+        drop(g);
         let stages = a.prefill.map(|prefill| Stages {
             decode: if a.decode.is_empty() {
                 prefill.clone()
@@ -199,14 +213,14 @@ impl Credits {
     }
 }
 
-/// Each pipeline stage's provider's work: its share of the layer-tokens
-/// computed, of the counted tokens `t` (rounded down: the rest is no
-/// one's), at `prices`.
+/// Each pipeline stage's provider's work, by executor: its share of the
+/// layer-tokens computed, of the counted tokens `t` (rounded down: the
+/// rest is no one's), at `prices`.
 fn stage_work(
     stages: &std::collections::BTreeMap<(String, String, i64), u64>,
     t: Tokens,
     prices: money::ledger::Prices,
-) -> Vec<money::ledger::settle::Work> {
+) -> Vec<(String, money::ledger::settle::Work)> {
     let total: u128 = stages.values().map(|&n| u128::from(n)).sum();
     if total == 0 {
         return Vec::new();
@@ -214,8 +228,8 @@ fn stage_work(
     let part = |x: u64, n: u64| (u128::from(x) * u128::from(n) / total) as u64;
     stages
         .iter()
-        .map(
-            |((_, provider, payout_bps), &n)| money::ledger::settle::Work {
+        .map(|((executor, provider, payout_bps), &n)| {
+            let work = money::ledger::settle::Work {
                 provider: provider.clone(),
                 prices,
                 payout_bps: *payout_bps,
@@ -224,8 +238,9 @@ fn stage_work(
                     cached: part(t.cached, n),
                     completion: part(t.completion, n),
                 },
-            },
-        )
+            };
+            (executor.clone(), work)
+        })
         .collect()
 }
 
@@ -625,11 +640,21 @@ mod tests {
             completion: 20,
         };
         let work = stage_work(&stages, t, prices());
-        let got: Vec<(u64, u64, u64)> = work
+        let got: Vec<(&str, u64, u64, u64)> = work
             .iter()
-            .map(|w| (w.tokens.prompt, w.tokens.cached, w.tokens.completion))
+            .map(|(e, w)| {
+                (
+                    e.as_str(),
+                    w.tokens.prompt,
+                    w.tokens.cached,
+                    w.tokens.completion,
+                )
+            })
             .collect();
-        assert_eq!(got, vec![(10, 2, 5), (10, 2, 5), (20, 4, 10)]);
+        assert_eq!(
+            got,
+            vec![("a", 10, 2, 5), ("b", 10, 2, 5), ("c", 20, 4, 10)]
+        );
         assert!(stage_work(&BTreeMap::new(), t, prices()).is_empty());
         let mut rng = StdRng::seed_from_u64(46);
         for _ in 0..1000 {
@@ -644,8 +669,8 @@ mod tests {
                 completion: rng.random_range(0..5000),
             };
             let w = stage_work(&stages, t, prices());
-            assert!(w.iter().map(|w| w.tokens.prompt).sum::<u64>() <= t.prompt);
-            assert!(w.iter().map(|w| w.tokens.completion).sum::<u64>() <= t.completion);
+            assert!(w.iter().map(|w| w.1.tokens.prompt).sum::<u64>() <= t.prompt);
+            assert!(w.iter().map(|w| w.1.tokens.completion).sum::<u64>() <= t.completion);
         }
     }
 }

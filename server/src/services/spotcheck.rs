@@ -289,6 +289,19 @@ impl SpotCheck {
         Some(verdicts)
     }
 
+    /// Counts a verdict reached elsewhere (a pipeline stage's check,
+    /// which took `seconds` of trusted compute over `tokens` positions).
+    pub fn judged(&self, who: Who<'_>, v: &Verdict, seconds: f64, tokens: u64) {
+        self.seconds.inc_by(seconds);
+        self.tokens.inc_by(tokens);
+        self.count(who, v);
+    }
+
+    /// A check that could not run.
+    pub fn skipped(&self) {
+        self.counted("skipped");
+    }
+
     /// Counts a verdict and adds it to its worker's record.
     fn count(&self, who: Who<'_>, v: &Verdict) {
         self.record(who, v);

@@ -102,6 +102,43 @@ impl SpotChecks {
         crate::services::sanctions::quarantine(db, &self.fleet, id, why).await;
     }
 
+    /// Pipeline stage `worker` of `provider` failed a check of a sequence
+    /// of the request `credits` bills (none: unmetered): quarantine, then,
+    /// once the request has settled, the clawback of what that stage was
+    /// paid for it (the other stages keep theirs) and its user's refund.
+    pub async fn stage_caught(
+        &self,
+        worker: &str,
+        provider: &str,
+        why: &str,
+        credits: Option<Credits>,
+    ) {
+        self.quarantine(worker, provider, why).await;
+        let (Some(ledger), Some(credits)) = (&self.ledger, credits) else {
+            return;
+        };
+        let Some(p) = credits.payer() else {
+            return;
+        };
+        if !ledger.settled(&p.request_id, SETTLEMENT_WAIT).await {
+            tracing::warn!(request_id = %p.request_id, "a stage's clawback waited past the settlement wait");
+        }
+        for (i, work) in credits.stage_pay(worker).into_iter().enumerate() {
+            let claw = Clawback {
+                key: format!("{}:stage:{worker}:{i}", p.request_id),
+                request_id: p.request_id.clone(),
+                payer: p.account_id.clone(),
+                refundable: p.refundable,
+                fee_bps: p.fee_bps,
+                work,
+                memo: format!("stage spot check failed on {worker}: {why}"),
+            };
+            if let Err(e) = ledger.claw_back(&claw, SETTLEMENT_WAIT).await {
+                tracing::error!(error = %e, key = %claw.key, "a stage's clawback failed");
+            }
+        }
+    }
+
     /// A worker's attempt failed its check: quarantine, then the
     /// clawback of its pay.
     async fn caught(&self, c: Caught, why: &str) {

@@ -9,6 +9,7 @@
 //! keeps it while it stands, and forms another when a stage leaves or
 //! fails.
 
+pub mod checks;
 pub mod plan;
 pub mod remote;
 
@@ -69,6 +70,7 @@ pub fn start(
     template: &TemplateChoice,
     scheduler: SchedulerConfig,
     fleet: Arc<Registry>,
+    spot: Option<Arc<crate::services::dispatch::SpotChecks>>,
     models: &ModelRegistry,
 ) -> Result<Arc<PipelineModel>, EngineError> {
     let front = load_front(&spec.path, template)?;
@@ -88,7 +90,12 @@ pub fn start(
     };
     let cell = Arc::new(ChainCell::default());
     let rt = tokio::runtime::Handle::current();
-    let executor = FleetPipeline::new(shape, fleet, cell.clone(), rt);
+    let check = checks::CheckModel {
+        path: spec.path.clone(),
+        block_size: spec.block_size as usize,
+    };
+    let checks = spot.map(|spot| checks::StageChecks::start(check, spot, rt.clone()));
+    let executor = FleetPipeline::new(shape, fleet, cell.clone(), rt, checks);
     let facts = ModelFacts {
         architecture: c.architecture.clone(),
         context_length: c.context_length,

@@ -19,9 +19,11 @@ use engine::model::llama::PartInput;
 use engine::pipeline::{Stage, StageOutput, run_chain};
 use engine::request::{RequestId, TokenLogprob};
 use engine::sampling::Sampled;
+use engine::stage_check::{Tap, Tapped};
 use protocol::stage::{StageChunk, StageSampling, hidden_frames};
 use protocol::{JobToken, ToWorker, VERSION};
 
+use super::checks::StageChecks;
 use crate::fleet::registry::Registry;
 use crate::fleet::stage_calls::StageReply;
 use crate::services::metering::Credits;
@@ -135,17 +137,28 @@ impl ChainCell {
         }
     }
 
-    /// Sequence `seq` ended having run `ran` on the stages.
-    fn credit(&self, seq: RequestId, ran: Ran) {
+    /// Where sequence `seq`'s stage work is credited, once known.
+    pub fn credits_of(&self, seq: RequestId) -> Option<Credits> {
+        let b = self.bills.lock().unwrap_or_else(|e| e.into_inner());
+        b.open.get(&seq).cloned()
+    }
+
+    /// Sequence `seq` ended having run `ran` on the stages; where it was
+    /// credited.
+    fn credit(&self, seq: RequestId, ran: Ran) -> Option<Credits> {
         let mut b = self.bills.lock().unwrap_or_else(|e| e.into_inner());
         match b.open.remove(&seq) {
-            Some(credits) => credits.stages(ran),
+            Some(credits) => {
+                credits.stages(ran);
+                Some(credits)
+            }
             None => {
                 // Unmetered requests are never billed: keep only a few.
                 if b.early.len() >= 1024 {
                     b.early.clear();
                 }
                 b.early.insert(seq, ran);
+                None
             }
         }
     }
@@ -210,6 +223,9 @@ pub struct FleetPipeline {
     /// Layer-tokens each stage computed for each running sequence, by
     /// (worker, provider), in steps whose output was used.
     work: std::collections::HashMap<RequestId, std::collections::BTreeMap<(String, String), u64>>,
+    /// The stages' spot checks, and the stages the tap's records are of.
+    checks: Option<Arc<StageChecks>>,
+    stages: Vec<StageRef>,
 }
 
 impl FleetPipeline {
@@ -218,6 +234,7 @@ impl FleetPipeline {
         fleet: Arc<Registry>,
         cell: Arc<ChainCell>,
         rt: tokio::runtime::Handle,
+        checks: Option<Arc<StageChecks>>,
     ) -> Self {
         Self {
             shape,
@@ -226,7 +243,52 @@ impl FleetPipeline {
             rt,
             epoch: None,
             work: Default::default(),
+            checks,
+            stages: Vec::new(),
         }
+    }
+
+    /// The tap, when the stages are checked.
+    fn tap(&self) -> Option<std::sync::MutexGuard<'_, Tap>> {
+        let c = self.checks.as_ref()?;
+        Some(c.tap.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// Picks the step's new sequences to check, at each stage by its
+    /// provider's rate.
+    fn watch(&self, chain: &Chain, step: &Step<'_>) {
+        let (Some(checks), Some(mut tap)) = (self.checks.as_ref(), self.tap()) else {
+            return;
+        };
+        for c in step.batch.chunks.iter().filter(|c| c.start_pos == 0) {
+            if tap.watching(c.seq) {
+                continue;
+            }
+            for (i, s) in chain.stages.iter().enumerate() {
+                let jobs = self.fleet.standing.get(&s.provider).jobs_ok;
+                let layers = s.layers.start as usize..s.layers.end as usize;
+                if checks.pick(jobs) && !tap.watch(c.seq, i, layers, self.shape.hidden) {
+                    break;
+                }
+            }
+        }
+    }
+
+    /// Hands the tap's finished records to the checker; `ended` is a
+    /// sequence that just ended, with where it was credited.
+    fn hand_over(&self, ended: Option<(RequestId, Option<Credits>)>) {
+        let Some(checks) = &self.checks else {
+            return;
+        };
+        let ready = self.tap().map(|mut t| t.take_ready()).unwrap_or_default();
+        if ready.is_empty() {
+            return;
+        }
+        let credits = |seq: RequestId| match &ended {
+            Some((s, c)) if *s == seq => c.clone(),
+            _ => self.cell.credits_of(seq),
+        };
+        checks.submit(ready, &self.stages, credits);
     }
 
     /// Counts a step's work: every token of each chunk through each
@@ -277,11 +339,16 @@ impl Executor for FleetPipeline {
         let chain = self.chain()?;
         let before = self.epoch.replace(chain.epoch);
         if before.is_some_and(|e| e != chain.epoch) {
+            if let Some(mut t) = self.tap() {
+                t.clear();
+            }
             return Err(EngineError::Recompute(format!(
                 "the pipeline of `{}` changed",
                 self.shape.model
             )));
         }
+        self.stages.clone_from(&chain.stages);
+        self.watch(&chain, step);
         let last = chain.stages.len().saturating_sub(1);
         let culprit: Arc<Mutex<Option<String>>> = Arc::default();
         let mut stages: Vec<Box<dyn Stage>> = chain
@@ -289,7 +356,7 @@ impl Executor for FleetPipeline {
             .iter()
             .enumerate()
             .map(|(i, s)| {
-                Box::new(FleetStage {
+                let stage = Box::new(FleetStage {
                     at: s.clone(),
                     last: i == last,
                     shape: self.shape.clone(),
@@ -297,15 +364,28 @@ impl Executor for FleetPipeline {
                     rt: self.rt.clone(),
                     culprit: culprit.clone(),
                     cell: self.cell.clone(),
-                }) as Box<dyn Stage>
+                }) as Box<dyn Stage>;
+                match &self.checks {
+                    Some(c) => Box::new(Tapped {
+                        inner: stage,
+                        index: i,
+                        tap: c.tap.clone(),
+                    }) as Box<dyn Stage>,
+                    None => stage,
+                }
             })
             .collect();
         match run_chain(&mut stages, step) {
             Ok(s) => {
                 self.count(&chain, step);
+                self.hand_over(None);
                 Ok(s)
             }
             Err(e) => {
+                // The sequences are recomputed from the start.
+                if let Some(mut t) = self.tap() {
+                    t.clear();
+                }
                 let failed = culprit.lock().unwrap_or_else(|e| e.into_inner()).take();
                 if let Some(w) = failed {
                     tracing::warn!(worker = %w, error = %e, "a pipeline stage failed: replanning");
@@ -326,7 +406,11 @@ impl Executor for FleetPipeline {
                 (worker, provider, payout, n)
             })
             .collect();
-        self.cell.credit(seq, ran);
+        let credits = self.cell.credit(seq, ran);
+        if let Some(mut t) = self.tap() {
+            t.finish(seq);
+        }
+        self.hand_over(Some((seq, credits)));
     }
 }
 
