@@ -334,6 +334,13 @@ pub struct LedgerArgs {
     pub instance_stale_after: u64,
 }
 
+/// How a pipeline's layers are shared among its workers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum PipelinePlacement {
+    Measured,
+    Even,
+}
+
 /// How work is placed on the fleet's workers and watched there.
 #[derive(Debug, Clone, Args)]
 pub struct FleetArgs {
@@ -354,6 +361,20 @@ pub struct FleetArgs {
     /// its requests fail with 503 and `Retry-After`).
     #[arg(long, env = "SYNOR_PIPELINE_STEP_TIMEOUT", default_value_t = 60.0)]
     pub pipeline_step_timeout: f64,
+
+    /// A pipeline step's batch goes through the chain in at most this
+    /// many micro-batches at once, so each stage computes one while the
+    /// next computes another (0: as many as the chain has stages; 1: the
+    /// whole batch at once).
+    #[arg(long, env = "SYNOR_PIPELINE_MICRO_BATCHES", default_value_t = 0)]
+    pub pipeline_micro_batches: usize,
+
+    /// How a pipeline's layers are shared among its workers: `measured`
+    /// (in proportion to each worker's measured speed, re-planned when
+    /// the measures say the slowest stage would gain at least 20%), or
+    /// `even` (the same number each, for comparisons).
+    #[arg(long, env = "SYNOR_PIPELINE_PLACEMENT", value_enum, default_value_t = PipelinePlacement::Measured)]
+    pub pipeline_placement: PipelinePlacement,
 
     /// How choices are placed: `measured` (the cost model: price,
     /// expected time from calibration, reputation and load), or, for
@@ -703,7 +724,10 @@ impl WorkerArgs {
             },
             replay: f.debug_cheat == Some(Cheat::Replay),
             cheat_after: f.debug_cheat_after,
-            skip_layers: f.debug_cheat == Some(Cheat::SkipLayers),
+            stages: worker::stage::StageFaults {
+                skip_layers: f.debug_cheat == Some(Cheat::SkipLayers),
+                layer_delay: std::time::Duration::from_micros(f.debug_layer_delay_us),
+            },
         }
     }
 
@@ -751,6 +775,12 @@ pub struct FaultArgs {
     /// Testing only: wait this long before each KV frame (a slow link).
     #[arg(long, hide = true, default_value_t = 0)]
     pub debug_kv_frame_delay_ms: u64,
+
+    /// Benchmarks only: as a pipeline stage, hold each step this many
+    /// microseconds per layer held, as a slower device would (the sleep
+    /// leaves the shared cores to the others).
+    #[arg(long, hide = true, default_value_t = 0)]
+    pub debug_layer_delay_us: u64,
 }
 
 /// A secret from the command line (a token): its `Debug` never shows it,

@@ -45,6 +45,8 @@ fn start_pipelines(
             blocks: f.pipeline_kv_blocks.max(1),
             block_size: 16,
             step_timeout: std::time::Duration::from_secs_f64(f.pipeline_step_timeout.max(0.1)),
+            micro_batches: f.pipeline_micro_batches,
+            measured: f.pipeline_placement == crate::config::PipelinePlacement::Measured,
         };
         let template = args.models.chat_template.parse().unwrap_or_default();
         let sched = args.scheduler.to_engine().scheduler;

@@ -105,9 +105,7 @@ pub struct Faults {
     /// honest ones.
     pub replay: bool,
     pub cheat_after: u64,
-    /// As a pipeline stage, answer the hidden states given without
-    /// running its layers.
-    pub skip_layers: bool,
+    pub stages: stage::StageFaults,
 }
 
 /// Reconnect delays: doubling from the first to the cap, with jitter.
@@ -134,7 +132,7 @@ pub async fn run(
     let url = gateway_url(&config.server)?;
     let stages = Arc::new(stage::Stages::new(
         config.parts.clone(),
-        config.faults.skip_layers,
+        config.faults.stages,
     ));
     let register = registration(&config, &models, &stages);
     let (stop_tx, mut stopped) = watch::channel(false);

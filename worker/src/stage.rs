@@ -77,17 +77,24 @@ pub struct Stages {
     files: Vec<PartFile>,
     held: Mutex<HashMap<String, Held>>,
     pending: Mutex<Vec<(u64, Vec<HiddenRows>)>>,
-    /// Testing only: a cheating stage passes its input on unchanged.
-    skip_layers: bool,
+    faults: StageFaults,
+}
+
+/// Testing and benchmark knobs of a worker's stages.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StageFaults {
+    /// A cheating stage: given hidden states, it answers them back
+    /// without running its layers.
+    pub skip_layers: bool,
+    /// A slower device: each step holds this long per layer held.
+    pub layer_delay: std::time::Duration,
 }
 
 impl Stages {
-    /// Stages of `files`; with `skip_layers` (a testing fault) a stage
-    /// given hidden states answers them back without running its layers.
-    pub fn new(files: Vec<PartFile>, skip_layers: bool) -> Self {
+    pub fn new(files: Vec<PartFile>, faults: StageFaults) -> Self {
         Self {
             files,
-            skip_layers,
+            faults,
             ..Default::default()
         }
     }
@@ -233,11 +240,11 @@ impl Stages {
             .iter()
             .find(|f| f.name == s.model)
             .map_or(0, |f| f.offer.hidden as usize);
-        let skip = self.skip_layers;
+        let faults = self.faults;
         tokio::task::spawn_blocking(move || {
             let step = s.step;
             let answer = match stage {
-                Some(stage) => run_step(&stage, &s, input, hidden, skip),
+                Some(stage) => run_step(&stage, &s, input, hidden, faults),
                 None => Err(format!("it holds no part of `{}`", s.model)),
             };
             match answer {
@@ -319,7 +326,7 @@ fn run_step(
     s: &StageStepMsg,
     rows: Vec<HiddenRows>,
     hidden: usize,
-    skip_layers: bool,
+    faults: StageFaults,
 ) -> Result<StageOutput, String> {
     let chunks = s
         .chunks
@@ -350,14 +357,19 @@ fn run_step(
         }
         Some(a.finish()?)
     };
-    if let (true, Some(h)) = (skip_layers, &input) {
+    if let (true, Some(h)) = (faults.skip_layers, &input) {
         return Ok(StageOutput::Hidden(h.clone()));
     }
     let input = input
         .as_deref()
         .map_or(PartInput::Tokens, PartInput::Hidden);
     let mut stage = stage.lock().unwrap_or_else(|e| e.into_inner());
-    stage.run(&step, input).map_err(|e| e.to_string())
+    let out = stage.run(&step, input).map_err(|e| e.to_string());
+    if !faults.layer_delay.is_zero() {
+        let layers = u32::try_from(stage.layers().len()).unwrap_or(u32::MAX);
+        std::thread::sleep(faults.layer_delay * layers);
+    }
+    out
 }
 
 fn job_token(t: engine::sampling::Sampled) -> JobToken {

@@ -47,6 +47,10 @@ pub struct PipelineSpec {
     pub blocks: u32,
     pub block_size: u32,
     pub step_timeout: Duration,
+    /// Micro-batches a step at most (0: as many as stages; 1: none).
+    pub micro_batches: usize,
+    /// Layers in proportion to measured speed (else the same number each).
+    pub measured: bool,
 }
 
 /// A pipeline model being served: its spec, what its parts weigh, and
@@ -61,6 +65,11 @@ pub struct PipelineModel {
     asked: Mutex<HashMap<(String, u32, u32), Instant>>,
     /// Whether the planner said it cannot form a chain (said once).
     stuck: Mutex<bool>,
+    /// When the chain was last re-planned for speed.
+    moved: Mutex<Option<Instant>>,
+    /// A re-plan's chain while its parts load (none runs meanwhile: the
+    /// workers drop their old parts), and when it was asked for.
+    target: Mutex<Option<(Vec<StageRef>, Instant)>>,
 }
 
 /// Starts `spec`'s engine over `fleet`'s workers and serves it in
@@ -87,6 +96,7 @@ pub fn start(
         layout,
         step_timeout: spec.step_timeout,
         chain_wait: spec.step_timeout,
+        micro_batches: spec.micro_batches,
     };
     let cell = Arc::new(ChainCell::default());
     let rt = tokio::runtime::Handle::current();
@@ -124,6 +134,8 @@ pub fn start(
         cell,
         asked: Mutex::default(),
         stuck: Mutex::new(false),
+        moved: Mutex::default(),
+        target: Mutex::default(),
     }))
 }
 
@@ -180,10 +192,35 @@ async fn replan(fleet: &Registry, m: &PipelineModel) {
     };
     if let Some(c) = m.cell.get() {
         if c.stages.iter().all(held) {
+            if let Some(better) = faster(m, &c, &cands) {
+                tracing::info!(model = %m.spec.name, stages = ?better, "re-planning the pipeline for its measured speeds");
+                m.cell.set(None);
+                for s in &better {
+                    ask(fleet, m, s).await;
+                }
+                *m.target.lock().unwrap_or_else(|e| e.into_inner()) =
+                    Some((better, Instant::now()));
+            }
             return;
         }
         tracing::warn!(model = %m.spec.name, "a pipeline stage left: forming another chain");
         m.cell.set(None);
+    }
+    let target = m.target.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    if let Some((stages, asked)) = target {
+        if stages.iter().all(held) {
+            tracing::info!(model = %m.spec.name, stages = ?stages, "pipeline re-formed");
+            m.cell.set(Some(stages));
+            *m.target.lock().unwrap_or_else(|e| e.into_inner()) = None;
+            return;
+        }
+        let gone = stages
+            .iter()
+            .any(|s| !cands.iter().any(|(w, _)| w.id == s.worker));
+        if !gone && asked.elapsed() < ASK_AGAIN {
+            return;
+        }
+        *m.target.lock().unwrap_or_else(|e| e.into_inner()) = None;
     }
     // Parts already held that make a chain are used as they are: a plan
     // would reload layers for nothing.
@@ -192,24 +229,7 @@ async fn replan(fleet: &Registry, m: &PipelineModel) {
         m.cell.set(Some(stages));
         return;
     }
-    let blocks = u64::from(m.spec.blocks);
-    let speeds = m.cell.speeds();
-    // A worker not measured yet is taken to be as fast as the others.
-    let typical = if speeds.is_empty() {
-        1.0
-    } else {
-        speeds.values().sum::<f64>() / speeds.len() as f64
-    };
-    let offered: Vec<Candidate> = cands
-        .iter()
-        .map(|(w, o)| Candidate {
-            id: w.id.clone(),
-            mid: o.fits(blocks, false),
-            end: o.fits(blocks, true),
-            speed: speeds.get(&w.id).copied().unwrap_or(typical),
-        })
-        .collect();
-    let Some(placed) = plan(m.sizes.n_layer as u32, &offered) else {
+    let Some(placed) = plan(m.sizes.n_layer as u32, &offered(m, &cands)) else {
         let mut stuck = m.stuck.lock().unwrap_or_else(|e| e.into_inner());
         if !*stuck && !cands.is_empty() {
             tracing::warn!(model = %m.spec.name, workers = cands.len(), "the workers offering parts cannot hold every layer together");
@@ -221,11 +241,7 @@ async fn replan(fleet: &Registry, m: &PipelineModel) {
     let stages: Vec<StageRef> = placed
         .into_iter()
         .map(|p| StageRef {
-            provider: cands
-                .iter()
-                .find(|(w, _)| w.id == p.worker)
-                .map(|(w, _)| w.provider_id.clone())
-                .unwrap_or_default(),
+            provider: provider_of(&cands, &p.worker),
             worker: p.worker,
             layers: p.layers,
         })
@@ -251,6 +267,112 @@ async fn replan(fleet: &Registry, m: &PipelineModel) {
             }
         }
     }
+}
+
+/// The candidates as the plan sees them: their room and (with measured
+/// placement) their measured speeds, a worker not measured yet taken to
+/// be as fast as the others.
+fn offered(m: &PipelineModel, cands: &[(WorkerInfo, PartOffer)]) -> Vec<Candidate> {
+    let blocks = u64::from(m.spec.blocks);
+    let speeds = if m.spec.measured {
+        m.cell.speeds()
+    } else {
+        HashMap::new()
+    };
+    let typical = if speeds.is_empty() {
+        1.0
+    } else {
+        speeds.values().sum::<f64>() / speeds.len() as f64
+    };
+    cands
+        .iter()
+        .map(|(w, o)| Candidate {
+            id: w.id.clone(),
+            mid: o.fits(blocks, false),
+            end: o.fits(blocks, true),
+            speed: speeds.get(&w.id).copied().unwrap_or(typical),
+        })
+        .collect()
+}
+
+/// Steps each stage must have run before its speed counts.
+const MEASURED_STEPS: u64 = 50;
+/// The least time between two re-plans for speed.
+const MOVE_EVERY: Duration = Duration::from_secs(60);
+/// A re-plan must cut the slowest stage's time by this share.
+const MOVE_GAIN: f64 = 0.2;
+
+/// A plan of the same workers whose slowest stage (layers over measured
+/// speed) is at least `MOVE_GAIN` faster than standing chain `c`'s, when
+/// placement is measured, every stage is measured and the last such
+/// re-plan is `MOVE_EVERY` old.
+fn faster(
+    m: &PipelineModel,
+    c: &remote::Chain,
+    cands: &[(WorkerInfo, PartOffer)],
+) -> Option<Vec<StageRef>> {
+    if !m.spec.measured {
+        return None;
+    }
+    let measures: Vec<_> = c.stages.iter().map(|s| m.cell.measure(&s.worker)).collect();
+    if measures
+        .iter()
+        .any(|x| x.steps < MEASURED_STEPS || x.speed <= 0.0)
+    {
+        return None;
+    }
+    if m.moved
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .is_some_and(|at| at.elapsed() < MOVE_EVERY)
+    {
+        return None;
+    }
+    let speed = |w: &str| m.cell.measure(w).speed;
+    let slowest = |stages: &mut dyn Iterator<Item = (&str, u32)>| {
+        stages
+            .map(|(w, n)| f64::from(n) / speed(w))
+            .fold(0.0, f64::max)
+    };
+    let now = slowest(
+        &mut c
+            .stages
+            .iter()
+            .map(|s| (s.worker.as_str(), s.layers.len() as u32)),
+    );
+    let mine: Vec<_> = cands
+        .iter()
+        .filter(|(w, _)| c.stages.iter().any(|s| s.worker == w.id))
+        .cloned()
+        .collect();
+    let placed = plan(m.sizes.n_layer as u32, &offered(m, &mine))?;
+    let then = slowest(
+        &mut placed
+            .iter()
+            .map(|p| (p.worker.as_str(), p.layers.len() as u32)),
+    );
+    if then > now * (1.0 - MOVE_GAIN) {
+        return None;
+    }
+    *m.moved.lock().unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
+    Some(
+        placed
+            .into_iter()
+            .map(|p| StageRef {
+                provider: provider_of(cands, &p.worker),
+                worker: p.worker,
+                layers: p.layers,
+            })
+            .collect(),
+    )
+}
+
+fn provider_of(cands: &[(WorkerInfo, PartOffer)], worker: &str) -> String {
+    cands
+        .iter()
+        .find(|(w, _)| w.id == worker)
+        .map(|(w, _)| w.provider_id.clone())
+        .unwrap_or_default()
 }
 
 /// A chain of the parts `cands` hold now, from layer 0 to the last, with

@@ -210,6 +210,10 @@ pub struct PipelineShape {
     pub step_timeout: Duration,
     /// How long a step waits for a chain when there is none.
     pub chain_wait: Duration,
+    /// A step's batch goes through the chain in at most this many parts
+    /// at once (0: as many as stages), so every stage works on one while
+    /// the next works on another.
+    pub micro_batches: usize,
 }
 
 /// The engine's executor for a model served by a pipeline of workers.
@@ -320,6 +324,152 @@ impl FleetPipeline {
             std::thread::sleep(Duration::from_millis(20));
         }
     }
+
+    /// The chain's stages for one walk through it (tapped when checked).
+    fn walk(
+        &self,
+        chain: &Chain,
+        culprit: &Arc<Mutex<Option<String>>>,
+        calls: &Arc<Mutex<Vec<Call>>>,
+    ) -> Vec<Box<dyn Stage>> {
+        let last = chain.stages.len().saturating_sub(1);
+        chain
+            .stages
+            .iter()
+            .enumerate()
+            .map(|(i, s)| {
+                let stage = Box::new(FleetStage {
+                    at: s.clone(),
+                    last: i == last,
+                    shape: self.shape.clone(),
+                    fleet: self.fleet.clone(),
+                    rt: self.rt.clone(),
+                    culprit: culprit.clone(),
+                    calls: calls.clone(),
+                }) as Box<dyn Stage>;
+                match &self.checks {
+                    Some(c) => Box::new(Tapped {
+                        inner: stage,
+                        index: i,
+                        tap: c.tap.clone(),
+                    }) as Box<dyn Stage>,
+                    None => stage,
+                }
+            })
+            .collect()
+    }
+
+    /// Runs `step` through the chain: its batch in micro-batches, each
+    /// walking the chain on its own thread, so a stage computes one while
+    /// the next computes the one before; the tokens in the batch's order.
+    fn through(
+        &self,
+        chain: &Chain,
+        step: &Step<'_>,
+        culprit: &Arc<Mutex<Option<String>>>,
+        calls: &Arc<Mutex<Vec<Call>>>,
+    ) -> Result<Vec<Vec<Sampled>>> {
+        let most = match self.shape.micro_batches {
+            0 => chain.stages.len(),
+            n => n,
+        };
+        let parts = micro_batches(step, most);
+        if parts.len() <= 1 {
+            return run_chain(&mut self.walk(chain, culprit, calls), step);
+        }
+        let outs: Vec<Result<Vec<Vec<Sampled>>>> = std::thread::scope(|scope| {
+            let running: Vec<_> = parts
+                .iter()
+                .map(|idx| {
+                    let batch = engine::model::ModelBatch {
+                        chunks: idx.iter().map(|&i| step.batch.chunks[i].clone()).collect(),
+                    };
+                    let sampling = idx.iter().map(|&i| step.sampling[i]).collect();
+                    let mut stages = self.walk(chain, culprit, calls);
+                    scope.spawn(move || {
+                        let sub = Step {
+                            batch: &batch,
+                            sampling,
+                        };
+                        run_chain(&mut stages, &sub)
+                    })
+                })
+                .collect();
+            running
+                .into_iter()
+                .map(|h| {
+                    h.join().unwrap_or_else(|_| {
+                        Err(EngineError::Execution(
+                            "a micro-batch's walk panicked".into(),
+                        ))
+                    })
+                })
+                .collect()
+        });
+        let mut sampled = vec![Vec::new(); step.batch.chunks.len()];
+        for (idx, out) in parts.iter().zip(outs) {
+            for (&i, s) in idx.iter().zip(out?) {
+                sampled[i] = s;
+            }
+        }
+        Ok(sampled)
+    }
+
+    /// Takes each stage worker's fastest call of the step into its
+    /// measures (the others waited behind another micro-batch).
+    fn measured(&self, calls: &Mutex<Vec<Call>>) {
+        let calls = std::mem::take(&mut *calls.lock().unwrap_or_else(|e| e.into_inner()));
+        let mut best: std::collections::HashMap<&str, &Call> = Default::default();
+        for c in &calls {
+            let e = best.entry(c.worker.as_str()).or_insert(c);
+            if c.speed() > e.speed() {
+                *e = c;
+            }
+        }
+        for c in best.values() {
+            self.cell.record(&c.worker, c.layers, c.tokens, c.took);
+        }
+    }
+}
+
+/// One stage call of a step, as the server timed it.
+#[derive(Debug, Clone)]
+struct Call {
+    worker: String,
+    layers: usize,
+    tokens: usize,
+    took: Duration,
+}
+
+impl Call {
+    fn speed(&self) -> f64 {
+        (self.layers * self.tokens.max(1)) as f64 / self.took.as_secs_f64().max(1e-6)
+    }
+}
+
+/// `step`'s chunks in at most `most` groups of about equal tokens (each
+/// chunk to the lightest group so far, largest first), each group's
+/// chunks in batch order; one group when there is nothing to split.
+fn micro_batches(step: &Step<'_>, most: usize) -> Vec<Vec<usize>> {
+    let chunks = &step.batch.chunks;
+    let n = most.min(chunks.len()).max(1);
+    let mut order: Vec<usize> = (0..chunks.len()).collect();
+    order.sort_by_key(|&i| std::cmp::Reverse(chunks[i].tokens.len()));
+    let mut groups: Vec<(usize, Vec<usize>)> = vec![(0, Vec::new()); n];
+    for i in order {
+        if let Some(g) = groups.iter_mut().min_by_key(|g| g.0) {
+            g.0 += chunks[i].tokens.len();
+            g.1.push(i);
+        }
+    }
+    groups
+        .into_iter()
+        .filter(|g| !g.1.is_empty())
+        .map(|mut g| {
+            g.1.sort_unstable();
+            g.1
+        })
+        .collect()
 }
 
 impl Executor for FleetPipeline {
@@ -349,33 +499,11 @@ impl Executor for FleetPipeline {
         }
         self.stages.clone_from(&chain.stages);
         self.watch(&chain, step);
-        let last = chain.stages.len().saturating_sub(1);
         let culprit: Arc<Mutex<Option<String>>> = Arc::default();
-        let mut stages: Vec<Box<dyn Stage>> = chain
-            .stages
-            .iter()
-            .enumerate()
-            .map(|(i, s)| {
-                let stage = Box::new(FleetStage {
-                    at: s.clone(),
-                    last: i == last,
-                    shape: self.shape.clone(),
-                    fleet: self.fleet.clone(),
-                    rt: self.rt.clone(),
-                    culprit: culprit.clone(),
-                    cell: self.cell.clone(),
-                }) as Box<dyn Stage>;
-                match &self.checks {
-                    Some(c) => Box::new(Tapped {
-                        inner: stage,
-                        index: i,
-                        tap: c.tap.clone(),
-                    }) as Box<dyn Stage>,
-                    None => stage,
-                }
-            })
-            .collect();
-        match run_chain(&mut stages, step) {
+        let calls: Arc<Mutex<Vec<Call>>> = Arc::default();
+        let run = self.through(&chain, step, &culprit, &calls);
+        self.measured(&calls);
+        match run {
             Ok(s) => {
                 self.count(&chain, step);
                 self.hand_over(None);
@@ -387,7 +515,10 @@ impl Executor for FleetPipeline {
                     t.clear();
                 }
                 let failed = culprit.lock().unwrap_or_else(|e| e.into_inner()).take();
-                if let Some(w) = failed {
+                // A chain withdrawn meanwhile (re-planned: its workers
+                // drop their parts) blames no one.
+                let standing = self.cell.get().is_some_and(|c| c.epoch == chain.epoch);
+                if let Some(w) = failed.filter(|_| standing) {
                     tracing::warn!(worker = %w, error = %e, "a pipeline stage failed: replanning");
                     self.cell.fail(&w);
                 }
@@ -423,7 +554,8 @@ struct FleetStage {
     rt: tokio::runtime::Handle,
     /// Where a failed stage names its worker for the executor.
     culprit: Arc<Mutex<Option<String>>>,
-    cell: Arc<ChainCell>,
+    /// Where it times its calls for the executor.
+    calls: Arc<Mutex<Vec<Call>>>,
 }
 
 impl FleetStage {
@@ -515,13 +647,16 @@ impl Stage for FleetStage {
                 _ => Err(format!("stage {} answered out of turn", self.at.worker)),
             });
         if out.is_ok() {
-            let layers = self.at.layers.len();
-            self.cell.record(
-                &self.at.worker,
-                layers,
-                step.batch.num_tokens(),
-                started.elapsed(),
-            );
+            let call = Call {
+                worker: self.at.worker.clone(),
+                layers: self.at.layers.len(),
+                tokens: step.batch.num_tokens(),
+                took: started.elapsed(),
+            };
+            self.calls
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(call);
         }
         out.map_err(|why| {
             *self.culprit.lock().unwrap_or_else(|e| e.into_inner()) = Some(self.at.worker.clone());
@@ -623,6 +758,43 @@ mod tests {
         ] {
             assert!(checked_tokens(&step, bad.clone(), 10).is_err(), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn micro_batches_split_a_step_by_tokens_and_keep_each_groups_batch_order() {
+        let chunk = |seq: u64, n: usize| SeqChunk {
+            seq: RequestId(seq),
+            tokens: vec![5; n],
+            start_pos: 0,
+            want_logits: true,
+            block_table: vec![0],
+            swa_table: vec![],
+            draft: vec![],
+        };
+        let batch = ModelBatch {
+            chunks: vec![
+                chunk(0, 1),
+                chunk(1, 100),
+                chunk(2, 1),
+                chunk(3, 1),
+                chunk(4, 50),
+            ],
+        };
+        let step = Step {
+            batch: &batch,
+            sampling: vec![None; 5],
+        };
+        assert_eq!(micro_batches(&step, 1), vec![vec![0, 1, 2, 3, 4]]);
+        assert_eq!(micro_batches(&step, 2), vec![vec![1], vec![0, 2, 3, 4]]);
+        assert_eq!(
+            micro_batches(&step, 3),
+            vec![vec![1], vec![4], vec![0, 2, 3]]
+        );
+        let groups = micro_batches(&step, 9);
+        assert_eq!(groups.len(), 5);
+        let mut all: Vec<usize> = groups.concat();
+        all.sort_unstable();
+        assert_eq!(all, vec![0, 1, 2, 3, 4]);
     }
 
     #[test]
