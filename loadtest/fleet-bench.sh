@@ -30,6 +30,7 @@
 #        loadtest/fleet-bench.sh split [CONCURRENCY...]       (default: 1 4)
 #        loadtest/fleet-bench.sh pipeline [CONCURRENCY]       (default: 16)
 #        loadtest/fleet-bench.sh stages [CONCURRENCY...]      (default: 1 8)
+#        loadtest/fleet-bench.sh unequal [CONCURRENCY...]     (default: 16)
 #
 # `stages` (issue 46) serves the default model whole (the house engine,
 # every core) and as a pipeline of workers (--pipeline-model; each worker
@@ -37,6 +38,17 @@
 # --max-memory set so the planner needs that many (SmolLM2 Q4_1: 30 MB of
 # ends, 8.5 MB a layer with its KV), at each concurrency, 64 output
 # tokens, the same prompts for each.
+#
+# `unequal` (issue 46) serves the default model as a pipeline of three
+# workers, one fast and two slow: each step holds 1 ms per layer on the
+# fast one and 3 ms on the slow ones (--debug-layer-delay-us: a sleep,
+# so the three do not fight over the shared cores as a real fleet of
+# machines would not). Memory (170 and 124 MiB) makes three stages
+# necessary and lets the fast one hold 16 layers. It runs the same load
+# with the layers split evenly and by measured speed (after a warm-up that
+# measures the stages and lets the planner move layers), each without and
+# with micro-batching (as many micro-batches as stages), and prints each
+# chain.
 #
 # `pipeline` saturates two one-thread workers (cores 0 and 1) with a
 # mixed load (prompts of 32 to 992 words, 16 to 240 output tokens) at
@@ -46,17 +58,18 @@
 # Needs release binaries: cargo build --release -p synor --features synor/faults -p loadtest
 set -euo pipefail
 cd "$(dirname "$0")/.."
-TARGET="${CARGO_TARGET_DIR:-target}/release"
+TARGET="${CARGO_TARGET_DIR:-target}/${PROFILE:-release}"
 SYNOR="$TARGET/synor"
 LOADTEST="$TARGET/synor-loadtest"
 export SYNOR_MODELS_DIR="${SYNOR_MODELS_DIR:-models}"
 MODE=serving
-case "${1:-}" in serving | placement | split | pipeline | stages) MODE=$1; shift ;; esac
+case "${1:-}" in serving | placement | split | pipeline | stages | unequal) MODE=$1; shift ;; esac
 case "$MODE" in
     placement) ARGS=("${@:-2 4 8}") ;;
     split) ARGS=("${@:-1 4}") ;;
     pipeline) ARGS=("${@:-16}") ;;
     stages) ARGS=("${@:-1 8}") ;;
+    unequal) ARGS=("${@:-16}") ;;
     *) ARGS=("${@:-1 16}") ;;
 esac
 read -r -a CONCURRENCY <<<"${ARGS[*]}"
@@ -186,6 +199,39 @@ if [ "$MODE" = stages ]; then
         for w in "${WORKERS[@]}"; do kill "$w" 2>/dev/null || true; wait "$w" 2>/dev/null || true; done
         WORKERS=()
         stages_up 0
+    done
+    exit 0
+fi
+
+if [ "$MODE" = unequal ]; then
+    SMOL=smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf
+    for config in "even 1" "measured 1" "even 0" "measured 0"; do
+        read -r placement micro <<<"$config"
+        start_server 1 measured --model none --pipeline-model "pipe=$SMOL" \
+            --pipeline-placement "$placement" --pipeline-micro-batches "$micro"
+        TOKEN=$(admin -X POST "$BASE/admin/providers" -d '{"name":"bench"}' | python3 -c 'import json,sys; print(json.load(sys.stdin)["token"])')
+        part=(--model none --part-model "pipe=$SMOL")
+        start_worker fast 1 "" "${part[@]}" --max-memory 170MiB --debug-layer-delay-us 1000
+        start_worker slow1 1 "" "${part[@]}" --max-memory 124MiB --debug-layer-delay-us 3000
+        start_worker slow2 1 "" "${part[@]}" --max-memory 124MiB --debug-layer-delay-us 3000
+        stages_up 3
+        name="$placement-mb$micro"
+        [ "$micro" = 0 ] && name="$placement-mbauto"
+        if [ "$placement" = measured ]; then
+            run_model warmup pipe 16 >/dev/null
+            sleep 3
+            stages_up 3
+        fi
+        admin "$BASE/admin/fleet" >"$WORK/fleet.json"
+        admin "$BASE/admin/pipelines" | python3 -c '
+import json, sys
+names = {w["id"]: w["name"] for w in json.load(open(sys.argv[1]))["data"]}
+for p in json.load(sys.stdin)["data"]:
+    print("   chain:", [(names.get(s["worker"]), s["first"], s["end"]) for s in p["stages"]])' "$WORK/fleet.json"
+        for c in "${CONCURRENCY[@]}"; do run_model "$name" pipe "$c"; done
+        stop_workers
+        stop_server
+        rm -f "$WORK/synor.db"*
     done
     exit 0
 fi

@@ -365,8 +365,11 @@ pub struct FleetArgs {
     /// A pipeline step's batch goes through the chain in at most this
     /// many micro-batches at once, so each stage computes one while the
     /// next computes another (0: as many as the chain has stages; 1: the
-    /// whole batch at once).
-    #[arg(long, env = "SYNOR_PIPELINE_MICRO_BATCHES", default_value_t = 0)]
+    /// whole batch at once). It pays where a stage's time grows with its
+    /// tokens (prefill, compute-bound devices); where a step costs a stage
+    /// about the same at any batch size, each micro-batch costs a whole
+    /// step (BENCHMARKS.md, session 38).
+    #[arg(long, env = "SYNOR_PIPELINE_MICRO_BATCHES", default_value_t = 1)]
     pub pipeline_micro_batches: usize,
 
     /// How a pipeline's layers are shared among its workers: `measured`

@@ -27,7 +27,7 @@ MEMORY = "124MiB"
 @pytest.fixture()
 def server():
     gen = _start("--model", SMOL, "--embedding-model", "none", "--admin-token", ADMIN_TOKEN,
-                 "--pipeline-model", f"{PIPE}={SMOL}")
+                 "--pipeline-model", f"{PIPE}={SMOL}", "--pipeline-micro-batches", "0")
     info = next(gen)
     yield info
     gen.close()
