@@ -49,8 +49,20 @@ pub struct PipelineSpec {
     pub step_timeout: Duration,
     /// Micro-batches a step at most (0: as many as stages; 1: none).
     pub micro_batches: usize,
-    /// Layers in proportion to measured speed (else the same number each).
+    /// Layers by measured speed (else the same number each).
     pub measured: bool,
+}
+
+impl PipelineSpec {
+    /// What its plans minimize: the stages' total time when a step walks
+    /// the chain whole, the slowest stage's when micro-batches overlap.
+    pub fn objective(&self) -> plan::Objective {
+        if self.micro_batches == 1 {
+            plan::Objective::Total
+        } else {
+            plan::Objective::Bottleneck
+        }
+    }
 }
 
 /// A pipeline model being served: its spec, what its parts weigh, and
@@ -229,7 +241,11 @@ async fn replan(fleet: &Registry, m: &PipelineModel) {
         m.cell.set(Some(stages));
         return;
     }
-    let Some(placed) = plan(m.sizes.n_layer as u32, &offered(m, &cands)) else {
+    let Some(placed) = plan(
+        m.sizes.n_layer as u32,
+        &offered(m, &cands),
+        m.spec.objective(),
+    ) else {
         let mut stuck = m.stuck.lock().unwrap_or_else(|e| e.into_inner());
         if !*stuck && !cands.is_empty() {
             tracing::warn!(model = %m.spec.name, workers = cands.len(), "the workers offering parts cannot hold every layer together");
@@ -299,11 +315,12 @@ fn offered(m: &PipelineModel, cands: &[(WorkerInfo, PartOffer)]) -> Vec<Candidat
 const MEASURED_STEPS: u64 = 50;
 /// The least time between two re-plans for speed.
 const MOVE_EVERY: Duration = Duration::from_secs(60);
-/// A re-plan must cut the slowest stage's time by this share.
+/// A re-plan must cut the chain's cost by this share.
 const MOVE_GAIN: f64 = 0.2;
 
-/// A plan of the same workers whose slowest stage (layers over measured
-/// speed) is at least `MOVE_GAIN` faster than standing chain `c`'s, when
+/// A plan of the same workers whose cost (the stages' times, layers over
+/// measured speed, summed or the slowest) is at least `MOVE_GAIN` below
+/// standing chain `c`'s, when
 /// placement is measured, every stage is measured and the last such
 /// re-plan is `MOVE_EVERY` old.
 fn faster(
@@ -328,28 +345,23 @@ fn faster(
     {
         return None;
     }
+    let objective = m.spec.objective();
     let speed = |w: &str| m.cell.measure(w).speed;
-    let slowest = |stages: &mut dyn Iterator<Item = (&str, u32)>| {
-        stages
-            .map(|(w, n)| f64::from(n) / speed(w))
-            .fold(0.0, f64::max)
-    };
-    let now = slowest(
-        &mut c
-            .stages
+    let now = objective.cost(
+        c.stages
             .iter()
-            .map(|s| (s.worker.as_str(), s.layers.len() as u32)),
+            .map(|s| (s.layers.len() as u32, speed(&s.worker))),
     );
     let mine: Vec<_> = cands
         .iter()
         .filter(|(w, _)| c.stages.iter().any(|s| s.worker == w.id))
         .cloned()
         .collect();
-    let placed = plan(m.sizes.n_layer as u32, &offered(m, &mine))?;
-    let then = slowest(
-        &mut placed
+    let placed = plan(m.sizes.n_layer as u32, &offered(m, &mine), objective)?;
+    let then = objective.cost(
+        placed
             .iter()
-            .map(|p| (p.worker.as_str(), p.layers.len() as u32)),
+            .map(|p| (p.layers.len() as u32, speed(&p.worker))),
     );
     if then > now * (1.0 - MOVE_GAIN) {
         return None;

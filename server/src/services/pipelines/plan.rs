@@ -1,9 +1,11 @@
 //! Which layers each worker of a pipeline holds (Parallax's first phase,
-//! for one chain): the fewest workers whose memory holds the model, the
-//! first and the last of them the two that can hold the most with the
-//! model's ends, and the layers split in proportion to each one's measured
-//! speed, water-filled under its memory cap. Pure: the planner feeds it
-//! the fleet's offers and speeds.
+//! for one chain): the fewest workers whose memory holds the model, in the
+//! order (which two at the ends, next to the embeddings and the head) and
+//! with the layer counts that cost least under the objective: the sum of
+//! the stages' times when a step walks the chain whole (the fastest takes
+//! all it can), or the slowest stage's when steps overlap (layers in
+//! proportion to measured speed, water-filled under each memory cap).
+//! Pure: the planner feeds it the fleet's offers and speeds.
 
 use std::ops::Range;
 
@@ -26,9 +28,31 @@ pub struct Placed {
     pub layers: Range<u32>,
 }
 
-/// A chain that holds `n` layers over the fewest of `candidates`, or
-/// `None` if all of them together cannot.
-pub fn plan(n: u32, candidates: &[Candidate]) -> Option<Vec<Placed>> {
+/// What a plan minimizes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Objective {
+    /// The sum of the stages' times: a step walks the chain whole, one
+    /// stage after another (so the fastest worker takes all it can).
+    Total,
+    /// The slowest stage's time: steps overlap in the chain, and the
+    /// slowest stage sets its pace (layers in proportion to speed).
+    Bottleneck,
+}
+
+impl Objective {
+    /// A chain's cost: its stages' (layers, speed) under this objective.
+    pub fn cost(self, stages: impl Iterator<Item = (u32, f64)>) -> f64 {
+        let times = stages.map(|(n, s)| f64::from(n) / s.max(1e-9));
+        match self {
+            Objective::Total => times.sum(),
+            Objective::Bottleneck => times.fold(0.0, f64::max),
+        }
+    }
+}
+
+/// A chain that holds `n` layers over the fewest of `candidates` at the
+/// least cost under `objective`, or `None` if all of them together cannot.
+pub fn plan(n: u32, candidates: &[Candidate], objective: Objective) -> Option<Vec<Placed>> {
     if n == 0 {
         return None;
     }
@@ -37,12 +61,47 @@ pub fn plan(n: u32, candidates: &[Candidate]) -> Option<Vec<Placed>> {
         .filter(|c| c.end > 0 || c.mid > 0)
         .collect();
     by_room.sort_by(|a, b| (b.mid, b.end, &a.id).cmp(&(a.mid, a.end, &b.id)));
-    (1..=by_room.len()).find_map(|k| chain_of(n, &by_room[..k]))
+    (1..=by_room.len()).find_map(|k| best_chain(n, &by_room[..k], objective))
 }
 
-/// A chain over exactly `chosen`, if their caps hold `n` layers.
-fn chain_of(n: u32, chosen: &[&Candidate]) -> Option<Vec<Placed>> {
-    let order = arrange(chosen);
+/// The cheapest chain over exactly `chosen`: every pair of them at the
+/// ends (the rest between, by id), each with its layers counted.
+fn best_chain(n: u32, chosen: &[&Candidate], objective: Objective) -> Option<Vec<Placed>> {
+    let k = chosen.len();
+    let mut best: Option<(f64, Vec<Placed>)> = None;
+    for first in 0..k {
+        for last in 0..k {
+            if (first == last) != (k == 1) {
+                continue;
+            }
+            let mut order = vec![chosen[first]];
+            let mut middle: Vec<&Candidate> = (0..k)
+                .filter(|&i| i != first && i != last)
+                .map(|i| chosen[i])
+                .collect();
+            middle.sort_by(|a, b| a.id.cmp(&b.id));
+            order.extend(middle);
+            if k > 1 {
+                order.push(chosen[last]);
+            }
+            let Some(p) = chain_of(n, &order, objective) else {
+                continue;
+            };
+            let cost = objective.cost(
+                p.iter()
+                    .zip(&order)
+                    .map(|(s, c)| (s.layers.end - s.layers.start, c.speed)),
+            );
+            if best.as_ref().is_none_or(|b| cost < b.0 - 1e-9) {
+                best = Some((cost, p));
+            }
+        }
+    }
+    best.map(|b| b.1)
+}
+
+/// The chain `order` (in order), if their caps hold `n` layers.
+fn chain_of(n: u32, order: &[&Candidate], objective: Objective) -> Option<Vec<Placed>> {
     let last = order.len() - 1;
     let caps: Vec<u32> = order
         .iter()
@@ -53,7 +112,14 @@ fn chain_of(n: u32, chosen: &[&Candidate]) -> Option<Vec<Placed>> {
         return None;
     }
     let speeds: Vec<f64> = order.iter().map(|c| c.speed.max(1e-9)).collect();
-    let counts = water_fill(n, &caps, &speeds)?;
+    // Without a difference in speed, the layers are shared evenly.
+    let alike = speeds
+        .iter()
+        .all(|&s| (s - speeds[0]).abs() <= 1e-9 * s.abs());
+    let counts = match objective {
+        Objective::Total if !alike => fastest_first(n, &caps, &speeds)?,
+        Objective::Total | Objective::Bottleneck => water_fill(n, &caps, &speeds)?,
+    };
     let mut start = 0;
     Some(
         order
@@ -71,21 +137,23 @@ fn chain_of(n: u32, chosen: &[&Candidate]) -> Option<Vec<Placed>> {
     )
 }
 
-/// The chain's order: the two with the most room at an end first and
-/// last, the rest between them by id.
-fn arrange<'a>(chosen: &[&'a Candidate]) -> Vec<&'a Candidate> {
-    let mut by_end: Vec<&Candidate> = chosen.to_vec();
-    by_end.sort_by(|a, b| (b.end, &a.id).cmp(&(a.end, &b.id)));
-    if by_end.len() < 2 {
-        return by_end;
+/// `n` layers, one each, the rest to the fastest up to its cap, then the
+/// next fastest (ties to the earlier stage).
+fn fastest_first(n: u32, caps: &[u32], speeds: &[f64]) -> Option<Vec<u32>> {
+    let k = caps.len();
+    if (n as usize) < k {
+        return None;
     }
-    let (first, last) = (by_end[0], by_end[1]);
-    let mut middle: Vec<&Candidate> = by_end[2..].to_vec();
-    middle.sort_by(|a, b| a.id.cmp(&b.id));
-    let mut out = vec![first];
-    out.extend(middle);
-    out.push(last);
-    out
+    let mut counts = vec![1u32; k];
+    let mut left = n - k as u32;
+    let mut order: Vec<usize> = (0..k).collect();
+    order.sort_by(|&a, &b| speeds[b].total_cmp(&speeds[a]).then(a.cmp(&b)));
+    for i in order {
+        let add = left.min(caps[i].saturating_sub(1));
+        counts[i] += add;
+        left -= add;
+    }
+    (left == 0).then_some(counts)
 }
 
 /// `n` layers in proportion to `speeds`, none past its cap, each stage at
@@ -181,7 +249,12 @@ mod tests {
 
     #[test]
     fn one_worker_that_holds_the_model_is_never_split() {
-        let p = plan(30, &[cand("a", 40, 35, 1.0), cand("b", 40, 35, 1.0)]).expect("plan");
+        let p = plan(
+            30,
+            &[cand("a", 40, 35, 1.0), cand("b", 40, 35, 1.0)],
+            Objective::Total,
+        )
+        .expect("plan");
         assert_eq!(
             p,
             vec![Placed {
@@ -198,7 +271,7 @@ mod tests {
             cand("b", 12, 10, 1.0),
             cand("c", 12, 10, 1.0),
         ];
-        let p = plan(30, &c).expect("plan");
+        let p = plan(30, &c, Objective::Bottleneck).expect("plan");
         assert_eq!(counts(&p), vec![10, 10, 10]);
     }
 
@@ -210,11 +283,23 @@ mod tests {
             cand("s2", 14, 14, 1.0),
         ];
         // The three are needed (two hold at most 20 + 14 at the ends).
-        let p = plan(40, &c).expect("plan");
+        let p = plan(40, &c, Objective::Bottleneck).expect("plan");
         assert_eq!(p.len(), 3);
         let fast = p.iter().find(|s| s.worker == "fast").expect("fast");
         assert!(fast.layers.len() >= 15, "{p:?}");
-        assert!(plan(60, &c).is_none(), "more than all of them hold");
+        assert!(
+            plan(69, &c, Objective::Bottleneck).is_none(),
+            "more than all of them hold"
+        );
+        assert!(
+            plan(68, &c, Objective::Total).is_some(),
+            "the fast one in the middle"
+        );
+        // Walked whole, the fast one takes all it can: in the middle,
+        // where it holds the most.
+        let p = plan(40, &c, Objective::Total).expect("plan");
+        assert_eq!(p[1].worker, "fast", "{p:?}");
+        assert_eq!(counts(&p), vec![1, 38, 1], "{p:?}");
     }
 
     #[test]
@@ -230,7 +315,12 @@ mod tests {
                     cand(&format!("w{i}"), mid, end, rng.random_range(0.1..5.0))
                 })
                 .collect();
-            let Some(p) = plan(n, &cands) else {
+            let objective = if rng.random_bool(0.5) {
+                Objective::Total
+            } else {
+                Objective::Bottleneck
+            };
+            let Some(p) = plan(n, &cands, objective) else {
                 continue;
             };
             assert_eq!(p.first().map(|s| s.layers.start), Some(0));
