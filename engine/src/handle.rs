@@ -203,6 +203,8 @@ pub struct EngineBuilder {
     /// The sliding-window layers' window, where the executors' KV gives
     /// them blocks of their own (`KvLayout::sliding`).
     window: Option<usize>,
+    /// Its requests' first id.
+    first_id: u64,
 }
 
 impl EngineBuilder {
@@ -214,7 +216,15 @@ impl EngineBuilder {
             scheduler: SchedulerConfig::default(),
             executors: Vec::new(),
             window: None,
+            first_id: 1,
         }
+    }
+
+    /// Numbers its requests from `first` (engines whose request ids meet
+    /// in one place, such as the lanes of one model, take apart ranges).
+    pub fn first_id(mut self, first: u64) -> Self {
+        self.first_id = first.max(1);
+        self
     }
 
     pub fn scheduler(mut self, config: SchedulerConfig) -> Self {
@@ -323,7 +333,7 @@ impl EngineBuilder {
             template: self.template,
             info,
             stats,
-            next_id: AtomicU64::new(1),
+            next_id: AtomicU64::new(self.first_id),
             thread: std::sync::Mutex::new(Some(thread)),
             constraints: OnceLock::new(),
         };

@@ -372,6 +372,12 @@ pub struct FleetArgs {
     #[arg(long, env = "SYNOR_PIPELINE_MICRO_BATCHES", default_value_t = 1)]
     pub pipeline_micro_batches: usize,
 
+    /// Chains a pipeline model runs on at most at once, each an engine on
+    /// workers of its own (formed while the fleet has workers for them);
+    /// each request goes to the chain expected to serve it soonest.
+    #[arg(long, env = "SYNOR_PIPELINE_CHAINS", default_value_t = 4, value_parser = clap::value_parser!(u64).range(1..=64))]
+    pub pipeline_chains: u64,
+
     /// How a pipeline's layers are shared among its workers: `measured`
     /// (in proportion to each worker's measured speed, re-planned when
     /// the measures say the slowest stage would gain at least 20%), or

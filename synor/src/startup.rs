@@ -46,6 +46,7 @@ fn start_pipelines(
             block_size: 16,
             step_timeout: std::time::Duration::from_secs_f64(f.pipeline_step_timeout.max(0.1)),
             micro_batches: f.pipeline_micro_batches,
+            lanes: f.pipeline_chains as usize,
             measured: f.pipeline_placement == crate::config::PipelinePlacement::Measured,
         };
         let template = args.models.chat_template.parse().unwrap_or_default();
@@ -59,7 +60,7 @@ fn start_pipelines(
             registry,
         )
         .with_context(|| format!("--pipeline-model {name}={}", path.display()))?;
-        state.dispatch.add_pipeline(name, m.cell.clone());
+        state.dispatch.add_pipeline(name, m.clone());
         started.push(m);
     }
     if !started.is_empty() {

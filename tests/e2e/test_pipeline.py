@@ -169,6 +169,38 @@ def test_a_stage_killed_mid_stream_is_replaced_and_the_text_is_the_same(server):
                 stop(w)
 
 
+def test_six_workers_make_two_chains_and_requests_go_to_both(server):
+    """Workers enough for two chains: the planner forms a second lane on
+    the three workers the first does not use, the dispatcher sends each
+    request to the chain expected to serve it soonest, both chains serve,
+    and every answer is the whole model's."""
+    base = server["base"]
+    token = provider_token(base)["token"]
+    workers = [part_worker(base, token, f"d{i}") for i in range(6)]
+    try:
+        def two():
+            _, pipes = call(base, "GET", "/admin/pipelines")
+            chains = pipes["data"][0]["chains"]
+            return chains if len(chains) == 2 else None
+        chains = wait_for(two, timeout=60, what="two chains")
+        used = [s["worker"] for c in chains for s in c["stages"]]
+        assert len(used) == 6 == len(set(used)), chains
+        prompts = [f"Story {i}: once upon a time" for i in range(12)]
+        want = [complete(base, WHOLE, p, 24) for p in prompts]
+        with ThreadPoolExecutor(len(prompts)) as pool:
+            got = list(pool.map(lambda p: complete(base, PIPE, p, 24), prompts))
+        assert got == want
+        _, pipes = call(base, "GET", "/admin/pipelines")
+        for c in pipes["data"][0]["chains"]:
+            assert all(s["measured"]["steps"] > 0 for s in c["stages"]), c
+        status, audit = call(base, "GET", "/admin/ledger/audit")
+        assert status == 200 and audit["violations"] == [], audit
+    finally:
+        for w in workers:
+            if w.poll() is None:
+                stop(w)
+
+
 def test_a_stage_that_skips_its_layers_is_caught_and_clawed_back_and_the_others_keep_their_pay():
     """A middle stage that passes its hidden states on without running its
     layers (`--debug-cheat skip-layers`; its memory holds no ends, so the

@@ -25,15 +25,30 @@ pub struct PipelineView {
     pub layers: usize,
     /// Changes whenever the chain does (a stage replaced).
     pub epoch: u64,
-    /// The chain it runs on now, in order (empty: none can be formed now;
-    /// its requests wait, then fail).
+    /// The chain its first lane runs on now, in order (empty: none can be
+    /// formed now; its requests wait, then fail).
     pub stages: Vec<StageView>,
+    /// Every lane that has a chain (the first one's is `stages`): each an
+    /// engine on workers of its own; requests go to the one expected to
+    /// serve them soonest.
+    pub chains: Vec<ChainView>,
     /// Workers of this server offering to hold part of it.
     pub offered_by: Vec<String>,
 }
 
-/// One stage of a chain.
+/// One lane's chain.
 #[derive(Debug, Serialize, ToSchema)]
+pub struct ChainView {
+    pub lane: usize,
+    pub epoch: u64,
+    pub stages: Vec<StageView>,
+    /// Sequences its engine runs and queues now.
+    pub running: u64,
+    pub waiting: u64,
+}
+
+/// One stage of a chain.
+#[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct StageView {
     pub worker: String,
     pub provider_id: String,
@@ -52,33 +67,44 @@ pub(crate) async fn list(State(state): State<AppState>) -> Json<List<PipelineVie
         .dispatch
         .pipelines()
         .into_iter()
-        .map(|(model, cell)| {
-            let chain = cell.get();
-            let stages = chain
-                .as_ref()
-                .map(|c| {
-                    c.stages
-                        .iter()
-                        .map(|s| StageView {
-                            worker: s.worker.clone(),
-                            provider_id: s.provider.clone(),
-                            first: s.layers.start,
-                            end: s.layers.end,
-                            measured: cell.measure(&s.worker),
-                        })
-                        .collect()
+        .map(|(model, m)| {
+            let chains: Vec<ChainView> = m
+                .lanes
+                .iter()
+                .enumerate()
+                .filter_map(|(lane, l)| {
+                    let chain = l.cell.get()?;
+                    let stats = l.engine.stats();
+                    Some(ChainView {
+                        lane,
+                        epoch: chain.epoch,
+                        stages: chain
+                            .stages
+                            .iter()
+                            .map(|s| StageView {
+                                worker: s.worker.clone(),
+                                provider_id: s.provider.clone(),
+                                first: s.layers.start,
+                                end: s.layers.end,
+                                measured: l.cell.measure(&s.worker),
+                            })
+                            .collect(),
+                        running: stats.num_running,
+                        waiting: stats.num_waiting,
+                    })
                 })
-                .unwrap_or_default();
-            let layers = state.models.text(&model).map_or(0, |h| h.info().layers);
+                .collect();
+            let first = chains.first().filter(|c| c.lane == 0);
             PipelineView {
                 offered_by: workers
                     .iter()
                     .filter(|w| w.parts.iter().any(|p| p.model == model))
                     .map(|w| w.id.clone())
                     .collect(),
-                epoch: chain.map_or(0, |c| c.epoch),
-                stages,
-                layers,
+                epoch: first.map_or(0, |c| c.epoch),
+                stages: first.map(|c| c.stages.clone()).unwrap_or_default(),
+                layers: m.sizes.n_layer,
+                chains,
                 model,
             }
         })

@@ -141,8 +141,7 @@ pub struct Dispatch {
     pub stats: DispatchStats,
     /// The models served as pipelines of workers, by name: their stages
     /// are credited with the work of the requests they run.
-    pipelines:
-        std::sync::RwLock<HashMap<String, Arc<crate::services::pipelines::remote::ChainCell>>>,
+    pipelines: std::sync::RwLock<HashMap<String, Arc<crate::services::pipelines::PipelineModel>>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -182,32 +181,39 @@ impl Dispatch {
         }
     }
 
-    /// `model` is served as a pipeline whose chain is `cell`.
-    pub fn add_pipeline(
-        &self,
-        model: &str,
-        cell: Arc<crate::services::pipelines::remote::ChainCell>,
-    ) {
+    /// `model` is served as pipeline `m`.
+    pub fn add_pipeline(&self, model: &str, m: Arc<crate::services::pipelines::PipelineModel>) {
         self.pipelines
             .write()
             .unwrap_or_else(|e| e.into_inner())
-            .insert(model.to_string(), cell);
+            .insert(model.to_string(), m);
     }
 
     /// The models served as pipelines, by name.
-    pub fn pipelines(&self) -> Vec<(String, Arc<crate::services::pipelines::remote::ChainCell>)> {
+    pub fn pipelines(&self) -> Vec<(String, Arc<crate::services::pipelines::PipelineModel>)> {
         let p = self.pipelines.read().unwrap_or_else(|e| e.into_inner());
         let mut out: Vec<_> = p.iter().map(|(m, c)| (m.clone(), c.clone())).collect();
         out.sort_by(|a, b| a.0.cmp(&b.0));
         out
     }
 
-    fn pipeline(&self, model: &str) -> Option<Arc<crate::services::pipelines::remote::ChainCell>> {
-        self.pipelines
+    /// The lane of pipeline model `model` a request goes to now: the one
+    /// whose chain is expected to serve it soonest (the first lane when
+    /// none has a chain; it waits for one).
+    fn pipeline_lane(&self, model: &str) -> Option<Arc<crate::services::pipelines::Lane>> {
+        let m = self
+            .pipelines
             .read()
             .unwrap_or_else(|e| e.into_inner())
             .get(model)
-            .cloned()
+            .cloned()?;
+        let soonest = m
+            .lanes
+            .iter()
+            .filter_map(|l| l.expected_ms().map(|t| (t, l)))
+            .min_by(|a, b| a.0.total_cmp(&b.0))
+            .map(|(_, l)| l.clone());
+        soonest.or_else(|| m.lanes.first().cloned())
     }
 
     /// Submits every request's choices, flattened in order, and waits until
@@ -233,12 +239,19 @@ impl Dispatch {
         let mut all = Vec::new();
         let here = executor(&house.info().executor);
         for r in requests {
+            if let Some(lane) = self.pipeline_lane(model) {
+                let streams = lane.engine.submit_n(r)?;
+                if let Some(c) = &credits {
+                    streams
+                        .iter()
+                        .for_each(|s| lane.cell.bill(s.id(), c.clone()));
+                }
+                all.extend(streams.into_iter().map(|s| (s, here.clone())));
+                continue;
+            }
             if !remote || r.params.grammar.is_some() {
                 // Structured output stays here: its matcher cannot resume.
                 let streams = house.submit_n(r)?;
-                if let (Some(cell), Some(c)) = (self.pipeline(model), &credits) {
-                    streams.iter().for_each(|s| cell.bill(s.id(), c.clone()));
-                }
                 all.extend(streams.into_iter().map(|s| (s, here.clone())));
                 continue;
             }

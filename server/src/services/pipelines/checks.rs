@@ -35,10 +35,9 @@ struct Job {
     credits: Option<Credits>,
 }
 
-/// A pipeline model's stage checks: the tap its executor records
-/// through, and the checker behind it.
+/// A pipeline model's stage checks: the checker its lanes' executors hand
+/// their taps' records to.
 pub struct StageChecks {
-    pub tap: Arc<Mutex<Tap>>,
     spot: Arc<SpotChecks>,
     jobs: SyncSender<Job>,
 }
@@ -66,7 +65,6 @@ impl StageChecks {
     ) -> Arc<Self> {
         let (jobs, rx) = sync_channel(QUEUE);
         let me = Arc::new(Self {
-            tap: Arc::new(Mutex::new(Tap::new(CHECK_POSITIONS, MAX_OPEN))),
             spot: spot.clone(),
             jobs,
         });
@@ -77,6 +75,11 @@ impl StageChecks {
             tracing::error!(error = %e, "the stage checker could not start: stages go unchecked");
         }
         me
+    }
+
+    /// A tap for one lane's executor to record through.
+    pub fn tap() -> Arc<Mutex<Tap>> {
+        Arc::new(Mutex::new(Tap::new(CHECK_POSITIONS, MAX_OPEN)))
     }
 
     /// Whether to check a new sequence at a stage of `provider`.

@@ -227,8 +227,10 @@ pub struct FleetPipeline {
     /// Layer-tokens each stage computed for each running sequence, by
     /// (worker, provider), in steps whose output was used.
     work: std::collections::HashMap<RequestId, std::collections::BTreeMap<(String, String), u64>>,
-    /// The stages' spot checks, and the stages the tap's records are of.
+    /// The stages' spot checks, the tap this executor records through,
+    /// and the stages its records are of.
     checks: Option<Arc<StageChecks>>,
+    tap: Arc<Mutex<Tap>>,
     stages: Vec<StageRef>,
 }
 
@@ -248,14 +250,15 @@ impl FleetPipeline {
             epoch: None,
             work: Default::default(),
             checks,
+            tap: StageChecks::tap(),
             stages: Vec::new(),
         }
     }
 
     /// The tap, when the stages are checked.
     fn tap(&self) -> Option<std::sync::MutexGuard<'_, Tap>> {
-        let c = self.checks.as_ref()?;
-        Some(c.tap.lock().unwrap_or_else(|e| e.into_inner()))
+        self.checks.as_ref()?;
+        Some(self.tap.lock().unwrap_or_else(|e| e.into_inner()))
     }
 
     /// Picks the step's new sequences to check, at each stage by its
@@ -348,10 +351,10 @@ impl FleetPipeline {
                     calls: calls.clone(),
                 }) as Box<dyn Stage>;
                 match &self.checks {
-                    Some(c) => Box::new(Tapped {
+                    Some(_) => Box::new(Tapped {
                         inner: stage,
                         index: i,
-                        tap: c.tap.clone(),
+                        tap: self.tap.clone(),
                     }) as Box<dyn Stage>,
                     None => stage,
                 }
