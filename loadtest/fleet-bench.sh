@@ -31,10 +31,11 @@
 #        loadtest/fleet-bench.sh pipeline [CONCURRENCY]       (default: 16)
 #        loadtest/fleet-bench.sh stages [CONCURRENCY...]      (default: 1 8)
 #        loadtest/fleet-bench.sh unequal [CONCURRENCY...]     (default: 16)
+#        loadtest/fleet-bench.sh chains [CONCURRENCY...]      (default: 16)
 #
 # `stages` (issue 46) serves the default model whole (the house engine,
 # every core) and as a pipeline of workers (--pipeline-model; each worker
-# --threads 2, every core) of 1, 2 and 3 stages on loopback, their
+# --threads 2, every core) of 1, 2, 3 and 4 stages on loopback, their
 # --max-memory set so the planner needs that many (SmolLM2 Q4_1: 30 MB of
 # ends, 8.5 MB a layer with its KV), at each concurrency, 64 output
 # tokens, the same prompts for each.
@@ -50,6 +51,13 @@
 # with micro-batching (as many micro-batches as stages), and prints each
 # chain.
 #
+# `chains` (issue 46) serves the default model as a pipeline over six
+# workers of 124 MiB (three stages a chain), each step holding 2 ms per
+# layer (--debug-layer-delay-us: machines slower than these cores, the
+# sleep leaving the shared cores free), with `--pipeline-chains 1` (one
+# chain, three workers idle) and then 2 (two chains, requests to the one
+# expected to serve them soonest).
+#
 # `pipeline` saturates two one-thread workers (cores 0 and 1) with a
 # mixed load (prompts of 32 to 992 words, 16 to 240 output tokens) at
 # the default spot-check rates, then reports each worker's busy and
@@ -63,13 +71,13 @@ SYNOR="$TARGET/synor"
 LOADTEST="$TARGET/synor-loadtest"
 export SYNOR_MODELS_DIR="${SYNOR_MODELS_DIR:-models}"
 MODE=serving
-case "${1:-}" in serving | placement | split | pipeline | stages | unequal) MODE=$1; shift ;; esac
+case "${1:-}" in serving | placement | split | pipeline | stages | unequal | chains) MODE=$1; shift ;; esac
 case "$MODE" in
     placement) ARGS=("${@:-2 4 8}") ;;
     split) ARGS=("${@:-1 4}") ;;
     pipeline) ARGS=("${@:-16}") ;;
     stages) ARGS=("${@:-1 8}") ;;
-    unequal) ARGS=("${@:-16}") ;;
+    unequal | chains) ARGS=("${@:-16}") ;;
     *) ARGS=("${@:-1 16}") ;;
 esac
 read -r -a CONCURRENCY <<<"${ARGS[*]}"
@@ -189,8 +197,8 @@ if [ "$MODE" = stages ]; then
     start_server 1 measured --model "$SMOL" --pipeline-model "pipe=$SMOL"
     TOKEN=$(admin -X POST "$BASE/admin/providers" -d '{"name":"bench"}' | python3 -c 'import json,sys; print(json.load(sys.stdin)["token"])')
     for c in "${CONCURRENCY[@]}"; do run_model whole smollm2-135m-instruct "$c"; done
-    for k in 1 2 3; do
-        case $k in 1) mem=512MiB ;; 2) mem=166MiB ;; *) mem=124MiB ;; esac
+    for k in 1 2 3 4; do
+        case $k in 1) mem=512MiB ;; 2) mem=166MiB ;; 3) mem=124MiB ;; *) mem=100MiB ;; esac
         for i in $(seq 1 "$k"); do
             start_worker "s$k-$i" 2 "" --model none --part-model "pipe=$SMOL" --max-memory "$mem"
         done
@@ -229,6 +237,25 @@ names = {w["id"]: w["name"] for w in json.load(open(sys.argv[1]))["data"]}
 for p in json.load(sys.stdin)["data"]:
     print("   chain:", [(names.get(s["worker"]), s["first"], s["end"]) for s in p["stages"]])' "$WORK/fleet.json"
         for c in "${CONCURRENCY[@]}"; do run_model "$name" pipe "$c"; done
+        stop_workers
+        stop_server
+        rm -f "$WORK/synor.db"*
+    done
+    exit 0
+fi
+
+if [ "$MODE" = chains ]; then
+    SMOL=smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf
+    for chains in 1 2; do
+        start_server 1 measured --model none --pipeline-model "pipe=$SMOL" --pipeline-chains "$chains"
+        TOKEN=$(admin -X POST "$BASE/admin/providers" -d '{"name":"bench"}' | python3 -c 'import json,sys; print(json.load(sys.stdin)["token"])')
+        for i in 1 2 3 4 5 6; do
+            start_worker "w$i" 1 "" --model none --part-model "pipe=$SMOL" --max-memory 124MiB \
+                --debug-layer-delay-us 2000
+        done
+        stages_up $((3 * chains))
+        for c in "${CONCURRENCY[@]}"; do run_model "chains=$chains" pipe "$c"; done
+        admin "$BASE/admin/pipelines" | python3 -c 'import json,sys; print("   chains:", [(c["lane"], [(s["first"], s["end"], s["measured"]["steps"]) for s in c["stages"]]) for c in json.load(sys.stdin)["data"][0]["chains"]])'
         stop_workers
         stop_server
         rm -f "$WORK/synor.db"*

@@ -50,25 +50,35 @@ fn holds(w: &WorkerInfo, m: &PipelineModel, s: &StageRef) -> bool {
 }
 
 /// One look at the fleet for `m`'s lanes, in order, each from the
-/// workers no earlier lane uses (a lane with no chain leaves the later
-/// ones none); then the parts of workers no lane uses are dropped, once
-/// the first lane runs.
+/// workers no other lane uses (a lane without workers plans only when
+/// every earlier lane has some); then the parts of workers no lane uses
+/// are dropped, once the first lane runs.
 pub(super) async fn replan(fleet: &Registry, m: &PipelineModel) {
     let all = candidates(fleet, m);
-    let mut taken: HashSet<String> = HashSet::new();
-    for lane in &m.lanes {
+    let mut used: Vec<HashSet<String>> = m
+        .lanes
+        .iter()
+        .map(|l| l.workers().into_iter().collect())
+        .collect();
+    for (i, lane) in m.lanes.iter().enumerate() {
+        if used[i].is_empty() && used[..i].iter().any(HashSet::is_empty) {
+            continue;
+        }
+        let others: HashSet<&String> = used
+            .iter()
+            .enumerate()
+            .filter(|(j, _)| *j != i)
+            .flat_map(|(_, u)| u.iter())
+            .collect();
         let cands: Vec<_> = all
             .iter()
-            .filter(|(w, _)| !taken.contains(&w.id))
+            .filter(|(w, _)| !others.contains(&w.id))
             .cloned()
             .collect();
         replan_lane(fleet, m, lane, &cands).await;
-        let used = lane.workers();
-        if used.is_empty() {
-            break;
-        }
-        taken.extend(used);
+        used[i] = lane.workers().into_iter().collect();
     }
+    let taken: HashSet<&String> = used.iter().flatten().collect();
     if m.lanes.first().is_none_or(|l| l.cell.get().is_none()) {
         return;
     }
