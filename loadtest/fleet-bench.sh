@@ -52,10 +52,11 @@
 # chain.
 #
 # `chains` (issue 46) serves the default model as a pipeline over six
-# workers of 124 MiB (three stages a chain), each step holding 2 ms per
-# layer (--debug-layer-delay-us: machines slower than these cores, the
-# sleep leaving the shared cores free), with `--pipeline-chains 1` (one
-# chain, three workers idle) and then 2 (two chains, requests to the one
+# workers of 124 MiB (three stages a chain), each step holding 0.25 ms per
+# layer for each token of the step (--debug-token-layer-delay-us: devices
+# slower than these cores whose time grows with the batch, the sleep
+# leaving the shared cores free), with `--pipeline-chains 1` (one chain,
+# three workers idle) and then 2 (two chains, requests to the one
 # expected to serve them soonest).
 #
 # `pipeline` saturates two one-thread workers (cores 0 and 1) with a
@@ -194,7 +195,9 @@ fi
 
 if [ "$MODE" = stages ]; then
     SMOL=smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf
-    start_server 1 measured --model "$SMOL" --pipeline-model "pipe=$SMOL"
+    # SERVER_ARGS: more server flags (e.g. the spot-check rates at 0).
+    read -r -a more <<<"${SERVER_ARGS:-}"
+    start_server 1 measured --model "$SMOL" --pipeline-model "pipe=$SMOL" "${more[@]}"
     TOKEN=$(admin -X POST "$BASE/admin/providers" -d '{"name":"bench"}' | python3 -c 'import json,sys; print(json.load(sys.stdin)["token"])')
     for c in "${CONCURRENCY[@]}"; do run_model whole smollm2-135m-instruct "$c"; done
     for k in 1 2 3 4; do
@@ -251,7 +254,7 @@ if [ "$MODE" = chains ]; then
         TOKEN=$(admin -X POST "$BASE/admin/providers" -d '{"name":"bench"}' | python3 -c 'import json,sys; print(json.load(sys.stdin)["token"])')
         for i in 1 2 3 4 5 6; do
             start_worker "w$i" 1 "" --model none --part-model "pipe=$SMOL" --max-memory 124MiB \
-                --debug-layer-delay-us 2000
+                --debug-token-layer-delay-us 250
         done
         stages_up $((3 * chains))
         for c in "${CONCURRENCY[@]}"; do run_model "chains=$chains" pipe "$c"; done

@@ -736,6 +736,7 @@ impl WorkerArgs {
             stages: worker::stage::StageFaults {
                 skip_layers: f.debug_cheat == Some(Cheat::SkipLayers),
                 layer_delay: std::time::Duration::from_micros(f.debug_layer_delay_us),
+                token_layer_delay: std::time::Duration::from_micros(f.debug_token_layer_delay_us),
             },
         }
     }
@@ -790,6 +791,12 @@ pub struct FaultArgs {
     /// leaves the shared cores to the others).
     #[arg(long, hide = true, default_value_t = 0)]
     pub debug_layer_delay_us: u64,
+
+    /// Benchmarks only: as a pipeline stage, hold each step this many
+    /// microseconds more per layer for each token of the step, as a
+    /// device whose time grows with the batch would.
+    #[arg(long, hide = true, default_value_t = 0)]
+    pub debug_token_layer_delay_us: u64,
 }
 
 /// A secret from the command line (a token): its `Debug` never shows it,

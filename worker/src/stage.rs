@@ -86,8 +86,11 @@ pub struct StageFaults {
     /// A cheating stage: given hidden states, it answers them back
     /// without running its layers.
     pub skip_layers: bool,
-    /// A slower device: each step holds this long per layer held.
+    /// A slower device: each step holds this long per layer held, and
+    /// `token_layer_delay` more per layer for each token of the step (a
+    /// device whose time grows with the batch).
     pub layer_delay: std::time::Duration,
+    pub token_layer_delay: std::time::Duration,
 }
 
 impl Stages {
@@ -365,11 +368,17 @@ fn run_step(
         .map_or(PartInput::Tokens, PartInput::Hidden);
     let mut stage = stage.lock().unwrap_or_else(|e| e.into_inner());
     let out = stage.run(&step, input).map_err(|e| e.to_string());
-    if !faults.layer_delay.is_zero() {
+    let per_layer = faults.layer_delay + faults.token_layer_delay * tokens_of(&batch);
+    if !per_layer.is_zero() {
         let layers = u32::try_from(stage.layers().len()).unwrap_or(u32::MAX);
-        std::thread::sleep(faults.layer_delay * layers);
+        std::thread::sleep(per_layer * layers);
     }
     out
+}
+
+/// The tokens of a step's batch, for the delay faults.
+fn tokens_of(batch: &ModelBatch) -> u32 {
+    u32::try_from(batch.num_tokens()).unwrap_or(u32::MAX)
 }
 
 fn job_token(t: engine::sampling::Sampled) -> JobToken {
