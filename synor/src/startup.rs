@@ -56,7 +56,7 @@ fn start_pipelines(
             &template,
             sched,
             state.fleet.clone(),
-            Some(state.dispatch.spot.clone()),
+            Some(state.dispatch.spot.clone() as Arc<dyn pipelines::checks::Sanctions>),
             registry,
         )
         .with_context(|| format!("--pipeline-model {name}={}", path.display()))?;

@@ -121,14 +121,19 @@ function timeline(history) {
   ], names);
 }
 
-// Models served as pipelines of workers: each one's chain, stage by
-// stage, with what the server measured of its steps.
+// Models served as pipelines of workers: each one's chains (a lane each,
+// on workers of its own), stage by stage, with what the server measured
+// of its steps.
 function pipelinesTable(list) {
+  const stage = (s) => small(`${s.first}–${s.end - 1}: `, h('code', {}, s.worker),
+    ` step ${num(s.measured.step_ms, 1)} ms, ${num(s.measured.speed, 1)} layer-tokens/ms, ${num(s.measured.tokens)} tokens`);
+  const chain = (c) => [
+    h('strong', {}, `chain ${num(c.lane + 1)} (#${num(c.epoch)}): ${num(c.running)} running, ${num(c.waiting)} waiting`),
+    ...c.stages.map(stage)];
   return table([
-    { label: 'Model', cell: (p) => [h('strong', {}, p.model), small(`${num(p.layers)} layers, chain #${num(p.epoch)}`)] },
-    { label: 'Stages', cell: (p) => (p.stages.length
-      ? p.stages.map((s) => small(`${s.first}–${s.end - 1}: `, h('code', {}, s.worker),
-        ` step ${num(s.measured.step_ms, 1)} ms, ${num(s.measured.speed, 1)} layer-tokens/ms, ${num(s.measured.tokens)} tokens`))
+    { label: 'Model', cell: (p) => [h('strong', {}, p.model), small(`${num(p.layers)} layers, ${num(p.chains.length)} chains`)] },
+    { label: 'Stages', cell: (p) => (p.chains.length
+      ? p.chains.flatMap(chain)
       : h('span', { class: 'bad-text' }, 'no chain: the workers offering parts cannot hold every layer')) },
     { label: 'Offered by', cell: (p) => small(`${num(p.offered_by.length)} workers`) },
   ], list, { rowAttrs: (p) => ({ 'data-pipeline': p.model }), empty: 'No model is served as a pipeline (--pipeline-model).' });

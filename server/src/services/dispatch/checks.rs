@@ -175,3 +175,21 @@ impl SpotChecks {
         }
     }
 }
+
+impl crate::services::pipelines::checks::Sanctions for SpotChecks {
+    fn checker(&self) -> &crate::services::spotcheck::SpotCheck {
+        &self.check
+    }
+
+    fn stage_caught(
+        self: Arc<Self>,
+        worker: String,
+        provider: String,
+        why: String,
+        credits: Option<Credits>,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> {
+        Box::pin(async move {
+            SpotChecks::stage_caught(&self, &worker, &provider, &why, credits).await;
+        })
+    }
+}

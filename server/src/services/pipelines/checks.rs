@@ -5,7 +5,8 @@
 //! response path, on the house's own copy of that stage's layers (read
 //! from the model file, one part held at a time), and judged. A stage
 //! that fails is quarantined and what it was paid for that request is
-//! clawed back (`SpotChecks::stage_caught`); the other stages keep theirs.
+//! clawed back (through `Sanctions`, which the dispatcher's spot checks
+//! carry out); the other stages keep theirs.
 
 use std::ops::Range;
 use std::path::PathBuf;
@@ -18,9 +19,26 @@ use engine::pipeline::{LocalStage, load_part_file};
 use engine::stage_check::{StageRecord, StageVerdict, Tap, Tolerance, check};
 
 use super::remote::StageRef;
-use crate::services::dispatch::SpotChecks;
 use crate::services::metering::Credits;
-use crate::services::spotcheck::{Verdict, Who};
+use crate::services::spotcheck::{SpotCheck, Verdict, Who};
+
+/// What the stage checks judge with and how a failed stage is sanctioned
+/// (the dispatcher's spot checks: their rates and records, the quarantine
+/// and the clawback).
+pub trait Sanctions: Send + Sync {
+    /// The checker: its rates, records and metrics.
+    fn checker(&self) -> &SpotCheck;
+    /// Stage `worker` of `provider` failed a check of a sequence of the
+    /// request `credits` bills: quarantine it and claw back what it was
+    /// paid for that request.
+    fn stage_caught(
+        self: Arc<Self>,
+        worker: String,
+        provider: String,
+        why: String,
+        credits: Option<Credits>,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
+}
 
 /// Positions a record holds at most (the checking stage's KV).
 pub const CHECK_POSITIONS: usize = 256;
@@ -38,7 +56,7 @@ struct Job {
 /// A pipeline model's stage checks: the checker its lanes' executors hand
 /// their taps' records to.
 pub struct StageChecks {
-    spot: Arc<SpotChecks>,
+    spot: Arc<dyn Sanctions>,
     jobs: SyncSender<Job>,
 }
 
@@ -60,7 +78,7 @@ impl StageChecks {
     /// `spot`; the checker runs on its own thread.
     pub fn start(
         model: CheckModel,
-        spot: Arc<SpotChecks>,
+        spot: Arc<dyn Sanctions>,
         rt: tokio::runtime::Handle,
     ) -> Arc<Self> {
         let (jobs, rx) = sync_channel(QUEUE);
@@ -118,7 +136,7 @@ impl StageChecks {
 /// (and the one before dropped first).
 fn checker(
     model: CheckModel,
-    spot: Arc<SpotChecks>,
+    spot: Arc<dyn Sanctions>,
     rt: tokio::runtime::Handle,
     rx: Receiver<Job>,
 ) {
@@ -153,12 +171,11 @@ fn checker(
             .judged(who, &verdict, started.elapsed().as_secs_f64(), positions);
         if let Verdict::Fail(why) = verdict {
             tracing::warn!(worker = %job.stage.worker, reason = %why, "a pipeline stage failed its spot check");
-            let spot = spot.clone();
-            rt.spawn(async move {
-                let s = &job.stage;
-                spot.stage_caught(&s.worker, &s.provider, &why, job.credits)
-                    .await;
-            });
+            let s = job.stage;
+            rt.spawn(
+                spot.clone()
+                    .stage_caught(s.worker, s.provider, why, job.credits),
+            );
         }
     }
 }

@@ -132,7 +132,7 @@ pub fn start(
     template: &TemplateChoice,
     scheduler: SchedulerConfig,
     fleet: Arc<Registry>,
-    spot: Option<Arc<crate::services::dispatch::SpotChecks>>,
+    spot: Option<Arc<dyn checks::Sanctions>>,
     models: &ModelRegistry,
 ) -> Result<Arc<PipelineModel>, EngineError> {
     let sizes = part_sizes(&spec.path)?;
