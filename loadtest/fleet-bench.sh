@@ -110,6 +110,14 @@ start_server() {
 
 stop_server() { kill "$SERVER"; wait "$SERVER" 2>/dev/null || true; }
 
+# next_config: the workers and the server stopped, the ledger gone (the next
+# configuration starts afresh).
+next_config() {
+    stop_workers
+    stop_server
+    rm -f "$WORK/synor.db"*
+}
+
 admin() { curl -sf -H "authorization: Bearer $ADMIN" -H 'content-type: application/json' "$@"; }
 
 workers_up() {
@@ -186,9 +194,7 @@ if [ "$MODE" = placement ]; then
                 "$(grep -E 'Request goodput|Output token throughput|Median TPOT|Median TTFT' "$out" | tr -s ' ' | paste -sd ';')"
         done
         admin "$BASE/admin/fleet" | python3 -c 'import json,sys; print("   tokens per worker:", {w["name"]: w["tokens_delivered"] for w in json.load(sys.stdin)["data"]})'
-        stop_workers
-        stop_server
-        rm -f "$WORK/synor.db"*
+        next_config
     done
     exit 0
 fi
@@ -240,9 +246,7 @@ names = {w["id"]: w["name"] for w in json.load(open(sys.argv[1]))["data"]}
 for p in json.load(sys.stdin)["data"]:
     print("   chain:", [(names.get(s["worker"]), s["first"], s["end"]) for s in p["stages"]])' "$WORK/fleet.json"
         for c in "${CONCURRENCY[@]}"; do run_model "$name" pipe "$c"; done
-        stop_workers
-        stop_server
-        rm -f "$WORK/synor.db"*
+        next_config
     done
     exit 0
 fi
@@ -259,9 +263,7 @@ if [ "$MODE" = chains ]; then
         stages_up $((3 * chains))
         for c in "${CONCURRENCY[@]}"; do run_model "chains=$chains" pipe "$c"; done
         admin "$BASE/admin/pipelines" | python3 -c 'import json,sys; print("   chains:", [(c["lane"], [(s["first"], s["end"], s["measured"]["steps"]) for s in c["stages"]]) for c in json.load(sys.stdin)["data"][0]["chains"]])'
-        stop_workers
-        stop_server
-        rm -f "$WORK/synor.db"*
+        next_config
     done
     exit 0
 fi
@@ -309,9 +311,7 @@ if [ "$MODE" = split ]; then
         done
         curl -sf "$BASE/metrics" | grep -E '^synor:(fleet_plans_total|kv_transfers_total|kv_transfer_bytes_total|plan_latency_ms)' \
             | grep -v ' 0$' | grep -v ' 0.000$' | sed 's/^/   /'
-        stop_workers
-        stop_server
-        rm -f "$WORK/synor.db"*
+        next_config
     done
     exit 0
 fi

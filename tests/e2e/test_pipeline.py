@@ -68,6 +68,18 @@ def streamed(base, model, prompt, max_tokens, after, then):
     return out
 
 
+def audited(base):
+    """The ledger's books balance."""
+    status, audit = call(base, "GET", "/admin/ledger/audit")
+    assert status == 200 and audit["violations"] == [], audit
+
+
+def stop_all(workers):
+    for w in workers:
+        if w.poll() is None:
+            stop(w)
+
+
 def chain(base):
     """The workers holding parts, by first layer: (name, first, end)."""
     held = [(w["name"], h["first"], h["end"]) for w in fleet(base) for h in w["holds"]
@@ -119,8 +131,7 @@ def test_three_workers_of_ten_layers_write_what_the_whole_model_writes_and_are_p
         balances = [balance(p) for p in providers]
         assert sum(balances) == paid, (balances, paid)
         assert max(balances) - min(balances) <= paid // 10, balances
-        status, audit = call(base, "GET", "/admin/ledger/audit")
-        assert status == 200 and audit["violations"] == [], audit
+        audited(base)
         # Every stage gone, then a new chain: a prompt whose KV blocks the
         # engine cached on the old one is computed again on the new one,
         # the text the same.
@@ -135,9 +146,7 @@ def test_three_workers_of_ten_layers_write_what_the_whole_model_writes_and_are_p
         wait_for(lambda: len(chain(base)) == 3, timeout=60, what="three new stages")
         assert complete(base, PIPE, prompt, 32) == want
     finally:
-        for w in workers:
-            if w.poll() is None:
-                stop(w)
+        stop_all(workers)
 
 
 def test_a_stage_killed_mid_stream_is_replaced_and_the_text_is_the_same(server):
@@ -158,12 +167,9 @@ def test_a_stage_killed_mid_stream_is_replaced_and_the_text_is_the_same(server):
         assert victim.poll() is not None, "the stage was killed mid-stream"
         assert got == want
         assert "spare" in [n for n, _, _ in chain(base)], chain(base)
-        status, audit = call(base, "GET", "/admin/ledger/audit")
-        assert status == 200 and audit["violations"] == [], audit
+        audited(base)
     finally:
-        for w in workers:
-            if w.poll() is None:
-                stop(w)
+        stop_all(workers)
 
 
 def test_measured_placement_moves_layers_to_the_faster_worker():
@@ -195,9 +201,7 @@ def test_measured_placement_moves_layers_to_the_faster_worker():
         assert sum(held.values()) == 30 and len(held) == 3, held
         assert complete(base, PIPE, "Once upon a time", 24) == want
     finally:
-        for w in workers:
-            if w.poll() is None:
-                stop(w)
+        stop_all(workers)
         gen.close()
 
 
@@ -225,12 +229,9 @@ def test_six_workers_make_two_chains_and_requests_go_to_both(server):
         _, pipes = call(base, "GET", "/admin/pipelines")
         for c in pipes["data"][0]["chains"]:
             assert all(s["measured"]["steps"] > 0 for s in c["stages"]), c
-        status, audit = call(base, "GET", "/admin/ledger/audit")
-        assert status == 200 and audit["violations"] == [], audit
+        audited(base)
     finally:
-        for w in workers:
-            if w.poll() is None:
-                stop(w)
+        stop_all(workers)
 
 
 def test_a_stage_that_skips_its_layers_is_caught_and_clawed_back_and_the_others_keep_their_pay():
@@ -278,12 +279,9 @@ def test_a_stage_that_skips_its_layers_is_caught_and_clawed_back_and_the_others_
             return ticks(call(base, "GET", f"/admin/accounts/{p['account_id']}")[1]["balance"])
         assert balance(liar) == 0
         assert all(balance(p) > 0 for p in honest), [balance(p) for p in honest]
-        status, audit = call(base, "GET", "/admin/ledger/audit")
-        assert status == 200 and audit["violations"] == [], audit
+        audited(base)
     finally:
-        for w in workers:
-            if w.poll() is None:
-                stop(w)
+        stop_all(workers)
         gen.close()
 
 

@@ -6,6 +6,7 @@
 
 pub mod answer;
 pub mod disk;
+pub mod learned;
 pub mod lexicon;
 pub mod lookup_stats;
 pub mod redis_tier;

@@ -524,6 +524,9 @@ impl Executor for FleetPipeline {
                 if let Some(w) = failed.filter(|_| standing) {
                     tracing::warn!(worker = %w, error = %e, "a pipeline stage failed: replanning");
                     self.cell.fail(&w);
+                    if let Some(s) = chain.stages.iter().find(|s| s.worker == w) {
+                        self.fleet.standing.attempt(&s.provider, true);
+                    }
                 }
                 Err(EngineError::Recompute(e.to_string()))
             }
@@ -532,6 +535,12 @@ impl Executor for FleetPipeline {
 
     fn release(&mut self, seq: RequestId) {
         let work = self.work.remove(&seq).unwrap_or_default();
+        // Each stage that computed the sequence completed a job: its
+        // provider's standing (and, past the proven count, its lower
+        // spot-check rate) follows.
+        for (_, provider) in work.keys() {
+            self.fleet.standing.attempt(provider, false);
+        }
         let ran = work
             .into_iter()
             .map(|((worker, provider), n)| {
