@@ -15,6 +15,7 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
+use super::learned::{Decision, Observations, decide};
 use super::verify::{Checks, Facts, Reject, verify};
 
 /// How many word vectors the index keeps for aligning topic words (about
@@ -39,6 +40,9 @@ struct Entry {
     key: String,
     created: Instant,
     used: Instant,
+    /// The near matches it was verified against, and how they came out
+    /// (`learned`).
+    checked: Observations,
 }
 
 /// Bounds of the index.
@@ -77,6 +81,17 @@ pub struct Lookup {
     pub hit: Option<Match>,
     pub best: Option<f32>,
     pub rejected: Option<Reject>,
+    /// Under a bound on wrong answers: the near match to generate anyway
+    /// and compare with (`SemanticIndex::observe` takes the outcome).
+    pub probe: Option<Match>,
+}
+
+/// A bound on wrong answers for a lookup: the share `delta` of near
+/// matches that may be served wrong, and a uniform draw in 0-1.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Bound {
+    pub delta: f64,
+    pub draw: f64,
 }
 
 /// A match: the answer's exact-cache key and the similarity.
@@ -148,6 +163,7 @@ impl SemanticIndex {
             key,
             created: now,
             used: now,
+            checked: Observations::default(),
         });
         self.total += 1;
         while self.total > self.limits.total && self.evict_oldest() {}
@@ -162,6 +178,20 @@ impl SemanticIndex {
         vector: &[f32],
         query: &Facts,
         policy: Policy,
+        now: Instant,
+    ) -> Lookup {
+        self.lookup_within(ik, vector, query, (policy, None), now)
+    }
+
+    /// `lookup`, and with a `bound` the candidate the verifier accepts is
+    /// served only as its learned boundary allows (`learned::decide`);
+    /// otherwise it comes back as the probe to generate anyway.
+    pub fn lookup_within(
+        &mut self,
+        ik: &IndexKey,
+        vector: &[f32],
+        query: &Facts,
+        (policy, bound): (Policy, Option<Bound>),
         now: Instant,
     ) -> Lookup {
         let ttl = self.limits.ttl;
@@ -192,10 +222,15 @@ impl SemanticIndex {
             match verdict {
                 Ok(()) => {
                     e.used = now;
-                    out.hit = Some(Match {
+                    let found = Match {
                         key: e.key.clone(),
                         similarity: sim,
-                    });
+                    };
+                    let decision = bound.map(|b| decide(&mut e.checked, sim, b.delta, b.draw));
+                    match decision {
+                        None | Some(Decision::Serve) => out.hit = Some(found),
+                        Some(Decision::Verify(_)) => out.probe = Some(found),
+                    }
                     return out;
                 }
                 Err(why) => {
@@ -204,6 +239,23 @@ impl SemanticIndex {
             }
         }
         out
+    }
+
+    /// A probe of entry `key` in `ik` at `similarity` came out `same` (the
+    /// generated answer matched the cached one) or not; false when the
+    /// entry is gone.
+    pub fn observe(&mut self, ik: &IndexKey, key: &str, similarity: f32, same: bool) -> bool {
+        let entry = self
+            .indexes
+            .get_mut(ik)
+            .and_then(|v| v.iter_mut().find(|e| e.key == key));
+        match entry {
+            Some(e) => {
+                e.checked.add(similarity, same);
+                true
+            }
+            None => false,
+        }
     }
 
     /// The topic words of `facts` whose vectors the index lacks.
@@ -418,6 +470,53 @@ mod tests {
             now,
         );
         assert_eq!(got.hit.map(|m| m.key).as_deref(), Some("mi"));
+    }
+
+    #[test]
+    fn under_a_bound_a_match_is_probed_until_its_entry_has_learned_then_served() {
+        let mut s = SemanticIndex::new(limits());
+        let now = Instant::now();
+        let france = "What is the capital of France?";
+        s.insert(
+            ik("a", "c"),
+            unit(&[1.0, 0.0, 0.0]),
+            france,
+            "k".into(),
+            now,
+        );
+        let q = unit(&[1.0, 0.1, 0.0]);
+        let para = Facts::of("Which city is the capital of France?");
+        let bound = |draw| Some(Bound { delta: 0.01, draw });
+        let open = Policy {
+            threshold: 0.5,
+            ..ON
+        };
+        let first = s.lookup_within(&ik("a", "c"), &q, &para, (open, bound(0.99)), now);
+        assert_eq!(first.hit, None);
+        let probe = first.probe.expect("a probe");
+        assert_eq!(probe.key, "k");
+        // Outcomes: the same answer above 0.9, another one below 0.8.
+        for i in 0..30 {
+            assert!(s.observe(&ik("a", "c"), "k", 0.9 + i as f32 * 0.003, true));
+            assert!(s.observe(&ik("a", "c"), "k", 0.5 + i as f32 * 0.01, false));
+        }
+        assert!(!s.observe(&ik("a", "c"), "gone", 0.9, true));
+        let learned = s.lookup_within(&ik("a", "c"), &q, &para, (open, bound(0.9)), now);
+        assert_eq!(
+            learned.hit.as_ref().map(|m| m.key.as_str()),
+            Some("k"),
+            "{learned:?}"
+        );
+        // Far under the learned threshold: probed again on this draw.
+        let low = unit(&[1.0, 1.0, 0.0]);
+        let doubt = s.lookup_within(&ik("a", "c"), &low, &para, (open, bound(0.5)), now);
+        assert!(doubt.hit.is_none() && doubt.probe.is_some(), "{doubt:?}");
+        // Without a bound the index serves as before.
+        assert!(
+            s.lookup(&ik("a", "c"), &low, &para, open, now)
+                .hit
+                .is_some()
+        );
     }
 
     #[test]
