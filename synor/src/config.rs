@@ -189,6 +189,13 @@ pub struct CacheArgs {
     #[arg(long, env = "SYNOR_SEMANTIC_ALIGN")]
     pub semantic_align: Option<f32>,
 
+    /// A bound on wrong answers (0-1, e.g. 0.01; unset: off): near matches
+    /// are served only as far as verification by the served model has
+    /// learned they may be, the share served wrong staying under it; the
+    /// others are generated and compared. Per model through the admin API.
+    #[arg(long, env = "SYNOR_SEMANTIC_DELTA", value_parser = fraction_f32)]
+    pub semantic_delta: Option<f32>,
+
     /// Price of a cache hit as a fraction of the generated price (bps).
     #[arg(long, env = "SYNOR_CACHE_PRICE_BPS", default_value_t = 1_000, value_parser = clap::value_parser!(i64).range(0..=10_000))]
     pub cache_price_bps: i64,
@@ -210,6 +217,7 @@ impl CacheArgs {
                 align: self
                     .semantic_align
                     .filter(|a| (0.0..=1.0).contains(a) && *a > 0.0),
+                delta: self.semantic_delta.filter(|d| *d > 0.0 && *d < 1.0),
             },
             // 384 floats (1.5 KiB) per entry: at most about 80 MB.
             semantic: server::cache::semantic::Limits {

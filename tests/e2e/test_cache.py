@@ -267,3 +267,61 @@ def test_paraphrases_hit_near_misses_never_and_operators_see_why(cache_server):
         assert ask(base, "Convert 10 kilometres to miles.", key, model=SMOL)[1] == "semantic"
     finally:
         call(base, "PUT", "/admin/cache/threshold", {"model": SMOL, "verify": True})
+
+
+def series(base, name, **labels):
+    """The value of one series of `/metrics` (0 when it is not there yet),
+    its labels matched in any order."""
+    import re
+    import urllib.request
+    text = urllib.request.urlopen(base + "/metrics", timeout=10).read().decode()
+    for ln in text.splitlines():
+        m = re.match(r"^([^{\s]+)(?:\{(.*)\})?\s+(\S+)$", ln)
+        if not m or m.group(1) != name:
+            continue
+        got = dict(re.findall(r'(\w+)="([^"]*)"', m.group(2) or ""))
+        if got == {k: str(v) for k, v in labels.items()}:
+            return float(m.group(3))
+    return 0.0
+
+
+def test_a_bound_on_wrong_answers_probes_near_matches_and_learns(cache_server):
+    """Under a bound, a near match the cache has not learned to trust is
+    generated anyway (a miss, billed as one) and compared with the cached
+    answer once stored; the outcome is learned and shown. A probe that
+    agrees adds no entry (the cached question answers it), one that
+    differs is cached as its own question."""
+    base = cache_server["base"]
+    _, key = funded_key(base, 50_000_000, "bounded")
+    assert call(base, "PUT", "/admin/cache/threshold", {"model": SMOL, "delta": 1.5})[0] == 400
+    status, set_ = call(base, "PUT", "/admin/cache/threshold",
+                        {"model": SMOL, "threshold": 0.7, "delta": 0.01})
+    assert status == 200 and set_["delta"] == pytest.approx(0.01), set_
+    try:
+        entries = call(base, "GET", "/admin/cache")[1]["semantic"]["entries"] + 1
+        assert ask(base, "What is the tallest mountain in Japan?", key, model=SMOL)[1] == "miss"
+        wait_semantic_entries(base, entries)
+        probed_before = series(base, "synor:cache_semantic_bounded_total", decision="probed", model=SMOL)
+        _, how = ask(base, "Which mountain in Japan is the tallest?", key, model=SMOL)
+        assert how == "miss", "nothing learned yet: the near match is generated"
+        bounded = {}
+        for _ in range(200):
+            sem = call(base, "GET", "/admin/cache")[1]["semantic"]
+            bounded = sem["bounded"].get(SMOL, {})
+            if bounded.get("verified", 0) + bounded.get("failed", 0) >= 1:
+                break
+            time.sleep(0.05)
+        assert bounded["probed"] >= 1 and bounded["verified"] + bounded["failed"] >= 1, bounded
+        assert 0 <= bounded["error_rate"] <= bounded["error_interval"][1] <= 1, bounded
+        # A differing answer is its own entry; an agreeing one adds none.
+        want = entries + (1 if bounded["failed"] else 0)
+        time.sleep(0.5)
+        assert call(base, "GET", "/admin/cache")[1]["semantic"]["entries"] == want
+        probed = series(base, "synor:cache_semantic_bounded_total", decision="probed", model=SMOL)
+        assert probed >= probed_before + 1
+        upper = series(base, "synor:cache_semantic_error_rate", bound="upper", model=SMOL)
+        assert upper == pytest.approx(bounded["error_interval"][1], abs=1e-6)
+        assert series(base, "synor:cache_semantic_learned_threshold_count") >= 0
+    finally:
+        call(base, "PUT", "/admin/cache/threshold", {"model": SMOL, "delta": 0})
+    assert "delta" not in call(base, "GET", "/admin/cache")[1]["semantic"]["models"][SMOL]

@@ -211,7 +211,15 @@ def test_sign_in_create_a_key_use_it_revoke_it_and_flush_the_cache(page, console
     go(page, "caches")
     page.click('[data-testid="flush"]')
     assert "ok" in flash(page).get_attribute("class")
+    # A bound on wrong answers, set from the page and then off again.
+    page.fill("form[name=delta] input[name=delta]", "0.02")
+    page.click("form[name=delta] [type=submit]")
+    page.locator('[data-testid="flash"]', has_text="Wrong answers bounded at 2.0%").wait_for(timeout=WAIT_MS)
+    page.locator("text=No model has a bound on wrong answers yet.").wait_for(timeout=WAIT_MS)
     shot(page, "caches")
+    page.fill("form[name=delta] input[name=delta]", "0")
+    page.click("form[name=delta] [type=submit]")
+    page.locator('[data-testid="flash"]', has_text="The bound is off").wait_for(timeout=WAIT_MS)
 
     go(page, "fleet")
     page.locator('[data-testid="house"] tr[data-model="tiny"]').wait_for(timeout=WAIT_MS)

@@ -1,6 +1,7 @@
 // The caches page: the response cache's tiers (sizes, hits, misses,
 // evictions), flushing (all, or a scope and/or model), the semantic
-// threshold, and sharing a model's cache across tenants.
+// threshold, the bound on wrong answers per model with what it served,
+// verified and estimates, and sharing a model's cache across tenants.
 
 import { call, health } from '../api.js';
 import {
@@ -60,6 +61,45 @@ function thresholdForm(current, refresh) {
   });
 }
 
+function deltaForm(refresh) {
+  return form({
+    name: 'delta', submit: 'Set bound',
+    fields: [
+      { name: 'model', label: 'Model', list: 'cache-models', placeholder: 'the default' },
+      { name: 'delta', label: 'Share of near matches that may be served wrong (0 turns it off)', type: 'number',
+        min: 0, max: 0.99, step: 0.001, required: true, value: '0.01' },
+    ],
+    onSubmit: async (x) => {
+      const body = { delta: dec(x.delta, 'Bound'), model: x.model || undefined };
+      const set = await call('setThreshold', { body });
+      flash(set.delta ? `Wrong answers bounded at ${pct(set.delta)} for ${set.model ?? 'the default'}.`
+        : `The bound is off for ${set.model ?? 'the default'}.`);
+      await refresh();
+    },
+  });
+}
+
+// A row per model under a bound: its delta, what it served and probed,
+// how the compared probes came out, and the estimated error rate.
+function boundedTable(s) {
+  const delta = (m) => s.models?.[m]?.delta ?? s.delta;
+  const rows = Object.entries(s.bounded ?? {}).map(([model, b]) => ({ model, ...b }));
+  const t = s.learned_thresholds ?? {};
+  const learned = t.count ? `${num(t.count)} learned thresholds, quartiles ${num(t.p25, 2)} / ${num(t.p50, 2)} / ${num(t.p75, 2)}`
+    : 'No threshold learned yet.';
+  return [table([
+    { label: 'Model', cell: (b) => h('strong', {}, b.model) },
+    { label: 'Bound', num: true, cell: (b) => (delta(b.model) ? pct(delta(b.model)) : 'off') },
+    { label: 'Served', num: true, cell: (b) => num(b.served) },
+    { label: 'Probed', num: true, cell: (b) => num(b.probed) },
+    { label: 'Verified', num: true, cell: (b) => num(b.verified) },
+    { label: 'Failed', num: true, cell: (b) => num(b.failed) },
+    { label: 'Est. wrong (95%)', num: true,
+      cell: (b) => `${pct(b.error_rate, 2)} [${pct(b.error_interval[0], 2)}, ${pct(b.error_interval[1], 2)}]` },
+  ], rows, { rowAttrs: (b) => ({ 'data-bounded': b.model }), empty: 'No model has a bound on wrong answers yet.' }),
+  h('p', { class: 'sub' }, learned)];
+}
+
 // A row per served text model (and per shared model no longer served),
 // each with its current state and the button that flips it.
 function sharedTable(d, refresh) {
@@ -85,6 +125,8 @@ function sharedTable(d, refresh) {
 export async function render(main) {
   const stats = placeholder();
   const threshold = h('div');
+  const bound = h('div');
+  const bounded = placeholder();
   const shared = placeholder();
   const lists = h('div');
   // Errors are shown in the card (not thrown: the caller would flash them too).
@@ -100,6 +142,8 @@ export async function render(main) {
     const served = (hl?.models ?? []).filter((m) => m.kind === 'text').map((m) => m.id);
     fill(stats, sizes(c), tiersTable(c.tiers));
     if (!threshold.firstChild) fill(threshold, thresholdForm(c.semantic.threshold, refresh));
+    if (!bound.firstChild) fill(bound, deltaForm(refresh));
+    fill(bounded, ...boundedTable(c.semantic));
     redraw(shared, { served, shared: c.shared_models ?? [] }, (d) => sharedTable(d, refresh));
     redraw(lists, served, (d) => datalist('cache-models', d));
   };
@@ -110,6 +154,9 @@ export async function render(main) {
     card('Response cache', stats),
     card('Flush', flushForm(refresh)),
     card('Semantic threshold', threshold),
+    card('Bound on wrong answers', h('p', { class: 'sub' },
+      'Near matches are served only as far as verification by the model has learned they may be; the rest are generated and compared.'),
+    bound, bounded),
     card('Shared models', h('p', { class: 'sub' }, 'A shared model\'s answers are cached once for every tenant.'), shared));
   await refresh();
 }

@@ -1,8 +1,10 @@
 //! What the response cache shows on `/metrics` and the admin API: each
 //! tier's hits, misses, evictions and lookup time, the semantic
 //! verifier's rejections by reason and the histogram of each lookup's
-//! nearest similarity (recorded at each lookup), and the tiers' sizes
-//! (read when scraped).
+//! nearest similarity (recorded at each lookup), per model under a bound
+//! on wrong answers the near matches served and verified, the outcomes
+//! and the estimated rate of wrong answers served, and the tiers' sizes
+//! and the learned thresholds (read when scraped).
 
 use std::time::Instant;
 
@@ -111,6 +113,77 @@ pub struct SemanticStats {
     pub rejections: [IntCounter; Reject::ALL.len()],
     /// Each lookup's nearest similarity.
     pub similarity: Histogram,
+    /// Per model: what its bound on wrong answers decided.
+    learned: std::sync::Mutex<std::collections::BTreeMap<String, Learned>>,
+}
+
+/// What one model's bound on wrong answers decided: near matches served
+/// and probed (generated anyway), how the compared probes came out, and
+/// the Horvitz-Thompson estimate of the wrong answers served. A wrong
+/// probe drawn with probability `p` stands for `(1 - p) / p` wrong
+/// answers served in its place (the same near match, not drawn).
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, utoipa::ToSchema)]
+pub struct Learned {
+    /// Near matches served from the cache.
+    pub served: u64,
+    /// Near matches generated anyway, to compare.
+    pub probed: u64,
+    /// Compared probes whose answer matched the cached one.
+    pub verified: u64,
+    /// Compared probes whose answer differed (verification failures).
+    pub failed: u64,
+    #[serde(skip)]
+    wrong: f64,
+    #[serde(skip)]
+    wrong_var: f64,
+    /// The summed weight of the probes drawn with probability under 1.
+    #[serde(skip)]
+    weights: (f64, u64),
+}
+
+/// The normal quantile of a two-sided 95% interval.
+const Z95: f64 = 1.96;
+
+impl Learned {
+    pub(super) fn decided(&mut self, served: bool) {
+        match served {
+            true => self.served += 1,
+            false => self.probed += 1,
+        }
+    }
+
+    pub(super) fn verified(&mut self, same: bool, explore: f64) {
+        let p = explore.clamp(1e-9, 1.0);
+        let w = (1.0 - p) / p;
+        if p < 1.0 {
+            self.weights.0 += w;
+            self.weights.1 += 1;
+        }
+        match same {
+            true => self.verified += 1,
+            false => {
+                self.failed += 1;
+                self.wrong += w;
+                self.wrong_var += w * w * (1.0 - p);
+            }
+        }
+    }
+
+    /// The estimated share of near matches served wrong, with a 95%
+    /// interval: the estimate's normal interval, its upper end at least
+    /// three failures of an average weight (the rule of three: seeing
+    /// none does not prove there are none).
+    pub fn error_rate(&self) -> (f64, f64, f64) {
+        let n = (self.served + self.probed).max(1) as f64;
+        let est = self.wrong / n;
+        let sd = self.wrong_var.sqrt() / n;
+        let unseen = match self.weights.1 {
+            0 => 0.0,
+            k => 3.0 * self.weights.0 / k as f64 / n,
+        };
+        let upper = (est + Z95 * sd).max(est + unseen).min(1.0);
+        ((est).min(1.0), (est - Z95 * sd).max(0.0), upper)
+    }
 }
 
 /// Upper bounds of the similarity histogram's buckets (then +Inf).
@@ -132,6 +205,7 @@ impl Default for SemanticStats {
                 "Similarity of each semantic lookup's nearest cached question (hit or not).",
                 &SIMILARITY_BUCKETS,
             ),
+            learned: Default::default(),
         }
     }
 }
@@ -148,6 +222,66 @@ impl SemanticStats {
             self.similarity.observe(f64::from(b));
         }
     }
+
+    pub(super) fn learned(&self, model: &str, f: impl FnOnce(&mut Learned)) {
+        let mut m = self.learned.lock().unwrap_or_else(|e| e.into_inner());
+        f(m.entry(model.to_string()).or_default());
+    }
+
+    /// Every model's bound tally so far.
+    pub fn learned_all(&self) -> std::collections::BTreeMap<String, Learned> {
+        self.learned
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+}
+
+/// Upper bounds of the learned thresholds' buckets (then +Inf).
+pub const THRESHOLD_BUCKETS: [f64; 9] = [0.5, 0.6, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95, 1.0];
+
+/// The bound's families: per model, decisions, outcomes and the
+/// estimated error rate; the learned thresholds' distribution.
+fn learned_families(
+    learned: &std::collections::BTreeMap<String, Learned>,
+    thresholds: &[f64],
+) -> Vec<MetricFamily> {
+    let mut decisions = Scraped::counter(
+        "synor:cache_semantic_bounded_total",
+        "Near matches a bound on wrong answers decided, by model and decision (served, or probed: generated anyway to compare).",
+    );
+    let mut outcomes = Scraped::counter(
+        "synor:cache_semantic_verifications_total",
+        "Probes compared with the cached answer, by model and outcome (same: a verified match; different: a verification failure).",
+    );
+    let mut rate = Scraped::gauge(
+        "synor:cache_semantic_error_rate",
+        "Estimated share of near matches served a wrong answer, by model, with its 95% interval (bound: estimate, lower, upper).",
+    );
+    for (m, l) in learned {
+        decisions.sample(&[("model", m), ("decision", "served")], l.served as f64);
+        decisions.sample(&[("model", m), ("decision", "probed")], l.probed as f64);
+        outcomes.sample(&[("model", m), ("outcome", "same")], l.verified as f64);
+        outcomes.sample(&[("model", m), ("outcome", "different")], l.failed as f64);
+        let (est, lo, hi) = l.error_rate();
+        for (b, v) in [("estimate", est), ("lower", lo), ("upper", hi)] {
+            rate.sample(&[("model", m), ("bound", b)], v);
+        }
+    }
+    let mut counts = [0u64; THRESHOLD_BUCKETS.len() + 1];
+    for t in thresholds {
+        let i = THRESHOLD_BUCKETS
+            .iter()
+            .position(|b| t <= b)
+            .unwrap_or(THRESHOLD_BUCKETS.len());
+        counts[i] += 1;
+    }
+    let mut dist = Scraped::histogram(
+        "synor:cache_semantic_learned_threshold",
+        "The similarity thresholds verification has learned (entries with outcomes of their own, and each model's pools).",
+    );
+    dist.distribution(&[], &THRESHOLD_BUCKETS, &counts, thresholds.iter().sum());
+    vec![decisions.done(), outcomes.done(), rate.done(), dist.done()]
 }
 
 impl ResponseCache {
@@ -165,6 +299,10 @@ impl ResponseCache {
             &s.reasons,
             &s.similarity,
         ]);
+        out.extend(learned_families(
+            &s.learned_all(),
+            &self.semantic_thresholds(),
+        ));
         let (b1, n1, b2, n2) = self.sizes();
         let n3 = self.semantic_len() as u64;
         let tier = |t: Tier| t.as_str();
@@ -187,5 +325,44 @@ impl ResponseCache {
             out.push(f.done());
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_wrong_probe_stands_for_the_wrong_answers_served_in_its_place() {
+        let mut l = Learned::default();
+        assert_eq!(l.error_rate(), (0.0, 0.0, 0.0), "nothing decided");
+        // 1000 near matches: 900 served, 100 probed at p = 0.1 (learned)
+        // of which 2 came out different.
+        for _ in 0..900 {
+            l.decided(true);
+        }
+        for i in 0..100 {
+            l.decided(false);
+            l.verified(i >= 2, 0.1);
+        }
+        let (est, lo, hi) = l.error_rate();
+        // Each wrong probe at 0.1 stands for 9 wrong answers served.
+        assert!((est - 18.0 / 1000.0).abs() < 1e-12, "{est}");
+        assert!(lo < est && est < hi && lo >= 0.0, "{lo} {est} {hi}");
+        assert_eq!((l.verified, l.failed), (98, 2));
+        // Probes before anything was learned (p = 1) stand for nothing.
+        let mut first = Learned::default();
+        first.decided(false);
+        first.verified(false, 1.0);
+        assert_eq!(first.error_rate(), (0.0, 0.0, 0.0));
+        // None wrong among learned probes: the upper end is still above 0.
+        let mut clean = Learned::default();
+        for _ in 0..10 {
+            clean.decided(false);
+            clean.verified(true, 0.5);
+        }
+        let (est, _, hi) = clean.error_rate();
+        assert_eq!(est, 0.0);
+        assert!(hi > 0.0, "rule of three: {hi}");
     }
 }

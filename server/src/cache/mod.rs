@@ -4,6 +4,7 @@
 //! cache over the default embedding model. Both are scoped per tenant and
 //! model. Every tier counts hits, misses, evictions, bytes and lookup time.
 
+pub mod agree;
 pub mod answer;
 pub mod disk;
 pub mod learned;
@@ -19,9 +20,9 @@ use std::time::{Duration, Instant};
 
 use answer::CachedAnswer;
 use disk::DiskTier;
-pub use lookup_stats::{LookupCounters, SIMILARITY_BUCKETS, SemanticStats, TierStats};
+pub use lookup_stats::{Learned, LookupCounters, SIMILARITY_BUCKETS, SemanticStats, TierStats};
 use redis_tier::RedisTier;
-use semantic::{IndexKey, Match, Policy, SemanticIndex};
+use semantic::{Bound, IndexKey, Match, Policy, Probe, SemanticIndex};
 use verify::Facts;
 
 /// Which tier answered.
@@ -44,6 +45,15 @@ impl Tier {
     }
 }
 
+/// What a semantic lookup found.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Found {
+    /// A cached answer to serve.
+    Hit(Match),
+    /// A near match to generate anyway and compare with (under a bound).
+    Probe(Probe),
+}
+
 /// What an admin changes in a semantic policy (`None`: keep).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct PolicyChange {
@@ -51,6 +61,8 @@ pub struct PolicyChange {
     pub verify: Option<bool>,
     /// 0 turns word alignment off.
     pub align: Option<f32>,
+    /// 0 turns the bound on wrong answers off.
+    pub delta: Option<f32>,
 }
 
 /// Sizes and lifetimes.
@@ -226,6 +238,7 @@ impl ResponseCache {
             threshold: change.threshold.unwrap_or(base.threshold),
             verify: change.verify.unwrap_or(base.verify),
             align: change.align.map_or(base.align, |a| (a > 0.0).then_some(a)),
+            delta: change.delta.map_or(base.delta, |d| (d > 0.0).then_some(d)),
         };
         match model {
             Some(m) => {
@@ -242,16 +255,53 @@ impl ResponseCache {
     }
 
     /// The most similar cached question in `ik` over its model's
-    /// threshold that the verifier accepts, if any.
-    pub fn semantic_get(&self, ik: &IndexKey, vector: &[f32], facts: &Facts) -> Option<Match> {
+    /// threshold that the verifier accepts, if any; under the model's
+    /// bound on wrong answers, served only as verification has learned it
+    /// may be, and otherwise returned as a probe.
+    pub fn semantic_get(&self, ik: &IndexKey, vector: &[f32], facts: &Facts) -> Option<Found> {
         let t = Instant::now();
         let policy = self.policy(&ik.model);
+        let bound = policy.delta.map(|d| Bound {
+            delta: f64::from(d),
+            draw: rand::random::<f64>(),
+        });
         let l = self
             .index()
-            .lookup(ik, vector, facts, policy, Instant::now());
+            .lookup_within(ik, vector, facts, (policy, bound), Instant::now());
         self.semantic_stats().lookup(l.hit.is_some(), t);
         self.semantic_counts.record(&l);
-        l.hit
+        if l.bounded {
+            self.semantic_counts
+                .learned(&ik.model, |m| m.decided(l.hit.is_some()));
+        }
+        match (l.hit, l.probe) {
+            (Some(m), _) => Some(Found::Hit(m)),
+            (None, Some(p)) => Some(Found::Probe(p)),
+            (None, None) => None,
+        }
+    }
+
+    /// A probe's generated answer was compared with the cached one: its
+    /// entry and its model learn the outcome.
+    pub fn semantic_observe(&self, ik: &IndexKey, probe: &Probe, same: bool) {
+        self.index().observe(ik, &probe.found, same);
+        self.semantic_counts
+            .learned(&ik.model, |m| m.verified(same, probe.explore));
+    }
+
+    /// The learned thresholds (entries deciding by their own outcomes,
+    /// and every pool).
+    pub fn semantic_thresholds(&self) -> Vec<f64> {
+        let policies = self.policies_set();
+        let delta_of = |m: &str| {
+            policies
+                .1
+                .get(m)
+                .unwrap_or(&policies.0)
+                .delta
+                .map(f64::from)
+        };
+        self.index().thresholds(delta_of)
     }
 
     /// The topic words of `facts` the verifier has no vectors for yet.

@@ -15,7 +15,7 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use super::learned::{Decision, Observations, decide};
+use super::learned::{Decision, MIN_OBSERVATIONS, Observations, POOL_OUTCOMES, decide};
 use super::verify::{Checks, Facts, Reject, verify};
 
 /// How many word vectors the index keeps for aligning topic words (about
@@ -71,6 +71,12 @@ pub struct Policy {
     /// stem.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub align: Option<f32>,
+    /// When set, the share of near matches that may be served a wrong
+    /// answer (0-1): the topic check turns from a rule into evidence, and
+    /// a near match is served only as far as verification has learned it
+    /// may be (`learned`); otherwise it is generated anyway and compared.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub delta: Option<f32>,
 }
 
 /// A lookup's outcome: the hit, the best similarity seen (hit or not,
@@ -83,7 +89,18 @@ pub struct Lookup {
     pub rejected: Option<Reject>,
     /// Under a bound on wrong answers: the near match to generate anyway
     /// and compare with (`SemanticIndex::observe` takes the outcome).
-    pub probe: Option<Match>,
+    pub probe: Option<Probe>,
+    /// Whether a bound decided (served or probed) a near match.
+    pub bounded: bool,
+}
+
+/// A near match generated anyway, with the probability it had of being
+/// (1 until its boundary is learned; under 1, each wrong outcome stands
+/// for `(1 - explore) / explore` wrong answers served).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Probe {
+    pub found: Match,
+    pub explore: f64,
 }
 
 /// A bound on wrong answers for a lookup: the share `delta` of near
@@ -99,7 +116,13 @@ pub struct Bound {
 pub struct Match {
     pub key: String,
     pub similarity: f32,
+    /// Whether the topic words agree too (under a bound the topic check is
+    /// evidence: outcomes are pooled apart by it).
+    pub topic: bool,
 }
+
+/// Real outcomes an entry needs before its learned threshold is shown.
+pub const OWN_OUTCOMES: usize = 16;
 
 #[derive(Debug)]
 pub struct SemanticIndex {
@@ -109,6 +132,10 @@ pub struct SemanticIndex {
     pub evictions: u64,
     /// Vectors of single topic words ("tallest", "highest"), by word.
     words: HashMap<String, Vec<f32>>,
+    /// Per model, and whether the topic words agreed: the outcomes of
+    /// every entry's verifications, which decide for entries that have
+    /// too few of their own (vCache's global threshold).
+    pools: HashMap<(String, bool), Observations>,
 }
 
 /// Cosine similarity of two unit vectors.
@@ -124,6 +151,7 @@ impl SemanticIndex {
             limits,
             evictions: 0,
             words: HashMap::new(),
+            pools: HashMap::new(),
         }
     }
 
@@ -195,12 +223,19 @@ impl SemanticIndex {
         now: Instant,
     ) -> Lookup {
         let ttl = self.limits.ttl;
-        let Some(entries) = self.indexes.get_mut(ik) else {
+        let Self {
+            indexes,
+            total,
+            words,
+            pools,
+            ..
+        } = self;
+        let Some(entries) = indexes.get_mut(ik) else {
             return Lookup::default();
         };
         let before = entries.len();
         entries.retain(|e| now.duration_since(e.created) < ttl);
-        self.total -= before - entries.len();
+        *total -= before - entries.len();
         let mut near: Vec<(f32, usize)> = entries
             .iter()
             .enumerate()
@@ -213,49 +248,83 @@ impl SemanticIndex {
             best,
             ..Lookup::default()
         };
+        let bound = bound.filter(|b| b.delta > 0.0);
+        let full = Checks::aligned(policy.align);
+        // Under a bound only the structure is a rule; the topic is evidence.
+        let rule = match (policy.verify, bound) {
+            (false, _) => None,
+            (true, None) => Some(full),
+            (true, Some(_)) => Some(Checks {
+                topic: false,
+                ..full
+            }),
+        };
         for &(sim, i) in near.iter().take(CANDIDATES) {
             let e = &mut entries[i];
-            let verdict = match policy.verify {
-                true => verify(&e.facts, query, Checks::aligned(policy.align), &self.words),
-                false => Ok(()),
-            };
-            match verdict {
-                Ok(()) => {
-                    e.used = now;
-                    let found = Match {
-                        key: e.key.clone(),
-                        similarity: sim,
-                    };
-                    let decision = bound.map(|b| decide(&mut e.checked, sim, b.delta, b.draw));
-                    match decision {
-                        None | Some(Decision::Serve) => out.hit = Some(found),
-                        Some(Decision::Verify(_)) => out.probe = Some(found),
-                    }
-                    return out;
-                }
-                Err(why) => {
-                    out.rejected.get_or_insert(why);
-                }
+            let verdict = rule.map_or(Ok(()), |c| verify(&e.facts, query, c, &*words));
+            if let Err(why) = verdict {
+                out.rejected.get_or_insert(why);
+                continue;
             }
+            e.used = now;
+            let topic = !policy.verify || verify(&e.facts, query, full, &*words).is_ok();
+            let found = Match {
+                key: e.key.clone(),
+                similarity: sim,
+                topic,
+            };
+            let Some(b) = bound else {
+                out.hit = Some(found);
+                return out;
+            };
+            let pool = pools
+                .entry((ik.model.clone(), topic))
+                .or_insert_with(|| Observations::keeping(POOL_OUTCOMES));
+            out.bounded = true;
+            match decide(&e.checked, pool, sim, b.delta, b.draw) {
+                Decision::Serve => out.hit = Some(found),
+                Decision::Verify(explore) => out.probe = Some(Probe { found, explore }),
+            }
+            return out;
         }
         out
     }
 
-    /// A probe of entry `key` in `ik` at `similarity` came out `same` (the
-    /// generated answer matched the cached one) or not; false when the
-    /// entry is gone.
-    pub fn observe(&mut self, ik: &IndexKey, key: &str, similarity: f32, same: bool) -> bool {
+    /// A probe of `found` in `ik` came out `same` (the generated answer
+    /// matched the cached one) or not: one more outcome for its entry (if
+    /// it is still there) and for its model's pool.
+    pub fn observe(&mut self, ik: &IndexKey, found: &Match, same: bool) {
         let entry = self
             .indexes
             .get_mut(ik)
-            .and_then(|v| v.iter_mut().find(|e| e.key == key));
-        match entry {
-            Some(e) => {
-                e.checked.add(similarity, same);
-                true
-            }
-            None => false,
+            .and_then(|v| v.iter_mut().find(|e| e.key == found.key));
+        if let Some(e) = entry {
+            e.checked.add(found.similarity, same);
         }
+        self.pools
+            .entry((ik.model.clone(), found.topic))
+            .or_insert_with(|| Observations::keeping(POOL_OUTCOMES))
+            .add(found.similarity, same);
+    }
+
+    /// The learned thresholds (the lowest similarity always served) of
+    /// the entries that decide by their own outcomes and of every pool,
+    /// under each model's bound (`delta_of`).
+    pub fn thresholds(&self, delta_of: impl Fn(&str) -> Option<f64>) -> Vec<f64> {
+        let own = self.indexes.iter().flat_map(|(k, v)| {
+            v.iter()
+                .filter(|e| e.checked.real() >= OWN_OUTCOMES)
+                .map(move |e| (k.model.as_str(), &e.checked))
+        });
+        let pools = self
+            .pools
+            .iter()
+            .filter(|(_, c)| c.real() >= MIN_OBSERVATIONS)
+            .map(|(k, c)| (k.0.as_str(), c));
+        own.chain(pools)
+            .filter_map(|(m, c)| c.threshold(delta_of(m)?))
+            .map(f64::from)
+            .collect()
     }
 
     /// The topic words of `facts` whose vectors the index lacks.
@@ -303,6 +372,9 @@ impl SemanticIndex {
             !hit
         });
         self.total -= gone;
+        if scope.is_none() {
+            self.pools.retain(|k, _| model.is_some_and(|m| m != k.0));
+        }
         gone
     }
 
@@ -365,6 +437,7 @@ mod tests {
         threshold: 0.9,
         verify: true,
         align: None,
+        delta: None,
     };
 
     fn find(
@@ -486,21 +559,30 @@ mod tests {
         );
         let q = unit(&[1.0, 0.1, 0.0]);
         let para = Facts::of("Which city is the capital of France?");
-        let bound = |draw| Some(Bound { delta: 0.01, draw });
+        let bound = |draw| Some(Bound { delta: 0.05, draw });
         let open = Policy {
             threshold: 0.5,
             ..ON
         };
         let first = s.lookup_within(&ik("a", "c"), &q, &para, (open, bound(0.99)), now);
         assert_eq!(first.hit, None);
-        let probe = first.probe.expect("a probe");
+        let probe = first.probe.expect("a probe").found;
         assert_eq!(probe.key, "k");
-        // Outcomes: the same answer above 0.9, another one below 0.8.
-        for i in 0..30 {
-            assert!(s.observe(&ik("a", "c"), "k", 0.9 + i as f32 * 0.003, true));
-            assert!(s.observe(&ik("a", "c"), "k", 0.5 + i as f32 * 0.01, false));
+        // Outcomes: the same answer at 0.99 and over, another one below 0.7.
+        let at = |similarity| Match {
+            similarity,
+            ..probe.clone()
+        };
+        for i in 0..200u16 {
+            let sim = probe.similarity - f32::from(i % 5) * 0.001;
+            s.observe(&ik("a", "c"), &at(sim), true);
+            s.observe(&ik("a", "c"), &at(0.5 + f32::from(i % 20) * 0.01), false);
         }
-        assert!(!s.observe(&ik("a", "c"), "gone", 0.9, true));
+        let gone = Match {
+            key: "gone".into(),
+            ..probe.clone()
+        };
+        s.observe(&ik("a", "c"), &gone, true);
         let learned = s.lookup_within(&ik("a", "c"), &q, &para, (open, bound(0.9)), now);
         assert_eq!(
             learned.hit.as_ref().map(|m| m.key.as_str()),

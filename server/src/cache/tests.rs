@@ -35,6 +35,7 @@ fn config(dir: &std::path::Path, redis: Option<&str>) -> CacheConfig {
             threshold: 0.95,
             verify: true,
             align: None,
+            delta: None,
         },
         semantic: semantic::Limits {
             per_index: 100,
@@ -143,6 +144,7 @@ fn semantic_policies_are_per_model_and_lookups_count_rejections_and_similarity()
         threshold,
         verify,
         align: None,
+        delta: None,
     };
     assert_eq!(c.policy("m").threshold, 0.95);
     let own = c.set_policy(Some("m"), change(Some(0.6), None));
@@ -200,5 +202,62 @@ fn semantic_policies_are_per_model_and_lookups_count_rejections_and_similarity()
     assert_eq!(c.semantic_counts.rejections[direction].get(), 1);
     let seen: u64 = c.semantic_counts.similarity.get_sample_count();
     assert_eq!(seen, 2, "every lookup's nearest similarity is counted");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn under_a_bound_a_near_match_is_probed_learned_and_counted() {
+    let dir = tmp();
+    let c = ResponseCache::new(&config(&dir, None)).expect("cache");
+    let bound = |d| PolicyChange {
+        delta: Some(d),
+        ..PolicyChange::default()
+    };
+    assert_eq!(c.set_policy(Some("m"), bound(0.05)).delta, Some(0.05));
+    let ik = IndexKey {
+        scope: "s".into(),
+        model: "m".into(),
+        context: "c".into(),
+    };
+    c.semantic_put(
+        ik.clone(),
+        vec![1.0, 0.0],
+        "How many km is 10 miles?",
+        "k".into(),
+    );
+    let near = [0.99f32, 0.141];
+    let asked = Facts::of("Convert 10 miles to kilometers");
+    let Some(Found::Probe(p)) = c.semantic_get(&ik, &near, &asked) else {
+        panic!("nothing learned yet: a probe");
+    };
+    assert_eq!((p.found.key.as_str(), p.explore), ("k", 1.0));
+    c.semantic_observe(&ik, &p, true);
+    let tally = c.semantic_counts.learned_all();
+    let m = &tally["m"];
+    assert_eq!((m.served, m.probed, m.verified, m.failed), (0, 1, 1, 0));
+    // The model's pool learns: enough agreeing outcomes at 0.99 and
+    // differing ones far below, and the near match is served.
+    for i in 0..800 {
+        c.semantic_observe(&ik, &p, true);
+        let low = Probe {
+            found: Match {
+                similarity: 0.5 + (i % 20) as f32 * 0.01,
+                ..p.found.clone()
+            },
+            explore: 1.0,
+        };
+        c.semantic_observe(&ik, &low, false);
+    }
+    let served = (0..50)
+        .filter(|_| matches!(c.semantic_get(&ik, &near, &asked), Some(Found::Hit(_))))
+        .count();
+    assert!(served >= 40, "{served} of 50 served once learned");
+    assert!(!c.semantic_thresholds().is_empty());
+    // The bound off: the verifier alone decides again.
+    c.set_policy(Some("m"), bound(0.0));
+    assert!(matches!(
+        c.semantic_get(&ik, &near, &asked),
+        Some(Found::Hit(_))
+    ));
     let _ = std::fs::remove_dir_all(dir);
 }

@@ -17,6 +17,12 @@
 //!   system prompt, parameters, hashed into the index key), a similar last
 //!   user message over the model's threshold, and the verifier's consent
 //!   (`cache::verify`).
+//! - Under a model's bound on wrong answers (`delta`), a near match the
+//!   cache has not learned to trust is a miss that probes it: the request
+//!   is generated (and billed) as usual, and once it is stored its answer
+//!   is compared with the cached one (`cache::agree`) and the outcome
+//!   learned. A probe that agrees adds no entry (the cached one answers
+//!   it); one that differs is cached as its own question.
 
 use std::fmt::Write as _;
 use std::sync::Arc;
@@ -24,10 +30,10 @@ use std::sync::Arc;
 use engine::{EmbeddingHandle, FinishReason, SamplingParams, ValidRequest};
 use sha2::{Digest, Sha256};
 
-use crate::cache::ResponseCache;
 use crate::cache::answer::{CachedAnswer, CachedChoice, KeyParts, exact_key, hex};
-use crate::cache::semantic::IndexKey;
+use crate::cache::semantic::{IndexKey, Probe};
 use crate::cache::verify::Facts;
+use crate::cache::{Found, ResponseCache};
 use crate::services::ServiceError;
 use crate::services::metering::{Billing, Payer};
 use engine::registry::{ModelKind, ModelRegistry};
@@ -79,6 +85,8 @@ pub struct Plan {
     semantic: Option<(IndexKey, String)>,
     /// The last message's embedding, once computed (stored with the answer).
     vector: Option<Vec<f32>>,
+    /// The near match this request probes (its answer is compared).
+    probe: Option<Probe>,
 }
 
 /// A cached answer to serve.
@@ -266,6 +274,7 @@ impl ResponseCaching {
             scope,
             model: model_name.to_string(),
             vector: None,
+            probe: None,
         })
     }
 
@@ -291,7 +300,13 @@ impl ResponseCaching {
         if cache.policy(&ik.model).align.is_some() {
             learn_words(&self.cache, self.embedder(), &facts).await;
         }
-        let m = cache.semantic_get(&ik, &vector, &facts)?;
+        let m = match cache.semantic_get(&ik, &vector, &facts)? {
+            Found::Hit(m) => m,
+            Found::Probe(p) => {
+                plan.probe = Some(p);
+                return None;
+            }
+        };
         match cache.get(&plan.scope, &plan.model, &m.key).await {
             Some((answer, _)) => Some(Hit {
                 answer,
@@ -388,11 +403,27 @@ impl ResponseCaching {
         let embedder = self.embedder();
         let dispatch = self.dispatch.clone();
         let cache = self.cache.clone();
+        let fresh = answer.choices.first().map(|c| c.text.clone());
         tokio::spawn(async move {
             cache.put(&plan.key, answer).await;
             let Some((ik, text)) = plan.semantic else {
                 return;
             };
+            if let (Some(probe), Some(fresh)) = (&plan.probe, fresh) {
+                let found = &probe.found;
+                let cached = cache.get(&plan.scope, &plan.model, &found.key).await;
+                let Some(cached) = cached.and_then(|(a, _)| a.choices.first().cloned()) else {
+                    cache.semantic_forget(&found.key);
+                    return;
+                };
+                let Some(same) = agreement(&cached.text, &fresh, embedder.clone()).await else {
+                    return;
+                };
+                cache.semantic_observe(&ik, probe, same);
+                if same {
+                    return;
+                }
+            }
             if cache.policy(&ik.model).align.is_some() {
                 learn_words(&cache, embedder.clone(), &Facts::of(&text)).await;
             }
@@ -406,6 +437,33 @@ impl ResponseCaching {
             };
             cache.semantic_put(ik, vector, &text, plan.key);
         });
+    }
+}
+
+/// Whether a probe's generated answer agrees with the cached one: the
+/// same text, or close in meaning by the embedder with the same facts;
+/// `None` when the embedder failed (nothing is learned).
+async fn agreement(
+    cached: &str,
+    fresh: &str,
+    embedder: Option<(String, EmbeddingHandle)>,
+) -> Option<bool> {
+    use crate::cache::agree;
+    if agree::same_text(cached, fresh) {
+        return Some(true);
+    }
+    let (_, encoder) = embedder?;
+    let texts = vec![
+        agree::compared(cached).to_string(),
+        agree::compared(fresh).to_string(),
+    ];
+    match encoder.embed_queries(texts).await {
+        Ok(v) if v.len() == 2 => Some(agree::agree(cached, fresh, &v[0], &v[1])),
+        Ok(_) => None,
+        Err(e) => {
+            tracing::warn!(error = %e, "semantic cache: comparing a probe failed");
+            None
+        }
     }
 }
 

@@ -10,8 +10,9 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use server::cache::semantic::{Limits, Policy};
-use server::cache::{CacheConfig, ResponseCache};
+use server::cache::semantic::{IndexKey, Limits, Policy};
+use server::cache::verify::Facts;
+use server::cache::{CacheConfig, Found, ResponseCache};
 use server::fleet::registry::{Registration, Registry};
 use server::http::metrics::{HttpMetrics, render};
 use server::services::dispatch::Dispatch;
@@ -125,6 +126,7 @@ async fn everything() -> String {
             threshold: 0.9,
             verify: true,
             align: None,
+            delta: Some(0.01),
         },
         semantic: Limits {
             per_index: 16,
@@ -133,6 +135,19 @@ async fn everything() -> String {
         },
     })
     .expect("cache");
+    // A near match the bound probed and verified, so its series show.
+    let ik = IndexKey {
+        scope: "s".into(),
+        model: "tiny".into(),
+        context: "c".into(),
+    };
+    let france = "What is the capital of France?";
+    cache.semantic_put(ik.clone(), vec![1.0, 0.0], france, "k".into());
+    let asked = Facts::of("Which city is the capital of France?");
+    match cache.semantic_get(&ik, &[1.0, 0.0], &asked) {
+        Some(Found::Probe(p)) => cache.semantic_observe(&ik, &p, true),
+        other => panic!("a first near match is probed: {other:?}"),
+    }
     let http = HttpMetrics::default();
     http.record("/v1/models", "GET", 200);
     // A request the worker served, so the request series show.

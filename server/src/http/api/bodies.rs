@@ -207,6 +207,53 @@ pub struct SemanticSize {
     /// Lookups that missed because the verifier turned the nearest
     /// candidate down, by reason.
     pub rejections: std::collections::BTreeMap<String, u64>,
+    /// The default policy's bound on wrong answers (absent: off).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub delta: Option<f32>,
+    /// Per model under a bound: what it decided and learned.
+    pub bounded: std::collections::BTreeMap<String, Bounded>,
+    /// The learned similarity thresholds (entries deciding by their own
+    /// outcomes, and each model's pools): how many, and their quartiles.
+    pub learned_thresholds: Quartiles,
+}
+
+/// What one model's bound on wrong answers decided and learned.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Bounded {
+    #[serde(flatten)]
+    pub counts: crate::cache::Learned,
+    /// The estimated share of near matches served wrong, with its 95%
+    /// interval ([lower, upper]).
+    pub error_rate: f64,
+    pub error_interval: [f64; 2],
+}
+
+/// How many values, and their quartiles (absent when none).
+#[derive(Debug, Default, Serialize, ToSchema)]
+pub struct Quartiles {
+    pub count: usize,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub p25: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub p50: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub p75: Option<f64>,
+}
+
+impl Quartiles {
+    pub fn of(mut v: Vec<f64>) -> Self {
+        v.sort_by(f64::total_cmp);
+        let at = |q: usize| v.get((v.len() - 1) * q / 4).copied();
+        match v.is_empty() {
+            true => Self::default(),
+            false => Self {
+                count: v.len(),
+                p25: at(1),
+                p50: at(2),
+                p75: at(3),
+            },
+        }
+    }
 }
 
 /// `GET /admin/cache`.
@@ -245,6 +292,9 @@ pub struct ThresholdSet {
     /// Word alignment (absent: off).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub align: Option<f32>,
+    /// The bound on wrong answers (absent: off).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub delta: Option<f32>,
 }
 
 /// A model's cache sharing, as set.

@@ -1,5 +1,6 @@
 //! Admin routes of the response cache: statistics, flushing (everything,
-//! a tenant scope, a model), the semantic threshold, and marking a model's
+//! a tenant scope, a model), the semantic policy (threshold, verifier,
+//! alignment, the bound on wrong answers), and marking a model's
 //! cache as shared across tenants.
 
 use std::sync::Arc;
@@ -11,7 +12,8 @@ use serde::Deserialize;
 
 use crate::cache::{ResponseCache, Tier};
 use crate::http::api::bodies::{
-    CacheStats, Flushed, Removed, SemanticSize, SharedSet, ThresholdSet, TierCounts, TierSize,
+    Bounded, CacheStats, Flushed, Quartiles, Removed, SemanticSize, SharedSet, ThresholdSet,
+    TierCounts, TierSize,
 };
 use crate::http::api::json::ApiJson;
 use crate::http::error::ApiError;
@@ -70,6 +72,20 @@ pub(crate) async fn stats(State(state): State<AppState>) -> Result<Json<CacheSta
                 .zip(&c.semantic_counts.rejections)
                 .map(|(r, n)| (r.as_str().to_string(), n.get()))
                 .collect();
+            let bounded = c
+                .semantic_counts
+                .learned_all()
+                .into_iter()
+                .map(|(m, counts)| {
+                    let (error_rate, lo, hi) = counts.error_rate();
+                    let b = Bounded {
+                        counts,
+                        error_rate,
+                        error_interval: [lo, hi],
+                    };
+                    (m, b)
+                })
+                .collect();
             SemanticSize {
                 entries: c.semantic_len(),
                 threshold: default.threshold,
@@ -77,6 +93,9 @@ pub(crate) async fn stats(State(state): State<AppState>) -> Result<Json<CacheSta
                 align: default.align,
                 models,
                 rejections,
+                delta: default.delta,
+                bounded,
+                learned_thresholds: Quartiles::of(c.semantic_thresholds()),
             }
         },
         shared_models: c.shared_models(),
@@ -128,6 +147,12 @@ pub(crate) struct Threshold {
     /// (0-1; 0 turns it off: only the same stems match).
     #[serde(default)]
     align: Option<f32>,
+    /// The share of near matches that may be served a wrong answer (0-1,
+    /// e.g. 0.01; 0 turns the bound off). Under a bound, near matches are
+    /// served only as far as verification by the served model has learned
+    /// they may be; the others are generated and compared.
+    #[serde(default)]
+    delta: Option<f32>,
     /// Only this model (absent: the default of every model without its own).
     #[serde(default)]
     model: Option<String>,
@@ -156,10 +181,16 @@ pub(crate) async fn threshold(
             "an alignment is between 0 and 1",
         ));
     }
-    if t.threshold.is_none() && t.verify.is_none() && t.align.is_none() {
+    if !t.delta.is_none_or(|d| (0.0..1.0).contains(&d)) {
+        return Err(ApiError::invalid(
+            "delta",
+            "a bound on wrong answers is at least 0 and under 1",
+        ));
+    }
+    if t.threshold.is_none() && t.verify.is_none() && t.align.is_none() && t.delta.is_none() {
         return Err(ApiError::invalid(
             "threshold",
-            "set `threshold`, `verify` or `align`",
+            "set `threshold`, `verify`, `align` or `delta`",
         ));
     }
     if let Some(m) = &t.model {
@@ -169,6 +200,7 @@ pub(crate) async fn threshold(
         threshold: t.threshold,
         verify: t.verify,
         align: t.align,
+        delta: t.delta,
     };
     let p = c.set_policy(t.model.as_deref(), change);
     Ok(Json(ThresholdSet {
@@ -176,6 +208,7 @@ pub(crate) async fn threshold(
         threshold: p.threshold,
         verify: p.verify,
         align: p.align,
+        delta: p.delta,
     }))
 }
 
