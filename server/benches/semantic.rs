@@ -159,16 +159,10 @@ fn pct(k: usize, of: usize) -> f64 {
 /// A group set's table: paraphrase hits (own group), wrong-group hits,
 /// near-miss false hits (all, and by kind).
 fn group_set(name: &str, file: &str, e: &Embedder, show: bool) {
-    let path = format!("{}/../loadtest/data/{file}", env!("CARGO_MANIFEST_DIR"));
-    let Ok(text) = std::fs::read_to_string(&path) else {
-        println!("{name}: {path} missing");
+    let Some(groups) = groups_of(file) else {
+        println!("{name}: loadtest/data/{file} missing");
         return;
     };
-    let groups: Vec<Group> = text
-        .lines()
-        .filter(|l| !l.trim().is_empty())
-        .map(|l| serde_json::from_str(l).expect("group"))
-        .collect();
     let firsts: Vec<String> = groups.iter().map(|g| g.prompts[0].clone()).collect();
     let cached = e.items(&firsts);
     let para: Vec<(String, usize)> = groups
@@ -313,13 +307,7 @@ struct Asked {
 /// A group set's cached questions (every group's first phrasing) and its
 /// traffic (the other phrasings and the near misses).
 fn traffic(file: &str, e: &Embedder) -> Option<(Vec<Item>, Vec<Asked>)> {
-    let path = format!("{}/../loadtest/data/{file}", env!("CARGO_MANIFEST_DIR"));
-    let text = std::fs::read_to_string(&path).ok()?;
-    let groups: Vec<Group> = text
-        .lines()
-        .filter(|l| !l.trim().is_empty())
-        .map(|l| serde_json::from_str(l).expect("group"))
-        .collect();
+    let groups = groups_of(file)?;
     let firsts: Vec<String> = groups.iter().map(|g| g.prompts[0].clone()).collect();
     let mut asked: Vec<(String, usize, Option<String>)> = Vec::new();
     for (i, g) in groups.iter().enumerate() {
@@ -422,7 +410,7 @@ fn pass(
                 true => slot.0 += 1,
                 false => slot.1 += 1,
             }
-            index.observe(&ik, &p.found, same);
+            index.observe(&ik, &p.found, same, now);
         }
     }
     out
@@ -520,12 +508,22 @@ fn bounded(e: &Embedder) {
 
 /// Every group's first phrasing in a group set.
 fn first_phrasings(file: &str) -> Option<Vec<String>> {
+    Some(
+        groups_of(file)?
+            .into_iter()
+            .map(|g| g.prompts[0].clone())
+            .collect(),
+    )
+}
+
+/// The groups of a set in `loadtest/data/` (`None` when it is missing).
+fn groups_of(file: &str) -> Option<Vec<Group>> {
     let path = format!("{}/../loadtest/data/{file}", env!("CARGO_MANIFEST_DIR"));
     let text = std::fs::read_to_string(&path).ok()?;
     Some(
         text.lines()
             .filter(|l| !l.trim().is_empty())
-            .map(|l| serde_json::from_str::<Group>(l).expect("group").prompts[0].clone())
+            .map(|l| serde_json::from_str(l).expect("group"))
             .collect(),
     )
 }
@@ -613,7 +611,7 @@ fn latency(e: &Embedder) {
             similarity: 0.5 + (i % 500) as f32 * 0.001,
             topic: i % 2 == 0,
         };
-        index.observe(&ik, &m, i % 7 != 0);
+        index.observe(&ik, &m, i % 7 != 0, now);
     }
     let bounded = Policy {
         delta: Some(0.01),

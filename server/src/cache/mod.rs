@@ -284,7 +284,7 @@ impl ResponseCache {
     /// A probe's generated answer was compared with the cached one: its
     /// entry and its model learn the outcome.
     pub fn semantic_observe(&self, ik: &IndexKey, probe: &Probe, same: bool) {
-        self.index().observe(ik, &probe.found, same);
+        self.index().observe(ik, &probe.found, same, Instant::now());
         self.semantic_counts
             .learned(&ik.model, |m| m.verified(same, probe.explore));
     }

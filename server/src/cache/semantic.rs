@@ -132,10 +132,42 @@ pub struct SemanticIndex {
     pub evictions: u64,
     /// Vectors of single topic words ("tallest", "highest"), by word.
     words: HashMap<String, Vec<f32>>,
-    /// Per model, and whether the topic words agreed: the outcomes of
-    /// every entry's verifications, which decide for entries that have
-    /// too few of their own (vCache's global threshold).
-    pools: HashMap<(String, bool), Observations>,
+    /// Per tenant scope and model, and whether the topic words agreed:
+    /// the outcomes of every entry's verifications (vCache's global
+    /// threshold), with when each was last used. Per scope, so that one
+    /// tenant's traffic never decides what another is served.
+    pools: HashMap<PoolKey, (Observations, Instant)>,
+}
+
+/// Which pool of outcomes a near match decides by: (scope, model, topic
+/// words agreed).
+type PoolKey = (String, String, bool);
+
+/// Pools the index keeps (the least recently used goes first): each holds
+/// at most `POOL_OUTCOMES` outcomes of 8 bytes.
+const POOLS: usize = 1024;
+
+/// The pool of `key`, made (evicting the least recently used past
+/// `POOLS`) if it is new, marked used at `now`.
+fn pool_of(
+    pools: &mut HashMap<PoolKey, (Observations, Instant)>,
+    key: PoolKey,
+    now: Instant,
+) -> &mut Observations {
+    if !pools.contains_key(&key) && pools.len() >= POOLS {
+        let oldest = pools
+            .iter()
+            .min_by_key(|(_, p)| p.1)
+            .map(|(k, _)| k.clone());
+        if let Some(k) = oldest {
+            pools.remove(&k);
+        }
+    }
+    let p = pools
+        .entry(key)
+        .or_insert_with(|| (Observations::keeping(POOL_OUTCOMES), now));
+    p.1 = now;
+    &mut p.0
 }
 
 /// Cosine similarity of two unit vectors.
@@ -277,9 +309,8 @@ impl SemanticIndex {
                 out.hit = Some(found);
                 return out;
             };
-            let pool = pools
-                .entry((ik.model.clone(), topic))
-                .or_insert_with(|| Observations::keeping(POOL_OUTCOMES));
+            let key = (ik.scope.clone(), ik.model.clone(), topic);
+            let pool = pool_of(pools, key, now);
             out.bounded = true;
             match decide(&e.checked, pool, sim, b.delta, b.draw) {
                 Decision::Serve => out.hit = Some(found),
@@ -292,8 +323,8 @@ impl SemanticIndex {
 
     /// A probe of `found` in `ik` came out `same` (the generated answer
     /// matched the cached one) or not: one more outcome for its entry (if
-    /// it is still there) and for its model's pool.
-    pub fn observe(&mut self, ik: &IndexKey, found: &Match, same: bool) {
+    /// it is still there) and for its scope's and model's pool.
+    pub fn observe(&mut self, ik: &IndexKey, found: &Match, same: bool, now: Instant) {
         let entry = self
             .indexes
             .get_mut(ik)
@@ -301,10 +332,8 @@ impl SemanticIndex {
         if let Some(e) = entry {
             e.checked.add(found.similarity, same);
         }
-        self.pools
-            .entry((ik.model.clone(), found.topic))
-            .or_insert_with(|| Observations::keeping(POOL_OUTCOMES))
-            .add(found.similarity, same);
+        let key = (ik.scope.clone(), ik.model.clone(), found.topic);
+        pool_of(&mut self.pools, key, now).add(found.similarity, same);
     }
 
     /// The learned thresholds (the lowest similarity always served) of
@@ -319,8 +348,8 @@ impl SemanticIndex {
         let pools = self
             .pools
             .iter()
-            .filter(|(_, c)| c.real() >= MIN_OBSERVATIONS)
-            .map(|(k, c)| (k.0.as_str(), c));
+            .filter(|(_, (c, _))| c.real() >= MIN_OBSERVATIONS)
+            .map(|(k, (c, _))| (k.1.as_str(), c));
         own.chain(pools)
             .filter_map(|(m, c)| c.threshold(delta_of(m)?))
             .map(f64::from)
@@ -372,9 +401,8 @@ impl SemanticIndex {
             !hit
         });
         self.total -= gone;
-        if scope.is_none() {
-            self.pools.retain(|k, _| model.is_some_and(|m| m != k.0));
-        }
+        self.pools
+            .retain(|k, _| !(scope.is_none_or(|s| s == k.0) && model.is_none_or(|m| m == k.1)));
         gone
     }
 
@@ -575,14 +603,19 @@ mod tests {
         };
         for i in 0..200u16 {
             let sim = probe.similarity - f32::from(i % 5) * 0.001;
-            s.observe(&ik("a", "c"), &at(sim), true);
-            s.observe(&ik("a", "c"), &at(0.5 + f32::from(i % 20) * 0.01), false);
+            s.observe(&ik("a", "c"), &at(sim), true, now);
+            s.observe(
+                &ik("a", "c"),
+                &at(0.5 + f32::from(i % 20) * 0.01),
+                false,
+                now,
+            );
         }
         let gone = Match {
             key: "gone".into(),
             ..probe.clone()
         };
-        s.observe(&ik("a", "c"), &gone, true);
+        s.observe(&ik("a", "c"), &gone, true, now);
         let learned = s.lookup_within(&ik("a", "c"), &q, &para, (open, bound(0.9)), now);
         assert_eq!(
             learned.hit.as_ref().map(|m| m.key.as_str()),

@@ -253,6 +253,21 @@ fn under_a_bound_a_near_match_is_probed_learned_and_counted() {
         .count();
     assert!(served >= 40, "{served} of 50 served once learned");
     assert!(!c.semantic_thresholds().is_empty());
+    // Another tenant's near match is not decided by this one's outcomes.
+    let other = IndexKey {
+        scope: "t".into(),
+        ..ik.clone()
+    };
+    c.semantic_put(
+        other.clone(),
+        vec![1.0, 0.0],
+        "How many km is 10 miles?",
+        "k2".into(),
+    );
+    assert!(matches!(
+        c.semantic_get(&other, &near, &asked),
+        Some(Found::Probe(_))
+    ));
     // The bound off: the verifier alone decides again.
     c.set_policy(Some("m"), bound(0.0));
     assert!(matches!(

@@ -21,7 +21,7 @@
 //!   cache has not learned to trust is a miss that probes it: the request
 //!   is generated (and billed) as usual, and once it is stored its answer
 //!   is compared with the cached one (`cache::agree`) and the outcome
-//!   learned. A probe that agrees adds no entry (the cached one answers
+//!   learned (by the entry, and by its tenant's pool for the model). A probe that agrees adds no entry (the cached one answers
 //!   it); one that differs is cached as its own question.
 
 use std::fmt::Write as _;

@@ -1,0 +1,273 @@
+//! The served model as the semantic cache's judge: how well do the
+//! signals verification can read from it separate paraphrases (the same
+//! answer) from near misses (another answer) on the fresh sets of issue
+//! 48? For every group, the default chat model answers the cached
+//! phrasing greedily (`A`); for every question of the traffic (`Q`) it
+//! answers too, and it scores `A` as the answer to `Q` in one prefill.
+//! Signals, for the traffic the structural verifier lets through:
+//! - agree: `cache::agree` on `A` and `Q`'s own answer (what a probe that
+//!   generates anyway learns);
+//! - score: the mean log-probability of `A`'s tokens after `Q`, less
+//!   after the cached phrasing (what a probe that scores in one prefill
+//!   would read).
+//!
+//! Each row is how many of each class a signal accepts at a cut, so one
+//! can see at what share of near misses it keeps how many paraphrases.
+//! `SEMANTIC_JUDGE_DUMP=file` writes every question's signals as JSON
+//! lines; `SEMANTIC_JUDGE_MODEL=path` (under the models directory) judges
+//! with another model. `cargo bench -p server --bench semantic_judge`
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use engine::{ChatMessage, EmbeddingHandle, EngineConfig, EngineHandle, GenerateRequest};
+use engine::{SamplingParams, TokenEvent};
+use futures_util::StreamExt;
+use server::cache::agree;
+use server::cache::semantic::similarity;
+use server::cache::verify::{Checks, Facts, NoVectors, verify};
+
+fn models_dir() -> PathBuf {
+    std::env::var_os("SYNOR_MODELS_DIR").map_or_else(
+        || PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../models")),
+        PathBuf::from,
+    )
+}
+
+#[derive(serde::Deserialize)]
+struct Near {
+    text: String,
+    kind: String,
+}
+
+#[derive(serde::Deserialize)]
+struct Group {
+    prompts: Vec<String>,
+    near_misses: Vec<Near>,
+}
+
+/// The chat prompt's tokens for one user question.
+fn prompt(h: &EngineHandle, q: &str) -> Vec<u32> {
+    let text = h
+        .render_chat(&[ChatMessage::new("user", q)])
+        .expect("template");
+    h.tokenizer().encode_prompt(&text).expect("tokenize")
+}
+
+/// A greedy answer of at most 48 tokens: its text and token ids.
+async fn answer(h: EngineHandle, q: String) -> (String, Vec<u32>) {
+    let req = GenerateRequest {
+        prompt_tokens: prompt(&h, &q),
+        params: SamplingParams {
+            temperature: 0.0,
+            max_tokens: 48,
+            ..Default::default()
+        },
+    };
+    let mut s = h.validate(req).and_then(|r| h.submit(r)).expect("submit");
+    let (mut text, mut ids) = (String::new(), Vec::new());
+    while let Some(ev) = s.next().await {
+        match ev {
+            TokenEvent::Delta {
+                text: t, token_ids, ..
+            } => {
+                text.push_str(&t);
+                ids.extend(token_ids);
+            }
+            TokenEvent::Finished { .. } => break,
+            TokenEvent::Failed(e) => panic!("generation failed: {e}"),
+        }
+    }
+    (text, ids)
+}
+
+/// Greedy answers to `questions`, 64 at a time (the engine's queue is
+/// bounded).
+async fn answers(h: &EngineHandle, questions: Vec<String>) -> Vec<(String, Vec<u32>)> {
+    let mut out = Vec::with_capacity(questions.len());
+    for chunk in questions.chunks(64) {
+        let tasks = chunk
+            .iter()
+            .map(|q| tokio::spawn(answer(h.clone(), q.clone())));
+        for r in futures_util::future::join_all(tasks).await {
+            out.push(r.expect("task"));
+        }
+    }
+    out
+}
+
+/// The mean log-probability of `answer` after question `q`.
+async fn score(h: &EngineHandle, q: &str, answer: &[u32]) -> f64 {
+    let p = prompt(h, q);
+    let n = p.len();
+    let mut tokens = p;
+    tokens.extend_from_slice(answer);
+    let s = h.score(tokens, n).await.expect("score");
+    s.iter().map(|t| f64::from(t.logprob)).sum::<f64>() / s.len().max(1) as f64
+}
+
+/// One question of the traffic with its signals.
+#[derive(serde::Serialize)]
+struct Judged {
+    set: String,
+    group: usize,
+    question: String,
+    kind: Option<String>,
+    similarity: f32,
+    structure: bool,
+    verifier: bool,
+    agree: bool,
+    score: f64,
+}
+
+async fn judge_set(
+    file: &str,
+    h: &EngineHandle,
+    e: &EmbeddingHandle,
+    out: &mut Vec<Judged>,
+) -> Option<()> {
+    let path = format!("{}/../loadtest/data/{file}", env!("CARGO_MANIFEST_DIR"));
+    let text = std::fs::read_to_string(&path).ok()?;
+    let groups: Vec<Group> = text
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| serde_json::from_str(l).expect("group"))
+        .collect();
+    let t = Instant::now();
+    let cached = answers(h, groups.iter().map(|g| g.prompts[0].clone()).collect()).await;
+    let mut asked: Vec<(usize, String, Option<String>)> = Vec::new();
+    for (i, g) in groups.iter().enumerate() {
+        asked.extend(g.prompts[1..].iter().map(|p| (i, p.clone(), None)));
+        asked.extend(
+            g.near_misses
+                .iter()
+                .map(|n| (i, n.text.clone(), Some(n.kind.clone()))),
+        );
+    }
+    let fresh = answers(h, asked.iter().map(|a| a.1.clone()).collect()).await;
+    println!(
+        "{file}: {} answers generated in {:.0} s",
+        cached.len() + fresh.len(),
+        t.elapsed().as_secs_f64()
+    );
+    let mut own = Vec::new();
+    for (g, (_, ids)) in groups.iter().zip(&cached) {
+        own.push(score(h, &g.prompts[0], ids).await);
+    }
+    let structure = Checks {
+        topic: false,
+        ..Checks::ALL
+    };
+    for ((g, q, kind), (fresh_text, _)) in asked.into_iter().zip(fresh) {
+        let (cached_text, ids) = &cached[g];
+        let first = &groups[g].prompts[0];
+        let v = e
+            .embed_queries(vec![
+                first.clone(),
+                q.clone(),
+                agree::compared(cached_text).to_string(),
+                agree::compared(&fresh_text).to_string(),
+            ])
+            .await
+            .expect("embed");
+        let (fc, fq) = (Facts::of(first), Facts::of(&q));
+        out.push(Judged {
+            set: file.to_string(),
+            group: g,
+            kind,
+            similarity: similarity(&v[0], &v[1]),
+            structure: verify(&fc, &fq, structure, &NoVectors).is_ok(),
+            verifier: verify(&fc, &fq, Checks::ALL, &NoVectors).is_ok(),
+            agree: agree::agree(cached_text, &fresh_text, &v[2], &v[3]),
+            score: score(h, &q, ids).await - own[g],
+            question: q,
+        });
+    }
+    Some(())
+}
+
+fn pct(k: usize, of: usize) -> f64 {
+    100.0 * k as f64 / of.max(1) as f64
+}
+
+/// How many paraphrases and near misses (of those over the threshold
+/// that pass the structure) a signal accepts.
+fn report(set: &str, rows: &[&Judged]) {
+    let over: Vec<&&Judged> = rows
+        .iter()
+        .filter(|r| r.similarity >= 0.7 && r.structure)
+        .collect();
+    let para: Vec<_> = over.iter().filter(|r| r.kind.is_none()).collect();
+    let near: Vec<_> = over.iter().filter(|r| r.kind.is_some()).collect();
+    let (all_para, all_near) = (
+        rows.iter().filter(|r| r.kind.is_none()).count(),
+        rows.len() - rows.iter().filter(|r| r.kind.is_none()).count(),
+    );
+    println!(
+        "\n{set}: of {all_para} paraphrases and {all_near} near misses, {} and {} are over 0.70 and pass the structure",
+        para.len(),
+        near.len()
+    );
+    println!("| signal | paraphrases accepted (of all) | near misses accepted (of all) |");
+    println!("|---|---|---|");
+    let row = |label: &str, accept: &dyn Fn(&Judged) -> bool| {
+        let p = para.iter().filter(|r| accept(r)).count();
+        let n = near.iter().filter(|r| accept(r)).count();
+        println!(
+            "| {label} | {:.1}% ({p}) | {:.2}% ({n}) |",
+            pct(p, all_para),
+            pct(n, all_near)
+        );
+    };
+    row("structure only", &|_| true);
+    row("the verifier (topic words)", &|r| r.verifier);
+    row("answers agree (a generating probe)", &|r| r.agree);
+    for cut in [-0.1, -0.2, -0.3, -0.5, -0.75, -1.0] {
+        row(
+            &format!("score of the cached answer >= {cut} nats/token"),
+            &|r| r.score >= cut,
+        );
+    }
+    row("verifier and answers agree", &|r| r.verifier && r.agree);
+    row("verifier and score >= -0.3", &|r| {
+        r.verifier && r.score >= -0.3
+    });
+}
+
+fn main() {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let dir = models_dir();
+    let e = EmbeddingHandle::start(&dir.join("all-minilm-l6-v2")).expect("embedder");
+    let model = std::env::var("SEMANTIC_JUDGE_MODEL")
+        .unwrap_or_else(|_| "smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf".into());
+    println!("the judge: {model}");
+    let h = EngineHandle::start_gguf(
+        &dir.join(model),
+        &Default::default(),
+        EngineConfig::default(),
+    )
+    .expect("the default chat model");
+    let mut out = Vec::new();
+    let t = Instant::now();
+    for file in ["semantic-fresh-tune.jsonl", "semantic-fresh-heldout.jsonl"] {
+        if rt.block_on(judge_set(file, &h, &e, &mut out)).is_none() {
+            println!("{file} missing");
+        }
+    }
+    for set in ["semantic-fresh-tune.jsonl", "semantic-fresh-heldout.jsonl"] {
+        let rows: Vec<&Judged> = out.iter().filter(|r| r.set == set).collect();
+        report(set, &rows);
+    }
+    if let Some(path) = std::env::var_os("SEMANTIC_JUDGE_DUMP") {
+        let lines: Vec<String> = out
+            .iter()
+            .map(|r| serde_json::to_string(r).expect("json"))
+            .collect();
+        std::fs::write(path, lines.join("\n") + "\n").expect("dump");
+    }
+    println!("(ran in {:.0} s)", t.elapsed().as_secs_f64());
+    h.shutdown();
+}
