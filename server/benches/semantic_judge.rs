@@ -13,6 +13,9 @@
 //!
 //! Each row is how many of each class a signal accepts at a cut, so one
 //! can see at what share of near misses it keeps how many paraphrases.
+//! `SEMANTIC_JUDGE_ASK=1` instead asks the model whether each pair over
+//! the threshold that passes the structure would get the same answer (its
+//! probability of `Yes` against `No`): an LLM judge.
 //! `SEMANTIC_JUDGE_DUMP=file` writes every question's signals as JSON
 //! lines; `SEMANTIC_JUDGE_MODEL=path` (under the models directory) judges
 //! with another model. `cargo bench -p server --bench semantic_judge`
@@ -104,6 +107,115 @@ async fn score(h: &EngineHandle, q: &str, answer: &[u32]) -> f64 {
     tokens.extend_from_slice(answer);
     let s = h.score(tokens, n).await.expect("score");
     s.iter().map(|t| f64::from(t.logprob)).sum::<f64>() / s.len().max(1) as f64
+}
+
+/// The model's chance that two questions get the same answer: asked
+/// whether they do, its probability of `Yes` against `No` as the first
+/// word of its reply (two prefills sharing the question's prefix).
+async fn ask(h: &EngineHandle, a: &str, b: &str) -> f64 {
+    let q = format!(
+        "Would these two questions get exactly the same answer?\nQuestion 1: {a}\nQuestion 2: {b}\nAnswer Yes or No."
+    );
+    let p = prompt(h, &q);
+    let word = |w: &str| {
+        h.tokenizer()
+            .inner()
+            .encode(w, false)
+            .ok()
+            .and_then(|e| e.get_ids().first().copied())
+            .expect("a token")
+    };
+    let mut lp = [0.0f64; 2];
+    for (i, w) in ["Yes", "No"].into_iter().enumerate() {
+        let mut tokens = p.clone();
+        tokens.push(word(w));
+        let s = h.score(tokens, p.len()).await.expect("score");
+        lp[i] = f64::from(s[0].logprob);
+    }
+    1.0 / (1.0 + (lp[1] - lp[0]).exp())
+}
+
+/// `SEMANTIC_JUDGE_ASK`: only ask the model about the questions over the
+/// threshold that pass the structure, and report its answers.
+async fn ask_set(file: &str, h: &EngineHandle, e: &EmbeddingHandle) -> Option<()> {
+    let path = format!("{}/../loadtest/data/{file}", env!("CARGO_MANIFEST_DIR"));
+    let text = std::fs::read_to_string(&path).ok()?;
+    let groups: Vec<Group> = text
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| serde_json::from_str(l).expect("group"))
+        .collect();
+    let structure = Checks {
+        topic: false,
+        ..Checks::ALL
+    };
+    let (mut para, mut near) = (Vec::new(), Vec::new());
+    let (mut all_para, mut all_near) = (0, 0);
+    let t = Instant::now();
+    for g in &groups {
+        let first = &g.prompts[0];
+        let asked = g.prompts[1..].iter().map(|p| (p, true));
+        let asked = asked.chain(g.near_misses.iter().map(|n| (&n.text, false)));
+        for (q, same) in asked {
+            match same {
+                true => all_para += 1,
+                false => all_near += 1,
+            }
+            let v = e
+                .embed_queries(vec![first.clone(), q.clone()])
+                .await
+                .expect("embed");
+            let (fc, fq) = (Facts::of(first), Facts::of(q));
+            if similarity(&v[0], &v[1]) < 0.7 || verify(&fc, &fq, structure, &NoVectors).is_err() {
+                continue;
+            }
+            let p = ask(h, first, q).await;
+            let topic = verify(&fc, &fq, Checks::ALL, &NoVectors).is_ok();
+            match same {
+                true => para.push((p, topic)),
+                false => near.push((p, topic)),
+            }
+        }
+    }
+    println!(
+        "\n{file}: the model asked about {} pairs in {:.0} s",
+        para.len() + near.len(),
+        t.elapsed().as_secs_f64()
+    );
+    // How well it ranks: the chance a paraphrase scores over a near miss
+    // (AUC), and what it accepts at the cuts that let 0, 2 (0.5%) and 4
+    // near misses through.
+    let wins: f64 = para
+        .iter()
+        .map(|p| {
+            near.iter()
+                .map(|n| match p.0.total_cmp(&n.0) {
+                    std::cmp::Ordering::Greater => 1.0,
+                    std::cmp::Ordering::Equal => 0.5,
+                    std::cmp::Ordering::Less => 0.0,
+                })
+                .sum::<f64>()
+        })
+        .sum();
+    let auc = wins / (para.len() * near.len()).max(1) as f64;
+    println!("AUC of P(same) between paraphrases and near misses: {auc:.3}");
+    let mut scores: Vec<f64> = near.iter().map(|n| n.0).collect();
+    scores.sort_by(|a, b| b.total_cmp(a));
+    for k in [0usize, 2, 4, 20] {
+        // The cut just over the (k+1)-th highest near miss.
+        let cut = scores.get(k).map_or(0.0, |s| s + 1e-12);
+        let p = para.iter().filter(|x| x.0 >= cut).count();
+        let pt = para.iter().filter(|x| x.0 >= cut || x.1).count();
+        let nt = near.iter().filter(|x| x.0 >= cut || x.1).count();
+        println!(
+            "at most {k} near misses ({:.2}%): {:.1}% of paraphrases; or the verifier: {:.1}% / {:.2}%",
+            pct(k, all_near),
+            pct(p, all_para),
+            pct(pt, all_para),
+            pct(nt, all_near)
+        );
+    }
+    Some(())
 }
 
 /// One question of the traffic with its signals.
@@ -252,6 +364,14 @@ fn main() {
     .expect("the default chat model");
     let mut out = Vec::new();
     let t = Instant::now();
+    if std::env::var_os("SEMANTIC_JUDGE_ASK").is_some() {
+        for file in ["semantic-fresh-tune.jsonl", "semantic-fresh-heldout.jsonl"] {
+            rt.block_on(ask_set(file, &h, &e));
+        }
+        println!("(ran in {:.0} s)", t.elapsed().as_secs_f64());
+        h.shutdown();
+        return;
+    }
     for file in ["semantic-fresh-tune.jsonl", "semantic-fresh-heldout.jsonl"] {
         if rt.block_on(judge_set(file, &h, &e, &mut out)).is_none() {
             println!("{file} missing");
