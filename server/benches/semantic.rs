@@ -370,6 +370,7 @@ fn pass(
         verify: true,
         align: None,
         delta: Some(delta),
+        judge: None,
     };
     let mut order: Vec<usize> = (0..asked.len()).collect();
     for i in (1..order.len()).rev() {
@@ -567,6 +568,7 @@ fn latency(e: &Embedder) {
         verify: true,
         align: None,
         delta: None,
+        judge: None,
     };
     for with_words in [false, true] {
         let mut times = Vec::new();

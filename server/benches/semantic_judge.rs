@@ -15,7 +15,8 @@
 //! can see at what share of near misses it keeps how many paraphrases.
 //! `SEMANTIC_JUDGE_ASK=1` instead asks the model whether each pair over
 //! the threshold that passes the structure would get the same answer (its
-//! probability of `Yes` against `No`): an LLM judge.
+//! probability of `Yes` against `No`), as the server's judge does
+//! (`services::cache_judge`).
 //! `SEMANTIC_JUDGE_DUMP=file` writes every question's signals as JSON
 //! lines; `SEMANTIC_JUDGE_MODEL=path` (under the models directory) judges
 //! with another model. `cargo bench -p server --bench semantic_judge`
@@ -29,6 +30,7 @@ use futures_util::StreamExt;
 use server::cache::agree;
 use server::cache::semantic::similarity;
 use server::cache::verify::{Checks, Facts, NoVectors, verify};
+use server::services::cache_judge;
 
 fn models_dir() -> PathBuf {
     std::env::var_os("SYNOR_MODELS_DIR").map_or_else(
@@ -109,32 +111,6 @@ async fn score(h: &EngineHandle, q: &str, answer: &[u32]) -> f64 {
     s.iter().map(|t| f64::from(t.logprob)).sum::<f64>() / s.len().max(1) as f64
 }
 
-/// The model's chance that two questions get the same answer: asked
-/// whether they do, its probability of `Yes` against `No` as the first
-/// word of its reply (two prefills sharing the question's prefix).
-async fn ask(h: &EngineHandle, a: &str, b: &str) -> f64 {
-    let q = format!(
-        "Would these two questions get exactly the same answer?\nQuestion 1: {a}\nQuestion 2: {b}\nAnswer Yes or No."
-    );
-    let p = prompt(h, &q);
-    let word = |w: &str| {
-        h.tokenizer()
-            .inner()
-            .encode(w, false)
-            .ok()
-            .and_then(|e| e.get_ids().first().copied())
-            .expect("a token")
-    };
-    let mut lp = [0.0f64; 2];
-    for (i, w) in ["Yes", "No"].into_iter().enumerate() {
-        let mut tokens = p.clone();
-        tokens.push(word(w));
-        let s = h.score(tokens, p.len()).await.expect("score");
-        lp[i] = f64::from(s[0].logprob);
-    }
-    1.0 / (1.0 + (lp[1] - lp[0]).exp())
-}
-
 /// `SEMANTIC_JUDGE_ASK`: only ask the model about the questions over the
 /// threshold that pass the structure, and report its answers.
 async fn ask_set(file: &str, h: &EngineHandle, e: &EmbeddingHandle) -> Option<()> {
@@ -169,7 +145,7 @@ async fn ask_set(file: &str, h: &EngineHandle, e: &EmbeddingHandle) -> Option<()
             if similarity(&v[0], &v[1]) < 0.7 || verify(&fc, &fq, structure, &NoVectors).is_err() {
                 continue;
             }
-            let p = ask(h, first, q).await;
+            let p = cache_judge::same_answer(h, first, q).await.expect("judged");
             let topic = verify(&fc, &fq, Checks::ALL, &NoVectors).is_ok();
             match same {
                 true => para.push((p, topic)),

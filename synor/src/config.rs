@@ -196,6 +196,14 @@ pub struct CacheArgs {
     #[arg(long, env = "SYNOR_SEMANTIC_DELTA", value_parser = fraction_f32)]
     pub semantic_delta: Option<f32>,
 
+    /// Put each near match that passes the verifier's structure to the
+    /// requested model as a judge, serving it when its chance that both
+    /// questions get the same answer is at least this (0-1; unset: off).
+    /// One prefill pair per near match, on the response path: for models
+    /// able to judge (BENCHMARKS.md). Per model through the admin API.
+    #[arg(long, env = "SYNOR_SEMANTIC_JUDGE", value_parser = fraction_f32)]
+    pub semantic_judge: Option<f32>,
+
     /// Price of a cache hit as a fraction of the generated price (bps).
     #[arg(long, env = "SYNOR_CACHE_PRICE_BPS", default_value_t = 1_000, value_parser = clap::value_parser!(i64).range(0..=10_000))]
     pub cache_price_bps: i64,
@@ -218,6 +226,7 @@ impl CacheArgs {
                     .semantic_align
                     .filter(|a| (0.0..=1.0).contains(a) && *a > 0.0),
                 delta: self.semantic_delta.filter(|d| *d > 0.0 && *d < 1.0),
+                judge: self.semantic_judge.filter(|j| *j > 0.0 && *j <= 1.0),
             },
             // 384 floats (1.5 KiB) per entry: at most about 80 MB.
             semantic: server::cache::semantic::Limits {

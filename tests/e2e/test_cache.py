@@ -325,3 +325,33 @@ def test_a_bound_on_wrong_answers_probes_near_matches_and_learns(cache_server):
     finally:
         call(base, "PUT", "/admin/cache/threshold", {"model": SMOL, "delta": 0})
     assert "delta" not in call(base, "GET", "/admin/cache")[1]["semantic"]["models"][SMOL]
+
+
+def test_a_judge_decides_near_matches_with_the_served_model(cache_server):
+    """Under a judge, a near match that passes the verifier's structure is
+    put to the requested model: served as a semantic hit when its chance
+    that both questions get the same answer reaches the cut, generated
+    otherwise; the verdicts are counted."""
+    base = cache_server["base"]
+    _, key = funded_key(base, 50_000_000, "judged")
+    assert call(base, "PUT", "/admin/cache/threshold", {"model": SMOL, "judge": 2})[0] == 400
+    entries = call(base, "GET", "/admin/cache")[1]["semantic"]["entries"] + 1
+    assert ask(base, "How do I reverse a list in Python?", key, model=SMOL)[1] == "miss"
+    wait_semantic_entries(base, entries)
+    try:
+        # A cut no chance reaches short of certainty: generated.
+        status, set_ = call(base, "PUT", "/admin/cache/threshold", {"model": SMOL, "judge": 0.999999})
+        assert status == 200 and set_["judge"] == pytest.approx(0.999999), set_
+        assert ask(base, "How do I reverse a string in Python?", key, model=SMOL)[1] == "miss"
+        # A cut every chance reaches: served from the cache.
+        call(base, "PUT", "/admin/cache/threshold", {"model": SMOL, "judge": 1e-9})
+        text, how = ask(base, "How can I reverse a Python list?", key, model=SMOL)
+        assert how == "semantic", (text, how)
+        # The structure is still a rule: another language is never judged.
+        assert ask(base, "How do I reverse a list in Rust?", key, model=SMOL)[1] == "miss"
+        bounded = call(base, "GET", "/admin/cache")[1]["semantic"]["bounded"][SMOL]
+        assert bounded["judged_same"] >= 1 and bounded["judged_different"] >= 1, bounded
+        assert series(base, "synor:cache_semantic_judged_total", model=SMOL, verdict="same") >= 1
+    finally:
+        call(base, "PUT", "/admin/cache/threshold", {"model": SMOL, "judge": 0})
+    assert "judge" not in call(base, "GET", "/admin/cache")[1]["semantic"]["models"][SMOL]

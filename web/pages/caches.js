@@ -94,6 +94,7 @@ function boundedTable(s) {
     { label: 'Probed', num: true, cell: (b) => num(b.probed) },
     { label: 'Verified', num: true, cell: (b) => num(b.verified) },
     { label: 'Failed', num: true, cell: (b) => num(b.failed) },
+    { label: 'Judged same / not', num: true, cell: (b) => `${num(b.judged_same)} / ${num(b.judged_different)}` },
     { label: 'Est. wrong (95%)', num: true,
       cell: (b) => `${pct(b.error_rate, 2)} [${pct(b.error_interval[0], 2)}, ${pct(b.error_interval[1], 2)}]` },
   ], rows, { rowAttrs: (b) => ({ 'data-bounded': b.model }), empty: 'No model has a bound on wrong answers yet.' }),

@@ -117,7 +117,7 @@ pub struct SemanticStats {
     learned: std::sync::Mutex<std::collections::BTreeMap<String, Learned>>,
 }
 
-/// What one model's bound on wrong answers decided: near matches served
+/// What one model's bound on wrong answers decided (and its judge): near matches served
 /// and probed (generated anyway), how the compared probes came out, and
 /// the Horvitz-Thompson estimate of the wrong answers served. A wrong
 /// probe drawn with probability `p` stands for `(1 - p) / p` wrong
@@ -132,6 +132,10 @@ pub struct Learned {
     pub verified: u64,
     /// Compared probes whose answer differed (verification failures).
     pub failed: u64,
+    /// Near matches the judge said get the same answer (served).
+    pub judged_same: u64,
+    /// Near matches the judge refused (generated).
+    pub judged_different: u64,
     #[serde(skip)]
     wrong: f64,
     #[serde(skip)]
@@ -149,6 +153,13 @@ impl Learned {
         match served {
             true => self.served += 1,
             false => self.probed += 1,
+        }
+    }
+
+    pub(super) fn judged(&mut self, same: bool) {
+        match same {
+            true => self.judged_same += 1,
+            false => self.judged_different += 1,
         }
     }
 
@@ -254,6 +265,10 @@ fn learned_families(
         "synor:cache_semantic_verifications_total",
         "Probes compared with the cached answer, by model and outcome (same: a verified match; different: a verification failure).",
     );
+    let mut judged = Scraped::counter(
+        "synor:cache_semantic_judged_total",
+        "Near matches put to the model as a judge, by model and verdict (same: served; different: generated).",
+    );
     let mut rate = Scraped::gauge(
         "synor:cache_semantic_error_rate",
         "Estimated share of near matches served a wrong answer, by model, with its 95% interval (bound: estimate, lower, upper).",
@@ -263,6 +278,11 @@ fn learned_families(
         decisions.sample(&[("model", m), ("decision", "probed")], l.probed as f64);
         outcomes.sample(&[("model", m), ("outcome", "same")], l.verified as f64);
         outcomes.sample(&[("model", m), ("outcome", "different")], l.failed as f64);
+        judged.sample(&[("model", m), ("verdict", "same")], l.judged_same as f64);
+        judged.sample(
+            &[("model", m), ("verdict", "different")],
+            l.judged_different as f64,
+        );
         let (est, lo, hi) = l.error_rate();
         for (b, v) in [("estimate", est), ("lower", lo), ("upper", hi)] {
             rate.sample(&[("model", m), ("bound", b)], v);
@@ -281,7 +301,13 @@ fn learned_families(
         "The similarity thresholds verification has learned (entries with outcomes of their own, and each model's pools).",
     );
     dist.distribution(&[], &THRESHOLD_BUCKETS, &counts, thresholds.iter().sum());
-    vec![decisions.done(), outcomes.done(), rate.done(), dist.done()]
+    vec![
+        decisions.done(),
+        outcomes.done(),
+        judged.done(),
+        rate.done(),
+        dist.done(),
+    ]
 }
 
 impl ResponseCache {

@@ -52,6 +52,8 @@ pub enum Found {
     Hit(Match),
     /// A near match to generate anyway and compare with (under a bound).
     Probe(Probe),
+    /// A near match to put to the judge, with its cached question.
+    Judge(Match, String),
 }
 
 /// What an admin changes in a semantic policy (`None`: keep).
@@ -63,6 +65,8 @@ pub struct PolicyChange {
     pub align: Option<f32>,
     /// 0 turns the bound on wrong answers off.
     pub delta: Option<f32>,
+    /// 0 turns the judge off.
+    pub judge: Option<f32>,
 }
 
 /// Sizes and lifetimes.
@@ -239,6 +243,7 @@ impl ResponseCache {
             verify: change.verify.unwrap_or(base.verify),
             align: change.align.map_or(base.align, |a| (a > 0.0).then_some(a)),
             delta: change.delta.map_or(base.delta, |d| (d > 0.0).then_some(d)),
+            judge: change.judge.map_or(base.judge, |j| (j > 0.0).then_some(j)),
         };
         match model {
             Some(m) => {
@@ -268,17 +273,28 @@ impl ResponseCache {
         let l = self
             .index()
             .lookup_within(ik, vector, facts, (policy, bound), Instant::now());
-        self.semantic_stats().lookup(l.hit.is_some(), t);
+        // A near match put to the judge is counted once judged.
+        if l.judge.is_none() {
+            self.semantic_stats().lookup(l.hit.is_some(), t);
+        }
         self.semantic_counts.record(&l);
         if l.bounded {
             self.semantic_counts
                 .learned(&ik.model, |m| m.decided(l.hit.is_some()));
         }
-        match (l.hit, l.probe) {
-            (Some(m), _) => Some(Found::Hit(m)),
-            (None, Some(p)) => Some(Found::Probe(p)),
-            (None, None) => None,
+        match (l.hit, l.probe, l.judge) {
+            (Some(m), _, _) => Some(Found::Hit(m)),
+            (None, Some(p), _) => Some(Found::Probe(p)),
+            (None, None, Some((m, q))) => Some(Found::Judge(m, q)),
+            (None, None, None) => None,
         }
+    }
+
+    /// The judge's verdict on a near match of `model`'s, looked up at
+    /// `started`: counted as a hit or a miss of the semantic tier.
+    pub fn semantic_judged(&self, model: &str, same: bool, started: Instant) {
+        self.semantic_stats().lookup(same, started);
+        self.semantic_counts.learned(model, |m| m.judged(same));
     }
 
     /// A probe's generated answer was compared with the cached one: its

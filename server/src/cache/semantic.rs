@@ -35,6 +35,8 @@ pub struct IndexKey {
 #[derive(Debug, Clone)]
 struct Entry {
     vector: Vec<f32>,
+    /// The cached question (at most the semantic cache's 500 characters).
+    text: String,
     facts: Facts,
     /// The exact-cache key of the answer.
     key: String,
@@ -77,6 +79,11 @@ pub struct Policy {
     /// may be (`learned`); otherwise it is generated anyway and compared.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub delta: Option<f32>,
+    /// When set (and no bound is), a near match that passes the structure
+    /// is put to the model as a judge: served when its chance that both
+    /// questions get the same answer is at least this (0-1).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub judge: Option<f32>,
 }
 
 /// A lookup's outcome: the hit, the best similarity seen (hit or not,
@@ -92,6 +99,9 @@ pub struct Lookup {
     pub probe: Option<Probe>,
     /// Whether a bound decided (served or probed) a near match.
     pub bounded: bool,
+    /// Under a judge: the near match to put to it, with its cached
+    /// question.
+    pub judge: Option<(Match, String)>,
 }
 
 /// A near match generated anyway, with the probability it had of being
@@ -219,6 +229,7 @@ impl SemanticIndex {
         }
         entries.push(Entry {
             vector,
+            text: text.to_string(),
             facts: Facts::of(text),
             key,
             created: now,
@@ -280,13 +291,15 @@ impl SemanticIndex {
             best,
             ..Lookup::default()
         };
-        let bound = bound.filter(|b| b.delta > 0.0);
+        let judge = policy.judge.is_some() && policy.verify;
+        let bound = bound.filter(|b| b.delta > 0.0 && !judge);
         let full = Checks::aligned(policy.align);
-        // Under a bound only the structure is a rule; the topic is evidence.
-        let rule = match (policy.verify, bound) {
+        // Under a bound or a judge only the structure is a rule; the
+        // topic is evidence, or the judge's to weigh.
+        let rule = match (policy.verify, bound.is_some() || judge) {
             (false, _) => None,
-            (true, None) => Some(full),
-            (true, Some(_)) => Some(Checks {
+            (true, false) => Some(full),
+            (true, true) => Some(Checks {
                 topic: false,
                 ..full
             }),
@@ -305,6 +318,10 @@ impl SemanticIndex {
                 similarity: sim,
                 topic,
             };
+            if judge {
+                out.judge = Some((found, e.text.clone()));
+                return out;
+            }
             let Some(b) = bound else {
                 out.hit = Some(found);
                 return out;
@@ -466,6 +483,7 @@ mod tests {
         verify: true,
         align: None,
         delta: None,
+        judge: None,
     };
 
     fn find(

@@ -2,7 +2,7 @@
 //! cache (a restart), a second cache on the same Redis (a replica) hitting
 //! in L3, and a Redis outage degrading to misses, never errors.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::answer::{CachedAnswer, CachedChoice};
 use super::verify::Reject;
@@ -36,6 +36,7 @@ fn config(dir: &std::path::Path, redis: Option<&str>) -> CacheConfig {
             verify: true,
             align: None,
             delta: None,
+            judge: None,
         },
         semantic: semantic::Limits {
             per_index: 100,
@@ -145,6 +146,7 @@ fn semantic_policies_are_per_model_and_lookups_count_rejections_and_similarity()
         verify,
         align: None,
         delta: None,
+        judge: None,
     };
     assert_eq!(c.policy("m").threshold, 0.95);
     let own = c.set_policy(Some("m"), change(Some(0.6), None));
@@ -274,5 +276,53 @@ fn under_a_bound_a_near_match_is_probed_learned_and_counted() {
         c.semantic_get(&ik, &near, &asked),
         Some(Found::Hit(_))
     ));
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn under_a_judge_a_near_match_passing_the_structure_goes_to_the_judge() {
+    let dir = tmp();
+    let c = ResponseCache::new(&config(&dir, None)).expect("cache");
+    let judge = PolicyChange {
+        judge: Some(0.8),
+        delta: Some(0.05),
+        ..PolicyChange::default()
+    };
+    let p = c.set_policy(Some("m"), judge);
+    assert_eq!((p.judge, p.delta), (Some(0.8), Some(0.05)));
+    let ik = IndexKey {
+        scope: "s".into(),
+        model: "m".into(),
+        context: "c".into(),
+    };
+    let cached = "How do I reverse a list in Python?";
+    c.semantic_put(ik.clone(), vec![1.0, 0.0], cached, "k".into());
+    let near = [0.99f32, 0.141];
+    // Other topic words: the judge weighs them (the verifier alone would
+    // refuse), and the bound waits while a judge is on.
+    let asked = Facts::of("How do I reverse a string in Python?");
+    match c.semantic_get(&ik, &near, &asked) {
+        Some(Found::Judge(m, q)) => assert_eq!((m.key.as_str(), q.as_str()), ("k", cached)),
+        other => panic!("to the judge: {other:?}"),
+    }
+    // The structure is still a rule.
+    let other = Facts::of("How do I reverse a list in Rust?");
+    assert_eq!(c.semantic_get(&ik, &near, &other), None);
+    let t = Instant::now();
+    c.semantic_judged("m", true, t);
+    c.semantic_judged("m", false, t);
+    let m = &c.semantic_counts.learned_all()["m"];
+    assert_eq!((m.judged_same, m.judged_different), (1, 1));
+    assert_eq!(c.semantic_stats().hits.get(), 1);
+    // The judge off: the verifier decides again.
+    c.set_policy(
+        Some("m"),
+        PolicyChange {
+            judge: Some(0.0),
+            delta: Some(0.0),
+            ..PolicyChange::default()
+        },
+    );
+    assert_eq!(c.semantic_get(&ik, &near, &asked), None);
     let _ = std::fs::remove_dir_all(dir);
 }

@@ -21,8 +21,13 @@
 //!   cache has not learned to trust is a miss that probes it: the request
 //!   is generated (and billed) as usual, and once it is stored its answer
 //!   is compared with the cached one (`cache::agree`) and the outcome
-//!   learned (by the entry, and by its tenant's pool for the model). A probe that agrees adds no entry (the cached one answers
-//!   it); one that differs is cached as its own question.
+//!   learned (by the entry, and by its tenant's pool for the model). A
+//!   probe that agrees adds no entry (the cached one answers it); one that
+//!   differs is cached as its own question.
+//! - Under a model's judge (`judge`), a near match that passes the
+//!   verifier's structure is put to the requested model (`cache_judge`):
+//!   served as a hit when it says both questions get the same answer with
+//!   at least the policy's chance, generated otherwise.
 
 use std::fmt::Write as _;
 use std::sync::Arc;
@@ -300,11 +305,29 @@ impl ResponseCaching {
         if cache.policy(&ik.model).align.is_some() {
             learn_words(&self.cache, self.embedder(), &facts).await;
         }
+        let started = std::time::Instant::now();
         let m = match cache.semantic_get(&ik, &vector, &facts)? {
             Found::Hit(m) => m,
             Found::Probe(p) => {
                 plan.probe = Some(p);
                 return None;
+            }
+            Found::Judge(m, cached) => {
+                let cut = cache.policy(&ik.model).judge.unwrap_or(1.0);
+                // A model the house does not run (a pipeline's) cannot judge.
+                let same = match self.models.text(&ik.model) {
+                    Ok(engine) => {
+                        crate::services::cache_judge::same_answer(&engine, &cached, &text)
+                            .await
+                            .is_some_and(|p| f64::from(cut) <= p)
+                    }
+                    Err(_) => false,
+                };
+                cache.semantic_judged(&ik.model, same, started);
+                if !same {
+                    return None;
+                }
+                m
             }
         };
         match cache.get(&plan.scope, &plan.model, &m.key).await {

@@ -7,7 +7,8 @@
 //! - `metering`: quote, hold, count and settle a request's tokens; the
 //!   house provider's market round.
 //! - `caching`: which requests may use the response cache, lookups,
-//!   pricing hits and storing answers.
+//!   pricing hits and storing answers; `cache_judge`: a served model asked
+//!   whether a near match gets the same answer.
 //! - `dispatch`: where each choice runs (house engine or a worker), its
 //!   relay, replay of lost attempts; `placement`: how executors are
 //!   scored; `calibration`: measuring workers.
@@ -24,6 +25,7 @@
 //!   cache store around the token stream.
 
 pub mod asks;
+pub mod cache_judge;
 pub mod caching;
 pub mod calibration;
 pub mod dispatch;

@@ -127,6 +127,7 @@ async fn everything() -> String {
             verify: true,
             align: None,
             delta: Some(0.01),
+            judge: None,
         },
         semantic: Limits {
             per_index: 16,

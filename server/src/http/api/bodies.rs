@@ -295,6 +295,9 @@ pub struct ThresholdSet {
     /// The bound on wrong answers (absent: off).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub delta: Option<f32>,
+    /// The judge's cut (absent: off).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub judge: Option<f32>,
 }
 
 /// A model's cache sharing, as set.

@@ -153,6 +153,12 @@ pub(crate) struct Threshold {
     /// they may be; the others are generated and compared.
     #[serde(default)]
     delta: Option<f32>,
+    /// Put each near match that passes the verifier's structure to the
+    /// model as a judge, serving it when its chance that both questions
+    /// get the same answer is at least this (0-1; 0 turns it off). A
+    /// bound, when also set, waits while a judge is on.
+    #[serde(default)]
+    judge: Option<f32>,
     /// Only this model (absent: the default of every model without its own).
     #[serde(default)]
     model: Option<String>,
@@ -187,10 +193,17 @@ pub(crate) async fn threshold(
             "a bound on wrong answers is at least 0 and under 1",
         ));
     }
-    if t.threshold.is_none() && t.verify.is_none() && t.align.is_none() && t.delta.is_none() {
+    if !in_range(t.judge) {
+        return Err(ApiError::invalid(
+            "judge",
+            "a judge's cut is between 0 and 1",
+        ));
+    }
+    let fields = [t.threshold, t.align, t.delta, t.judge];
+    if t.verify.is_none() && fields.iter().all(Option::is_none) {
         return Err(ApiError::invalid(
             "threshold",
-            "set `threshold`, `verify`, `align` or `delta`",
+            "set `threshold`, `verify`, `align`, `delta` or `judge`",
         ));
     }
     if let Some(m) = &t.model {
@@ -201,6 +214,7 @@ pub(crate) async fn threshold(
         verify: t.verify,
         align: t.align,
         delta: t.delta,
+        judge: t.judge,
     };
     let p = c.set_policy(t.model.as_deref(), change);
     Ok(Json(ThresholdSet {
@@ -209,6 +223,7 @@ pub(crate) async fn threshold(
         verify: p.verify,
         align: p.align,
         delta: p.delta,
+        judge: p.judge,
     }))
 }
 
