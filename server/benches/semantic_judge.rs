@@ -17,6 +17,9 @@
 //! the threshold that passes the structure would get the same answer (its
 //! probability of `Yes` against `No`), as the server's judge does
 //! (`services::cache_judge`).
+//! `SEMANTIC_JUDGE_FROM=file` reads such a run's dump
+//! (`SEMANTIC_JUDGE_ASK=1 SEMANTIC_JUDGE_DUMP=file`) and runs the bound's
+//! rule over the judge's chance, with the sets' labels as outcomes.
 //! `SEMANTIC_JUDGE_DUMP=file` writes every question's signals as JSON
 //! lines; `SEMANTIC_JUDGE_MODEL=path` (under the models directory) judges
 //! with another model. `cargo bench -p server --bench semantic_judge`
@@ -49,6 +52,18 @@ struct Near {
 struct Group {
     prompts: Vec<String>,
     near_misses: Vec<Near>,
+}
+
+/// The groups of a set in `loadtest/data/` (`None` when it is missing).
+fn groups_of(file: &str) -> Option<Vec<Group>> {
+    let path = format!("{}/../loadtest/data/{file}", env!("CARGO_MANIFEST_DIR"));
+    let text = std::fs::read_to_string(&path).ok()?;
+    Some(
+        text.lines()
+            .filter(|l| !l.trim().is_empty())
+            .map(|l| serde_json::from_str(l).expect("group"))
+            .collect(),
+    )
 }
 
 /// The chat prompt's tokens for one user question.
@@ -113,14 +128,13 @@ async fn score(h: &EngineHandle, q: &str, answer: &[u32]) -> f64 {
 
 /// `SEMANTIC_JUDGE_ASK`: only ask the model about the questions over the
 /// threshold that pass the structure, and report its answers.
-async fn ask_set(file: &str, h: &EngineHandle, e: &EmbeddingHandle) -> Option<()> {
-    let path = format!("{}/../loadtest/data/{file}", env!("CARGO_MANIFEST_DIR"));
-    let text = std::fs::read_to_string(&path).ok()?;
-    let groups: Vec<Group> = text
-        .lines()
-        .filter(|l| !l.trim().is_empty())
-        .map(|l| serde_json::from_str(l).expect("group"))
-        .collect();
+async fn ask_set(
+    file: &str,
+    h: &EngineHandle,
+    e: &EmbeddingHandle,
+    dump: &mut Vec<String>,
+) -> Option<()> {
+    let groups = groups_of(file)?;
     let structure = Checks {
         topic: false,
         ..Checks::ALL
@@ -147,6 +161,10 @@ async fn ask_set(file: &str, h: &EngineHandle, e: &EmbeddingHandle) -> Option<()
             }
             let p = cache_judge::same_answer(h, first, q).await.expect("judged");
             let topic = verify(&fc, &fq, Checks::ALL, &NoVectors).is_ok();
+            let row = serde_json::json!({
+                "set": file, "cached": first, "question": q, "same": same, "judge": p, "topic": topic,
+            });
+            dump.push(row.to_string());
             match same {
                 true => para.push((p, topic)),
                 false => near.push((p, topic)),
@@ -214,13 +232,7 @@ async fn judge_set(
     e: &EmbeddingHandle,
     out: &mut Vec<Judged>,
 ) -> Option<()> {
-    let path = format!("{}/../loadtest/data/{file}", env!("CARGO_MANIFEST_DIR"));
-    let text = std::fs::read_to_string(&path).ok()?;
-    let groups: Vec<Group> = text
-        .lines()
-        .filter(|l| !l.trim().is_empty())
-        .map(|l| serde_json::from_str(l).expect("group"))
-        .collect();
+    let groups = groups_of(file)?;
     let t = Instant::now();
     let cached = answers(h, groups.iter().map(|g| g.prompts[0].clone()).collect()).await;
     let mut asked: Vec<(usize, String, Option<String>)> = Vec::new();
@@ -322,7 +334,80 @@ fn report(set: &str, rows: &[&Judged]) {
     });
 }
 
+/// One judged pair as `SEMANTIC_JUDGE_DUMP` writes it in ask mode.
+#[derive(serde::Deserialize)]
+struct Asked {
+    set: String,
+    same: bool,
+    judge: f64,
+}
+
+/// The bound's rule (`cache::learned`) with the judge's chance as its
+/// feature instead of the similarity, the sets' labels as the probes'
+/// outcomes: 8 seeded passes over each set's judged pairs, per delta.
+/// Paraphrases and near misses served are shares of the whole set's.
+fn bound_over_judge(rows: &[Asked]) {
+    use server::cache::learned::{Decision, Observations, POOL_OUTCOMES, decide};
+    println!("\nthe bound over the judge's chance (the sets' labels as outcomes)");
+    println!("| set | delta | pass 1 | pass 2 | pass 4 | pass 8 |");
+    println!("|---|---|---|---|---|---|");
+    let sets = [
+        ("semantic-fresh-tune.jsonl", 210, 402),
+        ("semantic-fresh-heldout.jsonl", 210, 380),
+    ];
+    for delta in [0.01, 0.05, 0.1] {
+        for (set, para, near) in sets {
+            let pairs: Vec<&Asked> = rows.iter().filter(|r| r.set == set).collect();
+            let (none, mut pool) = (
+                Observations::default(),
+                Observations::keeping(POOL_OUTCOMES),
+            );
+            let mut state = 0x9e37_79b9_7f4a_7c15u64;
+            let mut next = || {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                (state >> 11) as f64 / (1u64 << 53) as f64
+            };
+            let mut cells = Vec::new();
+            for pass in 1..=8 {
+                let mut order: Vec<usize> = (0..pairs.len()).collect();
+                for i in (1..order.len()).rev() {
+                    order.swap(i, ((next() * (i + 1) as f64) as usize).min(i));
+                }
+                let (mut right, mut wrong) = (0, 0);
+                for i in order {
+                    let r = pairs[i];
+                    match decide(&none, &pool, r.judge as f32, delta, next()) {
+                        Decision::Serve if r.same => right += 1,
+                        Decision::Serve => wrong += 1,
+                        Decision::Verify(_) => pool.add(r.judge as f32, r.same),
+                    }
+                }
+                if [1, 2, 4, 8].contains(&pass) {
+                    cells.push(format!(
+                        "{:.1}% / {:.2}%",
+                        pct(right, para),
+                        pct(wrong, near)
+                    ));
+                }
+            }
+            println!("| {set} | {delta} | {} |", cells.join(" | "));
+        }
+    }
+}
+
 fn main() {
+    if let Some(path) = std::env::var_os("SEMANTIC_JUDGE_FROM") {
+        let text = std::fs::read_to_string(path).expect("a dump");
+        let rows: Vec<Asked> = text
+            .lines()
+            .filter(|l| !l.trim().is_empty())
+            .map(|l| serde_json::from_str(l).expect("a judged pair"))
+            .collect();
+        bound_over_judge(&rows);
+        return;
+    }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -341,8 +426,12 @@ fn main() {
     let mut out = Vec::new();
     let t = Instant::now();
     if std::env::var_os("SEMANTIC_JUDGE_ASK").is_some() {
+        let mut dump = Vec::new();
         for file in ["semantic-fresh-tune.jsonl", "semantic-fresh-heldout.jsonl"] {
-            rt.block_on(ask_set(file, &h, &e));
+            rt.block_on(ask_set(file, &h, &e, &mut dump));
+        }
+        if let Some(path) = std::env::var_os("SEMANTIC_JUDGE_DUMP") {
+            std::fs::write(path, dump.join("\n") + "\n").expect("dump");
         }
         println!("(ran in {:.0} s)", t.elapsed().as_secs_f64());
         h.shutdown();
