@@ -308,6 +308,22 @@ fn under_a_judge_a_near_match_passing_the_structure_goes_to_the_judge() {
     // The structure is still a rule.
     let other = Facts::of("How do I reverse a list in Rust?");
     assert_eq!(c.semantic_get(&ik, &near, &other), None);
+    // A shared cache's questions are other tenants' text: never judged
+    // (here the bound decides, having learned nothing: a probe).
+    let shared = IndexKey {
+        scope: SHARED_SCOPE.into(),
+        ..ik.clone()
+    };
+    c.semantic_put(shared.clone(), vec![1.0, 0.0], cached, "s".into());
+    for q in [
+        asked.clone(),
+        Facts::of("How can I reverse a list in Python?"),
+    ] {
+        assert!(matches!(
+            c.semantic_get(&shared, &near, &q),
+            Some(Found::Probe(_))
+        ));
+    }
     let t = Instant::now();
     c.semantic_judged("m", true, t);
     c.semantic_judged("m", false, t);

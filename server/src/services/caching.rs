@@ -256,7 +256,7 @@ impl ResponseCaching {
         }
         let model = self.models.get(model_name).ok()?;
         let scope = if self.cache.is_shared(model_name) {
-            "shared".to_string()
+            crate::cache::SHARED_SCOPE.to_string()
         } else {
             Payer::of(key).account_id
         };
