@@ -26,6 +26,8 @@
 //!
 //! `cargo bench -p server --bench semantic [-- curve]`
 
+mod sets;
+
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Instant;
@@ -33,6 +35,7 @@ use std::time::Instant;
 use engine::EmbeddingHandle;
 use server::cache::semantic::{Bound, IndexKey, Limits, Policy, SemanticIndex, similarity};
 use server::cache::verify::{ALIGN, Checks, Facts, verify};
+use sets::groups_of;
 
 type Words = std::collections::HashMap<String, Vec<f32>>;
 
@@ -43,20 +46,6 @@ struct Pair {
     a: String,
     b: String,
     same_answer: bool,
-}
-
-/// A near miss, tagged with its kind or not (the first set).
-#[derive(serde::Deserialize)]
-#[serde(untagged)]
-enum Near {
-    Tagged { text: String, kind: String },
-    Plain(String),
-}
-
-#[derive(serde::Deserialize)]
-struct Group {
-    prompts: Vec<String>,
-    near_misses: Vec<Near>,
 }
 
 /// A prompt read for the cache: its text's facts and its vector.
@@ -173,10 +162,9 @@ fn group_set(name: &str, file: &str, e: &Embedder, show: bool) {
     let near: Vec<(String, String)> = groups
         .iter()
         .flat_map(|g| {
-            g.near_misses.iter().map(|n| match n {
-                Near::Tagged { text, kind } => (text.clone(), kind.clone()),
-                Near::Plain(t) => (t.clone(), "-".to_string()),
-            })
+            g.near_misses
+                .iter()
+                .map(|n| (n.text().to_string(), n.kind().to_string()))
         })
         .collect();
     let para_items = e.items(&para.iter().map(|p| p.0.clone()).collect::<Vec<_>>());
@@ -312,10 +300,11 @@ fn traffic(file: &str, e: &Embedder) -> Option<(Vec<Item>, Vec<Asked>)> {
     let mut asked: Vec<(String, usize, Option<String>)> = Vec::new();
     for (i, g) in groups.iter().enumerate() {
         asked.extend(g.prompts[1..].iter().map(|p| (p.clone(), i, None)));
-        asked.extend(g.near_misses.iter().map(|n| match n {
-            Near::Tagged { text, kind } => (text.clone(), i, Some(kind.clone())),
-            Near::Plain(t) => (t.clone(), i, Some("-".to_string())),
-        }));
+        asked.extend(
+            g.near_misses
+                .iter()
+                .map(|n| (n.text().to_string(), i, Some(n.kind().to_string()))),
+        );
     }
     let items = e.items(&asked.iter().map(|a| a.0.clone()).collect::<Vec<_>>());
     let asked = asked
@@ -513,18 +502,6 @@ fn first_phrasings(file: &str) -> Option<Vec<String>> {
         groups_of(file)?
             .into_iter()
             .map(|g| g.prompts[0].clone())
-            .collect(),
-    )
-}
-
-/// The groups of a set in `loadtest/data/` (`None` when it is missing).
-fn groups_of(file: &str) -> Option<Vec<Group>> {
-    let path = format!("{}/../loadtest/data/{file}", env!("CARGO_MANIFEST_DIR"));
-    let text = std::fs::read_to_string(&path).ok()?;
-    Some(
-        text.lines()
-            .filter(|l| !l.trim().is_empty())
-            .map(|l| serde_json::from_str(l).expect("group"))
             .collect(),
     )
 }

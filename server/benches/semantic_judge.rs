@@ -24,6 +24,8 @@
 //! lines; `SEMANTIC_JUDGE_MODEL=path` (under the models directory) judges
 //! with another model. `cargo bench -p server --bench semantic_judge`
 
+mod sets;
+
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -34,35 +36,12 @@ use server::cache::agree;
 use server::cache::semantic::similarity;
 use server::cache::verify::{Checks, Facts, NoVectors, verify};
 use server::services::cache_judge;
+use sets::groups_of;
 
 fn models_dir() -> PathBuf {
     std::env::var_os("SYNOR_MODELS_DIR").map_or_else(
         || PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../models")),
         PathBuf::from,
-    )
-}
-
-#[derive(serde::Deserialize)]
-struct Near {
-    text: String,
-    kind: String,
-}
-
-#[derive(serde::Deserialize)]
-struct Group {
-    prompts: Vec<String>,
-    near_misses: Vec<Near>,
-}
-
-/// The groups of a set in `loadtest/data/` (`None` when it is missing).
-fn groups_of(file: &str) -> Option<Vec<Group>> {
-    let path = format!("{}/../loadtest/data/{file}", env!("CARGO_MANIFEST_DIR"));
-    let text = std::fs::read_to_string(&path).ok()?;
-    Some(
-        text.lines()
-            .filter(|l| !l.trim().is_empty())
-            .map(|l| serde_json::from_str(l).expect("group"))
-            .collect(),
     )
 }
 
@@ -135,24 +114,21 @@ async fn ask_set(
     dump: &mut Vec<String>,
 ) -> Option<()> {
     let groups = groups_of(file)?;
-    let structure = Checks {
-        topic: false,
-        ..Checks::ALL
-    };
+    let structure = Checks::STRUCTURE;
     let (mut para, mut near) = (Vec::new(), Vec::new());
     let (mut all_para, mut all_near) = (0, 0);
     let t = Instant::now();
     for g in &groups {
         let first = &g.prompts[0];
-        let asked = g.prompts[1..].iter().map(|p| (p, true));
-        let asked = asked.chain(g.near_misses.iter().map(|n| (&n.text, false)));
+        let asked = g.prompts[1..].iter().map(|p| (p.as_str(), true));
+        let asked = asked.chain(g.near_misses.iter().map(|n| (n.text(), false)));
         for (q, same) in asked {
             match same {
                 true => all_para += 1,
                 false => all_near += 1,
             }
             let v = e
-                .embed_queries(vec![first.clone(), q.clone()])
+                .embed_queries(vec![first.clone(), q.to_string()])
                 .await
                 .expect("embed");
             let (fc, fq) = (Facts::of(first), Facts::of(q));
@@ -241,7 +217,7 @@ async fn judge_set(
         asked.extend(
             g.near_misses
                 .iter()
-                .map(|n| (i, n.text.clone(), Some(n.kind.clone()))),
+                .map(|n| (i, n.text().to_string(), Some(n.kind().to_string()))),
         );
     }
     let fresh = answers(h, asked.iter().map(|a| a.1.clone()).collect()).await;
@@ -254,10 +230,7 @@ async fn judge_set(
     for (g, (_, ids)) in groups.iter().zip(&cached) {
         own.push(score(h, &g.prompts[0], ids).await);
     }
-    let structure = Checks {
-        topic: false,
-        ..Checks::ALL
-    };
+    let structure = Checks::STRUCTURE;
     for ((g, q, kind), (fresh_text, _)) in asked.into_iter().zip(fresh) {
         let (cached_text, ids) = &cached[g];
         let first = &groups[g].prompts[0];

@@ -43,12 +43,8 @@ pub fn agree(a: &str, b: &str, va: &[f32], vb: &[f32]) -> bool {
     if same_text(a, b) {
         return true;
     }
-    let structure = Checks {
-        topic: false,
-        ..Checks::ALL
-    };
     let (fa, fb) = (Facts::of(compared(a)), Facts::of(compared(b)));
-    similarity(va, vb) >= AGREE && verify(&fa, &fb, structure, &NoVectors).is_ok()
+    similarity(va, vb) >= AGREE && verify(&fa, &fb, Checks::STRUCTURE, &NoVectors).is_ok()
 }
 
 #[cfg(test)]

@@ -299,10 +299,7 @@ impl SemanticIndex {
         let rule = match (policy.verify, bound.is_some() || judge) {
             (false, _) => None,
             (true, false) => Some(full),
-            (true, true) => Some(Checks {
-                topic: false,
-                ..full
-            }),
+            (true, true) => Some(Checks::STRUCTURE),
         };
         for &(sim, i) in near.iter().take(CANDIDATES) {
             let e = &mut entries[i];

@@ -135,6 +135,13 @@ impl Checks {
         align_any: 2.0,
     };
 
+    /// The structure only: numbers, names, units and their direction,
+    /// negation, opposites, kind, language (no topic words).
+    pub const STRUCTURE: Checks = Checks {
+        topic: false,
+        ..Checks::ALL
+    };
+
     /// Every check, topic words aligned by their vectors at `align`
     /// (a substitution) and `align + 0.1` (any word of the other).
     pub fn aligned(align: Option<f32>) -> Checks {
