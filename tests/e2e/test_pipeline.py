@@ -197,7 +197,7 @@ def test_measured_placement_moves_layers_to_the_faster_worker():
             held = {names.get(s["worker"]): s["end"] - s["first"]
                     for s in pipes["data"][0]["stages"]}
             return held if held.get("fast", 0) > 10 else None
-        held = wait_for(moved, timeout=120, what="layers to move to the fast worker")
+        held = wait_for(moved, timeout=240, what="layers to move to the fast worker")
         assert sum(held.values()) == 30 and len(held) == 3, held
         assert complete(base, PIPE, "Once upon a time", 24) == want
     finally:
