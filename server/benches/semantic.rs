@@ -589,6 +589,7 @@ fn latency(e: &Embedder) {
             key: if i % 10 == 0 { "france" } else { "k1" }.into(),
             similarity: 0.5 + (i % 500) as f32 * 0.001,
             topic: i % 2 == 0,
+            judged: None,
         };
         index.observe(&ik, &m, i % 7 != 0, now);
     }

@@ -321,7 +321,7 @@ def test_a_bound_on_wrong_answers_probes_near_matches_and_learns(cache_server):
         assert probed >= probed_before + 1
         upper = series(base, "synor:cache_semantic_error_rate", bound="upper", model=SMOL)
         assert upper == pytest.approx(bounded["error_interval"][1], abs=1e-6)
-        assert series(base, "synor:cache_semantic_learned_threshold_count") >= 0
+        assert series(base, "synor:cache_semantic_learned_threshold_count", signal="similarity") >= 0
     finally:
         call(base, "PUT", "/admin/cache/threshold", {"model": SMOL, "delta": 0})
     assert "delta" not in call(base, "GET", "/admin/cache")[1]["semantic"]["models"][SMOL]
@@ -352,6 +352,20 @@ def test_a_judge_decides_near_matches_with_the_served_model(cache_server):
         bounded = call(base, "GET", "/admin/cache")[1]["semantic"]["bounded"][SMOL]
         assert bounded["judged_same"] >= 1 and bounded["judged_different"] >= 1, bounded
         assert series(base, "synor:cache_semantic_judged_total", model=SMOL, verdict="same") >= 1
+        # Under a bound as well, the bound learns over the judge's chance
+        # instead of a cut: nothing learned yet, the near match is
+        # generated anyway and compared with the cached answer.
+        call(base, "PUT", "/admin/cache/threshold", {"model": SMOL, "delta": 0.01})
+        probed = bounded.get("probed", 0)
+        assert ask(base, "How could I reverse a Python list?", key, model=SMOL)[1] == "miss"
+        for _ in range(200):
+            bounded = call(base, "GET", "/admin/cache")[1]["semantic"]["bounded"][SMOL]
+            if bounded["verified"] + bounded["failed"] >= 1:
+                break
+            time.sleep(0.05)
+        assert bounded["probed"] == probed + 1, bounded
+        assert bounded["verified"] + bounded["failed"] == 1, bounded
     finally:
-        call(base, "PUT", "/admin/cache/threshold", {"model": SMOL, "judge": 0})
-    assert "judge" not in call(base, "GET", "/admin/cache")[1]["semantic"]["models"][SMOL]
+        call(base, "PUT", "/admin/cache/threshold", {"model": SMOL, "judge": 0, "delta": 0})
+    models = call(base, "GET", "/admin/cache")[1]["semantic"]["models"][SMOL]
+    assert "judge" not in models and "delta" not in models

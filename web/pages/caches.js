@@ -85,8 +85,11 @@ function boundedTable(s) {
   const delta = (m) => s.models?.[m]?.delta ?? s.delta;
   const rows = Object.entries(s.bounded ?? {}).map(([model, b]) => ({ model, ...b }));
   const t = s.learned_thresholds ?? {};
-  const learned = t.count ? `${num(t.count)} learned thresholds, quartiles ${num(t.p25, 2)} / ${num(t.p50, 2)} / ${num(t.p75, 2)}`
+  const learned = t.count ? `${num(t.count)} learned thresholds, quartiles ${num(t.p25, 2)} / ${num(t.p50, 2)} / ${num(t.p75, 2)}.`
     : 'No threshold learned yet.';
+  const j = s.learned_judge_cuts ?? {};
+  const cuts = j.count ? ` ${num(j.count)} learned cuts on the judge's chance, quartiles ${num(j.p25, 2)} / ${num(j.p50, 2)} / ${num(j.p75, 2)}.`
+    : '';
   return [table([
     { label: 'Model', cell: (b) => h('strong', {}, b.model) },
     { label: 'Bound', num: true, cell: (b) => (delta(b.model) ? pct(delta(b.model)) : 'off') },
@@ -98,7 +101,7 @@ function boundedTable(s) {
     { label: 'Est. wrong (95%)', num: true,
       cell: (b) => `${pct(b.error_rate, 2)} [${pct(b.error_interval[0], 2)}, ${pct(b.error_interval[1], 2)}]` },
   ], rows, { rowAttrs: (b) => ({ 'data-bounded': b.model }), empty: 'No model has a bound on wrong answers yet.' }),
-  h('p', { class: 'sub' }, learned)];
+  h('p', { class: 'sub' }, learned + cuts)];
 }
 
 // A row per served text model (and per shared model no longer served),

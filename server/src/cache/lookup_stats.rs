@@ -255,7 +255,7 @@ pub const THRESHOLD_BUCKETS: [f64; 9] = [0.5, 0.6, 0.7, 0.75, 0.8, 0.85, 0.9, 0.
 /// estimated error rate; the learned thresholds' distribution.
 fn learned_families(
     learned: &std::collections::BTreeMap<String, Learned>,
-    thresholds: &[f64],
+    thresholds: [(&str, &[f64]); 2],
 ) -> Vec<MetricFamily> {
     let mut decisions = Scraped::counter(
         "synor:cache_semantic_bounded_total",
@@ -288,19 +288,22 @@ fn learned_families(
             rate.sample(&[("model", m), ("bound", b)], v);
         }
     }
-    let mut counts = [0u64; THRESHOLD_BUCKETS.len() + 1];
-    for t in thresholds {
-        let i = THRESHOLD_BUCKETS
-            .iter()
-            .position(|b| t <= b)
-            .unwrap_or(THRESHOLD_BUCKETS.len());
-        counts[i] += 1;
-    }
     let mut dist = Scraped::histogram(
         "synor:cache_semantic_learned_threshold",
-        "The similarity thresholds verification has learned (entries with outcomes of their own, and each model's pools).",
+        "The thresholds verification has learned (entries with outcomes of their own, and each model's pools), by signal: the similarity, or the judge's chance of the same answer.",
     );
-    dist.distribution(&[], &THRESHOLD_BUCKETS, &counts, thresholds.iter().sum());
+    for (signal, values) in thresholds {
+        let mut counts = [0u64; THRESHOLD_BUCKETS.len() + 1];
+        for t in values {
+            let i = THRESHOLD_BUCKETS
+                .iter()
+                .position(|b| t <= b)
+                .unwrap_or(THRESHOLD_BUCKETS.len());
+            counts[i] += 1;
+        }
+        let labels = [("signal", signal)];
+        dist.distribution(&labels, &THRESHOLD_BUCKETS, &counts, values.iter().sum());
+    }
     vec![
         decisions.done(),
         outcomes.done(),
@@ -325,9 +328,13 @@ impl ResponseCache {
             &s.reasons,
             &s.similarity,
         ]);
+        let (by_similarity, by_judge) = (
+            self.semantic_thresholds(false),
+            self.semantic_thresholds(true),
+        );
         out.extend(learned_families(
             &s.learned_all(),
-            &self.semantic_thresholds(),
+            [("similarity", &by_similarity), ("judge", &by_judge)],
         ));
         let (b1, n1, b2, n2) = self.sizes();
         let n3 = self.semantic_len() as u64;

@@ -300,11 +300,41 @@ impl ResponseCache {
         }
     }
 
-    /// The judge's verdict on a near match of `model`'s, looked up at
-    /// `started`: counted as a hit or a miss of the semantic tier.
-    pub fn semantic_judged(&self, model: &str, same: bool, started: Instant) {
-        self.semantic_stats().lookup(same, started);
-        self.semantic_counts.learned(model, |m| m.judged(same));
+    /// The judge's chance `p` that a near match `m` in `ik`, looked up at
+    /// `started`, gets the same answer (`None`: the judge failed). Under
+    /// the model's bound the bound decides by it (`decide_judged`), and
+    /// otherwise its judge's cut; counted as a hit or a miss of the
+    /// semantic tier. The match to serve, or the probe to generate anyway
+    /// (`None`: a plain miss).
+    pub fn semantic_judged(
+        &self,
+        ik: &IndexKey,
+        m: Match,
+        p: Option<f64>,
+        started: Instant,
+    ) -> Option<Result<Match, Probe>> {
+        let policy = self.policy(&ik.model);
+        let found = match (p, policy.delta) {
+            (None, _) => None,
+            (Some(p), Some(delta)) => {
+                let b = Bound {
+                    delta: f64::from(delta),
+                    draw: rand::random::<f64>(),
+                };
+                let d = self
+                    .index()
+                    .decide_judged(ik, m, p as f32, b, Instant::now());
+                self.semantic_counts
+                    .learned(&ik.model, |l| l.decided(d.is_ok()));
+                Some(d)
+            }
+            (Some(p), None) => (f64::from(policy.judge.unwrap_or(1.0)) <= p).then_some(Ok(m)),
+        };
+        let served = matches!(found, Some(Ok(_)));
+        self.semantic_stats().lookup(served, started);
+        self.semantic_counts
+            .learned(&ik.model, |l| l.judged(served));
+        found
     }
 
     /// A probe's generated answer was compared with the cached one: its
@@ -316,8 +346,8 @@ impl ResponseCache {
     }
 
     /// The learned thresholds (entries deciding by their own outcomes,
-    /// and every pool).
-    pub fn semantic_thresholds(&self) -> Vec<f64> {
+    /// and every pool): similarities, or with `judge` the judge's chances.
+    pub fn semantic_thresholds(&self, judge: bool) -> Vec<f64> {
         let policies = self.policies_set();
         let delta_of = |m: &str| {
             policies
@@ -327,7 +357,7 @@ impl ResponseCache {
                 .delta
                 .map(f64::from)
         };
-        self.index().thresholds(delta_of)
+        self.index().thresholds(judge, delta_of)
     }
 
     /// The topic words of `facts` the verifier has no vectors for yet.

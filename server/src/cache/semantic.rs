@@ -43,8 +43,9 @@ struct Entry {
     created: Instant,
     used: Instant,
     /// The near matches it was verified against, and how they came out
-    /// (`learned`).
+    /// (`learned`): by similarity, and by the judge's chance.
     checked: Observations,
+    judged: Observations,
 }
 
 /// Bounds of the index.
@@ -79,9 +80,11 @@ pub struct Policy {
     /// may be (`learned`); otherwise it is generated anyway and compared.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub delta: Option<f32>,
-    /// When set (and no bound is), a near match that passes the structure
-    /// is put to the model as a judge: served when its chance that both
-    /// questions get the same answer is at least this (0-1).
+    /// When set, a near match that passes the structure is put to the
+    /// model as a judge: without a bound, served when its chance that
+    /// both questions get the same answer is at least this (0-1); under a
+    /// bound, that chance is what the bound learns over instead of the
+    /// similarity (`SemanticIndex::decide_judged`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub judge: Option<f32>,
 }
@@ -129,6 +132,19 @@ pub struct Match {
     /// Whether the topic words agree too (under a bound the topic check is
     /// evidence: outcomes are pooled apart by it).
     pub topic: bool,
+    /// The judge's chance that both questions get the same answer, when a
+    /// bound decided by it (its outcomes are learned against it).
+    pub judged: Option<f32>,
+}
+
+impl Match {
+    /// What a bound decided this match by: the signal and its value.
+    fn signal(&self) -> (Signal, f32) {
+        match self.judged {
+            Some(p) => (Signal::Judge, p),
+            None => (Signal::Similarity { topic: self.topic }, self.similarity),
+        }
+    }
 }
 
 /// Real outcomes an entry needs before its learned threshold is shown.
@@ -142,16 +158,24 @@ pub struct SemanticIndex {
     pub evictions: u64,
     /// Vectors of single topic words ("tallest", "highest"), by word.
     words: HashMap<String, Vec<f32>>,
-    /// Per tenant scope and model, and whether the topic words agreed:
-    /// the outcomes of every entry's verifications (vCache's global
-    /// threshold), with when each was last used. Per scope, so that one
-    /// tenant's traffic never decides what another is served.
+    /// Per tenant scope, model and signal: the outcomes of every entry's
+    /// verifications (vCache's global threshold), with when each was last
+    /// used. Per scope, so that one tenant's traffic never decides what
+    /// another is served.
     pools: HashMap<PoolKey, (Observations, Instant)>,
 }
 
-/// Which pool of outcomes a near match decides by: (scope, model, topic
-/// words agreed).
-type PoolKey = (String, String, bool);
+/// What a bound learns a near match's chance of being right over.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Signal {
+    /// The embeddings' similarity, apart by whether the topic words agreed.
+    Similarity { topic: bool },
+    /// The judge's chance that both questions get the same answer.
+    Judge,
+}
+
+/// Which pool of outcomes a near match decides by: (scope, model, signal).
+type PoolKey = (String, String, Signal);
 
 /// Pools the index keeps (the least recently used goes first): each holds
 /// at most `POOL_OUTCOMES` outcomes of 8 bytes.
@@ -235,6 +259,7 @@ impl SemanticIndex {
             created: now,
             used: now,
             checked: Observations::default(),
+            judged: Observations::default(),
         });
         self.total += 1;
         while self.total > self.limits.total && self.evict_oldest() {}
@@ -314,6 +339,7 @@ impl SemanticIndex {
                 key: e.key.clone(),
                 similarity: sim,
                 topic,
+                judged: None,
             };
             if judge {
                 out.judge = Some((found, e.text.clone()));
@@ -323,7 +349,11 @@ impl SemanticIndex {
                 out.hit = Some(found);
                 return out;
             };
-            let key = (ik.scope.clone(), ik.model.clone(), topic);
+            let key = (
+                ik.scope.clone(),
+                ik.model.clone(),
+                Signal::Similarity { topic },
+            );
             let pool = pool_of(pools, key, now);
             out.bounded = true;
             match decide(&e.checked, pool, sim, b.delta, b.draw) {
@@ -335,34 +365,71 @@ impl SemanticIndex {
         out
     }
 
+    /// Under a bound, decides a near match `found` in `ik` that the judge
+    /// gave the chance `p` of the same answer, by the outcomes learned
+    /// against the judge's chances (its entry's and its scope's and
+    /// model's): served, or the probe to generate anyway.
+    pub fn decide_judged(
+        &mut self,
+        ik: &IndexKey,
+        found: Match,
+        p: f32,
+        b: Bound,
+        now: Instant,
+    ) -> Result<Match, Probe> {
+        let found = Match {
+            judged: Some(p),
+            ..found
+        };
+        let none = Observations::default();
+        let own = self
+            .indexes
+            .get(ik)
+            .and_then(|v| v.iter().find(|e| e.key == found.key))
+            .map_or(&none, |e| &e.judged);
+        let key = (ik.scope.clone(), ik.model.clone(), Signal::Judge);
+        let pool = pool_of(&mut self.pools, key, now);
+        match decide(own, pool, p, b.delta, b.draw) {
+            Decision::Serve => Ok(found),
+            Decision::Verify(explore) => Err(Probe { found, explore }),
+        }
+    }
+
     /// A probe of `found` in `ik` came out `same` (the generated answer
-    /// matched the cached one) or not: one more outcome for its entry (if
-    /// it is still there) and for its scope's and model's pool.
+    /// matched the cached one) or not: one more outcome, at the value of
+    /// the signal it was decided by, for its entry (if it is still there)
+    /// and for its scope's, model's and signal's pool.
     pub fn observe(&mut self, ik: &IndexKey, found: &Match, same: bool, now: Instant) {
+        let (signal, at) = found.signal();
         let entry = self
             .indexes
             .get_mut(ik)
             .and_then(|v| v.iter_mut().find(|e| e.key == found.key));
         if let Some(e) = entry {
-            e.checked.add(found.similarity, same);
+            match signal {
+                Signal::Judge => e.judged.add(at, same),
+                Signal::Similarity { .. } => e.checked.add(at, same),
+            }
         }
-        let key = (ik.scope.clone(), ik.model.clone(), found.topic);
-        pool_of(&mut self.pools, key, now).add(found.similarity, same);
+        let key = (ik.scope.clone(), ik.model.clone(), signal);
+        pool_of(&mut self.pools, key, now).add(at, same);
     }
 
-    /// The learned thresholds (the lowest similarity always served) of
-    /// the entries that decide by their own outcomes and of every pool,
-    /// under each model's bound (`delta_of`).
-    pub fn thresholds(&self, delta_of: impl Fn(&str) -> Option<f64>) -> Vec<f64> {
+    /// The learned thresholds (the lowest value of the signal always
+    /// served: a similarity, or with `judge` a judge's chance) of the
+    /// entries that decide by their own outcomes and of every pool, under
+    /// each model's bound (`delta_of`).
+    pub fn thresholds(&self, judge: bool, delta_of: impl Fn(&str) -> Option<f64>) -> Vec<f64> {
         let own = self.indexes.iter().flat_map(|(k, v)| {
             v.iter()
-                .filter(|e| e.checked.real() >= OWN_OUTCOMES)
-                .map(move |e| (k.model.as_str(), &e.checked))
+                .map(move |e| if judge { &e.judged } else { &e.checked })
+                .filter(|c| c.real() >= OWN_OUTCOMES)
+                .map(move |c| (k.model.as_str(), c))
         });
         let pools = self
             .pools
             .iter()
-            .filter(|(_, (c, _))| c.real() >= MIN_OBSERVATIONS)
+            .filter(|(k, (c, _))| (k.2 == Signal::Judge) == judge && c.real() >= MIN_OBSERVATIONS)
             .map(|(k, (c, _))| (k.1.as_str(), c));
         own.chain(pools)
             .filter_map(|(m, c)| c.threshold(delta_of(m)?))

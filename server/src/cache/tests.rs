@@ -254,7 +254,8 @@ fn under_a_bound_a_near_match_is_probed_learned_and_counted() {
         .filter(|_| matches!(c.semantic_get(&ik, &near, &asked), Some(Found::Hit(_))))
         .count();
     assert!(served >= 40, "{served} of 50 served once learned");
-    assert!(!c.semantic_thresholds().is_empty());
+    assert!(!c.semantic_thresholds(false).is_empty());
+    assert!(c.semantic_thresholds(true).is_empty());
     // Another tenant's near match is not decided by this one's outcomes.
     let other = IndexKey {
         scope: "t".into(),
@@ -324,12 +325,64 @@ fn under_a_judge_a_near_match_passing_the_structure_goes_to_the_judge() {
             Some(Found::Probe(_))
         ));
     }
+    let Some(Found::Judge(m, _)) = c.semantic_get(&ik, &near, &asked) else {
+        panic!("to the judge");
+    };
     let t = Instant::now();
-    c.semantic_judged("m", true, t);
-    c.semantic_judged("m", false, t);
-    let m = &c.semantic_counts.learned_all()["m"];
-    assert_eq!((m.judged_same, m.judged_different), (1, 1));
-    assert_eq!(c.semantic_stats().hits.get(), 1);
+    // Under the bound the judge's chance is what is learned over: nothing
+    // learned yet, even a sure judge is probed.
+    let Some(Err(probe)) = c.semantic_judged(&ik, m.clone(), Some(0.97), t) else {
+        panic!("nothing learned yet: a probe");
+    };
+    assert_eq!((probe.found.judged, probe.explore), (Some(0.97), 1.0));
+    // A failed judge is a plain miss.
+    assert_eq!(c.semantic_judged(&ik, m.clone(), None, t), None);
+    // Agreeing outcomes where the judge was sure, differing ones where it
+    // was not: the sure ones are served, the unsure still probed.
+    for i in 0..800 {
+        c.semantic_observe(&ik, &probe, true);
+        let low = Probe {
+            found: Match {
+                judged: Some(0.2 + (i % 20) as f32 * 0.01),
+                ..probe.found.clone()
+            },
+            explore: 1.0,
+        };
+        c.semantic_observe(&ik, &low, false);
+    }
+    let served = (0..50)
+        .filter(|_| {
+            matches!(
+                c.semantic_judged(&ik, m.clone(), Some(0.97), t),
+                Some(Ok(_))
+            )
+        })
+        .count();
+    assert!(served >= 40, "{served} of 50 served once learned");
+    assert!(matches!(
+        c.semantic_judged(&ik, m.clone(), Some(0.39), t),
+        Some(Err(_))
+    ));
+    // Learned on the judge's chance, not on the similarity.
+    assert!(!c.semantic_thresholds(true).is_empty());
+    assert!(c.semantic_thresholds(false).is_empty());
+    let judged = &c.semantic_counts.learned_all()["m"];
+    assert_eq!(judged.judged_same + judged.judged_different, 53);
+    // Without a bound the judge's cut decides.
+    c.set_policy(
+        Some("m"),
+        PolicyChange {
+            delta: Some(0.0),
+            ..PolicyChange::default()
+        },
+    );
+    let hits = c.semantic_stats().hits.get();
+    assert!(matches!(
+        c.semantic_judged(&ik, m.clone(), Some(0.81), t),
+        Some(Ok(_))
+    ));
+    assert_eq!(c.semantic_judged(&ik, m.clone(), Some(0.79), t), None);
+    assert_eq!(c.semantic_stats().hits.get(), hits + 1);
     // The judge off: the verifier decides again.
     c.set_policy(
         Some("m"),

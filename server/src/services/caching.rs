@@ -313,21 +313,20 @@ impl ResponseCaching {
                 return None;
             }
             Found::Judge(m, cached) => {
-                let cut = cache.policy(&ik.model).judge.unwrap_or(1.0);
                 // A model the house does not run (a pipeline's) cannot judge.
-                let same = match self.models.text(&ik.model) {
+                let p = match self.models.text(&ik.model) {
                     Ok(engine) => {
-                        crate::services::cache_judge::same_answer(&engine, &cached, &text)
-                            .await
-                            .is_some_and(|p| f64::from(cut) <= p)
+                        crate::services::cache_judge::same_answer(&engine, &cached, &text).await
                     }
-                    Err(_) => false,
+                    Err(_) => None,
                 };
-                cache.semantic_judged(&ik.model, same, started);
-                if !same {
-                    return None;
+                match cache.semantic_judged(&ik, m, p, started)? {
+                    Ok(m) => m,
+                    Err(p) => {
+                        plan.probe = Some(p);
+                        return None;
+                    }
                 }
-                m
             }
         };
         match cache.get(&plan.scope, &plan.model, &m.key).await {

@@ -215,6 +215,9 @@ pub struct SemanticSize {
     /// The learned similarity thresholds (entries deciding by their own
     /// outcomes, and each model's pools): how many, and their quartiles.
     pub learned_thresholds: Quartiles,
+    /// The learned cuts on the judge's chance of the same answer (where a
+    /// judge and a bound are both on): how many, and their quartiles.
+    pub learned_judge_cuts: Quartiles,
 }
 
 /// What one model's bound on wrong answers decided and learned.

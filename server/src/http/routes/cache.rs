@@ -95,7 +95,8 @@ pub(crate) async fn stats(State(state): State<AppState>) -> Result<Json<CacheSta
                 rejections,
                 delta: default.delta,
                 bounded,
-                learned_thresholds: Quartiles::of(c.semantic_thresholds()),
+                learned_thresholds: Quartiles::of(c.semantic_thresholds(false)),
+                learned_judge_cuts: Quartiles::of(c.semantic_thresholds(true)),
             }
         },
         shared_models: c.shared_models(),
