@@ -30,6 +30,10 @@ pub enum Command {
     /// Run a provider worker: load models, connect to a server's gateway,
     /// register, report load, and run what it is given.
     Worker(Box<WorkerArgs>),
+    /// Simulate a fleet in virtual time: the production placement,
+    /// pricing, spot checks and settlement over described providers and
+    /// a trace or generated workload; writes a report.
+    Simulate(crate::simulate_cli::SimulateArgs),
     /// Write the OpenAPI description (default: openapi/openapi.json).
     Openapi {
         #[arg(long, default_value = "openapi/openapi.json")]
@@ -1303,6 +1307,7 @@ mod tests {
             | Command::Accounts(_)
             | Command::Providers(_)
             | Command::Worker(_)
+            | Command::Simulate(_)
             | Command::Openapi { .. } => panic!("parsed `serve` as another command"),
         }
     }

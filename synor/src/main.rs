@@ -2,12 +2,13 @@
 //! (`telemetry`), signals and shutdown, and the wiring of the crates below
 //! it: `synor serve` composes the server (`startup`), `synor worker` the
 //! provider's worker, `synor keys|accounts|providers` the store and ledger
-//! (`keys_cli`).
+//! (`keys_cli`), `synor simulate` the fleet simulator (`simulate_cli`).
 
 mod config;
 mod config_file;
 mod keys_cli;
 mod provider_cli;
+mod simulate_cli;
 mod startup;
 mod telemetry;
 
@@ -29,6 +30,7 @@ fn main() -> anyhow::Result<()> {
                 .build()?;
             rt.block_on(crate::startup::serve(*args))
         }
+        Command::Simulate(args) => crate::simulate_cli::run(&args),
         Command::Openapi { out } => {
             std::fs::write(&out, server::http::openapi::json())?;
             println!("wrote {}", out.display());

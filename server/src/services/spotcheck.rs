@@ -57,6 +57,19 @@ impl Default for SpotConfig {
     }
 }
 
+impl SpotConfig {
+    /// The share (0-1) of the attempts of a provider with `delivered`
+    /// attempts to its name that is checked.
+    pub fn rate_for(&self, delivered: u64) -> f64 {
+        let rate = if delivered < self.proven_after {
+            self.new_rate
+        } else {
+            self.rate
+        };
+        rate.clamp(0.0, 1.0)
+    }
+}
+
 /// What one checked attempt delivered.
 #[derive(Debug, Clone)]
 pub struct Sample {
@@ -218,13 +231,8 @@ impl SpotCheck {
     /// Whether to check an attempt of a provider with `delivered`
     /// attempts to its name.
     pub fn pick(&self, delivered: u64) -> bool {
-        let c = &self.config;
-        let rate = if delivered < c.proven_after {
-            c.new_rate
-        } else {
-            c.rate
-        };
-        rate > 0.0 && rand::rng().random_bool(rate.min(1.0))
+        let rate = self.config.rate_for(delivered);
+        rate > 0.0 && rand::rng().random_bool(rate)
     }
 
     /// Scores `sample` on the house engine and judges it (`None`: the

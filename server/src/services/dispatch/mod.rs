@@ -42,7 +42,7 @@ use crate::fleet::registry::{Profile, Registry, WorkerInfo};
 use crate::services::ServiceError;
 use crate::services::metering::{Billing, Credits};
 use crate::services::placement::{
-    Affinity, MAX_CAP, Measure, Policy, PolicyKind, SplitMode, Weights, prefix_hashes,
+    Affinity, Measure, Policy, PolicyKind, SplitMode, Weights, prefix_hashes,
 };
 use crate::services::served::{Executor, executor};
 use crate::services::spotcheck::SpotConfig;
@@ -344,12 +344,10 @@ impl Dispatch {
     pub fn set_profile(&self, key: &str, p: Profile) {
         let target = self.config.step_target_ms;
         self.measure(key, |m| {
-            m.profile = Some(p);
-            m.correction = 1.0;
-            m.cap = (1..=MAX_CAP)
-                .take_while(|&b| p.step_ms(b) <= target)
-                .last()
-                .unwrap_or(1);
+            let fresh = Measure::calibrated(p, target);
+            m.profile = fresh.profile;
+            m.correction = fresh.correction;
+            m.cap = fresh.cap;
         });
     }
 

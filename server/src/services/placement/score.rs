@@ -55,6 +55,21 @@ impl Default for Measure {
 }
 
 impl Measure {
+    /// The measure of an executor just calibrated at `p`: its cap the
+    /// largest batch whose decode step stays within `target_ms` (at
+    /// least 1), no correction yet.
+    pub fn calibrated(p: Profile, target_ms: f64) -> Self {
+        Self {
+            profile: Some(p),
+            correction: 1.0,
+            cap: (1..=MAX_CAP)
+                .take_while(|&b| p.step_ms(b) <= target_ms)
+                .last()
+                .unwrap_or(1),
+            ..Self::default()
+        }
+    }
+
     /// Expected milliseconds to run a choice of `prompt` tokens and at
     /// most `max_tokens` here, alongside what it already runs.
     pub fn expected_ms(&self, prompt: usize, max_tokens: usize) -> f64 {

@@ -1,0 +1,576 @@
+//! The simulation proper: a discrete-event loop in virtual microseconds
+//! over the fleet's providers and a trace. Each request is placed by the
+//! production placement policy (`server::services::placement::policy`)
+//! over a `Snapshot` of the candidates serving its model in its region
+//! (then the other regions in turn), priced by the production pricing
+//! engine from each provider's costs and load, admitted under the
+//! production `Measure`'s adaptive cap, spot-checked at the production
+//! `SpotConfig`'s rates and settled by the production settlement rule
+//! (`money::ledger::settle::payees`). Only execution is virtual: a
+//! request's prefill and decode take the times its provider's calibrated
+//! `Profile` predicts at its batch (a stalling cheat ten times that).
+//! Providers crash and return, follow their schedules, and cheats are
+//! caught, clawed back and quarantined.
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, VecDeque};
+
+use money::ledger::Tokens;
+use money::ledger::amount::BPS;
+use money::ledger::settle::{Work, payees};
+use money::market::pricing::{Occupancy, payout_bps, prices};
+use rand::Rng;
+use rand::rngs::StdRng;
+use server::services::placement::policy::{Policy, PolicyKind, Snapshot, policy};
+use server::services::placement::score::{Candidate, Measure, Terms, Weights};
+use server::services::spotcheck::SpotConfig;
+
+use crate::fleet::{Cheat, Fleet};
+use crate::report::{ProviderTime, Tally};
+use crate::workload::Request;
+
+const US_PER_MS: f64 = 1e3;
+const US_PER_S: f64 = 1e6;
+const US_PER_H: f64 = 3.6e9;
+
+/// A stalling cheat's steps take this many times its calibration.
+const STALL: f64 = 10.0;
+
+/// How long a crash takes to notice before its requests are replayed.
+const DETECT_MS: f64 = 1_000.0;
+
+/// How a run is set up.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub policy: PolicyKind,
+    pub weights: Weights,
+    pub spot: SpotConfig,
+    /// Seconds between utilization samples.
+    pub sample_s: f64,
+    /// The decode step the adaptive caps aim under (the dispatcher's
+    /// `step_target_ms`).
+    pub step_target_ms: f64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Event {
+    Arrive(usize),
+    Finish { p: usize, r: usize, attempt: u32 },
+    Crash(usize),
+    Return(usize),
+    Schedule(usize),
+    Sample,
+}
+
+/// A request in flight.
+#[derive(Debug, Clone)]
+struct Live {
+    attempt: u32,
+    provider: Option<usize>,
+    prices: money::ledger::Prices,
+    started_us: u64,
+    step_ms: f64,
+    ttft_ms: f64,
+}
+
+/// A provider's state.
+#[derive(Debug, Clone)]
+struct Slot {
+    measure: Measure,
+    /// The requests it runs.
+    active: Vec<usize>,
+    queue: VecDeque<usize>,
+    up: bool,
+    in_hours: bool,
+    banned: bool,
+    /// Its index among its pool's candidates while online.
+    at: Option<usize>,
+    delivered: u64,
+    /// Time with anything running, and sequence-time (running x time).
+    busy_us: u64,
+    seq_us: f64,
+    /// When `active` last changed.
+    changed_us: u64,
+    online_us: u64,
+    since_us: u64,
+}
+
+impl Slot {
+    fn running(&self) -> u32 {
+        self.active.len() as u32
+    }
+}
+
+/// The candidates serving one model in one region.
+#[derive(Debug)]
+struct Pool {
+    snap: Snapshot,
+    members: Vec<usize>,
+    policy: Box<dyn Policy>,
+}
+
+/// The simulation's state.
+pub struct World<'a> {
+    fleet: &'a Fleet,
+    trace: &'a [Request],
+    settings: Settings,
+    rng: StdRng,
+    now: u64,
+    events: BinaryHeap<Reverse<(u64, u64, Event)>>,
+    seq: u64,
+    slots: Vec<Slot>,
+    pools: Vec<Pool>,
+    live: Vec<Live>,
+    /// Model and region indices of each request.
+    keys: Vec<(usize, usize)>,
+    pub tally: Tally,
+}
+
+impl<'a> World<'a> {
+    /// A world at time 0 with every provider scheduled.
+    pub fn new(
+        fleet: &'a Fleet,
+        trace: &'a [Request],
+        settings: Settings,
+        rng: StdRng,
+    ) -> anyhow::Result<Self> {
+        let f = &fleet.file;
+        let keys = trace
+            .iter()
+            .enumerate()
+            .map(|(i, r)| {
+                let m = f.models.iter().position(|m| m.name == r.model);
+                let g = f.regions.iter().position(|g| g.name == r.region);
+                match (m, g) {
+                    (Some(m), Some(g)) => Ok((m, g)),
+                    _ => Err(anyhow::anyhow!(
+                        "request {i}: model {} or region {} is not in the fleet",
+                        r.model,
+                        r.region
+                    )),
+                }
+            })
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        let pools = (0..f.models.len() * f.regions.len())
+            .map(|_| Pool {
+                snap: Snapshot::new(0, 0, Vec::new()),
+                members: Vec::new(),
+                policy: policy(settings.policy, settings.weights),
+            })
+            .collect();
+        let slots = fleet
+            .providers
+            .iter()
+            .map(|p| Slot {
+                measure: {
+                    let mut m = Measure::calibrated(p.calibrated, settings.step_target_ms);
+                    m.cap = m.cap.min(f.profiles[p.profile].max_batch.max(1));
+                    m
+                },
+                active: Vec::new(),
+                queue: VecDeque::new(),
+                up: true,
+                in_hours: false,
+                banned: false,
+                at: None,
+                delivered: 0,
+                busy_us: 0,
+                seq_us: 0.0,
+                changed_us: 0,
+                online_us: 0,
+                since_us: 0,
+            })
+            .collect();
+        let mut w = Self {
+            fleet,
+            trace,
+            tally: Tally::new(fleet, settings.sample_s),
+            settings,
+            rng,
+            now: 0,
+            events: BinaryHeap::new(),
+            seq: 0,
+            slots,
+            pools,
+            live: vec![
+                Live {
+                    attempt: 0,
+                    provider: None,
+                    prices: money::ledger::Prices {
+                        input: 0,
+                        cached_input: 0,
+                        output: 0,
+                    },
+                    started_us: 0,
+                    step_ms: 0.0,
+                    ttft_ms: 0.0,
+                };
+                trace.len()
+            ],
+            keys,
+        };
+        for p in 0..fleet.providers.len() {
+            w.push(0, Event::Schedule(p));
+            w.schedule_crash(p);
+        }
+        for (i, r) in trace.iter().enumerate() {
+            w.push((r.at_s * US_PER_S) as u64, Event::Arrive(i));
+        }
+        w.push(0, Event::Sample);
+        Ok(w)
+    }
+
+    fn push(&mut self, at: u64, e: Event) {
+        self.seq += 1;
+        self.events.push(Reverse((at, self.seq, e)));
+    }
+
+    fn schedule_crash(&mut self, p: usize) {
+        if let Some(h) = self.fleet.providers[p].mtbf_hours.filter(|h| *h > 0.0) {
+            let u: f64 = self.rng.random_range(f64::EPSILON..1.0);
+            let at = self.now + (-u.ln() * h * US_PER_H) as u64;
+            self.push(at, Event::Crash(p));
+        }
+    }
+
+    /// Runs until every request has finished or failed; the events
+    /// handled and the virtual time it ended at.
+    pub fn run(&mut self) -> (u64, u64) {
+        let mut handled = 0;
+        let total = self.trace.len() as u64;
+        while let Some(Reverse((at, _, e))) = self.events.pop() {
+            self.now = at;
+            handled += 1;
+            match e {
+                Event::Arrive(r) => self.arrive(r),
+                Event::Finish { p, r, attempt } => self.finish(p, r, attempt),
+                Event::Crash(p) => self.crash(p),
+                Event::Return(p) => {
+                    self.slots[p].up = true;
+                    self.set_online(p);
+                    self.schedule_crash(p);
+                }
+                Event::Schedule(p) => self.schedule(p),
+                Event::Sample => {
+                    self.take_sample();
+                    if self.tally.closed() < total {
+                        let next = self.now + (self.settings.sample_s * US_PER_S) as u64;
+                        self.push(next, Event::Sample);
+                    }
+                }
+            }
+            if self.tally.closed() == total {
+                break;
+            }
+        }
+        self.close_time();
+        (handled, self.now)
+    }
+
+    /// Whether `p` should take work now.
+    fn online(&self, p: usize) -> bool {
+        let s = &self.slots[p];
+        s.up && s.in_hours && !s.banned
+    }
+
+    fn pool_of(&self, p: usize) -> usize {
+        let pr = &self.fleet.providers[p];
+        pr.model * self.fleet.file.regions.len() + pr.region
+    }
+
+    /// Puts `p` into or takes it out of its pool to match `online`; out,
+    /// its queue is placed again.
+    fn set_online(&mut self, p: usize) {
+        let on = self.online(p);
+        let pool = self.pool_of(p);
+        let now = self.now;
+        let s = &mut self.slots[p];
+        match (on, s.at) {
+            (true, None) => {
+                s.since_us = now;
+                let c = self.as_candidate(p);
+                let pl = &mut self.pools[pool];
+                self.slots[p].at = Some(pl.members.len());
+                pl.members.push(p);
+                pl.snap.candidates.push(c);
+                self.refresh(p);
+            }
+            (false, Some(i)) => {
+                s.online_us += now - s.since_us;
+                s.at = None;
+                let queued: Vec<usize> = s.queue.drain(..).collect();
+                let pl = &mut self.pools[pool];
+                pl.members.swap_remove(i);
+                pl.snap.candidates.swap_remove(i);
+                if let Some(&moved) = pl.members.get(i) {
+                    self.slots[moved].at = Some(i);
+                }
+                for r in queued {
+                    self.replace(r);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// `p` as placement sees it.
+    fn as_candidate(&self, p: usize) -> Candidate {
+        let pr = &self.fleet.providers[p];
+        Candidate {
+            measure: self.slots[p].measure,
+            terms: Terms {
+                provider_id: pr.id.clone(),
+                prices: self.prices_of(p),
+                payout_bps: BPS,
+                reputation_bps: BPS,
+            },
+            factor: 1.0,
+            cached: 0,
+            house: false,
+        }
+    }
+
+    /// What a user pays on `p` now: the production pricing engine over
+    /// its costs and load.
+    fn prices_of(&self, p: usize) -> money::ledger::Prices {
+        let pr = &self.fleet.providers[p];
+        let s = &self.slots[p];
+        let load = Occupancy {
+            running: u64::from(s.running()),
+            waiting: s.queue.len() as u64,
+            capacity: u64::from(s.measure.cap.max(1)),
+        };
+        prices(
+            &pr.cost,
+            pr.micros_per_kwh,
+            load,
+            self.fleet.file.fee_bps,
+            false,
+        )
+    }
+
+    /// Copies `p`'s load and prices into its pool's candidate.
+    fn refresh(&mut self, p: usize) {
+        let Some(i) = self.slots[p].at else {
+            return;
+        };
+        let s = &mut self.slots[p];
+        s.measure.outstanding = s.running() + s.queue.len() as u32;
+        let (m, prices) = (s.measure, self.prices_of(p));
+        let pool = self.pool_of(p);
+        let c = &mut self.pools[pool].snap.candidates[i];
+        c.measure = m;
+        c.terms.prices = prices;
+    }
+
+    fn arrive(&mut self, r: usize) {
+        let (model, home) = self.keys[r];
+        let regions = self.fleet.file.regions.len();
+        let req = &self.trace[r];
+        let order = std::iter::once(home).chain((0..regions).filter(|&g| g != home));
+        for g in order {
+            let pool = &mut self.pools[model * regions + g];
+            if pool.members.is_empty() {
+                continue;
+            }
+            pool.snap.prompt = req.prompt_tokens as usize;
+            pool.snap.max_tokens = req.output_tokens as usize;
+            let Some(i) = pool.policy.pick(&pool.snap) else {
+                continue;
+            };
+            let p = pool.members[i];
+            self.live[r].provider = Some(p);
+            self.live[r].prices = self.prices_of(p);
+            if self.slots[p].running() < self.slots[p].measure.cap.max(1) {
+                self.start(r, p);
+            } else {
+                self.slots[p].queue.push_back(r);
+            }
+            self.refresh(p);
+            return;
+        }
+        self.tally.unserved(r);
+    }
+
+    /// Places `r` again (its provider went away): a failover.
+    fn replace(&mut self, r: usize) {
+        self.live[r].attempt += 1;
+        self.tally.failover();
+        let at = self.now + (DETECT_MS * US_PER_MS) as u64;
+        self.push(at, Event::Arrive(r));
+    }
+
+    /// Adds (`Ok`) or removes (`Err`) a running request of `p`,
+    /// accounting its busy time.
+    fn busy_change(&mut self, p: usize, r: Result<usize, usize>) {
+        let now = self.now;
+        let s = &mut self.slots[p];
+        let dt = now - s.changed_us;
+        if !s.active.is_empty() {
+            s.busy_us += dt;
+        }
+        s.seq_us += dt as f64 * s.active.len() as f64;
+        s.changed_us = now;
+        match r {
+            Ok(r) => s.active.push(r),
+            Err(r) => {
+                if let Some(i) = s.active.iter().position(|&x| x == r) {
+                    s.active.swap_remove(i);
+                }
+            }
+        }
+    }
+
+    fn start(&mut self, r: usize, p: usize) {
+        self.busy_change(p, Ok(r));
+        let pr = &self.fleet.providers[p];
+        let req = &self.trace[r];
+        let cal = &pr.calibrated;
+        let stall = if pr.cheat == Some(Cheat::Stall) {
+            STALL
+        } else {
+            1.0
+        };
+        let prefill = cal.prefill_ms(req.prompt_tokens as usize) * stall;
+        let step = cal.step_ms(self.slots[p].running()) * stall;
+        let rtt = self.fleet.file.profiles[pr.profile].rtt_ms;
+        let waited = (self.now as f64 - req.at_s * US_PER_S) / US_PER_MS;
+        let l = &mut self.live[r];
+        l.started_us = self.now;
+        l.step_ms = step;
+        l.ttft_ms = waited + prefill + rtt;
+        let dur = prefill + f64::from(req.output_tokens) * step;
+        let attempt = l.attempt;
+        self.push(
+            self.now + (dur * US_PER_MS) as u64,
+            Event::Finish { p, r, attempt },
+        );
+    }
+
+    fn finish(&mut self, p: usize, r: usize, attempt: u32) {
+        if self.live[r].attempt != attempt || self.live[r].provider != Some(p) {
+            return;
+        }
+        self.busy_change(p, Err(r));
+        let step = self.live[r].step_ms;
+        let target = self.settings.step_target_ms;
+        let s = &mut self.slots[p];
+        s.delivered += 1;
+        s.measure.observe(step);
+        s.measure.adapt(step, target);
+        self.bill(p, r);
+        while self.slots[p].running() < self.slots[p].measure.cap.max(1) {
+            let Some(next) = self.slots[p].queue.pop_front() else {
+                break;
+            };
+            self.start(next, p);
+        }
+        self.refresh(p);
+    }
+
+    /// Bills a finished request by the production settlement rule, with
+    /// the spot check's draw for a cheat's attempt.
+    fn bill(&mut self, p: usize, r: usize) {
+        let pr = &self.fleet.providers[p];
+        let req = &self.trace[r];
+        let l = &self.live[r];
+        let tokens = Tokens {
+            prompt: u64::from(req.prompt_tokens),
+            cached: 0,
+            completion: u64::from(req.output_tokens),
+        };
+        let quote = money::ledger::Quote {
+            provider_id: pr.id.clone(),
+            model: req.model.clone(),
+            prices: l.prices,
+            fee_bps: self.fleet.file.fee_bps,
+            payout_bps: payout_bps(BPS),
+            stages: Default::default(),
+        };
+        let cost = quote.cost(tokens);
+        let work = [Work {
+            provider: pr.id.clone(),
+            prices: l.prices,
+            payout_bps: quote.payout_bps,
+            tokens,
+        }];
+        let paid: i64 = payees(quote.fee_bps, cost, &work).iter().map(|x| x.1).sum();
+        let good = matches!(pr.cheat, None | Some(Cheat::Stall | Cheat::InflatedCounts));
+        let rate = self.settings.spot.rate_for(self.slots[p].delivered);
+        let checked = rate > 0.0 && self.rng.random_bool(rate);
+        let (ttft, step) = (l.ttft_ms, l.step_ms);
+        let met = ttft <= req.ttft_ms && step <= req.tpot_ms;
+        self.tally
+            .finished(p, met, (ttft, step), (cost, paid), tokens);
+        if let Some(c) = pr.cheat {
+            self.tally.cheated(c, cost, !good, checked);
+        }
+        if !good && checked {
+            // Caught: the user is refunded, the pay clawed back, the
+            // provider quarantined.
+            self.tally.clawed_back(p, cost, paid);
+            self.slots[p].banned = true;
+            self.set_online(p);
+        }
+    }
+
+    fn crash(&mut self, p: usize) {
+        if !self.slots[p].up {
+            return;
+        }
+        self.slots[p].up = false;
+        self.tally.crash();
+        self.set_online(p);
+        let running = self.slots[p].active.clone();
+        for r in running {
+            self.busy_change(p, Err(r));
+            self.replace(r);
+        }
+        let back = self.fleet.providers[p].repair_hours;
+        self.push(self.now + (back * US_PER_H) as u64, Event::Return(p));
+    }
+
+    fn schedule(&mut self, p: usize) {
+        let pr = &self.fleet.providers[p];
+        let offset = self.fleet.file.regions[pr.region].utc_offset_h;
+        let hour = (self.now as f64 / US_PER_H + offset).rem_euclid(24.0);
+        self.slots[p].in_hours = pr.availability.online_at(hour);
+        self.set_online(p);
+        if let Some(h) = pr.availability.next_change(hour) {
+            self.push(self.now + (h * US_PER_H) as u64 + 1, Event::Schedule(p));
+        }
+    }
+
+    fn take_sample(&mut self) {
+        let rows = self.slots.iter().enumerate().map(|(p, s)| {
+            let pr = &self.fleet.providers[p];
+            let cap = self.fleet.file.profiles[pr.profile].max_batch;
+            (pr.profile, s.at.is_some(), s.running(), cap)
+        });
+        self.tally.record_sample(self.now, rows);
+    }
+
+    /// Closes every provider's online and busy time at the end.
+    fn close_time(&mut self) {
+        let now = self.now;
+        for p in 0..self.slots.len() {
+            self.busy_change(p, Err(usize::MAX));
+            let s = &mut self.slots[p];
+            if s.at.is_some() {
+                s.online_us += now - s.since_us;
+                s.since_us = now;
+            }
+            let t = ProviderTime {
+                online_us: s.online_us,
+                busy_us: s.busy_us,
+                seq_us: s.seq_us,
+                cap: self.fleet.file.profiles[self.fleet.providers[p].profile].max_batch,
+                hourly_cost: {
+                    let pr = &self.fleet.providers[p];
+                    pr.cost.hourly_cost(pr.micros_per_kwh)
+                },
+            };
+            self.tally.provider_time(p, t);
+        }
+    }
+}
