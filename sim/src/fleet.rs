@@ -33,6 +33,9 @@ pub struct FleetFile {
     pub groups: Vec<Group>,
     /// The cloud the fleet is compared with.
     pub baseline: Baseline,
+    /// Who buys capacity on the books (absent: everyone pays spot).
+    #[serde(default)]
+    pub market: Option<crate::market::MarketSpec>,
 }
 
 fn default_fee() -> i64 {
@@ -96,6 +99,13 @@ pub struct ModelSpec {
     pub scale: f64,
     /// Memory its weights and a working KV cache need, GB.
     pub memory_gb: f64,
+    /// Its transformer layers (what a sharded pipeline divides).
+    #[serde(default = "default_layers")]
+    pub layers: u32,
+}
+
+fn default_layers() -> u32 {
+    32
 }
 
 /// When a provider is online.
@@ -156,6 +166,10 @@ pub struct Group {
     /// At home (residential electricity), not in a data centre.
     #[serde(default)]
     pub home: bool,
+    /// Its providers hold a model larger than one of them as layer-sharded
+    /// pipelines, chained per region by the production pipeline planner.
+    #[serde(default)]
+    pub shard: bool,
 }
 
 fn default_repair() -> f64 {
@@ -215,6 +229,9 @@ pub struct Provider {
     pub cost: CostProfile,
     /// Its region's electricity price, micro-units per kWh.
     pub micros_per_kwh: i64,
+    /// A pipeline's stages: its members' ids and layer ranges (empty for
+    /// a provider on its own).
+    pub stages: Vec<(String, std::ops::Range<u32>)>,
 }
 
 /// The fleet, checked and expanded.
@@ -222,6 +239,8 @@ pub struct Provider {
 pub struct Fleet {
     pub file: FleetFile,
     pub providers: Vec<Provider>,
+    /// Providers of sharded groups the planner could not chain.
+    pub unchained: usize,
 }
 
 fn index_of<'a, T>(items: &'a [T], name: &str, of: impl Fn(&'a T) -> &'a str) -> Option<usize> {
@@ -267,6 +286,7 @@ impl FleetFile {
     /// processor's memory.
     pub fn expand(self, rng: &mut StdRng) -> anyhow::Result<Fleet> {
         let mut providers = Vec::new();
+        let mut unchained = 0;
         for (gi, g) in self.groups.iter().enumerate() {
             let profile = index_of(&self.profiles, &g.profile, |p| &p.name)
                 .ok_or_else(|| anyhow::anyhow!("group {gi}: no profile {}", g.profile))?;
@@ -283,14 +303,15 @@ impl FleetFile {
             anyhow::ensure!(!regions.is_empty(), "group {gi}: no regions");
             let (p, m) = (&self.profiles[profile], &self.models[model]);
             anyhow::ensure!(
-                m.memory_gb <= p.memory_gb,
-                "group {gi}: {} ({} GB) does not fit {} ({} GB)",
+                g.shard || m.memory_gb <= p.memory_gb,
+                "group {gi}: {} ({} GB) does not fit {} ({} GB): shard it",
                 m.name,
                 m.memory_gb,
                 p.name,
                 p.memory_gb
             );
             let c = profile_on(p, m.scale);
+            let mut drawn = Vec::with_capacity(g.count);
             for i in 0..g.count {
                 let region = regions[rng.random_range(0..regions.len())];
                 let r = &self.regions[region];
@@ -299,7 +320,12 @@ impl FleetFile {
                     .map_err(|(f, e)| anyhow::anyhow!("group {gi} ({}): {f}: {e}", p.name))?;
                 let cheat = (rng.random::<f64>() < g.dishonest)
                     .then(|| Cheat::ALL[rng.random_range(0..Cheat::ALL.len())]);
-                providers.push(Provider {
+                let price = if g.home {
+                    r.home_price_per_kwh
+                } else {
+                    r.price_per_kwh
+                };
+                drawn.push(Provider {
                     id: format!("{}-{gi}-{i}", p.name),
                     profile,
                     region,
@@ -310,13 +336,16 @@ impl FleetFile {
                     cheat,
                     calibrated: c,
                     cost,
-                    micros_per_kwh: (if g.home {
-                        r.home_price_per_kwh
-                    } else {
-                        r.price_per_kwh
-                    } * 1e6)
-                        .round() as i64,
+                    micros_per_kwh: (price * 1e6).round() as i64,
+                    stages: Vec::new(),
                 });
+            }
+            if g.shard {
+                let (chains, left) = chain(drawn, p, m, &self.regions);
+                providers.extend(chains);
+                unchained += left;
+            } else {
+                providers.extend(drawn);
             }
         }
         anyhow::ensure!(
@@ -327,7 +356,110 @@ impl FleetFile {
         Ok(Fleet {
             file: self,
             providers,
+            unchained,
         })
+    }
+}
+
+/// Chains `drawn` (one sharded group's providers) into pipelines that
+/// each hold model `m`, per region, with the production planner (the
+/// fewest members whose memory holds its layers, layers by speed); each
+/// pipeline is one provider whose step is its stages' shares of their
+/// steps plus a round trip per hop, whose costs are its members' summed,
+/// and which fails when any member does. Returns the pipelines and how
+/// many providers were left over.
+fn chain(
+    drawn: Vec<Provider>,
+    p: &ProcessorProfile,
+    m: &ModelSpec,
+    regions: &[Region],
+) -> (Vec<Provider>, usize) {
+    use server::services::pipelines::plan::{Candidate, Objective, plan};
+    let per_layer = m.memory_gb / f64::from(m.layers.max(1));
+    let holds = (p.memory_gb / per_layer).floor() as u32;
+    let mut by_region: BTreeMap<usize, Vec<Provider>> = BTreeMap::new();
+    for d in drawn {
+        by_region.entry(d.region).or_default().push(d);
+    }
+    let (mut out, mut left) = (Vec::new(), 0);
+    for (region, mut pool) in by_region {
+        loop {
+            let candidates: Vec<Candidate> = pool
+                .iter()
+                .map(|d| Candidate {
+                    id: d.id.clone(),
+                    mid: holds,
+                    end: holds,
+                    speed: 1.0 / d.calibrated.step_ms(1).max(1e-9),
+                })
+                .collect();
+            let Some(stages) = plan(m.layers, &candidates, Objective::Total) else {
+                left += pool.len();
+                break;
+            };
+            let mut at: Vec<usize> = stages
+                .iter()
+                .filter_map(|s| pool.iter().position(|d| d.id == s.worker))
+                .collect();
+            // Highest first, so that no removal moves another member.
+            at.sort_unstable_by(|a, b| b.cmp(a));
+            let mut members: Vec<Provider> = at.into_iter().map(|i| pool.swap_remove(i)).collect();
+            members.sort_by_key(|d| stages.iter().position(|s| s.worker == d.id));
+            out.push(pipeline(members, stages, p, m, &regions[region]));
+        }
+    }
+    (out, left)
+}
+
+/// One pipeline of `members` holding `stages` of model `m`.
+fn pipeline(
+    members: Vec<Provider>,
+    stages: Vec<server::services::pipelines::plan::Placed>,
+    p: &ProcessorProfile,
+    m: &ModelSpec,
+    region: &Region,
+) -> Provider {
+    let k = members.len().max(1) as f64;
+    let n = f64::from(m.layers.max(1));
+    let first = &members[0];
+    let full = profile_on(p, m.scale);
+    let share = |s: &server::services::pipelines::plan::Placed| {
+        f64::from(s.layers.end - s.layers.start) / n
+    };
+    let hops = (k - 1.0) * p.rtt_ms;
+    let secs_per_token: f64 = stages
+        .iter()
+        .map(|s| share(s) / full.prefill_tokens_per_s.max(1e-9))
+        .sum();
+    let calibrated = Profile {
+        prefill_tokens_per_s: 1.0 / secs_per_token.max(1e-12),
+        prefill_ms_long: 0.0,
+        decode_step_ms_1: stages
+            .iter()
+            .map(|s| share(s) * full.decode_step_ms_1)
+            .sum::<f64>()
+            + hops,
+        decode_step_ms_4: stages
+            .iter()
+            .map(|s| share(s) * full.decode_step_ms_4)
+            .sum::<f64>()
+            + hops,
+        measured_at: 0,
+    };
+    let together = ProcessorProfile {
+        watts: (p.watts as f64 * k) as i64,
+        hardware_cost: p.hardware_cost * k,
+        network_per_hour: p.network_per_hour * k,
+        ..p.clone()
+    };
+    Provider {
+        id: format!("pipe-{}x{}", first.id, members.len()),
+        cost: cost_profile(&together, &calibrated, &region.name),
+        calibrated,
+        mtbf_hours: first.mtbf_hours.map(|h| h / k),
+        cheat: members.iter().find_map(|x| x.cheat),
+        stages: stages.into_iter().map(|s| (s.worker, s.layers)).collect(),
+        ..first.clone()
     }
 }
 

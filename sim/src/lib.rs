@@ -8,6 +8,8 @@
 //! (`report`, charts in `svg`) compares them and a cloud baseline.
 
 pub mod fleet;
+pub mod journal;
+pub mod market;
 pub mod report;
 pub mod svg;
 pub mod workload;
@@ -44,20 +46,30 @@ pub fn simulate(
     policies: &[(String, Settings)],
     seed: u64,
 ) -> anyhow::Result<Vec<Report>> {
-    let mut out = Vec::new();
-    for (name, settings) in policies {
-        let started = Instant::now();
-        let mut w = world::World::new(
-            fleet,
-            trace,
-            settings.clone(),
-            StdRng::seed_from_u64(seed ^ 0x5157),
-        )?;
-        let (events, end) = w.run();
-        let wall = started.elapsed().as_secs_f64();
-        out.push(w.tally.report(fleet, trace, name, end, events, wall));
-    }
-    Ok(out)
+    policies
+        .iter()
+        .map(|(name, settings)| Ok(run_one(fleet, trace, name, settings, seed)?.0))
+        .collect()
+}
+
+/// One run: its report, and its settlements when `settings.record`.
+pub fn run_one(
+    fleet: &fleet::Fleet,
+    trace: &[workload::Request],
+    name: &str,
+    settings: &Settings,
+    seed: u64,
+) -> anyhow::Result<(Report, Vec<journal::Settled>)> {
+    let started = Instant::now();
+    let rng = StdRng::seed_from_u64(seed ^ 0x5157);
+    let mut w = world::World::new(fleet, trace, settings.clone(), rng)?;
+    let (events, end) = w.run();
+    let wall = started.elapsed().as_secs_f64();
+    let settled = std::mem::take(&mut w.settled);
+    let market = w.market_report();
+    let mut report = w.tally.report(fleet, trace, name, end, events, wall);
+    report.market = market;
+    Ok((report, settled))
 }
 
 /// Writes `reports` under `dir`: `report.json`, `summary.txt` and one
@@ -151,6 +163,27 @@ pub fn summary(reports: &[Report]) -> String {
             r.events,
             r.wall_s
         );
+        if let Some(k) = &r.market {
+            let last: Vec<String> = k
+                .prices
+                .iter()
+                .rev()
+                .take(3)
+                .map(|(h, m, p)| format!("{m} {p:.4} at {h:.1} h"))
+                .collect();
+            let _ = writeln!(
+                s,
+                "    market: {} asks, {} bids, {} fills, {:.0} token-seconds bought, prepaid {:.4} (sellers {:.4}), {} requests covered; last trades: {}",
+                k.asks_posted,
+                k.bids_posted,
+                k.fills,
+                k.capacity_bought,
+                k.prepaid,
+                k.sellers_paid,
+                k.covered_requests,
+                last.join(", ")
+            );
+        }
         for (c, t) in &r.cheats {
             let _ = writeln!(
                 s,

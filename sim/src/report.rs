@@ -50,6 +50,8 @@ pub struct ProviderTime {
     pub cap: u32,
     /// What an hour of it costs its provider (ticks).
     pub hourly_cost: i64,
+    /// Of that, the electricity under load.
+    pub hourly_energy: i64,
 }
 
 /// Counters of a run.
@@ -80,6 +82,8 @@ pub struct Tally {
     capacity: Vec<f64>,
     /// What the providers' online time cost them (ticks).
     operating: f64,
+    /// The electricity of their busy time (ticks).
+    energy: f64,
 }
 
 impl Tally {
@@ -121,6 +125,7 @@ impl Tally {
             quarantined: 0,
             cheats: BTreeMap::new(),
             operating: 0.0,
+            energy: 0.0,
         }
     }
 
@@ -176,6 +181,13 @@ impl Tally {
         }
     }
 
+    /// A contract filled: its bidder prepaid `cost`, its seller was paid
+    /// `seller` (ticks).
+    pub fn prepaid(&mut self, cost: i64, seller: i64) {
+        self.user_paid += i128::from(cost);
+        self.providers_paid += i128::from(seller);
+    }
+
     /// A caught attempt: its user refunded, its pay clawed back, its
     /// provider quarantined.
     pub fn clawed_back(&mut self, _provider: usize, cost: i64, paid: i64) {
@@ -227,6 +239,7 @@ impl Tally {
         x.2 += t.seq_us;
         self.capacity[k] += t.online_us as f64 * f64::from(t.cap.max(1));
         self.operating += t.hourly_cost as f64 * t.online_us as f64 / 3.6e9;
+        self.energy += t.hourly_energy as f64 * t.busy_us as f64 / 3.6e9;
     }
 
     pub fn sample_s(&self) -> f64 {
@@ -287,6 +300,13 @@ pub struct MoneyReport {
     /// What the providers' hardware, power and network cost them per
     /// million tokens, over their online hours.
     pub provider_cost_per_mtok: f64,
+    /// The electricity of their busy hours per million tokens: the
+    /// marginal cost of serving for hardware owned anyway.
+    pub provider_energy_per_mtok: f64,
+    /// Exact totals (ticks): users net of refunds, providers net of
+    /// clawbacks.
+    pub users_paid_ticks: i64,
+    pub providers_paid_ticks: i64,
 }
 
 /// The same load on the cloud.
@@ -324,6 +344,11 @@ pub struct Report {
     pub failovers: u64,
     pub crashes: u64,
     pub quarantined: u64,
+    /// Layer-sharded pipelines the planner chained, their members, and
+    /// the sharded groups' providers left over.
+    pub pipelines: u64,
+    pub pipeline_members: u64,
+    pub unchained: u64,
     pub money: MoneyReport,
     pub baseline: BaselineReport,
     pub cheats: BTreeMap<Cheat, CheatTally>,
@@ -332,6 +357,9 @@ pub struct Report {
     pub idle_share: f64,
     pub events: u64,
     pub wall_s: f64,
+    /// The spot market's side, when the fleet has one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub market: Option<crate::market::MarketReport>,
 }
 
 fn units(t: i128) -> f64 {
@@ -458,6 +486,9 @@ impl Tally {
             user_cost_per_mtok: per_mtok(user_paid),
             provider_earned_per_mtok: per_mtok(providers_paid),
             provider_cost_per_mtok: per_mtok(self.operating as i128),
+            provider_energy_per_mtok: per_mtok(self.energy as i128),
+            users_paid_ticks: i64::try_from(user_paid).unwrap_or(i64::MAX),
+            providers_paid_ticks: i64::try_from(providers_paid).unwrap_or(i64::MAX),
         };
         Report {
             policy: policy.to_string(),
@@ -473,6 +504,13 @@ impl Tally {
             failovers: self.failovers,
             crashes: self.crashes,
             quarantined: self.quarantined,
+            pipelines: fleet
+                .providers
+                .iter()
+                .filter(|p| !p.stages.is_empty())
+                .count() as u64,
+            pipeline_members: fleet.providers.iter().map(|p| p.stages.len() as u64).sum(),
+            unchained: fleet.unchained as u64,
             baseline: baseline(
                 fleet,
                 trace,
@@ -490,6 +528,7 @@ impl Tally {
             },
             events,
             wall_s,
+            market: None,
         }
     }
 }

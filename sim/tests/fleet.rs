@@ -39,6 +39,7 @@ fn settings(policy: &str, spot: SpotConfig) -> (String, Settings) {
             spot,
             sample_s: 300.0,
             step_target_ms: 100.0,
+            record: false,
         },
     )
 }
@@ -57,7 +58,19 @@ fn net_of_fee(paid: f64, fee_bps: i64) -> f64 {
 #[test]
 fn a_small_fleet_day_has_checked_totals() {
     let (fleet, trace) = small(1, |_| {});
-    assert_eq!(fleet.providers.len(), 100);
+    let members: usize = fleet.providers.iter().map(|p| p.stages.len().max(1)).sum();
+    assert_eq!(members + fleet.unchained, 100);
+    // Four home GPUs of 24 GB hold the 42 GB model as two pipelines of two.
+    let pipes: Vec<_> = fleet
+        .providers
+        .iter()
+        .filter(|p| !p.stages.is_empty())
+        .collect();
+    assert_eq!(pipes.len(), 2, "{pipes:?}");
+    for p in &pipes {
+        let layers: u32 = p.stages.iter().map(|s| s.1.end - s.1.start).sum();
+        assert_eq!((p.stages.len(), layers), (2, 80), "{p:?}");
+    }
     let all = ["measured", "round-robin", "least-loaded", "cheapest-first"];
     let reports = run(&fleet, &trace, &all, SpotConfig::default());
     let prompt: u64 = trace.iter().map(|r| u64::from(r.prompt_tokens)).sum();
@@ -108,6 +121,20 @@ fn a_small_fleet_day_has_checked_totals() {
         assert!(
             r.baseline.provisioned > 0 && r.baseline.cost_per_mtok_static > 0.0,
             "{name}"
+        );
+    }
+    // A tenth of the tenants buy capacity: fills, and requests run on it.
+    for r in &reports {
+        let m = r.market.as_ref().expect("the small fleet has a market");
+        assert!(
+            m.fills > 0 && m.covered_requests > 0 && m.prepaid > 0.0,
+            "{}: {m:?}",
+            r.policy
+        );
+        assert!(
+            m.sellers_paid <= net_of_fee(m.prepaid, 700) + 1e-9,
+            "{}: {m:?}",
+            r.policy
         );
     }
     // The cost model places work where it is cheapest for its time: users
@@ -188,6 +215,37 @@ fn cheats_are_caught_at_the_spot_check_rate_refunded_and_quarantined() {
     );
 }
 
+#[test]
+fn the_money_of_a_run_replays_into_the_ledger_and_passes_its_audit() {
+    // Contracts are prepaid through the ledger's trades, not settlements:
+    // this run has no market.
+    let (fleet, mut trace) = small(4, |f| {
+        f.market = None;
+        f.groups.iter_mut().for_each(|g| g.dishonest = 0.3);
+    });
+    trace.truncate(1_500);
+    let (name, mut s) = settings("measured", SpotConfig::default());
+    s.record = true;
+    let (report, settled) = sim::run_one(&fleet, &trace, &name, &s, 4).expect("run");
+    assert_eq!(settled.len() as u64, report.served);
+    assert!(settled.iter().any(|x| x.clawed), "some cheat caught");
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let replayed = rt.block_on(async {
+        let db = money::store::Db::connect(&money::store::testing::sqlite_url())
+            .await
+            .expect("db");
+        sim::journal::replay(db, &settled).await.expect("replay")
+    });
+    assert!(replayed.audit.violations.is_empty(), "{:?}", replayed.audit);
+    assert_eq!(replayed.audit.open_holds, 0);
+    let m = &report.money;
+    assert_eq!(replayed.users_paid, m.users_paid_ticks);
+    assert_eq!(replayed.providers_paid, m.providers_paid_ticks);
+}
+
 /// The production functions the simulator must call, never redefine:
 /// every public function of the placement, pricing, settlement, spot
 /// check and calibration-profile modules.
@@ -229,8 +287,20 @@ fn no_copy_of_the_production_logic_lives_in_the_simulator() {
         production.extend(fn_names(&text));
     }
     assert!(production.contains("payees") && production.contains("demand_bps"));
-    for entry in std::fs::read_dir(root().join("src")).expect("src") {
-        let path = entry.expect("entry").path();
+    let mut files = Vec::new();
+    let mut dirs = vec![root().join("src")];
+    while let Some(d) = dirs.pop() {
+        for entry in std::fs::read_dir(&d).expect("source dir") {
+            let path = entry.expect("entry").path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else {
+                files.push(path);
+            }
+        }
+    }
+    assert!(files.len() >= 8, "{files:?}");
+    for path in files {
         let text = std::fs::read_to_string(&path).expect("source");
         assert!(
             !text.contains("impl Policy for"),

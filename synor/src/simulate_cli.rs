@@ -85,6 +85,7 @@ pub fn run(a: &SimulateArgs) -> anyhow::Result<()> {
                     spot: Default::default(),
                     sample_s: a.sample_s,
                     step_target_ms: 100.0,
+                    record: false,
                 },
             ))
         })

@@ -4,7 +4,10 @@
 //! prepaid at the trade price, while the contract has room: a token
 //! bucket refilled at `quantity` a second and holding at most `BURST_S`
 //! seconds of it. A request that does not fit pays the spot price.
+//! Buckets refill by a clock in seconds: the process's monotonic one, or
+//! the simulator's virtual one (`cover_at`).
 
+use std::sync::OnceLock;
 use std::time::Instant;
 
 use serde::Serialize;
@@ -37,7 +40,13 @@ pub struct Contract {
     level: f64,
     #[serde(skip)]
     #[schema(ignore)]
-    refilled: Option<Instant>,
+    refilled: Option<f64>,
+}
+
+/// Seconds on the process's monotonic clock.
+fn clock() -> f64 {
+    static START: OnceLock<Instant> = OnceLock::new();
+    START.get_or_init(Instant::now).elapsed().as_secs_f64()
 }
 
 /// A request covered by a contract: it runs at the trade price on the
@@ -78,9 +87,9 @@ impl Contract {
     }
 
     /// Refills the bucket for the time since it was last looked at.
-    fn refill(&mut self, at: Instant) {
+    fn refill(&mut self, at: f64) {
         if let Some(last) = self.refilled {
-            let secs = at.saturating_duration_since(last).as_secs_f64();
+            let secs = (at - last).max(0.0);
             self.level = (self.level + secs * self.quantity as f64).min(self.capacity());
         }
         self.refilled = Some(at);
@@ -109,8 +118,20 @@ impl Contracts {
         now: i64,
         can_serve: impl Fn(&str) -> bool,
     ) -> Option<Cover> {
+        self.cover_at(account, instrument, tokens, (now, clock()), can_serve)
+    }
+
+    /// `cover` with the buckets' clock `at` (seconds) given: the
+    /// simulator's virtual time.
+    pub fn cover_at(
+        &mut self,
+        account: &str,
+        instrument: &str,
+        tokens: u64,
+        (now, at): (i64, f64),
+        can_serve: impl Fn(&str) -> bool,
+    ) -> Option<Cover> {
         self.0.retain(|c| c.until > now);
-        let at = Instant::now();
         let mut fits = self
             .0
             .iter_mut()
@@ -161,7 +182,7 @@ impl Contracts {
     /// The live contracts of `account` (all, without one).
     pub fn of(&mut self, account: Option<&str>, now: i64) -> Vec<Contract> {
         self.0.retain(|c| c.until > now);
-        let at = Instant::now();
+        let at = clock();
         self.0
             .iter_mut()
             .filter(|c| account.is_none_or(|a| a == c.bidder))
@@ -198,6 +219,11 @@ mod tests {
         let c = cs.cover("u", "m", 40, 0, yes).expect("cover");
         assert_eq!((c.seller.as_str(), c.price), ("seller", 500));
         assert!(cs.cover("u", "m", 5, 0, yes).is_none(), "empty");
+        // On a clock of its own (the simulator's), five seconds later: 50
+        // tokens refilled at 10 a second.
+        let later = (0, clock() + 5.0);
+        assert!(cs.cover_at("u", "m", 50, later, yes).is_some());
+        assert!(cs.cover_at("u", "m", 5, later, yes).is_none());
         // Another account, instrument, or a seller that cannot serve: no.
         cs.add(contract("v", 10, 1_000));
         assert!(cs.cover("u", "m", 1, 0, yes).is_none());
@@ -212,12 +238,12 @@ mod tests {
     #[test]
     fn the_bucket_refills_at_the_contract_rate() {
         let mut c = contract("u", 1_000, 10);
-        let t0 = Instant::now();
+        let t0 = 100.0;
         c.refill(t0);
         c.level = 0.0;
-        c.refill(t0 + std::time::Duration::from_millis(500));
+        c.refill(t0 + 0.5);
         assert!((c.level - 500.0).abs() < 1.0, "{}", c.level);
-        c.refill(t0 + std::time::Duration::from_secs(60));
+        c.refill(t0 + 60.0);
         assert_eq!(c.level, c.capacity(), "at most BURST_S seconds banked");
     }
 }

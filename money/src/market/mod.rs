@@ -5,7 +5,7 @@
 //! the capacity each fill bought (`contracts`).
 //! It knows nothing of HTTP or the engine: callers pass in the load.
 
-mod billing;
+pub mod billing;
 pub mod book;
 pub mod contracts;
 pub mod pricing;

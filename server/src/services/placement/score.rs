@@ -72,9 +72,16 @@ impl Measure {
 
     /// Expected milliseconds to run a choice of `prompt` tokens and at
     /// most `max_tokens` here, alongside what it already runs.
+    /// Past its cap a choice is not batched: it waits for a slot, one
+    /// freeing every `1 / cap` of a run.
     pub fn expected_ms(&self, prompt: usize, max_tokens: usize) -> f64 {
         let batch = self.outstanding + 1;
         let raw = match &self.profile {
+            Some(p) if self.cap > 0 && batch > self.cap => {
+                let run = p.prefill_ms(prompt) + max_tokens as f64 * p.step_ms(self.cap);
+                let rounds_ahead = f64::from(batch - self.cap) / f64::from(self.cap);
+                run * (1.0 + rounds_ahead)
+            }
             Some(p) => p.prefill_ms(prompt) + max_tokens as f64 * p.step_ms(batch),
             None => f64::from(batch) * self.ms_per_token * max_tokens as f64,
         };
@@ -322,6 +329,30 @@ mod tests {
             house: false,
         }
         .score(w, 20, 100)
+    }
+
+    #[test]
+    fn past_its_cap_a_choice_waits_for_a_slot_not_one_more_step() {
+        // Capped at 8: past it a choice waits for a slot; with eight
+        // running, finishing in turn, a slot frees every eighth of a run.
+        // The sixteenth waits a whole run, the twenty-fourth two.
+        let m = measured(10.0);
+        let at = |outstanding| Measure { outstanding, ..m }.expected_ms(0, 100);
+        let run = at(7);
+        assert!((at(8) - 1.125 * run).abs() < 1e-6, "{} vs {run}", at(8));
+        assert!((at(15) - 2.0 * run).abs() < 1e-6);
+        assert!((at(23) - 3.0 * run).abs() < 1e-6);
+        // Under the cap, one more choice costs one more step's share.
+        assert!(at(3) < run && at(6) < run);
+        // A cap of one (a phone): each choice ahead is a whole run.
+        let one = Measure { cap: 1, ..m };
+        let single = one.expected_ms(0, 100);
+        let queued = Measure {
+            outstanding: 4,
+            ..one
+        }
+        .expected_ms(0, 100);
+        assert!((queued - 5.0 * single).abs() < 1e-6, "{queued} vs {single}");
     }
 
     #[test]

@@ -15,10 +15,8 @@
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
 
-use money::ledger::Tokens;
 use money::ledger::amount::BPS;
-use money::ledger::settle::{Work, payees};
-use money::market::pricing::{Occupancy, payout_bps, prices};
+use money::market::pricing::{Occupancy, prices};
 use rand::Rng;
 use rand::rngs::StdRng;
 use server::services::placement::policy::{Policy, PolicyKind, Snapshot, policy};
@@ -26,6 +24,8 @@ use server::services::placement::score::{Candidate, Measure, Terms, Weights};
 use server::services::spotcheck::SpotConfig;
 
 use crate::fleet::{Cheat, Fleet};
+use crate::journal::Settled;
+use crate::market::Market;
 use crate::report::{ProviderTime, Tally};
 use crate::workload::Request;
 
@@ -39,6 +39,9 @@ const STALL: f64 = 10.0;
 /// How long a crash takes to notice before its requests are replayed.
 const DETECT_MS: f64 = 1_000.0;
 
+mod bill;
+mod trade;
+
 /// How a run is set up.
 #[derive(Debug, Clone)]
 pub struct Settings {
@@ -50,6 +53,8 @@ pub struct Settings {
     /// The decode step the adaptive caps aim under (the dispatcher's
     /// `step_target_ms`).
     pub step_target_ms: f64,
+    /// Keep every settlement (`World::settled`), to replay into a ledger.
+    pub record: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -60,6 +65,7 @@ enum Event {
     Return(usize),
     Schedule(usize),
     Sample,
+    BidRound,
 }
 
 /// A request in flight.
@@ -71,6 +77,8 @@ struct Live {
     started_us: u64,
     step_ms: f64,
     ttft_ms: f64,
+    /// Runs on capacity its tenant bought (prepaid).
+    covered: bool,
 }
 
 /// A provider's state.
@@ -124,6 +132,18 @@ pub struct World<'a> {
     /// Model and region indices of each request.
     keys: Vec<(usize, usize)>,
     pub tally: Tally,
+    /// Every settlement, in order, when `Settings::record` is set.
+    pub settled: Vec<Settled>,
+    /// The books, when the fleet has a market.
+    pub market: Option<Market>,
+    /// What each tenant that buys capacity bids for, per model: its mean
+    /// tokens a second and its largest request.
+    demand: Vec<trade::Demand>,
+    buyers: std::collections::HashSet<String>,
+    /// Provider index by id.
+    by_id: std::collections::HashMap<String, usize>,
+    /// The policy that picks among the regions' nominees.
+    nominate: Box<dyn Policy>,
 }
 
 impl<'a> World<'a> {
@@ -181,7 +201,18 @@ impl<'a> World<'a> {
                 since_us: 0,
             })
             .collect();
+        let b = trade::buyers(fleet, trace);
         let mut w = Self {
+            nominate: policy(settings.policy, settings.weights),
+            market: b.market,
+            demand: b.demand,
+            buyers: b.names,
+            by_id: fleet
+                .providers
+                .iter()
+                .enumerate()
+                .map(|(i, p)| (p.id.clone(), i))
+                .collect(),
             fleet,
             trace,
             tally: Tally::new(fleet, settings.sample_s),
@@ -192,6 +223,7 @@ impl<'a> World<'a> {
             seq: 0,
             slots,
             pools,
+            settled: Vec::new(),
             live: vec![
                 Live {
                     attempt: 0,
@@ -204,6 +236,7 @@ impl<'a> World<'a> {
                     started_us: 0,
                     step_ms: 0.0,
                     ttft_ms: 0.0,
+                    covered: false,
                 };
                 trace.len()
             ],
@@ -217,6 +250,9 @@ impl<'a> World<'a> {
             w.push((r.at_s * US_PER_S) as u64, Event::Arrive(i));
         }
         w.push(0, Event::Sample);
+        if w.market.is_some() {
+            w.push(1, Event::BidRound);
+        }
         Ok(w)
     }
 
@@ -251,6 +287,16 @@ impl<'a> World<'a> {
                     self.schedule_crash(p);
                 }
                 Event::Schedule(p) => self.schedule(p),
+                Event::BidRound => {
+                    self.bid_round();
+                    if self.tally.closed() < total {
+                        let every = self.market.as_ref().map_or(3600.0, |m| m.spec.bid_every_s);
+                        self.push(
+                            self.now + (every.max(1.0) * US_PER_S) as u64,
+                            Event::BidRound,
+                        );
+                    }
+                }
                 Event::Sample => {
                     self.take_sample();
                     if self.tally.closed() < total {
@@ -294,6 +340,7 @@ impl<'a> World<'a> {
                 pl.members.push(p);
                 pl.snap.candidates.push(c);
                 self.refresh(p);
+                self.post_ask(p);
             }
             (false, Some(i)) => {
                 s.online_us += now - s.since_us;
@@ -307,6 +354,9 @@ impl<'a> World<'a> {
                 }
                 for r in queued {
                     self.replace(r);
+                }
+                if let Some(m) = &mut self.market {
+                    m.withdraw(p, self.fleet.providers[p].model);
                 }
             }
             _ => {}
@@ -333,12 +383,21 @@ impl<'a> World<'a> {
     /// What a user pays on `p` now: the production pricing engine over
     /// its costs and load.
     fn prices_of(&self, p: usize) -> money::ledger::Prices {
+        self.prices_of_load(
+            p,
+            self.slots[p].running() as usize + self.slots[p].queue.len(),
+        )
+    }
+
+    /// `p`'s prices with `outstanding` sequences on it.
+    fn prices_of_load(&self, p: usize, outstanding: usize) -> money::ledger::Prices {
         let pr = &self.fleet.providers[p];
-        let s = &self.slots[p];
+        let cap = u64::from(self.slots[p].measure.cap.max(1));
+        let n = outstanding as u64;
         let load = Occupancy {
-            running: u64::from(s.running()),
-            waiting: s.queue.len() as u64,
-            capacity: u64::from(s.measure.cap.max(1)),
+            running: n.min(cap),
+            waiting: n.saturating_sub(cap),
+            capacity: cap,
         };
         prices(
             &pr.cost,
@@ -364,32 +423,63 @@ impl<'a> World<'a> {
     }
 
     fn arrive(&mut self, r: usize) {
+        if let Some(p) = self.covered_by(r) {
+            self.live[r].provider = Some(p);
+            self.live[r].covered = true;
+            self.admit(r, p);
+            return;
+        }
+        self.live[r].covered = false;
+        match self.route(r) {
+            Some(p) => {
+                self.live[r].provider = Some(p);
+                self.live[r].prices = self.prices_of(p);
+                self.admit(r, p);
+            }
+            None => self.tally.unserved(r),
+        }
+    }
+
+    /// Where `r` goes: its region's pick by the policy; when that one is
+    /// full, the policy's pick among it and every other region's pick
+    /// (each region's gateway nominates, the policy decides).
+    fn route(&mut self, r: usize) -> Option<usize> {
         let (model, home) = self.keys[r];
         let regions = self.fleet.file.regions.len();
         let req = &self.trace[r];
+        let (prompt, max_tokens) = (req.prompt_tokens as usize, req.output_tokens as usize);
         let order = std::iter::once(home).chain((0..regions).filter(|&g| g != home));
+        let mut nominees: Vec<(usize, Candidate)> = Vec::new();
         for g in order {
             let pool = &mut self.pools[model * regions + g];
             if pool.members.is_empty() {
                 continue;
             }
-            pool.snap.prompt = req.prompt_tokens as usize;
-            pool.snap.max_tokens = req.output_tokens as usize;
+            pool.snap.prompt = prompt;
+            pool.snap.max_tokens = max_tokens;
             let Some(i) = pool.policy.pick(&pool.snap) else {
                 continue;
             };
-            let p = pool.members[i];
-            self.live[r].provider = Some(p);
-            self.live[r].prices = self.prices_of(p);
-            if self.slots[p].running() < self.slots[p].measure.cap.max(1) {
-                self.start(r, p);
-            } else {
-                self.slots[p].queue.push_back(r);
+            let c = &pool.snap.candidates[i];
+            if nominees.is_empty() && !c.measure.full() {
+                return Some(pool.members[i]);
             }
-            self.refresh(p);
-            return;
+            nominees.push((pool.members[i], c.clone()));
         }
-        self.tally.unserved(r);
+        let (ids, candidates): (Vec<usize>, Vec<Candidate>) = nominees.into_iter().unzip();
+        let snap = Snapshot::new(prompt, max_tokens, candidates);
+        let i = self.nominate.pick(&snap)?;
+        ids.get(i).copied()
+    }
+
+    /// Starts `r` on `p`, or queues it there at its cap.
+    fn admit(&mut self, r: usize, p: usize) {
+        if self.slots[p].running() < self.slots[p].measure.cap.max(1) {
+            self.start(r, p);
+        } else {
+            self.slots[p].queue.push_back(r);
+        }
+        self.refresh(p);
     }
 
     /// Places `r` again (its provider went away): a failover.
@@ -468,52 +558,6 @@ impl<'a> World<'a> {
         self.refresh(p);
     }
 
-    /// Bills a finished request by the production settlement rule, with
-    /// the spot check's draw for a cheat's attempt.
-    fn bill(&mut self, p: usize, r: usize) {
-        let pr = &self.fleet.providers[p];
-        let req = &self.trace[r];
-        let l = &self.live[r];
-        let tokens = Tokens {
-            prompt: u64::from(req.prompt_tokens),
-            cached: 0,
-            completion: u64::from(req.output_tokens),
-        };
-        let quote = money::ledger::Quote {
-            provider_id: pr.id.clone(),
-            model: req.model.clone(),
-            prices: l.prices,
-            fee_bps: self.fleet.file.fee_bps,
-            payout_bps: payout_bps(BPS),
-            stages: Default::default(),
-        };
-        let cost = quote.cost(tokens);
-        let work = [Work {
-            provider: pr.id.clone(),
-            prices: l.prices,
-            payout_bps: quote.payout_bps,
-            tokens,
-        }];
-        let paid: i64 = payees(quote.fee_bps, cost, &work).iter().map(|x| x.1).sum();
-        let good = matches!(pr.cheat, None | Some(Cheat::Stall | Cheat::InflatedCounts));
-        let rate = self.settings.spot.rate_for(self.slots[p].delivered);
-        let checked = rate > 0.0 && self.rng.random_bool(rate);
-        let (ttft, step) = (l.ttft_ms, l.step_ms);
-        let met = ttft <= req.ttft_ms && step <= req.tpot_ms;
-        self.tally
-            .finished(p, met, (ttft, step), (cost, paid), tokens);
-        if let Some(c) = pr.cheat {
-            self.tally.cheated(c, cost, !good, checked);
-        }
-        if !good && checked {
-            // Caught: the user is refunded, the pay clawed back, the
-            // provider quarantined.
-            self.tally.clawed_back(p, cost, paid);
-            self.slots[p].banned = true;
-            self.set_online(p);
-        }
-    }
-
     fn crash(&mut self, p: usize) {
         if !self.slots[p].up {
             return;
@@ -550,6 +594,11 @@ impl<'a> World<'a> {
         self.tally.record_sample(self.now, rows);
     }
 
+    /// The market's report, once the run is over.
+    pub fn market_report(&mut self) -> Option<crate::market::MarketReport> {
+        self.market.take().map(Market::finish)
+    }
+
     /// Closes every provider's online and busy time at the end.
     fn close_time(&mut self) {
         let now = self.now;
@@ -568,6 +617,15 @@ impl<'a> World<'a> {
                 hourly_cost: {
                     let pr = &self.fleet.providers[p];
                     pr.cost.hourly_cost(pr.micros_per_kwh)
+                },
+                hourly_energy: {
+                    let pr = &self.fleet.providers[p];
+                    let power = money::market::pricing::CostProfile {
+                        depreciation_per_hour: 0,
+                        network_per_hour: 0,
+                        ..pr.cost.clone()
+                    };
+                    power.hourly_cost(pr.micros_per_kwh)
                 },
             };
             self.tally.provider_time(p, t);
