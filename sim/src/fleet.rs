@@ -166,6 +166,14 @@ pub struct Group {
     /// At home (residential electricity), not in a data centre.
     #[serde(default)]
     pub home: bool,
+    /// Providers arrive over this many hours from the start (0: all there
+    /// at the start).
+    #[serde(default)]
+    pub arrive_within_h: f64,
+    /// Mean hours a provider stays once arrived before leaving for good
+    /// (absent: it stays).
+    #[serde(default)]
+    pub stay_h: Option<f64>,
     /// Its providers hold a model larger than one of them as layer-sharded
     /// pipelines, chained per region by the production pipeline planner.
     #[serde(default)]
@@ -232,6 +240,9 @@ pub struct Provider {
     /// A pipeline's stages: its members' ids and layer ranges (empty for
     /// a provider on its own).
     pub stages: Vec<(String, std::ops::Range<u32>)>,
+    /// When it arrives and when it leaves for good (hours; churn).
+    pub arrives_h: f64,
+    pub leaves_h: Option<f64>,
 }
 
 /// The fleet, checked and expanded.
@@ -315,6 +326,14 @@ impl FleetFile {
             for i in 0..g.count {
                 let region = regions[rng.random_range(0..regions.len())];
                 let r = &self.regions[region];
+                let arrives_h = match g.arrive_within_h {
+                    h if h > 0.0 => h * rng.random::<f64>(),
+                    _ => 0.0,
+                };
+                let leaves_h = g
+                    .stay_h
+                    .filter(|h| *h > 0.0)
+                    .map(|h| arrives_h - h * rng.random_range(f64::EPSILON..1.0).ln());
                 let cost = cost_profile(p, &c, &r.name);
                 cost.validate()
                     .map_err(|(f, e)| anyhow::anyhow!("group {gi} ({}): {f}: {e}", p.name))?;
@@ -338,6 +357,8 @@ impl FleetFile {
                     cost,
                     micros_per_kwh: (price * 1e6).round() as i64,
                     stages: Vec::new(),
+                    arrives_h,
+                    leaves_h,
                 });
             }
             if g.shard {

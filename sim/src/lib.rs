@@ -150,13 +150,14 @@ pub fn summary(reports: &[Report]) -> String {
         let m = &r.money;
         let _ = writeln!(
             s,
-            "  {}: users paid {:.4}, providers {:.4}, treasury {:.4}, refunded {:.4}; providers' own cost {:.4}/Mtok; {} failovers, {} crashes, {} quarantined; {} events in {:.2} s",
+            "  {}: users paid {:.4}, providers {:.4}, treasury {:.4}, refunded {:.4}; providers' own cost {:.4}/Mtok (electricity of busy hours {:.4}/Mtok); {} failovers, {} crashes, {} quarantined; {} events in {:.2} s",
             r.policy,
             m.users_paid,
             m.providers_paid,
             m.treasury,
             m.refunded,
             m.provider_cost_per_mtok,
+            m.provider_energy_per_mtok,
             r.failovers,
             r.crashes,
             r.quarantined,
@@ -187,8 +188,8 @@ pub fn summary(reports: &[Report]) -> String {
         for (c, t) in &r.cheats {
             let _ = writeln!(
                 s,
-                "    {c:?}: {} attempts, {} wrong, {} caught, {:.6} paid by users for wrong answers not caught",
-                t.attempts, t.harmful, t.caught, t.cost_to_users
+                "    {c:?}: {} attempts, {} wrong, {} caught, {:.6} paid by users for wrong answers not caught, {:.6} of fees refunded by the treasury",
+                t.attempts, t.harmful, t.caught, t.cost_to_users, t.cost_to_treasury
             );
         }
         for k in &r.kinds {

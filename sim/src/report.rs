@@ -35,8 +35,12 @@ pub struct CheatTally {
     pub caught: u64,
     /// What users paid for wrong answers never caught (units).
     pub cost_to_users: f64,
+    /// The fees the treasury refunded on caught ones (units).
+    pub cost_to_treasury: f64,
     #[serde(skip)]
     cost_ticks: i128,
+    #[serde(skip)]
+    treasury_ticks: i128,
 }
 
 /// One provider's time over a run.
@@ -66,6 +70,7 @@ pub struct Tally {
     met: u64,
     failovers: u64,
     crashes: u64,
+    departures: u64,
     ttft: Vec<f32>,
     tpot: Vec<f32>,
     tokens: (u64, u64),
@@ -115,6 +120,7 @@ impl Tally {
             met: 0,
             failovers: 0,
             crashes: 0,
+            departures: 0,
             ttft: Vec::new(),
             tpot: Vec::new(),
             tokens: (0, 0),
@@ -146,6 +152,10 @@ impl Tally {
         self.crashes += 1;
     }
 
+    pub fn departed(&mut self) {
+        self.departures += 1;
+    }
+
     /// A request finished on a provider: whether it met its targets, its
     /// TTFT and TPOT, what its user paid and its provider was paid.
     pub fn finished(
@@ -168,13 +178,17 @@ impl Tally {
 
     /// A cheat's attempt: whether its answer was wrong and whether a
     /// spot check looked at it.
-    pub fn cheated(&mut self, c: Cheat, cost: i64, harmful: bool, checked: bool) {
+    /// A cheat's attempt that cost its user `cost` and paid its provider
+    /// `paid`: whether its answer was wrong and whether a spot check
+    /// looked at it. A caught one costs the treasury the fee it refunds.
+    pub fn cheated(&mut self, c: Cheat, (cost, paid): (i64, i64), harmful: bool, checked: bool) {
         let t = self.cheats.entry(c).or_default();
         t.attempts += 1;
         if harmful {
             t.harmful += 1;
             if checked {
                 t.caught += 1;
+                t.treasury_ticks += i128::from(cost - paid);
             } else {
                 t.cost_ticks += i128::from(cost);
             }
@@ -343,6 +357,8 @@ pub struct Report {
     pub output_tokens: u64,
     pub failovers: u64,
     pub crashes: u64,
+    /// Providers that left for good (churn).
+    pub departures: u64,
     pub quarantined: u64,
     /// Layer-sharded pipelines the planner chained, their members, and
     /// the sharded groups' providers left over.
@@ -476,6 +492,7 @@ impl Tally {
         }
         for c in self.cheats.values_mut() {
             c.cost_to_users = units(c.cost_ticks);
+            c.cost_to_treasury = units(c.treasury_ticks);
         }
         let money = MoneyReport {
             users_paid: units(user_paid),
@@ -503,6 +520,7 @@ impl Tally {
             output_tokens: self.tokens.1,
             failovers: self.failovers,
             crashes: self.crashes,
+            departures: self.departures,
             quarantined: self.quarantined,
             pipelines: fleet
                 .providers

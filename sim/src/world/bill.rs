@@ -71,7 +71,7 @@ impl World<'_> {
         self.tally
             .finished(p, met, (ttft, step), (cost, paid), tokens);
         if let Some(c) = pr.cheat {
-            self.tally.cheated(c, cost, !good, checked);
+            self.tally.cheated(c, (cost, paid), !good, checked);
         }
         if !good && checked {
             // Caught: the user is refunded, the pay clawed back, the

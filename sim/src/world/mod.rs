@@ -60,12 +60,19 @@ pub struct Settings {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 enum Event {
     Arrive(usize),
-    Finish { p: usize, r: usize, attempt: u32 },
+    Finish {
+        p: usize,
+        r: usize,
+        attempt: u32,
+    },
     Crash(usize),
     Return(usize),
     Schedule(usize),
     Sample,
     BidRound,
+    /// A provider arrives (churn) or leaves for good.
+    Arrives(usize),
+    Leaves(usize),
 }
 
 /// A request in flight.
@@ -91,6 +98,8 @@ struct Slot {
     up: bool,
     in_hours: bool,
     banned: bool,
+    /// Arrived and not yet left for good.
+    present: bool,
     /// Its index among its pool's candidates while online.
     at: Option<usize>,
     delivered: u64,
@@ -192,6 +201,7 @@ impl<'a> World<'a> {
                 up: true,
                 in_hours: false,
                 banned: false,
+                present: false,
                 at: None,
                 delivered: 0,
                 busy_us: 0,
@@ -242,9 +252,11 @@ impl<'a> World<'a> {
             ],
             keys,
         };
-        for p in 0..fleet.providers.len() {
-            w.push(0, Event::Schedule(p));
-            w.schedule_crash(p);
+        for (p, pr) in fleet.providers.iter().enumerate() {
+            w.push((pr.arrives_h * US_PER_H) as u64, Event::Arrives(p));
+            if let Some(h) = pr.leaves_h {
+                w.push((h * US_PER_H) as u64, Event::Leaves(p));
+            }
         }
         for (i, r) in trace.iter().enumerate() {
             w.push((r.at_s * US_PER_S) as u64, Event::Arrive(i));
@@ -287,6 +299,12 @@ impl<'a> World<'a> {
                     self.schedule_crash(p);
                 }
                 Event::Schedule(p) => self.schedule(p),
+                Event::Arrives(p) => {
+                    self.slots[p].present = true;
+                    self.schedule(p);
+                    self.schedule_crash(p);
+                }
+                Event::Leaves(p) => self.leave(p),
                 Event::BidRound => {
                     self.bid_round();
                     if self.tally.closed() < total {
@@ -316,7 +334,7 @@ impl<'a> World<'a> {
     /// Whether `p` should take work now.
     fn online(&self, p: usize) -> bool {
         let s = &self.slots[p];
-        s.up && s.in_hours && !s.banned
+        s.present && s.up && s.in_hours && !s.banned
     }
 
     fn pool_of(&self, p: usize) -> usize {
@@ -559,7 +577,7 @@ impl<'a> World<'a> {
     }
 
     fn crash(&mut self, p: usize) {
-        if !self.slots[p].up {
+        if !self.slots[p].up || !self.slots[p].present {
             return;
         }
         self.slots[p].up = false;
@@ -574,7 +592,22 @@ impl<'a> World<'a> {
         self.push(self.now + (back * US_PER_H) as u64, Event::Return(p));
     }
 
+    /// `p` leaves for good: what it runs is placed again.
+    fn leave(&mut self, p: usize) {
+        self.slots[p].present = false;
+        self.tally.departed();
+        self.set_online(p);
+        let running = self.slots[p].active.clone();
+        for r in running {
+            self.busy_change(p, Err(r));
+            self.replace(r);
+        }
+    }
+
     fn schedule(&mut self, p: usize) {
+        if !self.slots[p].present {
+            return;
+        }
         let pr = &self.fleet.providers[p];
         let offset = self.fleet.file.regions[pr.region].utc_offset_h;
         let hour = (self.now as f64 / US_PER_H + offset).rem_euclid(24.0);

@@ -3,3 +3,4 @@
 
 mod process;
 mod serve;
+mod simulate;
