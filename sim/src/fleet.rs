@@ -84,8 +84,10 @@ pub struct ProcessorProfile {
     pub hardware_cost: f64,
     pub life_years: f64,
     pub network_per_hour: f64,
-    /// Round trip to the server.
+    /// Round trip to the server (and to a pipeline's next stage).
     pub rtt_ms: f64,
+    /// Its link's bandwidth (what a pipeline's activations cross).
+    pub link_mbps: f64,
     /// Where the figures come from.
     pub source: String,
 }
@@ -102,6 +104,14 @@ pub struct ModelSpec {
     /// Its transformer layers (what a sharded pipeline divides).
     #[serde(default = "default_layers")]
     pub layers: u32,
+    /// Its hidden size: a pipeline sends this many 16-bit values a token
+    /// from one stage to the next.
+    #[serde(default = "default_hidden")]
+    pub hidden_size: u32,
+}
+
+fn default_hidden() -> u32 {
+    4096
 }
 
 fn default_layers() -> u32 {
@@ -432,7 +442,9 @@ fn chain(
     (out, left)
 }
 
-/// One pipeline of `members` holding `stages` of model `m`.
+/// One pipeline of `members` holding `stages` of model `m`: each hop
+/// costs a decode step a round trip and a token's activations over the
+/// link, and a prompt its activations over the link.
 fn pipeline(
     members: Vec<Provider>,
     stages: Vec<server::services::pipelines::plan::Placed>,
