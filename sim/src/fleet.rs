@@ -459,11 +459,14 @@ fn pipeline(
     let share = |s: &server::services::pipelines::plan::Placed| {
         f64::from(s.layers.end - s.layers.start) / n
     };
-    let hops = (k - 1.0) * p.rtt_ms;
+    // A token's activations (16-bit values) over the link, in ms.
+    let send_ms = f64::from(m.hidden_size) * 16.0 / (p.link_mbps.max(1e-3) * 1e3);
+    let hops = (k - 1.0) * (p.rtt_ms + send_ms);
     let secs_per_token: f64 = stages
         .iter()
         .map(|s| share(s) / full.prefill_tokens_per_s.max(1e-9))
-        .sum();
+        .sum::<f64>()
+        + (k - 1.0) * send_ms / 1e3;
     let calibrated = Profile {
         prefill_tokens_per_s: 1.0 / secs_per_token.max(1e-12),
         prefill_ms_long: 0.0,
