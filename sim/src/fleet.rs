@@ -309,68 +309,9 @@ impl FleetFile {
         let mut providers = Vec::new();
         let mut unchained = 0;
         for (gi, g) in self.groups.iter().enumerate() {
-            let profile = index_of(&self.profiles, &g.profile, |p| &p.name)
-                .ok_or_else(|| anyhow::anyhow!("group {gi}: no profile {}", g.profile))?;
-            let model = index_of(&self.models, &g.model, |m| &m.name)
-                .ok_or_else(|| anyhow::anyhow!("group {gi}: no model {}", g.model))?;
-            let regions: Vec<usize> = g
-                .regions
-                .iter()
-                .map(|r| {
-                    index_of(&self.regions, r, |x| &x.name)
-                        .ok_or_else(|| anyhow::anyhow!("group {gi}: no region {r}"))
-                })
-                .collect::<anyhow::Result<_>>()?;
-            anyhow::ensure!(!regions.is_empty(), "group {gi}: no regions");
+            let (profile, model, regions) = self.resolve(gi, g)?;
+            let drawn = self.draw(gi, g, (profile, model), &regions, rng)?;
             let (p, m) = (&self.profiles[profile], &self.models[model]);
-            anyhow::ensure!(
-                g.shard || m.memory_gb <= p.memory_gb,
-                "group {gi}: {} ({} GB) does not fit {} ({} GB): shard it",
-                m.name,
-                m.memory_gb,
-                p.name,
-                p.memory_gb
-            );
-            let c = profile_on(p, m.scale);
-            let mut drawn = Vec::with_capacity(g.count);
-            for i in 0..g.count {
-                let region = regions[rng.random_range(0..regions.len())];
-                let r = &self.regions[region];
-                let arrives_h = match g.arrive_within_h {
-                    h if h > 0.0 => h * rng.random::<f64>(),
-                    _ => 0.0,
-                };
-                let leaves_h = g
-                    .stay_h
-                    .filter(|h| *h > 0.0)
-                    .map(|h| arrives_h - h * rng.random_range(f64::EPSILON..1.0).ln());
-                let cost = cost_profile(p, &c, &r.name);
-                cost.validate()
-                    .map_err(|(f, e)| anyhow::anyhow!("group {gi} ({}): {f}: {e}", p.name))?;
-                let cheat = (rng.random::<f64>() < g.dishonest)
-                    .then(|| Cheat::ALL[rng.random_range(0..Cheat::ALL.len())]);
-                let price = if g.home {
-                    r.home_price_per_kwh
-                } else {
-                    r.price_per_kwh
-                };
-                drawn.push(Provider {
-                    id: format!("{}-{gi}-{i}", p.name),
-                    profile,
-                    region,
-                    model,
-                    availability: g.availability,
-                    mtbf_hours: g.mtbf_hours,
-                    repair_hours: g.repair_hours,
-                    cheat,
-                    calibrated: c,
-                    cost,
-                    micros_per_kwh: (price * 1e6).round() as i64,
-                    stages: Vec::new(),
-                    arrives_h,
-                    leaves_h,
-                });
-            }
             if g.shard {
                 let (chains, left) = chain(drawn, p, m, &self.regions);
                 providers.extend(chains);
@@ -389,6 +330,88 @@ impl FleetFile {
             providers,
             unchained,
         })
+    }
+
+    /// Group `gi`'s profile, model and regions by index, checking every
+    /// name and that its model fits (or is sharded).
+    fn resolve(&self, gi: usize, g: &Group) -> anyhow::Result<(usize, usize, Vec<usize>)> {
+        let profile = index_of(&self.profiles, &g.profile, |p| &p.name)
+            .ok_or_else(|| anyhow::anyhow!("group {gi}: no profile {}", g.profile))?;
+        let model = index_of(&self.models, &g.model, |m| &m.name)
+            .ok_or_else(|| anyhow::anyhow!("group {gi}: no model {}", g.model))?;
+        let regions: Vec<usize> = g
+            .regions
+            .iter()
+            .map(|r| {
+                index_of(&self.regions, r, |x| &x.name)
+                    .ok_or_else(|| anyhow::anyhow!("group {gi}: no region {r}"))
+            })
+            .collect::<anyhow::Result<_>>()?;
+        anyhow::ensure!(!regions.is_empty(), "group {gi}: no regions");
+        let (p, m) = (&self.profiles[profile], &self.models[model]);
+        anyhow::ensure!(
+            g.shard || m.memory_gb <= p.memory_gb,
+            "group {gi}: {} ({} GB) does not fit {} ({} GB): shard it",
+            m.name,
+            m.memory_gb,
+            p.name,
+            p.memory_gb
+        );
+        Ok((profile, model, regions))
+    }
+
+    /// Group `gi`'s providers: per provider, a region, its arrival and
+    /// stay, and whether (and how) it cheats, drawn in that order.
+    fn draw(
+        &self,
+        gi: usize,
+        g: &Group,
+        (profile, model): (usize, usize),
+        regions: &[usize],
+        rng: &mut StdRng,
+    ) -> anyhow::Result<Vec<Provider>> {
+        let (p, m) = (&self.profiles[profile], &self.models[model]);
+        let c = profile_on(p, m.scale);
+        let mut drawn = Vec::with_capacity(g.count);
+        for i in 0..g.count {
+            let region = regions[rng.random_range(0..regions.len())];
+            let r = &self.regions[region];
+            let arrives_h = match g.arrive_within_h {
+                h if h > 0.0 => h * rng.random::<f64>(),
+                _ => 0.0,
+            };
+            let leaves_h = g
+                .stay_h
+                .filter(|h| *h > 0.0)
+                .map(|h| arrives_h - h * rng.random_range(f64::EPSILON..1.0).ln());
+            let cost = cost_profile(p, &c, &r.name);
+            cost.validate()
+                .map_err(|(f, e)| anyhow::anyhow!("group {gi} ({}): {f}: {e}", p.name))?;
+            let cheat = (rng.random::<f64>() < g.dishonest)
+                .then(|| Cheat::ALL[rng.random_range(0..Cheat::ALL.len())]);
+            let price = if g.home {
+                r.home_price_per_kwh
+            } else {
+                r.price_per_kwh
+            };
+            drawn.push(Provider {
+                id: format!("{}-{gi}-{i}", p.name),
+                profile,
+                region,
+                model,
+                availability: g.availability,
+                mtbf_hours: g.mtbf_hours,
+                repair_hours: g.repair_hours,
+                cheat,
+                calibrated: c,
+                cost,
+                micros_per_kwh: (price * 1e6).round() as i64,
+                stages: Vec::new(),
+                arrives_h,
+                leaves_h,
+            });
+        }
+        Ok(drawn)
     }
 }
 

@@ -81,9 +81,27 @@ impl Market {
         }
     }
 
-    fn id(&mut self, kind: &str) -> String {
+    /// A new order of `account` on `side`: `quantity` tokens a second at
+    /// `price` until `until`.
+    fn new_order(
+        &mut self,
+        side: Side,
+        account: &str,
+        (price, quantity): (Amount, u64),
+        until: i64,
+    ) -> Order {
         self.seq += 1;
-        format!("{kind}-{}", self.seq)
+        Order {
+            id: format!("{}-{}", side.as_str(), self.seq),
+            side,
+            account_id: account.to_string(),
+            price,
+            quantity: quantity.max(1),
+            remaining: quantity.max(1),
+            priority: 0,
+            interruptible: false,
+            expires_at: until,
+        }
     }
 
     /// Rests provider `p`'s ask on `model`'s book: `price` per million
@@ -97,17 +115,7 @@ impl Market {
         (now, until): (i64, i64),
     ) {
         self.withdraw(p, model);
-        let order = Order {
-            id: self.id("ask"),
-            side: Side::Ask,
-            account_id: account.to_string(),
-            price,
-            quantity: quantity.max(1),
-            remaining: quantity.max(1),
-            priority: 0,
-            interruptible: false,
-            expires_at: until,
-        };
+        let order = self.new_order(Side::Ask, account, (price, quantity), until);
         self.asks[p] = Some(order.id.clone());
         self.report.asks_posted += 1;
         // Resting bids are swept each round, so an ask never meets one.
@@ -133,17 +141,7 @@ impl Market {
         fee_bps: i64,
     ) -> Vec<Traded> {
         let price = (self.spec.bid_price_per_mtok * TICKS_PER_UNIT as f64) as Amount;
-        let order = Order {
-            id: self.id("bid"),
-            side: Side::Bid,
-            account_id: tenant.to_string(),
-            price,
-            quantity: quantity.max(1),
-            remaining: quantity.max(1),
-            priority: 0,
-            interruptible: false,
-            expires_at: until,
-        };
+        let order = self.new_order(Side::Bid, tenant, (price, quantity), until);
         let id = order.id.clone();
         self.report.bids_posted += 1;
         let (fills, _) = self.books[model].submit(order, now);

@@ -458,55 +458,16 @@ impl Tally {
         wall_s: f64,
     ) -> Report {
         let tokens = (self.tokens.0 + self.tokens.1) as f64;
-        let per_mtok = |t: i128| {
-            if tokens > 0.0 {
-                units(t) / tokens * 1e6
-            } else {
-                0.0
-            }
-        };
-        let user_paid = self.user_paid - self.refunded;
-        let providers_paid = self.providers_paid - self.clawed;
-        let mut kinds = Vec::new();
-        let mut all = (0u64, 0u64);
-        for (k, name) in self.kinds.iter().enumerate() {
-            let (online, busy, seq) = self.time[k];
-            all.0 += online;
-            all.1 += busy;
-            kinds.push(KindReport {
-                kind: name.clone(),
-                providers: self.provider_kind.iter().filter(|&&x| x == k).count(),
-                online_hours: online as f64 / 3.6e9,
-                idle_share: if online > 0 {
-                    1.0 - busy as f64 / online as f64
-                } else {
-                    0.0
-                },
-                utilization: if self.capacity[k] > 0.0 {
-                    seq / self.capacity[k]
-                } else {
-                    0.0
-                },
-                samples: std::mem::take(&mut self.samples[k]),
-            });
-        }
+        let kinds = self.kind_reports();
+        let all = self
+            .time
+            .iter()
+            .fold((0u64, 0u64), |a, t| (a.0 + t.0, a.1 + t.1));
         for c in self.cheats.values_mut() {
             c.cost_to_users = units(c.cost_ticks);
             c.cost_to_treasury = units(c.treasury_ticks);
         }
-        let money = MoneyReport {
-            users_paid: units(user_paid),
-            providers_paid: units(providers_paid),
-            treasury: units(user_paid - providers_paid),
-            refunded: units(self.refunded),
-            clawed_back: units(self.clawed),
-            user_cost_per_mtok: per_mtok(user_paid),
-            provider_earned_per_mtok: per_mtok(providers_paid),
-            provider_cost_per_mtok: per_mtok(self.operating as i128),
-            provider_energy_per_mtok: per_mtok(self.energy as i128),
-            users_paid_ticks: i64::try_from(user_paid).unwrap_or(i64::MAX),
-            providers_paid_ticks: i64::try_from(providers_paid).unwrap_or(i64::MAX),
-        };
+        let money = self.money_report(tokens);
         Report {
             policy: policy.to_string(),
             requests: trace.len() as u64,
@@ -534,7 +495,7 @@ impl Tally {
                 trace,
                 self.sample_s.max(60.0),
                 tokens,
-                units(user_paid),
+                money.users_paid,
             ),
             money,
             cheats: self.cheats,
@@ -547,6 +508,57 @@ impl Tally {
             events,
             wall_s,
             market: None,
+        }
+    }
+
+    /// Each processor type's hours, idle share, utilization and samples.
+    fn kind_reports(&mut self) -> Vec<KindReport> {
+        let mut kinds = Vec::new();
+        for (k, name) in self.kinds.iter().enumerate() {
+            let (online, busy, seq) = self.time[k];
+            kinds.push(KindReport {
+                kind: name.clone(),
+                providers: self.provider_kind.iter().filter(|&&x| x == k).count(),
+                online_hours: online as f64 / 3.6e9,
+                idle_share: if online > 0 {
+                    1.0 - busy as f64 / online as f64
+                } else {
+                    0.0
+                },
+                utilization: if self.capacity[k] > 0.0 {
+                    seq / self.capacity[k]
+                } else {
+                    0.0
+                },
+                samples: std::mem::take(&mut self.samples[k]),
+            });
+        }
+        kinds
+    }
+
+    /// The money, net of refunds and clawbacks, over `tokens` served.
+    fn money_report(&self, tokens: f64) -> MoneyReport {
+        let per_mtok = |t: i128| {
+            if tokens > 0.0 {
+                units(t) / tokens * 1e6
+            } else {
+                0.0
+            }
+        };
+        let user_paid = self.user_paid - self.refunded;
+        let providers_paid = self.providers_paid - self.clawed;
+        MoneyReport {
+            users_paid: units(user_paid),
+            providers_paid: units(providers_paid),
+            treasury: units(user_paid - providers_paid),
+            refunded: units(self.refunded),
+            clawed_back: units(self.clawed),
+            user_cost_per_mtok: per_mtok(user_paid),
+            provider_earned_per_mtok: per_mtok(providers_paid),
+            provider_cost_per_mtok: per_mtok(self.operating as i128),
+            provider_energy_per_mtok: per_mtok(self.energy as i128),
+            users_paid_ticks: i64::try_from(user_paid).unwrap_or(i64::MAX),
+            providers_paid_ticks: i64::try_from(providers_paid).unwrap_or(i64::MAX),
         }
     }
 }

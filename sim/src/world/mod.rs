@@ -76,11 +76,12 @@ enum Event {
 }
 
 /// A request in flight.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 struct Live {
     attempt: u32,
     provider: Option<usize>,
-    prices: money::ledger::Prices,
+    /// Its prices where it was placed (none until then).
+    prices: Option<money::ledger::Prices>,
     started_us: u64,
     step_ms: f64,
     ttft_ms: f64,
@@ -113,6 +114,29 @@ struct Slot {
 }
 
 impl Slot {
+    /// A provider calibrated at its profile, capped under the step
+    /// target and its batch limit; not yet arrived.
+    fn new(p: &crate::fleet::Provider, max_batch: u32, step_target_ms: f64) -> Self {
+        let mut measure = Measure::calibrated(p.calibrated, step_target_ms);
+        measure.cap = measure.cap.min(max_batch.max(1));
+        Self {
+            measure,
+            active: Vec::new(),
+            queue: VecDeque::new(),
+            up: true,
+            in_hours: false,
+            banned: false,
+            present: false,
+            at: None,
+            delivered: 0,
+            busy_us: 0,
+            seq_us: 0.0,
+            changed_us: 0,
+            online_us: 0,
+            since_us: 0,
+        }
+    }
+
     fn running(&self) -> u32 {
         self.active.len() as u32
     }
@@ -164,22 +188,7 @@ impl<'a> World<'a> {
         rng: StdRng,
     ) -> anyhow::Result<Self> {
         let f = &fleet.file;
-        let keys = trace
-            .iter()
-            .enumerate()
-            .map(|(i, r)| {
-                let m = f.models.iter().position(|m| m.name == r.model);
-                let g = f.regions.iter().position(|g| g.name == r.region);
-                match (m, g) {
-                    (Some(m), Some(g)) => Ok((m, g)),
-                    _ => Err(anyhow::anyhow!(
-                        "request {i}: model {} or region {} is not in the fleet",
-                        r.model,
-                        r.region
-                    )),
-                }
-            })
-            .collect::<anyhow::Result<Vec<_>>>()?;
+        let keys = keys_of(fleet, trace)?;
         let pools = (0..f.models.len() * f.regions.len())
             .map(|_| Pool {
                 snap: Snapshot::new(0, 0, Vec::new()),
@@ -190,26 +199,7 @@ impl<'a> World<'a> {
         let slots = fleet
             .providers
             .iter()
-            .map(|p| Slot {
-                measure: {
-                    let mut m = Measure::calibrated(p.calibrated, settings.step_target_ms);
-                    m.cap = m.cap.min(f.profiles[p.profile].max_batch.max(1));
-                    m
-                },
-                active: Vec::new(),
-                queue: VecDeque::new(),
-                up: true,
-                in_hours: false,
-                banned: false,
-                present: false,
-                at: None,
-                delivered: 0,
-                busy_us: 0,
-                seq_us: 0.0,
-                changed_us: 0,
-                online_us: 0,
-                since_us: 0,
-            })
+            .map(|p| Slot::new(p, f.profiles[p.profile].max_batch, settings.step_target_ms))
             .collect();
         let b = trade::buyers(fleet, trace);
         let mut w = Self {
@@ -234,22 +224,7 @@ impl<'a> World<'a> {
             slots,
             pools,
             settled: Vec::new(),
-            live: vec![
-                Live {
-                    attempt: 0,
-                    provider: None,
-                    prices: money::ledger::Prices {
-                        input: 0,
-                        cached_input: 0,
-                        output: 0,
-                    },
-                    started_us: 0,
-                    step_ms: 0.0,
-                    ttft_ms: 0.0,
-                    covered: false,
-                };
-                trace.len()
-            ],
+            live: vec![Live::default(); trace.len()],
             keys,
         };
         for (p, pr) in fleet.providers.iter().enumerate() {
@@ -451,7 +426,7 @@ impl<'a> World<'a> {
         match self.route(r) {
             Some(p) => {
                 self.live[r].provider = Some(p);
-                self.live[r].prices = self.prices_of(p);
+                self.live[r].prices = Some(self.prices_of(p));
                 self.admit(r, p);
             }
             None => self.tally.unserved(r),
@@ -664,4 +639,26 @@ impl<'a> World<'a> {
             self.tally.provider_time(p, t);
         }
     }
+}
+
+/// Each request's model and region indices; an error names the first
+/// request whose model or region the fleet lacks.
+fn keys_of(fleet: &Fleet, trace: &[Request]) -> anyhow::Result<Vec<(usize, usize)>> {
+    let f = &fleet.file;
+    trace
+        .iter()
+        .enumerate()
+        .map(|(i, r)| {
+            let m = f.models.iter().position(|m| m.name == r.model);
+            let g = f.regions.iter().position(|g| g.name == r.region);
+            match (m, g) {
+                (Some(m), Some(g)) => Ok((m, g)),
+                _ => Err(anyhow::anyhow!(
+                    "request {i}: model {} or region {} is not in the fleet",
+                    r.model,
+                    r.region
+                )),
+            }
+        })
+        .collect()
 }
