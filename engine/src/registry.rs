@@ -47,6 +47,9 @@ pub struct RegisteredModel {
     /// when the model changes. Cache keys include it.
     pub version: u64,
     pub kind: ModelKind,
+    /// The file (or folder) its weights were loaded from; `None` for a
+    /// model built elsewhere (a pipeline's).
+    pub path: Option<PathBuf>,
 }
 
 /// A content hash of a model file, or of a model folder's files: sizes
@@ -253,6 +256,7 @@ impl ModelLoader {
                 .map_or(0, |d| d.as_secs()),
             version: model_version(&path),
             kind,
+            path: Some(path),
         })
     }
 }

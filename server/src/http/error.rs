@@ -69,6 +69,10 @@ pub enum ApiError {
     /// The thing exists but its state forbids the change (409).
     #[error("{0}")]
     Conflict(String),
+    /// A `Range` header no part of a file of this many bytes satisfies,
+    /// or more than one range (416).
+    #[error("{why} (the file has {len} bytes)")]
+    RangeNotSatisfiable { len: u64, why: &'static str },
     /// The database failed (details are logged, not sent).
     #[error("storage: {0}")]
     Storage(String),
@@ -165,6 +169,12 @@ impl ApiError {
                 (S::NOT_FOUND, INVALID, None, Some(not_found_code(what)))
             }
             Self::Conflict(_) => (S::CONFLICT, INVALID, None, Some("conflict")),
+            Self::RangeNotSatisfiable { .. } => (
+                S::RANGE_NOT_SATISFIABLE,
+                INVALID,
+                Some("range".into()),
+                Some("range_not_satisfiable"),
+            ),
             Self::Storage(_) => (S::INTERNAL_SERVER_ERROR, "server_error", None, None),
             Self::Engine(e) => engine_parts(e),
         }
@@ -318,6 +328,11 @@ impl IntoResponse for ApiError {
             }),
         )
             .into_response();
+        if let Self::RangeNotSatisfiable { len, .. } = self
+            && let Ok(v) = HeaderValue::from_str(&format!("bytes */{len}"))
+        {
+            resp.headers_mut().insert(header::CONTENT_RANGE, v);
+        }
         if let Self::RateLimited { retry_after, .. } = self {
             resp.headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from(retry_after.max(1)));

@@ -49,12 +49,14 @@ static STATE: LazyLock<AppState> = LazyLock::new(|| {
             created: 1,
             version: 1,
             kind: ModelKind::Text(tiny),
+            path: None,
         },
         RegisteredModel {
             name: MINILM.into(),
             created: 1,
             version: 2,
             kind: ModelKind::Embedding(minilm),
+            path: None,
         },
     ];
     AppState::new(Arc::new(ModelRegistry::new(models)))

@@ -14,6 +14,7 @@ pub mod health;
 pub mod home;
 pub mod market;
 pub mod market_admin;
+pub mod model_files;
 pub mod models;
 pub mod models_admin;
 pub mod overview;
@@ -63,6 +64,7 @@ pub fn router(state: &AppState) -> Router<AppState> {
         .merge(health::router())
         .merge(fleet::router())
         .merge(earnings::router())
+        .merge(model_files::router())
         .merge(console::router())
         .merge(web::router())
         .fallback(not_found)

@@ -194,6 +194,7 @@ pub fn start(
             created,
             version: model_version(&spec.path),
             kind: ModelKind::Text(lanes[0].engine.clone()),
+            path: None,
         })
         .map_err(|e| EngineError::Load(e.to_string()))?;
     tracing::info!(model = %spec.name, layers = sizes.n_layer, lanes = lanes.len(), "serving a model as a pipeline of workers");
