@@ -558,13 +558,18 @@ impl<'a> World<'a> {
         self.slots[p].up = false;
         self.tally.crash();
         self.set_online(p);
+        self.lose_running(p);
+        let back = self.fleet.providers[p].repair_hours;
+        self.push(self.now + (back * US_PER_H) as u64, Event::Return(p));
+    }
+
+    /// `p` went away: what it runs is lost and placed again.
+    fn lose_running(&mut self, p: usize) {
         let running = self.slots[p].active.clone();
         for r in running {
             self.busy_change(p, Err(r));
             self.replace(r);
         }
-        let back = self.fleet.providers[p].repair_hours;
-        self.push(self.now + (back * US_PER_H) as u64, Event::Return(p));
     }
 
     /// `p` leaves for good: what it runs is placed again.
@@ -572,11 +577,7 @@ impl<'a> World<'a> {
         self.slots[p].present = false;
         self.tally.departed();
         self.set_online(p);
-        let running = self.slots[p].active.clone();
-        for r in running {
-            self.busy_change(p, Err(r));
-            self.replace(r);
-        }
+        self.lose_running(p);
     }
 
     fn schedule(&mut self, p: usize) {
