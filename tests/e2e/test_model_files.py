@@ -32,7 +32,8 @@ def test_a_worker_fetches_its_model_whole_or_in_ranges_and_checks_it():
     try:
         base = srv["base"]
         token = provider_token(base, "tab")["token"]
-        with open(os.path.join(ROOT, "models", TINY), "rb") as f:
+        models = os.environ.get("SYNOR_MODELS_DIR", os.path.join(ROOT, "models"))
+        with open(os.path.join(models, TINY), "rb") as f:
             want = f.read()
         sha = hashlib.sha256(want).hexdigest()
         path = "/v1/providers/models/tiny/file"
