@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 use std::sync::mpsc::{Receiver, TryRecvError};
-use std::time::Instant;
+use web_time::Instant;
 
 use tokio::sync::mpsc::UnboundedSender;
 
@@ -186,6 +186,20 @@ impl EngineCore {
         for seq in self.scheduler.drain() {
             self.finish(seq, Err(EngineError::Shutdown));
         }
+    }
+
+    /// One turn for a caller that drives the core itself (no thread of
+    /// its own): applies the commands queued since the last turn, then
+    /// runs one step when there is work. Returns whether work remains
+    /// (call again), false once idle or shut down.
+    pub fn turn(&mut self) -> bool {
+        if !self.apply_commands(false) {
+            for seq in self.scheduler.drain() {
+                self.finish(seq, Err(EngineError::Shutdown));
+            }
+            return false;
+        }
+        self.scheduler.has_work() && self.step()
     }
 
     /// Applies pending commands, blocking for one when idle (no work, or a

@@ -151,12 +151,19 @@ impl LocalExecutor {
     }
 }
 
-/// A thread pool over every core for a step's parallel regions.
+/// A thread pool over every core for a step's parallel regions; in
+/// WebAssembly (a browser tab, no threads) the caller's thread alone.
 pub(crate) fn compute_pool() -> Result<rayon::ThreadPool> {
     let threads = std::thread::available_parallelism().map_or(1, usize::from);
-    rayon::ThreadPoolBuilder::new()
-        .num_threads(threads)
-        .thread_name(|i| format!("synor-compute-{i}"))
+    let builder = rayon::ThreadPoolBuilder::new();
+    let builder = if cfg!(target_family = "wasm") {
+        builder.num_threads(1).use_current_thread()
+    } else {
+        builder
+            .num_threads(threads)
+            .thread_name(|i| format!("synor-compute-{i}"))
+    };
+    builder
         .build()
         .map_err(|e| EngineError::Load(format!("compute threads: {e}")))
 }

@@ -252,6 +252,32 @@ impl EngineBuilder {
     /// sequence's KV blocks move from the first to the second when its
     /// prefill is done (both need the same KV geometry).
     pub fn start(self) -> Result<EngineHandle> {
+        let (shared, core) = self.assemble()?;
+        let thread = std::thread::Builder::new()
+            .name("synor-engine".into())
+            .spawn(move || core.run())
+            .map_err(|e| EngineError::Load(format!("engine thread: {e}")))?;
+        if let Ok(mut t) = shared.thread.lock() {
+            *t = Some(thread);
+        }
+        Ok(EngineHandle {
+            shared: Arc::new(shared),
+        })
+    }
+
+    /// The engine without a thread of its own, for a caller that has none
+    /// (a browser tab): the handle, and the core it drives a turn at a
+    /// time (`EngineCore::turn`).
+    pub fn start_driven(self) -> Result<(EngineHandle, EngineCore)> {
+        let (shared, core) = self.assemble()?;
+        let handle = EngineHandle {
+            shared: Arc::new(shared),
+        };
+        Ok((handle, core))
+    }
+
+    /// The handle's shared half and its core, not yet running.
+    fn assemble(self) -> Result<(Shared, EngineCore)> {
         let mut executors = self.executors.into_iter();
         let (executor, decoder) = match (executors.next(), executors.next(), executors.next()) {
             (Some(e), d, None) => (e, d),
@@ -323,10 +349,6 @@ impl EngineBuilder {
         if let Some(d) = decoder {
             core = core.with_decoder(d);
         }
-        let thread = std::thread::Builder::new()
-            .name("synor-engine".into())
-            .spawn(move || core.run())
-            .map_err(|e| EngineError::Load(format!("engine thread: {e}")))?;
         let shared = Shared {
             commands: tx,
             tokenizer: Arc::new(self.tokenizer),
@@ -334,12 +356,10 @@ impl EngineBuilder {
             info,
             stats,
             next_id: AtomicU64::new(self.first_id),
-            thread: std::sync::Mutex::new(Some(thread)),
+            thread: std::sync::Mutex::new(None),
             constraints: OnceLock::new(),
         };
-        Ok(EngineHandle {
-            shared: Arc::new(shared),
-        })
+        Ok((shared, core))
     }
 }
 
@@ -379,6 +399,17 @@ impl EngineHandle {
     /// local CPU executor, sizing the KV cache from
     /// `config.kv_cache_memory`.
     pub fn start(loaded: LoadedModel, config: EngineConfig) -> Result<Self> {
+        Self::builder(loaded, config)?.start()
+    }
+
+    /// `start` without a thread (see `EngineBuilder::start_driven`).
+    pub fn start_driven(loaded: LoadedModel, config: EngineConfig) -> Result<(Self, EngineCore)> {
+        Self::builder(loaded, config)?.start_driven()
+    }
+
+    /// The builder `start` starts: the model on the local CPU executor,
+    /// the KV cache sized from `config.kv_cache_memory`.
+    fn builder(loaded: LoadedModel, config: EngineConfig) -> Result<EngineBuilder> {
         let LoadedModel {
             mut model,
             tokenizer,
@@ -430,11 +461,10 @@ impl EngineHandle {
             }),
             ..mc.kv_layout(block_size, num_blocks)
         };
-        EngineBuilder::new(tokenizer, template, facts)
+        Ok(EngineBuilder::new(tokenizer, template, facts)
             .scheduler(config.scheduler)
             .sliding_window(plan.sliding.map(|(window, _)| window))
-            .executor(executor_on(config.device, model, layout)?)
-            .start()
+            .executor(executor_on(config.device, model, layout)?))
     }
 
     /// Queues a single-choice `req`.
@@ -629,7 +659,7 @@ impl EngineHandle {
                 req: Box::new(req),
                 wait_for,
                 events,
-                arrived: std::time::Instant::now(),
+                arrived: web_time::Instant::now(),
                 constraint: constraint.map(|c| (Box::new(c), self.constraint_eos())),
                 resume,
                 handoff,

@@ -24,9 +24,28 @@ pub struct LoadedModel {
 /// Loads `path` (a llama-family GGUF).
 pub fn load_gguf(path: &Path, template: &TemplateChoice) -> Result<LoadedModel> {
     let (front, ct, mut reader) = read_front(path, template)?;
-    let model = Llama::load(&ct, &mut reader)?;
+    finish(front, &ct, &mut reader, &path.display().to_string())
+}
+
+/// Loads a llama-family GGUF held in memory (a browser tab has no files):
+/// `name` names it in errors. Sampling defaults come from its metadata
+/// alone (there is no directory beside it).
+pub fn load_gguf_bytes(bytes: &[u8], name: &str, template: &TemplateChoice) -> Result<LoadedModel> {
+    let mut reader = std::io::Cursor::new(bytes);
+    let (front, ct) = read_front_from(&mut reader, name, None, template)?;
+    finish(front, &ct, &mut reader, name)
+}
+
+/// The weights after the front: the whole model.
+fn finish<R: std::io::Read + std::io::Seek>(
+    front: ModelFront,
+    ct: &crate::gguf::Gguf,
+    reader: &mut R,
+    name: &str,
+) -> Result<LoadedModel> {
+    let model = Llama::load(ct, reader)?;
     tracing::info!(
-        path = %path.display(),
+        path = %name,
         arch = %model.config.architecture,
         layers = model.config.n_layer,
         vocab = model.config.vocab_size,
@@ -66,8 +85,21 @@ fn read_front(
     let file = std::fs::File::open(path)
         .map_err(|e| EngineError::Load(format!("{}: {e}", path.display())))?;
     let mut reader = std::io::BufReader::new(file);
-    let ct = crate::gguf::Gguf::read(&mut reader)
-        .map_err(|e| EngineError::Load(format!("{}: {e}", path.display())))?;
+    let name = path.display().to_string();
+    let (front, ct) = read_front_from(&mut reader, &name, path.parent(), template)?;
+    Ok((front, ct, reader))
+}
+
+/// The front of the GGUF `reader` reads (`name` in errors), with the
+/// sampling defaults of a `generation_config.json` in `beside` if any.
+fn read_front_from<R: std::io::Read + std::io::Seek>(
+    reader: &mut R,
+    name: &str,
+    beside: Option<&Path>,
+    template: &TemplateChoice,
+) -> Result<(ModelFront, crate::gguf::Gguf)> {
+    let ct =
+        crate::gguf::Gguf::read(reader).map_err(|e| EngineError::Load(format!("{name}: {e}")))?;
     let config = LlamaConfig::from_gguf(&ct)?;
     let (tok, special) = tokenizer_from_gguf(&ct.metadata)?;
     let tokenizer = TextTokenizer::new(tok, special);
@@ -77,11 +109,9 @@ fn read_front(
         .and_then(|v| v.to_string().ok());
     let source = template.resolve(stored.map(String::as_str))?;
     let template = ChatTemplate::new(&source, tokenizer.bos_text(), tokenizer.eos_text())?;
-    let beside = path
-        .parent()
-        .map_or(Ok(GenerationDefaults::default()), |d| {
-            GenerationDefaults::from_dir(d)
-        });
+    let beside = beside.map_or(Ok(GenerationDefaults::default()), |d| {
+        GenerationDefaults::from_dir(d)
+    });
     let generation =
         GenerationDefaults::from_gguf(&ct.metadata).then(beside.map_err(EngineError::Load)?);
     let front = ModelFront {
@@ -90,5 +120,5 @@ fn read_front(
         template,
         generation,
     };
-    Ok((front, ct, reader))
+    Ok((front, ct))
 }

@@ -337,6 +337,25 @@ impl RawStream {
         ev
     }
 
+    /// The next event if one is waiting, without waiting (for a caller
+    /// that drives the core itself); `None` as `next` gives it, or when
+    /// nothing is queued yet.
+    pub fn try_next(&mut self) -> Option<CoreEvent> {
+        if self.done {
+            return None;
+        }
+        let ev = self.rx.try_recv().ok();
+        if matches!(ev, Some(CoreEvent::Finished { .. } | CoreEvent::Failed(_))) {
+            self.done = true;
+        }
+        ev
+    }
+
+    /// Whether its last event was delivered.
+    pub fn is_done(&self) -> bool {
+        self.done
+    }
+
     /// Stops the sequence (its `Finished` with `Abort` still follows).
     pub fn abort(&self) {
         let _ = self.commands.send(Command::Abort(self.id));

@@ -251,8 +251,8 @@ impl ModelLoader {
         };
         Ok(RegisteredModel {
             name: name.to_string(),
-            created: std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
+            created: web_time::SystemTime::now()
+                .duration_since(web_time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_secs()),
             version: model_version(&path),
             kind,

@@ -8,6 +8,8 @@
 use serde::{Deserialize, Serialize};
 
 pub mod bus;
+#[cfg(feature = "engine")]
+pub mod engine_side;
 pub mod kv_stream;
 #[cfg(feature = "engine")]
 pub mod pipeline;

@@ -20,7 +20,8 @@ use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 
 use crate::{Ended, Faults, Link, Out, jobs, kv};
 use engine::registry::{ModelKind, ModelRegistry};
-use protocol::{FromWorker, Load, ToWorker, VERSION};
+use protocol::engine_side::Meter;
+use protocol::{FromWorker, ToWorker, VERSION};
 
 /// How long the server has to answer a registration.
 const WELCOME_WITHIN: Duration = Duration::from_secs(10);
@@ -40,7 +41,7 @@ pub(crate) async fn connect_once(
     };
     let (mut sink, mut stream) = socket.split();
     let mut session = Session::new(link.models, link.stages.clone(), link.faults);
-    let mut meter = Meter { last: (0, 0) };
+    let mut meter = Meter::default();
     let mut tick = tokio::time::interval(heartbeat);
     let (out, mut outgoing) = mpsc::channel::<Out>(OUT_QUEUE);
     let ended = loop {
@@ -50,7 +51,7 @@ pub(crate) async fn connect_once(
         }
         let sent = tokio::select! {
             _ = tick.tick() => {
-                let load = meter.load(link.models);
+                let load = meter.load(&text_engines(link.models));
                 let status = serde_json::to_string(&FromWorker::Status { v: VERSION, load })
                     .context("encoding status")?;
                 sink.send(Message::Text(status.into())).await
@@ -436,33 +437,14 @@ where
     true
 }
 
-/// The engines' combined load, with the mean step time since `last`.
-struct Meter {
-    last: (u64, u64),
-}
-
-impl Meter {
-    fn load(&mut self, models: &ModelRegistry) -> Load {
-        let mut load = Load::default();
-        let (mut busy, mut steps) = (0u64, 0u64);
-        for m in models.list() {
-            if let ModelKind::Text(h) = &m.kind {
-                let s = h.stats();
-                load.queued += s.num_waiting as u32;
-                load.running += s.num_running as u32;
-                let free = 1.0 - s.kv_usage_ppm as f64 / 1e6;
-                load.free_kv_blocks += (h.info().kv_blocks as f64 * free) as u32;
-                busy += s.busy_micros;
-                steps += s.steps;
-            }
-        }
-        let (db, ds) = (busy - self.last.0.min(busy), steps - self.last.1.min(steps));
-        load.step_ms = if ds == 0 {
-            0.0
-        } else {
-            db as f32 / ds as f32 / 1e3
-        };
-        self.last = (busy, steps);
-        load
-    }
+/// The text engines of `models` (their load is the worker's).
+fn text_engines(models: &ModelRegistry) -> Vec<engine::EngineHandle> {
+    models
+        .list()
+        .into_iter()
+        .filter_map(|m| match m.kind {
+            ModelKind::Text(h) => Some(h),
+            ModelKind::Embedding(_) => None,
+        })
+        .collect()
 }

@@ -17,8 +17,9 @@ use engine::kv_cache::transfer::KvRows;
 
 use super::Out;
 use engine::registry::ModelRegistry;
+use protocol::engine_side::{job_message, served_model};
 use protocol::kv_stream::KvAssembly;
-use protocol::{FromWorker, JobParams, JobToken, ServedModel, VERSION};
+use protocol::{FromWorker, JobParams, JobToken, VERSION};
 
 /// One assignment, as received.
 #[derive(Debug, Clone)]
@@ -216,7 +217,7 @@ impl Running {
                 if matches!(ev, CoreEvent::Token { .. }) && !delay.is_zero() {
                     tokio::time::sleep(delay).await;
                 }
-                let msg = message(job, attempt, ev);
+                let msg = job_message(job, attempt, ev);
                 if let (true, FromWorker::Tokens { tokens, .. }) = (record, &msg) {
                     seen.extend(tokens.iter().filter(|t| t.logprob.is_some()).cloned());
                 }
@@ -289,7 +290,7 @@ impl Running {
         let _ = out.send(encode(&want)).await;
         // Frames past the prompt are refused as past the "context": what a
         // transfer can make this worker hold is bounded.
-        let mut geometry = served(&a.model, &engine);
+        let mut geometry = served_model(&a.model, engine.info());
         geometry.context_length = u32::try_from(a.prompt.len()).unwrap_or(u32::MAX);
         let kv = KvAssembly::new(transfer, geometry, from);
         let decided = receive(kv, &mut rx, a.prompt.len()).await;
@@ -300,7 +301,7 @@ impl Running {
                 reason: FinishReason::Abort,
                 usage: engine::Usage::default(),
             };
-            let _ = out.send(encode(&message(job, attempt, end))).await;
+            let _ = out.send(encode(&job_message(job, attempt, end))).await;
             return;
         };
         let mut resume = a.resume.clone();
@@ -539,61 +540,6 @@ fn failed(job: u64, attempt: u32, message: String) -> Out {
         attempt,
         message,
     })
-}
-
-/// The protocol message for one engine event of a job's attempt.
-fn message(job: u64, attempt: u32, ev: CoreEvent) -> FromWorker {
-    match ev {
-        CoreEvent::Accepted => FromWorker::Accepted {
-            v: VERSION,
-            job,
-            attempt,
-        },
-        CoreEvent::Token { id, logprob } => FromWorker::Tokens {
-            v: VERSION,
-            job,
-            attempt,
-            tokens: vec![JobToken {
-                id,
-                logprob: logprob.as_ref().map(|l| l.logprob),
-                top: logprob.map(|l| l.top).unwrap_or_default(),
-            }],
-        },
-        CoreEvent::Finished { reason, usage } => FromWorker::Done {
-            v: VERSION,
-            job,
-            attempt,
-            reason: match reason {
-                FinishReason::Stop => "stop",
-                FinishReason::Length => "length",
-                FinishReason::Abort => "abort",
-            }
-            .into(),
-            prompt_tokens: usage.prompt_tokens as u32,
-            cached_tokens: usage.cached_tokens as u32,
-            completion_tokens: usage.completion_tokens as u32,
-        },
-        CoreEvent::Failed(e) => FromWorker::Failed {
-            v: VERSION,
-            job,
-            attempt,
-            message: e.to_string(),
-        },
-    }
-}
-
-/// The KV geometry of `model` as this worker's engine holds it.
-pub fn served(model: &str, engine: &EngineHandle) -> ServedModel {
-    let i = engine.info();
-    let n = |v: usize| u32::try_from(v).unwrap_or(u32::MAX);
-    ServedModel {
-        name: model.to_string(),
-        layers: n(i.layers),
-        kv_heads: n(i.kv_heads),
-        head_dim: n(i.head_dim),
-        block_size: n(i.block_size),
-        context_length: n(i.context_length),
-    }
 }
 
 /// Queues `msg` for the server from a task of its own: the connection

@@ -27,6 +27,7 @@ use anyhow::bail;
 use tokio::sync::watch;
 
 use engine::registry::{ModelKind, ModelRegistry};
+use protocol::engine_side::served_model;
 use protocol::{Ask, FromWorker, ServedModel, VERSION};
 
 /// A frame for the server: a control message or a KV frame (one queue,
@@ -236,18 +237,7 @@ fn registration(
         .list()
         .into_iter()
         .filter_map(|m| match &m.kind {
-            ModelKind::Text(h) => {
-                let i = h.info();
-                let n = |v: usize| u32::try_from(v).unwrap_or(u32::MAX);
-                Some(ServedModel {
-                    name: m.name.clone(),
-                    layers: n(i.layers),
-                    kv_heads: n(i.kv_heads),
-                    head_dim: n(i.head_dim),
-                    block_size: n(i.block_size),
-                    context_length: n(i.context_length),
-                })
-            }
+            ModelKind::Text(h) => Some(served_model(&m.name, h.info())),
             ModelKind::Embedding(_) => None,
         })
         .collect::<Vec<ServedModel>>();

@@ -75,6 +75,7 @@ impl Modify for Security {
         routes::providers::clear_quarantine,
         routes::fleet::connect,
         routes::earnings::earnings,
+        routes::model_files::list,
         routes::model_files::file,
         routes::earnings::payout,
         routes::earnings::history,

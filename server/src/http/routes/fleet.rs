@@ -36,6 +36,29 @@ pub fn router() -> Router<AppState> {
     Router::new().route("/v1/providers/connect", get(connect))
 }
 
+/// The subprotocol a browser asks for: a page cannot set `Authorization`
+/// on a WebSocket, so a tab offers `synor.worker.v1` and its token as a
+/// second protocol, `bearer.<token>` (never in the URL, where logs and
+/// history keep it). The server answers with `synor.worker.v1` alone.
+pub const TAB_PROTOCOL: &str = "synor.worker.v1";
+
+/// The worker token a browser offered among its WebSocket subprotocols
+/// beside `TAB_PROTOCOL`.
+fn offered_token(headers: &HeaderMap) -> Option<&str> {
+    let offered: Vec<&str> = headers
+        .get_all(axum::http::header::SEC_WEBSOCKET_PROTOCOL)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(str::trim)
+        .collect();
+    offered
+        .contains(&TAB_PROTOCOL)
+        .then(|| offered.iter().find_map(|p| p.strip_prefix("bearer.")))
+        .flatten()
+        .filter(|t| !t.is_empty())
+}
+
 /// The active worker token in `Authorization: Bearer` (401 otherwise).
 pub(crate) async fn worker_token(
     state: &AppState,
@@ -44,6 +67,14 @@ pub(crate) async fn worker_token(
     let secret = bearer(headers).ok_or(ApiError::Unauthorized(
         "no worker token: send Authorization: Bearer <token>",
     ))?;
+    find_worker_token(state, secret).await
+}
+
+/// The active worker token whose secret is `secret` (401 otherwise).
+async fn find_worker_token(
+    state: &AppState,
+    secret: &str,
+) -> Result<money::store::workers::WorkerToken, ApiError> {
     billing(state)?
         .ledger
         .db
@@ -63,8 +94,10 @@ pub fn admin_router() -> Router<AppState> {
         .route("/admin/spotchecks", get(spot_checks))
 }
 
-/// The gateway: a worker token in `Authorization: Bearer`, then a
-/// WebSocket speaking the worker protocol (`docs/fleet-protocol.md`).
+/// The gateway: a worker token in `Authorization: Bearer` (or, from a
+/// browser, offered as the subprotocol `bearer.<token>` beside
+/// `synor.worker.v1`), then a WebSocket speaking the worker protocol
+/// (`docs/fleet-protocol.md`).
 #[utoipa::path(get, path = "/v1/providers/connect", tag = "providers",
     responses((status = 101, description = "Switching to the worker protocol"), (status = 401, description = "Missing, wrong or revoked worker token", body = crate::http::error::ErrorResponse), (status = 400, description = "Not a WebSocket upgrade", body = crate::http::error::ErrorResponse)),
     security(("worker_token" = [])))]
@@ -74,7 +107,10 @@ pub(crate) async fn connect(
     peer: Option<Extension<ConnectInfo<SocketAddr>>>,
     ws: Result<WebSocketUpgrade, axum::extract::ws::rejection::WebSocketUpgradeRejection>,
 ) -> Result<Response, ApiError> {
-    let token = worker_token(&state, &headers).await?;
+    let token = match (bearer(&headers), offered_token(&headers)) {
+        (None, Some(secret)) => find_worker_token(&state, secret).await?,
+        _ => worker_token(&state, &headers).await?,
+    };
     if token.quarantined_at.is_some() {
         return Err(ApiError::Unauthorized(
             "this worker token is quarantined: a check caught its work (an admin can clear it)",
@@ -91,6 +127,7 @@ pub(crate) async fn connect(
     };
     let registry = state.fleet.clone();
     Ok(ws
+        .protocols([TAB_PROTOCOL])
         .max_message_size(HEADER + MAX_PAYLOAD)
         .max_frame_size(HEADER + MAX_PAYLOAD)
         .on_upgrade(move |socket| pump(socket, registry, peer)))

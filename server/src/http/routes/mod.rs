@@ -19,6 +19,7 @@ pub mod models;
 pub mod models_admin;
 pub mod overview;
 pub mod pipelines;
+pub mod provide;
 pub mod providers;
 pub mod web;
 
@@ -67,6 +68,7 @@ pub fn router(state: &AppState) -> Router<AppState> {
         .merge(model_files::router())
         .merge(console::router())
         .merge(web::router())
+        .merge(provide::router())
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
 }

@@ -26,7 +26,58 @@ use crate::http::error::ApiError;
 use crate::http::state::AppState;
 
 pub fn router() -> Router<AppState> {
-    Router::new().route("/v1/providers/models/{model}/file", get(file))
+    Router::new()
+        .route("/v1/providers/models", get(list))
+        .route("/v1/providers/models/{model}/file", get(file))
+}
+
+/// A served text model a worker may fetch.
+#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
+pub struct ModelFile {
+    /// The model's name.
+    pub id: String,
+    /// Its file's size in bytes.
+    pub bytes: u64,
+}
+
+/// The list of them.
+#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
+pub struct ModelFiles {
+    pub object: &'static str,
+    pub data: Vec<ModelFile>,
+}
+
+/// The served text models whose file a worker may fetch (a worker token):
+/// what a browser tab offers its provider to serve.
+#[utoipa::path(get, path = "/v1/providers/models", tag = "providers",
+    responses(
+        (status = 200, description = "Served text models loaded from one file, with the file's size", body = ModelFiles),
+        (status = 401, description = "Missing, wrong or revoked worker token", body = crate::http::error::ErrorResponse)),
+    security(("worker_token" = [])))]
+pub(crate) async fn list(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+) -> Result<axum::Json<ModelFiles>, ApiError> {
+    worker_token(&state, &headers).await?;
+    let mut data = Vec::new();
+    for m in state.models.list() {
+        let Some(path) = m.path.filter(|_| matches!(m.kind, ModelKind::Text(_))) else {
+            continue;
+        };
+        if let Ok(meta) = tokio::fs::metadata(&path).await
+            && meta.is_file()
+        {
+            data.push(ModelFile {
+                id: m.name,
+                bytes: meta.len(),
+            });
+        }
+    }
+    data.sort_by(|a, b| a.id.cmp(&b.id));
+    Ok(axum::Json(ModelFiles {
+        object: "list",
+        data,
+    }))
 }
 
 /// Bytes read from the file at a time.

@@ -46,6 +46,9 @@ assets!(
     "pages/keys.js",
     "pages/caches.js",
     "pages/models.js",
+    "provide.html",
+    "provide.js",
+    "provide-worker.js",
 );
 
 /// Each asset's ETag (a digest of its bytes), computed once.
@@ -68,6 +71,11 @@ async fn page(headers: HeaderMap) -> Response {
     serve("index.html", &headers)
 }
 
+/// A file with the console's policy.
+fn serve(path: &str, headers: &HeaderMap) -> Response {
+    serve_with(path, headers, CSP)
+}
+
 /// The provider's page: signed in with a worker token.
 async fn provider_page(headers: HeaderMap) -> Response {
     serve("provider.html", &headers)
@@ -77,35 +85,47 @@ async fn asset(Path(path): Path<String>, headers: HeaderMap) -> Response {
     serve(&path, &headers)
 }
 
-fn content_type(path: &str) -> &'static str {
+pub(super) fn content_type(path: &str) -> &'static str {
     match path.rsplit('.').next() {
         Some("html") => "text/html; charset=utf-8",
         Some("css") => "text/css; charset=utf-8",
         Some("js") => "text/javascript; charset=utf-8",
+        Some("wasm") => "application/wasm",
         _ => "application/octet-stream",
     }
 }
 
-/// A file with its security and caching headers, or 304 when the
+/// An embedded file with `csp` and its caching headers, or 304 when the
 /// browser's copy is current.
-fn serve(path: &str, headers: &HeaderMap) -> Response {
+pub(super) fn serve_with(path: &str, headers: &HeaderMap, csp: &'static str) -> Response {
     let Some(i) = ASSETS.iter().position(|(p, _)| *p == path) else {
         return ApiError::RouteNotFound(format!("/console/{path}")).into_response();
     };
-    let body = ASSETS[i].1;
-    let etag = &ETAGS[i];
+    let body = axum::body::Bytes::from_static(ASSETS[i].1.as_bytes());
+    respond(body, content_type(path), &ETAGS[i], headers, csp)
+}
+
+/// `body` with its security and caching headers, or 304 when the
+/// browser's copy (`If-None-Match`) is `etag`.
+pub(super) fn respond(
+    body: axum::body::Bytes,
+    kind: &'static str,
+    etag: &str,
+    headers: &HeaderMap,
+    csp: &'static str,
+) -> Response {
     let fresh = headers
         .get(header::IF_NONE_MATCH)
         .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.split(',').any(|t| t.trim() == etag.as_str()));
+        .is_some_and(|v| v.split(',').any(|t| t.trim() == etag));
     let mut resp = if fresh {
         StatusCode::NOT_MODIFIED.into_response()
     } else {
-        ([(header::CONTENT_TYPE, content_type(path))], body).into_response()
+        ([(header::CONTENT_TYPE, kind)], body).into_response()
     };
     let h = resp.headers_mut();
     for (name, value) in [
-        (header::CONTENT_SECURITY_POLICY, CSP),
+        (header::CONTENT_SECURITY_POLICY, csp),
         (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
         (header::X_FRAME_OPTIONS, "DENY"),
         (header::REFERRER_POLICY, "no-referrer"),
@@ -120,7 +140,7 @@ fn serve(path: &str, headers: &HeaderMap) -> Response {
 }
 
 /// The first 16 hex digits of a digest.
-fn hex16(d: &[u8]) -> String {
+pub(super) fn hex16(d: &[u8]) -> String {
     d.iter().take(8).map(|b| format!("{b:02x}")).collect()
 }
 

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Builds the browser worker (`make tab`, part of `make test` and `make
+# run`): the `tab` crate for wasm32-unknown-unknown, then wasm-bindgen's
+# glue, into $TARGET/tab/ (tab.js, tab_bg.wasm), where the server serves
+# them at /provide. Installs what it needs: the wasm32 target through
+# rustup, and wasm-bindgen-cli of the version Cargo.lock pins (the CLI
+# must match the crate) through cargo, under $TARGET/tools.
+# TAB_PROFILE: the cargo profile (default `dev`, whose numeric crates are
+# optimized as the workspace's profile says; `release` for `make run`).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+target="${CARGO_TARGET_DIR:-$PWD/target}"
+profile="${TAB_PROFILE:-dev}"
+rustup target list --installed | grep -qx wasm32-unknown-unknown \
+  || rustup target add wasm32-unknown-unknown
+version=$(awk '/^name = "wasm-bindgen"$/ { getline; gsub(/[^0-9.]/, ""); print; exit }' Cargo.lock)
+bindgen="$target/tools/bin/wasm-bindgen"
+if ! [[ -x "$bindgen" && "$("$bindgen" --version)" == "wasm-bindgen $version" ]]; then
+  cargo install wasm-bindgen-cli --version "$version" --root "$target/tools" --bin wasm-bindgen --force
+fi
+cargo build -p tab --target wasm32-unknown-unknown --profile "$profile"
+dir=$([[ "$profile" == dev ]] && echo debug || echo "$profile")
+"$bindgen" --target web --no-typescript --out-dir "$target/tab" \
+  "$target/wasm32-unknown-unknown/$dir/tab.wasm"
+echo "tab: $(du -h "$target/tab/tab_bg.wasm" | cut -f1) of WebAssembly in $target/tab ($profile)"

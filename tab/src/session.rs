@@ -1,0 +1,297 @@
+//! A browser tab's worker session, without I/O: the page's Web Worker owns
+//! the WebSocket and the clock's loop, and hands this what arrives;
+//! this answers with the protocol messages to send. It holds one model's
+//! engine, driven a turn at a time (a tab has no threads), and runs the
+//! jobs placed on it exactly as a native worker does (`submit_raw` after
+//! the tokens an earlier attempt delivered, every event forwarded in
+//! order). What a tab cannot do (embeddings, split prefill/decode,
+//! pipeline stages) it refuses at once, so the server places it
+//! elsewhere.
+
+use std::collections::HashMap;
+
+use engine::core::EngineCore;
+use engine::{EngineConfig, EngineHandle, GenerateRequest, RawStream, TemplateChoice};
+use protocol::engine_side::{Meter, job_message, served_model};
+use protocol::{Device, FromWorker, ToWorker, VERSION};
+
+/// What the tab tells the server about itself.
+#[derive(Debug, Clone)]
+pub struct Identity {
+    /// The provider's name for this tab.
+    pub name: String,
+    pub region: String,
+    /// The browser (its user agent), shown to admins.
+    pub browser: String,
+    /// Logical processors the browser reports.
+    pub cores: u32,
+}
+
+/// One running attempt.
+#[derive(Debug)]
+struct Job {
+    attempt: u32,
+    stream: RawStream,
+}
+
+/// What the page shows: this tab's own counts (the server's, which pay,
+/// come from `/v1/providers/earnings`).
+#[derive(Debug, Default, Clone, serde::Serialize)]
+pub struct Counts {
+    pub jobs: u64,
+    pub tokens: u64,
+    pub running: u32,
+    /// Milliseconds the engine spent in steps.
+    pub busy_ms: f64,
+    pub refused: u64,
+    pub paused: bool,
+    pub draining: bool,
+}
+
+/// The session after `load`.
+pub struct Session {
+    model: String,
+    engine: EngineHandle,
+    core: EngineCore,
+    jobs: HashMap<u64, Job>,
+    meter: Meter,
+    counts: Counts,
+}
+
+impl std::fmt::Debug for Session {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Session")
+            .field("model", &self.model)
+            .field("jobs", &self.jobs.len())
+            .field("counts", &self.counts)
+            .finish()
+    }
+}
+
+/// What a message from the server asks of the page.
+#[derive(Debug, Default, PartialEq)]
+pub struct Reply {
+    /// Messages to send, in order.
+    pub send: Vec<FromWorker>,
+    /// The server ended the session: close the socket, with why.
+    pub close: Option<String>,
+}
+
+impl Session {
+    /// Loads `bytes` (a GGUF) as `model` with `kv_bytes` of KV cache.
+    pub fn load(model: &str, bytes: &[u8], kv_bytes: usize) -> Result<Self, String> {
+        let loaded = engine::loader::load_gguf_bytes(bytes, model, &TemplateChoice::default())
+            .map_err(|e| e.to_string())?;
+        let config = EngineConfig {
+            kv_cache_memory: kv_bytes,
+            ..EngineConfig::default()
+        };
+        let (engine, core) =
+            EngineHandle::start_driven(loaded, config).map_err(|e| e.to_string())?;
+        Ok(Self {
+            model: model.to_string(),
+            engine,
+            core,
+            jobs: HashMap::new(),
+            meter: Meter::default(),
+            counts: Counts::default(),
+        })
+    }
+
+    /// The first message of each connection: what this tab is and serves.
+    pub fn register(&mut self, who: &Identity) -> FromWorker {
+        self.counts.draining = false;
+        self.counts.paused = false;
+        let device = Device {
+            kind: "cpu".into(),
+            name: format!("WebAssembly in {}", who.browser),
+            cores: who.cores,
+            memory_bytes: 0,
+            features: vec!["wasm32".into(), "browser".into()],
+            usable: true,
+        };
+        FromWorker::Register {
+            v: VERSION,
+            name: who.name.clone(),
+            build: format!("synor-tab {}", env!("CARGO_PKG_VERSION")),
+            devices: vec![device],
+            models: vec![served_model(&self.model, self.engine.info())],
+            threads: 1,
+            region: who.region.clone(),
+            asks: Vec::new(),
+            encoders: Vec::new(),
+            parts: Vec::new(),
+        }
+    }
+
+    /// Handles one text message from the server.
+    pub fn receive(&mut self, text: &str) -> Reply {
+        let msg = match protocol::decode_from_server(text) {
+            Ok(m) => m,
+            Err(e) => {
+                return Reply {
+                    close: Some(format!("the server sent what this tab cannot read: {e}")),
+                    ..Reply::default()
+                };
+            }
+        };
+        let mut reply = Reply::default();
+        match msg {
+            // The page shows an error's text; the server closes the
+            // socket after a fatal one.
+            ToWorker::Welcome { .. } | ToWorker::Error { .. } => {}
+            ToWorker::Drain { .. } => self.counts.draining = true,
+            ToWorker::Pause { paused, .. } => self.counts.paused = paused,
+            ToWorker::Cancel { job, .. } => {
+                if let Some(j) = self.jobs.get(&job) {
+                    j.stream.abort();
+                }
+            }
+            ToWorker::Assign {
+                job,
+                attempt,
+                model,
+                prompt,
+                resume,
+                params,
+                kv,
+                ..
+            } => {
+                let why = if kv.is_some() {
+                    Some("a browser tab does not take KV from another worker".to_string())
+                } else if model != self.model {
+                    Some(format!("this tab serves {}, not {model}", self.model))
+                } else if self.counts.draining {
+                    Some("this tab is leaving".to_string())
+                } else {
+                    self.start(job, attempt, prompt, resume, params).err()
+                };
+                if let Some(message) = why {
+                    self.counts.refused += 1;
+                    reply.send.push(FromWorker::Failed {
+                        v: VERSION,
+                        job,
+                        attempt,
+                        message,
+                    });
+                }
+            }
+            other => reply.send.extend(refusal(other)),
+        }
+        reply
+    }
+
+    /// Submits one assignment to the engine.
+    fn start(
+        &mut self,
+        job: u64,
+        attempt: u32,
+        prompt: Vec<u32>,
+        resume: Vec<u32>,
+        params: protocol::JobParams,
+    ) -> Result<(), String> {
+        let req = GenerateRequest {
+            prompt_tokens: prompt,
+            params: params.sampling(),
+        };
+        let stream = self
+            .engine
+            .validate(req)
+            .and_then(|r| self.engine.submit_raw(r, resume))
+            .map_err(|e| e.to_string())?;
+        // A replayed attempt of a job this tab still runs replaces it.
+        self.jobs.insert(job, Job { attempt, stream });
+        self.counts.jobs += 1;
+        Ok(())
+    }
+
+    /// Whether the engine has work (the page calls `turn` until not).
+    pub fn busy(&self) -> bool {
+        !self.jobs.is_empty()
+    }
+
+    /// One engine turn, then every event it produced, as messages.
+    pub fn turn(&mut self) -> Vec<FromWorker> {
+        let started = web_time::Instant::now();
+        self.core.turn();
+        self.counts.busy_ms += started.elapsed().as_secs_f64() * 1e3;
+        let mut out = Vec::new();
+        self.jobs.retain(|&job, j| {
+            while let Some(ev) = j.stream.try_next() {
+                let msg = job_message(job, j.attempt, ev);
+                if let FromWorker::Tokens { tokens, .. } = &msg {
+                    self.counts.tokens += tokens.len() as u64;
+                }
+                out.push(msg);
+            }
+            !j.stream.is_done()
+        });
+        self.counts.running = self.jobs.len() as u32;
+        out
+    }
+
+    /// The heartbeat's message.
+    pub fn status(&mut self) -> FromWorker {
+        FromWorker::Status {
+            v: VERSION,
+            load: self.meter.load([&self.engine]),
+        }
+    }
+
+    /// The page's view of this tab.
+    pub fn counts(&self) -> &Counts {
+        &self.counts
+    }
+
+    /// The tab stops taking work (its schedule ended, or it is closing):
+    /// running jobs finish; the message says so to the server.
+    pub fn leave(&mut self) -> FromWorker {
+        self.counts.draining = true;
+        FromWorker::Drain { v: VERSION }
+    }
+
+    /// The connection was lost: every job stops here (the server replays
+    /// them on another worker, after the tokens it already relayed).
+    pub fn lost(&mut self) {
+        self.jobs.clear(); // dropping a stream aborts its sequence
+        self.counts.running = 0;
+        self.core.turn();
+    }
+}
+
+/// The answer to work a tab does not do.
+fn refusal(msg: ToWorker) -> Option<FromWorker> {
+    let no = |what: &str| format!("a browser tab does not run {what}");
+    match msg {
+        ToWorker::Embed { job, .. } => Some(FromWorker::Failed {
+            v: VERSION,
+            job,
+            attempt: 0,
+            message: no("embeddings"),
+        }),
+        ToWorker::Prefill { transfer, .. } => Some(FromWorker::KvFailed {
+            v: VERSION,
+            transfer,
+            message: no("split prefill"),
+        }),
+        ToWorker::LoadPart { model, .. } => Some(FromWorker::PartFailed {
+            v: VERSION,
+            model,
+            message: no("pipeline stages"),
+        }),
+        ToWorker::StageStep { step, .. } => Some(FromWorker::StageFailed {
+            v: VERSION,
+            step,
+            message: no("pipeline stages"),
+        }),
+        ToWorker::Welcome { .. }
+        | ToWorker::Error { .. }
+        | ToWorker::Drain { .. }
+        | ToWorker::Pause { .. }
+        | ToWorker::Assign { .. }
+        | ToWorker::Cancel { .. }
+        | ToWorker::KvEnd { .. }
+        | ToWorker::KvAbort { .. }
+        | ToWorker::DropPart { .. } => None,
+    }
+}

@@ -1,0 +1,133 @@
+"""A browser tab as a provider's worker (/provide), in real headless
+Chromium against the real `synor` binary: the page takes a worker token,
+lists the models a tab may fetch, downloads one (checked by SHA-256 and
+kept in Cache Storage), runs it in WebAssembly and joins the fleet over
+its own WebSocket. Calibrated and spot-checked like any worker, it serves
+greedy text identical to a native worker's, and its provider is paid;
+closing the tab mid-stream gives the client the same text through
+failover; a returning tab starts from the weights it kept; the page asks
+nothing of another host."""
+
+import os
+import time
+import urllib.request
+
+from conftest import http_call
+from test_console import ARTIFACTS, browser  # noqa: F401 - the fixture
+from test_fleet import (call, complete, fleet, open_server, provider_token, start_worker, stop,
+                        wait_for)
+
+PROMPT = "The river"
+
+
+def open_tab(browser, base, token, name):  # noqa: F811 - the fixture's value
+    """A fresh browser profile on /provide, serving `tiny` as `name`; the
+    page records every request it made and every error it reported."""
+    ctx = browser.new_context()
+    page = again(ctx, base, token, name)
+    page.on("console", lambda m: m.type == "error" and page.errors.append(m.text))
+    return ctx, page
+
+
+def again(ctx, base, token, name):
+    """A new page in `ctx` (the same browser profile) serving as `name`."""
+    page = ctx.new_page()
+    page.requests, page.errors = [], []
+    page.on("request", lambda r: page.requests.append(r.url))
+    page.on("pageerror", lambda e: page.errors.append(str(e)))
+    page.goto(base + "/provide")
+    page.fill('[data-testid="token"]', token)
+    page.click('[data-testid="list-models"]')
+    page.wait_for_selector('[data-testid="model"] option[value="tiny"]', state="attached")
+    page.select_option('[data-testid="model"]', "tiny")
+    page.fill('input[name="name"]', name)
+    page.click('[data-testid="start"]')
+    return page
+
+
+def tab_worker(base, name):
+    found = [w for w in fleet(base) if w["name"] == name and w["state"] == "active"]
+    return found[0] if found else None
+
+
+def test_a_tab_serves_like_a_native_worker_is_checked_paid_and_fails_over(browser):  # noqa: F811
+    # Every attempt of a new provider is spot-checked; earnings are final
+    # after a second.
+    srv = open_server("--spot-check-new-rate", "1", "--earnings-window", "1")
+    base = srv["base"]
+    native = None
+    try:
+        created = provider_token(base, "tabby")
+        token, provider = created["token"], created["account_id"]
+        # What a native worker answers, greedily.
+        native = start_worker(base, token, "native")
+        wait_for(lambda: tab_worker(base, "native"), what="the native worker")
+        want = complete(base, PROMPT, 40).choices[0].text
+        stop(native)
+        wait_for(lambda: not any(w["name"] == "native" for w in fleet(base)), what="it to leave")
+
+        started = time.monotonic()
+        ctx, page = open_tab(browser, base, token, "tab-1")
+        w = wait_for(lambda: tab_worker(base, "tab-1"), timeout=60, what="the tab to be calibrated")
+        joined = time.monotonic() - started
+        assert w["devices"][0]["features"] == ["wasm32", "browser"], w
+        # Served by the tab, the same text.
+        got = complete(base, PROMPT, 40)
+        assert got.choices[0].text == want
+        status, usage = call(base, "GET", "/admin/usage")
+        assert status == 200, usage
+        assert usage["data"][0]["decode_by"] == f"tab-1@{provider}", usage["data"][0]
+        # Checked (its calibration canaries and this job) and paid.
+        status, checks = call(base, "GET", "/admin/spotchecks")
+        [rec] = [c for c in checks["data"] if c["worker_id"] == w["id"]]
+        assert rec["checked"] >= 2 and rec["passed"] == rec["checked"], rec
+
+        def earned():
+            e = http_call(base, "GET", "/v1/providers/earnings", token=token)[1]
+            return e["jobs_ok"] >= 1 and e["earned_today"] != "0" and e
+        wait_for(earned, timeout=20, what="the tab's earnings")
+        page.wait_for_function(
+            "document.querySelector('[data-testid=\"tab-today\"]')?.textContent.match(/[1-9]/)",
+            timeout=20_000)
+        page.wait_for_function(
+            "Number(document.querySelector('[data-testid=\"tab-tokens\"]')?.textContent.replace(/\\D/g, '')) >= 40")
+        page.screenshot(path=os.path.join(ARTIFACTS, "provide-serving.png"), full_page=True)
+
+        assert page.get_attribute('[data-testid="loaded"]', "data-cached") == "false"
+
+        # Closed, then opened again: it starts from the weights it kept.
+        page.close()
+        wait_for(lambda: not any(w["name"] == "tab-1" for w in fleet(base)), what="the tab to leave")
+        started = time.monotonic()
+        page = again(ctx, base, token, "tab-2")
+        wait_for(lambda: tab_worker(base, "tab-2"), timeout=60, what="the returning tab")
+        rejoined = time.monotonic() - started
+        page.wait_for_selector('[data-testid="loaded"][data-cached="true"]', timeout=10_000)
+
+        # Closing the tab mid-stream: the client gets the same text.
+        long = complete(base, PROMPT, 400).choices[0].text
+        stream = complete(base, PROMPT, 400, stream=True)
+        text, closed = "", False
+        for n, chunk in enumerate(stream):
+            if chunk.choices:
+                text += chunk.choices[0].text
+            if n == 5:
+                assert [w["name"] for w in fleet(base) if w["jobs_running"]] == ["tab-2"], fleet(base)
+                ctx.close()
+                closed = True
+        assert closed and text == long
+        wait_for(lambda: not fleet(base), what="the closed tab to be lost")
+        metrics = urllib.request.urlopen(base + "/metrics", timeout=10).read().decode()
+        assert "synor:fleet_replays_total 1" in metrics, metrics
+        status, audit = call(base, "GET", "/admin/ledger/audit")
+        assert status == 200 and audit["violations"] == [], audit
+
+        # The page loaded its own files and the server's routes only.
+        outside = [u for u in page.requests if not u.startswith(base) and not u.startswith("data:")]
+        assert outside == [], outside
+        assert not page.errors, page.errors
+        print(f"provide: a fresh tab joined in {joined:.1f} s, a returning one in {rejoined:.1f} s")
+    finally:
+        if native and native.poll() is None:
+            stop(native)
+        srv["gen"].close()
