@@ -31,10 +31,12 @@ PARITY_ARCHS := parity-llama3:f32 parity-qwen3:f32 parity-qwen3:q4_k parity-qwen
 	parity-qwen3moe:q4_k parity-mixtral:q8_0 parity-gemma3:f32 parity-gemma3:q8_0 \
 	parity-gemma2:f32 parity-gemma2:q8_0 parity-phi:f32 parity-phi:q4_k
 
-.PHONY: run test models check lint unit e2e fuzz build browser vulkan bench-chat clean-models synthetic
+.PHONY: run test models check lint unit e2e fuzz build browser vulkan bench-chat clean-models synthetic tab
 
 ## run: fetch the default models if missing, then serve them on 127.0.0.1:8080
+## (with /provide's browser worker built for the release)
 run: $(MODEL_FILES)
+	TAB_PROFILE=release scripts/build-tab.sh
 	$(CARGO) run --release -p synor --bin synor -- serve --open
 
 ## test: formatting, lints, every cargo test (the wgpu backend's on lavapipe
@@ -104,11 +106,18 @@ $(VENV)/.installed: tests/e2e/requirements.txt
 	$(VENV)/bin/pip install --quiet --disable-pip-version-check -r tests/e2e/requirements.txt
 	touch $@
 
+## tab: the browser worker served at /provide (the `tab` crate in
+## WebAssembly with wasm-bindgen's glue) into $(TARGET_DIR)/tab; the script
+## installs the wasm32 target and the pinned wasm-bindgen-cli
+tab:
+	@echo "== tab $$(date +%T)"
+	scripts/build-tab.sh
+
 ## browser: Debian's chromium, for the console's tests in headless Chromium
 browser:
 	scripts/install-browser.sh
 
-e2e: $(MODEL_FILES) $(NVRTC) build $(VENV)/.installed browser
+e2e: $(MODEL_FILES) $(NVRTC) build tab $(VENV)/.installed browser
 	@echo "== e2e $$(date +%T)"
 	SYNOR_NVRTC=$(NVRTC) SYNOR_BIN=$(TARGET_DIR)/debug/synor LOADTEST_BIN=$(TARGET_DIR)/debug/synor-loadtest \
 		$(VENV)/bin/python -m pytest -q tests/e2e

@@ -5,12 +5,12 @@
 # them at /provide. Installs what it needs: the wasm32 target through
 # rustup, and wasm-bindgen-cli of the version Cargo.lock pins (the CLI
 # must match the crate) through cargo, under $TARGET/tools.
-# TAB_PROFILE: the cargo profile (default `dev`, whose numeric crates are
-# optimized as the workspace's profile says; `release` for `make run`).
+# TAB_PROFILE: the cargo profile (default `tab`: the engine and kernels
+# optimized, the rest not, for a short build; `release` for `make run`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 target="${CARGO_TARGET_DIR:-$PWD/target}"
-profile="${TAB_PROFILE:-dev}"
+profile="${TAB_PROFILE:-tab}"
 rustup target list --installed | grep -qx wasm32-unknown-unknown \
   || rustup target add wasm32-unknown-unknown
 version=$(awk '/^name = "wasm-bindgen"$/ { getline; gsub(/[^0-9.]/, ""); print; exit }' Cargo.lock)

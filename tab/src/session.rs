@@ -176,7 +176,13 @@ impl Session {
                     });
                 }
             }
-            other => reply.send.extend(refusal(other)),
+            other @ (ToWorker::Embed { .. }
+            | ToWorker::Prefill { .. }
+            | ToWorker::KvEnd { .. }
+            | ToWorker::KvAbort { .. }
+            | ToWorker::LoadPart { .. }
+            | ToWorker::DropPart { .. }
+            | ToWorker::StageStep { .. }) => reply.send.extend(refusal(other)),
         }
         reply
     }
@@ -293,5 +299,206 @@ fn refusal(msg: ToWorker) -> Option<FromWorker> {
         | ToWorker::KvEnd { .. }
         | ToWorker::KvAbort { .. }
         | ToWorker::DropPart { .. } => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use engine::SamplingParams;
+    use protocol::JobParams;
+
+    fn tiny() -> Vec<u8> {
+        let dir = std::env::var_os("SYNOR_MODELS_DIR").map_or_else(
+            || std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../models"),
+            std::path::PathBuf::from,
+        );
+        std::fs::read(dir.join("tiny/tiny.gguf")).expect("tiny.gguf: run `make models` first")
+    }
+
+    fn session() -> Session {
+        Session::load("tiny", &tiny(), 8 << 20).expect("load")
+    }
+
+    fn greedy(max_tokens: usize) -> JobParams {
+        let p = SamplingParams {
+            temperature: 0.0,
+            max_tokens,
+            ignore_eos: true,
+            seed: Some(7),
+            ..SamplingParams::default()
+        };
+        JobParams::of(&p, 0)
+    }
+
+    fn assign(job: u64, model: &str, prompt: &[u32], resume: &[u32], p: &JobParams) -> String {
+        serde_json::json!({"v": 1, "type": "assign", "job": job, "attempt": 1, "model": model,
+            "prompt": prompt, "resume": resume, "params": p})
+        .to_string()
+    }
+
+    /// Turns until idle; every message, in order.
+    fn run(s: &mut Session) -> Vec<FromWorker> {
+        let mut out = Vec::new();
+        for _ in 0..10_000 {
+            if !s.busy() {
+                return out;
+            }
+            out.extend(s.turn());
+        }
+        panic!("the session never went idle");
+    }
+
+    fn ids(msgs: &[FromWorker]) -> Vec<u32> {
+        msgs.iter()
+            .filter_map(|m| {
+                if let FromWorker::Tokens { tokens, .. } = m {
+                    Some(tokens.iter().map(|t| t.id))
+                } else {
+                    None
+                }
+            })
+            .flatten()
+            .collect()
+    }
+
+    /// The tokens the native engine (its own thread) generates.
+    fn native(prompt: &[u32], p: &JobParams) -> Vec<u32> {
+        let loaded = engine::loader::load_gguf_bytes(&tiny(), "tiny", &TemplateChoice::default())
+            .expect("load");
+        let config = EngineConfig {
+            kv_cache_memory: 8 << 20,
+            ..EngineConfig::default()
+        };
+        let engine = EngineHandle::start(loaded, config).expect("start");
+        let req = GenerateRequest {
+            prompt_tokens: prompt.to_vec(),
+            params: p.sampling(),
+        };
+        let mut raw = engine
+            .submit_raw(engine.validate(req).expect("valid"), Vec::new())
+            .expect("submit");
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .expect("runtime");
+        let mut got = Vec::new();
+        while let Some(ev) = rt.block_on(raw.next()) {
+            if let engine::core::CoreEvent::Token { id, .. } = ev {
+                got.push(id);
+            }
+        }
+        engine.shutdown();
+        got
+    }
+
+    #[test]
+    fn an_assignment_runs_as_on_the_native_engine_and_resumes_after_delivered_tokens() {
+        let prompt = [1u32, 450, 8580, 338, 263];
+        let p = greedy(24);
+        let want = native(&prompt, &p);
+        assert_eq!(want.len(), 24);
+        let mut s = session();
+        let who = Identity {
+            name: "t".into(),
+            region: "eu".into(),
+            browser: "test".into(),
+            cores: 2,
+        };
+        let FromWorker::Register { models, .. } = s.register(&who) else {
+            panic!("not a registration");
+        };
+        assert_eq!(models[0].name, "tiny");
+        assert_eq!(
+            s.receive(&assign(1, "tiny", &prompt, &[], &p)),
+            Reply::default()
+        );
+        let msgs = run(&mut s);
+        assert!(matches!(msgs[0], FromWorker::Accepted { job: 1, .. }));
+        assert_eq!(ids(&msgs), want);
+        let Some(FromWorker::Done {
+            reason,
+            prompt_tokens,
+            completion_tokens,
+            ..
+        }) = msgs.last()
+        else {
+            panic!("no done: {msgs:?}");
+        };
+        assert_eq!(
+            (reason.as_str(), *prompt_tokens, *completion_tokens),
+            ("length", 5, 24)
+        );
+        // A replayed attempt after 10 delivered tokens: the rest, the same.
+        s.receive(&assign(2, "tiny", &prompt, &want[..10], &p));
+        assert_eq!(ids(&run(&mut s)), want[10..].to_vec());
+        let c = s.counts();
+        assert_eq!((c.jobs, c.tokens, c.running), (2, 38, 0));
+    }
+
+    #[test]
+    fn cancelled_and_lost_jobs_stop() {
+        let mut s = session();
+        let p = greedy(500);
+        s.receive(&assign(1, "tiny", &[1, 2, 3], &[], &p));
+        s.turn();
+        s.receive(r#"{"v":1,"type":"cancel","job":1}"#);
+        let msgs = run(&mut s);
+        assert!(
+            matches!(msgs.last(), Some(FromWorker::Done { reason, .. }) if reason == "abort"),
+            "{msgs:?}"
+        );
+        s.receive(&assign(2, "tiny", &[1, 2, 3], &[], &p));
+        s.turn();
+        s.lost();
+        assert!(!s.busy());
+        // A tab that leaves refuses new work; registering again takes it.
+        assert_eq!(s.leave(), FromWorker::Drain { v: VERSION });
+        let r = s.receive(&assign(3, "tiny", &[1], &[], &greedy(2)));
+        assert!(
+            matches!(&r.send[..], [FromWorker::Failed { job: 3, .. }]),
+            "{r:?}"
+        );
+    }
+
+    #[test]
+    fn what_a_tab_cannot_do_it_refuses_at_once() {
+        let mut s = session();
+        let p = greedy(4);
+        let params = serde_json::to_value(&p).expect("json");
+        let cases = [
+            serde_json::json!({"v":1,"type":"embed","job":4,"model":"tiny","texts":["a"]}),
+            serde_json::json!({"v":1,"type":"prefill","transfer":5,"model":"tiny","prompt":[1],"params":params,"from":0}),
+            serde_json::json!({"v":1,"type":"load_part","model":"tiny","first":0,"end":1,"blocks":1,"block_size":16}),
+            serde_json::json!({"v":1,"type":"stage_step","step":6,"model":"tiny","chunks":[],"rows":0}),
+            serde_json::json!({"v":1,"type":"assign","job":7,"attempt":1,"model":"tiny","prompt":[1],"params":params,"kv":{"transfer":8}}),
+            serde_json::json!({"v":1,"type":"assign","job":9,"attempt":1,"model":"other","prompt":[1],"params":params}),
+        ];
+        let mut answers = Vec::new();
+        for c in cases {
+            let r = s.receive(&c.to_string());
+            assert_eq!((r.send.len(), &r.close), (1, &None), "{c}: {r:?}");
+            answers.push(serde_json::to_value(&r.send[0]).expect("json")["type"].clone());
+        }
+        let want = [
+            "failed",
+            "kv_failed",
+            "part_failed",
+            "stage_failed",
+            "failed",
+            "failed",
+        ];
+        assert_eq!(answers, want);
+        assert_eq!(s.counts().refused, 2);
+        assert!(!s.busy());
+        // A prompt longer than the engine allows is refused, not run.
+        let long = vec![1u32; 100_000];
+        let r = s.receive(&assign(10, "tiny", &long, &[], &p));
+        assert!(
+            matches!(&r.send[..], [FromWorker::Failed { job: 10, .. }]),
+            "{r:?}"
+        );
+        // What cannot be read ends the session.
+        assert!(s.receive("{not json").close.is_some());
+        assert!(s.receive(r#"{"v":9,"type":"drain"}"#).close.is_some());
     }
 }

@@ -66,6 +66,16 @@ def test_a_tab_serves_like_a_native_worker_is_checked_paid_and_fails_over(browse
         stop(native)
         wait_for(lambda: not any(w["name"] == "native" for w in fleet(base)), what="it to leave")
 
+        # A wrong token is refused on the page, in the server's words.
+        ctx = browser.new_context()
+        wrong = ctx.new_page()
+        wrong.goto(base + "/provide")
+        wrong.fill('[data-testid="token"]', "swt-synor-wrong")
+        wrong.click('[data-testid="list-models"]')
+        wrong.wait_for_selector('[data-testid="setup-error"]:has-text("worker token")')
+        assert wrong.is_disabled('[data-testid="start"]')
+        ctx.close()
+
         started = time.monotonic()
         ctx, page = open_tab(browser, base, token, "tab-1")
         w = wait_for(lambda: tab_worker(base, "tab-1"), timeout=60, what="the tab to be calibrated")

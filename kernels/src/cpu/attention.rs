@@ -51,6 +51,7 @@ impl KvRows<'_> {
 
     /// Whether the SIMD loops take these rows on `isa`, `lanes` values at
     /// a time (8: AVX2, 16: AVX-512), never across a scale group.
+    #[cfg(target_arch = "x86_64")]
     fn simd(&self, hd: usize, isa: Isa, lanes: usize) -> bool {
         let group_ok = match *self {
             KvRows::F16(_) => true,
@@ -122,6 +123,7 @@ pub fn weighted_sum(
 
 /// `weighted_sum` on the path `isa` picks (every path adds each output
 /// element's rows in row order with fused multiply-adds: the same floats).
+#[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
 fn weighted_sum_on(
     isa: Isa,
     probs: &[f32],

@@ -308,6 +308,7 @@ const SPREAD_GROUPS: usize = 16;
 /// Bytes of weights the multi-group AVX2 path reads for every tile of
 /// activation rows before moving on to the next blocks: kept in L2 (512 KiB
 /// on Zen 3), as each tile reads them again.
+#[cfg(target_arch = "x86_64")]
 const SPREAD_WEIGHT_BYTES: usize = 160 * 1024;
 
 /// The output buffer, shared by the tasks of one matmul. Each task writes

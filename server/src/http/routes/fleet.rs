@@ -369,3 +369,38 @@ async fn set_paused(
         state: next.into(),
     }))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn offered(values: &[&str]) -> Option<String> {
+        let mut h = HeaderMap::new();
+        for v in values {
+            h.append(
+                axum::http::header::SEC_WEBSOCKET_PROTOCOL,
+                v.parse().expect("value"),
+            );
+        }
+        offered_token(&h).map(str::to_string)
+    }
+
+    #[test]
+    fn a_browser_offers_its_token_beside_the_worker_protocol_and_nowhere_else() {
+        let t = "swt-synor-abc123";
+        assert_eq!(
+            offered(&[&format!("synor.worker.v1, bearer.{t}")]).as_deref(),
+            Some(t)
+        );
+        assert_eq!(
+            offered(&["synor.worker.v1", &format!("bearer.{t}")]).as_deref(),
+            Some(t)
+        );
+        // Without the worker protocol, or without a token, there is none.
+        assert_eq!(offered(&[&format!("bearer.{t}")]), None);
+        assert_eq!(offered(&["synor.worker.v1"]), None);
+        assert_eq!(offered(&["synor.worker.v1, bearer."]), None);
+        assert_eq!(offered(&[]), None);
+        assert_eq!(offered(&[&format!("chat, {t}")]), None);
+    }
+}

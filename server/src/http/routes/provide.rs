@@ -29,7 +29,7 @@ const CSP: &str = "default-src 'none'; script-src 'self' 'wasm-unsafe-eval'; wor
                    form-action 'none'; frame-ancestors 'none'";
 
 /// The engine's files, as built.
-const BUILT: [&str; 2] = ["tab.js", "tab_bg.wasm"];
+pub(super) const BUILT: [&str; 2] = ["tab.js", "tab_bg.wasm"];
 
 pub fn router() -> Router<AppState> {
     Router::new()
@@ -96,4 +96,50 @@ fn engine_file(name: &str) -> Result<(Bytes, String), ApiError> {
         .get(i)
         .cloned()
         .ok_or_else(|| ApiError::RouteNotFound(format!("/provide/{name}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use axum::body::Body;
+    use axum::http::{Request, StatusCode, header};
+    use tower::ServiceExt;
+
+    use super::*;
+
+    fn app() -> axum::Router {
+        crate::http::app(AppState::new(std::sync::Arc::default()), 1 << 20)
+    }
+
+    async fn get(url: &str) -> axum::response::Response {
+        app()
+            .oneshot(Request::get(url).body(Body::empty()).expect("request"))
+            .await
+            .expect("response")
+    }
+
+    #[tokio::test]
+    async fn the_page_and_its_worker_may_run_webassembly_and_nothing_from_elsewhere() {
+        for (url, kind) in [
+            ("/provide", "text/html"),
+            ("/provide/provide.js", "text/javascript"),
+            ("/provide/provide-worker.js", "text/javascript"),
+        ] {
+            let resp = get(url).await;
+            assert_eq!(resp.status(), StatusCode::OK, "{url}");
+            let h = resp.headers();
+            let kind_of = h[header::CONTENT_TYPE].to_str().expect("ascii");
+            assert!(kind_of.starts_with(kind), "{url}: {kind_of}");
+            let csp = h[header::CONTENT_SECURITY_POLICY].to_str().expect("ascii");
+            assert_eq!(csp, CSP);
+            assert!(!csp.contains("unsafe-inline") && !csp.contains("'unsafe-eval'"));
+        }
+        // Only the page's own files; nothing else is reachable here.
+        for url in [
+            "/provide/console.css",
+            "/provide/../Cargo.toml",
+            "/provide/x.wasm",
+        ] {
+            assert_eq!(get(url).await.status(), StatusCode::NOT_FOUND, "{url}");
+        }
+    }
 }

@@ -226,13 +226,21 @@ mod tests {
                     let Some(from) = import.split(['\'', '"']).nth(1) else {
                         continue;
                     };
+                    // The browser worker's engine is built, not embedded.
+                    if from
+                        .strip_prefix("/provide/")
+                        .is_some_and(|f| super::super::provide::BUILT.contains(&f))
+                    {
+                        continue;
+                    }
                     let target = from
                         .trim_start_matches("./")
-                        .trim_start_matches("/console/");
+                        .trim_start_matches("/console/")
+                        .trim_start_matches("/provide/");
                     let base = path.rsplit_once('/').map_or("", |(d, _)| d);
                     let resolved = if let Some(up) = target.strip_prefix("../") {
                         up.to_string()
-                    } else if base.is_empty() || from.starts_with("/console/") {
+                    } else if base.is_empty() || from.starts_with('/') {
                         target.to_string()
                     } else {
                         format!("{base}/{target}")
