@@ -43,7 +43,9 @@ async fn page(headers: HeaderMap) -> Response {
 
 async fn file(Path(file): Path<String>, headers: HeaderMap) -> Response {
     match file.as_str() {
-        "provide.js" | "provide-worker.js" => serve_with(&file, &headers, CSP),
+        "provide.js" | "provide-worker.js" | "provide-engine.js" => {
+            serve_with(&file, &headers, CSP)
+        }
         built if BUILT.contains(&built) => match engine_file(built) {
             Ok((body, etag)) => respond(body, content_type(built), &etag, &headers, CSP),
             Err(e) => e.into_response(),
@@ -123,6 +125,7 @@ mod tests {
             ("/provide", "text/html"),
             ("/provide/provide.js", "text/javascript"),
             ("/provide/provide-worker.js", "text/javascript"),
+            ("/provide/provide-engine.js", "text/javascript"),
         ] {
             let resp = get(url).await;
             assert_eq!(resp.status(), StatusCode::OK, "{url}");

@@ -49,6 +49,7 @@ assets!(
     "provide.html",
     "provide.js",
     "provide-worker.js",
+    "provide-engine.js",
 );
 
 /// Each asset's ETag (a digest of its bytes), computed once.
