@@ -36,7 +36,7 @@ PARITY_ARCHS := parity-llama3:f32 parity-qwen3:f32 parity-qwen3:q4_k parity-qwen
 ## run: fetch the default models if missing, then serve them on 127.0.0.1:8080
 ## (with /provide's browser worker built for the release)
 run: $(MODEL_FILES)
-	TAB_PROFILE=release scripts/build-tab.sh
+	TAB_PROFILE=release scripts/build-tab.sh || echo "make run: the browser worker (/provide) was not built; the server runs without it"
 	$(CARGO) run --release -p synor --bin synor -- serve --open
 
 ## test: formatting, lints, every cargo test (the wgpu backend's on lavapipe
