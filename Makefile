@@ -13,6 +13,9 @@ NVRTC := $(SYNOR_MODELS_DIR)/nvrtc/libnvrtc.so.12
 # Test builds take the testing flags (`--debug-*`: slow, hung, faulty and
 # cheating workers); `make run`'s release build leaves them out.
 FEATURES := --features synor/faults
+# What `cargo test` runs (benchmarks compile in `lint`'s clippy, not here:
+# fifteen bench binaries to link for nothing).
+TARGETS := --lib --bins --tests --examples
 
 MODEL_FILES := \
 	$(SYNOR_MODELS_DIR)/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf \
@@ -76,7 +79,7 @@ $(NVRTC):
 ## all again.
 synthetic: $(MODEL_FILES)
 	@echo "== synthetic $$(date +%T)"
-	$(CARGO) build --workspace --all-targets $(FEATURES)
+	$(CARGO) build --workspace $(TARGETS) $(FEATURES)
 	@for q in $(PARITY_TYPES); do \
 		$(TARGET_DIR)/debug/synor-genmodel --shape parity-llama --quant $$q \
 			--tokenizer $(SYNOR_MODELS_DIR)/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf \
@@ -99,7 +102,7 @@ vulkan:
 	scripts/install-vulkan.sh
 
 build:
-	$(CARGO) build --workspace --all-targets $(FEATURES)
+	$(CARGO) build --workspace $(TARGETS) $(FEATURES)
 
 $(VENV)/.installed: tests/e2e/requirements.txt
 	$(PYTHON) -m venv $(VENV)

@@ -5,8 +5,8 @@
 # them at /provide. Installs what it needs: the wasm32 target through
 # rustup, and wasm-bindgen-cli of the version Cargo.lock pins (the CLI
 # must match the crate) through cargo, under $TARGET/tools.
-# TAB_PROFILE: the cargo profile (default `tab`: the engine and kernels
-# optimized, the rest not, for a short build; `release` for `make run`).
+# TAB_PROFILE: the cargo profile (default `tab`: unoptimized, a short
+# build for the tests; `release` for `make run`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 target="${CARGO_TARGET_DIR:-$PWD/target}"
@@ -16,7 +16,9 @@ rustup target list --installed | grep -qx wasm32-unknown-unknown \
 version=$(awk '/^name = "wasm-bindgen"$/ { getline; gsub(/[^0-9.]/, ""); print; exit }' Cargo.lock)
 bindgen="$target/tools/bin/wasm-bindgen"
 if ! [[ -x "$bindgen" && "$("$bindgen" --version)" == "wasm-bindgen $version" ]]; then
-  cargo install wasm-bindgen-cli --version "$version" --root "$target/tools" --bin wasm-bindgen --force
+  # No default features: the CLI's downloader (TLS) is not needed here.
+  cargo install wasm-bindgen-cli --version "$version" --root "$target/tools" --bin wasm-bindgen \
+    --no-default-features --force
 fi
 cargo build -p tab --target wasm32-unknown-unknown --profile "$profile"
 dir=$([[ "$profile" == dev ]] && echo debug || echo "$profile")

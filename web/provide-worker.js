@@ -74,7 +74,11 @@ function start(c) {
   engine.onmessage = ({ data }) => {
     if (data.send && ws?.readyState === WebSocket.OPEN) data.send.forEach((m) => ws.send(m));
     if (data.status) status = data.status;
-    if (data.loaded) { ready = true; connect(); }
+    if (data.loaded) {
+      ready = true;
+      if (serve) connect();
+      else say('Ready; waiting for the schedule');
+    }
     if (data.idle && !serve) ws?.close(1000, 'the schedule ended');
     if (data.fatal) stopWith(data.fatal);
     if (data.state || data.counts || data.loaded) postMessage(data);
@@ -88,6 +92,7 @@ onmessage = ({ data }) => {
     serve = data.serve;
     if (serve) connect();
     else if (ws) engine.postMessage({ leave: true });
+    else if (ready) say('Ready; waiting for the schedule');
   }
   if (data.leave && ws) { engine.postMessage({ leave: true }); finished = true; }
 };

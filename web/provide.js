@@ -112,6 +112,7 @@ function start(ev) {
   earnings();
   timers = [setInterval(schedule, 30000), setInterval(earnings, REFRESH_MS)];
   battery?.addEventListener('chargingchange', schedule);
+  form.addEventListener('change', schedule);
 }
 
 function stop() {

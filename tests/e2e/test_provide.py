@@ -141,3 +141,65 @@ def test_a_tab_serves_like_a_native_worker_is_checked_paid_and_fails_over(browse
         if native and native.poll() is None:
             stop(native)
         srv["gen"].close()
+
+
+# The Battery API, as the page sees it, under the test's control.
+BATTERY = """
+const battery = new EventTarget();
+battery.charging = false;
+window.__battery = battery;
+navigator.getBattery = () => Promise.resolve(battery);
+"""
+
+
+def test_a_tab_serves_only_while_its_schedule_says_so(browser):  # noqa: F811
+    srv = open_server()
+    base = srv["base"]
+    try:
+        token = provider_token(base, "sched")["token"]
+        ctx = browser.new_context()
+        ctx.add_init_script(BATTERY)
+        page = ctx.new_page()
+        page.goto(base + "/provide")
+        page.fill('[data-testid="token"]', token)
+        page.click('[data-testid="list-models"]')
+        page.wait_for_selector('[data-testid="model"] option[value="tiny"]', state="attached")
+        page.fill('input[name="name"]', "charger")
+        page.check('[data-testid="when-charging"]')
+        page.click('[data-testid="start"]')
+        # Not charging: loaded, but not in the fleet.
+        page.wait_for_selector('[data-testid="state"]:has-text("waiting for the schedule")')
+        time.sleep(1.0)
+        assert not any(w["name"] == "charger" for w in fleet(base)), fleet(base)
+
+        def charging(on):
+            page.evaluate(f"window.__battery.charging = {str(on).lower()};"
+                          "window.__battery.dispatchEvent(new Event('chargingchange'))")
+        charging(True)
+        wait_for(lambda: tab_worker(base, "charger"), timeout=60, what="the tab to join while charging")
+        assert complete(base, PROMPT, 8).choices[0].text
+        charging(False)
+        wait_for(lambda: not any(w["name"] == "charger" for w in fleet(base)),
+                 what="the tab to leave when unplugged")
+        page.wait_for_selector('[data-testid="state"]:has-text("outside the schedule")')
+        # Hours that do not include now keep it away; hours that do bring it back.
+        now = page.evaluate("(() => { const d = new Date(); return d.getHours() * 60 + d.getMinutes(); })()")
+        hhmm = lambda m: f"{(m // 60) % 24:02d}:{m % 60:02d}"  # noqa: E731
+        page.evaluate(f"""(() => {{
+            const f = document.getElementById('setup');
+            f.from.value = '{hhmm(now + 120)}'; f.until.value = '{hhmm(now + 180)}';
+            f.querySelector('[data-testid="when-hours"]').checked = true;
+            f.dispatchEvent(new Event('change'));
+        }})()""")
+        charging(True)
+        time.sleep(1.5)
+        assert not any(w["name"] == "charger" for w in fleet(base)), fleet(base)
+        page.evaluate(f"""(() => {{
+            const f = document.getElementById('setup');
+            f.from.value = '{hhmm(now + 24 * 60 - 60)}'; f.until.value = '{hhmm(now + 60)}';
+            f.dispatchEvent(new Event('change'));
+        }})()""")
+        wait_for(lambda: tab_worker(base, "charger"), timeout=60, what="the tab to join inside its hours")
+        ctx.close()
+    finally:
+        srv["gen"].close()
