@@ -111,10 +111,12 @@ $(VENV)/.installed: tests/e2e/requirements.txt
 
 ## tab: the browser worker served at /provide (the `tab` crate in
 ## WebAssembly with wasm-bindgen's glue) into $(TARGET_DIR)/tab; the script
-## installs the wasm32 target and the pinned wasm-bindgen-cli
+## installs the wasm32 target and the pinned wasm-bindgen-cli. Then the
+## kernels' tests in WebAssembly (SIMD128 against the reference, under Node)
 tab:
 	@echo "== tab $$(date +%T)"
 	scripts/build-tab.sh
+	scripts/test-wasm.sh
 
 ## browser: Debian's chromium, for the console's tests in headless Chromium
 browser:

@@ -27,6 +27,8 @@ pub mod ops;
 pub mod paged;
 pub mod pages;
 pub mod scalar;
+#[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+pub mod wasm;
 #[cfg(target_arch = "x86_64")]
 pub mod x86;
 #[cfg(target_arch = "x86_64")]
@@ -51,7 +53,8 @@ pub fn prefetch_slice<T>(s: &[T]) {
     let _ = s;
 }
 
-/// The SIMD path in use.
+/// The SIMD path in use. On WebAssembly built with `+simd128`, `Scalar`'s
+/// 32-weight formats run `wasm`'s vectors (the same bits).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Isa {
     Scalar,
@@ -359,6 +362,10 @@ impl Job<'_> {
         if self.spread() {
             return simd::spread_groups(self, g0, g1);
         }
+        #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+        if wasm::supports(self.w.ty) {
+            return self.wasm_groups(g0, g1);
+        }
         for g in g0..g1 {
             self.group(g);
         }
@@ -374,6 +381,31 @@ impl Job<'_> {
                     let acts = &self.acts[i * self.stride..][..self.nb];
                     let sums = scalar::dot_group(self.w.ty, self.w.group(g), acts);
                     self.store(i, g, &sums);
+                }
+            }
+        }
+    }
+
+    /// `groups` on WebAssembly SIMD128 (`wasm`): each tile of activation
+    /// rows is spread once, then meets every group of the run.
+    #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+    fn wasm_groups(&self, g0: usize, g1: usize) {
+        for i0 in (0..self.m).step_by(wasm::TILE) {
+            let rows = i0..self.m.min(i0 + wasm::TILE);
+            let x: Vec<&[Q8Block]> = rows
+                .clone()
+                .map(|i| &self.acts[i * self.stride..][..self.nb])
+                .collect();
+            let spreads: Vec<Vec<wasm::Spread>> = x
+                .iter()
+                .map(|r| r.iter().map(wasm::spread).collect())
+                .collect();
+            let spreads: Vec<&[wasm::Spread]> = spreads.iter().map(Vec::as_slice).collect();
+            let mut sums = vec![[0.0; GROUP]; x.len()];
+            for g in g0..g1 {
+                wasm::dot_group_rows(self.w.ty, self.w.group(g), &x, &spreads, &mut sums);
+                for (i, s) in rows.clone().zip(&sums) {
+                    self.store(i, g, s);
                 }
             }
         }

@@ -455,6 +455,7 @@ mod tests {
         }
     }
 
+    #[cfg(target_arch = "x86_64")]
     #[test]
     fn the_wide_exp_loops_round_exactly_like_the_portable_ones() {
         // Past both clamps, through subnormal results, and every tail length.
