@@ -131,7 +131,7 @@ pub trait Executor: Send {
 pub struct LocalExecutor {
     model: Llama,
     kv: KvStorage,
-    pool: rayon::ThreadPool,
+    pool: Compute,
 }
 
 impl LocalExecutor {
@@ -151,20 +151,34 @@ impl LocalExecutor {
     }
 }
 
-/// A thread pool over every core for a step's parallel regions; in
-/// WebAssembly (a browser tab, no threads) the caller's thread alone.
-pub(crate) fn compute_pool() -> Result<rayon::ThreadPool> {
+/// Where a step's parallel regions run: a thread pool over every core, or
+/// in WebAssembly (a browser tab, no threads) none: rayon's global pool,
+/// which is the caller's thread alone there, shared by every engine the
+/// tab loads (a pool of its own would claim the thread for good).
+#[derive(Debug)]
+pub(crate) struct Compute(Option<rayon::ThreadPool>);
+
+impl Compute {
+    /// Runs `f` where the step's parallel regions belong.
+    pub(crate) fn install<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
+        match &self.0 {
+            Some(pool) => pool.install(f),
+            None => f(),
+        }
+    }
+}
+
+/// The compute threads (`Compute`).
+pub(crate) fn compute_pool() -> Result<Compute> {
+    if cfg!(target_family = "wasm") {
+        return Ok(Compute(None));
+    }
     let threads = std::thread::available_parallelism().map_or(1, usize::from);
-    let builder = rayon::ThreadPoolBuilder::new();
-    let builder = if cfg!(target_family = "wasm") {
-        builder.num_threads(1).use_current_thread()
-    } else {
-        builder
-            .num_threads(threads)
-            .thread_name(|i| format!("synor-compute-{i}"))
-    };
-    builder
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .thread_name(|i| format!("synor-compute-{i}"))
         .build()
+        .map(|pool| Compute(Some(pool)))
         .map_err(|e| EngineError::Load(format!("compute threads: {e}")))
 }
 

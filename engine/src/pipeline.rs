@@ -15,7 +15,7 @@ use std::path::Path;
 use kernels::cpu::backend::CpuBackend;
 
 use crate::error::{EngineError, Result};
-use crate::executor::{Executor, Step, compute_pool, sample_step_parallel};
+use crate::executor::{Compute, Executor, Step, compute_pool, sample_step_parallel};
 use crate::gguf::Gguf;
 use crate::kv_cache::{KvDtype, KvLayout, KvStorage};
 use crate::model::llama::{Llama, LlamaConfig, PartInput, PartOutput};
@@ -51,7 +51,7 @@ pub trait Stage: Send {
 pub struct LocalStage {
     model: Llama,
     kv: KvStorage,
-    pool: rayon::ThreadPool,
+    pool: Compute,
 }
 
 impl std::fmt::Debug for LocalStage {

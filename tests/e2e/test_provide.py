@@ -13,24 +13,29 @@ import time
 import urllib.request
 
 from conftest import http_call
+from conftest import ADMIN_TOKEN, _start
 from test_console import ARTIFACTS, browser  # noqa: F401 - the fixture
-from test_fleet import (call, complete, fleet, open_server, provider_token, start_worker, stop,
-                        wait_for)
+from test_fleet import (call, complete, fleet, open_server, provider_token, sdk, start_worker,
+                        stop, wait_for)
 
 PROMPT = "The river"
+# The default chat model, which a tab runs on its SIMD128 kernels.
+SMOL_FILE = "smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOL = "smollm2-135m-instruct"
 
 
-def open_tab(browser, base, token, name):  # noqa: F811 - the fixture's value
-    """A fresh browser profile on /provide, serving `tiny` as `name`; the
+def open_tab(browser, base, token, name, model="tiny"):  # noqa: F811 - the fixture's value
+    """A fresh browser profile on /provide, serving `model` as `name`; the
     page records every request it made and every error it reported."""
     ctx = browser.new_context()
-    page = again(ctx, base, token, name)
+    page = again(ctx, base, token, name, model)
     page.on("console", lambda m: m.type == "error" and page.errors.append(m.text))
     return ctx, page
 
 
-def again(ctx, base, token, name):
-    """A new page in `ctx` (the same browser profile) serving as `name`."""
+def again(ctx, base, token, name, model="tiny"):
+    """A new page in `ctx` (the same browser profile) serving `model` as
+    `name`."""
     page = ctx.new_page()
     page.requests, page.errors = [], []
     page.on("request", lambda r: page.requests.append(r.url))
@@ -38,8 +43,8 @@ def again(ctx, base, token, name):
     page.goto(base + "/provide")
     page.fill('[data-testid="token"]', token)
     page.click('[data-testid="list-models"]')
-    page.wait_for_selector('[data-testid="model"] option[value="tiny"]', state="attached")
-    page.select_option('[data-testid="model"]', "tiny")
+    page.wait_for_selector(f'[data-testid="model"] option[value="{model}"]', state="attached")
+    page.select_option('[data-testid="model"]', model)
     page.fill('input[name="name"]', name)
     page.click('[data-testid="start"]')
     return page
@@ -141,6 +146,59 @@ def test_a_tab_serves_like_a_native_worker_is_checked_paid_and_fails_over(browse
         if native and native.poll() is None:
             stop(native)
         srv["gen"].close()
+
+
+def test_a_tab_serves_the_default_model_greedily_like_a_native_worker(browser):  # noqa: F811
+    # SmolLM2 in WebAssembly: calibrated within the server's deadlines,
+    # every answer spot-checked against the house engine, the same greedy
+    # text as a native worker (the SIMD128 kernels give the reference's
+    # bits).
+    gen = _start("--model", SMOL_FILE, "--embedding-model", "none", "--admin-token", ADMIN_TOKEN,
+                 "--placement-house-factor", "1000", "--spot-check-new-rate", "1")
+    srv = next(gen)
+    base = srv["base"]
+    native = None
+
+    def chat(max_tokens):
+        return sdk(base).chat.completions.create(
+            model=SMOL, messages=[{"role": "user", "content": "Name three rivers of Europe."}],
+            max_tokens=max_tokens, temperature=0, extra_headers={"x-synor-cache": "bypass"},
+        ).choices[0].message.content
+    try:
+        token = provider_token(base, "smol")["token"]
+        native = start_worker(base, token, "native", model=SMOL_FILE)
+        wait_for(lambda: tab_worker(base, "native"), timeout=90, what="the native worker")
+        want = chat(32)
+        stop(native)
+        wait_for(lambda: not any(w["name"] == "native" for w in fleet(base)), what="it to leave")
+
+        started = time.monotonic()
+        ctx, page = open_tab(browser, base, token, "smol-tab", SMOL)
+        try:
+            w = wait_for(lambda: tab_worker(base, "smol-tab"), timeout=170,
+                         what="the SmolLM2 tab to be calibrated")
+        except AssertionError as e:
+            state = page.inner_text('[data-testid="state"]')
+            log = []
+            while not srv["lines"].empty():
+                log.append(srv["lines"].get())
+            raise AssertionError(f"{e}: the page says {state!r}, errors {page.errors}, "
+                                 f"fleet {fleet(base)}, server log {''.join(log)}") from e
+        joined = time.monotonic() - started
+        got = chat(32)
+        assert got == want, (got, want)
+        status, usage = call(base, "GET", "/admin/usage")
+        assert usage["data"][0]["decode_by"].startswith("smol-tab@"), usage["data"][0]
+        status, checks = call(base, "GET", "/admin/spotchecks")
+        [rec] = [c for c in checks["data"] if c["worker_id"] == w["id"]]
+        assert rec["checked"] >= 2 and rec["passed"] == rec["checked"], rec
+        assert not page.errors, page.errors
+        ctx.close()
+        print(f"provide: a SmolLM2 tab joined (downloaded, calibrated) in {joined:.1f} s")
+    finally:
+        if native and native.poll() is None:
+            stop(native)
+        gen.close()
 
 
 # The Battery API, as the page sees it, under the test's control.

@@ -173,7 +173,7 @@ impl RopeSpec {
         let inv: Vec<f32> = (0..half)
             .map(|i| {
                 let ff = self.freq_factors.as_ref().map_or(1.0, |f| f[i]);
-                1.0 / self.base.powf((2 * i) as f32 / rot as f32) / ff
+                1.0 / pow(self.base, (2 * i) as f32 / rot as f32) / ff
             })
             .collect();
         let mut cos = Vec::with_capacity(positions * half);
@@ -189,7 +189,7 @@ impl RopeSpec {
                     }
                     None => interp,
                 };
-                let (s, c) = theta.sin_cos();
+                let (s, c) = sin_cos(theta);
                 cos.push(c * mscale);
                 sin.push(s * mscale);
             }
@@ -218,14 +218,14 @@ impl RopeSpec {
         let n = head_dim as f32;
         // The pair whose wavelength spans `turns` turns of the context.
         let dim = |turns: f32| {
-            n * (original_context as f32 / (turns * 2.0 * std::f32::consts::PI)).ln()
-                / (2.0 * self.base.ln())
+            n * ln(original_context as f32 / (turns * 2.0 * std::f32::consts::PI))
+                / (2.0 * ln(self.base))
         };
         let low = dim(beta_fast).floor().max(0.0);
         let high = dim(beta_slow).ceil().min(n - 1.0);
         let mut mscale = self.attn_factor;
         if ext_factor != 0.0 {
-            mscale *= 1.0 + 0.1 * (1.0 / self.freq_scale).ln();
+            mscale *= 1.0 + 0.1 * ln(1.0 / self.freq_scale);
         }
         (Some((low, high, ext_factor)), mscale)
     }
@@ -236,6 +236,25 @@ impl RopeSpec {
 fn ramp(low: f32, high: f32, pair: usize) -> f32 {
     let y = (pair as f32 - low) / (high - low).max(0.001);
     1.0 - y.clamp(0.0, 1.0)
+}
+
+/// `base^x` for the tables: computed in f64 and rounded once to f32, so
+/// every platform's libm gives the same float (f32 `powf`, `sin` and `cos`
+/// differ between glibc and the Rust libm of a browser tab by an ulp now
+/// and then, and a model's greedy text with them).
+fn pow(base: f32, x: f32) -> f32 {
+    f64::from(base).powf(f64::from(x)) as f32
+}
+
+/// `ln x` for the tables, as `pow`.
+fn ln(x: f32) -> f32 {
+    f64::from(x).ln() as f32
+}
+
+/// `(sin θ, cos θ)` for the tables, as `pow`.
+fn sin_cos(theta: f32) -> (f32, f32) {
+    let (s, c) = f64::from(theta).sin_cos();
+    (s as f32, c as f32)
 }
 
 #[cfg(test)]

@@ -98,13 +98,41 @@ pub fn scores(h: HeadGroup<'_>, keys: KvRows<'_>, len: usize, scale: f32, out: &
     }
     for (g, q) in h.q.chunks_exact(hd).enumerate() {
         for j in 0..len {
-            out[g * h.stride + j] = scale
-                * q.iter()
-                    .enumerate()
-                    .map(|(i, a)| a * keys.at(j, i, hd))
-                    .sum::<f32>();
+            out[g * h.stride + j] = scale * dot(q, keys, j, hd);
         }
     }
+}
+
+/// `q · keys[j]`. Where `hd` is a multiple of 8, in the SIMD loops' order,
+/// so every path gives the same float: eight lanes, lane `l` the fused
+/// multiply-adds of elements `l, l + 8, …` in turn, then the lanes added
+/// as `x86::hsum` adds them (`(l0 + l4) + (l2 + l6)`, plus `(l1 + l5) +
+/// (l3 + l7)`); otherwise in element order.
+fn dot(q: &[f32], keys: KvRows<'_>, j: usize, hd: usize) -> f32 {
+    if !hd.is_multiple_of(8) {
+        return q
+            .iter()
+            .enumerate()
+            .map(|(i, a)| a * keys.at(j, i, hd))
+            .sum();
+    }
+    #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+    if let Some(v) = super::wasm::attention::dot(q, keys, j, hd) {
+        return v;
+    }
+    let mut acc = [0f32; 8];
+    for (c, qc) in q.chunks_exact(8).enumerate() {
+        for (l, (a, &qv)) in acc.iter_mut().zip(qc).enumerate() {
+            *a = qv.mul_add(keys.at(j, 8 * c + l, hd), *a);
+        }
+    }
+    let s = [
+        acc[0] + acc[4],
+        acc[1] + acc[5],
+        acc[2] + acc[6],
+        acc[3] + acc[7],
+    ];
+    (s[0] + s[2]) + (s[1] + s[3])
 }
 
 /// `out_g += Σ_j probs[g * stride + j] * values[j]` for every head `g` of
@@ -159,11 +187,16 @@ fn weighted_sum_on(
         }
         return;
     }
+    // Fused multiply-adds in row order, as the SIMD loops do them.
     for (g, o) in out.chunks_exact_mut(hd).enumerate() {
         for j in 0..len {
             let p = probs[g * stride + j];
+            #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+            if super::wasm::attention::add_row(o, p, values, j, hd) {
+                continue;
+            }
             for (i, o) in o.iter_mut().enumerate() {
-                *o += p * values.at(j, i, hd);
+                *o = p.mul_add(values.at(j, i, hd), *o);
             }
         }
     }
@@ -694,14 +727,11 @@ mod tests {
     }
 
     #[test]
-    fn simd_weighted_sums_add_each_element_in_row_order() {
-        // Every SIMD path (the portable loop rounds each product), head
-        // count, and widths that leave dimensions over (the AVX-512 loop's
-        // 64, 16 and 8 at a time).
-        for isa in Isa::all_supported()
-            .into_iter()
-            .filter(|&i| i != Isa::Scalar)
-        {
+    fn weighted_sums_add_each_element_in_row_order_on_every_path() {
+        // Every path (the portable loop too, so a worker's sums do not
+        // depend on its instruction set), head count, and widths that
+        // leave dimensions over (the AVX-512 loop's 64, 16 and 8 at a time).
+        for isa in Isa::all_supported() {
             for heads in 1..=9 {
                 for hd in [8usize, 24, 40, 64, 72, 88, 128] {
                     check_row_order(isa, heads, hd);
@@ -755,10 +785,9 @@ mod tests {
     }
 
     #[test]
-    fn simd_scores_in_tiles_of_rows_are_the_row_at_a_time_floats() {
-        if Isa::detect() == Isa::Scalar {
-            return;
-        }
+    fn scores_in_tiles_of_rows_are_the_row_at_a_time_floats_in_lane_order() {
+        // On every path (the portable loop adds in the SIMD lanes' order
+        // too, so a worker's scores do not depend on its instruction set).
         // Every head count (tiles of 8, 4, 2 rows; 3 heads pad the tile)
         // and lengths that leave rows over.
         for heads in 1..=9 {

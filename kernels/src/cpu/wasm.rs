@@ -13,6 +13,8 @@
 //! K-quants run `scalar`.
 #![allow(unsafe_code)]
 
+pub mod attention;
+
 use core::arch::wasm32::*;
 
 use super::scalar;
@@ -222,13 +224,18 @@ fn load(b: &[u8], at: usize) -> v128 {
     unsafe { v128_load(s.as_ptr().cast()) }
 }
 
-/// Four f16 values of `b` from byte `at`, as f32 exactly as
-/// `half::f16::to_f32` (NaNs quieted, payload kept).
+/// Four f16 values of `b` from byte `at`, as f32 (`f16_bits_to_f32`).
 #[inline(always)]
 fn f16x4(b: &[u8], at: usize) -> v128 {
     let s = &b[at..at + 8];
     // SAFETY: `s` holds 8 bytes, four u16; any alignment.
-    let h = unsafe { u32x4_load_extend_u16x4(s.as_ptr().cast()) };
+    f16_bits_to_f32(unsafe { u32x4_load_extend_u16x4(s.as_ptr().cast()) })
+}
+
+/// Four f16 (their bits in the low halves of 32-bit lanes) as f32, exactly
+/// as `half::f16::to_f32` (NaNs quieted, payload kept).
+#[inline(always)]
+fn f16_bits_to_f32(h: v128) -> v128 {
     let em = v128_and(h, u32x4_splat(0x7FFF));
     let sign = i32x4_shl(v128_and(h, u32x4_splat(0x8000)), 16);
     let bits = i32x4_shl(em, 13);
