@@ -549,13 +549,15 @@ pub fn logprobs(logits: &[f32], token: u32, k: usize) -> TokenLogprob {
         .copied()
         .filter(|v| v.is_finite())
         .fold(f32::NEG_INFINITY, f32::max);
-    let lse = max
-        + logits
-            .iter()
-            .filter(|v| v.is_finite())
-            .map(|v| (v - max).exp())
-            .sum::<f32>()
-            .ln();
+    // The kernels' `exp` and an f64 `ln` rounded once: the same floats on
+    // every platform (a browser tab's libm is not glibc), so a worker
+    // reports the log-probabilities the house engine scores, bit for bit.
+    let sum = logits
+        .iter()
+        .filter(|v| v.is_finite())
+        .map(|v| kernels::cpu::ops::exp(v - max))
+        .sum::<f32>();
+    let lse = max + f64::from(sum).ln() as f32;
     let lp = |t: u32| {
         logits
             .get(t as usize)

@@ -154,6 +154,12 @@ pub struct WorkerChecks {
     pub checked: u64,
     pub passed: u64,
     pub failed: u64,
+    /// The largest difference its passed checks had, in each check's
+    /// measure (nats of log-probability; 1 - cosine for an embedding; the
+    /// relative distance of a stage's hidden rows): 0 where it computes
+    /// the house engine's floats (every CPU path does, a browser tab's
+    /// too), else its headroom below the tolerance.
+    pub worst_passed: f32,
     /// Why its last failed check failed.
     pub last_failure: Option<String>,
 }
@@ -374,7 +380,10 @@ impl SpotCheck {
             });
         r.checked += 1;
         match v {
-            Verdict::Pass(_) => r.passed += 1,
+            Verdict::Pass(worst) => {
+                r.passed += 1;
+                r.worst_passed = r.worst_passed.max(*worst);
+            }
             Verdict::Fail(why) => {
                 r.failed += 1;
                 r.last_failure = Some(why.clone());
@@ -466,6 +475,20 @@ mod tests {
         ));
         let r = &c.records()[0];
         assert_eq!((r.checked, r.passed, r.failed), (4, 1, 3));
+        // A passed check's distance is kept (the largest), a failed one's
+        // is not.
+        let tilted = vec![vec![0.6, 0.8, 0.1], vec![0.0, 0.0, 1.0]];
+        assert!(matches!(
+            c.check_vectors(&tilted, &want, who),
+            Verdict::Pass(_)
+        ));
+        c.check_vectors(&want, &want, who);
+        c.check_vectors(&constant, &want, who);
+        let worst = c.records()[0].worst_passed;
+        assert!(
+            (worst - (1.0 - 1.01f32.sqrt().recip())).abs() < 1e-4,
+            "{worst}"
+        );
     }
 
     #[test]
