@@ -6,10 +6,10 @@ virtualenv) opens /provide on a running server; the native worker is
 `synor worker` with --threads 1 and 2. A benchmark, not a test: it prints
 a table for BENCHMARKS.md. Start the server so workers get the work:
 
-    target/release/synor serve --model smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf \\
+    target/release/synor serve --open --model smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf \\
         --embedding-model none --admin-token T --placement-house-factor 1000 --no-cache &
     .py/venv/bin/python loadtest/tab_bench.py --base http://127.0.0.1:8080 --admin-token T \\
-        --model SmolLM2-135M-Instruct --synor target/release/synor --tokens 32
+        --model smollm2-135m-instruct --synor target/release/synor --tokens 128
 
 Every request bypasses the response caches and ignores EOS (greedy), so
 each run generates all its tokens.

@@ -65,10 +65,14 @@ pub fn route(logits: &[f32], n_expert: usize, n_used: usize) -> Vec<Route> {
     routes
 }
 
-/// Softmax of one row, shifted by its maximum as ggml's is.
+/// Softmax of one row, shifted by its maximum as ggml's is (through the
+/// kernels' `exp`, so a tab's libm picks the same experts).
 fn softmax(row: &[f32]) -> Vec<f32> {
     let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let exps: Vec<f32> = row.iter().map(|&x| (x - max).exp()).collect();
+    let exps: Vec<f32> = row
+        .iter()
+        .map(|&x| kernels::cpu::ops::exp(x - max))
+        .collect();
     let sum: f64 = exps.iter().map(|&e| f64::from(e)).sum();
     let inv = (1.0 / sum) as f32;
     exps.into_iter().map(|e| e * inv).collect()
