@@ -1,6 +1,9 @@
 """A browser tab as a worker against a native worker on the same cores:
 decode tokens a second, time to first served token for a tab opened cold
-and for one returning with its weights kept, and the bytes it downloads.
+and for one returning with its weights kept, and the bytes it downloads;
+with `--devices cpu,webgpu`, the tab on its CPU kernels and on the
+browser's WebGPU adapter (SwiftShader where there is no GPU), one after
+the other.
 Headless Chromium (Debian's `chromium`, Playwright from the e2e
 virtualenv) opens /provide on a running server; the native worker is
 `synor worker` with --threads 1 and 2. A benchmark, not a test: it prints
@@ -21,8 +24,9 @@ import subprocess
 import time
 import urllib.request
 
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-quic", "--no-first-run", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--enable-unsafe-webgpu",
+                 "--enable-unsafe-swiftshader"]
 
 
 def call(base, method, path, token, body=None):
@@ -63,13 +67,14 @@ def generate(base, model, tokens):
     return first - start, (n - 1) / (end - first) if n > 1 else 0.0
 
 
-def open_tab(ctx, base, token, model, name):
+def open_tab(ctx, base, token, model, name, device):
     page = ctx.new_page()
     page.goto(base + "/provide")
     page.fill('[data-testid="token"]', token)
     page.click('[data-testid="list-models"]')
     page.wait_for_selector(f'[data-testid="model"] option[value="{model}"]', state="attached")
     page.select_option('[data-testid="model"]', model)
+    page.select_option('[data-testid="device"]', device)
     page.fill('input[name="name"]', name)
     page.click('[data-testid="start"]')
     return page
@@ -83,6 +88,8 @@ def main():
     ap.add_argument("--synor", default="target/release/synor")
     ap.add_argument("--native-model", help="the file the native worker loads (default: the server's)")
     ap.add_argument("--tokens", type=int, default=32)
+    ap.add_argument("--devices", default="cpu", help="what the tab runs on, in order: cpu, webgpu")
+    ap.add_argument("--no-native", action="store_true", help="skip the native workers")
     a = ap.parse_args()
     token = call(a.base, "POST", "/admin/providers", a.admin_token, {"name": "bench"})["token"]
     rows = []
@@ -90,22 +97,24 @@ def main():
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path="/usr/bin/chromium", headless=True, args=CHROMIUM_ARGS)
         ctx = browser.new_context()
-        for kind in ("cold", "cached"):
-            name = f"tab-{kind}"
+        devices = a.devices.split(",")
+        runs = [(devices[0], "cold")] + [(d, "cached") for d in devices]
+        for device, kind in runs:
+            name = f"tab-{device}-{kind}"
             t0 = time.monotonic()
-            page = open_tab(ctx, a.base, token, a.model, name)
+            page = open_tab(ctx, a.base, token, a.model, name, device)
             wait(lambda: active(a.base, a.admin_token, name))
             joined = time.monotonic() - t0
             ttft, _ = generate(a.base, a.model, 2)
             loaded = page.get_attribute('[data-testid="loaded"]', "data-cached")
             text = page.text_content('[data-testid="loaded"]')
             _, speed = generate(a.base, a.model, a.tokens)
-            rows.append((f"tab ({kind}: {text})", joined + ttft, speed, loaded))
+            rows.append((f"tab, {device} ({kind}: {text})", joined + ttft, speed, loaded))
             page.close()
             wait(lambda: not active(a.base, a.admin_token, name))
         browser.close()
     ws = a.base.replace("http://", "ws://")
-    for threads in (1, 2):
+    for threads in () if a.no_native else (1, 2):
         name = f"native-{threads}"
         t0 = time.monotonic()
         p = subprocess.Popen([a.synor, "worker", "--server", ws, "--token", token, "--name", name,

@@ -20,7 +20,7 @@ const prompt = Array.from({length: 32}, (_, i) => 100 + i);
 for (const dir of dirs) {
   const glue = await import(pathToFileURL(resolve(dir, "tab.js")).href);
   glue.initSync({ module: readFileSync(resolve(dir, "tab_bg.wasm")) });
-  const w = new glue.TabWorker("m", bytes, 64e6, "n", "eu", "node", 2);
+  const w = new glue.TabWorker("m", bytes, 64e6, "n", "eu", "node", 2, "");
   w.register();
   w.receive(JSON.stringify({v:1,type:"assign",job:1,attempt:1,model:"m",prompt,resume:[],params:p}));
   let t = performance.now(), times = [], toks = [];

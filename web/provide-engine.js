@@ -6,12 +6,22 @@
 // them in Cache Storage (a returning tab starts without downloading);
 // then it takes the server's messages as they are relayed, runs engine
 // turns one per task, and hands back what to send, in order.
+//
+// The engine runs on the page's WebGPU adapter or on the CPU kernels
+// (WebAssembly SIMD128): `auto` takes a hardware adapter where the browser
+// can suspend WebAssembly (JSPI, which a step on the GPU needs to wait
+// for its reads) and the CPU otherwise, a software adapter included
+// (SwiftShader is slower than the CPU kernels: BENCHMARKS.md). A GPU
+// turn is a promise; every call into the engine waits its turn in one
+// queue, so nothing touches it while a step is suspended.
 
-import init, { TabWorker, can_hold } from '/provide/tab.js';
+import init, { TabWorker, can_hold, last_panic, open_gpu } from '/provide/tab.js';
 
 const KV_BYTES = 64 << 20;
 const CHUNK = 8 << 20;
 let tab = null;
+// The GPU's turn: the engine's `synor_tab_turn`, wrapped to suspend.
+let step = null;
 let token = null;
 let leaving = false;
 let reported = 0;
@@ -63,18 +73,56 @@ async function weights(model) {
   return { data, cached: false };
 }
 
+// Every call into the engine, one after another.
+let chain = Promise.resolve();
+function queue(f) {
+  chain = chain.then(f).catch((e) => {
+    // A panic traps ("unreachable"): its own message says more.
+    const fatal = e instanceof WebAssembly.RuntimeError
+      ? `the engine failed: ${last_panic() ?? e.message}` : e?.message ?? String(e);
+    postMessage({ fatal });
+  });
+}
+
+/** The adapter's description when the engine is to run on the GPU, ''
+ * for the CPU; `want` is the page's choice (auto, webgpu, cpu). */
+async function device(want) {
+  if (want === 'cpu') return '';
+  const without = (why) => {
+    if (want === 'webgpu') throw new Error(`this tab cannot run on WebGPU: ${why}`);
+    return '';
+  };
+  if (!navigator.gpu) return without('the browser has no WebGPU');
+  if (typeof WebAssembly.promising !== 'function') {
+    return without('the browser cannot suspend WebAssembly (JSPI), which a step on its GPU needs');
+  }
+  const adapter = await navigator.gpu.requestAdapter();
+  if (!adapter) return without('the browser gives this page no GPU adapter');
+  if (adapter.info?.isFallbackAdapter && want !== 'webgpu') return '';
+  await open_gpu();
+  const i = adapter.info ?? {};
+  return [i.vendor, i.architecture, i.description].filter(Boolean).join(' ') || 'adapter';
+}
+
 // Engine turns, one per task, so relayed messages come in between.
 const channel = new MessageChannel();
 let pumping = false;
-channel.port1.onmessage = () => {
+channel.port1.onmessage = () => queue(async () => {
   pumping = false;
   if (!tab) return;
-  const send = tab.turn();
+  let send;
+  if (step) {
+    const r = await step(tab.slot());
+    if (r !== 0) throw new Error(`the engine's turn failed (${r})`);
+    send = tab.take_sent();
+  } else {
+    send = tab.turn();
+  }
   if (send.length) postMessage({ send });
   report();
   if (leaving && !tab.busy()) postMessage({ idle: true });
   kick();
-};
+});
 function kick() {
   if (!pumping && tab?.busy()) {
     pumping = true;
@@ -86,15 +134,18 @@ async function load(c) {
   token = c.token;
   try {
     say('Loading the engine…');
-    await init();
+    const wasm = await init();
+    const gpu = await device(c.device ?? 'auto');
     if (!can_hold(2 * c.size + KV_BYTES)) {
       throw new Error(`this tab cannot hold ${c.model}: the browser gives it less memory than the model needs`);
     }
     const t0 = performance.now();
     const { data, cached } = await weights(c.model);
     say(`Loading ${c.model} (${cached ? 'kept in this browser' : 'downloaded'})…`);
-    tab = new TabWorker(c.model, data, KV_BYTES, c.name, 'browser', navigator.userAgent, c.cores);
-    postMessage({ loaded: { cached, bytes: cached ? 0 : data.length, ms: performance.now() - t0 } });
+    tab = new TabWorker(c.model, data, KV_BYTES, c.name, 'browser', navigator.userAgent, c.cores, gpu);
+    step = gpu ? WebAssembly.promising(wasm.synor_tab_turn) : null;
+    const on = gpu ? `WebGPU (${gpu})` : 'the CPU (WebAssembly SIMD)';
+    postMessage({ loaded: { cached, bytes: cached ? 0 : data.length, ms: performance.now() - t0, on } });
     report(true);
   } catch (e) {
     postMessage({ fatal: e.message });
@@ -102,28 +153,26 @@ async function load(c) {
 }
 
 onmessage = ({ data }) => {
-  if (data.load) load(data.load);
-  if (!tab) return;
-  if (data.register) {
-    leaving = false;
-    postMessage({ send: [tab.register()] });
-  }
-  if (data.receive) {
-    try {
+  if (data.load) queue(() => load(data.load));
+  queue(() => {
+    if (!tab) return;
+    if (data.register) {
+      leaving = false;
+      postMessage({ send: [tab.register()] });
+    }
+    if (data.receive) {
       const send = tab.receive(data.receive);
       if (send.length) postMessage({ send });
-    } catch (e) {
-      postMessage({ fatal: e.message });
+      kick();
     }
-    kick();
-  }
-  if (data.leave) {
-    leaving = true;
-    postMessage({ send: [tab.leave()] });
-    if (!tab.busy()) postMessage({ idle: true });
-  }
-  if (data.lost) {
-    tab.lost();
-    report(true);
-  }
+    if (data.leave) {
+      leaving = true;
+      postMessage({ send: [tab.leave()] });
+      if (!tab.busy()) postMessage({ idle: true });
+    }
+    if (data.lost) {
+      tab.lost();
+      report(true);
+    }
+  });
 };

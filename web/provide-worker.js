@@ -21,6 +21,7 @@ let backoff = 1000;
 const say = (state) => postMessage({ state });
 
 function stopWith(why) {
+  if (finished) return; // the first reason is the one to show
   finished = true;
   say(`Stopped: ${why}`);
   ws?.close(1000, 'stopped');

@@ -81,9 +81,10 @@ function draw() {
   document.querySelector('[data-testid="state"]').textContent = last.state;
   const l = last.loaded;
   const loaded = document.querySelector('[data-testid="loaded"]');
-  loaded.textContent = l ? `Model ready in ${num(l.ms / 1000, 1)} s: ${l.cached ? 'kept in this browser'
+  loaded.textContent = l ? `Model ready in ${num(l.ms / 1000, 1)} s on ${l.on}: ${l.cached ? 'kept in this browser'
     : `${bytes(l.bytes)} downloaded`}` : '';
   loaded.dataset.cached = l ? String(l.cached) : '';
+  loaded.dataset.on = l?.on ?? '';
 }
 
 function start(ev) {
@@ -99,7 +100,10 @@ function start(ev) {
   };
   worker.onerror = (e) => { last.state = `The worker failed: ${e.message}`; draw(); };
   worker.postMessage({
-    start: { token, model, size, name: form.name.value || 'browser tab', cores: navigator.hardwareConcurrency || 1 },
+    start: {
+      token, model, size, device: form.device.value, name: form.name.value || 'browser tab',
+      cores: navigator.hardwareConcurrency || 1,
+    },
   });
   $('setup-view').hidden = true;
   $('serve-view').hidden = false;

@@ -596,12 +596,14 @@ pub fn argmax(xs: &[f32]) -> u32 {
     best as u32
 }
 
-/// Replaces the scores in `pairs` with their softmax probabilities.
+/// Replaces the scores in `pairs` with their softmax probabilities,
+/// through the kernels' `exp` (not the platform's libm: a browser tab and
+/// a native worker draw the same token from the same seed).
 fn softmax_pairs(pairs: &mut [(u32, f32)]) {
     let max = pairs.iter().map(|p| p.1).fold(f32::NEG_INFINITY, f32::max);
     let mut sum = 0.0;
     for p in pairs.iter_mut() {
-        p.1 = (p.1 - max).exp();
+        p.1 = kernels::cpu::ops::exp(p.1 - max);
         sum += p.1;
     }
     for p in pairs.iter_mut() {

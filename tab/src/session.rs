@@ -27,6 +27,16 @@ pub struct Identity {
     pub cores: u32,
 }
 
+/// Where a tab's engine runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum On {
+    /// The CPU kernels (WebAssembly SIMD128).
+    Cpu,
+    /// The page's WebGPU adapter (opened first: `gpu::open_gpu`), as
+    /// the browser describes it.
+    Gpu { adapter: String },
+}
+
 /// One running attempt.
 #[derive(Debug)]
 struct Job {
@@ -51,6 +61,7 @@ pub struct Counts {
 /// The session after `load`.
 pub struct Session {
     model: String,
+    on: On,
     engine: EngineHandle,
     core: EngineCore,
     jobs: HashMap<u64, Job>,
@@ -78,18 +89,24 @@ pub struct Reply {
 }
 
 impl Session {
-    /// Loads `bytes` (a GGUF) as `model` with `kv_bytes` of KV cache.
-    pub fn load(model: &str, bytes: &[u8], kv_bytes: usize) -> Result<Self, String> {
+    /// Loads `bytes` (a GGUF) as `model` with `kv_bytes` of KV cache, to
+    /// run `on` the CPU or the page's GPU.
+    pub fn load(model: &str, bytes: &[u8], kv_bytes: usize, on: On) -> Result<Self, String> {
         let loaded = engine::loader::load_gguf_bytes(bytes, model, &TemplateChoice::default())
             .map_err(|e| e.to_string())?;
         let config = EngineConfig {
             kv_cache_memory: kv_bytes,
+            device: match on {
+                On::Cpu => engine::Device::Cpu,
+                On::Gpu { .. } => engine::Device::Wgpu,
+            },
             ..EngineConfig::default()
         };
         let (engine, core) =
             EngineHandle::start_driven(loaded, config).map_err(|e| e.to_string())?;
         Ok(Self {
             model: model.to_string(),
+            on,
             engine,
             core,
             jobs: HashMap::new(),
@@ -102,13 +119,23 @@ impl Session {
     pub fn register(&mut self, who: &Identity) -> FromWorker {
         self.counts.draining = false;
         self.counts.paused = false;
-        let device = Device {
-            kind: "cpu".into(),
-            name: format!("WebAssembly in {}", who.browser),
-            cores: who.cores,
-            memory_bytes: 0,
-            features: vec!["wasm32".into(), "browser".into()],
-            usable: true,
+        let device = match &self.on {
+            On::Cpu => Device {
+                kind: "cpu".into(),
+                name: format!("WebAssembly in {}", who.browser),
+                cores: who.cores,
+                memory_bytes: 0,
+                features: vec!["wasm32".into(), "browser".into()],
+                usable: true,
+            },
+            On::Gpu { adapter } => Device {
+                kind: "wgpu".into(),
+                name: format!("WebGPU {adapter} in {}", who.browser),
+                cores: 0,
+                memory_bytes: 0,
+                features: vec!["wasm32".into(), "browser".into(), "webgpu".into()],
+                usable: true,
+            },
         };
         FromWorker::Register {
             v: VERSION,
@@ -317,7 +344,7 @@ mod tests {
     }
 
     fn session() -> Session {
-        Session::load("tiny", &tiny(), 8 << 20).expect("load")
+        Session::load("tiny", &tiny(), 8 << 20, On::Cpu).expect("load")
     }
 
     fn greedy(max_tokens: usize) -> JobParams {

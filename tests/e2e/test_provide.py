@@ -12,9 +12,11 @@ import os
 import time
 import urllib.request
 
+import pytest
+
 from conftest import http_call
 from conftest import ADMIN_TOKEN, _start
-from test_console import ARTIFACTS, browser  # noqa: F401 - the fixture
+from test_console import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS, browser  # noqa: F401 - the fixture
 from test_fleet import (call, complete, fleet, open_server, provider_token, sdk, start_worker,
                         stop, wait_for)
 
@@ -24,16 +26,31 @@ SMOL_FILE = "smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOL = "smollm2-135m-instruct"
 
 
-def open_tab(browser, base, token, name, model="tiny"):  # noqa: F811 - the fixture's value
-    """A fresh browser profile on /provide, serving `model` as `name`; the
-    page records every request it made and every error it reported."""
+# Chromium's WebGPU on SwiftShader, its software Vulkan (no GPU here).
+WEBGPU_ARGS = [a for a in CHROMIUM_ARGS if a != "--disable-gpu"] + [
+    "--enable-unsafe-webgpu", "--enable-unsafe-swiftshader"]
+
+
+@pytest.fixture(scope="module")
+def webgpu_browser(browser):  # noqa: F811 - the fixture
+    """A second Chromium, with WebGPU, from the same Playwright (one
+    process may run one)."""
+    b = browser.browser_type.launch(executable_path=CHROMIUM, headless=True, args=WEBGPU_ARGS)
+    yield b
+    b.close()
+
+
+def open_tab(browser, base, token, name, model="tiny", device="auto"):  # noqa: F811 - the fixture's value
+    """A fresh browser profile on /provide, serving `model` as `name` on
+    `device` (auto, webgpu, cpu); the page records every request it made
+    and every error it reported."""
     ctx = browser.new_context()
-    page = again(ctx, base, token, name, model)
+    page = again(ctx, base, token, name, model, device)
     page.on("console", lambda m: m.type == "error" and page.errors.append(m.text))
     return ctx, page
 
 
-def again(ctx, base, token, name, model="tiny"):
+def again(ctx, base, token, name, model="tiny", device="auto"):
     """A new page in `ctx` (the same browser profile) serving `model` as
     `name`."""
     page = ctx.new_page()
@@ -45,6 +62,7 @@ def again(ctx, base, token, name, model="tiny"):
     page.click('[data-testid="list-models"]')
     page.wait_for_selector(f'[data-testid="model"] option[value="{model}"]', state="attached")
     page.select_option('[data-testid="model"]', model)
+    page.select_option('[data-testid="device"]', device)
     page.fill('input[name="name"]', name)
     page.click('[data-testid="start"]')
     return page
@@ -209,6 +227,73 @@ def test_a_tab_serves_the_default_model_greedily_like_a_native_worker(browser): 
         if native and native.poll() is None:
             stop(native)
         gen.close()
+
+
+def test_a_tab_on_webgpu_serves_like_a_native_worker_and_is_checked_and_paid(webgpu_browser):
+    # The engine on the browser's WebGPU adapter (SwiftShader here), its
+    # reads waiting on the page's event loop through JSPI. `auto` keeps a
+    # software adapter's tab on the CPU kernels (they are faster). A
+    # SwiftShader step takes about a second, so the house weighs more
+    # than usual to leave the work to the tab.
+    gen = _start("--model", "tiny/tiny.gguf", "--embedding-model", "none", "--admin-token", ADMIN_TOKEN,
+                 "--placement-house-factor", "1000000", "--spot-check-new-rate", "1",
+                 "--earnings-window", "1")
+    srv = next(gen)
+    srv["gen"] = gen
+    base = srv["base"]
+    native = None
+    try:
+        created = provider_token(base, "gpu-tabby")
+        token = created["token"]
+        native = start_worker(base, token, "native")
+        wait_for(lambda: tab_worker(base, "native"), what="the native worker")
+        want = complete(base, PROMPT, 16).choices[0].text
+        stop(native)
+        wait_for(lambda: not any(w["name"] == "native" for w in fleet(base)), what="it to leave")
+
+        ctx, page = open_tab(webgpu_browser, base, token, "auto-tab")
+        w = wait_for(lambda: tab_worker(base, "auto-tab"), timeout=60, what="the auto tab")
+        assert w["devices"][0]["features"] == ["wasm32", "browser"], w
+        assert page.get_attribute('[data-testid="loaded"]', "data-on").startswith("the CPU")
+        ctx.close()
+        wait_for(lambda: not any(w["name"] == "auto-tab" for w in fleet(base)), what="it to leave")
+
+        ctx, page = open_tab(webgpu_browser, base, token, "gpu-tab", device="webgpu")
+        try:
+            w = wait_for(lambda: tab_worker(base, "gpu-tab"), timeout=120,
+                         what="the WebGPU tab to be calibrated")
+        except AssertionError as e:
+            state = page.inner_text('[data-testid="state"]')
+            raise AssertionError(f"{e}: the page says {state!r}, errors {page.errors}, "
+                                 f"fleet {fleet(base)}") from e
+        [dev] = w["devices"]
+        assert dev["kind"] == "wgpu" and dev["features"] == ["wasm32", "browser", "webgpu"], dev
+        assert "swiftshader" in dev["name"], dev
+        assert page.get_attribute('[data-testid="loaded"]', "data-on").startswith("WebGPU")
+        got = complete(base, PROMPT, 16)
+        assert got.choices[0].text == want
+        status, usage = call(base, "GET", "/admin/usage")
+        assert usage["data"][0]["decode_by"].startswith("gpu-tab@"), usage["data"][0]
+        status, checks = call(base, "GET", "/admin/spotchecks")
+        [rec] = [c for c in checks["data"] if c["worker_id"] == w["id"]]
+        assert rec["checked"] >= 2 and rec["passed"] == rec["checked"], rec
+
+        def earned():
+            e = http_call(base, "GET", "/v1/providers/earnings", token=token)[1]
+            return e["jobs_ok"] >= 1 and e["earned_today"] != "0" and e
+        wait_for(earned, timeout=20, what="the WebGPU tab's earnings")
+        status, audit = call(base, "GET", "/admin/ledger/audit")
+        assert status == 200 and audit["violations"] == [], audit
+        outside = [u for u in page.requests if not u.startswith(base) and not u.startswith("data:")]
+        assert outside == [], outside
+        assert not page.errors, page.errors
+        page.screenshot(path=os.path.join(ARTIFACTS, "provide-webgpu.png"), full_page=True)
+        ctx.close()
+        print(f"provide: a WebGPU tab's worst passed check was {rec['worst_passed']!r}")
+    finally:
+        if native and native.poll() is None:
+            stop(native)
+        srv["gen"].close()
 
 
 # The Battery API, as the page sees it, under the test's control.

@@ -100,6 +100,7 @@ impl std::fmt::Debug for Gpu {
 }
 
 /// Runs a future that is ready at once (wgpu's on native) to its end.
+#[cfg(not(target_arch = "wasm32"))]
 fn ready<F: std::future::Future>(fut: F) -> F::Output {
     let mut fut = std::pin::pin!(fut);
     let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
@@ -115,31 +116,72 @@ fn gpu_error(what: &str, e: impl std::fmt::Display) -> KernelError {
     KernelError::Device(format!("{what}: {e}"))
 }
 
+/// What `fma_probe` leaves in its buffer's third word: 2^-24 where the
+/// driver's `fma` rounds once, 0 where it rounds the product first.
+fn fused_from(bytes: &[u8]) -> bool {
+    bytes
+        .get(8..12)
+        .is_some_and(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]) != 0.0)
+}
+
 impl Gpu {
     /// Opens the first Vulkan adapter (a GPU first, a software one when
     /// there is none).
+    #[cfg(not(target_arch = "wasm32"))]
     pub fn open() -> Result<Self, KernelError> {
+        let backends = wgpu::Backends::VULKAN | wgpu::Backends::METAL | wgpu::Backends::DX12;
+        let mut gpu = ready(Self::connect(backends))?;
+        let probe = gpu.fma_probe();
+        gpu.fused = fused_from(&gpu.read(&probe, 16)?);
+        Ok(gpu)
+    }
+
+    /// Opens the browser's WebGPU adapter (`navigator.gpu`), waiting on
+    /// the page's event loop. Errors the browser reports about the device
+    /// are kept, and fail the next read (`web::wait`).
+    #[cfg(target_arch = "wasm32")]
+    pub async fn open_web() -> Result<Self, KernelError> {
+        let mut gpu = Self::connect(wgpu::Backends::BROWSER_WEBGPU).await?;
+        gpu.device.on_uncaptured_error(Arc::new(|e: wgpu::Error| {
+            super::web::keep_error(e.to_string())
+        }));
+        let probe = gpu.fma_probe();
+        let pending = gpu.begin_read(&[(&probe, 0, 16)]);
+        pending.mapped().await?;
+        gpu.fused = fused_from(&pending.finish()?);
+        if let Some(e) = super::web::take_error() {
+            return Err(gpu_error("the browser's GPU", e));
+        }
+        Ok(gpu)
+    }
+
+    /// The adapter and device of `backends`, before the `fma` probe.
+    async fn connect(backends: wgpu::Backends) -> Result<Self, KernelError> {
         let instance = wgpu::Instance::new(wgpu::InstanceDescriptor {
-            backends: wgpu::Backends::VULKAN | wgpu::Backends::METAL | wgpu::Backends::DX12,
+            backends,
             ..wgpu::InstanceDescriptor::new_without_display_handle()
         });
-        let adapter = ready(instance.request_adapter(&wgpu::RequestAdapterOptions {
-            power_preference: wgpu::PowerPreference::HighPerformance,
-            force_fallback_adapter: false,
-            compatible_surface: None,
-            apply_limit_buckets: false,
-        }))
-        .map_err(|e| gpu_error("no GPU adapter (is a Vulkan driver installed?)", e))?;
+        let adapter = instance
+            .request_adapter(&wgpu::RequestAdapterOptions {
+                power_preference: wgpu::PowerPreference::HighPerformance,
+                force_fallback_adapter: false,
+                compatible_surface: None,
+                apply_limit_buckets: false,
+            })
+            .await
+            .map_err(|e| gpu_error("no GPU adapter (is a Vulkan driver installed?)", e))?;
         let limits = adapter.limits();
-        let (device, queue) = ready(adapter.request_device(&wgpu::DeviceDescriptor {
-            label: Some("synor"),
-            required_features: wgpu::Features::empty(),
-            required_limits: limits.clone(),
-            experimental_features: wgpu::ExperimentalFeatures::disabled(),
-            memory_hints: wgpu::MemoryHints::Performance,
-            trace: wgpu::Trace::Off,
-        }))
-        .map_err(|e| gpu_error("opening the GPU device", e))?;
+        let (device, queue) = adapter
+            .request_device(&wgpu::DeviceDescriptor {
+                label: Some("synor"),
+                required_features: wgpu::Features::empty(),
+                required_limits: limits.clone(),
+                experimental_features: wgpu::ExperimentalFeatures::disabled(),
+                memory_hints: wgpu::MemoryHints::Performance,
+                trace: wgpu::Trace::Off,
+            })
+            .await
+            .map_err(|e| gpu_error("opening the GPU device", e))?;
         let a = adapter.get_info();
         let info = AdapterInfo {
             name: a.name,
@@ -148,21 +190,20 @@ impl Gpu {
             max_binding: limits.max_storage_buffer_binding_size,
             vendor: a.vendor,
         };
-        let mut gpu = Self {
+        Ok(Self {
             device,
             queue,
             info,
             pipelines: Mutex::default(),
             fused: true,
             pending: Mutex::default(),
-        };
-        gpu.fused = gpu.fma_fuses()?;
-        Ok(gpu)
+        })
     }
 
-    /// Whether the driver's `fma` rounds once: (1 + 2^-12)^2 - (1 + 2^-11)
-    /// is 2^-24 fused and 0 when the product is rounded first.
-    fn fma_fuses(&self) -> Result<bool, KernelError> {
+    /// Records the probe of whether the driver's `fma` rounds once:
+    /// (1 + 2^-12)^2 - (1 + 2^-11) is 2^-24 fused and 0 when the product
+    /// is rounded first (`fused_from` reads the answer).
+    fn fma_probe(&self) -> Arc<wgpu::Buffer> {
         const PROBE: &str = "@group(0) @binding(0) var<storage, read_write> o: array<f32>;\n\
             @compute @workgroup_size(1) fn probe() { o[2] = fma(o[0], o[0], o[1]); }";
         let module = self
@@ -192,9 +233,7 @@ impl Gpu {
             wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC,
         );
         self.record(&pipeline, &[(0, &buf)], (1, 1, 1));
-        let out = self.read(&buf, 16)?;
-        let got = f32::from_le_bytes([out[8], out[9], out[10], out[11]]);
-        Ok(got != 0.0)
+        buf
     }
 
     fn pipeline(&self, shader: Shader, entry: &'static str) -> Arc<wgpu::ComputePipeline> {
@@ -238,6 +277,7 @@ impl Gpu {
     }
 
     /// A buffer holding `data` (written at creation: no queue ordering).
+    #[cfg(not(target_arch = "wasm32"))]
     pub fn upload(&self, data: &[u8], usage: wgpu::BufferUsages) -> Arc<wgpu::Buffer> {
         let size = (data.len() as u64).max(16).next_multiple_of(4);
         let buf = self.device.create_buffer(&wgpu::BufferDescriptor {
@@ -251,6 +291,26 @@ impl Gpu {
             view.slice(..data.len()).copy_from_slice(data);
         }
         buf.unmap();
+        Arc::new(buf)
+    }
+
+    /// A buffer holding `data`, in a browser: written through the queue,
+    /// before the next submission's commands (a buffer created mapped
+    /// costs the browser a shared-memory region each: with one a
+    /// dispatch, for its parameters, a decode step of the tiny model
+    /// took 1.3 s on SwiftShader).
+    #[cfg(target_arch = "wasm32")]
+    pub fn upload(&self, data: &[u8], usage: wgpu::BufferUsages) -> Arc<wgpu::Buffer> {
+        let size = (data.len() as u64).max(16).next_multiple_of(4);
+        let buf = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: None,
+            size,
+            usage: usage | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        let mut padded = data.to_vec();
+        padded.resize(size as usize, 0);
+        self.queue.write_buffer(&buf, 0, &padded);
         Arc::new(buf)
     }
 
@@ -334,11 +394,25 @@ impl Gpu {
     }
 
     /// Submits the pending commands, then reads the byte ranges `(buffer,
-    /// offset, length)` back, one after another, in one copy and one wait.
+    /// offset, length)` back, one after another, in one copy and one wait
+    /// (in a browser, a wait on its event loop: `web::wait`).
     pub fn read_ranges(
         &self,
         ranges: &[(&wgpu::Buffer, u64, u64)],
     ) -> Result<Vec<u8>, KernelError> {
+        let pending = self.begin_read(ranges);
+        #[cfg(not(target_arch = "wasm32"))]
+        self.device
+            .poll(wgpu::PollType::wait_indefinitely())
+            .map_err(|e| gpu_error("waiting for the GPU", e))?;
+        #[cfg(target_arch = "wasm32")]
+        super::web::wait(|| pending.is_mapped())?;
+        pending.finish()
+    }
+
+    /// Submits the pending commands and a copy of `ranges` into a staging
+    /// buffer, and asks for it to be mapped.
+    fn begin_read(&self, ranges: &[(&wgpu::Buffer, u64, u64)]) -> PendingRead {
         let padded: Vec<u64> = ranges.iter().map(|r| r.2.next_multiple_of(4)).collect();
         let total: u64 = padded.iter().sum();
         let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
@@ -364,29 +438,22 @@ impl Gpu {
             at += len;
         }
         self.queue.submit([enc.finish()]);
-        let (tx, rx) = std::sync::mpsc::channel();
+        let state = Arc::new(Mutex::new(MapState::default()));
+        let done = state.clone();
         staging.map_async(wgpu::MapMode::Read, .., move |r| {
-            let _ = tx.send(r);
-        });
-        self.device
-            .poll(wgpu::PollType::wait_indefinitely())
-            .map_err(|e| gpu_error("waiting for the GPU", e))?;
-        rx.recv()
-            .map_err(|e| gpu_error("reading back", e))?
-            .map_err(|e| gpu_error("mapping the result", e))?;
-        let mut out = Vec::with_capacity(ranges.iter().map(|r| r.2 as usize).sum());
-        {
-            let view = staging
-                .get_mapped_range(..)
-                .map_err(|e| gpu_error("reading the result", e))?;
-            let mut at = 0;
-            for (r, &len) in ranges.iter().zip(&padded) {
-                out.extend_from_slice(&view[at as usize..(at + r.2) as usize]);
-                at += len;
+            let mut s = done.lock().unwrap_or_else(|e| e.into_inner());
+            s.result = Some(r.map_err(|e| e.to_string()));
+            if let Some(w) = s.waker.take() {
+                w.wake();
             }
+            #[cfg(target_arch = "wasm32")]
+            super::web::wake();
+        });
+        PendingRead {
+            staging,
+            lens: ranges.iter().map(|r| r.2).zip(padded).collect(),
+            state,
         }
-        staging.unmap();
-        Ok(out)
     }
 
     /// Writes `bytes` into `dst` at `offset`, after every command recorded
@@ -401,5 +468,73 @@ impl Gpu {
             self.queue.submit([enc.finish()]);
         }
         self.queue.write_buffer(dst, offset, bytes);
+    }
+}
+
+/// How a staging buffer's mapping ended, and who waits for it.
+#[derive(Default)]
+struct MapState {
+    result: Option<Result<(), String>>,
+    waker: Option<std::task::Waker>,
+}
+
+/// A read submitted and not yet mapped (`Gpu::begin_read`).
+struct PendingRead {
+    staging: wgpu::Buffer,
+    /// Each range's length and its padded length in `staging`.
+    lens: Vec<(u64, u64)>,
+    state: Arc<Mutex<MapState>>,
+}
+
+impl PendingRead {
+    fn state(&self) -> std::sync::MutexGuard<'_, MapState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Whether the mapping has ended (well or not).
+    #[cfg(target_arch = "wasm32")]
+    fn is_mapped(&self) -> bool {
+        self.state().result.is_some()
+    }
+
+    /// Waits for the mapping without blocking (a browser's event loop
+    /// runs the callback).
+    #[cfg(target_arch = "wasm32")]
+    fn mapped(&self) -> impl std::future::Future<Output = Result<(), KernelError>> + '_ {
+        std::future::poll_fn(move |cx| {
+            let mut s = self.state();
+            match &s.result {
+                Some(Ok(())) => std::task::Poll::Ready(Ok(())),
+                Some(Err(e)) => std::task::Poll::Ready(Err(gpu_error("mapping the result", e))),
+                None => {
+                    s.waker = Some(cx.waker().clone());
+                    std::task::Poll::Pending
+                }
+            }
+        })
+    }
+
+    /// The ranges' bytes, once mapped.
+    fn finish(self) -> Result<Vec<u8>, KernelError> {
+        let ended = self.state().result.take();
+        match ended {
+            Some(Ok(())) => {}
+            Some(Err(e)) => return Err(gpu_error("mapping the result", e)),
+            None => return Err(gpu_error("reading back", "the GPU never answered")),
+        }
+        let mut out = Vec::with_capacity(self.lens.iter().map(|l| l.0 as usize).sum());
+        {
+            let view = self
+                .staging
+                .get_mapped_range(..)
+                .map_err(|e| gpu_error("reading the result", e))?;
+            let mut at = 0;
+            for &(len, padded) in &self.lens {
+                out.extend_from_slice(&view[at as usize..(at + len) as usize]);
+                at += padded;
+            }
+        }
+        self.staging.unmap();
+        Ok(out)
     }
 }

@@ -18,6 +18,8 @@
 mod device;
 #[cfg(test)]
 mod tests;
+#[cfg(target_arch = "wasm32")]
+pub mod web;
 
 use std::sync::Arc;
 
@@ -63,6 +65,12 @@ pub struct GpuKv {
     v: Vec<Arc<wgpu::Buffer>>,
 }
 
+#[cfg(target_arch = "wasm32")]
+thread_local! {
+    /// The browser's device, once `open_web` opened it.
+    static OPENED: std::cell::RefCell<Option<WgpuBackend>> = const { std::cell::RefCell::new(None) };
+}
+
 /// The wgpu backend: one device.
 #[derive(Debug, Clone)]
 pub struct WgpuBackend {
@@ -79,10 +87,33 @@ fn storage() -> wgpu::BufferUsages {
 
 impl WgpuBackend {
     /// Opens the first adapter wgpu finds (a GPU, else a software one).
+    #[cfg(not(target_arch = "wasm32"))]
     pub fn new() -> Result<Self, KernelError> {
         Ok(Self {
             gpu: Arc::new(Gpu::open()?),
         })
+    }
+
+    /// The browser's GPU, which `open_web` opened.
+    #[cfg(target_arch = "wasm32")]
+    pub fn new() -> Result<Self, KernelError> {
+        OPENED.with(|o| o.borrow().clone()).ok_or_else(|| {
+            KernelError::Device("the browser's GPU is not open (WgpuBackend::open_web)".into())
+        })
+    }
+
+    /// Opens the browser's WebGPU adapter, once: later calls, and every
+    /// `new`, share it.
+    #[cfg(target_arch = "wasm32")]
+    pub async fn open_web() -> Result<Self, KernelError> {
+        if let Ok(open) = Self::new() {
+            return Ok(open);
+        }
+        let backend = Self {
+            gpu: Arc::new(Gpu::open_web().await?),
+        };
+        OPENED.with(|o| *o.borrow_mut() = Some(backend.clone()));
+        Ok(backend)
     }
 
     /// The adapter this backend runs on.

@@ -43,7 +43,7 @@ async fn page(headers: HeaderMap) -> Response {
 
 async fn file(Path(file): Path<String>, headers: HeaderMap) -> Response {
     match file.as_str() {
-        "provide.js" | "provide-worker.js" | "provide-engine.js" => {
+        "provide.js" | "provide-worker.js" | "provide-engine.js" | "provide-jspi.js" => {
             serve_with(&file, &headers, CSP)
         }
         built if BUILT.contains(&built) => match engine_file(built) {
@@ -126,6 +126,7 @@ mod tests {
             ("/provide/provide.js", "text/javascript"),
             ("/provide/provide-worker.js", "text/javascript"),
             ("/provide/provide-engine.js", "text/javascript"),
+            ("/provide/provide-jspi.js", "text/javascript"),
         ] {
             let resp = get(url).await;
             assert_eq!(resp.status(), StatusCode::OK, "{url}");

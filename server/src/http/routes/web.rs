@@ -50,6 +50,7 @@ assets!(
     "provide.js",
     "provide-worker.js",
     "provide-engine.js",
+    "provide-jspi.js",
 );
 
 /// Each asset's ETag (a digest of its bytes), computed once.
