@@ -463,6 +463,13 @@ pub struct FleetArgs {
     #[arg(long, env = "SYNOR_FLEET_SPLIT", default_value = "auto")]
     pub fleet_split: server::services::placement::SplitMode,
 
+    /// Seconds a worker has for each calibration challenge (a whole
+    /// calibration has 2.5 times as long). A worker that answers some
+    /// challenges right and then runs out of time is told it is too slow
+    /// for the model, not quarantined.
+    #[arg(long, env = "SYNOR_FLEET_CALIBRATION_TIMEOUT", default_value_t = 60.0, value_parser = seconds_within::<1_000, 3_600>)]
+    pub fleet_calibration_timeout: f64,
+
     /// Seconds a KV transfer may take before the decode worker
     /// recomputes the prompt instead.
     #[arg(long, env = "SYNOR_FLEET_KV_TIMEOUT", default_value_t = 10.0, value_parser = seconds_within::<50, 3_600>)]
@@ -1507,6 +1514,7 @@ mod tests {
             ("--fleet-progress-timeout", "0.05"),
             ("--fleet-queue-timeout", "NaN"),
             ("--fleet-kv-timeout", "3601"),
+            ("--fleet-calibration-timeout", "0.5"),
             ("--header-timeout", "0"),
             ("--shutdown-grace", "-1"),
         ];

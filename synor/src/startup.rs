@@ -282,6 +282,7 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         state.fleet.clone(),
         registry.clone(),
         state.dispatch.clone(),
+        std::time::Duration::from_secs_f64(args.fleet.fleet_calibration_timeout),
     ));
     if let Some(c) = args.cache.to_config() {
         let cache = server::cache::ResponseCache::new(&c).context("opening the response cache")?;

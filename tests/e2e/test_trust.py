@@ -351,3 +351,35 @@ def test_a_sanction_follows_the_token_to_every_connection_replica_and_restart():
             assert status == 200 and audit["violations"] == [], audit
     finally:
         shut(procs, proxy, a["gen"], b["gen"])
+
+
+def test_a_worker_too_slow_for_its_model_is_told_so_and_one_that_stalls_is_quarantined():
+    # Four seconds a challenge: a worker holding each token 0.4 s answers
+    # the prefill challenges (two tokens each), right, and not a decode
+    # challenge's 24; a hung one answers nothing at all.
+    srv = open_server("--fleet-calibration-timeout", "4")
+    base = srv["base"]
+    procs = []
+    try:
+        slow_t, hung_t = provider_token(base, "slowpoke"), provider_token(base, "hung")
+        slow = start_worker(base, slow_t["token"], "slow", "--debug-token-delay-ms", "400")
+        hung = start_worker(base, hung_t["token"], "hung", "--debug-stall-after", "0")
+        procs = [slow, hung]
+        # Stalling is not slowness: three failed calibrations, quarantined.
+        closed_for(hung, "quarantined")
+        assert quarantined(base, hung_t)
+        # The slow one is told why it gets no work, and is not sanctioned.
+        [w] = [w for w in fleet(base) if w["name"] == "slow"]
+        assert w["state"] == "calibrating" and w["profile"] is None, w
+        assert not quarantined(base, slow_t)
+        assert complete(base, "The river", 4).choices[0].text
+        status, body = call(base, "GET", "/admin/usage")
+        assert status == 200 and body["data"][0]["decode_by"] == "cpu", body["data"][0]
+        _, out = stop(slow)
+        assert "too slow to serve tiny here: its 3 answers were right" in out, out
+        assert "It is measured again in 60 minutes" in out, out
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                stop(p)
+        srv["gen"].close()

@@ -16,8 +16,13 @@
 //! would, so a worker that does not run the model it registered (or that
 //! answers a prefill at once with any token) is quarantined before it
 //! earns anything, as is one that fails `MAX_FAILED_CALIBRATIONS`
-//! challenges in a row. A job has `JOB_TIMEOUT` in all (`accepted` buys
-//! no time), a whole calibration `DEADLINE`; one runs at a time (they
+//! challenges in a row. A job has `Timeouts::job` in all (`accepted`
+//! buys no time, 60 s by default), a whole calibration `Timeouts::whole`.
+//! A worker that answered challenges right and then ran out of time is
+//! honest but too slow for the model (a browser tab on a software GPU):
+//! it is told so and rests `SLOW_REST` before it is measured again,
+//! neither quarantined nor counted as failing. One that never answers is
+//! not slow but stalled, and fails. One calibration runs at a time (they
 //! would measure each other on shared cores), and the turn goes to the
 //! provider whose workers waited longest, so one provider's many workers
 //! cannot keep another's from being measured.
@@ -44,10 +49,9 @@ const PREFILL: usize = crate::fleet::registry::PREFILL_SHORT;
 const PREFILL_LONG: usize = crate::fleet::registry::PREFILL_LONG;
 /// Tokens of each decode challenge.
 const DECODE: usize = 24;
-/// How long one challenge job may take, in all, before the worker fails it.
-const JOB_TIMEOUT: Duration = Duration::from_secs(60);
-/// How long a whole calibration may take.
-const DEADLINE: Duration = Duration::from_secs(150);
+/// How long a worker told it is too slow for its model waits before it
+/// is measured again.
+const SLOW_REST: Duration = Duration::from_secs(3600);
 /// How often a calibrated worker is measured again.
 const RECALIBRATE: Duration = Duration::from_secs(600);
 /// How soon after a calibration a worker whose steps drifted from its
@@ -56,6 +60,54 @@ const DRIFT_RECHECK: Duration = Duration::from_secs(30);
 /// How often the calibrator looks for workers to measure.
 const SCAN: Duration = Duration::from_millis(200);
 
+/// How long challenges may take.
+#[derive(Debug, Clone, Copy)]
+pub struct Timeouts {
+    /// One challenge job, in all.
+    pub job: Duration,
+    /// A whole calibration.
+    pub whole: Duration,
+}
+
+impl Timeouts {
+    /// `job` for each challenge, 2.5 times as long for the whole.
+    pub fn per_job(job: Duration) -> Self {
+        Self {
+            job,
+            whole: job.mul_f64(2.5),
+        }
+    }
+}
+
+/// Why a challenge failed.
+#[derive(Debug)]
+enum Miss {
+    /// Its time ran out (a job's or the whole calibration's).
+    Late(String),
+    /// Anything else: a wrong answer, a lost worker, a house error.
+    Bad(String),
+}
+
+impl From<String> for Miss {
+    fn from(why: String) -> Self {
+        Self::Bad(why)
+    }
+}
+
+impl From<&str> for Miss {
+    fn from(why: &str) -> Self {
+        Self::Bad(why.to_string())
+    }
+}
+
+impl std::fmt::Display for Miss {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Late(why) | Self::Bad(why) => f.write_str(why),
+        }
+    }
+}
+
 /// Where a challenge runs.
 #[derive(Clone, Copy)]
 enum On<'a> {
@@ -63,10 +115,26 @@ enum On<'a> {
     Worker(&'a Registry, &'a str, &'a str),
 }
 
+impl On<'_> {
+    /// Whether a timeout here is the executor's (the house's is not).
+    fn late(&self, why: &str) -> Miss {
+        match self {
+            On::House(_) => Miss::Bad(why.to_string()),
+            On::Worker(..) => Miss::Late(why.to_string()),
+        }
+    }
+}
+
 /// Measures every worker as it comes (and again every `RECALIBRATE`),
 /// until the process ends; the house engine is measured once, when the
 /// first worker arrives (a server without workers does no extra work).
-pub async fn run(fleet: Arc<Registry>, models: Arc<ModelRegistry>, dispatch: Arc<Dispatch>) {
+pub async fn run(
+    fleet: Arc<Registry>,
+    models: Arc<ModelRegistry>,
+    dispatch: Arc<Dispatch>,
+    job_timeout: Duration,
+) {
+    let limits = Timeouts::per_job(job_timeout);
     let failures: Arc<Mutex<Notes>> = Arc::default();
     // One calibration at a time: challenges that overlap on shared cores
     // measure each other, not the executor.
@@ -78,7 +146,7 @@ pub async fn run(fleet: Arc<Registry>, models: Arc<ModelRegistry>, dispatch: Arc
         tick.tick().await;
         if !house_done && !fleet.list().is_empty() {
             house_done = true;
-            calibrate_house(&models, &dispatch).await;
+            calibrate_house(&models, &dispatch, limits).await;
         }
         if running.load(std::sync::atomic::Ordering::Acquire) {
             continue;
@@ -90,7 +158,7 @@ pub async fn run(fleet: Arc<Registry>, models: Arc<ModelRegistry>, dispatch: Arc
         let (due, unserved): (Vec<WorkerInfo>, Vec<WorkerInfo>) = fleet
             .local()
             .into_iter()
-            .filter(|w| is_due(w, now, &dispatch))
+            .filter(|w| is_due(w, now, &dispatch) && !lock(&failures).resting(&w.id, now))
             .partition(|w| w.models.iter().any(|m| models.text(&m.name).is_ok()));
         for w in unserved {
             if lock(&failures).unserved.insert(w.id.clone()) && !w.models.is_empty() {
@@ -107,7 +175,7 @@ pub async fn run(fleet: Arc<Registry>, models: Arc<ModelRegistry>, dispatch: Arc
             running.clone(),
         );
         tokio::spawn(async move {
-            calibrate_worker(&fleet, &models, &dispatch, &w, &failures).await;
+            calibrate_worker(&fleet, &models, &dispatch, &w, &failures, limits).await;
             running.store(false, std::sync::atomic::Ordering::Release);
         });
     }
@@ -146,14 +214,21 @@ impl Turns {
     }
 }
 
-async fn calibrate_house(models: &ModelRegistry, dispatch: &Dispatch) {
+async fn calibrate_house(models: &ModelRegistry, dispatch: &Dispatch, limits: Timeouts) {
     let house = models.list().iter().find_map(|m| match &m.kind {
         engine::registry::ModelKind::Text(h) => Some(h.clone()),
         engine::registry::ModelKind::Embedding(_) => None,
     });
     let Some(house) = house else { return };
-    match challenge(On::House(&house), house.tokenizer()).await {
-        Ok((p, _)) => {
+    match challenge(
+        On::House(&house),
+        house.tokenizer(),
+        limits.job,
+        &mut Vec::new(),
+    )
+    .await
+    {
+        Ok(p) => {
             tracing::info!(?p, "house engine calibrated");
             dispatch.set_profile("house", p);
         }
@@ -167,6 +242,7 @@ async fn calibrate_worker(
     dispatch: &Dispatch,
     w: &WorkerInfo,
     failures: &Mutex<Notes>,
+    limits: Timeouts,
 ) {
     let Some((model, house)) = w
         .models
@@ -176,26 +252,36 @@ async fn calibrate_worker(
         // Unloaded since the scan: the next one tells the worker.
         return;
     };
-    let run = challenge(On::Worker(fleet, &w.id, &model), house.tokenizer());
-    let outcome = tokio::time::timeout(DEADLINE, run)
+    let mut answers = Vec::new();
+    let on = On::Worker(fleet, &w.id, &model);
+    let run = challenge(on, house.tokenizer(), limits.job, &mut answers);
+    let outcome = tokio::time::timeout(limits.whole, run)
         .await
-        .unwrap_or_else(|_| Err(format!("no answer in {} s", DEADLINE.as_secs())));
+        .unwrap_or_else(|_| {
+            let secs = limits.whole.as_secs_f64();
+            Err(Miss::Late(format!("no whole answer in {secs:.0} s")))
+        });
+    // Every answer it gave is a canary, whatever became of the rest.
+    let who = crate::services::spotcheck::Who {
+        worker: &w.id,
+        provider: &w.provider_id,
+    };
+    if let Some(why) = canaries(dispatch, &house, &answers, who).await {
+        dispatch
+            .quarantine(&w.id, &w.provider_id, &format!("canary: {why}"))
+            .await;
+        return;
+    }
     match outcome {
-        Ok((p, answers)) => {
-            let who = crate::services::spotcheck::Who {
-                worker: &w.id,
-                provider: &w.provider_id,
-            };
-            if let Some(why) = canaries(dispatch, &house, &answers, who).await {
-                dispatch
-                    .quarantine(&w.id, &w.provider_id, &format!("canary: {why}"))
-                    .await;
-                return;
-            }
+        Ok(p) => {
             lock(failures).failed.remove(&w.id);
             tracing::info!(worker = %w.id, ?p, "worker calibrated");
             fleet.set_profile(&w.id, p);
             dispatch.set_profile(&w.id, p);
+        }
+        // Right answers, then out of time: honest, and too slow.
+        Err(Miss::Late(why)) if !answers.is_empty() => {
+            too_slow(fleet, failures, w, &model, &why, answers.len()).await;
         }
         Err(e) => {
             // A worker that fails the challenge pays for it like a lost job;
@@ -217,6 +303,39 @@ async fn calibrate_worker(
     }
 }
 
+/// Tells worker `w`, whose `answered` challenge answers were right but
+/// which ran out of time (`why`), that it is too slow for `model`: it
+/// gets no work for it, and rests `SLOW_REST` before it is measured
+/// again (so a slow worker cannot hold the one calibration slot).
+async fn too_slow(
+    fleet: &Registry,
+    failures: &Mutex<Notes>,
+    w: &WorkerInfo,
+    model: &str,
+    why: &str,
+    answered: usize,
+) {
+    let until = money::store::now() + SLOW_REST.as_secs() as i64;
+    {
+        let mut f = lock(failures);
+        f.failed.remove(&w.id);
+        f.slow.insert(w.id.clone(), until);
+    }
+    let message = format!(
+        "this worker is too slow to serve {model} here: its {answered} answers were right, \
+         then {why}. It gets no work for {model}; serve a smaller model or run it on a faster \
+         device. It is measured again in {} minutes.",
+        SLOW_REST.as_secs() / 60
+    );
+    tracing::warn!(worker = %w.id, %message, "worker too slow for its model");
+    let msg = ToWorker::Error {
+        v: VERSION,
+        code: "too_slow".into(),
+        message,
+    };
+    let _ = fleet.send(&w.id, msg).await;
+}
+
 /// What calibration remembers of workers between rounds.
 #[derive(Debug, Default)]
 struct Notes {
@@ -224,6 +343,17 @@ struct Notes {
     failed: HashMap<String, u32>,
     /// Workers told that this server serves none of their models.
     unserved: std::collections::HashSet<String>,
+    /// Workers told they are too slow, and until when they rest (unix
+    /// seconds).
+    slow: HashMap<String, i64>,
+}
+
+impl Notes {
+    /// Whether worker `id` rests now (told it is too slow).
+    fn resting(&mut self, id: &str, now: i64) -> bool {
+        self.slow.retain(|_, until| *until > now);
+        self.slow.contains_key(id)
+    }
 }
 
 fn lock(notes: &Mutex<Notes>) -> std::sync::MutexGuard<'_, Notes> {
@@ -279,27 +409,28 @@ async fn canaries(
 async fn challenge(
     on: On<'_>,
     tok: &engine::TextTokenizer,
-) -> Result<(Profile, Vec<Sample>), String> {
+    limit: Duration,
+    answers: &mut Vec<Sample>,
+) -> Result<Profile, Miss> {
     let mut rng = StdRng::from_os_rng();
-    let mut answers = Vec::new();
     let short = prose(&mut rng, tok, PREFILL)?;
     let mut prefill = f64::MAX;
     for _ in 0..2 {
-        let t = timed(on, short.clone(), Draw::new(&mut rng), PREFILL_WANT).await?;
+        let t = timed(on, short.clone(), Draw::new(&mut rng), PREFILL_WANT, limit).await?;
         prefill = prefill.min(t.first_token()?);
         answers.push(t.sample(short.clone()));
     }
     // A long prompt's tokens cost more (attention): timed once more.
     let long = prose(&mut rng, tok, PREFILL_LONG)?;
-    let t = timed(on, long.clone(), Draw::new(&mut rng), PREFILL_WANT).await?;
+    let t = timed(on, long.clone(), Draw::new(&mut rng), PREFILL_WANT, limit).await?;
     let prefill_long = t.first_token()?;
     answers.push(t.sample(long));
     let one = vec![prose(&mut rng, tok, DECODE_PROMPT)?];
-    let one = decode_gap(on, one, &mut rng, &mut answers).await?;
+    let one = decode_gap(on, one, &mut rng, answers, limit).await?;
     let four = (0..4)
         .map(|_| prose(&mut rng, tok, DECODE_PROMPT))
         .collect::<Result<Vec<_>, _>>()?;
-    let four = decode_gap(on, four, &mut rng, &mut answers).await?;
+    let four = decode_gap(on, four, &mut rng, answers, limit).await?;
     let profile = Profile {
         prefill_tokens_per_s: PREFILL as f64 / prefill.max(1e-6),
         prefill_ms_long: prefill_long * 1e3,
@@ -307,7 +438,7 @@ async fn challenge(
         decode_step_ms_4: four.max(one),
         measured_at: money::store::now(),
     };
-    Ok((profile, answers))
+    Ok(profile)
 }
 
 /// Prompt tokens of the decode challenges.
@@ -503,13 +634,14 @@ async fn decode_gap(
     prompts: Vec<Vec<u32>>,
     rng: &mut StdRng,
     answers: &mut Vec<Sample>,
-) -> Result<f64, String> {
+    limit: Duration,
+) -> Result<f64, Miss> {
     let draws: Vec<Draw> = prompts.iter().map(|_| Draw::new(rng)).collect();
     let runs = futures_util::future::join_all(
         prompts
             .iter()
             .zip(&draws)
-            .map(|(p, d)| timed(on, p.clone(), *d, DECODE)),
+            .map(|(p, d)| timed(on, p.clone(), *d, DECODE, limit)),
     )
     .await;
     let mut steps = Vec::new();
@@ -522,7 +654,7 @@ async fn decode_gap(
         answers.push(t.sample(prompt));
     }
     if steps.is_empty() {
-        return Err("no decode steps".into());
+        return Err(Miss::Bad("no decode steps".into()));
     }
     steps.sort_by(f64::total_cmp);
     Ok(steps[steps.len() / 2])
@@ -558,14 +690,20 @@ impl Timed {
 /// Runs one challenge job until it ends or `want` tokens came (then it is
 /// cancelled, as a client that saw its stop string would); returns when
 /// it was sent and when each token arrived, on this server's clock.
-async fn timed(on: On<'_>, prompt: Vec<u32>, draw: Draw, want: usize) -> Result<Timed, String> {
+async fn timed(
+    on: On<'_>,
+    prompt: Vec<u32>,
+    draw: Draw,
+    want: usize,
+    limit: Duration,
+) -> Result<Timed, Miss> {
     let mut t = Timed {
         start: Instant::now(),
         times: Vec::with_capacity(draw.max_tokens),
         tokens: Vec::with_capacity(draw.max_tokens),
         greedy: draw.temperature == 0.0,
     };
-    let deadline = tokio::time::Instant::now() + JOB_TIMEOUT;
+    let deadline = tokio::time::Instant::now() + limit;
     match on {
         On::House(h) => {
             let req = GenerateRequest {
@@ -576,7 +714,10 @@ async fn timed(on: On<'_>, prompt: Vec<u32>, draw: Draw, want: usize) -> Result<
             let mut raw = raw.map_err(|e| e.to_string())?;
             loop {
                 let ev = tokio::time::timeout_at(deadline, raw.next()).await;
-                let ev = ev.ok().flatten().ok_or("the house engine did not finish")?;
+                let ev = ev
+                    .ok()
+                    .flatten()
+                    .ok_or_else(|| on.late("the house engine did not finish"))?;
                 let finished = matches!(ev, CoreEvent::Finished { .. });
                 if t.took(ev, want)? {
                     if !finished {
@@ -630,16 +771,17 @@ impl WorkerJob<'_> {
         rx: &mut mpsc::UnboundedReceiver<JobEvent>,
         want: usize,
         t: &mut Timed,
-    ) -> Result<(), String> {
+    ) -> Result<(), Miss> {
         if !self.fleet.send(self.worker, assign).await {
-            return Err("the worker is gone".to_string());
+            return Err("the worker is gone".into());
         }
         loop {
             let ev = match tokio::time::timeout_at(self.deadline, rx.recv()).await {
                 Ok(Some(JobEvent::Core(ev))) => ev,
-                Ok(Some(JobEvent::Lost(why))) => return Err(why),
+                Ok(Some(JobEvent::Lost(why))) => return Err(Miss::Bad(why)),
                 Ok(Some(JobEvent::Embedded(_))) => return Err("vectors for a generation".into()),
-                Ok(None) | Err(_) => return Err("the worker did not finish".into()),
+                Ok(None) => return Err("the worker is gone".into()),
+                Err(_) => return Err(Miss::Late("a challenge took too long".into())),
             };
             let finished = matches!(ev, CoreEvent::Finished { .. });
             if t.took(ev, want)? {
