@@ -296,6 +296,36 @@ def test_a_tab_on_webgpu_serves_like_a_native_worker_and_is_checked_and_paid(web
         srv["gen"].close()
 
 
+def test_a_tab_that_cannot_hold_the_model_refuses_before_downloading_it(browser):  # noqa: F811
+    # The server lists the model as 3 GiB: more than a WebAssembly page
+    # may allocate (its addresses are 32 bits). The engine asks its own
+    # memory first and stops with the reason, before fetching the
+    # weights; no worker joins.
+    srv = open_server()
+    base = srv["base"]
+    try:
+        token = provider_token(base, "small")["token"]
+        ctx = browser.new_context()
+
+        def huge(route):
+            listed = route.fetch().json()
+            for m in listed["data"]:
+                m["bytes"] = 3 << 30
+            route.fulfill(json=listed)
+        ctx.route(base + "/v1/providers/models", huge)
+        page = again(ctx, base, token, "small-tab")
+        page.wait_for_selector('[data-testid="state"]:has-text("cannot hold tiny")', timeout=30_000)
+        assert "less memory than the model needs" in page.inner_text('[data-testid="state"]')
+        # Stopped before loading: no "Model ready" line.
+        assert page.inner_text('[data-testid="loaded"]') == ""
+        time.sleep(1.0)
+        assert not any(w["name"] == "small-tab" for w in fleet(base)), fleet(base)
+        assert not page.errors, page.errors
+        ctx.close()
+    finally:
+        srv["gen"].close()
+
+
 # The Battery API, as the page sees it, under the test's control.
 BATTERY = """
 const battery = new EventTarget();
