@@ -24,4 +24,8 @@ cargo build -p tab --target wasm32-unknown-unknown --profile "$profile"
 dir=$([[ "$profile" == dev ]] && echo debug || echo "$profile")
 "$bindgen" --target web --no-typescript --out-dir "$target/tab" \
   "$target/wasm32-unknown-unknown/$dir/tab.wasm"
+# tab.js imports the GPU's waits from beside itself (the server serves its
+# own copy at /provide/; this one is for loading the build directly, as
+# loadtest/tab_engine_bench.mjs does under Node).
+cp web/provide-jspi.js "$target/tab/"
 echo "tab: $(du -h "$target/tab/tab_bg.wasm" | cut -f1) of WebAssembly in $target/tab ($profile)"
