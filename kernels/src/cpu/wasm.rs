@@ -9,11 +9,12 @@
 //! at a time, `i32x4.dot_i16x8_s` against the chunk's four activations
 //! (repeated for both rows) gives two partial sums a row; a block's
 //! partials are paired up once at its end. Each unpacked weight vector
-//! serves every activation row of a tile. The 32-weight formats only; the
-//! K-quants run `scalar`.
+//! serves every activation row of a tile. The 32-weight formats here; the
+//! K-quants (Q4_K, Q5_K, Q6_K) in `kquant`; IQ4_XS runs `scalar`.
 #![allow(unsafe_code)]
 
 pub mod attention;
+mod kquant;
 
 use core::arch::wasm32::*;
 
@@ -29,17 +30,18 @@ pub const TILE: usize = 4;
 /// `4c..4c + 4`) widened to 16 bits and repeated for two weight rows.
 pub type Spread = [v128; QK / 4];
 
-/// Whether `ty` has a SIMD128 path here (the K-quants run `scalar`).
+/// Whether `ty` has a SIMD128 path here (IQ4_XS runs `scalar`).
 pub fn supports(ty: QuantType) -> bool {
-    matches!(
-        ty,
-        QuantType::Q4_0
-            | QuantType::Q4_1
-            | QuantType::Q5_0
-            | QuantType::Q5_1
-            | QuantType::Q8_0
-            | QuantType::Iq4Nl
-    )
+    kquant::supports(ty)
+        || matches!(
+            ty,
+            QuantType::Q4_0
+                | QuantType::Q4_1
+                | QuantType::Q5_0
+                | QuantType::Q5_1
+                | QuantType::Q8_0
+                | QuantType::Iq4Nl
+        )
 }
 
 /// The spread of one activation block.
@@ -65,6 +67,16 @@ pub fn dot_group_rows(
     if !supports(ty) {
         for (o, xr) in out.iter_mut().zip(x) {
             *o = scalar::dot_group(ty, g, xr);
+        }
+        return;
+    }
+    if kquant::supports(ty) {
+        match x.len() {
+            1 => kquant::tile::<1>(ty, g, x, spreads, out),
+            2 => kquant::tile::<2>(ty, g, x, spreads, out),
+            3 => kquant::tile::<3>(ty, g, x, spreads, out),
+            4 => kquant::tile::<4>(ty, g, x, spreads, out),
+            _ => {}
         }
         return;
     }
