@@ -111,21 +111,7 @@ impl TabWorker {
             session: RefCell::new(session),
             sent: RefCell::default(),
         });
-        let slot = SLOTS.with(|s| {
-            let mut slots = s.borrow_mut();
-            let free = slots.iter().position(|w| w.strong_count() == 0);
-            let weak = Rc::downgrade(&shared);
-            match free {
-                Some(i) => {
-                    slots[i] = weak;
-                    i
-                }
-                None => {
-                    slots.push(weak);
-                    slots.len() - 1
-                }
-            }
-        }) as u32;
+        let slot = take_slot(&shared);
         let who = Identity {
             name: name.to_string(),
             region: region.to_string(),
@@ -201,6 +187,25 @@ impl TabWorker {
     pub fn lost(&mut self) -> Result<(), JsError> {
         self.with(Session::lost)
     }
+}
+
+/// A slot for `shared` (a free one, else a new one), for
+/// `synor_tab_turn`.
+fn take_slot(shared: &Rc<Shared>) -> u32 {
+    SLOTS.with(|s| {
+        let mut slots = s.borrow_mut();
+        let weak = Rc::downgrade(shared);
+        match slots.iter().position(|w| w.strong_count() == 0) {
+            Some(i) => {
+                slots[i] = weak;
+                i as u32
+            }
+            None => {
+                slots.push(weak);
+                (slots.len() - 1) as u32
+            }
+        }
+    })
 }
 
 /// One engine turn of the worker in `slot`, whose output `take_sent`
