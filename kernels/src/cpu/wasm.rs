@@ -164,25 +164,10 @@ fn weights(ty: QuantType, gb: &[u8], quad: usize) -> [v128; 8] {
             v128_xor(load(gb, q + 64 * c + 16 * quad), i8x16_splat(-128))
         });
     }
-    let nibbles = u8x16_splat(0x0F);
-    let mut w = [u8x16_splat(0); 8];
-    for l in 0..4 {
-        let v = load(gb, q + 64 * l + 16 * quad);
-        w[l] = v128_and(v, nibbles);
-        w[l + 4] = u8x16_shr(v, 4);
-    }
+    let mut w = nibbles(gb, q, quad);
     match ty {
         QuantType::Q5_0 | QuantType::Q5_1 => {
-            // Bit `c` of each byte holds the high bit of chunk `c`'s weight.
-            let high = load(gb, layout::high_offset(ty) + 16 * quad);
-            for (c, wc) in w.iter_mut().enumerate() {
-                let at4 = if c <= 4 {
-                    u8x16_shl(high, 4 - c as u32)
-                } else {
-                    u8x16_shr(high, c as u32 - 4)
-                };
-                *wc = v128_or(*wc, v128_and(at4, u8x16_splat(0x10)));
-            }
+            fifth_bits(&mut w, load(gb, layout::high_offset(ty) + 16 * quad));
         }
         QuantType::Iq4Nl => {
             let table = i8x16(
@@ -216,6 +201,34 @@ fn weights(ty: QuantType, gb: &[u8], quad: usize) -> [v128; 8] {
         | QuantType::Iq4Xs => {}
     }
     w
+}
+
+/// The eight chunks of rows `4 * quad..4 * quad + 4` from four 64-byte
+/// nibble loads at `q` (load `l`: chunk `l` in its low nibbles, chunk
+/// `l + 4` in its high ones).
+#[inline(always)]
+fn nibbles(b: &[u8], q: usize, quad: usize) -> [v128; 8] {
+    let mut w = [u8x16_splat(0); 8];
+    for l in 0..4 {
+        let v = load(b, q + 64 * l + 16 * quad);
+        w[l] = v128_and(v, u8x16_splat(0x0F));
+        w[l + 4] = u8x16_shr(v, 4);
+    }
+    w
+}
+
+/// Puts each chunk's fifth bits into its weights: bit `c` of each byte of
+/// `high` is chunk `c`'s (Q5_0, Q5_1, Q5_K).
+#[inline(always)]
+fn fifth_bits(w: &mut [v128; 8], high: v128) {
+    for (c, wc) in w.iter_mut().enumerate() {
+        let at4 = if c <= 4 {
+            u8x16_shl(high, 4 - c as u32)
+        } else {
+            u8x16_shr(high, c as u32 - 4)
+        };
+        *wc = v128_or(*wc, v128_and(at4, u8x16_splat(0x10)));
+    }
 }
 
 /// One row's sum from each pair: `[r0, r0, r1, r1]` and `[r2, r2, r3,
@@ -334,7 +347,7 @@ mod tests {
 
     /// Runs `dot_group_rows` on every group of `w` for `rows` activation
     /// rows and checks each against `scalar::dot_group`, bit for bit.
-    fn check(w: &QMatrix, x: &[Vec<Q8Block>], what: &str) {
+    pub(super) fn check(w: &QMatrix, x: &[Vec<Q8Block>], what: &str) {
         let spreads: Vec<Vec<Spread>> = x.iter().map(|r| r.iter().map(spread).collect()).collect();
         for g in 0..w.groups() {
             for (xs, ss) in x.chunks(TILE).zip(spreads.chunks(TILE)) {

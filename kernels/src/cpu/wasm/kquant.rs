@@ -9,7 +9,7 @@
 
 use core::arch::wasm32::*;
 
-use super::{Spread, f16x4, fma, lanes, load, pair_up};
+use super::{Spread, f16x4, fifth_bits, fma, lanes, load, nibbles, pair_up};
 use crate::klayout;
 use crate::kquant::QK_K;
 use crate::layout::GROUP;
@@ -135,26 +135,9 @@ fn bytes4(b: &[u8], at: usize, signed: bool) -> v128 {
 /// with Q5_K's fifth bits or Q6_K's high two bits put in.
 #[inline(always)]
 fn weights(ty: QuantType, sub: &[u8], quad: usize) -> [v128; 8] {
-    let q = klayout::sub_quants(ty);
-    let mut w = [u8x16_splat(0); 8];
-    for l in 0..4 {
-        let v = load(sub, q + 64 * l + 16 * quad);
-        w[l] = v128_and(v, u8x16_splat(0x0F));
-        w[l + 4] = u8x16_shr(v, 4);
-    }
+    let mut w = nibbles(sub, klayout::sub_quants(ty), quad);
     match ty {
-        QuantType::Q5K => {
-            // Bit `c` of each byte holds the fifth bit of chunk `c`'s weight.
-            let high = load(sub, klayout::SUB_SCALES + 16 * quad);
-            for (c, wc) in w.iter_mut().enumerate() {
-                let at4 = if c <= 4 {
-                    u8x16_shl(high, 4 - c as u32)
-                } else {
-                    u8x16_shr(high, c as u32 - 4)
-                };
-                *wc = v128_or(*wc, v128_and(at4, u8x16_splat(0x10)));
-            }
-        }
+        QuantType::Q5K => fifth_bits(&mut w, load(sub, klayout::SUB_SCALES + 16 * quad)),
         QuantType::Q6K => {
             // In load `p`, bits `2s..2s + 2` hold chunk `4p + s`'s high bits.
             for p in 0..2 {
@@ -184,8 +167,8 @@ fn weights(ty: QuantType, sub: &[u8], quad: usize) -> [v128; 8] {
 
 #[cfg(test)]
 mod tests {
+    use super::super::tests::check;
     use super::*;
-    use crate::cpu::scalar;
     use crate::quant::{QMatrix, amax, quantize_block_q8_at};
     use rand::rngs::StdRng;
     use rand::{Rng, SeedableRng};
@@ -207,38 +190,6 @@ mod tests {
                     .collect()
             })
             .collect()
-    }
-
-    /// Every group of `w` against `x`, four rows at a time and fewer,
-    /// bit for bit `scalar::dot_group`.
-    fn check(w: &QMatrix, x: &[Vec<Q8Block>], what: &str) {
-        let spreads: Vec<Vec<Spread>> = x
-            .iter()
-            .map(|r| r.iter().map(super::super::spread).collect())
-            .collect();
-        for g in 0..w.groups() {
-            for (xs, ss) in x
-                .chunks(super::super::TILE)
-                .zip(spreads.chunks(super::super::TILE))
-            {
-                let xr: Vec<&[Q8Block]> = xs.iter().map(Vec::as_slice).collect();
-                let sr: Vec<&[Spread]> = ss.iter().map(Vec::as_slice).collect();
-                let mut got = vec![[f32::NAN; GROUP]; xs.len()];
-                super::super::dot_group_rows(w.ty, w.group(g), &xr, &sr, &mut got);
-                for (i, row) in got.iter().enumerate() {
-                    let want = scalar::dot_group(w.ty, w.group(g), xr[i]);
-                    for lane in 0..GROUP {
-                        let same = row[lane].to_bits() == want[lane].to_bits()
-                            || (row[lane].is_nan() && want[lane].is_nan());
-                        assert!(
-                            same,
-                            "{what} {:?} group {g} row {i} lane {lane}: {} vs {}",
-                            w.ty, row[lane], want[lane]
-                        );
-                    }
-                }
-            }
-        }
     }
 
     #[test]
